@@ -1,0 +1,97 @@
+//! The one error type of the runtime.
+
+use crate::{Rank, Tag};
+
+/// Result alias used by every fallible tmpi call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything a tmpi call can fail with. `Display` says what happened and to which rank/tag.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A rank argument is outside the communicator.
+    #[error("invalid rank {rank}: communicator has {size} ranks")]
+    InvalidRank {
+        /// The rank given.
+        rank: Rank,
+        /// The communicator's size.
+        size: usize,
+    },
+    /// A tag argument is above [`crate::TAG_UB`].
+    #[error("invalid tag {tag}: tags must be 0..={ub}", ub = crate::TAG_UB)]
+    InvalidTag {
+        /// The tag given.
+        tag: Tag,
+    },
+    /// The matched message was longer than the receive buffer; the message was consumed.
+    #[error("message truncated: {len} bytes from rank {source_rank} tag {tag} into a {capacity}-byte buffer")]
+    Truncated {
+        /// Sender of the message.
+        source_rank: Rank,
+        /// Tag of the message.
+        tag: Tag,
+        /// Length of the message in bytes.
+        len: usize,
+        /// Capacity of the receive buffer in bytes.
+        capacity: usize,
+    },
+    /// The received byte count is not a whole number of elements of the requested type.
+    #[error("message of {len} bytes from rank {source_rank} is not a whole number of {elem}-byte elements")]
+    TypeMismatch {
+        /// Sender of the message.
+        source_rank: Rank,
+        /// Length in bytes.
+        len: usize,
+        /// Element size in bytes.
+        elem: usize,
+    },
+    /// The peer process died or closed its end; the operation cannot complete.
+    #[error("peer rank {rank} is gone")]
+    PeerGone {
+        /// The rank that disappeared.
+        rank: Rank,
+    },
+    /// A remote memory access was refused by the target's key check.
+    #[error("remote access to rank {rank} refused: {reason}")]
+    RemoteAccess {
+        /// The target rank.
+        rank: Rank,
+        /// Why the access was refused.
+        reason: String,
+    },
+    /// A `TMPI_*` variable (or tmpirun flag) has a value the runtime does not accept.
+    #[error("configuration: {var}={value:?} is invalid: {expected}")]
+    Config {
+        /// The variable name.
+        var: String,
+        /// The value found.
+        value: String,
+        /// What the variable accepts.
+        expected: String,
+    },
+    /// Buffer lengths do not fit the operation (collectives, sendrecv, ...).
+    #[error("invalid buffer: {0}")]
+    InvalidBuffer(String),
+    /// A root argument is outside the communicator.
+    #[error("invalid root {root}: communicator has {size} ranks")]
+    InvalidRoot {
+        /// The root given.
+        root: Rank,
+        /// The communicator's size.
+        size: usize,
+    },
+    /// The reduction operator is not defined for the element type (e.g. BitAnd on f64).
+    #[error("operator {op} is not defined for {ty}")]
+    InvalidOp {
+        /// The operator.
+        op: &'static str,
+        /// The element type.
+        ty: &'static str,
+    },
+    /// `init` was called twice in one process, or a call came after finalize.
+    #[error("runtime state: {0}")]
+    State(String),
+    /// A transport-level failure.
+    #[error(transparent)]
+    Transport(#[from] tmpi_transport::Error),
+}

@@ -1,0 +1,1 @@
+//! Bootstrap key-value service (being built).

@@ -1,0 +1,31 @@
+//! # tmpi-transport
+//!
+//! What a NIC, its driver and libfabric would give an MPI library, modelled in software:
+//!
+//! - [`wire`]: the tag-matching headers (TMH, RVH) exactly as rdma-core's `tm_types.h` lays
+//!   them out, big-endian, with a decoder that rejects malformed input.
+//! - [`tm`]: the soft TM-SRQ, a sans-IO model of RDMA hardware tag matching.
+//! - [`mr`]: the fi_mr memory-registration model and its registration cache.
+//! - [`shm`]: the shared-memory fabric between processes of one node.
+//! - [`local`]: ranks as threads of one process, for tests.
+//! - [`bootstrap`]: the key-value service that `tmpirun` serves and ranks use to meet.
+//!
+//! This crate never depends on the runtime (`tmpi`); the runtime and the launcher use it.
+//!
+//! ```
+//! use tmpi_transport::wire::{Tmh, TmOp, TMH_LEN};
+//! let h = Tmh { op: TmOp::Eager, app_ctx: 7, tag: 0xdead_beef };
+//! let mut buf = [0u8; TMH_LEN];
+//! h.encode(&mut buf);
+//! assert_eq!(Tmh::decode(&buf).unwrap(), h);
+//! ```
+
+pub mod bootstrap;
+pub mod error;
+pub mod local;
+pub mod mr;
+pub mod shm;
+pub mod tm;
+pub mod wire;
+
+pub use error::{Error, Result};

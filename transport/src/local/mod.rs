@@ -1,0 +1,1 @@
+//! In-process fabric (being built).

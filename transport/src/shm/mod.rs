@@ -1,0 +1,1 @@
+//! Shared-memory fabric (being built).
