@@ -22,6 +22,7 @@
 
 pub mod bootstrap;
 pub mod error;
+pub mod fabric;
 pub mod local;
 pub mod mr;
 pub mod shm;

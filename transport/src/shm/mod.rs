@@ -1,1 +1,178 @@
-//! Shared-memory fabric (being built).
+//! Shared-memory fabric: one segment per job in `/dev/shm`, one single-producer ring per
+//! ordered pair of ranks.
+//!
+//! - [`segment`]: creating, opening and checking the mapped file (magic, version, layout).
+//! - [`ring`]: the lock-free single-producer/single-consumer ring of variable-size records.
+//!
+//! [`ShmFabric`] ties them together for one rank: it sends packets into the ring of each
+//! destination and polls the rings of every source. It is the only place with `unsafe` in
+//! the fabric besides the two modules above.
+//!
+//! Trust model: ranks of one job trust each other (as with any MPI). A corrupt record header
+//! is still caught (length and position checks) and reported as [`crate::Error::Malformed`]
+//! rather than read out of bounds.
+
+pub mod ring;
+pub mod segment;
+
+use crate::error::{Error, Result};
+use crate::fabric::Packet;
+use ring::{Consumer, Producer};
+use segment::Segment;
+
+/// Default bytes of data in each ring.
+pub const DEFAULT_RING_SIZE: usize = 256 * 1024;
+
+/// One rank's view of the job's shared-memory fabric.
+pub struct ShmFabric {
+    seg: Segment,
+    rank: usize,
+    size: usize,
+    tx: Vec<Option<Producer>>,
+    rx: Vec<Option<Consumer>>,
+    /// Sources with a ring (every rank but this one), in polling order.
+    sources: Vec<usize>,
+    next_src: usize,
+}
+
+impl ShmFabric {
+    /// Creates the segment `/dev/shm/<name>` for `size` ranks (rank 0 does this, before the
+    /// others open it).
+    ///
+    /// # Errors
+    /// I/O errors creating or mapping the file; an existing file of that name.
+    pub fn create(name: &str, rank: usize, size: usize, ring_size: usize) -> Result<Self> {
+        let seg = Segment::create(name, size, ring_size)?;
+        Self::from_segment(seg, rank)
+    }
+
+    /// Opens the segment that rank 0 created.
+    ///
+    /// # Errors
+    /// I/O errors, or a segment whose header does not match this build or job size.
+    pub fn open(name: &str, rank: usize, size: usize) -> Result<Self> {
+        let seg = Segment::open(name, size)?;
+        Self::from_segment(seg, rank)
+    }
+
+    fn from_segment(seg: Segment, rank: usize) -> Result<Self> {
+        let size = seg.nranks();
+        if rank >= size {
+            return Err(Error::InvalidArgument(format!("rank {rank} >= size {size}")));
+        }
+        let mut tx = Vec::with_capacity(size);
+        let mut rx = Vec::with_capacity(size);
+        for peer in 0..size {
+            if peer == rank {
+                tx.push(None);
+                rx.push(None);
+            } else {
+                tx.push(Some(seg.producer(rank, peer)));
+                rx.push(Some(seg.consumer(peer, rank)));
+            }
+        }
+        seg.set_pid(rank, std::process::id());
+        let sources = (0..size).filter(|&p| p != rank).collect();
+        Ok(ShmFabric { seg, rank, size, tx, rx, sources, next_src: 0 })
+    }
+
+    /// Removes the segment's name from `/dev/shm` (mappings stay valid). Called once every
+    /// rank has opened it.
+    ///
+    /// # Errors
+    /// The unlink failed for a reason other than the file being gone already.
+    pub fn unlink(&self) -> Result<()> {
+        self.seg.unlink()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the job.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The largest packet payload one record carries.
+    pub fn max_packet(&self) -> usize {
+        self.seg.max_record_payload()
+    }
+
+    /// Process id that rank `peer` recorded in the segment (0 if it has not attached yet).
+    pub fn peer_pid(&self, peer: usize) -> u32 {
+        self.seg.pid(peer)
+    }
+
+    /// Tries to put one packet (the concatenation of `parts`) into `dest`'s ring. Returns
+    /// `Ok(false)` when the ring has no room now (back-pressure: make progress and retry).
+    ///
+    /// # Errors
+    /// `dest` is this rank or out of range, or the packet is larger than [`Self::max_packet`].
+    #[inline]
+    pub fn try_send(&mut self, dest: usize, flags: u8, total_len: u64, parts: &[&[u8]]) -> Result<bool> {
+        match self.tx.get_mut(dest) {
+            Some(Some(p)) => p.try_push(flags, total_len, parts),
+            _ => Err(Error::InvalidArgument(format!("no ring from rank {} to {dest}", self.rank))),
+        }
+    }
+
+    /// Whether `dest`'s ring has room for a packet of `len` bytes right now.
+    pub fn can_send(&mut self, dest: usize, len: usize) -> bool {
+        match self.tx.get_mut(dest) {
+            Some(Some(p)) => p.has_room(len),
+            _ => false,
+        }
+    }
+
+    /// Delivers at most one packet from each source that has one, round-robin, to `f`;
+    /// returns how many were delivered. A packet's bytes are valid only during the call.
+    ///
+    /// `f` returns `false` to leave a packet in its ring (flow control); it is offered again
+    /// on the next poll.
+    ///
+    /// # Errors
+    /// A corrupt record (bad length); the packet is not delivered.
+    #[inline]
+    pub fn poll<F: FnMut(Packet<'_>) -> bool>(&mut self, mut f: F) -> Result<usize> {
+        let n = self.sources.len();
+        let mut delivered = 0;
+        for i in 0..n {
+            let mut idx = self.next_src + i;
+            if idx >= n {
+                idx -= n;
+            }
+            let src = self.sources[idx];
+            let Some(Some(c)) = self.rx.get_mut(src) else { continue };
+            if let Some(rec) = c.peek()? {
+                let pkt = Packet { src, flags: rec.flags, total_len: rec.total_len, data: rec.data };
+                if f(pkt) {
+                    let len = rec.data.len();
+                    c.release(len);
+                    delivered += 1;
+                }
+            }
+        }
+        self.next_src = if self.next_src + 1 >= n { 0 } else { self.next_src + 1 };
+        Ok(delivered)
+    }
+
+    /// Delivers the next packet from one source only (if any).
+    ///
+    /// # Errors
+    /// As [`Self::poll`].
+    #[inline]
+    pub fn poll_source<F: FnOnce(Packet<'_>) -> bool>(&mut self, src: usize, f: F) -> Result<bool> {
+        let Some(Some(c)) = self.rx.get_mut(src) else { return Ok(false) };
+        if let Some(rec) = c.peek()? {
+            let pkt = Packet { src, flags: rec.flags, total_len: rec.total_len, data: rec.data };
+            if f(pkt) {
+                let len = rec.data.len();
+                c.release(len);
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}

@@ -1,0 +1,25 @@
+//! What every fabric hands the runtime: packets, with a few flags.
+//!
+//! A message larger than one packet is sent as consecutive packets to one destination
+//! (`FIRST`, then continuations, the last one `LAST`); packets of one source arrive in order,
+//! and a sender never interleaves the packets of two messages to the same destination.
+
+/// The packet starts a message (it carries the TMH).
+pub const PKT_FIRST: u8 = 1;
+/// The packet ends a message.
+pub const PKT_LAST: u8 = 2;
+/// A message in one packet.
+pub const PKT_WHOLE: u8 = PKT_FIRST | PKT_LAST;
+
+/// One packet as delivered by a fabric's poll.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<'a> {
+    /// The sending rank.
+    pub src: usize,
+    /// `PKT_*` flags.
+    pub flags: u8,
+    /// Length of the whole message this packet belongs to (headers included).
+    pub total_len: u64,
+    /// The packet's bytes; valid only during the poll callback.
+    pub data: &'a [u8],
+}

@@ -1,0 +1,369 @@
+//! A lock-free single-producer/single-consumer ring of variable-size records in shared memory.
+//!
+//! Layout of one ring: a [`RingCtl`] (the producer's `head` and the consumer's `tail`, each on
+//! its own pair of cache lines) followed by `size` bytes of data (`size` a power of two).
+//!
+//! A record starts on a 64-byte boundary with a 16-byte header and is padded to a multiple of
+//! 64 bytes, so a small message and its header share one cache line:
+//!
+//! ```text
+//! word0 (atomic u64): stamp u32 << 32 | flags u8 << 24 | payload length (24 bits)
+//! word1 (u64):        total length of the message the packet belongs to
+//! payload
+//! ```
+//!
+//! The stamp is derived from the record's position (`pos / 64 + 1`, wrapping), so the consumer
+//! knows a record is new by its header alone: it polls one cache line that the producer writes,
+//! and never reads `head`. Stale records of earlier laps and the zeroed memory of the first lap
+//! carry other stamps. A record never wraps around the end: the producer writes a skip record
+//! and starts at offset 0.
+//!
+//! Who writes what: `head` and records are written by the producer only; `tail` by the
+//! consumer only. The producer publishes a record with a release store of `word0` after
+//! writing `word1` and the payload; the consumer reads them after an acquire load of `word0`,
+//! and publishes `tail` with a release store after it has finished reading the record.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+
+/// Records start on multiples of this.
+pub const REC_ALIGN: u64 = 64;
+/// Bytes of record header.
+pub const REC_HDR: usize = 16;
+/// Flag bit of a skip record (reserved to the ring).
+const FLAG_SKIP: u8 = 0x80;
+/// Largest payload expressible in the header.
+const MAX_LEN_FIELD: usize = (1 << 24) - 1;
+
+/// Control block of one ring.
+#[repr(C, align(128))]
+pub struct RingCtl {
+    /// Bytes ever produced (monotonic). Written by the producer only.
+    head: AtomicU64,
+    _pad0: [u8; 120],
+    /// Bytes ever consumed (monotonic). Written by the consumer only.
+    tail: AtomicU64,
+    _pad1: [u8; 120],
+}
+
+const _: () = assert!(std::mem::size_of::<RingCtl>() == 256);
+const _: () = assert!(std::mem::align_of::<RingCtl>() == 128);
+
+#[inline]
+fn stamp(pos: u64) -> u32 {
+    ((pos / REC_ALIGN) as u32).wrapping_add(1)
+}
+
+#[inline]
+fn rec_len(payload: usize) -> u64 {
+    (REC_HDR as u64 + payload as u64).div_ceil(REC_ALIGN) * REC_ALIGN
+}
+
+/// Largest payload of one record for a ring of `size` bytes.
+pub fn max_payload(size: usize) -> usize {
+    (size / 4 - REC_HDR).min(MAX_LEN_FIELD)
+}
+
+/// The producing end of a ring.
+pub struct Producer {
+    ctl: NonNull<RingCtl>,
+    data: NonNull<u8>,
+    size: u64,
+    /// Private copy of `head`.
+    head: u64,
+    /// Last `tail` read from the consumer; refreshed only when the ring looks full.
+    tail_cache: u64,
+    max_payload: usize,
+}
+
+// SAFETY: a Producer is the only writer of its ring's head and records; the pointers stay
+// valid while the segment mapping lives, which the fabric guarantees by owning both.
+unsafe impl Send for Producer {}
+
+impl Producer {
+    /// # Safety
+    /// `ctl` must point to an initialised `RingCtl` followed by `size` bytes of data, mapped for
+    /// as long as the producer lives, with at most one `Producer` per ring.
+    pub(crate) unsafe fn new(ctl: NonNull<RingCtl>, size: usize) -> Self {
+        debug_assert!(size.is_power_of_two());
+        // SAFETY: the data area directly follows the control block (caller's contract).
+        let data = unsafe { NonNull::new_unchecked(ctl.as_ptr().add(1).cast::<u8>()) };
+        // SAFETY: ctl is valid (caller's contract); we only read atomics.
+        let (head, tail) = unsafe {
+            let c = ctl.as_ref();
+            (c.head.load(Ordering::Relaxed), c.tail.load(Ordering::Acquire))
+        };
+        Producer { ctl, data, size: size as u64, head, tail_cache: tail, max_payload: max_payload(size) }
+    }
+
+    /// Bytes needed at `head` for a record of `payload` bytes, including a skip record if it
+    /// does not fit before the end of the data area.
+    #[inline]
+    fn needed(&self, payload: usize) -> (u64, bool) {
+        let rec = rec_len(payload);
+        let off = self.head & (self.size - 1);
+        let contiguous = self.size - off;
+        if rec > contiguous {
+            (contiguous + rec, true)
+        } else {
+            (rec, false)
+        }
+    }
+
+    #[inline]
+    fn room_for(&mut self, need: u64) -> bool {
+        if self.head + need - self.tail_cache <= self.size {
+            return true;
+        }
+        // SAFETY: ctl valid for the producer's life (constructor contract).
+        self.tail_cache = unsafe { self.ctl.as_ref() }.tail.load(Ordering::Acquire);
+        self.head + need - self.tail_cache <= self.size
+    }
+
+    /// Whether a record of `payload` bytes fits now.
+    pub fn has_room(&mut self, payload: usize) -> bool {
+        payload <= self.max_payload && {
+            let (need, _) = self.needed(payload);
+            self.room_for(need)
+        }
+    }
+
+    /// Appends one record whose payload is the concatenation of `parts`. `Ok(false)` when the
+    /// ring is full.
+    ///
+    /// # Errors
+    /// The payload is larger than the ring's record limit, or `flags` uses the reserved bit.
+    #[inline]
+    pub fn try_push(&mut self, flags: u8, total_len: u64, parts: &[&[u8]]) -> Result<bool> {
+        let payload: usize = parts.iter().map(|p| p.len()).sum();
+        if payload > self.max_payload {
+            return Err(Error::InvalidArgument(format!(
+                "packet of {payload} bytes exceeds the ring's limit of {}",
+                self.max_payload
+            )));
+        }
+        if flags & FLAG_SKIP != 0 {
+            return Err(Error::InvalidArgument("packet flag 0x80 is reserved".into()));
+        }
+        let (need, skip) = self.needed(payload);
+        if !self.room_for(need) {
+            return Ok(false);
+        }
+        if skip {
+            let off = self.head & (self.size - 1);
+            // SAFETY: off < size and is 64-aligned, so a 16-byte header fits inside the data
+            // area; the consumer does not read this slot until the release store below.
+            unsafe { self.header(off).store((stamp(self.head) as u64) << 32 | (FLAG_SKIP as u64) << 24, Ordering::Release) };
+            self.head += self.size - off;
+        }
+        let off = self.head & (self.size - 1);
+        // SAFETY: the record [off, off + rec_len) lies inside the data area (no wrap, checked by
+        // `needed`), and the consumer has released it (`room_for`). We are the only writer.
+        unsafe {
+            let base = self.data.as_ptr().add(off as usize);
+            base.add(8).cast::<u64>().write(total_len);
+            let mut dst = base.add(REC_HDR);
+            for p in parts {
+                std::ptr::copy_nonoverlapping(p.as_ptr(), dst, p.len());
+                dst = dst.add(p.len());
+            }
+            let word0 = (stamp(self.head) as u64) << 32 | (flags as u64) << 24 | payload as u64;
+            self.header(off).store(word0, Ordering::Release);
+        }
+        self.head += rec_len(payload);
+        // SAFETY: ctl valid for the producer's life.
+        unsafe { self.ctl.as_ref() }.head.store(self.head, Ordering::Release);
+        Ok(true)
+    }
+
+    /// # Safety
+    /// `off` must be a 64-aligned offset inside the data area.
+    #[inline]
+    unsafe fn header(&self, off: u64) -> &AtomicU64 {
+        // SAFETY: aligned (64 | off, data area 128-aligned) and inside the mapping (caller).
+        unsafe { &*self.data.as_ptr().add(off as usize).cast::<AtomicU64>() }
+    }
+}
+
+/// A record as the consumer sees it.
+pub struct Record<'a> {
+    /// Flags given by the producer.
+    pub flags: u8,
+    /// Total length of the message this packet belongs to.
+    pub total_len: u64,
+    /// The payload.
+    pub data: &'a [u8],
+}
+
+/// The consuming end of a ring.
+pub struct Consumer {
+    ctl: NonNull<RingCtl>,
+    data: NonNull<u8>,
+    size: u64,
+    /// Private copy of `tail`: position of the next record.
+    pos: u64,
+    max_payload: usize,
+}
+
+// SAFETY: a Consumer is the only reader of its ring's records and only writer of its tail; the
+// mapping outlives it (the fabric owns both).
+unsafe impl Send for Consumer {}
+
+impl Consumer {
+    /// # Safety
+    /// As [`Producer::new`], with at most one `Consumer` per ring.
+    pub(crate) unsafe fn new(ctl: NonNull<RingCtl>, size: usize) -> Self {
+        // SAFETY: data follows ctl (caller's contract).
+        let data = unsafe { NonNull::new_unchecked(ctl.as_ptr().add(1).cast::<u8>()) };
+        // SAFETY: ctl valid (caller's contract).
+        let pos = unsafe { ctl.as_ref() }.tail.load(Ordering::Relaxed);
+        Consumer { ctl, data, size: size as u64, pos, max_payload: max_payload(size) }
+    }
+
+    #[inline]
+    fn word0(&self, off: u64) -> u64 {
+        // SAFETY: off is 64-aligned and inside the data area; word0 is only accessed atomically.
+        unsafe { &*self.data.as_ptr().add(off as usize).cast::<AtomicU64>() }.load(Ordering::Acquire)
+    }
+
+    /// The next record, if the producer has published one. Stays available until
+    /// [`Self::release`].
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] when a header announces more bytes than a record may hold.
+    #[inline]
+    pub fn peek(&mut self) -> Result<Option<Record<'_>>> {
+        let mut off = self.pos & (self.size - 1);
+        let mut w = self.word0(off);
+        if (w >> 32) as u32 != stamp(self.pos) {
+            return Ok(None);
+        }
+        let mut flags = (w >> 24) as u8;
+        if flags & FLAG_SKIP != 0 {
+            self.pos += self.size - off;
+            // SAFETY: ctl valid for the consumer's life.
+            unsafe { self.ctl.as_ref() }.tail.store(self.pos, Ordering::Release);
+            off = 0;
+            w = self.word0(0);
+            if (w >> 32) as u32 != stamp(self.pos) {
+                return Ok(None);
+            }
+            flags = (w >> 24) as u8;
+        }
+        let len = (w & 0xff_ffff) as usize;
+        if len > self.max_payload || off + rec_len(len) > self.size || flags & FLAG_SKIP != 0 {
+            return Err(Error::Malformed { what: "shm record header out of bounds" });
+        }
+        // SAFETY: the record lies inside the data area (checked above); the acquire load of
+        // word0 made the producer's writes of word1 and the payload visible, and the producer
+        // does not touch the record again until we advance tail in `release`.
+        unsafe {
+            let base = self.data.as_ptr().add(off as usize);
+            let total_len = base.add(8).cast::<u64>().read();
+            let data = std::slice::from_raw_parts(base.add(REC_HDR), len);
+            Ok(Some(Record { flags, total_len, data }))
+        }
+    }
+
+    /// Consumes the record just peeked, whose payload had `len` bytes.
+    #[inline]
+    pub fn release(&mut self, len: usize) {
+        self.pos += rec_len(len);
+        // SAFETY: ctl valid for the consumer's life.
+        unsafe { self.ctl.as_ref() }.tail.store(self.pos, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ring in ordinary (128-aligned) heap memory.
+    struct HeapRing {
+        mem: Vec<RingCtl>,
+    }
+
+    impl HeapRing {
+        fn new(size: usize) -> Self {
+            let n = 1 + size / std::mem::size_of::<RingCtl>();
+            let mem = (0..n)
+                .map(|_| RingCtl { head: AtomicU64::new(0), _pad0: [0; 120], tail: AtomicU64::new(0), _pad1: [0; 120] })
+                .collect();
+            HeapRing { mem }
+        }
+        fn ends(&mut self, size: usize) -> (Producer, Consumer) {
+            let ctl = NonNull::new(self.mem.as_mut_ptr()).unwrap();
+            // SAFETY: the vector holds a RingCtl followed by at least `size` bytes, lives for the
+            // test, and we create exactly one of each end.
+            unsafe { (Producer::new(ctl, size), Consumer::new(ctl, size)) }
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_wrap() {
+        let size = 4096;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        assert!(c.peek().unwrap().is_none());
+        for i in 0..10_000u32 {
+            let len = (i as usize * 37) % max_payload(size);
+            let payload: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
+            assert!(p.try_push(3, len as u64 + 1, &[&payload]).unwrap());
+            let rec = c.peek().unwrap().expect("record");
+            assert_eq!(rec.flags, 3);
+            assert_eq!(rec.total_len, len as u64 + 1);
+            assert_eq!(rec.data, &payload[..]);
+            c.release(len);
+        }
+    }
+
+    #[test]
+    fn full_ring_applies_back_pressure() {
+        let size = 4096;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        let mut pushed = 0;
+        while p.try_push(1, 100, &[&[7u8; 100]]).unwrap() {
+            pushed += 1;
+        }
+        assert!(pushed >= 4096 / 192 - 1);
+        let rec = c.peek().unwrap().unwrap();
+        let len = rec.data.len();
+        c.release(len);
+        assert!(p.try_push(1, 100, &[&[7u8; 100]]).unwrap());
+        assert!(p.try_push(1, 0, &[&[0u8; 2000]]).is_err(), "oversized packet is refused");
+    }
+
+    #[test]
+    fn threads_exchange_many_records() {
+        let size = 8192;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        let n = 200_000u64;
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..n {
+                    let b = i.to_le_bytes();
+                    let parts: &[&[u8]] = if i % 7 == 0 { &[&b, &[0u8; 300]] } else { &[&b] };
+                    while !p.try_push(0, i, parts).unwrap() {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            let mut next = 0;
+            while next < n {
+                if let Some(rec) = c.peek().unwrap() {
+                    assert_eq!(rec.total_len, next);
+                    assert_eq!(u64::from_le_bytes(rec.data[..8].try_into().unwrap()), next);
+                    let len = rec.data.len();
+                    c.release(len);
+                    next += 1;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+    }
+}

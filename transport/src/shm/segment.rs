@@ -1,0 +1,293 @@
+//! The job's shared-memory segment: a file in `/dev/shm`, mode 0600, mapped by every rank.
+//!
+//! ```text
+//! offset 0                 SegHeader (128 bytes: magic, version, geometry, ready flag)
+//! offset 128               RankCtl[nranks] (128 bytes each: pid)
+//! rings_off (128-aligned)  nranks * nranks rings, ring (dst, src) at index dst * nranks + src,
+//!                          each a RingCtl (256 bytes) and ring_size bytes of data
+//! ```
+//!
+//! All positions are offsets from the start of the mapping, never pointers. The creator
+//! writes the header and sets `ready` last (release); openers check magic, version, geometry
+//! and the file size against the header before touching anything else.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use super::ring::{self, Consumer, Producer, RingCtl};
+use crate::error::{Error, Result};
+
+/// "TMPISHM\0" as a big-endian integer.
+pub const MAGIC: u64 = u64::from_be_bytes(*b"TMPISHM\0");
+/// Layout version; bump on any change of this file's layout or of the ring format.
+pub const VERSION: u32 = 1;
+/// Largest job the segment layout accepts.
+pub const MAX_RANKS: usize = 4096;
+
+/// Start of the segment.
+#[repr(C, align(128))]
+struct SegHeader {
+    magic: AtomicU64,
+    version: u32,
+    nranks: u32,
+    ring_size: u64,
+    rings_off: u64,
+    total_len: u64,
+    /// Set to 1 (release) by the creator once everything else is initialised.
+    ready: AtomicU32,
+    _pad: [u8; 84],
+}
+
+const _: () = assert!(std::mem::size_of::<SegHeader>() == 128);
+
+/// Per-rank control block.
+#[repr(C, align(128))]
+struct RankCtl {
+    /// Process id of the rank, written by that rank when it attaches.
+    pid: AtomicU32,
+    _pad: [u8; 124],
+}
+
+const _: () = assert!(std::mem::size_of::<RankCtl>() == 128);
+
+const RING_STRIDE_HDR: usize = std::mem::size_of::<RingCtl>();
+
+/// A mapped segment.
+pub struct Segment {
+    base: NonNull<u8>,
+    len: usize,
+    nranks: usize,
+    ring_size: usize,
+    rings_off: usize,
+    path: String,
+    _file: File,
+}
+
+// SAFETY: the mapping is process-wide memory; all shared fields are accessed atomically or
+// through the ring protocol. Segment itself has no thread-affine state.
+unsafe impl Send for Segment {}
+
+fn geometry(nranks: usize, ring_size: usize) -> Result<(usize, usize)> {
+    if nranks == 0 || nranks > MAX_RANKS {
+        return Err(Error::InvalidArgument(format!("{nranks} ranks: shm supports 1..={MAX_RANKS}")));
+    }
+    if !ring_size.is_power_of_two() || !(4096..=(1 << 30)).contains(&ring_size) {
+        return Err(Error::InvalidArgument(format!(
+            "ring size {ring_size}: must be a power of two from 4096 to 1 GiB"
+        )));
+    }
+    let rings_off = (128 + nranks * 128).next_multiple_of(128);
+    let total = nranks
+        .checked_mul(nranks)
+        .and_then(|r| r.checked_mul(RING_STRIDE_HDR + ring_size))
+        .and_then(|r| r.checked_add(rings_off))
+        .ok_or_else(|| Error::InvalidArgument("shm segment size overflows".into()))?;
+    Ok((rings_off, total))
+}
+
+fn shm_path(name: &str) -> Result<String> {
+    if name.is_empty() || name.len() > 200 || name.contains('/') || name.starts_with('.') {
+        return Err(Error::InvalidArgument(format!("invalid shm segment name {name:?}")));
+    }
+    Ok(format!("/dev/shm/{name}"))
+}
+
+fn map(file: &File, len: usize, path: &str) -> Result<NonNull<u8>> {
+    // SAFETY: mapping a regular file we opened read-write, of at least `len` bytes, shared;
+    // no existing memory is affected (addr hint is null).
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::last_os(format!("mmap {path}")));
+    }
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::last_os(format!("mmap {path}")))
+}
+
+impl Segment {
+    /// Creates and initialises the segment file (fails if it exists).
+    ///
+    /// # Errors
+    /// Bad geometry, or the file cannot be created, sized or mapped.
+    pub fn create(name: &str, nranks: usize, ring_size: usize) -> Result<Self> {
+        let path = shm_path(name)?;
+        let (rings_off, total) = geometry(nranks, ring_size)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::Io { op: format!("create {path}"), source: e })?;
+        let cleanup = |e: Error| {
+            let _ = std::fs::remove_file(&path);
+            e
+        };
+        file.set_len(total as u64).map_err(|e| cleanup(Error::Io { op: format!("size {path} to {total} bytes"), source: e }))?;
+        let base = map(&file, total, &path).map_err(cleanup)?;
+        let seg = Segment { base, len: total, nranks, ring_size, rings_off, path, _file: file };
+        // SAFETY: the mapping starts with room for a SegHeader (total > 128), is 4096-aligned,
+        // zero-filled by ftruncate, and nobody else uses it before `ready` is set.
+        let h = unsafe { &mut *seg.base.as_ptr().cast::<SegHeader>() };
+        h.version = VERSION;
+        h.nranks = nranks as u32;
+        h.ring_size = ring_size as u64;
+        h.rings_off = rings_off as u64;
+        h.total_len = total as u64;
+        h.magic.store(MAGIC, Ordering::Relaxed);
+        h.ready.store(1, Ordering::Release);
+        Ok(seg)
+    }
+
+    /// Opens a segment created by [`Segment::create`] and checks it.
+    ///
+    /// # Errors
+    /// The file is missing or not a segment of this build (magic, version, size) or of a job
+    /// of `nranks` ranks.
+    pub fn open(name: &str, nranks: usize) -> Result<Self> {
+        let path = shm_path(name)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::Io { op: format!("open {path}"), source: e })?;
+        let flen = file.metadata().map_err(|e| Error::Io { op: format!("stat {path}"), source: e })?.len() as usize;
+        let bad = |what: String| Error::ShmLayout { name: name.to_string(), what };
+        if flen < std::mem::size_of::<SegHeader>() {
+            return Err(bad(format!("file has {flen} bytes, less than a header")));
+        }
+        let base = map(&file, flen, &path)?;
+        let mut seg = Segment { base, len: flen, nranks: 0, ring_size: 0, rings_off: 0, path, _file: file };
+        // SAFETY: the mapping holds at least a SegHeader (checked above); fields other than the
+        // atomics are written by the creator before its release store of `ready`.
+        let h = unsafe { &*seg.base.as_ptr().cast::<SegHeader>() };
+        if h.ready.load(Ordering::Acquire) != 1 {
+            return Err(bad("segment not initialised yet".into()));
+        }
+        if h.magic.load(Ordering::Relaxed) != MAGIC {
+            return Err(bad("bad magic".into()));
+        }
+        if h.version != VERSION {
+            return Err(bad(format!("layout version {} but this build speaks {VERSION}", h.version)));
+        }
+        if h.nranks as usize != nranks {
+            return Err(bad(format!("segment is for {} ranks, job has {nranks}", h.nranks)));
+        }
+        let (rings_off, total) = geometry(nranks, h.ring_size as usize).map_err(|e| bad(e.to_string()))?;
+        if rings_off as u64 != h.rings_off || total as u64 != h.total_len || total != flen {
+            return Err(bad("geometry in header does not match the file".into()));
+        }
+        seg.nranks = nranks;
+        seg.ring_size = h.ring_size as usize;
+        seg.rings_off = rings_off;
+        Ok(seg)
+    }
+
+    /// Number of ranks the segment was made for.
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// Largest payload of one ring record.
+    pub fn max_record_payload(&self) -> usize {
+        ring::max_payload(self.ring_size)
+    }
+
+    fn ring_ctl(&self, dst: usize, src: usize) -> NonNull<RingCtl> {
+        assert!(dst < self.nranks && src < self.nranks, "ring index out of range");
+        let off = self.rings_off + (dst * self.nranks + src) * (RING_STRIDE_HDR + self.ring_size);
+        // SAFETY: off + stride <= len by the geometry check; 128-aligned as RingCtl requires.
+        unsafe { NonNull::new_unchecked(self.base.as_ptr().add(off).cast::<RingCtl>()) }
+    }
+
+    /// The producing end of the ring from `src` to `dst`. Call once per ring per job.
+    pub(crate) fn producer(&self, src: usize, dst: usize) -> Producer {
+        // SAFETY: ring_ctl points at a RingCtl followed by ring_size bytes inside the mapping,
+        // which the fabric keeps alive as long as the producer; only `src` produces into it.
+        unsafe { Producer::new(self.ring_ctl(dst, src), self.ring_size) }
+    }
+
+    /// The consuming end of the ring from `src` to `dst`. Call once per ring per job.
+    pub(crate) fn consumer(&self, src: usize, dst: usize) -> Consumer {
+        // SAFETY: as for `producer`; only `dst` consumes from it.
+        unsafe { Consumer::new(self.ring_ctl(dst, src), self.ring_size) }
+    }
+
+    fn rank_ctl(&self, rank: usize) -> &RankCtl {
+        assert!(rank < self.nranks, "rank out of range");
+        // SAFETY: rank control blocks follow the header inside the mapping; only atomics in it.
+        unsafe { &*self.base.as_ptr().add(128 + rank * 128).cast::<RankCtl>() }
+    }
+
+    /// Records the process id of `rank`.
+    pub fn set_pid(&self, rank: usize, pid: u32) {
+        self.rank_ctl(rank).pid.store(pid, Ordering::Release);
+    }
+
+    /// The process id `rank` recorded (0 if none yet).
+    pub fn pid(&self, rank: usize) -> u32 {
+        self.rank_ctl(rank).pid.load(Ordering::Acquire)
+    }
+
+    /// Removes the file name (the mapping stays).
+    ///
+    /// # Errors
+    /// The unlink failed other than with ENOENT.
+    pub fn unlink(&self) -> Result<()> {
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::Io { op: format!("unlink {}", self.path), source: e }),
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: base/len describe the mapping made in create/open; no reference into it
+        // outlives the Segment (producers/consumers are owned by the same fabric and dropped
+        // without touching the memory).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name() -> String {
+        let mut b = [0u8; 8];
+        getrandom::getrandom(&mut b).unwrap();
+        format!("tmpi-test-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+    }
+
+    #[test]
+    fn create_open_check() {
+        let n = name();
+        let s = Segment::create(&n, 3, 4096).unwrap();
+        let meta = std::fs::metadata(format!("/dev/shm/{n}")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert!(Segment::create(&n, 3, 4096).is_err(), "exclusive create");
+        assert!(Segment::open(&n, 4).is_err(), "wrong job size refused");
+        let o = Segment::open(&n, 3).unwrap();
+        s.set_pid(2, 1234);
+        assert_eq!(o.pid(2), 1234);
+        s.unlink().unwrap();
+        assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists());
+    }
+
+    #[test]
+    fn rejects_garbage_file() {
+        let n = name();
+        std::fs::write(format!("/dev/shm/{n}"), vec![0xabu8; 4096]).unwrap();
+        let r = Segment::open(&n, 2);
+        std::fs::remove_file(format!("/dev/shm/{n}")).unwrap();
+        assert!(r.is_err());
+        assert!(Segment::create("bad/name", 2, 4096).is_err());
+        assert!(Segment::create(&name(), 2, 1000).is_err());
+    }
+}
