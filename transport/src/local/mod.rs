@@ -1,1 +1,181 @@
-//! In-process fabric (being built).
+//! In-process fabric: ranks as threads of one process, over crossbeam channels.
+//!
+//! Same surface as [`crate::shm::ShmFabric`], so the runtime's matching and protocols run in
+//! unit tests without processes. Packets are copied into owned buffers; the fabric never
+//! applies back-pressure (channels are unbounded), but a packet may be left unconsumed by the
+//! poll callback, exactly like a ring record.
+
+use std::collections::VecDeque;
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+
+use crate::error::{Error, Result};
+use crate::fabric::Packet;
+
+struct Wire {
+    src: usize,
+    flags: u8,
+    total_len: u64,
+    data: Vec<u8>,
+}
+
+/// One rank's end of an in-process fabric.
+pub struct LocalFabric {
+    rank: usize,
+    peers: Vec<Sender<Wire>>,
+    inbox: Receiver<Wire>,
+    /// Packets received from the channel but not yet consumed, per source.
+    staged: Vec<VecDeque<Wire>>,
+    next_src: usize,
+    max_packet: usize,
+}
+
+impl LocalFabric {
+    /// Creates the fabric of a job of `size` ranks; element `r` is rank `r`'s end.
+    pub fn create(size: usize, max_packet: usize) -> Vec<LocalFabric> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..size).map(|_| unbounded()).unzip();
+        rxs.into_iter()
+            .enumerate()
+            .map(|(rank, inbox)| LocalFabric {
+                rank,
+                peers: txs.clone(),
+                inbox,
+                staged: (0..size).map(|_| VecDeque::new()).collect(),
+                next_src: 0,
+                max_packet,
+            })
+            .collect()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks in the job.
+    pub fn size(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Largest packet payload.
+    pub fn max_packet(&self) -> usize {
+        self.max_packet
+    }
+
+    /// Sends one packet; never full.
+    ///
+    /// # Errors
+    /// Bad destination, oversized packet, or [`Error::PeerGone`] if the peer's end is dropped.
+    pub fn try_send(&mut self, dest: usize, flags: u8, total_len: u64, parts: &[&[u8]]) -> Result<bool> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > self.max_packet {
+            return Err(Error::InvalidArgument(format!("packet of {len} bytes exceeds {}", self.max_packet)));
+        }
+        let tx = self
+            .peers
+            .get(dest)
+            .filter(|_| dest != self.rank)
+            .ok_or_else(|| Error::InvalidArgument(format!("no link from rank {} to {dest}", self.rank)))?;
+        let mut data = Vec::with_capacity(len);
+        for p in parts {
+            data.extend_from_slice(p);
+        }
+        tx.send(Wire { src: self.rank, flags, total_len, data }).map_err(|_| Error::PeerGone { rank: dest })?;
+        Ok(true)
+    }
+
+    /// Always true: the channels are unbounded.
+    pub fn can_send(&mut self, _dest: usize, _len: usize) -> bool {
+        true
+    }
+
+    /// Delivers at most one packet per source, round-robin, as [`crate::shm::ShmFabric::poll`].
+    ///
+    /// # Errors
+    /// None today; the signature matches the other fabrics.
+    pub fn poll<F: FnMut(Packet<'_>) -> bool>(&mut self, mut f: F) -> Result<usize> {
+        while let Ok(w) = self.inbox.try_recv() {
+            let src = w.src;
+            self.staged[src].push_back(w);
+        }
+        let n = self.staged.len();
+        let mut delivered = 0;
+        for i in 0..n {
+            let src = (self.next_src + i) % n;
+            if let Some(w) = self.staged[src].front() {
+                if f(Packet { src, flags: w.flags, total_len: w.total_len, data: &w.data }) {
+                    self.staged[src].pop_front();
+                    delivered += 1;
+                }
+            }
+        }
+        self.next_src = (self.next_src + 1) % n.max(1);
+        Ok(delivered)
+    }
+
+    /// Delivers the next packet of one source, if any.
+    ///
+    /// # Errors
+    /// None today.
+    pub fn poll_source<F: FnOnce(Packet<'_>) -> bool>(&mut self, src: usize, f: F) -> Result<bool> {
+        while let Ok(w) = self.inbox.try_recv() {
+            let s = w.src;
+            self.staged[s].push_back(w);
+        }
+        let Some(q) = self.staged.get_mut(src) else { return Ok(false) };
+        if let Some(w) = q.front() {
+            if f(Packet { src, flags: w.flags, total_len: w.total_len, data: &w.data }) {
+                q.pop_front();
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_exchange_in_order() {
+        let mut fabs = LocalFabric::create(3, 1024);
+        let mut f2 = fabs.pop().unwrap();
+        let mut f1 = fabs.pop().unwrap();
+        let mut f0 = fabs.pop().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for i in 0..100u32 {
+                    f1.try_send(0, 3, 4, &[&i.to_le_bytes()]).unwrap();
+                }
+            });
+            s.spawn(move || {
+                for i in 0..100u32 {
+                    f2.try_send(0, 3, 4, &[&(1000 + i).to_le_bytes()]).unwrap();
+                }
+            });
+            let mut next = [0u32, 0, 1000];
+            let mut got = 0;
+            while got < 200 {
+                got += f0
+                    .poll(|p| {
+                        let v = u32::from_le_bytes(p.data.try_into().unwrap());
+                        assert_eq!(v, next[p.src]);
+                        next[p.src] += 1;
+                        true
+                    })
+                    .unwrap();
+            }
+        });
+    }
+
+    #[test]
+    fn unconsumed_packet_stays() {
+        let mut fabs = LocalFabric::create(2, 64);
+        fabs[1].try_send(0, 1, 1, &[b"a"]).unwrap();
+        assert_eq!(fabs[0].poll(|_| false).unwrap(), 0);
+        assert_eq!(fabs[0].poll(|p| p.data == b"a").unwrap(), 1);
+        assert!(fabs[1].try_send(0, 1, 1, &[&[0u8; 65]]).is_err());
+        assert!(fabs[1].try_send(1, 1, 1, &[b"x"]).is_err());
+    }
+}
