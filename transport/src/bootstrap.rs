@@ -1,1 +1,0 @@
-//! Bootstrap key-value service (being built).

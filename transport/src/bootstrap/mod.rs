@@ -1,0 +1,451 @@
+//! Bootstrap: how the ranks of a job find each other.
+//!
+//! `tmpirun` serves a small key-value store over a Unix socket ([`BootstrapServer`]) and
+//! tells each rank where it is through environment variables ([`BootstrapEnv`]). A rank
+//! connects with [`BootstrapClient`], puts what others need (addresses, segment names),
+//! fences, and gets what it needs from the others:
+//!
+//! ```no_run
+//! # fn main() -> tmpi_transport::Result<()> {
+//! use tmpi_transport::bootstrap::BootstrapClient;
+//! match BootstrapClient::from_env()? {
+//!     None => { /* not started by tmpirun: a singleton, rank 0 of 1 */ }
+//!     Some((mut kv, env)) => {
+//!         kv.put(&format!("addr-{}", env.rank), b"...")?;
+//!         kv.fence()?;
+//!         let peer = kv.get(&format!("addr-{}", (env.rank + 1) % env.size))?;
+//!         # let _ = peer;
+//!         kv.finalize()?;
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! - [`proto`]: the length-prefixed binary frames, with caps on every length.
+//! - [`server`]: the service, driven without blocking from `tmpirun`'s event loop.
+//!
+//! The environment contract between `tmpirun` and each rank:
+//!
+//! | variable            | meaning                                                         |
+//! |---------------------|-----------------------------------------------------------------|
+//! | `TMPI_RANK`         | this rank, `0..TMPI_SIZE`                                       |
+//! | `TMPI_SIZE`         | number of ranks                                                 |
+//! | `TMPI_LOCAL_RANK`   | rank among the ranks of this node (= `TMPI_RANK` on one node)   |
+//! | `TMPI_LOCAL_SIZE`   | ranks on this node (= `TMPI_SIZE` on one node)                  |
+//! | `TMPI_JOBID`        | 16 lowercase hex digits, random per job                         |
+//! | `TMPI_BOOTSTRAP`    | path of the bootstrap Unix socket                               |
+//! | `TMPI_SHM_NAME`     | `tmpi-<jobid>-<16 hex>`: rank 0 creates `/dev/shm/<name>`        |
+//! | `TMPI_LAUNCHER_PID` | pid of `tmpirun`                                                |
+//!
+//! `tmpirun` removes `/dev/shm/<TMPI_SHM_NAME>` and every `/dev/shm/tmpi-<jobid>*` file when
+//! the job ends, whichever way it ends.
+
+pub mod proto;
+pub mod server;
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+pub use server::{BootstrapServer, ServerEvent, ServerThread};
+
+use crate::error::{Error, Result};
+use proto::{Reply, Request};
+
+/// `TMPI_RANK`: this process's rank.
+pub const ENV_RANK: &str = "TMPI_RANK";
+/// `TMPI_SIZE`: number of ranks.
+pub const ENV_SIZE: &str = "TMPI_SIZE";
+/// `TMPI_LOCAL_RANK`: rank among the ranks of this node.
+pub const ENV_LOCAL_RANK: &str = "TMPI_LOCAL_RANK";
+/// `TMPI_LOCAL_SIZE`: number of ranks on this node.
+pub const ENV_LOCAL_SIZE: &str = "TMPI_LOCAL_SIZE";
+/// `TMPI_JOBID`: 16 hex digits, random per job.
+pub const ENV_JOBID: &str = "TMPI_JOBID";
+/// `TMPI_BOOTSTRAP`: path of the bootstrap Unix socket.
+pub const ENV_BOOTSTRAP: &str = "TMPI_BOOTSTRAP";
+/// `TMPI_SHM_NAME`: name of the job's shared-memory segment in `/dev/shm`.
+pub const ENV_SHM_NAME: &str = "TMPI_SHM_NAME";
+/// `TMPI_LAUNCHER_PID`: pid of `tmpirun`.
+pub const ENV_LAUNCHER_PID: &str = "TMPI_LAUNCHER_PID";
+
+/// Every variable `tmpirun` sets for the ranks (a user may not override them with `-x`).
+pub const LAUNCHER_VARS: &[&str] = &[
+    ENV_RANK,
+    ENV_SIZE,
+    ENV_LOCAL_RANK,
+    ENV_LOCAL_SIZE,
+    ENV_JOBID,
+    ENV_BOOTSTRAP,
+    ENV_SHM_NAME,
+    ENV_LAUNCHER_PID,
+];
+
+/// Largest job: a source rank has 20 bits in the match tag.
+pub const MAX_RANKS: usize = 1 << 20;
+
+/// A documented runtime knob: an environment variable, its default and what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knob {
+    /// Environment variable.
+    pub name: &'static str,
+    /// Default value, as text.
+    pub default: &'static str,
+    /// What it does and what it accepts.
+    pub meaning: &'static str,
+}
+
+/// Every `TMPI_*` knob the runtime reads, as `tmpirun --info` lists them.
+///
+/// The runtime validates them (`tmpi::config`); this copy exists because the launcher may
+/// not depend on the runtime. Keep the two in sync.
+pub const KNOBS: &[Knob] = &[
+    Knob { name: "TMPI_STATS", default: "0", meaning: "1: each rank prints one `tmpi-stats rank=R key=value...` line to stderr at finalize (0 or 1)" },
+    Knob { name: "TMPI_EAGER_LIMIT", default: "65536", meaning: "largest message (bytes) sent eagerly; larger messages use the large-message path (64..=16777216)" },
+    Knob { name: "TMPI_RNDV_THRESHOLD", default: "65536", meaning: "message size (bytes) from which rendezvous is used (>= 1; must be > TMPI_EAGER_LIMIT - 1)" },
+    Knob { name: "TMPI_TM_MAX_TAGS", default: "1023", meaning: "entries of the soft TM-SRQ tag list; 0 turns receive offload off (0..=65535)" },
+    Knob { name: "TMPI_TM_THRESH", default: "1024", meaning: "smallest receive (bytes) offloaded to the soft TM-SRQ (>= 0)" },
+    Knob { name: "TMPI_SHM_RING_SIZE", default: "262144", meaning: "bytes of each shared-memory ring, one per ordered pair of ranks (power of two, 4096..=1073741824)" },
+    Knob { name: "TMPI_POLL_SPIN", default: "auto", meaning: "idle polls before a waiting rank starts yielding the CPU; auto = 20000, or 64 when ranks outnumber cores (0..=10000000 or auto)" },
+    Knob { name: "TMPI_MR_CACHE_MAX_COUNT", default: "1024", meaning: "registrations kept in the MR cache; 0 disables the cache" },
+    Knob { name: "TMPI_MR_CACHE_MAX_SIZE", default: "unlimited", meaning: "bytes of registrations kept in the MR cache (a number or `unlimited`)" },
+    Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd or disabled" },
+];
+
+/// What `tmpirun` told this rank through its environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BootstrapEnv {
+    /// `TMPI_RANK`.
+    pub rank: usize,
+    /// `TMPI_SIZE`.
+    pub size: usize,
+    /// `TMPI_JOBID`: 16 lowercase hex digits.
+    pub jobid: String,
+    /// `TMPI_SHM_NAME`: `tmpi-<jobid>-<16 hex>`, a file name in `/dev/shm`.
+    pub shm_name: String,
+    /// `TMPI_LOCAL_RANK` (defaults to `rank` when unset).
+    pub local_rank: usize,
+    /// `TMPI_LOCAL_SIZE` (defaults to `size` when unset).
+    pub local_size: usize,
+    /// `TMPI_BOOTSTRAP`: the socket to connect to.
+    pub bootstrap: PathBuf,
+}
+
+fn bad_var(name: &str, value: &str, want: &str) -> Error {
+    Error::Bootstrap(format!("{name}={value:?}: expected {want}"))
+}
+
+fn is_hex16(s: &str) -> bool {
+    s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+impl BootstrapEnv {
+    /// Reads the process environment; `None` when `TMPI_RANK` is unset (a singleton).
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] naming the first variable that is missing or malformed.
+    pub fn from_env() -> Result<Option<Self>> {
+        Self::from_lookup(|name| std::env::var_os(name))
+    }
+
+    /// As [`from_env`](Self::from_env), reading variables through `get`.
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<OsString>) -> Result<Option<Self>> {
+        let text = |name: &str| -> Result<Option<String>> {
+            match get(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .into_string()
+                    .map(Some)
+                    .map_err(|v| bad_var(name, &v.to_string_lossy(), "UTF-8 text")),
+            }
+        };
+        let need = |name: &str| -> Result<String> {
+            text(name)?.ok_or_else(|| {
+                Error::Bootstrap(format!(
+                    "{name} is not set (but {ENV_RANK} is: started by tmpirun?)"
+                ))
+            })
+        };
+        let num = |name: &str, v: &str| -> Result<usize> {
+            v.parse::<usize>()
+                .map_err(|_| bad_var(name, v, "a non-negative integer"))
+        };
+        let Some(rank) = text(ENV_RANK)? else {
+            return Ok(None);
+        };
+        let rank = num(ENV_RANK, &rank)?;
+        let size_s = need(ENV_SIZE)?;
+        let size = num(ENV_SIZE, &size_s)?;
+        if size == 0 || size > MAX_RANKS {
+            return Err(bad_var(ENV_SIZE, &size_s, &format!("1..={MAX_RANKS}")));
+        }
+        if rank >= size {
+            return Err(bad_var(
+                ENV_RANK,
+                &rank.to_string(),
+                &format!("0..{size} (TMPI_SIZE)"),
+            ));
+        }
+        let jobid = need(ENV_JOBID)?;
+        if !is_hex16(&jobid) {
+            return Err(bad_var(ENV_JOBID, &jobid, "16 lowercase hex digits"));
+        }
+        let shm_name = need(ENV_SHM_NAME)?;
+        let ok_shm = shm_name
+            .strip_prefix(&format!("tmpi-{jobid}-"))
+            .is_some_and(is_hex16);
+        if !ok_shm {
+            return Err(bad_var(
+                ENV_SHM_NAME,
+                &shm_name,
+                &format!("tmpi-{jobid}-<16 hex digits>"),
+            ));
+        }
+        let bootstrap = PathBuf::from(need(ENV_BOOTSTRAP)?);
+        if bootstrap.as_os_str().is_empty() {
+            return Err(bad_var(ENV_BOOTSTRAP, "", "the path of a Unix socket"));
+        }
+        let local_size = match text(ENV_LOCAL_SIZE)? {
+            Some(v) => {
+                let n = num(ENV_LOCAL_SIZE, &v)?;
+                if n == 0 || n > size {
+                    return Err(bad_var(ENV_LOCAL_SIZE, &v, &format!("1..={size}")));
+                }
+                n
+            }
+            None => size,
+        };
+        let local_rank = match text(ENV_LOCAL_RANK)? {
+            Some(v) => {
+                let n = num(ENV_LOCAL_RANK, &v)?;
+                if n >= local_size {
+                    return Err(bad_var(ENV_LOCAL_RANK, &v, &format!("0..{local_size}")));
+                }
+                n
+            }
+            None if local_size == size => rank,
+            None => return Err(Error::Bootstrap(format!("{ENV_LOCAL_RANK} is not set"))),
+        };
+        Ok(Some(BootstrapEnv {
+            rank,
+            size,
+            jobid,
+            shm_name,
+            local_rank,
+            local_size,
+            bootstrap,
+        }))
+    }
+}
+
+/// A new random job id: 16 lowercase hex digits.
+///
+/// # Errors
+/// The system's random source fails.
+pub fn new_jobid() -> Result<String> {
+    random_hex16()
+}
+
+/// The shared-memory segment name for a job: `tmpi-<jobid>-<16 random hex>`.
+///
+/// # Errors
+/// The system's random source fails.
+pub fn new_shm_name(jobid: &str) -> Result<String> {
+    Ok(format!("tmpi-{jobid}-{}", random_hex16()?))
+}
+
+fn random_hex16() -> Result<String> {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b).map_err(|e| Error::Io {
+        op: "getrandom".into(),
+        source: io::Error::other(e.to_string()),
+    })?;
+    Ok(format!("{:016x}", u64::from_le_bytes(b)))
+}
+
+/// A rank's connection to the bootstrap service: synchronous, one request at a time.
+#[derive(Debug)]
+pub struct BootstrapClient {
+    stream: UnixStream,
+    rank: usize,
+    size: usize,
+    finalized: bool,
+    buf: Vec<u8>,
+}
+
+impl BootstrapClient {
+    /// Connects to the server at `path` as `rank` of a job of `size` ranks.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the socket cannot be reached; [`Error::Bootstrap`] if the server
+    /// refuses the rank (out of range, wrong size, already connected).
+    pub fn connect(path: &Path, rank: usize, size: usize) -> Result<Self> {
+        if size == 0 || size > MAX_RANKS || rank >= size {
+            return Err(Error::Bootstrap(format!(
+                "rank {rank} of {size}: not a valid rank"
+            )));
+        }
+        let stream = UnixStream::connect(path).map_err(|source| Error::Io {
+            op: format!("connect to bootstrap socket {}", path.display()),
+            source,
+        })?;
+        let mut c = BootstrapClient {
+            stream,
+            rank,
+            size,
+            finalized: false,
+            buf: Vec::new(),
+        };
+        c.call_ok(
+            &Request::Hello {
+                version: proto::VERSION,
+                rank: rank as u32,
+                size: size as u32,
+            },
+            "hello",
+        )?;
+        Ok(c)
+    }
+
+    /// Reads the environment `tmpirun` set and connects; `None` when not started by
+    /// `tmpirun` (`TMPI_RANK` unset: run as a singleton).
+    ///
+    /// # Errors
+    /// A missing or malformed variable (the error names it); connection errors as
+    /// [`connect`](Self::connect).
+    pub fn from_env() -> Result<Option<(Self, BootstrapEnv)>> {
+        let Some(env) = BootstrapEnv::from_env()? else {
+            return Ok(None);
+        };
+        let c = Self::connect(&env.bootstrap, env.rank, env.size)?;
+        Ok(Some((c, env)))
+    }
+
+    /// This client's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The job's size.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Stores `value` under `key` for every rank to get (replacing an earlier value).
+    ///
+    /// # Errors
+    /// A key that is empty or longer than [`proto::MAX_KEY_LEN`], a value larger than
+    /// [`proto::MAX_VALUE_LEN`], a full store, or a lost server.
+    pub fn put(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        self.call_ok(
+            &Request::Put {
+                key: key.into(),
+                value: value.to_vec(),
+            },
+            "put",
+        )
+    }
+
+    /// The value of `key`, waiting until some rank has put it.
+    ///
+    /// # Errors
+    /// A bad key, a lost server (`tmpirun` gone), or a get that can never be answered
+    /// (every other rank finalized or is itself waiting).
+    pub fn get(&mut self, key: &str) -> Result<Vec<u8>> {
+        match self.call(&Request::Get { key: key.into() })? {
+            Reply::Value(v) => Ok(v),
+            Reply::Err(m) => Err(Error::Bootstrap(format!("get {key:?}: {m}"))),
+            Reply::Ok => Err(Error::Bootstrap(format!(
+                "get {key:?}: server replied ok without a value"
+            ))),
+        }
+    }
+
+    /// Waits until every rank of the job has called `fence`; afterwards every put made by
+    /// any rank before its fence is visible to [`get`](Self::get).
+    ///
+    /// # Errors
+    /// A rank finalized or died before reaching the fence, or the server is gone.
+    pub fn fence(&mut self) -> Result<()> {
+        self.call_ok(&Request::Fence, "fence")
+    }
+
+    /// Asks `tmpirun` to end the whole job with exit status `code` (`msg` is printed).
+    ///
+    /// # Errors
+    /// The server is gone (the caller should then exit with `code` itself).
+    pub fn abort(&mut self, code: i32, msg: &str) -> Result<()> {
+        self.call_ok(
+            &Request::Abort {
+                code,
+                message: msg.into(),
+            },
+            "abort",
+        )
+    }
+
+    /// Tells the server this rank is done; the connection is closed. Later calls fail.
+    ///
+    /// # Errors
+    /// The server is gone.
+    pub fn finalize(&mut self) -> Result<()> {
+        self.call_ok(&Request::Finalize, "finalize")?;
+        self.finalized = true;
+        Ok(())
+    }
+
+    fn call_ok(&mut self, req: &Request, what: &str) -> Result<()> {
+        match self.call(req)? {
+            Reply::Ok => Ok(()),
+            Reply::Err(m) => Err(Error::Bootstrap(format!("{what}: {m}"))),
+            Reply::Value(_) => Err(Error::Bootstrap(format!("{what}: unexpected value reply"))),
+        }
+    }
+
+    fn call(&mut self, req: &Request) -> Result<Reply> {
+        if self.finalized {
+            return Err(Error::Bootstrap("client already finalized".into()));
+        }
+        self.buf.clear();
+        req.encode(&mut self.buf)?;
+        self.stream
+            .write_all(&self.buf)
+            .map_err(|e| self.lost("send to", e))?;
+        let mut len = [0u8; 4];
+        self.stream
+            .read_exact(&mut len)
+            .map_err(|e| self.lost("read from", e))?;
+        let len = u32::from_le_bytes(len) as usize;
+        proto::check_frame_len(len)?;
+        self.buf.clear();
+        self.buf.resize(len, 0);
+        self.stream
+            .read_exact(&mut self.buf)
+            .map_err(|e| self.lost("read from", e))?;
+        Reply::decode(&self.buf)
+    }
+
+    #[cold]
+    fn lost(&self, what: &str, e: io::Error) -> Error {
+        match e.kind() {
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset => Error::Bootstrap(format!(
+                "rank {}: the bootstrap server closed the connection (tmpirun gone?)",
+                self.rank
+            )),
+            _ => Error::Io {
+                op: format!("rank {}: {what} the bootstrap server", self.rank),
+                source: e,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,748 @@
+//! The key-value service `tmpirun` serves to the ranks of one job.
+//!
+//! One [`BootstrapServer`] listens on a Unix socket and drives every connection from one
+//! thread, without blocking: its epoll descriptor ([`BootstrapServer::as_raw_fd`]) becomes
+//! readable when there is work, and [`BootstrapServer::process`] does all of it and returns
+//! what the launcher must know ([`ServerEvent`]: aborts, finalizes, lost ranks). Tests and
+//! simple users run it in a thread instead with [`BootstrapServer::spawn`].
+//!
+//! Semantics:
+//! - `put` stores a value (a later put of the same key replaces it) and wakes every `get`
+//!   waiting for that key.
+//! - `get` is answered as soon as the key exists, by whichever rank put it.
+//! - `fence` is answered when every rank of the job has entered it; puts are acknowledged
+//!   before the client goes on, so after a fence every earlier put is visible.
+//! - A rank that finalizes or disconnects makes every pending and later fence fail (it can
+//!   never complete). When every rank of the job has connected and each one still here is
+//!   waiting in `get`/`fence` with nothing to answer it, no put can ever come: the waiters
+//!   get an error instead of hanging forever.
+//! - Each rank connects once; a second `hello` for the same rank is refused.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::proto::{self, Reply, Request, MAX_FRAME};
+use crate::error::{Error, Result};
+
+/// Total bytes of keys and values the server keeps before refusing puts.
+pub const MAX_STORE_BYTES: usize = 256 << 20;
+
+/// Epoll token of the listening socket.
+const LISTENER: u64 = u64::MAX;
+
+/// Something the launcher should know about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// A rank connected and said hello.
+    Connected {
+        /// Its rank.
+        rank: usize,
+    },
+    /// A rank asked to end the job.
+    Abort {
+        /// Its rank.
+        rank: usize,
+        /// The exit code it asked for.
+        code: i32,
+        /// Its message.
+        message: String,
+    },
+    /// A rank finalized (and closed its connection).
+    Finalized {
+        /// Its rank.
+        rank: usize,
+    },
+    /// A rank's connection closed without a finalize (it exited or crashed).
+    Lost {
+        /// Its rank.
+        rank: usize,
+    },
+    /// A client broke the protocol (bad frame, bad hello); its connection was closed.
+    Rejected {
+        /// Rank, if it had said hello.
+        rank: Option<usize>,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// Where a rank stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RankState {
+    /// Not connected yet.
+    Absent,
+    /// Connected on this token.
+    Here(u64),
+    /// Finalized.
+    Finalized,
+    /// Connection lost without finalize.
+    Lost,
+}
+
+/// What a connection is waiting for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wait {
+    None,
+    Get(String),
+    Fence,
+}
+
+struct Conn {
+    stream: UnixStream,
+    rank: Option<usize>,
+    inbuf: Vec<u8>,
+    outbuf: Vec<u8>,
+    wait: Wait,
+    /// EPOLLOUT is registered.
+    want_out: bool,
+    /// Close once `outbuf` is flushed (after finalize or a refused hello).
+    close_after_flush: bool,
+}
+
+/// The bootstrap key-value server of one job.
+pub struct BootstrapServer {
+    listener: UnixListener,
+    path: PathBuf,
+    epoll: OwnedFd,
+    size: usize,
+    conns: HashMap<u64, Conn>,
+    next_token: u64,
+    ranks: Vec<RankState>,
+    ever_connected: usize,
+    store: HashMap<String, Vec<u8>>,
+    store_bytes: usize,
+    /// Tokens waiting for each missing key.
+    get_waiters: HashMap<String, Vec<u64>>,
+    fence_waiters: Vec<u64>,
+    /// Why fences can no longer complete, once a rank has left.
+    fence_broken: Option<String>,
+    /// Connections whose wait ended: parse their buffered input again.
+    resume: Vec<u64>,
+    events: Vec<ServerEvent>,
+}
+
+fn io_err(op: impl Into<String>, source: io::Error) -> Error {
+    Error::Io {
+        op: op.into(),
+        source,
+    }
+}
+
+impl BootstrapServer {
+    /// Listens on a new Unix socket at `path` for a job of `size` ranks.
+    ///
+    /// The caller chooses a path in a directory only it can reach (`tmpirun` uses a private
+    /// 0700 directory); the socket file is removed when the server is dropped.
+    ///
+    /// # Errors
+    /// `size` of zero; the socket or epoll set cannot be created (e.g. the path exists).
+    pub fn bind(path: &Path, size: usize) -> Result<Self> {
+        if size == 0 || size > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!("bootstrap job size {size}")));
+        }
+        let listener =
+            UnixListener::bind(path).map_err(|e| io_err(format!("bind {}", path.display()), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err("bootstrap listener nonblocking", e))?;
+        // SAFETY: epoll_create1 takes no pointers; the result is checked before use.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::last_os("epoll_create1"));
+        }
+        // SAFETY: `fd` is a new descriptor that nothing else owns.
+        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let server = BootstrapServer {
+            listener,
+            path: path.to_path_buf(),
+            epoll,
+            size,
+            conns: HashMap::new(),
+            next_token: 0,
+            ranks: vec![RankState::Absent; size],
+            ever_connected: 0,
+            store: HashMap::new(),
+            store_bytes: 0,
+            get_waiters: HashMap::new(),
+            fence_waiters: Vec::new(),
+            fence_broken: None,
+            resume: Vec::new(),
+            events: Vec::new(),
+        };
+        server.ctl(
+            libc::EPOLL_CTL_ADD,
+            server.listener.as_raw_fd(),
+            libc::EPOLLIN as u32,
+            LISTENER,
+        )?;
+        Ok(server)
+    }
+
+    /// The socket's path (what `TMPI_BOOTSTRAP` holds).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of ranks of the job.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    fn ctl(&self, op: i32, fd: RawFd, events: u32, token: u64) -> Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: both descriptors are open (owned by `self`), and `ev` is a valid
+        // epoll_event that lives for the duration of the call.
+        let rc = unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) };
+        if rc < 0 {
+            return Err(Error::last_os("epoll_ctl (bootstrap)"));
+        }
+        Ok(())
+    }
+
+    /// Does all the work that is ready without blocking and returns the events since the
+    /// last call.
+    ///
+    /// # Errors
+    /// Only failures of the server itself (epoll); a misbehaving client is disconnected and
+    /// reported as [`ServerEvent::Rejected`] instead.
+    pub fn process(&mut self) -> Result<Vec<ServerEvent>> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        loop {
+            // SAFETY: `evs` is a writable array of `evs.len()` epoll_event; timeout 0.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    evs.as_mut_ptr(),
+                    evs.len() as i32,
+                    0,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(io_err("epoll_wait (bootstrap)", e));
+            }
+            let n = n as usize;
+            for ev in &evs[..n] {
+                let (token, flags) = (ev.u64, ev.events);
+                if token == LISTENER {
+                    self.accept_all();
+                } else {
+                    self.service(token, flags);
+                }
+            }
+            self.drain_resume();
+            self.check_deadlock();
+            self.drain_resume();
+            if n < evs.len() {
+                break;
+            }
+        }
+        Ok(std::mem::take(&mut self.events))
+    }
+
+    /// Blocks up to `timeout` (forever when `None`) until there is work, then does it.
+    ///
+    /// # Errors
+    /// As [`process`](Self::process).
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Vec<ServerEvent>> {
+        let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
+        let mut pfd = libc::pollfd {
+            fd: self.epoll.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return Err(Error::last_os("poll (bootstrap)"));
+        }
+        self.process()
+    }
+
+    /// Runs the server in a new thread until the returned handle is stopped or dropped.
+    ///
+    /// # Errors
+    /// The stop descriptor or the thread cannot be created.
+    pub fn spawn(mut self) -> Result<ServerThread> {
+        // SAFETY: eventfd takes no pointers; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::last_os("eventfd"));
+        }
+        // SAFETY: `fd` is a new descriptor that nothing else owns.
+        let stop = std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let stop2 = stop.clone();
+        let (tx, rx) = mpsc::channel();
+        let join = std::thread::Builder::new()
+            .name("tmpi-bootstrap".into())
+            .spawn(move || -> Result<()> {
+                loop {
+                    let mut pfds = [
+                        libc::pollfd {
+                            fd: self.epoll.as_raw_fd(),
+                            events: libc::POLLIN,
+                            revents: 0,
+                        },
+                        libc::pollfd {
+                            fd: stop2.as_raw_fd(),
+                            events: libc::POLLIN,
+                            revents: 0,
+                        },
+                    ];
+                    // SAFETY: `pfds` is an array of 2 valid pollfd.
+                    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+                    if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                        return Err(Error::last_os("poll (bootstrap thread)"));
+                    }
+                    if pfds[1].revents != 0 {
+                        return Ok(());
+                    }
+                    for ev in self.process()? {
+                        // The receiver may be gone; the server keeps serving regardless.
+                        let _ = tx.send(ev);
+                    }
+                }
+            })
+            .map_err(|e| io_err("spawn bootstrap thread", e))?;
+        Ok(ServerThread {
+            events: rx,
+            stop,
+            join: Some(join),
+        })
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if stream.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    let token = self.next_token;
+                    self.next_token += 1;
+                    if self
+                        .ctl(
+                            libc::EPOLL_CTL_ADD,
+                            stream.as_raw_fd(),
+                            libc::EPOLLIN as u32,
+                            token,
+                        )
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    self.conns.insert(
+                        token,
+                        Conn {
+                            stream,
+                            rank: None,
+                            inbuf: Vec::new(),
+                            outbuf: Vec::new(),
+                            wait: Wait::None,
+                            want_out: false,
+                            close_after_flush: false,
+                        },
+                    );
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // WouldBlock: all accepted. Other errors (EMFILE...) are retried on the next
+                // readiness; nothing to tear down.
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Handles readiness of one connection.
+    fn service(&mut self, token: u64, flags: u32) {
+        if flags & libc::EPOLLOUT as u32 != 0 {
+            self.flush(token);
+        }
+        if flags & (libc::EPOLLIN | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+            let mut eof = false;
+            if let Some(c) = self.conns.get_mut(&token) {
+                let mut chunk = [0u8; 16 * 1024];
+                loop {
+                    match c.stream.read(&mut chunk) {
+                        Ok(0) => {
+                            eof = true;
+                            break;
+                        }
+                        Ok(n) => {
+                            c.inbuf.extend_from_slice(&chunk[..n]);
+                            // An honest client has at most one request outstanding.
+                            if c.inbuf.len() > 2 * (MAX_FRAME + 4) {
+                                let rank = c.rank;
+                                self.reject(
+                                    token,
+                                    rank,
+                                    "client sent more than it may have outstanding".into(),
+                                );
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(_) => {
+                            eof = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            self.parse(token);
+            if eof {
+                self.close(token);
+            }
+        }
+    }
+
+    /// Handles the buffered requests of a connection while it is not waiting.
+    fn parse(&mut self, token: u64) {
+        loop {
+            let Some(c) = self.conns.get_mut(&token) else {
+                return;
+            };
+            if c.wait != Wait::None || c.close_after_flush || !c.outbuf.is_empty() {
+                return;
+            }
+            let rank = c.rank;
+            let body = match proto::take_frame(&mut c.inbuf) {
+                Ok(Some(b)) => b,
+                Ok(None) => return,
+                Err(e) => return self.reject(token, rank, e.to_string()),
+            };
+            match Request::decode(&body) {
+                Ok(req) => self.handle(token, req),
+                Err(e) => return self.reject(token, rank, e.to_string()),
+            }
+        }
+    }
+
+    fn handle(&mut self, token: u64, req: Request) {
+        let Some(rank) = self.conns.get(&token).and_then(|c| c.rank) else {
+            return self.hello(token, req);
+        };
+        match req {
+            Request::Hello { .. } => self.reject(token, Some(rank), "second hello".into()),
+            Request::Put { key, value } => {
+                let old = self.store.get(&key).map_or(0, |v| key.len() + v.len());
+                let new_total = self.store_bytes - old + key.len() + value.len();
+                if new_total > MAX_STORE_BYTES {
+                    return self.reply(
+                        token,
+                        Reply::Err(format!(
+                            "store full ({MAX_STORE_BYTES} bytes of keys and values)"
+                        )),
+                    );
+                }
+                self.store_bytes = new_total;
+                if let Some(waiters) = self.get_waiters.remove(&key) {
+                    for w in waiters {
+                        self.end_wait(w, Reply::Value(value.clone()));
+                    }
+                }
+                self.store.insert(key, value);
+                self.reply(token, Reply::Ok);
+            }
+            Request::Get { key } => {
+                if let Some(v) = self.store.get(&key) {
+                    let v = v.clone();
+                    self.reply(token, Reply::Value(v));
+                } else {
+                    self.get_waiters.entry(key.clone()).or_default().push(token);
+                    if let Some(c) = self.conns.get_mut(&token) {
+                        c.wait = Wait::Get(key);
+                    }
+                }
+            }
+            Request::Fence => {
+                if let Some(why) = &self.fence_broken {
+                    let why = why.clone();
+                    return self.reply(token, Reply::Err(why));
+                }
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.wait = Wait::Fence;
+                }
+                self.fence_waiters.push(token);
+                if self.fence_waiters.len() == self.size {
+                    for w in std::mem::take(&mut self.fence_waiters) {
+                        self.end_wait(w, Reply::Ok);
+                    }
+                }
+            }
+            Request::Abort { code, message } => {
+                self.events.push(ServerEvent::Abort {
+                    rank,
+                    code,
+                    message,
+                });
+                self.reply(token, Reply::Ok);
+            }
+            Request::Finalize => {
+                self.ranks[rank] = RankState::Finalized;
+                self.events.push(ServerEvent::Finalized { rank });
+                self.break_fences(format!("fence cannot complete: rank {rank} has finalized"));
+                self.reply(token, Reply::Ok);
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.close_after_flush = true;
+                }
+                self.flush(token);
+            }
+        }
+    }
+
+    fn hello(&mut self, token: u64, req: Request) {
+        let Request::Hello {
+            version,
+            rank,
+            size,
+        } = req
+        else {
+            return self.reject(token, None, "first request is not hello".into());
+        };
+        let (rank, size) = (rank as usize, size as usize);
+        let refuse = if version != proto::VERSION {
+            Some(format!(
+                "protocol version {version}, server speaks {}",
+                proto::VERSION
+            ))
+        } else if size != self.size {
+            Some(format!(
+                "client says the job has {size} ranks, it has {}",
+                self.size
+            ))
+        } else if rank >= self.size {
+            Some(format!("rank {rank} out of range for {} ranks", self.size))
+        } else if self.ranks[rank] != RankState::Absent {
+            Some(format!("rank {rank} already connected"))
+        } else {
+            None
+        };
+        if let Some(why) = refuse {
+            self.events.push(ServerEvent::Rejected {
+                rank: None,
+                reason: why.clone(),
+            });
+            self.reply(token, Reply::Err(why));
+            if let Some(c) = self.conns.get_mut(&token) {
+                c.close_after_flush = true;
+            }
+            return self.flush(token);
+        }
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.rank = Some(rank);
+        }
+        self.ranks[rank] = RankState::Here(token);
+        self.ever_connected += 1;
+        self.events.push(ServerEvent::Connected { rank });
+        self.reply(token, Reply::Ok);
+    }
+
+    /// Fails every pending fence and every later one.
+    fn break_fences(&mut self, why: String) {
+        if self.fence_broken.is_none() {
+            self.fence_broken = Some(why.clone());
+        }
+        for w in std::mem::take(&mut self.fence_waiters) {
+            self.end_wait(w, Reply::Err(why.clone()));
+        }
+    }
+
+    /// If every rank has connected and every one still here is waiting, nothing can ever
+    /// answer them: fail the waits.
+    fn check_deadlock(&mut self) {
+        if self.ever_connected < self.size {
+            return;
+        }
+        let mut waiting = 0;
+        for st in &self.ranks {
+            match *st {
+                RankState::Here(t) => match self.conns.get(&t) {
+                    Some(c) if c.wait != Wait::None => waiting += 1,
+                    _ => return,
+                },
+                RankState::Absent => return,
+                RankState::Finalized | RankState::Lost => {}
+            }
+        }
+        if waiting == 0 {
+            return;
+        }
+        let keys: Vec<String> = self.get_waiters.keys().cloned().collect();
+        for (key, ws) in std::mem::take(&mut self.get_waiters) {
+            for w in ws {
+                self.end_wait(
+                    w,
+                    Reply::Err(format!(
+                        "get {key:?}: no rank can put it (every remaining rank is waiting)"
+                    )),
+                );
+            }
+        }
+        let why = format!("fence cannot complete: other ranks are waiting in get ({keys:?})");
+        for w in std::mem::take(&mut self.fence_waiters) {
+            self.end_wait(w, Reply::Err(why.clone()));
+        }
+    }
+
+    /// Answers a held `get`/`fence` and lets the connection's next request through.
+    fn end_wait(&mut self, token: u64, reply: Reply) {
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.wait = Wait::None;
+            self.reply(token, reply);
+            self.resume.push(token);
+        }
+    }
+
+    fn drain_resume(&mut self) {
+        while let Some(t) = self.resume.pop() {
+            self.parse(t);
+        }
+    }
+
+    fn reply(&mut self, token: u64, reply: Reply) {
+        if let Some(c) = self.conns.get_mut(&token) {
+            reply.encode(&mut c.outbuf);
+            self.flush(token);
+        }
+    }
+
+    /// Writes what it can of a connection's output; arms EPOLLOUT for the rest.
+    fn flush(&mut self, token: u64) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let mut dead = false;
+        while !c.outbuf.is_empty() {
+            match c.stream.write(&c.outbuf) {
+                Ok(0) => {
+                    dead = true;
+                    break;
+                }
+                Ok(n) => {
+                    c.outbuf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    dead = true;
+                    break;
+                }
+            }
+        }
+        if dead {
+            return self.close(token);
+        }
+        let want_out = !c.outbuf.is_empty();
+        if c.outbuf.is_empty() && c.close_after_flush {
+            return self.close(token);
+        }
+        if want_out != c.want_out {
+            c.want_out = want_out;
+            let fd = c.stream.as_raw_fd();
+            let ev = libc::EPOLLIN as u32 | if want_out { libc::EPOLLOUT as u32 } else { 0 };
+            if self.ctl(libc::EPOLL_CTL_MOD, fd, ev, token).is_err() {
+                return self.close(token);
+            }
+        }
+        if !want_out {
+            // Output drained: requests held back behind it may go on.
+            self.resume.push(token);
+        }
+    }
+
+    fn reject(&mut self, token: u64, rank: Option<usize>, reason: String) {
+        self.events.push(ServerEvent::Rejected { rank, reason });
+        self.close(token);
+    }
+
+    /// Drops a connection and everything it was waiting for.
+    fn close(&mut self, token: u64) {
+        let Some(c) = self.conns.remove(&token) else {
+            return;
+        };
+        // Closing the descriptor removes it from the epoll set.
+        match c.wait {
+            Wait::Get(key) => {
+                if let Some(ws) = self.get_waiters.get_mut(&key) {
+                    ws.retain(|&w| w != token);
+                    if ws.is_empty() {
+                        self.get_waiters.remove(&key);
+                    }
+                }
+            }
+            Wait::Fence => self.fence_waiters.retain(|&w| w != token),
+            Wait::None => {}
+        }
+        if let Some(rank) = c.rank {
+            if self.ranks[rank] == RankState::Here(token) {
+                self.ranks[rank] = RankState::Lost;
+                self.events.push(ServerEvent::Lost { rank });
+                self.break_fences(format!("fence cannot complete: rank {rank} is gone"));
+            }
+        }
+    }
+}
+
+impl AsRawFd for BootstrapServer {
+    /// The epoll descriptor: readable when [`BootstrapServer::process`] has work to do.
+    fn as_raw_fd(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+}
+
+impl Drop for BootstrapServer {
+    fn drop(&mut self) {
+        // The socket file is ours; it may already be gone.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A [`BootstrapServer`] running in its own thread ([`BootstrapServer::spawn`]).
+pub struct ServerThread {
+    events: mpsc::Receiver<ServerEvent>,
+    stop: std::sync::Arc<OwnedFd>,
+    join: Option<JoinHandle<Result<()>>>,
+}
+
+impl ServerThread {
+    /// Events from the server, in order.
+    pub fn events(&self) -> &mpsc::Receiver<ServerEvent> {
+        &self.events
+    }
+
+    /// Stops the server thread and waits for it (the socket file is removed).
+    ///
+    /// # Errors
+    /// The error that ended the server thread early, if any.
+    pub fn stop(mut self) -> Result<()> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<()> {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live array to the eventfd we own.
+        unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), 8) };
+        match self.join.take() {
+            Some(j) => j.join().unwrap_or_else(|_| {
+                Err(Error::Bootstrap("bootstrap server thread panicked".into()))
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
+}
