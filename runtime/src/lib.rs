@@ -1,5 +1,6 @@
 //! tmpi runtime (being built).
 pub mod error;
+pub mod op;
 pub use error::{Error, Result};
 /// A rank in a communicator.
 pub type Rank = usize;
