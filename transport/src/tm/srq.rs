@@ -1,0 +1,1006 @@
+//! The TM-SRQ state machine: verbs in, completions / placements / reads / FINs out.
+
+use std::collections::VecDeque;
+
+use super::caps::{TmCap, TmCaps};
+use super::cq::{Wc, WcFlags, WcOpcode, WcStatus};
+use super::list::{SlotState, TagList, NIL};
+use super::ops::{OpsFlags, OpsOp, OpsWr};
+use super::TmErrno;
+use crate::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
+
+/// Length of the rendezvous meta-data this crate defines ([`RndvMeta`]).
+pub const RNDV_META_LEN: usize = 16;
+/// Length of a rendezvous request built by [`RndvMeta::encode_request`]: TMH, RVH, meta-data.
+pub const RNDV_REQ_LEN: usize = TMH_LEN + RVH_LEN + RNDV_META_LEN;
+/// Length of a FIN message: the request's TMH (opcode FIN) and RVH.
+pub const FIN_LEN: usize = TMH_LEN + RVH_LEN;
+
+/// Unexpected receives polled beyond software's last reported count after which every further
+/// unexpected completion carries `TM_SYNC_REQ` (mlx5's `MLX5_TM_MAX_SYNC_DIFF`).
+pub const MAX_SYNC_DIFF: u16 = 0x3fff;
+
+/// The optional meta-data of a rendezvous request as tmpi lays it out after the RVH:
+/// `key: be64, len: be64`. The RVH's `rkey` and `len` are 32 bits; a 64-bit memory key and a
+/// length of 4 GiB or more travel here, and the soft TM-SRQ uses them for the read it
+/// requests when they are present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RndvMeta {
+    /// Full remote key of the sender's registration.
+    pub key: u64,
+    /// Full length of the rendezvous payload.
+    pub len: u64,
+}
+
+impl RndvMeta {
+    /// The 16 encoded bytes.
+    #[inline]
+    pub fn encode(&self) -> [u8; RNDV_META_LEN] {
+        let mut b = [0u8; RNDV_META_LEN];
+        b[..8].copy_from_slice(&self.key.to_be_bytes());
+        b[8..].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    /// Reads meta-data from the start of `buf` (the bytes after the RVH); `None` if shorter
+    /// than [`RNDV_META_LEN`].
+    #[inline]
+    pub fn decode(buf: &[u8]) -> Option<Self> {
+        let b: &[u8; RNDV_META_LEN] = buf.get(..RNDV_META_LEN)?.try_into().ok()?;
+        let (k, l) = b.split_at(8);
+        Some(RndvMeta {
+            key: u64::from_be_bytes(k.try_into().ok()?),
+            len: u64::from_be_bytes(l.try_into().ok()?),
+        })
+    }
+
+    /// A whole rendezvous request: TMH (opcode RNDV), RVH and this meta-data. The RVH gets
+    /// the low 32 bits of `key` and `len` saturated to `u32::MAX`; hardware-style readers of
+    /// the RVH alone therefore see a truncated key, which is why the meta-data exists.
+    pub fn encode_request(&self, app_ctx: u32, tag: u64, va: u64) -> [u8; RNDV_REQ_LEN] {
+        let mut b = [0u8; RNDV_REQ_LEN];
+        let tmh = Tmh {
+            op: TmOp::Rndv,
+            app_ctx,
+            tag,
+        };
+        let rvh = Rvh {
+            va,
+            rkey: self.key as u32,
+            len: u32::try_from(self.len).unwrap_or(u32::MAX),
+        };
+        b[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
+        b[TMH_LEN..TMH_LEN + RVH_LEN].copy_from_slice(&rvh.to_bytes());
+        b[TMH_LEN + RVH_LEN..].copy_from_slice(&self.encode());
+        b
+    }
+}
+
+/// Which buffer a [`Placement`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buffer {
+    /// A tagged buffer of the matching list.
+    Tagged {
+        /// Its `recv_wr_id`.
+        recv_wr_id: u64,
+        /// Its handle.
+        handle: u32,
+    },
+    /// An untagged SRQ buffer.
+    Srq {
+        /// Its `wr_id`.
+        wr_id: u64,
+    },
+}
+
+/// "Copy `packet[src_off..src_off + len]` to `buffer` at `dst_off`": the data movement the
+/// NIC would do, left to the caller. `len` is already clipped to the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Destination buffer.
+    pub buffer: Buffer,
+    /// Offset in the packet handed to `arrive*`.
+    pub src_off: usize,
+    /// Offset in the destination buffer.
+    pub dst_off: usize,
+    /// Bytes to copy (may be 0).
+    pub len: usize,
+}
+
+impl Placement {
+    /// The bytes to copy, taken from the packet this placement was computed for (empty if
+    /// given another, shorter packet).
+    #[inline]
+    pub fn bytes<'a>(&self, packet: &'a [u8]) -> &'a [u8] {
+        packet
+            .get(self.src_off..self.src_off.saturating_add(self.len))
+            .unwrap_or(&[])
+    }
+}
+
+/// Identifies a requested rendezvous read when reporting its outcome. Stale ids (of an entry
+/// since freed and re-added) are rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReadId {
+    handle: u32,
+    gen: u32,
+}
+
+/// "RDMA-read `len` bytes at `va` with `key` from `src` into tagged buffer `recv_wr_id`":
+/// an expected rendezvous request the hardware would serve itself. Report the outcome with
+/// [`TmSrq::read_complete`] or [`TmSrq::read_failed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// Pass back to `read_complete` / `read_failed`.
+    pub id: ReadId,
+    /// The sender (target of the read).
+    pub src: u32,
+    /// Remote address, from the RVH.
+    pub va: u64,
+    /// Remote key: [`RndvMeta::key`] when the request carried meta-data, else the RVH rkey.
+    pub key: u64,
+    /// Bytes to read: [`RndvMeta::len`] when present, else the RVH length.
+    pub len: u64,
+    /// The tagged buffer to read into (at offset 0).
+    pub recv_wr_id: u64,
+    /// Its handle.
+    pub handle: u32,
+}
+
+/// What the caller must do with an arriving packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Receiver not ready: the message needed an SRQ buffer and none is posted. Nothing
+    /// changed (not even the unexpected count); this is back-pressure, as an RC NAK would
+    /// be: post SRQ buffers and offer the same message again.
+    Rnr,
+    /// Copy bytes of the packet into a buffer. Any completion is already queued.
+    Place(Placement),
+    /// Start an RDMA read (expected rendezvous); the MATCH completion is already queued.
+    Read(ReadRequest),
+}
+
+/// A message the SRQ sends: the FIN of a rendezvous it completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where to send it (the `src` the request came from).
+    pub dst: u32,
+    /// TMH (opcode FIN, tag and app_ctx of the request) and the request's RVH.
+    pub msg: [u8; FIN_LEN],
+}
+
+/// What the model counted (all monotonic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TmCounters {
+    /// Tagged messages matched by the hardware list.
+    pub hw_matched: u64,
+    /// Tagged messages delivered unexpected (to SRQ buffers).
+    pub unexpected: u64,
+    /// NO_TAG and FIN messages delivered to SRQ buffers.
+    pub no_tag: u64,
+    /// Arrivals refused for lack of an SRQ buffer.
+    pub rnr: u64,
+    /// TAG_ADD ops executed.
+    pub adds: u64,
+    /// TAG_DEL ops that removed an entry.
+    pub dels: u64,
+    /// TAG_DEL ops that failed (`TM_ERR`).
+    pub del_failed: u64,
+    /// TAG_SYNC ops executed.
+    pub syncs: u64,
+    /// Level ops that re-enabled matching of entries added out of phase.
+    pub resyncs: u64,
+    /// Rendezvous reads requested.
+    pub rndv_reads: u64,
+    /// Rendezvous reads reported failed.
+    pub read_failures: u64,
+    /// Rendezvous requests completed `TM_RNDV_INCOMPLETE`.
+    pub rndv_incomplete: u64,
+    /// Largest number of entries in the list at once.
+    pub list_hwm: u64,
+}
+
+/// A queued completion plus what polling it releases.
+#[derive(Debug, Clone, Copy)]
+struct CqEntry {
+    wc: Wc,
+    /// Handle whose holder this completion is, or [`NIL`].
+    release: u32,
+    /// Sequence number of the op this completes (reclaims its and earlier op slots).
+    op_seq: Option<u64>,
+    /// An unexpected tagged receive (counts toward the `TM_SYNC_REQ` threshold).
+    unexpected: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum InTarget {
+    Tagged(u32),
+    Srq {
+        wr_id: u64,
+        len: usize,
+        opcode: WcOpcode,
+        unexpected: bool,
+    },
+}
+
+/// A multi-packet message whose first packet has arrived.
+#[derive(Debug, Clone, Copy)]
+struct Inflight {
+    src: u32,
+    target: InTarget,
+    /// Message bytes received so far (headers included).
+    received: usize,
+    total: usize,
+}
+
+/// The soft TM-SRQ. See the [module documentation](super) for the model and its choices.
+pub struct TmSrq {
+    caps: TmCaps,
+    cap: TmCap,
+    list: TagList,
+    srq: VecDeque<(u64, usize)>,
+    cq: VecDeque<CqEntry>,
+    tx: VecDeque<Transmit>,
+    inflight: Vec<Inflight>,
+    /// Unexpected messages the hardware delivered (wrapping, 16 bits).
+    hw_cnt: u16,
+    /// Last count software reported with `TM_SYNC`.
+    sw_cnt: u16,
+    /// Unexpected completions polled (driver side, for `TM_SYNC_REQ`).
+    unexp_polled: u16,
+    ops_posted: u64,
+    ops_reaped: u64,
+    counters: TmCounters,
+}
+
+impl std::fmt::Debug for TmSrq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TmSrq")
+            .field("cap", &self.cap)
+            .field("listed", &self.list.listed())
+            .field("srq_posted", &self.srq.len())
+            .field("cq_len", &self.cq.len())
+            .field("hw_cnt", &self.hw_cnt)
+            .field("sw_cnt", &self.sw_cnt)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+#[inline]
+fn clip(dst_off: usize, n: usize, cap: usize) -> usize {
+    n.min(cap.saturating_sub(dst_off))
+}
+
+#[inline]
+fn len_status(len: u64, cap: usize) -> WcStatus {
+    if len > cap as u64 {
+        WcStatus::LocLenErr
+    } else {
+        WcStatus::Success
+    }
+}
+
+impl TmSrq {
+    /// Creates a TM-SRQ on the default device ([`TmCaps::default`]).
+    ///
+    /// # Errors
+    /// [`TmErrno::Inval`] if `cap` exceeds the device's capabilities or has a zero field.
+    pub fn new(cap: TmCap) -> Result<Self, TmErrno> {
+        Self::with_caps(TmCaps::default(), cap)
+    }
+
+    /// Creates a TM-SRQ on a device with capabilities `caps`. Everything the SRQ will need is
+    /// allocated here: the list, the SRQ ring, the completion and transmit queues.
+    ///
+    /// # Errors
+    /// [`TmErrno::Inval`] as [`TmCaps::validate`] says.
+    pub fn with_caps(caps: TmCaps, cap: TmCap) -> Result<Self, TmErrno> {
+        caps.validate(&cap)?;
+        let tags = cap.max_num_tags as usize;
+        // Every queued completion holds a resource until polled: an SRQ buffer, an entry (at
+        // most ADD, MATCH and DATA_VALID at once) or an op slot.
+        let cq_cap = cap.max_wr as usize + 3 * tags + cap.max_ops as usize;
+        Ok(TmSrq {
+            caps,
+            cap,
+            list: TagList::new(cap.max_num_tags),
+            srq: VecDeque::with_capacity(cap.max_wr as usize),
+            cq: VecDeque::with_capacity(cq_cap),
+            tx: VecDeque::with_capacity(tags),
+            inflight: Vec::with_capacity(8),
+            hw_cnt: 0,
+            sw_cnt: 0,
+            unexp_polled: 0,
+            ops_posted: 0,
+            ops_reaped: 0,
+            counters: TmCounters::default(),
+        })
+    }
+
+    /// The device capabilities this SRQ was created against.
+    #[inline]
+    pub fn caps(&self) -> &TmCaps {
+        &self.caps
+    }
+
+    /// The creation request.
+    #[inline]
+    pub fn cap(&self) -> &TmCap {
+        &self.cap
+    }
+
+    /// What the model has counted so far.
+    #[inline]
+    pub fn counters(&self) -> &TmCounters {
+        &self.counters
+    }
+
+    /// Unexpected tagged messages the hardware has delivered, modulo 2^16.
+    #[inline]
+    pub fn hw_unexpected_cnt(&self) -> u16 {
+        self.hw_cnt
+    }
+
+    /// The last unexpected count software reported (low 16 bits).
+    #[inline]
+    pub fn sw_unexpected_cnt(&self) -> u16 {
+        self.sw_cnt
+    }
+
+    /// True when software's last reported count equals the hardware's.
+    #[inline]
+    pub fn in_sync(&self) -> bool {
+        self.sw_cnt == self.hw_cnt
+    }
+
+    /// Entries in the matching list.
+    #[inline]
+    pub fn tags_listed(&self) -> usize {
+        self.list.listed()
+    }
+
+    /// Untagged buffers posted and not yet used.
+    #[inline]
+    pub fn srq_posted(&self) -> usize {
+        self.srq.len()
+    }
+
+    /// Ops posted whose slot has not been reclaimed (see [`TmSrq::post_srq_ops`]).
+    #[inline]
+    pub fn ops_outstanding(&self) -> u64 {
+        self.ops_posted - self.ops_reaped
+    }
+
+    /// Completions waiting to be polled.
+    #[inline]
+    pub fn cq_len(&self) -> usize {
+        self.cq.len()
+    }
+
+    /// `ibv_post_srq_recv`: posts an untagged buffer of `len` bytes. Unexpected, NO_TAG and
+    /// FIN messages land in these, whole, in posting order.
+    ///
+    /// # Errors
+    /// [`TmErrno::NoMem`] if `max_wr` buffers are already posted.
+    #[inline]
+    pub fn post_srq_recv(&mut self, wr_id: u64, len: usize) -> Result<(), TmErrno> {
+        if self.srq.len() >= self.cap.max_wr as usize {
+            return Err(TmErrno::NoMem);
+        }
+        self.srq.push_back((wr_id, len));
+        Ok(())
+    }
+
+    /// `ibv_post_srq_ops`: executes the ops in order. Each ADD writes its handle to the
+    /// element's [`OpsWr::handle`].
+    ///
+    /// Ops take effect at once (the hardware processes them before the next arrival).
+    /// Every op holds one of `max_ops` slots from posting until a completion of it or of a
+    /// later op is polled, as on mlx5's command queue; an op that succeeds unsignaled has no
+    /// completion of its own, so post a `SIGNALED` op at least once every `max_ops` ops.
+    /// A DEL that fails always completes (`TM_ERR`), signaled or not.
+    ///
+    /// # Errors
+    /// `(i, errno)` for the first op that could not be posted; ops before `i` took effect,
+    /// ops from `i` on did not (the verbs `bad_wr`):
+    /// - [`TmErrno::NoMem`]: `max_ops` ops outstanding, or an ADD while no entry is free (the
+    ///   list is full, or consumed entries await the polling of their completions);
+    /// - [`TmErrno::Inval`]: unknown flag bits, or a DEL handle `>= max_num_tags`.
+    pub fn post_srq_ops(&mut self, wrs: &mut [OpsWr]) -> Result<(), (usize, TmErrno)> {
+        for (i, wr) in wrs.iter_mut().enumerate() {
+            match self.post_srq_op(wr) {
+                Ok(Some(h)) => wr.handle = h,
+                Ok(None) => {}
+                Err(e) => return Err((i, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one op, as [`TmSrq::post_srq_ops`] with a list of one; returns the handle of an
+    /// ADD.
+    ///
+    /// # Errors
+    /// As [`TmSrq::post_srq_ops`]; nothing changed.
+    pub fn post_srq_op(&mut self, wr: &OpsWr) -> Result<Option<u32>, TmErrno> {
+        if !OpsFlags::ALL.contains(wr.flags) {
+            return Err(TmErrno::Inval);
+        }
+        if self.ops_outstanding() >= u64::from(self.cap.max_ops) {
+            return Err(TmErrno::NoMem);
+        }
+        match wr.opcode {
+            OpsOp::Add { .. } if self.list.is_full() => return Err(TmErrno::NoMem),
+            OpsOp::Del { handle } if handle >= self.cap.max_num_tags => return Err(TmErrno::Inval),
+            _ => {}
+        }
+        let seq = self.ops_posted;
+        self.ops_posted += 1;
+        if wr.flags.contains(OpsFlags::TM_SYNC) {
+            // Only 16 bits reach the hardware (mlx5 `sw_cnt` is be16).
+            self.sw_cnt = wr.unexpected_cnt as u16;
+        }
+        let level = self.sw_cnt == self.hw_cnt;
+        if level && self.list.resync() {
+            self.counters.resyncs += 1;
+        }
+        let sync_req = if level {
+            WcFlags::NONE
+        } else {
+            WcFlags::TM_SYNC_REQ
+        };
+        let signaled = wr.flags.contains(OpsFlags::SIGNALED);
+        let mut wc = Wc {
+            wr_id: wr.wr_id,
+            opcode: WcOpcode::TmSync,
+            status: WcStatus::Success,
+            flags: sync_req,
+            byte_len: 0,
+            handle: 0,
+            src: 0,
+            tm: None,
+        };
+        match wr.opcode {
+            OpsOp::Add {
+                tag,
+                mask,
+                recv_wr_id,
+                len,
+            } => {
+                let Some(h) = self.list.alloc() else {
+                    // Checked above; unreachable, but never panic on it.
+                    return Err(TmErrno::NoMem);
+                };
+                let s = &mut self.list.slots[h as usize];
+                s.gen = s.gen.wrapping_add(1);
+                s.recv_wr_id = recv_wr_id;
+                s.len = len;
+                s.read_pending = false;
+                s.refs = 1 + u8::from(signaled);
+                self.list.insert(h, tag, mask, !level);
+                self.counters.adds += 1;
+                self.counters.list_hwm = self.counters.list_hwm.max(self.list.listed() as u64);
+                if signaled {
+                    wc.opcode = WcOpcode::TmAdd;
+                    wc.handle = h;
+                    self.push(CqEntry {
+                        wc,
+                        release: h,
+                        op_seq: Some(seq),
+                        unexpected: false,
+                    });
+                }
+                Ok(Some(h))
+            }
+            OpsOp::Del { handle } => {
+                wc.opcode = WcOpcode::TmDel;
+                wc.handle = handle;
+                if self.list.slots[handle as usize].state == SlotState::Listed {
+                    self.list.unlink(handle);
+                    self.counters.dels += 1;
+                    let s = &mut self.list.slots[handle as usize];
+                    s.state = SlotState::Done;
+                    if signaled {
+                        // The completion takes over the hardware's hold on the handle.
+                        self.push(CqEntry {
+                            wc,
+                            release: handle,
+                            op_seq: Some(seq),
+                            unexpected: false,
+                        });
+                    } else {
+                        self.list.unref(handle);
+                    }
+                } else {
+                    self.counters.del_failed += 1;
+                    wc.status = WcStatus::TmErr;
+                    self.push(CqEntry {
+                        wc,
+                        release: NIL,
+                        op_seq: Some(seq),
+                        unexpected: false,
+                    });
+                }
+                Ok(None)
+            }
+            OpsOp::Sync => {
+                self.counters.syncs += 1;
+                if signaled {
+                    self.push(CqEntry {
+                        wc,
+                        release: NIL,
+                        op_seq: Some(seq),
+                        unexpected: false,
+                    });
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// `ibv_poll_cq` on the SRQ's completion queue: the oldest completion, if any.
+    ///
+    /// Polling releases what the completion held: the handle of a consumed or deleted entry
+    /// becomes reusable, the op slots up to a completed op are reclaimed. An unexpected
+    /// receive gets `TM_SYNC_REQ` here once more than [`MAX_SYNC_DIFF`] of them have been
+    /// polled since software's last reported count (as the mlx5 driver computes it).
+    #[inline]
+    pub fn poll_cq(&mut self) -> Option<Wc> {
+        let e = self.cq.pop_front()?;
+        let mut wc = e.wc;
+        if e.release != NIL {
+            self.list.unref(e.release);
+        }
+        if let Some(seq) = e.op_seq {
+            self.ops_reaped = self.ops_reaped.max(seq + 1);
+        }
+        if e.unexpected {
+            self.unexp_polled = self.unexp_polled.wrapping_add(1);
+            if self.unexp_polled.wrapping_sub(self.sw_cnt) > MAX_SYNC_DIFF {
+                wc.flags |= WcFlags::TM_SYNC_REQ;
+            }
+        }
+        Some(wc)
+    }
+
+    /// The next message the SRQ wants sent (the FIN of a completed rendezvous), if any.
+    #[inline]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.tx.pop_front()
+    }
+
+    #[inline]
+    fn push(&mut self, e: CqEntry) {
+        self.cq.push_back(e);
+    }
+
+    /// A whole message (one packet) arrives from `src`, exactly as it came off the wire:
+    /// TMH, optional RVH and meta-data, payload (or a NO_TAG opcode byte and anything).
+    ///
+    /// # Errors
+    /// As [`TmSrq::arrive_first`].
+    #[inline]
+    pub fn arrive(&mut self, src: u32, msg: &[u8]) -> Result<Arrival, TmErrno> {
+        self.arrive_first(src, msg, msg.len())
+    }
+
+    /// The first packet of a message of `total_len` bytes arrives from `src`. If `first` is
+    /// shorter than `total_len`, the rest comes through [`TmSrq::arrive_continuation`], in
+    /// order, before any other message from `src` (RC delivers messages of one connection
+    /// whole and in order). Matching happens now: a matched multi-packet eager message
+    /// completes MATCH now and DATA_VALID with its last packet; an unexpected one takes its
+    /// SRQ buffer now and completes with its last packet.
+    ///
+    /// # Errors
+    /// - [`TmErrno::BadMsg`]: empty packet, `total_len < first.len()`, unknown opcode,
+    ///   a TMH with non-zero reserved bytes, an eager first packet shorter than a TMH, a
+    ///   rendezvous request not whole in one packet, shorter than TMH and RVH, or longer than
+    ///   `max_rndv_hdr_size`. Nothing changed.
+    /// - [`TmErrno::Inval`]: a message from `src` is still in progress. Nothing changed.
+    pub fn arrive_first(
+        &mut self,
+        src: u32,
+        first: &[u8],
+        total_len: usize,
+    ) -> Result<Arrival, TmErrno> {
+        let Some(&op) = first.first() else {
+            return Err(TmErrno::BadMsg);
+        };
+        if total_len < first.len() {
+            return Err(TmErrno::BadMsg);
+        }
+        if !self.inflight.is_empty() && self.inflight.iter().any(|f| f.src == src) {
+            return Err(TmErrno::Inval);
+        }
+        match TmOp::from_u8(op) {
+            Ok(TmOp::Eager) => {
+                let tmh = Tmh::decode(first).map_err(|_| TmErrno::BadMsg)?;
+                match self.list.lookup(tmh.tag) {
+                    Some(h) => Ok(self.match_eager(h, src, &tmh, first.len(), total_len)),
+                    None => Ok(self.deliver_to_srq(
+                        src,
+                        first.len(),
+                        total_len,
+                        WcOpcode::TmRecv,
+                        true,
+                    )),
+                }
+            }
+            Ok(TmOp::Rndv) => {
+                if total_len != first.len()
+                    || first.len() < TMH_LEN + RVH_LEN
+                    || first.len() > self.caps.max_rndv_hdr_size as usize
+                {
+                    return Err(TmErrno::BadMsg);
+                }
+                let tmh = Tmh::decode(first).map_err(|_| TmErrno::BadMsg)?;
+                let rvh = Rvh::decode(&first[TMH_LEN..]).map_err(|_| TmErrno::BadMsg)?;
+                match self.list.lookup(tmh.tag) {
+                    Some(h) => Ok(self.match_rndv(h, src, &tmh, rvh, first)),
+                    None => Ok(self.deliver_to_srq(
+                        src,
+                        first.len(),
+                        total_len,
+                        WcOpcode::TmRecv,
+                        true,
+                    )),
+                }
+            }
+            // The hardware looks at nothing but the opcode of these: delivered whole, as
+            // NO_TAG (mlx5 reports FIN with the NO_TAG CQE opcode), never counted.
+            Ok(TmOp::NoTag) | Ok(TmOp::Fin) => {
+                Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmNoTag, false))
+            }
+            Err(_) => Err(TmErrno::BadMsg),
+        }
+    }
+
+    /// The next packet of the message in progress from `src`. The packet that completes
+    /// the message queues its completion (DATA_VALID of a matched message, or the unexpected
+    /// / NO_TAG receive).
+    ///
+    /// # Errors
+    /// - [`TmErrno::Inval`]: no message from `src` is in progress.
+    /// - [`TmErrno::BadMsg`]: more bytes than the message has left. Nothing changed.
+    pub fn arrive_continuation(&mut self, src: u32, bytes: &[u8]) -> Result<Arrival, TmErrno> {
+        let i = self
+            .inflight
+            .iter()
+            .position(|f| f.src == src)
+            .ok_or(TmErrno::Inval)?;
+        let f = self.inflight[i];
+        if bytes.len() > f.total - f.received {
+            return Err(TmErrno::BadMsg);
+        }
+        let off = f.received;
+        let received = off + bytes.len();
+        let done = received == f.total;
+        if done {
+            self.inflight.swap_remove(i);
+        } else {
+            self.inflight[i].received = received;
+        }
+        let place = match f.target {
+            InTarget::Tagged(h) => {
+                let s = self.list.slots[h as usize];
+                let dst_off = off - TMH_LEN;
+                if done {
+                    self.list.slots[h as usize].state = SlotState::Done;
+                    let wc = Wc {
+                        wr_id: s.recv_wr_id,
+                        opcode: WcOpcode::TmRecv,
+                        status: len_status(s.payload, s.len),
+                        flags: WcFlags::TM_DATA_VALID,
+                        byte_len: s.payload,
+                        handle: h,
+                        src,
+                        tm: Some((s.msg_tag, s.app_ctx)),
+                    };
+                    self.push(CqEntry {
+                        wc,
+                        release: h,
+                        op_seq: None,
+                        unexpected: false,
+                    });
+                }
+                Placement {
+                    buffer: Buffer::Tagged {
+                        recv_wr_id: s.recv_wr_id,
+                        handle: h,
+                    },
+                    src_off: 0,
+                    dst_off,
+                    len: clip(dst_off, bytes.len(), s.len),
+                }
+            }
+            InTarget::Srq {
+                wr_id,
+                len,
+                opcode,
+                unexpected,
+            } => {
+                if done {
+                    self.push_srq_completion(src, wr_id, len, f.total, opcode, unexpected);
+                }
+                Placement {
+                    buffer: Buffer::Srq { wr_id },
+                    src_off: 0,
+                    dst_off: off,
+                    len: clip(off, bytes.len(), len),
+                }
+            }
+        };
+        Ok(Arrival::Place(place))
+    }
+
+    /// Reports that the read of `id` finished: queues the DATA_VALID completion (the entry's
+    /// handle is freed when it is polled) and the FIN to the sender ([`TmSrq::poll_transmit`]).
+    ///
+    /// # Errors
+    /// [`TmErrno::Inval`] if `id` is not a read in progress (already reported, or stale).
+    pub fn read_complete(&mut self, id: ReadId) -> Result<(), TmErrno> {
+        let s = self.take_read(id)?;
+        let tmh = Tmh {
+            op: TmOp::Fin,
+            app_ctx: s.app_ctx,
+            tag: s.msg_tag,
+        };
+        let mut msg = [0u8; FIN_LEN];
+        msg[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
+        msg[TMH_LEN..].copy_from_slice(&s.rvh.to_bytes());
+        self.tx.push_back(Transmit { dst: s.src, msg });
+        self.finish_read(id.handle, WcStatus::Success);
+        Ok(())
+    }
+
+    /// Reports that the read of `id` failed with `status`: queues a DATA_VALID completion with
+    /// that status (the buffer's content is undefined) and sends no FIN; what the sender is
+    /// told is up to software.
+    ///
+    /// # Errors
+    /// [`TmErrno::Inval`] if `id` is not a read in progress, or `status` is not an error.
+    pub fn read_failed(&mut self, id: ReadId, status: WcStatus) -> Result<(), TmErrno> {
+        if status == WcStatus::Success {
+            return Err(TmErrno::Inval);
+        }
+        self.take_read(id)?;
+        self.counters.read_failures += 1;
+        self.finish_read(id.handle, status);
+        Ok(())
+    }
+
+    fn take_read(&mut self, id: ReadId) -> Result<super::list::Slot, TmErrno> {
+        match self.list.slots.get_mut(id.handle as usize) {
+            Some(s) if s.gen == id.gen && s.state == SlotState::Matched && s.read_pending => {
+                s.read_pending = false;
+                s.state = SlotState::Done;
+                Ok(*s)
+            }
+            _ => Err(TmErrno::Inval),
+        }
+    }
+
+    fn finish_read(&mut self, h: u32, status: WcStatus) {
+        let s = self.list.slots[h as usize];
+        let wc = Wc {
+            wr_id: s.recv_wr_id,
+            opcode: WcOpcode::TmRecv,
+            status,
+            flags: WcFlags::TM_DATA_VALID,
+            byte_len: s.payload,
+            handle: h,
+            src: s.src,
+            tm: Some((s.msg_tag, s.app_ctx)),
+        };
+        self.push(CqEntry {
+            wc,
+            release: h,
+            op_seq: None,
+            unexpected: false,
+        });
+    }
+
+    /// Takes `h` out of the list for a message from `src`.
+    #[inline]
+    fn consume(&mut self, h: u32, src: u32, tmh: &Tmh) -> super::list::Slot {
+        self.list.unlink(h);
+        self.counters.hw_matched += 1;
+        let s = &mut self.list.slots[h as usize];
+        s.state = SlotState::Matched;
+        s.src = src;
+        s.msg_tag = tmh.tag;
+        s.app_ctx = tmh.app_ctx;
+        *s
+    }
+
+    fn match_eager(
+        &mut self,
+        h: u32,
+        src: u32,
+        tmh: &Tmh,
+        first_len: usize,
+        total_len: usize,
+    ) -> Arrival {
+        let s = self.consume(h, src, tmh);
+        let payload = (total_len - TMH_LEN) as u64;
+        self.list.slots[h as usize].payload = payload;
+        let mut wc = Wc {
+            wr_id: s.recv_wr_id,
+            opcode: WcOpcode::TmRecv,
+            status: WcStatus::Success,
+            flags: WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID,
+            byte_len: payload,
+            handle: h,
+            src,
+            tm: Some((tmh.tag, tmh.app_ctx)),
+        };
+        if first_len == total_len {
+            self.list.slots[h as usize].state = SlotState::Done;
+            wc.status = len_status(payload, s.len);
+            self.push(CqEntry {
+                wc,
+                release: h,
+                op_seq: None,
+                unexpected: false,
+            });
+        } else {
+            wc.flags = WcFlags::TM_MATCH;
+            wc.byte_len = 0;
+            self.push(CqEntry {
+                wc,
+                release: NIL,
+                op_seq: None,
+                unexpected: false,
+            });
+            self.inflight.push(Inflight {
+                src,
+                target: InTarget::Tagged(h),
+                received: first_len,
+                total: total_len,
+            });
+        }
+        Arrival::Place(Placement {
+            buffer: Buffer::Tagged {
+                recv_wr_id: s.recv_wr_id,
+                handle: h,
+            },
+            src_off: TMH_LEN,
+            dst_off: 0,
+            len: clip(0, first_len - TMH_LEN, s.len),
+        })
+    }
+
+    fn match_rndv(&mut self, h: u32, src: u32, tmh: &Tmh, rvh: Rvh, msg: &[u8]) -> Arrival {
+        let s = self.consume(h, src, tmh);
+        let (key, len) = match RndvMeta::decode(&msg[TMH_LEN + RVH_LEN..]) {
+            Some(m) => (m.key, m.len),
+            None => (u64::from(rvh.rkey), u64::from(rvh.len)),
+        };
+        let mut wc = Wc {
+            wr_id: s.recv_wr_id,
+            opcode: WcOpcode::TmRecv,
+            status: WcStatus::Success,
+            flags: WcFlags::TM_MATCH,
+            byte_len: 0,
+            handle: h,
+            src,
+            tm: Some((tmh.tag, tmh.app_ctx)),
+        };
+        if len > s.len as u64 {
+            // The buffer cannot hold the payload: hand the request to software, in the buffer.
+            self.counters.rndv_incomplete += 1;
+            let slot = &mut self.list.slots[h as usize];
+            slot.state = SlotState::Done;
+            slot.payload = msg.len() as u64;
+            wc.status = WcStatus::TmRndvIncomplete;
+            wc.flags = WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID;
+            wc.byte_len = msg.len() as u64;
+            self.push(CqEntry {
+                wc,
+                release: h,
+                op_seq: None,
+                unexpected: false,
+            });
+            return Arrival::Place(Placement {
+                buffer: Buffer::Tagged {
+                    recv_wr_id: s.recv_wr_id,
+                    handle: h,
+                },
+                src_off: 0,
+                dst_off: 0,
+                len: clip(0, msg.len(), s.len),
+            });
+        }
+        self.counters.rndv_reads += 1;
+        let slot = &mut self.list.slots[h as usize];
+        slot.rvh = rvh;
+        slot.payload = len;
+        slot.read_pending = true;
+        let gen = slot.gen;
+        self.push(CqEntry {
+            wc,
+            release: NIL,
+            op_seq: None,
+            unexpected: false,
+        });
+        Arrival::Read(ReadRequest {
+            id: ReadId { handle: h, gen },
+            src,
+            va: rvh.va,
+            key,
+            len,
+            recv_wr_id: s.recv_wr_id,
+            handle: h,
+        })
+    }
+
+    /// Delivers a message whole to the next SRQ buffer (or refuses it: RNR).
+    fn deliver_to_srq(
+        &mut self,
+        src: u32,
+        first_len: usize,
+        total_len: usize,
+        opcode: WcOpcode,
+        unexpected: bool,
+    ) -> Arrival {
+        let Some((wr_id, len)) = self.srq.pop_front() else {
+            self.counters.rnr += 1;
+            return Arrival::Rnr;
+        };
+        if unexpected {
+            self.hw_cnt = self.hw_cnt.wrapping_add(1);
+            self.counters.unexpected += 1;
+        } else {
+            self.counters.no_tag += 1;
+        }
+        if first_len == total_len {
+            self.push_srq_completion(src, wr_id, len, total_len, opcode, unexpected);
+        } else {
+            self.inflight.push(Inflight {
+                src,
+                target: InTarget::Srq {
+                    wr_id,
+                    len,
+                    opcode,
+                    unexpected,
+                },
+                received: first_len,
+                total: total_len,
+            });
+        }
+        Arrival::Place(Placement {
+            buffer: Buffer::Srq { wr_id },
+            src_off: 0,
+            dst_off: 0,
+            len: clip(0, first_len, len),
+        })
+    }
+
+    fn push_srq_completion(
+        &mut self,
+        src: u32,
+        wr_id: u64,
+        len: usize,
+        total: usize,
+        opcode: WcOpcode,
+        unexpected: bool,
+    ) {
+        let wc = Wc {
+            wr_id,
+            opcode,
+            status: len_status(total as u64, len),
+            flags: WcFlags::NONE,
+            byte_len: total as u64,
+            handle: 0,
+            src,
+            tm: None,
+        };
+        self.push(CqEntry {
+            wc,
+            release: NIL,
+            op_seq: None,
+            unexpected,
+        });
+    }
+}

@@ -1,0 +1,1384 @@
+//! Scenario suite for the soft TM-SRQ: every opcode, flag, status and error, the ordering
+//! race of the tag-matching seed, the phase counter's wrap, and a property test against a
+//! plain linear-scan reference model.
+
+use super::*;
+use crate::wire::{Message, Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
+
+const ALL: u64 = u64::MAX;
+
+fn eager(tag: u64, app_ctx: u32, payload: &[u8]) -> Vec<u8> {
+    let mut m = Tmh {
+        op: TmOp::Eager,
+        app_ctx,
+        tag,
+    }
+    .to_bytes()
+    .to_vec();
+    m.extend_from_slice(payload);
+    m
+}
+
+fn rndv(tag: u64, app_ctx: u32, va: u64, rkey: u32, len: u32) -> Vec<u8> {
+    let mut m = Tmh {
+        op: TmOp::Rndv,
+        app_ctx,
+        tag,
+    }
+    .to_bytes()
+    .to_vec();
+    m.extend_from_slice(&Rvh { va, rkey, len }.to_bytes());
+    m
+}
+
+fn srq(tags: u32, ops: u32, wr: u32) -> TmSrq {
+    TmSrq::new(TmCap {
+        max_num_tags: tags,
+        max_ops: ops,
+        max_wr: wr,
+    })
+    .unwrap()
+}
+
+fn drain(s: &mut TmSrq) -> Vec<Wc> {
+    std::iter::from_fn(|| s.poll_cq()).collect()
+}
+
+/// Signaled ADD with count `cnt` on an SRQ whose CQ has been drained; polls and checks its
+/// completion; returns the handle.
+fn add(s: &mut TmSrq, tag: u64, mask: u64, recv_wr_id: u64, len: usize, cnt: u32) -> u32 {
+    assert_eq!(s.cq_len(), 0, "drain the CQ before add()");
+    let h = s
+        .post_srq_op(&OpsWr::add(900, tag, mask, recv_wr_id, len, cnt, true))
+        .unwrap();
+    let h = h.unwrap();
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.opcode, wc.status, wc.wr_id, wc.handle),
+        (WcOpcode::TmAdd, WcStatus::Success, 900, h)
+    );
+    h
+}
+
+fn place(a: Arrival) -> Placement {
+    match a {
+        Arrival::Place(p) => p,
+        other => panic!("expected a placement, got {other:?}"),
+    }
+}
+
+fn tagged_wr(a: Arrival) -> u64 {
+    match place(a).buffer {
+        Buffer::Tagged { recv_wr_id, .. } => recv_wr_id,
+        b => panic!("expected a tagged buffer, got {b:?}"),
+    }
+}
+
+fn srq_wr(a: Arrival) -> u64 {
+    match place(a).buffer {
+        Buffer::Srq { wr_id } => wr_id,
+        b => panic!("expected an SRQ buffer, got {b:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- capabilities, creation
+
+#[test]
+fn default_caps_and_creation_validation() {
+    let c = TmCaps::default();
+    assert_eq!(
+        (c.max_rndv_hdr_size, c.max_num_tags, c.max_sge),
+        (64, 1023, 1)
+    );
+    assert!(c.flags.contains(TmCapFlags::RC));
+    assert!(TmSrq::new(TmCap::default()).is_ok());
+    let ok = TmCap {
+        max_num_tags: 1023,
+        max_ops: c.max_ops,
+        max_wr: 1,
+    };
+    assert!(TmSrq::new(ok).is_ok());
+    for bad in [
+        TmCap {
+            max_num_tags: 1024,
+            ..ok
+        },
+        TmCap {
+            max_num_tags: 0,
+            ..ok
+        },
+        TmCap {
+            max_ops: c.max_ops + 1,
+            ..ok
+        },
+        TmCap { max_ops: 0, ..ok },
+        TmCap { max_wr: 0, ..ok },
+        TmCap {
+            max_wr: c.max_srq_wr + 1,
+            ..ok
+        },
+    ] {
+        assert_eq!(TmSrq::new(bad).unwrap_err(), TmErrno::Inval, "{bad:?}");
+    }
+    let no_rc = TmCaps {
+        flags: TmCapFlags(0),
+        ..c
+    };
+    assert_eq!(TmSrq::with_caps(no_rc, ok).unwrap_err(), TmErrno::Inval);
+    let no_sge = TmCaps { max_sge: 0, ..c };
+    assert_eq!(TmSrq::with_caps(no_sge, ok).unwrap_err(), TmErrno::Inval);
+    let small = TmCaps {
+        max_num_tags: 4,
+        ..c
+    };
+    assert_eq!(TmSrq::with_caps(small, ok).unwrap_err(), TmErrno::Inval);
+    assert!(TmSrq::with_caps(
+        small,
+        TmCap {
+            max_num_tags: 4,
+            ..ok
+        }
+    )
+    .is_ok());
+}
+
+#[test]
+fn post_srq_recv_is_bounded_by_max_wr() {
+    let mut s = srq(4, 4, 2);
+    s.post_srq_recv(1, 8).unwrap();
+    s.post_srq_recv(2, 8).unwrap();
+    assert_eq!(s.post_srq_recv(3, 8), Err(TmErrno::NoMem));
+    assert_eq!(s.srq_posted(), 2);
+}
+
+// ---------------------------------------------------------------- ops and their completions
+
+#[test]
+fn add_signaled_and_unsignaled() {
+    let mut s = srq(8, 8, 1);
+    let h0 = add(&mut s, 1, ALL, 10, 8, 0);
+    let h1 = s
+        .post_srq_op(&OpsWr::add(2, 2, ALL, 11, 8, 0, false))
+        .unwrap()
+        .unwrap();
+    assert_ne!(h0, h1);
+    assert!(s.poll_cq().is_none(), "unsignaled ADD must not complete");
+    assert_eq!(s.tags_listed(), 2);
+    assert_eq!(s.counters().adds, 2);
+    // The batch form writes the handle back into the work request.
+    let mut wrs = [
+        OpsWr::add(3, 3, ALL, 12, 8, 0, false),
+        OpsWr::sync(4, 0, true),
+    ];
+    s.post_srq_ops(&mut wrs).unwrap();
+    assert!(wrs[0].handle != h0 && wrs[0].handle != h1);
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.opcode, wc.wr_id, wc.flags),
+        (WcOpcode::TmSync, 4, WcFlags::NONE)
+    );
+    assert_eq!(s.counters().syncs, 1);
+}
+
+#[test]
+fn unknown_op_flags_are_einval() {
+    let mut s = srq(8, 8, 1);
+    let mut wr = OpsWr::sync(1, 0, true);
+    wr.flags = OpsFlags(1 << 7);
+    assert_eq!(s.post_srq_op(&wr), Err(TmErrno::Inval));
+    assert_eq!(s.ops_outstanding(), 0);
+}
+
+#[test]
+fn del_signaled_success_and_unsignaled_success() {
+    let mut s = srq(2, 8, 1);
+    let h = add(&mut s, 5, ALL, 50, 8, 0);
+    s.post_srq_op(&OpsWr::del(77, h, 0, true)).unwrap();
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.opcode, wc.status, wc.wr_id, wc.handle),
+        (WcOpcode::TmDel, WcStatus::Success, 77, h)
+    );
+    assert_eq!(s.tags_listed(), 0);
+    let h2 = add(&mut s, 6, ALL, 60, 8, 0);
+    s.post_srq_op(&OpsWr::del(78, h2, 0, false)).unwrap();
+    assert!(
+        s.poll_cq().is_none(),
+        "an unsignaled DEL that succeeds is silent"
+    );
+    assert_eq!(s.counters().dels, 2);
+    // The deleted entry does not match any more.
+    s.post_srq_recv(1, 64).unwrap();
+    assert_eq!(srq_wr(s.arrive(0, &eager(6, 0, b"x")).unwrap()), 1);
+}
+
+#[test]
+fn del_after_consume_is_tm_err_even_unsignaled() {
+    let mut s = srq(2, 8, 1);
+    let h = add(&mut s, 5, ALL, 50, 8, 0);
+    assert_eq!(tagged_wr(s.arrive(1, &eager(5, 0, b"abc")).unwrap()), 50);
+    // Software races: deletes before seeing the consumption.
+    s.post_srq_op(&OpsWr::del(70, h, 0, false)).unwrap();
+    let wcs = drain(&mut s);
+    assert_eq!(wcs.len(), 2);
+    assert_eq!((wcs[0].opcode, wcs[0].wr_id), (WcOpcode::TmRecv, 50));
+    assert_eq!(
+        (wcs[1].opcode, wcs[1].status, wcs[1].wr_id, wcs[1].handle),
+        (WcOpcode::TmDel, WcStatus::TmErr, 70, h)
+    );
+    assert_eq!(s.counters().del_failed, 1);
+    // After everything is polled the handle is free: a DEL of it still fails cleanly.
+    s.post_srq_op(&OpsWr::del(71, h, 0, true)).unwrap();
+    assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmErr);
+    // Out of range handles are refused synchronously.
+    assert_eq!(
+        s.post_srq_op(&OpsWr::del(72, 2, 0, true)),
+        Err(TmErrno::Inval)
+    );
+}
+
+#[test]
+fn consumed_handle_is_not_reused_until_its_completion_is_polled() {
+    let mut s = srq(1, 8, 1);
+    let h = add(&mut s, 5, ALL, 50, 8, 0);
+    s.arrive(1, &eager(5, 0, b"abc")).unwrap();
+    assert_eq!(
+        s.post_srq_op(&OpsWr::add(1, 6, ALL, 60, 8, 0, true)),
+        Err(TmErrno::NoMem)
+    );
+    assert_eq!(s.poll_cq().unwrap().wr_id, 50);
+    assert_eq!(add(&mut s, 6, ALL, 60, 8, 0), h);
+}
+
+#[test]
+fn list_full_is_synchronous_enomem_at_the_failing_op() {
+    let mut s = srq(2, 16, 1);
+    let mut wrs = [
+        OpsWr::add(1, 1, ALL, 11, 8, 0, false),
+        OpsWr::add(2, 2, ALL, 12, 8, 0, false),
+        OpsWr::add(3, 3, ALL, 13, 8, 0, true),
+        OpsWr::add(4, 4, ALL, 14, 8, 0, true),
+    ];
+    assert_eq!(s.post_srq_ops(&mut wrs), Err((2, TmErrno::NoMem)));
+    assert_eq!(s.tags_listed(), 2, "ops before the bad one took effect");
+    assert!(s.poll_cq().is_none(), "ops from the bad one on did not");
+    assert_eq!(s.counters().list_hwm, 2);
+}
+
+#[test]
+fn max_ops_bounds_outstanding_ops_until_a_completion_is_polled() {
+    let mut s = srq(8, 4, 1);
+    for i in 0..3 {
+        s.post_srq_op(&OpsWr::sync(i, 0, false)).unwrap();
+    }
+    s.post_srq_op(&OpsWr::sync(3, 0, true)).unwrap();
+    assert_eq!(s.ops_outstanding(), 4);
+    let mut wrs = [OpsWr::sync(4, 0, true)];
+    assert_eq!(s.post_srq_ops(&mut wrs), Err((0, TmErrno::NoMem)));
+    assert_eq!(
+        s.post_srq_op(&OpsWr::add(5, 1, ALL, 1, 1, 0, true)),
+        Err(TmErrno::NoMem)
+    );
+    // Polling the signaled op reclaims it and the unsignaled ones before it.
+    assert_eq!(s.poll_cq().unwrap().wr_id, 3);
+    assert_eq!(s.ops_outstanding(), 0);
+    s.post_srq_ops(&mut wrs).unwrap();
+    // A failed DEL's completion reclaims slots too.
+    let mut s = srq(8, 2, 1);
+    s.post_srq_op(&OpsWr::sync(0, 0, false)).unwrap();
+    s.post_srq_op(&OpsWr::del(1, 3, 0, false)).unwrap();
+    assert_eq!(
+        s.post_srq_op(&OpsWr::sync(2, 0, false)),
+        Err(TmErrno::NoMem)
+    );
+    assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmErr);
+    s.post_srq_op(&OpsWr::sync(2, 0, false)).unwrap();
+}
+
+// ---------------------------------------------------------------- matching
+
+#[test]
+fn eager_expected_single_packet() {
+    let mut s = srq(4, 8, 1);
+    let h = add(&mut s, 0xabc, ALL, 7, 16, 0);
+    let msg = eager(0xabc, 99, b"payload");
+    let p = place(s.arrive(4, &msg).unwrap());
+    assert_eq!(
+        p,
+        Placement {
+            buffer: Buffer::Tagged {
+                recv_wr_id: 7,
+                handle: h
+            },
+            src_off: TMH_LEN,
+            dst_off: 0,
+            len: 7
+        }
+    );
+    assert_eq!(p.bytes(&msg), b"payload");
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (
+            wc.opcode,
+            wc.status,
+            wc.wr_id,
+            wc.byte_len,
+            wc.src,
+            wc.handle
+        ),
+        (WcOpcode::TmRecv, WcStatus::Success, 7, 7, 4, h)
+    );
+    assert_eq!(wc.flags, WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID);
+    assert!(!wc.is_unexpected());
+    assert_eq!(wc.read_tm_info(), Some((0xabc, 99)));
+    assert!(s.poll_cq().is_none());
+    assert_eq!(s.counters().hw_matched, 1);
+    assert_eq!(s.hw_unexpected_cnt(), 0);
+}
+
+#[test]
+fn eager_longer_than_tagged_buffer_is_cut_with_loc_len_err() {
+    let mut s = srq(4, 8, 1);
+    add(&mut s, 1, ALL, 7, 3, 0);
+    let msg = eager(1, 0, b"abcdef");
+    let p = place(s.arrive(0, &msg).unwrap());
+    assert_eq!(p.bytes(&msg), b"abc");
+    let wc = s.poll_cq().unwrap();
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::LocLenErr, 6));
+    assert!(wc
+        .flags
+        .contains(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID));
+}
+
+#[test]
+fn zero_length_buffer_and_payload() {
+    let mut s = srq(4, 8, 1);
+    add(&mut s, 1, ALL, 7, 0, 0);
+    let p = place(s.arrive(0, &eager(1, 0, b"")).unwrap());
+    assert_eq!(p.len, 0);
+    let wc = s.poll_cq().unwrap();
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 0));
+}
+
+#[test]
+fn unexpected_lands_whole_in_an_srq_buffer() {
+    let mut s = srq(4, 8, 4);
+    add(&mut s, 1, ALL, 7, 64, 0);
+    s.post_srq_recv(100, 256).unwrap();
+    s.post_srq_recv(101, 256).unwrap();
+    let msg = eager(2, 5, b"zz");
+    let p = place(s.arrive(9, &msg).unwrap());
+    assert_eq!(
+        p,
+        Placement {
+            buffer: Buffer::Srq { wr_id: 100 },
+            src_off: 0,
+            dst_off: 0,
+            len: msg.len()
+        }
+    );
+    assert_eq!(p.bytes(&msg), &msg[..], "TMH included");
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.opcode, wc.status, wc.wr_id, wc.byte_len, wc.src),
+        (WcOpcode::TmRecv, WcStatus::Success, 100, 18, 9)
+    );
+    assert_eq!(
+        wc.flags,
+        WcFlags::NONE,
+        "mlx5: neither MATCH nor DATA_VALID"
+    );
+    assert!(wc.is_unexpected());
+    assert_eq!(wc.read_tm_info(), None);
+    assert_eq!(s.hw_unexpected_cnt(), 1);
+    assert!(!s.in_sync());
+    assert_eq!(s.counters().unexpected, 1);
+    // Unexpected rendezvous requests land whole too, RVH and meta-data included.
+    let req = RndvMeta {
+        key: 1 << 40,
+        len: 9,
+    }
+    .encode_request(3, 4, 0x1000);
+    let p = place(s.arrive(9, &req).unwrap());
+    assert_eq!(
+        (p.buffer, p.len),
+        (Buffer::Srq { wr_id: 101 }, RNDV_REQ_LEN)
+    );
+    assert!(s.poll_cq().unwrap().is_unexpected());
+    assert_eq!(s.hw_unexpected_cnt(), 2);
+}
+
+#[test]
+fn unexpected_longer_than_srq_buffer_is_cut() {
+    let mut s = srq(4, 8, 4);
+    s.post_srq_recv(100, 10).unwrap();
+    let msg = eager(2, 5, b"0123456789");
+    assert_eq!(place(s.arrive(0, &msg).unwrap()).len, 10);
+    let wc = s.poll_cq().unwrap();
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::LocLenErr, 26));
+    assert!(wc.is_unexpected(), "still counted: software must count it");
+    assert_eq!(s.hw_unexpected_cnt(), 1);
+}
+
+#[test]
+fn no_srq_buffer_is_rnr_and_changes_nothing() {
+    let mut s = srq(4, 8, 4);
+    let msg = eager(2, 5, b"zz");
+    assert_eq!(s.arrive(0, &msg).unwrap(), Arrival::Rnr);
+    assert_eq!(s.arrive(0, &[0, 1, 2]).unwrap(), Arrival::Rnr);
+    assert_eq!(s.hw_unexpected_cnt(), 0);
+    assert!(s.poll_cq().is_none());
+    assert_eq!(s.counters().rnr, 2);
+    // A matching entry posted meanwhile takes the retried message.
+    add(&mut s, 2, ALL, 7, 8, 0);
+    assert_eq!(tagged_wr(s.arrive(0, &msg).unwrap()), 7);
+    s.post_srq_recv(1, 64).unwrap();
+    assert_eq!(srq_wr(s.arrive(0, &msg).unwrap()), 1);
+}
+
+#[test]
+fn no_tag_is_always_unexpected_but_never_counted() {
+    let mut s = srq(4, 8, 4);
+    add(&mut s, 0, 0, 7, 64, 0); // mask 0 would match any tagged message
+    s.post_srq_recv(100, 64).unwrap();
+    let msg = [0u8, 0xde, 0xad];
+    let p = place(s.arrive(2, &msg).unwrap());
+    assert_eq!(
+        (p.buffer, p.bytes(&msg)),
+        (Buffer::Srq { wr_id: 100 }, &msg[..])
+    );
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.opcode, wc.status, wc.byte_len, wc.src, wc.flags),
+        (WcOpcode::TmNoTag, WcStatus::Success, 3, 2, WcFlags::NONE)
+    );
+    assert!(!wc.is_unexpected());
+    assert_eq!(wc.read_tm_info(), None);
+    assert_eq!(s.hw_unexpected_cnt(), 0);
+    assert!(s.in_sync());
+    assert_eq!((s.counters().no_tag, s.counters().unexpected), (1, 0));
+    assert_eq!(s.tags_listed(), 1);
+}
+
+#[test]
+fn fin_arriving_at_the_sender_is_a_no_tag_receive() {
+    let mut s = srq(4, 8, 4);
+    add(&mut s, 0x77, ALL, 7, 64, 0);
+    s.post_srq_recv(100, 64).unwrap();
+    let mut fin = Tmh {
+        op: TmOp::Fin,
+        app_ctx: 1,
+        tag: 0x77,
+    }
+    .to_bytes()
+    .to_vec();
+    fin.extend_from_slice(
+        &Rvh {
+            va: 1,
+            rkey: 2,
+            len: 3,
+        }
+        .to_bytes(),
+    );
+    let p = place(s.arrive(1, &fin).unwrap());
+    assert_eq!(p.bytes(&fin), &fin[..]);
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(wc.opcode, WcOpcode::TmNoTag);
+    assert_eq!(s.tags_listed(), 1, "FIN never matches");
+    assert!(s.in_sync());
+}
+
+#[test]
+fn match_rule_masks_and_list_order() {
+    let mut s = srq(16, 32, 4);
+    let any_tag: u64 = !0xff_ffff;
+    // Wildcard posted first wins over a later exact entry.
+    add(&mut s, 0x1_000005, any_tag, 1, 8, 0);
+    add(&mut s, 0x1_000005, ALL, 2, 8, 0);
+    assert_eq!(
+        tagged_wr(s.arrive(0, &eager(0x1_000005, 0, b"")).unwrap()),
+        1
+    );
+    assert_eq!(
+        tagged_wr(s.arrive(0, &eager(0x1_000005, 0, b"")).unwrap()),
+        2
+    );
+    drain(&mut s);
+    // Exact posted first wins over a later wildcard.
+    add(&mut s, 0x1_000006, ALL, 3, 8, 0);
+    add(&mut s, 0x1_000000, any_tag, 4, 8, 0);
+    assert_eq!(
+        tagged_wr(s.arrive(0, &eager(0x1_000006, 0, b"")).unwrap()),
+        3
+    );
+    drain(&mut s);
+    // The wildcard takes any tag of its context, and the entry's own bits outside the mask
+    // do not matter (the tag is masked on ADD).
+    add(&mut s, 0x1_abcdef, any_tag, 5, 8, 0);
+    assert_eq!(
+        tagged_wr(s.arrive(0, &eager(0x1_123456, 0, b"")).unwrap()),
+        4
+    );
+    assert_eq!(
+        tagged_wr(s.arrive(0, &eager(0x1_000001, 0, b"")).unwrap()),
+        5
+    );
+    // Other contexts do not match.
+    s.post_srq_recv(100, 64).unwrap();
+    assert_eq!(
+        srq_wr(s.arrive(0, &eager(0x2_000001, 0, b"")).unwrap()),
+        100
+    );
+    assert_eq!(drain(&mut s).len(), 3);
+    // Same exact tag: FIFO; a deleted head is skipped.
+    let h = add(&mut s, 9, ALL, 6, 8, 1);
+    add(&mut s, 9, ALL, 7, 8, 1);
+    add(&mut s, 9, ALL, 8, 8, 1);
+    s.post_srq_op(&OpsWr::del(0, h, 1, false)).unwrap();
+    assert_eq!(tagged_wr(s.arrive(0, &eager(9, 0, b"")).unwrap()), 7);
+    assert_eq!(tagged_wr(s.arrive(0, &eager(9, 0, b"")).unwrap()), 8);
+    drain(&mut s);
+    // Mask 0 matches everything.
+    add(&mut s, 0, 0, 10, 8, 1);
+    assert_eq!(
+        tagged_wr(s.arrive(0, &eager(u64::MAX, 0, b"")).unwrap()),
+        10
+    );
+}
+
+#[test]
+fn long_exact_list_finds_each_tag() {
+    let mut s = srq(1023, 1024, 1);
+    for i in 0..1000u64 {
+        s.post_srq_op(&OpsWr::add(i, i * 0x1_0000_0001, ALL, i, 8, 0, false))
+            .unwrap();
+        if i % 512 == 511 {
+            s.post_srq_op(&OpsWr::sync(0, 0, true)).unwrap();
+            drain(&mut s);
+        }
+    }
+    // Arrive in a scrambled order; each finds its own entry.
+    for k in 0..1000u64 {
+        let i = (k * 617) % 1000;
+        assert_eq!(
+            tagged_wr(s.arrive(0, &eager(i * 0x1_0000_0001, 0, b"")).unwrap()),
+            i
+        );
+    }
+    assert_eq!(s.tags_listed(), 0);
+    assert_eq!(s.counters().list_hwm, 1000);
+}
+
+// ---------------------------------------------------------------- phase synchronisation
+
+/// The seed's race: m1 arrives before b1 is posted, m2 after. Without phase sync m2 would
+/// match b1 although m1 (earlier, same tag) went unexpected, breaking MPI order.
+#[test]
+fn seed_race_m1_m2_b1_b2_stale_add_is_not_matched_until_sync() {
+    let mut s = srq(8, 16, 8);
+    for i in 0..4 {
+        s.post_srq_recv(100 + i, 256).unwrap();
+    }
+    // m1 arrives: nothing posted, unexpected. Software has not polled it yet.
+    assert_eq!(srq_wr(s.arrive(1, &eager(0x10, 0, b"m1")).unwrap()), 100);
+    // Software posts b1 with the count it knows (0): out of phase.
+    s.post_srq_op(&OpsWr::add(1, 0x10, ALL, 201, 64, 0, true))
+        .unwrap();
+    // m2 arrives: b1 must NOT match it.
+    assert_eq!(srq_wr(s.arrive(1, &eager(0x10, 0, b"m2")).unwrap()), 101);
+    assert_eq!(s.hw_unexpected_cnt(), 2);
+    let wcs = drain(&mut s);
+    assert!(wcs[0].is_unexpected());
+    assert_eq!(
+        (wcs[1].opcode, wcs[1].flags),
+        (WcOpcode::TmAdd, WcFlags::TM_SYNC_REQ)
+    );
+    assert!(wcs[2].is_unexpected());
+    let b1 = wcs[1].handle;
+    // Software matches m1 to its receive r1 (= b1) and m2 to r2 (= b2, never posted to HW):
+    // b1 must come out of HW first; then it reports both unexpected messages.
+    s.post_srq_op(&OpsWr::del(2, b1, 2, true)).unwrap();
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.status, wc.flags),
+        (WcStatus::Success, WcFlags::NONE),
+        "level now: no SYNC_REQ"
+    );
+    assert!(s.in_sync());
+    // A receive posted now is in phase and matches the next message at once.
+    add(&mut s, 0x10, ALL, 203, 64, 2);
+    assert_eq!(tagged_wr(s.arrive(1, &eager(0x10, 0, b"m3")).unwrap()), 203);
+}
+
+#[test]
+fn stale_entry_becomes_eligible_after_sync() {
+    let mut s = srq(8, 16, 8);
+    s.post_srq_recv(100, 256).unwrap();
+    s.post_srq_recv(101, 256).unwrap();
+    s.arrive(1, &eager(0x99, 0, b"")).unwrap(); // unexpected, count 1
+    let b = add_with_flags(&mut s, 0x10, 0); // stale
+    assert_eq!(srq_wr(s.arrive(1, &eager(0x10, 0, b"")).unwrap()), 101);
+    // Software reports 1: still behind (HW delivered 2): b stays disabled.
+    s.post_srq_op(&OpsWr::sync(5, 1, true)).unwrap();
+    s.post_srq_recv(102, 256).unwrap();
+    assert_eq!(srq_wr(s.arrive(1, &eager(0x10, 0, b"")).unwrap()), 102);
+    // Reports 3: level: b matches.
+    s.post_srq_op(&OpsWr::sync(6, 3, true)).unwrap();
+    assert_eq!(s.counters().resyncs, 1);
+    let p = place(s.arrive(1, &eager(0x10, 0, b"")).unwrap());
+    assert_eq!(
+        p.buffer,
+        Buffer::Tagged {
+            recv_wr_id: 7,
+            handle: b
+        }
+    );
+    let wcs = drain(&mut s);
+    let syncs: Vec<_> = wcs
+        .iter()
+        .filter(|w| w.opcode == WcOpcode::TmSync)
+        .collect();
+    assert_eq!(syncs[0].flags, WcFlags::TM_SYNC_REQ);
+    assert_eq!(syncs[1].flags, WcFlags::NONE);
+}
+
+fn add_with_flags(s: &mut TmSrq, tag: u64, cnt: u32) -> u32 {
+    s.post_srq_op(&OpsWr::add(1, tag, ALL, 7, 64, cnt, false))
+        .unwrap()
+        .unwrap()
+}
+
+#[test]
+fn entries_added_in_phase_keep_matching_after_unexpected_arrivals() {
+    let mut s = srq(8, 16, 8);
+    s.post_srq_recv(100, 256).unwrap();
+    add(&mut s, 0x10, ALL, 1, 64, 0);
+    assert_eq!(srq_wr(s.arrive(1, &eager(0x20, 0, b"")).unwrap()), 100);
+    assert!(!s.in_sync());
+    assert_eq!(tagged_wr(s.arrive(1, &eager(0x10, 0, b"")).unwrap()), 1);
+    assert_eq!(drain(&mut s).len(), 2);
+    // ...but entries added now with the old count (0, stale) do not.
+    add(&mut s, 0x30, ALL, 2, 64, 0);
+    add(&mut s, 0x30, ALL, 3, 64, 0);
+    s.post_srq_recv(101, 256).unwrap();
+    assert_eq!(srq_wr(s.arrive(1, &eager(0x30, 0, b"")).unwrap()), 101);
+}
+
+#[test]
+fn ops_without_tm_sync_keep_the_last_count() {
+    let mut s = srq(8, 16, 8);
+    s.post_srq_recv(100, 256).unwrap();
+    s.arrive(1, &eager(0x20, 0, b"")).unwrap();
+    s.post_srq_op(&OpsWr::sync(1, 1, false)).unwrap();
+    assert!(s.in_sync());
+    // unexpected_cnt 0 is ignored without TM_SYNC: the entry is in phase.
+    let wr = OpsWr {
+        flags: OpsFlags::SIGNALED,
+        ..OpsWr::add(2, 0x10, ALL, 5, 8, 0, true)
+    };
+    s.post_srq_op(&wr).unwrap();
+    assert_eq!(s.sw_unexpected_cnt(), 1);
+    assert_eq!(tagged_wr(s.arrive(1, &eager(0x10, 0, b"")).unwrap()), 5);
+    let wcs = drain(&mut s);
+    assert_eq!(
+        wcs.iter()
+            .find(|w| w.opcode == WcOpcode::TmAdd)
+            .unwrap()
+            .flags,
+        WcFlags::NONE
+    );
+}
+
+#[test]
+fn sync_req_on_op_completions_whenever_counts_differ() {
+    let mut s = srq(8, 16, 8);
+    s.post_srq_recv(100, 256).unwrap();
+    s.arrive(1, &eager(0x20, 0, b"")).unwrap();
+    assert!(s.poll_cq().unwrap().is_unexpected());
+    let h = s
+        .post_srq_op(&OpsWr::add(1, 0x10, ALL, 5, 8, 0, true))
+        .unwrap()
+        .unwrap();
+    s.post_srq_op(&OpsWr::del(1, h, 0, true)).unwrap();
+    s.post_srq_op(&OpsWr::sync(2, 0, true)).unwrap();
+    let ops = drain(&mut s);
+    assert_eq!(ops.len(), 3);
+    assert!(
+        ops.iter().all(|w| w.flags == WcFlags::TM_SYNC_REQ),
+        "{ops:?}"
+    );
+    s.post_srq_op(&OpsWr::sync(3, 1, true)).unwrap();
+    assert_eq!(s.poll_cq().unwrap().flags, WcFlags::NONE);
+}
+
+#[test]
+fn unexpected_cnt_wraps_at_16_bits() {
+    let mut s = srq(8, 16, 8);
+    let n: u32 = 65536 + 3;
+    for i in 0..n {
+        s.post_srq_recv(u64::from(i), 64).unwrap();
+        assert!(matches!(
+            s.arrive(0, &eager(1, 0, b"")).unwrap(),
+            Arrival::Place(_)
+        ));
+        let wc = s.poll_cq().unwrap();
+        assert!(wc.is_unexpected());
+        // Software keeps up, reporting its 32-bit count every 1000 messages.
+        if i % 1000 == 999 {
+            s.post_srq_op(&OpsWr::sync(0, i + 1, false)).unwrap();
+        }
+        if i % 3000 == 2999 {
+            s.post_srq_op(&OpsWr::sync(0, i + 1, true)).unwrap();
+            assert_eq!(s.poll_cq().unwrap().opcode, WcOpcode::TmSync);
+        }
+    }
+    assert_eq!(s.hw_unexpected_cnt(), 3);
+    // An ADD with the 32-bit count 65539 is in phase (65539 mod 2^16 == 3)...
+    add(&mut s, 1, ALL, 42, 8, n);
+    assert!(s.in_sync());
+    assert_eq!(tagged_wr(s.arrive(0, &eager(1, 0, b"")).unwrap()), 42);
+    drain(&mut s);
+    // ...and so is one with the wrapped 16-bit count.
+    add(&mut s, 1, ALL, 43, 8, 3);
+    assert_eq!(tagged_wr(s.arrive(0, &eager(1, 0, b"")).unwrap()), 43);
+    // One behind is stale.
+    s.post_srq_recv(1, 64).unwrap();
+    s.arrive(0, &eager(7, 0, b"")).unwrap();
+    drain(&mut s);
+    add(&mut s, 1, ALL, 44, 8, n);
+    s.post_srq_recv(2, 64).unwrap();
+    assert_eq!(srq_wr(s.arrive(0, &eager(1, 0, b"")).unwrap()), 2);
+}
+
+#[test]
+fn sync_req_on_unexpected_receive_once_gap_exceeds_0x3fff() {
+    let mut s = srq(8, 16, 8);
+    for i in 1..=0x4002u32 {
+        s.post_srq_recv(u64::from(i), 64).unwrap();
+        s.arrive(0, &eager(1, 0, b"")).unwrap();
+        let wc = s.poll_cq().unwrap();
+        assert!(wc.is_unexpected());
+        let expect = i > u32::from(MAX_SYNC_DIFF);
+        assert_eq!(
+            wc.flags.contains(WcFlags::TM_SYNC_REQ),
+            expect,
+            "unexpected #{i}"
+        );
+    }
+    // Software syncs: the gap closes, the flag goes away.
+    s.post_srq_op(&OpsWr::sync(0, 0x4002, true)).unwrap();
+    assert_eq!(s.poll_cq().unwrap().flags, WcFlags::NONE);
+    s.post_srq_recv(0, 64).unwrap();
+    s.arrive(0, &eager(1, 0, b"")).unwrap();
+    assert_eq!(s.poll_cq().unwrap().flags, WcFlags::NONE);
+}
+
+// ---------------------------------------------------------------- rendezvous
+
+#[test]
+fn rendezvous_expected_reads_then_data_valid_and_fin() {
+    let mut s = srq(4, 8, 1);
+    let h = add(&mut s, 0x55, ALL, 7, 4096, 0);
+    let req = rndv(0x55, 11, 0xdead_0000, 0x1234, 4000);
+    let Arrival::Read(r) = s.arrive(3, &req).unwrap() else {
+        panic!("expected a read")
+    };
+    assert_eq!(
+        (r.src, r.va, r.key, r.len, r.recv_wr_id, r.handle),
+        (3, 0xdead_0000, 0x1234, 4000, 7, h)
+    );
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.opcode, wc.status, wc.flags, wc.wr_id, wc.byte_len),
+        (WcOpcode::TmRecv, WcStatus::Success, WcFlags::TM_MATCH, 7, 0)
+    );
+    assert_eq!(wc.read_tm_info(), Some((0x55, 11)));
+    assert!(s.poll_cq().is_none() && s.poll_transmit().is_none());
+    // The entry is still held: a DEL now fails.
+    s.post_srq_op(&OpsWr::del(1, h, 0, true)).unwrap();
+    assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmErr);
+    s.read_complete(r.id).unwrap();
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.status, wc.flags, wc.wr_id, wc.byte_len, wc.src),
+        (WcStatus::Success, WcFlags::TM_DATA_VALID, 7, 4000, 3)
+    );
+    assert_eq!(wc.read_tm_info(), Some((0x55, 11)));
+    let t = s.poll_transmit().unwrap();
+    assert_eq!(t.dst, 3);
+    let Message::Fin(tmh, rvh) = Message::parse(&t.msg).unwrap() else {
+        panic!("not a FIN")
+    };
+    assert_eq!(
+        tmh,
+        Tmh {
+            op: TmOp::Fin,
+            app_ctx: 11,
+            tag: 0x55
+        }
+    );
+    assert_eq!(
+        rvh,
+        Rvh {
+            va: 0xdead_0000,
+            rkey: 0x1234,
+            len: 4000
+        }
+    );
+    assert_eq!(&t.msg[TMH_LEN..], &req[TMH_LEN..TMH_LEN + RVH_LEN]);
+    assert_eq!(s.read_complete(r.id), Err(TmErrno::Inval), "reported twice");
+    assert_eq!(s.counters().rndv_reads, 1);
+}
+
+#[test]
+fn rendezvous_meta_data_carries_the_full_key_and_length() {
+    let meta = RndvMeta {
+        key: 0xaaaa_bbbb_cccc_dddd,
+        len: 5 << 32,
+    };
+    assert_eq!(RndvMeta::decode(&meta.encode()), Some(meta));
+    assert_eq!(RndvMeta::decode(&meta.encode()[..15]), None);
+    let req = meta.encode_request(1, 0x66, 0x4000);
+    let Message::Rndv(tmh, rvh, rest) = Message::parse(&req).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        (tmh.tag, tmh.app_ctx, rvh.va, rvh.rkey, rvh.len),
+        (0x66, 1, 0x4000, 0xcccc_dddd, u32::MAX)
+    );
+    assert_eq!(RndvMeta::decode(rest), Some(meta));
+
+    let mut s = srq(4, 8, 1);
+    add(&mut s, 0x66, ALL, 7, usize::MAX, 0);
+    let Arrival::Read(r) = s.arrive(0, &req).unwrap() else {
+        panic!("expected a read")
+    };
+    assert_eq!((r.key, r.len, r.va), (meta.key, meta.len, 0x4000));
+}
+
+#[test]
+fn rendezvous_into_a_smaller_buffer_is_rndv_incomplete() {
+    let mut s = srq(4, 8, 1);
+    let h = add(&mut s, 0x55, ALL, 7, 100, 0);
+    let req = RndvMeta { key: 9, len: 101 }.encode_request(2, 0x55, 0x10);
+    let p = place(s.arrive(1, &req).unwrap());
+    assert_eq!(
+        p.buffer,
+        Buffer::Tagged {
+            recv_wr_id: 7,
+            handle: h
+        }
+    );
+    assert_eq!(
+        p.bytes(&req),
+        &req[..],
+        "TMH, RVH and meta-data land in the tagged buffer"
+    );
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.status, wc.flags, wc.byte_len),
+        (
+            WcStatus::TmRndvIncomplete,
+            WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID,
+            RNDV_REQ_LEN as u64
+        )
+    );
+    assert_eq!(wc.read_tm_info(), Some((0x55, 2)));
+    assert!(
+        s.poll_cq().is_none() && s.poll_transmit().is_none(),
+        "software finishes"
+    );
+    assert_eq!(s.counters().rndv_incomplete, 1);
+    assert_eq!(s.counters().hw_matched, 1);
+    // Without meta-data, the RVH length decides; a buffer smaller than the headers gets
+    // what fits.
+    add(&mut s, 0x56, ALL, 8, 20, 0);
+    let req = rndv(0x56, 0, 0, 0, 21);
+    assert_eq!(place(s.arrive(1, &req).unwrap()).len, 20);
+    assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmRndvIncomplete);
+}
+
+#[test]
+fn rendezvous_read_failure_completes_with_the_error_and_no_fin() {
+    let mut s = srq(1, 8, 1);
+    add(&mut s, 0x55, ALL, 7, 4096, 0);
+    let Arrival::Read(r) = s.arrive(3, &rndv(0x55, 0, 1, 2, 3)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(s.read_failed(r.id, WcStatus::Success), Err(TmErrno::Inval));
+    s.read_failed(r.id, WcStatus::RemAccessErr).unwrap();
+    let wcs = drain(&mut s);
+    assert_eq!(wcs.len(), 2);
+    assert_eq!(
+        (wcs[1].status, wcs[1].flags, wcs[1].wr_id),
+        (WcStatus::RemAccessErr, WcFlags::TM_DATA_VALID, 7)
+    );
+    assert!(!wcs[1].is_unexpected());
+    assert!(s.poll_transmit().is_none());
+    assert_eq!(s.counters().read_failures, 1);
+    assert_eq!(s.read_complete(r.id), Err(TmErrno::Inval));
+    // The handle is reused (one-entry list); the old id stays dead.
+    add(&mut s, 0x55, ALL, 8, 4096, 0);
+    let Arrival::Read(r2) = s.arrive(3, &rndv(0x55, 0, 1, 2, 3)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(r2.handle, r.handle);
+    assert_eq!(s.read_complete(r.id), Err(TmErrno::Inval), "stale id");
+    s.read_complete(r2.id).unwrap();
+}
+
+// ---------------------------------------------------------------- multi-packet messages
+
+#[test]
+fn multi_packet_eager_matches_first_then_data_valid() {
+    let mut s = srq(1, 8, 1);
+    let h = add(&mut s, 0x42, ALL, 7, 10, 0);
+    let msg = eager(0x42, 3, b"0123456789AB"); // 12-byte payload into a 10-byte buffer
+    let (a, b, c) = (&msg[..20], &msg[20..24], &msg[24..]);
+    let p = place(s.arrive_first(5, a, msg.len()).unwrap());
+    assert_eq!(
+        (p.src_off, p.dst_off, p.bytes(a)),
+        (TMH_LEN, 0, &b"0123"[..])
+    );
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.flags, wc.wr_id, wc.handle, wc.status),
+        (WcFlags::TM_MATCH, 7, h, WcStatus::Success)
+    );
+    assert_eq!(wc.read_tm_info(), Some((0x42, 3)));
+    // The entry is not free yet: the list (one entry) is still full.
+    assert_eq!(
+        s.post_srq_op(&OpsWr::add(1, 1, ALL, 1, 1, 0, true)),
+        Err(TmErrno::NoMem)
+    );
+    // Another source's message interleaves; a second message from 5 may not.
+    s.post_srq_recv(100, 64).unwrap();
+    assert_eq!(srq_wr(s.arrive(6, &eager(0x42, 0, b"")).unwrap()), 100);
+    assert_eq!(s.arrive(5, &eager(0x42, 0, b"")), Err(TmErrno::Inval));
+    assert_eq!(s.arrive_continuation(6, b"x"), Err(TmErrno::Inval));
+    assert_eq!(s.arrive_continuation(5, &[0; 9]), Err(TmErrno::BadMsg));
+    let p = place(s.arrive_continuation(5, b).unwrap());
+    assert_eq!((p.dst_off, p.bytes(b)), (4, &b"4567"[..]));
+    assert!(s.poll_cq().unwrap().is_unexpected());
+    assert!(s.poll_cq().is_none());
+    let p = place(s.arrive_continuation(5, c).unwrap());
+    assert_eq!(
+        (p.dst_off, p.bytes(c)),
+        (8, &b"89"[..]),
+        "cut at the buffer's end"
+    );
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.flags, wc.wr_id, wc.byte_len, wc.status),
+        (WcFlags::TM_DATA_VALID, 7, 12, WcStatus::LocLenErr)
+    );
+    assert_eq!(add(&mut s, 1, ALL, 1, 1, 1), h);
+    assert_eq!(
+        s.arrive_continuation(5, b""),
+        Err(TmErrno::Inval),
+        "message over"
+    );
+}
+
+#[test]
+fn multi_packet_unexpected_and_no_tag_complete_with_their_last_packet() {
+    let mut s = srq(1, 8, 4);
+    s.post_srq_recv(100, 64).unwrap();
+    s.post_srq_recv(101, 64).unwrap();
+    let msg = eager(0x42, 3, b"0123456789");
+    let p = place(s.arrive_first(5, &msg[..20], msg.len()).unwrap());
+    assert_eq!((p.buffer, p.len), (Buffer::Srq { wr_id: 100 }, 20));
+    assert_eq!(
+        s.hw_unexpected_cnt(),
+        1,
+        "counted when the hardware decided"
+    );
+    assert!(s.poll_cq().is_none());
+    let p = place(s.arrive_continuation(5, &msg[20..]).unwrap());
+    assert_eq!((p.dst_off, p.len), (20, msg.len() - 20));
+    let wc = s.poll_cq().unwrap();
+    assert!(wc.is_unexpected());
+    assert_eq!(wc.byte_len, msg.len() as u64);
+    let nt = [0u8; 100];
+    let p = place(s.arrive_first(5, &nt[..50], 100).unwrap());
+    assert_eq!(p.buffer, Buffer::Srq { wr_id: 101 });
+    assert_eq!(place(s.arrive_continuation(5, &nt[50..]).unwrap()).len, 14);
+    let wc = s.poll_cq().unwrap();
+    assert_eq!(
+        (wc.opcode, wc.status, wc.byte_len),
+        (WcOpcode::TmNoTag, WcStatus::LocLenErr, 100)
+    );
+}
+
+// ---------------------------------------------------------------- malformed input
+
+#[test]
+fn malformed_arrivals_are_ebadmsg_and_change_nothing() {
+    let mut s = srq(4, 8, 4);
+    add(&mut s, 1, ALL, 7, 64, 0);
+    s.post_srq_recv(100, 64).unwrap();
+    let mut reserved = eager(1, 0, b"");
+    reserved[2] = 1;
+    let long_rndv = {
+        let mut m = rndv(1, 0, 0, 0, 1);
+        m.extend_from_slice(&[0; 33]);
+        m
+    };
+    let cases: Vec<(Vec<u8>, usize)> = vec![
+        (vec![], 0),
+        (vec![9, 0, 0], 3),
+        (reserved, 16),
+        (eager(1, 0, b"")[..10].to_vec(), 10),
+        (eager(1, 0, b"")[..10].to_vec(), 100),
+        (rndv(1, 0, 0, 0, 1)[..20].to_vec(), 20),
+        (long_rndv.clone(), long_rndv.len()),
+        (rndv(1, 0, 0, 0, 1), 40),
+        (eager(1, 0, b"ab"), 3),
+    ];
+    for (m, total) in cases {
+        assert_eq!(
+            s.arrive_first(0, &m, total),
+            Err(TmErrno::BadMsg),
+            "{m:?} / {total}"
+        );
+    }
+    assert_eq!(s.tags_listed(), 1);
+    assert_eq!(s.srq_posted(), 1);
+    assert!(s.poll_cq().is_none());
+    assert_eq!(s.hw_unexpected_cnt(), 0);
+    assert_eq!(s.arrive_continuation(0, b"x"), Err(TmErrno::Inval));
+}
+
+// ---------------------------------------------------------------- property test
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{HashMap, HashSet};
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Add {
+            tag: u64,
+            mask: u64,
+            len: usize,
+            signaled: bool,
+            cnt: CntChoice,
+        },
+        Del {
+            pick: usize,
+            signaled: bool,
+            cnt: CntChoice,
+        },
+        Sync {
+            signaled: bool,
+            cnt: CntChoice,
+        },
+        Eager {
+            src: u32,
+            tag: u64,
+            multi: bool,
+        },
+        Rndv {
+            src: u32,
+            tag: u64,
+            len: u32,
+        },
+        NoTag {
+            src: u32,
+        },
+        Continue {
+            src: u32,
+        },
+        Poll(u8),
+        PostSrq,
+        ReadDone {
+            pick: usize,
+            ok: bool,
+        },
+        Garbage(Vec<u8>),
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum CntChoice {
+        /// What software has polled (the honest count).
+        Honest,
+        /// No TM_SYNC flag.
+        Absent,
+        /// Anything.
+        Random(u32),
+    }
+
+    fn cnt() -> impl Strategy<Value = CntChoice> {
+        prop_oneof![
+            4 => Just(CntChoice::Honest),
+            2 => Just(CntChoice::Absent),
+            1 => any::<u32>().prop_map(CntChoice::Random),
+        ]
+    }
+
+    const MASKS: [u64; 3] = [u64::MAX, !0xff, 0];
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            5 => (0u64..6, 0usize..3, 0usize..40, any::<bool>(), cnt())
+                .prop_map(|(tag, m, len, signaled, cnt)| Step::Add { tag, mask: MASKS[m], len, signaled, cnt }),
+            2 => (any::<usize>(), any::<bool>(), cnt()).prop_map(|(pick, signaled, cnt)| Step::Del { pick, signaled, cnt }),
+            1 => (any::<bool>(), cnt()).prop_map(|(signaled, cnt)| Step::Sync { signaled, cnt }),
+            5 => (0u32..3, 0u64..6, any::<bool>()).prop_map(|(src, tag, multi)| Step::Eager { src, tag, multi }),
+            2 => (0u32..3, 0u64..6, 0u32..60).prop_map(|(src, tag, len)| Step::Rndv { src, tag, len }),
+            1 => (0u32..3).prop_map(|src| Step::NoTag { src }),
+            2 => (0u32..3).prop_map(|src| Step::Continue { src }),
+            4 => (1u8..6).prop_map(Step::Poll),
+            3 => Just(Step::PostSrq),
+            2 => (any::<usize>(), any::<bool>()).prop_map(|(pick, ok)| Step::ReadDone { pick, ok }),
+            1 => proptest::collection::vec(any::<u8>(), 0..40).prop_map(Step::Garbage),
+        ]
+    }
+
+    /// The reference: a plain list scanned in order, with the phase rule stated as
+    /// generations (an entry added out of phase is eligible once a later op is level).
+    #[derive(Default)]
+    struct Reference {
+        list: Vec<RefEntry>,
+        gen: u64,
+        hw: u16,
+        sw: u16,
+    }
+
+    struct RefEntry {
+        handle: u32,
+        recv_wr_id: u64,
+        tag: u64,
+        mask: u64,
+        eligible_from: u64,
+    }
+
+    impl Reference {
+        fn op(&mut self, cnt: Option<u16>) -> bool {
+            if let Some(c) = cnt {
+                self.sw = c;
+            }
+            let level = self.sw == self.hw;
+            if level {
+                self.gen += 1;
+            }
+            level
+        }
+
+        fn find(&self, tag: u64) -> Option<usize> {
+            self.list
+                .iter()
+                .position(|e| tag & e.mask == e.tag & e.mask && self.gen >= e.eligible_from)
+        }
+    }
+
+    fn is_srq(p: &Placement) -> bool {
+        matches!(p.buffer, Buffer::Srq { .. })
+    }
+
+    fn msg_eager(tag: u64, len: usize) -> Vec<u8> {
+        eager(tag, tag as u32, &vec![0xab; len])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_sequences_match_the_reference_and_consume_at_most_once(
+            steps in proptest::collection::vec(step(), 1..200)
+        ) {
+            let mut s = srq(6, 8, 4);
+            let mut r = Reference::default();
+            let mut next_wr = 1u64;
+            let mut polled_unexp: u32 = 0;
+            // recv_wr_id -> handle, while the entry may still complete.
+            let mut live: HashMap<u64, u32> = HashMap::new();
+            let mut handles_in_use: HashSet<u32> = HashSet::new();
+            let mut matched: HashSet<u64> = HashSet::new();
+            let mut finished: HashSet<u64> = HashSet::new();
+            let mut reads: Vec<ReadRequest> = Vec::new();
+            let mut inflight: HashMap<u32, (Vec<u8>, usize)> = HashMap::new();
+            let mut fins_expected = 0usize;
+            let mut fins_seen = 0usize;
+            let mut srq_free = 0usize;
+
+            for st in steps {
+                let honest = polled_unexp;
+                let resolve = |c: CntChoice| -> (OpsFlags, u32, Option<u16>) {
+                    match c {
+                        CntChoice::Honest => (OpsFlags::TM_SYNC, honest, Some(honest as u16)),
+                        CntChoice::Absent => (OpsFlags::NONE, 0, None),
+                        CntChoice::Random(v) => (OpsFlags::TM_SYNC, v, Some(v as u16)),
+                    }
+                };
+                match st {
+                    Step::Add { tag, mask, len, signaled, cnt } => {
+                        let (f, v, c) = resolve(cnt);
+                        let flags = if signaled { f | OpsFlags::SIGNALED } else { f };
+                        let wr = OpsWr { wr_id: 0, opcode: OpsOp::Add { tag, mask, recv_wr_id: next_wr, len }, flags, unexpected_cnt: v, handle: 0 };
+                        if let Ok(h) = s.post_srq_op(&wr) {
+                            let h = h.unwrap();
+                            prop_assert!(handles_in_use.insert(h), "handle {} reused while live", h);
+                            let level = r.op(c);
+                            let eligible_from = if level { 0 } else { r.gen + 1 };
+                            r.list.push(RefEntry { handle: h, recv_wr_id: next_wr, tag, mask, eligible_from });
+                            live.insert(next_wr, h);
+                            next_wr += 1;
+                        }
+                    }
+                    Step::Del { pick, signaled, cnt } => {
+                        let (f, v, c) = resolve(cnt);
+                        let flags = if signaled { f | OpsFlags::SIGNALED } else { f };
+                        let handle = if live.is_empty() { (pick % 6) as u32 } else {
+                            let mut hs: Vec<u32> = live.values().copied().collect();
+                            hs.sort_unstable();
+                            hs[pick % hs.len()]
+                        };
+                        let failed_before = s.counters().del_failed;
+                        let wr = OpsWr { wr_id: 0, opcode: OpsOp::Del { handle }, flags, unexpected_cnt: v, handle: 0 };
+                        if s.post_srq_op(&wr).is_ok() {
+                            r.op(c);
+                            let in_ref = r.list.iter().position(|e| e.handle == handle);
+                            let failed = s.counters().del_failed > failed_before;
+                            prop_assert_eq!(failed, in_ref.is_none());
+                            if let Some(i) = in_ref {
+                                let e = r.list.remove(i);
+                                live.remove(&e.recv_wr_id);
+                                prop_assert!(finished.insert(e.recv_wr_id));
+                                if !signaled {
+                                    // No completion will tell: the handle may come back
+                                    // once its ADD completion (if any) is polled.
+                                    handles_in_use.remove(&handle);
+                                }
+                            }
+                        }
+                    }
+                    Step::Sync { signaled, cnt } => {
+                        let (f, v, c) = resolve(cnt);
+                        let flags = if signaled { f | OpsFlags::SIGNALED } else { f };
+                        let wr = OpsWr { wr_id: 0, opcode: OpsOp::Sync, flags, unexpected_cnt: v, handle: 0 };
+                        if s.post_srq_op(&wr).is_ok() {
+                            r.op(c);
+                        }
+                    }
+                    Step::Eager { src, tag, multi } if !inflight.contains_key(&src) => {
+                        let m = msg_eager(tag, 30);
+                        let first = if multi { 20 } else { m.len() };
+                        let a = s.arrive_first(src, &m[..first], m.len()).unwrap();
+                        match (r.find(tag), a) {
+                            (Some(i), Arrival::Place(p)) => {
+                                let e = r.list.remove(i);
+                                prop_assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: e.recv_wr_id, handle: e.handle });
+                                live.remove(&e.recv_wr_id);
+                            }
+                            (None, Arrival::Place(p)) => {
+                                prop_assert!(is_srq(&p));
+                                prop_assert!(srq_free > 0);
+                                srq_free -= 1;
+                                r.hw = r.hw.wrapping_add(1);
+                            }
+                            (None, Arrival::Rnr) => prop_assert_eq!(srq_free, 0),
+                            (f, a) => prop_assert!(false, "reference {:?}, model {:?}", f, a),
+                        }
+                        if multi && matches!(a, Arrival::Place(_)) {
+                            inflight.insert(src, (m, first));
+                        }
+                    }
+                    Step::Rndv { src, tag, len } if !inflight.contains_key(&src) => {
+                        let m = rndv(tag, 0, 0x1000, 5, len);
+                        let a = s.arrive(src, &m).unwrap();
+                        match (r.find(tag), a) {
+                            (Some(i), Arrival::Read(rd)) => {
+                                let e = r.list.remove(i);
+                                prop_assert_eq!((rd.recv_wr_id, rd.handle, rd.len), (e.recv_wr_id, e.handle, u64::from(len)));
+                                live.remove(&e.recv_wr_id);
+                                reads.push(rd);
+                            }
+                            (Some(i), Arrival::Place(p)) => {
+                                let e = r.list.remove(i);
+                                prop_assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: e.recv_wr_id, handle: e.handle });
+                                live.remove(&e.recv_wr_id);
+                            }
+                            (None, Arrival::Place(p)) => {
+                                prop_assert!(is_srq(&p));
+                                srq_free -= 1;
+                                r.hw = r.hw.wrapping_add(1);
+                            }
+                            (None, Arrival::Rnr) => prop_assert_eq!(srq_free, 0),
+                            (f, a) => prop_assert!(false, "reference {:?}, model {:?}", f, a),
+                        }
+                    }
+                    Step::NoTag { src } if !inflight.contains_key(&src) => {
+                        match s.arrive(src, &[0, 1, 2, 3]).unwrap() {
+                            Arrival::Place(_) => srq_free -= 1,
+                            Arrival::Rnr => prop_assert_eq!(srq_free, 0),
+                            Arrival::Read(_) => prop_assert!(false, "NO_TAG read"),
+                        }
+                    }
+                    Step::Eager { src, .. } | Step::Rndv { src, .. } | Step::NoTag { src } => {
+                        prop_assert_eq!(s.arrive(src, &msg_eager(0, 0)), Err(TmErrno::Inval));
+                    }
+                    Step::Continue { src } => {
+                        match inflight.remove(&src) {
+                            Some((m, at)) => {
+                                prop_assert!(matches!(s.arrive_continuation(src, &m[at..]).unwrap(), Arrival::Place(_)));
+                            }
+                            None => prop_assert_eq!(s.arrive_continuation(src, b"x"), Err(TmErrno::Inval)),
+                        }
+                    }
+                    Step::Poll(n) => {
+                        for _ in 0..n {
+                            let Some(wc) = s.poll_cq() else { break };
+                            if wc.is_unexpected() {
+                                polled_unexp = polled_unexp.wrapping_add(1);
+                            }
+                            if wc.opcode == WcOpcode::TmRecv && wc.flags.contains(WcFlags::TM_MATCH) {
+                                prop_assert!(matched.insert(wc.wr_id), "matched twice: {}", wc.wr_id);
+                            }
+                            let final_recv = wc.opcode == WcOpcode::TmRecv && wc.flags.contains(WcFlags::TM_DATA_VALID);
+                            if final_recv {
+                                prop_assert!(matched.contains(&wc.wr_id));
+                                prop_assert!(finished.insert(wc.wr_id), "finished twice: {}", wc.wr_id);
+                                handles_in_use.remove(&wc.handle);
+                            }
+                            if wc.opcode == WcOpcode::TmDel && wc.status == WcStatus::Success {
+                                handles_in_use.remove(&wc.handle);
+                            }
+                        }
+                    }
+                    Step::PostSrq => {
+                        if s.post_srq_recv(0, 64).is_ok() {
+                            srq_free += 1;
+                        }
+                    }
+                    Step::ReadDone { pick, ok } => {
+                        if !reads.is_empty() {
+                            let rd = reads.remove(pick % reads.len());
+                            if ok {
+                                s.read_complete(rd.id).unwrap();
+                                fins_expected += 1;
+                            } else {
+                                s.read_failed(rd.id, WcStatus::RemAccessErr).unwrap();
+                            }
+                            prop_assert_eq!(s.read_complete(rd.id), Err(TmErrno::Inval));
+                        }
+                    }
+                    Step::Garbage(bytes) => {
+                        // Whatever it is, it must not panic; valid-looking input is fine too.
+                        if bytes.first().is_some_and(|&b| b > 3) || bytes.is_empty() {
+                            prop_assert_eq!(s.arrive(99, &bytes), Err(TmErrno::BadMsg));
+                        }
+                    }
+                }
+                while let Some(t) = s.poll_transmit() {
+                    prop_assert!(matches!(Message::parse(&t.msg), Ok(Message::Fin(..))));
+                    fins_seen += 1;
+                }
+                prop_assert_eq!(s.tags_listed(), r.list.len());
+                prop_assert_eq!(s.hw_unexpected_cnt(), r.hw);
+            }
+            prop_assert_eq!(fins_seen, fins_expected);
+        }
+    }
+}
