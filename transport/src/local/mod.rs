@@ -6,6 +6,8 @@
 //! poll callback, exactly like a ring record.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
@@ -28,12 +30,21 @@ pub struct LocalFabric {
     staged: Vec<VecDeque<Wire>>,
     next_src: usize,
     max_packet: usize,
+    /// One flag per rank, cleared when that rank's end is dropped (its thread ended).
+    alive: Arc<Vec<AtomicBool>>,
+}
+
+impl Drop for LocalFabric {
+    fn drop(&mut self) {
+        self.alive[self.rank].store(false, Ordering::Release);
+    }
 }
 
 impl LocalFabric {
     /// Creates the fabric of a job of `size` ranks; element `r` is rank `r`'s end.
     pub fn create(size: usize, max_packet: usize) -> Vec<LocalFabric> {
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..size).map(|_| unbounded()).unzip();
+        let alive: Arc<Vec<AtomicBool>> = Arc::new((0..size).map(|_| AtomicBool::new(true)).collect());
         rxs.into_iter()
             .enumerate()
             .map(|(rank, inbox)| LocalFabric {
@@ -43,6 +54,7 @@ impl LocalFabric {
                 staged: (0..size).map(|_| VecDeque::new()).collect(),
                 next_src: 0,
                 max_packet,
+                alive: alive.clone(),
             })
             .collect()
     }
@@ -55,6 +67,11 @@ impl LocalFabric {
     /// Ranks in the job.
     pub fn size(&self) -> usize {
         self.peers.len()
+    }
+
+    /// Whether rank `peer`'s end still exists.
+    pub fn peer_alive(&self, peer: usize) -> bool {
+        self.alive.get(peer).is_some_and(|a| a.load(Ordering::Acquire))
     }
 
     /// Largest packet payload.
@@ -177,5 +194,9 @@ mod tests {
         assert_eq!(fabs[0].poll(|p| p.data == b"a").unwrap(), 1);
         assert!(fabs[1].try_send(0, 1, 1, &[&[0u8; 65]]).is_err());
         assert!(fabs[1].try_send(1, 1, 1, &[b"x"]).is_err());
+        let f1 = fabs.pop().unwrap();
+        assert!(fabs[0].peer_alive(1));
+        drop(f1);
+        assert!(!fabs[0].peer_alive(1));
     }
 }

@@ -1,0 +1,81 @@
+//! Raw views of user buffers held by pending operations. The runtime's only `unsafe` besides
+//! the fabrics lives here.
+//!
+//! A pending receive keeps a [`RawBufMut`] and writes into it as packets arrive; a pending send
+//! keeps a [`RawBuf`] and reads from it as ring space frees up. Both are created by `unsafe`
+//! constructors whose callers promise the memory outlives the operation:
+//! - blocking calls (`send`, `recv`, ...) do not return before the operation is finished or
+//!   abandoned;
+//! - non-blocking calls borrow the buffer for the lifetime of a [`crate::Scope`], and the scope
+//!   finishes (or abandons) every operation it started before it returns — even if a
+//!   `Request` was leaked with `mem::forget`, and also when unwinding.
+//!
+//! "Abandoned" means the engine has forgotten the pointer: a queued receive is cancelled, a
+//! receive in progress discards the rest of its data, and a send in progress copies what is
+//! left into an owned buffer (see `Engine::abandon`).
+
+/// A writable user buffer of a pending receive.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBufMut {
+    ptr: *mut u8,
+    cap: usize,
+}
+
+impl RawBufMut {
+    /// # Safety
+    /// `buf` must stay valid, and not be accessed by anyone else, until the operation that
+    /// holds this view has finished or has been abandoned (module docs).
+    pub(crate) unsafe fn new(buf: &mut [u8]) -> Self {
+        RawBufMut { ptr: buf.as_mut_ptr(), cap: buf.len() }
+    }
+
+    /// Capacity in bytes.
+    #[inline]
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Copies as much of `data` as fits at `off`; returns the bytes copied.
+    #[inline]
+    pub(crate) fn write_at(&self, off: usize, data: &[u8]) -> usize {
+        if off >= self.cap {
+            return 0;
+        }
+        let n = data.len().min(self.cap - off);
+        // SAFETY: [off, off + n) lies inside the buffer, which is alive and exclusively ours
+        // (constructor contract); `data` never aliases a user receive buffer because it comes
+        // from the fabric or from runtime-owned memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), n) };
+        n
+    }
+}
+
+/// A readable user buffer of a pending send.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBuf {
+    ptr: *const u8,
+    len: usize,
+}
+
+impl RawBuf {
+    /// # Safety
+    /// `buf` must stay valid and unmodified until the operation that holds this view has
+    /// finished or has been abandoned (module docs).
+    pub(crate) unsafe fn new(buf: &[u8]) -> Self {
+        RawBuf { ptr: buf.as_ptr(), len: buf.len() }
+    }
+
+    /// Length in bytes.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes `[from, to)`.
+    #[inline]
+    pub(crate) fn slice(&self, from: usize, to: usize) -> &[u8] {
+        assert!(from <= to && to <= self.len, "RawBuf range out of bounds");
+        // SAFETY: in bounds (checked); the memory is alive and unmodified (constructor contract).
+        unsafe { std::slice::from_raw_parts(self.ptr.add(from), to - from) }
+    }
+}

@@ -1,0 +1,351 @@
+//! Communicators and blocking point-to-point.
+
+use std::cell::{RefCell, RefMut};
+use std::rc::Rc;
+
+use bytemuck::Pod;
+
+use crate::buffer::{RawBuf, RawBufMut};
+use crate::engine::{Engine, ReqId};
+use crate::error::{Error, Result};
+use crate::matching;
+use crate::{Rank, Tag, TAG_UB};
+
+/// Where a receive may come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// Any rank of the communicator (`MPI_ANY_SOURCE`).
+    Any,
+    /// One rank.
+    Rank(Rank),
+}
+
+impl From<Rank> for Source {
+    fn from(r: Rank) -> Self {
+        Source::Rank(r)
+    }
+}
+
+/// Which tags a receive accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TagMatch {
+    /// Any tag (`MPI_ANY_TAG`).
+    Any,
+    /// One tag.
+    Tag(Tag),
+}
+
+impl From<Tag> for TagMatch {
+    fn from(t: Tag) -> Self {
+        TagMatch::Tag(t)
+    }
+}
+
+/// Receive from any rank.
+pub const ANY_SOURCE: Source = Source::Any;
+/// Receive any tag.
+pub const ANY_TAG: TagMatch = TagMatch::Any;
+
+/// What a completed receive (or a probe) tells about its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    pub(crate) source: Rank,
+    pub(crate) tag: Tag,
+    pub(crate) len: usize,
+    pub(crate) cancelled: bool,
+}
+
+impl Status {
+    /// Rank (in the communicator) that sent the message.
+    pub fn source(&self) -> Rank {
+        self.source
+    }
+    /// Tag of the message.
+    pub fn tag(&self) -> Tag {
+        self.tag
+    }
+    /// Bytes received (or, from a probe, that would be received).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether no bytes were received.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Number of whole `T` elements received.
+    pub fn count<T: Pod>(&self) -> usize {
+        match std::mem::size_of::<T>() {
+            0 => 0,
+            n => self.len / n,
+        }
+    }
+    /// Whether the operation was cancelled.
+    pub fn cancelled(&self) -> bool {
+        self.cancelled
+    }
+}
+
+pub(crate) struct CommInner {
+    pub(crate) eng: Rc<RefCell<Engine>>,
+    /// Communicator id; user traffic uses context `2 * id`, collectives `2 * id + 1`.
+    pub(crate) id: u32,
+    pub(crate) rank: Rank,
+    pub(crate) size: usize,
+    /// World rank of each member; `None` for the identity (the world communicator).
+    pub(crate) members: Option<Rc<[usize]>>,
+}
+
+/// A communicator: a group of ranks and a private matching context. Cheap to clone.
+#[derive(Clone)]
+pub struct Comm {
+    pub(crate) inner: Rc<CommInner>,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm").field("id", &self.inner.id).field("rank", &self.inner.rank).field("size", &self.inner.size).finish()
+    }
+}
+
+/// Waits for `rid`; on failure the engine forgets the caller's buffer before it is returned.
+pub(crate) fn finish(e: &mut Engine, rid: ReqId) -> Result<crate::Status> {
+    let r = e.wait(rid);
+    if r.is_err() {
+        e.abandon(rid);
+    }
+    r
+}
+
+impl Comm {
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> Rank {
+        self.inner.rank
+    }
+
+    /// Number of ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    #[inline]
+    pub(crate) fn eng(&self) -> RefMut<'_, Engine> {
+        self.inner.eng.borrow_mut()
+    }
+
+    #[inline]
+    pub(crate) fn user_ctx(&self) -> u32 {
+        self.inner.id * 2
+    }
+
+    #[inline]
+    pub(crate) fn coll_ctx(&self) -> u32 {
+        self.inner.id * 2 + 1
+    }
+
+    #[inline]
+    pub(crate) fn world_rank(&self, r: Rank) -> usize {
+        match &self.inner.members {
+            None => r,
+            Some(m) => m[r],
+        }
+    }
+
+    #[inline]
+    pub(crate) fn check_rank(&self, rank: Rank) -> Result<()> {
+        if rank >= self.inner.size {
+            return Err(Error::InvalidRank { rank, size: self.inner.size });
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn check_tag(tag: Tag) -> Result<()> {
+        if tag > TAG_UB {
+            return Err(Error::InvalidTag { tag });
+        }
+        Ok(())
+    }
+
+    /// Validates a receive's source and tag into the matcher's terms.
+    #[inline]
+    pub(crate) fn recv_args(&self, src: Source, tag: TagMatch) -> Result<(Option<u32>, Option<u32>)> {
+        let s = match src {
+            Source::Any => None,
+            Source::Rank(r) => {
+                self.check_rank(r)?;
+                Some(r as u32)
+            }
+        };
+        let t = match tag {
+            TagMatch::Any => None,
+            TagMatch::Tag(t) => {
+                Self::check_tag(t)?;
+                Some(t)
+            }
+        };
+        Ok((s, t))
+    }
+
+    /// Starts sending `bytes` on context `ctx`; `None` when already complete.
+    ///
+    /// # Safety
+    /// `bytes` must outlive the returned request (see [`crate::buffer`]).
+    #[inline]
+    pub(crate) unsafe fn start_send_bytes(&self, e: &mut Engine, ctx: u32, bytes: &[u8], dest: Rank, tag: Tag, sync: bool) -> Result<Option<ReqId>> {
+        self.check_rank(dest)?;
+        Self::check_tag(tag)?;
+        let tag64 = matching::encode_tag(ctx, self.inner.rank as u32, tag);
+        // SAFETY: forwarded to the caller.
+        let raw = unsafe { RawBuf::new(bytes) };
+        e.start_send(self.world_rank(dest), tag64, raw, sync)
+    }
+
+    /// Posts a receive of `bytes` on context `ctx`.
+    ///
+    /// # Safety
+    /// `bytes` must outlive the returned request (see [`crate::buffer`]).
+    #[inline]
+    pub(crate) unsafe fn post_recv_bytes(&self, e: &mut Engine, ctx: u32, bytes: &mut [u8], src: Option<u32>, tag: Option<u32>) -> Result<ReqId> {
+        // SAFETY: forwarded to the caller.
+        let raw = unsafe { RawBufMut::new(bytes) };
+        e.post_recv(ctx, src, tag, raw)
+    }
+
+    pub(crate) fn send_ctx(&self, ctx: u32, bytes: &[u8], dest: Rank, tag: Tag, sync: bool) -> Result<()> {
+        let mut e = self.eng();
+        // SAFETY: `bytes` is borrowed for this call, and `finish` returns only once the send
+        // is complete or abandoned.
+        if let Some(rid) = unsafe { self.start_send_bytes(&mut e, ctx, bytes, dest, tag, sync)? } {
+            finish(&mut e, rid)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn recv_ctx(&self, ctx: u32, bytes: &mut [u8], src: Option<u32>, tag: Option<u32>) -> Result<Status> {
+        let mut e = self.eng();
+        // SAFETY: `bytes` is borrowed for this call, and `finish` returns only once the
+        // receive is complete or abandoned.
+        let rid = unsafe { self.post_recv_bytes(&mut e, ctx, bytes, src, tag)? };
+        finish(&mut e, rid)
+    }
+
+    pub(crate) fn sendrecv_ctx(&self, ctx: u32, sbuf: &[u8], dest: Rank, stag: Tag, rbuf: &mut [u8], src: Option<u32>, rtag: Option<u32>) -> Result<Status> {
+        let mut e = self.eng();
+        // SAFETY: both buffers are borrowed for this call, and both requests are finished or
+        // abandoned before it returns.
+        let rr = unsafe { self.post_recv_bytes(&mut e, ctx, rbuf, src, rtag)? };
+        // SAFETY: as above.
+        let sr = match unsafe { self.start_send_bytes(&mut e, ctx, sbuf, dest, stag, false) } {
+            Ok(sr) => sr,
+            Err(err) => {
+                e.abandon(rr);
+                return Err(err);
+            }
+        };
+        let sres = match sr {
+            Some(sr) => finish(&mut e, sr).map(|_| ()),
+            None => Ok(()),
+        };
+        if let Err(err) = sres {
+            e.abandon(rr);
+            return Err(err);
+        }
+        finish(&mut e, rr)
+    }
+
+    /// Sends `buf` to `dest` with `tag` (standard mode: returns once `buf` may be reused).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
+    pub fn send<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
+        self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)
+    }
+
+    /// Synchronous send: returns once the matching receive has started.
+    ///
+    /// # Errors
+    /// As [`Comm::send`].
+    pub fn ssend<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
+        self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)
+    }
+
+    /// Receives into `buf` a message from `src` with `tag` (either may be a wildcard).
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] if the message is longer than `buf` (the message is consumed and
+    /// `buf` holds its first bytes); [`Error::InvalidRank`], [`Error::InvalidTag`],
+    /// [`Error::PeerGone`].
+    pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
+        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        self.recv_ctx(self.user_ctx(), bytemuck::cast_slice_mut(buf), s, t)
+    }
+
+    /// Receives a message of any length into a new vector.
+    ///
+    /// # Errors
+    /// [`Error::TypeMismatch`] if the message is not a whole number of `T`; as [`Comm::recv`].
+    pub fn recv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<(Vec<T>, Status)> {
+        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let ctx = self.user_ctx();
+        let mut e = self.eng();
+        let mut got = None;
+        e.wait_until(|e| match e.take_complete(ctx, s, t) {
+            Ok(Some(m)) => {
+                got = Some(Ok(m));
+                true
+            }
+            Ok(None) => false,
+            Err(err) => {
+                got = Some(Err(err));
+                true
+            }
+        })?;
+        let (bytes, st) = got.ok_or_else(|| Error::State("recv_vec finished without a message".into()))??;
+        let elem = std::mem::size_of::<T>();
+        if elem == 0 || bytes.len() % elem != 0 {
+            return Err(Error::TypeMismatch { source_rank: st.source, len: bytes.len(), elem });
+        }
+        let mut v = vec![T::zeroed(); bytes.len() / elem];
+        bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(&bytes);
+        Ok((v, st))
+    }
+
+    /// Sends `sbuf` to `dest` and receives into `rbuf` from `src`, without deadlock.
+    ///
+    /// # Errors
+    /// As [`Comm::send`] and [`Comm::recv`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn sendrecv<T: Pod, U: Pod>(&self, sbuf: &[T], dest: Rank, stag: Tag, rbuf: &mut [U], src: impl Into<Source>, rtag: impl Into<TagMatch>) -> Result<Status> {
+        let (s, t) = self.recv_args(src.into(), rtag.into())?;
+        self.check_rank(dest)?;
+        Self::check_tag(stag)?;
+        self.sendrecv_ctx(self.user_ctx(), bytemuck::cast_slice(sbuf), dest, stag, bytemuck::cast_slice_mut(rbuf), s, t)
+    }
+
+    /// Waits until a matching message is available and returns its status without receiving it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
+    pub fn probe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
+        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let ctx = self.user_ctx();
+        let mut e = self.eng();
+        let mut st = None;
+        e.wait_until(|e| {
+            st = e.probe_now(ctx, s, t);
+            st.is_some()
+        })?;
+        st.ok_or_else(|| Error::State("probe finished without a message".into()))
+    }
+
+    /// Returns the status of a matching message if one is available now.
+    ///
+    /// # Errors
+    /// As [`Comm::probe`].
+    pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
+        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let mut e = self.eng();
+        e.progress()?;
+        Ok(e.probe_now(self.user_ctx(), s, t))
+    }
+}

@@ -1,0 +1,198 @@
+//! Every `TMPI_*` knob in one place: read, validated and documented here.
+//!
+//! Knobs are read once, at [`crate::init`], before any communication; a bad value is an
+//! [`Error::Config`] naming the variable and what it accepts. `tmpirun --info` prints the same
+//! table ([`KNOBS`]).
+
+use crate::error::{Error, Result};
+
+/// A documented knob: name, default (as text) and meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct Knob {
+    /// Environment variable.
+    pub name: &'static str,
+    /// Default value, as text.
+    pub default: &'static str,
+    /// What it does and what it accepts.
+    pub meaning: &'static str,
+}
+
+/// Every knob the runtime reads.
+pub const KNOBS: &[Knob] = &[
+    Knob { name: "TMPI_STATS", default: "0", meaning: "1: each rank prints one `tmpi-stats rank=R key=value...` line to stderr at finalize (0 or 1)" },
+    Knob { name: "TMPI_EAGER_LIMIT", default: "65536", meaning: "largest message (bytes) sent eagerly; larger messages use the large-message path (64..=16777216)" },
+    Knob { name: "TMPI_RNDV_THRESHOLD", default: "65536", meaning: "message size (bytes) from which rendezvous is used (>= 1; must be > TMPI_EAGER_LIMIT - 1)" },
+    Knob { name: "TMPI_TM_MAX_TAGS", default: "1023", meaning: "entries of the soft TM-SRQ tag list; 0 turns receive offload off (0..=65535)" },
+    Knob { name: "TMPI_TM_THRESH", default: "1024", meaning: "smallest receive (bytes) offloaded to the soft TM-SRQ (>= 0)" },
+    Knob { name: "TMPI_SHM_RING_SIZE", default: "262144", meaning: "bytes of each shared-memory ring, one per ordered pair of ranks (power of two, 4096..=1073741824)" },
+    Knob { name: "TMPI_POLL_SPIN", default: "auto", meaning: "idle polls before a waiting rank starts yielding the CPU; auto = 20000, or 64 when ranks outnumber cores (0..=10000000 or auto)" },
+    Knob { name: "TMPI_MR_CACHE_MAX_COUNT", default: "1024", meaning: "registrations kept in the MR cache; 0 disables the cache" },
+    Knob { name: "TMPI_MR_CACHE_MAX_SIZE", default: "unlimited", meaning: "bytes of registrations kept in the MR cache (a number or `unlimited`)" },
+    Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd or disabled" },
+];
+
+/// Parsed configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `TMPI_STATS`.
+    pub stats: bool,
+    /// `TMPI_EAGER_LIMIT`.
+    pub eager_limit: usize,
+    /// `TMPI_RNDV_THRESHOLD`.
+    pub rndv_threshold: usize,
+    /// `TMPI_TM_MAX_TAGS`.
+    pub tm_max_tags: u32,
+    /// `TMPI_TM_THRESH`.
+    pub tm_thresh: usize,
+    /// `TMPI_SHM_RING_SIZE`.
+    pub shm_ring_size: usize,
+    /// `TMPI_POLL_SPIN`; `None` = auto.
+    pub poll_spin: Option<u32>,
+    /// `TMPI_MR_CACHE_MAX_COUNT`.
+    pub mr_cache_max_count: usize,
+    /// `TMPI_MR_CACHE_MAX_SIZE`; `None` = unlimited.
+    pub mr_cache_max_size: Option<usize>,
+    /// `TMPI_MR_CACHE_MONITOR` is `userfaultfd` (else disabled).
+    pub mr_cache_monitor_uffd: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            stats: false,
+            eager_limit: 65536,
+            rndv_threshold: 65536,
+            tm_max_tags: 1023,
+            tm_thresh: 1024,
+            shm_ring_size: tmpi_transport::shm::DEFAULT_RING_SIZE,
+            poll_spin: None,
+            mr_cache_max_count: 1024,
+            mr_cache_max_size: None,
+            mr_cache_monitor_uffd: true,
+        }
+    }
+}
+
+fn bad(var: &str, value: &str, expected: &str) -> Error {
+    Error::Config { var: var.into(), value: value.into(), expected: expected.into() }
+}
+
+fn num(var: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
+    let expected = format!("an integer from {lo} to {hi}");
+    let n: u64 = v.trim().parse().map_err(|_| bad(var, v, &expected))?;
+    if n < lo || n > hi {
+        return Err(bad(var, v, &expected));
+    }
+    Ok(n)
+}
+
+impl Config {
+    /// Reads every knob from the process environment.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for the first variable with a value it does not accept.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads every knob through `get` (the environment, or a map in tests).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for the first variable with a value it does not accept.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut c = Config::default();
+        if let Some(v) = get("TMPI_STATS") {
+            c.stats = match v.trim() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" | "" => false,
+                _ => return Err(bad("TMPI_STATS", &v, "0 or 1")),
+            };
+        }
+        if let Some(v) = get("TMPI_EAGER_LIMIT") {
+            c.eager_limit = num("TMPI_EAGER_LIMIT", &v, 64, 16 << 20)? as usize;
+        }
+        if let Some(v) = get("TMPI_RNDV_THRESHOLD") {
+            c.rndv_threshold = num("TMPI_RNDV_THRESHOLD", &v, 1, u32::MAX as u64)? as usize;
+        }
+        if let Some(v) = get("TMPI_TM_MAX_TAGS") {
+            c.tm_max_tags = num("TMPI_TM_MAX_TAGS", &v, 0, 65535)? as u32;
+        }
+        if let Some(v) = get("TMPI_TM_THRESH") {
+            c.tm_thresh = num("TMPI_TM_THRESH", &v, 0, u32::MAX as u64)? as usize;
+        }
+        if let Some(v) = get("TMPI_SHM_RING_SIZE") {
+            let n = num("TMPI_SHM_RING_SIZE", &v, 4096, 1 << 30)?;
+            if !n.is_power_of_two() {
+                return Err(bad("TMPI_SHM_RING_SIZE", &v, "a power of two from 4096 to 1073741824"));
+            }
+            c.shm_ring_size = n as usize;
+        }
+        if let Some(v) = get("TMPI_POLL_SPIN") {
+            c.poll_spin = match v.trim() {
+                "auto" | "" => None,
+                _ => Some(num("TMPI_POLL_SPIN", &v, 0, 10_000_000)? as u32),
+            };
+        }
+        if let Some(v) = get("TMPI_MR_CACHE_MAX_COUNT") {
+            c.mr_cache_max_count = num("TMPI_MR_CACHE_MAX_COUNT", &v, 0, 1 << 30)? as usize;
+        }
+        if let Some(v) = get("TMPI_MR_CACHE_MAX_SIZE") {
+            c.mr_cache_max_size = match v.trim() {
+                "unlimited" | "" => None,
+                _ => Some(num("TMPI_MR_CACHE_MAX_SIZE", &v, 0, u64::MAX)? as usize),
+            };
+        }
+        if let Some(v) = get("TMPI_MR_CACHE_MONITOR") {
+            c.mr_cache_monitor_uffd = match v.trim() {
+                "userfaultfd" | "uffd" => true,
+                "disabled" => false,
+                _ => return Err(bad("TMPI_MR_CACHE_MONITOR", &v, "userfaultfd or disabled")),
+            };
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.tm_max_tags, 1023);
+        let c = parse(&[("TMPI_STATS", "1"), ("TMPI_SHM_RING_SIZE", "65536"), ("TMPI_POLL_SPIN", "10")]).unwrap();
+        assert!(c.stats);
+        assert_eq!(c.shm_ring_size, 65536);
+        assert_eq!(c.poll_spin, Some(10));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (k, v) in [
+            ("TMPI_STATS", "maybe"),
+            ("TMPI_SHM_RING_SIZE", "5000"),
+            ("TMPI_TM_MAX_TAGS", "-1"),
+            ("TMPI_EAGER_LIMIT", "1"),
+            ("TMPI_MR_CACHE_MONITOR", "memhooks"),
+            ("TMPI_POLL_SPIN", "fast"),
+        ] {
+            let e = parse(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
+        }
+    }
+
+    #[test]
+    fn every_knob_is_documented_once() {
+        let mut names: Vec<_> = KNOBS.iter().map(|k| k.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KNOBS.len());
+    }
+}

@@ -1,0 +1,794 @@
+//! The progress engine of one rank: fabric, matching, protocols, requests.
+//!
+//! Everything that moves happens in [`Engine::progress`]: queued sends are pushed into the
+//! fabric as ring space frees up, arriving packets are matched against posted receives (or
+//! stored as unexpected), and control messages (synchronous-send acknowledgements) go out.
+//! Blocking calls are a post followed by [`Engine::wait`], which polls with a back-off that
+//! spins briefly, then yields, then sleeps, so that ranks outnumbering cores make progress.
+//!
+//! Wire protocol on top of the fabric's packets (see `tmpi_transport::fabric`):
+//! - a data message is `TMH(EAGER) | payload` split over consecutive packets of one source;
+//!   `app_ctx` carries `SYNC_FLAG | sender request index` for synchronous sends;
+//! - a control message is one packet `NO_TAG | kind | 0 0 | value be32`; control packets may
+//!   appear between the packets of a data message, which they never disturb.
+
+use std::collections::VecDeque;
+
+use tmpi_transport::fabric::{Packet, PKT_FIRST, PKT_LAST, PKT_WHOLE};
+use tmpi_transport::local::LocalFabric;
+use tmpi_transport::shm::ShmFabric;
+use tmpi_transport::wire::{TmOp, Tmh, TMH_LEN};
+
+use crate::buffer::{RawBuf, RawBufMut};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::matching::{self, Arrived, Matcher, Posted, RecvId, SwMatcher};
+use crate::slab::{Key, Slab};
+use crate::{Rank, Status, Tag};
+
+/// `app_ctx` bit of a synchronous send: the receiver acknowledges the match.
+const SYNC_FLAG: u32 = 1 << 31;
+/// Control message kind: acknowledgement of a synchronous send (value = sender request index).
+const CTL_SSEND_ACK: u8 = 1;
+/// Largest packet of a fabric without its own limit (self-delivery, single rank).
+const SELF_MAX_PACKET: usize = usize::MAX / 2;
+
+pub(crate) type ReqId = Key;
+
+/// The fabric under one engine.
+pub(crate) enum Fabric {
+    /// Processes on one node.
+    Shm(ShmFabric),
+    /// Threads of one process.
+    Local(LocalFabric),
+    /// A job of one rank: only self-delivery.
+    Single,
+}
+
+impl Fabric {
+    fn max_packet(&self) -> usize {
+        match self {
+            Fabric::Shm(f) => f.max_packet(),
+            Fabric::Local(f) => f.max_packet(),
+            Fabric::Single => SELF_MAX_PACKET,
+        }
+    }
+
+    #[inline]
+    fn try_send(&mut self, dest: usize, flags: u8, total: u64, parts: &[&[u8]]) -> Result<bool> {
+        Ok(match self {
+            Fabric::Shm(f) => f.try_send(dest, flags, total, parts)?,
+            Fabric::Local(f) => f.try_send(dest, flags, total, parts)?,
+            Fabric::Single => return Err(Error::State("no fabric in a single-rank job".into())),
+        })
+    }
+
+    #[inline]
+    fn poll<F: FnMut(Packet<'_>) -> bool>(&mut self, f: F) -> Result<usize> {
+        Ok(match self {
+            Fabric::Shm(s) => s.poll(f)?,
+            Fabric::Local(l) => l.poll(f)?,
+            Fabric::Single => 0,
+        })
+    }
+
+    fn peer_alive(&self, rank: usize) -> bool {
+        match self {
+            Fabric::Shm(f) => crate::sys::pid_alive(f.peer_pid(rank)),
+            Fabric::Local(f) => f.peer_alive(rank),
+            Fabric::Single => true,
+        }
+    }
+}
+
+/// Counters printed by `TMPI_STATS=1`.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Stats {
+    pub msgs_sent: u64,
+    pub msgs_recv: u64,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    pub eager: u64,
+    pub rndv: u64,
+    pub hw_matched: u64,
+    pub sw_matched: u64,
+    pub unexpected: u64,
+    pub tm_syncs: u64,
+    pub rndv_incomplete: u64,
+}
+
+struct RecvState {
+    /// `None`: the receive was abandoned mid-message; data is discarded.
+    buf: Option<RawBufMut>,
+    cap: usize,
+    matched: bool,
+    match_id: Option<RecvId>,
+    received: usize,
+    total: usize,
+    source: Rank,
+    tag: Tag,
+}
+
+struct SendState {
+    pushed: bool,
+    need_ack: bool,
+    acked: bool,
+}
+
+enum ReqKind {
+    Recv(RecvState),
+    Send(SendState),
+}
+
+struct Req {
+    kind: ReqKind,
+    result: Option<Result<Status>>,
+    /// Nobody will collect the result: free the slot on completion.
+    detached: bool,
+}
+
+/// A message that arrived before its receive was posted.
+struct UxMsg {
+    src_world: usize,
+    tag64: u64,
+    total: usize,
+    data: Vec<u8>,
+    complete: bool,
+    /// (sender world rank, sender request index) to acknowledge on match.
+    ack: Option<(usize, u32)>,
+}
+
+/// Where the continuation packets of a source's current message go.
+#[derive(Clone, Copy)]
+enum Incoming {
+    Idle,
+    Expected { req: ReqId },
+    Unexpected { ux: Key },
+}
+
+enum OutData {
+    User(RawBuf),
+    Owned(Vec<u8>),
+}
+
+impl OutData {
+    fn len(&self) -> usize {
+        match self {
+            OutData::User(b) => b.len(),
+            OutData::Owned(v) => v.len(),
+        }
+    }
+    fn slice(&self, from: usize, to: usize) -> &[u8] {
+        match self {
+            OutData::User(b) => b.slice(from, to),
+            OutData::Owned(v) => &v[from..to],
+        }
+    }
+}
+
+/// A data message waiting for ring space.
+struct OutMsg {
+    req: ReqId,
+    hdr: [u8; TMH_LEN],
+    data: OutData,
+    /// Payload bytes already pushed.
+    off: usize,
+    started: bool,
+}
+
+/// Engine state other than the fabric (split so the poll callback can borrow it).
+struct State {
+    rank: usize,
+    matcher: SwMatcher<ReqId, Key>,
+    reqs: Slab<Req>,
+    ux: Slab<UxMsg>,
+    incoming: Vec<Incoming>,
+    ctlq: VecDeque<(usize, [u8; 8])>,
+    stats: Stats,
+    error: Option<Error>,
+}
+
+/// One rank's engine.
+pub(crate) struct Engine {
+    fabric: Fabric,
+    st: State,
+    out: Vec<VecDeque<OutMsg>>,
+    out_pending: usize,
+    max_packet: usize,
+    size: usize,
+    spin: u32,
+    pub(crate) cfg: Config,
+    /// Next free communicator id (see `Comm::dup`).
+    pub(crate) next_comm_id: u32,
+}
+
+#[inline]
+fn src_of(tag64: u64) -> Rank {
+    matching::decode_src(tag64) as Rank
+}
+
+#[inline]
+fn tag_of(tag64: u64) -> Tag {
+    matching::decode_tag(tag64)
+}
+
+impl Engine {
+    pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Self {
+        let max_packet = fabric.max_packet();
+        let oversubscribed = size > crate::sys::usable_cpus();
+        let spin = cfg.poll_spin.unwrap_or(if oversubscribed { 64 } else { 20_000 });
+        Engine {
+            fabric,
+            st: State {
+                rank,
+                matcher: SwMatcher::new(),
+                reqs: Slab::new(),
+                ux: Slab::new(),
+                incoming: vec![Incoming::Idle; size],
+                ctlq: VecDeque::new(),
+                stats: Stats::default(),
+                error: None,
+            },
+            out: (0..size).map(|_| VecDeque::new()).collect(),
+            out_pending: 0,
+            max_packet,
+            size,
+            spin,
+            cfg,
+            next_comm_id: 1,
+        }
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.st.rank
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The `tmpi-stats` line printed at finalize under `TMPI_STATS=1`.
+    pub(crate) fn stats_line(&self) -> String {
+        let s = &self.st.stats;
+        format!(
+            "tmpi-stats rank={} msgs_sent={} msgs_recv={} bytes_sent={} bytes_recv={} eager={} rndv={} hw_matched={} sw_matched={} unexpected={} tm_syncs={} rndv_incomplete={}",
+            self.st.rank, s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv, s.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, s.rndv_incomplete
+        )
+    }
+
+    /// Starts a data message to `dest` (a world rank). Returns `None` when it is already
+    /// complete (locally, for a standard send), or the request to wait on.
+    pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
+        let len = data.len();
+        self.st.stats.msgs_sent += 1;
+        self.st.stats.bytes_sent += len as u64;
+        self.st.stats.eager += 1;
+        let req = if sync {
+            Some(self.st.reqs.insert(Req {
+                kind: ReqKind::Send(SendState { pushed: false, need_ack: true, acked: false }),
+                result: None,
+                detached: false,
+            }))
+        } else {
+            None
+        };
+        let app_ctx = req.map_or(0, |r| SYNC_FLAG | r.idx);
+        let hdr = Tmh { op: TmOp::Eager, app_ctx, tag: tag64 }.to_bytes();
+        if dest == self.st.rank {
+            let payload = data.slice(0, len);
+            self.st.on_first(dest, &hdr, payload, len, true)?;
+            self.flush_ctl()?;
+            return Ok(self.mark_pushed(req));
+        }
+        if self.out[dest].is_empty() && TMH_LEN + len <= self.max_packet {
+            let total = (TMH_LEN + len) as u64;
+            if self.fabric.try_send(dest, PKT_WHOLE, total, &[&hdr, data.slice(0, len)])? {
+                return Ok(self.mark_pushed(req));
+            }
+        }
+        let req = match req {
+            Some(r) => r,
+            None => self.st.reqs.insert(Req {
+                kind: ReqKind::Send(SendState { pushed: false, need_ack: false, acked: false }),
+                result: None,
+                detached: false,
+            }),
+        };
+        self.out[dest].push_back(OutMsg { req, hdr, data: OutData::User(data), off: 0, started: false });
+        self.out_pending += 1;
+        self.push_out_to(dest)?;
+        Ok(Some(req))
+    }
+
+    /// Marks a send request as pushed; returns it if it still needs waiting on.
+    fn mark_pushed(&mut self, req: Option<ReqId>) -> Option<ReqId> {
+        let r = req?;
+        self.st.send_progress(r, true, false);
+        Some(r)
+    }
+
+    /// Pushes as much as fits of the messages queued for `dest`.
+    fn push_out_to(&mut self, dest: usize) -> Result<usize> {
+        let mut pushed = 0;
+        let maxp = self.max_packet;
+        while let Some(m) = self.out[dest].front_mut() {
+            let len = m.data.len();
+            let total = (TMH_LEN + len) as u64;
+            loop {
+                let ok = if !m.started {
+                    let n = len.min(maxp - TMH_LEN);
+                    let flags = if n == len { PKT_WHOLE } else { PKT_FIRST };
+                    let ok = self.fabric.try_send(dest, flags, total, &[&m.hdr, m.data.slice(0, n)])?;
+                    if ok {
+                        m.started = true;
+                        m.off = n;
+                    }
+                    ok
+                } else {
+                    let n = (len - m.off).min(maxp);
+                    let flags = if m.off + n == len { PKT_LAST } else { 0 };
+                    let ok = self.fabric.try_send(dest, flags, total, &[m.data.slice(m.off, m.off + n)])?;
+                    if ok {
+                        m.off += n;
+                    }
+                    ok
+                };
+                if !ok {
+                    return Ok(pushed);
+                }
+                pushed += 1;
+                if m.off == len {
+                    break;
+                }
+            }
+            let req = m.req;
+            self.out[dest].pop_front();
+            self.out_pending -= 1;
+            self.st.send_progress(req, true, false);
+        }
+        Ok(pushed)
+    }
+
+    fn push_out(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for dest in 0..self.size {
+            if !self.out[dest].is_empty() {
+                n += self.push_out_to(dest)?;
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush_ctl(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(&(dest, msg)) = self.st.ctlq.front() {
+            if dest == self.st.rank {
+                self.st.on_control(&msg[1..])?;
+            } else if !self.fabric.try_send(dest, PKT_WHOLE, msg.len() as u64, &[&msg])? {
+                break;
+            }
+            self.st.ctlq.pop_front();
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// One round of progress; returns how many events happened.
+    #[inline]
+    pub(crate) fn progress(&mut self) -> Result<usize> {
+        let mut n = 0;
+        if self.out_pending > 0 {
+            n += self.push_out()?;
+        }
+        let st = &mut self.st;
+        n += self.fabric.poll(|p| st.on_packet(p))?;
+        if let Some(e) = self.st.error.take() {
+            return Err(e);
+        }
+        if !self.st.ctlq.is_empty() {
+            n += self.flush_ctl()?;
+        }
+        Ok(n)
+    }
+
+    /// Posts a receive into `buf` on context `ctx`.
+    pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut) -> Result<ReqId> {
+        let cap = buf.cap();
+        let rid = self.st.reqs.insert(Req {
+            kind: ReqKind::Recv(RecvState {
+                buf: Some(buf),
+                cap,
+                matched: false,
+                match_id: None,
+                received: 0,
+                total: 0,
+                source: 0,
+                tag: 0,
+            }),
+            result: None,
+            detached: false,
+        });
+        let (t, m) = matching::recv_key(ctx, src, tag);
+        match self.st.matcher.post(t, m, rid) {
+            Posted::Matched(rid, ux) => {
+                self.st.take_unexpected(rid, ux);
+                self.flush_ctl()?;
+            }
+            Posted::Queued(id) => {
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.st.reqs.get_mut(rid) {
+                    r.match_id = Some(id);
+                }
+            }
+        }
+        Ok(rid)
+    }
+
+    /// The result of `rid` if it has completed (the slot is freed).
+    #[inline]
+    pub(crate) fn take_if_done(&mut self, rid: ReqId) -> Option<Result<Status>> {
+        let done = self.st.reqs.get(rid).is_none_or(|r| r.result.is_some());
+        if !done {
+            return None;
+        }
+        match self.st.reqs.remove(rid) {
+            Some(Req { result: Some(r), .. }) => Some(r),
+            _ => Some(Err(Error::State("request already completed and collected".into()))),
+        }
+    }
+
+    /// Whether `rid` has completed (without collecting it).
+    pub(crate) fn is_done(&self, rid: ReqId) -> bool {
+        self.st.reqs.get(rid).is_none_or(|r| r.result.is_some())
+    }
+
+    /// Progresses until `rid` completes.
+    pub(crate) fn wait(&mut self, rid: ReqId) -> Result<Status> {
+        let mut b = self.backoff();
+        loop {
+            if let Some(r) = self.take_if_done(rid) {
+                return r;
+            }
+            if self.progress()? == 0 {
+                self.snooze(&mut b)?;
+            } else {
+                b.reset();
+            }
+        }
+    }
+
+    /// Progresses until `done(self)` holds.
+    pub(crate) fn wait_until(&mut self, mut done: impl FnMut(&mut Engine) -> bool) -> Result<()> {
+        let mut b = self.backoff();
+        while !done(self) {
+            if self.progress()? == 0 {
+                self.snooze(&mut b)?;
+            } else {
+                b.reset();
+            }
+        }
+        Ok(())
+    }
+
+    /// A fresh back-off with this engine's spin budget.
+    pub(crate) fn backoff(&self) -> Backoff {
+        Backoff::new(self.spin)
+    }
+
+    /// Idles one step; in the slow phase also checks that peers are alive.
+    pub(crate) fn snooze(&mut self, b: &mut Backoff) -> Result<()> {
+        if b.snooze() {
+            for peer in 0..self.size {
+                if peer != self.st.rank && !self.fabric.peer_alive(peer) {
+                    return Err(Error::PeerGone { rank: peer });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancels a receive that has not matched; no effect otherwise.
+    pub(crate) fn cancel(&mut self, rid: ReqId) {
+        let Some(req) = self.st.reqs.get_mut(rid) else { return };
+        if req.result.is_some() {
+            return;
+        }
+        if let ReqKind::Recv(r) = &mut req.kind {
+            if !r.matched {
+                if let Some(id) = r.match_id.take() {
+                    if self.st.matcher.cancel(id).is_some() {
+                        req.result = Some(Ok(Status { source: 0, tag: 0, len: 0, cancelled: true }));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets the user buffer of a pending operation so it may be freed (scope unwinding):
+    /// a queued receive is cancelled, a receive in progress discards the rest, a queued send
+    /// copies what it has not pushed yet. The slot is freed when the operation completes.
+    pub(crate) fn abandon(&mut self, rid: ReqId) {
+        self.cancel(rid);
+        let Some(req) = self.st.reqs.get_mut(rid) else { return };
+        if req.result.is_some() {
+            self.st.reqs.remove(rid);
+            return;
+        }
+        req.detached = true;
+        match &mut req.kind {
+            ReqKind::Recv(r) => r.buf = None,
+            ReqKind::Send(_) => {
+                for q in &mut self.out {
+                    for m in q.iter_mut().filter(|m| m.req == rid) {
+                        if let OutData::User(b) = &m.data {
+                            m.data = OutData::Owned(b.slice(0, b.len()).to_vec());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Status of the oldest unexpected message matching, if any (no progress).
+    pub(crate) fn probe_now(&self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<Status> {
+        let (t, m) = matching::recv_key(ctx, src, tag);
+        self.st.matcher.probe(t, m).map(|(tag64, &k)| {
+            let len = self.st.ux.get(k).map_or(0, |u| u.total);
+            Status { source: src_of(tag64), tag: tag_of(tag64), len, cancelled: false }
+        })
+    }
+
+    /// Takes the oldest matching unexpected message once it is complete (no progress).
+    pub(crate) fn take_complete(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Result<Option<(Vec<u8>, Status)>> {
+        let (t, m) = matching::recv_key(ctx, src, tag);
+        let complete = match self.st.matcher.probe(t, m) {
+            Some((_, &k)) => self.st.ux.get(k).is_some_and(|u| u.complete),
+            None => false,
+        };
+        if !complete {
+            return Ok(None);
+        }
+        let Some((tag64, k)) = self.st.matcher.take_probed(t, m) else { return Ok(None) };
+        let Some(u) = self.st.ux.remove(k) else { return Ok(None) };
+        self.st.stats.sw_matched += 1;
+        if let Some((dest, idx)) = u.ack {
+            self.st.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
+            self.flush_ctl()?;
+        }
+        let st = Status { source: src_of(tag64), tag: tag_of(tag64), len: u.total, cancelled: false };
+        Ok(Some((u.data, st)))
+    }
+
+    /// Waits until every queued send has been pushed and every control message sent.
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        self.wait_until(|e| e.out_pending == 0 && e.st.ctlq.is_empty())
+    }
+
+    /// Outstanding requests (for diagnostics and finalize).
+    #[allow(dead_code)]
+    pub(crate) fn pending_requests(&self) -> usize {
+        self.st.reqs.len()
+    }
+}
+
+fn ctl_msg(kind: u8, value: u32) -> [u8; 8] {
+    let v = value.to_be_bytes();
+    [TmOp::NoTag as u8, kind, 0, 0, v[0], v[1], v[2], v[3]]
+}
+
+impl State {
+    /// Handles one packet from the fabric; returns whether it was consumed.
+    #[inline]
+    fn on_packet(&mut self, p: Packet<'_>) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        let r = if p.flags & PKT_FIRST != 0 {
+            match p.data.first().copied() {
+                Some(op) if op == TmOp::NoTag as u8 => self.on_control(&p.data[1..]),
+                _ => self.on_data_first(p),
+            }
+        } else {
+            self.on_cont(p.src, p.data, p.flags & PKT_LAST != 0)
+        };
+        if let Err(e) = r {
+            self.error = Some(e);
+        }
+        true
+    }
+
+    fn on_data_first(&mut self, p: Packet<'_>) -> Result<()> {
+        if p.data.len() < TMH_LEN || (p.total_len as usize) < p.data.len() {
+            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "data packet shorter than a TMH" }));
+        }
+        let total = p.total_len as usize - TMH_LEN;
+        self.on_first(p.src, &p.data[..TMH_LEN], &p.data[TMH_LEN..], total, p.flags & PKT_LAST != 0)
+    }
+
+    fn on_control(&mut self, body: &[u8]) -> Result<()> {
+        match body {
+            [CTL_SSEND_ACK, _, _, a, b, c, d] => {
+                let idx = u32::from_be_bytes([*a, *b, *c, *d]);
+                if let Some(k) = self.reqs.key_of(idx) {
+                    self.send_progress(k, false, true);
+                }
+                Ok(())
+            }
+            _ => Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unknown control message" })),
+        }
+    }
+
+    /// Records push/ack progress of a send request and completes it when both are done.
+    fn send_progress(&mut self, rid: ReqId, pushed: bool, acked: bool) {
+        let Some(req) = self.reqs.get_mut(rid) else { return };
+        if let ReqKind::Send(s) = &mut req.kind {
+            s.pushed |= pushed;
+            s.acked |= acked;
+            if s.pushed && (s.acked || !s.need_ack) && req.result.is_none() {
+                req.result = Some(Ok(Status { source: 0, tag: 0, len: 0, cancelled: false }));
+                if req.detached {
+                    self.reqs.remove(rid);
+                }
+            }
+        }
+    }
+
+    /// The first packet of a data message: `hdr` is its TMH, `data` the payload it carries,
+    /// `total` the payload length of the whole message.
+    fn on_first(&mut self, src: usize, hdr: &[u8], data: &[u8], total: usize, last: bool) -> Result<()> {
+        let tmh = Tmh::decode(hdr)?;
+        if tmh.op != TmOp::Eager {
+            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unsupported TMH opcode in a data packet" }));
+        }
+        if data.len() > total || (last && data.len() != total) {
+            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "packet length disagrees with message length" }));
+        }
+        self.stats.msgs_recv += 1;
+        self.stats.bytes_recv += total as u64;
+        let ack = (tmh.app_ctx & SYNC_FLAG != 0).then_some((src, tmh.app_ctx & !SYNC_FLAG));
+        let key = self.ux.vacant_key();
+        match self.matcher.arrive(tmh.tag, key) {
+            Arrived::Matched(_, rid, _) => {
+                self.stats.sw_matched += 1;
+                if let Some((dest, idx)) = ack {
+                    self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
+                }
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                    r.matched = true;
+                    r.match_id = None;
+                    r.source = src_of(tmh.tag);
+                    r.tag = tag_of(tmh.tag);
+                    r.total = total;
+                    if let Some(b) = &r.buf {
+                        b.write_at(0, data);
+                    }
+                    r.received = data.len();
+                }
+                if last {
+                    self.complete_recv(rid);
+                } else {
+                    self.incoming[src] = Incoming::Expected { req: rid };
+                }
+            }
+            Arrived::Unexpected => {
+                self.stats.unexpected += 1;
+                let mut v = Vec::with_capacity(total);
+                v.extend_from_slice(data);
+                let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack });
+                debug_assert_eq!(k, key);
+                if !last {
+                    self.incoming[src] = Incoming::Unexpected { ux: k };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_cont(&mut self, src: usize, data: &[u8], last: bool) -> Result<()> {
+        let malformed = || Error::Transport(tmpi_transport::Error::Malformed { what: "continuation packet without a message" });
+        match self.incoming.get(src).copied().ok_or_else(malformed)? {
+            Incoming::Idle => return Err(malformed()),
+            Incoming::Expected { req } => {
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(req) {
+                    if let Some(b) = &r.buf {
+                        b.write_at(r.received, data);
+                    }
+                    r.received += data.len();
+                    if r.received > r.total || (last && r.received != r.total) {
+                        return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "message longer than announced" }));
+                    }
+                }
+                if last {
+                    self.incoming[src] = Incoming::Idle;
+                    self.complete_recv(req);
+                }
+            }
+            Incoming::Unexpected { ux } => {
+                if let Some(u) = self.ux.get_mut(ux) {
+                    if u.data.len() + data.len() > u.total {
+                        return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "message longer than announced" }));
+                    }
+                    u.data.extend_from_slice(data);
+                    if last {
+                        u.complete = true;
+                    }
+                }
+                if last {
+                    self.incoming[src] = Incoming::Idle;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A just-posted receive matched unexpected message `ux`.
+    fn take_unexpected(&mut self, rid: ReqId, ux: Key) {
+        let Some(u) = self.ux.remove(ux) else { return };
+        self.stats.sw_matched += 1;
+        if let Some((dest, idx)) = u.ack {
+            self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
+        }
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            r.matched = true;
+            r.match_id = None;
+            r.source = src_of(u.tag64);
+            r.tag = tag_of(u.tag64);
+            r.total = u.total;
+            if let Some(b) = &r.buf {
+                b.write_at(0, &u.data);
+            }
+            r.received = u.data.len();
+        }
+        if u.complete {
+            self.complete_recv(rid);
+        } else {
+            self.incoming[u.src_world] = Incoming::Expected { req: rid };
+        }
+    }
+
+    fn complete_recv(&mut self, rid: ReqId) {
+        let Some(req) = self.reqs.get_mut(rid) else { return };
+        if let ReqKind::Recv(r) = &req.kind {
+            req.result = Some(if r.total > r.cap {
+                Err(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap })
+            } else {
+                Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
+            });
+        }
+        if req.detached {
+            self.reqs.remove(rid);
+        }
+    }
+}
+
+/// Idle strategy of a waiting rank: spin, then yield, then sleep in growing steps.
+pub(crate) struct Backoff {
+    idle: u32,
+    spin: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(spin: u32) -> Self {
+        Backoff { idle: 0, spin }
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.idle = 0;
+    }
+
+    /// Waits a little; returns true once in a while in the slow phase (time for liveness checks).
+    pub(crate) fn snooze(&mut self) -> bool {
+        self.idle = self.idle.saturating_add(1);
+        let i = self.idle;
+        if i <= self.spin {
+            std::hint::spin_loop();
+            false
+        } else if i <= self.spin + 2000 {
+            std::thread::yield_now();
+            i % 256 == 0
+        } else {
+            let extra = (i - self.spin - 2000).min(20);
+            std::thread::sleep(std::time::Duration::from_micros(20 * u64::from(extra)));
+            true
+        }
+    }
+}

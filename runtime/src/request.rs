@@ -1,0 +1,259 @@
+//! Non-blocking operations inside scopes.
+//!
+//! A [`Scope`] is to requests what `std::thread::scope` is to threads: a buffer lent to
+//! [`Comm::isend`] or [`Comm::irecv`] stays borrowed until the scope ends, and the scope does
+//! not end before every request it started has completed — even one that was dropped or
+//! leaked with `mem::forget`. If the scope's closure panics, the scope instead abandons what
+//! is left (the engine forgets the buffers) so that a failing rank never hangs.
+//!
+//! ```no_run
+//! # fn main() -> tmpi::Result<()> {
+//! let world = tmpi::init()?;
+//! let peer = (world.rank() + 1) % world.size();
+//! let (sbuf, mut rbuf) = (vec![world.rank() as u64; 1024], vec![0u64; 1024]);
+//! tmpi::scope(|s| -> tmpi::Result<()> {
+//!     let r = world.irecv(s, &mut rbuf, tmpi::ANY_SOURCE, 7)?;
+//!     let w = world.isend(s, &sbuf, peer, 7)?;
+//!     w.wait()?;
+//!     let st = r.wait()?;
+//!     assert_eq!(st.count::<u64>(), 1024);
+//!     Ok(())
+//! })?;
+//! # Ok(()) }
+//! ```
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use bytemuck::Pod;
+
+use crate::comm::{finish, Comm, Source, Status, TagMatch};
+use crate::engine::{Backoff, Engine, ReqId};
+use crate::error::{Error, Result};
+use crate::{Rank, Tag};
+
+type Eng = Rc<RefCell<Engine>>;
+
+/// The region inside which non-blocking operations live. See the module docs.
+pub struct Scope<'scope, 'env: 'scope> {
+    started: RefCell<Vec<(Eng, ReqId)>>,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl std::fmt::Debug for Scope<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope").field("started", &self.started.borrow().len()).finish()
+    }
+}
+
+/// Runs `f` with a [`Scope`]; returns once every request started in it has completed.
+///
+/// Errors of requests that were never waited on are discarded at the end of the scope.
+pub fn scope<'env, F, R>(f: F) -> R
+where
+    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
+{
+    let s = Scope { started: RefCell::new(Vec::new()), _scope: PhantomData, _env: PhantomData };
+    struct End<'a, 'b, 'c>(&'a Scope<'b, 'c>);
+    impl Drop for End<'_, '_, '_> {
+        fn drop(&mut self) {
+            let started = std::mem::take(&mut *self.0.started.borrow_mut());
+            let panicking = std::thread::panicking();
+            for (eng, rid) in started {
+                let Ok(mut e) = eng.try_borrow_mut() else { continue };
+                if panicking {
+                    e.abandon(rid);
+                } else if e.is_done(rid) {
+                    let _ = e.take_if_done(rid);
+                } else {
+                    let _ = finish(&mut e, rid);
+                }
+            }
+        }
+    }
+    let end = End(&s);
+    let r = f(end.0);
+    drop(end);
+    r
+}
+
+/// A pending non-blocking operation. Dropping it leaves the operation to its scope.
+#[must_use = "a request completes at the end of its scope at the latest; wait on it to see its result"]
+pub struct Request<'scope> {
+    eng: Eng,
+    rid: Option<ReqId>,
+    done: Option<Status>,
+    _p: PhantomData<&'scope mut ()>,
+}
+
+impl std::fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("done", &self.done).finish()
+    }
+}
+
+impl<'scope> Request<'scope> {
+    fn new(eng: Eng, rid: Option<ReqId>, s: &Scope<'_, '_>) -> Self {
+        let done = match rid {
+            Some(r) => {
+                s.started.borrow_mut().push((eng.clone(), r));
+                None
+            }
+            None => Some(Status { source: 0, tag: 0, len: 0, cancelled: false }),
+        };
+        Request { eng, rid, done, _p: PhantomData }
+    }
+
+    /// Waits for completion.
+    ///
+    /// # Errors
+    /// The operation's error ([`Error::Truncated`], [`Error::PeerGone`], ...).
+    pub fn wait(mut self) -> Result<Status> {
+        if let Some(st) = self.done {
+            return Ok(st);
+        }
+        let rid = self.rid.take().ok_or_else(|| Error::State("request already collected".into()))?;
+        let mut e = self.eng.borrow_mut();
+        finish(&mut e, rid)
+    }
+
+    /// Completes the request if it can be completed now.
+    ///
+    /// # Errors
+    /// As [`Request::wait`].
+    pub fn test(&mut self) -> Result<Option<Status>> {
+        if let Some(st) = self.done {
+            return Ok(Some(st));
+        }
+        let Some(rid) = self.rid else { return Err(Error::State("request already collected".into())) };
+        let mut e = self.eng.borrow_mut();
+        if !e.is_done(rid) {
+            e.progress()?;
+        }
+        match e.take_if_done(rid) {
+            None => Ok(None),
+            Some(r) => {
+                self.rid = None;
+                let st = r?;
+                self.done = Some(st);
+                Ok(Some(st))
+            }
+        }
+    }
+
+    /// Cancels a receive that has not matched yet (its status then says cancelled); no effect
+    /// on a send or on a receive that has matched.
+    ///
+    /// # Errors
+    /// None today; the signature leaves room for fabrics where cancel can fail.
+    pub fn cancel(&mut self) -> Result<()> {
+        if let Some(rid) = self.rid {
+            self.eng.borrow_mut().cancel(rid);
+        }
+        Ok(())
+    }
+
+    fn is_done(&self) -> bool {
+        match self.rid {
+            None => true,
+            Some(r) => self.eng.borrow().is_done(r),
+        }
+    }
+}
+
+/// Waits for every request; returns their statuses in order, or the first error (after all
+/// have completed).
+///
+/// # Errors
+/// The first failed request's error.
+pub fn wait_all(reqs: Vec<Request<'_>>) -> Result<Vec<Status>> {
+    let mut out = Vec::with_capacity(reqs.len());
+    let mut first_err = None;
+    for r in reqs {
+        match r.wait() {
+            Ok(s) => out.push(s),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// Waits until one request completes, removes it from `reqs` and returns its index (before
+/// removal) and status.
+///
+/// # Errors
+/// [`Error::InvalidBuffer`] for an empty list; the completed request's error.
+pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
+    if reqs.is_empty() {
+        return Err(Error::InvalidBuffer("wait_any on an empty list of requests".into()));
+    }
+    let mut backoff: Option<Backoff> = None;
+    loop {
+        if let Some(i) = reqs.iter().position(|r| r.is_done()) {
+            let st = reqs.remove(i).wait()?;
+            return Ok((i, st));
+        }
+        let eng = reqs[0].eng.clone();
+        let mut e = eng.borrow_mut();
+        if e.progress()? == 0 {
+            let b = backoff.get_or_insert_with(|| e.backoff());
+            e.snooze(b)?;
+        } else if let Some(b) = &mut backoff {
+            b.reset();
+        }
+    }
+}
+
+impl Comm {
+    /// Starts sending `buf`; the buffer stays borrowed until the scope ends.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
+    pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
+        let eng = self.inner.eng.clone();
+        let rid = {
+            let mut e = eng.borrow_mut();
+            // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
+            // request before 'scope ends (it is registered in `Request::new`).
+            unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)? }
+        };
+        Ok(Request::new(eng, rid, s))
+    }
+
+    /// Starts a synchronous send (completes once matched).
+    ///
+    /// # Errors
+    /// As [`Comm::isend`].
+    pub fn issend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
+        let eng = self.inner.eng.clone();
+        let rid = {
+            let mut e = eng.borrow_mut();
+            // SAFETY: as in `isend`.
+            unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)? }
+        };
+        Ok(Request::new(eng, rid, s))
+    }
+
+    /// Posts a receive into `buf`; the buffer stays borrowed until the scope ends.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`].
+    pub fn irecv<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope mut [T], src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Request<'scope>> {
+        let (sr, t) = self.recv_args(src.into(), tag.into())?;
+        let eng = self.inner.eng.clone();
+        let rid = {
+            let mut e = eng.borrow_mut();
+            // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
+            // request before 'scope ends.
+            unsafe { self.post_recv_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice_mut(buf), sr, t)? }
+        };
+        Ok(Request::new(eng, Some(rid), s))
+    }
+}

@@ -1,0 +1,180 @@
+//! Start-up and shut-down: [`init`], [`World`], and ranks-as-threads for tests ([`run_local`]).
+
+use std::cell::RefCell;
+use std::ops::Deref;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use tmpi_transport::bootstrap::BootstrapClient;
+use tmpi_transport::local::LocalFabric;
+use tmpi_transport::shm::ShmFabric;
+
+use crate::comm::{Comm, CommInner};
+use crate::config::Config;
+use crate::engine::{Engine, Fabric};
+use crate::error::{Error, Result};
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// Seconds since an arbitrary point in this process's past; monotonic.
+pub fn wtime() -> f64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+/// The world communicator of this process, and the runtime's lifetime: dropping it (or calling
+/// [`World::finalize`]) shuts the runtime down. Derefs to [`Comm`].
+pub struct World {
+    comm: Comm,
+    bootstrap: RefCell<Option<BootstrapClient>>,
+    finalized: bool,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World").field("rank", &self.comm.rank()).field("size", &self.comm.size()).finish()
+    }
+}
+
+impl Deref for World {
+    type Target = Comm;
+    fn deref(&self) -> &Comm {
+        &self.comm
+    }
+}
+
+fn world_from_engine(eng: Engine, bootstrap: Option<BootstrapClient>) -> World {
+    let rank = eng.rank();
+    let size = eng.size();
+    let comm = Comm { inner: Rc::new(CommInner { eng: Rc::new(RefCell::new(eng)), id: 0, rank, size, members: None }) };
+    World { comm, bootstrap: RefCell::new(bootstrap), finalized: false }
+}
+
+/// Starts the runtime. Under `tmpirun` the rank, size and fabric come from the launcher's
+/// environment; a program started alone runs as rank 0 of 1.
+///
+/// # Errors
+/// [`Error::Config`] for a bad `TMPI_*` value; [`Error::State`] when called a second time in
+/// one process; transport errors when the job's fabric cannot be set up.
+pub fn init() -> Result<World> {
+    if INITIALIZED.swap(true, Ordering::SeqCst) {
+        return Err(Error::State("tmpi::init called more than once in this process".into()));
+    }
+    let _ = wtime();
+    let cfg = Config::from_env()?;
+    let Some((mut bc, env)) = BootstrapClient::from_env()? else {
+        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg), None));
+    };
+    let (rank, size) = (env.rank, env.size);
+    if size == 1 {
+        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg), Some(bc)));
+    }
+    let fabric = if rank == 0 {
+        let f = ShmFabric::create(&env.shm_name, 0, size, cfg.shm_ring_size)?;
+        bc.fence()?;
+        bc.fence()?;
+        f.unlink()?;
+        f
+    } else {
+        bc.fence()?;
+        let f = ShmFabric::open(&env.shm_name, rank, size)?;
+        bc.fence()?;
+        f
+    };
+    Ok(world_from_engine(Engine::new(Fabric::Shm(fabric), rank, size, cfg), Some(bc)))
+}
+
+impl World {
+    /// Shuts the runtime down: waits for this rank's outstanding sends, synchronises with every
+    /// rank, prints statistics if `TMPI_STATS=1`.
+    ///
+    /// # Errors
+    /// A peer died during the final synchronisation.
+    pub fn finalize(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        if self.finalized {
+            return Ok(());
+        }
+        self.finalized = true;
+        self.comm.eng().flush()?;
+        crate::coll_glue::barrier_internal(&self.comm)?;
+        let e = self.comm.eng();
+        if e.cfg.stats {
+            eprintln!("{}", e.stats_line());
+        }
+        drop(e);
+        if let Some(bc) = self.bootstrap.borrow_mut().as_mut() {
+            let _ = bc.finalize();
+        }
+        Ok(())
+    }
+
+    /// Ends the whole job: prints a message naming this rank, tells `tmpirun`, and exits the
+    /// process with `code` (tmpirun ends the other ranks and exits with it).
+    pub fn abort(&self, code: i32) -> ! {
+        eprintln!("tmpi: rank {} called abort({code})", self.comm.rank());
+        if let Ok(mut b) = self.bootstrap.try_borrow_mut() {
+            if let Some(bc) = b.as_mut() {
+                let _ = bc.abort(code, &format!("rank {} called abort({code})", self.comm.rank()));
+            }
+        }
+        std::process::exit(code)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if std::thread::panicking() || self.finalized {
+            return;
+        }
+        if let Err(e) = self.shutdown() {
+            eprintln!("tmpi: rank {}: finalize failed: {e}", self.comm.rank());
+        }
+    }
+}
+
+/// Runs `f` on `n` ranks that are threads of this process, over the in-process fabric, and
+/// returns each rank's result (index = rank). For tests and examples that need no processes.
+///
+/// ```
+/// let sums = tmpi::run_local(3, |world| {
+///     let mut s = [0u64];
+///     world.allreduce(&[world.rank() as u64], &mut s, tmpi::Op::Sum).unwrap();
+///     s[0]
+/// });
+/// assert_eq!(sums, vec![3, 3, 3]);
+/// ```
+///
+/// # Panics
+/// If a rank's thread panics, the panic is propagated after all threads have ended.
+pub fn run_local<R: Send>(n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+    run_local_with(n, Config::default(), f)
+}
+
+/// [`run_local`] with an explicit configuration.
+///
+/// # Panics
+/// As [`run_local`].
+pub fn run_local_with<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+    let fabrics = LocalFabric::create(n.max(1), 64 * 1024);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = fabrics
+            .into_iter()
+            .enumerate()
+            .map(|(rank, fab)| {
+                let f = &f;
+                let cfg = cfg.clone();
+                s.spawn(move || {
+                    let fabric = if n <= 1 { Fabric::Single } else { Fabric::Local(fab) };
+                    f(world_from_engine(Engine::new(fabric, rank, n.max(1), cfg), None))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
+}
