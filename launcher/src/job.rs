@@ -1,0 +1,520 @@
+//! Running one job: spawn the ranks, serve the bootstrap, forward output, watch for the end.
+//!
+//! Everything happens in one thread around one `poll`: a self-pipe for signals (SIGCHLD and the signals
+//! that end the job), the bootstrap server's epoll descriptor, and the ranks' stdout/stderr
+//! pipes. There is no sleep anywhere; timeouts are `poll` timeouts.
+//!
+//! Each rank is the leader of its own process group (`process_group(0)`, which std does
+//! with `posix_spawn` attributes: no `pre_exec`, no `unsafe`), so `kill(-pid)` reaches the
+//! rank and whatever it started. Ranks are observed with `waitid(WNOWAIT)` and reaped only at
+//! the very end: a zombie keeps its pid, so a group id is never reused while `tmpirun` may
+//! still signal it.
+//!
+//! Ending: the first failure (a rank exiting non-zero or killed by a signal, an abort through
+//! the bootstrap service, the timeout, or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
+//! (or the received signal) to every rank's group, and SIGKILL [`GRACE`] later to whatever is
+//! left. When every rank has ended, the groups get SIGKILL (stray children) and the pipes are
+//! drained for at most [`DRAIN`].
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tmpi_transport::bootstrap::{self, BootstrapServer, ServerEvent};
+
+use crate::binding::Placement;
+use crate::cleanup;
+use crate::cli::Export;
+use crate::error::{Error, Result};
+use crate::output::{self, LineBuf, Sink};
+use crate::sys::{self, ExitKind, SignalPipe};
+
+/// Time between SIGTERM and SIGKILL when the job is ended.
+pub const GRACE: Duration = Duration::from_millis(1000);
+/// How long output is still read after every rank has ended (children that escaped the
+/// process group may hold the pipes open).
+pub const DRAIN: Duration = Duration::from_millis(200);
+/// Exit status when `--timeout` expires.
+pub const TIMEOUT_STATUS: i32 = 124;
+
+/// Everything needed to start a job.
+#[derive(Debug)]
+pub struct JobSpec {
+    /// The resolved program path.
+    pub program: PathBuf,
+    /// `argv[0]` as the user wrote it.
+    pub argv0: OsString,
+    /// Arguments after the program.
+    pub args: Vec<OsString>,
+    /// Number of ranks.
+    pub np: usize,
+    /// `--tag-output`.
+    pub tag_output: bool,
+    /// `-x` requests.
+    pub exports: Vec<Export>,
+    /// `--timeout`.
+    pub timeout: Option<Duration>,
+    /// Placement of each rank.
+    pub placements: Vec<Placement>,
+    /// `--report-bindings`.
+    pub report_bindings: bool,
+    /// `--report-pids`.
+    pub report_pids: bool,
+}
+
+/// Why the job is ending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum End {
+    RankFailed { status: i32 },
+    Abort { code: i32 },
+    Timeout,
+    Signal(i32),
+}
+
+impl End {
+    fn status(&self) -> i32 {
+        match *self {
+            End::RankFailed { status } => status,
+            End::Abort { code } => {
+                if (0..=255).contains(&code) {
+                    code
+                } else {
+                    1
+                }
+            }
+            End::Timeout => TIMEOUT_STATUS,
+            End::Signal(s) => 128 + s,
+        }
+    }
+}
+
+struct Rank {
+    pid: i32,
+    exit: Option<ExitKind>,
+}
+
+struct Stream {
+    sink: Sink,
+    file: Option<File>,
+    buf: LineBuf,
+}
+
+/// Creates a private (0700) directory for the bootstrap socket and returns it with the
+/// socket path. Falls back to `/tmp` when `TMPDIR` would make the path too long for a
+/// Unix socket.
+fn socket_dir(jobid: &str) -> Result<(PathBuf, PathBuf)> {
+    let name = format!("tmpirun-{jobid}");
+    let mut base = std::env::temp_dir();
+    if base.join(&name).join("kv.sock").as_os_str().len() >= 100 {
+        base = PathBuf::from("/tmp");
+    }
+    let dir = base.join(name);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let sock = dir.join("kv.sock");
+    Ok((dir, sock))
+}
+
+/// Restores the calling thread's CPU affinity when dropped.
+struct AffinityRestore(Option<libc::cpu_set_t>);
+
+impl Drop for AffinityRestore {
+    fn drop(&mut self) {
+        if let Some(set) = &self.0 {
+            let _ = sys::set_affinity(set);
+        }
+    }
+}
+
+/// Runs the job to its end and returns `tmpirun`'s exit status.
+///
+/// # Errors
+/// The job could not be set up or started (the ranks already started are killed).
+pub fn run(spec: &JobSpec, sigs: &SignalPipe) -> Result<i32> {
+    let _guard = cleanup::Guard;
+    let jobid = bootstrap::new_jobid()?;
+    let shm_name = bootstrap::new_shm_name(&jobid)?;
+    let (dir, sock) = socket_dir(&jobid)?;
+    cleanup::register_job(&jobid, dir);
+    let server = BootstrapServer::bind(&sock, spec.np)?;
+
+    if spec.report_bindings {
+        let mut lines = String::new();
+        for (r, p) in spec.placements.iter().enumerate() {
+            lines.push_str(&p.describe(r));
+            lines.push('\n');
+        }
+        output::write_to(Sink::Stderr, lines.as_bytes());
+    }
+
+    let (ranks, streams) = spawn_all(spec, &jobid, &shm_name, server.path())?;
+    let mut job = Running {
+        ranks,
+        streams,
+        server,
+        end: None,
+        kill_at: None,
+        drain_until: None,
+        deadline: spec.timeout.map(|t| Instant::now() + t),
+        timeout: spec.timeout,
+    };
+    let status = job.event_loop(sigs)?;
+    // Every rank has ended (observed, not reaped): reap them now.
+    for r in &job.ranks {
+        cleanup::reap_child(r.pid);
+    }
+    Ok(status)
+}
+
+/// Prints a launcher message on stderr.
+fn say(msg: &str) {
+    output::write_to(Sink::Stderr, format!("tmpirun: {msg}\n").as_bytes());
+}
+
+/// Spawns every rank; returns them and their output streams.
+fn spawn_all(
+    spec: &JobSpec,
+    jobid: &str,
+    shm_name: &str,
+    sock: &Path,
+) -> Result<(Vec<Rank>, Vec<Stream>)> {
+    let stdin_is_tty = sys::isatty(0);
+    let original = if spec.placements.iter().any(|p| p.cpus.is_some()) {
+        Some(sys::get_affinity()?)
+    } else {
+        None
+    };
+    let _restore = AffinityRestore(original);
+    let launcher_pid = std::process::id().to_string();
+    let size = spec.np.to_string();
+    let mut ranks = Vec::with_capacity(spec.np);
+    let mut streams = Vec::with_capacity(2 * spec.np);
+    for r in 0..spec.np {
+        let mut cmd = Command::new(&spec.program);
+        cmd.arg0(&spec.argv0).args(&spec.args);
+        for x in &spec.exports {
+            match x {
+                Export::Set(k, v) => {
+                    cmd.env(k, v);
+                }
+                Export::Pass(k) => {
+                    if r == 0 && std::env::var_os(k).is_none() {
+                        say(&format!(
+                            "-x {k}: not set in tmpirun's environment; not exported"
+                        ));
+                    }
+                }
+            }
+        }
+        let rank = r.to_string();
+        cmd.env(bootstrap::ENV_RANK, &rank)
+            .env(bootstrap::ENV_SIZE, &size)
+            .env(bootstrap::ENV_LOCAL_RANK, &rank)
+            .env(bootstrap::ENV_LOCAL_SIZE, &size)
+            .env(bootstrap::ENV_JOBID, jobid)
+            .env(bootstrap::ENV_BOOTSTRAP, sock)
+            .env(bootstrap::ENV_SHM_NAME, shm_name)
+            .env(bootstrap::ENV_LAUNCHER_PID, &launcher_pid);
+        // Own process group, so that signals to it reach the rank and its children, and
+        // a Ctrl-C on the terminal reaches only tmpirun (which forwards it).
+        cmd.process_group(0);
+        cmd.stdin(match (r, stdin_is_tty) {
+            // A rank in a background process group reading the terminal would be stopped
+            // (SIGTTIN): give it a pipe that tmpirun feeds from the terminal.
+            (0, true) => Stdio::piped(),
+            (0, false) => Stdio::inherit(),
+            _ => Stdio::null(),
+        });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(cpus) = &spec.placements.get(r).and_then(|p| p.cpus.clone()) {
+            sys::set_affinity(&sys::cpu_set(cpus))?;
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| Error::io(format!("start rank {r} ({})", spec.program.display()), e))?;
+        let pid = child.id() as i32;
+        cleanup::register_child(pid);
+        if spec.report_pids {
+            say(&format!("rank {r} pid {pid}"));
+        }
+        if let Some(mut w) = child.stdin.take() {
+            // Terminal -> rank 0. The thread ends at end of input or when rank 0 is gone;
+            // if it is still blocked reading the terminal at exit, the process exit ends it.
+            std::thread::Builder::new()
+                .name("tmpirun-stdin".into())
+                .spawn(move || {
+                    let mut buf = [0u8; 8192];
+                    let mut input = std::io::stdin();
+                    loop {
+                        match input.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if w.write_all(&buf[..n]).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                })
+                .map_err(|e| Error::io("start the stdin thread", e))?;
+        }
+        for (fd, sink) in [
+            (child.stdout.take().map(OwnedFd::from), Sink::Stdout),
+            (child.stderr.take().map(OwnedFd::from), Sink::Stderr),
+        ] {
+            let Some(fd) = fd else { continue };
+            sys::set_nonblocking(fd.as_raw_fd())?;
+            streams.push(Stream {
+                sink,
+                file: Some(File::from(fd)),
+                buf: LineBuf::new(r, spec.tag_output),
+            });
+        }
+        ranks.push(Rank { pid, exit: None });
+    }
+    Ok((ranks, streams))
+}
+
+/// A job whose ranks are running.
+struct Running {
+    ranks: Vec<Rank>,
+    streams: Vec<Stream>,
+    server: BootstrapServer,
+    end: Option<End>,
+    /// When the ranks still alive get SIGKILL (set once the job is ending).
+    kill_at: Option<Instant>,
+    /// Set once every rank has ended: stop reading output then.
+    drain_until: Option<Instant>,
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
+}
+
+impl Running {
+    fn event_loop(&mut self, sigs: &SignalPipe) -> Result<i32> {
+        let mut pfds: Vec<libc::pollfd> = Vec::new();
+        let mut which: Vec<usize> = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut scan = true; // a rank may have ended before the first SIGCHLD is read
+        loop {
+            if scan {
+                scan = false;
+                self.scan_ranks();
+            }
+            let now = Instant::now();
+            if self.deadline.is_some_and(|d| now >= d) && self.end.is_none() {
+                let t = self.timeout.unwrap_or_default().as_secs_f64();
+                let alive = self.ranks.iter().filter(|r| r.exit.is_none()).count();
+                say(&format!(
+                    "job timed out after {t} s (--timeout {t}); killing {alive} running rank(s)"
+                ));
+                self.begin_end(End::Timeout, libc::SIGTERM);
+            }
+            if self.kill_at.is_some_and(|k| now >= k) {
+                self.kill_at = None;
+                self.signal_all(libc::SIGKILL);
+            }
+            if self.ranks.iter().all(|r| r.exit.is_some()) {
+                if self.drain_until.is_none() {
+                    // Stray children of the ranks would hold the pipes open.
+                    self.signal_all(libc::SIGKILL);
+                    self.kill_at = None;
+                    self.drain_until = Some(now + DRAIN);
+                }
+                let open = self.streams.iter().any(|s| s.file.is_some());
+                if !open || self.drain_until.is_some_and(|d| now >= d) {
+                    break;
+                }
+            }
+
+            // Wait for something.
+            let wake = [
+                if self.end.is_none() {
+                    self.deadline
+                } else {
+                    None
+                },
+                self.kill_at,
+                self.drain_until,
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let timeout_ms = match wake {
+                None => -1,
+                Some(w) => {
+                    let d = w.saturating_duration_since(now);
+                    // Round up so that the deadline has passed when poll returns.
+                    (d.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
+                }
+            };
+            pfds.clear();
+            which.clear();
+            pfds.push(libc::pollfd {
+                fd: sigs.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            pfds.push(libc::pollfd {
+                fd: self.server.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            for (i, s) in self.streams.iter().enumerate() {
+                if let Some(f) = &s.file {
+                    pfds.push(libc::pollfd {
+                        fd: f.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                    which.push(i);
+                }
+            }
+            sys::poll(&mut pfds, timeout_ms)?;
+
+            if pfds[0].revents != 0 {
+                for sig in sigs.read() {
+                    if sig == libc::SIGCHLD {
+                        scan = true;
+                    } else if self.end.is_none() {
+                        say(&format!(
+                            "got {}; forwarding it to the ranks and ending the job",
+                            sys::signal_name(sig)
+                        ));
+                        self.begin_end(End::Signal(sig), sig);
+                    } else {
+                        // A second signal: no more grace.
+                        self.kill_at = None;
+                        self.signal_all(libc::SIGKILL);
+                    }
+                }
+            }
+            if pfds[1].revents != 0 {
+                for ev in self.server.process()? {
+                    self.on_server_event(ev);
+                }
+            }
+            for (k, &i) in which.iter().enumerate() {
+                if pfds[k + 2].revents != 0 {
+                    self.read_stream(i, &mut chunk);
+                }
+            }
+        }
+        // Flush what is left of partial lines (streams still open after the drain time).
+        for s in &mut self.streams {
+            let rest = s.buf.finish();
+            output::write_to(s.sink, &rest);
+            s.file = None;
+        }
+        Ok(self.end.as_ref().map_or(0, End::status))
+    }
+
+    /// Records ranks that ended; the first failure ends the job.
+    fn scan_ranks(&mut self) {
+        let mut failed = None;
+        for (r, rank) in self.ranks.iter_mut().enumerate() {
+            if rank.exit.is_some() {
+                continue;
+            }
+            let Some(kind) = sys::peek_exit(rank.pid) else {
+                continue;
+            };
+            rank.exit = Some(kind);
+            if self.end.is_none() && failed.is_none() && !kind.success() {
+                let how = match kind {
+                    ExitKind::Code(c) => format!("exited with code {c}"),
+                    ExitKind::Signal(s) => {
+                        format!("killed by signal {} ({s})", sys::signal_name(s))
+                    }
+                };
+                say(&format!("rank {r} (pid {}) {how}", rank.pid));
+                failed = Some(kind);
+            }
+        }
+        if let Some(kind) = failed {
+            self.begin_end(
+                End::RankFailed {
+                    status: kind.status(),
+                },
+                libc::SIGTERM,
+            );
+        }
+    }
+
+    fn on_server_event(&mut self, ev: ServerEvent) {
+        match ev {
+            ServerEvent::Abort {
+                rank,
+                code,
+                message,
+            } => {
+                if self.end.is_none() {
+                    let msg = if message.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {message}")
+                    };
+                    say(&format!("rank {rank} called abort with code {code}{msg}"));
+                    self.begin_end(End::Abort { code }, libc::SIGTERM);
+                }
+            }
+            ServerEvent::Rejected { rank, reason } => {
+                let who = rank.map_or("a client".to_string(), |r| format!("rank {r}"));
+                say(&format!("bootstrap: refused {who}: {reason}"));
+            }
+            ServerEvent::Connected { .. }
+            | ServerEvent::Finalized { .. }
+            | ServerEvent::Lost { .. } => {}
+        }
+    }
+
+    /// Starts ending the job: `sig` to every rank now, SIGKILL after [`GRACE`].
+    fn begin_end(&mut self, why: End, sig: i32) {
+        self.end = Some(why);
+        self.signal_all(sig);
+        if self.ranks.iter().any(|r| r.exit.is_none()) {
+            self.kill_at = Some(Instant::now() + GRACE);
+        }
+    }
+
+    /// Sends `sig` to the process group of every rank (ended ranks are zombies that keep
+    /// their group id reserved, so this reaches only their own leftover children).
+    fn signal_all(&self, sig: i32) {
+        for r in &self.ranks {
+            sys::kill_group(r.pid, sig);
+        }
+    }
+
+    fn read_stream(&mut self, i: usize, chunk: &mut [u8]) {
+        let s = &mut self.streams[i];
+        let Some(f) = &mut s.file else { return };
+        match f.read(chunk) {
+            Ok(0) => {
+                let rest = s.buf.finish();
+                output::write_to(s.sink, &rest);
+                s.file = None;
+            }
+            Ok(n) => {
+                let out = s.buf.feed(&chunk[..n]);
+                output::write_to(s.sink, &out);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => {
+                let rest = s.buf.finish();
+                output::write_to(s.sink, &rest);
+                s.file = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Forwarding of the ranks' stdout and stderr, a whole line at a time.
+//!
+//! Each rank's stream is read into its own buffer; only complete lines are written out, all
+//! complete lines of one read in a single write, so lines of different ranks never mix.
+//! A partial last line is written when the stream ends (tagged: with a newline added, so the
+//! next tagged line starts on its own line; untagged: exactly as the rank wrote it). A line
+//! longer than [`MAX_LINE`] is written in pieces of that size.
+
+use std::io::Write;
+
+/// Longest partial line kept before it is written anyway.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// Which of `tmpirun`'s outputs a stream goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    /// `tmpirun`'s stdout.
+    Stdout,
+    /// `tmpirun`'s stderr.
+    Stderr,
+}
+
+/// The line buffer of one rank's stdout or stderr.
+#[derive(Debug)]
+pub struct LineBuf {
+    prefix: Option<Vec<u8>>,
+    partial: Vec<u8>,
+}
+
+impl LineBuf {
+    /// A buffer for `rank`; `tag` adds the `"[rank] "` prefix to every line.
+    pub fn new(rank: usize, tag: bool) -> Self {
+        LineBuf {
+            prefix: tag.then(|| format!("[{rank}] ").into_bytes()),
+            partial: Vec::new(),
+        }
+    }
+
+    /// Takes newly read bytes; returns what to write now (possibly nothing).
+    pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let Some(last_nl) = data.iter().rposition(|&b| b == b'\n') else {
+            self.partial.extend_from_slice(data);
+            if self.partial.len() >= MAX_LINE {
+                let chunk = std::mem::take(&mut self.partial);
+                self.emit(&mut out, &chunk, true);
+            }
+            return out;
+        };
+        let (lines, rest) = data.split_at(last_nl + 1);
+        match &self.prefix {
+            None => {
+                out.reserve(self.partial.len() + lines.len());
+                out.append(&mut self.partial);
+                out.extend_from_slice(lines);
+            }
+            Some(_) => {
+                let mut first = true;
+                for line in lines.split_inclusive(|&b| b == b'\n') {
+                    if first {
+                        first = false;
+                        let mut l = std::mem::take(&mut self.partial);
+                        l.extend_from_slice(line);
+                        self.emit(&mut out, &l, false);
+                    } else {
+                        self.emit(&mut out, line, false);
+                    }
+                }
+            }
+        }
+        self.partial.extend_from_slice(rest);
+        out
+    }
+
+    /// The stream ended: what is left to write.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if !self.partial.is_empty() {
+            let chunk = std::mem::take(&mut self.partial);
+            self.emit(&mut out, &chunk, true);
+        }
+        out
+    }
+
+    /// Appends one line (or a final fragment) with its prefix.
+    fn emit(&self, out: &mut Vec<u8>, line: &[u8], fragment: bool) {
+        match &self.prefix {
+            Some(p) => {
+                out.extend_from_slice(p);
+                out.extend_from_slice(line);
+                if fragment && !line.ends_with(b"\n") {
+                    out.push(b'\n');
+                }
+            }
+            None => out.extend_from_slice(line),
+        }
+    }
+}
+
+/// Writes `data` to a sink in one call. Errors (a closed pipe) are ignored: the ranks'
+/// output keeps being drained so that they never block on a full pipe.
+pub fn write_to(sink: Sink, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    let _ = match sink {
+        Sink::Stdout => {
+            let mut o = std::io::stdout().lock();
+            o.write_all(data).and_then(|()| o.flush())
+        }
+        Sink::Stderr => std::io::stderr().lock().write_all(data),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn untagged_keeps_bytes_and_holds_partial_lines() {
+        let mut b = LineBuf::new(3, false);
+        assert_eq!(b.feed(b"ab"), b"");
+        assert_eq!(b.feed(b"c\nde\nf"), b"abc\nde\n");
+        assert_eq!(b.feed(b"g"), b"");
+        assert_eq!(b.finish(), b"fg");
+        assert_eq!(b.finish(), b"");
+    }
+
+    #[test]
+    fn tagged_prefixes_every_line() {
+        let mut b = LineBuf::new(12, true);
+        assert_eq!(b.feed(b"he"), b"");
+        assert_eq!(
+            b.feed(b"llo\n\nworld\nx"),
+            b"[12] hello\n[12] \n[12] world\n"
+        );
+        assert_eq!(b.finish(), b"[12] x\n");
+    }
+
+    #[test]
+    fn overlong_lines_are_cut() {
+        let mut b = LineBuf::new(0, true);
+        let big = vec![b'a'; MAX_LINE];
+        let out = b.feed(&big);
+        assert_eq!(out.len(), MAX_LINE + 5);
+        assert!(out.starts_with(b"[0] a") && out.ends_with(b"a\n"));
+        assert_eq!(b.finish(), b"");
+    }
+}

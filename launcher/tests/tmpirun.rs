@@ -1,0 +1,534 @@
+//! End-to-end tests of the `tmpirun` binary on small shell scripts (and on this test binary
+//! itself acting as a rank that talks to the bootstrap service).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tmpirun");
+
+fn tmpirun(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args);
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    tmpirun(args).output().expect("run tmpirun")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn sorted_lines(b: &[u8]) -> Vec<String> {
+    let mut v: Vec<String> = text(b).lines().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+/// Whether `pid` is still a live process (absent or zombie counts as gone).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(s) => {
+            let state = s
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            state != Some("Z") && state != Some("X")
+        }
+    }
+}
+
+/// Waits (briefly) for processes killed by tmpirun to disappear; grandchildren are
+/// reparented and may take a moment to be reaped by init.
+fn assert_gone(pids: &[i32]) {
+    let t = Instant::now();
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "still running: {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn pids_reported(stderr: &str) -> Vec<i32> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("tmpirun: rank "))
+        .filter_map(|l| {
+            l.split_once(" pid ")
+                .map(|(_, p)| p.trim().parse().unwrap())
+        })
+        .collect()
+}
+
+fn ncpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[test]
+fn all_ranks_succeed_and_see_their_environment() {
+    let n = ncpus().min(4);
+    let ns = n.to_string();
+    let out = run(&[
+        "-n",
+        &ns,
+        "sh",
+        "-c",
+        "echo $TMPI_RANK $TMPI_SIZE $TMPI_LOCAL_RANK $TMPI_LOCAL_SIZE $TMPI_JOBID $TMPI_SHM_NAME \
+         $TMPI_LAUNCHER_PID $TMPI_BOOTSTRAP",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let lines = sorted_lines(&out.stdout);
+    assert_eq!(lines.len(), n);
+    let mut jobids = std::collections::HashSet::new();
+    for (r, l) in lines.iter().enumerate() {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(f.len(), 8, "{l}");
+        assert_eq!(
+            f[..4],
+            [r.to_string(), ns.clone(), r.to_string(), ns.clone()]
+        );
+        let jobid = f[4];
+        assert!(
+            jobid.len() == 16 && jobid.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{jobid}"
+        );
+        let suffix = f[5]
+            .strip_prefix(&format!("tmpi-{jobid}-"))
+            .expect("shm name prefix");
+        assert_eq!(suffix.len(), 16);
+        assert!(f[6].parse::<u32>().is_ok());
+        assert!(f[7].ends_with(".sock"));
+        jobids.insert(jobid.to_string());
+    }
+    assert_eq!(jobids.len(), 1, "one job id per job");
+    // Another job gets another id.
+    let out2 = run(&["-n", "1", "sh", "-c", "echo $TMPI_JOBID"]);
+    assert!(!jobids.contains(text(&out2.stdout).trim()));
+}
+
+#[test]
+fn failing_rank_sets_the_exit_code() {
+    let out = run(&["-n", "2", "sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(err.contains(") exited with code 3"), "{err}");
+    assert!(err.starts_with("tmpirun: rank "), "{err}");
+
+    let out = run(&["-n", "1", "sh", "-c", "exit 0"]);
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn one_failure_kills_the_others_quickly() {
+    let t = Instant::now();
+    let out = run(&[
+        "-n",
+        "2",
+        "--report-pids",
+        "sh",
+        "-c",
+        "if [ $TMPI_RANK = 1 ]; then sleep 0.2; exit 4; fi; sleep 100",
+    ]);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(4));
+    let err = text(&out.stderr);
+    assert!(err.contains("tmpirun: rank 1 (pid "), "{err}");
+    // Only the failure is reported, not the ranks tmpirun killed.
+    assert!(!err.contains("rank 0 (pid"), "{err}");
+    let pids = pids_reported(&err);
+    assert_eq!(pids.len(), 2);
+    assert_gone(&pids);
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_reported_by_name() {
+    let out = run(&[
+        "-n",
+        "2",
+        "sh",
+        "-c",
+        "if [ $TMPI_RANK = 1 ]; then kill -9 $$; fi; sleep 100",
+    ]);
+    assert_eq!(out.status.code(), Some(128 + 9));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("rank 1 (pid") && err.contains("killed by signal SIGKILL (9)"),
+        "{err}"
+    );
+
+    let out = run(&["-n", "1", "sh", "-c", "kill -SEGV $$"]);
+    assert_eq!(out.status.code(), Some(128 + 11));
+    assert!(text(&out.stderr).contains("killed by signal SIGSEGV (11)"));
+}
+
+#[test]
+fn timeout_ends_a_hung_job() {
+    let t = Instant::now();
+    let out = run(&["-n", "2", "--timeout", "1", "--report-pids", "sleep", "100"]);
+    let took = t.elapsed();
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("timed out after 1 s") && err.contains("--timeout"),
+        "{err}"
+    );
+    assert_gone(&pids_reported(&err));
+}
+
+#[test]
+fn ranks_that_ignore_sigterm_are_killed_after_the_grace() {
+    let t = Instant::now();
+    let out = run(&[
+        "-n",
+        "1",
+        "--timeout",
+        "0.3",
+        "sh",
+        "-c",
+        "trap '' TERM; while :; do sleep 0.05; done",
+    ]);
+    let took = t.elapsed();
+    assert_eq!(out.status.code(), Some(124));
+    assert!(
+        took < Duration::from_millis(2500),
+        "SIGTERM + SIGKILL within 2 s: {took:?}"
+    );
+}
+
+#[test]
+fn shm_files_are_removed_on_failure_and_on_success() {
+    for (script, code) in [
+        ("touch /dev/shm/$TMPI_SHM_NAME /dev/shm/tmpi-${TMPI_JOBID}-later; echo $TMPI_SHM_NAME; exit 1", 1),
+        ("touch /dev/shm/$TMPI_SHM_NAME /dev/shm/tmpi-${TMPI_JOBID}-later; echo $TMPI_SHM_NAME", 0),
+    ] {
+        let s = format!("if [ $TMPI_RANK = 0 ]; then {script}; fi");
+        let out = run(&["-n", "2", "sh", "-c", &s]);
+        assert_eq!(out.status.code(), Some(code), "{out:?}");
+        let name = text(&out.stdout).trim().to_string();
+        assert!(name.starts_with("tmpi-"), "{name}");
+        let jobid = &name[5..21];
+        assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists(), "{name} left behind");
+        assert!(!std::path::Path::new(&format!("/dev/shm/tmpi-{jobid}-later")).exists());
+    }
+}
+
+#[test]
+fn sigterm_to_tmpirun_ends_the_job_and_cleans_up() {
+    let mut child = tmpirun(&[
+        "-n",
+        "2",
+        "--report-pids",
+        "sh",
+        "-c",
+        "[ $TMPI_RANK = 0 ] && touch /dev/shm/$TMPI_SHM_NAME && echo $TMPI_SHM_NAME; exec sleep 100",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut name = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut name)
+        .unwrap();
+    let t = Instant::now();
+    let rc = unsafe_kill(child.id() as i32, libc::SIGTERM);
+    assert_eq!(rc, 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM));
+    let err = text(&out.stderr);
+    assert!(err.contains("got SIGTERM"), "{err}");
+    assert_gone(&pids_reported(&err));
+    let name = name.trim();
+    assert!(name.starts_with("tmpi-"));
+    assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+}
+
+fn unsafe_kill(pid: i32, sig: i32) -> i32 {
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+    unsafe { libc::kill(pid, sig) }
+}
+
+#[test]
+fn no_processes_are_left_behind() {
+    // Each rank starts a background child and reports its pid; rank 1 fails.
+    let out = run(&[
+        "-n",
+        "2",
+        "--report-pids",
+        "sh",
+        "-c",
+        "sleep 100 & echo child $!; if [ $TMPI_RANK = 1 ]; then sleep 0.2; exit 2; fi; wait",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let mut pids = pids_reported(&text(&out.stderr));
+    for l in text(&out.stdout).lines() {
+        pids.push(l.strip_prefix("child ").unwrap().parse().unwrap());
+    }
+    assert_eq!(pids.len(), 4);
+    assert_gone(&pids);
+}
+
+#[test]
+fn tagged_output_prefixes_stdout_and_stderr() {
+    let out = run(&[
+        "-n",
+        "2",
+        "--tag-output",
+        "sh",
+        "-c",
+        "echo out $TMPI_RANK; echo err $TMPI_RANK >&2; printf tail",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(
+        sorted_lines(&out.stdout),
+        ["[0] out 0", "[0] tail", "[1] out 1", "[1] tail"]
+    );
+    assert_eq!(sorted_lines(&out.stderr), ["[0] err 0", "[1] err 1"]);
+}
+
+#[test]
+fn untagged_output_is_exact_and_the_last_partial_line_is_kept() {
+    let out = run(&["-n", "1", "sh", "-c", "printf 'a\\nb'"]);
+    assert_eq!(out.stdout, b"a\nb");
+}
+
+#[test]
+fn lines_of_different_ranks_never_mix() {
+    let line = "x".repeat(300);
+    let script =
+        format!("i=0; while [ $i -lt 400 ]; do echo \"$TMPI_RANK:{line}:$i\"; i=$((i+1)); done");
+    let out = run(&["-n", "4", "--oversubscribe", "sh", "-c", &script]);
+    assert!(out.status.success());
+    let s = text(&out.stdout);
+    let mut count = [0usize; 4];
+    for l in s.lines() {
+        let mut f = l.split(':');
+        let r: usize = f
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("mixed line {l:?}"));
+        assert_eq!(f.next(), Some(line.as_str()), "mixed line {l:?}");
+        let i: usize = f.next().unwrap().parse().unwrap();
+        assert_eq!(i, count[r], "rank {r} lines out of order");
+        count[r] += 1;
+    }
+    assert_eq!(count, [400; 4]);
+}
+
+#[test]
+fn exports_with_and_without_value() {
+    let out = tmpirun(&[
+        "-n",
+        "1",
+        "-x",
+        "TMPIRUN_TEST_A=1=2",
+        "-x",
+        "TMPIRUN_TEST_B",
+        "sh",
+        "-c",
+        "echo $TMPIRUN_TEST_A/$TMPIRUN_TEST_B",
+    ])
+    .env("TMPIRUN_TEST_B", "from-env")
+    .output()
+    .unwrap();
+    assert_eq!(text(&out.stdout).trim(), "1=2/from-env");
+    let out = run(&["-n", "1", "-x", "TMPI_RANK=5", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("set by tmpirun"));
+}
+
+#[test]
+fn stdin_goes_to_rank_0_only() {
+    let mut child = tmpirun(&[
+        "-n",
+        "2",
+        "--tag-output",
+        "sh",
+        "-c",
+        "read x; echo \"got[$x]\"",
+    ])
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(sorted_lines(&out.stdout), ["[0] got[hello]", "[1] got[]"]);
+}
+
+#[test]
+fn np_spelling_and_trailing_arguments() {
+    let out = run(&[
+        "-np",
+        "1",
+        "sh",
+        "-c",
+        "printf '%s|' \"$@\"",
+        "sh",
+        "-n",
+        "--tag-output",
+        "-x",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stdout), "-n|--tag-output|-x|");
+}
+
+#[test]
+fn bad_command_lines_are_clear_errors() {
+    let out = run(&["-n", "1", "surely-no-such-program-tmpi"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("not found in PATH"));
+    let out = run(&["-n", "0", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["true"]);
+    assert_eq!(out.status.code(), Some(2));
+    let too_many = (ncpus() + 1).to_string();
+    let out = run(&["-n", &too_many, "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--oversubscribe"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["-n", &too_many, "--oversubscribe", "true"]);
+    assert!(out.status.success());
+}
+
+#[test]
+fn bindings_are_applied_and_reported() {
+    let n = ncpus().min(2);
+    let out = run(&[
+        "-n",
+        &n.to_string(),
+        "--report-bindings",
+        "--tag-output",
+        "grep",
+        "Cpus_allowed_list",
+        "/proc/self/status",
+    ]);
+    assert!(out.status.success());
+    let err = text(&out.stderr);
+    assert_eq!(
+        err.lines().filter(|l| l.contains(" bound to cpu ")).count(),
+        n,
+        "{err}"
+    );
+    // Each rank runs on exactly one CPU, and they differ.
+    let cpus: std::collections::HashSet<String> = text(&out.stdout)
+        .lines()
+        .map(|l| l.rsplit('\t').next().unwrap().to_string())
+        .collect();
+    assert_eq!(cpus.len(), n, "{}", text(&out.stdout));
+    let out = run(&["-n", "1", "--bind-to", "none", "--report-bindings", "true"]);
+    assert!(text(&out.stderr).contains("rank 0 not bound"));
+}
+
+#[test]
+fn info_and_version() {
+    let out = run(&["--info"]);
+    assert!(out.status.success());
+    let s = text(&out.stdout);
+    for k in [
+        "TMPI_EAGER_LIMIT",
+        "TMPI_MR_CACHE_MONITOR",
+        "TMPI_POLL_SPIN",
+        "TMPI_RANK",
+    ] {
+        assert!(s.contains(k), "{k} missing from --info");
+    }
+    let out = run(&["--version"]);
+    assert!(text(&out.stdout).starts_with("tmpirun "));
+}
+
+// ---- ranks that speak to the bootstrap service: this test binary run as each rank ----
+
+/// Not a test on its own: the body of a rank, run by the tests below through tmpirun.
+#[test]
+#[ignore = "helper: runs as a rank under tmpirun"]
+fn rank_helper() {
+    use tmpi_transport::bootstrap::BootstrapClient;
+    let Some((mut kv, env)) = BootstrapClient::from_env().unwrap() else {
+        return;
+    };
+    match std::env::var("TMPIRUN_TEST_SCENARIO").as_deref() {
+        Ok("kv") => {
+            kv.put(
+                &format!("k{}", env.rank),
+                format!("v{}", env.rank).as_bytes(),
+            )
+            .unwrap();
+            kv.fence().unwrap();
+            let all: Vec<String> = (0..env.size)
+                .map(|r| text(&kv.get(&format!("k{r}")).unwrap()))
+                .collect();
+            println!("RANK {} SEES {}", env.rank, all.join(","));
+            kv.finalize().unwrap();
+        }
+        Ok("abort") => {
+            if env.rank == 1 {
+                kv.abort(7, "boom").unwrap();
+            }
+            std::thread::sleep(Duration::from_secs(100));
+        }
+        other => panic!("unknown scenario {other:?}"),
+    }
+}
+
+fn run_helper(scenario: &str, n: &str) -> Output {
+    let me = std::env::current_exe().unwrap();
+    tmpirun(&["-n", n, "--oversubscribe", "--timeout", "20"])
+        .arg(me)
+        .args([
+            "--exact",
+            "rank_helper",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
+        .env("TMPIRUN_TEST_SCENARIO", scenario)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn ranks_exchange_keys_through_the_bootstrap_service() {
+    let out = run_helper("kv", "3");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<String> = sorted_lines(&out.stdout)
+        .into_iter()
+        .filter(|l| l.starts_with("RANK "))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "RANK 0 SEES v0,v1,v2",
+            "RANK 1 SEES v0,v1,v2",
+            "RANK 2 SEES v0,v1,v2"
+        ]
+    );
+}
+
+#[test]
+fn abort_ends_the_job_with_its_code() {
+    let t = Instant::now();
+    let out = run_helper("abort", "2");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("rank 1 called abort with code 7: boom"));
+}
