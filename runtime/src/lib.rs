@@ -1,4 +1,5 @@
 //! tmpi runtime (being built).
+pub mod coll;
 pub mod error;
 pub mod op;
 pub use error::{Error, Result};
