@@ -16,7 +16,8 @@
 //! - [`allreduce`]: recursive doubling below [`ALLREDUCE_LONG_BYTES`]; otherwise Rabenseifner
 //!   (reduce-scatter by recursive halving + allgather by recursive doubling). Rank counts that
 //!   are not a power of two fold the first `2 * (p - 2^k)` ranks pairwise first and unfold at
-//!   the end (MPICH's scheme).
+//!   the end (MPICH's scheme), or, from [`ALLREDUCE_RING_BYTES`], use the ring
+//!   (reduce-scatter + allgather around the ring, no fold).
 //! - [`gather`] / [`scatter`]: binomial tree for blocks below [`GATHER_LINEAR_BYTES`], linear
 //!   (root talks to every rank, no intermediate copies) above.
 //! - [`allgather`]: recursive doubling for power-of-two rank counts and totals below
@@ -29,7 +30,8 @@
 //! fixed order that depends only on `(p, root, count)`: the partial result of a lower (relative)
 //! group of ranks is always the left operand. [`allreduce`] gives bitwise identical results on
 //! every rank: in recursive doubling both partners compute `lower op upper` on identical
-//! operands, and in Rabenseifner each block is reduced on exactly one rank and then copied.
+//! operands, and in Rabenseifner and the ring each block is reduced on exactly one rank (or
+//! along one chain) and then copied.
 //! [`reduce`] results are reproducible from run to run but may differ in the last bits between
 //! roots or between [`reduce`] and [`allreduce`].
 //!
@@ -134,6 +136,8 @@ pub mod tags {
     pub const ALLREDUCE: u32 = 9;
     /// Allgather phase of Rabenseifner allreduce.
     pub const ALLREDUCE_ALLGATHER: u32 = 10;
+    /// Ring allreduce (both phases).
+    pub const ALLREDUCE_RING: u32 = 15;
     /// Gather.
     pub const GATHER: u32 = 11;
     /// Scatter.
@@ -155,6 +159,10 @@ pub const REDUCE_LONG_BYTES: usize = 2048;
 /// Allreduces above this many bytes (and with at least one element per power-of-two rank) use
 /// Rabenseifner's reduce-scatter + allgather (MPICH: 2 KiB).
 pub const ALLREDUCE_LONG_BYTES: usize = 2048;
+/// Allreduces of at least this many bytes on a rank count that is not a power of two use the
+/// ring (Open MPI coll/tuned uses its ring from ~10 KB; we keep Rabenseifner longer because its
+/// latency grows with `log p`, not `p`).
+pub const ALLREDUCE_RING_BYTES: usize = 64 * 1024;
 /// Gather/scatter blocks of at least this many bytes go linearly to/from the root (Open MPI
 /// coll/tuned switches from binomial to linear at a few KiB).
 pub const GATHER_LINEAR_BYTES: usize = 4096;

@@ -9,7 +9,7 @@
 
 use super::{
     abs, check_root, pof2_floor, recv_exact, rel, sendrecv_exact, split_pair, tags, CollP2p,
-    ALLREDUCE_LONG_BYTES, REDUCE_LONG_BYTES,
+    ALLREDUCE_LONG_BYTES, ALLREDUCE_RING_BYTES, REDUCE_LONG_BYTES,
 };
 use crate::error::{Error, Result};
 use crate::op::{check_op, Op, Reducible};
@@ -279,7 +279,9 @@ pub(crate) fn reduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
 ///
 /// Recursive doubling up to [`ALLREDUCE_LONG_BYTES`] (`log2 p` exchanges of the whole vector);
 /// above it (with at least one element per power-of-two rank) Rabenseifner: reduce-scatter by
-/// recursive halving, then allgather by recursive doubling, about `2 n` bytes per rank.
+/// recursive halving, then allgather by recursive doubling, about `2 n` bytes per rank. Rank
+/// counts that are not a power of two switch to the ring from [`ALLREDUCE_RING_BYTES`] on,
+/// which needs no fold (the fold costs the folded ranks two extra whole-vector transfers).
 ///
 /// # Errors
 /// Before any communication: [`Error::InvalidOp`], [`Error::InvalidBuffer`] when
@@ -303,7 +305,10 @@ pub fn allreduce<T: Reducible, C: CollP2p + ?Sized>(
     if size == 1 || send.is_empty() {
         return Ok(());
     }
-    if std::mem::size_of_val(send) > ALLREDUCE_LONG_BYTES && send.len() >= pof2_floor(size) {
+    let bytes = std::mem::size_of_val(send);
+    if bytes >= ALLREDUCE_RING_BYTES && !size.is_power_of_two() && send.len() >= size {
+        allreduce_ring(c, recv, op)
+    } else if bytes > ALLREDUCE_LONG_BYTES && send.len() >= pof2_floor(size) {
         allreduce_rabenseifner(c, recv, op)
     } else {
         allreduce_recursive_doubling(c, recv, op)
@@ -381,4 +386,51 @@ pub(crate) fn allreduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
         }
     }
     unfold(c, acc, rem)
+}
+
+/// Ring allreduce in place on `acc` (any `p`; `acc` is cut into `p` blocks as in [`disp`]).
+///
+/// Reduce-scatter: in step `k = 0..p-1` send block `rank - k` to `rank + 1`, receive block
+/// `rank - k - 1` from `rank - 1` and combine it (incoming partial on the left); rank `r` then
+/// holds the full block `r + 1`. Each block is reduced along one chain, then only copied, so
+/// every rank ends with the same bits. Allgather: `p - 1` more steps pass the full blocks on.
+pub(crate) fn allreduce_ring<T: Reducible, C: CollP2p + ?Sized>(
+    c: &C,
+    acc: &mut [T],
+    op: Op,
+) -> Result<()> {
+    let (rank, size) = (c.rank(), c.size());
+    let n = acc.len();
+    let right = (rank + 1) % size;
+    let left = (rank + size - 1) % size;
+    let blk = |b: usize| block_elems(b % size, b % size + 1, n, size);
+    let mut tmp = vec![T::zeroed(); blk(0).len()];
+    for k in 0..size - 1 {
+        let s = blk(rank + size - k);
+        let r = blk(rank + 2 * size - k - 1);
+        let t = &mut tmp[..r.len()];
+        sendrecv_exact(
+            c,
+            bytes(&acc[s]),
+            right,
+            bytes_mut(t),
+            left,
+            tags::ALLREDUCE_RING,
+        )?;
+        T::reduce_into_from_left(op, t, &mut acc[r])?;
+    }
+    for k in 0..size - 1 {
+        let s = blk(rank + 1 + size - k);
+        let r = blk(rank + size - k);
+        let (sb, rb) = split_pair(acc, s, r)?;
+        sendrecv_exact(
+            c,
+            bytes(sb),
+            right,
+            bytes_mut(rb),
+            left,
+            tags::ALLREDUCE_RING,
+        )?;
+    }
+    Ok(())
 }
