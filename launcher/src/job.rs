@@ -43,6 +43,11 @@ pub const DRAIN: Duration = Duration::from_millis(200);
 /// Exit status when `--timeout` expires.
 pub const TIMEOUT_STATUS: i32 = 124;
 
+/// Test hook: when this variable is set in `tmpirun`'s environment, `tmpirun` panics right
+/// after forwarding the first line of output, so tests can check that a panicking launcher
+/// still kills the ranks and removes the job's files.
+pub const TEST_PANIC_VAR: &str = "TMPIRUN_TEST_PANIC";
+
 /// Everything needed to start a job.
 #[derive(Debug)]
 pub struct JobSpec {
@@ -165,6 +170,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe) -> Result<i32> {
         drain_until: None,
         deadline: spec.timeout.map(|t| Instant::now() + t),
         timeout: spec.timeout,
+        panic_on_output: std::env::var_os(TEST_PANIC_VAR).is_some(),
     };
     let status = job.event_loop(sigs)?;
     // Every rank has ended (observed, not reaped): reap them now.
@@ -295,6 +301,8 @@ struct Running {
     drain_until: Option<Instant>,
     deadline: Option<Instant>,
     timeout: Option<Duration>,
+    /// Test hook ([`TEST_PANIC_VAR`]).
+    panic_on_output: bool,
 }
 
 impl Running {
@@ -504,6 +512,9 @@ impl Running {
             Ok(n) => {
                 let out = s.buf.feed(&chunk[..n]);
                 output::write_to(s.sink, &out);
+                if self.panic_on_output && !out.is_empty() {
+                    panic!("{TEST_PANIC_VAR} is set: panicking after the first line of output");
+                }
             }
             Err(e)
                 if matches!(

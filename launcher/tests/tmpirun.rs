@@ -532,3 +532,26 @@ fn abort_ends_the_job_with_its_code() {
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("rank 1 called abort with code 7: boom"));
 }
+
+#[test]
+fn a_panicking_tmpirun_still_cleans_up() {
+    let out = tmpirun(&[
+        "-n",
+        "2",
+        "--report-pids",
+        "sh",
+        "-c",
+        "if [ $TMPI_RANK = 0 ]; then touch /dev/shm/$TMPI_SHM_NAME; echo $TMPI_SHM_NAME; fi; \
+         exec sleep 100",
+    ])
+    .env("TMPIRUN_TEST_PANIC", "1")
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(err.contains("panicking after the first line"), "{err}");
+    let name = text(&out.stdout).trim().to_string();
+    assert!(name.starts_with("tmpi-"), "{name}");
+    assert!(!std::path::Path::new(&format!("/dev/shm/{name}")).exists());
+    assert_gone(&pids_reported(&err));
+}

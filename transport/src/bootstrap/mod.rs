@@ -44,7 +44,8 @@ pub mod proto;
 pub mod server;
 
 use std::ffi::OsString;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -413,9 +414,7 @@ impl BootstrapClient {
         }
         self.buf.clear();
         req.encode(&mut self.buf)?;
-        self.stream
-            .write_all(&self.buf)
-            .map_err(|e| self.lost("send to", e))?;
+        self.send_all().map_err(|e| self.lost("send to", e))?;
         let mut len = [0u8; 4];
         self.stream
             .read_exact(&mut len)
@@ -428,6 +427,33 @@ impl BootstrapClient {
             .read_exact(&mut self.buf)
             .map_err(|e| self.lost("read from", e))?;
         Reply::decode(&self.buf)
+    }
+
+    /// Writes `self.buf` with `MSG_NOSIGNAL`: a vanished server is an error, never a
+    /// SIGPIPE, even in a program that does not ignore that signal.
+    fn send_all(&self) -> io::Result<()> {
+        let mut off = 0;
+        while off < self.buf.len() {
+            let rest = &self.buf[off..];
+            // SAFETY: sends from a live slice of `rest.len()` bytes on a socket we own.
+            let n = unsafe {
+                libc::send(
+                    self.stream.as_raw_fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            off += n as usize;
+        }
+        Ok(())
     }
 
     #[cold]

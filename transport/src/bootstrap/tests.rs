@@ -2,6 +2,7 @@
 
 use super::*;
 use std::ffi::OsString;
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
