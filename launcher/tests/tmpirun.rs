@@ -65,8 +65,16 @@ fn pids_reported(stderr: &str) -> Vec<i32> {
         .collect()
 }
 
+/// CPUs this process may run on (what tmpirun counts: its affinity mask, not cgroup quotas).
 fn ncpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: cpu_set_t is a plain bit array; all zeroes is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is writable storage of the size passed; pid 0 = this thread.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    assert_eq!(rc, 0);
+    // SAFETY: `set` was filled by the kernel.
+    unsafe { libc::CPU_COUNT(&set) as usize }
 }
 
 #[test]
