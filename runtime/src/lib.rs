@@ -1,11 +1,66 @@
-//! tmpi runtime (being built).
+//! # tmpi
+//!
+//! A pure-Rust, MPI-style messaging runtime: SPMD programs with point-to-point messages and
+//! collectives, launched across ranks with `tmpirun`. No C MPI library is involved.
+//!
+//! ```no_run
+//! fn main() -> tmpi::Result<()> {
+//!     let world = tmpi::init()?;
+//!     let (rank, size) = (world.rank(), world.size());
+//!     if rank == 0 {
+//!         for src in 1..size {
+//!             let mut buf = [0u64; 1];
+//!             let st = world.recv(&mut buf, tmpi::ANY_SOURCE, 7)?;
+//!             println!("got {} from rank {}", buf[0], st.source());
+//!         }
+//!     } else {
+//!         world.send(&[rank as u64], 0, 7)?;
+//!     }
+//!     let mut sum = [0u64];
+//!     world.allreduce(&[1u64], &mut sum, tmpi::Op::Sum)?;
+//!     assert_eq!(sum[0], size as u64);
+//!     world.finalize()
+//! }
+//! ```
+//!
+//! Run it with `tmpirun -n 4 target/release/myprog`; started alone it is rank 0 of 1.
+//!
+//! - Point-to-point: [`Comm::send`], [`Comm::ssend`], [`Comm::recv`], [`Comm::recv_vec`],
+//!   [`Comm::sendrecv`], [`Comm::probe`], [`Comm::iprobe`]; wildcards [`ANY_SOURCE`],
+//!   [`ANY_TAG`]; every message is matched by (communicator, source, tag) with MPI's
+//!   non-overtaking rule.
+//! - Non-blocking: [`scope`], [`Comm::isend`], [`Comm::irecv`], [`Request`], [`wait_all`],
+//!   [`wait_any`]: buffers stay borrowed until the scope ends, so it is sound in safe Rust.
+//! - Communicators: [`Comm::dup`], [`Comm::split`].
+//! - Collectives: [`Comm::barrier`], [`Comm::bcast`], [`Comm::reduce`], [`Comm::allreduce`],
+//!   [`Comm::gather`], [`Comm::scatter`], [`Comm::allgather`], [`Comm::alltoall`] with [`Op`].
+//! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
+//!
+//! Errors are values of [`Error`]; nothing panics on bad input from the user or the wire.
+
+mod buffer;
 pub mod coll;
+mod coll_glue;
+mod comm;
+pub mod config;
+mod engine;
 pub mod error;
+pub mod matching;
 pub mod op;
+mod request;
+mod slab;
+mod sys;
+mod world;
+
+pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
 pub use error::{Error, Result};
+pub use op::{Op, Reducible};
+pub use request::{scope, wait_all, wait_any, Request, Scope};
+pub use world::{init, run_local, run_local_with, run_shm_threads, wtime, World};
+
 /// A rank in a communicator.
 pub type Rank = usize;
 /// A user tag, `0..=TAG_UB`.
 pub type Tag = u32;
-/// Largest user tag.
+/// Largest user tag (2^24 - 1: the tag field of the 64-bit match key).
 pub const TAG_UB: Tag = (1 << 24) - 1;

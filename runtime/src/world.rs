@@ -156,6 +156,36 @@ pub fn run_local<R: Send>(n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
     run_local_with(n, Config::default(), f)
 }
 
+/// Like [`run_local`], but the threads talk through a real shared-memory segment (the fabric
+/// `tmpirun` jobs use), so the shm path can be tested and measured without processes.
+///
+/// # Panics
+/// If the segment cannot be created, or as [`run_local`].
+#[doc(hidden)]
+pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b).expect("random segment name");
+    let name = format!("tmpi-threads-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+    let first = ShmFabric::create(&name, 0, n, cfg.shm_ring_size).expect("create shm segment");
+    let mut fabs = vec![first];
+    for r in 1..n {
+        fabs.push(ShmFabric::open(&name, r, n).expect("open shm segment"));
+    }
+    fabs[0].unlink().expect("unlink shm segment");
+    std::thread::scope(|s| {
+        let handles: Vec<_> = fabs
+            .into_iter()
+            .enumerate()
+            .map(|(rank, fab)| {
+                let f = &f;
+                let cfg = cfg.clone();
+                s.spawn(move || f(world_from_engine(Engine::new(Fabric::Shm(fab), rank, n, cfg), None)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
+}
+
 /// [`run_local`] with an explicit configuration.
 ///
 /// # Panics

@@ -1,0 +1,187 @@
+//! Point-to-point semantics, run over both the in-process and the shared-memory fabric.
+use tmpi::config::Config;
+use tmpi::*;
+
+/// Runs `f` on `n` ranks over the fabric named by the test module.
+fn run<R: Send>(shm: bool, n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+    if shm {
+        let cfg = Config { shm_ring_size: 16384, poll_spin: Some(50), ..Config::default() };
+        tmpi::run_shm_threads(n, cfg, f)
+    } else {
+        tmpi::run_local(n, f)
+    }
+}
+
+macro_rules! both_fabrics {
+    ($($name:ident),* $(,)?) => {
+        mod local { $(#[test] fn $name() { super::$name(false) })* }
+        mod shm { $(#[test] fn $name() { super::$name(true) })* }
+    };
+}
+
+both_fabrics!(pingpong_sizes, wildcard_order_and_errors, ssend_probe_recv_vec_sendrecv, nonblocking_scope, self_send_and_singleton, dup_split_isolation);
+
+fn pingpong_sizes(shm: bool) {
+    run(shm, 2, |w| {
+        for &n in &[0usize, 1, 8, 1000, 65536, 200_000, 1 << 20] {
+            let peer = 1 - w.rank();
+            let data: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+            if w.rank() == 0 {
+                w.send(&data, peer, 3).unwrap();
+                let mut b = vec![0u8; n];
+                let st = w.recv(&mut b, peer, 4).unwrap();
+                assert_eq!(st.len(), n);
+                assert_eq!(b, data);
+            } else {
+                let mut b = vec![0u8; n];
+                let st = w.recv(&mut b, peer, 3).unwrap();
+                assert_eq!((st.source(), st.tag(), st.len()), (0, 3, n));
+                assert_eq!(b, data);
+                w.send(&b, peer, 4).unwrap();
+            }
+        }
+    });
+}
+
+fn wildcard_order_and_errors(shm: bool) {
+    run(shm, 4, |w| {
+        if w.rank() == 0 {
+            let mut next = [0u32; 4];
+            for _ in 0..3 * 50 {
+                let mut b = [0u32; 2];
+                let st = w.recv(&mut b, ANY_SOURCE, ANY_TAG).unwrap();
+                assert_eq!(b[0] as usize, st.source());
+                assert_eq!(b[1], next[st.source()]);
+                assert_eq!(st.tag(), b[1] % 5);
+                next[st.source()] += 1;
+            }
+            w.barrier().unwrap();
+            assert!(matches!(w.send(&[1u8], 9, 0), Err(Error::InvalidRank { rank: 9, .. })));
+            assert!(matches!(w.send(&[1u8], 1, TAG_UB + 1), Err(Error::InvalidTag { .. })));
+            let mut small = [0u8; 2];
+            assert!(matches!(w.recv(&mut small, 1, 99), Err(Error::Truncated { len: 10, capacity: 2, .. })));
+            let mut b = [0u8; 10];
+            w.recv(&mut b, 1, 100).unwrap();
+            assert_eq!(b, [5; 10]);
+        } else {
+            for i in 0..50u32 {
+                w.send(&[w.rank() as u32, i], 0, i % 5).unwrap();
+            }
+            w.barrier().unwrap();
+            if w.rank() == 1 {
+                w.send(&[4u8; 10], 0, 99).unwrap();
+                w.send(&[5u8; 10], 0, 100).unwrap();
+            }
+        }
+    });
+}
+
+fn ssend_probe_recv_vec_sendrecv(shm: bool) {
+    run(shm, 3, |w| {
+        let r = w.rank();
+        if r == 0 {
+            w.ssend(&[1u64, 2, 3], 1, 5).unwrap();
+            w.ssend(&vec![9u16; 100_000], 2, 6).unwrap();
+        } else if r == 1 {
+            let st = w.probe(0, 5).unwrap();
+            assert_eq!(st.len(), 24);
+            let (v, st) = w.recv_vec::<u64>(0, ANY_TAG).unwrap();
+            assert_eq!(v, vec![1, 2, 3]);
+            assert_eq!(st.tag(), 5);
+        } else {
+            let (v, _) = w.recv_vec::<u16>(ANY_SOURCE, 6).unwrap();
+            assert_eq!(v.len(), 100_000);
+            assert!(w.iprobe(ANY_SOURCE, 6).unwrap().is_none());
+        }
+        let n = w.size();
+        let mut got = [0usize];
+        let st = w.sendrecv(&[r], (r + 1) % n, 1, &mut got, (r + n - 1) % n, 1).unwrap();
+        assert_eq!(got[0], (r + n - 1) % n);
+        assert_eq!(st.source(), got[0]);
+    });
+}
+
+fn nonblocking_scope(shm: bool) {
+    run(shm, 2, |world| {
+        let peer = (world.rank() + 1) % world.size();
+        let (sbuf, mut rbuf) = (vec![world.rank() as u64; 1024], vec![0u64; 1024]);
+        tmpi::scope(|s| -> tmpi::Result<()> {
+            let r = world.irecv(s, &mut rbuf, tmpi::ANY_SOURCE, 7)?;
+            let w = world.isend(s, &sbuf, peer, 7)?;
+            w.wait()?;
+            let st = r.wait()?;
+            assert_eq!(st.count::<u64>(), 1024);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rbuf[0], peer as u64);
+        // 64 in flight, big and small, some leaked
+        let bufs: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; i * 3000]).collect();
+        let mut rb: Vec<Vec<u8>> = (0..64).map(|i| vec![0u8; i * 3000]).collect();
+        tmpi::scope(|s| {
+            let mut reqs = Vec::new();
+            for (i, b) in rb.iter_mut().enumerate() {
+                reqs.push(world.irecv(s, b, peer, i as u32).unwrap());
+            }
+            for (i, b) in bufs.iter().enumerate() {
+                let r = world.isend(s, b, peer, i as u32).unwrap();
+                if i % 2 == 0 { std::mem::forget(r) } else { drop(r) }
+            }
+            let mut n = 0;
+            while !reqs.is_empty() {
+                let (_, st) = tmpi::wait_any(&mut reqs).unwrap();
+                assert_eq!(st.len(), st.tag() as usize * 3000);
+                n += 1;
+            }
+            assert_eq!(n, 64);
+        });
+        for (i, b) in rb.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == i as u8));
+        }
+        // cancel
+        let mut c = [0u8; 4];
+        tmpi::scope(|s| {
+            let mut r = world.irecv(s, &mut c, peer, 999).unwrap();
+            assert!(r.test().unwrap().is_none());
+            r.cancel().unwrap();
+            assert!(r.wait().unwrap().cancelled());
+        });
+        world.barrier().unwrap();
+    });
+}
+
+fn self_send_and_singleton(shm: bool) {
+    run(shm, 1, |w| {
+        w.send(&[42u32], 0, 1).unwrap();
+        let mut b = [0u32];
+        w.recv(&mut b, 0, 1).unwrap();
+        assert_eq!(b[0], 42);
+        let mut s = [0u64];
+        w.allreduce(&[5u64], &mut s, Op::Sum).unwrap();
+        assert_eq!(s[0], 5);
+    });
+}
+
+fn dup_split_isolation(shm: bool) {
+    run(shm, 4, |w| {
+        let d = w.dup().unwrap();
+        let r = w.rank();
+        if r == 0 {
+            d.send(&[1u8], 1, 0).unwrap();
+            w.send(&[2u8], 1, 0).unwrap();
+        } else if r == 1 {
+            let mut b = [0u8];
+            w.recv(&mut b, 0, 0).unwrap();
+            assert_eq!(b[0], 2);
+            d.recv(&mut b, 0, 0).unwrap();
+            assert_eq!(b[0], 1);
+        }
+        let sp = w.split(Some((r % 2) as u32), -(r as i32)).unwrap().unwrap();
+        assert_eq!(sp.size(), 2);
+        let mut s = [0u64];
+        sp.allreduce(&[r as u64], &mut s, Op::Sum).unwrap();
+        assert_eq!(s[0], if r % 2 == 0 { 2 } else { 4 });
+        assert_eq!(sp.rank(), if r >= 2 { 0 } else { 1 });
+        assert!(w.split(None, 0).unwrap().is_none());
+    });
+}
