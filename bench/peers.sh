@@ -2,7 +2,7 @@
 # Builds the C peer benchmarks (bench/c/) against Open MPI and MPICH and runs them, so that
 # tmpi's OSU-style binaries can be compared with established MPI libraries on this machine.
 #
-# Usage: bench/peers.sh [build|run|all] [RUNS]        (default: all 3)
+# Usage: bench/peers.sh [build|run|all|summary] [RUNS]        (default: all 3)
 #
 # Output goes under target/peers/ (never into git):
 #   target/peers/<impl>/{lat,bw,bibw,msgrate}      binaries (impl = openmpi | mpich)
@@ -55,6 +55,8 @@ impl_of() { case "$1" in ompi*) echo openmpi ;; *) echo mpich ;; esac; }
 
 run_all() {
     local cfg p r dir args
+    mkdir -p "$out/results"
+    { date -u; echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"; } >"$out/results/load.txt"
     for cfg in ompi ompi-nosc mpich; do
         dir="$out/results/$cfg"
         mkdir -p "$dir"
@@ -72,6 +74,7 @@ run_all() {
     for r in $(seq 1 "$runs"); do
         "$out/cacheline" 1000000 >"$out/results/cacheline.$r.txt"
     done
+    echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/results/load.txt"
 }
 
 summarize() { # medians per (config, program, size) over the runs
@@ -106,6 +109,9 @@ for r in range(1, runs + 1):
             cl.append(float(m.group(1)))
 if cl:
     lines.append(f"## cacheline one-way ns, median of {len(cl)} runs: {statistics.median(cl):.1f}")
+load = os.path.join(res, "load.txt")
+if os.path.exists(load):
+    lines = ["# " + l.rstrip() for l in open(load)] + lines
 text = "\n".join(lines) + "\n"
 open(os.path.join(res, "summary.txt"), "w").write(text)
 print(text, end="")
@@ -115,6 +121,7 @@ EOF
 case "$mode" in
     build) build ;;
     run) run_all; summarize ;;
+    summary) summarize ;;
     all) build; run_all; summarize ;;
-    *) echo "usage: $0 [build|run|all] [RUNS]" >&2; exit 2 ;;
+    *) echo "usage: $0 [build|run|all|summary] [RUNS]" >&2; exit 2 ;;
 esac
