@@ -1,0 +1,765 @@
+//! The registration cache: reuse registrations across transfers, drop them when their memory
+//! goes away.
+//!
+//! libfabric's design (`prov/util/src/util_mr_cache.c`), lessons included:
+//!
+//! - A range map of entries. [`MrCache::get`] hits when an entry covers `[addr, addr + len)`
+//!   with at least the access asked. Otherwise it registers exactly the range asked, with the
+//!   access asked plus whatever the overlapping entries granted, and evicts those overlapping
+//!   entries (they are not merged: merged ranges grow without bound and may span memory that
+//!   is later unmapped piecewise).
+//! - Entries are reference-counted while in use ([`CachedMr`] releases on drop). Unused ones
+//!   sit on an LRU bounded by [`CacheConfig::max_count`] entries and [`CacheConfig::max_size`]
+//!   bytes; the bounds count unused entries only (in-use ones cannot be evicted anyway).
+//! - A memory monitor invalidates entries whose memory is unmapped, so a later `mmap` at the
+//!   same address never hits a stale registration ([`Monitor::Userfaultfd`], see below).
+//! - Nothing is allocated or freed while the cache lock is held (see `store.rs` for how):
+//!   the monitor thread needs that lock while some `munmap` waits for it, and a free under
+//!   the lock can itself unmap heap pages.
+//!
+//! # The userfaultfd monitor
+//!
+//! One userfaultfd per cache, asking for unmap, remove (`madvise`) and remap events. Each
+//! range is registered when its entry is created, in write-protect mode (which never stops a
+//! thread: nothing is actually write-protected), or in MISSING mode when the kernel refuses WP
+//! for that range (the monitor thread then fills faulting pages with zero pages). A dedicated
+//! thread polls the fd; for each batch it takes the cache lock *before* reading the events, so
+//! by the time the kernel lets the `munmap` return the entries are already out of the index
+//! and their regions revoked ([`super::Domain::check_remote`] refuses them). Unused entries are
+//! deregistered by the next cache call in a user thread (the monitor thread never frees
+//! anything); entries in use are deregistered when their last user releases them.
+//!
+//! `get` also reads and applies pending events under the lock before it looks anything up:
+//! when another thread's `munmap` of a range is still waiting for its event to be read, the
+//! address range is already free, and this thread may have mapped new memory there. What
+//! remains is the few instructions in the kernel between `munmap` dropping the mapping (and
+//! `mmap_lock`) and queueing the event; userfaultfd offers no way to close it (libfabric's
+//! monitor has the same window). Within one thread, `munmap` then `mmap` then `get` never hits
+//! a stale entry. Lock-free queries ([`CachedMr::is_valid`], [`super::Domain::check_remote`],
+//! [`MrCache::stats`]) wait while an event batch is being applied, so they too see the
+//! invalidation once `munmap` has returned.
+//!
+//! A registration made while an event for its range was pending is discarded and redone (the
+//! cache keeps the last 32 invalidated ranges to tell; further back it redoes it anyway).
+//! Ranges are never unregistered from the userfaultfd: two entries may share a page, and
+//! unregistering one would blind the monitor to the other. A range the kernel will not let us
+//! register (not fully mapped, hugetlbfs, a private file mapping, monitored by another
+//! userfaultfd) is served uncached.
+//!
+//! Without a working monitor the cache does not cache: with [`Monitor::Disabled`], with
+//! `max_count` 0, or when the userfaultfd cannot be opened (no permission, old kernel) every
+//! `get` registers and every release deregisters. [`MrCache::monitor_status`] says which, and
+//! why.
+//!
+//! One process should use one cache per set of buffers: a page can be registered with one
+//! userfaultfd only, so two caches monitoring the same pages serve the second uncached.
+
+mod store;
+mod uffd;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
+
+use self::store::Store;
+use self::uffd::{Event, Uffd, Waker};
+use super::domain::{Domain, KeyChoice, Segment};
+use super::flags::{Access, MrMode, RegFlags};
+use super::region::{MemoryRegion, MrAttr, MrDesc, RawAttr, RegionInner};
+use super::{lock, MrErrno};
+
+/// Default [`CacheConfig::max_count`].
+pub const DEFAULT_MAX_COUNT: usize = 1024;
+
+/// Entries the store starts with (it doubles when full).
+const INITIAL_SLOTS: usize = 64;
+
+/// Invalidated ranges remembered to judge registrations made concurrently with an event.
+const RECENT: usize = 32;
+
+/// Attempts at caching a registration that keeps racing with invalidations before serving
+/// it uncached.
+const MAX_RACES: usize = 4;
+
+/// Which memory monitor invalidates entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Monitor {
+    /// userfaultfd events (the default).
+    Userfaultfd,
+    /// No monitor: caching is off (nothing would notice unmapped memory).
+    Disabled,
+}
+
+/// Cache configuration (the runtime reads it from `TMPI_MR_CACHE_*`; see
+/// [`CacheConfig::from_env`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Most unused entries kept (`TMPI_MR_CACHE_MAX_COUNT`, default 1024). 0 disables
+    /// caching.
+    pub max_count: usize,
+    /// Most bytes of unused entries kept (`TMPI_MR_CACHE_MAX_SIZE`, default unlimited:
+    /// `usize::MAX`).
+    pub max_size: usize,
+    /// The monitor (`TMPI_MR_CACHE_MONITOR=userfaultfd|disabled`).
+    pub monitor: Monitor,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            max_count: DEFAULT_MAX_COUNT,
+            max_size: usize::MAX,
+            monitor: Monitor::Userfaultfd,
+        }
+    }
+}
+
+/// Environment variable for [`CacheConfig::max_count`].
+pub const ENV_MAX_COUNT: &str = "TMPI_MR_CACHE_MAX_COUNT";
+/// Environment variable for [`CacheConfig::max_size`].
+pub const ENV_MAX_SIZE: &str = "TMPI_MR_CACHE_MAX_SIZE";
+/// Environment variable for [`CacheConfig::monitor`].
+pub const ENV_MONITOR: &str = "TMPI_MR_CACHE_MONITOR";
+
+fn bad_env(var: &str, value: &str, what: &str) -> crate::Error {
+    crate::Error::InvalidArgument(format!("{var}={value:?}: {what}"))
+}
+
+impl CacheConfig {
+    /// Reads `TMPI_MR_CACHE_MAX_COUNT` (a count), `TMPI_MR_CACHE_MAX_SIZE` (bytes, with an
+    /// optional `k`/`m`/`g`/`t` binary suffix, or `unlimited`) and `TMPI_MR_CACHE_MONITOR`
+    /// (`userfaultfd` or `disabled`); unset variables keep the defaults.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] naming the variable and its value.
+    pub fn from_env() -> crate::Result<CacheConfig> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// [`CacheConfig::from_env`] reading variables through `get`.
+    ///
+    /// # Errors
+    /// As [`CacheConfig::from_env`].
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> crate::Result<CacheConfig> {
+        let mut cfg = CacheConfig::default();
+        if let Some(v) = get(ENV_MAX_COUNT) {
+            cfg.max_count = v
+                .trim()
+                .parse()
+                .map_err(|_| bad_env(ENV_MAX_COUNT, &v, "expected a non-negative integer"))?;
+        }
+        if let Some(v) = get(ENV_MAX_SIZE) {
+            cfg.max_size = parse_size(&v).ok_or_else(|| {
+                bad_env(
+                    ENV_MAX_SIZE,
+                    &v,
+                    "expected bytes (e.g. 1048576, 512k, 2g) or unlimited",
+                )
+            })?;
+        }
+        if let Some(v) = get(ENV_MONITOR) {
+            cfg.monitor = match v.trim() {
+                "userfaultfd" => Monitor::Userfaultfd,
+                "disabled" => Monitor::Disabled,
+                _ => return Err(bad_env(ENV_MONITOR, &v, "expected userfaultfd or disabled")),
+            };
+        }
+        Ok(cfg)
+    }
+}
+
+fn parse_size(v: &str) -> Option<usize> {
+    let v = v.trim().to_ascii_lowercase();
+    if v == "unlimited" {
+        return Some(usize::MAX);
+    }
+    let (num, shift) = match v.as_bytes().last()? {
+        b'k' => (&v[..v.len() - 1], 10),
+        b'm' => (&v[..v.len() - 1], 20),
+        b'g' => (&v[..v.len() - 1], 30),
+        b't' => (&v[..v.len() - 1], 40),
+        _ => (&v[..], 0),
+    };
+    let n: usize = num.parse().ok()?;
+    n.checked_mul(1usize.checked_shl(shift)?)
+}
+
+/// Cache counters, readable at any time ([`MrCache::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// `get` calls served by an existing entry.
+    pub hits: u64,
+    /// `get` calls that registered (including every call when caching is off).
+    pub misses: u64,
+    /// Entries removed to make room: overlapped by a new registration, or over the LRU bounds.
+    pub evictions: u64,
+    /// Entries removed because their memory was unmapped, dropped or moved.
+    pub invalidations: u64,
+    /// Registrations served uncached while caching is on (monitor could not watch the range,
+    /// or repeated races with invalidations).
+    pub uncached: u64,
+}
+
+/// What the monitor is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MonitorStatus {
+    /// The userfaultfd monitor runs; `write_protect` says whether WP registration is
+    /// available (otherwise ranges are registered in MISSING mode).
+    Userfaultfd {
+        /// WP registration available.
+        write_protect: bool,
+    },
+    /// No monitor by configuration ([`Monitor::Disabled`] or `max_count` 0): caching off.
+    Disabled,
+    /// The userfaultfd monitor was asked for but could not start: caching off. The reason.
+    Unavailable(String),
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    invalidations: AtomicU64,
+    uncached: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: usize) {
+    if n > 0 {
+        c.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+struct CacheState {
+    store: Store,
+    /// Number of invalidation events handled so far.
+    epoch: u64,
+    /// The ranges of the last [`RECENT`] events, at `epoch % RECENT`.
+    recent: [(usize, usize); RECENT],
+    /// The cache handle is gone: released entries are not kept.
+    closing: bool,
+}
+
+impl CacheState {
+    /// Whether an event since `since` touched `[start, end)` (conservatively yes when the
+    /// history does not reach back that far).
+    fn invalidated_since(&self, since: u64, start: usize, end: usize) -> bool {
+        if self.epoch - since > RECENT as u64 {
+            return true;
+        }
+        (since..self.epoch).any(|e| {
+            let (s, t) = self.recent[(e % RECENT as u64) as usize];
+            s < end && start < t
+        })
+    }
+
+    fn record(&mut self, start: usize, end: usize) {
+        self.recent[(self.epoch % RECENT as u64) as usize] = (start, end);
+        self.epoch += 1;
+    }
+}
+
+struct Shared {
+    domain: Domain,
+    cfg: CacheConfig,
+    /// The monitor's userfaultfd; read-locked by `get` (registering ranges) and by the
+    /// monitor thread for its whole life, write-locked once to close it when the cache drops.
+    uffd: RwLock<Option<Uffd>>,
+    state: Mutex<CacheState>,
+    stats: Counters,
+}
+
+impl Shared {
+    /// Drops the registrations of dead entries, one at a time, each outside the lock.
+    fn drain_dead(&self) {
+        loop {
+            let mr = {
+                let mut st = lock(&self.state);
+                if !st.store.has_dead() {
+                    return;
+                }
+                st.store.pop_dead()
+            };
+            drop(mr);
+        }
+    }
+
+    /// Makes room for one more entry: allocates a larger store unlocked, then moves into it.
+    fn grow(&self, seen_capacity: usize) {
+        let mut bigger = Store::with_capacity(seen_capacity.saturating_mul(2));
+        let mut st = lock(&self.state);
+        if st.store.capacity() == seen_capacity {
+            st.store.migrate_into(&mut bigger);
+            std::mem::swap(&mut st.store, &mut bigger);
+        }
+        drop(st);
+        drop(bigger);
+    }
+
+    fn release(&self, slot: u32) {
+        {
+            let mut st = lock(&self.state);
+            st.store.release(slot);
+            let (count, size) = if st.closing {
+                (0, 0)
+            } else {
+                (self.cfg.max_count, self.cfg.max_size)
+            };
+            let n = st.store.trim(count, size);
+            bump(&self.stats.evictions, n);
+        }
+        self.drain_dead();
+    }
+
+    /// Reads every pending event and applies it, under the cache lock held by the caller
+    /// (`st`). Both the monitor thread and `get` do this: the lock is taken before reading,
+    /// so once the kernel lets a `munmap` return (when its event is read) the entries are
+    /// already invalidated for anyone who takes the lock next. Never allocates or frees.
+    fn apply_events(&self, st: &mut CacheState, uffd: &Uffd) -> std::io::Result<()> {
+        let mut events = [Event::Other; 16];
+        let _batch = self.domain.begin_invalidation();
+        loop {
+            let n = uffd.read_events(&mut events)?;
+            if n == 0 {
+                return Ok(());
+            }
+            for ev in &events[..n] {
+                let range = match *ev {
+                    Event::Unmap { start, end } | Event::Remove { start, end } => (start, end),
+                    Event::Remap { from, len } => (from, from.saturating_add(len)),
+                    Event::Pagefault {
+                        addr,
+                        write_protect,
+                    } => {
+                        uffd.resolve_fault(addr, write_protect);
+                        continue;
+                    }
+                    Event::Other => continue,
+                };
+                st.record(range.0, range.1);
+                let n = st.store.invalidate(range.0, range.1);
+                bump(&self.stats.invalidations, n);
+            }
+        }
+    }
+}
+
+fn lock_read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn lock_write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn monitor_loop(shared: Arc<Shared>, waker: Arc<Waker>) {
+    let guard = lock_read(&shared.uffd);
+    let Some(uffd) = guard.as_ref() else { return };
+    loop {
+        match uffd::wait(uffd, &waker) {
+            Ok(r) if r.stop => return,
+            Ok(r) if r.events => {
+                let mut st = lock(&shared.state);
+                if shared.apply_events(&mut st, uffd).is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The registration cache. See the [module documentation](self).
+pub struct MrCache {
+    shared: Arc<Shared>,
+    caching: bool,
+    status: MonitorStatus,
+    monitor: Option<(Arc<Waker>, JoinHandle<()>)>,
+}
+
+impl fmt::Debug for MrCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MrCache")
+            .field("config", &self.shared.cfg)
+            .field("status", &self.status)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn start_monitor() -> Result<(Uffd, Arc<Waker>), String> {
+    let uffd = Uffd::open().map_err(|e| format!("userfaultfd: {e}"))?;
+    let waker = Waker::new().map_err(|e| format!("eventfd: {e}"))?;
+    Ok((uffd, Arc::new(waker)))
+}
+
+impl MrCache {
+    /// A cache registering through `domain`. With caching enabled it starts the monitor
+    /// thread; if the monitor cannot start, the cache runs with caching off and
+    /// [`MrCache::monitor_status`] says why (never an error: registrations still work).
+    ///
+    /// # Errors
+    /// [`MrErrno::Inval`] for a domain in `FI_MR_ENDPOINT` mode: its regions need an
+    /// endpoint bound before they can be used, which a shared cache cannot do.
+    pub fn new(domain: Domain, cfg: CacheConfig) -> Result<MrCache, MrErrno> {
+        if domain.attr().mr_mode.contains(MrMode::ENDPOINT) {
+            return Err(MrErrno::Inval);
+        }
+        let wanted = cfg.max_count > 0 && cfg.monitor == Monitor::Userfaultfd;
+        let (uffd, waker, status) = if wanted {
+            match start_monitor() {
+                Ok((u, w)) => {
+                    let status = MonitorStatus::Userfaultfd {
+                        write_protect: u.has_write_protect(),
+                    };
+                    (Some(u), Some(w), status)
+                }
+                Err(why) => (None, None, MonitorStatus::Unavailable(why)),
+            }
+        } else {
+            (None, None, MonitorStatus::Disabled)
+        };
+        let shared = Arc::new(Shared {
+            domain,
+            cfg,
+            uffd: RwLock::new(uffd),
+            state: Mutex::new(CacheState {
+                store: Store::with_capacity(
+                    INITIAL_SLOTS.min(cfg.max_count.saturating_mul(2).max(1)),
+                ),
+                epoch: 0,
+                recent: [(0, 0); RECENT],
+                closing: false,
+            }),
+            stats: Counters::default(),
+        });
+        let mut cache = MrCache {
+            shared,
+            caching: false,
+            status,
+            monitor: None,
+        };
+        if let Some(w) = waker {
+            let (s, w2) = (Arc::clone(&cache.shared), Arc::clone(&w));
+            match std::thread::Builder::new()
+                .name("tmpi-mr-monitor".into())
+                .spawn(move || monitor_loop(s, w2))
+            {
+                Ok(h) => {
+                    cache.monitor = Some((w, h));
+                    cache.caching = true;
+                }
+                Err(e) => cache.status = MonitorStatus::Unavailable(format!("monitor thread: {e}")),
+            }
+        }
+        Ok(cache)
+    }
+
+    /// Whether registrations are cached (a monitor runs and `max_count` > 0).
+    pub fn is_caching(&self) -> bool {
+        self.caching
+    }
+
+    /// What the monitor is doing.
+    pub fn monitor_status(&self) -> &MonitorStatus {
+        &self.status
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.shared.cfg
+    }
+
+    /// The domain registrations are made in.
+    pub fn domain(&self) -> &Domain {
+        &self.shared.domain
+    }
+
+    /// A snapshot of the counters (an invalidation batch in progress is waited for, so a
+    /// `munmap` that returned is counted).
+    pub fn stats(&self) -> CacheStats {
+        self.shared.domain.settle();
+        let c = &self.shared.stats;
+        CacheStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            invalidations: c.invalidations.load(Ordering::Relaxed),
+            uncached: c.uncached.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Number of entries in the cache (in use or not), and of unused entries with their bytes.
+    pub fn usage(&self) -> (usize, usize, usize) {
+        let st = lock(&self.shared.state);
+        let (n, b) = st.store.lru_usage();
+        (st.store.cached_count(), n, b)
+    }
+
+    /// Deregisters every unused entry now (entries in use stay).
+    pub fn flush(&self) {
+        {
+            let mut st = lock(&self.shared.state);
+            let n = st.store.trim(0, 0);
+            bump(&self.shared.stats.evictions, n);
+        }
+        self.shared.drain_dead();
+    }
+
+    fn register(&self, addr: usize, len: usize, access: Access) -> Result<MemoryRegion, MrErrno> {
+        let iov = [Segment { addr, len }];
+        let attr = MrAttr {
+            iov: &iov,
+            access,
+            offset: 0,
+            requested_key: 0,
+            context: 0,
+        };
+        self.shared
+            .domain
+            .register(&attr, RegFlags::empty(), KeyChoice::Random)
+    }
+
+    fn uncached(&self, mr: MemoryRegion) -> CachedMr {
+        CachedMr {
+            region: Arc::clone(&mr.inner),
+            kind: Kind::Direct { _owned: mr },
+        }
+    }
+
+    /// A registration covering `[addr, addr + len)` with at least `access`, from the cache if
+    /// an entry covers it, else newly registered (and cached, evicting overlapping entries).
+    /// The handle keeps the entry in use until dropped. The region may be larger than asked
+    /// and grant more access. Keys of cached registrations are random whatever the domain's
+    /// `FI_MR_PROV_KEY` setting.
+    ///
+    /// # Errors
+    /// [`MrErrno::Inval`] for `len` 0, a range that wraps, or unknown access bits; any error
+    /// of the registration itself.
+    pub fn get(&self, addr: usize, len: usize, access: Access) -> Result<CachedMr, MrErrno> {
+        let end = addr
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(MrErrno::Inval)?;
+        if access.unknown_bits() != 0 {
+            return Err(MrErrno::Inval);
+        }
+        let sh = &self.shared;
+        if !self.caching {
+            let mr = self.register(addr, len, access)?;
+            bump(&sh.stats.misses, 1);
+            return Ok(self.uncached(mr));
+        }
+        sh.drain_dead();
+        let uffd_guard = lock_read(&sh.uffd);
+        let uffd = uffd_guard.as_ref();
+        // (registration, access it grants, epoch before it was made)
+        let mut pending: Option<(MemoryRegion, Access, u64)> = None;
+        let mut counted = false;
+        let mut races = 0;
+        loop {
+            let mut st = lock(&sh.state);
+            // Apply events the monitor thread has not read yet: another thread's munmap of
+            // this very range may be waiting for it while its pages are already mapped anew.
+            if let Some(u) = uffd {
+                // A read error leaves the events to the monitor thread, which stops on it.
+                let _ = sh.apply_events(&mut st, u);
+            }
+            if let Some(slot) = st.store.lookup(addr, end, access) {
+                let region = st.store.acquire(slot);
+                drop(st);
+                if !counted {
+                    bump(&sh.stats.hits, 1);
+                }
+                // A registration of ours that lost a race is dropped here, unlocked.
+                drop(pending);
+                return Ok(CachedMr {
+                    region,
+                    kind: Kind::Cached {
+                        shared: Arc::clone(sh),
+                        slot,
+                    },
+                });
+            }
+            let Some((mr, want, epoch)) = pending.take() else {
+                let want = access | st.store.overlapping_access(addr, end);
+                let epoch = st.epoch;
+                drop(st);
+                if !counted {
+                    bump(&sh.stats.misses, 1);
+                    counted = true;
+                }
+                let mr = self.register(addr, len, want)?;
+                let watched = uffd.is_some_and(|u| u.register(addr, len).is_ok());
+                if !watched {
+                    bump(&sh.stats.uncached, 1);
+                    return Ok(self.uncached(mr));
+                }
+                pending = Some((mr, want, epoch));
+                continue;
+            };
+            if st.invalidated_since(epoch, addr, end) {
+                // The memory under the new registration changed while it was being made:
+                // drop it and register again (or give up caching it after a few races).
+                drop(st);
+                races += 1;
+                if races >= MAX_RACES {
+                    bump(&sh.stats.uncached, 1);
+                    return Ok(self.uncached(mr));
+                }
+                drop(mr);
+                continue;
+            }
+            if st.store.needs_grow() {
+                let cap = st.store.capacity();
+                drop(st);
+                sh.grow(cap);
+                pending = Some((mr, want, epoch));
+                continue;
+            }
+            let n = st.store.evict_overlapping(addr, end);
+            bump(&sh.stats.evictions, n);
+            let (slot, region) = st.store.insert(addr, end, want, mr);
+            drop(st);
+            sh.drain_dead();
+            return Ok(CachedMr {
+                region,
+                kind: Kind::Cached {
+                    shared: Arc::clone(sh),
+                    slot,
+                },
+            });
+        }
+    }
+}
+
+impl Drop for MrCache {
+    fn drop(&mut self) {
+        if let Some((waker, handle)) = self.monitor.take() {
+            waker.wake();
+            // The thread only returns; a panic in it has nothing left for us to clean up.
+            let _ = handle.join();
+        }
+        // Close the userfaultfd now that nobody reads it: an unread unmap event would block
+        // its munmap until the fd closes.
+        drop(lock_write(&self.shared.uffd).take());
+        {
+            let mut st = lock(&self.shared.state);
+            st.closing = true;
+            st.store.detach_all();
+        }
+        self.shared.drain_dead();
+    }
+}
+
+enum Kind {
+    Cached {
+        shared: Arc<Shared>,
+        slot: u32,
+    },
+    /// Registered for this use only; deregistered when dropped (held, never read).
+    Direct {
+        _owned: MemoryRegion,
+    },
+}
+
+/// A registration from [`MrCache::get`], in use until dropped.
+pub struct CachedMr {
+    region: Arc<RegionInner>,
+    kind: Kind,
+}
+
+impl fmt::Debug for CachedMr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedMr")
+            .field("desc", &self.region.desc)
+            .field("iov", &self.region.iov)
+            .field("access", &self.region.access)
+            .field("cached", &self.is_cached())
+            .finish()
+    }
+}
+
+impl CachedMr {
+    /// The remote key (see [`MemoryRegion::key`]).
+    ///
+    /// # Errors
+    /// [`MrErrno::KeyNotAvail`] under `FI_MR_RAW`.
+    pub fn key(&self) -> Result<u64, MrErrno> {
+        self.region.key()
+    }
+
+    /// The local descriptor.
+    pub fn desc(&self) -> MrDesc {
+        self.region.desc
+    }
+
+    /// The raw key (see [`MemoryRegion::raw_attr`]).
+    ///
+    /// # Errors
+    /// [`MrErrno::TooSmall`] when `raw_key` is shorter than the key.
+    pub fn raw_attr(&self, raw_key: &mut [u8]) -> Result<RawAttr, MrErrno> {
+        self.region.raw_attr(raw_key)
+    }
+
+    /// Start address of the registered range (may be below the address asked).
+    pub fn addr(&self) -> usize {
+        self.region.iov[0].addr
+    }
+
+    /// Length of the registered range.
+    pub fn len(&self) -> usize {
+        self.region.total_len
+    }
+
+    /// Always false: registrations are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.region.total_len == 0
+    }
+
+    /// The access the registration grants (at least what was asked).
+    pub fn access(&self) -> Access {
+        self.region.access
+    }
+
+    /// The address a peer names to reach local address `addr` of this registration: `addr`
+    /// itself under `FI_MR_VIRT_ADDR`, its offset from the registration start otherwise.
+    /// `None` if `addr` is outside the registration.
+    pub fn remote_addr(&self, addr: usize) -> Option<u64> {
+        let start = self.addr();
+        if addr < start || addr - start > self.len() {
+            return None;
+        }
+        if self.region.mode.contains(MrMode::VIRT_ADDR) {
+            Some(addr as u64)
+        } else {
+            Some((addr - start) as u64)
+        }
+    }
+
+    /// Whether the registration is usable (false once its memory was unmapped).
+    pub fn is_valid(&self) -> bool {
+        self.region.usable()
+    }
+
+    /// Whether it came from (and returns to) the cache, rather than being registered for
+    /// this use only.
+    pub fn is_cached(&self) -> bool {
+        matches!(self.kind, Kind::Cached { .. })
+    }
+}
+
+impl Drop for CachedMr {
+    fn drop(&mut self) {
+        if let Kind::Cached { shared, slot } = &self.kind {
+            shared.release(*slot);
+        }
+        // A `Direct` registration is deregistered when `kind` drops, after this body.
+    }
+}

@@ -1,0 +1,365 @@
+//! The cache's entries, range index and LRU, in storage that never allocates or frees.
+//!
+//! Everything here runs under the cache lock, and the monitor thread takes that lock while a
+//! `munmap` somewhere in the process waits for it. An allocation or a free under the lock
+//! could itself `munmap`/`madvise` heap pages the cache monitors (glibc trims its heaps) and
+//! deadlock on the monitor. So [`Store`] is built with a fixed capacity *outside* the lock
+//! ([`Store::with_capacity`]) and every operation stays inside it:
+//!
+//! - `slots` (entries), `index` (the range map), `free` and `dead` (slot-number stacks) all
+//!   have capacity >= the slot capacity, and each slot number is in `free` or `dead` at most
+//!   once and in `index` at most once, so no push ever reallocates.
+//! - A new entry needs a free slot: when `needs_grow()` says there is none, the caller drops
+//!   the lock, builds a store twice as large, re-takes the lock, [`Store::migrate_into`] the
+//!   new one (moves only) and drops the old, empty one after unlocking.
+//! - The range map is a vector sorted by start address (binary search, `insert`/`remove`
+//!   shift elements in place) rather than a `BTreeMap`, whose nodes are allocated and freed
+//!   on insert and remove.
+//! - Entries removed from the cache keep their registration in the slot and go on the `dead`
+//!   stack; [`Store::pop_dead`] moves it out so the caller drops it (deregisters) unlocked.
+//! - The LRU is intrusive: `prev`/`next` slot numbers in the entries.
+//!
+//! Entries in the index never overlap: a registration that needs a new entry first evicts
+//! every entry overlapping its range (not merged).
+
+use std::sync::Arc;
+
+use super::super::flags::Access;
+use super::super::region::{MemoryRegion, RegionInner};
+
+const NIL: u32 = u32::MAX;
+
+/// Where an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Unused slot, on the free stack.
+    Free,
+    /// In the index (findable); on the LRU when `refs == 0`.
+    Cached,
+    /// Out of the index (evicted by an overlap, invalidated, or the cache closing) but still
+    /// in use; becomes `Dead` on its last release.
+    Detached,
+    /// On the dead stack, waiting for its registration to be dropped.
+    Dead,
+}
+
+struct Slot {
+    start: usize,
+    end: usize,
+    access: Access,
+    refs: u32,
+    state: State,
+    prev: u32,
+    next: u32,
+    mr: Option<MemoryRegion>,
+}
+
+#[derive(Clone, Copy)]
+struct IndexEnt {
+    start: usize,
+    end: usize,
+    slot: u32,
+}
+
+/// Entries, the range index and the LRU of unused entries.
+pub(super) struct Store {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    dead: Vec<u32>,
+    index: Vec<IndexEnt>,
+    /// Most recently released unused entry.
+    lru_head: u32,
+    /// Least recently released unused entry (evicted first).
+    lru_tail: u32,
+    lru_count: usize,
+    lru_bytes: usize,
+}
+
+impl Store {
+    /// An empty store for `cap` entries (allocates: call it without the lock).
+    pub(super) fn with_capacity(cap: usize) -> Store {
+        let cap = cap.clamp(1, NIL as usize - 1);
+        Store {
+            slots: Vec::with_capacity(cap),
+            free: Vec::with_capacity(cap),
+            dead: Vec::with_capacity(cap),
+            index: Vec::with_capacity(cap),
+            lru_head: NIL,
+            lru_tail: NIL,
+            lru_count: 0,
+            lru_bytes: 0,
+        }
+    }
+
+    /// Slot capacity.
+    pub(super) fn capacity(&self) -> usize {
+        self.slots.capacity()
+    }
+
+    /// Whether a new entry would need more room than the store has.
+    pub(super) fn needs_grow(&self) -> bool {
+        self.free.is_empty() && self.slots.len() == self.slots.capacity()
+    }
+
+    /// Moves everything into `new` (which must be empty and at least as large); `self` is
+    /// left empty. Does not allocate.
+    pub(super) fn migrate_into(&mut self, new: &mut Store) {
+        debug_assert!(new.capacity() >= self.capacity() && new.slots.is_empty());
+        new.slots.append(&mut self.slots);
+        new.free.extend_from_slice(&self.free);
+        new.dead.extend_from_slice(&self.dead);
+        new.index.extend_from_slice(&self.index);
+        new.lru_head = self.lru_head;
+        new.lru_tail = self.lru_tail;
+        new.lru_count = self.lru_count;
+        new.lru_bytes = self.lru_bytes;
+        self.free.clear();
+        self.dead.clear();
+        self.index.clear();
+        self.lru_head = NIL;
+        self.lru_tail = NIL;
+        self.lru_count = 0;
+        self.lru_bytes = 0;
+    }
+
+    /// Number of entries in the index.
+    pub(super) fn cached_count(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Number of unused entries on the LRU, and their bytes.
+    pub(super) fn lru_usage(&self) -> (usize, usize) {
+        (self.lru_count, self.lru_bytes)
+    }
+
+    /// Position of the first index entry ending after `addr`.
+    fn first_ending_after(&self, addr: usize) -> usize {
+        // Entries do not overlap, so ends are sorted like starts.
+        self.index.partition_point(|e| e.end <= addr)
+    }
+
+    /// The entry covering `[start, end)` with at least `access`, if any.
+    pub(super) fn lookup(&self, start: usize, end: usize, access: Access) -> Option<u32> {
+        let e = self.index.get(self.first_ending_after(start))?;
+        let s = &self.slots[e.slot as usize];
+        (e.start <= start && end <= e.end && s.access.contains(access)).then_some(e.slot)
+    }
+
+    /// The union of the access of entries overlapping `[start, end)` (a new registration
+    /// replacing them keeps what they granted).
+    pub(super) fn overlapping_access(&self, start: usize, end: usize) -> Access {
+        let mut acc = Access::empty();
+        for e in self.index[self.first_ending_after(start)..].iter() {
+            if e.start >= end {
+                break;
+            }
+            acc |= self.slots[e.slot as usize].access;
+        }
+        acc
+    }
+
+    /// Takes a reference on an entry (taking it off the LRU if it was unused) and returns
+    /// its region. Cloning the `Arc` only increments a counter.
+    pub(super) fn acquire(&mut self, slot: u32) -> Arc<RegionInner> {
+        let i = slot as usize;
+        if self.slots[i].refs == 0 && self.slots[i].state == State::Cached {
+            self.lru_unlink(slot);
+        }
+        self.slots[i].refs += 1;
+        self.region(slot)
+    }
+
+    fn region(&self, slot: u32) -> Arc<RegionInner> {
+        match &self.slots[slot as usize].mr {
+            Some(mr) => Arc::clone(&mr.inner),
+            None => unreachable!("a live cache entry always holds its registration"),
+        }
+    }
+
+    /// Adds an entry for `[start, end)` holding `mr`, with one reference. The caller has
+    /// evicted overlapping entries and checked `!needs_grow()`.
+    pub(super) fn insert(
+        &mut self,
+        start: usize,
+        end: usize,
+        access: Access,
+        mr: MemoryRegion,
+    ) -> (u32, Arc<RegionInner>) {
+        let region = Arc::clone(&mr.inner);
+        let slot = Slot {
+            start,
+            end,
+            access,
+            refs: 1,
+            state: State::Cached,
+            prev: NIL,
+            next: NIL,
+            mr: Some(mr),
+        };
+        let n = match self.free.pop() {
+            Some(n) => {
+                self.slots[n as usize] = slot;
+                n
+            }
+            None => {
+                debug_assert!(self.slots.len() < self.slots.capacity());
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let pos = self.index.partition_point(|e| e.start < start);
+        debug_assert!(self.index.len() < self.index.capacity());
+        self.index.insert(
+            pos,
+            IndexEnt {
+                start,
+                end,
+                slot: n,
+            },
+        );
+        (n, region)
+    }
+
+    /// Takes the entry at index position `pos` out of the index; unused entries die, used ones
+    /// are detached. Returns whether it died.
+    fn unindex(&mut self, pos: usize) -> bool {
+        let e = self.index.remove(pos);
+        let s = e.slot;
+        if self.slots[s as usize].refs == 0 {
+            self.lru_unlink(s);
+            self.kill(s);
+            true
+        } else {
+            self.slots[s as usize].state = State::Detached;
+            false
+        }
+    }
+
+    fn kill(&mut self, slot: u32) {
+        self.slots[slot as usize].state = State::Dead;
+        debug_assert!(self.dead.len() < self.dead.capacity());
+        self.dead.push(slot);
+    }
+
+    /// Removes every entry overlapping `[start, end)` from the index; returns how many.
+    pub(super) fn evict_overlapping(&mut self, start: usize, end: usize) -> usize {
+        let pos = self.first_ending_after(start);
+        let mut n = 0;
+        while self.index.get(pos).is_some_and(|e| e.start < end) {
+            self.unindex(pos);
+            n += 1;
+        }
+        n
+    }
+
+    /// The memory of `[start, end)` is gone: removes overlapping entries from the index and
+    /// revokes their regions at once (remote accesses fail from now on). Returns how many.
+    pub(super) fn invalidate(&mut self, start: usize, end: usize) -> usize {
+        let pos = self.first_ending_after(start);
+        let mut n = 0;
+        while let Some(e) = self.index.get(pos).copied().filter(|e| e.start < end) {
+            if let Some(mr) = &self.slots[e.slot as usize].mr {
+                mr.inner.revoke();
+            }
+            self.unindex(pos);
+            n += 1;
+        }
+        n
+    }
+
+    /// Drops one reference. An unused cached entry goes to the LRU front; an unused detached
+    /// one dies.
+    pub(super) fn release(&mut self, slot: u32) {
+        let i = slot as usize;
+        debug_assert!(self.slots[i].refs > 0);
+        self.slots[i].refs -= 1;
+        if self.slots[i].refs == 0 {
+            match self.slots[i].state {
+                State::Cached => self.lru_push_front(slot),
+                State::Detached => self.kill(slot),
+                State::Free | State::Dead => debug_assert!(false, "release of a dead entry"),
+            }
+        }
+    }
+
+    /// Evicts least recently used unused entries until at most `max_count` entries and
+    /// `max_size` bytes are unused. Returns how many were evicted.
+    pub(super) fn trim(&mut self, max_count: usize, max_size: usize) -> usize {
+        let mut n = 0;
+        while self.lru_tail != NIL && (self.lru_count > max_count || self.lru_bytes > max_size) {
+            let s = &self.slots[self.lru_tail as usize];
+            let pos = self.index.partition_point(|e| e.start < s.start);
+            debug_assert_eq!(self.index[pos].slot, self.lru_tail);
+            self.unindex(pos);
+            n += 1;
+        }
+        n
+    }
+
+    /// Takes every entry out of the index (the cache is closing): unused ones die, used ones
+    /// die on release.
+    pub(super) fn detach_all(&mut self) {
+        while !self.index.is_empty() {
+            self.unindex(self.index.len() - 1);
+        }
+    }
+
+    /// Whether dead entries wait for their registration to be dropped.
+    pub(super) fn has_dead(&self) -> bool {
+        !self.dead.is_empty()
+    }
+
+    /// Frees one dead slot and hands its registration out, to be dropped unlocked.
+    pub(super) fn pop_dead(&mut self) -> Option<MemoryRegion> {
+        let n = self.dead.pop()?;
+        let s = &mut self.slots[n as usize];
+        s.state = State::Free;
+        let mr = s.mr.take();
+        self.free.push(n);
+        mr
+    }
+
+    fn bytes(&self, slot: u32) -> usize {
+        let s = &self.slots[slot as usize];
+        s.end - s.start
+    }
+
+    fn lru_push_front(&mut self, slot: u32) {
+        let old = self.lru_head;
+        {
+            let s = &mut self.slots[slot as usize];
+            s.prev = NIL;
+            s.next = old;
+        }
+        if old != NIL {
+            self.slots[old as usize].prev = slot;
+        } else {
+            self.lru_tail = slot;
+        }
+        self.lru_head = slot;
+        self.lru_count += 1;
+        self.lru_bytes += self.bytes(slot);
+    }
+
+    fn lru_unlink(&mut self, slot: u32) {
+        let (prev, next) = {
+            let s = &self.slots[slot as usize];
+            (s.prev, s.next)
+        };
+        if prev != NIL {
+            self.slots[prev as usize].next = next;
+        } else {
+            self.lru_head = next;
+        }
+        if next != NIL {
+            self.slots[next as usize].prev = prev;
+        } else {
+            self.lru_tail = prev;
+        }
+        let s = &mut self.slots[slot as usize];
+        s.prev = NIL;
+        s.next = NIL;
+        self.lru_count -= 1;
+        self.lru_bytes -= self.bytes(slot);
+    }
+}

@@ -1,0 +1,490 @@
+//! Registration-cache tests on real memory (anonymous mappings made and unmapped here).
+
+use std::sync::Arc;
+
+use super::uffd::page_size;
+use super::uffd::testmem::Mapping;
+use super::*;
+use crate::mr::{DomainAttr, RemoteAccessError, RemoteOp};
+
+const RR: Access = Access::REMOTE_READ;
+const RW: Access = Access::REMOTE_WRITE;
+
+fn domain() -> Domain {
+    Domain::open(DomainAttr {
+        mr_mode: MrMode::PROV_KEY | MrMode::VIRT_ADDR,
+        ..DomainAttr::default()
+    })
+    .unwrap()
+}
+
+fn cache_with(cfg: CacheConfig) -> MrCache {
+    let c = MrCache::new(domain(), cfg).unwrap();
+    if cfg.max_count > 0 && cfg.monitor == Monitor::Userfaultfd {
+        // This machine runs the tests as root on Linux 6.18: the monitor must start.
+        assert_eq!(
+            c.monitor_status(),
+            &MonitorStatus::Userfaultfd {
+                write_protect: true
+            }
+        );
+        assert!(c.is_caching());
+    }
+    c
+}
+
+fn cache() -> MrCache {
+    cache_with(CacheConfig::default())
+}
+
+fn pages(n: usize) -> Mapping {
+    let mut m = Mapping::new(n * page_size()).unwrap();
+    m.fill(0x5a);
+    m
+}
+
+fn readable(c: &MrCache, key: u64, addr: usize, len: usize) -> bool {
+    c.domain()
+        .check_remote(key, addr as u64, len as u64, RemoteOp::Read)
+        .is_ok()
+}
+
+#[test]
+fn hit_reuses_the_registration() {
+    let c = cache();
+    let m = pages(4);
+    let p = page_size();
+    let a = c.get(m.addr(), 2 * p, RR).unwrap();
+    assert!(a.is_cached());
+    let key = a.key().unwrap();
+    drop(a);
+    let b = c.get(m.addr() + 100, 100, RR).unwrap();
+    assert_eq!(b.key().unwrap(), key);
+    assert_eq!((b.addr(), b.len()), (m.addr(), 2 * p));
+    assert_eq!(b.remote_addr(m.addr() + 100), Some(m.addr() as u64 + 100));
+    assert_eq!(b.remote_addr(m.addr() + 3 * p), None);
+    // Held twice at once: still one registration.
+    let b2 = c.get(m.addr(), p, RR).unwrap();
+    assert_eq!(b2.key().unwrap(), key);
+    assert_eq!(c.domain().region_count(), 1);
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.evictions), (2, 1, 0));
+    assert!(readable(&c, key, m.addr(), 2 * p));
+}
+
+#[test]
+fn miss_for_uncovered_range() {
+    let c = cache();
+    let m = pages(4);
+    let p = page_size();
+    let a = c.get(m.addr(), p, RR).unwrap();
+    // Extends past the entry: not covered.
+    let b = c.get(m.addr() + p / 2, p, RR).unwrap();
+    assert_ne!(a.key().unwrap(), b.key().unwrap());
+    assert_eq!(c.stats().misses, 2);
+    assert_eq!(c.get(0x1000, 0, RR).unwrap_err(), MrErrno::Inval);
+    assert_eq!(c.get(usize::MAX, 2, RR).unwrap_err(), MrErrno::Inval);
+}
+
+#[test]
+fn overlapping_entries_are_evicted_not_merged() {
+    let c = cache();
+    let m = pages(4);
+    let p = page_size();
+    let old = c.get(m.addr(), 2 * p, RR).unwrap();
+    let old_key = old.key().unwrap();
+    drop(old);
+    let new = c.get(m.addr() + p, 2 * p, RR).unwrap();
+    assert_eq!(
+        (new.addr(), new.len()),
+        (m.addr() + p, 2 * p),
+        "exactly the range asked"
+    );
+    let s = c.stats();
+    assert_eq!((s.misses, s.evictions), (2, 1));
+    assert!(
+        !readable(&c, old_key, m.addr(), 1),
+        "evicted entry deregistered"
+    );
+    assert_eq!(c.domain().region_count(), 1);
+    assert_eq!(c.usage().0, 1);
+}
+
+#[test]
+fn overlapped_entry_in_use_survives_until_released() {
+    let c = cache();
+    let m = pages(4);
+    let p = page_size();
+    let old = c.get(m.addr(), 2 * p, RR).unwrap();
+    let new = c.get(m.addr() + p, 2 * p, RR).unwrap();
+    assert_eq!(c.stats().evictions, 1);
+    assert!(
+        readable(&c, old.key().unwrap(), m.addr(), 2 * p),
+        "still usable by its holder"
+    );
+    assert_eq!(c.domain().region_count(), 2);
+    let old_key = old.key().unwrap();
+    drop(old);
+    assert!(!readable(&c, old_key, m.addr(), 1));
+    assert_eq!(c.domain().region_count(), 1);
+    // The detached entry is not findable any more; the new one is.
+    let again = c.get(m.addr() + p, p, RR).unwrap();
+    assert_eq!(again.key().unwrap(), new.key().unwrap());
+}
+
+#[test]
+fn eviction_by_count() {
+    let c = cache_with(CacheConfig {
+        max_count: 2,
+        ..CacheConfig::default()
+    });
+    let m = pages(3);
+    let p = page_size();
+    let mut keys = Vec::new();
+    for i in 0..3 {
+        keys.push(c.get(m.addr() + i * p, p, RR).unwrap().key().unwrap());
+    }
+    assert_eq!(c.stats().evictions, 1);
+    assert_eq!(c.usage(), (2, 2, 2 * p));
+    assert!(
+        !readable(&c, keys[0], m.addr(), 1),
+        "least recently used went first"
+    );
+    assert!(readable(&c, keys[1], m.addr() + p, 1));
+    // The most recently used stays cached; the first one misses again.
+    assert_eq!(
+        c.get(m.addr() + 2 * p, p, RR).unwrap().key().unwrap(),
+        keys[2]
+    );
+    assert_ne!(c.get(m.addr(), p, RR).unwrap().key().unwrap(), keys[0]);
+    assert_eq!(c.stats().misses, 4);
+}
+
+#[test]
+fn eviction_by_size() {
+    let p = page_size();
+    let c = cache_with(CacheConfig {
+        max_size: 2 * p,
+        ..CacheConfig::default()
+    });
+    let m = pages(4);
+    let a = c.get(m.addr(), p, RR).unwrap().key().unwrap();
+    let b = c.get(m.addr() + p, 2 * p, RR).unwrap().key().unwrap();
+    assert_eq!(c.stats().evictions, 1);
+    assert!(!readable(&c, a, m.addr(), 1));
+    assert!(readable(&c, b, m.addr() + p, 2 * p));
+    assert_eq!(c.usage(), (1, 1, 2 * p));
+    // A single entry larger than the bound is not kept once unused.
+    let big = c.get(m.addr(), 3 * p, RR).unwrap();
+    assert_eq!(c.stats().evictions, 2, "overlap");
+    drop(big);
+    assert_eq!(c.stats().evictions, 3, "over max_size");
+    assert_eq!(c.usage(), (0, 0, 0));
+    assert_eq!(c.domain().region_count(), 0);
+}
+
+#[test]
+fn access_upgrade() {
+    let c = cache();
+    let m = pages(2);
+    let p = page_size();
+    let r = c.get(m.addr(), p, RR).unwrap();
+    let rkey = r.key().unwrap();
+    drop(r);
+    let w = c.get(m.addr(), p, RW).unwrap();
+    assert_ne!(w.key().unwrap(), rkey);
+    assert!(w.access().contains(RR | RW), "upgrade keeps the old rights");
+    drop(w);
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.evictions), (0, 2, 1));
+    let again = c.get(m.addr() + 8, 8, RR).unwrap();
+    assert!(again.access().contains(RW));
+    assert_eq!(c.stats().hits, 1);
+}
+
+#[test]
+fn unmap_invalidates_unused_entry() {
+    let c = cache();
+    let p = page_size();
+    let mut m = pages(2);
+    let key = c.get(m.addr(), 2 * p, RR).unwrap().key().unwrap();
+    assert_eq!(c.usage().0, 1);
+    m.unmap();
+    // munmap returned: the monitor has already handled the event.
+    assert_eq!(c.stats().invalidations, 1);
+    assert_eq!(c.usage().0, 0);
+    assert_eq!(
+        c.domain()
+            .check_remote(key, m.addr() as u64, 1, RemoteOp::Read),
+        Err(MrErrno::Access(RemoteAccessError::Disabled)),
+        "revoked before the registration is even dropped"
+    );
+    c.flush();
+    assert_eq!(c.domain().region_count(), 0);
+}
+
+#[test]
+fn unmap_while_in_use_revokes_then_deregisters_on_release() {
+    let c = cache();
+    let p = page_size();
+    let mut m = pages(1);
+    let h = c.get(m.addr(), p, RR | RW).unwrap();
+    let key = h.key().unwrap();
+    m.unmap();
+    assert!(!h.is_valid());
+    assert_eq!(c.stats().invalidations, 1);
+    assert!(c
+        .domain()
+        .check_remote(key, m.addr() as u64, 1, RemoteOp::Write)
+        .is_err());
+    assert_eq!(c.domain().region_count(), 1, "still held");
+    drop(h);
+    assert_eq!(c.domain().region_count(), 0);
+}
+
+#[test]
+fn madvise_dontneed_invalidates() {
+    let c = cache();
+    let p = page_size();
+    let mut m = pages(4);
+    let k = c.get(m.addr() + p, p, RR).unwrap().key().unwrap();
+    let other = c.get(m.addr() + 3 * p, p, RR).unwrap().key().unwrap();
+    m.discard(p, p);
+    assert_eq!(c.stats().invalidations, 1);
+    assert!(!readable(&c, k, m.addr() + p, 1));
+    assert!(
+        readable(&c, other, m.addr() + 3 * p, 1),
+        "only the dropped pages"
+    );
+    assert_ne!(c.get(m.addr() + p, p, RR).unwrap().key().unwrap(), k);
+}
+
+#[test]
+fn no_stale_hit_after_munmap_then_mmap_at_same_address() {
+    let c = cache();
+    let p = page_size();
+    let mut m = pages(2);
+    let addr = m.addr();
+    let key = c.get(addr, 2 * p, RR).unwrap().key().unwrap();
+    m.unmap();
+    // Map again at the same address. Another test thread could take the hole first; retry
+    // with a fresh address then (the property is the same at any address reused).
+    let (mut n, addr) = match Mapping::at(addr, 2 * p) {
+        Ok(n) => (n, addr),
+        Err(_) => {
+            let mut m2 = pages(2);
+            let a2 = m2.addr();
+            c.get(a2, 2 * p, RR).unwrap();
+            m2.unmap();
+            (Mapping::at(a2, 2 * p).unwrap(), a2)
+        }
+    };
+    n.fill(1);
+    assert_eq!(n.get(0), 1);
+    let h = c.get(addr, 2 * p, RR).unwrap();
+    assert_ne!(h.key().unwrap(), key);
+    assert!(h.is_valid());
+    assert_eq!(c.stats().hits, 0, "never a hit on the old mapping's entry");
+    assert!(c.stats().invalidations >= 1);
+}
+
+#[test]
+fn max_count_zero_disables_caching() {
+    let c = cache_with(CacheConfig {
+        max_count: 0,
+        ..CacheConfig::default()
+    });
+    assert!(!c.is_caching());
+    assert_eq!(c.monitor_status(), &MonitorStatus::Disabled);
+    let m = pages(1);
+    let p = page_size();
+    let a = c.get(m.addr(), p, RR).unwrap();
+    assert!(!a.is_cached());
+    let b = c.get(m.addr(), p, RR).unwrap();
+    assert_ne!(a.key().unwrap(), b.key().unwrap(), "every get registers");
+    assert_eq!(c.domain().region_count(), 2);
+    drop((a, b));
+    assert_eq!(c.domain().region_count(), 0, "every release deregisters");
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses), (0, 2));
+}
+
+#[test]
+fn disabled_monitor_disables_caching() {
+    let c = cache_with(CacheConfig {
+        monitor: Monitor::Disabled,
+        ..CacheConfig::default()
+    });
+    assert!(!c.is_caching());
+    let m = pages(1);
+    let k = c.get(m.addr(), 64, RR).unwrap().key().unwrap();
+    assert!(!readable(&c, k, m.addr(), 1));
+    assert_eq!(c.stats().hits, 0);
+}
+
+#[test]
+fn unwatchable_range_is_served_uncached() {
+    // Nothing is mapped at the top of the lower half of the address space, so the monitor
+    // cannot register it; the registration itself (addresses only) still works.
+    let c = cache();
+    let addr = (1usize << 46) - (1 << 20);
+    let h = c.get(addr, 4096, RR).unwrap();
+    assert!(!h.is_cached());
+    assert_eq!(c.stats().uncached, 1);
+    drop(h);
+    assert_eq!(c.domain().region_count(), 0);
+}
+
+#[test]
+fn store_grows_past_initial_capacity() {
+    let c = cache();
+    let p = page_size();
+    let m = pages(200);
+    let held: Vec<CachedMr> = (0..200)
+        .map(|i| c.get(m.addr() + i * p, p, RR).unwrap())
+        .collect();
+    assert_eq!(c.usage().0, 200);
+    for (i, h) in held.iter().enumerate() {
+        assert!(readable(&c, h.key().unwrap(), m.addr() + i * p, p));
+    }
+    drop(held);
+    let again = c.get(m.addr() + 150 * p, p, RR).unwrap();
+    assert!(again.is_cached());
+    assert_eq!(c.stats().hits, 1);
+}
+
+#[test]
+fn dropping_the_cache_deregisters_everything() {
+    let c = cache();
+    let dom = c.domain().clone();
+    let m = pages(2);
+    let p = page_size();
+    let kept = c.get(m.addr(), p, RR).unwrap();
+    drop(c.get(m.addr() + p, p, RR).unwrap());
+    assert_eq!(dom.region_count(), 2);
+    drop(c);
+    assert_eq!(
+        dom.region_count(),
+        1,
+        "the entry in use stays until released"
+    );
+    assert!(kept.is_valid());
+    drop(kept);
+    assert_eq!(dom.region_count(), 0);
+    // Unmapping after the cache is gone does not block (the userfaultfd is closed).
+    drop(m);
+}
+
+#[test]
+fn concurrent_use_from_two_threads() {
+    let c = Arc::new(cache_with(CacheConfig {
+        max_count: 8,
+        ..CacheConfig::default()
+    }));
+    let p = page_size();
+    let shared_mem = Arc::new(pages(16));
+    let mut threads = Vec::new();
+    for t in 0..2u64 {
+        let (c, mem) = (Arc::clone(&c), Arc::clone(&shared_mem));
+        threads.push(std::thread::spawn(move || {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
+            let mut held = Vec::new();
+            for i in 0..3000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let first = (x % 16) as usize;
+                let n = 1 + ((x >> 8) % (16 - first as u64)) as usize;
+                let off = ((x >> 20) % 64) as usize;
+                let (addr, len) = (mem.addr() + first * p + off, n * p - off);
+                let access = if x & (1 << 40) != 0 { RR } else { RR | RW };
+                let h = c.get(addr, len, access).unwrap();
+                assert!(h.addr() <= addr && addr + len <= h.addr() + h.len());
+                assert!(h.access().contains(access));
+                assert!(readable(&c, h.key().unwrap(), addr, len), "iteration {i}");
+                held.push(h);
+                if held.len() > 3 {
+                    held.remove((x >> 30) as usize % held.len());
+                }
+            }
+            // Memory of this thread's own, unmapped piece by piece while the other thread
+            // works. (Each thread unmaps only its own area: see `get` on the window where
+            // another thread can map a just-unmapped range before its event is queued.)
+            let mut own = pages(100);
+            for i in 0..50 {
+                let a = own.addr() + 2 * i * p;
+                let h = c.get(a, 2 * p, RR).unwrap();
+                assert!(h.is_cached());
+                let key = h.key().unwrap();
+                drop(h);
+                own.unmap_part(2 * i * p, 2 * p);
+                assert!(!readable(&c, key, a, 1));
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = c.stats();
+    assert!(s.hits > 0 && s.misses > 0 && s.evictions > 0, "{s:?}");
+    assert!(s.invalidations >= 100, "{s:?}");
+    let (entries, unused, _) = c.usage();
+    assert_eq!(entries, unused, "nothing held any more");
+    assert!(unused <= 8);
+    c.flush();
+    assert_eq!(c.domain().region_count(), 0);
+}
+
+#[test]
+fn config_from_lookup() {
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    assert_eq!(
+        CacheConfig::from_lookup(env(&[])).unwrap(),
+        CacheConfig::default()
+    );
+    let c = CacheConfig::from_lookup(env(&[
+        ("TMPI_MR_CACHE_MAX_COUNT", "0"),
+        ("TMPI_MR_CACHE_MAX_SIZE", "64k"),
+        ("TMPI_MR_CACHE_MONITOR", "disabled"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        c,
+        CacheConfig {
+            max_count: 0,
+            max_size: 65536,
+            monitor: Monitor::Disabled
+        }
+    );
+    let c = CacheConfig::from_lookup(env(&[("TMPI_MR_CACHE_MAX_SIZE", "unlimited")])).unwrap();
+    assert_eq!(c.max_size, usize::MAX);
+    for (var, val) in [
+        ("TMPI_MR_CACHE_MAX_COUNT", "-1"),
+        ("TMPI_MR_CACHE_MAX_SIZE", "12q"),
+        ("TMPI_MR_CACHE_MAX_SIZE", "99999999999999999999t"),
+        ("TMPI_MR_CACHE_MONITOR", "memhooks"),
+    ] {
+        let e = CacheConfig::from_lookup(|k| (k == var).then(|| val.to_string())).unwrap_err();
+        assert!(e.to_string().contains(var), "{e}");
+    }
+}
+
+#[test]
+fn endpoint_domains_are_refused() {
+    let d = Domain::open(DomainAttr {
+        mr_mode: MrMode::ENDPOINT,
+        ..DomainAttr::default()
+    })
+    .unwrap();
+    assert_eq!(
+        MrCache::new(d, CacheConfig::default()).unwrap_err(),
+        MrErrno::Inval
+    );
+}

@@ -1,0 +1,699 @@
+//! The resource domain: attributes, the key table, registration, raw keys, access checks.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::flags::{Access, MrMode, RegFlags};
+use super::region::{Bindings, MemoryRegion, MrAttr, MrDesc, RegionInner};
+use super::{lock, MrErrno, RemoteAccessError};
+
+/// `FI_KEY_NOTAVAIL`: the reserved key value; never issued, rejected as a requested key.
+pub const KEY_NOTAVAIL: u64 = u64::MAX;
+
+/// Largest `mr_key_size` a domain accepts (bytes).
+pub const MAX_MR_KEY_SIZE: usize = 64;
+
+/// Default `mr_iov_limit`.
+pub const DEFAULT_MR_IOV_LIMIT: usize = 4;
+
+/// Keys drawn from the OS per `getrandom` call.
+const KEY_POOL: usize = 16;
+
+/// Attempts at drawing an unused provider key before giving up with `ENOSPC`.
+const KEY_ATTEMPTS: usize = 64;
+
+/// One contiguous piece of a registration (an `iovec`): address and length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Segment {
+    /// Start address in this process.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// Domain attributes that shape memory registration (`struct fi_domain_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DomainAttr {
+    /// The `FI_MR_*` mode bits in force.
+    pub mr_mode: MrMode,
+    /// Size of a remote key in bytes (1..=[`MAX_MR_KEY_SIZE`]). Above 8, keys exist only in
+    /// raw form and `FI_MR_RAW` is required.
+    pub mr_key_size: usize,
+    /// Largest number of segments one registration may have (at least 1).
+    pub mr_iov_limit: usize,
+}
+
+impl Default for DomainAttr {
+    /// No mode bits (libfabric's default, "scalable" registration), 8-byte keys,
+    /// [`DEFAULT_MR_IOV_LIMIT`] segments.
+    fn default() -> Self {
+        Self {
+            mr_mode: MrMode::empty(),
+            mr_key_size: 8,
+            mr_iov_limit: DEFAULT_MR_IOV_LIMIT,
+        }
+    }
+}
+
+/// The operation a remote peer asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteOp {
+    /// RDMA read from the region: needs `REMOTE_READ`.
+    Read,
+    /// RDMA write (or atomic) into the region: needs `REMOTE_WRITE`; counted on counters bound
+    /// with `REMOTE_WRITE`.
+    Write,
+}
+
+/// The local segments a granted remote access touches, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedRange {
+    repr: Repr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Repr {
+    One([Segment; 1]),
+    Many(Vec<Segment>),
+}
+
+impl ResolvedRange {
+    /// The segments, in the order the remote range covers them.
+    pub fn segments(&self) -> &[Segment] {
+        match &self.repr {
+            Repr::One(s) => s,
+            Repr::Many(v) => v,
+        }
+    }
+
+    /// Total bytes.
+    pub fn len(&self) -> usize {
+        self.segments().iter().map(|s| s.len).sum()
+    }
+
+    /// Whether the access covers no byte.
+    pub fn is_empty(&self) -> bool {
+        self.segments().is_empty()
+    }
+}
+
+/// A raw key mapped with [`Domain::map_raw`], as [`Domain::mapped_key`] gives it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedKey {
+    /// The base address the target reported.
+    pub base_addr: u64,
+    /// The raw key bytes, to name the region on the wire.
+    pub raw_key: Vec<u8>,
+}
+
+struct MappedEntry {
+    key: MappedKey,
+    /// How many `map_raw` calls returned this key and await `unmap_key`.
+    refs: usize,
+}
+
+/// Where a key comes from.
+#[derive(Clone, Copy)]
+pub(crate) enum KeyChoice {
+    /// The caller's `requested_key` (ignored under `FI_MR_PROV_KEY`).
+    Requested(u64),
+    /// A random key from the domain, whatever the mode (the registration cache uses this).
+    Random,
+}
+
+struct KeyPool {
+    buf: [u64; KEY_POOL],
+    left: usize,
+}
+
+impl KeyPool {
+    fn next(&mut self) -> Result<u64, MrErrno> {
+        if self.left == 0 {
+            let mut bytes = [0u8; KEY_POOL * 8];
+            getrandom::getrandom(&mut bytes).map_err(|_| MrErrno::Other)?;
+            for (k, c) in self.buf.iter_mut().zip(bytes.chunks_exact(8)) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                *k = u64::from_le_bytes(b);
+            }
+            self.left = KEY_POOL;
+        }
+        self.left -= 1;
+        Ok(self.buf[self.left])
+    }
+}
+
+struct DomainState {
+    by_key: HashMap<u64, Arc<RegionInner>>,
+    by_desc: HashMap<u64, Arc<RegionInner>>,
+    next_desc: u64,
+    mapped: HashMap<u64, MappedEntry>,
+    rng: KeyPool,
+}
+
+struct DomainShared {
+    attr: DomainAttr,
+    state: Mutex<DomainState>,
+    /// Number of invalidation batches a cache monitor is applying right now (see
+    /// [`InvalidationGuard`]). Shared with every region of the domain.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Marks an invalidation batch in progress: from before the monitor reads events (which is
+/// when the kernel lets the `munmap` that caused them return) until it has revoked the
+/// regions. Access checks and validity queries wait while one is in progress, so after a
+/// `munmap` returns no check can see a region of the unmapped memory as usable.
+pub(crate) struct InvalidationGuard {
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Drop for InvalidationGuard {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Waits until no invalidation batch is in progress (returns at once almost always; a batch
+/// takes microseconds).
+pub(crate) fn settle(in_flight: &AtomicUsize) {
+    let mut spins = 0u32;
+    while in_flight.load(Ordering::SeqCst) != 0 {
+        if spins < 100 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A resource domain (`fid_domain`) as far as memory registration goes. Cloning gives another
+/// handle to the same domain; it lives while any handle or region does.
+///
+/// Sans-IO: no thread, clock or system call inside, except `getrandom` for provider keys.
+#[derive(Clone)]
+pub struct Domain {
+    shared: Arc<DomainShared>,
+}
+
+impl fmt::Debug for Domain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Domain")
+            .field("attr", &self.shared.attr)
+            .field("regions", &self.region_count())
+            .finish()
+    }
+}
+
+fn key_mask(key_size: usize) -> u64 {
+    if key_size >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (8 * key_size)) - 1
+    }
+}
+
+impl Domain {
+    /// Opens a domain.
+    ///
+    /// # Errors
+    /// [`MrErrno::Inval`] for mode bits this model does not have (`FI_MR_HMEM`, ...),
+    /// `mr_key_size` 0 or above [`MAX_MR_KEY_SIZE`], `mr_key_size` above 8 without
+    /// `FI_MR_RAW`, or `mr_iov_limit` 0.
+    pub fn open(attr: DomainAttr) -> Result<Domain, MrErrno> {
+        let bad_size = attr.mr_key_size == 0 || attr.mr_key_size > MAX_MR_KEY_SIZE;
+        let needs_raw = attr.mr_key_size > 8 && !attr.mr_mode.contains(MrMode::RAW);
+        if attr.mr_mode.unknown_bits() != 0 || bad_size || needs_raw || attr.mr_iov_limit == 0 {
+            return Err(MrErrno::Inval);
+        }
+        let state = DomainState {
+            by_key: HashMap::new(),
+            by_desc: HashMap::new(),
+            next_desc: 1,
+            mapped: HashMap::new(),
+            rng: KeyPool {
+                buf: [0; KEY_POOL],
+                left: 0,
+            },
+        };
+        let shared = DomainShared {
+            attr,
+            state: Mutex::new(state),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        };
+        Ok(Domain {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The attributes the domain was opened with.
+    pub fn attr(&self) -> &DomainAttr {
+        &self.shared.attr
+    }
+
+    /// Starts an invalidation batch (see [`InvalidationGuard`]).
+    pub(crate) fn begin_invalidation(&self) -> InvalidationGuard {
+        self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
+        InvalidationGuard {
+            in_flight: Arc::clone(&self.shared.in_flight),
+        }
+    }
+
+    /// Waits for invalidation batches in progress to finish.
+    pub(crate) fn settle(&self) {
+        settle(&self.shared.in_flight);
+    }
+
+    /// Number of live registrations.
+    pub fn region_count(&self) -> usize {
+        lock(&self.shared.state).by_key.len()
+    }
+
+    /// Whether two handles name the same domain.
+    pub fn same(&self, other: &Domain) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// `fi_mr_reg`: registers `[addr, addr + len)`.
+    ///
+    /// # Errors
+    /// As [`Domain::regattr`].
+    pub fn reg(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+        offset: u64,
+        requested_key: u64,
+        flags: RegFlags,
+    ) -> Result<MemoryRegion, MrErrno> {
+        let iov = [Segment { addr, len }];
+        self.regattr(
+            &MrAttr {
+                iov: &iov,
+                access,
+                offset,
+                requested_key,
+                context: 0,
+            },
+            flags,
+        )
+    }
+
+    /// `fi_mr_regv`: registers several segments as one region. Peers see the segments as one
+    /// contiguous range, in order (offset 0 is the first byte of the first segment; under
+    /// `FI_MR_VIRT_ADDR` that byte's address).
+    ///
+    /// # Errors
+    /// As [`Domain::regattr`].
+    pub fn regv(
+        &self,
+        iov: &[Segment],
+        access: Access,
+        offset: u64,
+        requested_key: u64,
+        flags: RegFlags,
+    ) -> Result<MemoryRegion, MrErrno> {
+        self.regattr(
+            &MrAttr {
+                iov,
+                access,
+                offset,
+                requested_key,
+                context: 0,
+            },
+            flags,
+        )
+    }
+
+    /// `fi_mr_regattr`: the general registration call.
+    ///
+    /// The region starts enabled, except under `FI_MR_ENDPOINT` (always disabled until an
+    /// endpoint is bound and [`MemoryRegion::enable`] is called) and under `FI_MR_RMA_EVENT`
+    /// when `flags` has [`RegFlags::RMA_EVENT`] (disabled until enabled, so counters can be
+    /// bound first).
+    ///
+    /// Keys: under `FI_MR_PROV_KEY`, `requested_key` is ignored entirely (any value, even
+    /// one that would be rejected otherwise) and the key is a random value of `mr_key_size`
+    /// bytes drawn with `getrandom`. Without it, `requested_key` is the key.
+    ///
+    /// # Errors
+    /// - [`MrErrno::BadFlags`]: `flags` has bits other than `RMA_EVENT` (e.g.
+    ///   [`super::FI_RMA_PMEM`]).
+    /// - [`MrErrno::Inval`]: unknown `access` bits; `offset` not 0; no segment or more than
+    ///   `mr_iov_limit`; a segment of length 0 or whose end overflows; total length overflows.
+    /// - [`MrErrno::KeyRejected`]: (no `PROV_KEY`) `requested_key` wider than `mr_key_size`
+    ///   bytes, or [`KEY_NOTAVAIL`].
+    /// - [`MrErrno::NoKey`]: (no `PROV_KEY`) `requested_key` is in use.
+    /// - [`MrErrno::NoSpace`] / [`MrErrno::Other`]: (`PROV_KEY`) no free key was found /
+    ///   the random source failed.
+    pub fn regattr(&self, attr: &MrAttr<'_>, flags: RegFlags) -> Result<MemoryRegion, MrErrno> {
+        self.register(attr, flags, KeyChoice::Requested(attr.requested_key))
+    }
+
+    pub(crate) fn register(
+        &self,
+        attr: &MrAttr<'_>,
+        flags: RegFlags,
+        key: KeyChoice,
+    ) -> Result<MemoryRegion, MrErrno> {
+        let dattr = &self.shared.attr;
+        if flags.unknown_bits() != 0 {
+            return Err(MrErrno::BadFlags);
+        }
+        if attr.access.unknown_bits() != 0 || attr.offset != 0 {
+            return Err(MrErrno::Inval);
+        }
+        if attr.iov.is_empty() || attr.iov.len() > dattr.mr_iov_limit {
+            return Err(MrErrno::Inval);
+        }
+        let mut total: usize = 0;
+        for s in attr.iov {
+            if s.len == 0 || s.addr.checked_add(s.len).is_none() {
+                return Err(MrErrno::Inval);
+            }
+            total = total.checked_add(s.len).ok_or(MrErrno::Inval)?;
+        }
+        let mode = dattr.mr_mode;
+        let created_disabled = mode.contains(MrMode::ENDPOINT)
+            || (mode.contains(MrMode::RMA_EVENT) && flags.contains(RegFlags::RMA_EVENT));
+        let mask = key_mask(dattr.mr_key_size);
+        let choice = match key {
+            KeyChoice::Requested(_) if mode.contains(MrMode::PROV_KEY) => KeyChoice::Random,
+            other => other,
+        };
+        // Allocations happen before the domain lock is taken.
+        let iov: Box<[Segment]> = attr.iov.into();
+        let mut raw_tail = vec![0u8; dattr.mr_key_size.saturating_sub(8)].into_boxed_slice();
+        if !raw_tail.is_empty() {
+            getrandom::getrandom(&mut raw_tail).map_err(|_| MrErrno::Other)?;
+        }
+        let mut st = lock(&self.shared.state);
+        let key = match choice {
+            KeyChoice::Requested(k) => {
+                if k & !mask != 0 || k == KEY_NOTAVAIL {
+                    return Err(MrErrno::KeyRejected);
+                }
+                if st.by_key.contains_key(&k) {
+                    return Err(MrErrno::NoKey);
+                }
+                k
+            }
+            KeyChoice::Random => {
+                let mut found = None;
+                for _ in 0..KEY_ATTEMPTS {
+                    let k = st.rng.next()? & mask;
+                    if k != KEY_NOTAVAIL && !st.by_key.contains_key(&k) {
+                        found = Some(k);
+                        break;
+                    }
+                }
+                found.ok_or(MrErrno::NoSpace)?
+            }
+        };
+        let desc = MrDesc(st.next_desc);
+        st.next_desc += 1;
+        let inner = Arc::new(RegionInner {
+            key,
+            raw_tail,
+            desc,
+            iov,
+            total_len: total,
+            access: attr.access,
+            flags,
+            context: attr.context,
+            mode,
+            key_size: dattr.mr_key_size,
+            created_disabled,
+            enabled: AtomicBool::new(!created_disabled),
+            revoked: AtomicBool::new(false),
+            refreshes: AtomicU64::new(0),
+            bindings: Mutex::new(Bindings::default()),
+            in_flight: Arc::clone(&self.shared.in_flight),
+        });
+        st.by_key.insert(key, Arc::clone(&inner));
+        st.by_desc.insert(desc.0, Arc::clone(&inner));
+        drop(st);
+        Ok(MemoryRegion {
+            domain: self.clone(),
+            inner,
+        })
+    }
+
+    /// Removes a region from the tables (if it is still the one registered under its key) and
+    /// revokes it. Called by [`MemoryRegion`]'s drop.
+    pub(crate) fn deregister(&self, region: &Arc<RegionInner>) {
+        region.revoke();
+        let mut st = lock(&self.shared.state);
+        if st
+            .by_key
+            .get(&region.key)
+            .is_some_and(|r| Arc::ptr_eq(r, region))
+        {
+            st.by_key.remove(&region.key);
+        }
+        st.by_desc.remove(&region.desc.0);
+    }
+
+    /// `fi_mr_map_raw`, at the initiator: turns a raw key received from a peer (with the
+    /// base address from its `raw_attr`) into a 64-bit key for data transfers. With keys of
+    /// at most 8 bytes the mapped key is the key itself, so it can go on the wire as is; with
+    /// longer keys it is a random local handle, and [`Domain::mapped_key`] gives the raw key
+    /// back for the wire. Every successful call must be matched by [`Domain::unmap_key`].
+    ///
+    /// # Errors
+    /// [`MrErrno::BadFlags`] for non-zero `flags`; [`MrErrno::Inval`] when `raw_key` is not
+    /// `mr_key_size` bytes; [`MrErrno::NoSpace`] / [`MrErrno::Other`] when no local handle
+    /// could be drawn.
+    pub fn map_raw(&self, base_addr: u64, raw_key: &[u8], flags: u64) -> Result<u64, MrErrno> {
+        if flags != 0 {
+            return Err(MrErrno::BadFlags);
+        }
+        let n = self.shared.attr.mr_key_size;
+        if raw_key.len() != n {
+            return Err(MrErrno::Inval);
+        }
+        let entry = MappedKey {
+            base_addr,
+            raw_key: raw_key.to_vec(),
+        };
+        let mut st = lock(&self.shared.state);
+        if n <= 8 {
+            let mut b = [0u8; 8];
+            b[..n].copy_from_slice(raw_key);
+            let key = u64::from_le_bytes(b);
+            let e = st.mapped.entry(key).or_insert(MappedEntry {
+                key: entry,
+                refs: 0,
+            });
+            e.refs += 1;
+            return Ok(key);
+        }
+        for _ in 0..KEY_ATTEMPTS {
+            let k = st.rng.next()?;
+            if k != KEY_NOTAVAIL && !st.mapped.contains_key(&k) {
+                st.mapped.insert(
+                    k,
+                    MappedEntry {
+                        key: entry,
+                        refs: 1,
+                    },
+                );
+                return Ok(k);
+            }
+        }
+        Err(MrErrno::NoSpace)
+    }
+
+    /// The raw key and base address behind a key returned by [`Domain::map_raw`].
+    pub fn mapped_key(&self, key: u64) -> Option<MappedKey> {
+        lock(&self.shared.state)
+            .mapped
+            .get(&key)
+            .map(|e| e.key.clone())
+    }
+
+    /// `fi_mr_unmap_key`: releases a key returned by [`Domain::map_raw`].
+    ///
+    /// # Errors
+    /// [`MrErrno::Inval`] when the key is not mapped (or was already released as often as it
+    /// was mapped).
+    pub fn unmap_key(&self, key: u64) -> Result<(), MrErrno> {
+        let mut st = lock(&self.shared.state);
+        let e = st.mapped.get_mut(&key).ok_or(MrErrno::Inval)?;
+        e.refs -= 1;
+        if e.refs == 0 {
+            st.mapped.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// The target side of a remote access: may the peer `op` `len` bytes at `addr` of the
+    /// region named by `key`? Checks, in order, that the key names a live region, that the
+    /// region is enabled (and its memory not unmapped), that the range lies inside it
+    /// (virtual address under `FI_MR_VIRT_ADDR`, 0-based offset otherwise; all arithmetic
+    /// checked), and that the region grants `REMOTE_READ` (reads) or `REMOTE_WRITE`
+    /// (writes). Only then does it resolve the range into local segments; a granted write is
+    /// counted on the counters bound with `REMOTE_WRITE`.
+    ///
+    /// In domains whose keys are wider than 8 bytes, the 64-bit key is not the whole key:
+    /// use [`Domain::check_remote_raw`]; this call refuses with `UnknownKey`.
+    ///
+    /// # Errors
+    /// `MrErrno::Access(reason)`; nothing was touched.
+    pub fn check_remote(
+        &self,
+        key: u64,
+        addr: u64,
+        len: u64,
+        op: RemoteOp,
+    ) -> Result<ResolvedRange, MrErrno> {
+        if self.shared.attr.mr_key_size > 8 {
+            return Err(RemoteAccessError::UnknownKey.into());
+        }
+        let region = self.lookup_key(key)?;
+        resolve(&region, addr, len, op)
+    }
+
+    /// [`Domain::check_remote`] for a key in raw form (all `mr_key_size` bytes compared).
+    ///
+    /// # Errors
+    /// As [`Domain::check_remote`].
+    pub fn check_remote_raw(
+        &self,
+        raw_key: &[u8],
+        addr: u64,
+        len: u64,
+        op: RemoteOp,
+    ) -> Result<ResolvedRange, MrErrno> {
+        let n = self.shared.attr.mr_key_size;
+        if raw_key.len() != n {
+            return Err(RemoteAccessError::UnknownKey.into());
+        }
+        let head = n.min(8);
+        let mut b = [0u8; 8];
+        b[..head].copy_from_slice(&raw_key[..head]);
+        let region = self.lookup_key(u64::from_le_bytes(b))?;
+        // Compare the whole tail before deciding, so the time taken does not say how many
+        // bytes matched.
+        let diff = region
+            .raw_tail
+            .iter()
+            .zip(&raw_key[head..])
+            .fold(0u8, |d, (a, b)| d | (a ^ b));
+        if diff != 0 {
+            return Err(RemoteAccessError::UnknownKey.into());
+        }
+        resolve(&region, addr, len, op)
+    }
+
+    fn lookup_key(&self, key: u64) -> Result<Arc<RegionInner>, MrErrno> {
+        let st = lock(&self.shared.state);
+        st.by_key
+            .get(&key)
+            .cloned()
+            .ok_or(MrErrno::Access(RemoteAccessError::UnknownKey))
+    }
+
+    /// The local side under `FI_MR_LOCAL`: may a data transfer use `[addr, addr + len)` with
+    /// descriptor `desc` for `access` (`SEND`, `RECV`, `READ`, `WRITE`)? Without `FI_MR_LOCAL`
+    /// descriptors are ignored and every buffer is accepted.
+    ///
+    /// # Errors
+    /// [`MrErrno::Inval`] for an unknown descriptor; `MrErrno::Access(Disabled | Denied |
+    /// OutOfRange)` when the region is disabled, lacks the access, or does not contain the
+    /// buffer within one segment.
+    pub fn check_local(
+        &self,
+        desc: MrDesc,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<(), MrErrno> {
+        if !self.shared.attr.mr_mode.contains(MrMode::LOCAL) {
+            return Ok(());
+        }
+        let region = lock(&self.shared.state)
+            .by_desc
+            .get(&desc.0)
+            .cloned()
+            .ok_or(MrErrno::Inval)?;
+        if !region.usable() {
+            return Err(RemoteAccessError::Disabled.into());
+        }
+        if !region.access.contains(access) {
+            return Err(RemoteAccessError::Denied.into());
+        }
+        let end = addr.checked_add(len).ok_or(RemoteAccessError::OutOfRange)?;
+        if region
+            .iov
+            .iter()
+            .any(|s| addr >= s.addr && end <= s.addr + s.len)
+        {
+            Ok(())
+        } else {
+            Err(RemoteAccessError::OutOfRange.into())
+        }
+    }
+}
+
+/// The checks and the resolution of [`Domain::check_remote`], once the key named a region.
+fn resolve(r: &RegionInner, addr: u64, len: u64, op: RemoteOp) -> Result<ResolvedRange, MrErrno> {
+    use RemoteAccessError as E;
+    if !r.usable() {
+        return Err(E::Disabled.into());
+    }
+    let offset = if r.mode.contains(MrMode::VIRT_ADDR) {
+        addr.checked_sub(r.base_addr()).ok_or(E::OutOfRange)?
+    } else {
+        addr
+    };
+    let end = offset.checked_add(len).ok_or(E::OutOfRange)?;
+    if end > r.total_len as u64 {
+        return Err(E::OutOfRange.into());
+    }
+    let needed = match op {
+        RemoteOp::Read => Access::REMOTE_READ,
+        RemoteOp::Write => Access::REMOTE_WRITE,
+    };
+    if !r.access.contains(needed) {
+        return Err(E::Denied.into());
+    }
+    // In range: offset + len <= total_len, which fits in usize.
+    let (mut off, mut left) = (offset as usize, len as usize);
+    let mut one: Option<Segment> = None;
+    let mut many: Vec<Segment> = Vec::new();
+    for s in r.iov.iter() {
+        if left == 0 {
+            break;
+        }
+        if off >= s.len {
+            off -= s.len;
+            continue;
+        }
+        let take = (s.len - off).min(left);
+        let seg = Segment {
+            addr: s.addr + off,
+            len: take,
+        };
+        match one.take() {
+            None if many.is_empty() => one = Some(seg),
+            prev => {
+                many.extend(prev);
+                many.push(seg);
+            }
+        }
+        off = 0;
+        left -= take;
+    }
+    if op == RemoteOp::Write {
+        r.count_remote_write();
+    }
+    let repr = match one {
+        Some(s) => Repr::One([s]),
+        None => Repr::Many(many),
+    };
+    Ok(ResolvedRange { repr })
+}
