@@ -720,8 +720,17 @@ fn differential(
     Ok(())
 }
 
+/// Cases per differential proptest: 128 (a few seconds in debug), or `PROPTEST_CASES` for a
+/// longer soak.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn differential_default(ops in proptest::collection::vec(op(), 0..300)) {
