@@ -260,6 +260,21 @@ fn madvise_dontneed_invalidates() {
 }
 
 #[test]
+fn mremap_invalidates_the_old_range() {
+    let c = cache();
+    let p = page_size();
+    let mut m = pages(2);
+    // Occupy the page after the mapping (or find it occupied) so mremap has to move it.
+    let _blocker = Mapping::at(m.addr() + 2 * p, p);
+    let k = c.get(m.addr(), 2 * p, RR).unwrap().key().unwrap();
+    let old = m.remap_grow();
+    assert_ne!(m.addr(), old, "moved");
+    assert_eq!(c.stats().invalidations, 1);
+    assert!(!readable(&c, k, old, 1));
+    assert_eq!(m.get(0), 0x5a, "contents moved along");
+}
+
+#[test]
 fn no_stale_hit_after_munmap_then_mmap_at_same_address() {
     let c = cache();
     let p = page_size();

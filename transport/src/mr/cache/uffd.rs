@@ -533,6 +533,36 @@ pub(crate) mod testmem {
             assert_eq!(r, 0, "madvise: {}", io::Error::last_os_error());
         }
 
+        /// Grows the mapping by 64 pages with `mremap(MREMAP_MAYMOVE)`: the kernel moves it when
+        /// it cannot grow in place. Returns the old address.
+        pub(crate) fn remap_grow(&mut self) -> usize {
+            assert!(self.mapped && self.holes.iter().all(|h| !h));
+            let page = super::page_size();
+            let new_len = self.len + 64 * page;
+            // SAFETY: the old range is a mapping this value owns entirely; MREMAP_MAYMOVE
+            // lets the kernel place the grown mapping anywhere free, never over other
+            // mappings. The value then owns the new range instead.
+            let p = unsafe {
+                libc::mremap(
+                    self.addr as *mut libc::c_void,
+                    self.len,
+                    new_len,
+                    libc::MREMAP_MAYMOVE,
+                )
+            };
+            assert_ne!(
+                p,
+                libc::MAP_FAILED,
+                "mremap: {}",
+                io::Error::last_os_error()
+            );
+            let old = self.addr;
+            self.addr = p as usize;
+            self.len = new_len;
+            self.holes = vec![false; new_len / page];
+            old
+        }
+
         /// Unmaps `[off, off + len)` of the mapping (page-aligned); the rest stays mapped until
         /// drop, which unmaps only what is still ours.
         pub(crate) fn unmap_part(&mut self, off: usize, len: usize) {
