@@ -34,6 +34,9 @@ pub enum WcStatus {
     RemAccessErr,
     /// `IBV_WC_RETRY_EXC_ERR`: the peer of a rendezvous read did not answer.
     RetryExcErr,
+    /// `IBV_WC_WR_FLUSH_ERR`: a multi-packet message was cut off because its connection
+    /// failed ([`super::TmSrq::abort_message`]).
+    WrFlushErr,
     /// `IBV_WC_GENERAL_ERR`: any other failure of a rendezvous read.
     GeneralErr,
     /// `IBV_WC_TM_ERR`: a TAG_DEL failed because the entry was not in the list (already
@@ -113,7 +116,9 @@ pub struct Wc {
     pub handle: u32,
     /// The source (QP / peer id given to `arrive`) of a receive completion, else 0.
     pub src: u32,
-    pub(super) tm: Option<(u64, u32)>,
+    /// TMH tag and app_ctx of a matched message (see [`Wc::read_tm_info`]).
+    pub(super) tag: u64,
+    pub(super) app_ctx: u32,
 }
 
 impl Wc {
@@ -124,7 +129,11 @@ impl Wc {
     /// from the SRQ buffer, where the whole message landed.
     #[inline]
     pub fn read_tm_info(&self) -> Option<(u64, u32)> {
-        self.tm
+        let matched = self.opcode == WcOpcode::TmRecv
+            && self
+                .flags
+                .intersects(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID);
+        matched.then_some((self.tag, self.app_ctx))
     }
 
     /// True for an unexpected tagged message: [`WcOpcode::TmRecv`] with neither

@@ -291,11 +291,16 @@ impl TagList {
     }
 
     /// The first eligible entry in list order whose `tag & mask` equals `msg_tag & mask`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn lookup(&self, msg_tag: u64) -> Option<u32> {
         if self.listed == 0 {
             return None;
         }
+        self.lookup_listed(msg_tag)
+    }
+
+    /// [`TagList::lookup`] on a non-empty list.
+    fn lookup_listed(&self, msg_tag: u64) -> Option<u32> {
         let mut best = NIL;
         let mut best_seq = u64::MAX;
         for c in &self.classes {

@@ -200,14 +200,18 @@ pub struct TmCounters {
     pub list_hwm: u64,
 }
 
-/// A queued completion plus what polling it releases.
+/// [`CqEntry::op_seq`] of a completion that is not an op's.
+const NO_OP: u64 = u64::MAX;
+
+/// A queued completion plus what polling it releases (64 bytes).
 #[derive(Debug, Clone, Copy)]
 struct CqEntry {
     wc: Wc,
     /// Handle whose holder this completion is, or [`NIL`].
     release: u32,
-    /// Sequence number of the op this completes (reclaims its and earlier op slots).
-    op_seq: Option<u64>,
+    /// Sequence number of the op this completes (reclaims its and earlier op slots), or
+    /// [`NO_OP`].
+    op_seq: u64,
     /// An unexpected tagged receive (counts toward the `TM_SYNC_REQ` threshold).
     unexpected: bool,
 }
@@ -265,6 +269,37 @@ impl std::fmt::Debug for TmSrq {
             .field("counters", &self.counters)
             .finish_non_exhaustive()
     }
+}
+
+/// Reads a TMH like [`Tmh::decode`], without building the crate's error (this is the hot
+/// path of every arrival).
+#[inline]
+fn parse_tmh(buf: &[u8]) -> Option<Tmh> {
+    let b: &[u8; TMH_LEN] = buf.get(..TMH_LEN)?.try_into().ok()?;
+    if b[1] | b[2] | b[3] != 0 {
+        return None;
+    }
+    let op = match b[0] {
+        0 => TmOp::NoTag,
+        1 => TmOp::Rndv,
+        2 => TmOp::Fin,
+        3 => TmOp::Eager,
+        _ => return None,
+    };
+    let app_ctx = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+    let tag = u64::from_be_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
+    Some(Tmh { op, app_ctx, tag })
+}
+
+/// Reads an RVH like [`Rvh::decode`], without building the crate's error.
+#[inline]
+fn parse_rvh(buf: &[u8]) -> Option<Rvh> {
+    let b: &[u8; RVH_LEN] = buf.get(..RVH_LEN)?.try_into().ok()?;
+    Some(Rvh {
+        va: u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+        rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
+        len: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
+    })
 }
 
 #[inline]
@@ -459,7 +494,8 @@ impl TmSrq {
             byte_len: 0,
             handle: 0,
             src: 0,
-            tm: None,
+            tag: 0,
+            app_ctx: 0,
         };
         match wr.opcode {
             OpsOp::Add {
@@ -487,7 +523,7 @@ impl TmSrq {
                     self.push(CqEntry {
                         wc,
                         release: h,
-                        op_seq: Some(seq),
+                        op_seq: seq,
                         unexpected: false,
                     });
                 }
@@ -506,7 +542,7 @@ impl TmSrq {
                         self.push(CqEntry {
                             wc,
                             release: handle,
-                            op_seq: Some(seq),
+                            op_seq: seq,
                             unexpected: false,
                         });
                     } else {
@@ -518,7 +554,7 @@ impl TmSrq {
                     self.push(CqEntry {
                         wc,
                         release: NIL,
-                        op_seq: Some(seq),
+                        op_seq: seq,
                         unexpected: false,
                     });
                 }
@@ -530,7 +566,7 @@ impl TmSrq {
                     self.push(CqEntry {
                         wc,
                         release: NIL,
-                        op_seq: Some(seq),
+                        op_seq: seq,
                         unexpected: false,
                     });
                 }
@@ -552,8 +588,8 @@ impl TmSrq {
         if e.release != NIL {
             self.list.unref(e.release);
         }
-        if let Some(seq) = e.op_seq {
-            self.ops_reaped = self.ops_reaped.max(seq + 1);
+        if e.op_seq != NO_OP {
+            self.ops_reaped = self.ops_reaped.max(e.op_seq + 1);
         }
         if e.unexpected {
             self.unexp_polled = self.unexp_polled.wrapping_add(1);
@@ -615,7 +651,7 @@ impl TmSrq {
         }
         match TmOp::from_u8(op) {
             Ok(TmOp::Eager) => {
-                let tmh = Tmh::decode(first).map_err(|_| TmErrno::BadMsg)?;
+                let tmh = parse_tmh(first).ok_or(TmErrno::BadMsg)?;
                 match self.list.lookup(tmh.tag) {
                     Some(h) => Ok(self.match_eager(h, src, &tmh, first.len(), total_len)),
                     None => Ok(self.deliver_to_srq(
@@ -634,8 +670,8 @@ impl TmSrq {
                 {
                     return Err(TmErrno::BadMsg);
                 }
-                let tmh = Tmh::decode(first).map_err(|_| TmErrno::BadMsg)?;
-                let rvh = Rvh::decode(&first[TMH_LEN..]).map_err(|_| TmErrno::BadMsg)?;
+                let tmh = parse_tmh(first).ok_or(TmErrno::BadMsg)?;
+                let rvh = parse_rvh(&first[TMH_LEN..]).ok_or(TmErrno::BadMsg)?;
                 match self.list.lookup(tmh.tag) {
                     Some(h) => Ok(self.match_rndv(h, src, &tmh, rvh, first)),
                     None => Ok(self.deliver_to_srq(
@@ -695,12 +731,13 @@ impl TmSrq {
                         byte_len: s.payload,
                         handle: h,
                         src,
-                        tm: Some((s.msg_tag, s.app_ctx)),
+                        tag: s.msg_tag,
+                        app_ctx: s.app_ctx,
                     };
                     self.push(CqEntry {
                         wc,
                         release: h,
-                        op_seq: None,
+                        op_seq: NO_OP,
                         unexpected: false,
                     });
                 }
@@ -732,6 +769,68 @@ impl TmSrq {
             }
         };
         Ok(Arrival::Place(place))
+    }
+
+    /// The connection to `src` failed in the middle of a multi-packet message: the message
+    /// is cut off. A matched entry completes `TM_DATA_VALID` with
+    /// [`WcStatus::WrFlushErr`] (and is freed when that is polled); an unexpected or NO_TAG
+    /// message completes with that status in its SRQ buffer (an unexpected one still counts
+    /// toward software's unexpected count). Returns false if no message from `src` was in
+    /// progress. Rendezvous reads from a failed peer are reported with
+    /// [`TmSrq::read_failed`].
+    pub fn abort_message(&mut self, src: u32) -> bool {
+        let Some(i) = self.inflight.iter().position(|f| f.src == src) else {
+            return false;
+        };
+        let f = self.inflight.swap_remove(i);
+        match f.target {
+            InTarget::Tagged(h) => {
+                let s = &mut self.list.slots[h as usize];
+                s.state = SlotState::Done;
+                let wc = Wc {
+                    wr_id: s.recv_wr_id,
+                    opcode: WcOpcode::TmRecv,
+                    status: WcStatus::WrFlushErr,
+                    flags: WcFlags::TM_DATA_VALID,
+                    byte_len: s.payload,
+                    handle: h,
+                    src,
+                    tag: s.msg_tag,
+                    app_ctx: s.app_ctx,
+                };
+                self.push(CqEntry {
+                    wc,
+                    release: h,
+                    op_seq: NO_OP,
+                    unexpected: false,
+                });
+            }
+            InTarget::Srq {
+                wr_id,
+                opcode,
+                unexpected,
+                ..
+            } => {
+                let wc = Wc {
+                    wr_id,
+                    opcode,
+                    status: WcStatus::WrFlushErr,
+                    flags: WcFlags::NONE,
+                    byte_len: f.total as u64,
+                    handle: 0,
+                    src,
+                    tag: 0,
+                    app_ctx: 0,
+                };
+                self.push(CqEntry {
+                    wc,
+                    release: NIL,
+                    op_seq: NO_OP,
+                    unexpected,
+                });
+            }
+        }
+        true
     }
 
     /// Reports that the read of `id` finished: queues the DATA_VALID completion (the entry's
@@ -791,12 +890,13 @@ impl TmSrq {
             byte_len: s.payload,
             handle: h,
             src: s.src,
-            tm: Some((s.msg_tag, s.app_ctx)),
+            tag: s.msg_tag,
+            app_ctx: s.app_ctx,
         };
         self.push(CqEntry {
             wc,
             release: h,
-            op_seq: None,
+            op_seq: NO_OP,
             unexpected: false,
         });
     }
@@ -833,7 +933,8 @@ impl TmSrq {
             byte_len: payload,
             handle: h,
             src,
-            tm: Some((tmh.tag, tmh.app_ctx)),
+            tag: tmh.tag,
+            app_ctx: tmh.app_ctx,
         };
         if first_len == total_len {
             self.list.slots[h as usize].state = SlotState::Done;
@@ -841,7 +942,7 @@ impl TmSrq {
             self.push(CqEntry {
                 wc,
                 release: h,
-                op_seq: None,
+                op_seq: NO_OP,
                 unexpected: false,
             });
         } else {
@@ -850,7 +951,7 @@ impl TmSrq {
             self.push(CqEntry {
                 wc,
                 release: NIL,
-                op_seq: None,
+                op_seq: NO_OP,
                 unexpected: false,
             });
             self.inflight.push(Inflight {
@@ -885,7 +986,8 @@ impl TmSrq {
             byte_len: 0,
             handle: h,
             src,
-            tm: Some((tmh.tag, tmh.app_ctx)),
+            tag: tmh.tag,
+            app_ctx: tmh.app_ctx,
         };
         if len > s.len as u64 {
             // The buffer cannot hold the payload: hand the request to software, in the buffer.
@@ -899,7 +1001,7 @@ impl TmSrq {
             self.push(CqEntry {
                 wc,
                 release: h,
-                op_seq: None,
+                op_seq: NO_OP,
                 unexpected: false,
             });
             return Arrival::Place(Placement {
@@ -921,7 +1023,7 @@ impl TmSrq {
         self.push(CqEntry {
             wc,
             release: NIL,
-            op_seq: None,
+            op_seq: NO_OP,
             unexpected: false,
         });
         Arrival::Read(ReadRequest {
@@ -994,13 +1096,16 @@ impl TmSrq {
             byte_len: total as u64,
             handle: 0,
             src,
-            tm: None,
+            tag: 0,
+            app_ctx: 0,
         };
         self.push(CqEntry {
             wc,
             release: NIL,
-            op_seq: None,
+            op_seq: NO_OP,
             unexpected,
         });
     }
 }
+
+const _: () = assert!(std::mem::size_of::<CqEntry>() <= 64);

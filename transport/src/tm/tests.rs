@@ -1010,6 +1010,35 @@ fn multi_packet_unexpected_and_no_tag_complete_with_their_last_packet() {
     );
 }
 
+#[test]
+fn abort_message_flushes_a_half_received_message() {
+    let mut s = srq(1, 8, 4);
+    let h = add(&mut s, 0x42, ALL, 7, 64, 0);
+    s.post_srq_recv(100, 64).unwrap();
+    let msg = eager(0x42, 3, &[1; 30]);
+    s.arrive_first(5, &msg[..20], msg.len()).unwrap();
+    s.arrive_first(6, &msg[..20], msg.len()).unwrap();
+    assert!(!s.abort_message(7));
+    assert!(s.abort_message(5));
+    assert!(s.abort_message(6));
+    assert_eq!(s.arrive_continuation(5, &msg[20..]), Err(TmErrno::Inval));
+    let wcs = drain(&mut s);
+    assert_eq!(wcs.len(), 3);
+    assert_eq!((wcs[0].flags, wcs[0].wr_id), (WcFlags::TM_MATCH, 7));
+    assert_eq!(
+        (wcs[1].flags, wcs[1].status, wcs[1].wr_id),
+        (WcFlags::TM_DATA_VALID, WcStatus::WrFlushErr, 7)
+    );
+    assert_eq!((wcs[2].status, wcs[2].wr_id), (WcStatus::WrFlushErr, 100));
+    assert!(
+        wcs[2].is_unexpected(),
+        "counted by HW: software must count it too"
+    );
+    // The entry was freed; the source can send again.
+    assert_eq!(add(&mut s, 0x42, ALL, 8, 64, 1), h);
+    assert_eq!(tagged_wr(s.arrive(5, &msg).unwrap()), 8);
+}
+
 // ---------------------------------------------------------------- malformed input
 
 #[test]
@@ -1090,6 +1119,9 @@ mod prop {
         Continue {
             src: u32,
         },
+        Abort {
+            src: u32,
+        },
         Poll(u8),
         PostSrq,
         ReadDone {
@@ -1129,6 +1161,7 @@ mod prop {
             2 => (0u32..3, 0u64..6, 0u32..60).prop_map(|(src, tag, len)| Step::Rndv { src, tag, len }),
             1 => (0u32..3).prop_map(|src| Step::NoTag { src }),
             2 => (0u32..3).prop_map(|src| Step::Continue { src }),
+            1 => (0u32..3).prop_map(|src| Step::Abort { src }),
             4 => (1u8..6).prop_map(Step::Poll),
             3 => Just(Step::PostSrq),
             2 => (any::<usize>(), any::<bool>()).prop_map(|(pick, ok)| Step::ReadDone { pick, ok }),
@@ -1326,6 +1359,9 @@ mod prop {
                             }
                             None => prop_assert_eq!(s.arrive_continuation(src, b"x"), Err(TmErrno::Inval)),
                         }
+                    }
+                    Step::Abort { src } => {
+                        prop_assert_eq!(s.abort_message(src), inflight.remove(&src).is_some());
                     }
                     Step::Poll(n) => {
                         for _ in 0..n {
