@@ -64,9 +64,13 @@ pub struct Cli {
     #[arg(long, value_name = "SECS", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 
-    /// Allow more ranks than available CPUs.
-    #[arg(long)]
+    /// Allow more ranks than available CPUs (the default; accepted for Open MPI compatibility).
+    #[arg(long, overrides_with = "no_oversubscribe")]
     pub oversubscribe: bool,
+
+    /// Refuse to start more ranks than available CPUs (exit status 2).
+    #[arg(long)]
+    pub no_oversubscribe: bool,
 
     /// Bind each rank [default: core when ranks <= CPUs, else none].
     #[arg(long, value_enum, value_name = "WHAT")]

@@ -54,10 +54,12 @@ fn real_main() -> Result<i32> {
     let exports = cli::parse_exports(&cli.export)?;
     let topo = binding::Topology::detect()?;
     let ncpus = topo.ncpus();
-    if np > ncpus && !cli.oversubscribe {
+    // Like MPICH's hydra, more ranks than CPUs is allowed by default (the runtime then
+    // yields instead of spinning); --no-oversubscribe restores Open MPI's refusal.
+    if np > ncpus && cli.no_oversubscribe && !cli.oversubscribe {
         return Err(Error::Usage(format!(
-            "{np} ranks requested but only {ncpus} CPU(s) are available to tmpirun; \
-             pass --oversubscribe to run more ranks than CPUs"
+            "{np} ranks requested but only {ncpus} CPU(s) are available to tmpirun \
+             and --no-oversubscribe was given"
         )));
     }
     sys::raise_nofile_limit();

@@ -406,15 +406,17 @@ fn bad_command_lines_are_clear_errors() {
     let out = run(&["true"]);
     assert_eq!(out.status.code(), Some(2));
     let too_many = (ncpus() + 1).to_string();
-    let out = run(&["-n", &too_many, "true"]);
+    let out = run(&["-n", &too_many, "--no-oversubscribe", "true"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out.stderr).contains("--oversubscribe"),
+        text(&out.stderr).contains("--no-oversubscribe"),
         "{}",
         text(&out.stderr)
     );
     let out = run(&["-n", &too_many, "--oversubscribe", "true"]);
     assert!(out.status.success());
+    let out = run(&["-n", &too_many, "true"]);
+    assert!(out.status.success(), "oversubscription is the default");
 }
 
 #[test]
