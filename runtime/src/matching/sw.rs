@@ -313,9 +313,15 @@ impl<R, M> SwMatcher<R, M> {
         self.wild.retain(|w| w.r.is_some());
     }
 
-    /// After an exact receive left its bucket: clear or compact the exact index if needed.
+    /// After the exact receive `removed` left its bucket: drop its index entry if it is at
+    /// either end (the FIFO and LIFO patterns then never compact), clear or compact if needed.
     #[inline]
-    fn tidy_exact_index(&mut self) {
+    fn tidy_exact_index(&mut self, removed: RecvId) {
+        if self.exact_index.front().is_some_and(|e| e.0 == removed) {
+            self.exact_index.pop_front();
+        } else if self.exact_index.back().is_some_and(|e| e.0 == removed) {
+            self.exact_index.pop_back();
+        }
         if self.exact_live == 0 {
             self.exact_index.clear();
         } else if self.exact_index.len() > 2 * self.exact_live + self.tuning.list_slack {
@@ -330,9 +336,15 @@ impl<R, M> SwMatcher<R, M> {
             .retain(|&(seq, key)| exact_live(buckets, seq, key));
     }
 
-    /// After an unexpected message left its bucket: clear or compact the arrival list if needed.
+    /// After the unexpected message `removed` (arrival seq) left its bucket: drop its entry if
+    /// it is at either end, clear or compact the arrival list if needed.
     #[inline]
-    fn tidy_ux_order(&mut self) {
+    fn tidy_ux_order(&mut self, removed: u64) {
+        if self.ux_order.front().is_some_and(|e| e.0 == removed) {
+            self.ux_order.pop_front();
+        } else if self.ux_order.back().is_some_and(|e| e.0 == removed) {
+            self.ux_order.pop_back();
+        }
         if self.ux_live == 0 {
             self.ux_order.clear();
         } else if self.ux_order.len() > 2 * self.ux_live + self.tuning.list_slack {
@@ -374,13 +386,13 @@ impl<R, M> SwMatcher<R, M> {
     fn take_unexpected(&mut self, tag: u64, mask: u64) -> Option<(u64, M)> {
         let key = self.find_unexpected(tag, mask)?;
         let b = self.buckets.get_mut(&key)?;
-        let (_, m) = b.ux.pop_front()?;
+        let (useq, m) = b.ux.pop_front()?;
         let emptied = b.is_empty();
         self.ux_live -= 1;
         if emptied {
             self.bucket_emptied();
         }
-        self.tidy_ux_order();
+        self.tidy_ux_order(useq);
         Some((key, m))
     }
 
@@ -389,13 +401,13 @@ impl<R, M> SwMatcher<R, M> {
         match self.buckets.entry(tag) {
             Entry::Occupied(mut e) => {
                 let b = e.get_mut();
-                if let Some((_, m)) = b.ux.pop_front() {
+                if let Some((useq, m)) = b.ux.pop_front() {
                     let emptied = b.is_empty();
                     self.ux_live -= 1;
                     if emptied {
                         self.bucket_emptied();
                     }
-                    self.tidy_ux_order();
+                    self.tidy_ux_order(useq);
                     return Posted::Matched(r, m);
                 }
                 if b.posted.is_empty() {
@@ -415,24 +427,13 @@ impl<R, M> SwMatcher<R, M> {
         Posted::Queued(seq)
     }
 
-    /// Stores `m` as unexpected in bucket `b` (existing) or a new one.
-    fn store_unexpected(&mut self, tag: u64, m: M) {
+    /// Stores `m` as unexpected in a new bucket for `tag` (there is none).
+    fn store_unexpected_new(&mut self, tag: u64, m: M) {
         let useq = self.next_useq;
         self.next_useq += 1;
-        match self.buckets.entry(tag) {
-            Entry::Occupied(mut e) => {
-                let b = e.get_mut();
-                if b.is_empty() {
-                    self.empty_buckets -= 1;
-                }
-                b.ux.push_back((useq, m));
-            }
-            Entry::Vacant(e) => {
-                let mut b = Self::fresh_bucket(&mut self.spare);
-                b.ux.push_back((useq, m));
-                e.insert(b);
-            }
-        }
+        let mut b = Self::fresh_bucket(&mut self.spare);
+        b.ux.push_back((useq, m));
+        self.buckets.insert(tag, b);
         self.ux_order.push_back((useq, tag));
         self.ux_live += 1;
     }
@@ -571,9 +572,19 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
                 if emptied {
                     self.bucket_emptied();
                 }
-                self.tidy_exact_index();
+                self.tidy_exact_index(seq);
                 return Arrived::Matched(seq, r, m);
             }
+            // Unexpected, and the bucket is at hand: store without a second lookup.
+            let useq = self.next_useq;
+            self.next_useq += 1;
+            if b.is_empty() {
+                self.empty_buckets -= 1;
+            }
+            b.ux.push_back((useq, m));
+            self.ux_order.push_back((useq, tag));
+            self.ux_live += 1;
+            return Arrived::Unexpected;
         } else if self.wild_live > 0 {
             if let Some((seq, r)) = take_wild_match(&mut self.wild, tag, RecvId::MAX, &self.steps) {
                 self.wild_live -= 1;
@@ -581,7 +592,7 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
                 return Arrived::Matched(seq, r, m);
             }
         }
-        self.store_unexpected(tag, m);
+        self.store_unexpected_new(tag, m);
         Arrived::Unexpected
     }
 
@@ -605,7 +616,7 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
         if emptied {
             self.bucket_emptied();
         }
-        self.tidy_exact_index();
+        self.tidy_exact_index(id);
         Some(r)
     }
 
