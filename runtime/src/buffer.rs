@@ -26,7 +26,10 @@ impl RawBufMut {
     /// `buf` must stay valid, and not be accessed by anyone else, until the operation that
     /// holds this view has finished or has been abandoned (module docs).
     pub(crate) unsafe fn new(buf: &mut [u8]) -> Self {
-        RawBufMut { ptr: buf.as_mut_ptr(), cap: buf.len() }
+        RawBufMut {
+            ptr: buf.as_mut_ptr(),
+            cap: buf.len(),
+        }
     }
 
     /// Capacity in bytes.
@@ -62,7 +65,10 @@ impl RawBuf {
     /// `buf` must stay valid and unmodified until the operation that holds this view has
     /// finished or has been abandoned (module docs).
     pub(crate) unsafe fn new(buf: &[u8]) -> Self {
-        RawBuf { ptr: buf.as_ptr(), len: buf.len() }
+        RawBuf {
+            ptr: buf.as_ptr(),
+            len: buf.len(),
+        }
     }
 
     /// Length in bytes.

@@ -103,7 +103,11 @@ pub struct Comm {
 
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Comm").field("id", &self.inner.id).field("rank", &self.inner.rank).field("size", &self.inner.size).finish()
+        f.debug_struct("Comm")
+            .field("id", &self.inner.id)
+            .field("rank", &self.inner.rank)
+            .field("size", &self.inner.size)
+            .finish()
     }
 }
 
@@ -153,7 +157,10 @@ impl Comm {
     #[inline]
     pub(crate) fn check_rank(&self, rank: Rank) -> Result<()> {
         if rank >= self.inner.size {
-            return Err(Error::InvalidRank { rank, size: self.inner.size });
+            return Err(Error::InvalidRank {
+                rank,
+                size: self.inner.size,
+            });
         }
         Ok(())
     }
@@ -168,7 +175,11 @@ impl Comm {
 
     /// Validates a receive's source and tag into the matcher's terms.
     #[inline]
-    pub(crate) fn recv_args(&self, src: Source, tag: TagMatch) -> Result<(Option<u32>, Option<u32>)> {
+    pub(crate) fn recv_args(
+        &self,
+        src: Source,
+        tag: TagMatch,
+    ) -> Result<(Option<u32>, Option<u32>)> {
         let s = match src {
             Source::Any => None,
             Source::Rank(r) => {
@@ -191,7 +202,15 @@ impl Comm {
     /// # Safety
     /// `bytes` must outlive the returned request (see [`crate::buffer`]).
     #[inline]
-    pub(crate) unsafe fn start_send_bytes(&self, e: &mut Engine, ctx: u32, bytes: &[u8], dest: Rank, tag: Tag, sync: bool) -> Result<Option<ReqId>> {
+    pub(crate) unsafe fn start_send_bytes(
+        &self,
+        e: &mut Engine,
+        ctx: u32,
+        bytes: &[u8],
+        dest: Rank,
+        tag: Tag,
+        sync: bool,
+    ) -> Result<Option<ReqId>> {
         self.check_rank(dest)?;
         Self::check_tag(tag)?;
         let tag64 = matching::encode_tag(ctx, self.inner.rank as u32, tag);
@@ -205,13 +224,27 @@ impl Comm {
     /// # Safety
     /// `bytes` must outlive the returned request (see [`crate::buffer`]).
     #[inline]
-    pub(crate) unsafe fn post_recv_bytes(&self, e: &mut Engine, ctx: u32, bytes: &mut [u8], src: Option<u32>, tag: Option<u32>) -> Result<ReqId> {
+    pub(crate) unsafe fn post_recv_bytes(
+        &self,
+        e: &mut Engine,
+        ctx: u32,
+        bytes: &mut [u8],
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> Result<ReqId> {
         // SAFETY: forwarded to the caller.
         let raw = unsafe { RawBufMut::new(bytes) };
         e.post_recv(ctx, src, tag, raw)
     }
 
-    pub(crate) fn send_ctx(&self, ctx: u32, bytes: &[u8], dest: Rank, tag: Tag, sync: bool) -> Result<()> {
+    pub(crate) fn send_ctx(
+        &self,
+        ctx: u32,
+        bytes: &[u8],
+        dest: Rank,
+        tag: Tag,
+        sync: bool,
+    ) -> Result<()> {
         let mut e = self.eng();
         // SAFETY: `bytes` is borrowed for this call, and `finish` returns only once the send
         // is complete or abandoned.
@@ -221,7 +254,13 @@ impl Comm {
         Ok(())
     }
 
-    pub(crate) fn recv_ctx(&self, ctx: u32, bytes: &mut [u8], src: Option<u32>, tag: Option<u32>) -> Result<Status> {
+    pub(crate) fn recv_ctx(
+        &self,
+        ctx: u32,
+        bytes: &mut [u8],
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> Result<Status> {
         let mut e = self.eng();
         // SAFETY: `bytes` is borrowed for this call, and `finish` returns only once the
         // receive is complete or abandoned.
@@ -229,7 +268,16 @@ impl Comm {
         finish(&mut e, rid)
     }
 
-    pub(crate) fn sendrecv_ctx(&self, ctx: u32, sbuf: &[u8], dest: Rank, stag: Tag, rbuf: &mut [u8], src: Option<u32>, rtag: Option<u32>) -> Result<Status> {
+    pub(crate) fn sendrecv_ctx(
+        &self,
+        ctx: u32,
+        sbuf: &[u8],
+        dest: Rank,
+        stag: Tag,
+        rbuf: &mut [u8],
+        src: Option<u32>,
+        rtag: Option<u32>,
+    ) -> Result<Status> {
         let mut e = self.eng();
         // SAFETY: both buffers are borrowed for this call, and both requests are finished or
         // abandoned before it returns.
@@ -251,6 +299,12 @@ impl Comm {
             return Err(err);
         }
         finish(&mut e, rr)
+    }
+
+    /// This rank's `tmpi-stats` line (what `TMPI_STATS=1` prints at finalize).
+    #[doc(hidden)]
+    pub fn stats_line(&self) -> String {
+        self.eng().stats_line()
     }
 
     /// Sends `buf` to `dest` with `tag` (standard mode: returns once `buf` may be reused).
@@ -275,7 +329,12 @@ impl Comm {
     /// [`Error::Truncated`] if the message is longer than `buf` (the message is consumed and
     /// `buf` holds its first bytes); [`Error::InvalidRank`], [`Error::InvalidTag`],
     /// [`Error::PeerGone`].
-    pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
+    pub fn recv<T: Pod>(
+        &self,
+        buf: &mut [T],
+        src: impl Into<Source>,
+        tag: impl Into<TagMatch>,
+    ) -> Result<Status> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         self.recv_ctx(self.user_ctx(), bytemuck::cast_slice_mut(buf), s, t)
     }
@@ -284,7 +343,11 @@ impl Comm {
     ///
     /// # Errors
     /// [`Error::TypeMismatch`] if the message is not a whole number of `T`; as [`Comm::recv`].
-    pub fn recv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<(Vec<T>, Status)> {
+    pub fn recv_vec<T: Pod>(
+        &self,
+        src: impl Into<Source>,
+        tag: impl Into<TagMatch>,
+    ) -> Result<(Vec<T>, Status)> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         let ctx = self.user_ctx();
         let mut e = self.eng();
@@ -300,10 +363,15 @@ impl Comm {
                 true
             }
         })?;
-        let (bytes, st) = got.ok_or_else(|| Error::State("recv_vec finished without a message".into()))??;
+        let (bytes, st) =
+            got.ok_or_else(|| Error::State("recv_vec finished without a message".into()))??;
         let elem = std::mem::size_of::<T>();
         if elem == 0 || bytes.len() % elem != 0 {
-            return Err(Error::TypeMismatch { source_rank: st.source, len: bytes.len(), elem });
+            return Err(Error::TypeMismatch {
+                source_rank: st.source,
+                len: bytes.len(),
+                elem,
+            });
         }
         let mut v = vec![T::zeroed(); bytes.len() / elem];
         bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(&bytes);
@@ -315,11 +383,27 @@ impl Comm {
     /// # Errors
     /// As [`Comm::send`] and [`Comm::recv`].
     #[allow(clippy::too_many_arguments)]
-    pub fn sendrecv<T: Pod, U: Pod>(&self, sbuf: &[T], dest: Rank, stag: Tag, rbuf: &mut [U], src: impl Into<Source>, rtag: impl Into<TagMatch>) -> Result<Status> {
+    pub fn sendrecv<T: Pod, U: Pod>(
+        &self,
+        sbuf: &[T],
+        dest: Rank,
+        stag: Tag,
+        rbuf: &mut [U],
+        src: impl Into<Source>,
+        rtag: impl Into<TagMatch>,
+    ) -> Result<Status> {
         let (s, t) = self.recv_args(src.into(), rtag.into())?;
         self.check_rank(dest)?;
         Self::check_tag(stag)?;
-        self.sendrecv_ctx(self.user_ctx(), bytemuck::cast_slice(sbuf), dest, stag, bytemuck::cast_slice_mut(rbuf), s, t)
+        self.sendrecv_ctx(
+            self.user_ctx(),
+            bytemuck::cast_slice(sbuf),
+            dest,
+            stag,
+            bytemuck::cast_slice_mut(rbuf),
+            s,
+            t,
+        )
     }
 
     /// Waits until a matching message is available and returns its status without receiving it.
@@ -342,7 +426,11 @@ impl Comm {
     ///
     /// # Errors
     /// As [`Comm::probe`].
-    pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
+    pub fn iprobe(
+        &self,
+        src: impl Into<Source>,
+        tag: impl Into<TagMatch>,
+    ) -> Result<Option<Status>> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         let mut e = self.eng();
         e.progress()?;

@@ -6,6 +6,19 @@
 //! Blocking calls are a post followed by [`Engine::wait`], which polls with a back-off that
 //! spins briefly, then yields, then sleeps, so that ranks outnumbering cores make progress.
 //!
+//! Every packet, self-sends included, first passes through this rank's soft TM-SRQ
+//! (`tmpi_transport::tm`) exactly as it would pass through a NIC with hardware tag matching:
+//! receives that the offload policy allows sit in its tag list and are matched there
+//! (`hw_matched`); everything else lands in an SRQ buffer and completes unexpected, and then
+//! the software matcher takes over (`sw_matched`). The offload policy is UCX's: a receive is
+//! added to the tag list only if it names its source, is at least `TMPI_TM_THRESH` bytes, no
+//! earlier software-only receive could match the same messages, and the list has room. Every
+//! posted receive is also queued in the software matcher, so that a message the hardware
+//! delivered unexpected (a stale entry during phase synchronisation) still finds the earliest
+//! receive; if that receive is in the tag list it is deleted there first. Software's count of
+//! unexpected messages travels with every ADD and DEL, and a SYNC follows every 2^14
+//! unexpected messages or a completion flagged `TM_SYNC_REQ`.
+//!
 //! Wire protocol on top of the fabric's packets (see `tmpi_transport::fabric`):
 //! - a data message is `TMH(EAGER) | payload` split over consecutive packets of one source;
 //!   `app_ctx` carries `SYNC_FLAG | sender request index` for synchronous sends;
@@ -17,6 +30,9 @@ use std::collections::VecDeque;
 use tmpi_transport::fabric::{Packet, PKT_FIRST, PKT_LAST, PKT_WHOLE};
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::shm::ShmFabric;
+use tmpi_transport::tm::{
+    Arrival, Buffer, OpsWr, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus,
+};
 use tmpi_transport::wire::{TmOp, Tmh, TMH_LEN};
 
 use crate::buffer::{RawBuf, RawBufMut};
@@ -32,6 +48,13 @@ const SYNC_FLAG: u32 = 1 << 31;
 const CTL_SSEND_ACK: u8 = 1;
 /// Largest packet of a fabric without its own limit (self-delivery, single rank).
 const SELF_MAX_PACKET: usize = usize::MAX / 2;
+/// SRQ buffers kept posted; each unexpected message takes one and software reposts it.
+const SRQ_DEPTH: usize = 64;
+/// Capacity of each SRQ buffer: unexpected messages are copied into memory software
+/// allocates per message, so the modelled buffer never truncates.
+const SRQ_BUF_LEN: usize = usize::MAX / 4;
+/// Software syncs the TM-SRQ at least once every this many unexpected messages.
+const FORCED_SYNC_EVERY: u32 = 1 << 14;
 
 pub(crate) type ReqId = Key;
 
@@ -90,11 +113,9 @@ pub(crate) struct Stats {
     pub bytes_recv: u64,
     pub eager: u64,
     pub rndv: u64,
-    pub hw_matched: u64,
     pub sw_matched: u64,
     pub unexpected: u64,
     pub tm_syncs: u64,
-    pub rndv_incomplete: u64,
 }
 
 struct RecvState {
@@ -103,6 +124,10 @@ struct RecvState {
     cap: usize,
     matched: bool,
     match_id: Option<RecvId>,
+    /// Handle of the receive's entry in the TM-SRQ tag list, while it is there.
+    hw_handle: Option<u32>,
+    /// Queued in software only (counted in `State::sw_only_posted`).
+    sw_only: bool,
     received: usize,
     total: usize,
     source: Rank,
@@ -186,6 +211,24 @@ struct State {
     ctlq: VecDeque<(usize, [u8; 8])>,
     stats: Stats,
     error: Option<Error>,
+    /// This rank's soft TM-SRQ: every arriving packet passes through it.
+    tm: TmSrq,
+    /// Offload is on (`TMPI_TM_MAX_TAGS > 0`).
+    offload: bool,
+    /// `TMPI_TM_MAX_TAGS`.
+    max_tags: usize,
+    /// `TMPI_TM_THRESH`.
+    tm_thresh: usize,
+    /// Unexpected messages software has handled (reported to the TM-SRQ, low 16 bits used).
+    sw_unexp: u32,
+    /// A SYNC is owed to the TM-SRQ.
+    need_sync: bool,
+    /// Next SRQ buffer `wr_id`.
+    srq_wr: u64,
+    /// Next op `wr_id`.
+    op_wr: u64,
+    /// Receives queued in software but not in the tag list.
+    sw_only_posted: usize,
 }
 
 /// One rank's engine.
@@ -213,11 +256,31 @@ fn tag_of(tag64: u64) -> Tag {
 }
 
 impl Engine {
-    pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Self {
+    pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
         let max_packet = fabric.max_packet();
         let oversubscribed = size > crate::sys::usable_cpus();
-        let spin = cfg.poll_spin.unwrap_or(if oversubscribed { 64 } else { 20_000 });
-        Engine {
+        let spin = cfg
+            .poll_spin
+            .unwrap_or(if oversubscribed { 64 } else { 20_000 });
+        let tags = cfg.tm_max_tags.max(1);
+        let caps = TmCaps {
+            max_num_tags: tags.max(TmCaps::default().max_num_tags),
+            ..TmCaps::default()
+        };
+        let mut tm = TmSrq::with_caps(
+            caps,
+            TmCap {
+                max_num_tags: tags,
+                max_ops: 1024,
+                max_wr: SRQ_DEPTH as u32,
+            },
+        )
+        .map_err(tmpi_transport::Error::from)?;
+        for wr in 0..SRQ_DEPTH as u64 {
+            tm.post_srq_recv(wr, SRQ_BUF_LEN)
+                .map_err(tmpi_transport::Error::from)?;
+        }
+        Ok(Engine {
             fabric,
             st: State {
                 rank,
@@ -228,6 +291,15 @@ impl Engine {
                 ctlq: VecDeque::new(),
                 stats: Stats::default(),
                 error: None,
+                tm,
+                offload: cfg.tm_max_tags > 0,
+                max_tags: cfg.tm_max_tags as usize,
+                tm_thresh: cfg.tm_thresh,
+                sw_unexp: 0,
+                need_sync: false,
+                srq_wr: SRQ_DEPTH as u64,
+                op_wr: 0,
+                sw_only_posted: 0,
             },
             out: (0..size).map(|_| VecDeque::new()).collect(),
             out_pending: 0,
@@ -236,7 +308,7 @@ impl Engine {
             spin,
             cfg,
             next_comm_id: 1,
-        }
+        })
     }
 
     pub(crate) fn rank(&self) -> usize {
@@ -250,22 +322,33 @@ impl Engine {
     /// The `tmpi-stats` line printed at finalize under `TMPI_STATS=1`.
     pub(crate) fn stats_line(&self) -> String {
         let s = &self.st.stats;
+        let tm = self.st.tm.counters();
         format!(
             "tmpi-stats rank={} msgs_sent={} msgs_recv={} bytes_sent={} bytes_recv={} eager={} rndv={} hw_matched={} sw_matched={} unexpected={} tm_syncs={} rndv_incomplete={}",
-            self.st.rank, s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv, s.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, s.rndv_incomplete
-        )
+            self.st.rank, s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv, tm.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, tm.rndv_incomplete
+        ) + &format!(" hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={}", tm.unexpected, tm.adds, tm.dels, tm.list_hwm)
     }
 
     /// Starts a data message to `dest` (a world rank). Returns `None` when it is already
     /// complete (locally, for a standard send), or the request to wait on.
-    pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
+    pub(crate) fn start_send(
+        &mut self,
+        dest: usize,
+        tag64: u64,
+        data: RawBuf,
+        sync: bool,
+    ) -> Result<Option<ReqId>> {
         let len = data.len();
         self.st.stats.msgs_sent += 1;
         self.st.stats.bytes_sent += len as u64;
         self.st.stats.eager += 1;
         let req = if sync {
             Some(self.st.reqs.insert(Req {
-                kind: ReqKind::Send(SendState { pushed: false, need_ack: true, acked: false }),
+                kind: ReqKind::Send(SendState {
+                    pushed: false,
+                    need_ack: true,
+                    acked: false,
+                }),
                 result: None,
                 detached: false,
             }))
@@ -273,28 +356,45 @@ impl Engine {
             None
         };
         let app_ctx = req.map_or(0, |r| SYNC_FLAG | r.idx);
-        let hdr = Tmh { op: TmOp::Eager, app_ctx, tag: tag64 }.to_bytes();
+        let hdr = Tmh {
+            op: TmOp::Eager,
+            app_ctx,
+            tag: tag64,
+        }
+        .to_bytes();
         if dest == self.st.rank {
-            let payload = data.slice(0, len);
-            self.st.on_first(dest, &hdr, payload, len, true)?;
+            self.st.deliver_self(&hdr, data.slice(0, len))?;
             self.flush_ctl()?;
             return Ok(self.mark_pushed(req));
         }
         if self.out[dest].is_empty() && TMH_LEN + len <= self.max_packet {
             let total = (TMH_LEN + len) as u64;
-            if self.fabric.try_send(dest, PKT_WHOLE, total, &[&hdr, data.slice(0, len)])? {
+            if self
+                .fabric
+                .try_send(dest, PKT_WHOLE, total, &[&hdr, data.slice(0, len)])?
+            {
                 return Ok(self.mark_pushed(req));
             }
         }
         let req = match req {
             Some(r) => r,
             None => self.st.reqs.insert(Req {
-                kind: ReqKind::Send(SendState { pushed: false, need_ack: false, acked: false }),
+                kind: ReqKind::Send(SendState {
+                    pushed: false,
+                    need_ack: false,
+                    acked: false,
+                }),
                 result: None,
                 detached: false,
             }),
         };
-        self.out[dest].push_back(OutMsg { req, hdr, data: OutData::User(data), off: 0, started: false });
+        self.out[dest].push_back(OutMsg {
+            req,
+            hdr,
+            data: OutData::User(data),
+            off: 0,
+            started: false,
+        });
         self.out_pending += 1;
         self.push_out_to(dest)?;
         Ok(Some(req))
@@ -318,7 +418,9 @@ impl Engine {
                 let ok = if !m.started {
                     let n = len.min(maxp - TMH_LEN);
                     let flags = if n == len { PKT_WHOLE } else { PKT_FIRST };
-                    let ok = self.fabric.try_send(dest, flags, total, &[&m.hdr, m.data.slice(0, n)])?;
+                    let ok =
+                        self.fabric
+                            .try_send(dest, flags, total, &[&m.hdr, m.data.slice(0, n)])?;
                     if ok {
                         m.started = true;
                         m.off = n;
@@ -327,7 +429,12 @@ impl Engine {
                 } else {
                     let n = (len - m.off).min(maxp);
                     let flags = if m.off + n == len { PKT_LAST } else { 0 };
-                    let ok = self.fabric.try_send(dest, flags, total, &[m.data.slice(m.off, m.off + n)])?;
+                    let ok = self.fabric.try_send(
+                        dest,
+                        flags,
+                        total,
+                        &[m.data.slice(m.off, m.off + n)],
+                    )?;
                     if ok {
                         m.off += n;
                     }
@@ -364,7 +471,10 @@ impl Engine {
         while let Some(&(dest, msg)) = self.st.ctlq.front() {
             if dest == self.st.rank {
                 self.st.on_control(&msg[1..])?;
-            } else if !self.fabric.try_send(dest, PKT_WHOLE, msg.len() as u64, &[&msg])? {
+            } else if !self
+                .fabric
+                .try_send(dest, PKT_WHOLE, msg.len() as u64, &[&msg])?
+            {
                 break;
             }
             self.st.ctlq.pop_front();
@@ -392,7 +502,13 @@ impl Engine {
     }
 
     /// Posts a receive into `buf` on context `ctx`.
-    pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut) -> Result<ReqId> {
+    pub(crate) fn post_recv(
+        &mut self,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<u32>,
+        buf: RawBufMut,
+    ) -> Result<ReqId> {
         let cap = buf.cap();
         let rid = self.st.reqs.insert(Req {
             kind: ReqKind::Recv(RecvState {
@@ -400,6 +516,8 @@ impl Engine {
                 cap,
                 matched: false,
                 match_id: None,
+                hw_handle: None,
+                sw_only: false,
                 received: 0,
                 total: 0,
                 source: 0,
@@ -409,15 +527,37 @@ impl Engine {
             detached: false,
         });
         let (t, m) = matching::recv_key(ctx, src, tag);
-        match self.st.matcher.post(t, m, rid) {
+        let st = &mut self.st;
+        let eligible =
+            st.offload && src.is_some() && cap >= st.tm_thresh && st.tm.tags_listed() < st.max_tags;
+        let overlaps =
+            eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
+        match st.matcher.post(t, m, rid) {
             Posted::Matched(rid, ux) => {
-                self.st.take_unexpected(rid, ux);
+                st.take_unexpected(rid, ux);
                 self.flush_ctl()?;
             }
             Posted::Queued(id) => {
-                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.st.reqs.get_mut(rid) {
-                    r.match_id = Some(id);
+                let mut handle = None;
+                if eligible && !overlaps {
+                    st.op_wr += 1;
+                    let wr = OpsWr::add(st.op_wr, t, m, rid_to_wr(rid), cap, st.sw_unexp, true);
+                    // A full list or op queue (ENOMEM) leaves the receive to software.
+                    handle = st.tm.post_srq_op(&wr).ok().flatten();
                 }
+                if let Some(Req {
+                    kind: ReqKind::Recv(r),
+                    ..
+                }) = st.reqs.get_mut(rid)
+                {
+                    r.match_id = Some(id);
+                    r.hw_handle = handle;
+                    r.sw_only = handle.is_none();
+                }
+                if handle.is_none() {
+                    st.sw_only_posted += 1;
+                }
+                st.drain_cq()?;
             }
         }
         Ok(rid)
@@ -431,8 +571,12 @@ impl Engine {
             return None;
         }
         match self.st.reqs.remove(rid) {
-            Some(Req { result: Some(r), .. }) => Some(r),
-            _ => Some(Err(Error::State("request already completed and collected".into()))),
+            Some(Req {
+                result: Some(r), ..
+            }) => Some(r),
+            _ => Some(Err(Error::State(
+                "request already completed and collected".into(),
+            ))),
         }
     }
 
@@ -488,18 +632,30 @@ impl Engine {
 
     /// Cancels a receive that has not matched; no effect otherwise.
     pub(crate) fn cancel(&mut self, rid: ReqId) {
-        let Some(req) = self.st.reqs.get_mut(rid) else { return };
+        let Some(req) = self.st.reqs.get_mut(rid) else {
+            return;
+        };
         if req.result.is_some() {
             return;
         }
-        if let ReqKind::Recv(r) = &mut req.kind {
-            if !r.matched {
-                if let Some(id) = r.match_id.take() {
-                    if self.st.matcher.cancel(id).is_some() {
-                        req.result = Some(Ok(Status { source: 0, tag: 0, len: 0, cancelled: true }));
-                    }
-                }
-            }
+        let ReqKind::Recv(r) = &mut req.kind else {
+            return;
+        };
+        if r.matched {
+            return;
+        }
+        let Some(id) = r.match_id.take() else { return };
+        if self.st.matcher.cancel(id).is_some() {
+            req.result = Some(Ok(Status {
+                source: 0,
+                tag: 0,
+                len: 0,
+                cancelled: true,
+            }));
+            self.st.leave_queues(rid);
+        }
+        if let Err(e) = self.st.drain_cq() {
+            self.st.error.get_or_insert(e);
         }
     }
 
@@ -508,7 +664,9 @@ impl Engine {
     /// copies what it has not pushed yet. The slot is freed when the operation completes.
     pub(crate) fn abandon(&mut self, rid: ReqId) {
         self.cancel(rid);
-        let Some(req) = self.st.reqs.get_mut(rid) else { return };
+        let Some(req) = self.st.reqs.get_mut(rid) else {
+            return;
+        };
         if req.result.is_some() {
             self.st.reqs.remove(rid);
             return;
@@ -533,12 +691,22 @@ impl Engine {
         let (t, m) = matching::recv_key(ctx, src, tag);
         self.st.matcher.probe(t, m).map(|(tag64, &k)| {
             let len = self.st.ux.get(k).map_or(0, |u| u.total);
-            Status { source: src_of(tag64), tag: tag_of(tag64), len, cancelled: false }
+            Status {
+                source: src_of(tag64),
+                tag: tag_of(tag64),
+                len,
+                cancelled: false,
+            }
         })
     }
 
     /// Takes the oldest matching unexpected message once it is complete (no progress).
-    pub(crate) fn take_complete(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Result<Option<(Vec<u8>, Status)>> {
+    pub(crate) fn take_complete(
+        &mut self,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> Result<Option<(Vec<u8>, Status)>> {
         let (t, m) = matching::recv_key(ctx, src, tag);
         let complete = match self.st.matcher.probe(t, m) {
             Some((_, &k)) => self.st.ux.get(k).is_some_and(|u| u.complete),
@@ -547,14 +715,23 @@ impl Engine {
         if !complete {
             return Ok(None);
         }
-        let Some((tag64, k)) = self.st.matcher.take_probed(t, m) else { return Ok(None) };
-        let Some(u) = self.st.ux.remove(k) else { return Ok(None) };
+        let Some((tag64, k)) = self.st.matcher.take_probed(t, m) else {
+            return Ok(None);
+        };
+        let Some(u) = self.st.ux.remove(k) else {
+            return Ok(None);
+        };
         self.st.stats.sw_matched += 1;
         if let Some((dest, idx)) = u.ack {
             self.st.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
             self.flush_ctl()?;
         }
-        let st = Status { source: src_of(tag64), tag: tag_of(tag64), len: u.total, cancelled: false };
+        let st = Status {
+            source: src_of(tag64),
+            tag: tag_of(tag64),
+            len: u.total,
+            cancelled: false,
+        };
         Ok(Some((u.data, st)))
     }
 
@@ -570,6 +747,24 @@ impl Engine {
     }
 }
 
+/// A request handle as a verbs `recv_wr_id`.
+#[inline]
+fn rid_to_wr(k: ReqId) -> u64 {
+    u64::from(k.gen) << 32 | u64::from(k.idx)
+}
+
+#[inline]
+fn wr_to_rid(wr: u64) -> ReqId {
+    Key {
+        idx: wr as u32,
+        gen: (wr >> 32) as u32,
+    }
+}
+
+fn malformed(what: &'static str) -> Error {
+    Error::Transport(tmpi_transport::Error::Malformed { what })
+}
+
 fn ctl_msg(kind: u8, value: u32) -> [u8; 8] {
     let v = value.to_be_bytes();
     [TmOp::NoTag as u8, kind, 0, 0, v[0], v[1], v[2], v[3]]
@@ -582,26 +777,231 @@ impl State {
         if self.error.is_some() {
             return false;
         }
-        let r = if p.flags & PKT_FIRST != 0 {
+        let arrival = if p.flags & PKT_FIRST != 0 {
+            self.tm
+                .arrive_first(p.src as u32, p.data, p.total_len as usize)
+        } else {
+            self.tm.arrive_continuation(p.src as u32, p.data)
+        };
+        let r = match arrival {
+            // No SRQ buffer posted: leave the packet in the fabric (an RNR NAK).
+            Ok(Arrival::Rnr) => return false,
+            Ok(Arrival::Place(pl)) => match pl.buffer {
+                Buffer::Tagged { recv_wr_id, .. } => {
+                    self.place_tagged(wr_to_rid(recv_wr_id), pl.dst_off, pl.bytes(p.data));
+                    Ok(())
+                }
+                Buffer::Srq { .. } => self.on_software(p),
+            },
+            Ok(Arrival::Read(_)) => Err(malformed(
+                "rendezvous request for a receive that cannot take it",
+            )),
+            Err(e) => Err(Error::Transport(e.into())),
+        };
+        if let Err(e) = r.and_then(|()| self.drain_cq()) {
+            self.error = Some(e);
+        }
+        true
+    }
+
+    /// Self-delivery: the message passes through the TM-SRQ as two packets (header, payload).
+    fn deliver_self(&mut self, hdr: &[u8; TMH_LEN], payload: &[u8]) -> Result<()> {
+        let src = self.rank;
+        let total = (TMH_LEN + payload.len()) as u64;
+        let flags = if payload.is_empty() {
+            PKT_WHOLE
+        } else {
+            PKT_FIRST
+        };
+        self.on_packet(Packet {
+            src,
+            flags,
+            total_len: total,
+            data: hdr,
+        });
+        if !payload.is_empty() {
+            self.on_packet(Packet {
+                src,
+                flags: PKT_LAST,
+                total_len: total,
+                data: payload,
+            });
+        }
+        self.error.take().map_or(Ok(()), Err)
+    }
+
+    /// The TM-SRQ placed a packet in an SRQ buffer: software handles the message.
+    fn on_software(&mut self, p: Packet<'_>) -> Result<()> {
+        if p.flags & PKT_FIRST != 0 {
             match p.data.first().copied() {
                 Some(op) if op == TmOp::NoTag as u8 => self.on_control(&p.data[1..]),
                 _ => self.on_data_first(p),
             }
         } else {
             self.on_cont(p.src, p.data, p.flags & PKT_LAST != 0)
-        };
-        if let Err(e) = r {
-            self.error = Some(e);
         }
-        true
+    }
+
+    /// The TM-SRQ matched a packet to a tagged buffer: the NIC's copy into the user buffer.
+    fn place_tagged(&mut self, rid: ReqId, off: usize, bytes: &[u8]) {
+        if let Some(Req {
+            kind: ReqKind::Recv(r),
+            ..
+        }) = self.reqs.get_mut(rid)
+        {
+            if let Some(b) = &r.buf {
+                b.write_at(off, bytes);
+            }
+        }
+    }
+
+    /// Takes a receive out of the software-only count and the tag list.
+    fn leave_queues(&mut self, rid: ReqId) {
+        let Some(Req {
+            kind: ReqKind::Recv(r),
+            ..
+        }) = self.reqs.get_mut(rid)
+        else {
+            return;
+        };
+        if std::mem::take(&mut r.sw_only) {
+            self.sw_only_posted -= 1;
+        }
+        if let Some(h) = r.hw_handle.take() {
+            self.op_wr += 1;
+            // The entry is still listed (a consumed entry would have completed already), so
+            // the DEL succeeds; a TM_ERR completion is tolerated in `drain_cq` regardless.
+            let _ = self
+                .tm
+                .post_srq_op(&OpsWr::del(self.op_wr, h, self.sw_unexp, true));
+        }
+    }
+
+    fn repost_srq(&mut self) -> Result<()> {
+        self.srq_wr += 1;
+        self.tm
+            .post_srq_recv(self.srq_wr, SRQ_BUF_LEN)
+            .map_err(|e| Error::Transport(e.into()))
+    }
+
+    /// Consumes the TM-SRQ's completions.
+    fn drain_cq(&mut self) -> Result<()> {
+        loop {
+            while let Some(wc) = self.tm.poll_cq() {
+                match wc.opcode {
+                    WcOpcode::TmRecv if wc.is_unexpected() => {
+                        self.sw_unexp = self.sw_unexp.wrapping_add(1);
+                        if self.sw_unexp % FORCED_SYNC_EVERY == 0
+                            || wc.flags.contains(WcFlags::TM_SYNC_REQ)
+                        {
+                            self.need_sync = true;
+                        }
+                        self.repost_srq()?;
+                    }
+                    WcOpcode::TmNoTag => self.repost_srq()?,
+                    WcOpcode::TmRecv => self.on_hw_completion(&wc),
+                    WcOpcode::TmAdd | WcOpcode::TmDel | WcOpcode::TmSync => {
+                        if wc.flags.contains(WcFlags::TM_SYNC_REQ) {
+                            self.need_sync = true;
+                        }
+                        match wc.status {
+                            WcStatus::Success => {}
+                            // A DEL that raced a consumption: the receive completes on its own.
+                            WcStatus::TmErr if wc.opcode == WcOpcode::TmDel => {}
+                            st => return Err(Error::State(format!("TM-SRQ op failed: {st:?}"))),
+                        }
+                    }
+                }
+            }
+            // Sync once software has caught up with every unexpected message the TM-SRQ
+            // delivered, so that the SYNC brings the counts level.
+            if self.need_sync && self.tm.hw_unexpected_cnt() == self.sw_unexp as u16 {
+                self.need_sync = false;
+                self.stats.tm_syncs += 1;
+                self.op_wr += 1;
+                self.tm
+                    .post_srq_op(&OpsWr::sync(self.op_wr, self.sw_unexp, true))
+                    .map_err(|e| Error::Transport(e.into()))?;
+                continue;
+            }
+            return Ok(());
+        }
+    }
+
+    /// A tagged-buffer completion: MATCH (the receive is taken) and/or DATA_VALID (done).
+    fn on_hw_completion(&mut self, wc: &Wc) {
+        let rid = wr_to_rid(wc.wr_id);
+        if wc.flags.contains(WcFlags::TM_MATCH) {
+            let (tag64, app_ctx) = wc.read_tm_info().unwrap_or((0, 0));
+            let mut cancel = None;
+            if let Some(Req {
+                kind: ReqKind::Recv(r),
+                ..
+            }) = self.reqs.get_mut(rid)
+            {
+                r.matched = true;
+                r.hw_handle = None;
+                r.source = src_of(tag64);
+                r.tag = tag_of(tag64);
+                cancel = r.match_id.take();
+            }
+            if let Some(id) = cancel {
+                self.matcher.cancel(id);
+            }
+            self.stats.msgs_recv += 1;
+            if app_ctx & SYNC_FLAG != 0 {
+                self.ctlq.push_back((
+                    wc.src as usize,
+                    ctl_msg(CTL_SSEND_ACK, app_ctx & !SYNC_FLAG),
+                ));
+            }
+        }
+        if wc.flags.contains(WcFlags::TM_DATA_VALID) {
+            let len = wc.byte_len as usize;
+            self.stats.bytes_recv += len as u64;
+            let Some(req) = self.reqs.get_mut(rid) else {
+                return;
+            };
+            if let ReqKind::Recv(r) = &mut req.kind {
+                r.total = len;
+                r.received = len;
+                req.result = Some(match wc.status {
+                    WcStatus::Success => Ok(Status {
+                        source: r.source,
+                        tag: r.tag,
+                        len,
+                        cancelled: false,
+                    }),
+                    WcStatus::LocLenErr => Err(Error::Truncated {
+                        source_rank: r.source,
+                        tag: r.tag,
+                        len,
+                        capacity: r.cap,
+                    }),
+                    st => Err(Error::State(format!(
+                        "receive from rank {} failed in the TM-SRQ: {st:?}",
+                        r.source
+                    ))),
+                });
+            }
+            if req.detached {
+                self.reqs.remove(rid);
+            }
+        }
     }
 
     fn on_data_first(&mut self, p: Packet<'_>) -> Result<()> {
         if p.data.len() < TMH_LEN || (p.total_len as usize) < p.data.len() {
-            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "data packet shorter than a TMH" }));
+            return Err(malformed("data packet shorter than a TMH"));
         }
         let total = p.total_len as usize - TMH_LEN;
-        self.on_first(p.src, &p.data[..TMH_LEN], &p.data[TMH_LEN..], total, p.flags & PKT_LAST != 0)
+        self.on_first(
+            p.src,
+            &p.data[..TMH_LEN],
+            &p.data[TMH_LEN..],
+            total,
+            p.flags & PKT_LAST != 0,
+        )
     }
 
     fn on_control(&mut self, body: &[u8]) -> Result<()> {
@@ -613,18 +1013,27 @@ impl State {
                 }
                 Ok(())
             }
-            _ => Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unknown control message" })),
+            _ => Err(Error::Transport(tmpi_transport::Error::Malformed {
+                what: "unknown control message",
+            })),
         }
     }
 
     /// Records push/ack progress of a send request and completes it when both are done.
     fn send_progress(&mut self, rid: ReqId, pushed: bool, acked: bool) {
-        let Some(req) = self.reqs.get_mut(rid) else { return };
+        let Some(req) = self.reqs.get_mut(rid) else {
+            return;
+        };
         if let ReqKind::Send(s) = &mut req.kind {
             s.pushed |= pushed;
             s.acked |= acked;
             if s.pushed && (s.acked || !s.need_ack) && req.result.is_none() {
-                req.result = Some(Ok(Status { source: 0, tag: 0, len: 0, cancelled: false }));
+                req.result = Some(Ok(Status {
+                    source: 0,
+                    tag: 0,
+                    len: 0,
+                    cancelled: false,
+                }));
                 if req.detached {
                     self.reqs.remove(rid);
                 }
@@ -634,13 +1043,24 @@ impl State {
 
     /// The first packet of a data message: `hdr` is its TMH, `data` the payload it carries,
     /// `total` the payload length of the whole message.
-    fn on_first(&mut self, src: usize, hdr: &[u8], data: &[u8], total: usize, last: bool) -> Result<()> {
+    fn on_first(
+        &mut self,
+        src: usize,
+        hdr: &[u8],
+        data: &[u8],
+        total: usize,
+        last: bool,
+    ) -> Result<()> {
         let tmh = Tmh::decode(hdr)?;
         if tmh.op != TmOp::Eager {
-            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unsupported TMH opcode in a data packet" }));
+            return Err(Error::Transport(tmpi_transport::Error::Malformed {
+                what: "unsupported TMH opcode in a data packet",
+            }));
         }
         if data.len() > total || (last && data.len() != total) {
-            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "packet length disagrees with message length" }));
+            return Err(Error::Transport(tmpi_transport::Error::Malformed {
+                what: "packet length disagrees with message length",
+            }));
         }
         self.stats.msgs_recv += 1;
         self.stats.bytes_recv += total as u64;
@@ -649,10 +1069,15 @@ impl State {
         match self.matcher.arrive(tmh.tag, key) {
             Arrived::Matched(_, rid, _) => {
                 self.stats.sw_matched += 1;
+                self.leave_queues(rid);
                 if let Some((dest, idx)) = ack {
                     self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
                 }
-                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                if let Some(Req {
+                    kind: ReqKind::Recv(r),
+                    ..
+                }) = self.reqs.get_mut(rid)
+                {
                     r.matched = true;
                     r.match_id = None;
                     r.source = src_of(tmh.tag);
@@ -673,7 +1098,14 @@ impl State {
                 self.stats.unexpected += 1;
                 let mut v = Vec::with_capacity(total);
                 v.extend_from_slice(data);
-                let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack });
+                let k = self.ux.insert(UxMsg {
+                    src_world: src,
+                    tag64: tmh.tag,
+                    total,
+                    data: v,
+                    complete: last,
+                    ack,
+                });
                 debug_assert_eq!(k, key);
                 if !last {
                     self.incoming[src] = Incoming::Unexpected { ux: k };
@@ -684,17 +1116,27 @@ impl State {
     }
 
     fn on_cont(&mut self, src: usize, data: &[u8], last: bool) -> Result<()> {
-        let malformed = || Error::Transport(tmpi_transport::Error::Malformed { what: "continuation packet without a message" });
+        let malformed = || {
+            Error::Transport(tmpi_transport::Error::Malformed {
+                what: "continuation packet without a message",
+            })
+        };
         match self.incoming.get(src).copied().ok_or_else(malformed)? {
             Incoming::Idle => return Err(malformed()),
             Incoming::Expected { req } => {
-                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(req) {
+                if let Some(Req {
+                    kind: ReqKind::Recv(r),
+                    ..
+                }) = self.reqs.get_mut(req)
+                {
                     if let Some(b) = &r.buf {
                         b.write_at(r.received, data);
                     }
                     r.received += data.len();
                     if r.received > r.total || (last && r.received != r.total) {
-                        return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "message longer than announced" }));
+                        return Err(Error::Transport(tmpi_transport::Error::Malformed {
+                            what: "message longer than announced",
+                        }));
                     }
                 }
                 if last {
@@ -705,7 +1147,9 @@ impl State {
             Incoming::Unexpected { ux } => {
                 if let Some(u) = self.ux.get_mut(ux) {
                     if u.data.len() + data.len() > u.total {
-                        return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "message longer than announced" }));
+                        return Err(Error::Transport(tmpi_transport::Error::Malformed {
+                            what: "message longer than announced",
+                        }));
                     }
                     u.data.extend_from_slice(data);
                     if last {
@@ -727,7 +1171,11 @@ impl State {
         if let Some((dest, idx)) = u.ack {
             self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
         }
-        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+        if let Some(Req {
+            kind: ReqKind::Recv(r),
+            ..
+        }) = self.reqs.get_mut(rid)
+        {
             r.matched = true;
             r.match_id = None;
             r.source = src_of(u.tag64);
@@ -746,12 +1194,24 @@ impl State {
     }
 
     fn complete_recv(&mut self, rid: ReqId) {
-        let Some(req) = self.reqs.get_mut(rid) else { return };
+        let Some(req) = self.reqs.get_mut(rid) else {
+            return;
+        };
         if let ReqKind::Recv(r) = &req.kind {
             req.result = Some(if r.total > r.cap {
-                Err(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap })
+                Err(Error::Truncated {
+                    source_rank: r.source,
+                    tag: r.tag,
+                    len: r.total,
+                    capacity: r.cap,
+                })
             } else {
-                Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
+                Ok(Status {
+                    source: r.source,
+                    tag: r.tag,
+                    len: r.total,
+                    cancelled: false,
+                })
             });
         }
         if req.detached {

@@ -3,25 +3,52 @@ use tmpi::config::Config;
 use tmpi::*;
 
 /// Runs `f` on `n` ranks over the fabric named by the test module.
-fn run<R: Send>(shm: bool, n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
-    if shm {
-        let cfg = Config { shm_ring_size: 16384, poll_spin: Some(50), ..Config::default() };
+/// Where a test runs: fabric, and `TMPI_TM_MAX_TAGS` (None = default).
+#[derive(Clone, Copy)]
+struct Setup {
+    shm: bool,
+    tm_tags: Option<u32>,
+}
+
+fn run<R: Send>(setup: Setup, n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+    let mut cfg = Config {
+        poll_spin: Some(50),
+        tm_thresh: 64,
+        ..Config::default()
+    };
+    if let Some(t) = setup.tm_tags {
+        cfg.tm_max_tags = t;
+    }
+    if setup.shm {
+        cfg.shm_ring_size = 16384;
         tmpi::run_shm_threads(n, cfg, f)
     } else {
-        tmpi::run_local(n, f)
+        tmpi::run_local_with(n, cfg, f)
     }
 }
 
-macro_rules! both_fabrics {
+/// Every test runs over both fabrics, and with the soft TM-SRQ's tag list off, tiny and full.
+macro_rules! every_setup {
     ($($name:ident),* $(,)?) => {
-        mod local { $(#[test] fn $name() { super::$name(false) })* }
-        mod shm { $(#[test] fn $name() { super::$name(true) })* }
+        mod local { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: None }) })* }
+        mod shm { $(#[test] fn $name() { super::$name(super::Setup { shm: true, tm_tags: None }) })* }
+        mod local_no_offload { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: Some(0) }) })* }
+        mod local_tags1 { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: Some(1) }) })* }
+        mod shm_tags4 { $(#[test] fn $name() { super::$name(super::Setup { shm: true, tm_tags: Some(4) }) })* }
     };
 }
 
-both_fabrics!(pingpong_sizes, wildcard_order_and_errors, ssend_probe_recv_vec_sendrecv, nonblocking_scope, self_send_and_singleton, dup_split_isolation);
+every_setup!(
+    offload_is_used_for_source_specific_receives,
+    pingpong_sizes,
+    wildcard_order_and_errors,
+    ssend_probe_recv_vec_sendrecv,
+    nonblocking_scope,
+    self_send_and_singleton,
+    dup_split_isolation
+);
 
-fn pingpong_sizes(shm: bool) {
+fn pingpong_sizes(shm: Setup) {
     run(shm, 2, |w| {
         for &n in &[0usize, 1, 8, 1000, 65536, 200_000, 1 << 20] {
             let peer = 1 - w.rank();
@@ -43,7 +70,7 @@ fn pingpong_sizes(shm: bool) {
     });
 }
 
-fn wildcard_order_and_errors(shm: bool) {
+fn wildcard_order_and_errors(shm: Setup) {
     run(shm, 4, |w| {
         if w.rank() == 0 {
             let mut next = [0u32; 4];
@@ -56,10 +83,23 @@ fn wildcard_order_and_errors(shm: bool) {
                 next[st.source()] += 1;
             }
             w.barrier().unwrap();
-            assert!(matches!(w.send(&[1u8], 9, 0), Err(Error::InvalidRank { rank: 9, .. })));
-            assert!(matches!(w.send(&[1u8], 1, TAG_UB + 1), Err(Error::InvalidTag { .. })));
+            assert!(matches!(
+                w.send(&[1u8], 9, 0),
+                Err(Error::InvalidRank { rank: 9, .. })
+            ));
+            assert!(matches!(
+                w.send(&[1u8], 1, TAG_UB + 1),
+                Err(Error::InvalidTag { .. })
+            ));
             let mut small = [0u8; 2];
-            assert!(matches!(w.recv(&mut small, 1, 99), Err(Error::Truncated { len: 10, capacity: 2, .. })));
+            assert!(matches!(
+                w.recv(&mut small, 1, 99),
+                Err(Error::Truncated {
+                    len: 10,
+                    capacity: 2,
+                    ..
+                })
+            ));
             let mut b = [0u8; 10];
             w.recv(&mut b, 1, 100).unwrap();
             assert_eq!(b, [5; 10]);
@@ -76,7 +116,7 @@ fn wildcard_order_and_errors(shm: bool) {
     });
 }
 
-fn ssend_probe_recv_vec_sendrecv(shm: bool) {
+fn ssend_probe_recv_vec_sendrecv(shm: Setup) {
     run(shm, 3, |w| {
         let r = w.rank();
         if r == 0 {
@@ -95,13 +135,15 @@ fn ssend_probe_recv_vec_sendrecv(shm: bool) {
         }
         let n = w.size();
         let mut got = [0usize];
-        let st = w.sendrecv(&[r], (r + 1) % n, 1, &mut got, (r + n - 1) % n, 1).unwrap();
+        let st = w
+            .sendrecv(&[r], (r + 1) % n, 1, &mut got, (r + n - 1) % n, 1)
+            .unwrap();
         assert_eq!(got[0], (r + n - 1) % n);
         assert_eq!(st.source(), got[0]);
     });
 }
 
-fn nonblocking_scope(shm: bool) {
+fn nonblocking_scope(shm: Setup) {
     run(shm, 2, |world| {
         let peer = (world.rank() + 1) % world.size();
         let (sbuf, mut rbuf) = (vec![world.rank() as u64; 1024], vec![0u64; 1024]);
@@ -125,7 +167,11 @@ fn nonblocking_scope(shm: bool) {
             }
             for (i, b) in bufs.iter().enumerate() {
                 let r = world.isend(s, b, peer, i as u32).unwrap();
-                if i % 2 == 0 { std::mem::forget(r) } else { drop(r) }
+                if i % 2 == 0 {
+                    std::mem::forget(r)
+                } else {
+                    drop(r)
+                }
             }
             let mut n = 0;
             while !reqs.is_empty() {
@@ -150,7 +196,7 @@ fn nonblocking_scope(shm: bool) {
     });
 }
 
-fn self_send_and_singleton(shm: bool) {
+fn self_send_and_singleton(shm: Setup) {
     run(shm, 1, |w| {
         w.send(&[42u32], 0, 1).unwrap();
         let mut b = [0u32];
@@ -162,7 +208,7 @@ fn self_send_and_singleton(shm: bool) {
     });
 }
 
-fn dup_split_isolation(shm: bool) {
+fn dup_split_isolation(shm: Setup) {
     run(shm, 4, |w| {
         let d = w.dup().unwrap();
         let r = w.rank();
@@ -184,4 +230,54 @@ fn dup_split_isolation(shm: bool) {
         assert_eq!(sp.rank(), if r >= 2 { 0 } else { 1 });
         assert!(w.split(None, 0).unwrap().is_none());
     });
+}
+
+fn offload_is_used_for_source_specific_receives(setup: Setup) {
+    let lines = run(setup, 2, |w| {
+        let peer = 1 - w.rank();
+        let mut bufs = vec![vec![0u8; 4096]; 8];
+        let mut any = vec![vec![0u8; 4096]; 2];
+        tmpi::scope(|s| {
+            let mut reqs = Vec::new();
+            if w.rank() == 1 {
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    reqs.push(w.irecv(s, b, peer, i as u32).unwrap());
+                }
+                for b in any.iter_mut() {
+                    reqs.push(w.irecv(s, b, ANY_SOURCE, 100).unwrap());
+                }
+            }
+            w.barrier().unwrap();
+            if w.rank() == 0 {
+                for i in 0..8u32 {
+                    w.send(&vec![i as u8; 4096], peer, i).unwrap();
+                }
+                w.send(&[7u8; 4096], peer, 100).unwrap();
+                w.send(&[8u8; 4096], peer, 100).unwrap();
+            }
+            for st in tmpi::wait_all(reqs).unwrap() {
+                assert_eq!(st.len(), 4096);
+            }
+        });
+        if w.rank() == 1 {
+            for (i, b) in bufs.iter().enumerate() {
+                assert!(b.iter().all(|&x| x == i as u8));
+            }
+            assert_eq!(any[0][0], 7);
+            assert_eq!(any[1][0], 8);
+        }
+        w.stats_line()
+    });
+    let hw: u64 = lines[1]
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("hw_matched="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    match setup.tm_tags {
+        Some(0) => assert_eq!(hw, 0, "{}", lines[1]),
+        // ANY_SOURCE receives are never offloaded: at most the 8 source-specific ones.
+        Some(t) => assert_eq!(hw, u64::from(t.min(8)), "{}", lines[1]),
+        None => assert_eq!(hw, 8, "{}", lines[1]),
+    }
 }
