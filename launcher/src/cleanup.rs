@@ -50,6 +50,14 @@ pub fn remove_shm_files(jobid: &str) {
     }
 }
 
+/// Removes the socket directory now: once every rank has connected nobody else may, and a
+/// `tmpirun` that is SIGKILLed later then leaves nothing in the temporary directory.
+pub fn remove_sockdir() {
+    if let Some(d) = SOCKDIR.get() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 /// Kills (SIGKILL) and reaps every rank not yet reaped, removes the job's shm files and the
 /// socket directory.
 pub fn cleanup() {
@@ -68,9 +76,7 @@ pub fn cleanup() {
     if let Some(j) = JOBID.get() {
         remove_shm_files(j);
     }
-    if let Some(d) = SOCKDIR.get() {
-        let _ = std::fs::remove_dir_all(d);
-    }
+    remove_sockdir();
 }
 
 /// Runs [`cleanup`] when dropped.

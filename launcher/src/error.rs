@@ -22,6 +22,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The topology could not be discovered or a binding could not be applied.
+    #[error("binding: {0}")]
+    #[cfg_attr(not(feature = "hwloc"), allow(dead_code))]
+    Binding(String),
     /// The bootstrap service failed.
     #[error(transparent)]
     Transport(#[from] tmpi_transport::Error),

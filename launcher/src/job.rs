@@ -4,9 +4,12 @@
 //! that end the job), the bootstrap server's epoll descriptor, and the ranks' stdout/stderr
 //! pipes. There is no sleep anywhere; timeouts are `poll` timeouts.
 //!
-//! Each rank is the leader of its own process group (`process_group(0)`, which std does
-//! with `posix_spawn` attributes: no `pre_exec`, no `unsafe`), so `kill(-pid)` reaches the
-//! rank and whatever it started. Ranks are observed with `waitid(WNOWAIT)` and reaped only at
+//! Each rank is the leader of its own process group (`process_group(0)`), so `kill(-pid)`
+//! reaches the rank and whatever it started. Each rank also gets SIGKILL from the kernel
+//! when `tmpirun` dies, however it dies (`PR_SET_PDEATHSIG`, set between fork and exec by
+//! [`sys::die_with_parent`]). That `pre_exec` hook costs std's `posix_spawn` fast path: ranks
+//! are started with `fork` + `exec` instead; `tmpirun -n 16 true` takes about the same wall
+//! time either way (measured: the spawn is a small part of a job's start). Ranks are observed with `waitid(WNOWAIT)` and reaped only at
 //! the very end: a zombie keeps its pid, so a group id is never reused while `tmpirun` may
 //! still signal it.
 //!
@@ -28,15 +31,17 @@ use std::time::{Duration, Instant};
 
 use tmpi_transport::bootstrap::{self, BootstrapServer, ServerEvent};
 
-use crate::binding::Placement;
+use crate::binding::{Binder, Placement};
 use crate::cleanup;
 use crate::cli::Export;
 use crate::error::{Error, Result};
 use crate::output::{self, LineBuf, Sink};
 use crate::sys::{self, ExitKind, SignalPipe};
 
-/// Time between SIGTERM and SIGKILL when the job is ended.
-pub const GRACE: Duration = Duration::from_millis(1000);
+/// Time between SIGTERM and SIGKILL when the job is ended: long enough for a rank that
+/// handles SIGTERM to flush its output, short enough that a failed job is gone well within
+/// 2 s of the failure.
+pub const GRACE: Duration = Duration::from_millis(300);
 /// How long output is still read after every rank has ended (children that escaped the
 /// process group may hold the pipes open).
 pub const DRAIN: Duration = Duration::from_millis(200);
@@ -128,13 +133,16 @@ fn socket_dir(jobid: &str) -> Result<(PathBuf, PathBuf)> {
     Ok((dir, sock))
 }
 
-/// Restores the calling thread's CPU affinity when dropped.
-struct AffinityRestore(Option<libc::cpu_set_t>);
+/// Restores the calling thread's CPU binding when dropped.
+struct BindingRestore<'a> {
+    binder: &'a Binder,
+    cpus: Option<Vec<usize>>,
+}
 
-impl Drop for AffinityRestore {
+impl Drop for BindingRestore<'_> {
     fn drop(&mut self) {
-        if let Some(set) = &self.0 {
-            let _ = sys::set_affinity(set);
+        if let Some(cpus) = &self.cpus {
+            let _ = self.binder.bind_thread(cpus);
         }
     }
 }
@@ -143,7 +151,7 @@ impl Drop for AffinityRestore {
 ///
 /// # Errors
 /// The job could not be set up or started (the ranks already started are killed).
-pub fn run(spec: &JobSpec, sigs: &SignalPipe) -> Result<i32> {
+pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     let _guard = cleanup::Guard;
     let jobid = bootstrap::new_jobid()?;
     let shm_name = bootstrap::new_shm_name(&jobid)?;
@@ -160,11 +168,12 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe) -> Result<i32> {
         output::write_to(Sink::Stderr, lines.as_bytes());
     }
 
-    let (ranks, streams) = spawn_all(spec, &jobid, &shm_name, server.path())?;
+    let (ranks, streams) = spawn_all(spec, binder, &jobid, &shm_name, server.path())?;
     let mut job = Running {
         ranks,
         streams,
         server,
+        connected: 0,
         end: None,
         kill_at: None,
         drain_until: None,
@@ -188,18 +197,23 @@ fn say(msg: &str) {
 /// Spawns every rank; returns them and their output streams.
 fn spawn_all(
     spec: &JobSpec,
+    binder: &Binder,
     jobid: &str,
     shm_name: &str,
     sock: &Path,
 ) -> Result<(Vec<Rank>, Vec<Stream>)> {
     let stdin_is_tty = sys::isatty(0);
     let original = if spec.placements.iter().any(|p| p.cpus.is_some()) {
-        Some(sys::get_affinity()?)
+        Some(binder.thread_cpus()?)
     } else {
         None
     };
-    let _restore = AffinityRestore(original);
-    let launcher_pid = std::process::id().to_string();
+    let _restore = BindingRestore {
+        binder,
+        cpus: original,
+    };
+    let parent = std::process::id() as libc::pid_t;
+    let launcher_pid = parent.to_string();
     let size = spec.np.to_string();
     let mut ranks = Vec::with_capacity(spec.np);
     let mut streams = Vec::with_capacity(2 * spec.np);
@@ -232,6 +246,13 @@ fn spawn_all(
         // Own process group, so that signals to it reach the rank and its children, and
         // a Ctrl-C on the terminal reaches only tmpirun (which forwards it).
         cmd.process_group(0);
+        // SAFETY: the closure runs in the forked child before exec, where only
+        // async-signal-safe work is allowed: `die_with_parent` makes two system calls
+        // (prctl, getppid) and neither allocates nor takes a lock. This is the main thread
+        // (the death signal follows the forking thread), alive until tmpirun exits.
+        unsafe {
+            cmd.pre_exec(move || sys::die_with_parent(parent));
+        }
         cmd.stdin(match (r, stdin_is_tty) {
             // A rank in a background process group reading the terminal would be stopped
             // (SIGTTIN): give it a pipe that tmpirun feeds from the terminal.
@@ -241,7 +262,7 @@ fn spawn_all(
         });
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         if let Some(cpus) = &spec.placements.get(r).and_then(|p| p.cpus.clone()) {
-            sys::set_affinity(&sys::cpu_set(cpus))?;
+            binder.bind_thread(cpus)?;
         }
         let mut child = cmd
             .spawn()
@@ -294,6 +315,8 @@ struct Running {
     ranks: Vec<Rank>,
     streams: Vec<Stream>,
     server: BootstrapServer,
+    /// Ranks that have connected to the bootstrap service.
+    connected: usize,
     end: Option<End>,
     /// When the ranks still alive get SIGKILL (set once the job is ending).
     kill_at: Option<Instant>,
@@ -477,9 +500,14 @@ impl Running {
                 let who = rank.map_or("a client".to_string(), |r| format!("rank {r}"));
                 say(&format!("bootstrap: refused {who}: {reason}"));
             }
-            ServerEvent::Connected { .. }
-            | ServerEvent::Finalized { .. }
-            | ServerEvent::Lost { .. } => {}
+            ServerEvent::Connected { .. } => {
+                // A rank connects once: when all have, the socket's name is not needed.
+                self.connected += 1;
+                if self.connected == self.ranks.len() {
+                    cleanup::remove_sockdir();
+                }
+            }
+            ServerEvent::Finalized { .. } | ServerEvent::Lost { .. } => {}
         }
     }
 

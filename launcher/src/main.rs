@@ -39,8 +39,9 @@ fn real_main() -> Result<i32> {
     let sigs = sys::SignalPipe::new()?;
     cleanup::install_panic_hook();
     let cli = cli::Cli::parse_from(cli::normalize_args(std::env::args_os()));
+    let binder = binding::Binder::new();
     if cli.info {
-        print_info();
+        print_info(&binder);
         return Ok(0);
     }
     let np = cli
@@ -52,14 +53,15 @@ fn real_main() -> Result<i32> {
         .ok_or_else(|| Error::Usage("no program given".into()))?;
     let program = cli::resolve_program(prog)?;
     let exports = cli::parse_exports(&cli.export)?;
-    let topo = binding::Topology::detect()?;
-    let ncpus = topo.ncpus();
-    // Like MPICH's hydra, more ranks than CPUs is allowed by default (the runtime then
+    let topo = binder.topology()?;
+    let ncores = topo.ncores();
+    // Like MPICH's hydra, more ranks than cores is allowed by default (the runtime then
     // yields instead of spinning); --no-oversubscribe restores Open MPI's refusal.
-    if np > ncpus && cli.no_oversubscribe && !cli.oversubscribe {
+    if np > ncores && cli.no_oversubscribe && !cli.oversubscribe {
         return Err(Error::Usage(format!(
-            "{np} ranks requested but only {ncpus} CPU(s) are available to tmpirun \
-             and --no-oversubscribe was given"
+            "{np} ranks requested but only {ncores} core(s) ({} CPU(s)) are available to \
+             tmpirun and --no-oversubscribe was given",
+            topo.ncpus()
         )));
     }
     sys::raise_nofile_limit();
@@ -75,11 +77,12 @@ fn real_main() -> Result<i32> {
         report_bindings: cli.report_bindings,
         report_pids: cli.report_pids,
     };
-    job::run(&spec, &sigs)
+    job::run(&spec, &sigs, &binder)
 }
 
-/// `--info`: every knob, its default, its value here if set, and what it does.
-fn print_info() {
+/// `--info`: every knob, its default, its value here if set, and what it does; how ranks
+/// are bound.
+fn print_info(binder: &binding::Binder) {
     let mut out = format!(
         "tmpirun {} (tmpi)\n\nRuntime knobs (environment variables; pass them with -x NAME=VALUE):\n",
         env!("CARGO_PKG_VERSION")
@@ -96,6 +99,8 @@ fn print_info() {
     }
     out.push_str("\nSet by tmpirun for each rank: ");
     out.push_str(&LAUNCHER_VARS.join(", "));
+    out.push_str("\n\nBinding: ");
+    out.push_str(&binder.describe());
     out.push('\n');
     output::write_to(output::Sink::Stdout, out.as_bytes());
 }

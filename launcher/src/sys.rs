@@ -204,6 +204,37 @@ pub fn reap(pid: i32) {
     }
 }
 
+/// Runs in a freshly forked rank, before `exec`: asks the kernel to SIGKILL the rank when the
+/// thread that forked it exits (so the ranks die with `tmpirun` even when it is SIGKILLed),
+/// and fails if `parent` is already gone (it died between `fork` and the `prctl`).
+///
+/// Only async-signal-safe work: two system calls, no allocation, no lock. The death signal
+/// follows the *thread* that forked, so ranks must be spawned from `tmpirun`'s main thread,
+/// which lives until the process exits. It survives `exec` (not of set-uid programs).
+///
+/// # Errors
+/// `prctl` fails, or the parent has already exited (`ESRCH`).
+pub fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getppid takes no arguments and cannot fail.
+    if unsafe { libc::getppid() } != parent {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(())
+}
+
 /// Sends `sig` to the process group `pgid` (a rank's group, created when it was spawned).
 pub fn kill_group(pgid: i32, sig: i32) {
     if pgid > 1 {

@@ -2,6 +2,7 @@
 //! itself acting as a rank that talks to the bootstrap service).
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -271,6 +272,27 @@ fn unsafe_kill(pid: i32, sig: i32) -> i32 {
 }
 
 #[test]
+fn ranks_die_with_a_sigkilled_tmpirun() {
+    // tmpirun gets no chance to clean up: the kernel's parent-death signal ends the ranks.
+    let mut child = tmpirun(&["-n", "3", "--report-pids", "sleep", "100"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut pids = Vec::new();
+    while pids.len() < 3 {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "tmpirun ended early");
+        pids.extend(pids_reported(&line));
+    }
+    assert_eq!(unsafe_kill(child.id() as i32, libc::SIGKILL), 0);
+    let t = Instant::now();
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    assert_gone(&pids);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+#[test]
 fn no_processes_are_left_behind() {
     // Each rank starts a background child and reports its pid; rank 1 fails.
     let out = run(&[
@@ -433,11 +455,15 @@ fn bindings_are_applied_and_reported() {
     ]);
     assert!(out.status.success());
     let err = text(&out.stderr);
-    assert_eq!(
-        err.lines().filter(|l| l.contains(" bound to cpu ")).count(),
-        n,
-        "{err}"
-    );
+    // One line per rank, naming its core and that core's CPUs.
+    for r in 0..n {
+        let prefix = format!("tmpirun: rank {r} bound to core ");
+        assert_eq!(
+            err.lines().filter(|l| l.starts_with(&prefix)).count(),
+            1,
+            "{err}"
+        );
+    }
     // Each rank runs on exactly one CPU, and they differ.
     let cpus: std::collections::HashSet<String> = text(&out.stdout)
         .lines()
@@ -495,14 +521,30 @@ fn rank_helper() {
             }
             std::thread::sleep(Duration::from_secs(100));
         }
+        Ok("hang") => {
+            // Every rank has connected once the fence returns.
+            kv.fence().unwrap();
+            println!(
+                "READY {}",
+                std::env::var("TMPI_BOOTSTRAP").unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_secs(100));
+        }
         other => panic!("unknown scenario {other:?}"),
     }
 }
 
-fn run_helper(scenario: &str, n: &str) -> Output {
+fn helper_cmd(scenario: &str, n: &str) -> Command {
     let me = std::env::current_exe().unwrap();
-    tmpirun(&["-n", n, "--oversubscribe", "--timeout", "20"])
-        .arg(me)
+    let mut c = tmpirun(&[
+        "-n",
+        n,
+        "--oversubscribe",
+        "--timeout",
+        "20",
+        "--report-pids",
+    ]);
+    c.arg(me)
         .args([
             "--exact",
             "rank_helper",
@@ -511,9 +553,48 @@ fn run_helper(scenario: &str, n: &str) -> Output {
             "--test-threads=1",
             "-q",
         ])
-        .env("TMPIRUN_TEST_SCENARIO", scenario)
-        .output()
-        .unwrap()
+        .env("TMPIRUN_TEST_SCENARIO", scenario);
+    c
+}
+
+fn run_helper(scenario: &str, n: &str) -> Output {
+    helper_cmd(scenario, n).output().unwrap()
+}
+
+#[test]
+fn a_sigkilled_tmpirun_leaves_nothing_behind_once_ranks_connected() {
+    let mut child = helper_cmd("hang", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut socks = Vec::new();
+    while socks.len() < 2 {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "tmpirun ended early");
+        if let Some(p) = line.trim().strip_prefix("READY ") {
+            socks.push(std::path::PathBuf::from(p));
+        }
+    }
+    // The socket's directory goes as soon as every rank has connected.
+    let dir = socks[0].parent().unwrap().to_path_buf();
+    let t = Instant::now();
+    while dir.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{} still there",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(unsafe_kill(child.id() as i32, libc::SIGKILL), 0);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    child.wait().unwrap();
+    let pids = pids_reported(&err);
+    assert_eq!(pids.len(), 2, "{err}");
+    assert_gone(&pids);
 }
 
 #[test]
