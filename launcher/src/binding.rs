@@ -98,10 +98,7 @@ impl Topology {
             let core = Core { index, cpus };
             match sockets.last_mut() {
                 Some(s) if s.id == socket => s.cores.push(core),
-                _ => sockets.push(Socket {
-                    id: socket,
-                    cores: vec![core],
-                }),
+                _ => sockets.push(Socket { id: socket, cores: vec![core] }),
             }
         }
         Topology { sockets }
@@ -119,9 +116,7 @@ impl Topology {
 
     /// Every core with its socket id, socket by socket.
     fn cores(&self) -> impl Iterator<Item = (usize, &Core)> {
-        self.sockets
-            .iter()
-            .flat_map(|s| s.cores.iter().map(move |c| (s.id, c)))
+        self.sockets.iter().flat_map(|s| s.cores.iter().map(move |c| (s.id, c)))
     }
 }
 
@@ -151,11 +146,8 @@ impl Binder {
     pub fn describe(&self) -> String {
         match self {
             Binder::Sysfs => {
-                let why = if cfg!(feature = "hwloc") {
-                    "hwloc could not load the topology"
-                } else {
-                    "tmpirun built without the hwloc feature"
-                };
+                let why =
+                    if cfg!(feature = "hwloc") { "hwloc could not load the topology" } else { "tmpirun built without the hwloc feature" };
                 format!("sysfs topology, sched_setaffinity ({why})")
             }
             #[cfg(feature = "hwloc")]
@@ -237,16 +229,8 @@ impl Placement {
         };
         match self.bound {
             Bound::Nothing => format!("tmpirun: rank {rank} not bound"),
-            Bound::Core => format!(
-                "tmpirun: rank {rank} bound to core {} ({cpus}) on socket {}",
-                cpu_list(&self.cores),
-                self.socket
-            ),
-            Bound::Socket => format!(
-                "tmpirun: rank {rank} bound to socket {}: cores {} ({cpus})",
-                self.socket,
-                cpu_list(&self.cores)
-            ),
+            Bound::Core => format!("tmpirun: rank {rank} bound to core {} ({cpus}) on socket {}", cpu_list(&self.cores), self.socket),
+            Bound::Socket => format!("tmpirun: rank {rank} bound to socket {}: cores {} ({cpus})", self.socket, cpu_list(&self.cores)),
         }
     }
 }
@@ -260,11 +244,7 @@ pub fn cpu_list(cpus: &[usize]) -> String {
         while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
             j += 1;
         }
-        out.push(if i == j {
-            cpus[i].to_string()
-        } else {
-            format!("{}-{}", cpus[i], cpus[j])
-        });
+        out.push(if i == j { cpus[i].to_string() } else { format!("{}-{}", cpus[i], cpus[j]) });
         i = j + 1;
     }
     out.join(",")
@@ -273,18 +253,9 @@ pub fn cpu_list(cpus: &[usize]) -> String {
 /// The placement of each of `n` ranks. `bind` `None` picks the default (see module docs).
 pub fn plan(topo: &Topology, n: usize, bind: Option<BindTo>, map: MapBy) -> Vec<Placement> {
     let ncores = topo.ncores();
-    let bind = bind.unwrap_or(if n <= ncores {
-        BindTo::Core
-    } else {
-        BindTo::None
-    });
+    let bind = bind.unwrap_or(if n <= ncores { BindTo::Core } else { BindTo::None });
     if ncores == 0 {
-        let unbound = Placement {
-            bound: Bound::Nothing,
-            socket: 0,
-            cores: Vec::new(),
-            cpus: None,
-        };
+        let unbound = Placement { bound: Bound::Nothing, socket: 0, cores: Vec::new(), cpus: None };
         return vec![unbound; n];
     }
     let flat: Vec<(usize, &Core)> = topo.cores().collect();
@@ -299,34 +270,14 @@ pub fn plan(topo: &Topology, n: usize, bind: Option<BindTo>, map: MapBy) -> Vec<
                 }
             };
             match bind {
-                BindTo::Core => Placement {
-                    bound: Bound::Core,
-                    socket,
-                    cores: vec![core.index],
-                    cpus: Some(core.cpus.clone()),
-                },
+                BindTo::Core => Placement { bound: Bound::Core, socket, cores: vec![core.index], cpus: Some(core.cpus.clone()) },
                 BindTo::Socket => {
-                    let cores: Vec<&Core> = flat
-                        .iter()
-                        .filter(|(s, _)| *s == socket)
-                        .map(|(_, c)| *c)
-                        .collect();
-                    let mut cpus: Vec<usize> =
-                        cores.iter().flat_map(|c| c.cpus.iter().copied()).collect();
+                    let cores: Vec<&Core> = flat.iter().filter(|(s, _)| *s == socket).map(|(_, c)| *c).collect();
+                    let mut cpus: Vec<usize> = cores.iter().flat_map(|c| c.cpus.iter().copied()).collect();
                     cpus.sort_unstable();
-                    Placement {
-                        bound: Bound::Socket,
-                        socket,
-                        cores: cores.iter().map(|c| c.index).collect(),
-                        cpus: Some(cpus),
-                    }
+                    Placement { bound: Bound::Socket, socket, cores: cores.iter().map(|c| c.index).collect(), cpus: Some(cpus) }
                 }
-                BindTo::None => Placement {
-                    bound: Bound::Nothing,
-                    socket,
-                    cores: Vec::new(),
-                    cpus: None,
-                },
+                BindTo::None => Placement { bound: Bound::Nothing, socket, cores: Vec::new(), cpus: None },
             }
         })
         .collect()
@@ -337,11 +288,7 @@ mod tests {
     use super::*;
 
     fn pu(cpu: usize, socket: usize, core: u64) -> Pu {
-        Pu {
-            cpu,
-            socket,
-            core: Some(core),
-        }
+        Pu { cpu, socket, core: Some(core) }
     }
 
     /// Two sockets of two cores, no SMT: cpus 0,1 on socket 0, 2,3 on socket 1.
@@ -364,22 +311,9 @@ mod tests {
         assert_eq!(t.sockets[0].cores[1].cpus, [1, 3]);
         // taskset -c 1,3: only core 1 is left, and it keeps its machine-wide index.
         let t = Topology::from_pus(&smt(), &[1, 3]);
-        assert_eq!(
-            t.sockets,
-            [Socket {
-                id: 0,
-                cores: vec![Core {
-                    index: 1,
-                    cpus: vec![1, 3]
-                }]
-            }]
-        );
+        assert_eq!(t.sockets, [Socket { id: 0, cores: vec![Core { index: 1, cpus: vec![1, 3] }] }]);
         // CPUs without a known core are cores of their own.
-        let loose = [0, 1].map(|cpu| Pu {
-            cpu,
-            socket: 0,
-            core: None,
-        });
+        let loose = [0, 1].map(|cpu| Pu { cpu, socket: 0, core: None });
         assert_eq!(Topology::from_pus(&loose, &[0, 1]).ncores(), 2);
     }
 
@@ -388,19 +322,8 @@ mod tests {
         // Socket ids and core keys in an odd order: numbering follows (socket, lowest cpu).
         let all = [pu(3, 1, 9), pu(2, 1, 4), pu(1, 0, 7), pu(0, 0, 8)];
         let t = Topology::from_pus(&all, &[0, 1, 2, 3]);
-        let flat: Vec<(usize, usize, Vec<usize>)> = t
-            .cores()
-            .map(|(s, c)| (s, c.index, c.cpus.clone()))
-            .collect();
-        assert_eq!(
-            flat,
-            [
-                (0, 0, vec![0]),
-                (0, 1, vec![1]),
-                (1, 2, vec![2]),
-                (1, 3, vec![3])
-            ]
-        );
+        let flat: Vec<(usize, usize, Vec<usize>)> = t.cores().map(|(s, c)| (s, c.index, c.cpus.clone())).collect();
+        assert_eq!(flat, [(0, 0, vec![0]), (0, 1, vec![1]), (1, 2, vec![2]), (1, 3, vec![3])]);
     }
 
     #[test]
@@ -411,17 +334,12 @@ mod tests {
         assert_eq!(p[2].socket, 1);
         assert_eq!(p[2].bound, Bound::Core);
         let p = plan(&two_sockets(), 5, None, MapBy::Core);
-        assert!(p
-            .iter()
-            .all(|p| p.cpus.is_none() && p.bound == Bound::Nothing));
+        assert!(p.iter().all(|p| p.cpus.is_none() && p.bound == Bound::Nothing));
         // With SMT the default counts cores, not hardware threads.
         let t = Topology::from_pus(&smt(), &[0, 1, 2, 3]);
         let p = plan(&t, 2, None, MapBy::Core);
         assert_eq!(p[0].cpus, Some(vec![0, 2]));
-        assert_eq!(
-            p[0].describe(0),
-            "tmpirun: rank 0 bound to core 0 (cpus 0,2) on socket 0"
-        );
+        assert_eq!(p[0].describe(0), "tmpirun: rank 0 bound to core 0 (cpus 0,2) on socket 0");
         assert!(plan(&t, 3, None, MapBy::Core)[0].cpus.is_none());
     }
 
@@ -432,20 +350,14 @@ mod tests {
         assert_eq!(cpus, [0, 2, 1, 3]);
         let p = plan(&two_sockets(), 2, Some(BindTo::Socket), MapBy::Socket);
         assert_eq!(p[1].cpus, Some(vec![2, 3]));
-        assert_eq!(
-            p[1].describe(1),
-            "tmpirun: rank 1 bound to socket 1: cores 2-3 (cpus 2-3)"
-        );
+        assert_eq!(p[1].describe(1), "tmpirun: rank 1 bound to socket 1: cores 2-3 (cpus 2-3)");
     }
 
     #[test]
     fn explicit_core_binding_wraps_when_oversubscribed() {
         let p = plan(&two_sockets(), 6, Some(BindTo::Core), MapBy::Core);
         assert_eq!(p[5].cpus, Some(vec![1]));
-        assert_eq!(
-            p[5].describe(5),
-            "tmpirun: rank 5 bound to core 1 (cpu 1) on socket 0"
-        );
+        assert_eq!(p[5].describe(5), "tmpirun: rank 5 bound to core 1 (cpu 1) on socket 0");
         let p = plan(&two_sockets(), 1, Some(BindTo::None), MapBy::Core);
         assert_eq!(p[0].describe(0), "tmpirun: rank 0 not bound");
     }

@@ -31,10 +31,7 @@ pub fn register_child(pid: i32) {
 /// Reaps a rank that has ended and forgets it.
 pub fn reap_child(pid: i32) {
     sys::reap(pid);
-    CHILDREN
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|&p| p != pid);
+    CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).retain(|&p| p != pid);
 }
 
 /// Removes `/dev/shm/tmpi-<jobid>*` (the segment rank 0 created, and any later ones).

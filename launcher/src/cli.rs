@@ -99,27 +99,15 @@ pub struct Cli {
 }
 
 fn parse_timeout(s: &str) -> std::result::Result<Duration, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    let secs: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
     if !(secs > 0.0 && secs <= 1e9) {
-        return Err(format!(
-            "{s}: the timeout must be more than 0 and at most 1e9 seconds"
-        ));
+        return Err(format!("{s}: the timeout must be more than 0 and at most 1e9 seconds"));
     }
     Ok(Duration::from_secs_f64(secs))
 }
 
 /// Options before the program that take a value as the next argument.
-const VALUE_OPTS: &[&str] = &[
-    "-n",
-    "-np",
-    "--np",
-    "-x",
-    "--timeout",
-    "--bind-to",
-    "--map-by",
-];
+const VALUE_OPTS: &[&str] = &["-n", "-np", "--np", "-x", "--timeout", "--bind-to", "--map-by"];
 
 /// Rewrites Open MPI's `-np N` (and `-np=N`) to `--np`, only before the program.
 pub fn normalize_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
@@ -181,14 +169,10 @@ pub fn parse_exports(raw: &[String]) -> Result<Vec<Export>> {
                 && !name.starts_with(|c: char| c.is_ascii_digit())
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid {
-                return Err(Error::Usage(format!(
-                    "-x {x}: {name:?} is not a valid variable name"
-                )));
+                return Err(Error::Usage(format!("-x {x}: {name:?} is not a valid variable name")));
             }
             if LAUNCHER_VARS.contains(&name) {
-                return Err(Error::Usage(format!(
-                    "-x {x}: {name} is set by tmpirun for each rank"
-                )));
+                return Err(Error::Usage(format!("-x {x}: {name} is set by tmpirun for each rank")));
             }
             Ok(match value {
                 Some(v) => Export::Set(name.to_string(), v.into()),
@@ -225,11 +209,7 @@ pub fn resolve_program(prog: &OsStr) -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     let mut last = None;
     for dir in std::env::split_paths(&path) {
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
+        let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
         let p = dir.join(prog);
         if !p.exists() {
             continue;
@@ -250,63 +230,29 @@ mod tests {
     use super::*;
 
     fn norm(v: &[&str]) -> Vec<String> {
-        normalize_args(v.iter().map(OsString::from))
-            .into_iter()
-            .map(|s| s.into_string().unwrap())
-            .collect()
+        normalize_args(v.iter().map(OsString::from)).into_iter().map(|s| s.into_string().unwrap()).collect()
     }
 
     #[test]
     fn np_is_rewritten_only_before_the_program() {
-        assert_eq!(
-            norm(&["t", "-np", "4", "prog", "-np", "2"]),
-            ["t", "--np", "4", "prog", "-np", "2"]
-        );
-        assert_eq!(
-            norm(&["t", "-x", "-np", "-np=3", "p"]),
-            ["t", "-x", "-np", "--np=3", "p"]
-        );
+        assert_eq!(norm(&["t", "-np", "4", "prog", "-np", "2"]), ["t", "--np", "4", "prog", "-np", "2"]);
+        assert_eq!(norm(&["t", "-x", "-np", "-np=3", "p"]), ["t", "-x", "-np", "--np=3", "p"]);
         assert_eq!(norm(&["t", "--", "-np"]), ["t", "--", "-np"]);
     }
 
     #[test]
     fn clap_takes_trailing_args_verbatim() {
-        let cli = Cli::try_parse_from(norm(&[
-            "t",
-            "-np",
-            "3",
-            "--tag-output",
-            "prog",
-            "-x",
-            "--info",
-            "-n",
-        ]))
-        .unwrap();
+        let cli = Cli::try_parse_from(norm(&["t", "-np", "3", "--tag-output", "prog", "-x", "--info", "-n"])).unwrap();
         assert_eq!(cli.np, Some(3));
         assert!(cli.tag_output);
         assert_eq!(cli.command, ["prog", "-x", "--info", "-n"]);
         assert!(Cli::try_parse_from(["t", "-n", "0", "p"]).is_err());
         assert!(Cli::try_parse_from(["t", "p"]).is_err(), "-n is required");
-        assert!(
-            Cli::try_parse_from(["t", "-n", "2"]).is_err(),
-            "program is required"
-        );
+        assert!(Cli::try_parse_from(["t", "-n", "2"]).is_err(), "program is required");
         assert!(Cli::try_parse_from(["t", "--info"]).is_ok());
         assert!(Cli::try_parse_from(["t", "-n", "1", "--timeout", "0", "p"]).is_err());
         assert!(Cli::try_parse_from(["t", "-n", "1", "--bind-to", "numa", "p"]).is_err());
-        let cli = Cli::try_parse_from([
-            "t",
-            "-n",
-            "1",
-            "-x",
-            "A=1",
-            "-x",
-            "B",
-            "--timeout",
-            "1.5",
-            "p",
-        ])
-        .unwrap();
+        let cli = Cli::try_parse_from(["t", "-n", "1", "-x", "A=1", "-x", "B", "--timeout", "1.5", "p"]).unwrap();
         assert_eq!(cli.export, ["A=1", "B"]);
         assert_eq!(cli.timeout, Some(Duration::from_millis(1500)));
     }
@@ -314,14 +260,7 @@ mod tests {
     #[test]
     fn exports_are_checked() {
         let e = parse_exports(&["A=1=2".into(), "B".into(), "C=".into()]).unwrap();
-        assert_eq!(
-            e,
-            [
-                Export::Set("A".into(), "1=2".into()),
-                Export::Pass("B".into()),
-                Export::Set("C".into(), "".into())
-            ]
-        );
+        assert_eq!(e, [Export::Set("A".into(), "1=2".into()), Export::Pass("B".into()), Export::Set("C".into(), "".into())]);
         for bad in ["", "=1", "1A=2", "A-B=1", "TMPI_RANK=3"] {
             assert!(parse_exports(&[bad.into()]).is_err(), "{bad}");
         }

@@ -35,19 +35,13 @@ impl Error {
     /// Wraps the current `errno` with the name of the failed operation.
     #[cold]
     pub fn last_os(op: impl Into<String>) -> Self {
-        Error::Io {
-            op: op.into(),
-            source: io::Error::last_os_error(),
-        }
+        Error::Io { op: op.into(), source: io::Error::last_os_error() }
     }
 
     /// Wraps an I/O error with the name of the failed operation.
     #[cold]
     pub fn io(op: impl Into<String>, source: io::Error) -> Self {
-        Error::Io {
-            op: op.into(),
-            source,
-        }
+        Error::Io { op: op.into(), source }
     }
 
     /// The exit status `tmpirun` ends with when this error stops it.

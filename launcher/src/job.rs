@@ -42,6 +42,9 @@ use crate::sys::{self, ExitKind, SignalPipe};
 /// handles SIGTERM to flush its output, short enough that a failed job is gone well within
 /// 2 s of the failure.
 pub const GRACE: Duration = Duration::from_millis(300);
+/// How long a rank whose bootstrap connection was lost may take to end, when another rank
+/// failed in the meantime, before the other one is reported as the job's first failure.
+pub const SUSPECT_WAIT: Duration = Duration::from_millis(250);
 /// How long output is still read after every rank has ended (children that escaped the
 /// process group may hold the pipes open).
 pub const DRAIN: Duration = Duration::from_millis(200);
@@ -125,10 +128,7 @@ fn socket_dir(jobid: &str) -> Result<(PathBuf, PathBuf)> {
         base = PathBuf::from("/tmp");
     }
     let dir = base.join(name);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let sock = dir.join("kv.sock");
     Ok((dir, sock))
 }
@@ -174,6 +174,8 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         streams,
         server,
         connected: 0,
+        lost: Vec::new(),
+        deferred: None,
         end: None,
         kill_at: None,
         drain_until: None,
@@ -195,23 +197,10 @@ fn say(msg: &str) {
 }
 
 /// Spawns every rank; returns them and their output streams.
-fn spawn_all(
-    spec: &JobSpec,
-    binder: &Binder,
-    jobid: &str,
-    shm_name: &str,
-    sock: &Path,
-) -> Result<(Vec<Rank>, Vec<Stream>)> {
+fn spawn_all(spec: &JobSpec, binder: &Binder, jobid: &str, shm_name: &str, sock: &Path) -> Result<(Vec<Rank>, Vec<Stream>)> {
     let stdin_is_tty = sys::isatty(0);
-    let original = if spec.placements.iter().any(|p| p.cpus.is_some()) {
-        Some(binder.thread_cpus()?)
-    } else {
-        None
-    };
-    let _restore = BindingRestore {
-        binder,
-        cpus: original,
-    };
+    let original = if spec.placements.iter().any(|p| p.cpus.is_some()) { Some(binder.thread_cpus()?) } else { None };
+    let _restore = BindingRestore { binder, cpus: original };
     let parent = std::process::id() as libc::pid_t;
     let launcher_pid = parent.to_string();
     let size = spec.np.to_string();
@@ -227,9 +216,7 @@ fn spawn_all(
                 }
                 Export::Pass(k) => {
                     if r == 0 && std::env::var_os(k).is_none() {
-                        say(&format!(
-                            "-x {k}: not set in tmpirun's environment; not exported"
-                        ));
+                        say(&format!("-x {k}: not set in tmpirun's environment; not exported"));
                     }
                 }
             }
@@ -264,9 +251,7 @@ fn spawn_all(
         if let Some(cpus) = &spec.placements.get(r).and_then(|p| p.cpus.clone()) {
             binder.bind_thread(cpus)?;
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| Error::io(format!("start rank {r} ({})", spec.program.display()), e))?;
+        let mut child = cmd.spawn().map_err(|e| Error::io(format!("start rank {r} ({})", spec.program.display()), e))?;
         let pid = child.id() as i32;
         cleanup::register_child(pid);
         if spec.report_pids {
@@ -293,17 +278,10 @@ fn spawn_all(
                 })
                 .map_err(|e| Error::io("start the stdin thread", e))?;
         }
-        for (fd, sink) in [
-            (child.stdout.take().map(OwnedFd::from), Sink::Stdout),
-            (child.stderr.take().map(OwnedFd::from), Sink::Stderr),
-        ] {
+        for (fd, sink) in [(child.stdout.take().map(OwnedFd::from), Sink::Stdout), (child.stderr.take().map(OwnedFd::from), Sink::Stderr)] {
             let Some(fd) = fd else { continue };
             sys::set_nonblocking(fd.as_raw_fd())?;
-            streams.push(Stream {
-                sink,
-                file: Some(File::from(fd)),
-                buf: LineBuf::new(r, spec.tag_output),
-            });
+            streams.push(Stream { sink, file: Some(File::from(fd)), buf: LineBuf::new(r, spec.tag_output) });
         }
         ranks.push(Rank { pid, exit: None });
     }
@@ -317,6 +295,12 @@ struct Running {
     server: BootstrapServer,
     /// Ranks that have connected to the bootstrap service.
     connected: usize,
+    /// Ranks whose bootstrap connection closed without a finalize while the job ran, in
+    /// the order seen (see [`Running::scan_ranks`]).
+    lost: Vec<usize>,
+    /// A rank that failed while a lost rank had not ended, and until when to wait for that
+    /// one.
+    deferred: Option<(usize, Instant)>,
     end: Option<End>,
     /// When the ranks still alive get SIGKILL (set once the job is ending).
     kill_at: Option<Instant>,
@@ -343,9 +327,7 @@ impl Running {
             if self.deadline.is_some_and(|d| now >= d) && self.end.is_none() {
                 let t = self.timeout.unwrap_or_default().as_secs_f64();
                 let alive = self.ranks.iter().filter(|r| r.exit.is_none()).count();
-                say(&format!(
-                    "job timed out after {t} s (--timeout {t}); killing {alive} running rank(s)"
-                ));
+                say(&format!("job timed out after {t} s (--timeout {t}); killing {alive} running rank(s)"));
                 self.begin_end(End::Timeout, libc::SIGTERM);
             }
             if self.kill_at.is_some_and(|k| now >= k) {
@@ -366,18 +348,15 @@ impl Running {
             }
 
             // Wait for something.
-            let wake = [
-                if self.end.is_none() {
-                    self.deadline
-                } else {
-                    None
-                },
-                self.kill_at,
-                self.drain_until,
-            ]
-            .into_iter()
-            .flatten()
-            .min();
+            if self.deferred.is_some_and(|(_, t)| now >= t) {
+                scan = true;
+                continue;
+            }
+            let wake =
+                [if self.end.is_none() { self.deadline } else { None }, self.deferred.map(|(_, t)| t), self.kill_at, self.drain_until]
+                    .into_iter()
+                    .flatten()
+                    .min();
             let timeout_ms = match wake {
                 None => -1,
                 Some(w) => {
@@ -388,23 +367,11 @@ impl Running {
             };
             pfds.clear();
             which.clear();
-            pfds.push(libc::pollfd {
-                fd: sigs.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            });
-            pfds.push(libc::pollfd {
-                fd: self.server.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            });
+            pfds.push(libc::pollfd { fd: sigs.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            pfds.push(libc::pollfd { fd: self.server.as_raw_fd(), events: libc::POLLIN, revents: 0 });
             for (i, s) in self.streams.iter().enumerate() {
                 if let Some(f) = &s.file {
-                    pfds.push(libc::pollfd {
-                        fd: f.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    });
+                    pfds.push(libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 });
                     which.push(i);
                 }
             }
@@ -415,10 +382,7 @@ impl Running {
                     if sig == libc::SIGCHLD {
                         scan = true;
                     } else if self.end.is_none() {
-                        say(&format!(
-                            "got {}; forwarding it to the ranks and ending the job",
-                            sys::signal_name(sig)
-                        ));
+                        say(&format!("got {}; forwarding it to the ranks and ending the job", sys::signal_name(sig)));
                         self.begin_end(End::Signal(sig), sig);
                     } else {
                         // A second signal: no more grace.
@@ -448,6 +412,13 @@ impl Running {
     }
 
     /// Records ranks that ended; the first failure ends the job.
+    ///
+    /// "First" is decided with the bootstrap service's help: a rank whose connection closed
+    /// without a finalize ([`Running::lost`]) is dying, and the kernel closes a dying
+    /// process's descriptors before its parent hears of its exit. So when another rank
+    /// fails while a lost rank has not been seen to end yet (typically a rank whose fence
+    /// or receive failed *because* the lost one went away), the lost rank is waited for, at
+    /// most [`SUSPECT_WAIT`], and reported if it failed.
     fn scan_ranks(&mut self) {
         let mut failed = None;
         for (r, rank) in self.ranks.iter_mut().enumerate() {
@@ -458,40 +429,56 @@ impl Running {
                 continue;
             };
             rank.exit = Some(kind);
-            if self.end.is_none() && failed.is_none() && !kind.success() {
-                let how = match kind {
-                    ExitKind::Code(c) => format!("exited with code {c}"),
-                    ExitKind::Signal(s) => {
-                        format!("killed by signal {} ({s})", sys::signal_name(s))
-                    }
-                };
-                say(&format!("rank {r} (pid {}) {how}", rank.pid));
-                failed = Some(kind);
+            if failed.is_none() && !kind.success() {
+                failed = Some(r);
             }
         }
-        if let Some(kind) = failed {
-            self.begin_end(
-                End::RankFailed {
-                    status: kind.status(),
-                },
-                libc::SIGTERM,
-            );
+        if self.end.is_some() {
+            self.deferred = None;
+            return;
         }
+        let Some(candidate) = self.deferred.map(|(r, _)| r).or(failed) else {
+            return;
+        };
+        let now = Instant::now();
+        for &s in &self.lost {
+            if s == candidate {
+                break;
+            }
+            match self.ranks[s].exit {
+                Some(kind) if !kind.success() => return self.rank_failed(s, kind),
+                Some(_) => continue,
+                None => {
+                    let until = self.deferred.map_or(now + SUSPECT_WAIT, |(_, t)| t);
+                    if now < until {
+                        self.deferred = Some((candidate, until));
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
+        if let Some(kind) = self.ranks[candidate].exit {
+            self.rank_failed(candidate, kind);
+        }
+    }
+
+    /// Reports the failure of rank `r` and ends the job.
+    fn rank_failed(&mut self, r: usize, kind: ExitKind) {
+        self.deferred = None;
+        let how = match kind {
+            ExitKind::Code(c) => format!("exited with code {c}"),
+            ExitKind::Signal(s) => format!("killed by signal {} ({s})", sys::signal_name(s)),
+        };
+        say(&format!("rank {r} (pid {}) {how}", self.ranks[r].pid));
+        self.begin_end(End::RankFailed { status: kind.status() }, libc::SIGTERM);
     }
 
     fn on_server_event(&mut self, ev: ServerEvent) {
         match ev {
-            ServerEvent::Abort {
-                rank,
-                code,
-                message,
-            } => {
+            ServerEvent::Abort { rank, code, message } => {
                 if self.end.is_none() {
-                    let msg = if message.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {message}")
-                    };
+                    let msg = if message.is_empty() { String::new() } else { format!(": {message}") };
                     say(&format!("rank {rank} called abort with code {code}{msg}"));
                     self.begin_end(End::Abort { code }, libc::SIGTERM);
                 }
@@ -507,13 +494,19 @@ impl Running {
                     cleanup::remove_sockdir();
                 }
             }
-            ServerEvent::Finalized { .. } | ServerEvent::Lost { .. } => {}
+            ServerEvent::Lost { rank } => {
+                if self.end.is_none() && !self.lost.contains(&rank) {
+                    self.lost.push(rank);
+                }
+            }
+            ServerEvent::Finalized { .. } => {}
         }
     }
 
     /// Starts ending the job: `sig` to every rank now, SIGKILL after [`GRACE`].
     fn begin_end(&mut self, why: End, sig: i32) {
         self.end = Some(why);
+        self.deferred = None;
         self.signal_all(sig);
         if self.ranks.iter().any(|r| r.exit.is_none()) {
             self.kill_at = Some(Instant::now() + GRACE);
@@ -544,11 +537,7 @@ impl Running {
                     panic!("{TEST_PANIC_VAR} is set: panicking after the first line of output");
                 }
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {}
             Err(_) => {
                 let rest = s.buf.finish();
                 output::write_to(s.sink, &rest);

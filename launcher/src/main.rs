@@ -44,13 +44,8 @@ fn real_main() -> Result<i32> {
         print_info(&binder);
         return Ok(0);
     }
-    let np = cli
-        .np
-        .ok_or_else(|| Error::Usage("-n N is required".into()))? as usize;
-    let (prog, args) = cli
-        .command
-        .split_first()
-        .ok_or_else(|| Error::Usage("no program given".into()))?;
+    let np = cli.np.ok_or_else(|| Error::Usage("-n N is required".into()))? as usize;
+    let (prog, args) = cli.command.split_first().ok_or_else(|| Error::Usage("no program given".into()))?;
     let program = cli::resolve_program(prog)?;
     let exports = cli::parse_exports(&cli.export)?;
     let topo = binder.topology()?;
@@ -83,19 +78,14 @@ fn real_main() -> Result<i32> {
 /// `--info`: every knob, its default, its value here if set, and what it does; how ranks
 /// are bound.
 fn print_info(binder: &binding::Binder) {
-    let mut out = format!(
-        "tmpirun {} (tmpi)\n\nRuntime knobs (environment variables; pass them with -x NAME=VALUE):\n",
-        env!("CARGO_PKG_VERSION")
-    );
+    let mut out =
+        format!("tmpirun {} (tmpi)\n\nRuntime knobs (environment variables; pass them with -x NAME=VALUE):\n", env!("CARGO_PKG_VERSION"));
     for k in KNOBS {
         let now = match std::env::var(k.name) {
             Ok(v) => format!("  (set here: {v})"),
             Err(_) => String::new(),
         };
-        out.push_str(&format!(
-            "  {:<24} default: {}{now}\n      {}\n",
-            k.name, k.default, k.meaning
-        ));
+        out.push_str(&format!("  {:<24} default: {}{now}\n      {}\n", k.name, k.default, k.meaning));
     }
     out.push_str("\nSet by tmpirun for each rank: ");
     out.push_str(&LAUNCHER_VARS.join(", "));

@@ -30,10 +30,7 @@ pub struct LineBuf {
 impl LineBuf {
     /// A buffer for `rank`; `tag` adds the `"[rank] "` prefix to every line.
     pub fn new(rank: usize, tag: bool) -> Self {
-        LineBuf {
-            prefix: tag.then(|| format!("[{rank}] ").into_bytes()),
-            partial: Vec::new(),
-        }
+        LineBuf { prefix: tag.then(|| format!("[{rank}] ").into_bytes()), partial: Vec::new() }
     }
 
     /// Takes newly read bytes; returns what to write now (possibly nothing).
@@ -130,10 +127,7 @@ mod tests {
     fn tagged_prefixes_every_line() {
         let mut b = LineBuf::new(12, true);
         assert_eq!(b.feed(b"he"), b"");
-        assert_eq!(
-            b.feed(b"llo\n\nworld\nx"),
-            b"[12] hello\n[12] \n[12] world\n"
-        );
+        assert_eq!(b.feed(b"llo\n\nworld\nx"), b"[12] hello\n[12] \n[12] world\n");
         assert_eq!(b.finish(), b"[12] x\n");
     }
 

@@ -118,21 +118,13 @@ impl SignalPipe {
             // SAFETY: an all-zero sigaction is a valid starting value (empty mask, no flags).
             let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
             sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            sa.sa_flags = libc::SA_RESTART
-                | if sig == libc::SIGCHLD {
-                    libc::SA_NOCLDSTOP
-                } else {
-                    0
-                };
+            sa.sa_flags = libc::SA_RESTART | if sig == libc::SIGCHLD { libc::SA_NOCLDSTOP } else { 0 };
             // SAFETY: `sa` is initialized; the handler only does async-signal-safe work.
             if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
                 return Err(Error::last_os("sigaction"));
             }
         }
-        Ok(SignalPipe {
-            read,
-            _write: write,
-        })
+        Ok(SignalPipe { read, _write: write })
     }
 
     /// The signals that arrived since the last call, in signal-number order (several
@@ -141,17 +133,12 @@ impl SignalPipe {
         let mut buf = [0u8; 256];
         loop {
             // SAFETY: reads into a live buffer of its own length.
-            let n =
-                unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            let n = unsafe { libc::read(self.read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             if n < buf.len() as isize {
                 break;
             }
         }
-        HANDLED_SIGNALS
-            .iter()
-            .copied()
-            .filter(|&s| PENDING[s as usize].swap(false, Ordering::SeqCst))
-            .collect()
+        HANDLED_SIGNALS.iter().copied().filter(|&s| PENDING[s as usize].swap(false, Ordering::SeqCst)).collect()
     }
 }
 
@@ -166,14 +153,7 @@ impl AsRawFd for SignalPipe {
 pub fn peek_exit(pid: i32) -> Option<ExitKind> {
     let mut info = MaybeUninit::<libc::siginfo_t>::zeroed();
     // SAFETY: `info` is writable storage for one siginfo_t; WNOHANG makes it non-blocking.
-    let rc = unsafe {
-        libc::waitid(
-            libc::P_PID,
-            pid as libc::id_t,
-            info.as_mut_ptr(),
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        )
-    };
+    let rc = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, info.as_mut_ptr(), libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
     if rc != 0 {
         return None;
     }
@@ -216,15 +196,7 @@ pub fn reap(pid: i32) {
 /// `prctl` fails, or the parent has already exited (`ESRCH`).
 pub fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
     // SAFETY: prctl(PR_SET_PDEATHSIG) takes integer arguments only.
-    let rc = unsafe {
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
+    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -266,13 +238,9 @@ pub fn isatty(fd: RawFd) -> bool {
 
 /// Raises the soft limit of open files to the hard limit (each rank needs two pipes).
 pub fn raise_nofile_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max
-    {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max {
         lim.rlim_cur = lim.rlim_max;
         // SAFETY: `lim` is a valid, initialized rlimit. Failure only keeps the old limit.
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };

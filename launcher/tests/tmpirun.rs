@@ -33,10 +33,7 @@ fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => false,
         Ok(s) => {
-            let state = s
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
+            let state = s.rsplit(')').next().and_then(|r| r.split_whitespace().next());
             state != Some("Z") && state != Some("X")
         }
     }
@@ -47,10 +44,7 @@ fn alive(pid: i32) -> bool {
 fn assert_gone(pids: &[i32]) {
     let t = Instant::now();
     while pids.iter().any(|&p| alive(p)) {
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "still running: {pids:?}"
-        );
+        assert!(t.elapsed() < Duration::from_secs(3), "still running: {pids:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -59,10 +53,7 @@ fn pids_reported(stderr: &str) -> Vec<i32> {
     stderr
         .lines()
         .filter_map(|l| l.strip_prefix("tmpirun: rank "))
-        .filter_map(|l| {
-            l.split_once(" pid ")
-                .map(|(_, p)| p.trim().parse().unwrap())
-        })
+        .filter_map(|l| l.split_once(" pid ").map(|(_, p)| p.trim().parse().unwrap()))
         .collect()
 }
 
@@ -71,8 +62,7 @@ fn ncpus() -> usize {
     // SAFETY: cpu_set_t is a plain bit array; all zeroes is a valid (empty) set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is writable storage of the size passed; pid 0 = this thread.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     assert_eq!(rc, 0);
     // SAFETY: `set` was filled by the kernel.
     unsafe { libc::CPU_COUNT(&set) as usize }
@@ -97,18 +87,10 @@ fn all_ranks_succeed_and_see_their_environment() {
     for (r, l) in lines.iter().enumerate() {
         let f: Vec<&str> = l.split(' ').collect();
         assert_eq!(f.len(), 8, "{l}");
-        assert_eq!(
-            f[..4],
-            [r.to_string(), ns.clone(), r.to_string(), ns.clone()]
-        );
+        assert_eq!(f[..4], [r.to_string(), ns.clone(), r.to_string(), ns.clone()]);
         let jobid = f[4];
-        assert!(
-            jobid.len() == 16 && jobid.bytes().all(|b| b.is_ascii_hexdigit()),
-            "{jobid}"
-        );
-        let suffix = f[5]
-            .strip_prefix(&format!("tmpi-{jobid}-"))
-            .expect("shm name prefix");
+        assert!(jobid.len() == 16 && jobid.bytes().all(|b| b.is_ascii_hexdigit()), "{jobid}");
+        let suffix = f[5].strip_prefix(&format!("tmpi-{jobid}-")).expect("shm name prefix");
         assert_eq!(suffix.len(), 16);
         assert!(f[6].parse::<u32>().is_ok());
         assert!(f[7].ends_with(".sock"));
@@ -135,19 +117,8 @@ fn failing_rank_sets_the_exit_code() {
 #[test]
 fn one_failure_kills_the_others_quickly() {
     let t = Instant::now();
-    let out = run(&[
-        "-n",
-        "2",
-        "--report-pids",
-        "sh",
-        "-c",
-        "if [ $TMPI_RANK = 1 ]; then sleep 0.2; exit 4; fi; sleep 100",
-    ]);
-    assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "took {:?}",
-        t.elapsed()
-    );
+    let out = run(&["-n", "2", "--report-pids", "sh", "-c", "if [ $TMPI_RANK = 1 ]; then sleep 0.2; exit 4; fi; sleep 100"]);
+    assert!(t.elapsed() < Duration::from_secs(3), "took {:?}", t.elapsed());
     assert_eq!(out.status.code(), Some(4));
     let err = text(&out.stderr);
     assert!(err.contains("tmpirun: rank 1 (pid "), "{err}");
@@ -160,19 +131,10 @@ fn one_failure_kills_the_others_quickly() {
 
 #[test]
 fn a_rank_killed_by_a_signal_is_reported_by_name() {
-    let out = run(&[
-        "-n",
-        "2",
-        "sh",
-        "-c",
-        "if [ $TMPI_RANK = 1 ]; then kill -9 $$; fi; sleep 100",
-    ]);
+    let out = run(&["-n", "2", "sh", "-c", "if [ $TMPI_RANK = 1 ]; then kill -9 $$; fi; sleep 100"]);
     assert_eq!(out.status.code(), Some(128 + 9));
     let err = text(&out.stderr);
-    assert!(
-        err.contains("rank 1 (pid") && err.contains("killed by signal SIGKILL (9)"),
-        "{err}"
-    );
+    assert!(err.contains("rank 1 (pid") && err.contains("killed by signal SIGKILL (9)"), "{err}");
 
     let out = run(&["-n", "1", "sh", "-c", "kill -SEGV $$"]);
     assert_eq!(out.status.code(), Some(128 + 11));
@@ -185,36 +147,19 @@ fn timeout_ends_a_hung_job() {
     let out = run(&["-n", "2", "--timeout", "1", "--report-pids", "sleep", "100"]);
     let took = t.elapsed();
     assert_eq!(out.status.code(), Some(124), "{out:?}");
-    assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(3), "{took:?}");
     let err = text(&out.stderr);
-    assert!(
-        err.contains("timed out after 1 s") && err.contains("--timeout"),
-        "{err}"
-    );
+    assert!(err.contains("timed out after 1 s") && err.contains("--timeout"), "{err}");
     assert_gone(&pids_reported(&err));
 }
 
 #[test]
 fn ranks_that_ignore_sigterm_are_killed_after_the_grace() {
     let t = Instant::now();
-    let out = run(&[
-        "-n",
-        "1",
-        "--timeout",
-        "0.3",
-        "sh",
-        "-c",
-        "trap '' TERM; while :; do sleep 0.05; done",
-    ]);
+    let out = run(&["-n", "1", "--timeout", "0.3", "sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"]);
     let took = t.elapsed();
     assert_eq!(out.status.code(), Some(124));
-    assert!(
-        took < Duration::from_millis(2500),
-        "SIGTERM + SIGKILL within 2 s: {took:?}"
-    );
+    assert!(took < Duration::from_millis(2500), "SIGTERM + SIGKILL within 2 s: {took:?}");
 }
 
 #[test]
@@ -249,9 +194,7 @@ fn sigterm_to_tmpirun_ends_the_job_and_cleans_up() {
     .spawn()
     .unwrap();
     let mut name = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut name)
-        .unwrap();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut name).unwrap();
     let t = Instant::now();
     let rc = unsafe_kill(child.id() as i32, libc::SIGTERM);
     assert_eq!(rc, 0);
@@ -274,10 +217,7 @@ fn unsafe_kill(pid: i32, sig: i32) -> i32 {
 #[test]
 fn ranks_die_with_a_sigkilled_tmpirun() {
     // tmpirun gets no chance to clean up: the kernel's parent-death signal ends the ranks.
-    let mut child = tmpirun(&["-n", "3", "--report-pids", "sleep", "100"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = tmpirun(&["-n", "3", "--report-pids", "sleep", "100"]).stderr(Stdio::piped()).spawn().unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut pids = Vec::new();
     while pids.len() < 3 {
@@ -314,19 +254,9 @@ fn no_processes_are_left_behind() {
 
 #[test]
 fn tagged_output_prefixes_stdout_and_stderr() {
-    let out = run(&[
-        "-n",
-        "2",
-        "--tag-output",
-        "sh",
-        "-c",
-        "echo out $TMPI_RANK; echo err $TMPI_RANK >&2; printf tail",
-    ]);
+    let out = run(&["-n", "2", "--tag-output", "sh", "-c", "echo out $TMPI_RANK; echo err $TMPI_RANK >&2; printf tail"]);
     assert!(out.status.success());
-    assert_eq!(
-        sorted_lines(&out.stdout),
-        ["[0] out 0", "[0] tail", "[1] out 1", "[1] tail"]
-    );
+    assert_eq!(sorted_lines(&out.stdout), ["[0] out 0", "[0] tail", "[1] out 1", "[1] tail"]);
     assert_eq!(sorted_lines(&out.stderr), ["[0] err 0", "[1] err 1"]);
 }
 
@@ -339,19 +269,14 @@ fn untagged_output_is_exact_and_the_last_partial_line_is_kept() {
 #[test]
 fn lines_of_different_ranks_never_mix() {
     let line = "x".repeat(300);
-    let script =
-        format!("i=0; while [ $i -lt 400 ]; do echo \"$TMPI_RANK:{line}:$i\"; i=$((i+1)); done");
+    let script = format!("i=0; while [ $i -lt 400 ]; do echo \"$TMPI_RANK:{line}:$i\"; i=$((i+1)); done");
     let out = run(&["-n", "4", "--oversubscribe", "sh", "-c", &script]);
     assert!(out.status.success());
     let s = text(&out.stdout);
     let mut count = [0usize; 4];
     for l in s.lines() {
         let mut f = l.split(':');
-        let r: usize = f
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap_or_else(|_| panic!("mixed line {l:?}"));
+        let r: usize = f.next().unwrap().parse().unwrap_or_else(|_| panic!("mixed line {l:?}"));
         assert_eq!(f.next(), Some(line.as_str()), "mixed line {l:?}");
         let i: usize = f.next().unwrap().parse().unwrap();
         assert_eq!(i, count[r], "rank {r} lines out of order");
@@ -362,20 +287,10 @@ fn lines_of_different_ranks_never_mix() {
 
 #[test]
 fn exports_with_and_without_value() {
-    let out = tmpirun(&[
-        "-n",
-        "1",
-        "-x",
-        "TMPIRUN_TEST_A=1=2",
-        "-x",
-        "TMPIRUN_TEST_B",
-        "sh",
-        "-c",
-        "echo $TMPIRUN_TEST_A/$TMPIRUN_TEST_B",
-    ])
-    .env("TMPIRUN_TEST_B", "from-env")
-    .output()
-    .unwrap();
+    let out = tmpirun(&["-n", "1", "-x", "TMPIRUN_TEST_A=1=2", "-x", "TMPIRUN_TEST_B", "sh", "-c", "echo $TMPIRUN_TEST_A/$TMPIRUN_TEST_B"])
+        .env("TMPIRUN_TEST_B", "from-env")
+        .output()
+        .unwrap();
     assert_eq!(text(&out.stdout).trim(), "1=2/from-env");
     let out = run(&["-n", "1", "-x", "TMPI_RANK=5", "true"]);
     assert_eq!(out.status.code(), Some(2));
@@ -384,18 +299,11 @@ fn exports_with_and_without_value() {
 
 #[test]
 fn stdin_goes_to_rank_0_only() {
-    let mut child = tmpirun(&[
-        "-n",
-        "2",
-        "--tag-output",
-        "sh",
-        "-c",
-        "read x; echo \"got[$x]\"",
-    ])
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = tmpirun(&["-n", "2", "--tag-output", "sh", "-c", "read x; echo \"got[$x]\""])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(sorted_lines(&out.stdout), ["[0] got[hello]", "[1] got[]"]);
@@ -403,17 +311,7 @@ fn stdin_goes_to_rank_0_only() {
 
 #[test]
 fn np_spelling_and_trailing_arguments() {
-    let out = run(&[
-        "-np",
-        "1",
-        "sh",
-        "-c",
-        "printf '%s|' \"$@\"",
-        "sh",
-        "-n",
-        "--tag-output",
-        "-x",
-    ]);
+    let out = run(&["-np", "1", "sh", "-c", "printf '%s|' \"$@\"", "sh", "-n", "--tag-output", "-x"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(text(&out.stdout), "-n|--tag-output|-x|");
 }
@@ -430,11 +328,7 @@ fn bad_command_lines_are_clear_errors() {
     let too_many = (ncpus() + 1).to_string();
     let out = run(&["-n", &too_many, "--no-oversubscribe", "true"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("--no-oversubscribe"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("--no-oversubscribe"), "{}", text(&out.stderr));
     let out = run(&["-n", &too_many, "--oversubscribe", "true"]);
     assert!(out.status.success());
     let out = run(&["-n", &too_many, "true"]);
@@ -444,31 +338,16 @@ fn bad_command_lines_are_clear_errors() {
 #[test]
 fn bindings_are_applied_and_reported() {
     let n = ncpus().min(2);
-    let out = run(&[
-        "-n",
-        &n.to_string(),
-        "--report-bindings",
-        "--tag-output",
-        "grep",
-        "Cpus_allowed_list",
-        "/proc/self/status",
-    ]);
+    let out = run(&["-n", &n.to_string(), "--report-bindings", "--tag-output", "grep", "Cpus_allowed_list", "/proc/self/status"]);
     assert!(out.status.success());
     let err = text(&out.stderr);
     // One line per rank, naming its core and that core's CPUs.
     for r in 0..n {
         let prefix = format!("tmpirun: rank {r} bound to core ");
-        assert_eq!(
-            err.lines().filter(|l| l.starts_with(&prefix)).count(),
-            1,
-            "{err}"
-        );
+        assert_eq!(err.lines().filter(|l| l.starts_with(&prefix)).count(), 1, "{err}");
     }
     // Each rank runs on exactly one CPU, and they differ.
-    let cpus: std::collections::HashSet<String> = text(&out.stdout)
-        .lines()
-        .map(|l| l.rsplit('\t').next().unwrap().to_string())
-        .collect();
+    let cpus: std::collections::HashSet<String> = text(&out.stdout).lines().map(|l| l.rsplit('\t').next().unwrap().to_string()).collect();
     assert_eq!(cpus.len(), n, "{}", text(&out.stdout));
     let out = run(&["-n", "1", "--bind-to", "none", "--report-bindings", "true"]);
     assert!(text(&out.stderr).contains("rank 0 not bound"));
@@ -479,12 +358,7 @@ fn info_and_version() {
     let out = run(&["--info"]);
     assert!(out.status.success());
     let s = text(&out.stdout);
-    for k in [
-        "TMPI_EAGER_LIMIT",
-        "TMPI_MR_CACHE_MONITOR",
-        "TMPI_POLL_SPIN",
-        "TMPI_RANK",
-    ] {
+    for k in ["TMPI_EAGER_LIMIT", "TMPI_MR_CACHE_MONITOR", "TMPI_POLL_SPIN", "TMPI_RANK"] {
         assert!(s.contains(k), "{k} missing from --info");
     }
     let out = run(&["--version"]);
@@ -503,15 +377,9 @@ fn rank_helper() {
     };
     match std::env::var("TMPIRUN_TEST_SCENARIO").as_deref() {
         Ok("kv") => {
-            kv.put(
-                &format!("k{}", env.rank),
-                format!("v{}", env.rank).as_bytes(),
-            )
-            .unwrap();
+            kv.put(&format!("k{}", env.rank), format!("v{}", env.rank).as_bytes()).unwrap();
             kv.fence().unwrap();
-            let all: Vec<String> = (0..env.size)
-                .map(|r| text(&kv.get(&format!("k{r}")).unwrap()))
-                .collect();
+            let all: Vec<String> = (0..env.size).map(|r| text(&kv.get(&format!("k{r}")).unwrap())).collect();
             println!("RANK {} SEES {}", env.rank, all.join(","));
             kv.finalize().unwrap();
         }
@@ -521,13 +389,22 @@ fn rank_helper() {
             }
             std::thread::sleep(Duration::from_secs(100));
         }
+        Ok("lost") => {
+            // Rank 1 drops its connection, and dies only a little later; rank 0's fence
+            // fails at once because rank 1 is gone, and it exits first.
+            if env.rank == 1 {
+                drop(kv);
+                std::thread::sleep(Duration::from_millis(100));
+                std::process::exit(9);
+            }
+            let e = kv.fence().unwrap_err();
+            eprintln!("rank {}: fence failed: {e}", env.rank);
+            std::process::exit(1);
+        }
         Ok("hang") => {
             // Every rank has connected once the fence returns.
             kv.fence().unwrap();
-            println!(
-                "READY {}",
-                std::env::var("TMPI_BOOTSTRAP").unwrap_or_default()
-            );
+            println!("READY {}", std::env::var("TMPI_BOOTSTRAP").unwrap_or_default());
             std::thread::sleep(Duration::from_secs(100));
         }
         other => panic!("unknown scenario {other:?}"),
@@ -536,24 +413,8 @@ fn rank_helper() {
 
 fn helper_cmd(scenario: &str, n: &str) -> Command {
     let me = std::env::current_exe().unwrap();
-    let mut c = tmpirun(&[
-        "-n",
-        n,
-        "--oversubscribe",
-        "--timeout",
-        "20",
-        "--report-pids",
-    ]);
-    c.arg(me)
-        .args([
-            "--exact",
-            "rank_helper",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env("TMPIRUN_TEST_SCENARIO", scenario);
+    let mut c = tmpirun(&["-n", n, "--oversubscribe", "--timeout", "20", "--report-pids"]);
+    c.arg(me).args(["--exact", "rank_helper", "--ignored", "--nocapture", "--test-threads=1", "-q"]).env("TMPIRUN_TEST_SCENARIO", scenario);
     c
 }
 
@@ -563,11 +424,7 @@ fn run_helper(scenario: &str, n: &str) -> Output {
 
 #[test]
 fn a_sigkilled_tmpirun_leaves_nothing_behind_once_ranks_connected() {
-    let mut child = helper_cmd("hang", "2")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = helper_cmd("hang", "2").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut socks = Vec::new();
     while socks.len() < 2 {
@@ -581,11 +438,7 @@ fn a_sigkilled_tmpirun_leaves_nothing_behind_once_ranks_connected() {
     let dir = socks[0].parent().unwrap().to_path_buf();
     let t = Instant::now();
     while dir.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "{} still there",
-            dir.display()
-        );
+        assert!(t.elapsed() < Duration::from_secs(2), "{} still there", dir.display());
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(unsafe_kill(child.id() as i32, libc::SIGKILL), 0);
@@ -601,18 +454,17 @@ fn a_sigkilled_tmpirun_leaves_nothing_behind_once_ranks_connected() {
 fn ranks_exchange_keys_through_the_bootstrap_service() {
     let out = run_helper("kv", "3");
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let lines: Vec<String> = sorted_lines(&out.stdout)
-        .into_iter()
-        .filter(|l| l.starts_with("RANK "))
-        .collect();
-    assert_eq!(
-        lines,
-        [
-            "RANK 0 SEES v0,v1,v2",
-            "RANK 1 SEES v0,v1,v2",
-            "RANK 2 SEES v0,v1,v2"
-        ]
-    );
+    let lines: Vec<String> = sorted_lines(&out.stdout).into_iter().filter(|l| l.starts_with("RANK ")).collect();
+    assert_eq!(lines, ["RANK 0 SEES v0,v1,v2", "RANK 1 SEES v0,v1,v2", "RANK 2 SEES v0,v1,v2"]);
+}
+
+#[test]
+fn the_rank_that_went_first_is_reported_not_the_one_that_noticed() {
+    let out = run_helper("lost", "2");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(9), "{err}");
+    assert!(err.contains("tmpirun: rank 1 (pid "), "{err}");
+    assert!(!err.contains("tmpirun: rank 0 (pid "), "{err}");
 }
 
 #[test]

@@ -44,12 +44,7 @@ impl Hwloc {
     /// For `--info`.
     pub fn describe(&self) -> String {
         let v = hwlocality::hwloc_api_version();
-        format!(
-            "hwloc (API {}.{}.{}, through hwlocality), hwloc_set_cpubind",
-            v >> 16,
-            (v >> 8) & 0xff,
-            v & 0xff
-        )
+        format!("hwloc (API {}.{}.{}, through hwlocality), hwloc_set_cpubind", v >> 16, (v >> 8) & 0xff, v & 0xff)
     }
 
     /// Every PU with its package and core.
@@ -59,13 +54,8 @@ impl Hwloc {
             .filter_map(|pu| {
                 Some(Pu {
                     cpu: pu.os_index()?,
-                    socket: pu
-                        .first_ancestor_with_type(ObjectType::Package)
-                        .and_then(|p| p.os_index())
-                        .unwrap_or(0),
-                    core: pu
-                        .first_ancestor_with_type(ObjectType::Core)
-                        .map(|c| c.global_persistent_index()),
+                    socket: pu.first_ancestor_with_type(ObjectType::Package).and_then(|p| p.os_index()).unwrap_or(0),
+                    core: pu.first_ancestor_with_type(ObjectType::Core).map(|c| c.global_persistent_index()),
                 })
             })
             .collect()
@@ -76,10 +66,7 @@ impl Hwloc {
     /// # Errors
     /// `hwloc_get_cpubind` fails.
     pub fn thread_cpus(&self) -> Result<Vec<usize>> {
-        let set = self
-            .topo
-            .cpu_binding(CpuBindingFlags::THREAD)
-            .map_err(|e| err("hwloc_get_cpubind", e))?;
+        let set = self.topo.cpu_binding(CpuBindingFlags::THREAD).map_err(|e| err("hwloc_get_cpubind", e))?;
         Ok(set.iter_set().map(usize::from).collect())
     }
 
@@ -90,12 +77,9 @@ impl Hwloc {
     pub fn bind_thread(&self, cpus: &[usize]) -> Result<()> {
         let mut set = CpuSet::new();
         for &c in cpus {
-            let idx = hwlocality::bitmap::BitmapIndex::try_from(c)
-                .map_err(|e| err(&format!("cpu {c}"), e))?;
+            let idx = hwlocality::bitmap::BitmapIndex::try_from(c).map_err(|e| err(&format!("cpu {c}"), e))?;
             set.set(idx);
         }
-        self.topo
-            .bind_cpu(&set, CpuBindingFlags::THREAD)
-            .map_err(|e| err("hwloc_set_cpubind", e))
+        self.topo.bind_cpu(&set, CpuBindingFlags::THREAD).map_err(|e| err("hwloc_set_cpubind", e))
     }
 }

@@ -8,24 +8,16 @@ const CPU_DIR: &str = "/sys/devices/system/cpu";
 /// harmlessly: socket 0, and a core of its own. When the online list is unreadable,
 /// `fallback` (the allowed CPUs) stands for it.
 pub fn pus(fallback: &[usize]) -> Vec<Pu> {
-    let online = std::fs::read_to_string(format!("{CPU_DIR}/online"))
-        .ok()
-        .and_then(|s| parse_list(s.trim()))
-        .unwrap_or_else(|| fallback.to_vec());
+    let online =
+        std::fs::read_to_string(format!("{CPU_DIR}/online")).ok().and_then(|s| parse_list(s.trim())).unwrap_or_else(|| fallback.to_vec());
     let read = |cpu: usize, what: &str| -> Option<i64> {
-        std::fs::read_to_string(format!("{CPU_DIR}/cpu{cpu}/topology/{what}"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        std::fs::read_to_string(format!("{CPU_DIR}/cpu{cpu}/topology/{what}")).ok()?.trim().parse().ok()
     };
     online
         .into_iter()
         .map(|cpu| Pu {
             cpu,
-            socket: read(cpu, "physical_package_id")
-                .and_then(|s| usize::try_from(s).ok())
-                .unwrap_or(0),
+            socket: read(cpu, "physical_package_id").and_then(|s| usize::try_from(s).ok()).unwrap_or(0),
             core: read(cpu, "core_id").and_then(|c| u64::try_from(c).ok()),
         })
         .collect()
@@ -70,9 +62,6 @@ mod tests {
     fn every_allowed_cpu_is_online() {
         let allowed = crate::sys::allowed_cpus().unwrap();
         let all: Vec<usize> = pus(&[]).iter().map(|p| p.cpu).collect();
-        assert!(
-            allowed.iter().all(|c| all.contains(c)),
-            "{allowed:?} {all:?}"
-        );
+        assert!(allowed.iter().all(|c| all.contains(c)), "{allowed:?} {all:?}");
     }
 }
