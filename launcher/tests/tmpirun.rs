@@ -286,6 +286,57 @@ fn lines_of_different_ranks_never_mix() {
 }
 
 #[test]
+fn long_tagged_lines_of_both_streams_stay_whole() {
+    // Lines longer than a pipe's buffer arrive in several reads; with four ranks writing at
+    // once, each line must still come out whole, on the stream it was written to, tagged.
+    let body = "y".repeat(100_000);
+    let script = "b=$(head -c 100000 /dev/zero | tr '\\0' y); i=0; while [ $i -lt 20 ]; do \
+                  echo \"$TMPI_RANK:$b:$i\"; echo \"$TMPI_RANK:$b:$i\" >&2; i=$((i+1)); done";
+    let out = run(&["-n", "4", "--tag-output", "sh", "-c", script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for stream in [&out.stdout, &out.stderr] {
+        let mut count = [0usize; 4];
+        for l in text(stream).lines() {
+            let (tag, rest) = l.split_once(' ').expect("tagged line");
+            let r: usize = tag
+                .strip_prefix('[')
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("bad tag in {:?}", &l[..l.len().min(40)]));
+            let mut f = rest.split(':');
+            assert_eq!(f.next(), Some(r.to_string().as_str()), "tag of another rank");
+            assert!(f.next() == Some(body.as_str()), "line of rank {r} cut or mixed");
+            assert_eq!(f.next(), Some(count[r].to_string().as_str()));
+            count[r] += 1;
+        }
+        assert_eq!(count, [20; 4]);
+    }
+}
+
+#[test]
+fn stdin_is_streamed_to_rank_0_until_its_end() {
+    // More than any pipe buffer; rank 0 must see every byte and then end of input, the
+    // others nothing.
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let mut child =
+        tmpirun(&["-n", "3", "--tag-output", "sh", "-c", "cksum"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut w = child.stdin.take().unwrap();
+    let feeder = {
+        let data = data.clone();
+        std::thread::spawn(move || w.write_all(&data))
+    };
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap().unwrap();
+    assert!(out.status.success());
+    // The same checksum computed locally.
+    let mut local = Command::new("cksum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    local.stdin.take().unwrap().write_all(&data).unwrap();
+    let want = text(&local.wait_with_output().unwrap().stdout).trim().to_string();
+    let empty = text(&Command::new("cksum").stdin(Stdio::null()).output().unwrap().stdout).trim().to_string();
+    assert_eq!(sorted_lines(&out.stdout), [format!("[0] {want}"), format!("[1] {empty}"), format!("[2] {empty}")]);
+}
+
+#[test]
 fn exports_with_and_without_value() {
     let out = tmpirun(&["-n", "1", "-x", "TMPIRUN_TEST_A=1=2", "-x", "TMPIRUN_TEST_B", "sh", "-c", "echo $TMPIRUN_TEST_A/$TMPIRUN_TEST_B"])
         .env("TMPIRUN_TEST_B", "from-env")
