@@ -404,7 +404,15 @@ mod tests {
     #[cfg(feature = "hwloc")]
     #[test]
     fn hwloc_and_sysfs_agree() {
+        // Read under the lock that loads hold: other tests may be loading meanwhile.
+        let blacklist = || {
+            let _l = hwloc::LOADING.lock().unwrap_or_else(|e| e.into_inner());
+            std::env::var_os("HWLOC_PLUGINS_BLACKLIST")
+        };
+        let user_blacklist = blacklist();
         let h = Binder::new();
+        // The plugin blacklist set for the load is the user's again (ranks inherit it).
+        assert_eq!(blacklist(), user_blacklist);
         assert!(matches!(h, Binder::Hwloc(_)), "hwloc failed to load here");
         assert_eq!(h.topology().unwrap(), Binder::Sysfs.topology().unwrap());
         assert!(h.describe().starts_with("hwloc"), "{}", h.describe());

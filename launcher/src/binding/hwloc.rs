@@ -5,9 +5,19 @@ use hwlocality::cpu::cpuset::CpuSet;
 use hwlocality::object::types::ObjectType;
 use hwlocality::topology::builder::{BuildFlags, TypeFilter};
 use hwlocality::Topology;
+use std::sync::Mutex;
 
 use super::Pu;
 use crate::error::{Error, Result};
+
+/// hwloc's list of plugins not to load.
+const PLUGINS_BLACKLIST: &str = "HWLOC_PLUGINS_BLACKLIST";
+/// The plugins Debian's hwloc ships; none matters for CPU binding.
+const IO_PLUGINS: &str = "hwloc_pci,hwloc_opencl,hwloc_gl,hwloc_cuda,hwloc_nvml,hwloc_rsmi,\
+                          hwloc_levelzero,hwloc_xml_libxml";
+
+/// Held while a topology loads (hwloc reads its environment then; see [`Hwloc::new`]).
+pub(super) static LOADING: Mutex<()> = Mutex::new(());
 
 /// A loaded hwloc topology: packages, cores and PUs only (caches, NUMA details and I/O
 /// devices are filtered out, which keeps loading fast).
@@ -25,11 +35,35 @@ impl Hwloc {
     /// # Errors
     /// hwloc fails to configure or load it.
     pub fn new() -> Result<Self> {
-        let topo = Topology::builder()
+        // hwloc reads its environment while it loads; one load at a time in this process, so
+        // that the variable below is never changed while hwloc (C code, which does not take
+        // Rust's environment lock) reads it.
+        let _one = LOADING.lock().unwrap_or_else(|e| e.into_inner());
+        // hwloc dlopen()s every plugin it finds (PCI, OpenCL, GL: only for I/O devices, which
+        // are filtered out below), which costs more than the rest of the load together.
+        // Unless the user chose otherwise, skip them for this load only, so that the ranks
+        // still see the user's environment.
+        let skip_plugins = std::env::var_os(PLUGINS_BLACKLIST).is_none();
+        if skip_plugins {
+            std::env::set_var(PLUGINS_BLACKLIST, IO_PLUGINS);
+        }
+        let topo = Self::load();
+        if skip_plugins {
+            std::env::remove_var(PLUGINS_BLACKLIST);
+        }
+        Ok(Hwloc { topo: topo? })
+    }
+
+    fn load() -> Result<Topology> {
+        Topology::builder()
             // Keep PUs outside tmpirun's cgroup, so that core numbers are machine-wide
             // like the sysfs back-end's; the allowed set is applied afterwards.
             .with_flags(BuildFlags::INCLUDE_DISALLOWED)
             .map_err(|e| err("hwloc build flags", e))?
+            // The x86 back-end runs cpuid on every CPU in turn (binding this thread to each):
+            // slow, and Linux's sysfs already says which CPUs share a core and a package.
+            .without_component("x86")
+            .map_err(|e| err("hwloc components", e))?
             .with_common_type_filter(TypeFilter::KeepNone)
             .map_err(|e| err("hwloc type filter", e))?
             .with_type_filter(ObjectType::Package, TypeFilter::KeepAll)
@@ -37,8 +71,7 @@ impl Hwloc {
             .with_type_filter(ObjectType::Core, TypeFilter::KeepAll)
             .map_err(|e| err("hwloc type filter", e))?
             .build()
-            .map_err(|e| err("hwloc topology load", e))?;
-        Ok(Hwloc { topo })
+            .map_err(|e| err("hwloc topology load", e))
     }
 
     /// For `--info`.
