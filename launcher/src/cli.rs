@@ -39,7 +39,7 @@ Output: each rank's stdout and stderr go to tmpirun's stdout and stderr a whole 
 stdin goes to rank 0 only; the other ranks read /dev/null.
 
 Exit status: 0 if every rank exited 0; otherwise the status of the first rank that failed (its
-exit code, or 128 + signal number), the code given to abort (1 if outside 0..=255),
+exit code, or 128 + signal number), the code given to abort (1 if outside 1..=255),
 124 when --timeout expired, 128 + N when tmpirun got signal N (SIGINT, SIGTERM, SIGHUP),
 2 for a bad command line, 1 when the job could not be started.";
 

@@ -436,7 +436,8 @@ fn rank_helper() {
         }
         Ok("abort") => {
             if env.rank == 1 {
-                kv.abort(7, "boom").unwrap();
+                let code = std::env::var("TMPIRUN_TEST_CODE").map_or(7, |c| c.parse().unwrap());
+                kv.abort(code, "boom").unwrap();
             }
             std::thread::sleep(Duration::from_secs(100));
         }
@@ -525,6 +526,13 @@ fn abort_ends_the_job_with_its_code() {
     assert!(t.elapsed() < Duration::from_secs(5));
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("rank 1 called abort with code 7: boom"));
+    // An aborted job never reports success, and a code that is no exit status becomes 1.
+    for (code, status) in [(0, 1), (255, 255), (256, 1), (-3, 1)] {
+        let out = helper_cmd("abort", "2").env("TMPIRUN_TEST_CODE", code.to_string()).output().unwrap();
+        assert_eq!(out.status.code(), Some(status), "abort({code})");
+        let want = format!("rank 1 called abort with code {code}: boom");
+        assert!(text(&out.stderr).contains(&want), "abort({code})");
+    }
 }
 
 #[test]
