@@ -26,10 +26,7 @@ impl RawBufMut {
     /// `buf` must stay valid, and not be accessed by anyone else, until the operation that
     /// holds this view has finished or has been abandoned (module docs).
     pub(crate) unsafe fn new(buf: &mut [u8]) -> Self {
-        RawBufMut {
-            ptr: buf.as_mut_ptr(),
-            cap: buf.len(),
-        }
+        RawBufMut { ptr: buf.as_mut_ptr(), cap: buf.len() }
     }
 
     /// Capacity in bytes.
@@ -65,16 +62,27 @@ impl RawBuf {
     /// `buf` must stay valid and unmodified until the operation that holds this view has
     /// finished or has been abandoned (module docs).
     pub(crate) unsafe fn new(buf: &[u8]) -> Self {
-        RawBuf {
-            ptr: buf.as_ptr(),
-            len: buf.len(),
-        }
+        RawBuf { ptr: buf.as_ptr(), len: buf.len() }
     }
 
     /// Length in bytes.
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Address of the first byte.
+    #[inline]
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
+    /// The sub-view `[from, to)`.
+    #[inline]
+    pub(crate) fn sub(&self, from: usize, to: usize) -> RawBuf {
+        assert!(from <= to && to <= self.len, "RawBuf range out of bounds");
+        // `from <= len`, so the pointer stays inside (or one past) the same allocation.
+        RawBuf { ptr: self.ptr.wrapping_add(from), len: to - from }
     }
 
     /// The bytes `[from, to)`.

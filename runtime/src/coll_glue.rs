@@ -26,31 +26,11 @@ impl CollP2p for CollCtx<'_> {
     }
     fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
         self.0.check_rank(src)?;
-        self.0
-            .recv_ctx(self.0.coll_ctx(), buf, Some(src as u32), Some(tag))
-            .map(|s| s.len())
+        self.0.recv_ctx(self.0.coll_ctx(), buf, Some(src as u32), Some(tag)).map(|s| s.len())
     }
-    fn sendrecv(
-        &self,
-        sbuf: &[u8],
-        dest: usize,
-        stag: u32,
-        rbuf: &mut [u8],
-        src: usize,
-        rtag: u32,
-    ) -> Result<usize> {
+    fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize> {
         self.0.check_rank(src)?;
-        self.0
-            .sendrecv_ctx(
-                self.0.coll_ctx(),
-                sbuf,
-                dest,
-                stag,
-                rbuf,
-                Some(src as u32),
-                Some(rtag),
-            )
-            .map(|s| s.len())
+        self.0.sendrecv_ctx(self.0.coll_ctx(), sbuf, dest, stag, rbuf, Some(src as u32), Some(rtag)).map(|s| s.len())
     }
 }
 
@@ -69,9 +49,7 @@ impl Comm {
         coll::allreduce(&CollCtx(self), &[mine], &mut id, Op::Max)?;
         let id = id[0];
         if id > MAX_COMM_ID {
-            return Err(Error::State(format!(
-                "out of communicator ids (limit {MAX_COMM_ID})"
-            )));
+            return Err(Error::State(format!("out of communicator ids (limit {MAX_COMM_ID})")));
         }
         self.eng().next_comm_id = id + 1;
         Ok(id)
@@ -103,32 +81,15 @@ impl Comm {
         let n = self.size();
         let mine = [u32::from(color.is_some()), color.unwrap_or(0), key as u32];
         let mut all = vec![0u32; 3 * n];
-        coll::allgather(
-            &CollCtx(self),
-            bytemuck::cast_slice(&mine),
-            bytemuck::cast_slice_mut(&mut all),
-        )?;
+        coll::allgather(&CollCtx(self), bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut all))?;
         let id = self.agree_comm_id()?;
         let Some(color) = color else { return Ok(None) };
-        let mut group: Vec<(i32, usize)> = (0..n)
-            .filter(|&r| all[3 * r] == 1 && all[3 * r + 1] == color)
-            .map(|r| (all[3 * r + 2] as i32, r))
-            .collect();
+        let mut group: Vec<(i32, usize)> =
+            (0..n).filter(|&r| all[3 * r] == 1 && all[3 * r + 1] == color).map(|r| (all[3 * r + 2] as i32, r)).collect();
         group.sort_unstable();
-        let rank = group
-            .iter()
-            .position(|&(_, r)| r == self.rank())
-            .ok_or_else(|| Error::State("split lost this rank".into()))?;
+        let rank = group.iter().position(|&(_, r)| r == self.rank()).ok_or_else(|| Error::State("split lost this rank".into()))?;
         let members: Rc<[usize]> = group.iter().map(|&(_, r)| self.world_rank(r)).collect();
-        Ok(Some(Comm {
-            inner: Rc::new(CommInner {
-                eng: self.inner.eng.clone(),
-                id,
-                rank,
-                size: members.len(),
-                members: Some(members),
-            }),
-        }))
+        Ok(Some(Comm { inner: Rc::new(CommInner { eng: self.inner.eng.clone(), id, rank, size: members.len(), members: Some(members) }) }))
     }
 
     /// Blocks until every rank has called it.
@@ -151,13 +112,7 @@ impl Comm {
     ///
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`], [`Error::InvalidOp`].
-    pub fn reduce<T: Pod + Reducible>(
-        &self,
-        send: &[T],
-        recv: Option<&mut [T]>,
-        op: Op,
-        root: Rank,
-    ) -> Result<()> {
+    pub fn reduce<T: Pod + Reducible>(&self, send: &[T], recv: Option<&mut [T]>, op: Op, root: Rank) -> Result<()> {
         coll::reduce(&CollCtx(self), send, recv, op, root)
     }
 
@@ -174,12 +129,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn gather<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, root: Rank) -> Result<()> {
-        coll::gather(
-            &CollCtx(self),
-            bytemuck::cast_slice(send),
-            recv.map(|r| bytemuck::cast_slice_mut(r)),
-            root,
-        )
+        coll::gather(&CollCtx(self), bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root)
     }
 
     /// Distributes consecutive blocks of `send` at `root` to every rank's `recv`.
@@ -187,12 +137,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn scatter<T: Pod>(&self, send: Option<&[T]>, recv: &mut [T], root: Rank) -> Result<()> {
-        coll::scatter(
-            &CollCtx(self),
-            send.map(|s| bytemuck::cast_slice(s)),
-            bytemuck::cast_slice_mut(recv),
-            root,
-        )
+        coll::scatter(&CollCtx(self), send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root)
     }
 
     /// Collects `send` of every rank, in rank order, into `recv` on every rank.
@@ -200,11 +145,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        coll::allgather(
-            &CollCtx(self),
-            bytemuck::cast_slice(send),
-            bytemuck::cast_slice_mut(recv),
-        )
+        coll::allgather(&CollCtx(self), bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv))
     }
 
     /// Sends block `j` of `send` to rank `j` and receives block `i` of `recv` from rank `i`.
@@ -212,10 +153,6 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        coll::alltoall(
-            &CollCtx(self),
-            bytemuck::cast_slice(send),
-            bytemuck::cast_slice_mut(recv),
-        )
+        coll::alltoall(&CollCtx(self), bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv))
     }
 }

@@ -103,11 +103,7 @@ pub struct Comm {
 
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Comm")
-            .field("id", &self.inner.id)
-            .field("rank", &self.inner.rank)
-            .field("size", &self.inner.size)
-            .finish()
+        f.debug_struct("Comm").field("id", &self.inner.id).field("rank", &self.inner.rank).field("size", &self.inner.size).finish()
     }
 }
 
@@ -157,10 +153,7 @@ impl Comm {
     #[inline]
     pub(crate) fn check_rank(&self, rank: Rank) -> Result<()> {
         if rank >= self.inner.size {
-            return Err(Error::InvalidRank {
-                rank,
-                size: self.inner.size,
-            });
+            return Err(Error::InvalidRank { rank, size: self.inner.size });
         }
         Ok(())
     }
@@ -175,11 +168,7 @@ impl Comm {
 
     /// Validates a receive's source and tag into the matcher's terms.
     #[inline]
-    pub(crate) fn recv_args(
-        &self,
-        src: Source,
-        tag: TagMatch,
-    ) -> Result<(Option<u32>, Option<u32>)> {
+    pub(crate) fn recv_args(&self, src: Source, tag: TagMatch) -> Result<(Option<u32>, Option<u32>)> {
         let s = match src {
             Source::Any => None,
             Source::Rank(r) => {
@@ -237,14 +226,7 @@ impl Comm {
         e.post_recv(ctx, src, tag, raw)
     }
 
-    pub(crate) fn send_ctx(
-        &self,
-        ctx: u32,
-        bytes: &[u8],
-        dest: Rank,
-        tag: Tag,
-        sync: bool,
-    ) -> Result<()> {
+    pub(crate) fn send_ctx(&self, ctx: u32, bytes: &[u8], dest: Rank, tag: Tag, sync: bool) -> Result<()> {
         let mut e = self.eng();
         // SAFETY: `bytes` is borrowed for this call, and `finish` returns only once the send
         // is complete or abandoned.
@@ -254,13 +236,7 @@ impl Comm {
         Ok(())
     }
 
-    pub(crate) fn recv_ctx(
-        &self,
-        ctx: u32,
-        bytes: &mut [u8],
-        src: Option<u32>,
-        tag: Option<u32>,
-    ) -> Result<Status> {
+    pub(crate) fn recv_ctx(&self, ctx: u32, bytes: &mut [u8], src: Option<u32>, tag: Option<u32>) -> Result<Status> {
         let mut e = self.eng();
         // SAFETY: `bytes` is borrowed for this call, and `finish` returns only once the
         // receive is complete or abandoned.
@@ -329,12 +305,7 @@ impl Comm {
     /// [`Error::Truncated`] if the message is longer than `buf` (the message is consumed and
     /// `buf` holds its first bytes); [`Error::InvalidRank`], [`Error::InvalidTag`],
     /// [`Error::PeerGone`].
-    pub fn recv<T: Pod>(
-        &self,
-        buf: &mut [T],
-        src: impl Into<Source>,
-        tag: impl Into<TagMatch>,
-    ) -> Result<Status> {
+    pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         self.recv_ctx(self.user_ctx(), bytemuck::cast_slice_mut(buf), s, t)
     }
@@ -343,39 +314,20 @@ impl Comm {
     ///
     /// # Errors
     /// [`Error::TypeMismatch`] if the message is not a whole number of `T`; as [`Comm::recv`].
-    pub fn recv_vec<T: Pod>(
-        &self,
-        src: impl Into<Source>,
-        tag: impl Into<TagMatch>,
-    ) -> Result<(Vec<T>, Status)> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
-        let ctx = self.user_ctx();
-        let mut e = self.eng();
-        let mut got = None;
-        e.wait_until(|e| match e.take_complete(ctx, s, t) {
-            Ok(Some(m)) => {
-                got = Some(Ok(m));
-                true
-            }
-            Ok(None) => false,
-            Err(err) => {
-                got = Some(Err(err));
-                true
-            }
-        })?;
-        let (bytes, st) =
-            got.ok_or_else(|| Error::State("recv_vec finished without a message".into()))??;
+    pub fn recv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<(Vec<T>, Status)> {
+        // Probe, then receive exactly that message: it is the oldest from its source with its
+        // tag, so a receive naming both takes it (non-overtaking), whatever path it came by.
+        let st = self.probe(src, tag)?;
         let elem = std::mem::size_of::<T>();
-        if elem == 0 || bytes.len() % elem != 0 {
-            return Err(Error::TypeMismatch {
-                source_rank: st.source,
-                len: bytes.len(),
-                elem,
-            });
+        let n = if elem == 0 { 0 } else { st.len.div_ceil(elem) };
+        let mut v = vec![T::zeroed(); n];
+        let ctx = self.user_ctx();
+        let got = self.recv_ctx(ctx, bytemuck::cast_slice_mut(&mut v), Some(st.source as u32), Some(st.tag))?;
+        if elem == 0 || got.len % elem != 0 {
+            return Err(Error::TypeMismatch { source_rank: got.source, len: got.len, elem });
         }
-        let mut v = vec![T::zeroed(); bytes.len() / elem];
-        bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(&bytes);
-        Ok((v, st))
+        v.truncate(got.len / elem);
+        Ok((v, got))
     }
 
     /// Sends `sbuf` to `dest` and receives into `rbuf` from `src`, without deadlock.
@@ -395,15 +347,7 @@ impl Comm {
         let (s, t) = self.recv_args(src.into(), rtag.into())?;
         self.check_rank(dest)?;
         Self::check_tag(stag)?;
-        self.sendrecv_ctx(
-            self.user_ctx(),
-            bytemuck::cast_slice(sbuf),
-            dest,
-            stag,
-            bytemuck::cast_slice_mut(rbuf),
-            s,
-            t,
-        )
+        self.sendrecv_ctx(self.user_ctx(), bytemuck::cast_slice(sbuf), dest, stag, bytemuck::cast_slice_mut(rbuf), s, t)
     }
 
     /// Waits until a matching message is available and returns its status without receiving it.
@@ -426,11 +370,7 @@ impl Comm {
     ///
     /// # Errors
     /// As [`Comm::probe`].
-    pub fn iprobe(
-        &self,
-        src: impl Into<Source>,
-        tag: impl Into<TagMatch>,
-    ) -> Result<Option<Status>> {
+    pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         let mut e = self.eng();
         e.progress()?;

@@ -74,11 +74,7 @@ impl Default for Config {
 }
 
 fn bad(var: &str, value: &str, expected: &str) -> Error {
-    Error::Config {
-        var: var.into(),
-        value: value.into(),
-        expected: expected.into(),
-    }
+    Error::Config { var: var.into(), value: value.into(), expected: expected.into() }
 }
 
 fn num(var: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
@@ -127,11 +123,7 @@ impl Config {
         if let Some(v) = get("TMPI_SHM_RING_SIZE") {
             let n = num("TMPI_SHM_RING_SIZE", &v, 4096, 1 << 30)?;
             if !n.is_power_of_two() {
-                return Err(bad(
-                    "TMPI_SHM_RING_SIZE",
-                    &v,
-                    "a power of two from 4096 to 1073741824",
-                ));
+                return Err(bad("TMPI_SHM_RING_SIZE", &v, "a power of two from 4096 to 1073741824"));
             }
             c.shm_ring_size = n as usize;
         }
@@ -167,10 +159,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(|k| m.get(k).cloned())
     }
 
@@ -178,12 +167,7 @@ mod tests {
     fn defaults_and_values() {
         let c = parse(&[]).unwrap();
         assert_eq!(c.tm_max_tags, 1023);
-        let c = parse(&[
-            ("TMPI_STATS", "1"),
-            ("TMPI_SHM_RING_SIZE", "65536"),
-            ("TMPI_POLL_SPIN", "10"),
-        ])
-        .unwrap();
+        let c = parse(&[("TMPI_STATS", "1"), ("TMPI_SHM_RING_SIZE", "65536"), ("TMPI_POLL_SPIN", "10")]).unwrap();
         assert!(c.stats);
         assert_eq!(c.shm_ring_size, 65536);
         assert_eq!(c.poll_spin, Some(10));

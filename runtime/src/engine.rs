@@ -24,16 +24,23 @@
 //!   `app_ctx` carries `SYNC_FLAG | sender request index` for synchronous sends;
 //! - a control message is one packet `NO_TAG | kind | 0 0 | value be32`; control packets may
 //!   appear between the packets of a data message, which they never disturb.
+//! - a message of at least `TMPI_RNDV_THRESHOLD` bytes is a rendezvous: the sender registers
+//!   its buffer (REMOTE_READ) through the MR cache and sends `TMH(RNDV) | RVH | key be64 |
+//!   len be64`; the receiver, once the request matched (in the TM-SRQ, which asks for the
+//!   read itself, or in software), sends an RDMA read request (`PKT_RMA`); the sender's side
+//!   checks key, range and access in its fi_mr domain before a byte moves, then streams the
+//!   range back through the ring (`PKT_RMA` responses, a pipelined copy-in/copy-out); when
+//!   all bytes are in, the receiver (or its TM-SRQ) sends `FIN` (the request's TMH and RVH),
+//!   which completes the send and releases the registration.
 
 use std::collections::VecDeque;
 
-use tmpi_transport::fabric::{Packet, PKT_FIRST, PKT_LAST, PKT_WHOLE};
+use tmpi_transport::fabric::{Packet, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
 use tmpi_transport::local::LocalFabric;
+use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
 use tmpi_transport::shm::ShmFabric;
-use tmpi_transport::tm::{
-    Arrival, Buffer, OpsWr, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus,
-};
-use tmpi_transport::wire::{TmOp, Tmh, TMH_LEN};
+use tmpi_transport::tm::{Arrival, Buffer, OpsWr, ReadId, RndvMeta, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN};
+use tmpi_transport::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
 
 use crate::buffer::{RawBuf, RawBufMut};
 use crate::config::Config;
@@ -53,6 +60,12 @@ const SRQ_DEPTH: usize = 64;
 /// Capacity of each SRQ buffer: unexpected messages are copied into memory software
 /// allocates per message, so the modelled buffer never truncates.
 const SRQ_BUF_LEN: usize = usize::MAX / 4;
+/// RMA packet kinds (first byte of a `PKT_RMA` packet).
+const RMA_READ_REQ: u8 = 1;
+const RMA_READ_RESP: u8 = 2;
+const RMA_READ_ERR: u8 = 3;
+/// Bytes of header in front of the data of an RMA read response.
+const RMA_RESP_HDR: usize = 24;
 /// Software syncs the TM-SRQ at least once every this many unexpected messages.
 const FORCED_SYNC_EVERY: u32 = 1 << 14;
 
@@ -97,7 +110,7 @@ impl Fabric {
 
     fn peer_alive(&self, rank: usize) -> bool {
         match self {
-            Fabric::Shm(f) => crate::sys::pid_alive(f.peer_pid(rank)),
+            Fabric::Shm(f) => !f.peer_departed(rank) && crate::sys::pid_alive(f.peer_pid(rank)),
             Fabric::Local(f) => f.peer_alive(rank),
             Fabric::Single => true,
         }
@@ -128,6 +141,8 @@ struct RecvState {
     hw_handle: Option<u32>,
     /// Queued in software only (counted in `State::sw_only_posted`).
     sw_only: bool,
+    /// A rendezvous request the TM-SRQ placed in this (too small) tagged buffer.
+    rndv_req: Option<([u8; 64], usize)>,
     received: usize,
     total: usize,
     source: Rank,
@@ -138,6 +153,69 @@ struct SendState {
     pushed: bool,
     need_ack: bool,
     acked: bool,
+    /// A rendezvous send: its buffer (until abandoned) and its registration, held until FIN.
+    rndv: Option<RndvSend>,
+}
+
+struct RndvSend {
+    buf: Option<RawBuf>,
+    _mr: CachedMr,
+}
+
+/// What a rendezvous request announces.
+#[derive(Debug, Clone, Copy)]
+struct RndvInfo {
+    tmh: Tmh,
+    rvh: Rvh,
+    key: u64,
+    len: usize,
+}
+
+impl RndvInfo {
+    fn parse(req: &[u8]) -> Result<Self> {
+        let tmh = Tmh::decode(req)?;
+        let rvh = Rvh::decode(req.get(TMH_LEN..).unwrap_or(&[]))?;
+        let meta = RndvMeta::decode(req.get(TMH_LEN + RVH_LEN..).unwrap_or(&[]))
+            .ok_or_else(|| malformed("rendezvous request without its key and length"))?;
+        let len = usize::try_from(meta.len).map_err(|_| malformed("rendezvous length overflows"))?;
+        Ok(RndvInfo { tmh, rvh, key: meta.key, len })
+    }
+}
+
+/// An RDMA read this rank issued for a rendezvous receive.
+struct ReadOp {
+    rid: ReqId,
+    src: usize,
+    /// Bytes to read (the message, or the receive buffer if that is shorter).
+    n: usize,
+    got: usize,
+    /// Set when the TM-SRQ asked for the read (expected rendezvous).
+    hw: Option<ReadId>,
+    info: RndvInfo,
+}
+
+/// A range of a rendezvous send buffer being streamed to a reader.
+struct RmaOut {
+    dest: usize,
+    read: [u8; 8],
+    buf: RawBuf,
+    off: usize,
+}
+
+/// A small packet queued for sending (control, FIN, RMA requests).
+#[derive(Clone, Copy)]
+struct Ctl {
+    flags: u8,
+    len: u8,
+    bytes: [u8; 48],
+}
+
+impl Ctl {
+    fn new(flags: u8, b: &[u8]) -> Self {
+        let mut bytes = [0u8; 48];
+        bytes[..b.len()].copy_from_slice(b);
+        Ctl { flags, len: b.len() as u8, bytes }
+    }
 }
 
 enum ReqKind {
@@ -161,6 +239,8 @@ struct UxMsg {
     complete: bool,
     /// (sender world rank, sender request index) to acknowledge on match.
     ack: Option<(usize, u32)>,
+    /// A rendezvous request: the data is still at the sender.
+    rndv: Option<RndvInfo>,
 }
 
 /// Where the continuation packets of a source's current message go.
@@ -194,7 +274,8 @@ impl OutData {
 /// A data message waiting for ring space.
 struct OutMsg {
     req: ReqId,
-    hdr: [u8; TMH_LEN],
+    hdr: [u8; RNDV_REQ_LEN],
+    hdr_len: usize,
     data: OutData,
     /// Payload bytes already pushed.
     off: usize,
@@ -208,7 +289,7 @@ struct State {
     reqs: Slab<Req>,
     ux: Slab<UxMsg>,
     incoming: Vec<Incoming>,
-    ctlq: VecDeque<(usize, [u8; 8])>,
+    ctlq: VecDeque<(usize, Ctl)>,
     stats: Stats,
     error: Option<Error>,
     /// This rank's soft TM-SRQ: every arriving packet passes through it.
@@ -229,6 +310,13 @@ struct State {
     op_wr: u64,
     /// Receives queued in software but not in the tag list.
     sw_only_posted: usize,
+    /// Rendezvous reads in progress.
+    reads: Slab<ReadOp>,
+    /// Registration cache (sender side of rendezvous) and its domain (target key checks).
+    mr: MrCache,
+    domain: Domain,
+    /// Read responses to stream.
+    rma_out: VecDeque<RmaOut>,
 }
 
 /// One rank's engine.
@@ -259,27 +347,22 @@ impl Engine {
     pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
         let max_packet = fabric.max_packet();
         let oversubscribed = size > crate::sys::usable_cpus();
-        let spin = cfg
-            .poll_spin
-            .unwrap_or(if oversubscribed { 64 } else { 20_000 });
+        let spin = cfg.poll_spin.unwrap_or(if oversubscribed { 64 } else { 20_000 });
         let tags = cfg.tm_max_tags.max(1);
-        let caps = TmCaps {
-            max_num_tags: tags.max(TmCaps::default().max_num_tags),
-            ..TmCaps::default()
-        };
-        let mut tm = TmSrq::with_caps(
-            caps,
-            TmCap {
-                max_num_tags: tags,
-                max_ops: 1024,
-                max_wr: SRQ_DEPTH as u32,
-            },
-        )
-        .map_err(tmpi_transport::Error::from)?;
+        let caps = TmCaps { max_num_tags: tags.max(TmCaps::default().max_num_tags), ..TmCaps::default() };
+        let mut tm = TmSrq::with_caps(caps, TmCap { max_num_tags: tags, max_ops: 1024, max_wr: SRQ_DEPTH as u32 })
+            .map_err(tmpi_transport::Error::from)?;
         for wr in 0..SRQ_DEPTH as u64 {
-            tm.post_srq_recv(wr, SRQ_BUF_LEN)
-                .map_err(tmpi_transport::Error::from)?;
+            tm.post_srq_recv(wr, SRQ_BUF_LEN).map_err(tmpi_transport::Error::from)?;
         }
+        let domain = Domain::open(DomainAttr { mr_mode: MrMode::VIRT_ADDR | MrMode::PROV_KEY, mr_key_size: 8, mr_iov_limit: 1 })
+            .map_err(tmpi_transport::Error::from)?;
+        let cache_cfg = CacheConfig {
+            max_count: cfg.mr_cache_max_count,
+            max_size: cfg.mr_cache_max_size.unwrap_or(usize::MAX),
+            monitor: if cfg.mr_cache_monitor_uffd { Monitor::Userfaultfd } else { Monitor::Disabled },
+        };
+        let mr = MrCache::new(domain.clone(), cache_cfg).map_err(tmpi_transport::Error::from)?;
         Ok(Engine {
             fabric,
             st: State {
@@ -300,6 +383,10 @@ impl Engine {
                 srq_wr: SRQ_DEPTH as u64,
                 op_wr: 0,
                 sw_only_posted: 0,
+                reads: Slab::new(),
+                mr,
+                domain,
+                rma_out: VecDeque::new(),
             },
             out: (0..size).map(|_| VecDeque::new()).collect(),
             out_pending: 0,
@@ -323,32 +410,29 @@ impl Engine {
     pub(crate) fn stats_line(&self) -> String {
         let s = &self.st.stats;
         let tm = self.st.tm.counters();
+        let mc = self.st.mr.stats();
         format!(
             "tmpi-stats rank={} msgs_sent={} msgs_recv={} bytes_sent={} bytes_recv={} eager={} rndv={} hw_matched={} sw_matched={} unexpected={} tm_syncs={} rndv_incomplete={}",
             self.st.rank, s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv, tm.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, tm.rndv_incomplete
-        ) + &format!(" hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={}", tm.unexpected, tm.adds, tm.dels, tm.list_hwm)
+        ) + &format!(
+            " mr_cache_hits={} mr_cache_misses={} mr_cache_evictions={} mr_cache_invalidations={} hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={}",
+            mc.hits, mc.misses, mc.evictions, mc.invalidations, tm.unexpected, tm.adds, tm.dels, tm.list_hwm
+        )
     }
 
     /// Starts a data message to `dest` (a world rank). Returns `None` when it is already
     /// complete (locally, for a standard send), or the request to wait on.
-    pub(crate) fn start_send(
-        &mut self,
-        dest: usize,
-        tag64: u64,
-        data: RawBuf,
-        sync: bool,
-    ) -> Result<Option<ReqId>> {
+    pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
         let len = data.len();
         self.st.stats.msgs_sent += 1;
         self.st.stats.bytes_sent += len as u64;
+        if dest != self.st.rank && (len >= self.cfg.rndv_threshold || len > self.cfg.eager_limit) {
+            return self.start_rndv(dest, tag64, data).map(Some);
+        }
         self.st.stats.eager += 1;
         let req = if sync {
             Some(self.st.reqs.insert(Req {
-                kind: ReqKind::Send(SendState {
-                    pushed: false,
-                    need_ack: true,
-                    acked: false,
-                }),
+                kind: ReqKind::Send(SendState { pushed: false, need_ack: true, acked: false, rndv: None }),
                 result: None,
                 detached: false,
             }))
@@ -356,48 +440,60 @@ impl Engine {
             None
         };
         let app_ctx = req.map_or(0, |r| SYNC_FLAG | r.idx);
-        let hdr = Tmh {
-            op: TmOp::Eager,
-            app_ctx,
-            tag: tag64,
-        }
-        .to_bytes();
+        let tmh = Tmh { op: TmOp::Eager, app_ctx, tag: tag64 }.to_bytes();
         if dest == self.st.rank {
-            self.st.deliver_self(&hdr, data.slice(0, len))?;
+            self.st.deliver_self(&tmh, data.slice(0, len))?;
             self.flush_ctl()?;
             return Ok(self.mark_pushed(req));
         }
         if self.out[dest].is_empty() && TMH_LEN + len <= self.max_packet {
             let total = (TMH_LEN + len) as u64;
-            if self
-                .fabric
-                .try_send(dest, PKT_WHOLE, total, &[&hdr, data.slice(0, len)])?
-            {
+            if self.fabric.try_send(dest, PKT_WHOLE, total, &[&tmh, data.slice(0, len)])? {
                 return Ok(self.mark_pushed(req));
             }
         }
         let req = match req {
             Some(r) => r,
             None => self.st.reqs.insert(Req {
-                kind: ReqKind::Send(SendState {
-                    pushed: false,
-                    need_ack: false,
-                    acked: false,
-                }),
+                kind: ReqKind::Send(SendState { pushed: false, need_ack: false, acked: false, rndv: None }),
                 result: None,
                 detached: false,
             }),
         };
-        self.out[dest].push_back(OutMsg {
-            req,
-            hdr,
-            data: OutData::User(data),
-            off: 0,
-            started: false,
-        });
+        let mut hdr = [0u8; RNDV_REQ_LEN];
+        hdr[..TMH_LEN].copy_from_slice(&tmh);
+        self.queue_out(dest, OutMsg { req, hdr, hdr_len: TMH_LEN, data: OutData::User(data), off: 0, started: false })?;
+        Ok(Some(req))
+    }
+
+    fn queue_out(&mut self, dest: usize, m: OutMsg) -> Result<()> {
+        self.out[dest].push_back(m);
         self.out_pending += 1;
         self.push_out_to(dest)?;
-        Ok(Some(req))
+        Ok(())
+    }
+
+    /// Starts a rendezvous send: register, then send the request; FIN completes it.
+    #[cold]
+    fn start_rndv(&mut self, dest: usize, tag64: u64, data: RawBuf) -> Result<ReqId> {
+        self.st.stats.rndv += 1;
+        let (addr, len) = (data.addr(), data.len());
+        let mr = self.st.mr.get(addr, len, Access::REMOTE_READ).map_err(tmpi_transport::Error::from)?;
+        let key = mr.key().map_err(tmpi_transport::Error::from)?;
+        let va = mr.remote_addr(addr).ok_or_else(|| Error::State("registration does not cover the send buffer".into()))?;
+        let req = self.st.reqs.insert(Req {
+            kind: ReqKind::Send(SendState {
+                pushed: false,
+                need_ack: true,
+                acked: false,
+                rndv: Some(RndvSend { buf: Some(data), _mr: mr }),
+            }),
+            result: None,
+            detached: false,
+        });
+        let hdr = RndvMeta { key, len: len as u64 }.encode_request(req.idx, tag64, va);
+        self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
+        Ok(req)
     }
 
     /// Marks a send request as pushed; returns it if it still needs waiting on.
@@ -413,14 +509,12 @@ impl Engine {
         let maxp = self.max_packet;
         while let Some(m) = self.out[dest].front_mut() {
             let len = m.data.len();
-            let total = (TMH_LEN + len) as u64;
+            let total = (m.hdr_len + len) as u64;
             loop {
                 let ok = if !m.started {
-                    let n = len.min(maxp - TMH_LEN);
+                    let n = len.min(maxp - m.hdr_len);
                     let flags = if n == len { PKT_WHOLE } else { PKT_FIRST };
-                    let ok =
-                        self.fabric
-                            .try_send(dest, flags, total, &[&m.hdr, m.data.slice(0, n)])?;
+                    let ok = self.fabric.try_send(dest, flags, total, &[&m.hdr[..m.hdr_len], m.data.slice(0, n)])?;
                     if ok {
                         m.started = true;
                         m.off = n;
@@ -429,12 +523,7 @@ impl Engine {
                 } else {
                     let n = (len - m.off).min(maxp);
                     let flags = if m.off + n == len { PKT_LAST } else { 0 };
-                    let ok = self.fabric.try_send(
-                        dest,
-                        flags,
-                        total,
-                        &[m.data.slice(m.off, m.off + n)],
-                    )?;
+                    let ok = self.fabric.try_send(dest, flags, total, &[m.data.slice(m.off, m.off + n)])?;
                     if ok {
                         m.off += n;
                     }
@@ -466,19 +555,57 @@ impl Engine {
         Ok(n)
     }
 
+    /// Sends queued control packets. A packet that goes through the peer's TM-SRQ (ACK, FIN)
+    /// waits while a multi-packet message to that peer is half sent: a connection delivers
+    /// messages whole and in order. RMA packets bypass the TM-SRQ and go at once.
     fn flush_ctl(&mut self) -> Result<usize> {
         let mut n = 0;
-        while let Some(&(dest, msg)) = self.st.ctlq.front() {
+        let mut i = 0;
+        while i < self.st.ctlq.len() {
+            let (dest, c) = self.st.ctlq[i];
+            let msg = &c.bytes[..c.len as usize];
             if dest == self.st.rank {
-                self.st.on_control(&msg[1..])?;
-            } else if !self
-                .fabric
-                .try_send(dest, PKT_WHOLE, msg.len() as u64, &[&msg])?
-            {
-                break;
+                self.st.ctlq.remove(i);
+                let p = Packet { src: dest, flags: c.flags, total_len: msg.len() as u64, data: msg };
+                if !self.st.on_packet(p) {
+                    return Err(Error::State("loopback control packet refused".into()));
+                }
+                if let Some(e) = self.st.error.take() {
+                    return Err(e);
+                }
+            } else if c.flags & PKT_RMA == 0 && self.out[dest].front().is_some_and(|m| m.started) {
+                i += 1;
+                continue;
+            } else if self.fabric.try_send(dest, c.flags, msg.len() as u64, &[msg])? {
+                self.st.ctlq.remove(i);
+            } else {
+                i += 1;
+                continue;
             }
-            self.st.ctlq.pop_front();
             n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Streams queued read responses into the fabric.
+    fn push_rma(&mut self) -> Result<usize> {
+        let mut n = 0;
+        let room = self.max_packet.min(1 << 20) - RMA_RESP_HDR;
+        while let Some(r) = self.st.rma_out.front_mut() {
+            while r.off < r.buf.len() {
+                let k = (r.buf.len() - r.off).min(room);
+                let mut h = [0u8; RMA_RESP_HDR];
+                h[0] = RMA_READ_RESP;
+                h[4..12].copy_from_slice(&r.read);
+                h[16..24].copy_from_slice(&(r.off as u64).to_be_bytes());
+                let total = (RMA_RESP_HDR + k) as u64;
+                if !self.fabric.try_send(r.dest, PKT_RMA, total, &[&h, r.buf.slice(r.off, r.off + k)])? {
+                    return Ok(n);
+                }
+                r.off += k;
+                n += 1;
+            }
+            self.st.rma_out.pop_front();
         }
         Ok(n)
     }
@@ -489,6 +616,9 @@ impl Engine {
         let mut n = 0;
         if self.out_pending > 0 {
             n += self.push_out()?;
+        }
+        if !self.st.rma_out.is_empty() {
+            n += self.push_rma()?;
         }
         let st = &mut self.st;
         n += self.fabric.poll(|p| st.on_packet(p))?;
@@ -502,13 +632,7 @@ impl Engine {
     }
 
     /// Posts a receive into `buf` on context `ctx`.
-    pub(crate) fn post_recv(
-        &mut self,
-        ctx: u32,
-        src: Option<u32>,
-        tag: Option<u32>,
-        buf: RawBufMut,
-    ) -> Result<ReqId> {
+    pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut) -> Result<ReqId> {
         let cap = buf.cap();
         let rid = self.st.reqs.insert(Req {
             kind: ReqKind::Recv(RecvState {
@@ -518,6 +642,7 @@ impl Engine {
                 match_id: None,
                 hw_handle: None,
                 sw_only: false,
+                rndv_req: None,
                 received: 0,
                 total: 0,
                 source: 0,
@@ -528,10 +653,8 @@ impl Engine {
         });
         let (t, m) = matching::recv_key(ctx, src, tag);
         let st = &mut self.st;
-        let eligible =
-            st.offload && src.is_some() && cap >= st.tm_thresh && st.tm.tags_listed() < st.max_tags;
-        let overlaps =
-            eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
+        let eligible = st.offload && src.is_some() && cap >= st.tm_thresh && st.tm.tags_listed() < st.max_tags;
+        let overlaps = eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
         match st.matcher.post(t, m, rid) {
             Posted::Matched(rid, ux) => {
                 st.take_unexpected(rid, ux);
@@ -545,11 +668,7 @@ impl Engine {
                     // A full list or op queue (ENOMEM) leaves the receive to software.
                     handle = st.tm.post_srq_op(&wr).ok().flatten();
                 }
-                if let Some(Req {
-                    kind: ReqKind::Recv(r),
-                    ..
-                }) = st.reqs.get_mut(rid)
-                {
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = st.reqs.get_mut(rid) {
                     r.match_id = Some(id);
                     r.hw_handle = handle;
                     r.sw_only = handle.is_none();
@@ -571,12 +690,8 @@ impl Engine {
             return None;
         }
         match self.st.reqs.remove(rid) {
-            Some(Req {
-                result: Some(r), ..
-            }) => Some(r),
-            _ => Some(Err(Error::State(
-                "request already completed and collected".into(),
-            ))),
+            Some(Req { result: Some(r), .. }) => Some(r),
+            _ => Some(Err(Error::State("request already completed and collected".into()))),
         }
     }
 
@@ -646,12 +761,7 @@ impl Engine {
         }
         let Some(id) = r.match_id.take() else { return };
         if self.st.matcher.cancel(id).is_some() {
-            req.result = Some(Ok(Status {
-                source: 0,
-                tag: 0,
-                len: 0,
-                cancelled: true,
-            }));
+            req.result = Some(Ok(Status { source: 0, tag: 0, len: 0, cancelled: true }));
             self.st.leave_queues(rid);
         }
         if let Err(e) = self.st.drain_cq() {
@@ -674,7 +784,26 @@ impl Engine {
         req.detached = true;
         match &mut req.kind {
             ReqKind::Recv(r) => r.buf = None,
-            ReqKind::Send(_) => {
+            ReqKind::Send(s) => {
+                // A rendezvous buffer: refuse every read of it from now on, and turn reads
+                // being streamed into refusals.
+                if let Some(b) = s.rndv.as_mut().and_then(|r| r.buf.take()) {
+                    let (lo, hi) = (b.addr(), b.addr() + b.len());
+                    let st = &mut self.st;
+                    let mut i = 0;
+                    while i < st.rma_out.len() {
+                        let a = st.rma_out[i].buf.addr();
+                        if a >= lo && a < hi.max(lo + 1) {
+                            let r = st.rma_out.remove(i).expect("index in range");
+                            let mut m = [0u8; 16];
+                            m[0] = RMA_READ_ERR;
+                            m[4..12].copy_from_slice(&r.read);
+                            st.ctlq.push_back((r.dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                        } else {
+                            i += 1;
+                        }
+                    }
+                }
                 for q in &mut self.out {
                     for m in q.iter_mut().filter(|m| m.req == rid) {
                         if let OutData::User(b) = &m.data {
@@ -691,53 +820,14 @@ impl Engine {
         let (t, m) = matching::recv_key(ctx, src, tag);
         self.st.matcher.probe(t, m).map(|(tag64, &k)| {
             let len = self.st.ux.get(k).map_or(0, |u| u.total);
-            Status {
-                source: src_of(tag64),
-                tag: tag_of(tag64),
-                len,
-                cancelled: false,
-            }
+            Status { source: src_of(tag64), tag: tag_of(tag64), len, cancelled: false }
         })
     }
 
-    /// Takes the oldest matching unexpected message once it is complete (no progress).
-    pub(crate) fn take_complete(
-        &mut self,
-        ctx: u32,
-        src: Option<u32>,
-        tag: Option<u32>,
-    ) -> Result<Option<(Vec<u8>, Status)>> {
-        let (t, m) = matching::recv_key(ctx, src, tag);
-        let complete = match self.st.matcher.probe(t, m) {
-            Some((_, &k)) => self.st.ux.get(k).is_some_and(|u| u.complete),
-            None => false,
-        };
-        if !complete {
-            return Ok(None);
-        }
-        let Some((tag64, k)) = self.st.matcher.take_probed(t, m) else {
-            return Ok(None);
-        };
-        let Some(u) = self.st.ux.remove(k) else {
-            return Ok(None);
-        };
-        self.st.stats.sw_matched += 1;
-        if let Some((dest, idx)) = u.ack {
-            self.st.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
-            self.flush_ctl()?;
-        }
-        let st = Status {
-            source: src_of(tag64),
-            tag: tag_of(tag64),
-            len: u.total,
-            cancelled: false,
-        };
-        Ok(Some((u.data, st)))
-    }
-
-    /// Waits until every queued send has been pushed and every control message sent.
+    /// Waits until every queued send has been pushed, every read served and every control
+    /// message sent.
     pub(crate) fn flush(&mut self) -> Result<()> {
-        self.wait_until(|e| e.out_pending == 0 && e.st.ctlq.is_empty())
+        self.wait_until(|e| e.out_pending == 0 && e.st.ctlq.is_empty() && e.st.rma_out.is_empty())
     }
 
     /// Outstanding requests (for diagnostics and finalize).
@@ -755,19 +845,31 @@ fn rid_to_wr(k: ReqId) -> u64 {
 
 #[inline]
 fn wr_to_rid(wr: u64) -> ReqId {
-    Key {
-        idx: wr as u32,
-        gen: (wr >> 32) as u32,
-    }
+    Key { idx: wr as u32, gen: (wr >> 32) as u32 }
 }
 
 fn malformed(what: &'static str) -> Error {
     Error::Transport(tmpi_transport::Error::Malformed { what })
 }
 
-fn ctl_msg(kind: u8, value: u32) -> [u8; 8] {
+fn ctl_msg(kind: u8, value: u32) -> Ctl {
     let v = value.to_be_bytes();
-    [TmOp::NoTag as u8, kind, 0, 0, v[0], v[1], v[2], v[3]]
+    Ctl::new(PKT_WHOLE, &[TmOp::NoTag as u8, kind, 0, 0, v[0], v[1], v[2], v[3]])
+}
+
+fn read_id_bytes(k: Key) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&k.idx.to_be_bytes());
+    b[4..].copy_from_slice(&k.gen.to_be_bytes());
+    b
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4).map_or(0, |x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8).map_or(0, |x| u64::from_be_bytes([x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]]))
 }
 
 impl State {
@@ -777,9 +879,14 @@ impl State {
         if self.error.is_some() {
             return false;
         }
+        if p.flags & PKT_RMA != 0 {
+            if let Err(e) = self.on_rma(p).and_then(|()| self.drain_cq()) {
+                self.error = Some(e);
+            }
+            return true;
+        }
         let arrival = if p.flags & PKT_FIRST != 0 {
-            self.tm
-                .arrive_first(p.src as u32, p.data, p.total_len as usize)
+            self.tm.arrive_first(p.src as u32, p.data, p.total_len as usize)
         } else {
             self.tm.arrive_continuation(p.src as u32, p.data)
         };
@@ -788,14 +895,23 @@ impl State {
             Ok(Arrival::Rnr) => return false,
             Ok(Arrival::Place(pl)) => match pl.buffer {
                 Buffer::Tagged { recv_wr_id, .. } => {
-                    self.place_tagged(wr_to_rid(recv_wr_id), pl.dst_off, pl.bytes(p.data));
+                    let rid = wr_to_rid(recv_wr_id);
+                    if p.flags & PKT_FIRST != 0 && p.data.first() == Some(&(TmOp::Rndv as u8)) {
+                        self.stash_rndv(rid, p.data);
+                    }
+                    self.place_tagged(rid, pl.dst_off, pl.bytes(p.data));
                     Ok(())
                 }
                 Buffer::Srq { .. } => self.on_software(p),
             },
-            Ok(Arrival::Read(_)) => Err(malformed(
-                "rendezvous request for a receive that cannot take it",
-            )),
+            Ok(Arrival::Read(rr)) => {
+                // An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue.
+                RndvInfo::parse(p.data).and_then(|mut info| {
+                    info.key = rr.key;
+                    info.len = usize::try_from(rr.len).map_err(|_| malformed("rendezvous length overflows"))?;
+                    self.start_read(wr_to_rid(rr.recv_wr_id), p.src, info, Some(rr.id))
+                })
+            }
             Err(e) => Err(Error::Transport(e.into())),
         };
         if let Err(e) = r.and_then(|()| self.drain_cq()) {
@@ -808,26 +924,23 @@ impl State {
     fn deliver_self(&mut self, hdr: &[u8; TMH_LEN], payload: &[u8]) -> Result<()> {
         let src = self.rank;
         let total = (TMH_LEN + payload.len()) as u64;
-        let flags = if payload.is_empty() {
-            PKT_WHOLE
-        } else {
-            PKT_FIRST
-        };
-        self.on_packet(Packet {
-            src,
-            flags,
-            total_len: total,
-            data: hdr,
-        });
+        let flags = if payload.is_empty() { PKT_WHOLE } else { PKT_FIRST };
+        self.on_packet(Packet { src, flags, total_len: total, data: hdr });
         if !payload.is_empty() {
-            self.on_packet(Packet {
-                src,
-                flags: PKT_LAST,
-                total_len: total,
-                data: payload,
-            });
+            self.on_packet(Packet { src, flags: PKT_LAST, total_len: total, data: payload });
         }
         self.error.take().map_or(Ok(()), Err)
+    }
+
+    /// Keeps a rendezvous request that the TM-SRQ placed in a tagged buffer, in case the
+    /// buffer is too small (RNDV_INCOMPLETE) and software has to finish.
+    fn stash_rndv(&mut self, rid: ReqId, req: &[u8]) {
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            let mut b = [0u8; 64];
+            let n = req.len().min(64);
+            b[..n].copy_from_slice(&req[..n]);
+            r.rndv_req = Some((b, n));
+        }
     }
 
     /// The TM-SRQ placed a packet in an SRQ buffer: software handles the message.
@@ -835,6 +948,8 @@ impl State {
         if p.flags & PKT_FIRST != 0 {
             match p.data.first().copied() {
                 Some(op) if op == TmOp::NoTag as u8 => self.on_control(&p.data[1..]),
+                Some(op) if op == TmOp::Fin as u8 => self.on_fin(p.data),
+                Some(op) if op == TmOp::Rndv as u8 => self.on_rndv(p.src, p.data),
                 _ => self.on_data_first(p),
             }
         } else {
@@ -844,11 +959,7 @@ impl State {
 
     /// The TM-SRQ matched a packet to a tagged buffer: the NIC's copy into the user buffer.
     fn place_tagged(&mut self, rid: ReqId, off: usize, bytes: &[u8]) {
-        if let Some(Req {
-            kind: ReqKind::Recv(r),
-            ..
-        }) = self.reqs.get_mut(rid)
-        {
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             if let Some(b) = &r.buf {
                 b.write_at(off, bytes);
             }
@@ -857,11 +968,7 @@ impl State {
 
     /// Takes a receive out of the software-only count and the tag list.
     fn leave_queues(&mut self, rid: ReqId) {
-        let Some(Req {
-            kind: ReqKind::Recv(r),
-            ..
-        }) = self.reqs.get_mut(rid)
-        else {
+        let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
             return;
         };
         if std::mem::take(&mut r.sw_only) {
@@ -871,17 +978,13 @@ impl State {
             self.op_wr += 1;
             // The entry is still listed (a consumed entry would have completed already), so
             // the DEL succeeds; a TM_ERR completion is tolerated in `drain_cq` regardless.
-            let _ = self
-                .tm
-                .post_srq_op(&OpsWr::del(self.op_wr, h, self.sw_unexp, true));
+            let _ = self.tm.post_srq_op(&OpsWr::del(self.op_wr, h, self.sw_unexp, true));
         }
     }
 
     fn repost_srq(&mut self) -> Result<()> {
         self.srq_wr += 1;
-        self.tm
-            .post_srq_recv(self.srq_wr, SRQ_BUF_LEN)
-            .map_err(|e| Error::Transport(e.into()))
+        self.tm.post_srq_recv(self.srq_wr, SRQ_BUF_LEN).map_err(|e| Error::Transport(e.into()))
     }
 
     /// Consumes the TM-SRQ's completions.
@@ -891,9 +994,7 @@ impl State {
                 match wc.opcode {
                     WcOpcode::TmRecv if wc.is_unexpected() => {
                         self.sw_unexp = self.sw_unexp.wrapping_add(1);
-                        if self.sw_unexp % FORCED_SYNC_EVERY == 0
-                            || wc.flags.contains(WcFlags::TM_SYNC_REQ)
-                        {
+                        if self.sw_unexp % FORCED_SYNC_EVERY == 0 || wc.flags.contains(WcFlags::TM_SYNC_REQ) {
                             self.need_sync = true;
                         }
                         self.repost_srq()?;
@@ -915,13 +1016,14 @@ impl State {
             }
             // Sync once software has caught up with every unexpected message the TM-SRQ
             // delivered, so that the SYNC brings the counts level.
+            while let Some(t) = self.tm.poll_transmit() {
+                self.ctlq.push_back((t.dst as usize, Ctl::new(PKT_WHOLE, &t.msg)));
+            }
             if self.need_sync && self.tm.hw_unexpected_cnt() == self.sw_unexp as u16 {
                 self.need_sync = false;
                 self.stats.tm_syncs += 1;
                 self.op_wr += 1;
-                self.tm
-                    .post_srq_op(&OpsWr::sync(self.op_wr, self.sw_unexp, true))
-                    .map_err(|e| Error::Transport(e.into()))?;
+                self.tm.post_srq_op(&OpsWr::sync(self.op_wr, self.sw_unexp, true)).map_err(|e| Error::Transport(e.into()))?;
                 continue;
             }
             return Ok(());
@@ -934,11 +1036,7 @@ impl State {
         if wc.flags.contains(WcFlags::TM_MATCH) {
             let (tag64, app_ctx) = wc.read_tm_info().unwrap_or((0, 0));
             let mut cancel = None;
-            if let Some(Req {
-                kind: ReqKind::Recv(r),
-                ..
-            }) = self.reqs.get_mut(rid)
-            {
+            if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                 r.matched = true;
                 r.hw_handle = None;
                 r.source = src_of(tag64);
@@ -950,11 +1048,23 @@ impl State {
             }
             self.stats.msgs_recv += 1;
             if app_ctx & SYNC_FLAG != 0 {
-                self.ctlq.push_back((
-                    wc.src as usize,
-                    ctl_msg(CTL_SSEND_ACK, app_ctx & !SYNC_FLAG),
-                ));
+                self.ctlq.push_back((wc.src as usize, ctl_msg(CTL_SSEND_ACK, app_ctx & !SYNC_FLAG)));
             }
+        }
+        if wc.flags.contains(WcFlags::TM_DATA_VALID) && wc.status == WcStatus::TmRndvIncomplete {
+            // The tagged buffer was smaller than the rendezvous: software finishes.
+            let stash = match self.reqs.get_mut(rid) {
+                Some(Req { kind: ReqKind::Recv(r), .. }) => r.rndv_req.take(),
+                _ => None,
+            };
+            let r = match stash {
+                Some((b, n)) => RndvInfo::parse(&b[..n]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
+                None => Err(malformed("RNDV_INCOMPLETE without the request")),
+            };
+            if let Err(e) = r {
+                self.error.get_or_insert(e);
+            }
+            return;
         }
         if wc.flags.contains(WcFlags::TM_DATA_VALID) {
             let len = wc.byte_len as usize;
@@ -966,22 +1076,12 @@ impl State {
                 r.total = len;
                 r.received = len;
                 req.result = Some(match wc.status {
-                    WcStatus::Success => Ok(Status {
-                        source: r.source,
-                        tag: r.tag,
-                        len,
-                        cancelled: false,
-                    }),
-                    WcStatus::LocLenErr => Err(Error::Truncated {
-                        source_rank: r.source,
-                        tag: r.tag,
-                        len,
-                        capacity: r.cap,
-                    }),
-                    st => Err(Error::State(format!(
-                        "receive from rank {} failed in the TM-SRQ: {st:?}",
-                        r.source
-                    ))),
+                    WcStatus::Success => Ok(Status { source: r.source, tag: r.tag, len, cancelled: false }),
+                    WcStatus::LocLenErr => Err(Error::Truncated { source_rank: r.source, tag: r.tag, len, capacity: r.cap }),
+                    WcStatus::RemAccessErr => {
+                        Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
+                    }
+                    st => Err(Error::State(format!("receive from rank {} failed in the TM-SRQ: {st:?}", r.source))),
                 });
             }
             if req.detached {
@@ -995,13 +1095,7 @@ impl State {
             return Err(malformed("data packet shorter than a TMH"));
         }
         let total = p.total_len as usize - TMH_LEN;
-        self.on_first(
-            p.src,
-            &p.data[..TMH_LEN],
-            &p.data[TMH_LEN..],
-            total,
-            p.flags & PKT_LAST != 0,
-        )
+        self.on_first(p.src, &p.data[..TMH_LEN], &p.data[TMH_LEN..], total, p.flags & PKT_LAST != 0)
     }
 
     fn on_control(&mut self, body: &[u8]) -> Result<()> {
@@ -1013,9 +1107,7 @@ impl State {
                 }
                 Ok(())
             }
-            _ => Err(Error::Transport(tmpi_transport::Error::Malformed {
-                what: "unknown control message",
-            })),
+            _ => Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unknown control message" })),
         }
     }
 
@@ -1028,12 +1120,8 @@ impl State {
             s.pushed |= pushed;
             s.acked |= acked;
             if s.pushed && (s.acked || !s.need_ack) && req.result.is_none() {
-                req.result = Some(Ok(Status {
-                    source: 0,
-                    tag: 0,
-                    len: 0,
-                    cancelled: false,
-                }));
+                s.rndv = None;
+                req.result = Some(Ok(Status { source: 0, tag: 0, len: 0, cancelled: false }));
                 if req.detached {
                     self.reqs.remove(rid);
                 }
@@ -1043,24 +1131,13 @@ impl State {
 
     /// The first packet of a data message: `hdr` is its TMH, `data` the payload it carries,
     /// `total` the payload length of the whole message.
-    fn on_first(
-        &mut self,
-        src: usize,
-        hdr: &[u8],
-        data: &[u8],
-        total: usize,
-        last: bool,
-    ) -> Result<()> {
+    fn on_first(&mut self, src: usize, hdr: &[u8], data: &[u8], total: usize, last: bool) -> Result<()> {
         let tmh = Tmh::decode(hdr)?;
         if tmh.op != TmOp::Eager {
-            return Err(Error::Transport(tmpi_transport::Error::Malformed {
-                what: "unsupported TMH opcode in a data packet",
-            }));
+            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unsupported TMH opcode in a data packet" }));
         }
         if data.len() > total || (last && data.len() != total) {
-            return Err(Error::Transport(tmpi_transport::Error::Malformed {
-                what: "packet length disagrees with message length",
-            }));
+            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "packet length disagrees with message length" }));
         }
         self.stats.msgs_recv += 1;
         self.stats.bytes_recv += total as u64;
@@ -1073,11 +1150,7 @@ impl State {
                 if let Some((dest, idx)) = ack {
                     self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
                 }
-                if let Some(Req {
-                    kind: ReqKind::Recv(r),
-                    ..
-                }) = self.reqs.get_mut(rid)
-                {
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                     r.matched = true;
                     r.match_id = None;
                     r.source = src_of(tmh.tag);
@@ -1098,14 +1171,7 @@ impl State {
                 self.stats.unexpected += 1;
                 let mut v = Vec::with_capacity(total);
                 v.extend_from_slice(data);
-                let k = self.ux.insert(UxMsg {
-                    src_world: src,
-                    tag64: tmh.tag,
-                    total,
-                    data: v,
-                    complete: last,
-                    ack,
-                });
+                let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack, rndv: None });
                 debug_assert_eq!(k, key);
                 if !last {
                     self.incoming[src] = Incoming::Unexpected { ux: k };
@@ -1116,27 +1182,17 @@ impl State {
     }
 
     fn on_cont(&mut self, src: usize, data: &[u8], last: bool) -> Result<()> {
-        let malformed = || {
-            Error::Transport(tmpi_transport::Error::Malformed {
-                what: "continuation packet without a message",
-            })
-        };
+        let malformed = || Error::Transport(tmpi_transport::Error::Malformed { what: "continuation packet without a message" });
         match self.incoming.get(src).copied().ok_or_else(malformed)? {
             Incoming::Idle => return Err(malformed()),
             Incoming::Expected { req } => {
-                if let Some(Req {
-                    kind: ReqKind::Recv(r),
-                    ..
-                }) = self.reqs.get_mut(req)
-                {
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(req) {
                     if let Some(b) = &r.buf {
                         b.write_at(r.received, data);
                     }
                     r.received += data.len();
                     if r.received > r.total || (last && r.received != r.total) {
-                        return Err(Error::Transport(tmpi_transport::Error::Malformed {
-                            what: "message longer than announced",
-                        }));
+                        return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "message longer than announced" }));
                     }
                 }
                 if last {
@@ -1147,9 +1203,7 @@ impl State {
             Incoming::Unexpected { ux } => {
                 if let Some(u) = self.ux.get_mut(ux) {
                     if u.data.len() + data.len() > u.total {
-                        return Err(Error::Transport(tmpi_transport::Error::Malformed {
-                            what: "message longer than announced",
-                        }));
+                        return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "message longer than announced" }));
                     }
                     u.data.extend_from_slice(data);
                     if last {
@@ -1168,14 +1222,16 @@ impl State {
     fn take_unexpected(&mut self, rid: ReqId, ux: Key) {
         let Some(u) = self.ux.remove(ux) else { return };
         self.stats.sw_matched += 1;
+        if let Some(info) = u.rndv {
+            if let Err(e) = self.start_read(rid, u.src_world, info, None) {
+                self.error.get_or_insert(e);
+            }
+            return;
+        }
         if let Some((dest, idx)) = u.ack {
             self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
         }
-        if let Some(Req {
-            kind: ReqKind::Recv(r),
-            ..
-        }) = self.reqs.get_mut(rid)
-        {
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             r.matched = true;
             r.match_id = None;
             r.source = src_of(u.tag64);
@@ -1193,25 +1249,186 @@ impl State {
         }
     }
 
+    /// A rendezvous request handled by software (unexpected in the TM-SRQ).
+    fn on_rndv(&mut self, src: usize, req: &[u8]) -> Result<()> {
+        let info = RndvInfo::parse(req)?;
+        self.stats.msgs_recv += 1;
+        self.stats.bytes_recv += info.len as u64;
+        let key = self.ux.vacant_key();
+        match self.matcher.arrive(info.tmh.tag, key) {
+            Arrived::Matched(_, rid, _) => {
+                self.stats.sw_matched += 1;
+                self.leave_queues(rid);
+                self.start_read(rid, src, info, None)
+            }
+            Arrived::Unexpected => {
+                self.stats.unexpected += 1;
+                let k = self.ux.insert(UxMsg {
+                    src_world: src,
+                    tag64: info.tmh.tag,
+                    total: info.len,
+                    data: Vec::new(),
+                    complete: false,
+                    ack: None,
+                    rndv: Some(info),
+                });
+                debug_assert_eq!(k, key);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts reading a matched rendezvous message from `src` into receive `rid`.
+    fn start_read(&mut self, rid: ReqId, src: usize, info: RndvInfo, hw: Option<ReadId>) -> Result<()> {
+        let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
+            return Err(Error::State("rendezvous matched a receive that is gone".into()));
+        };
+        r.matched = true;
+        r.match_id = None;
+        r.source = src_of(info.tmh.tag);
+        r.tag = tag_of(info.tmh.tag);
+        r.total = info.len;
+        let n = if hw.is_some() { info.len } else { info.len.min(r.cap) };
+        let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info });
+        if n == 0 {
+            return self.finish_read(key, true);
+        }
+        let mut m = [0u8; 40];
+        m[0] = RMA_READ_REQ;
+        m[4..8].copy_from_slice(&info.tmh.app_ctx.to_be_bytes());
+        m[8..16].copy_from_slice(&read_id_bytes(key));
+        m[16..24].copy_from_slice(&info.rvh.va.to_be_bytes());
+        m[24..32].copy_from_slice(&info.key.to_be_bytes());
+        m[32..40].copy_from_slice(&(n as u64).to_be_bytes());
+        self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+        Ok(())
+    }
+
+    /// An RMA packet: a read request to serve, or data / a refusal for a read we issued.
+    fn on_rma(&mut self, p: Packet<'_>) -> Result<()> {
+        let d = p.data;
+        let read = Key { idx: be32(d, 8), gen: be32(d, 12) };
+        match d.first().copied() {
+            Some(RMA_READ_REQ) if d.len() >= 40 => {
+                self.serve_read(p.src, be32(d, 4), &d[8..16], be64(d, 16), be64(d, 24), be64(d, 32));
+                Ok(())
+            }
+            Some(RMA_READ_RESP) if d.len() >= RMA_RESP_HDR => {
+                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let off = usize::try_from(be64(d, 16)).unwrap_or(usize::MAX);
+                let data = &d[RMA_RESP_HDR..];
+                let op = self.reads.get_mut(read).ok_or_else(|| malformed("read response for no read"))?;
+                if off.checked_add(data.len()).is_none_or(|end| end > op.n) {
+                    return Err(malformed("read response outside the read"));
+                }
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get(op.rid) {
+                    if let Some(b) = &r.buf {
+                        b.write_at(off, data);
+                    }
+                }
+                op.got += data.len();
+                if op.got == op.n {
+                    self.finish_read(read, true)?;
+                }
+                Ok(())
+            }
+            Some(RMA_READ_ERR) if d.len() >= 16 => {
+                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                self.finish_read(read, false)
+            }
+            _ => {
+                let _ = read;
+                Err(malformed("unknown RMA packet"))
+            }
+        }
+    }
+
+    /// The target side of an RDMA read: key, enablement, range and access are checked in
+    /// this rank's fi_mr domain before a byte moves; a refusal goes back as an error.
+    fn serve_read(&mut self, src: usize, sreq: u32, read: &[u8], va: u64, key: u64, len: u64) {
+        let check = self.domain.check_remote(key, va, len, RemoteOp::Read);
+        let buf = check.ok().and_then(|_| {
+            let k = self.reqs.key_of(sreq)?;
+            let Some(Req { kind: ReqKind::Send(s), result: None, .. }) = self.reqs.get(k) else { return None };
+            let b = s.rndv.as_ref()?.buf?;
+            let start = usize::try_from(va.checked_sub(b.addr() as u64)?).ok()?;
+            let end = start.checked_add(usize::try_from(len).ok()?)?;
+            (end <= b.len()).then(|| b.sub(start, end))
+        });
+        let mut id = [0u8; 8];
+        id.copy_from_slice(read);
+        match buf {
+            Some(b) => self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0 }),
+            None => {
+                // Refused: the reader gets an error, and so does the send it was reading for
+                // (no FIN will come for it).
+                if let Some(k) = self.reqs.key_of(sreq) {
+                    if let Some(Req { kind: ReqKind::Send(st), result: r @ None, .. }) = self.reqs.get_mut(k) {
+                        if st.rndv.is_some() {
+                            st.rndv = None;
+                            *r = Some(Err(Error::RemoteAccess {
+                                rank: src,
+                                reason: format!("rank {src} asked to read a range the registration does not allow"),
+                            }));
+                        }
+                    }
+                }
+                let mut m = [0u8; 16];
+                m[0] = RMA_READ_ERR;
+                m[4..12].copy_from_slice(&id);
+                self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+            }
+        }
+    }
+
+    /// All bytes of a read are in (or it was refused): complete the receive and send FIN.
+    fn finish_read(&mut self, read: Key, ok: bool) -> Result<()> {
+        let Some(op) = self.reads.remove(read) else { return Ok(()) };
+        if let Some(id) = op.hw {
+            // The TM-SRQ completes DATA_VALID and queues the FIN itself.
+            let r = if ok { self.tm.read_complete(id) } else { self.tm.read_failed(id, WcStatus::RemAccessErr) };
+            return r.map_err(|e| Error::Transport(e.into()));
+        }
+        if ok {
+            let mut fin = [0u8; TMH_LEN + RVH_LEN];
+            fin[..TMH_LEN].copy_from_slice(&Tmh { op: TmOp::Fin, ..op.info.tmh }.to_bytes());
+            fin[TMH_LEN..].copy_from_slice(&op.info.rvh.to_bytes());
+            self.ctlq.push_back((op.src, Ctl::new(PKT_WHOLE, &fin)));
+        }
+        let Some(req) = self.reqs.get_mut(op.rid) else { return Ok(()) };
+        if let ReqKind::Recv(r) = &req.kind {
+            req.result = Some(if !ok {
+                Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
+            } else if r.total > r.cap {
+                Err(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap })
+            } else {
+                Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
+            });
+        }
+        if req.detached {
+            self.reqs.remove(op.rid);
+        }
+        Ok(())
+    }
+
+    /// A FIN: the receiver has the data of our rendezvous send.
+    fn on_fin(&mut self, msg: &[u8]) -> Result<()> {
+        let tmh = Tmh::decode(msg)?;
+        if let Some(k) = self.reqs.key_of(tmh.app_ctx) {
+            self.send_progress(k, false, true);
+        }
+        Ok(())
+    }
+
     fn complete_recv(&mut self, rid: ReqId) {
         let Some(req) = self.reqs.get_mut(rid) else {
             return;
         };
         if let ReqKind::Recv(r) = &req.kind {
             req.result = Some(if r.total > r.cap {
-                Err(Error::Truncated {
-                    source_rank: r.source,
-                    tag: r.tag,
-                    len: r.total,
-                    capacity: r.cap,
-                })
+                Err(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap })
             } else {
-                Ok(Status {
-                    source: r.source,
-                    tag: r.tag,
-                    len: r.total,
-                    cancelled: false,
-                })
+                Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
             });
         }
         if req.detached {

@@ -54,17 +54,7 @@ pub enum Op {
 
 impl Op {
     /// Every operator, in declaration order.
-    pub const ALL: [Op; 9] = [
-        Op::Sum,
-        Op::Prod,
-        Op::Min,
-        Op::Max,
-        Op::BitAnd,
-        Op::BitOr,
-        Op::BitXor,
-        Op::LogicalAnd,
-        Op::LogicalOr,
-    ];
+    pub const ALL: [Op; 9] = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::BitAnd, Op::BitOr, Op::BitXor, Op::LogicalAnd, Op::LogicalOr];
 
     /// The operator's name, as in C MPI (`"MPI_SUM"`, ...).
     pub const fn name(self) -> &'static str {
@@ -159,27 +149,18 @@ pub fn check_op<T: Reducible>(op: Op) -> Result<()> {
 
 #[cold]
 fn invalid_op<T: Reducible>(op: Op) -> Error {
-    Error::InvalidOp {
-        op: op.name(),
-        ty: T::TYPE_NAME,
-    }
+    Error::InvalidOp { op: op.name(), ty: T::TYPE_NAME }
 }
 
 fn combine<T: Reducible>(op: Op, acc: &mut [T], other: &[T], other_left: bool) -> Result<()> {
     check_op::<T>(op)?;
     if acc.len() != other.len() {
-        return Err(Error::InvalidBuffer(format!(
-            "reduction of {} elements with {} elements",
-            acc.len(),
-            other.len()
-        )));
+        return Err(Error::InvalidBuffer(format!("reduction of {} elements with {} elements", acc.len(), other.len())));
     }
     let bytes = std::mem::size_of_val(acc);
     if bytes >= PAR_THRESHOLD_BYTES {
         let chunk = (PAR_CHUNK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
-        acc.par_chunks_mut(chunk)
-            .zip(other.par_chunks(chunk))
-            .for_each(|(a, o)| T::kernel(op, a, o, other_left));
+        acc.par_chunks_mut(chunk).zip(other.par_chunks(chunk)).for_each(|(a, o)| T::kernel(op, a, o, other_left));
     } else {
         T::kernel(op, acc, other, other_left);
     }
@@ -409,16 +390,10 @@ mod tests {
             let chunk = PAR_CHUNK_BYTES / 8;
             let t = std::time::Instant::now();
             for _ in 0..reps {
-                a.par_chunks_mut(chunk)
-                    .zip(b.par_chunks(chunk))
-                    .for_each(|(x, y)| f64::kernel(Op::Sum, x, y, false));
+                a.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).for_each(|(x, y)| f64::kernel(Op::Sum, x, y, false));
             }
             let par = t.elapsed().as_secs_f64() / reps as f64;
-            println!(
-                "{kib:>6} KiB serial {:>9.1} us parallel {:>9.1} us",
-                ser * 1e6,
-                par * 1e6
-            );
+            println!("{kib:>6} KiB serial {:>9.1} us parallel {:>9.1} us", ser * 1e6, par * 1e6);
         }
     }
 }

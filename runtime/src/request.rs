@@ -44,9 +44,7 @@ pub struct Scope<'scope, 'env: 'scope> {
 
 impl std::fmt::Debug for Scope<'_, '_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scope")
-            .field("started", &self.started.borrow().len())
-            .finish()
+        f.debug_struct("Scope").field("started", &self.started.borrow().len()).finish()
     }
 }
 
@@ -57,11 +55,7 @@ pub fn scope<'env, F, R>(f: F) -> R
 where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
 {
-    let s = Scope {
-        started: RefCell::new(Vec::new()),
-        _scope: PhantomData,
-        _env: PhantomData,
-    };
+    let s = Scope { started: RefCell::new(Vec::new()), _scope: PhantomData, _env: PhantomData };
     struct End<'a, 'b, 'c>(&'a Scope<'b, 'c>);
     impl Drop for End<'_, '_, '_> {
         fn drop(&mut self) {
@@ -109,19 +103,9 @@ impl<'scope> Request<'scope> {
                 s.started.borrow_mut().push((eng.clone(), r));
                 None
             }
-            None => Some(Status {
-                source: 0,
-                tag: 0,
-                len: 0,
-                cancelled: false,
-            }),
+            None => Some(Status { source: 0, tag: 0, len: 0, cancelled: false }),
         };
-        Request {
-            eng,
-            rid,
-            done,
-            _p: PhantomData,
-        }
+        Request { eng, rid, done, _p: PhantomData }
     }
 
     /// Waits for completion.
@@ -132,10 +116,7 @@ impl<'scope> Request<'scope> {
         if let Some(st) = self.done {
             return Ok(st);
         }
-        let rid = self
-            .rid
-            .take()
-            .ok_or_else(|| Error::State("request already collected".into()))?;
+        let rid = self.rid.take().ok_or_else(|| Error::State("request already collected".into()))?;
         let mut e = self.eng.borrow_mut();
         finish(&mut e, rid)
     }
@@ -215,9 +196,7 @@ pub fn wait_all(reqs: Vec<Request<'_>>) -> Result<Vec<Status>> {
 /// [`Error::InvalidBuffer`] for an empty list; the completed request's error.
 pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
     if reqs.is_empty() {
-        return Err(Error::InvalidBuffer(
-            "wait_any on an empty list of requests".into(),
-        ));
+        return Err(Error::InvalidBuffer("wait_any on an empty list of requests".into()));
     }
     let mut backoff: Option<Backoff> = None;
     loop {
@@ -241,28 +220,13 @@ impl Comm {
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
-    pub fn isend<'scope, T: Pod>(
-        &self,
-        s: &'scope Scope<'scope, '_>,
-        buf: &'scope [T],
-        dest: Rank,
-        tag: Tag,
-    ) -> Result<Request<'scope>> {
+    pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
         let eng = self.inner.eng.clone();
         let rid = {
             let mut e = eng.borrow_mut();
             // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
             // request before 'scope ends (it is registered in `Request::new`).
-            unsafe {
-                self.start_send_bytes(
-                    &mut e,
-                    self.user_ctx(),
-                    bytemuck::cast_slice(buf),
-                    dest,
-                    tag,
-                    false,
-                )?
-            }
+            unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)? }
         };
         Ok(Request::new(eng, rid, s))
     }
@@ -271,27 +235,12 @@ impl Comm {
     ///
     /// # Errors
     /// As [`Comm::isend`].
-    pub fn issend<'scope, T: Pod>(
-        &self,
-        s: &'scope Scope<'scope, '_>,
-        buf: &'scope [T],
-        dest: Rank,
-        tag: Tag,
-    ) -> Result<Request<'scope>> {
+    pub fn issend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
         let eng = self.inner.eng.clone();
         let rid = {
             let mut e = eng.borrow_mut();
             // SAFETY: as in `isend`.
-            unsafe {
-                self.start_send_bytes(
-                    &mut e,
-                    self.user_ctx(),
-                    bytemuck::cast_slice(buf),
-                    dest,
-                    tag,
-                    true,
-                )?
-            }
+            unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)? }
         };
         Ok(Request::new(eng, rid, s))
     }
@@ -313,15 +262,7 @@ impl Comm {
             let mut e = eng.borrow_mut();
             // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
             // request before 'scope ends.
-            unsafe {
-                self.post_recv_bytes(
-                    &mut e,
-                    self.user_ctx(),
-                    bytemuck::cast_slice_mut(buf),
-                    sr,
-                    t,
-                )?
-            }
+            unsafe { self.post_recv_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice_mut(buf), sr, t)? }
         };
         Ok(Request::new(eng, Some(rid), s))
     }

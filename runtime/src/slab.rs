@@ -23,26 +23,16 @@ const NIL: u32 = u32::MAX;
 
 impl<T> Slab<T> {
     pub(crate) fn new() -> Self {
-        Slab {
-            slots: Vec::new(),
-            free: NIL,
-            len: 0,
-        }
+        Slab { slots: Vec::new(), free: NIL, len: 0 }
     }
 
     /// The key the next `insert` will return.
     pub(crate) fn vacant_key(&self) -> Key {
         if self.free == NIL {
-            Key {
-                idx: self.slots.len() as u32,
-                gen: 0,
-            }
+            Key { idx: self.slots.len() as u32, gen: 0 }
         } else {
             match &self.slots[self.free as usize] {
-                Slot::Empty(gen, _) => Key {
-                    idx: self.free,
-                    gen: *gen,
-                },
+                Slot::Empty(gen, _) => Key { idx: self.free, gen: *gen },
                 Slot::Full(..) => unreachable!("free list points at a full slot"),
             }
         }
@@ -52,10 +42,7 @@ impl<T> Slab<T> {
         self.len += 1;
         if self.free == NIL {
             self.slots.push(Slot::Full(0, v));
-            return Key {
-                idx: self.slots.len() as u32 - 1,
-                gen: 0,
-            };
+            return Key { idx: self.slots.len() as u32 - 1, gen: 0 };
         }
         let idx = self.free;
         let slot = &mut self.slots[idx as usize];

@@ -12,7 +12,5 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
 
 /// CPUs this process may run on.
 pub(crate) fn usable_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }

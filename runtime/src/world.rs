@@ -34,10 +34,7 @@ pub struct World {
 
 impl std::fmt::Debug for World {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("World")
-            .field("rank", &self.comm.rank())
-            .field("size", &self.comm.size())
-            .finish()
+        f.debug_struct("World").field("rank", &self.comm.rank()).field("size", &self.comm.size()).finish()
     }
 }
 
@@ -51,20 +48,8 @@ impl Deref for World {
 fn world_from_engine(eng: Engine, bootstrap: Option<BootstrapClient>) -> World {
     let rank = eng.rank();
     let size = eng.size();
-    let comm = Comm {
-        inner: Rc::new(CommInner {
-            eng: Rc::new(RefCell::new(eng)),
-            id: 0,
-            rank,
-            size,
-            members: None,
-        }),
-    };
-    World {
-        comm,
-        bootstrap: RefCell::new(bootstrap),
-        finalized: false,
-    }
+    let comm = Comm { inner: Rc::new(CommInner { eng: Rc::new(RefCell::new(eng)), id: 0, rank, size, members: None }) };
+    World { comm, bootstrap: RefCell::new(bootstrap), finalized: false }
 }
 
 /// Starts the runtime. Under `tmpirun` the rank, size and fabric come from the launcher's
@@ -75,24 +60,16 @@ fn world_from_engine(eng: Engine, bootstrap: Option<BootstrapClient>) -> World {
 /// one process; transport errors when the job's fabric cannot be set up.
 pub fn init() -> Result<World> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
-        return Err(Error::State(
-            "tmpi::init called more than once in this process".into(),
-        ));
+        return Err(Error::State("tmpi::init called more than once in this process".into()));
     }
     let _ = wtime();
     let cfg = Config::from_env()?;
     let Some((mut bc, env)) = BootstrapClient::from_env()? else {
-        return Ok(world_from_engine(
-            Engine::new(Fabric::Single, 0, 1, cfg)?,
-            None,
-        ));
+        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, None));
     };
     let (rank, size) = (env.rank, env.size);
     if size == 1 {
-        return Ok(world_from_engine(
-            Engine::new(Fabric::Single, 0, 1, cfg)?,
-            Some(bc),
-        ));
+        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, Some(bc)));
     }
     let fabric = if rank == 0 {
         let f = ShmFabric::create(&env.shm_name, 0, size, cfg.shm_ring_size)?;
@@ -106,10 +83,7 @@ pub fn init() -> Result<World> {
         bc.fence()?;
         f
     };
-    Ok(world_from_engine(
-        Engine::new(Fabric::Shm(fabric), rank, size, cfg)?,
-        Some(bc),
-    ))
+    Ok(world_from_engine(Engine::new(Fabric::Shm(fabric), rank, size, cfg)?, Some(bc)))
 }
 
 impl World {
@@ -146,10 +120,7 @@ impl World {
         eprintln!("tmpi: rank {} called abort({code})", self.comm.rank());
         if let Ok(mut b) = self.bootstrap.try_borrow_mut() {
             if let Some(bc) = b.as_mut() {
-                let _ = bc.abort(
-                    code,
-                    &format!("rank {} called abort({code})", self.comm.rank()),
-                );
+                let _ = bc.abort(code, &format!("rank {} called abort({code})", self.comm.rank()));
             }
         }
         std::process::exit(code)
@@ -194,10 +165,7 @@ pub fn run_local<R: Send>(n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
 pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + Sync) -> Vec<R> {
     let mut b = [0u8; 8];
     getrandom::getrandom(&mut b).expect("random segment name");
-    let name = format!(
-        "tmpi-threads-{}",
-        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-    );
+    let name = format!("tmpi-threads-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
     let first = ShmFabric::create(&name, 0, n, cfg.shm_ring_size).expect("create shm segment");
     let mut fabs = vec![first];
     for r in 1..n {
@@ -211,18 +179,10 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
             .map(|(rank, fab)| {
                 let f = &f;
                 let cfg = cfg.clone();
-                s.spawn(move || {
-                    f(world_from_engine(
-                        Engine::new(Fabric::Shm(fab), rank, n, cfg).expect("create engine"),
-                        None,
-                    ))
-                })
+                s.spawn(move || f(world_from_engine(Engine::new(Fabric::Shm(fab), rank, n, cfg).expect("create engine"), None)))
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     })
 }
 
@@ -240,21 +200,11 @@ pub fn run_local_with<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + S
                 let f = &f;
                 let cfg = cfg.clone();
                 s.spawn(move || {
-                    let fabric = if n <= 1 {
-                        Fabric::Single
-                    } else {
-                        Fabric::Local(fab)
-                    };
-                    f(world_from_engine(
-                        Engine::new(fabric, rank, n.max(1), cfg).expect("create engine"),
-                        None,
-                    ))
+                    let fabric = if n <= 1 { Fabric::Single } else { Fabric::Local(fab) };
+                    f(world_from_engine(Engine::new(fabric, rank, n.max(1), cfg).expect("create engine"), None))
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     })
 }

@@ -11,11 +11,7 @@ struct Setup {
 }
 
 fn run<R: Send>(setup: Setup, n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
-    let mut cfg = Config {
-        poll_spin: Some(50),
-        tm_thresh: 64,
-        ..Config::default()
-    };
+    let mut cfg = Config { poll_spin: Some(50), tm_thresh: 64, ..Config::default() };
     if let Some(t) = setup.tm_tags {
         cfg.tm_max_tags = t;
     }
@@ -39,6 +35,7 @@ macro_rules! every_setup {
 }
 
 every_setup!(
+    rendezvous_paths,
     offload_is_used_for_source_specific_receives,
     pingpong_sizes,
     wildcard_order_and_errors,
@@ -83,23 +80,10 @@ fn wildcard_order_and_errors(shm: Setup) {
                 next[st.source()] += 1;
             }
             w.barrier().unwrap();
-            assert!(matches!(
-                w.send(&[1u8], 9, 0),
-                Err(Error::InvalidRank { rank: 9, .. })
-            ));
-            assert!(matches!(
-                w.send(&[1u8], 1, TAG_UB + 1),
-                Err(Error::InvalidTag { .. })
-            ));
+            assert!(matches!(w.send(&[1u8], 9, 0), Err(Error::InvalidRank { rank: 9, .. })));
+            assert!(matches!(w.send(&[1u8], 1, TAG_UB + 1), Err(Error::InvalidTag { .. })));
             let mut small = [0u8; 2];
-            assert!(matches!(
-                w.recv(&mut small, 1, 99),
-                Err(Error::Truncated {
-                    len: 10,
-                    capacity: 2,
-                    ..
-                })
-            ));
+            assert!(matches!(w.recv(&mut small, 1, 99), Err(Error::Truncated { len: 10, capacity: 2, .. })));
             let mut b = [0u8; 10];
             w.recv(&mut b, 1, 100).unwrap();
             assert_eq!(b, [5; 10]);
@@ -135,9 +119,7 @@ fn ssend_probe_recv_vec_sendrecv(shm: Setup) {
         }
         let n = w.size();
         let mut got = [0usize];
-        let st = w
-            .sendrecv(&[r], (r + 1) % n, 1, &mut got, (r + n - 1) % n, 1)
-            .unwrap();
+        let st = w.sendrecv(&[r], (r + 1) % n, 1, &mut got, (r + n - 1) % n, 1).unwrap();
         assert_eq!(got[0], (r + n - 1) % n);
         assert_eq!(st.source(), got[0]);
     });
@@ -268,16 +250,86 @@ fn offload_is_used_for_source_specific_receives(setup: Setup) {
         }
         w.stats_line()
     });
-    let hw: u64 = lines[1]
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("hw_matched="))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let hw: u64 = lines[1].split_whitespace().find_map(|kv| kv.strip_prefix("hw_matched=")).unwrap().parse().unwrap();
     match setup.tm_tags {
         Some(0) => assert_eq!(hw, 0, "{}", lines[1]),
         // ANY_SOURCE receives are never offloaded: at most the 8 source-specific ones.
         Some(t) => assert_eq!(hw, u64::from(t.min(8)), "{}", lines[1]),
         None => assert_eq!(hw, 8, "{}", lines[1]),
+    }
+}
+
+fn stat(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{key} missing in {line}"))
+}
+
+/// Rendezvous (64 KiB and up by default): expected (pre-posted, offloaded when allowed),
+/// unexpected, truncated, through a too-small tagged buffer (RNDV_INCOMPLETE), synchronous,
+/// and sent repeatedly from one buffer (registration cache hits).
+fn rendezvous_paths(setup: Setup) {
+    let lines = run(setup, 2, |w| {
+        let peer = 1 - w.rank();
+        let big: Vec<u8> = (0..(1usize << 20) + 3).map(|i| (i % 251) as u8).collect();
+        if w.rank() == 0 {
+            w.barrier().unwrap(); // receiver has pre-posted
+            w.send(&big, peer, 1).unwrap();
+            // Unexpected at the receiver, which posts only after the barrier; a blocking
+            // rendezvous send would wait for that receive, so this one is non-blocking.
+            tmpi::scope(|s| {
+                let r = w.isend(s, &big, peer, 2).unwrap();
+                w.barrier().unwrap();
+                r.wait().unwrap();
+            });
+            w.send(&big[..200_000], peer, 3).unwrap(); // truncated into 100 000 bytes
+            w.send(&big[..300_000], peer, 4).unwrap(); // into a 4 KiB pre-posted buffer
+            w.ssend(&big[..70_000], peer, 5).unwrap();
+            for _ in 0..5 {
+                w.send(&big, peer, 6).unwrap();
+            }
+        } else {
+            let mut a = vec![0u8; big.len()];
+            let mut small = vec![0u8; 4096];
+            tmpi::scope(|s| {
+                let r1 = w.irecv(s, &mut a, peer, 1).unwrap();
+                let r4 = w.irecv(s, &mut small, peer, 4).unwrap();
+                w.barrier().unwrap();
+                assert_eq!(r1.wait().unwrap().len(), big.len());
+                w.barrier().unwrap();
+                let mut b = vec![0u8; big.len()];
+                assert_eq!(w.recv(&mut b, peer, 2).unwrap().len(), big.len());
+                assert_eq!(b, big);
+                let mut c = vec![0u8; 100_000];
+                match w.recv(&mut c, peer, 3) {
+                    Err(Error::Truncated { len: 200_000, capacity: 100_000, .. }) => {}
+                    other => panic!("expected truncation, got {other:?}"),
+                }
+                assert_eq!(&c[..], &big[..100_000]);
+                match r4.wait() {
+                    Err(Error::Truncated { len: 300_000, capacity: 4096, .. }) => {}
+                    other => panic!("expected truncation, got {other:?}"),
+                }
+                let (v, st) = w.recv_vec::<u8>(peer, 5).unwrap();
+                assert_eq!((v.len(), st.tag()), (70_000, 5));
+                assert_eq!(&v[..], &big[..70_000]);
+                for _ in 0..5 {
+                    let st = w.recv(&mut b, peer, 6).unwrap();
+                    assert_eq!(st.len(), big.len());
+                }
+            });
+            assert_eq!(a, big);
+            assert_eq!(&small[..], &big[..4096]);
+        }
+        w.stats_line()
+    });
+    assert!(stat(&lines[0], "rndv") >= 9, "{}", lines[0]);
+    // mr_cache_hits is checked through tmpirun (one cache per process): engines sharing a
+    // process share pages, which a userfaultfd monitor can watch for only one of them.
+    assert!(stat(&lines[0], "mr_cache_hits") + stat(&lines[0], "mr_cache_misses") >= 5, "{}", lines[0]);
+    if setup.tm_tags != Some(0) {
+        assert!(stat(&lines[1], "hw_matched") >= 1, "{}", lines[1]);
+        assert!(stat(&lines[1], "rndv_incomplete") >= 1, "{}", lines[1]);
     }
 }

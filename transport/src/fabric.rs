@@ -10,6 +10,10 @@ pub const PKT_FIRST: u8 = 1;
 pub const PKT_LAST: u8 = 2;
 /// A message in one packet.
 pub const PKT_WHOLE: u8 = PKT_FIRST | PKT_LAST;
+/// An RDMA read request, response or refusal: served by the endpoint itself, never seen by
+/// the receiver's TM-SRQ (as an RDMA read bypasses the SRQ of a real NIC). Independent of the
+/// message packet sequence: it may appear between the packets of a message.
+pub const PKT_RMA: u8 = 4;
 
 /// One packet as delivered by a fabric's poll.
 #[derive(Debug, Clone, Copy)]

@@ -84,10 +84,8 @@ impl Tmh {
     /// the reserved bytes are not zero.
     #[inline]
     pub fn decode(buf: &[u8]) -> Result<Self> {
-        let b: &[u8; TMH_LEN] = buf
-            .get(..TMH_LEN)
-            .and_then(|s| s.try_into().ok())
-            .ok_or(Error::Malformed { what: "message shorter than a TMH" })?;
+        let b: &[u8; TMH_LEN] =
+            buf.get(..TMH_LEN).and_then(|s| s.try_into().ok()).ok_or(Error::Malformed { what: "message shorter than a TMH" })?;
         let op = TmOp::from_u8(b[0])?;
         if b[1..4] != [0, 0, 0] {
             return Err(Error::Malformed { what: "TMH reserved bytes are not zero" });
@@ -133,10 +131,8 @@ impl Rvh {
     /// [`Error::Malformed`] if `buf` is shorter than [`RVH_LEN`].
     #[inline]
     pub fn decode(buf: &[u8]) -> Result<Self> {
-        let b: &[u8; RVH_LEN] = buf
-            .get(..RVH_LEN)
-            .and_then(|s| s.try_into().ok())
-            .ok_or(Error::Malformed { what: "message shorter than an RVH" })?;
+        let b: &[u8; RVH_LEN] =
+            buf.get(..RVH_LEN).and_then(|s| s.try_into().ok()).ok_or(Error::Malformed { what: "message shorter than an RVH" })?;
         Ok(Rvh {
             va: u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
             rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
@@ -187,10 +183,7 @@ mod tests {
     #[test]
     fn tmh_layout_is_big_endian() {
         let h = Tmh { op: TmOp::Eager, app_ctx: 0x0102_0304, tag: 0x1122_3344_5566_7788 };
-        assert_eq!(
-            h.to_bytes(),
-            [3, 0, 0, 0, 1, 2, 3, 4, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]
-        );
+        assert_eq!(h.to_bytes(), [3, 0, 0, 0, 1, 2, 3, 4, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
     }
 
     #[test]

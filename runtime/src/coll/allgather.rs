@@ -1,8 +1,6 @@
 //! Allgather: recursive doubling, Bruck, ring.
 
-use super::{
-    mul_len, sendrecv_exact, split_pair, tags, CollP2p, ALLGATHER_BRUCK_BYTES, ALLGATHER_LONG_BYTES,
-};
+use super::{mul_len, sendrecv_exact, split_pair, tags, CollP2p, ALLGATHER_BRUCK_BYTES, ALLGATHER_LONG_BYTES};
 use crate::error::{Error, Result};
 
 /// Collects `send` of every rank, in rank order, into `recv` on every rank
@@ -47,26 +45,16 @@ pub fn allgather<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Re
 /// Recursive doubling in place (power-of-two `p`; block `rank` of `buf` already holds this
 /// rank's data): in step `m` exchange the `m` blocks of my aligned group with partner
 /// `rank ^ m`'s group.
-pub(crate) fn allgather_recursive_doubling<C: CollP2p + ?Sized>(
-    c: &C,
-    buf: &mut [u8],
-    blk: usize,
-) -> Result<()> {
+pub(crate) fn allgather_recursive_doubling<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], blk: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     if !size.is_power_of_two() {
-        return Err(super::internal(format!(
-            "recursive doubling needs 2^k ranks, not {size}"
-        )));
+        return Err(super::internal(format!("recursive doubling needs 2^k ranks, not {size}")));
     }
     let mut m = 1;
     while m < size {
         let partner = rank ^ m;
         let (mine, theirs) = (rank & !(m - 1), partner & !(m - 1));
-        let (s, r) = split_pair(
-            buf,
-            mine * blk..(mine + m) * blk,
-            theirs * blk..(theirs + m) * blk,
-        )?;
+        let (s, r) = split_pair(buf, mine * blk..(mine + m) * blk, theirs * blk..(theirs + m) * blk)?;
         sendrecv_exact(c, s, partner, r, partner, tags::ALLGATHER)?;
         m <<= 1;
     }
@@ -76,11 +64,7 @@ pub(crate) fn allgather_recursive_doubling<C: CollP2p + ?Sized>(
 /// Bruck's allgather for any `p`: a scratch buffer starts with my block; in step `d = 1, 2, 4,
 /// ...` send its first `min(d, p - d)` blocks to `rank - d` and append as many from
 /// `rank + d`. Scratch block `j` then holds rank `(rank + j) % p`'s data; rotate into `recv`.
-pub(crate) fn allgather_bruck<C: CollP2p + ?Sized>(
-    c: &C,
-    send: &[u8],
-    recv: &mut [u8],
-) -> Result<()> {
+pub(crate) fn allgather_bruck<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     let blk = send.len();
     let mut tmp = vec![0u8; size * blk];

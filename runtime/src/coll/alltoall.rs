@@ -32,19 +32,8 @@ pub fn alltoall<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Res
     recv[block(rank)].copy_from_slice(&send[block(rank)]);
     let pof2 = size.is_power_of_two();
     for i in 1..size {
-        let (to, from) = if pof2 {
-            (rank ^ i, rank ^ i)
-        } else {
-            ((rank + i) % size, (rank + size - i) % size)
-        };
-        sendrecv_exact(
-            c,
-            &send[block(to)],
-            to,
-            &mut recv[block(from)],
-            from,
-            tags::ALLTOALL,
-        )?;
+        let (to, from) = if pof2 { (rank ^ i, rank ^ i) } else { ((rank + i) % size, (rank + size - i) % size) };
+        sendrecv_exact(c, &send[block(to)], to, &mut recv[block(from)], from, tags::ALLTOALL)?;
     }
     Ok(())
 }

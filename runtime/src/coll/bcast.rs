@@ -1,9 +1,6 @@
 //! Broadcast: binomial tree, or binomial scatter + ring allgather for long messages.
 
-use super::{
-    abs, check_root, recv_exact, rel, sendrecv_exact, split_pair, tags, CollP2p, BCAST_LONG_BYTES,
-    BCAST_MIN_PROCS_LONG,
-};
+use super::{abs, check_root, recv_exact, rel, sendrecv_exact, split_pair, tags, CollP2p, BCAST_LONG_BYTES, BCAST_MIN_PROCS_LONG};
 use crate::error::Result;
 
 /// Copies `buf` of `root` into `buf` of every rank. Every rank passes the same length.
@@ -31,11 +28,7 @@ pub fn bcast<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: usize) -> Result<
 
 /// Binomial-tree broadcast (relative rank `vr` receives from `vr - lowbit(vr)`, then sends to
 /// `vr + 2^j` for every `2^j < lowbit(vr)`, largest first).
-pub(crate) fn bcast_binomial<C: CollP2p + ?Sized>(
-    c: &C,
-    buf: &mut [u8],
-    root: usize,
-) -> Result<()> {
+pub(crate) fn bcast_binomial<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     let vr = rel(rank, root, size);
     let mut mask = 1;
@@ -68,11 +61,7 @@ fn piece(first: usize, count: usize, chunk: usize, n: usize) -> std::ops::Range<
 /// The message is cut into `p` pieces of `ceil(n / p)` bytes (the last ones may be short or
 /// empty); relative rank `vr` owns piece `vr`. The scatter sends each subtree its pieces; the
 /// ring then circulates every piece once around all ranks.
-pub(crate) fn bcast_scatter_ring<C: CollP2p + ?Sized>(
-    c: &C,
-    buf: &mut [u8],
-    root: usize,
-) -> Result<()> {
+pub(crate) fn bcast_scatter_ring<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     let n = buf.len();
     let chunk = n.div_ceil(size);
@@ -84,12 +73,7 @@ pub(crate) fn bcast_scatter_ring<C: CollP2p + ?Sized>(
         if vr & mask != 0 {
             let r = piece(vr, mask.min(size - vr), chunk, n);
             if !r.is_empty() {
-                recv_exact(
-                    c,
-                    &mut buf[r],
-                    abs(vr - mask, root, size),
-                    tags::BCAST_SCATTER,
-                )?;
+                recv_exact(c, &mut buf[r], abs(vr - mask, root, size), tags::BCAST_SCATTER)?;
             }
             break;
         }

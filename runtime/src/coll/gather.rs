@@ -23,18 +23,11 @@ fn subtree(vr: usize, size: usize) -> usize {
 /// # Errors
 /// Before any communication: [`Error::InvalidRoot`], [`Error::InvalidBuffer`] (root without a
 /// buffer, or the wrong length). Then transport errors and mismatched lengths between ranks.
-pub fn gather<C: CollP2p + ?Sized>(
-    c: &C,
-    send: &[u8],
-    recv: Option<&mut [u8]>,
-    root: usize,
-) -> Result<()> {
+pub fn gather<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     check_root(root, size)?;
     let recv = if rank == root {
-        let r = recv.ok_or_else(|| {
-            Error::InvalidBuffer("gather: the root must pass a receive buffer".into())
-        })?;
+        let r = recv.ok_or_else(|| Error::InvalidBuffer("gather: the root must pass a receive buffer".into()))?;
         let want = mul_len(size, send.len(), "gather")?;
         if r.len() != want {
             return Err(Error::InvalidBuffer(format!(
@@ -65,12 +58,7 @@ pub fn gather<C: CollP2p + ?Sized>(
 
 /// Linear gather: every rank sends to the root, which receives block `r` from rank `r` in
 /// rank order, directly into `recv`.
-pub(crate) fn gather_linear<C: CollP2p + ?Sized>(
-    c: &C,
-    send: &[u8],
-    recv: Option<&mut [u8]>,
-    root: usize,
-) -> Result<()> {
+pub(crate) fn gather_linear<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     let blk = send.len();
     match recv {
@@ -91,12 +79,7 @@ pub(crate) fn gather_linear<C: CollP2p + ?Sized>(
 /// Binomial gather: relative rank `vr` collects the blocks of its subtree, in relative order,
 /// into one buffer (children `vr + 2^j` deliver theirs at offset `2^j` blocks) and sends it to
 /// its parent; the root rotates relative order back into rank order.
-pub(crate) fn gather_binomial<C: CollP2p + ?Sized>(
-    c: &C,
-    send: &[u8],
-    recv: Option<&mut [u8]>,
-    root: usize,
-) -> Result<()> {
+pub(crate) fn gather_binomial<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     let blk = send.len();
     let vr = rel(rank, root, size);
@@ -149,18 +132,11 @@ pub(crate) fn gather_binomial<C: CollP2p + ?Sized>(
 /// # Errors
 /// Before any communication: [`Error::InvalidRoot`], [`Error::InvalidBuffer`] (root without a
 /// buffer, or the wrong length). Then transport errors and mismatched lengths between ranks.
-pub fn scatter<C: CollP2p + ?Sized>(
-    c: &C,
-    send: Option<&[u8]>,
-    recv: &mut [u8],
-    root: usize,
-) -> Result<()> {
+pub fn scatter<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     check_root(root, size)?;
     let send = if rank == root {
-        let s = send.ok_or_else(|| {
-            Error::InvalidBuffer("scatter: the root must pass a send buffer".into())
-        })?;
+        let s = send.ok_or_else(|| Error::InvalidBuffer("scatter: the root must pass a send buffer".into()))?;
         let want = mul_len(size, recv.len(), "scatter")?;
         if s.len() != want {
             return Err(Error::InvalidBuffer(format!(
@@ -190,12 +166,7 @@ pub fn scatter<C: CollP2p + ?Sized>(
 }
 
 /// Linear scatter: the root sends block `r` to rank `r` in rank order.
-pub(crate) fn scatter_linear<C: CollP2p + ?Sized>(
-    c: &C,
-    send: Option<&[u8]>,
-    recv: &mut [u8],
-    root: usize,
-) -> Result<()> {
+pub(crate) fn scatter_linear<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     let blk = recv.len();
     match send {
@@ -216,12 +187,7 @@ pub(crate) fn scatter_linear<C: CollP2p + ?Sized>(
 /// Binomial scatter: relative rank `vr` receives its subtree's blocks (relative order) from its
 /// parent, passes each child `vr + 2^j` its subtree's part (largest first) and keeps block 0.
 /// The root first rotates rank order into relative order (unless it is rank 0).
-pub(crate) fn scatter_binomial<C: CollP2p + ?Sized>(
-    c: &C,
-    send: Option<&[u8]>,
-    recv: &mut [u8],
-    root: usize,
-) -> Result<()> {
+pub(crate) fn scatter_binomial<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     let blk = recv.len();
     let vr = rel(rank, root, size);
@@ -246,20 +212,12 @@ pub(crate) fn scatter_binomial<C: CollP2p + ?Sized>(
         }
     };
     // Children vr + mask for mask < lowbit(vr) (every mask < size at the root), largest first.
-    let mut mask = if vr == 0 {
-        super::pof2_floor(size - 1).max(1)
-    } else {
-        lowbit >> 1
-    };
+    let mut mask = if vr == 0 { super::pof2_floor(size - 1).max(1) } else { lowbit >> 1 };
     while mask > 0 {
         let child = vr + mask;
         if child < size {
             let cnt = subtree(child, size);
-            c.send(
-                &buf[mask * blk..(mask + cnt) * blk],
-                abs(child, root, size),
-                tags::SCATTER,
-            )?;
+            c.send(&buf[mask * blk..(mask + cnt) * blk], abs(child, root, size), tags::SCATTER)?;
         }
         mask >>= 1;
     }

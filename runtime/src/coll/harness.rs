@@ -50,10 +50,7 @@ impl ThreadP2p {
         if r < self.size {
             Ok(())
         } else {
-            Err(Error::InvalidRank {
-                rank: r,
-                size: self.size,
-            })
+            Err(Error::InvalidRank { rank: r, size: self.size })
         }
     }
 
@@ -68,52 +65,35 @@ impl ThreadP2p {
             }
         };
         *self.sent.borrow_mut() += 1;
-        self.to[dest]
-            .send(Msg {
-                tag,
-                data: buf.to_vec(),
-                ack,
-            })
-            .map_err(|_| Error::PeerGone { rank: dest })?;
+        self.to[dest].send(Msg { tag, data: buf.to_vec(), ack }).map_err(|_| Error::PeerGone { rank: dest })?;
         Ok(done)
     }
 
     fn complete(&self, done: Option<Receiver<()>>, dest: usize) -> Result<()> {
         match done.map(|d| d.recv_timeout(TIMEOUT)) {
             None | Some(Ok(())) => Ok(()),
-            Some(Err(RecvTimeoutError::Timeout)) => Err(Error::State(format!(
-                "rank {}: send to {dest} not matched within {TIMEOUT:?} (deadlock?)",
-                self.rank
-            ))),
+            Some(Err(RecvTimeoutError::Timeout)) => {
+                Err(Error::State(format!("rank {}: send to {dest} not matched within {TIMEOUT:?} (deadlock?)", self.rank)))
+            }
             Some(Err(RecvTimeoutError::Disconnected)) => Err(Error::PeerGone { rank: dest }),
         }
     }
 
     fn take(&self, src: usize, tag: u32) -> Result<Msg> {
-        if let Some(m) = self
-            .parked
-            .borrow_mut()
-            .get_mut(&(src, tag))
-            .and_then(VecDeque::pop_front)
-        {
+        if let Some(m) = self.parked.borrow_mut().get_mut(&(src, tag)).and_then(VecDeque::pop_front) {
             return Ok(m);
         }
         loop {
             let m = self.from[src].recv_timeout(TIMEOUT).map_err(|e| match e {
-                RecvTimeoutError::Timeout => Error::State(format!(
-                    "rank {}: nothing from {src} tag {tag} within {TIMEOUT:?} (deadlock?)",
-                    self.rank
-                )),
+                RecvTimeoutError::Timeout => {
+                    Error::State(format!("rank {}: nothing from {src} tag {tag} within {TIMEOUT:?} (deadlock?)", self.rank))
+                }
                 RecvTimeoutError::Disconnected => Error::PeerGone { rank: src },
             })?;
             if m.tag == tag {
                 return Ok(m);
             }
-            self.parked
-                .borrow_mut()
-                .entry((src, m.tag))
-                .or_default()
-                .push_back(m);
+            self.parked.borrow_mut().entry((src, m.tag)).or_default().push_back(m);
         }
     }
 }
@@ -137,25 +117,12 @@ impl CollP2p for ThreadP2p {
             let _ = ack.send(());
         }
         if m.data.len() > buf.len() {
-            return Err(Error::Truncated {
-                source_rank: src,
-                tag,
-                len: m.data.len(),
-                capacity: buf.len(),
-            });
+            return Err(Error::Truncated { source_rank: src, tag, len: m.data.len(), capacity: buf.len() });
         }
         buf[..m.data.len()].copy_from_slice(&m.data);
         Ok(m.data.len())
     }
-    fn sendrecv(
-        &self,
-        sbuf: &[u8],
-        dest: usize,
-        stag: u32,
-        rbuf: &mut [u8],
-        src: usize,
-        rtag: u32,
-    ) -> Result<usize> {
+    fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize> {
         self.check(src)?;
         let done = self.post(sbuf, dest, stag)?;
         let n = self.recv(rbuf, src, rtag)?;
@@ -168,8 +135,7 @@ impl CollP2p for ThreadP2p {
 pub(super) fn run<R: Send>(n: usize, mode: Mode, f: impl Fn(&ThreadP2p) -> R + Sync) -> Vec<R> {
     // txs[src][dst] / rxs[dst][src]
     let mut txs: Vec<Vec<Sender<Msg>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
-    let mut rxs: Vec<Vec<Option<Receiver<Msg>>>> =
-        (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+    let mut rxs: Vec<Vec<Option<Receiver<Msg>>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
     for (src, row) in txs.iter_mut().enumerate() {
         for rx_row in rxs.iter_mut() {
             let (tx, rx) = channel();
@@ -202,8 +168,6 @@ pub(super) fn run<R: Send>(n: usize, mode: Mode, f: impl Fn(&ThreadP2p) -> R + S
                     .expect("spawn test rank thread")
             })
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("test rank thread panicked"))
-            .collect()
+        hs.into_iter().map(|h| h.join().expect("test rank thread panicked")).collect()
     })
 }

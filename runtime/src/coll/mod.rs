@@ -103,15 +103,7 @@ pub trait CollP2p {
     ///
     /// # Errors
     /// As [`CollP2p::send`] and [`CollP2p::recv`].
-    fn sendrecv(
-        &self,
-        sbuf: &[u8],
-        dest: usize,
-        stag: u32,
-        rbuf: &mut [u8],
-        src: usize,
-        rtag: u32,
-    ) -> Result<usize>;
+    fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize>;
 }
 
 /// The tags of the collective context, one (or a few, by phase) per algorithm.
@@ -184,8 +176,7 @@ fn check_root(root: usize, size: usize) -> Result<()> {
 
 /// `a * b`, or [`Error::InvalidBuffer`] on overflow.
 fn mul_len(a: usize, b: usize, what: &str) -> Result<usize> {
-    a.checked_mul(b)
-        .ok_or_else(|| Error::InvalidBuffer(format!("{what}: {a} * {b} overflows")))
+    a.checked_mul(b).ok_or_else(|| Error::InvalidBuffer(format!("{what}: {a} * {b} overflows")))
 }
 
 /// Receives exactly `buf.len()` bytes; a shorter message is [`Error::InvalidBuffer`].
@@ -195,14 +186,7 @@ fn recv_exact<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], src: usize, tag: u32) 
 }
 
 /// [`CollP2p::sendrecv`] that requires exactly `rbuf.len()` bytes back.
-fn sendrecv_exact<C: CollP2p + ?Sized>(
-    c: &C,
-    sbuf: &[u8],
-    dest: usize,
-    rbuf: &mut [u8],
-    src: usize,
-    tag: u32,
-) -> Result<()> {
+fn sendrecv_exact<C: CollP2p + ?Sized>(c: &C, sbuf: &[u8], dest: usize, rbuf: &mut [u8], src: usize, tag: u32) -> Result<()> {
     let n = c.sendrecv(sbuf, dest, tag, rbuf, src, tag)?;
     check_len(n, rbuf.len(), src)
 }
@@ -225,11 +209,7 @@ fn short_message(got: usize, want: usize, src: usize) -> Error {
 
 /// Splits `buf` into a shared part `send` and a mutable part `recv` (disjoint ranges), for an
 /// exchange that sends one block of a buffer and receives another block of the same buffer.
-fn split_pair<T>(
-    buf: &mut [T],
-    send: Range<usize>,
-    recv: Range<usize>,
-) -> Result<(&[T], &mut [T])> {
+fn split_pair<T>(buf: &mut [T], send: Range<usize>, recv: Range<usize>) -> Result<(&[T], &mut [T])> {
     if send.end <= recv.start && recv.end <= buf.len() {
         let (lo, hi) = buf.split_at_mut(recv.start);
         Ok((&lo[send], &mut hi[..recv.end - recv.start]))
@@ -241,9 +221,7 @@ fn split_pair<T>(
     } else if recv.is_empty() && send.end <= buf.len() {
         Ok((&buf[send], &mut []))
     } else {
-        Err(internal(format!(
-            "overlapping exchange ranges {send:?} and {recv:?}"
-        )))
+        Err(internal(format!("overlapping exchange ranges {send:?} and {recv:?}")))
     }
 }
 

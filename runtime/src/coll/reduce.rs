@@ -8,8 +8,8 @@
 //! the result back to their even partners.
 
 use super::{
-    abs, check_root, pof2_floor, recv_exact, rel, sendrecv_exact, split_pair, tags, CollP2p,
-    ALLREDUCE_LONG_BYTES, ALLREDUCE_RING_BYTES, REDUCE_LONG_BYTES,
+    abs, check_root, pof2_floor, recv_exact, rel, sendrecv_exact, split_pair, tags, CollP2p, ALLREDUCE_LONG_BYTES, ALLREDUCE_RING_BYTES,
+    REDUCE_LONG_BYTES,
 };
 use crate::error::{Error, Result};
 use crate::op::{check_op, Op, Reducible};
@@ -36,26 +36,14 @@ fn bytes_mut<T: Reducible>(s: &mut [T]) -> &mut [u8] {
 /// Before any communication: [`Error::InvalidRoot`], [`Error::InvalidOp`],
 /// [`Error::InvalidBuffer`] (root without `recv`, or lengths differ). Then transport errors and
 /// mismatched lengths between ranks.
-pub fn reduce<T: Reducible, C: CollP2p + ?Sized>(
-    c: &C,
-    send: &[T],
-    recv: Option<&mut [T]>,
-    op: Op,
-    root: usize,
-) -> Result<()> {
+pub fn reduce<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: Option<&mut [T]>, op: Op, root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     check_root(root, size)?;
     check_op::<T>(op)?;
     let recv = if rank == root {
-        let r = recv.ok_or_else(|| {
-            Error::InvalidBuffer("reduce: the root must pass a receive buffer".into())
-        })?;
+        let r = recv.ok_or_else(|| Error::InvalidBuffer("reduce: the root must pass a receive buffer".into()))?;
         if r.len() != send.len() {
-            return Err(Error::InvalidBuffer(format!(
-                "reduce: receive buffer has {} elements, send buffer {}",
-                r.len(),
-                send.len()
-            )));
+            return Err(Error::InvalidBuffer(format!("reduce: receive buffer has {} elements, send buffer {}", r.len(), send.len())));
         }
         Some(r)
     } else {
@@ -89,11 +77,7 @@ pub(crate) fn reduce_binomial<T: Reducible, C: CollP2p + ?Sized>(
     let has_child = vr % 2 == 0 && vr + 1 < size;
     if !has_child && vr != 0 {
         // A leaf sends its own vector: no copy.
-        return c.send(
-            bytes(send),
-            abs(vr - (vr & vr.wrapping_neg()), root, size),
-            tags::REDUCE,
-        );
+        return c.send(bytes(send), abs(vr - (vr & vr.wrapping_neg()), root, size), tags::REDUCE);
     }
     let mut own;
     let acc: &mut [T] = match recv {
@@ -123,9 +107,7 @@ pub(crate) fn reduce_binomial<T: Reducible, C: CollP2p + ?Sized>(
     if vr == 0 {
         Ok(())
     } else {
-        Err(super::internal(format!(
-            "reduce: relative rank {vr} found no parent"
-        )))
+        Err(super::internal(format!("reduce: relative rank {vr} found no parent")))
     }
 }
 
@@ -151,13 +133,7 @@ fn block_elems(lo: usize, hi: usize, n: usize, blocks: usize) -> std::ops::Range
 
 /// The non-power-of-two fold: returns this rank's new rank, or `None` if it sat out (its
 /// vector went to `rank + 1`). `tmp.len() == acc.len()`.
-fn fold<T: Reducible, C: CollP2p + ?Sized>(
-    c: &C,
-    acc: &mut [T],
-    tmp: &mut [T],
-    op: Op,
-    rem: usize,
-) -> Result<Option<usize>> {
+fn fold<T: Reducible, C: CollP2p + ?Sized>(c: &C, acc: &mut [T], tmp: &mut [T], op: Op, rem: usize) -> Result<Option<usize>> {
     let rank = c.rank();
     if rank >= 2 * rem {
         return Ok(Some(rank - rem));
@@ -206,21 +182,10 @@ fn reduce_scatter_halving<T: Reducible, C: CollP2p + ?Sized>(
         let partner = real_rank(nr ^ m, rem);
         let mid = lo + m;
         let low_side = nr & m == 0;
-        let (keep, give) = if low_side {
-            ((lo, mid), (mid, hi))
-        } else {
-            ((mid, hi), (lo, mid))
-        };
+        let (keep, give) = if low_side { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
         let kr = block_elems(keep.0, keep.1, n, pof2);
         let gr = block_elems(give.0, give.1, n, pof2);
-        sendrecv_exact(
-            c,
-            bytes(&acc[gr]),
-            partner,
-            bytes_mut(&mut tmp[kr.clone()]),
-            partner,
-            tags::REDUCE_SCATTER,
-        )?;
+        sendrecv_exact(c, bytes(&acc[gr]), partner, bytes_mut(&mut tmp[kr.clone()]), partner, tags::REDUCE_SCATTER)?;
         if low_side {
             T::reduce_into(op, &mut acc[kr.clone()], &tmp[kr])?;
         } else {
@@ -286,19 +251,10 @@ pub(crate) fn reduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
 /// # Errors
 /// Before any communication: [`Error::InvalidOp`], [`Error::InvalidBuffer`] when
 /// `recv.len() != send.len()`. Then transport errors and mismatched lengths between ranks.
-pub fn allreduce<T: Reducible, C: CollP2p + ?Sized>(
-    c: &C,
-    send: &[T],
-    recv: &mut [T],
-    op: Op,
-) -> Result<()> {
+pub fn allreduce<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
     check_op::<T>(op)?;
     if recv.len() != send.len() {
-        return Err(Error::InvalidBuffer(format!(
-            "allreduce: receive buffer has {} elements, send buffer {}",
-            recv.len(),
-            send.len()
-        )));
+        return Err(Error::InvalidBuffer(format!("allreduce: receive buffer has {} elements, send buffer {}", recv.len(), send.len())));
     }
     recv.copy_from_slice(send);
     let size = c.size();
@@ -320,11 +276,7 @@ pub fn allreduce<T: Reducible, C: CollP2p + ?Sized>(
 /// Step `m = 1, 2, ...`: new ranks `nr` and `nr ^ m` hold the reductions of the aligned groups
 /// of `m` new ranks they belong to; both compute `lower group op upper group` on the same
 /// operands, so they end with the same bits.
-pub(crate) fn allreduce_recursive_doubling<T: Reducible, C: CollP2p + ?Sized>(
-    c: &C,
-    acc: &mut [T],
-    op: Op,
-) -> Result<()> {
+pub(crate) fn allreduce_recursive_doubling<T: Reducible, C: CollP2p + ?Sized>(c: &C, acc: &mut [T], op: Op) -> Result<()> {
     let size = c.size();
     let pof2 = pof2_floor(size);
     let rem = size - pof2;
@@ -333,14 +285,7 @@ pub(crate) fn allreduce_recursive_doubling<T: Reducible, C: CollP2p + ?Sized>(
         let mut m = 1;
         while m < pof2 {
             let partner = real_rank(nr ^ m, rem);
-            sendrecv_exact(
-                c,
-                bytes(acc),
-                partner,
-                bytes_mut(&mut tmp),
-                partner,
-                tags::ALLREDUCE,
-            )?;
+            sendrecv_exact(c, bytes(acc), partner, bytes_mut(&mut tmp), partner, tags::ALLREDUCE)?;
             if nr & m == 0 {
                 T::reduce_into(op, acc, &tmp)?;
             } else {
@@ -355,11 +300,7 @@ pub(crate) fn allreduce_recursive_doubling<T: Reducible, C: CollP2p + ?Sized>(
 /// Rabenseifner allreduce in place on `acc`: fold, reduce-scatter by recursive halving (new
 /// rank `nr` ends with block `nr`), allgather by recursive doubling (after step `m` a rank holds
 /// the `2m` blocks of its aligned group), unfold.
-pub(crate) fn allreduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
-    c: &C,
-    acc: &mut [T],
-    op: Op,
-) -> Result<()> {
+pub(crate) fn allreduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(c: &C, acc: &mut [T], op: Op) -> Result<()> {
     let size = c.size();
     let n = acc.len();
     let pof2 = pof2_floor(size);
@@ -374,14 +315,7 @@ pub(crate) fn allreduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
             let s = block_elems(mine, mine + m, n, pof2);
             let r = block_elems(theirs, theirs + m, n, pof2);
             let (sb, rb) = split_pair(acc, s, r)?;
-            sendrecv_exact(
-                c,
-                bytes(sb),
-                real_rank(pnr, rem),
-                bytes_mut(rb),
-                real_rank(pnr, rem),
-                tags::ALLREDUCE_ALLGATHER,
-            )?;
+            sendrecv_exact(c, bytes(sb), real_rank(pnr, rem), bytes_mut(rb), real_rank(pnr, rem), tags::ALLREDUCE_ALLGATHER)?;
             m <<= 1;
         }
     }
@@ -394,11 +328,7 @@ pub(crate) fn allreduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
 /// `rank - k - 1` from `rank - 1` and combine it (incoming partial on the left); rank `r` then
 /// holds the full block `r + 1`. Each block is reduced along one chain, then only copied, so
 /// every rank ends with the same bits. Allgather: `p - 1` more steps pass the full blocks on.
-pub(crate) fn allreduce_ring<T: Reducible, C: CollP2p + ?Sized>(
-    c: &C,
-    acc: &mut [T],
-    op: Op,
-) -> Result<()> {
+pub(crate) fn allreduce_ring<T: Reducible, C: CollP2p + ?Sized>(c: &C, acc: &mut [T], op: Op) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     let n = acc.len();
     let right = (rank + 1) % size;
@@ -409,28 +339,14 @@ pub(crate) fn allreduce_ring<T: Reducible, C: CollP2p + ?Sized>(
         let s = blk(rank + size - k);
         let r = blk(rank + 2 * size - k - 1);
         let t = &mut tmp[..r.len()];
-        sendrecv_exact(
-            c,
-            bytes(&acc[s]),
-            right,
-            bytes_mut(t),
-            left,
-            tags::ALLREDUCE_RING,
-        )?;
+        sendrecv_exact(c, bytes(&acc[s]), right, bytes_mut(t), left, tags::ALLREDUCE_RING)?;
         T::reduce_into_from_left(op, t, &mut acc[r])?;
     }
     for k in 0..size - 1 {
         let s = blk(rank + 1 + size - k);
         let r = blk(rank + size - k);
         let (sb, rb) = split_pair(acc, s, r)?;
-        sendrecv_exact(
-            c,
-            bytes(sb),
-            right,
-            bytes_mut(rb),
-            left,
-            tags::ALLREDUCE_RING,
-        )?;
+        sendrecv_exact(c, bytes(sb), right, bytes_mut(rb), left, tags::ALLREDUCE_RING)?;
     }
     Ok(())
 }

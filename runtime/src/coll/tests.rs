@@ -22,10 +22,7 @@ fn pattern(r: usize, len: usize) -> Vec<u8> {
 }
 
 fn all_ok<R: Debug>(res: Vec<Result<R>>) -> Vec<R> {
-    res.into_iter()
-        .enumerate()
-        .map(|(r, x)| x.unwrap_or_else(|e| panic!("rank {r}: {e}")))
-        .collect()
+    res.into_iter().enumerate().map(|(r, x)| x.unwrap_or_else(|e| panic!("rank {r}: {e}"))).collect()
 }
 
 // ---- barrier --------------------------------------------------------------------------------
@@ -59,9 +56,7 @@ fn barrier_synchronizes() {
 #[test]
 fn barrier_message_count_is_logarithmic() {
     for n in RANKS {
-        let sent = all_ok(run(n, Mode::Eager, |c| {
-            barrier(c).map(|()| *c.sent.borrow())
-        }));
+        let sent = all_ok(run(n, Mode::Eager, |c| barrier(c).map(|()| *c.sent.borrow())));
         let rounds = n.next_power_of_two().trailing_zeros() as usize;
         assert!(sent.iter().all(|&s| s == rounds), "{n} ranks: {sent:?}");
     }
@@ -73,11 +68,8 @@ type BcastFn = fn(&ThreadP2p, &mut [u8], usize) -> Result<()>;
 
 #[test]
 fn bcast_all_algorithms() {
-    let algos: [(&str, BcastFn); 3] = [
-        ("dispatch", bcast),
-        ("binomial", bcast::bcast_binomial),
-        ("scatter_ring", bcast::bcast_scatter_ring),
-    ];
+    let algos: [(&str, BcastFn); 3] =
+        [("dispatch", bcast), ("binomial", bcast::bcast_binomial), ("scatter_ring", bcast::bcast_scatter_ring)];
     for n in RANKS {
         for root in 0..n {
             for len in [0, 1, 7, 1000, BCAST_LONG_BYTES + 13, 100_003] {
@@ -87,11 +79,7 @@ fn bcast_all_algorithms() {
                     }
                     let mode = MODES[(n + root + len) % 2];
                     let got = all_ok(run(n, mode, |c| {
-                        let mut buf = if c.rank() == root {
-                            pattern(root, len)
-                        } else {
-                            vec![0; len]
-                        };
+                        let mut buf = if c.rank() == root { pattern(root, len) } else { vec![0; len] };
                         f(c, &mut buf, root).map(|()| buf)
                     }));
                     let want = pattern(root, len);
@@ -161,13 +149,7 @@ enum RAlgo {
 }
 
 /// Allreduce of `send` into `out` with algorithm `a`.
-fn allreduce_with<T: Reducible>(
-    c: &ThreadP2p,
-    send: &[T],
-    out: &mut [T],
-    op: Op,
-    a: RAlgo,
-) -> Result<()> {
+fn allreduce_with<T: Reducible>(c: &ThreadP2p, send: &[T], out: &mut [T], op: Op, a: RAlgo) -> Result<()> {
     if a == RAlgo::Dispatch {
         return allreduce(c, send, out, op);
     }
@@ -196,11 +178,7 @@ fn run_reduce<T: Elem>(n: usize, mode: Mode, len: usize, op: Op, root: usize, a:
         .map(|()| out)
     }));
     let want = expected::<T>(n, len, op);
-    assert!(
-        got[root] == want,
-        "reduce {a:?} {} {op} n={n} root={root} len={len}",
-        T::TYPE_NAME
-    );
+    assert!(got[root] == want, "reduce {a:?} {} {op} n={n} root={root} len={len}", T::TYPE_NAME);
 }
 
 fn run_allreduce<T: Elem>(n: usize, mode: Mode, len: usize, op: Op, a: RAlgo) {
@@ -211,20 +189,11 @@ fn run_allreduce<T: Elem>(n: usize, mode: Mode, len: usize, op: Op, a: RAlgo) {
     }));
     let want = expected::<T>(n, len, op);
     for (r, g) in got.iter().enumerate() {
-        assert!(
-            g == &want,
-            "allreduce {a:?} {} {op} n={n} len={len} rank {r}",
-            T::TYPE_NAME
-        );
+        assert!(g == &want, "allreduce {a:?} {} {op} n={n} len={len} rank {r}", T::TYPE_NAME);
     }
 }
 
-const ALGOS: [RAlgo; 4] = [
-    RAlgo::Dispatch,
-    RAlgo::Binomial,
-    RAlgo::Rabenseifner,
-    RAlgo::Ring,
-];
+const ALGOS: [RAlgo; 4] = [RAlgo::Dispatch, RAlgo::Binomial, RAlgo::Rabenseifner, RAlgo::Ring];
 
 fn reductions_for<T: Elem>(ops: &[Op]) {
     for n in RANKS {
@@ -243,14 +212,7 @@ fn reductions_for<T: Elem>(ops: &[Op]) {
     }
 }
 
-const FLOAT_OPS: [Op; 6] = [
-    Op::Sum,
-    Op::Prod,
-    Op::Min,
-    Op::Max,
-    Op::LogicalAnd,
-    Op::LogicalOr,
-];
+const FLOAT_OPS: [Op; 6] = [Op::Sum, Op::Prod, Op::Min, Op::Max, Op::LogicalAnd, Op::LogicalOr];
 
 #[test]
 fn reductions_i64_every_op() {
@@ -289,8 +251,7 @@ fn reductions_large() {
 /// Inexact float data: every rank must still end with the same bits, close to the exact sum.
 #[test]
 fn allreduce_float_results_identical_on_all_ranks() {
-    let gen =
-        |r: usize, i: usize| ((r * 1000 + i) as f64 * 0.37).sin() * 10f64.powi((i % 7) as i32);
+    let gen = |r: usize, i: usize| ((r * 1000 + i) as f64 * 0.37).sin() * 10f64.powi((i % 7) as i32);
     for n in RANKS {
         for len in [1, 5, 300, 5000] {
             for a in ALGOS {
@@ -298,14 +259,10 @@ fn allreduce_float_results_identical_on_all_ranks() {
                 let got = all_ok(run(n, mode, |c| {
                     let send: Vec<f64> = (0..len).map(|i| gen(c.rank(), i)).collect();
                     let mut out = vec![0.0; len];
-                    allreduce_with(c, &send, &mut out, Op::Sum, a)
-                        .map(|()| out.iter().map(|x| x.to_bits()).collect::<Vec<u64>>())
+                    allreduce_with(c, &send, &mut out, Op::Sum, a).map(|()| out.iter().map(|x| x.to_bits()).collect::<Vec<u64>>())
                 }));
                 for (r, g) in got.iter().enumerate() {
-                    assert!(
-                        g == &got[0],
-                        "{a:?} n={n} len={len}: rank {r} differs from rank 0"
-                    );
+                    assert!(g == &got[0], "{a:?} n={n} len={len}: rank {r} differs from rank 0");
                 }
                 for (i, bits) in got[0].iter().enumerate() {
                     let want: f64 = (0..n).map(|r| gen(r, i)).sum();
@@ -321,25 +278,15 @@ fn allreduce_float_results_identical_on_all_ranks() {
 /// NaN payloads and signed zeros: Min/Max/Sum must agree bit for bit across ranks.
 #[test]
 fn allreduce_nan_and_signed_zero_identical_on_all_ranks() {
-    let special = [
-        f32::from_bits(0x7fc0_0001),
-        f32::from_bits(0xffc0_0002),
-        -0.0,
-        0.0,
-        1.0,
-        f32::from_bits(0x7fc0_0003),
-    ];
+    let special = [f32::from_bits(0x7fc0_0001), f32::from_bits(0xffc0_0002), -0.0, 0.0, 1.0, f32::from_bits(0x7fc0_0003)];
     for n in RANKS {
         for op in [Op::Min, Op::Max, Op::Sum, Op::Prod] {
             for a in ALGOS {
                 let len = 600;
                 let got = all_ok(run(n, MODES[n % 2], |c| {
-                    let send: Vec<f32> = (0..len)
-                        .map(|i| special[(c.rank() * 7 + i * 3 + i / 6) % 6])
-                        .collect();
+                    let send: Vec<f32> = (0..len).map(|i| special[(c.rank() * 7 + i * 3 + i / 6) % 6]).collect();
                     let mut out = vec![0.0f32; len];
-                    allreduce_with(c, &send, &mut out, op, a)
-                        .map(|()| out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
+                    allreduce_with(c, &send, &mut out, op, a).map(|()| out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
                 }));
                 for g in &got {
                     assert!(g == &got[0], "{a:?} {op} n={n}: ranks differ");
@@ -356,11 +303,7 @@ type ScatterFn = fn(&ThreadP2p, Option<&[u8]>, &mut [u8], usize) -> Result<()>;
 
 #[test]
 fn gather_all_algorithms() {
-    let algos: [(&str, GatherFn); 3] = [
-        ("dispatch", gather),
-        ("binomial", gather::gather_binomial),
-        ("linear", gather::gather_linear),
-    ];
+    let algos: [(&str, GatherFn); 3] = [("dispatch", gather), ("binomial", gather::gather_binomial), ("linear", gather::gather_linear)];
     for n in RANKS {
         for root in 0..n {
             for blk in [0, 1, 5, GATHER_LINEAR_BYTES + 3] {
@@ -373,11 +316,7 @@ fn gather_all_algorithms() {
                         let send = pattern(c.rank(), blk);
                         let mut out = vec![0; n * blk];
                         // Non-roots pass Some too: it must be ignored.
-                        let recv = if c.rank() == root || c.rank() % 2 == 1 {
-                            Some(&mut out[..])
-                        } else {
-                            None
-                        };
+                        let recv = if c.rank() == root || c.rank() % 2 == 1 { Some(&mut out[..]) } else { None };
                         f(c, &send, recv, root).map(|()| out)
                     }));
                     let want: Vec<u8> = (0..n).flat_map(|r| pattern(r, blk)).collect();
@@ -390,11 +329,7 @@ fn gather_all_algorithms() {
 
 #[test]
 fn scatter_all_algorithms() {
-    let algos: [(&str, ScatterFn); 3] = [
-        ("dispatch", scatter),
-        ("binomial", gather::scatter_binomial),
-        ("linear", gather::scatter_linear),
-    ];
+    let algos: [(&str, ScatterFn); 3] = [("dispatch", scatter), ("binomial", gather::scatter_binomial), ("linear", gather::scatter_linear)];
     for n in RANKS {
         for root in 0..n {
             for blk in [0, 1, 5, GATHER_LINEAR_BYTES + 3] {
@@ -418,10 +353,7 @@ fn scatter_all_algorithms() {
                         f(c, send, &mut out, root).map(|()| out)
                     }));
                     for (r, g) in got.iter().enumerate() {
-                        assert!(
-                            g == &pattern(r + 50, blk),
-                            "{name} n={n} root={root} rank {r}"
-                        );
+                        assert!(g == &pattern(r + 50, blk), "{name} n={n} root={root} rank {r}");
                     }
                 }
             }
@@ -477,9 +409,7 @@ fn alltoall_pairwise() {
             for mode in MODES {
                 let got = all_ok(run(n, mode, |c| {
                     // Block j of rank i's send: pattern of (i, j).
-                    let send: Vec<u8> = (0..n)
-                        .flat_map(|j| pattern(c.rank() * 16 + j, blk))
-                        .collect();
+                    let send: Vec<u8> = (0..n).flat_map(|j| pattern(c.rank() * 16 + j, blk)).collect();
                     let mut out = vec![0; n * blk];
                     alltoall(c, &send, &mut out).map(|()| out)
                 }));
@@ -504,18 +434,10 @@ fn mixed_sequence_keeps_calls_apart() {
                 let r = c.rank();
                 for it in 0..4 {
                     let root = (it * 3) % n;
-                    let mut b = if r == root {
-                        pattern(it, 100)
-                    } else {
-                        vec![0; 100]
-                    };
+                    let mut b = if r == root { pattern(it, 100) } else { vec![0; 100] };
                     bcast(c, &mut b, root)?;
                     assert_eq!(b, pattern(it, 100));
-                    let mut b2 = if r == (root + 1) % n {
-                        pattern(it + 9, 33)
-                    } else {
-                        vec![0; 33]
-                    };
+                    let mut b2 = if r == (root + 1) % n { pattern(it + 9, 33) } else { vec![0; 33] };
                     bcast(c, &mut b2, (root + 1) % n)?;
                     assert_eq!(b2, pattern(it + 9, 33));
                     let mut s = [0i64; 3];
@@ -529,10 +451,7 @@ fn mixed_sequence_keeps_calls_apart() {
                     }
                     let mut g = vec![0u8; n * 2];
                     allgather(c, &[r as u8, it as u8], &mut g)?;
-                    assert!(g
-                        .chunks(2)
-                        .enumerate()
-                        .all(|(j, x)| x == [j as u8, it as u8]));
+                    assert!(g.chunks(2).enumerate().all(|(j, x)| x == [j as u8, it as u8]));
                     barrier(c)?;
                 }
                 Ok(())
@@ -582,9 +501,7 @@ fn bad_arguments_fail_before_any_communication() {
                     _ => "other",
                 })
                 .collect();
-            let mut want = vec![
-                "root", "root", "op", "op", "buffer", "root", "root", "buffer",
-            ];
+            let mut want = vec!["root", "root", "op", "op", "buffer", "root", "root", "buffer"];
             // alltoall of n*4+1 bytes is divisible by n only for n == 1.
             if n != 1 {
                 want.push("buffer");

@@ -137,17 +137,9 @@ mod tests {
         for shift in [24u32, 44] {
             let low: HashSet<u64> = (0..1024u64).map(|i| h((i << shift) | 7) & 1023).collect();
             // A uniform hash puts 1024 keys in ~647 of 1024 slots; Fx-style would give 1.
-            assert!(
-                low.len() > 550,
-                "shift {shift}: only {} distinct low slots",
-                low.len()
-            );
+            assert!(low.len() > 550, "shift {shift}: only {} distinct low slots", low.len());
             let top: HashSet<u64> = (0..1024u64).map(|i| h((i << shift) | 7) >> 57).collect();
-            assert!(
-                top.len() > 100,
-                "shift {shift}: only {} distinct top-7-bit values",
-                top.len()
-            );
+            assert!(top.len() > 100, "shift {shift}: only {} distinct top-7-bit values", top.len());
         }
     }
 

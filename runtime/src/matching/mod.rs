@@ -87,9 +87,7 @@ pub const FULL_MASK: u64 = u64::MAX;
 /// validates ranges; see [`try_encode_tag`] for a checked form).
 #[inline]
 pub const fn encode_tag(ctx: u32, src: u32, tag: u32) -> u64 {
-    (((ctx & MAX_CTX) as u64) << CTX_SHIFT)
-        | (((src & MAX_SRC) as u64) << SRC_SHIFT)
-        | (((tag & MAX_TAG) as u64) << TAG_SHIFT)
+    (((ctx & MAX_CTX) as u64) << CTX_SHIFT) | (((src & MAX_SRC) as u64) << SRC_SHIFT) | (((tag & MAX_TAG) as u64) << TAG_SHIFT)
 }
 
 /// Builds a message's match key, or `None` if a field does not fit its width.

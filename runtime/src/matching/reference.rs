@@ -27,11 +27,7 @@ pub struct RefMatcher<R, M> {
 
 impl<R, M> Default for RefMatcher<R, M> {
     fn default() -> Self {
-        RefMatcher {
-            posted: Vec::new(),
-            unexpected: Vec::new(),
-            next_id: 0,
-        }
+        RefMatcher { posted: Vec::new(), unexpected: Vec::new(), next_id: 0 }
     }
 }
 
@@ -42,9 +38,7 @@ impl<R, M> RefMatcher<R, M> {
     }
 
     fn first_unexpected(&self, tag: u64, mask: u64) -> Option<usize> {
-        self.unexpected
-            .iter()
-            .position(|(t, _)| t & mask == tag & mask)
+        self.unexpected.iter().position(|(t, _)| t & mask == tag & mask)
     }
 }
 
@@ -65,11 +59,7 @@ impl<R, M> Matcher<R, M> for RefMatcher<R, M> {
     }
 
     fn arrive(&mut self, tag: u64, m: M) -> Arrived<R, M> {
-        match self
-            .posted
-            .iter()
-            .position(|p| tag & p.mask == p.tag & p.mask)
-        {
+        match self.posted.iter().position(|p| tag & p.mask == p.tag & p.mask) {
             Some(i) => {
                 let p = self.posted.remove(i);
                 Arrived::Matched(p.id, p.r, m)
@@ -114,8 +104,6 @@ impl<R, M> Matcher<R, M> for RefMatcher<R, M> {
     }
 
     fn earlier_posted_overlaps(&self, tag: u64, mask: u64) -> bool {
-        self.posted
-            .iter()
-            .any(|p| keys_overlap(p.tag, p.mask, tag, mask))
+        self.posted.iter().any(|p| keys_overlap(p.tag, p.mask, tag, mask))
     }
 }

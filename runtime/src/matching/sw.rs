@@ -68,12 +68,7 @@ pub(crate) struct Tuning {
 }
 
 impl Tuning {
-    const DEFAULT: Tuning = Tuning {
-        empty_floor: 1024,
-        list_slack: 64,
-        spare_max: 64,
-        spare_capacity: 16,
-    };
+    const DEFAULT: Tuning = Tuning { empty_floor: 1024, list_slack: 64, spare_max: 64, spare_capacity: 16 };
 }
 
 /// Entries examined by linear scans; counted only in tests, to check what is O(1).
@@ -115,10 +110,7 @@ struct Bucket<R, M> {
 
 impl<R, M> Default for Bucket<R, M> {
     fn default() -> Self {
-        Bucket {
-            posted: VecDeque::new(),
-            ux: VecDeque::new(),
-        }
+        Bucket { posted: VecDeque::new(), ux: VecDeque::new() }
     }
 }
 
@@ -194,12 +186,7 @@ impl<R, M> fmt::Debug for SwMatcher<R, M> {
 
 /// Takes the first live wildcard receive with seq `< before` that matches `tag`.
 #[inline]
-fn take_wild_match<R>(
-    wild: &mut VecDeque<Wild<R>>,
-    tag: u64,
-    before: RecvId,
-    steps: &Steps,
-) -> Option<(RecvId, R)> {
+fn take_wild_match<R>(wild: &mut VecDeque<Wild<R>>, tag: u64, before: RecvId, steps: &Steps) -> Option<(RecvId, R)> {
     for w in wild.iter_mut() {
         steps.bump();
         if w.seq >= before {
@@ -217,18 +204,13 @@ fn take_wild_match<R>(
 /// Whether the unexpected message `(useq, key)` is still stored (see "Lazy deletion").
 #[inline]
 fn ux_live<R, M>(buckets: &FoldHashMap<u64, Bucket<R, M>>, useq: u64, key: u64) -> bool {
-    buckets
-        .get(&key)
-        .and_then(|b| b.ux.front())
-        .is_some_and(|&(first, _)| first <= useq)
+    buckets.get(&key).and_then(|b| b.ux.front()).is_some_and(|&(first, _)| first <= useq)
 }
 
 /// Whether the exact receive `(seq, key)` is still queued.
 #[inline]
 fn exact_live<R, M>(buckets: &FoldHashMap<u64, Bucket<R, M>>, seq: RecvId, key: u64) -> bool {
-    buckets
-        .get(&key)
-        .is_some_and(|b| b.posted.binary_search_by_key(&seq, |p| p.0).is_ok())
+    buckets.get(&key).is_some_and(|b| b.posted.binary_search_by_key(&seq, |p| p.0).is_ok())
 }
 
 impl<R, M> SwMatcher<R, M> {
@@ -332,8 +314,7 @@ impl<R, M> SwMatcher<R, M> {
     #[cold]
     fn compact_exact_index(&mut self) {
         let buckets = &self.buckets;
-        self.exact_index
-            .retain(|&(seq, key)| exact_live(buckets, seq, key));
+        self.exact_index.retain(|&(seq, key)| exact_live(buckets, seq, key));
     }
 
     /// After the unexpected message `removed` (arrival seq) left its bucket: drop its entry if
@@ -355,8 +336,7 @@ impl<R, M> SwMatcher<R, M> {
     #[cold]
     fn compact_ux_order(&mut self) {
         let buckets = &self.buckets;
-        self.ux_order
-            .retain(|&(useq, key)| ux_live(buckets, useq, key));
+        self.ux_order.retain(|&(useq, key)| ux_live(buckets, useq, key));
     }
 
     /// The key of the bucket whose first unexpected message is the oldest one matching
@@ -366,11 +346,7 @@ impl<R, M> SwMatcher<R, M> {
             return None;
         }
         if mask == FULL_MASK {
-            return self
-                .buckets
-                .get(&tag)
-                .is_some_and(|b| !b.ux.is_empty())
-                .then_some(tag);
+            return self.buckets.get(&tag).is_some_and(|b| !b.ux.is_empty()).then_some(tag);
         }
         let want = tag & mask;
         for &(useq, key) in &self.ux_order {
@@ -456,17 +432,10 @@ impl<R, M> SwMatcher<R, M> {
             self.exact_index.capacity(),
             self.ux_order.capacity(),
         ];
-        let mut per_bucket: Vec<(u64, usize, usize)> = self
-            .buckets
-            .iter()
-            .map(|(&k, b)| (k, b.posted.capacity(), b.ux.capacity()))
-            .collect();
+        let mut per_bucket: Vec<(u64, usize, usize)> =
+            self.buckets.iter().map(|(&k, b)| (k, b.posted.capacity(), b.ux.capacity())).collect();
         per_bucket.sort_unstable();
-        v.extend(
-            per_bucket
-                .into_iter()
-                .flat_map(|(k, p, u)| [k as usize, p, u]),
-        );
+        v.extend(per_bucket.into_iter().flat_map(|(k, p, u)| [k as usize, p, u]));
         v
     }
 
@@ -477,61 +446,31 @@ impl<R, M> SwMatcher<R, M> {
         let mut ux = 0;
         let mut empty = 0;
         for (&k, b) in &self.buckets {
-            assert!(
-                b.posted.is_empty() || b.ux.is_empty(),
-                "bucket {k:#x} has receives and messages"
-            );
-            assert!(b
-                .posted
-                .iter()
-                .zip(b.posted.iter().skip(1))
-                .all(|(a, c)| a.0 < c.0));
+            assert!(b.posted.is_empty() || b.ux.is_empty(), "bucket {k:#x} has receives and messages");
+            assert!(b.posted.iter().zip(b.posted.iter().skip(1)).all(|(a, c)| a.0 < c.0));
             assert!(b.ux.iter().zip(b.ux.iter().skip(1)).all(|(a, c)| a.0 < c.0));
             exact += b.posted.len();
             ux += b.ux.len();
             empty += usize::from(b.is_empty());
             for &(seq, _) in &b.posted {
-                assert!(
-                    self.exact_index.binary_search_by_key(&seq, |e| e.0).is_ok(),
-                    "seq {seq} not indexed"
-                );
+                assert!(self.exact_index.binary_search_by_key(&seq, |e| e.0).is_ok(), "seq {seq} not indexed");
             }
             for &(useq, _) in &b.ux {
                 let i = self.ux_order.binary_search_by_key(&useq, |e| e.0);
-                assert!(
-                    i.is_ok_and(|i| self.ux_order[i].1 == k),
-                    "useq {useq} not ordered"
-                );
+                assert!(i.is_ok_and(|i| self.ux_order[i].1 == k), "useq {useq} not ordered");
             }
         }
         assert_eq!(exact, self.exact_live);
         assert_eq!(ux, self.ux_live);
         assert_eq!(empty, self.empty_buckets);
-        assert_eq!(
-            self.wild.iter().filter(|w| w.r.is_some()).count(),
-            self.wild_live
-        );
-        assert!(self
-            .wild
-            .iter()
-            .zip(self.wild.iter().skip(1))
-            .all(|(a, c)| a.seq < c.seq));
-        assert!(self
-            .exact_index
-            .iter()
-            .zip(self.exact_index.iter().skip(1))
-            .all(|(a, c)| a.0 < c.0));
-        assert!(self
-            .ux_order
-            .iter()
-            .zip(self.ux_order.iter().skip(1))
-            .all(|(a, c)| a.0 < c.0));
+        assert_eq!(self.wild.iter().filter(|w| w.r.is_some()).count(), self.wild_live);
+        assert!(self.wild.iter().zip(self.wild.iter().skip(1)).all(|(a, c)| a.seq < c.seq));
+        assert!(self.exact_index.iter().zip(self.exact_index.iter().skip(1)).all(|(a, c)| a.0 < c.0));
+        assert!(self.ux_order.iter().zip(self.ux_order.iter().skip(1)).all(|(a, c)| a.0 < c.0));
         assert!(self.wild.len() <= 2 * self.wild_live + self.tuning.list_slack + 1);
         assert!(self.exact_index.len() <= 2 * self.exact_live + self.tuning.list_slack + 1);
         assert!(self.ux_order.len() <= 2 * self.ux_live + self.tuning.list_slack + 1);
-        assert!(
-            self.spare.len() <= self.tuning.spare_max && self.spare.iter().all(Bucket::is_empty)
-        );
+        assert!(self.spare.len() <= self.tuning.spare_max && self.spare.iter().all(Bucket::is_empty));
     }
 }
 
@@ -545,12 +484,7 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
         if let Some((_, m)) = self.take_unexpected(tag, mask) {
             return Posted::Matched(r, m);
         }
-        self.wild.push_back(Wild {
-            seq,
-            tag: tag & mask,
-            mask,
-            r: Some(r),
-        });
+        self.wild.push_back(Wild { seq, tag: tag & mask, mask, r: Some(r) });
         self.wild_live += 1;
         Posted::Queued(seq)
     }
@@ -645,21 +579,13 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
     }
 
     fn has_posted_match(&self, tag: u64) -> bool {
-        self.buckets.get(&tag).is_some_and(|b| !b.posted.is_empty())
-            || self
-                .wild
-                .iter()
-                .any(|w| w.r.is_some() && tag & w.mask == w.tag)
+        self.buckets.get(&tag).is_some_and(|b| !b.posted.is_empty()) || self.wild.iter().any(|w| w.r.is_some() && tag & w.mask == w.tag)
     }
 
     /// Cost: O(wildcard receives) for an exact `(tag, mask)`; a wildcard one also scans the
     /// buckets (O(distinct keys queued or recently used)).
     fn earlier_posted_overlaps(&self, tag: u64, mask: u64) -> bool {
-        if self
-            .wild
-            .iter()
-            .any(|w| w.r.is_some() && keys_overlap(w.tag, w.mask, tag, mask))
-        {
+        if self.wild.iter().any(|w| w.r.is_some() && keys_overlap(w.tag, w.mask, tag, mask)) {
             return true;
         }
         if self.exact_live == 0 {
@@ -668,8 +594,6 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
         if mask == FULL_MASK {
             return self.buckets.get(&tag).is_some_and(|b| !b.posted.is_empty());
         }
-        self.buckets
-            .iter()
-            .any(|(&k, b)| !b.posted.is_empty() && (k ^ tag) & mask == 0)
+        self.buckets.iter().any(|(&k, b)| !b.posted.is_empty() && (k ^ tag) & mask == 0)
     }
 }

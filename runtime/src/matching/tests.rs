@@ -7,12 +7,7 @@ use super::*;
 use proptest::prelude::*;
 
 /// Tiny knobs: every lazy structure compacts and every empty bucket is swept almost at once.
-const TINY: Tuning = Tuning {
-    empty_floor: 1,
-    list_slack: 0,
-    spare_max: 2,
-    spare_capacity: 1,
-};
+const TINY: Tuning = Tuning { empty_floor: 1, list_slack: 0, spare_max: 2, spare_capacity: 1 };
 
 fn sw() -> SwMatcher<u32, u32> {
     SwMatcher::new()
@@ -41,10 +36,7 @@ fn queued(p: Posted<u32, u32>) -> RecvId {
 fn key_layout_round_trips() {
     let k = encode_tag(0xabcde, 0x12345, 0xfedcba);
     assert_eq!(k, 0xabcde_12345_fedcba);
-    assert_eq!(
-        (decode_ctx(k), decode_src(k), decode_tag(k)),
-        (0xabcde, 0x12345, 0xfedcba)
-    );
+    assert_eq!((decode_ctx(k), decode_src(k), decode_tag(k)), (0xabcde, 0x12345, 0xfedcba));
     let k = encode_tag(MAX_CTX, MAX_SRC, MAX_TAG);
     assert_eq!(k, u64::MAX);
     assert_eq!(encode_tag(0, 0, 0), 0);
@@ -69,24 +61,12 @@ fn key_fields_truncate_and_checked_form_refuses() {
 
 #[test]
 fn recv_key_masks() {
-    assert_eq!(
-        recv_key(3, Some(4), Some(5)),
-        (encode_tag(3, 4, 5), FULL_MASK)
-    );
-    assert_eq!(
-        recv_key(3, None, Some(5)),
-        (encode_tag(3, 0, 5), CTX_FIELD | TAG_FIELD)
-    );
-    assert_eq!(
-        recv_key(3, Some(4), None),
-        (encode_tag(3, 4, 0), CTX_FIELD | SRC_FIELD)
-    );
+    assert_eq!(recv_key(3, Some(4), Some(5)), (encode_tag(3, 4, 5), FULL_MASK));
+    assert_eq!(recv_key(3, None, Some(5)), (encode_tag(3, 0, 5), CTX_FIELD | TAG_FIELD));
+    assert_eq!(recv_key(3, Some(4), None), (encode_tag(3, 4, 0), CTX_FIELD | SRC_FIELD));
     assert_eq!(recv_key(3, None, None), (encode_tag(3, 0, 0), CTX_FIELD));
     assert_eq!(CTX_FIELD | SRC_FIELD | TAG_FIELD, FULL_MASK);
-    assert_eq!(
-        CTX_FIELD & SRC_FIELD | SRC_FIELD & TAG_FIELD | CTX_FIELD & TAG_FIELD,
-        0
-    );
+    assert_eq!(CTX_FIELD & SRC_FIELD | SRC_FIELD & TAG_FIELD | CTX_FIELD & TAG_FIELD, 0);
     // What a wildcard key matches.
     let (t, m) = recv_key(3, None, Some(5));
     assert_eq!(encode_tag(3, 99, 5) & m, t & m);
@@ -117,10 +97,7 @@ fn exact_posted_then_arrival<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!(m.posted_len(), 1);
     assert_eq!(m.arrive(encode_tag(1, 3, 3), 100), Arrived::Unexpected);
     assert_eq!(m.arrive(encode_tag(1, 2, 4), 101), Arrived::Unexpected);
-    assert_eq!(
-        m.arrive(encode_tag(1, 2, 3), 102),
-        Arrived::Matched(id, 10, 102)
-    );
+    assert_eq!(m.arrive(encode_tag(1, 2, 3), 102), Arrived::Matched(id, 10, 102));
     assert_eq!((m.posted_len(), m.unexpected_len()), (0, 2));
 }
 
@@ -153,14 +130,8 @@ fn non_overtaking<T: Matcher<u32, u32>>(mut m: T) {
     let a = queued(m.post(t, k, 20));
     let b = queued(m.post(t, k, 21));
     assert!(a < b);
-    assert_eq!(
-        m.arrive(encode_tag(1, 3, 5), 300),
-        Arrived::Matched(a, 20, 300)
-    );
-    assert_eq!(
-        m.arrive(encode_tag(1, 3, 5), 301),
-        Arrived::Matched(b, 21, 301)
-    );
+    assert_eq!(m.arrive(encode_tag(1, 3, 5), 300), Arrived::Matched(a, 20, 300));
+    assert_eq!(m.arrive(encode_tag(1, 3, 5), 301), Arrived::Matched(b, 21, 301));
 }
 
 fn oldest_unexpected_wins<T: Matcher<u32, u32>>(mut m: T) {
@@ -185,27 +156,15 @@ fn earliest_posted_wins<T: Matcher<u32, u32>>(mut m: T) {
     let w = queued(m.post(t, k, 0));
     let (t, k) = recv_key(1, Some(2), Some(4));
     let e = queued(m.post(t, k, 1));
-    assert_eq!(
-        m.arrive(encode_tag(1, 2, 4), 100),
-        Arrived::Matched(w, 0, 100)
-    );
-    assert_eq!(
-        m.arrive(encode_tag(1, 2, 4), 101),
-        Arrived::Matched(e, 1, 101)
-    );
+    assert_eq!(m.arrive(encode_tag(1, 2, 4), 100), Arrived::Matched(w, 0, 100));
+    assert_eq!(m.arrive(encode_tag(1, 2, 4), 101), Arrived::Matched(e, 1, 101));
     // Exact posted before wildcard: the exact one wins.
     let (t, k) = recv_key(1, Some(2), Some(4));
     let e = queued(m.post(t, k, 2));
     let (t, k) = recv_key(1, None, None);
     let w = queued(m.post(t, k, 3));
-    assert_eq!(
-        m.arrive(encode_tag(1, 2, 4), 102),
-        Arrived::Matched(e, 2, 102)
-    );
-    assert_eq!(
-        m.arrive(encode_tag(1, 2, 4), 103),
-        Arrived::Matched(w, 3, 103)
-    );
+    assert_eq!(m.arrive(encode_tag(1, 2, 4), 102), Arrived::Matched(e, 2, 102));
+    assert_eq!(m.arrive(encode_tag(1, 2, 4), 103), Arrived::Matched(w, 3, 103));
     // Among wildcards, the first matching one in post order; non-matching ones are skipped.
     let (t, k) = recv_key(1, None, Some(8));
     let w8 = queued(m.post(t, k, 4));
@@ -213,18 +172,9 @@ fn earliest_posted_wins<T: Matcher<u32, u32>>(mut m: T) {
     let w5 = queued(m.post(t, k, 5));
     let (t, k) = recv_key(1, None, None);
     let wa = queued(m.post(t, k, 6));
-    assert_eq!(
-        m.arrive(encode_tag(1, 5, 1), 104),
-        Arrived::Matched(w5, 5, 104)
-    );
-    assert_eq!(
-        m.arrive(encode_tag(1, 5, 1), 105),
-        Arrived::Matched(wa, 6, 105)
-    );
-    assert_eq!(
-        m.arrive(encode_tag(1, 5, 8), 106),
-        Arrived::Matched(w8, 4, 106)
-    );
+    assert_eq!(m.arrive(encode_tag(1, 5, 1), 104), Arrived::Matched(w5, 5, 104));
+    assert_eq!(m.arrive(encode_tag(1, 5, 1), 105), Arrived::Matched(wa, 6, 105));
+    assert_eq!(m.arrive(encode_tag(1, 5, 8), 106), Arrived::Matched(w8, 4, 106));
     assert_eq!(m.posted_len(), 0);
 }
 
@@ -236,10 +186,7 @@ fn contexts_are_isolated<T: Matcher<u32, u32>>(mut m: T) {
     assert!(m.probe(t, k).is_none());
     let (t2, k2) = recv_key(2, None, None);
     assert_eq!(m.probe(t2, k2), Some((encode_tag(2, 0, 0), &100)));
-    assert_eq!(
-        m.arrive(encode_tag(1, 7, 7), 102),
-        Arrived::Matched(id, 0, 102)
-    );
+    assert_eq!(m.arrive(encode_tag(1, 7, 7), 102), Arrived::Matched(id, 0, 102));
 }
 
 fn cancel_rules<T: Matcher<u32, u32>>(mut m: T) {
@@ -257,15 +204,9 @@ fn cancel_rules<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!(m.cancel(RecvId::MAX), None);
     assert_eq!(m.posted_len(), 2);
     // The cancelled receives no longer match; the rest keep their order.
-    assert_eq!(
-        m.arrive(encode_tag(1, 2, 3), 100),
-        Arrived::Matched(b, 2, 100)
-    );
+    assert_eq!(m.arrive(encode_tag(1, 2, 3), 100), Arrived::Matched(b, 2, 100));
     assert_eq!(m.cancel(b), None, "already matched");
-    assert_eq!(
-        m.arrive(encode_tag(1, 2, 3), 101),
-        Arrived::Matched(w2, 3, 101)
-    );
+    assert_eq!(m.arrive(encode_tag(1, 2, 3), 101), Arrived::Matched(w2, 3, 101));
     assert_eq!(m.arrive(encode_tag(1, 2, 3), 102), Arrived::Unexpected);
     assert_eq!(m.posted_len(), 0);
     // A receive that matched at once has an id too, but it is not queued.
@@ -345,15 +286,9 @@ fn raw_masks<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!(m.arrive(encode_tag(1, 1, 2), 101), Arrived::Unexpected);
     assert_eq!(m.post(0, 0, 0), Posted::Matched(0, 100));
     // Bits of the receive tag outside its mask are ignored.
-    assert_eq!(
-        m.post(encode_tag(1, 9, 2), CTX_FIELD | TAG_FIELD, 1),
-        Posted::Matched(1, 101)
-    );
+    assert_eq!(m.post(encode_tag(1, 9, 2), CTX_FIELD | TAG_FIELD, 1), Posted::Matched(1, 101));
     let id = queued(m.post(encode_tag(5, 9, 0b1010), !1, 2));
-    assert_eq!(
-        m.arrive(encode_tag(5, 9, 0b1011), 102),
-        Arrived::Matched(id, 2, 102)
-    );
+    assert_eq!(m.arrive(encode_tag(5, 9, 0b1011), 102), Arrived::Matched(id, 2, 102));
 }
 
 /// A long queue of receives and messages that match nothing changes no outcome, and (checked
@@ -362,39 +297,24 @@ fn deep_unrelated_queues<T: Matcher<u32, u32>>(mut fresh: T, mut loaded: T) {
     const N: u32 = 10_000;
     for i in 0..N {
         queued(loaded.post(encode_tag(9, i % 1000, i / 1000), FULL_MASK, 1_000_000 + i));
-        assert_eq!(
-            loaded.arrive(encode_tag(8, i % 1000, i / 1000), 1_000_000 + i),
-            Arrived::Unexpected
-        );
+        assert_eq!(loaded.arrive(encode_tag(8, i % 1000, i / 1000), 1_000_000 + i), Arrived::Unexpected);
     }
     let offset = RecvId::from(N);
     let script = |m: &mut T, off: RecvId| {
         let mut out = Vec::new();
         let (t, k) = recv_key(1, Some(2), Some(3));
         out.push(format!("{:?}", m.post(t, k, 1).map_id(off)));
-        out.push(format!(
-            "{:?}",
-            m.arrive(encode_tag(1, 2, 3), 10).map_id(off)
-        ));
-        out.push(format!(
-            "{:?}",
-            m.arrive(encode_tag(1, 2, 3), 11).map_id(off)
-        ));
+        out.push(format!("{:?}", m.arrive(encode_tag(1, 2, 3), 10).map_id(off)));
+        out.push(format!("{:?}", m.arrive(encode_tag(1, 2, 3), 11).map_id(off)));
         out.push(format!("{:?}", m.post(t, k, 2).map_id(off)));
         out.push(format!("{:?}", m.probe(encode_tag(1, 2, 3), FULL_MASK)));
         out.push(format!("{:?}", m.has_posted_match(encode_tag(1, 2, 3))));
         out.push(format!("{:?}", m.earlier_posted_overlaps(t, k)));
         let (tw, kw) = recv_key(1, None, None);
-        out.push(format!(
-            "{:?}",
-            m.arrive(encode_tag(1, 4, 4), 12).map_id(off)
-        ));
+        out.push(format!("{:?}", m.arrive(encode_tag(1, 4, 4), 12).map_id(off)));
         out.push(format!("{:?}", m.post(tw, kw, 3).map_id(off)));
         out.push(format!("{:?}", m.post(tw, kw, 4).map_id(off)));
-        out.push(format!(
-            "{:?}",
-            m.arrive(encode_tag(1, 5, 5), 13).map_id(off)
-        ));
+        out.push(format!("{:?}", m.arrive(encode_tag(1, 5, 5), 13).map_id(off)));
         out
     };
     let a = script(&mut fresh, 0);
@@ -471,10 +391,7 @@ fn exact_path_is_o1() {
     let mut m = sw();
     for i in 0..10_000u32 {
         queued(m.post(encode_tag(9, i % 1000, i / 1000), FULL_MASK, i));
-        assert_eq!(
-            m.arrive(encode_tag(8, i % 1000, i / 1000), i),
-            Arrived::Unexpected
-        );
+        assert_eq!(m.arrive(encode_tag(8, i % 1000, i / 1000), i), Arrived::Unexpected);
     }
     m.take_steps();
     let k = encode_tag(1, 2, 3);
@@ -483,10 +400,7 @@ fn exact_path_is_o1() {
     assert_eq!(m.arrive(k, 3), Arrived::Unexpected);
     assert_eq!(m.post(k, FULL_MASK, 4), Posted::Matched(4, 3));
     assert!(m.probe(encode_tag(8, 5, 5), FULL_MASK).is_some());
-    assert_eq!(
-        m.take_probed(encode_tag(8, 5, 5), FULL_MASK),
-        Some((encode_tag(8, 5, 5), 5005))
-    );
+    assert_eq!(m.take_probed(encode_tag(8, 5, 5), FULL_MASK), Some((encode_tag(8, 5, 5), 5005)));
     assert_eq!(m.cancel(7), Some(7));
     assert_eq!(m.take_steps(), 0);
 
@@ -587,15 +501,7 @@ enum Op {
     Query(Sel),
 }
 
-const RAW_MASKS: [u64; 7] = [
-    FULL_MASK,
-    !SRC_FIELD,
-    !TAG_FIELD,
-    CTX_FIELD,
-    !1,
-    0,
-    CTX_FIELD | (1 << SRC_SHIFT),
-];
+const RAW_MASKS: [u64; 7] = [FULL_MASK, !SRC_FIELD, !TAG_FIELD, CTX_FIELD, !1, 0, CTX_FIELD | (1 << SRC_SHIFT)];
 
 fn sel(wild: bool) -> impl Strategy<Value = Sel> {
     let opt = move |s: std::ops::Range<u32>| {
@@ -624,11 +530,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Runs `ops` on the reference and on `fast`, comparing every outcome and the queue lengths
 /// after every step, and checking the fast matcher's invariants.
-fn differential(
-    ops: &[Op],
-    mut fast: SwMatcher<u32, u32>,
-    check_every: usize,
-) -> Result<(), TestCaseError> {
+fn differential(ops: &[Op], mut fast: SwMatcher<u32, u32>, check_every: usize) -> Result<(), TestCaseError> {
     let mut model = reference();
     let mut issued: Vec<RecvId> = Vec::new();
     for (i, &op) in ops.iter().enumerate() {
@@ -651,20 +553,10 @@ fn differential(
             }
             Op::Arrive(s) => {
                 let m = 1_000_000 + label;
-                prop_assert_eq!(
-                    model.arrive(s.msg(), m),
-                    fast.arrive(s.msg(), m),
-                    "step {} {:?}",
-                    i,
-                    op
-                );
+                prop_assert_eq!(model.arrive(s.msg(), m), fast.arrive(s.msg(), m), "step {} {:?}", i, op);
             }
             Op::Cancel(n) => {
-                let id = if issued.is_empty() {
-                    n as RecvId
-                } else {
-                    issued[n % issued.len()]
-                };
+                let id = if issued.is_empty() { n as RecvId } else { issued[n % issued.len()] };
                 prop_assert_eq!(model.cancel(id), fast.cancel(id), "step {} {:?}", i, op);
             }
             Op::Probe(s) => {
@@ -685,29 +577,12 @@ fn differential(
             }
             Op::TakeProbed(s) => {
                 let (t, k) = s.key();
-                prop_assert_eq!(
-                    model.take_probed(t, k),
-                    fast.take_probed(t, k),
-                    "step {} {:?}",
-                    i,
-                    op
-                );
+                prop_assert_eq!(model.take_probed(t, k), fast.take_probed(t, k), "step {} {:?}", i, op);
             }
             Op::Query(s) => {
                 let (t, k) = s.key();
-                prop_assert_eq!(
-                    model.has_posted_match(s.msg()),
-                    fast.has_posted_match(s.msg()),
-                    "step {}",
-                    i
-                );
-                prop_assert_eq!(
-                    model.earlier_posted_overlaps(t, k),
-                    fast.earlier_posted_overlaps(t, k),
-                    "step {} {:?}",
-                    i,
-                    op
-                );
+                prop_assert_eq!(model.has_posted_match(s.msg()), fast.has_posted_match(s.msg()), "step {}", i);
+                prop_assert_eq!(model.earlier_posted_overlaps(t, k), fast.earlier_posted_overlaps(t, k), "step {} {:?}", i, op);
             }
         }
         prop_assert_eq!(model.posted_len(), fast.posted_len(), "step {}", i);
@@ -723,10 +598,7 @@ fn differential(
 /// Cases per differential proptest: 128 (a few seconds in debug), or `PROPTEST_CASES` for a
 /// longer soak.
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(128)
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128)
 }
 
 proptest! {
@@ -763,17 +635,9 @@ fn differential_long_run() {
                 src: ((r >> 8) % 4 != 0).then_some(((r >> 16) % 8) as u32),
                 tag: ((r >> 24) % 5 != 0).then_some(((r >> 32) % 8) as u32),
             };
-            let full = Sel {
-                src: Some(s.src.unwrap_or(1)),
-                tag: Some(s.tag.unwrap_or(2)),
-                ..s
-            };
+            let full = Sel { src: Some(s.src.unwrap_or(1)), tag: Some(s.tag.unwrap_or(2)), ..s };
             // Phases of mostly-posts and mostly-arrivals so both queues get deep.
-            let (posts, arrivals) = if (ops.len() / 500) % 2 == 0 {
-                (9, 3)
-            } else {
-                (3, 9)
-            };
+            let (posts, arrivals) = if (ops.len() / 500) % 2 == 0 { (9, 3) } else { (3, 9) };
             let pick = (r >> 40) % 16;
             ops.push(if pick < posts {
                 Op::Post(s)

@@ -72,16 +72,8 @@ pub const ENV_SHM_NAME: &str = "TMPI_SHM_NAME";
 pub const ENV_LAUNCHER_PID: &str = "TMPI_LAUNCHER_PID";
 
 /// Every variable `tmpirun` sets for the ranks (a user may not override them with `-x`).
-pub const LAUNCHER_VARS: &[&str] = &[
-    ENV_RANK,
-    ENV_SIZE,
-    ENV_LOCAL_RANK,
-    ENV_LOCAL_SIZE,
-    ENV_JOBID,
-    ENV_BOOTSTRAP,
-    ENV_SHM_NAME,
-    ENV_LAUNCHER_PID,
-];
+pub const LAUNCHER_VARS: &[&str] =
+    &[ENV_RANK, ENV_SIZE, ENV_LOCAL_RANK, ENV_LOCAL_SIZE, ENV_JOBID, ENV_BOOTSTRAP, ENV_SHM_NAME, ENV_LAUNCHER_PID];
 
 /// Largest job: a source rank has 20 bits in the match tag.
 pub const MAX_RANKS: usize = 1 << 20;
@@ -159,23 +151,13 @@ impl BootstrapEnv {
         let text = |name: &str| -> Result<Option<String>> {
             match get(name) {
                 None => Ok(None),
-                Some(v) => v
-                    .into_string()
-                    .map(Some)
-                    .map_err(|v| bad_var(name, &v.to_string_lossy(), "UTF-8 text")),
+                Some(v) => v.into_string().map(Some).map_err(|v| bad_var(name, &v.to_string_lossy(), "UTF-8 text")),
             }
         };
         let need = |name: &str| -> Result<String> {
-            text(name)?.ok_or_else(|| {
-                Error::Bootstrap(format!(
-                    "{name} is not set (but {ENV_RANK} is: started by tmpirun?)"
-                ))
-            })
+            text(name)?.ok_or_else(|| Error::Bootstrap(format!("{name} is not set (but {ENV_RANK} is: started by tmpirun?)")))
         };
-        let num = |name: &str, v: &str| -> Result<usize> {
-            v.parse::<usize>()
-                .map_err(|_| bad_var(name, v, "a non-negative integer"))
-        };
+        let num = |name: &str, v: &str| -> Result<usize> { v.parse::<usize>().map_err(|_| bad_var(name, v, "a non-negative integer")) };
         let Some(rank) = text(ENV_RANK)? else {
             return Ok(None);
         };
@@ -186,26 +168,16 @@ impl BootstrapEnv {
             return Err(bad_var(ENV_SIZE, &size_s, &format!("1..={MAX_RANKS}")));
         }
         if rank >= size {
-            return Err(bad_var(
-                ENV_RANK,
-                &rank.to_string(),
-                &format!("0..{size} (TMPI_SIZE)"),
-            ));
+            return Err(bad_var(ENV_RANK, &rank.to_string(), &format!("0..{size} (TMPI_SIZE)")));
         }
         let jobid = need(ENV_JOBID)?;
         if !is_hex16(&jobid) {
             return Err(bad_var(ENV_JOBID, &jobid, "16 lowercase hex digits"));
         }
         let shm_name = need(ENV_SHM_NAME)?;
-        let ok_shm = shm_name
-            .strip_prefix(&format!("tmpi-{jobid}-"))
-            .is_some_and(is_hex16);
+        let ok_shm = shm_name.strip_prefix(&format!("tmpi-{jobid}-")).is_some_and(is_hex16);
         if !ok_shm {
-            return Err(bad_var(
-                ENV_SHM_NAME,
-                &shm_name,
-                &format!("tmpi-{jobid}-<16 hex digits>"),
-            ));
+            return Err(bad_var(ENV_SHM_NAME, &shm_name, &format!("tmpi-{jobid}-<16 hex digits>")));
         }
         let bootstrap = PathBuf::from(need(ENV_BOOTSTRAP)?);
         if bootstrap.as_os_str().is_empty() {
@@ -232,15 +204,7 @@ impl BootstrapEnv {
             None if local_size == size => rank,
             None => return Err(Error::Bootstrap(format!("{ENV_LOCAL_RANK} is not set"))),
         };
-        Ok(Some(BootstrapEnv {
-            rank,
-            size,
-            jobid,
-            shm_name,
-            local_rank,
-            local_size,
-            bootstrap,
-        }))
+        Ok(Some(BootstrapEnv { rank, size, jobid, shm_name, local_rank, local_size, bootstrap }))
     }
 }
 
@@ -262,10 +226,7 @@ pub fn new_shm_name(jobid: &str) -> Result<String> {
 
 fn random_hex16() -> Result<String> {
     let mut b = [0u8; 8];
-    getrandom::getrandom(&mut b).map_err(|e| Error::Io {
-        op: "getrandom".into(),
-        source: io::Error::other(e.to_string()),
-    })?;
+    getrandom::getrandom(&mut b).map_err(|e| Error::Io { op: "getrandom".into(), source: io::Error::other(e.to_string()) })?;
     Ok(format!("{:016x}", u64::from_le_bytes(b)))
 }
 
@@ -287,29 +248,12 @@ impl BootstrapClient {
     /// refuses the rank (out of range, wrong size, already connected).
     pub fn connect(path: &Path, rank: usize, size: usize) -> Result<Self> {
         if size == 0 || size > MAX_RANKS || rank >= size {
-            return Err(Error::Bootstrap(format!(
-                "rank {rank} of {size}: not a valid rank"
-            )));
+            return Err(Error::Bootstrap(format!("rank {rank} of {size}: not a valid rank")));
         }
-        let stream = UnixStream::connect(path).map_err(|source| Error::Io {
-            op: format!("connect to bootstrap socket {}", path.display()),
-            source,
-        })?;
-        let mut c = BootstrapClient {
-            stream,
-            rank,
-            size,
-            finalized: false,
-            buf: Vec::new(),
-        };
-        c.call_ok(
-            &Request::Hello {
-                version: proto::VERSION,
-                rank: rank as u32,
-                size: size as u32,
-            },
-            "hello",
-        )?;
+        let stream = UnixStream::connect(path)
+            .map_err(|source| Error::Io { op: format!("connect to bootstrap socket {}", path.display()), source })?;
+        let mut c = BootstrapClient { stream, rank, size, finalized: false, buf: Vec::new() };
+        c.call_ok(&Request::Hello { version: proto::VERSION, rank: rank as u32, size: size as u32 }, "hello")?;
         Ok(c)
     }
 
@@ -343,13 +287,7 @@ impl BootstrapClient {
     /// A key that is empty or longer than [`proto::MAX_KEY_LEN`], a value larger than
     /// [`proto::MAX_VALUE_LEN`], a full store, or a lost server.
     pub fn put(&mut self, key: &str, value: &[u8]) -> Result<()> {
-        self.call_ok(
-            &Request::Put {
-                key: key.into(),
-                value: value.to_vec(),
-            },
-            "put",
-        )
+        self.call_ok(&Request::Put { key: key.into(), value: value.to_vec() }, "put")
     }
 
     /// The value of `key`, waiting until some rank has put it.
@@ -361,9 +299,7 @@ impl BootstrapClient {
         match self.call(&Request::Get { key: key.into() })? {
             Reply::Value(v) => Ok(v),
             Reply::Err(m) => Err(Error::Bootstrap(format!("get {key:?}: {m}"))),
-            Reply::Ok => Err(Error::Bootstrap(format!(
-                "get {key:?}: server replied ok without a value"
-            ))),
+            Reply::Ok => Err(Error::Bootstrap(format!("get {key:?}: server replied ok without a value"))),
         }
     }
 
@@ -381,13 +317,7 @@ impl BootstrapClient {
     /// # Errors
     /// The server is gone (the caller should then exit with `code` itself).
     pub fn abort(&mut self, code: i32, msg: &str) -> Result<()> {
-        self.call_ok(
-            &Request::Abort {
-                code,
-                message: msg.into(),
-            },
-            "abort",
-        )
+        self.call_ok(&Request::Abort { code, message: msg.into() }, "abort")
     }
 
     /// Tells the server this rank is done; the connection is closed. Later calls fail.
@@ -416,16 +346,12 @@ impl BootstrapClient {
         req.encode(&mut self.buf)?;
         self.send_all().map_err(|e| self.lost("send to", e))?;
         let mut len = [0u8; 4];
-        self.stream
-            .read_exact(&mut len)
-            .map_err(|e| self.lost("read from", e))?;
+        self.stream.read_exact(&mut len).map_err(|e| self.lost("read from", e))?;
         let len = u32::from_le_bytes(len) as usize;
         proto::check_frame_len(len)?;
         self.buf.clear();
         self.buf.resize(len, 0);
-        self.stream
-            .read_exact(&mut self.buf)
-            .map_err(|e| self.lost("read from", e))?;
+        self.stream.read_exact(&mut self.buf).map_err(|e| self.lost("read from", e))?;
         Reply::decode(&self.buf)
     }
 
@@ -436,14 +362,7 @@ impl BootstrapClient {
         while off < self.buf.len() {
             let rest = &self.buf[off..];
             // SAFETY: sends from a live slice of `rest.len()` bytes on a socket we own.
-            let n = unsafe {
-                libc::send(
-                    self.stream.as_raw_fd(),
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    libc::MSG_NOSIGNAL,
-                )
-            };
+            let n = unsafe { libc::send(self.stream.as_raw_fd(), rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -459,16 +378,10 @@ impl BootstrapClient {
     #[cold]
     fn lost(&self, what: &str, e: io::Error) -> Error {
         match e.kind() {
-            io::ErrorKind::UnexpectedEof
-            | io::ErrorKind::BrokenPipe
-            | io::ErrorKind::ConnectionReset => Error::Bootstrap(format!(
-                "rank {}: the bootstrap server closed the connection (tmpirun gone?)",
-                self.rank
-            )),
-            _ => Error::Io {
-                op: format!("rank {}: {what} the bootstrap server", self.rank),
-                source: e,
-            },
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                Error::Bootstrap(format!("rank {}: the bootstrap server closed the connection (tmpirun gone?)", self.rank))
+            }
+            _ => Error::Io { op: format!("rank {}: {what} the bootstrap server", self.rank), source: e },
         }
     }
 }

@@ -115,28 +115,20 @@ pub fn check_key(key: &str) -> Result<()> {
         return Err(Error::Bootstrap("empty key".into()));
     }
     if key.len() > MAX_KEY_LEN {
-        return Err(Error::Bootstrap(format!(
-            "key of {} bytes is longer than {MAX_KEY_LEN}",
-            key.len()
-        )));
+        return Err(Error::Bootstrap(format!("key of {} bytes is longer than {MAX_KEY_LEN}", key.len())));
     }
     Ok(())
 }
 
 fn check_value(len: usize) -> Result<()> {
     if len > MAX_VALUE_LEN {
-        return Err(Error::Bootstrap(format!(
-            "value of {len} bytes is larger than {MAX_VALUE_LEN}"
-        )));
+        return Err(Error::Bootstrap(format!("value of {len} bytes is larger than {MAX_VALUE_LEN}")));
     }
     Ok(())
 }
 
 fn u32_at(b: &[u8], at: usize) -> Result<u32> {
-    b.get(at..at + 4)
-        .and_then(|s| s.try_into().ok())
-        .map(u32::from_le_bytes)
-        .ok_or_else(|| malformed("body too short"))
+    b.get(at..at + 4).and_then(|s| s.try_into().ok()).map(u32::from_le_bytes).ok_or_else(|| malformed("body too short"))
 }
 
 fn utf8(b: &[u8], what: &str) -> Result<String> {
@@ -165,11 +157,7 @@ impl Request {
     /// A key or value above the caps (the abort message is cut instead).
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
         match self {
-            Request::Hello {
-                version,
-                rank,
-                size,
-            } => {
+            Request::Hello { version, rank, size } => {
                 let s = begin(out, OP_HELLO);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&rank.to_le_bytes());
@@ -219,20 +207,13 @@ impl Request {
             if rest.len() == n {
                 Ok(())
             } else {
-                Err(malformed(format!(
-                    "op {op}: body of {} bytes, expected {n}",
-                    rest.len()
-                )))
+                Err(malformed(format!("op {op}: body of {} bytes, expected {n}", rest.len())))
             }
         };
         match op {
             OP_HELLO => {
                 exact(12)?;
-                Ok(Request::Hello {
-                    version: u32_at(rest, 0)?,
-                    rank: u32_at(rest, 4)?,
-                    size: u32_at(rest, 8)?,
-                })
+                Ok(Request::Hello { version: u32_at(rest, 0)?, rank: u32_at(rest, 4)?, size: u32_at(rest, 8)? })
             }
             OP_PUT => {
                 let klen = u32_at(rest, 0)? as usize;
@@ -243,10 +224,7 @@ impl Request {
                 let key = utf8(&kv[..klen], "key")?;
                 check_key(&key)?;
                 check_value(kv.len() - klen)?;
-                Ok(Request::Put {
-                    key,
-                    value: kv[klen..].to_vec(),
-                })
+                Ok(Request::Put { key, value: kv[klen..].to_vec() })
             }
             OP_GET => {
                 let key = utf8(rest, "key")?;
@@ -260,10 +238,7 @@ impl Request {
                 if msg.len() > MAX_MSG_LEN {
                     return Err(malformed("abort message too long"));
                 }
-                Ok(Request::Abort {
-                    code,
-                    message: String::from_utf8_lossy(msg).into_owned(),
-                })
+                Ok(Request::Abort { code, message: String::from_utf8_lossy(msg).into_owned() })
             }
             OP_FINALIZE => exact(0).map(|()| Request::Finalize),
             _ => Err(malformed(format!("unknown request op {op}"))),
@@ -342,9 +317,7 @@ pub fn take_frame(buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>> {
 /// Zero or above [`MAX_FRAME`].
 pub fn check_frame_len(len: usize) -> Result<()> {
     if len == 0 || len > MAX_FRAME {
-        return Err(malformed(format!(
-            "frame length {len} outside 1..={MAX_FRAME}"
-        )));
+        return Err(malformed(format!("frame length {len} outside 1..={MAX_FRAME}")));
     }
     Ok(())
 }
@@ -364,37 +337,18 @@ mod tests {
 
     #[test]
     fn requests_roundtrip() {
-        roundtrip(Request::Hello {
-            version: VERSION,
-            rank: 3,
-            size: 8,
-        });
-        roundtrip(Request::Put {
-            key: "addr-3".into(),
-            value: vec![1, 2, 3],
-        });
-        roundtrip(Request::Put {
-            key: "k".into(),
-            value: vec![],
-        });
-        roundtrip(Request::Get {
-            key: "ключ".into()
-        });
+        roundtrip(Request::Hello { version: VERSION, rank: 3, size: 8 });
+        roundtrip(Request::Put { key: "addr-3".into(), value: vec![1, 2, 3] });
+        roundtrip(Request::Put { key: "k".into(), value: vec![] });
+        roundtrip(Request::Get { key: "ключ".into() });
         roundtrip(Request::Fence);
-        roundtrip(Request::Abort {
-            code: -7,
-            message: "bad".into(),
-        });
+        roundtrip(Request::Abort { code: -7, message: "bad".into() });
         roundtrip(Request::Finalize);
     }
 
     #[test]
     fn replies_roundtrip() {
-        for r in [
-            Reply::Ok,
-            Reply::Value(vec![9; 100]),
-            Reply::Err("nope".into()),
-        ] {
+        for r in [Reply::Ok, Reply::Value(vec![9; 100]), Reply::Err("nope".into())] {
             let mut out = Vec::new();
             r.encode(&mut out);
             let body = take_frame(&mut out).unwrap().unwrap();
@@ -407,15 +361,8 @@ mod tests {
         let mut out = Vec::new();
         let long = "k".repeat(MAX_KEY_LEN + 1);
         assert!(Request::Get { key: long.clone() }.encode(&mut out).is_err());
-        assert!(Request::Put {
-            key: "k".into(),
-            value: vec![0; MAX_VALUE_LEN + 1]
-        }
-        .encode(&mut out)
-        .is_err());
-        assert!(Request::Get { key: String::new() }
-            .encode(&mut out)
-            .is_err());
+        assert!(Request::Put { key: "k".into(), value: vec![0; MAX_VALUE_LEN + 1] }.encode(&mut out).is_err());
+        assert!(Request::Get { key: String::new() }.encode(&mut out).is_err());
         assert!(out.is_empty());
         // Hand-built oversized get is refused by the decoder too.
         let mut body = vec![OP_GET];
@@ -429,12 +376,7 @@ mod tests {
         // Abort messages are cut, not refused.
         let mut out = Vec::new();
         let msg = "é".repeat(MAX_MSG_LEN);
-        Request::Abort {
-            code: 1,
-            message: msg,
-        }
-        .encode(&mut out)
-        .unwrap();
+        Request::Abort { code: 1, message: msg }.encode(&mut out).unwrap();
         let body = take_frame(&mut out).unwrap().unwrap();
         match Request::decode(&body).unwrap() {
             Request::Abort { message, .. } => assert_eq!(message.len(), MAX_MSG_LEN),
@@ -466,9 +408,7 @@ mod tests {
     #[test]
     fn partial_frames_wait_for_more() {
         let mut full = Vec::new();
-        Request::Get { key: "abc".into() }
-            .encode(&mut full)
-            .unwrap();
+        Request::Get { key: "abc".into() }.encode(&mut full).unwrap();
         Request::Fence.encode(&mut full).unwrap();
         let mut buf = Vec::new();
         let mut got = Vec::new();
@@ -478,10 +418,7 @@ mod tests {
                 got.push(Request::decode(&body).unwrap());
             }
         }
-        assert_eq!(
-            got,
-            vec![Request::Get { key: "abc".into() }, Request::Fence]
-        );
+        assert_eq!(got, vec![Request::Get { key: "abc".into() }, Request::Fence]);
     }
 
     proptest! {

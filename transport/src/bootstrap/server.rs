@@ -128,10 +128,7 @@ pub struct BootstrapServer {
 }
 
 fn io_err(op: impl Into<String>, source: io::Error) -> Error {
-    Error::Io {
-        op: op.into(),
-        source,
-    }
+    Error::Io { op: op.into(), source }
 }
 
 impl BootstrapServer {
@@ -146,11 +143,8 @@ impl BootstrapServer {
         if size == 0 || size > u32::MAX as usize {
             return Err(Error::InvalidArgument(format!("bootstrap job size {size}")));
         }
-        let listener =
-            UnixListener::bind(path).map_err(|e| io_err(format!("bind {}", path.display()), e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| io_err("bootstrap listener nonblocking", e))?;
+        let listener = UnixListener::bind(path).map_err(|e| io_err(format!("bind {}", path.display()), e))?;
+        listener.set_nonblocking(true).map_err(|e| io_err("bootstrap listener nonblocking", e))?;
         // SAFETY: epoll_create1 takes no pointers; the result is checked before use.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -175,12 +169,7 @@ impl BootstrapServer {
             resume: Vec::new(),
             events: Vec::new(),
         };
-        server.ctl(
-            libc::EPOLL_CTL_ADD,
-            server.listener.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            LISTENER,
-        )?;
+        server.ctl(libc::EPOLL_CTL_ADD, server.listener.as_raw_fd(), libc::EPOLLIN as u32, LISTENER)?;
         Ok(server)
     }
 
@@ -215,14 +204,7 @@ impl BootstrapServer {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             // SAFETY: `evs` is a writable array of `evs.len()` epoll_event; timeout 0.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    evs.as_mut_ptr(),
-                    evs.len() as i32,
-                    0,
-                )
-            };
+            let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, 0) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -255,11 +237,7 @@ impl BootstrapServer {
     /// As [`process`](Self::process).
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Vec<ServerEvent>> {
         let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
-        let mut pfd = libc::pollfd {
-            fd: self.epoll.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd: self.epoll.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: `pfd` is one valid pollfd for the duration of the call.
         let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
         if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
@@ -287,16 +265,8 @@ impl BootstrapServer {
             .spawn(move || -> Result<()> {
                 loop {
                     let mut pfds = [
-                        libc::pollfd {
-                            fd: self.epoll.as_raw_fd(),
-                            events: libc::POLLIN,
-                            revents: 0,
-                        },
-                        libc::pollfd {
-                            fd: stop2.as_raw_fd(),
-                            events: libc::POLLIN,
-                            revents: 0,
-                        },
+                        libc::pollfd { fd: self.epoll.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                        libc::pollfd { fd: stop2.as_raw_fd(), events: libc::POLLIN, revents: 0 },
                     ];
                     // SAFETY: `pfds` is an array of 2 valid pollfd.
                     let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
@@ -313,11 +283,7 @@ impl BootstrapServer {
                 }
             })
             .map_err(|e| io_err("spawn bootstrap thread", e))?;
-        Ok(ServerThread {
-            events: rx,
-            stop,
-            join: Some(join),
-        })
+        Ok(ServerThread { events: rx, stop, join: Some(join) })
     }
 
     fn accept_all(&mut self) {
@@ -329,15 +295,7 @@ impl BootstrapServer {
                     }
                     let token = self.next_token;
                     self.next_token += 1;
-                    if self
-                        .ctl(
-                            libc::EPOLL_CTL_ADD,
-                            stream.as_raw_fd(),
-                            libc::EPOLLIN as u32,
-                            token,
-                        )
-                        .is_err()
-                    {
+                    if self.ctl(libc::EPOLL_CTL_ADD, stream.as_raw_fd(), libc::EPOLLIN as u32, token).is_err() {
                         continue;
                     }
                     self.conns.insert(
@@ -381,11 +339,7 @@ impl BootstrapServer {
                             // An honest client has at most one request outstanding.
                             if c.inbuf.len() > 2 * (MAX_FRAME + 4) {
                                 let rank = c.rank;
-                                self.reject(
-                                    token,
-                                    rank,
-                                    "client sent more than it may have outstanding".into(),
-                                );
+                                self.reject(token, rank, "client sent more than it may have outstanding".into());
                                 return;
                             }
                         }
@@ -437,12 +391,7 @@ impl BootstrapServer {
                 let old = self.store.get(&key).map_or(0, |v| key.len() + v.len());
                 let new_total = self.store_bytes - old + key.len() + value.len();
                 if new_total > MAX_STORE_BYTES {
-                    return self.reply(
-                        token,
-                        Reply::Err(format!(
-                            "store full ({MAX_STORE_BYTES} bytes of keys and values)"
-                        )),
-                    );
+                    return self.reply(token, Reply::Err(format!("store full ({MAX_STORE_BYTES} bytes of keys and values)")));
                 }
                 self.store_bytes = new_total;
                 if let Some(waiters) = self.get_waiters.remove(&key) {
@@ -480,11 +429,7 @@ impl BootstrapServer {
                 }
             }
             Request::Abort { code, message } => {
-                self.events.push(ServerEvent::Abort {
-                    rank,
-                    code,
-                    message,
-                });
+                self.events.push(ServerEvent::Abort { rank, code, message });
                 self.reply(token, Reply::Ok);
             }
             Request::Finalize => {
@@ -501,25 +446,14 @@ impl BootstrapServer {
     }
 
     fn hello(&mut self, token: u64, req: Request) {
-        let Request::Hello {
-            version,
-            rank,
-            size,
-        } = req
-        else {
+        let Request::Hello { version, rank, size } = req else {
             return self.reject(token, None, "first request is not hello".into());
         };
         let (rank, size) = (rank as usize, size as usize);
         let refuse = if version != proto::VERSION {
-            Some(format!(
-                "protocol version {version}, server speaks {}",
-                proto::VERSION
-            ))
+            Some(format!("protocol version {version}, server speaks {}", proto::VERSION))
         } else if size != self.size {
-            Some(format!(
-                "client says the job has {size} ranks, it has {}",
-                self.size
-            ))
+            Some(format!("client says the job has {size} ranks, it has {}", self.size))
         } else if rank >= self.size {
             Some(format!("rank {rank} out of range for {} ranks", self.size))
         } else if self.ranks[rank] != RankState::Absent {
@@ -528,10 +462,7 @@ impl BootstrapServer {
             None
         };
         if let Some(why) = refuse {
-            self.events.push(ServerEvent::Rejected {
-                rank: None,
-                reason: why.clone(),
-            });
+            self.events.push(ServerEvent::Rejected { rank: None, reason: why.clone() });
             self.reply(token, Reply::Err(why));
             if let Some(c) = self.conns.get_mut(&token) {
                 c.close_after_flush = true;
@@ -580,12 +511,7 @@ impl BootstrapServer {
         let keys: Vec<String> = self.get_waiters.keys().cloned().collect();
         for (key, ws) in std::mem::take(&mut self.get_waiters) {
             for w in ws {
-                self.end_wait(
-                    w,
-                    Reply::Err(format!(
-                        "get {key:?}: no rank can put it (every remaining rank is waiting)"
-                    )),
-                );
+                self.end_wait(w, Reply::Err(format!("get {key:?}: no rank can put it (every remaining rank is waiting)")));
             }
         }
         let why = format!("fence cannot complete: other ranks are waiting in get ({keys:?})");
@@ -733,9 +659,7 @@ impl ServerThread {
         // SAFETY: writes 8 bytes from a live array to the eventfd we own.
         unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), 8) };
         match self.join.take() {
-            Some(j) => j.join().unwrap_or_else(|_| {
-                Err(Error::Bootstrap("bootstrap server thread panicked".into()))
-            }),
+            Some(j) => j.join().unwrap_or_else(|_| Err(Error::Bootstrap("bootstrap server thread panicked".into()))),
             None => Ok(()),
         }
     }

@@ -16,11 +16,7 @@ struct TmpSock {
 
 impl TmpSock {
     fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "tmpi-bs-test-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        let dir = std::env::temp_dir().join(format!("tmpi-bs-test-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("kv.sock");
         TmpSock { dir, path }
@@ -35,23 +31,14 @@ impl Drop for TmpSock {
 
 fn serve(size: usize) -> (TmpSock, ServerThread) {
     let s = TmpSock::new();
-    let srv = BootstrapServer::bind(&s.path, size)
-        .unwrap()
-        .spawn()
-        .unwrap();
+    let srv = BootstrapServer::bind(&s.path, size).unwrap().spawn().unwrap();
     (s, srv)
 }
 
-fn events_until(
-    srv: &ServerThread,
-    mut stop: impl FnMut(&ServerEvent) -> bool,
-) -> Vec<ServerEvent> {
+fn events_until(srv: &ServerThread, mut stop: impl FnMut(&ServerEvent) -> bool) -> Vec<ServerEvent> {
     let mut got = Vec::new();
     loop {
-        let ev = srv
-            .events()
-            .recv_timeout(Duration::from_secs(10))
-            .expect("server event");
+        let ev = srv.events().recv_timeout(Duration::from_secs(10)).expect("server event");
         let done = stop(&ev);
         got.push(ev);
         if done {
@@ -71,8 +58,7 @@ fn put_fence_get_across_ranks() {
             std::thread::spawn(move || {
                 let mut c = BootstrapClient::connect(&path, r, n).unwrap();
                 assert_eq!((c.rank(), c.size()), (r, n));
-                c.put(&format!("addr-{r}"), format!("value of {r}").as_bytes())
-                    .unwrap();
+                c.put(&format!("addr-{r}"), format!("value of {r}").as_bytes()).unwrap();
                 c.fence().unwrap();
                 let mut seen = Vec::new();
                 for p in 0..n {
@@ -81,10 +67,7 @@ fn put_fence_get_across_ranks() {
                 // A second fence works too.
                 c.fence().unwrap();
                 c.finalize().unwrap();
-                assert!(
-                    c.put("late", b"x").is_err(),
-                    "calls after finalize must fail"
-                );
+                assert!(c.put("late", b"x").is_err(), "calls after finalize must fail");
                 seen
             })
         })
@@ -99,14 +82,8 @@ fn put_fence_get_across_ranks() {
         count += 1;
         count == 2 * n
     });
-    let fin = evs
-        .iter()
-        .filter(|e| matches!(e, ServerEvent::Finalized { .. }))
-        .count();
-    let con = evs
-        .iter()
-        .filter(|e| matches!(e, ServerEvent::Connected { .. }))
-        .count();
+    let fin = evs.iter().filter(|e| matches!(e, ServerEvent::Finalized { .. })).count();
+    let con = evs.iter().filter(|e| matches!(e, ServerEvent::Connected { .. })).count();
     assert_eq!((fin, con), (n, n), "{evs:?}");
     srv.stop().unwrap();
     assert!(!path.exists(), "socket file removed when the server stops");
@@ -138,14 +115,7 @@ fn abort_is_reported() {
     let mut c = BootstrapClient::connect(&sock.path, 2, 3).unwrap();
     c.abort(17, "out of cheese").unwrap();
     let evs = events_until(&srv, |e| matches!(e, ServerEvent::Abort { .. }));
-    assert_eq!(
-        evs.last().unwrap(),
-        &ServerEvent::Abort {
-            rank: 2,
-            code: 17,
-            message: "out of cheese".into()
-        }
-    );
+    assert_eq!(evs.last().unwrap(), &ServerEvent::Abort { rank: 2, code: 17, message: "out of cheese".into() });
 }
 
 #[test]
@@ -212,20 +182,13 @@ fn malformed_frames_disconnect_only_that_client() {
     // Declared length far above the cap.
     raw.write_all(&u32::MAX.to_le_bytes()).unwrap();
     let mut b = [0u8; 1];
-    assert_eq!(
-        raw.read(&mut b).unwrap(),
-        0,
-        "server closes the bad connection"
-    );
+    assert_eq!(raw.read(&mut b).unwrap(), 0, "server closes the bad connection");
     // Garbage body with a sane length.
     let mut raw = UnixStream::connect(&sock.path).unwrap();
     raw.write_all(&[3, 0, 0, 0, 0x42, 1, 2]).unwrap();
     assert_eq!(raw.read(&mut b).unwrap(), 0);
     let evs = events_until(&srv, |e| matches!(e, ServerEvent::Rejected { .. }));
-    assert!(matches!(
-        evs.last(),
-        Some(ServerEvent::Rejected { rank: None, .. })
-    ));
+    assert!(matches!(evs.last(), Some(ServerEvent::Rejected { rank: None, .. })));
     good.put("k", b"v").unwrap();
     assert_eq!(good.get("k").unwrap(), b"v");
 }
@@ -234,23 +197,15 @@ fn malformed_frames_disconnect_only_that_client() {
 fn large_values_cross_intact() {
     let (sock, _srv) = serve(1);
     let mut c = BootstrapClient::connect(&sock.path, 0, 1).unwrap();
-    let v: Vec<u8> = (0..proto::MAX_VALUE_LEN)
-        .map(|i| (i * 7 % 251) as u8)
-        .collect();
+    let v: Vec<u8> = (0..proto::MAX_VALUE_LEN).map(|i| (i * 7 % 251) as u8).collect();
     c.put("big", &v).unwrap();
     assert_eq!(c.get("big").unwrap(), v);
-    assert!(c
-        .put("too-big", &vec![0; proto::MAX_VALUE_LEN + 1])
-        .is_err());
+    assert!(c.put("too-big", &vec![0; proto::MAX_VALUE_LEN + 1]).is_err());
     c.fence().unwrap();
 }
 
 fn env_of<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
-    move |k| {
-        vars.iter()
-            .find(|(n, _)| *n == k)
-            .map(|(_, v)| OsString::from(v))
-    }
+    move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
 }
 
 #[test]
@@ -258,13 +213,7 @@ fn env_parsing() {
     assert_eq!(BootstrapEnv::from_lookup(env_of(&[])).unwrap(), None);
     let jobid = "0123456789abcdef";
     let shm = "tmpi-0123456789abcdef-fedcba9876543210";
-    let ok = [
-        ("TMPI_RANK", "2"),
-        ("TMPI_SIZE", "4"),
-        ("TMPI_JOBID", jobid),
-        ("TMPI_SHM_NAME", shm),
-        ("TMPI_BOOTSTRAP", "/tmp/x.sock"),
-    ];
+    let ok = [("TMPI_RANK", "2"), ("TMPI_SIZE", "4"), ("TMPI_JOBID", jobid), ("TMPI_SHM_NAME", shm), ("TMPI_BOOTSTRAP", "/tmp/x.sock")];
     let e = BootstrapEnv::from_lookup(env_of(&ok)).unwrap().unwrap();
     assert_eq!((e.rank, e.size, e.local_rank, e.local_size), (2, 4, 2, 4));
     assert_eq!((e.jobid.as_str(), e.shm_name.as_str()), (jobid, shm));
@@ -281,19 +230,11 @@ fn env_parsing() {
         let mut vars = ok.to_vec();
         vars.retain(|(n, _)| *n != var);
         vars.push((var, bad));
-        let err = BootstrapEnv::from_lookup(env_of(&vars))
-            .unwrap_err()
-            .to_string();
+        let err = BootstrapEnv::from_lookup(env_of(&vars)).unwrap_err().to_string();
         assert!(err.contains(var), "{var}={bad}: {err}");
     }
-    let missing: Vec<_> = ok
-        .iter()
-        .copied()
-        .filter(|(n, _)| *n != "TMPI_BOOTSTRAP")
-        .collect();
-    let err = BootstrapEnv::from_lookup(env_of(&missing))
-        .unwrap_err()
-        .to_string();
+    let missing: Vec<_> = ok.iter().copied().filter(|(n, _)| *n != "TMPI_BOOTSTRAP").collect();
+    let err = BootstrapEnv::from_lookup(env_of(&missing)).unwrap_err().to_string();
     assert!(err.contains("TMPI_BOOTSTRAP"), "{err}");
 }
 
@@ -304,10 +245,7 @@ fn ids_have_the_promised_shape() {
     assert!(is_hex16(&a) && is_hex16(&b));
     assert_ne!(a, b);
     let s = new_shm_name(&a).unwrap();
-    assert!(
-        s.starts_with(&format!("tmpi-{a}-")) && is_hex16(&s[22..]),
-        "{s}"
-    );
+    assert!(s.starts_with(&format!("tmpi-{a}-")) && is_hex16(&s[22..]), "{s}");
 }
 
 #[test]

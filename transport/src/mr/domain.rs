@@ -49,11 +49,7 @@ impl Default for DomainAttr {
     /// No mode bits (libfabric's default, "scalable" registration), 8-byte keys,
     /// [`DEFAULT_MR_IOV_LIMIT`] segments.
     fn default() -> Self {
-        Self {
-            mr_mode: MrMode::empty(),
-            mr_key_size: 8,
-            mr_iov_limit: DEFAULT_MR_IOV_LIMIT,
-        }
+        Self { mr_mode: MrMode::empty(), mr_key_size: 8, mr_iov_limit: DEFAULT_MR_IOV_LIMIT }
     }
 }
 
@@ -200,10 +196,7 @@ pub struct Domain {
 
 impl fmt::Debug for Domain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Domain")
-            .field("attr", &self.shared.attr)
-            .field("regions", &self.region_count())
-            .finish()
+        f.debug_struct("Domain").field("attr", &self.shared.attr).field("regions", &self.region_count()).finish()
     }
 }
 
@@ -233,19 +226,10 @@ impl Domain {
             by_desc: HashMap::new(),
             next_desc: 1,
             mapped: HashMap::new(),
-            rng: KeyPool {
-                buf: [0; KEY_POOL],
-                left: 0,
-            },
+            rng: KeyPool { buf: [0; KEY_POOL], left: 0 },
         };
-        let shared = DomainShared {
-            attr,
-            state: Mutex::new(state),
-            in_flight: Arc::new(AtomicUsize::new(0)),
-        };
-        Ok(Domain {
-            shared: Arc::new(shared),
-        })
+        let shared = DomainShared { attr, state: Mutex::new(state), in_flight: Arc::new(AtomicUsize::new(0)) };
+        Ok(Domain { shared: Arc::new(shared) })
     }
 
     /// The attributes the domain was opened with.
@@ -256,9 +240,7 @@ impl Domain {
     /// Starts an invalidation batch (see [`InvalidationGuard`]).
     pub(crate) fn begin_invalidation(&self) -> InvalidationGuard {
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
-        InvalidationGuard {
-            in_flight: Arc::clone(&self.shared.in_flight),
-        }
+        InvalidationGuard { in_flight: Arc::clone(&self.shared.in_flight) }
     }
 
     /// Waits for invalidation batches in progress to finish.
@@ -290,16 +272,7 @@ impl Domain {
         flags: RegFlags,
     ) -> Result<MemoryRegion, MrErrno> {
         let iov = [Segment { addr, len }];
-        self.regattr(
-            &MrAttr {
-                iov: &iov,
-                access,
-                offset,
-                requested_key,
-                context: 0,
-            },
-            flags,
-        )
+        self.regattr(&MrAttr { iov: &iov, access, offset, requested_key, context: 0 }, flags)
     }
 
     /// `fi_mr_regv`: registers several segments as one region. Peers see the segments as one
@@ -308,24 +281,8 @@ impl Domain {
     ///
     /// # Errors
     /// As [`Domain::regattr`].
-    pub fn regv(
-        &self,
-        iov: &[Segment],
-        access: Access,
-        offset: u64,
-        requested_key: u64,
-        flags: RegFlags,
-    ) -> Result<MemoryRegion, MrErrno> {
-        self.regattr(
-            &MrAttr {
-                iov,
-                access,
-                offset,
-                requested_key,
-                context: 0,
-            },
-            flags,
-        )
+    pub fn regv(&self, iov: &[Segment], access: Access, offset: u64, requested_key: u64, flags: RegFlags) -> Result<MemoryRegion, MrErrno> {
+        self.regattr(&MrAttr { iov, access, offset, requested_key, context: 0 }, flags)
     }
 
     /// `fi_mr_regattr`: the general registration call.
@@ -353,12 +310,7 @@ impl Domain {
         self.register(attr, flags, KeyChoice::Requested(attr.requested_key))
     }
 
-    pub(crate) fn register(
-        &self,
-        attr: &MrAttr<'_>,
-        flags: RegFlags,
-        key: KeyChoice,
-    ) -> Result<MemoryRegion, MrErrno> {
+    pub(crate) fn register(&self, attr: &MrAttr<'_>, flags: RegFlags, key: KeyChoice) -> Result<MemoryRegion, MrErrno> {
         let dattr = &self.shared.attr;
         if flags.unknown_bits() != 0 {
             return Err(MrErrno::BadFlags);
@@ -377,8 +329,7 @@ impl Domain {
             total = total.checked_add(s.len).ok_or(MrErrno::Inval)?;
         }
         let mode = dattr.mr_mode;
-        let created_disabled = mode.contains(MrMode::ENDPOINT)
-            || (mode.contains(MrMode::RMA_EVENT) && flags.contains(RegFlags::RMA_EVENT));
+        let created_disabled = mode.contains(MrMode::ENDPOINT) || (mode.contains(MrMode::RMA_EVENT) && flags.contains(RegFlags::RMA_EVENT));
         let mask = key_mask(dattr.mr_key_size);
         let choice = match key {
             KeyChoice::Requested(_) if mode.contains(MrMode::PROV_KEY) => KeyChoice::Random,
@@ -436,10 +387,7 @@ impl Domain {
         st.by_key.insert(key, Arc::clone(&inner));
         st.by_desc.insert(desc.0, Arc::clone(&inner));
         drop(st);
-        Ok(MemoryRegion {
-            domain: self.clone(),
-            inner,
-        })
+        Ok(MemoryRegion { domain: self.clone(), inner })
     }
 
     /// Removes a region from the tables (if it is still the one registered under its key) and
@@ -447,11 +395,7 @@ impl Domain {
     pub(crate) fn deregister(&self, region: &Arc<RegionInner>) {
         region.revoke();
         let mut st = lock(&self.shared.state);
-        if st
-            .by_key
-            .get(&region.key)
-            .is_some_and(|r| Arc::ptr_eq(r, region))
-        {
+        if st.by_key.get(&region.key).is_some_and(|r| Arc::ptr_eq(r, region)) {
             st.by_key.remove(&region.key);
         }
         st.by_desc.remove(&region.desc.0);
@@ -475,32 +419,20 @@ impl Domain {
         if raw_key.len() != n {
             return Err(MrErrno::Inval);
         }
-        let entry = MappedKey {
-            base_addr,
-            raw_key: raw_key.to_vec(),
-        };
+        let entry = MappedKey { base_addr, raw_key: raw_key.to_vec() };
         let mut st = lock(&self.shared.state);
         if n <= 8 {
             let mut b = [0u8; 8];
             b[..n].copy_from_slice(raw_key);
             let key = u64::from_le_bytes(b);
-            let e = st.mapped.entry(key).or_insert(MappedEntry {
-                key: entry,
-                refs: 0,
-            });
+            let e = st.mapped.entry(key).or_insert(MappedEntry { key: entry, refs: 0 });
             e.refs += 1;
             return Ok(key);
         }
         for _ in 0..KEY_ATTEMPTS {
             let k = st.rng.next()?;
             if k != KEY_NOTAVAIL && !st.mapped.contains_key(&k) {
-                st.mapped.insert(
-                    k,
-                    MappedEntry {
-                        key: entry,
-                        refs: 1,
-                    },
-                );
+                st.mapped.insert(k, MappedEntry { key: entry, refs: 1 });
                 return Ok(k);
             }
         }
@@ -509,10 +441,7 @@ impl Domain {
 
     /// The raw key and base address behind a key returned by [`Domain::map_raw`].
     pub fn mapped_key(&self, key: u64) -> Option<MappedKey> {
-        lock(&self.shared.state)
-            .mapped
-            .get(&key)
-            .map(|e| e.key.clone())
+        lock(&self.shared.state).mapped.get(&key).map(|e| e.key.clone())
     }
 
     /// `fi_mr_unmap_key`: releases a key returned by [`Domain::map_raw`].
@@ -543,13 +472,7 @@ impl Domain {
     ///
     /// # Errors
     /// `MrErrno::Access(reason)`; nothing was touched.
-    pub fn check_remote(
-        &self,
-        key: u64,
-        addr: u64,
-        len: u64,
-        op: RemoteOp,
-    ) -> Result<ResolvedRange, MrErrno> {
+    pub fn check_remote(&self, key: u64, addr: u64, len: u64, op: RemoteOp) -> Result<ResolvedRange, MrErrno> {
         if self.shared.attr.mr_key_size > 8 {
             return Err(RemoteAccessError::UnknownKey.into());
         }
@@ -561,13 +484,7 @@ impl Domain {
     ///
     /// # Errors
     /// As [`Domain::check_remote`].
-    pub fn check_remote_raw(
-        &self,
-        raw_key: &[u8],
-        addr: u64,
-        len: u64,
-        op: RemoteOp,
-    ) -> Result<ResolvedRange, MrErrno> {
+    pub fn check_remote_raw(&self, raw_key: &[u8], addr: u64, len: u64, op: RemoteOp) -> Result<ResolvedRange, MrErrno> {
         let n = self.shared.attr.mr_key_size;
         if raw_key.len() != n {
             return Err(RemoteAccessError::UnknownKey.into());
@@ -578,11 +495,7 @@ impl Domain {
         let region = self.lookup_key(u64::from_le_bytes(b))?;
         // Compare the whole tail before deciding, so the time taken does not say how many
         // bytes matched.
-        let diff = region
-            .raw_tail
-            .iter()
-            .zip(&raw_key[head..])
-            .fold(0u8, |d, (a, b)| d | (a ^ b));
+        let diff = region.raw_tail.iter().zip(&raw_key[head..]).fold(0u8, |d, (a, b)| d | (a ^ b));
         if diff != 0 {
             return Err(RemoteAccessError::UnknownKey.into());
         }
@@ -591,10 +504,7 @@ impl Domain {
 
     fn lookup_key(&self, key: u64) -> Result<Arc<RegionInner>, MrErrno> {
         let st = lock(&self.shared.state);
-        st.by_key
-            .get(&key)
-            .cloned()
-            .ok_or(MrErrno::Access(RemoteAccessError::UnknownKey))
+        st.by_key.get(&key).cloned().ok_or(MrErrno::Access(RemoteAccessError::UnknownKey))
     }
 
     /// The local side under `FI_MR_LOCAL`: may a data transfer use `[addr, addr + len)` with
@@ -605,21 +515,11 @@ impl Domain {
     /// [`MrErrno::Inval`] for an unknown descriptor; `MrErrno::Access(Disabled | Denied |
     /// OutOfRange)` when the region is disabled, lacks the access, or does not contain the
     /// buffer within one segment.
-    pub fn check_local(
-        &self,
-        desc: MrDesc,
-        addr: usize,
-        len: usize,
-        access: Access,
-    ) -> Result<(), MrErrno> {
+    pub fn check_local(&self, desc: MrDesc, addr: usize, len: usize, access: Access) -> Result<(), MrErrno> {
         if !self.shared.attr.mr_mode.contains(MrMode::LOCAL) {
             return Ok(());
         }
-        let region = lock(&self.shared.state)
-            .by_desc
-            .get(&desc.0)
-            .cloned()
-            .ok_or(MrErrno::Inval)?;
+        let region = lock(&self.shared.state).by_desc.get(&desc.0).cloned().ok_or(MrErrno::Inval)?;
         if !region.usable() {
             return Err(RemoteAccessError::Disabled.into());
         }
@@ -627,11 +527,7 @@ impl Domain {
             return Err(RemoteAccessError::Denied.into());
         }
         let end = addr.checked_add(len).ok_or(RemoteAccessError::OutOfRange)?;
-        if region
-            .iov
-            .iter()
-            .any(|s| addr >= s.addr && end <= s.addr + s.len)
-        {
+        if region.iov.iter().any(|s| addr >= s.addr && end <= s.addr + s.len) {
             Ok(())
         } else {
             Err(RemoteAccessError::OutOfRange.into())
@@ -645,11 +541,7 @@ fn resolve(r: &RegionInner, addr: u64, len: u64, op: RemoteOp) -> Result<Resolve
     if !r.usable() {
         return Err(E::Disabled.into());
     }
-    let offset = if r.mode.contains(MrMode::VIRT_ADDR) {
-        addr.checked_sub(r.base_addr()).ok_or(E::OutOfRange)?
-    } else {
-        addr
-    };
+    let offset = if r.mode.contains(MrMode::VIRT_ADDR) { addr.checked_sub(r.base_addr()).ok_or(E::OutOfRange)? } else { addr };
     let end = offset.checked_add(len).ok_or(E::OutOfRange)?;
     if end > r.total_len as u64 {
         return Err(E::OutOfRange.into());
@@ -674,10 +566,7 @@ fn resolve(r: &RegionInner, addr: u64, len: u64, op: RemoteOp) -> Result<Resolve
             continue;
         }
         let take = (s.len - off).min(left);
-        let seg = Segment {
-            addr: s.addr + off,
-            len: take,
-        };
+        let seg = Segment { addr: s.addr + off, len: take };
         match one.take() {
             None if many.is_empty() => one = Some(seg),
             prev => {

@@ -95,10 +95,7 @@ impl Counter {
 
 impl fmt::Debug for Counter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Counter")
-            .field("value", &self.value())
-            .field("closed", &self.is_closed())
-            .finish()
+        f.debug_struct("Counter").field("value", &self.value()).field("closed", &self.is_closed()).finish()
     }
 }
 
@@ -119,9 +116,7 @@ impl Default for Endpoint {
 impl Endpoint {
     /// An open endpoint.
     pub fn new() -> Self {
-        Self {
-            open: Arc::new(AtomicBool::new(true)),
-        }
+        Self { open: Arc::new(AtomicBool::new(true)) }
     }
 
     /// Closes the endpoint; bound regions may then be closed.
@@ -141,9 +136,7 @@ impl Endpoint {
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("open", &self.is_open())
-            .finish()
+        f.debug_struct("Endpoint").field("open", &self.is_open()).finish()
     }
 }
 
@@ -214,16 +207,11 @@ impl RegionInner {
 
     pub(crate) fn raw_attr(&self, raw_key: &mut [u8]) -> Result<RawAttr, MrErrno> {
         let n = self.key_size;
-        let out = raw_key
-            .get_mut(..n)
-            .ok_or(MrErrno::TooSmall { needed: n })?;
+        let out = raw_key.get_mut(..n).ok_or(MrErrno::TooSmall { needed: n })?;
         let head = n.min(8);
         out[..head].copy_from_slice(&self.key.to_le_bytes()[..head]);
         out[head..].copy_from_slice(&self.raw_tail);
-        Ok(RawAttr {
-            base_addr: self.base_addr(),
-            key_size: n,
-        })
+        Ok(RawAttr { base_addr: self.base_addr(), key_size: n })
     }
 
     /// Counts one granted remote write on every open counter bound for it.
@@ -339,9 +327,7 @@ impl MemoryRegion {
         if flags.is_empty() || counter.is_closed() {
             return Err(MrErrno::Inval);
         }
-        if self.inner.mode.contains(MrMode::RMA_EVENT)
-            && !self.inner.flags.contains(RegFlags::RMA_EVENT)
-        {
+        if self.inner.mode.contains(MrMode::RMA_EVENT) && !self.inner.flags.contains(RegFlags::RMA_EVENT) {
             return Err(MrErrno::Inval);
         }
         self.check_bindable()?;
@@ -409,12 +395,7 @@ impl MemoryRegion {
         }
         for s in iov {
             let end = s.addr.checked_add(s.len).ok_or(MrErrno::Inval)?;
-            let inside = s.len > 0
-                && self
-                    .inner
-                    .iov
-                    .iter()
-                    .any(|r| s.addr >= r.addr && end <= r.addr + r.len);
+            let inside = s.len > 0 && self.inner.iov.iter().any(|r| s.addr >= r.addr && end <= r.addr + r.len);
             if !inside {
                 return Err(MrErrno::Inval);
             }
@@ -431,14 +412,10 @@ impl MemoryRegion {
     pub fn close(self) -> Result<(), CloseError> {
         let busy = {
             let b = lock(&self.inner.bindings);
-            b.counters.iter().any(|(c, _)| !c.is_closed())
-                || b.endpoint.as_ref().is_some_and(Endpoint::is_open)
+            b.counters.iter().any(|(c, _)| !c.is_closed()) || b.endpoint.as_ref().is_some_and(Endpoint::is_open)
         };
         if busy {
-            return Err(CloseError {
-                errno: MrErrno::Busy,
-                region: self,
-            });
+            return Err(CloseError { errno: MrErrno::Busy, region: self });
         }
         drop(self);
         Ok(())

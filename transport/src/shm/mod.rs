@@ -105,6 +105,12 @@ impl ShmFabric {
         self.seg.pid(peer)
     }
 
+    /// Whether rank `peer` has detached from the segment (dropped its fabric: finished or
+    /// unwound). A process that died without detaching is found by its pid instead.
+    pub fn peer_departed(&self, peer: usize) -> bool {
+        peer < self.size && self.seg.gone(peer)
+    }
+
     /// Tries to put one packet (the concatenation of `parts`) into `dest`'s ring. Returns
     /// `Ok(false)` when the ring has no room now (back-pressure: make progress and retry).
     ///
@@ -174,5 +180,11 @@ impl ShmFabric {
             }
         }
         Ok(false)
+    }
+}
+
+impl Drop for ShmFabric {
+    fn drop(&mut self) {
+        self.seg.set_gone(self.rank);
     }
 }

@@ -139,10 +139,7 @@ impl Producer {
     pub fn try_push(&mut self, flags: u8, total_len: u64, parts: &[&[u8]]) -> Result<bool> {
         let payload: usize = parts.iter().map(|p| p.len()).sum();
         if payload > self.max_payload {
-            return Err(Error::InvalidArgument(format!(
-                "packet of {payload} bytes exceeds the ring's limit of {}",
-                self.max_payload
-            )));
+            return Err(Error::InvalidArgument(format!("packet of {payload} bytes exceeds the ring's limit of {}", self.max_payload)));
         }
         if flags & FLAG_SKIP != 0 {
             return Err(Error::InvalidArgument("packet flag 0x80 is reserved".into()));
@@ -288,9 +285,8 @@ mod tests {
     impl HeapRing {
         fn new(size: usize) -> Self {
             let n = 1 + size / std::mem::size_of::<RingCtl>();
-            let mem = (0..n)
-                .map(|_| RingCtl { head: AtomicU64::new(0), _pad0: [0; 120], tail: AtomicU64::new(0), _pad1: [0; 120] })
-                .collect();
+            let mem =
+                (0..n).map(|_| RingCtl { head: AtomicU64::new(0), _pad0: [0; 120], tail: AtomicU64::new(0), _pad1: [0; 120] }).collect();
             HeapRing { mem }
         }
         fn ends(&mut self, size: usize) -> (Producer, Consumer) {

@@ -48,7 +48,9 @@ const _: () = assert!(std::mem::size_of::<SegHeader>() == 128);
 struct RankCtl {
     /// Process id of the rank, written by that rank when it attaches.
     pid: AtomicU32,
-    _pad: [u8; 124],
+    /// 1 once the rank has detached (its fabric was dropped), written by that rank.
+    gone: AtomicU32,
+    _pad: [u8; 120],
 }
 
 const _: () = assert!(std::mem::size_of::<RankCtl>() == 128);
@@ -75,9 +77,7 @@ fn geometry(nranks: usize, ring_size: usize) -> Result<(usize, usize)> {
         return Err(Error::InvalidArgument(format!("{nranks} ranks: shm supports 1..={MAX_RANKS}")));
     }
     if !ring_size.is_power_of_two() || !(4096..=(1 << 30)).contains(&ring_size) {
-        return Err(Error::InvalidArgument(format!(
-            "ring size {ring_size}: must be a power of two from 4096 to 1 GiB"
-        )));
+        return Err(Error::InvalidArgument(format!("ring size {ring_size}: must be a power of two from 4096 to 1 GiB")));
     }
     let rings_off = (128 + nranks * 128).next_multiple_of(128);
     let total = nranks
@@ -98,9 +98,7 @@ fn shm_path(name: &str) -> Result<String> {
 fn map(file: &File, len: usize, path: &str) -> Result<NonNull<u8>> {
     // SAFETY: mapping a regular file we opened read-write, of at least `len` bytes, shared;
     // no existing memory is affected (addr hint is null).
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-    };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
     if p == libc::MAP_FAILED {
         return Err(Error::last_os(format!("mmap {path}")));
     }
@@ -149,11 +147,8 @@ impl Segment {
     /// of `nranks` ranks.
     pub fn open(name: &str, nranks: usize) -> Result<Self> {
         let path = shm_path(name)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::Io { op: format!("open {path}"), source: e })?;
+        let file =
+            OpenOptions::new().read(true).write(true).open(&path).map_err(|e| Error::Io { op: format!("open {path}"), source: e })?;
         let flen = file.metadata().map_err(|e| Error::Io { op: format!("stat {path}"), source: e })?.len() as usize;
         let bad = |what: String| Error::ShmLayout { name: name.to_string(), what };
         if flen < std::mem::size_of::<SegHeader>() {
@@ -230,6 +225,16 @@ impl Segment {
     /// The process id `rank` recorded (0 if none yet).
     pub fn pid(&self, rank: usize) -> u32 {
         self.rank_ctl(rank).pid.load(Ordering::Acquire)
+    }
+
+    /// Records that `rank` has detached.
+    pub fn set_gone(&self, rank: usize) {
+        self.rank_ctl(rank).gone.store(1, Ordering::Release);
+    }
+
+    /// Whether `rank` has detached.
+    pub fn gone(&self, rank: usize) -> bool {
+        self.rank_ctl(rank).gone.load(Ordering::Acquire) != 0
     }
 
     /// Removes the file name (the mapping stays).

@@ -40,14 +40,7 @@ pub struct TmCaps {
 
 impl Default for TmCaps {
     fn default() -> Self {
-        TmCaps {
-            max_rndv_hdr_size: 64,
-            max_num_tags: 1023,
-            max_ops: 1024,
-            max_sge: 1,
-            flags: TmCapFlags::RC,
-            max_srq_wr: 1 << 15,
-        }
+        TmCaps { max_rndv_hdr_size: 64, max_num_tags: 1023, max_ops: 1024, max_sge: 1, flags: TmCapFlags::RC, max_srq_wr: 1 << 15 }
     }
 }
 
@@ -66,11 +59,7 @@ pub struct TmCap {
 impl Default for TmCap {
     /// The largest list the default device allows, 1024 outstanding ops, 4096 SRQ buffers.
     fn default() -> Self {
-        TmCap {
-            max_num_tags: 1023,
-            max_ops: 1024,
-            max_wr: 4096,
-        }
+        TmCap { max_num_tags: 1023, max_ops: 1024, max_wr: 4096 }
     }
 }
 

@@ -129,10 +129,7 @@ impl Wc {
     /// from the SRQ buffer, where the whole message landed.
     #[inline]
     pub fn read_tm_info(&self) -> Option<(u64, u32)> {
-        let matched = self.opcode == WcOpcode::TmRecv
-            && self
-                .flags
-                .intersects(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID);
+        let matched = self.opcode == WcOpcode::TmRecv && self.flags.intersects(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID);
         matched.then_some((self.tag, self.app_ctx))
     }
 
@@ -141,9 +138,6 @@ impl Wc {
     /// completion, whatever its status, in the `unexpected_cnt` it reports to the SRQ.
     #[inline]
     pub fn is_unexpected(&self) -> bool {
-        self.opcode == WcOpcode::TmRecv
-            && !self
-                .flags
-                .intersects(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID)
+        self.opcode == WcOpcode::TmRecv && !self.flags.intersects(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID)
     }
 }

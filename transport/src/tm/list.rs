@@ -110,11 +110,7 @@ impl Slot {
         src: 0,
         msg_tag: 0,
         app_ctx: 0,
-        rvh: crate::wire::Rvh {
-            va: 0,
-            rkey: 0,
-            len: 0,
-        },
+        rvh: crate::wire::Rvh { va: 0, rkey: 0, len: 0 },
         payload: 0,
         read_pending: false,
     };
@@ -147,11 +143,7 @@ impl TagList {
     /// A list of `n` entries, all allocated now.
     pub(super) fn new(n: u32) -> Self {
         let n_us = n as usize;
-        let exact = Class {
-            mask: u64::MAX,
-            count: 0,
-            buckets: TagMap::with_capacity_and_hasher(n_us, Default::default()),
-        };
+        let exact = Class { mask: u64::MAX, count: 0, buckets: TagMap::with_capacity_and_hasher(n_us, Default::default()) };
         TagList {
             slots: vec![Slot::EMPTY; n_us],
             free: (0..n).collect(),
@@ -254,11 +246,7 @@ impl TagList {
             self.classes[i].mask = mask;
             return i;
         }
-        self.classes.push(Class {
-            mask,
-            count: 0,
-            buckets: TagMap::default(),
-        });
+        self.classes.push(Class { mask, count: 0, buckets: TagMap::default() });
         self.classes.len() - 1
     }
 

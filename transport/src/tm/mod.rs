@@ -94,8 +94,8 @@ pub use caps::{TmCap, TmCapFlags, TmCaps};
 pub use cq::{Wc, WcFlags, WcOpcode, WcStatus};
 pub use ops::{OpsFlags, OpsOp, OpsWr};
 pub use srq::{
-    Arrival, Buffer, Placement, ReadId, ReadRequest, RndvMeta, TmCounters, TmSrq, Transmit,
-    FIN_LEN, MAX_SYNC_DIFF, RNDV_META_LEN, RNDV_REQ_LEN,
+    Arrival, Buffer, Placement, ReadId, ReadRequest, RndvMeta, TmCounters, TmSrq, Transmit, FIN_LEN, MAX_SYNC_DIFF, RNDV_META_LEN,
+    RNDV_REQ_LEN,
 };
 
 /// Errno-like failures of the TM-SRQ verbs. Per-message outcomes are completion statuses

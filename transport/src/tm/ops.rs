@@ -77,49 +77,18 @@ pub struct OpsWr {
 
 impl OpsWr {
     /// A TAG_ADD carrying the unexpected count (flags `TM_SYNC`, plus `SIGNALED` if asked).
-    pub fn add(
-        wr_id: u64,
-        tag: u64,
-        mask: u64,
-        recv_wr_id: u64,
-        len: usize,
-        unexpected_cnt: u32,
-        signaled: bool,
-    ) -> Self {
-        OpsWr {
-            wr_id,
-            opcode: OpsOp::Add {
-                tag,
-                mask,
-                recv_wr_id,
-                len,
-            },
-            flags: sync_flags(signaled),
-            unexpected_cnt,
-            handle: 0,
-        }
+    pub fn add(wr_id: u64, tag: u64, mask: u64, recv_wr_id: u64, len: usize, unexpected_cnt: u32, signaled: bool) -> Self {
+        OpsWr { wr_id, opcode: OpsOp::Add { tag, mask, recv_wr_id, len }, flags: sync_flags(signaled), unexpected_cnt, handle: 0 }
     }
 
     /// A TAG_DEL carrying the unexpected count (flags `TM_SYNC`, plus `SIGNALED` if asked).
     pub fn del(wr_id: u64, handle: u32, unexpected_cnt: u32, signaled: bool) -> Self {
-        OpsWr {
-            wr_id,
-            opcode: OpsOp::Del { handle },
-            flags: sync_flags(signaled),
-            unexpected_cnt,
-            handle: 0,
-        }
+        OpsWr { wr_id, opcode: OpsOp::Del { handle }, flags: sync_flags(signaled), unexpected_cnt, handle: 0 }
     }
 
     /// A TAG_SYNC reporting `unexpected_cnt` (flags `TM_SYNC`, plus `SIGNALED` if asked).
     pub fn sync(wr_id: u64, unexpected_cnt: u32, signaled: bool) -> Self {
-        OpsWr {
-            wr_id,
-            opcode: OpsOp::Sync,
-            flags: sync_flags(signaled),
-            unexpected_cnt,
-            handle: 0,
-        }
+        OpsWr { wr_id, opcode: OpsOp::Sync, flags: sync_flags(signaled), unexpected_cnt, handle: 0 }
     }
 }
 

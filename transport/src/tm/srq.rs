@@ -48,10 +48,7 @@ impl RndvMeta {
     pub fn decode(buf: &[u8]) -> Option<Self> {
         let b: &[u8; RNDV_META_LEN] = buf.get(..RNDV_META_LEN)?.try_into().ok()?;
         let (k, l) = b.split_at(8);
-        Some(RndvMeta {
-            key: u64::from_be_bytes(k.try_into().ok()?),
-            len: u64::from_be_bytes(l.try_into().ok()?),
-        })
+        Some(RndvMeta { key: u64::from_be_bytes(k.try_into().ok()?), len: u64::from_be_bytes(l.try_into().ok()?) })
     }
 
     /// A whole rendezvous request: TMH (opcode RNDV), RVH and this meta-data. The RVH gets
@@ -59,16 +56,8 @@ impl RndvMeta {
     /// the RVH alone therefore see a truncated key, which is why the meta-data exists.
     pub fn encode_request(&self, app_ctx: u32, tag: u64, va: u64) -> [u8; RNDV_REQ_LEN] {
         let mut b = [0u8; RNDV_REQ_LEN];
-        let tmh = Tmh {
-            op: TmOp::Rndv,
-            app_ctx,
-            tag,
-        };
-        let rvh = Rvh {
-            va,
-            rkey: self.key as u32,
-            len: u32::try_from(self.len).unwrap_or(u32::MAX),
-        };
+        let tmh = Tmh { op: TmOp::Rndv, app_ctx, tag };
+        let rvh = Rvh { va, rkey: self.key as u32, len: u32::try_from(self.len).unwrap_or(u32::MAX) };
         b[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
         b[TMH_LEN..TMH_LEN + RVH_LEN].copy_from_slice(&rvh.to_bytes());
         b[TMH_LEN + RVH_LEN..].copy_from_slice(&self.encode());
@@ -112,9 +101,7 @@ impl Placement {
     /// given another, shorter packet).
     #[inline]
     pub fn bytes<'a>(&self, packet: &'a [u8]) -> &'a [u8] {
-        packet
-            .get(self.src_off..self.src_off.saturating_add(self.len))
-            .unwrap_or(&[])
+        packet.get(self.src_off..self.src_off.saturating_add(self.len)).unwrap_or(&[])
     }
 }
 
@@ -219,12 +206,7 @@ struct CqEntry {
 #[derive(Debug, Clone, Copy)]
 enum InTarget {
     Tagged(u32),
-    Srq {
-        wr_id: u64,
-        len: usize,
-        opcode: WcOpcode,
-        unexpected: bool,
-    },
+    Srq { wr_id: u64, len: usize, opcode: WcOpcode, unexpected: bool },
 }
 
 /// A multi-packet message whose first packet has arrived.
@@ -480,11 +462,7 @@ impl TmSrq {
         if level && self.list.resync() {
             self.counters.resyncs += 1;
         }
-        let sync_req = if level {
-            WcFlags::NONE
-        } else {
-            WcFlags::TM_SYNC_REQ
-        };
+        let sync_req = if level { WcFlags::NONE } else { WcFlags::TM_SYNC_REQ };
         let signaled = wr.flags.contains(OpsFlags::SIGNALED);
         let mut wc = Wc {
             wr_id: wr.wr_id,
@@ -498,12 +476,7 @@ impl TmSrq {
             app_ctx: 0,
         };
         match wr.opcode {
-            OpsOp::Add {
-                tag,
-                mask,
-                recv_wr_id,
-                len,
-            } => {
+            OpsOp::Add { tag, mask, recv_wr_id, len } => {
                 let Some(h) = self.list.alloc() else {
                     // Checked above; unreachable, but never panic on it.
                     return Err(TmErrno::NoMem);
@@ -520,12 +493,7 @@ impl TmSrq {
                 if signaled {
                     wc.opcode = WcOpcode::TmAdd;
                     wc.handle = h;
-                    self.push(CqEntry {
-                        wc,
-                        release: h,
-                        op_seq: seq,
-                        unexpected: false,
-                    });
+                    self.push(CqEntry { wc, release: h, op_seq: seq, unexpected: false });
                 }
                 Ok(Some(h))
             }
@@ -539,36 +507,21 @@ impl TmSrq {
                     s.state = SlotState::Done;
                     if signaled {
                         // The completion takes over the hardware's hold on the handle.
-                        self.push(CqEntry {
-                            wc,
-                            release: handle,
-                            op_seq: seq,
-                            unexpected: false,
-                        });
+                        self.push(CqEntry { wc, release: handle, op_seq: seq, unexpected: false });
                     } else {
                         self.list.unref(handle);
                     }
                 } else {
                     self.counters.del_failed += 1;
                     wc.status = WcStatus::TmErr;
-                    self.push(CqEntry {
-                        wc,
-                        release: NIL,
-                        op_seq: seq,
-                        unexpected: false,
-                    });
+                    self.push(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false });
                 }
                 Ok(None)
             }
             OpsOp::Sync => {
                 self.counters.syncs += 1;
                 if signaled {
-                    self.push(CqEntry {
-                        wc,
-                        release: NIL,
-                        op_seq: seq,
-                        unexpected: false,
-                    });
+                    self.push(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false });
                 }
                 Ok(None)
             }
@@ -634,12 +587,7 @@ impl TmSrq {
     ///   rendezvous request not whole in one packet, shorter than TMH and RVH, or longer than
     ///   `max_rndv_hdr_size`. Nothing changed.
     /// - [`TmErrno::Inval`]: a message from `src` is still in progress. Nothing changed.
-    pub fn arrive_first(
-        &mut self,
-        src: u32,
-        first: &[u8],
-        total_len: usize,
-    ) -> Result<Arrival, TmErrno> {
+    pub fn arrive_first(&mut self, src: u32, first: &[u8], total_len: usize) -> Result<Arrival, TmErrno> {
         let Some(&op) = first.first() else {
             return Err(TmErrno::BadMsg);
         };
@@ -654,40 +602,23 @@ impl TmSrq {
                 let tmh = parse_tmh(first).ok_or(TmErrno::BadMsg)?;
                 match self.list.lookup(tmh.tag) {
                     Some(h) => Ok(self.match_eager(h, src, &tmh, first.len(), total_len)),
-                    None => Ok(self.deliver_to_srq(
-                        src,
-                        first.len(),
-                        total_len,
-                        WcOpcode::TmRecv,
-                        true,
-                    )),
+                    None => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmRecv, true)),
                 }
             }
             Ok(TmOp::Rndv) => {
-                if total_len != first.len()
-                    || first.len() < TMH_LEN + RVH_LEN
-                    || first.len() > self.caps.max_rndv_hdr_size as usize
-                {
+                if total_len != first.len() || first.len() < TMH_LEN + RVH_LEN || first.len() > self.caps.max_rndv_hdr_size as usize {
                     return Err(TmErrno::BadMsg);
                 }
                 let tmh = parse_tmh(first).ok_or(TmErrno::BadMsg)?;
                 let rvh = parse_rvh(&first[TMH_LEN..]).ok_or(TmErrno::BadMsg)?;
                 match self.list.lookup(tmh.tag) {
                     Some(h) => Ok(self.match_rndv(h, src, &tmh, rvh, first)),
-                    None => Ok(self.deliver_to_srq(
-                        src,
-                        first.len(),
-                        total_len,
-                        WcOpcode::TmRecv,
-                        true,
-                    )),
+                    None => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmRecv, true)),
                 }
             }
             // The hardware looks at nothing but the opcode of these: delivered whole, as
             // NO_TAG (mlx5 reports FIN with the NO_TAG CQE opcode), never counted.
-            Ok(TmOp::NoTag) | Ok(TmOp::Fin) => {
-                Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmNoTag, false))
-            }
+            Ok(TmOp::NoTag) | Ok(TmOp::Fin) => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmNoTag, false)),
             Err(_) => Err(TmErrno::BadMsg),
         }
     }
@@ -700,11 +631,7 @@ impl TmSrq {
     /// - [`TmErrno::Inval`]: no message from `src` is in progress.
     /// - [`TmErrno::BadMsg`]: more bytes than the message has left. Nothing changed.
     pub fn arrive_continuation(&mut self, src: u32, bytes: &[u8]) -> Result<Arrival, TmErrno> {
-        let i = self
-            .inflight
-            .iter()
-            .position(|f| f.src == src)
-            .ok_or(TmErrno::Inval)?;
+        let i = self.inflight.iter().position(|f| f.src == src).ok_or(TmErrno::Inval)?;
         let f = self.inflight[i];
         if bytes.len() > f.total - f.received {
             return Err(TmErrno::BadMsg);
@@ -734,38 +661,20 @@ impl TmSrq {
                         tag: s.msg_tag,
                         app_ctx: s.app_ctx,
                     };
-                    self.push(CqEntry {
-                        wc,
-                        release: h,
-                        op_seq: NO_OP,
-                        unexpected: false,
-                    });
+                    self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
                 }
                 Placement {
-                    buffer: Buffer::Tagged {
-                        recv_wr_id: s.recv_wr_id,
-                        handle: h,
-                    },
+                    buffer: Buffer::Tagged { recv_wr_id: s.recv_wr_id, handle: h },
                     src_off: 0,
                     dst_off,
                     len: clip(dst_off, bytes.len(), s.len),
                 }
             }
-            InTarget::Srq {
-                wr_id,
-                len,
-                opcode,
-                unexpected,
-            } => {
+            InTarget::Srq { wr_id, len, opcode, unexpected } => {
                 if done {
                     self.push_srq_completion(src, wr_id, len, f.total, opcode, unexpected);
                 }
-                Placement {
-                    buffer: Buffer::Srq { wr_id },
-                    src_off: 0,
-                    dst_off: off,
-                    len: clip(off, bytes.len(), len),
-                }
+                Placement { buffer: Buffer::Srq { wr_id }, src_off: 0, dst_off: off, len: clip(off, bytes.len(), len) }
             }
         };
         Ok(Arrival::Place(place))
@@ -798,19 +707,9 @@ impl TmSrq {
                     tag: s.msg_tag,
                     app_ctx: s.app_ctx,
                 };
-                self.push(CqEntry {
-                    wc,
-                    release: h,
-                    op_seq: NO_OP,
-                    unexpected: false,
-                });
+                self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
             }
-            InTarget::Srq {
-                wr_id,
-                opcode,
-                unexpected,
-                ..
-            } => {
+            InTarget::Srq { wr_id, opcode, unexpected, .. } => {
                 let wc = Wc {
                     wr_id,
                     opcode,
@@ -822,12 +721,7 @@ impl TmSrq {
                     tag: 0,
                     app_ctx: 0,
                 };
-                self.push(CqEntry {
-                    wc,
-                    release: NIL,
-                    op_seq: NO_OP,
-                    unexpected,
-                });
+                self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected });
             }
         }
         true
@@ -840,11 +734,7 @@ impl TmSrq {
     /// [`TmErrno::Inval`] if `id` is not a read in progress (already reported, or stale).
     pub fn read_complete(&mut self, id: ReadId) -> Result<(), TmErrno> {
         let s = self.take_read(id)?;
-        let tmh = Tmh {
-            op: TmOp::Fin,
-            app_ctx: s.app_ctx,
-            tag: s.msg_tag,
-        };
+        let tmh = Tmh { op: TmOp::Fin, app_ctx: s.app_ctx, tag: s.msg_tag };
         let mut msg = [0u8; FIN_LEN];
         msg[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
         msg[TMH_LEN..].copy_from_slice(&s.rvh.to_bytes());
@@ -893,12 +783,7 @@ impl TmSrq {
             tag: s.msg_tag,
             app_ctx: s.app_ctx,
         };
-        self.push(CqEntry {
-            wc,
-            release: h,
-            op_seq: NO_OP,
-            unexpected: false,
-        });
+        self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
     }
 
     /// Takes `h` out of the list for a message from `src`.
@@ -914,14 +799,7 @@ impl TmSrq {
         *s
     }
 
-    fn match_eager(
-        &mut self,
-        h: u32,
-        src: u32,
-        tmh: &Tmh,
-        first_len: usize,
-        total_len: usize,
-    ) -> Arrival {
+    fn match_eager(&mut self, h: u32, src: u32, tmh: &Tmh, first_len: usize, total_len: usize) -> Arrival {
         let s = self.consume(h, src, tmh);
         let payload = (total_len - TMH_LEN) as u64;
         self.list.slots[h as usize].payload = payload;
@@ -939,33 +817,15 @@ impl TmSrq {
         if first_len == total_len {
             self.list.slots[h as usize].state = SlotState::Done;
             wc.status = len_status(payload, s.len);
-            self.push(CqEntry {
-                wc,
-                release: h,
-                op_seq: NO_OP,
-                unexpected: false,
-            });
+            self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
         } else {
             wc.flags = WcFlags::TM_MATCH;
             wc.byte_len = 0;
-            self.push(CqEntry {
-                wc,
-                release: NIL,
-                op_seq: NO_OP,
-                unexpected: false,
-            });
-            self.inflight.push(Inflight {
-                src,
-                target: InTarget::Tagged(h),
-                received: first_len,
-                total: total_len,
-            });
+            self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false });
+            self.inflight.push(Inflight { src, target: InTarget::Tagged(h), received: first_len, total: total_len });
         }
         Arrival::Place(Placement {
-            buffer: Buffer::Tagged {
-                recv_wr_id: s.recv_wr_id,
-                handle: h,
-            },
+            buffer: Buffer::Tagged { recv_wr_id: s.recv_wr_id, handle: h },
             src_off: TMH_LEN,
             dst_off: 0,
             len: clip(0, first_len - TMH_LEN, s.len),
@@ -998,17 +858,9 @@ impl TmSrq {
             wc.status = WcStatus::TmRndvIncomplete;
             wc.flags = WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID;
             wc.byte_len = msg.len() as u64;
-            self.push(CqEntry {
-                wc,
-                release: h,
-                op_seq: NO_OP,
-                unexpected: false,
-            });
+            self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
             return Arrival::Place(Placement {
-                buffer: Buffer::Tagged {
-                    recv_wr_id: s.recv_wr_id,
-                    handle: h,
-                },
+                buffer: Buffer::Tagged { recv_wr_id: s.recv_wr_id, handle: h },
                 src_off: 0,
                 dst_off: 0,
                 len: clip(0, msg.len(), s.len),
@@ -1020,32 +872,12 @@ impl TmSrq {
         slot.payload = len;
         slot.read_pending = true;
         let gen = slot.gen;
-        self.push(CqEntry {
-            wc,
-            release: NIL,
-            op_seq: NO_OP,
-            unexpected: false,
-        });
-        Arrival::Read(ReadRequest {
-            id: ReadId { handle: h, gen },
-            src,
-            va: rvh.va,
-            key,
-            len,
-            recv_wr_id: s.recv_wr_id,
-            handle: h,
-        })
+        self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false });
+        Arrival::Read(ReadRequest { id: ReadId { handle: h, gen }, src, va: rvh.va, key, len, recv_wr_id: s.recv_wr_id, handle: h })
     }
 
     /// Delivers a message whole to the next SRQ buffer (or refuses it: RNR).
-    fn deliver_to_srq(
-        &mut self,
-        src: u32,
-        first_len: usize,
-        total_len: usize,
-        opcode: WcOpcode,
-        unexpected: bool,
-    ) -> Arrival {
+    fn deliver_to_srq(&mut self, src: u32, first_len: usize, total_len: usize, opcode: WcOpcode, unexpected: bool) -> Arrival {
         let Some((wr_id, len)) = self.srq.pop_front() else {
             self.counters.rnr += 1;
             return Arrival::Rnr;
@@ -1061,33 +893,15 @@ impl TmSrq {
         } else {
             self.inflight.push(Inflight {
                 src,
-                target: InTarget::Srq {
-                    wr_id,
-                    len,
-                    opcode,
-                    unexpected,
-                },
+                target: InTarget::Srq { wr_id, len, opcode, unexpected },
                 received: first_len,
                 total: total_len,
             });
         }
-        Arrival::Place(Placement {
-            buffer: Buffer::Srq { wr_id },
-            src_off: 0,
-            dst_off: 0,
-            len: clip(0, first_len, len),
-        })
+        Arrival::Place(Placement { buffer: Buffer::Srq { wr_id }, src_off: 0, dst_off: 0, len: clip(0, first_len, len) })
     }
 
-    fn push_srq_completion(
-        &mut self,
-        src: u32,
-        wr_id: u64,
-        len: usize,
-        total: usize,
-        opcode: WcOpcode,
-        unexpected: bool,
-    ) {
+    fn push_srq_completion(&mut self, src: u32, wr_id: u64, len: usize, total: usize, opcode: WcOpcode, unexpected: bool) {
         let wc = Wc {
             wr_id,
             opcode,
@@ -1099,12 +913,7 @@ impl TmSrq {
             tag: 0,
             app_ctx: 0,
         };
-        self.push(CqEntry {
-            wc,
-            release: NIL,
-            op_seq: NO_OP,
-            unexpected,
-        });
+        self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected });
     }
 }
 

@@ -8,36 +8,19 @@ use crate::wire::{Message, Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
 const ALL: u64 = u64::MAX;
 
 fn eager(tag: u64, app_ctx: u32, payload: &[u8]) -> Vec<u8> {
-    let mut m = Tmh {
-        op: TmOp::Eager,
-        app_ctx,
-        tag,
-    }
-    .to_bytes()
-    .to_vec();
+    let mut m = Tmh { op: TmOp::Eager, app_ctx, tag }.to_bytes().to_vec();
     m.extend_from_slice(payload);
     m
 }
 
 fn rndv(tag: u64, app_ctx: u32, va: u64, rkey: u32, len: u32) -> Vec<u8> {
-    let mut m = Tmh {
-        op: TmOp::Rndv,
-        app_ctx,
-        tag,
-    }
-    .to_bytes()
-    .to_vec();
+    let mut m = Tmh { op: TmOp::Rndv, app_ctx, tag }.to_bytes().to_vec();
     m.extend_from_slice(&Rvh { va, rkey, len }.to_bytes());
     m
 }
 
 fn srq(tags: u32, ops: u32, wr: u32) -> TmSrq {
-    TmSrq::new(TmCap {
-        max_num_tags: tags,
-        max_ops: ops,
-        max_wr: wr,
-    })
-    .unwrap()
+    TmSrq::new(TmCap { max_num_tags: tags, max_ops: ops, max_wr: wr }).unwrap()
 }
 
 fn drain(s: &mut TmSrq) -> Vec<Wc> {
@@ -48,15 +31,10 @@ fn drain(s: &mut TmSrq) -> Vec<Wc> {
 /// completion; returns the handle.
 fn add(s: &mut TmSrq, tag: u64, mask: u64, recv_wr_id: u64, len: usize, cnt: u32) -> u32 {
     assert_eq!(s.cq_len(), 0, "drain the CQ before add()");
-    let h = s
-        .post_srq_op(&OpsWr::add(900, tag, mask, recv_wr_id, len, cnt, true))
-        .unwrap();
+    let h = s.post_srq_op(&OpsWr::add(900, tag, mask, recv_wr_id, len, cnt, true)).unwrap();
     let h = h.unwrap();
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.opcode, wc.status, wc.wr_id, wc.handle),
-        (WcOpcode::TmAdd, WcStatus::Success, 900, h)
-    );
+    assert_eq!((wc.opcode, wc.status, wc.wr_id, wc.handle), (WcOpcode::TmAdd, WcStatus::Success, 900, h));
     h
 }
 
@@ -86,60 +64,28 @@ fn srq_wr(a: Arrival) -> u64 {
 #[test]
 fn default_caps_and_creation_validation() {
     let c = TmCaps::default();
-    assert_eq!(
-        (c.max_rndv_hdr_size, c.max_num_tags, c.max_sge),
-        (64, 1023, 1)
-    );
+    assert_eq!((c.max_rndv_hdr_size, c.max_num_tags, c.max_sge), (64, 1023, 1));
     assert!(c.flags.contains(TmCapFlags::RC));
     assert!(TmSrq::new(TmCap::default()).is_ok());
-    let ok = TmCap {
-        max_num_tags: 1023,
-        max_ops: c.max_ops,
-        max_wr: 1,
-    };
+    let ok = TmCap { max_num_tags: 1023, max_ops: c.max_ops, max_wr: 1 };
     assert!(TmSrq::new(ok).is_ok());
     for bad in [
-        TmCap {
-            max_num_tags: 1024,
-            ..ok
-        },
-        TmCap {
-            max_num_tags: 0,
-            ..ok
-        },
-        TmCap {
-            max_ops: c.max_ops + 1,
-            ..ok
-        },
+        TmCap { max_num_tags: 1024, ..ok },
+        TmCap { max_num_tags: 0, ..ok },
+        TmCap { max_ops: c.max_ops + 1, ..ok },
         TmCap { max_ops: 0, ..ok },
         TmCap { max_wr: 0, ..ok },
-        TmCap {
-            max_wr: c.max_srq_wr + 1,
-            ..ok
-        },
+        TmCap { max_wr: c.max_srq_wr + 1, ..ok },
     ] {
         assert_eq!(TmSrq::new(bad).unwrap_err(), TmErrno::Inval, "{bad:?}");
     }
-    let no_rc = TmCaps {
-        flags: TmCapFlags(0),
-        ..c
-    };
+    let no_rc = TmCaps { flags: TmCapFlags(0), ..c };
     assert_eq!(TmSrq::with_caps(no_rc, ok).unwrap_err(), TmErrno::Inval);
     let no_sge = TmCaps { max_sge: 0, ..c };
     assert_eq!(TmSrq::with_caps(no_sge, ok).unwrap_err(), TmErrno::Inval);
-    let small = TmCaps {
-        max_num_tags: 4,
-        ..c
-    };
+    let small = TmCaps { max_num_tags: 4, ..c };
     assert_eq!(TmSrq::with_caps(small, ok).unwrap_err(), TmErrno::Inval);
-    assert!(TmSrq::with_caps(
-        small,
-        TmCap {
-            max_num_tags: 4,
-            ..ok
-        }
-    )
-    .is_ok());
+    assert!(TmSrq::with_caps(small, TmCap { max_num_tags: 4, ..ok }).is_ok());
 }
 
 #[test]
@@ -157,26 +103,17 @@ fn post_srq_recv_is_bounded_by_max_wr() {
 fn add_signaled_and_unsignaled() {
     let mut s = srq(8, 8, 1);
     let h0 = add(&mut s, 1, ALL, 10, 8, 0);
-    let h1 = s
-        .post_srq_op(&OpsWr::add(2, 2, ALL, 11, 8, 0, false))
-        .unwrap()
-        .unwrap();
+    let h1 = s.post_srq_op(&OpsWr::add(2, 2, ALL, 11, 8, 0, false)).unwrap().unwrap();
     assert_ne!(h0, h1);
     assert!(s.poll_cq().is_none(), "unsignaled ADD must not complete");
     assert_eq!(s.tags_listed(), 2);
     assert_eq!(s.counters().adds, 2);
     // The batch form writes the handle back into the work request.
-    let mut wrs = [
-        OpsWr::add(3, 3, ALL, 12, 8, 0, false),
-        OpsWr::sync(4, 0, true),
-    ];
+    let mut wrs = [OpsWr::add(3, 3, ALL, 12, 8, 0, false), OpsWr::sync(4, 0, true)];
     s.post_srq_ops(&mut wrs).unwrap();
     assert!(wrs[0].handle != h0 && wrs[0].handle != h1);
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.opcode, wc.wr_id, wc.flags),
-        (WcOpcode::TmSync, 4, WcFlags::NONE)
-    );
+    assert_eq!((wc.opcode, wc.wr_id, wc.flags), (WcOpcode::TmSync, 4, WcFlags::NONE));
     assert_eq!(s.counters().syncs, 1);
 }
 
@@ -195,17 +132,11 @@ fn del_signaled_success_and_unsignaled_success() {
     let h = add(&mut s, 5, ALL, 50, 8, 0);
     s.post_srq_op(&OpsWr::del(77, h, 0, true)).unwrap();
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.opcode, wc.status, wc.wr_id, wc.handle),
-        (WcOpcode::TmDel, WcStatus::Success, 77, h)
-    );
+    assert_eq!((wc.opcode, wc.status, wc.wr_id, wc.handle), (WcOpcode::TmDel, WcStatus::Success, 77, h));
     assert_eq!(s.tags_listed(), 0);
     let h2 = add(&mut s, 6, ALL, 60, 8, 0);
     s.post_srq_op(&OpsWr::del(78, h2, 0, false)).unwrap();
-    assert!(
-        s.poll_cq().is_none(),
-        "an unsignaled DEL that succeeds is silent"
-    );
+    assert!(s.poll_cq().is_none(), "an unsignaled DEL that succeeds is silent");
     assert_eq!(s.counters().dels, 2);
     // The deleted entry does not match any more.
     s.post_srq_recv(1, 64).unwrap();
@@ -222,19 +153,13 @@ fn del_after_consume_is_tm_err_even_unsignaled() {
     let wcs = drain(&mut s);
     assert_eq!(wcs.len(), 2);
     assert_eq!((wcs[0].opcode, wcs[0].wr_id), (WcOpcode::TmRecv, 50));
-    assert_eq!(
-        (wcs[1].opcode, wcs[1].status, wcs[1].wr_id, wcs[1].handle),
-        (WcOpcode::TmDel, WcStatus::TmErr, 70, h)
-    );
+    assert_eq!((wcs[1].opcode, wcs[1].status, wcs[1].wr_id, wcs[1].handle), (WcOpcode::TmDel, WcStatus::TmErr, 70, h));
     assert_eq!(s.counters().del_failed, 1);
     // After everything is polled the handle is free: a DEL of it still fails cleanly.
     s.post_srq_op(&OpsWr::del(71, h, 0, true)).unwrap();
     assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmErr);
     // Out of range handles are refused synchronously.
-    assert_eq!(
-        s.post_srq_op(&OpsWr::del(72, 2, 0, true)),
-        Err(TmErrno::Inval)
-    );
+    assert_eq!(s.post_srq_op(&OpsWr::del(72, 2, 0, true)), Err(TmErrno::Inval));
 }
 
 #[test]
@@ -242,10 +167,7 @@ fn consumed_handle_is_not_reused_until_its_completion_is_polled() {
     let mut s = srq(1, 8, 1);
     let h = add(&mut s, 5, ALL, 50, 8, 0);
     s.arrive(1, &eager(5, 0, b"abc")).unwrap();
-    assert_eq!(
-        s.post_srq_op(&OpsWr::add(1, 6, ALL, 60, 8, 0, true)),
-        Err(TmErrno::NoMem)
-    );
+    assert_eq!(s.post_srq_op(&OpsWr::add(1, 6, ALL, 60, 8, 0, true)), Err(TmErrno::NoMem));
     assert_eq!(s.poll_cq().unwrap().wr_id, 50);
     assert_eq!(add(&mut s, 6, ALL, 60, 8, 0), h);
 }
@@ -275,10 +197,7 @@ fn max_ops_bounds_outstanding_ops_until_a_completion_is_polled() {
     assert_eq!(s.ops_outstanding(), 4);
     let mut wrs = [OpsWr::sync(4, 0, true)];
     assert_eq!(s.post_srq_ops(&mut wrs), Err((0, TmErrno::NoMem)));
-    assert_eq!(
-        s.post_srq_op(&OpsWr::add(5, 1, ALL, 1, 1, 0, true)),
-        Err(TmErrno::NoMem)
-    );
+    assert_eq!(s.post_srq_op(&OpsWr::add(5, 1, ALL, 1, 1, 0, true)), Err(TmErrno::NoMem));
     // Polling the signaled op reclaims it and the unsignaled ones before it.
     assert_eq!(s.poll_cq().unwrap().wr_id, 3);
     assert_eq!(s.ops_outstanding(), 0);
@@ -287,10 +206,7 @@ fn max_ops_bounds_outstanding_ops_until_a_completion_is_polled() {
     let mut s = srq(8, 2, 1);
     s.post_srq_op(&OpsWr::sync(0, 0, false)).unwrap();
     s.post_srq_op(&OpsWr::del(1, 3, 0, false)).unwrap();
-    assert_eq!(
-        s.post_srq_op(&OpsWr::sync(2, 0, false)),
-        Err(TmErrno::NoMem)
-    );
+    assert_eq!(s.post_srq_op(&OpsWr::sync(2, 0, false)), Err(TmErrno::NoMem));
     assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmErr);
     s.post_srq_op(&OpsWr::sync(2, 0, false)).unwrap();
 }
@@ -303,31 +219,10 @@ fn eager_expected_single_packet() {
     let h = add(&mut s, 0xabc, ALL, 7, 16, 0);
     let msg = eager(0xabc, 99, b"payload");
     let p = place(s.arrive(4, &msg).unwrap());
-    assert_eq!(
-        p,
-        Placement {
-            buffer: Buffer::Tagged {
-                recv_wr_id: 7,
-                handle: h
-            },
-            src_off: TMH_LEN,
-            dst_off: 0,
-            len: 7
-        }
-    );
+    assert_eq!(p, Placement { buffer: Buffer::Tagged { recv_wr_id: 7, handle: h }, src_off: TMH_LEN, dst_off: 0, len: 7 });
     assert_eq!(p.bytes(&msg), b"payload");
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (
-            wc.opcode,
-            wc.status,
-            wc.wr_id,
-            wc.byte_len,
-            wc.src,
-            wc.handle
-        ),
-        (WcOpcode::TmRecv, WcStatus::Success, 7, 7, 4, h)
-    );
+    assert_eq!((wc.opcode, wc.status, wc.wr_id, wc.byte_len, wc.src, wc.handle), (WcOpcode::TmRecv, WcStatus::Success, 7, 7, 4, h));
     assert_eq!(wc.flags, WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID);
     assert!(!wc.is_unexpected());
     assert_eq!(wc.read_tm_info(), Some((0xabc, 99)));
@@ -345,9 +240,7 @@ fn eager_longer_than_tagged_buffer_is_cut_with_loc_len_err() {
     assert_eq!(p.bytes(&msg), b"abc");
     let wc = s.poll_cq().unwrap();
     assert_eq!((wc.status, wc.byte_len), (WcStatus::LocLenErr, 6));
-    assert!(wc
-        .flags
-        .contains(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID));
+    assert!(wc.flags.contains(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID));
 }
 
 #[test]
@@ -368,42 +261,20 @@ fn unexpected_lands_whole_in_an_srq_buffer() {
     s.post_srq_recv(101, 256).unwrap();
     let msg = eager(2, 5, b"zz");
     let p = place(s.arrive(9, &msg).unwrap());
-    assert_eq!(
-        p,
-        Placement {
-            buffer: Buffer::Srq { wr_id: 100 },
-            src_off: 0,
-            dst_off: 0,
-            len: msg.len()
-        }
-    );
+    assert_eq!(p, Placement { buffer: Buffer::Srq { wr_id: 100 }, src_off: 0, dst_off: 0, len: msg.len() });
     assert_eq!(p.bytes(&msg), &msg[..], "TMH included");
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.opcode, wc.status, wc.wr_id, wc.byte_len, wc.src),
-        (WcOpcode::TmRecv, WcStatus::Success, 100, 18, 9)
-    );
-    assert_eq!(
-        wc.flags,
-        WcFlags::NONE,
-        "mlx5: neither MATCH nor DATA_VALID"
-    );
+    assert_eq!((wc.opcode, wc.status, wc.wr_id, wc.byte_len, wc.src), (WcOpcode::TmRecv, WcStatus::Success, 100, 18, 9));
+    assert_eq!(wc.flags, WcFlags::NONE, "mlx5: neither MATCH nor DATA_VALID");
     assert!(wc.is_unexpected());
     assert_eq!(wc.read_tm_info(), None);
     assert_eq!(s.hw_unexpected_cnt(), 1);
     assert!(!s.in_sync());
     assert_eq!(s.counters().unexpected, 1);
     // Unexpected rendezvous requests land whole too, RVH and meta-data included.
-    let req = RndvMeta {
-        key: 1 << 40,
-        len: 9,
-    }
-    .encode_request(3, 4, 0x1000);
+    let req = RndvMeta { key: 1 << 40, len: 9 }.encode_request(3, 4, 0x1000);
     let p = place(s.arrive(9, &req).unwrap());
-    assert_eq!(
-        (p.buffer, p.len),
-        (Buffer::Srq { wr_id: 101 }, RNDV_REQ_LEN)
-    );
+    assert_eq!((p.buffer, p.len), (Buffer::Srq { wr_id: 101 }, RNDV_REQ_LEN));
     assert!(s.poll_cq().unwrap().is_unexpected());
     assert_eq!(s.hw_unexpected_cnt(), 2);
 }
@@ -443,15 +314,9 @@ fn no_tag_is_always_unexpected_but_never_counted() {
     s.post_srq_recv(100, 64).unwrap();
     let msg = [0u8, 0xde, 0xad];
     let p = place(s.arrive(2, &msg).unwrap());
-    assert_eq!(
-        (p.buffer, p.bytes(&msg)),
-        (Buffer::Srq { wr_id: 100 }, &msg[..])
-    );
+    assert_eq!((p.buffer, p.bytes(&msg)), (Buffer::Srq { wr_id: 100 }, &msg[..]));
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.opcode, wc.status, wc.byte_len, wc.src, wc.flags),
-        (WcOpcode::TmNoTag, WcStatus::Success, 3, 2, WcFlags::NONE)
-    );
+    assert_eq!((wc.opcode, wc.status, wc.byte_len, wc.src, wc.flags), (WcOpcode::TmNoTag, WcStatus::Success, 3, 2, WcFlags::NONE));
     assert!(!wc.is_unexpected());
     assert_eq!(wc.read_tm_info(), None);
     assert_eq!(s.hw_unexpected_cnt(), 0);
@@ -465,21 +330,8 @@ fn fin_arriving_at_the_sender_is_a_no_tag_receive() {
     let mut s = srq(4, 8, 4);
     add(&mut s, 0x77, ALL, 7, 64, 0);
     s.post_srq_recv(100, 64).unwrap();
-    let mut fin = Tmh {
-        op: TmOp::Fin,
-        app_ctx: 1,
-        tag: 0x77,
-    }
-    .to_bytes()
-    .to_vec();
-    fin.extend_from_slice(
-        &Rvh {
-            va: 1,
-            rkey: 2,
-            len: 3,
-        }
-        .to_bytes(),
-    );
+    let mut fin = Tmh { op: TmOp::Fin, app_ctx: 1, tag: 0x77 }.to_bytes().to_vec();
+    fin.extend_from_slice(&Rvh { va: 1, rkey: 2, len: 3 }.to_bytes());
     let p = place(s.arrive(1, &fin).unwrap());
     assert_eq!(p.bytes(&fin), &fin[..]);
     let wc = s.poll_cq().unwrap();
@@ -495,40 +347,22 @@ fn match_rule_masks_and_list_order() {
     // Wildcard posted first wins over a later exact entry.
     add(&mut s, 0x1_000005, any_tag, 1, 8, 0);
     add(&mut s, 0x1_000005, ALL, 2, 8, 0);
-    assert_eq!(
-        tagged_wr(s.arrive(0, &eager(0x1_000005, 0, b"")).unwrap()),
-        1
-    );
-    assert_eq!(
-        tagged_wr(s.arrive(0, &eager(0x1_000005, 0, b"")).unwrap()),
-        2
-    );
+    assert_eq!(tagged_wr(s.arrive(0, &eager(0x1_000005, 0, b"")).unwrap()), 1);
+    assert_eq!(tagged_wr(s.arrive(0, &eager(0x1_000005, 0, b"")).unwrap()), 2);
     drain(&mut s);
     // Exact posted first wins over a later wildcard.
     add(&mut s, 0x1_000006, ALL, 3, 8, 0);
     add(&mut s, 0x1_000000, any_tag, 4, 8, 0);
-    assert_eq!(
-        tagged_wr(s.arrive(0, &eager(0x1_000006, 0, b"")).unwrap()),
-        3
-    );
+    assert_eq!(tagged_wr(s.arrive(0, &eager(0x1_000006, 0, b"")).unwrap()), 3);
     drain(&mut s);
     // The wildcard takes any tag of its context, and the entry's own bits outside the mask
     // do not matter (the tag is masked on ADD).
     add(&mut s, 0x1_abcdef, any_tag, 5, 8, 0);
-    assert_eq!(
-        tagged_wr(s.arrive(0, &eager(0x1_123456, 0, b"")).unwrap()),
-        4
-    );
-    assert_eq!(
-        tagged_wr(s.arrive(0, &eager(0x1_000001, 0, b"")).unwrap()),
-        5
-    );
+    assert_eq!(tagged_wr(s.arrive(0, &eager(0x1_123456, 0, b"")).unwrap()), 4);
+    assert_eq!(tagged_wr(s.arrive(0, &eager(0x1_000001, 0, b"")).unwrap()), 5);
     // Other contexts do not match.
     s.post_srq_recv(100, 64).unwrap();
-    assert_eq!(
-        srq_wr(s.arrive(0, &eager(0x2_000001, 0, b"")).unwrap()),
-        100
-    );
+    assert_eq!(srq_wr(s.arrive(0, &eager(0x2_000001, 0, b"")).unwrap()), 100);
     assert_eq!(drain(&mut s).len(), 3);
     // Same exact tag: FIFO; a deleted head is skipped.
     let h = add(&mut s, 9, ALL, 6, 8, 1);
@@ -540,18 +374,14 @@ fn match_rule_masks_and_list_order() {
     drain(&mut s);
     // Mask 0 matches everything.
     add(&mut s, 0, 0, 10, 8, 1);
-    assert_eq!(
-        tagged_wr(s.arrive(0, &eager(u64::MAX, 0, b"")).unwrap()),
-        10
-    );
+    assert_eq!(tagged_wr(s.arrive(0, &eager(u64::MAX, 0, b"")).unwrap()), 10);
 }
 
 #[test]
 fn long_exact_list_finds_each_tag() {
     let mut s = srq(1023, 1024, 1);
     for i in 0..1000u64 {
-        s.post_srq_op(&OpsWr::add(i, i * 0x1_0000_0001, ALL, i, 8, 0, false))
-            .unwrap();
+        s.post_srq_op(&OpsWr::add(i, i * 0x1_0000_0001, ALL, i, 8, 0, false)).unwrap();
         if i % 512 == 511 {
             s.post_srq_op(&OpsWr::sync(0, 0, true)).unwrap();
             drain(&mut s);
@@ -560,10 +390,7 @@ fn long_exact_list_finds_each_tag() {
     // Arrive in a scrambled order; each finds its own entry.
     for k in 0..1000u64 {
         let i = (k * 617) % 1000;
-        assert_eq!(
-            tagged_wr(s.arrive(0, &eager(i * 0x1_0000_0001, 0, b"")).unwrap()),
-            i
-        );
+        assert_eq!(tagged_wr(s.arrive(0, &eager(i * 0x1_0000_0001, 0, b"")).unwrap()), i);
     }
     assert_eq!(s.tags_listed(), 0);
     assert_eq!(s.counters().list_hwm, 1000);
@@ -582,28 +409,20 @@ fn seed_race_m1_m2_b1_b2_stale_add_is_not_matched_until_sync() {
     // m1 arrives: nothing posted, unexpected. Software has not polled it yet.
     assert_eq!(srq_wr(s.arrive(1, &eager(0x10, 0, b"m1")).unwrap()), 100);
     // Software posts b1 with the count it knows (0): out of phase.
-    s.post_srq_op(&OpsWr::add(1, 0x10, ALL, 201, 64, 0, true))
-        .unwrap();
+    s.post_srq_op(&OpsWr::add(1, 0x10, ALL, 201, 64, 0, true)).unwrap();
     // m2 arrives: b1 must NOT match it.
     assert_eq!(srq_wr(s.arrive(1, &eager(0x10, 0, b"m2")).unwrap()), 101);
     assert_eq!(s.hw_unexpected_cnt(), 2);
     let wcs = drain(&mut s);
     assert!(wcs[0].is_unexpected());
-    assert_eq!(
-        (wcs[1].opcode, wcs[1].flags),
-        (WcOpcode::TmAdd, WcFlags::TM_SYNC_REQ)
-    );
+    assert_eq!((wcs[1].opcode, wcs[1].flags), (WcOpcode::TmAdd, WcFlags::TM_SYNC_REQ));
     assert!(wcs[2].is_unexpected());
     let b1 = wcs[1].handle;
     // Software matches m1 to its receive r1 (= b1) and m2 to r2 (= b2, never posted to HW):
     // b1 must come out of HW first; then it reports both unexpected messages.
     s.post_srq_op(&OpsWr::del(2, b1, 2, true)).unwrap();
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.status, wc.flags),
-        (WcStatus::Success, WcFlags::NONE),
-        "level now: no SYNC_REQ"
-    );
+    assert_eq!((wc.status, wc.flags), (WcStatus::Success, WcFlags::NONE), "level now: no SYNC_REQ");
     assert!(s.in_sync());
     // A receive posted now is in phase and matches the next message at once.
     add(&mut s, 0x10, ALL, 203, 64, 2);
@@ -626,26 +445,15 @@ fn stale_entry_becomes_eligible_after_sync() {
     s.post_srq_op(&OpsWr::sync(6, 3, true)).unwrap();
     assert_eq!(s.counters().resyncs, 1);
     let p = place(s.arrive(1, &eager(0x10, 0, b"")).unwrap());
-    assert_eq!(
-        p.buffer,
-        Buffer::Tagged {
-            recv_wr_id: 7,
-            handle: b
-        }
-    );
+    assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: 7, handle: b });
     let wcs = drain(&mut s);
-    let syncs: Vec<_> = wcs
-        .iter()
-        .filter(|w| w.opcode == WcOpcode::TmSync)
-        .collect();
+    let syncs: Vec<_> = wcs.iter().filter(|w| w.opcode == WcOpcode::TmSync).collect();
     assert_eq!(syncs[0].flags, WcFlags::TM_SYNC_REQ);
     assert_eq!(syncs[1].flags, WcFlags::NONE);
 }
 
 fn add_with_flags(s: &mut TmSrq, tag: u64, cnt: u32) -> u32 {
-    s.post_srq_op(&OpsWr::add(1, tag, ALL, 7, 64, cnt, false))
-        .unwrap()
-        .unwrap()
+    s.post_srq_op(&OpsWr::add(1, tag, ALL, 7, 64, cnt, false)).unwrap().unwrap()
 }
 
 #[test]
@@ -672,21 +480,12 @@ fn ops_without_tm_sync_keep_the_last_count() {
     s.post_srq_op(&OpsWr::sync(1, 1, false)).unwrap();
     assert!(s.in_sync());
     // unexpected_cnt 0 is ignored without TM_SYNC: the entry is in phase.
-    let wr = OpsWr {
-        flags: OpsFlags::SIGNALED,
-        ..OpsWr::add(2, 0x10, ALL, 5, 8, 0, true)
-    };
+    let wr = OpsWr { flags: OpsFlags::SIGNALED, ..OpsWr::add(2, 0x10, ALL, 5, 8, 0, true) };
     s.post_srq_op(&wr).unwrap();
     assert_eq!(s.sw_unexpected_cnt(), 1);
     assert_eq!(tagged_wr(s.arrive(1, &eager(0x10, 0, b"")).unwrap()), 5);
     let wcs = drain(&mut s);
-    assert_eq!(
-        wcs.iter()
-            .find(|w| w.opcode == WcOpcode::TmAdd)
-            .unwrap()
-            .flags,
-        WcFlags::NONE
-    );
+    assert_eq!(wcs.iter().find(|w| w.opcode == WcOpcode::TmAdd).unwrap().flags, WcFlags::NONE);
 }
 
 #[test]
@@ -695,18 +494,12 @@ fn sync_req_on_op_completions_whenever_counts_differ() {
     s.post_srq_recv(100, 256).unwrap();
     s.arrive(1, &eager(0x20, 0, b"")).unwrap();
     assert!(s.poll_cq().unwrap().is_unexpected());
-    let h = s
-        .post_srq_op(&OpsWr::add(1, 0x10, ALL, 5, 8, 0, true))
-        .unwrap()
-        .unwrap();
+    let h = s.post_srq_op(&OpsWr::add(1, 0x10, ALL, 5, 8, 0, true)).unwrap().unwrap();
     s.post_srq_op(&OpsWr::del(1, h, 0, true)).unwrap();
     s.post_srq_op(&OpsWr::sync(2, 0, true)).unwrap();
     let ops = drain(&mut s);
     assert_eq!(ops.len(), 3);
-    assert!(
-        ops.iter().all(|w| w.flags == WcFlags::TM_SYNC_REQ),
-        "{ops:?}"
-    );
+    assert!(ops.iter().all(|w| w.flags == WcFlags::TM_SYNC_REQ), "{ops:?}");
     s.post_srq_op(&OpsWr::sync(3, 1, true)).unwrap();
     assert_eq!(s.poll_cq().unwrap().flags, WcFlags::NONE);
 }
@@ -717,10 +510,7 @@ fn unexpected_cnt_wraps_at_16_bits() {
     let n: u32 = 65536 + 3;
     for i in 0..n {
         s.post_srq_recv(u64::from(i), 64).unwrap();
-        assert!(matches!(
-            s.arrive(0, &eager(1, 0, b"")).unwrap(),
-            Arrival::Place(_)
-        ));
+        assert!(matches!(s.arrive(0, &eager(1, 0, b"")).unwrap(), Arrival::Place(_)));
         let wc = s.poll_cq().unwrap();
         assert!(wc.is_unexpected());
         // Software keeps up, reporting its 32-bit count every 1000 messages.
@@ -759,11 +549,7 @@ fn sync_req_on_unexpected_receive_once_gap_exceeds_0x3fff() {
         let wc = s.poll_cq().unwrap();
         assert!(wc.is_unexpected());
         let expect = i > u32::from(MAX_SYNC_DIFF);
-        assert_eq!(
-            wc.flags.contains(WcFlags::TM_SYNC_REQ),
-            expect,
-            "unexpected #{i}"
-        );
+        assert_eq!(wc.flags.contains(WcFlags::TM_SYNC_REQ), expect, "unexpected #{i}");
     }
     // Software syncs: the gap closes, the flag goes away.
     s.post_srq_op(&OpsWr::sync(0, 0x4002, true)).unwrap();
@@ -780,18 +566,10 @@ fn rendezvous_expected_reads_then_data_valid_and_fin() {
     let mut s = srq(4, 8, 1);
     let h = add(&mut s, 0x55, ALL, 7, 4096, 0);
     let req = rndv(0x55, 11, 0xdead_0000, 0x1234, 4000);
-    let Arrival::Read(r) = s.arrive(3, &req).unwrap() else {
-        panic!("expected a read")
-    };
-    assert_eq!(
-        (r.src, r.va, r.key, r.len, r.recv_wr_id, r.handle),
-        (3, 0xdead_0000, 0x1234, 4000, 7, h)
-    );
+    let Arrival::Read(r) = s.arrive(3, &req).unwrap() else { panic!("expected a read") };
+    assert_eq!((r.src, r.va, r.key, r.len, r.recv_wr_id, r.handle), (3, 0xdead_0000, 0x1234, 4000, 7, h));
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.opcode, wc.status, wc.flags, wc.wr_id, wc.byte_len),
-        (WcOpcode::TmRecv, WcStatus::Success, WcFlags::TM_MATCH, 7, 0)
-    );
+    assert_eq!((wc.opcode, wc.status, wc.flags, wc.wr_id, wc.byte_len), (WcOpcode::TmRecv, WcStatus::Success, WcFlags::TM_MATCH, 7, 0));
     assert_eq!(wc.read_tm_info(), Some((0x55, 11)));
     assert!(s.poll_cq().is_none() && s.poll_transmit().is_none());
     // The entry is still held: a DEL now fails.
@@ -799,32 +577,13 @@ fn rendezvous_expected_reads_then_data_valid_and_fin() {
     assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmErr);
     s.read_complete(r.id).unwrap();
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.status, wc.flags, wc.wr_id, wc.byte_len, wc.src),
-        (WcStatus::Success, WcFlags::TM_DATA_VALID, 7, 4000, 3)
-    );
+    assert_eq!((wc.status, wc.flags, wc.wr_id, wc.byte_len, wc.src), (WcStatus::Success, WcFlags::TM_DATA_VALID, 7, 4000, 3));
     assert_eq!(wc.read_tm_info(), Some((0x55, 11)));
     let t = s.poll_transmit().unwrap();
     assert_eq!(t.dst, 3);
-    let Message::Fin(tmh, rvh) = Message::parse(&t.msg).unwrap() else {
-        panic!("not a FIN")
-    };
-    assert_eq!(
-        tmh,
-        Tmh {
-            op: TmOp::Fin,
-            app_ctx: 11,
-            tag: 0x55
-        }
-    );
-    assert_eq!(
-        rvh,
-        Rvh {
-            va: 0xdead_0000,
-            rkey: 0x1234,
-            len: 4000
-        }
-    );
+    let Message::Fin(tmh, rvh) = Message::parse(&t.msg).unwrap() else { panic!("not a FIN") };
+    assert_eq!(tmh, Tmh { op: TmOp::Fin, app_ctx: 11, tag: 0x55 });
+    assert_eq!(rvh, Rvh { va: 0xdead_0000, rkey: 0x1234, len: 4000 });
     assert_eq!(&t.msg[TMH_LEN..], &req[TMH_LEN..TMH_LEN + RVH_LEN]);
     assert_eq!(s.read_complete(r.id), Err(TmErrno::Inval), "reported twice");
     assert_eq!(s.counters().rndv_reads, 1);
@@ -832,27 +591,17 @@ fn rendezvous_expected_reads_then_data_valid_and_fin() {
 
 #[test]
 fn rendezvous_meta_data_carries_the_full_key_and_length() {
-    let meta = RndvMeta {
-        key: 0xaaaa_bbbb_cccc_dddd,
-        len: 5 << 32,
-    };
+    let meta = RndvMeta { key: 0xaaaa_bbbb_cccc_dddd, len: 5 << 32 };
     assert_eq!(RndvMeta::decode(&meta.encode()), Some(meta));
     assert_eq!(RndvMeta::decode(&meta.encode()[..15]), None);
     let req = meta.encode_request(1, 0x66, 0x4000);
-    let Message::Rndv(tmh, rvh, rest) = Message::parse(&req).unwrap() else {
-        panic!()
-    };
-    assert_eq!(
-        (tmh.tag, tmh.app_ctx, rvh.va, rvh.rkey, rvh.len),
-        (0x66, 1, 0x4000, 0xcccc_dddd, u32::MAX)
-    );
+    let Message::Rndv(tmh, rvh, rest) = Message::parse(&req).unwrap() else { panic!() };
+    assert_eq!((tmh.tag, tmh.app_ctx, rvh.va, rvh.rkey, rvh.len), (0x66, 1, 0x4000, 0xcccc_dddd, u32::MAX));
     assert_eq!(RndvMeta::decode(rest), Some(meta));
 
     let mut s = srq(4, 8, 1);
     add(&mut s, 0x66, ALL, 7, usize::MAX, 0);
-    let Arrival::Read(r) = s.arrive(0, &req).unwrap() else {
-        panic!("expected a read")
-    };
+    let Arrival::Read(r) = s.arrive(0, &req).unwrap() else { panic!("expected a read") };
     assert_eq!((r.key, r.len, r.va), (meta.key, meta.len, 0x4000));
 }
 
@@ -862,32 +611,15 @@ fn rendezvous_into_a_smaller_buffer_is_rndv_incomplete() {
     let h = add(&mut s, 0x55, ALL, 7, 100, 0);
     let req = RndvMeta { key: 9, len: 101 }.encode_request(2, 0x55, 0x10);
     let p = place(s.arrive(1, &req).unwrap());
-    assert_eq!(
-        p.buffer,
-        Buffer::Tagged {
-            recv_wr_id: 7,
-            handle: h
-        }
-    );
-    assert_eq!(
-        p.bytes(&req),
-        &req[..],
-        "TMH, RVH and meta-data land in the tagged buffer"
-    );
+    assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: 7, handle: h });
+    assert_eq!(p.bytes(&req), &req[..], "TMH, RVH and meta-data land in the tagged buffer");
     let wc = s.poll_cq().unwrap();
     assert_eq!(
         (wc.status, wc.flags, wc.byte_len),
-        (
-            WcStatus::TmRndvIncomplete,
-            WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID,
-            RNDV_REQ_LEN as u64
-        )
+        (WcStatus::TmRndvIncomplete, WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID, RNDV_REQ_LEN as u64)
     );
     assert_eq!(wc.read_tm_info(), Some((0x55, 2)));
-    assert!(
-        s.poll_cq().is_none() && s.poll_transmit().is_none(),
-        "software finishes"
-    );
+    assert!(s.poll_cq().is_none() && s.poll_transmit().is_none(), "software finishes");
     assert_eq!(s.counters().rndv_incomplete, 1);
     assert_eq!(s.counters().hw_matched, 1);
     // Without meta-data, the RVH length decides; a buffer smaller than the headers gets
@@ -902,26 +634,19 @@ fn rendezvous_into_a_smaller_buffer_is_rndv_incomplete() {
 fn rendezvous_read_failure_completes_with_the_error_and_no_fin() {
     let mut s = srq(1, 8, 1);
     add(&mut s, 0x55, ALL, 7, 4096, 0);
-    let Arrival::Read(r) = s.arrive(3, &rndv(0x55, 0, 1, 2, 3)).unwrap() else {
-        panic!()
-    };
+    let Arrival::Read(r) = s.arrive(3, &rndv(0x55, 0, 1, 2, 3)).unwrap() else { panic!() };
     assert_eq!(s.read_failed(r.id, WcStatus::Success), Err(TmErrno::Inval));
     s.read_failed(r.id, WcStatus::RemAccessErr).unwrap();
     let wcs = drain(&mut s);
     assert_eq!(wcs.len(), 2);
-    assert_eq!(
-        (wcs[1].status, wcs[1].flags, wcs[1].wr_id),
-        (WcStatus::RemAccessErr, WcFlags::TM_DATA_VALID, 7)
-    );
+    assert_eq!((wcs[1].status, wcs[1].flags, wcs[1].wr_id), (WcStatus::RemAccessErr, WcFlags::TM_DATA_VALID, 7));
     assert!(!wcs[1].is_unexpected());
     assert!(s.poll_transmit().is_none());
     assert_eq!(s.counters().read_failures, 1);
     assert_eq!(s.read_complete(r.id), Err(TmErrno::Inval));
     // The handle is reused (one-entry list); the old id stays dead.
     add(&mut s, 0x55, ALL, 8, 4096, 0);
-    let Arrival::Read(r2) = s.arrive(3, &rndv(0x55, 0, 1, 2, 3)).unwrap() else {
-        panic!()
-    };
+    let Arrival::Read(r2) = s.arrive(3, &rndv(0x55, 0, 1, 2, 3)).unwrap() else { panic!() };
     assert_eq!(r2.handle, r.handle);
     assert_eq!(s.read_complete(r.id), Err(TmErrno::Inval), "stale id");
     s.read_complete(r2.id).unwrap();
@@ -936,21 +661,12 @@ fn multi_packet_eager_matches_first_then_data_valid() {
     let msg = eager(0x42, 3, b"0123456789AB"); // 12-byte payload into a 10-byte buffer
     let (a, b, c) = (&msg[..20], &msg[20..24], &msg[24..]);
     let p = place(s.arrive_first(5, a, msg.len()).unwrap());
-    assert_eq!(
-        (p.src_off, p.dst_off, p.bytes(a)),
-        (TMH_LEN, 0, &b"0123"[..])
-    );
+    assert_eq!((p.src_off, p.dst_off, p.bytes(a)), (TMH_LEN, 0, &b"0123"[..]));
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.flags, wc.wr_id, wc.handle, wc.status),
-        (WcFlags::TM_MATCH, 7, h, WcStatus::Success)
-    );
+    assert_eq!((wc.flags, wc.wr_id, wc.handle, wc.status), (WcFlags::TM_MATCH, 7, h, WcStatus::Success));
     assert_eq!(wc.read_tm_info(), Some((0x42, 3)));
     // The entry is not free yet: the list (one entry) is still full.
-    assert_eq!(
-        s.post_srq_op(&OpsWr::add(1, 1, ALL, 1, 1, 0, true)),
-        Err(TmErrno::NoMem)
-    );
+    assert_eq!(s.post_srq_op(&OpsWr::add(1, 1, ALL, 1, 1, 0, true)), Err(TmErrno::NoMem));
     // Another source's message interleaves; a second message from 5 may not.
     s.post_srq_recv(100, 64).unwrap();
     assert_eq!(srq_wr(s.arrive(6, &eager(0x42, 0, b"")).unwrap()), 100);
@@ -962,22 +678,11 @@ fn multi_packet_eager_matches_first_then_data_valid() {
     assert!(s.poll_cq().unwrap().is_unexpected());
     assert!(s.poll_cq().is_none());
     let p = place(s.arrive_continuation(5, c).unwrap());
-    assert_eq!(
-        (p.dst_off, p.bytes(c)),
-        (8, &b"89"[..]),
-        "cut at the buffer's end"
-    );
+    assert_eq!((p.dst_off, p.bytes(c)), (8, &b"89"[..]), "cut at the buffer's end");
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.flags, wc.wr_id, wc.byte_len, wc.status),
-        (WcFlags::TM_DATA_VALID, 7, 12, WcStatus::LocLenErr)
-    );
+    assert_eq!((wc.flags, wc.wr_id, wc.byte_len, wc.status), (WcFlags::TM_DATA_VALID, 7, 12, WcStatus::LocLenErr));
     assert_eq!(add(&mut s, 1, ALL, 1, 1, 1), h);
-    assert_eq!(
-        s.arrive_continuation(5, b""),
-        Err(TmErrno::Inval),
-        "message over"
-    );
+    assert_eq!(s.arrive_continuation(5, b""), Err(TmErrno::Inval), "message over");
 }
 
 #[test]
@@ -988,11 +693,7 @@ fn multi_packet_unexpected_and_no_tag_complete_with_their_last_packet() {
     let msg = eager(0x42, 3, b"0123456789");
     let p = place(s.arrive_first(5, &msg[..20], msg.len()).unwrap());
     assert_eq!((p.buffer, p.len), (Buffer::Srq { wr_id: 100 }, 20));
-    assert_eq!(
-        s.hw_unexpected_cnt(),
-        1,
-        "counted when the hardware decided"
-    );
+    assert_eq!(s.hw_unexpected_cnt(), 1, "counted when the hardware decided");
     assert!(s.poll_cq().is_none());
     let p = place(s.arrive_continuation(5, &msg[20..]).unwrap());
     assert_eq!((p.dst_off, p.len), (20, msg.len() - 20));
@@ -1004,10 +705,7 @@ fn multi_packet_unexpected_and_no_tag_complete_with_their_last_packet() {
     assert_eq!(p.buffer, Buffer::Srq { wr_id: 101 });
     assert_eq!(place(s.arrive_continuation(5, &nt[50..]).unwrap()).len, 14);
     let wc = s.poll_cq().unwrap();
-    assert_eq!(
-        (wc.opcode, wc.status, wc.byte_len),
-        (WcOpcode::TmNoTag, WcStatus::LocLenErr, 100)
-    );
+    assert_eq!((wc.opcode, wc.status, wc.byte_len), (WcOpcode::TmNoTag, WcStatus::LocLenErr, 100));
 }
 
 #[test]
@@ -1025,15 +723,9 @@ fn abort_message_flushes_a_half_received_message() {
     let wcs = drain(&mut s);
     assert_eq!(wcs.len(), 3);
     assert_eq!((wcs[0].flags, wcs[0].wr_id), (WcFlags::TM_MATCH, 7));
-    assert_eq!(
-        (wcs[1].flags, wcs[1].status, wcs[1].wr_id),
-        (WcFlags::TM_DATA_VALID, WcStatus::WrFlushErr, 7)
-    );
+    assert_eq!((wcs[1].flags, wcs[1].status, wcs[1].wr_id), (WcFlags::TM_DATA_VALID, WcStatus::WrFlushErr, 7));
     assert_eq!((wcs[2].status, wcs[2].wr_id), (WcStatus::WrFlushErr, 100));
-    assert!(
-        wcs[2].is_unexpected(),
-        "counted by HW: software must count it too"
-    );
+    assert!(wcs[2].is_unexpected(), "counted by HW: software must count it too");
     // The entry was freed; the source can send again.
     assert_eq!(add(&mut s, 0x42, ALL, 8, 64, 1), h);
     assert_eq!(tagged_wr(s.arrive(5, &msg).unwrap()), 8);
@@ -1065,11 +757,7 @@ fn malformed_arrivals_are_ebadmsg_and_change_nothing() {
         (eager(1, 0, b"ab"), 3),
     ];
     for (m, total) in cases {
-        assert_eq!(
-            s.arrive_first(0, &m, total),
-            Err(TmErrno::BadMsg),
-            "{m:?} / {total}"
-        );
+        assert_eq!(s.arrive_first(0, &m, total), Err(TmErrno::BadMsg), "{m:?} / {total}");
     }
     assert_eq!(s.tags_listed(), 1);
     assert_eq!(s.srq_posted(), 1);
@@ -1087,47 +775,17 @@ mod prop {
 
     #[derive(Debug, Clone)]
     enum Step {
-        Add {
-            tag: u64,
-            mask: u64,
-            len: usize,
-            signaled: bool,
-            cnt: CntChoice,
-        },
-        Del {
-            pick: usize,
-            signaled: bool,
-            cnt: CntChoice,
-        },
-        Sync {
-            signaled: bool,
-            cnt: CntChoice,
-        },
-        Eager {
-            src: u32,
-            tag: u64,
-            multi: bool,
-        },
-        Rndv {
-            src: u32,
-            tag: u64,
-            len: u32,
-        },
-        NoTag {
-            src: u32,
-        },
-        Continue {
-            src: u32,
-        },
-        Abort {
-            src: u32,
-        },
+        Add { tag: u64, mask: u64, len: usize, signaled: bool, cnt: CntChoice },
+        Del { pick: usize, signaled: bool, cnt: CntChoice },
+        Sync { signaled: bool, cnt: CntChoice },
+        Eager { src: u32, tag: u64, multi: bool },
+        Rndv { src: u32, tag: u64, len: u32 },
+        NoTag { src: u32 },
+        Continue { src: u32 },
+        Abort { src: u32 },
         Poll(u8),
         PostSrq,
-        ReadDone {
-            pick: usize,
-            ok: bool,
-        },
+        ReadDone { pick: usize, ok: bool },
         Garbage(Vec<u8>),
     }
 
@@ -1200,9 +858,7 @@ mod prop {
         }
 
         fn find(&self, tag: u64) -> Option<usize> {
-            self.list
-                .iter()
-                .position(|e| tag & e.mask == e.tag & e.mask && self.gen >= e.eligible_from)
+            self.list.iter().position(|e| tag & e.mask == e.tag & e.mask && self.gen >= e.eligible_from)
         }
     }
 

@@ -110,11 +110,7 @@ pub struct CacheConfig {
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        Self {
-            max_count: DEFAULT_MAX_COUNT,
-            max_size: usize::MAX,
-            monitor: Monitor::Userfaultfd,
-        }
+        Self { max_count: DEFAULT_MAX_COUNT, max_size: usize::MAX, monitor: Monitor::Userfaultfd }
     }
 }
 
@@ -147,19 +143,11 @@ impl CacheConfig {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> crate::Result<CacheConfig> {
         let mut cfg = CacheConfig::default();
         if let Some(v) = get(ENV_MAX_COUNT) {
-            cfg.max_count = v
-                .trim()
-                .parse()
-                .map_err(|_| bad_env(ENV_MAX_COUNT, &v, "expected a non-negative integer"))?;
+            cfg.max_count = v.trim().parse().map_err(|_| bad_env(ENV_MAX_COUNT, &v, "expected a non-negative integer"))?;
         }
         if let Some(v) = get(ENV_MAX_SIZE) {
-            cfg.max_size = parse_size(&v).ok_or_else(|| {
-                bad_env(
-                    ENV_MAX_SIZE,
-                    &v,
-                    "expected bytes (e.g. 1048576, 512k, 2g) or unlimited",
-                )
-            })?;
+            cfg.max_size =
+                parse_size(&v).ok_or_else(|| bad_env(ENV_MAX_SIZE, &v, "expected bytes (e.g. 1048576, 512k, 2g) or unlimited"))?;
         }
         if let Some(v) = get(ENV_MONITOR) {
             cfg.monitor = match v.trim() {
@@ -304,11 +292,7 @@ impl Shared {
         {
             let mut st = lock(&self.state);
             st.store.release(slot);
-            let (count, size) = if st.closing {
-                (0, 0)
-            } else {
-                (self.cfg.max_count, self.cfg.max_size)
-            };
+            let (count, size) = if st.closing { (0, 0) } else { (self.cfg.max_count, self.cfg.max_size) };
             let n = st.store.trim(count, size);
             bump(&self.stats.evictions, n);
         }
@@ -331,10 +315,7 @@ impl Shared {
                 let range = match *ev {
                     Event::Unmap { start, end } | Event::Remove { start, end } => (start, end),
                     Event::Remap { from, len } => (from, from.saturating_add(len)),
-                    Event::Pagefault {
-                        addr,
-                        write_protect,
-                    } => {
+                    Event::Pagefault { addr, write_protect } => {
                         uffd.resolve_fault(addr, write_protect);
                         continue;
                     }
@@ -385,11 +366,7 @@ pub struct MrCache {
 
 impl fmt::Debug for MrCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MrCache")
-            .field("config", &self.shared.cfg)
-            .field("status", &self.status)
-            .field("stats", &self.stats())
-            .finish()
+        f.debug_struct("MrCache").field("config", &self.shared.cfg).field("status", &self.status).field("stats", &self.stats()).finish()
     }
 }
 
@@ -415,9 +392,7 @@ impl MrCache {
         let (uffd, waker, status) = if wanted {
             match start_monitor() {
                 Ok((u, w)) => {
-                    let status = MonitorStatus::Userfaultfd {
-                        write_protect: u.has_write_protect(),
-                    };
+                    let status = MonitorStatus::Userfaultfd { write_protect: u.has_write_protect() };
                     (Some(u), Some(w), status)
                 }
                 Err(why) => (None, None, MonitorStatus::Unavailable(why)),
@@ -430,27 +405,17 @@ impl MrCache {
             cfg,
             uffd: RwLock::new(uffd),
             state: Mutex::new(CacheState {
-                store: Store::with_capacity(
-                    INITIAL_SLOTS.min(cfg.max_count.saturating_mul(2).max(1)),
-                ),
+                store: Store::with_capacity(INITIAL_SLOTS.min(cfg.max_count.saturating_mul(2).max(1))),
                 epoch: 0,
                 recent: [(0, 0); RECENT],
                 closing: false,
             }),
             stats: Counters::default(),
         });
-        let mut cache = MrCache {
-            shared,
-            caching: false,
-            status,
-            monitor: None,
-        };
+        let mut cache = MrCache { shared, caching: false, status, monitor: None };
         if let Some(w) = waker {
             let (s, w2) = (Arc::clone(&cache.shared), Arc::clone(&w));
-            match std::thread::Builder::new()
-                .name("tmpi-mr-monitor".into())
-                .spawn(move || monitor_loop(s, w2))
-            {
+            match std::thread::Builder::new().name("tmpi-mr-monitor".into()).spawn(move || monitor_loop(s, w2)) {
                 Ok(h) => {
                     cache.monitor = Some((w, h));
                     cache.caching = true;
@@ -514,23 +479,12 @@ impl MrCache {
 
     fn register(&self, addr: usize, len: usize, access: Access) -> Result<MemoryRegion, MrErrno> {
         let iov = [Segment { addr, len }];
-        let attr = MrAttr {
-            iov: &iov,
-            access,
-            offset: 0,
-            requested_key: 0,
-            context: 0,
-        };
-        self.shared
-            .domain
-            .register(&attr, RegFlags::empty(), KeyChoice::Random)
+        let attr = MrAttr { iov: &iov, access, offset: 0, requested_key: 0, context: 0 };
+        self.shared.domain.register(&attr, RegFlags::empty(), KeyChoice::Random)
     }
 
     fn uncached(&self, mr: MemoryRegion) -> CachedMr {
-        CachedMr {
-            region: Arc::clone(&mr.inner),
-            kind: Kind::Direct { _owned: mr },
-        }
+        CachedMr { region: Arc::clone(&mr.inner), kind: Kind::Direct { _owned: mr } }
     }
 
     /// A registration covering `[addr, addr + len)` with at least `access`, from the cache if
@@ -543,10 +497,7 @@ impl MrCache {
     /// [`MrErrno::Inval`] for `len` 0, a range that wraps, or unknown access bits; any error
     /// of the registration itself.
     pub fn get(&self, addr: usize, len: usize, access: Access) -> Result<CachedMr, MrErrno> {
-        let end = addr
-            .checked_add(len)
-            .filter(|_| len > 0)
-            .ok_or(MrErrno::Inval)?;
+        let end = addr.checked_add(len).filter(|_| len > 0).ok_or(MrErrno::Inval)?;
         if access.unknown_bits() != 0 {
             return Err(MrErrno::Inval);
         }
@@ -579,13 +530,7 @@ impl MrCache {
                 }
                 // A registration of ours that lost a race is dropped here, unlocked.
                 drop(pending);
-                return Ok(CachedMr {
-                    region,
-                    kind: Kind::Cached {
-                        shared: Arc::clone(sh),
-                        slot,
-                    },
-                });
+                return Ok(CachedMr { region, kind: Kind::Cached { shared: Arc::clone(sh), slot } });
             }
             let Some((mr, want, epoch)) = pending.take() else {
                 let want = access | st.store.overlapping_access(addr, end);
@@ -628,13 +573,7 @@ impl MrCache {
             let (slot, region) = st.store.insert(addr, end, want, mr);
             drop(st);
             sh.drain_dead();
-            return Ok(CachedMr {
-                region,
-                kind: Kind::Cached {
-                    shared: Arc::clone(sh),
-                    slot,
-                },
-            });
+            return Ok(CachedMr { region, kind: Kind::Cached { shared: Arc::clone(sh), slot } });
         }
     }
 }

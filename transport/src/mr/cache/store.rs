@@ -178,24 +178,9 @@ impl Store {
 
     /// Adds an entry for `[start, end)` holding `mr`, with one reference. The caller has
     /// evicted overlapping entries and checked `!needs_grow()`.
-    pub(super) fn insert(
-        &mut self,
-        start: usize,
-        end: usize,
-        access: Access,
-        mr: MemoryRegion,
-    ) -> (u32, Arc<RegionInner>) {
+    pub(super) fn insert(&mut self, start: usize, end: usize, access: Access, mr: MemoryRegion) -> (u32, Arc<RegionInner>) {
         let region = Arc::clone(&mr.inner);
-        let slot = Slot {
-            start,
-            end,
-            access,
-            refs: 1,
-            state: State::Cached,
-            prev: NIL,
-            next: NIL,
-            mr: Some(mr),
-        };
+        let slot = Slot { start, end, access, refs: 1, state: State::Cached, prev: NIL, next: NIL, mr: Some(mr) };
         let n = match self.free.pop() {
             Some(n) => {
                 self.slots[n as usize] = slot;
@@ -209,14 +194,7 @@ impl Store {
         };
         let pos = self.index.partition_point(|e| e.start < start);
         debug_assert!(self.index.len() < self.index.capacity());
-        self.index.insert(
-            pos,
-            IndexEnt {
-                start,
-                end,
-                slot: n,
-            },
-        );
+        self.index.insert(pos, IndexEnt { start, end, slot: n });
         (n, region)
     }
 

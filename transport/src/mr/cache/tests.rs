@@ -11,23 +11,14 @@ const RR: Access = Access::REMOTE_READ;
 const RW: Access = Access::REMOTE_WRITE;
 
 fn domain() -> Domain {
-    Domain::open(DomainAttr {
-        mr_mode: MrMode::PROV_KEY | MrMode::VIRT_ADDR,
-        ..DomainAttr::default()
-    })
-    .unwrap()
+    Domain::open(DomainAttr { mr_mode: MrMode::PROV_KEY | MrMode::VIRT_ADDR, ..DomainAttr::default() }).unwrap()
 }
 
 fn cache_with(cfg: CacheConfig) -> MrCache {
     let c = MrCache::new(domain(), cfg).unwrap();
     if cfg.max_count > 0 && cfg.monitor == Monitor::Userfaultfd {
         // This machine runs the tests as root on Linux 6.18: the monitor must start.
-        assert_eq!(
-            c.monitor_status(),
-            &MonitorStatus::Userfaultfd {
-                write_protect: true
-            }
-        );
+        assert_eq!(c.monitor_status(), &MonitorStatus::Userfaultfd { write_protect: true });
         assert!(c.is_caching());
     }
     c
@@ -44,9 +35,7 @@ fn pages(n: usize) -> Mapping {
 }
 
 fn readable(c: &MrCache, key: u64, addr: usize, len: usize) -> bool {
-    c.domain()
-        .check_remote(key, addr as u64, len as u64, RemoteOp::Read)
-        .is_ok()
+    c.domain().check_remote(key, addr as u64, len as u64, RemoteOp::Read).is_ok()
 }
 
 #[test]
@@ -95,17 +84,10 @@ fn overlapping_entries_are_evicted_not_merged() {
     let old_key = old.key().unwrap();
     drop(old);
     let new = c.get(m.addr() + p, 2 * p, RR).unwrap();
-    assert_eq!(
-        (new.addr(), new.len()),
-        (m.addr() + p, 2 * p),
-        "exactly the range asked"
-    );
+    assert_eq!((new.addr(), new.len()), (m.addr() + p, 2 * p), "exactly the range asked");
     let s = c.stats();
     assert_eq!((s.misses, s.evictions), (2, 1));
-    assert!(
-        !readable(&c, old_key, m.addr(), 1),
-        "evicted entry deregistered"
-    );
+    assert!(!readable(&c, old_key, m.addr(), 1), "evicted entry deregistered");
     assert_eq!(c.domain().region_count(), 1);
     assert_eq!(c.usage().0, 1);
 }
@@ -118,10 +100,7 @@ fn overlapped_entry_in_use_survives_until_released() {
     let old = c.get(m.addr(), 2 * p, RR).unwrap();
     let new = c.get(m.addr() + p, 2 * p, RR).unwrap();
     assert_eq!(c.stats().evictions, 1);
-    assert!(
-        readable(&c, old.key().unwrap(), m.addr(), 2 * p),
-        "still usable by its holder"
-    );
+    assert!(readable(&c, old.key().unwrap(), m.addr(), 2 * p), "still usable by its holder");
     assert_eq!(c.domain().region_count(), 2);
     let old_key = old.key().unwrap();
     drop(old);
@@ -134,10 +113,7 @@ fn overlapped_entry_in_use_survives_until_released() {
 
 #[test]
 fn eviction_by_count() {
-    let c = cache_with(CacheConfig {
-        max_count: 2,
-        ..CacheConfig::default()
-    });
+    let c = cache_with(CacheConfig { max_count: 2, ..CacheConfig::default() });
     let m = pages(3);
     let p = page_size();
     let mut keys = Vec::new();
@@ -146,16 +122,10 @@ fn eviction_by_count() {
     }
     assert_eq!(c.stats().evictions, 1);
     assert_eq!(c.usage(), (2, 2, 2 * p));
-    assert!(
-        !readable(&c, keys[0], m.addr(), 1),
-        "least recently used went first"
-    );
+    assert!(!readable(&c, keys[0], m.addr(), 1), "least recently used went first");
     assert!(readable(&c, keys[1], m.addr() + p, 1));
     // The most recently used stays cached; the first one misses again.
-    assert_eq!(
-        c.get(m.addr() + 2 * p, p, RR).unwrap().key().unwrap(),
-        keys[2]
-    );
+    assert_eq!(c.get(m.addr() + 2 * p, p, RR).unwrap().key().unwrap(), keys[2]);
     assert_ne!(c.get(m.addr(), p, RR).unwrap().key().unwrap(), keys[0]);
     assert_eq!(c.stats().misses, 4);
 }
@@ -163,10 +133,7 @@ fn eviction_by_count() {
 #[test]
 fn eviction_by_size() {
     let p = page_size();
-    let c = cache_with(CacheConfig {
-        max_size: 2 * p,
-        ..CacheConfig::default()
-    });
+    let c = cache_with(CacheConfig { max_size: 2 * p, ..CacheConfig::default() });
     let m = pages(4);
     let a = c.get(m.addr(), p, RR).unwrap().key().unwrap();
     let b = c.get(m.addr() + p, 2 * p, RR).unwrap().key().unwrap();
@@ -214,8 +181,7 @@ fn unmap_invalidates_unused_entry() {
     assert_eq!(c.stats().invalidations, 1);
     assert_eq!(c.usage().0, 0);
     assert_eq!(
-        c.domain()
-            .check_remote(key, m.addr() as u64, 1, RemoteOp::Read),
+        c.domain().check_remote(key, m.addr() as u64, 1, RemoteOp::Read),
         Err(MrErrno::Access(RemoteAccessError::Disabled)),
         "revoked before the registration is even dropped"
     );
@@ -233,10 +199,7 @@ fn unmap_while_in_use_revokes_then_deregisters_on_release() {
     m.unmap();
     assert!(!h.is_valid());
     assert_eq!(c.stats().invalidations, 1);
-    assert!(c
-        .domain()
-        .check_remote(key, m.addr() as u64, 1, RemoteOp::Write)
-        .is_err());
+    assert!(c.domain().check_remote(key, m.addr() as u64, 1, RemoteOp::Write).is_err());
     assert_eq!(c.domain().region_count(), 1, "still held");
     drop(h);
     assert_eq!(c.domain().region_count(), 0);
@@ -252,10 +215,7 @@ fn madvise_dontneed_invalidates() {
     m.discard(p, p);
     assert_eq!(c.stats().invalidations, 1);
     assert!(!readable(&c, k, m.addr() + p, 1));
-    assert!(
-        readable(&c, other, m.addr() + 3 * p, 1),
-        "only the dropped pages"
-    );
+    assert!(readable(&c, other, m.addr() + 3 * p, 1), "only the dropped pages");
     assert_ne!(c.get(m.addr() + p, p, RR).unwrap().key().unwrap(), k);
 }
 
@@ -305,10 +265,7 @@ fn no_stale_hit_after_munmap_then_mmap_at_same_address() {
 
 #[test]
 fn max_count_zero_disables_caching() {
-    let c = cache_with(CacheConfig {
-        max_count: 0,
-        ..CacheConfig::default()
-    });
+    let c = cache_with(CacheConfig { max_count: 0, ..CacheConfig::default() });
     assert!(!c.is_caching());
     assert_eq!(c.monitor_status(), &MonitorStatus::Disabled);
     let m = pages(1);
@@ -326,10 +283,7 @@ fn max_count_zero_disables_caching() {
 
 #[test]
 fn disabled_monitor_disables_caching() {
-    let c = cache_with(CacheConfig {
-        monitor: Monitor::Disabled,
-        ..CacheConfig::default()
-    });
+    let c = cache_with(CacheConfig { monitor: Monitor::Disabled, ..CacheConfig::default() });
     assert!(!c.is_caching());
     let m = pages(1);
     let k = c.get(m.addr(), 64, RR).unwrap().key().unwrap();
@@ -355,9 +309,7 @@ fn store_grows_past_initial_capacity() {
     let c = cache();
     let p = page_size();
     let m = pages(200);
-    let held: Vec<CachedMr> = (0..200)
-        .map(|i| c.get(m.addr() + i * p, p, RR).unwrap())
-        .collect();
+    let held: Vec<CachedMr> = (0..200).map(|i| c.get(m.addr() + i * p, p, RR).unwrap()).collect();
     assert_eq!(c.usage().0, 200);
     for (i, h) in held.iter().enumerate() {
         assert!(readable(&c, h.key().unwrap(), m.addr() + i * p, p));
@@ -378,11 +330,7 @@ fn dropping_the_cache_deregisters_everything() {
     drop(c.get(m.addr() + p, p, RR).unwrap());
     assert_eq!(dom.region_count(), 2);
     drop(c);
-    assert_eq!(
-        dom.region_count(),
-        1,
-        "the entry in use stays until released"
-    );
+    assert_eq!(dom.region_count(), 1, "the entry in use stays until released");
     assert!(kept.is_valid());
     drop(kept);
     assert_eq!(dom.region_count(), 0);
@@ -392,10 +340,7 @@ fn dropping_the_cache_deregisters_everything() {
 
 #[test]
 fn concurrent_use_from_two_threads() {
-    let c = Arc::new(cache_with(CacheConfig {
-        max_count: 8,
-        ..CacheConfig::default()
-    }));
+    let c = Arc::new(cache_with(CacheConfig { max_count: 8, ..CacheConfig::default() }));
     let p = page_size();
     let shared_mem = Arc::new(pages(16));
     let mut threads = Vec::new();
@@ -452,32 +397,16 @@ fn concurrent_use_from_two_threads() {
 
 #[test]
 fn config_from_lookup() {
-    let env = |pairs: &'static [(&'static str, &'static str)]| {
-        move |k: &str| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    };
-    assert_eq!(
-        CacheConfig::from_lookup(env(&[])).unwrap(),
-        CacheConfig::default()
-    );
+    let env =
+        |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+    assert_eq!(CacheConfig::from_lookup(env(&[])).unwrap(), CacheConfig::default());
     let c = CacheConfig::from_lookup(env(&[
         ("TMPI_MR_CACHE_MAX_COUNT", "0"),
         ("TMPI_MR_CACHE_MAX_SIZE", "64k"),
         ("TMPI_MR_CACHE_MONITOR", "disabled"),
     ]))
     .unwrap();
-    assert_eq!(
-        c,
-        CacheConfig {
-            max_count: 0,
-            max_size: 65536,
-            monitor: Monitor::Disabled
-        }
-    );
+    assert_eq!(c, CacheConfig { max_count: 0, max_size: 65536, monitor: Monitor::Disabled });
     let c = CacheConfig::from_lookup(env(&[("TMPI_MR_CACHE_MAX_SIZE", "unlimited")])).unwrap();
     assert_eq!(c.max_size, usize::MAX);
     for (var, val) in [
@@ -493,13 +422,6 @@ fn config_from_lookup() {
 
 #[test]
 fn endpoint_domains_are_refused() {
-    let d = Domain::open(DomainAttr {
-        mr_mode: MrMode::ENDPOINT,
-        ..DomainAttr::default()
-    })
-    .unwrap();
-    assert_eq!(
-        MrCache::new(d, CacheConfig::default()).unwrap_err(),
-        MrErrno::Inval
-    );
+    let d = Domain::open(DomainAttr { mr_mode: MrMode::ENDPOINT, ..DomainAttr::default() }).unwrap();
+    assert_eq!(MrCache::new(d, CacheConfig::default()).unwrap_err(), MrErrno::Inval);
 }

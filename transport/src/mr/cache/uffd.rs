@@ -140,10 +140,7 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(p)
-        .ok()
-        .filter(|&p| p.is_power_of_two())
-        .unwrap_or(4096)
+    usize::try_from(p).ok().filter(|&p| p.is_power_of_two()).unwrap_or(4096)
 }
 
 /// An initialised userfaultfd (non-blocking, close-on-exec).
@@ -167,19 +164,12 @@ fn open_fd(flags: libc::c_int) -> io::Result<OwnedFd> {
 }
 
 fn api(fd: &OwnedFd, features: u64) -> io::Result<u64> {
-    let mut a = UffdioApi {
-        api: UFFD_API,
-        features,
-        ioctls: 0,
-    };
+    let mut a = UffdioApi { api: UFFD_API, features, ioctls: 0 };
     // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api`, which `a` is (repr(C),
     // same layout, checked size); `a` lives across the call.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut a as *mut UffdioApi) })?;
     if a.api != UFFD_API {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "userfaultfd API mismatch",
-        ));
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "userfaultfd API mismatch"));
     }
     Ok(a.features)
 }
@@ -193,9 +183,7 @@ impl Uffd {
         let base = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let (probe, user_only) = match open_fd(base) {
             Ok(fd) => (fd, false),
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                (open_fd(base | UFFD_USER_MODE_ONLY)?, true)
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => (open_fd(base | UFFD_USER_MODE_ONLY)?, true),
             Err(e) => return Err(e),
         };
         // UFFDIO_API may be called once per fd: ask what exists on a probe fd first.
@@ -203,14 +191,9 @@ impl Uffd {
         drop(probe);
         let needed = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE;
         if supported & needed != needed {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "kernel lacks userfaultfd unmap/remove events",
-            ));
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "kernel lacks userfaultfd unmap/remove events"));
         }
-        let optional = UFFD_FEATURE_EVENT_REMAP
-            | UFFD_FEATURE_PAGEFAULT_FLAG_WP
-            | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+        let optional = UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
         let want = needed | (supported & optional);
         let fd = open_fd(base | if user_only { UFFD_USER_MODE_ONLY } else { 0 })?;
         let got = api(&fd, want)?;
@@ -221,12 +204,7 @@ impl Uffd {
                 "no write-protect registration, and MISSING is unusable in user-mode-only fds",
             ));
         }
-        Ok(Uffd {
-            fd,
-            wp,
-            missing_ok: !user_only,
-            page: page_size(),
-        })
+        Ok(Uffd { fd, wp, missing_ok: !user_only, page: page_size() })
     }
 
     /// Whether write-protect registration is available.
@@ -239,20 +217,10 @@ impl Uffd {
     }
 
     fn ioctl_register(&self, range: UffdioRange, mode: u64) -> io::Result<()> {
-        let mut r = UffdioRegister {
-            range,
-            mode,
-            ioctls: 0,
-        };
+        let mut r = UffdioRegister { range, mode, ioctls: 0 };
         // SAFETY: UFFDIO_REGISTER reads and writes a `struct uffdio_register`, which `r` is;
         // the kernel validates the range itself (it only changes VMA flags).
-        cvt(unsafe {
-            libc::ioctl(
-                self.raw_fd(),
-                UFFDIO_REGISTER as _,
-                &mut r as *mut UffdioRegister,
-            )
-        })?;
+        cvt(unsafe { libc::ioctl(self.raw_fd(), UFFDIO_REGISTER as _, &mut r as *mut UffdioRegister) })?;
         Ok(())
     }
 
@@ -271,10 +239,7 @@ impl Uffd {
             .and_then(|e| e.checked_add(self.page - 1))
             .map(|e| e & !(self.page - 1))
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
-        let range = UffdioRange {
-            start: start as u64,
-            len: (end - start) as u64,
-        };
+        let range = UffdioRange { start: start as u64, len: (end - start) as u64 };
         let mut err = io::Error::from_raw_os_error(libc::EINVAL);
         if self.wp {
             match self.ioctl_register(range, UFFDIO_REGISTER_MODE_WP) {
@@ -295,11 +260,7 @@ impl Uffd {
     /// A read error other than `EAGAIN`/`EINTR`.
     pub(crate) fn read_events(&self, out: &mut [Event]) -> io::Result<usize> {
         const N: usize = 16;
-        let mut msgs = [UffdMsg {
-            event: 0,
-            reserved: [0; 7],
-            arg: [0; 3],
-        }; N];
+        let mut msgs = [UffdMsg { event: 0, reserved: [0; 7], arg: [0; 3] }; N];
         let want = out.len().min(N) * size_of::<UffdMsg>();
         // SAFETY: `msgs` is a writable buffer of at least `want` bytes living across the call;
         // the kernel writes whole `uffd_msg` records into it.
@@ -315,22 +276,10 @@ impl Uffd {
         for (o, m) in out.iter_mut().zip(&msgs[..n]) {
             let a = m.arg;
             *o = match m.event {
-                UFFD_EVENT_UNMAP => Event::Unmap {
-                    start: a[0] as usize,
-                    end: a[1] as usize,
-                },
-                UFFD_EVENT_REMOVE => Event::Remove {
-                    start: a[0] as usize,
-                    end: a[1] as usize,
-                },
-                UFFD_EVENT_REMAP => Event::Remap {
-                    from: a[0] as usize,
-                    len: a[2] as usize,
-                },
-                UFFD_EVENT_PAGEFAULT => Event::Pagefault {
-                    addr: a[1] as usize,
-                    write_protect: a[0] & UFFD_PAGEFAULT_FLAG_WP != 0,
-                },
+                UFFD_EVENT_UNMAP => Event::Unmap { start: a[0] as usize, end: a[1] as usize },
+                UFFD_EVENT_REMOVE => Event::Remove { start: a[0] as usize, end: a[1] as usize },
+                UFFD_EVENT_REMAP => Event::Remap { from: a[0] as usize, len: a[2] as usize },
+                UFFD_EVENT_PAGEFAULT => Event::Pagefault { addr: a[1] as usize, write_protect: a[0] & UFFD_PAGEFAULT_FLAG_WP != 0 },
                 _ => Event::Other,
             };
         }
@@ -341,48 +290,23 @@ impl Uffd {
     /// (or a wake-up if another thread populated it first), write permission back for a
     /// write-protect fault. Without allocation; never fails loudly (nothing to report to).
     pub(crate) fn resolve_fault(&self, addr: usize, write_protect: bool) {
-        let range = UffdioRange {
-            start: (addr & !(self.page - 1)) as u64,
-            len: self.page as u64,
-        };
+        let range = UffdioRange { start: (addr & !(self.page - 1)) as u64, len: self.page as u64 };
         if write_protect {
             let mut w = UffdioWriteprotect { range, mode: 0 };
             // SAFETY: UFFDIO_WRITEPROTECT reads a `struct uffdio_writeprotect` (`w`); mode 0
             // removes protection and wakes the faulting thread.
-            unsafe {
-                libc::ioctl(
-                    self.raw_fd(),
-                    UFFDIO_WRITEPROTECT as _,
-                    &mut w as *mut UffdioWriteprotect,
-                )
-            };
+            unsafe { libc::ioctl(self.raw_fd(), UFFDIO_WRITEPROTECT as _, &mut w as *mut UffdioWriteprotect) };
             return;
         }
-        let mut z = UffdioZeropage {
-            range,
-            mode: 0,
-            zeropage: 0,
-        };
+        let mut z = UffdioZeropage { range, mode: 0, zeropage: 0 };
         // SAFETY: UFFDIO_ZEROPAGE reads and writes a `struct uffdio_zeropage` (`z`); it maps
         // the shared zero page at a page the kernel reported missing in a registered range.
-        let r = unsafe {
-            libc::ioctl(
-                self.raw_fd(),
-                UFFDIO_ZEROPAGE as _,
-                &mut z as *mut UffdioZeropage,
-            )
-        };
+        let r = unsafe { libc::ioctl(self.raw_fd(), UFFDIO_ZEROPAGE as _, &mut z as *mut UffdioZeropage) };
         if r < 0 {
             let mut wake = range;
             // SAFETY: UFFDIO_WAKE reads a `struct uffdio_range` (`wake`); it only wakes
             // threads waiting on faults in that range (EEXIST: already populated).
-            unsafe {
-                libc::ioctl(
-                    self.raw_fd(),
-                    UFFDIO_WAKE as _,
-                    &mut wake as *mut UffdioRange,
-                )
-            };
+            unsafe { libc::ioctl(self.raw_fd(), UFFDIO_WAKE as _, &mut wake as *mut UffdioRange) };
         }
     }
 }
@@ -423,24 +347,13 @@ pub(crate) struct Ready {
 /// `poll` failed (`EINTR` included; the caller retries).
 pub(crate) fn wait(uffd: &Uffd, waker: &Waker) -> io::Result<Ready> {
     let mut fds = [
-        libc::pollfd {
-            fd: uffd.raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: waker.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
+        libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: waker.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
     ];
     // SAFETY: `fds` is an array of 2 valid pollfd structures living across the call.
     cvt(unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) })?;
     let bad = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
-    Ok(Ready {
-        stop: fds[1].revents != 0 || fds[0].revents & bad != 0,
-        events: fds[0].revents & libc::POLLIN != 0,
-    })
+    Ok(Ready { stop: fds[1].revents != 0 || fds[0].revents & bad != 0, events: fds[0].revents & libc::POLLIN != 0 })
 }
 
 /// Anonymous memory for tests: `mmap`/`munmap` wrapped in a safe type.
@@ -491,12 +404,7 @@ pub(crate) mod testmem {
                 return Err(io::Error::last_os_error());
             }
             let pages = len.div_ceil(super::page_size());
-            Ok(Mapping {
-                addr: p as usize,
-                len,
-                mapped: true,
-                holes: vec![false; pages],
-            })
+            Ok(Mapping { addr: p as usize, len, mapped: true, holes: vec![false; pages] })
         }
 
         pub(crate) fn addr(&self) -> usize {
@@ -523,13 +431,7 @@ pub(crate) mod testmem {
             assert!(self.mapped && off.checked_add(len).is_some_and(|e| e <= self.len));
             // SAFETY: the range is inside our own live private anonymous mapping; dropping
             // its pages only makes them read back as zeros.
-            let r = unsafe {
-                libc::madvise(
-                    (self.addr + off) as *mut libc::c_void,
-                    len,
-                    libc::MADV_DONTNEED,
-                )
-            };
+            let r = unsafe { libc::madvise((self.addr + off) as *mut libc::c_void, len, libc::MADV_DONTNEED) };
             assert_eq!(r, 0, "madvise: {}", io::Error::last_os_error());
         }
 
@@ -542,20 +444,8 @@ pub(crate) mod testmem {
             // SAFETY: the old range is a mapping this value owns entirely; MREMAP_MAYMOVE
             // lets the kernel place the grown mapping anywhere free, never over other
             // mappings. The value then owns the new range instead.
-            let p = unsafe {
-                libc::mremap(
-                    self.addr as *mut libc::c_void,
-                    self.len,
-                    new_len,
-                    libc::MREMAP_MAYMOVE,
-                )
-            };
-            assert_ne!(
-                p,
-                libc::MAP_FAILED,
-                "mremap: {}",
-                io::Error::last_os_error()
-            );
+            let p = unsafe { libc::mremap(self.addr as *mut libc::c_void, self.len, new_len, libc::MREMAP_MAYMOVE) };
+            assert_ne!(p, libc::MAP_FAILED, "mremap: {}", io::Error::last_os_error());
             let old = self.addr;
             self.addr = p as usize;
             self.len = new_len;
