@@ -159,7 +159,8 @@ fn ranks_that_ignore_sigterm_are_killed_after_the_grace() {
     let out = run(&["-n", "1", "--timeout", "0.3", "sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"]);
     let took = t.elapsed();
     assert_eq!(out.status.code(), Some(124));
-    assert!(took < Duration::from_millis(2500), "SIGTERM + SIGKILL within 2 s: {took:?}");
+    // 0.3 s of timeout, then SIGTERM, and SIGKILL after the 0.3 s grace.
+    assert!(took >= Duration::from_millis(600) && took < Duration::from_millis(1500), "SIGTERM, then SIGKILL 0.3 s later: {took:?}");
 }
 
 #[test]
