@@ -6,30 +6,7 @@
 
 use crate::error::{Error, Result};
 
-/// A documented knob: name, default (as text) and meaning.
-#[derive(Debug, Clone, Copy)]
-pub struct Knob {
-    /// Environment variable.
-    pub name: &'static str,
-    /// Default value, as text.
-    pub default: &'static str,
-    /// What it does and what it accepts.
-    pub meaning: &'static str,
-}
-
-/// Every knob the runtime reads.
-pub const KNOBS: &[Knob] = &[
-    Knob { name: "TMPI_STATS", default: "0", meaning: "1: each rank prints one `tmpi-stats rank=R key=value...` line to stderr at finalize (0 or 1)" },
-    Knob { name: "TMPI_EAGER_LIMIT", default: "65536", meaning: "largest message (bytes) sent eagerly; larger messages use the large-message path (64..=16777216)" },
-    Knob { name: "TMPI_RNDV_THRESHOLD", default: "65536", meaning: "message size (bytes) from which rendezvous is used (>= 1; must be > TMPI_EAGER_LIMIT - 1)" },
-    Knob { name: "TMPI_TM_MAX_TAGS", default: "1023", meaning: "entries of the soft TM-SRQ tag list; 0 turns receive offload off (0..=65535)" },
-    Knob { name: "TMPI_TM_THRESH", default: "1024", meaning: "smallest receive (bytes) offloaded to the soft TM-SRQ (>= 0)" },
-    Knob { name: "TMPI_SHM_RING_SIZE", default: "262144", meaning: "bytes of each shared-memory ring, one per ordered pair of ranks (power of two, 4096..=1073741824)" },
-    Knob { name: "TMPI_POLL_SPIN", default: "auto", meaning: "idle polls before a waiting rank starts yielding the CPU; auto = 20000, or 64 when ranks outnumber cores (0..=10000000 or auto)" },
-    Knob { name: "TMPI_MR_CACHE_MAX_COUNT", default: "1024", meaning: "registrations kept in the MR cache; 0 disables the cache" },
-    Knob { name: "TMPI_MR_CACHE_MAX_SIZE", default: "unlimited", meaning: "bytes of registrations kept in the MR cache (a number or `unlimited`)" },
-    Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd or disabled" },
-];
+pub use tmpi_transport::bootstrap::{Knob, KNOBS};
 
 /// Parsed configuration.
 #[derive(Debug, Clone)]
@@ -40,6 +17,8 @@ pub struct Config {
     pub eager_limit: usize,
     /// `TMPI_RNDV_THRESHOLD`.
     pub rndv_threshold: usize,
+    /// `TMPI_UNEXPECTED_MAX`.
+    pub unexpected_max: usize,
     /// `TMPI_TM_MAX_TAGS`.
     pub tm_max_tags: u32,
     /// `TMPI_TM_THRESH`.
@@ -62,6 +41,7 @@ impl Default for Config {
             stats: false,
             eager_limit: 65536,
             rndv_threshold: 65536,
+            unexpected_max: 64 << 20,
             tm_max_tags: 1023,
             tm_thresh: 1024,
             shm_ring_size: tmpi_transport::shm::DEFAULT_RING_SIZE,
@@ -112,7 +92,10 @@ impl Config {
             c.eager_limit = num("TMPI_EAGER_LIMIT", &v, 64, 16 << 20)? as usize;
         }
         if let Some(v) = get("TMPI_RNDV_THRESHOLD") {
-            c.rndv_threshold = num("TMPI_RNDV_THRESHOLD", &v, 1, u32::MAX as u64)? as usize;
+            c.rndv_threshold = num("TMPI_RNDV_THRESHOLD", &v, 1, u64::from(u32::MAX))? as usize;
+        }
+        if let Some(v) = get("TMPI_UNEXPECTED_MAX") {
+            c.unexpected_max = num("TMPI_UNEXPECTED_MAX", &v, 4096, 1 << 40)? as usize;
         }
         if let Some(v) = get("TMPI_TM_MAX_TAGS") {
             c.tm_max_tags = num("TMPI_TM_MAX_TAGS", &v, 0, 65535)? as u32;
@@ -189,7 +172,12 @@ mod tests {
     }
 
     #[test]
-    fn every_knob_is_documented_once() {
+    fn every_knob_is_parsed_and_documented_once() {
+        // A bad value of every documented knob is refused naming it: all are parsed here.
+        for k in KNOBS {
+            let e = parse(&[(k.name, "not-a-value")]).unwrap_err().to_string();
+            assert!(e.contains(k.name), "{e}");
+        }
         let mut names: Vec<_> = KNOBS.iter().map(|k| k.name).collect();
         names.sort();
         names.dedup();

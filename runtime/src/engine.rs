@@ -127,6 +127,10 @@ pub(crate) struct Stats {
     pub eager: u64,
     pub rndv: u64,
     pub sw_matched: u64,
+    /// Times a message was left in its ring by flow control.
+    pub flow_stalls: u64,
+    /// Most bytes held by unexpected messages at once.
+    pub ux_peak_bytes: u64,
     pub unexpected: u64,
     pub tm_syncs: u64,
 }
@@ -317,7 +321,15 @@ struct State {
     domain: Domain,
     /// Read responses to stream.
     rma_out: VecDeque<RmaOut>,
+    /// Bytes held by unexpected messages (payload plus bookkeeping), and the budget
+    /// (`TMPI_UNEXPECTED_MAX`) above which messages that no posted receive matches are left
+    /// in the sender's ring.
+    ux_bytes: usize,
+    ux_budget: usize,
 }
+
+/// Bookkeeping bytes counted per unexpected message on top of its payload.
+const UX_OVERHEAD: usize = 128;
 
 /// One rank's engine.
 pub(crate) struct Engine {
@@ -387,6 +399,8 @@ impl Engine {
                 mr,
                 domain,
                 rma_out: VecDeque::new(),
+                ux_bytes: 0,
+                ux_budget: cfg.unexpected_max,
             },
             out: (0..size).map(|_| VecDeque::new()).collect(),
             out_pending: 0,
@@ -415,8 +429,8 @@ impl Engine {
             "tmpi-stats rank={} msgs_sent={} msgs_recv={} bytes_sent={} bytes_recv={} eager={} rndv={} hw_matched={} sw_matched={} unexpected={} tm_syncs={} rndv_incomplete={}",
             self.st.rank, s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv, tm.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, tm.rndv_incomplete
         ) + &format!(
-            " mr_cache_hits={} mr_cache_misses={} mr_cache_evictions={} mr_cache_invalidations={} hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={}",
-            mc.hits, mc.misses, mc.evictions, mc.invalidations, tm.unexpected, tm.adds, tm.dels, tm.list_hwm
+            " mr_cache_hits={} mr_cache_misses={} mr_cache_evictions={} mr_cache_invalidations={} hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={} flow_stalls={} ux_peak_bytes={}",
+            mc.hits, mc.misses, mc.evictions, mc.invalidations, tm.unexpected, tm.adds, tm.dels, tm.list_hwm, s.flow_stalls, s.ux_peak_bytes
         )
     }
 
@@ -885,6 +899,12 @@ impl State {
             }
             return true;
         }
+        if self.ux_bytes > self.ux_budget && p.flags & PKT_FIRST != 0 && self.would_be_unexpected(p.data) {
+            // Flow control: over the unexpected budget, a message no posted receive wants
+            // stays in the sender's ring until the program posts one.
+            self.stats.flow_stalls += 1;
+            return false;
+        }
         let arrival = if p.flags & PKT_FIRST != 0 {
             self.tm.arrive_first(p.src as u32, p.data, p.total_len as usize)
         } else {
@@ -918,6 +938,17 @@ impl State {
             self.error = Some(e);
         }
         true
+    }
+
+    /// Whether a data message (its first packet) would be stored as unexpected now.
+    fn would_be_unexpected(&self, first: &[u8]) -> bool {
+        match (first.first().copied(), first.get(8..16)) {
+            (Some(op), Some(t)) if op == TmOp::Eager as u8 || op == TmOp::Rndv as u8 => {
+                let tag = u64::from_be_bytes([t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]);
+                !self.matcher.has_posted_match(tag)
+            }
+            _ => false,
+        }
     }
 
     /// Self-delivery: the message passes through the TM-SRQ as two packets (header, payload).
@@ -1171,6 +1202,8 @@ impl State {
                 self.stats.unexpected += 1;
                 let mut v = Vec::with_capacity(total);
                 v.extend_from_slice(data);
+                self.ux_bytes += total + UX_OVERHEAD;
+                self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux_bytes as u64);
                 let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack, rndv: None });
                 debug_assert_eq!(k, key);
                 if !last {
@@ -1221,6 +1254,7 @@ impl State {
     /// A just-posted receive matched unexpected message `ux`.
     fn take_unexpected(&mut self, rid: ReqId, ux: Key) {
         let Some(u) = self.ux.remove(ux) else { return };
+        self.ux_bytes -= if u.rndv.is_some() { UX_OVERHEAD } else { u.total + UX_OVERHEAD };
         self.stats.sw_matched += 1;
         if let Some(info) = u.rndv {
             if let Err(e) = self.start_read(rid, u.src_world, info, None) {
@@ -1263,6 +1297,7 @@ impl State {
             }
             Arrived::Unexpected => {
                 self.stats.unexpected += 1;
+                self.ux_bytes += UX_OVERHEAD;
                 let k = self.ux.insert(UxMsg {
                     src_world: src,
                     tag64: info.tmh.tag,

@@ -261,6 +261,7 @@ fn knob_table_is_complete() {
         "TMPI_MR_CACHE_MAX_SIZE",
         "TMPI_MR_CACHE_MONITOR",
         "TMPI_POLL_SPIN",
+        "TMPI_UNEXPECTED_MAX",
     ] {
         assert!(KNOBS.iter().any(|k| k.name == name), "{name} missing");
     }
