@@ -4,19 +4,25 @@
 //! A random *program* is a sequence of phases run by rank 1 (the receiver) and one or two senders
 //! (rank 0, and rank 2 in three-rank programs):
 //!
-//! - `Send`: one sender sends a batch of eager messages (tags 0..=2, each payload starting with a
-//!   unique message id); rank 1 polls until all of them have passed its TM-SRQ and matcher;
+//! - `Send`: one sender starts a batch of sends (tags 0..=2, each payload starting with a unique
+//!   message id; eager, and in some tests rendezvous); rank 1 polls until all of them have passed
+//!   its TM-SRQ and matcher;
 //! - `Post`: rank 1 posts a batch of `irecv`s (source: a rank or `ANY_SOURCE`, tag: one of 0..=2
-//!   or `ANY_TAG`), with buffers either below or above `TMPI_TM_THRESH`, so that some receives are
-//!   eligible for the tag list and some are software-only;
+//!   or `ANY_TAG`), with buffers below or above `TMPI_TM_THRESH` (some receives are eligible for
+//!   the tag list, some are software-only) and some smaller than the messages they may take (a
+//!   truncated receive is an outcome too: `Error::Truncated` naming that message);
 //! - `Cancel`: rank 1 cancels some receives posted so far (a no-op for those already matched).
 //!
 //! At the end rank 1 cancels what is still pending, then drains every message no receive took
 //! (`ANY_SOURCE`/`ANY_TAG`, oldest first). The same operations, in the same order, are played on
-//! [`RefMatcher`]; every receive's outcome (message id, source, tag, length, or cancelled) and the
-//! drained messages must agree, for `TMPI_TM_MAX_TAGS` = 0 (offload off), 1, 4 and 1023 over the
-//! in-process fabric, and 4 over the shared-memory fabric with its smallest ring (where messages
-//! are split into many packets).
+//! [`RefMatcher`]; every receive's outcome (message id, source, tag, length, truncated, or
+//! cancelled; the received bytes are checked against what was sent) and the drained messages
+//! must agree, for `TMPI_TM_MAX_TAGS` = 0 (offload off), 1, 4 and 1023 over the in-process
+//! fabric, and 4 over the shared-memory fabric with its smallest ring (where messages are split
+//! into many packets).
+//!
+//! Rendezvous programs with offload on are `#[ignore]`d: they find an engine bug, kept as the
+//! ignored regression test `regression_expected_rendezvous_leaves_receive_queued`.
 //!
 //! # Making the engine's order deterministic
 //!
@@ -29,7 +35,7 @@
 //! zero-byte buffers, below `TMPI_TM_THRESH`, so they never use the tag list and the
 //! `hw_matched` counter counts user receives only.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -40,14 +46,19 @@ use tmpi::{Comm, Request, Source, TagMatch, World};
 
 /// The receiving rank.
 const RECEIVER: usize = 1;
-/// Largest message payload (eager, one packet of the in-process fabric).
-const MAX_LEN: usize = 12_000;
-/// Buffer of a receive that stays in software (below the offload threshold).
-const CAP_SMALL: usize = MAX_LEN;
-/// Buffer of a receive that may go to the tag list.
-const CAP_BIG: usize = MAX_LEN + 500;
-/// `TMPI_TM_THRESH`: between the two receive sizes (and above the zero-byte control receives).
-const TM_THRESH: usize = CAP_SMALL + 1;
+/// Largest eager message (one packet of the in-process fabric).
+const EAGER_MAX: usize = 20_000;
+/// Smallest rendezvous message (`TMPI_RNDV_THRESHOLD`, the default).
+const RNDV_MIN: usize = 65_536;
+/// Largest message.
+const MAX_LEN: usize = 90_000;
+/// `TMPI_TM_THRESH`: receives with smaller buffers (the zero-byte control receives too) stay in
+/// software.
+const TM_THRESH: usize = 4096;
+/// Receive buffer sizes: below `TM_THRESH` (software only; truncates most messages); above it
+/// but below the larger eager and all rendezvous messages (may be listed; truncation in the tag
+/// list, eager and rendezvous); large enough for every message.
+const CAPS: [usize; 3] = [1024, 8192, MAX_LEN];
 /// Tags of the bracketing messages on the control communicator.
 const GO: u32 = 1;
 const DONE: u32 = 2;
@@ -80,8 +91,8 @@ struct RecvSpec {
     src: Option<usize>,
     /// `None`: `ANY_TAG`.
     tag: Option<u32>,
-    /// Buffer size: `CAP_BIG` (offload-eligible when it names its source) or `CAP_SMALL`.
-    big: bool,
+    /// Buffer size (one of `CAPS`).
+    cap: usize,
 }
 
 /// One message of a `Send` phase.
@@ -151,19 +162,23 @@ impl Program {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Cancelled,
-    /// Message `id` arrived with this status; `intact`: the payload is the one sent.
+    /// Message `id` matched, with this status (`truncated`: the receive failed with
+    /// `Error::Truncated` naming this source, tag and length); `intact`: the buffer holds the
+    /// message's bytes (its first bytes when truncated).
     Got {
         id: u64,
         src: usize,
         tag: u32,
         len: usize,
+        truncated: bool,
         intact: bool,
     },
 }
 
 impl Outcome {
-    fn of(id: u64, m: &Msg) -> Self {
-        Outcome::Got { id, src: m.src, tag: m.tag, len: m.len, intact: true }
+    /// Message `id` (`m`) received into a buffer of `cap` bytes.
+    fn of(id: u64, m: &Msg, cap: usize) -> Self {
+        Outcome::Got { id, src: m.src, tag: m.tag, len: m.len, truncated: m.len > cap, intact: true }
     }
 }
 
@@ -185,29 +200,35 @@ struct Run {
 // ---------------------------------------------------------------------------------------------
 // Random programs.
 
-fn msg_len() -> impl Strategy<Value = usize> {
-    prop_oneof![3 => 8usize..=64, 2 => 65usize..=4096, 1 => 4097usize..=MAX_LEN]
+/// A message length: eager (from 8 bytes to `EAGER_MAX`), and rendezvous too if `rndv`.
+fn msg_len(rndv: bool) -> BoxedStrategy<usize> {
+    let eager = prop_oneof![3 => 8usize..=64, 2 => 65usize..=4096, 1 => 4097usize..=EAGER_MAX];
+    if rndv {
+        prop_oneof![6 => eager, 1 => RNDV_MIN..=MAX_LEN].boxed()
+    } else {
+        eager.boxed()
+    }
 }
 
-fn msg_spec() -> impl Strategy<Value = MsgSpec> {
-    (0u32..3, msg_len()).prop_map(|(tag, len)| MsgSpec { tag, len })
+fn msg_spec(rndv: bool) -> impl Strategy<Value = MsgSpec> {
+    (0u32..3, msg_len(rndv)).prop_map(|(tag, len)| MsgSpec { tag, len })
 }
 
 /// A receive with raw choices: source 0 = any, 1 = rank 0, 2 = rank 2 (rank 0 with two ranks).
-fn recv_raw() -> impl Strategy<Value = (u8, Option<u32>, bool)> {
-    (0u8..3, prop_oneof![1 => Just(None), 3 => (0u32..3).prop_map(Some)], prop::bool::weighted(0.7))
+fn recv_raw() -> impl Strategy<Value = (u8, Option<u32>, usize)> {
+    (0u8..3, prop_oneof![1 => Just(None), 3 => (0u32..3).prop_map(Some)], prop_oneof![1 => Just(0usize), 1 => Just(1), 4 => Just(2)])
 }
 
 #[derive(Debug, Clone)]
 enum RawPhase {
     Send(bool, Vec<MsgSpec>),
-    Post(Vec<(u8, Option<u32>, bool)>),
+    Post(Vec<(u8, Option<u32>, usize)>),
     Cancel(Vec<usize>),
 }
 
-fn raw_phase() -> impl Strategy<Value = RawPhase> {
+fn raw_phase(rndv: bool) -> impl Strategy<Value = RawPhase> {
     prop_oneof![
-        4 => (any::<bool>(), prop::collection::vec(msg_spec(), 1..7)).prop_map(|(s, m)| RawPhase::Send(s, m)),
+        4 => (any::<bool>(), prop::collection::vec(msg_spec(rndv), 1..7)).prop_map(|(s, m)| RawPhase::Send(s, m)),
         4 => prop::collection::vec(recv_raw(), 1..7).prop_map(RawPhase::Post),
         1 => prop::collection::vec(any::<usize>(), 1..4).prop_map(RawPhase::Cancel),
     ]
@@ -227,14 +248,14 @@ fn build(three: bool, raw: Vec<RawPhase>) -> Program {
                 posted += rs.len();
                 phases.push(Phase::Post(
                     rs.into_iter()
-                        .map(|(s, tag, big)| RecvSpec {
+                        .map(|(s, tag, c)| RecvSpec {
                             src: match s {
                                 0 => None,
                                 1 => Some(0),
                                 _ => Some(other),
                             },
                             tag,
-                            big,
+                            cap: CAPS[c],
                         })
                         .collect(),
                 ))
@@ -249,8 +270,9 @@ fn build(three: bool, raw: Vec<RawPhase>) -> Program {
     Program { ranks, phases }
 }
 
-fn program() -> impl Strategy<Value = Program> {
-    (any::<bool>(), prop::collection::vec(raw_phase(), 1..14)).prop_map(|(three, raw)| build(three, raw))
+/// A random program; with rendezvous messages if `rndv`.
+fn program(rndv: bool) -> impl Strategy<Value = Program> {
+    (any::<bool>(), prop::collection::vec(raw_phase(rndv), 1..14)).prop_map(|(three, raw)| build(three, raw))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -258,6 +280,7 @@ fn program() -> impl Strategy<Value = Program> {
 
 fn reference(p: &Program) -> Outcomes {
     let msgs = p.messages();
+    let specs = p.recvs();
     let mut m: RefMatcher<usize, u64> = RefMatcher::new();
     let mut recvs: Vec<Option<Outcome>> = Vec::new();
     let mut queued: Vec<Option<RecvId>> = Vec::new();
@@ -270,7 +293,7 @@ fn reference(p: &Program) -> Outcomes {
                     let (t, mask) = recv_key(0, r.src.map(|s| s as u32), r.tag);
                     match m.post(t, mask, i) {
                         Posted::Matched(_, id) => {
-                            recvs.push(Some(Outcome::of(id, &msgs[id as usize])));
+                            recvs.push(Some(Outcome::of(id, &msgs[id as usize], r.cap)));
                             queued.push(None);
                         }
                         Posted::Queued(q) => {
@@ -285,7 +308,7 @@ fn reference(p: &Program) -> Outcomes {
                     let id = next_id;
                     next_id += 1;
                     if let Arrived::Matched(_, i, _) = m.arrive(encode_tag(0, *sender as u32, s.tag), id) {
-                        recvs[i] = Some(Outcome::of(id, &msgs[id as usize]));
+                        recvs[i] = Some(Outcome::of(id, &msgs[id as usize], specs[i].cap));
                         queued[i] = None;
                     }
                 }
@@ -312,7 +335,7 @@ fn reference(p: &Program) -> Outcomes {
     let (t, mask) = recv_key(0, None, None);
     let mut drained = Vec::new();
     while let Some((_, id)) = m.take_probed(t, mask) {
-        drained.push(Outcome::of(id, &msgs[id as usize]));
+        drained.push(Outcome::of(id, &msgs[id as usize], MAX_LEN));
     }
     Outcomes { recvs: recvs.into_iter().map(|o| o.unwrap_or(Outcome::Cancelled)).collect(), drained }
 }
@@ -345,12 +368,15 @@ fn err(e: tmpi::Error) -> String {
 }
 
 /// Completes `r`, or panics (which abandons the scope's requests, so the job ends) if it does
-/// not complete within `STUCK`.
-fn wait_for(mut r: Request<'_>, what: &str) -> Result<tmpi::Status, String> {
+/// not complete within `STUCK`. The outer error: the engine failed; the inner: the request's
+/// own result.
+fn wait_for(mut r: Request<'_>, what: &str) -> Result<tmpi::Result<tmpi::Status>, String> {
     let deadline = Instant::now() + STUCK;
     loop {
-        if let Some(st) = r.test().map_err(err)? {
-            return Ok(st);
+        match r.test() {
+            Ok(Some(st)) => return Ok(Ok(st)),
+            Ok(None) => {}
+            Err(e) => return Ok(Err(e)),
         }
         assert!(Instant::now() < deadline, "engine stuck: {what} did not complete within {STUCK:?}");
         std::thread::yield_now();
@@ -361,33 +387,53 @@ fn stat(line: &str, key: &str) -> u64 {
     line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
 }
 
-/// A sender: waits for each of its phases' go, sends the batch, says done.
+/// A sender: waits for each of its phases' go, starts the batch's sends, says done. Rendezvous
+/// sends complete once rank 1 has read them, possibly phases later: they are waited for at the
+/// end (the waits keep serving rank 1's reads).
 fn sender(world: &World, ctl: &Comm, p: &Program) -> Result<(), String> {
     let me = world.rank();
-    let mut id = 0u64;
-    for ph in &p.phases {
-        let Phase::Send { sender, msgs: batch } = ph else { continue };
-        if *sender != me {
-            id += batch.len() as u64;
-            continue;
+    let msgs = p.messages();
+    let payloads: Vec<Vec<u8>> =
+        msgs.iter().enumerate().map(|(id, m)| if m.src == me { payload(id as u64, m.len) } else { Vec::new() }).collect();
+    tmpi::scope(|s| {
+        let mut reqs = Vec::new();
+        let mut id = 0usize;
+        for ph in &p.phases {
+            let Phase::Send { sender, msgs: batch } = ph else { continue };
+            if *sender != me {
+                id += batch.len();
+                continue;
+            }
+            ctl.recv::<u8>(&mut [], RECEIVER, GO).map_err(err)?;
+            for m in batch {
+                reqs.push(world.isend(s, &payloads[id], RECEIVER, m.tag).map_err(err)?);
+                id += 1;
+            }
+            ctl.send::<u8>(&[], RECEIVER, DONE).map_err(err)?;
         }
-        ctl.recv::<u8>(&mut [], RECEIVER, GO).map_err(err)?;
-        for s in batch {
-            world.send(&payload(id, s.len), RECEIVER, s.tag).map_err(err)?;
-            id += 1;
-        }
-        ctl.send::<u8>(&[], RECEIVER, DONE).map_err(err)?;
-    }
-    Ok(())
+        tmpi::wait_all(reqs).map_err(err).map(drop)
+    })
+}
+
+/// The outcome of a completed receive of rank 1 into `buf`.
+fn outcome(r: tmpi::Result<tmpi::Status>, buf: &[u8]) -> Result<Outcome, String> {
+    let (src, tag, len, truncated) = match r {
+        Ok(st) if st.cancelled() => return Ok(Outcome::Cancelled),
+        Ok(st) => (st.source(), st.tag(), st.len(), false),
+        Err(tmpi::Error::Truncated { source_rank, tag, len, capacity }) if capacity == buf.len() => (source_rank, tag, len, true),
+        Err(e) => return Err(format!("receive failed: {e}")),
+    };
+    let (id, intact) = decode(&buf[..len.min(buf.len())]);
+    Ok(Outcome::Got { id, src, tag, len, truncated, intact })
 }
 
 /// Rank 1: plays the program and reports every outcome.
 fn receiver(world: &World, ctl: &Comm, p: &Program) -> Result<Outcomes, String> {
     let specs = p.recvs();
-    let mut bufs: Vec<Vec<u8>> = specs.iter().map(|r| vec![0u8; if r.big { CAP_BIG } else { CAP_SMALL }]).collect();
+    let mut bufs: Vec<Vec<u8>> = specs.iter().map(|r| vec![0u8; r.cap]).collect();
     let mut free = bufs.iter_mut();
     let mut drained = Vec::new();
-    let statuses = tmpi::scope(|s| -> Result<Vec<tmpi::Status>, String> {
+    let results = tmpi::scope(|s| -> Result<Vec<tmpi::Result<tmpi::Status>>, String> {
         let mut reqs: Vec<Option<Request<'_>>> = Vec::new();
         for ph in &p.phases {
             match ph {
@@ -402,7 +448,7 @@ fn receiver(world: &World, ctl: &Comm, p: &Program) -> Result<Outcomes, String> 
                 Phase::Send { sender, .. } => {
                     ctl.send::<u8>(&[], *sender, GO).map_err(err)?;
                     let done = ctl.irecv::<u8>(s, &mut [], *sender, DONE).map_err(err)?;
-                    wait_for(done, "the done message of a send phase")?;
+                    wait_for(done, "the done message of a send phase")?.map_err(err)?;
                 }
                 Phase::Cancel(ix) => {
                     for &i in ix {
@@ -413,33 +459,26 @@ fn receiver(world: &World, ctl: &Comm, p: &Program) -> Result<Outcomes, String> 
                 }
             }
         }
-        let mut statuses = Vec::with_capacity(reqs.len());
+        let mut results = Vec::with_capacity(reqs.len());
         for (i, r) in reqs.into_iter().enumerate() {
             let mut r = r.ok_or("receive collected twice")?;
             r.cancel().map_err(err)?;
-            statuses.push(wait_for(r, &format!("receive #{i}"))?);
+            results.push(wait_for(r, &format!("receive #{i}"))?);
         }
         // Every message has arrived: drain what no receive took, oldest first.
-        let mut big = vec![0u8; CAP_BIG];
+        let mut big = vec![0u8; MAX_LEN];
         while world.iprobe(Source::Any, TagMatch::Any).map_err(err)?.is_some() {
-            let st = world.recv(&mut big, Source::Any, TagMatch::Any).map_err(err)?;
-            let (id, intact) = decode(&big[..st.len()]);
-            drained.push(Outcome::Got { id, src: st.source(), tag: st.tag(), len: st.len(), intact });
+            let r = world.recv(&mut big, Source::Any, TagMatch::Any);
+            drained.push(outcome(r, &big)?);
         }
-        Ok(statuses)
+        Ok(results)
     })?;
-    let recvs = statuses
-        .iter()
+    let recvs = results
+        .into_iter()
         .zip(&bufs)
-        .map(|(st, buf)| {
-            if st.cancelled() {
-                Outcome::Cancelled
-            } else {
-                let (id, intact) = decode(&buf[..st.len().min(buf.len())]);
-                Outcome::Got { id, src: st.source(), tag: st.tag(), len: st.len(), intact }
-            }
-        })
-        .collect();
+        .enumerate()
+        .map(|(i, (r, buf))| outcome(r, buf).map_err(|e| format!("#{i}: {e}")))
+        .collect::<Result<_, _>>()?;
     Ok(Outcomes { recvs, drained })
 }
 
@@ -472,12 +511,12 @@ fn run_engine(p: &Program, setup: Setup) -> Result<Run, String> {
     run.ok_or_else(|| "rank 1 reported nothing".to_string())
 }
 
-/// Runs `p` under every setup and checks each against the reference; returns `hw_matched` per
-/// setup.
-fn check(p: &Program) -> Result<[u64; SETUPS.len()], TestCaseError> {
+/// Runs `p` under each of `setups` and checks each against the reference; returns `hw_matched`
+/// per setup.
+fn check_under(p: &Program, setups: &[Setup]) -> Result<Vec<u64>, TestCaseError> {
     let want = reference(p);
-    let mut hw = [0u64; SETUPS.len()];
-    for (k, &setup) in SETUPS.iter().enumerate() {
+    let mut hw = vec![0u64; setups.len()];
+    for (k, &setup) in setups.iter().enumerate() {
         let got = run_engine(p, setup).map_err(|e| TestCaseError::fail(format!("{setup:?}: {e}")))?;
         prop_assert_eq!(&got.out.recvs, &want.recvs, "receives differ under {:?}", setup);
         prop_assert_eq!(&got.out.drained, &want.drained, "drained messages differ under {:?}", setup);
@@ -494,25 +533,29 @@ fn check(p: &Program) -> Result<[u64; SETUPS.len()], TestCaseError> {
     Ok(hw)
 }
 
+/// [`check_under`] every setup.
+fn check(p: &Program) -> Result<Vec<u64>, TestCaseError> {
+    check_under(p, &SETUPS)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tests.
 
-/// Random programs: every outcome equals the reference under every setup; and with offload on,
-/// the tag list matched some messages over the run (the TM-SRQ path was used).
-#[test]
-fn random_programs_match_reference() {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+/// Runs `cases` random programs (`PROPTEST_CASES` overrides it) under `setups`, each checked
+/// against the reference; then, if `want_hw`, checks that with offload on the tag list matched
+/// some messages over the run (the TM-SRQ path was used).
+fn random_programs(rndv: bool, setups: &[Setup], cases: u32, want_hw: bool) {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
     let mut runner = TestRunner::new(PtConfig { cases, failure_persistence: None, ..PtConfig::default() });
-    let hw_total = Cell::new([0u64; SETUPS.len()]);
+    let hw_total = RefCell::new(vec![0u64; setups.len()]);
     let mixed = Cell::new(0u32);
-    let r = runner.run(&program(), |p| {
-        let hw = check(&p)?;
-        let mut t = hw_total.get();
-        for (a, b) in t.iter_mut().zip(hw) {
+    let r = runner.run(&program(rndv), |p| {
+        let hw = check_under(&p, setups)?;
+        for (a, b) in hw_total.borrow_mut().iter_mut().zip(&hw) {
             *a += b;
         }
-        hw_total.set(t);
-        if hw[3] > 0 && reference(&p).recvs.iter().filter(|o| matches!(o, Outcome::Got { .. })).count() as u64 > hw[3] {
+        let user_matches = reference(&p).recvs.iter().filter(|o| matches!(o, Outcome::Got { .. })).count() as u64;
+        if hw.iter().any(|&n| n > 0 && n < user_matches) {
             mixed.set(mixed.get() + 1);
         }
         Ok(())
@@ -520,19 +563,49 @@ fn random_programs_match_reference() {
     if let Err(e) = r {
         panic!("{e}");
     }
-    let t = hw_total.get();
-    eprintln!("hw_matched totals per setup {SETUPS:?}: {t:?}; programs mixing tag-list and software matches: {}", mixed.get());
-    for (setup, total) in SETUPS.iter().zip(t) {
+    let t = hw_total.into_inner();
+    eprintln!("hw_matched totals per setup {setups:?}: {t:?}; programs mixing tag-list and software matches: {}", mixed.get());
+    for (setup, total) in setups.iter().zip(t) {
         if setup.tm_max_tags == 0 {
             assert_eq!(total, 0, "{setup:?}");
-        } else {
+        } else if want_hw {
             assert!(total > 0, "{setup:?}: no message was matched by the tag list in {cases} programs");
         }
     }
 }
 
-fn recv(src: Option<usize>, tag: Option<u32>, big: bool) -> RecvSpec {
-    RecvSpec { src, tag, big }
+/// Random programs of eager messages (truncating some receives): every outcome equals the
+/// reference under every setup, and the tag list is used.
+#[test]
+fn random_programs_match_reference() {
+    random_programs(false, &SETUPS, 64, true);
+}
+
+/// Random programs with rendezvous messages too, with offload off (software rendezvous,
+/// unexpected and expected, truncated or not).
+#[test]
+fn random_rendezvous_programs_without_offload_match_reference() {
+    random_programs(true, &[SETUPS[0]], 48, false);
+}
+
+/// Random programs with rendezvous messages under every setup.
+///
+/// Ignored: fails on an engine bug (see `regression_expected_rendezvous_leaves_receive_queued`):
+/// a receive the tag list matched to a rendezvous stays queued in the software matcher and
+/// takes a later message too.
+#[test]
+#[ignore = "engine bug: an expected rendezvous leaves its receive queued in software"]
+fn random_rendezvous_programs_match_reference() {
+    random_programs(true, &SETUPS, 64, true);
+}
+
+/// Receive buffer sizes of the fixed programs.
+const SMALL: usize = CAPS[0];
+const MID: usize = CAPS[1];
+const BIG: usize = CAPS[2];
+
+fn recv(src: Option<usize>, tag: Option<u32>, cap: usize) -> RecvSpec {
+    RecvSpec { src, tag, cap }
 }
 
 fn msg(tag: u32, len: usize) -> MsgSpec {
@@ -547,12 +620,12 @@ fn fixed_program_uses_the_tag_list() {
         ranks: 2,
         phases: vec![
             Phase::Post(vec![
-                recv(Some(0), Some(0), true),
-                recv(Some(0), Some(1), true),
-                recv(Some(0), Some(2), true),
-                recv(Some(0), Some(0), true),
+                recv(Some(0), Some(0), BIG),
+                recv(Some(0), Some(1), BIG),
+                recv(Some(0), Some(2), BIG),
+                recv(Some(0), Some(0), BIG),
             ]),
-            Phase::Send { sender: 0, msgs: vec![msg(0, 100), msg(1, 5000), msg(2, 8), msg(0, MAX_LEN)] },
+            Phase::Send { sender: 0, msgs: vec![msg(0, 100), msg(1, 5000), msg(2, 8), msg(0, EAGER_MAX)] },
         ],
     };
     let hw = check(&p).unwrap_or_else(|e| panic!("{e}"));
@@ -570,17 +643,17 @@ fn fixed_program_mixes_paths() {
         phases: vec![
             Phase::Send { sender: 2, msgs: vec![msg(1, 20), msg(0, 3000)] },
             Phase::Post(vec![
-                recv(None, Some(0), true),
-                recv(Some(0), Some(0), true),
-                recv(Some(2), None, true),
-                recv(Some(0), Some(1), true),
-                recv(Some(2), Some(2), false),
-                recv(Some(0), None, true),
+                recv(None, Some(0), BIG),
+                recv(Some(0), Some(0), BIG),
+                recv(Some(2), None, BIG),
+                recv(Some(0), Some(1), BIG),
+                recv(Some(2), Some(2), SMALL),
+                recv(Some(0), None, BIG),
             ]),
             Phase::Send { sender: 0, msgs: vec![msg(1, 64), msg(0, 9), msg(0, 4097), msg(2, 10)] },
             Phase::Cancel(vec![4, 5]),
             Phase::Send { sender: 2, msgs: vec![msg(2, 70), msg(0, 70)] },
-            Phase::Post(vec![recv(Some(2), Some(0), true), recv(None, None, false)]),
+            Phase::Post(vec![recv(Some(2), Some(0), BIG), recv(None, None, SMALL)]),
         ],
     };
     let hw = check(&p).unwrap_or_else(|e| panic!("{e}"));
@@ -593,6 +666,59 @@ fn fixed_program_mixes_paths() {
     assert_eq!(hw.to_vec(), want, "hw_matched per setup {SETUPS:?}");
 }
 
+/// Rendezvous and truncation on both paths: unexpected rendezvous taken by a later receive,
+/// an unexpected eager message truncated in software, a listed receive reading a rendezvous
+/// (the TM-SRQ asks for the read), a listed receive too small for a rendezvous (RNDV_INCOMPLETE,
+/// software finishes) and for an eager message (truncated in the tag list). No message arrives
+/// after the tag list's rendezvous read that the reading receive would also match (see
+/// `regression_expected_rendezvous_leaves_receive_queued`).
+#[test]
+fn fixed_program_rendezvous_and_truncation() {
+    let p = Program {
+        ranks: 2,
+        phases: vec![
+            Phase::Send { sender: 0, msgs: vec![msg(0, 70_000), msg(1, 2000)] },
+            Phase::Post(vec![
+                recv(Some(0), Some(0), BIG),
+                recv(Some(0), Some(1), SMALL),
+                recv(Some(0), Some(2), BIG),
+                recv(Some(0), Some(0), MID),
+                recv(Some(0), Some(1), MID),
+                recv(None, Some(1), SMALL),
+            ]),
+            Phase::Send { sender: 0, msgs: vec![msg(2, 80_000), msg(0, 70_000), msg(1, EAGER_MAX), msg(1, 10)] },
+        ],
+    };
+    let want = reference(&p);
+    let truncated = want.recvs.iter().filter(|o| matches!(o, Outcome::Got { truncated: true, .. })).count();
+    assert_eq!(truncated, 3, "{want:?}");
+    let hw = check(&p).unwrap_or_else(|e| panic!("{e}"));
+    // Listed: receive 2 (with room for one entry), 3 and 4 (with room for three).
+    let want: Vec<u64> = SETUPS.iter().map(|s| [0, 1, 1, 3, 3][s.tm_max_tags.min(4) as usize]).collect();
+    assert_eq!(hw.to_vec(), want, "hw_matched per setup {SETUPS:?}");
+}
+
+/// Engine bug, minimised from `random_rendezvous_programs_match_reference`: one listed receive
+/// (rank 0, tag 2), then rank 0 sends a rendezvous message and an eager one, both tag 2. The
+/// receive must take the rendezvous message (non-overtaking) and the eager one stay unexpected.
+/// With offload on, the receive completes with the *eager* message and the rendezvous message is
+/// lost (not drained either).
+///
+/// Cause (runtime/src/engine.rs): for `Arrival::Read` `State::on_packet` calls `start_read`, which
+/// clears the receive's `match_id`, before `drain_cq` handles the MATCH completion, whose handler
+/// (`on_hw_completion`) removes the receive from the software matcher only through `match_id`.
+/// So the receive stays queued in software, the next message it matches is matched again there
+/// (the receive completes with that message) and the read's data then finds the request gone.
+#[test]
+#[ignore = "engine bug: an expected rendezvous leaves its receive queued in software"]
+fn regression_expected_rendezvous_leaves_receive_queued() {
+    let p = Program {
+        ranks: 2,
+        phases: vec![Phase::Post(vec![recv(Some(0), Some(2), BIG)]), Phase::Send { sender: 0, msgs: vec![msg(2, RNDV_MIN), msg(2, 8)] }],
+    };
+    check(&p).unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// The reference itself on a hand-checked program: wildcard order and non-overtaking.
 #[test]
 fn reference_model_on_a_known_program() {
@@ -600,12 +726,14 @@ fn reference_model_on_a_known_program() {
         ranks: 2,
         phases: vec![
             Phase::Send { sender: 0, msgs: vec![msg(1, 8), msg(2, 9)] },
-            Phase::Post(vec![recv(Some(0), Some(2), true), recv(None, None, false), recv(Some(0), Some(0), true)]),
+            Phase::Post(vec![recv(Some(0), Some(2), BIG), recv(None, None, SMALL), recv(Some(0), Some(0), BIG)]),
             Phase::Send { sender: 0, msgs: vec![msg(0, 10), msg(0, 11)] },
         ],
     };
     let m = p.messages();
-    let want =
-        Outcomes { recvs: vec![Outcome::of(1, &m[1]), Outcome::of(0, &m[0]), Outcome::of(2, &m[2])], drained: vec![Outcome::of(3, &m[3])] };
+    let want = Outcomes {
+        recvs: vec![Outcome::of(1, &m[1], BIG), Outcome::of(0, &m[0], SMALL), Outcome::of(2, &m[2], BIG)],
+        drained: vec![Outcome::of(3, &m[3], MAX_LEN)],
+    };
     assert_eq!(reference(&p), want);
 }
