@@ -244,6 +244,7 @@ impl Comm {
         finish(&mut e, rid)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn sendrecv_ctx(
         &self,
         ctx: u32,

@@ -108,11 +108,21 @@ impl Fabric {
         })
     }
 
-    fn peer_alive(&self, rank: usize) -> bool {
+    /// Whether `rank` failed: it left without finalizing (its process died, or its thread
+    /// unwound). A rank that finalized cleanly and exited is not a failure.
+    fn peer_failed(&self, rank: usize) -> bool {
         match self {
-            Fabric::Shm(f) => !f.peer_departed(rank) && crate::sys::pid_alive(f.peer_pid(rank)),
-            Fabric::Local(f) => f.peer_alive(rank),
-            Fabric::Single => true,
+            Fabric::Shm(f) => !f.peer_finalized(rank) && (f.peer_departed(rank) || !crate::sys::pid_alive(f.peer_pid(rank))),
+            Fabric::Local(f) => f.peer_failed(rank),
+            Fabric::Single => false,
+        }
+    }
+
+    fn mark_finalized(&self) {
+        match self {
+            Fabric::Shm(f) => f.mark_finalized(),
+            Fabric::Local(f) => f.mark_finalized(),
+            Fabric::Single => {}
         }
     }
 }
@@ -751,12 +761,22 @@ impl Engine {
     pub(crate) fn snooze(&mut self, b: &mut Backoff) -> Result<()> {
         if b.snooze() {
             for peer in 0..self.size {
-                if peer != self.st.rank && !self.fabric.peer_alive(peer) {
+                if peer != self.st.rank && self.fabric.peer_failed(peer) {
+                    // What the peer sent before it failed is still delivered first.
+                    if self.progress()? > 0 {
+                        b.reset();
+                        return Ok(());
+                    }
                     return Err(Error::PeerGone { rank: peer });
                 }
             }
         }
         Ok(())
+    }
+
+    /// Records that this rank finalized cleanly: its departure is no failure for the others.
+    pub(crate) fn mark_finalized(&self) {
+        self.fabric.mark_finalized();
     }
 
     /// Cancels a receive that has not matched; no effect otherwise.
@@ -1319,11 +1339,17 @@ impl State {
             return Err(Error::State("rendezvous matched a receive that is gone".into()));
         };
         r.matched = true;
-        r.match_id = None;
+        // A receive the TM-SRQ matched is still queued in software (its MATCH completion is
+        // handled after this): take it out there too, or a later message would match it.
+        let queued = r.match_id.take();
         r.source = src_of(info.tmh.tag);
         r.tag = tag_of(info.tmh.tag);
         r.total = info.len;
-        let n = if hw.is_some() { info.len } else { info.len.min(r.cap) };
+        let cap = r.cap;
+        if let Some(id) = queued {
+            self.matcher.cancel(id);
+        }
+        let n = if hw.is_some() { info.len } else { info.len.min(cap) };
         let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info });
         if n == 0 {
             return self.finish_read(key, true);

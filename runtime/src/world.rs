@@ -104,6 +104,7 @@ impl World {
         self.comm.eng().flush()?;
         crate::coll_glue::barrier_internal(&self.comm)?;
         let e = self.comm.eng();
+        e.mark_finalized();
         if e.cfg.stats {
             eprintln!("{}", e.stats_line());
         }

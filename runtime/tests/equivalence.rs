@@ -21,8 +21,9 @@
 //! fabric, and 4 over the shared-memory fabric with its smallest ring (where messages are split
 //! into many packets).
 //!
-//! Rendezvous programs with offload on are `#[ignore]`d: they find an engine bug, kept as the
-//! ignored regression test `regression_expected_rendezvous_leaves_receive_queued`.
+//! Rendezvous programs run with offload on too; `regression_expected_rendezvous_leaves_receive_queued`
+//! pins the engine bug they first found (an expected rendezvous left its receive queued in
+//! software, where a later message matched it).
 //!
 //! # Making the engine's order deterministic
 //!
@@ -594,7 +595,6 @@ fn random_rendezvous_programs_without_offload_match_reference() {
 /// a receive the tag list matched to a rendezvous stays queued in the software matcher and
 /// takes a later message too.
 #[test]
-#[ignore = "engine bug: an expected rendezvous leaves its receive queued in software"]
 fn random_rendezvous_programs_match_reference() {
     random_programs(true, &SETUPS, 64, true);
 }
@@ -710,7 +710,6 @@ fn fixed_program_rendezvous_and_truncation() {
 /// So the receive stays queued in software, the next message it matches is matched again there
 /// (the receive completes with that message) and the read's data then finds the request gone.
 #[test]
-#[ignore = "engine bug: an expected rendezvous leaves its receive queued in software"]
 fn regression_expected_rendezvous_leaves_receive_queued() {
     let p = Program {
         ranks: 2,

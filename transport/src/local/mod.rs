@@ -6,7 +6,7 @@
 //! poll callback, exactly like a ring record.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -30,13 +30,13 @@ pub struct LocalFabric {
     staged: Vec<VecDeque<Wire>>,
     next_src: usize,
     max_packet: usize,
-    /// One flag per rank, cleared when that rank's end is dropped (its thread ended).
-    alive: Arc<Vec<AtomicBool>>,
+    /// Per rank: 0 attached, 1 dropped without finalizing (its thread failed), 2 finalized.
+    state: Arc<Vec<AtomicU8>>,
 }
 
 impl Drop for LocalFabric {
     fn drop(&mut self) {
-        self.alive[self.rank].store(false, Ordering::Release);
+        let _ = self.state[self.rank].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
@@ -44,7 +44,7 @@ impl LocalFabric {
     /// Creates the fabric of a job of `size` ranks; element `r` is rank `r`'s end.
     pub fn create(size: usize, max_packet: usize) -> Vec<LocalFabric> {
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..size).map(|_| unbounded()).unzip();
-        let alive: Arc<Vec<AtomicBool>> = Arc::new((0..size).map(|_| AtomicBool::new(true)).collect());
+        let state: Arc<Vec<AtomicU8>> = Arc::new((0..size).map(|_| AtomicU8::new(0)).collect());
         rxs.into_iter()
             .enumerate()
             .map(|(rank, inbox)| LocalFabric {
@@ -54,7 +54,7 @@ impl LocalFabric {
                 staged: (0..size).map(|_| VecDeque::new()).collect(),
                 next_src: 0,
                 max_packet,
-                alive: alive.clone(),
+                state: state.clone(),
             })
             .collect()
     }
@@ -69,9 +69,14 @@ impl LocalFabric {
         self.peers.len()
     }
 
-    /// Whether rank `peer`'s end still exists.
-    pub fn peer_alive(&self, peer: usize) -> bool {
-        self.alive.get(peer).is_some_and(|a| a.load(Ordering::Acquire))
+    /// Whether rank `peer` failed: its end was dropped before it finalized.
+    pub fn peer_failed(&self, peer: usize) -> bool {
+        self.state.get(peer).is_some_and(|a| a.load(Ordering::Acquire) == 1)
+    }
+
+    /// Records that this rank finalized cleanly.
+    pub fn mark_finalized(&self) {
+        self.state[self.rank].store(2, Ordering::Release);
     }
 
     /// Largest packet payload.
@@ -195,8 +200,8 @@ mod tests {
         assert!(fabs[1].try_send(0, 1, 1, &[&[0u8; 65]]).is_err());
         assert!(fabs[1].try_send(1, 1, 1, &[b"x"]).is_err());
         let f1 = fabs.pop().unwrap();
-        assert!(fabs[0].peer_alive(1));
+        assert!(!fabs[0].peer_failed(1));
         drop(f1);
-        assert!(!fabs[0].peer_alive(1));
+        assert!(fabs[0].peer_failed(1));
     }
 }

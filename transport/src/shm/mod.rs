@@ -108,7 +108,17 @@ impl ShmFabric {
     /// Whether rank `peer` has detached from the segment (dropped its fabric: finished or
     /// unwound). A process that died without detaching is found by its pid instead.
     pub fn peer_departed(&self, peer: usize) -> bool {
-        peer < self.size && self.seg.gone(peer)
+        peer < self.size && self.seg.gone(peer) != 0
+    }
+
+    /// Whether rank `peer` finalized cleanly (it will send nothing more, and that is fine).
+    pub fn peer_finalized(&self, peer: usize) -> bool {
+        peer < self.size && self.seg.gone(peer) == segment::GONE_FINALIZED
+    }
+
+    /// Records that this rank finalized cleanly.
+    pub fn mark_finalized(&self) {
+        self.seg.set_gone(self.rank, segment::GONE_FINALIZED);
     }
 
     /// Tries to put one packet (the concatenation of `parts`) into `dest`'s ring. Returns
@@ -185,6 +195,6 @@ impl ShmFabric {
 
 impl Drop for ShmFabric {
     fn drop(&mut self) {
-        self.seg.set_gone(self.rank);
+        self.seg.set_gone(self.rank, segment::GONE_DETACHED);
     }
 }

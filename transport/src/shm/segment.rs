@@ -24,6 +24,10 @@ use crate::error::{Error, Result};
 pub const MAGIC: u64 = u64::from_be_bytes(*b"TMPISHM\0");
 /// Layout version; bump on any change of this file's layout or of the ring format.
 pub const VERSION: u32 = 1;
+/// `gone` value of a rank that detached without finalizing.
+pub const GONE_DETACHED: u32 = 1;
+/// `gone` value of a rank that finalized cleanly.
+pub const GONE_FINALIZED: u32 = 2;
 /// Largest job the segment layout accepts.
 pub const MAX_RANKS: usize = 4096;
 
@@ -48,7 +52,8 @@ const _: () = assert!(std::mem::size_of::<SegHeader>() == 128);
 struct RankCtl {
     /// Process id of the rank, written by that rank when it attaches.
     pid: AtomicU32,
-    /// 1 once the rank has detached (its fabric was dropped), written by that rank.
+    /// 0 while attached; [`GONE_FINALIZED`] once the rank finalized cleanly; otherwise
+    /// [`GONE_DETACHED`] once it detached (its fabric was dropped). Written by that rank.
     gone: AtomicU32,
     _pad: [u8; 120],
 }
@@ -227,14 +232,19 @@ impl Segment {
         self.rank_ctl(rank).pid.load(Ordering::Acquire)
     }
 
-    /// Records that `rank` has detached.
-    pub fn set_gone(&self, rank: usize) {
-        self.rank_ctl(rank).gone.store(1, Ordering::Release);
+    /// Records how `rank` left ([`GONE_DETACHED`] does not overwrite [`GONE_FINALIZED`]).
+    pub fn set_gone(&self, rank: usize, how: u32) {
+        let g = &self.rank_ctl(rank).gone;
+        if how == GONE_FINALIZED {
+            g.store(how, Ordering::Release);
+        } else {
+            let _ = g.compare_exchange(0, how, Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 
-    /// Whether `rank` has detached.
-    pub fn gone(&self, rank: usize) -> bool {
-        self.rank_ctl(rank).gone.load(Ordering::Acquire) != 0
+    /// How `rank` left: 0 (still attached), [`GONE_DETACHED`] or [`GONE_FINALIZED`].
+    pub fn gone(&self, rank: usize) -> u32 {
+        self.rank_ctl(rank).gone.load(Ordering::Acquire)
     }
 
     /// Removes the file name (the mapping stays).
