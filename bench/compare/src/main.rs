@@ -1,1 +1,501 @@
-fn main() {}
+//! `tmpi-compare`: runs tmpi's OSU-style benchmarks and the same C programs built against
+//! Open MPI and MPICH, interleaved, on this machine, and writes a markdown table of medians
+//! with tmpi/peer ratios, a CSV of every sample, and log-log plots (SVG and PNG).
+//!
+//! ```text
+//! cargo build --release --workspace --bins && target/release/tmpi-compare
+//! target/release/tmpi-compare --quick                 # smoke test, into target/compare-quick
+//! target/release/tmpi-compare --launch --no-bench     # launch times only
+//! ```
+//!
+//! See bench/README.md for what it measures and how to install the peers.
+
+mod error;
+mod machine;
+mod parse;
+mod peers;
+mod plot;
+mod report;
+mod run;
+mod spec;
+mod stats;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use crate::error::Error;
+use crate::machine::{first_line, load_average, Machine};
+use crate::peers::{build_cacheline, build_peer, Paths};
+use crate::plot::{plot, Series};
+use crate::report::{csv, Cacheline, Launch, Report};
+use crate::run::run;
+use crate::spec::{command_line, segments, Bench, Lib, Peer, Segment};
+use crate::stats::Samples;
+
+/// Compare tmpi with Open MPI and MPICH on this machine (latency, bandwidth, bidirectional
+/// bandwidth, message rate; optionally launch time).
+#[derive(Debug, Parser)]
+#[command(name = "tmpi-compare", version)]
+struct Cli {
+    /// Repetitions of every (benchmark, configuration) [default: 5, 1 with --quick].
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Largest message size of latency, bandwidth and bidirectional bandwidth, in bytes;
+    /// K, M, G (binary) suffixes allowed [default: 64M, 1M with --quick].
+    #[arg(long, value_parser = parse_size)]
+    max_size: Option<usize>,
+    /// Output directory [default: <root>/bench/results, <root>/target/compare-quick with
+    /// --quick].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Smoke test: one repetition, sizes up to 1 MiB, a tenth of the iterations, 3 launch
+    /// repetitions.
+    #[arg(long)]
+    quick: bool,
+    /// Also compare launch times: `tmpirun -n N hello` against mpirun.openmpi and
+    /// mpirun.mpich of bench/compare/hello.c.
+    #[arg(long)]
+    launch: bool,
+    /// Skip the point-to-point benchmarks (with --launch: launch times only).
+    #[arg(long)]
+    no_bench: bool,
+    /// Rank counts of the launch comparison.
+    #[arg(long, value_delimiter = ',', default_value = "2,8,16")]
+    launch_ranks: Vec<usize>,
+    /// Repetitions of each launch (after one untimed warm-up) [default: 10, 3 with --quick].
+    #[arg(long)]
+    launch_reps: Option<usize>,
+    /// Configurations to run: tmpi, ompi (Open MPI), ompi-nosc (Open MPI without CMA),
+    /// mpich.
+    #[arg(long, value_delimiter = ',', default_value = "tmpi,ompi,ompi-nosc,mpich")]
+    libs: Vec<String>,
+    /// Directory of tmpi's release binaries [default: this program's directory when it is a
+    /// `release` directory, else <root>/target/release].
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// The tmpi checkout [default: the one this program was built from, else the current
+    /// directory].
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// Time limit of one benchmark invocation, in seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+    /// Cache-line one-way time (ns) above which the machine is called noisy.
+    #[arg(long, default_value_t = 90.0)]
+    cacheline_warn: f64,
+}
+
+/// Parses `1048576`, `64K`, `64M`, `1G` (also `KiB`/`MiB`/`GiB`, binary units).
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let mult: usize = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        _ => return Err(format!("{s:?}: unknown size suffix (use K, M or G)")),
+    };
+    let n: usize = num.parse().map_err(|_| format!("{s:?} is not a size in bytes"))?;
+    let v =
+        n.checked_mul(mult).filter(|&v| (1..=1 << 30).contains(&v)).ok_or_else(|| format!("{s:?}: size must be between 1 B and 1 GiB"))?;
+    Ok(v)
+}
+
+/// Rotates `libs` left by `k` (so no configuration always runs first or last).
+fn rotated(libs: &[Lib], k: usize) -> Vec<Lib> {
+    let mut v = libs.to_vec();
+    if !v.is_empty() {
+        let k = k % v.len();
+        v.rotate_left(k);
+    }
+    v
+}
+
+/// Finds the checkout: `--root`, else the one this program was built from, else `.`.
+fn find_root(cli_root: Option<&Path>) -> Result<PathBuf, Error> {
+    let ok = |p: &Path| p.join("bench/c/lat.c").is_file();
+    if let Some(r) = cli_root {
+        return if ok(r) {
+            Ok(r.to_path_buf())
+        } else {
+            Err(Error::Usage(format!("{} is not a tmpi checkout (no bench/c/lat.c)", r.display())))
+        };
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for cand in [built, PathBuf::from(".")] {
+        if ok(&cand) {
+            return cand.canonicalize().map_err(|e| Error::io(format!("resolving {}", cand.display()), e));
+        }
+    }
+    Err(Error::Usage("cannot find the tmpi checkout; run from its root or pass --root".into()))
+}
+
+/// tmpi's release directory: `--bin-dir`, else this program's own when it is `release`,
+/// else `<root>/target/release`.
+fn find_bin_dir(cli: Option<&Path>, root: &Path) -> PathBuf {
+    if let Some(d) = cli {
+        return d.to_path_buf();
+    }
+    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+        if dir.file_name().is_some_and(|n| n == "release") {
+            return dir;
+        }
+    }
+    root.join("target/release")
+}
+
+/// Checks that tmpi's binaries `names` exist in `bin_dir`.
+fn require_tmpi(bin_dir: &Path, names: &[&str]) -> Result<(), Error> {
+    for n in names {
+        let p = bin_dir.join(n);
+        if !p.is_file() {
+            return Err(Error::Missing { path: p, hint: "build tmpi first: cargo build --release --workspace --bins".into() });
+        }
+    }
+    Ok(())
+}
+
+/// Runs the cache-line probe once; prints and returns (median, best).
+fn cacheline(probe: Option<&Path>, rounds: u64, when: &str) -> Option<(f64, f64)> {
+    let probe = probe?;
+    let argv = vec![probe.display().to_string(), rounds.to_string()];
+    let r = run(&argv, Duration::from_secs(300)).and_then(|o| o.check("cacheline")).and_then(|o| parse::parse_cacheline(&o.stdout));
+    match r {
+        Ok((m, b)) => {
+            println!("cache-line ping-pong {when}: {m:.1} ns one way (median), best {b:.1} ns");
+            Some((m, b))
+        }
+        Err(e) => {
+            eprintln!("tmpi-compare: cache-line probe failed: {e}");
+            None
+        }
+    }
+}
+
+/// The program `lib` runs for `bench`.
+fn bench_prog(paths: &Paths, lib: Lib, bench: Bench) -> PathBuf {
+    match lib.peer() {
+        None => paths.bin_dir.join(bench.tmpi_bin()),
+        Some(p) => paths.peer_bench(p, bench),
+    }
+}
+
+/// Runs one segment of one benchmark under one configuration; returns (size, value) rows.
+fn run_segment(paths: &Paths, lib: Lib, bench: Bench, seg: &Segment, timeout: Duration) -> Result<Vec<(usize, f64)>, Error> {
+    let argv = command_line(lib, 2, &paths.bin_dir, &bench_prog(paths, lib, bench), &seg.args());
+    let out = run(&argv, timeout)?.check(&argv.join(" "))?;
+    let rows = parse::parse_osu(&out.stdout)?;
+    parse::pick(&rows, &seg.sizes(), bench.column())
+}
+
+/// The point-to-point comparison: `reps` rounds, each running every benchmark under every
+/// configuration (rotated order). Failures are collected, not fatal.
+fn run_benches(
+    paths: &Paths,
+    libs: &[Lib],
+    plan: &[(Bench, Vec<Segment>)],
+    reps: usize,
+    timeout: Duration,
+    failures: &mut Vec<String>,
+) -> Samples {
+    let mut samples = Samples::default();
+    for rep in 0..reps {
+        for (bench, segs) in plan {
+            for lib in rotated(libs, rep) {
+                let t0 = Instant::now();
+                let mut headline = String::new();
+                for seg in segs {
+                    match run_segment(paths, lib, *bench, seg, timeout) {
+                        Ok(rows) => {
+                            for &(size, v) in &rows {
+                                samples.add(*bench, lib, size, v);
+                            }
+                            if let Some(&(size, v)) = rows.iter().find(|r| r.0 >= 8) {
+                                if headline.is_empty() {
+                                    headline = format!("{} {}", report::size_label(size), report::value_label(*bench, v));
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            let msg = format!("rep {} {} {} sizes {}..{}: {e}", rep + 1, bench, lib, seg.min, seg.max);
+                            eprintln!("tmpi-compare: FAILED {msg}");
+                            failures.push(msg);
+                        }
+                    }
+                }
+                println!(
+                    "[rep {}/{reps}] {:<8} {:<10} {:>6.1} s   {headline} {}",
+                    rep + 1,
+                    bench.key(),
+                    lib.key(),
+                    t0.elapsed().as_secs_f64(),
+                    bench.unit()
+                );
+            }
+        }
+    }
+    samples
+}
+
+/// The launch comparison: wall time of `hello` on each rank count under tmpirun and each
+/// available peer launcher, interleaved, after one untimed warm-up each.
+fn run_launch(paths: &Paths, libs: &[Lib], ranks: &[usize], reps: usize, failures: &mut Vec<String>) -> Launch {
+    let libs: Vec<Lib> = libs.iter().copied().filter(|&l| l != Lib::OmpiNoCma).collect();
+    let mut launch = Launch { ranks: ranks.to_vec(), reps, times: BTreeMap::new() };
+    for &n in ranks {
+        for rep in 0..=reps {
+            for lib in rotated(&libs, rep) {
+                let prog = match lib.peer() {
+                    None => paths.bin_dir.join("hello"),
+                    Some(p) => paths.peer_bin(p, "hello"),
+                };
+                let argv = command_line(lib, n, &paths.bin_dir, &prog, &[]);
+                let r = run(&argv, Duration::from_secs(120)).and_then(|o| o.check(&argv.join(" "))).and_then(|o| {
+                    let hellos = o.stdout.lines().filter(|l| l.starts_with("Hello from rank")).count();
+                    if hellos == n {
+                        Ok(o.elapsed)
+                    } else {
+                        Err(Error::Run(format!("{}: {hellos} hello lines, expected {n}", argv.join(" "))))
+                    }
+                });
+                match r {
+                    Ok(t) if rep > 0 => launch.times.entry((lib, n)).or_default().push(t.as_secs_f64() * 1e3),
+                    Ok(_) => {}
+                    Err(e) => {
+                        let msg = format!("launch {lib} -n {n}: {e}");
+                        eprintln!("tmpi-compare: FAILED {msg}");
+                        failures.push(msg);
+                    }
+                }
+            }
+        }
+        let meds: Vec<String> = libs
+            .iter()
+            .map(|&l| {
+                let m = launch.times.get(&(l, n)).and_then(|v| stats::median(v));
+                format!("{} {}", l.key(), m.map_or("–".into(), |m| format!("{m:.1} ms")))
+            })
+            .collect();
+        println!("[launch] -n {n:<3} {}", meds.join(", "));
+    }
+    launch
+}
+
+fn write(path: &Path, text: &str) -> Result<(), Error> {
+    std::fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match real_main(&cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("tmpi-compare: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs the comparison; `Ok(false)` when some run failed (the report is written anyway).
+fn real_main(cli: &Cli) -> Result<bool, Error> {
+    let reps = cli.reps.unwrap_or(if cli.quick { 1 } else { 5 });
+    let launch_reps = cli.launch_reps.unwrap_or(if cli.quick { 3 } else { 10 });
+    if reps == 0 || launch_reps == 0 {
+        return Err(Error::Usage("--reps and --launch-reps must be at least 1".into()));
+    }
+    if cli.no_bench && !cli.launch {
+        return Err(Error::Usage("--no-bench without --launch leaves nothing to do".into()));
+    }
+    if cli.launch_ranks.iter().any(|&n| n == 0 || n > 256) {
+        return Err(Error::Usage("--launch-ranks must be between 1 and 256".into()));
+    }
+    let max_size = cli.max_size.unwrap_or(if cli.quick { 1 << 20 } else { 64 << 20 });
+    let mut wanted = Vec::new();
+    for k in &cli.libs {
+        let lib = Lib::from_key(k.trim())
+            .ok_or_else(|| Error::Usage(format!("unknown configuration {k:?} (use tmpi, ompi, ompi-nosc, mpich)")))?;
+        if !wanted.contains(&lib) {
+            wanted.push(lib);
+        }
+    }
+    wanted.sort();
+
+    let root = find_root(cli.root.as_deref())?;
+    let bin_dir = find_bin_dir(cli.bin_dir.as_deref(), &root);
+    if bin_dir.file_name().is_some_and(|n| n != "release") {
+        eprintln!("tmpi-compare: warning: {} is not a release directory; debug builds are slow", bin_dir.display());
+    }
+    let target = bin_dir.parent().map_or_else(|| root.join("target"), Path::to_path_buf);
+    let paths = Paths { root: root.clone(), bin_dir: bin_dir.clone(), peers_dir: target.join("peers") };
+    let out_dir = cli.out.clone().unwrap_or_else(|| if cli.quick { root.join("target/compare-quick") } else { root.join("bench/results") });
+    if wanted.contains(&Lib::Tmpi) {
+        let mut need = vec!["tmpirun"];
+        if !cli.no_bench {
+            need.extend(Bench::ALL.map(Bench::tmpi_bin));
+        }
+        if cli.launch {
+            need.push("hello");
+        }
+        require_tmpi(&bin_dir, &need)?;
+    }
+
+    // 1. Peers: build what can be built, skip the rest with instructions.
+    let mut machine = Machine::probe();
+    let mut libs = Vec::new();
+    let mut skipped = Vec::new();
+    for lib in &wanted {
+        if lib.peer().is_none() {
+            libs.push(*lib);
+        }
+    }
+    for peer in Peer::ALL {
+        let users: Vec<Lib> = wanted.iter().copied().filter(|l| l.peer() == Some(peer)).collect();
+        if users.is_empty() {
+            continue;
+        }
+        match build_peer(&paths, peer) {
+            Ok(()) => {
+                println!("{}: built into {}", peer.label(), paths.peers_dir.join(peer.suffix()).display());
+                libs.extend(users);
+                let v = match peer {
+                    Peer::OpenMpi => first_line(&["mpirun.openmpi", "--version"]),
+                    Peer::Mpich => first_line(&["mpichversion"]).or_else(|| first_line(&["mpirun.mpich", "--version"])),
+                };
+                if let Some(v) = v {
+                    machine.versions.push(format!("{}: {v}", peer.label()));
+                }
+            }
+            Err(e) => {
+                let msg = format!("{}: {e}", peer.label());
+                eprintln!("tmpi-compare: skipping {msg}");
+                skipped.push(msg);
+            }
+        }
+    }
+    libs.sort();
+    if let Some(rev) = first_line(&["git", "-C", &root.display().to_string(), "rev-parse", "--short", "HEAD"]) {
+        if rev.chars().all(|c| c.is_ascii_hexdigit()) {
+            machine.versions.push(format!("tmpi: commit {rev}"));
+        }
+    }
+    if libs.is_empty() {
+        return Err(Error::Usage("no configuration can run".into()));
+    }
+
+    // 2. The cache-line figure, just before the runs.
+    let probe = match build_cacheline(&paths) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("tmpi-compare: no cache-line figure: {e}");
+            None
+        }
+    };
+    let rounds = if cli.quick { 100_000 } else { 300_000 };
+    let mut cl = Cacheline { before: cacheline(probe.as_deref(), rounds, "before"), after: None, warn_ns: cli.cacheline_warn };
+    if let Some(w) = cl.warning() {
+        eprintln!("tmpi-compare: WARNING: {w}");
+    }
+
+    // 3. The runs, interleaved.
+    let timeout = Duration::from_secs(cli.timeout.max(1));
+    let mut failures = Vec::new();
+    let plan: Vec<(Bench, Vec<Segment>)> =
+        if cli.no_bench { Vec::new() } else { Bench::ALL.into_iter().map(|b| (b, segments(b, max_size, cli.quick))).collect() };
+    let samples = run_benches(&paths, &libs, &plan, reps, timeout, &mut failures);
+    let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, launch_reps, &mut failures));
+    cl.after = cacheline(probe.as_deref(), rounds, "after");
+    machine.load_after = load_average();
+
+    // 4. Report, data and plots.
+    std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(format!("creating {}", out_dir.display()), e))?;
+    let mut plots = Vec::new();
+    if !samples.is_empty() {
+        write(&out_dir.join("raw.csv"), &csv(&samples))?;
+        for (bench, stem, y) in [
+            (Bench::Latency, "latency", "latency (µs)"),
+            (Bench::Bw, "bw", "bandwidth (MB/s)"),
+            (Bench::Bibw, "bibw", "bidirectional bandwidth (MB/s)"),
+        ] {
+            let series: Vec<Series> = libs
+                .iter()
+                .map(|&l| Series { label: l.label().to_string(), points: samples.curve(bench, l) })
+                .filter(|s| !s.points.is_empty())
+                .collect();
+            if series.is_empty() {
+                continue;
+            }
+            let title = format!("{}, 2 ranks, median of {reps}", bench.title());
+            match plot(&out_dir.join(stem), &title, y, &series) {
+                Ok(()) => plots.push((bench.title().to_string(), format!("{stem}.svg"))),
+                Err(e) => {
+                    eprintln!("tmpi-compare: {e}");
+                    failures.push(format!("plot {stem}: {e}"));
+                }
+            }
+        }
+    }
+    let rep = Report {
+        machine: &machine,
+        cacheline: cl,
+        libs: libs.clone(),
+        skipped,
+        reps,
+        quick: cli.quick,
+        segments: plan,
+        samples: &samples,
+        failures: failures.clone(),
+        launch: launch.as_ref(),
+        plots,
+    };
+    let md = rep.markdown();
+    let name = if cli.no_bench { "launch.md" } else { "compare.md" };
+    let md_path = out_dir.join(name);
+    write(&md_path, &md)?;
+    println!("\n{md}");
+    println!("tmpi-compare: wrote {}", md_path.display());
+    if !failures.is_empty() {
+        eprintln!("tmpi-compare: {} run(s) failed; see the report", failures.len());
+    }
+    Ok(failures.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        for bad in ["", "0", "2G", "x", "12Q", "-1"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rotation_changes_who_runs_first() {
+        let l = [Lib::Tmpi, Lib::Ompi, Lib::Mpich];
+        assert_eq!(rotated(&l, 0), l.to_vec());
+        assert_eq!(rotated(&l, 1), vec![Lib::Ompi, Lib::Mpich, Lib::Tmpi]);
+        assert_eq!(rotated(&l, 3), l.to_vec());
+        assert_eq!(rotated(&[], 2), vec![]);
+    }
+
+    #[test]
+    fn cli_parses() {
+        let c = Cli::try_parse_from(["tmpi-compare", "--reps", "3", "--max-size", "4M", "--libs", "tmpi,mpich"]);
+        let c = c.map_err(|e| e.to_string());
+        assert!(matches!(&c, Ok(c) if c.reps == Some(3) && c.max_size == Some(4 << 20) && c.libs.len() == 2), "{c:?}");
+        assert!(Cli::try_parse_from(["tmpi-compare", "--max-size", "0"]).is_err());
+    }
+}

@@ -1,0 +1,443 @@
+//! The markdown report and the raw CSV.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::machine::Machine;
+use crate::spec::{Bench, Lib, Segment};
+use crate::stats::{median, ratio, Samples};
+
+/// The cache-line ping-pong figures, in ns per one-way transfer: (median, best).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Cacheline {
+    /// Measured just before the benchmarks.
+    pub before: Option<(f64, f64)>,
+    /// Measured just after them.
+    pub after: Option<(f64, f64)>,
+    /// Above this median the machine is called noisy.
+    pub warn_ns: f64,
+}
+
+impl Cacheline {
+    /// The warning to print when the figure before the run is far above a quiet machine's.
+    pub fn warning(&self) -> Option<String> {
+        let (m, _) = self.before?;
+        (m > self.warn_ns).then(|| {
+            format!(
+                "cache-line ping-pong is {m:.1} ns, far above the ~30 ns of a quiet machine \
+                 (threshold {:.0} ns): machine is noisy; comparison not valid",
+                self.warn_ns
+            )
+        })
+    }
+}
+
+/// Launch times: milliseconds per (configuration, ranks), one value per repetition.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Rank counts, in order.
+    pub ranks: Vec<usize>,
+    /// Repetitions per (configuration, ranks).
+    pub reps: usize,
+    /// Wall times in milliseconds.
+    pub times: BTreeMap<(Lib, usize), Vec<f64>>,
+}
+
+/// Everything the report says.
+#[derive(Debug, Clone)]
+pub struct Report<'a> {
+    /// The machine.
+    pub machine: &'a Machine,
+    /// The cache-line figures.
+    pub cacheline: Cacheline,
+    /// Configurations that ran, tmpi first.
+    pub libs: Vec<Lib>,
+    /// Why some configurations did not run.
+    pub skipped: Vec<String>,
+    /// Repetitions asked for.
+    pub reps: usize,
+    /// Whether this was a `--quick` smoke run.
+    pub quick: bool,
+    /// The benchmark invocations of one repetition, per benchmark.
+    pub segments: Vec<(Bench, Vec<Segment>)>,
+    /// The measurements.
+    pub samples: &'a Samples,
+    /// Runs that failed, one line each.
+    pub failures: Vec<String>,
+    /// Launch times, when measured.
+    pub launch: Option<&'a Launch>,
+    /// Plot files (relative to the report) to show, as (caption, file).
+    pub plots: Vec<(String, String)>,
+}
+
+/// `n` bytes as `1 B`, `4 KiB`, `64 MiB` (binary units, exact powers only shortened).
+pub fn size_label(n: usize) -> String {
+    const UNITS: [(usize, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (u, name) in UNITS {
+        if n >= u && n % u == 0 {
+            return format!("{} {name}", n / u);
+        }
+    }
+    format!("{n} B")
+}
+
+/// A value as the tables show it: message rates in millions, others with three or more
+/// significant digits.
+pub fn value_label(bench: Bench, v: f64) -> String {
+    if bench == Bench::MsgRate {
+        return format!("{:.2} M", v / 1e6);
+    }
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The unit shown in table headings.
+fn unit_label(bench: Bench) -> &'static str {
+    match bench {
+        Bench::MsgRate => "million messages/s",
+        Bench::Latency => "µs",
+        _ => "MB/s (10^6 B/s)",
+    }
+}
+
+/// How to read the ratio columns of `bench`.
+pub fn ratio_note(bench: Bench) -> &'static str {
+    if bench.higher_is_better() {
+        "ratio = tmpi / peer; higher is better for tmpi (> 1: tmpi moves more)"
+    } else {
+        "ratio = tmpi / peer; lower is better for tmpi (< 1: tmpi is faster)"
+    }
+}
+
+impl Report<'_> {
+    fn peers(&self) -> Vec<Lib> {
+        self.libs.iter().copied().filter(|&l| l != Lib::Tmpi).collect()
+    }
+
+    fn cell(&self, bench: Bench, lib: Lib, size: usize) -> String {
+        let v = self.samples.get(bench, lib, size);
+        match median(v) {
+            None => "–".into(),
+            Some(m) if v.len() < self.reps => {
+                format!("{} (n={})", value_label(bench, m), v.len())
+            }
+            Some(m) => value_label(bench, m),
+        }
+    }
+
+    fn ratio_cell(&self, bench: Bench, peer: Lib, size: usize) -> String {
+        ratio(self.samples.median(bench, Lib::Tmpi, size), self.samples.median(bench, peer, size))
+            .map_or_else(|| "–".into(), |r| format!("{r:.2}"))
+    }
+
+    fn table_head(&self, first: &str) -> String {
+        let peers = self.peers();
+        let mut s = format!("| {first} |");
+        for l in &self.libs {
+            let _ = write!(s, " {} |", l.label());
+        }
+        for p in &peers {
+            let _ = write!(s, " tmpi/{} |", p.label());
+        }
+        s.push_str("\n|---|");
+        for _ in 0..self.libs.len() + peers.len() {
+            s.push_str("---:|");
+        }
+        s.push('\n');
+        s
+    }
+
+    fn row(&self, label: &str, bench: Bench, size: usize) -> String {
+        let mut s = format!("| {label} |");
+        for &l in &self.libs {
+            let _ = write!(s, " {} |", self.cell(bench, l, size));
+        }
+        for p in self.peers() {
+            let _ = write!(s, " {} |", self.ratio_cell(bench, p, size));
+        }
+        s.push('\n');
+        s
+    }
+
+    /// The key numbers: 8 B latency, bandwidth at 64 KiB, 1 MiB and 16 MiB, bidirectional
+    /// bandwidth at 1 MiB, message rate (rows without data are left out).
+    fn key_numbers(&self) -> String {
+        let picks = [
+            (Bench::Latency, 8, "latency 8 B (µs)"),
+            (Bench::Latency, 1 << 20, "latency 1 MiB (µs)"),
+            (Bench::Bw, 64 << 10, "bw 64 KiB (MB/s)"),
+            (Bench::Bw, 1 << 20, "bw 1 MiB (MB/s)"),
+            (Bench::Bw, 16 << 20, "bw 16 MiB (MB/s)"),
+            (Bench::Bibw, 1 << 20, "bibw 1 MiB (MB/s)"),
+            (Bench::MsgRate, 8, "message rate 8 B (M msg/s)"),
+        ];
+        let mut s = self.table_head("measure");
+        let mut any = false;
+        for (bench, size, label) in picks {
+            if self.samples.sizes(bench).contains(&size) {
+                s.push_str(&self.row(label, bench, size));
+                any = true;
+            }
+        }
+        if any {
+            s
+        } else {
+            String::new()
+        }
+    }
+
+    /// The whole markdown text.
+    pub fn markdown(&self) -> String {
+        let m = self.machine;
+        let mut s = String::new();
+        s.push_str("# tmpi vs MPI libraries: point-to-point comparison\n\n");
+        if self.quick {
+            s.push_str("**Quick smoke run (`--quick`): few iterations, one repetition; not a measurement.**\n\n");
+        }
+        let _ = writeln!(s, "- date: {}", m.date);
+        let _ = writeln!(s, "- kernel: {} (`uname -r`)", m.kernel);
+        let _ = writeln!(s, "- CPU: {}, {} cores available", m.cpu, m.cores);
+        let _ = writeln!(
+            s,
+            "- load average (1/5/15 min): {} before, {} after",
+            m.load_before,
+            if m.load_after.is_empty() { "–" } else { &m.load_after }
+        );
+        let cl = |v: Option<(f64, f64)>| {
+            v.map_or_else(|| "not measured".to_string(), |(med, best)| format!("{med:.1} ns median, {best:.1} ns best"))
+        };
+        let _ = writeln!(
+            s,
+            "- cache-line ping-pong, core 0 <-> core 1, one way: {} before the runs, {} after",
+            cl(self.cacheline.before),
+            cl(self.cacheline.after)
+        );
+        if let Some(w) = self.cacheline.warning() {
+            let _ = writeln!(s, "\n> **Warning:** {w}.\n");
+        }
+        for v in &m.versions {
+            let _ = writeln!(s, "- {v}");
+        }
+        let _ = writeln!(
+            s,
+            "- configurations: {}",
+            self.libs.iter().map(|l| format!("{} (`{}`)", l.label(), l.key())).collect::<Vec<_>>().join(", ")
+        );
+        for sk in &self.skipped {
+            let _ = writeln!(s, "- skipped: {sk}");
+        }
+        let _ = writeln!(
+            s,
+            "- {} repetition(s), configurations interleaved (every repetition runs each \
+             benchmark under every configuration, in a rotated order); each cell is the median \
+             over the repetitions, `(n=k)` when only k of them gave a value",
+            self.reps
+        );
+        s.push_str("- invocations per repetition (2 ranks; same options for every configuration):\n");
+        for (bench, segs) in &self.segments {
+            let args: Vec<String> = segs.iter().map(|g| g.args().join(" ")).collect();
+            let _ = writeln!(s, "  - {} (`{}` / `{}`): `{}`", bench.key(), bench.tmpi_bin(), bench.peer_bin(), args.join("`, `"));
+        }
+        s.push('\n');
+
+        let keys = self.key_numbers();
+        if !keys.is_empty() {
+            s.push_str("## Key numbers\n\n");
+            s.push_str("Latency ratios: lower is better for tmpi; bandwidth and rate ratios: higher is better.\n\n");
+            s.push_str(&keys);
+            s.push('\n');
+        }
+
+        for bench in Bench::ALL {
+            let sizes = self.samples.sizes(bench);
+            if sizes.is_empty() {
+                continue;
+            }
+            let _ = writeln!(s, "## {} ({})\n", bench.title(), unit_label(bench));
+            let _ = writeln!(s, "{}.\n", ratio_note(bench));
+            s.push_str(&self.table_head("size"));
+            for size in sizes {
+                s.push_str(&self.row(&size_label(size), bench, size));
+            }
+            s.push('\n');
+        }
+
+        if let Some(l) = self.launch {
+            let _ = writeln!(s, "## Launch time (ms, median of {}; `hello` on N ranks)\n", l.reps);
+            s.push_str("ratio = tmpirun / peer launcher; lower is better for tmpi.\n\n");
+            let libs: Vec<Lib> = self.libs.iter().copied().filter(|&x| x != Lib::OmpiNoCma).collect();
+            let peers: Vec<Lib> = libs.iter().copied().filter(|&x| x != Lib::Tmpi).collect();
+            s.push_str("| ranks |");
+            for x in &libs {
+                let _ = write!(s, " {} |", x.label());
+            }
+            for p in &peers {
+                let _ = write!(s, " tmpi/{} |", p.label());
+            }
+            s.push_str("\n|---|");
+            for _ in 0..libs.len() + peers.len() {
+                s.push_str("---:|");
+            }
+            s.push('\n');
+            for &n in &l.ranks {
+                let med = |x: Lib| l.times.get(&(x, n)).and_then(|v| median(v));
+                let _ = write!(s, "| {n} |");
+                for &x in &libs {
+                    let v = l.times.get(&(x, n)).map_or(&[][..], Vec::as_slice);
+                    match median(v) {
+                        Some(m) if v.len() < l.reps => {
+                            let _ = write!(s, " {m:.1} (n={}) |", v.len());
+                        }
+                        Some(m) => {
+                            let _ = write!(s, " {m:.1} |");
+                        }
+                        None => s.push_str(" – |"),
+                    }
+                }
+                for &p in &peers {
+                    match ratio(med(Lib::Tmpi), med(p)) {
+                        Some(r) => {
+                            let _ = write!(s, " {r:.2} |");
+                        }
+                        None => s.push_str(" – |"),
+                    }
+                }
+                s.push('\n');
+            }
+            s.push('\n');
+        }
+
+        if !self.plots.is_empty() {
+            s.push_str("## Plots\n\n");
+            for (caption, file) in &self.plots {
+                let _ = writeln!(s, "![{caption}]({file})\n");
+            }
+        }
+
+        if !self.failures.is_empty() {
+            s.push_str("## Failed runs\n\n");
+            for f in &self.failures {
+                let _ = writeln!(s, "- {}", f.replace('\n', " / "));
+            }
+            s.push('\n');
+        }
+        s
+    }
+}
+
+/// Every sample as CSV: `bench,lib,size,rep,value` (rep counts from 1 in measuring order).
+pub fn csv(samples: &Samples) -> String {
+    let mut s = String::from("bench,lib,size,rep,value\n");
+    for (bench, lib, size, values) in samples.iter() {
+        for (i, v) in values.iter().enumerate() {
+            let _ = writeln!(s, "{bench},{lib},{size},{},{v}", i + 1);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine() -> Machine {
+        Machine {
+            kernel: "6.1.0".into(),
+            cpu: "Test CPU".into(),
+            cores: 2,
+            date: "2026-01-01 00:00:00 UTC".into(),
+            load_before: "0.1 0.2 0.3".into(),
+            load_after: "0.4 0.5 0.6".into(),
+            versions: vec!["Open MPI 4.1.4".into()],
+        }
+    }
+
+    fn samples() -> Samples {
+        let mut s = Samples::default();
+        for (t, p) in [(1.0, 2.0), (1.2, 2.2), (0.8, 1.8)] {
+            s.add(Bench::Latency, Lib::Tmpi, 8, t);
+            s.add(Bench::Latency, Lib::Ompi, 8, p);
+        }
+        for (t, p) in [(3000.0, 1500.0), (3100.0, 1600.0), (2900.0, 1400.0)] {
+            s.add(Bench::Bw, Lib::Tmpi, 1 << 20, t);
+            s.add(Bench::Bw, Lib::Ompi, 1 << 20, p);
+        }
+        s.add(Bench::MsgRate, Lib::Tmpi, 8, 5_000_000.0);
+        s
+    }
+
+    fn report<'a>(m: &'a Machine, s: &'a Samples) -> Report<'a> {
+        Report {
+            machine: m,
+            cacheline: Cacheline { before: Some((31.0, 29.0)), after: None, warn_ns: 90.0 },
+            libs: vec![Lib::Tmpi, Lib::Ompi],
+            skipped: vec!["MPICH: mpicc.mpich not found".into()],
+            reps: 3,
+            quick: false,
+            segments: vec![],
+            samples: s,
+            failures: vec![],
+            launch: None,
+            plots: vec![],
+        }
+    }
+
+    #[test]
+    fn tables_hold_medians_and_tmpi_over_peer_ratios() {
+        let (m, s) = (machine(), samples());
+        let md = report(&m, &s).markdown();
+        // Latency: medians 1.00 and 2.00, ratio 0.50 (tmpi faster, lower is better).
+        assert!(md.contains("| 8 B | 1.00 | 2.00 | 0.50 |"), "{md}");
+        // Bandwidth: medians 3000 and 1500, ratio 2.00 (tmpi faster, higher is better).
+        assert!(md.contains("| 1 MiB | 3000 | 1500 | 2.00 |"), "{md}");
+        // A single sample out of three is marked, and a missing peer value has no ratio.
+        assert!(md.contains("| 8 B | 5.00 M (n=1) | – | – |"), "{md}");
+        assert!(md.contains("lower is better for tmpi"));
+        assert!(md.contains("higher is better for tmpi"));
+        assert!(md.contains("6.1.0") && md.contains("Test CPU") && md.contains("31.0 ns"));
+        assert!(md.contains("| measure | tmpi | Open MPI | tmpi/Open MPI |"));
+        assert!(md.contains("skipped: MPICH"));
+        assert!(!md.contains("Warning"));
+    }
+
+    #[test]
+    fn a_slow_cache_line_warns() {
+        let (m, s) = (machine(), samples());
+        let mut r = report(&m, &s);
+        r.cacheline.before = Some((250.0, 200.0));
+        assert!(r.markdown().contains("machine is noisy; comparison not valid"));
+        r.cacheline.before = None;
+        assert_eq!(r.cacheline.warning(), None);
+    }
+
+    #[test]
+    fn launch_table_and_csv() {
+        let (m, s) = (machine(), samples());
+        let mut l = Launch { ranks: vec![2], reps: 2, ..Launch::default() };
+        l.times.insert((Lib::Tmpi, 2), vec![10.0, 30.0]);
+        l.times.insert((Lib::Ompi, 2), vec![80.0]);
+        let mut r = report(&m, &s);
+        r.launch = Some(&l);
+        let md = r.markdown();
+        assert!(md.contains("| 2 | 20.0 | 80.0 (n=1) | 0.25 |"), "{md}");
+        let c = csv(&s);
+        assert!(c.starts_with("bench,lib,size,rep,value\nlatency,tmpi,8,1,1\n"), "{c}");
+        assert_eq!(c.lines().count(), 1 + 6 + 6 + 1);
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(size_label(1), "1 B");
+        assert_eq!(size_label(3000), "3000 B");
+        assert_eq!(size_label(64 << 10), "64 KiB");
+        assert_eq!(size_label(64 << 20), "64 MiB");
+        assert_eq!(value_label(Bench::Latency, 0.456), "0.46");
+        assert_eq!(value_label(Bench::Bw, 12.34), "12.3");
+        assert_eq!(value_label(Bench::Bw, 12345.6), "12346");
+    }
+}

@@ -1,0 +1,343 @@
+//! What is compared: the library configurations, the benchmarks, and the command lines that
+//! run one benchmark over a range of sizes under one configuration.
+
+use std::fmt;
+use std::path::Path;
+
+/// One library configuration under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Lib {
+    /// tmpi, launched by `tmpirun`.
+    Tmpi,
+    /// Open MPI with its defaults (shared memory through `btl/vader`, CMA single copy).
+    Ompi,
+    /// Open MPI with `--mca btl_vader_single_copy_mechanism none` (copy-in/copy-out only).
+    OmpiNoCma,
+    /// MPICH (Debian's build: ch4 device over UCX).
+    Mpich,
+}
+
+impl Lib {
+    /// Every configuration, tmpi first.
+    pub const ALL: [Lib; 4] = [Lib::Tmpi, Lib::Ompi, Lib::OmpiNoCma, Lib::Mpich];
+
+    /// Short name used on the command line, in file names and in raw data.
+    pub fn key(self) -> &'static str {
+        match self {
+            Lib::Tmpi => "tmpi",
+            Lib::Ompi => "ompi",
+            Lib::OmpiNoCma => "ompi-nosc",
+            Lib::Mpich => "mpich",
+        }
+    }
+
+    /// Human-readable name for tables and plot legends.
+    pub fn label(self) -> &'static str {
+        match self {
+            Lib::Tmpi => "tmpi",
+            Lib::Ompi => "Open MPI",
+            Lib::OmpiNoCma => "Open MPI (no CMA)",
+            Lib::Mpich => "MPICH",
+        }
+    }
+
+    /// The peer implementation whose binaries this configuration runs (`None` for tmpi).
+    pub fn peer(self) -> Option<Peer> {
+        match self {
+            Lib::Tmpi => None,
+            Lib::Ompi | Lib::OmpiNoCma => Some(Peer::OpenMpi),
+            Lib::Mpich => Some(Peer::Mpich),
+        }
+    }
+
+    /// Parses a [`Lib::key`].
+    pub fn from_key(s: &str) -> Option<Lib> {
+        Lib::ALL.into_iter().find(|l| l.key() == s)
+    }
+}
+
+impl fmt::Display for Lib {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// A peer MPI implementation, as Debian packages it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Peer {
+    /// Open MPI (`mpicc.openmpi`, `mpirun.openmpi`).
+    OpenMpi,
+    /// MPICH (`mpicc.mpich`, `mpirun.mpich`).
+    Mpich,
+}
+
+impl Peer {
+    /// Both peers.
+    pub const ALL: [Peer; 2] = [Peer::OpenMpi, Peer::Mpich];
+
+    /// Debian's suffix of the alternatives (`mpicc.<suffix>`), also the build directory name.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Peer::OpenMpi => "openmpi",
+            Peer::Mpich => "mpich",
+        }
+    }
+
+    /// Human-readable name.
+    pub fn label(self) -> &'static str {
+        match self {
+            Peer::OpenMpi => "Open MPI",
+            Peer::Mpich => "MPICH",
+        }
+    }
+
+    /// The Debian packages that provide its compiler wrapper and launcher.
+    pub fn packages(self) -> &'static str {
+        match self {
+            Peer::OpenMpi => "openmpi-bin libopenmpi-dev",
+            Peer::Mpich => "mpich libmpich-dev",
+        }
+    }
+}
+
+/// One point-to-point benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Bench {
+    /// Ping-pong latency (`osu_latency` / `lat`).
+    Latency,
+    /// Unidirectional windowed bandwidth (`osu_bw` / `bw`).
+    Bw,
+    /// Bidirectional windowed bandwidth (`osu_bibw` / `bibw`).
+    Bibw,
+    /// 8-byte message rate of one pair, window 64 (`osu_mbw_mr -m 8:8` / `msgrate`).
+    MsgRate,
+}
+
+impl Bench {
+    /// Every benchmark, in the order they run within a repetition.
+    pub const ALL: [Bench; 4] = [Bench::Latency, Bench::Bw, Bench::Bibw, Bench::MsgRate];
+
+    /// Short name for file names and raw data.
+    pub fn key(self) -> &'static str {
+        match self {
+            Bench::Latency => "latency",
+            Bench::Bw => "bw",
+            Bench::Bibw => "bibw",
+            Bench::MsgRate => "msgrate",
+        }
+    }
+
+    /// Title of its table and plot.
+    pub fn title(self) -> &'static str {
+        match self {
+            Bench::Latency => "Ping-pong latency",
+            Bench::Bw => "Unidirectional bandwidth",
+            Bench::Bibw => "Bidirectional bandwidth",
+            Bench::MsgRate => "Message rate (8 B, window 64, 1 pair)",
+        }
+    }
+
+    /// Unit of the compared value.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Bench::Latency => "us",
+            Bench::Bw | Bench::Bibw => "MB/s",
+            Bench::MsgRate => "messages/s",
+        }
+    }
+
+    /// Whether a larger value is better (bandwidth, rate) or worse (latency).
+    pub fn higher_is_better(self) -> bool {
+        !matches!(self, Bench::Latency)
+    }
+
+    /// The tmpi binary (in the release directory).
+    pub fn tmpi_bin(self) -> &'static str {
+        match self {
+            Bench::Latency => "osu_latency",
+            Bench::Bw => "osu_bw",
+            Bench::Bibw => "osu_bibw",
+            Bench::MsgRate => "osu_mbw_mr",
+        }
+    }
+
+    /// The C peer program (bench/c/<name>.c).
+    pub fn peer_bin(self) -> &'static str {
+        match self {
+            Bench::Latency => "lat",
+            Bench::Bw => "bw",
+            Bench::Bibw => "bibw",
+            Bench::MsgRate => "msgrate",
+        }
+    }
+
+    /// Which value column of an output row is compared (0 = the first after the size;
+    /// the message-rate programs print MB/s then messages/s).
+    pub fn column(self) -> usize {
+        match self {
+            Bench::MsgRate => 1,
+            _ => 0,
+        }
+    }
+}
+
+impl fmt::Display for Bench {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// One invocation of a benchmark program: a contiguous range of doubling sizes that share
+/// their iteration counts and window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    /// Smallest size (bytes).
+    pub min: usize,
+    /// Largest size (bytes).
+    pub max: usize,
+    /// Timed iterations per size.
+    pub iters: usize,
+    /// Warm-up iterations per size.
+    pub warmup: usize,
+    /// Messages in flight (bandwidth and message rate only).
+    pub window: Option<usize>,
+}
+
+impl Segment {
+    /// The OSU-style options of this segment (`-m MIN:MAX -i N -x N [-W N]`).
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "-m".to_string(),
+            format!("{}:{}", self.min, self.max),
+            "-i".to_string(),
+            self.iters.to_string(),
+            "-x".to_string(),
+            self.warmup.to_string(),
+        ];
+        if let Some(w) = self.window {
+            a.push("-W".into());
+            a.push(w.to_string());
+        }
+        a
+    }
+
+    /// The sizes the program prints a row for: `min`, doubling, up to `max`.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        let mut s = self.min.max(1);
+        while s <= self.max {
+            v.push(s);
+            match s.checked_mul(2) {
+                Some(n) => s = n,
+                None => break,
+            }
+        }
+        v
+    }
+}
+
+/// Largest size above which bandwidth runs use [`LARGE_WINDOW`] instead of 64: a window of 64
+/// receive slots of 64 MiB would need 4 GiB per rank.
+pub const WINDOW_SWITCH: usize = 4 << 20;
+/// Window of the bandwidth runs above [`WINDOW_SWITCH`].
+pub const LARGE_WINDOW: usize = 8;
+/// Window of the other bandwidth and message-rate runs (OSU's default).
+pub const WINDOW: usize = 64;
+
+/// The segments that cover sizes 1..=`max_size` (doubling) of `bench`; `quick` divides the
+/// iteration counts by ten (at least 2 timed, 1 warm-up).
+pub fn segments(bench: Bench, max_size: usize, quick: bool) -> Vec<Segment> {
+    // (largest size of the tier, timed iterations, warm-up, window)
+    let tiers: &[(usize, usize, usize, Option<usize>)] = match bench {
+        Bench::Latency => &[(8 << 10, 10_000, 100, None), (1 << 20, 1000, 10, None), (usize::MAX, 100, 5, None)],
+        Bench::Bw | Bench::Bibw => {
+            &[(8 << 10, 100, 10, Some(WINDOW)), (WINDOW_SWITCH, 20, 2, Some(WINDOW)), (usize::MAX, 10, 2, Some(LARGE_WINDOW))]
+        }
+        Bench::MsgRate => {
+            let (iters, warmup) = if quick { (100, 10) } else { (2000, 200) };
+            return vec![Segment { min: 8, max: 8, iters, warmup, window: Some(WINDOW) }];
+        }
+    };
+    let mut out = Vec::new();
+    let mut lo = 1usize;
+    for &(top, iters, warmup, window) in tiers {
+        let hi = top.min(max_size);
+        if lo <= hi {
+            let (iters, warmup) = if quick { ((iters / 10).max(2), (warmup / 10).max(1)) } else { (iters, warmup) };
+            out.push(Segment { min: lo, max: hi, iters, warmup, window });
+        }
+        match top.checked_mul(2) {
+            Some(n) => lo = n,
+            None => break,
+        }
+    }
+    out
+}
+
+/// The command line (program first) that runs `prog` with `args` on `np` ranks under `lib`.
+/// `bin_dir` holds `tmpirun`; `prog` is a full path.
+pub fn command_line(lib: Lib, np: usize, bin_dir: &Path, prog: &Path, args: &[String]) -> Vec<String> {
+    let np = np.to_string();
+    let mut v: Vec<String> = match lib {
+        Lib::Tmpi => vec![bin_dir.join("tmpirun").display().to_string(), "-n".into(), np],
+        Lib::Ompi | Lib::OmpiNoCma => {
+            let mut v = vec!["mpirun.openmpi".into(), "--allow-run-as-root".into(), "--oversubscribe".into(), "-np".into(), np];
+            if lib == Lib::OmpiNoCma {
+                v.extend(["--mca".into(), "btl_vader_single_copy_mechanism".into(), "none".into()]);
+            }
+            v
+        }
+        Lib::Mpich => vec!["mpirun.mpich".into(), "-np".into(), np],
+    };
+    v.push(prog.display().to_string());
+    v.extend(args.iter().cloned());
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_segments_cover_every_size_once() {
+        let segs = segments(Bench::Latency, 64 << 20, false);
+        assert_eq!(segs.len(), 3);
+        let all: Vec<usize> = segs.iter().flat_map(Segment::sizes).collect();
+        let want: Vec<usize> = (0..=26).map(|k| 1usize << k).collect();
+        assert_eq!(all, want);
+        assert_eq!((segs[0].iters, segs[1].iters, segs[2].iters), (10_000, 1000, 100));
+    }
+
+    #[test]
+    fn small_max_drops_tiers_and_quick_shrinks_loops() {
+        let segs = segments(Bench::Bw, 1 << 20, true);
+        assert_eq!(segs.len(), 2);
+        assert_eq!((segs[1].min, segs[1].max), (16 << 10, 1 << 20));
+        assert_eq!((segs[0].iters, segs[0].warmup), (10, 1));
+        assert_eq!((segs[1].iters, segs[1].warmup), (2, 1));
+        let segs = segments(Bench::Bibw, 64 << 20, false);
+        assert_eq!(segs[2].window, Some(LARGE_WINDOW));
+        assert_eq!((segs[2].min, segs[2].max), (8 << 20, 64 << 20));
+        let segs = segments(Bench::Latency, 100, false);
+        assert_eq!(segs.len(), 1);
+        assert_eq!(segs[0].sizes().last(), Some(&64));
+    }
+
+    #[test]
+    fn command_lines_follow_peers_sh() {
+        let args = Segment { min: 8, max: 8, iters: 5, warmup: 1, window: Some(64) }.args();
+        assert_eq!(args.join(" "), "-m 8:8 -i 5 -x 1 -W 64");
+        let p = Path::new("/p/lat");
+        let c = command_line(Lib::OmpiNoCma, 2, Path::new("/b"), p, &args[..2]);
+        assert_eq!(
+            c.join(" "),
+            "mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 --mca \
+             btl_vader_single_copy_mechanism none /p/lat -m 8:8"
+        );
+        let c = command_line(Lib::Tmpi, 16, Path::new("/b"), Path::new("/b/hello"), &[]);
+        assert_eq!(c.join(" "), "/b/tmpirun -n 16 /b/hello");
+        assert_eq!(command_line(Lib::Mpich, 2, Path::new("/b"), p, &[]).join(" "), "mpirun.mpich -np 2 /p/lat");
+        assert_eq!(Lib::from_key("ompi-nosc"), Some(Lib::OmpiNoCma));
+        assert_eq!(Lib::from_key("lam"), None);
+    }
+}
