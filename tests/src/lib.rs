@@ -82,10 +82,7 @@ pub fn shm_files() -> BTreeSet<String> {
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return BTreeSet::new();
     };
-    dir.flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("tmpi-"))
-        .collect()
+    dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("tmpi-")).collect()
 }
 
 /// Whether a process with this pid exists (zombies included: a zombie is a process nobody
@@ -98,11 +95,7 @@ pub fn pid_exists(pid: i32) -> bool {
 pub fn pid_state(pid: i32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("State:"))
-                .map(|l| l.to_string())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("State:")).map(|l| l.to_string()))
         .unwrap_or_else(|| "gone".into())
 }
 
@@ -204,9 +197,7 @@ impl Job {
             }
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd
     }
 
@@ -235,9 +226,7 @@ impl Job {
         let shm_before = shm_files();
         let mut cmd = self.command();
         let start = Instant::now();
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.describe()));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", self.describe()));
         let out_rx = drain(child.stdout.take());
         let err_rx = drain(child.stderr.take());
         let limit = match self.np {
@@ -261,12 +250,8 @@ impl Job {
         };
         let elapsed = start.elapsed();
         let unfinished = || b"<output not closed within 10 s of exit>".to_vec();
-        let stdout = out_rx
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| unfinished());
-        let stderr = err_rx
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| unfinished());
+        let stdout = out_rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| unfinished());
+        let stderr = err_rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| unfinished());
         let shm_after = shm_files();
         Outcome {
             command: self.describe(),
@@ -386,12 +371,7 @@ impl Outcome {
         let t = Instant::now();
         loop {
             let now = shm_files();
-            let left: Vec<String> = self
-                .shm_new
-                .iter()
-                .filter(|n| now.contains(*n))
-                .cloned()
-                .collect();
+            let left: Vec<String> = self.shm_new.iter().filter(|n| now.contains(*n)).cloned().collect();
             if left.is_empty() || t.elapsed() > Duration::from_secs(2) {
                 return left;
             }
@@ -402,12 +382,18 @@ impl Outcome {
     /// Panics unless no `/dev/shm/tmpi-*` file is left by the job.
     pub fn assert_no_leak(&self) -> &Self {
         let left = self.leaked_shm();
-        assert!(
-            left.is_empty(),
-            "/dev/shm files left after the job: {left:?}\n{}",
-            self.report()
-        );
+        assert!(left.is_empty(), "/dev/shm files left after the job: {left:?}\n{}", self.report());
         self
+    }
+
+    /// Panics unless the job succeeded, left no `/dev/shm` file, and printed exactly one stdout
+    /// line that starts with `prefix` and ends with `OK`; returns that line.
+    pub fn assert_ok_line(&self, prefix: &str) -> String {
+        self.assert_success();
+        self.assert_no_leak();
+        let hits: Vec<&str> = self.stdout.lines().filter(|l| l.starts_with(prefix) && l.trim_end().ends_with("OK")).collect();
+        assert!(hits.len() == 1, "expected one line `{prefix}...OK`, found {}\n{}", hits.len(), self.report());
+        hits[0].to_string()
     }
 
     /// `(rank, pid)` from the `tmpirun: rank R pid P` lines of `--report-pids`.
@@ -447,12 +433,7 @@ const MAX_PRINTED: usize = 25;
 impl Verdict {
     /// An empty verdict for program `name` on `rank`.
     pub fn new(name: &'static str, rank: usize) -> Verdict {
-        Verdict {
-            name,
-            rank,
-            checks: 0,
-            failures: Vec::new(),
-        }
+        Verdict { name, rank, checks: 0, failures: Vec::new() }
     }
 
     /// Records a check; `what` describes the failure and is only built when `ok` is false.
@@ -468,12 +449,7 @@ impl Verdict {
     }
 
     /// Records that `r` is an error accepted by `expected` (described by `want`).
-    pub fn check_err<T: std::fmt::Debug>(
-        &mut self,
-        r: tmpi::Result<T>,
-        expected: impl FnOnce(&tmpi::Error) -> bool,
-        want: &str,
-    ) {
+    pub fn check_err<T: std::fmt::Debug>(&mut self, r: tmpi::Result<T>, expected: impl FnOnce(&tmpi::Error) -> bool, want: &str) {
         match r {
             Err(e) => {
                 let ok = expected(&e);
@@ -498,17 +474,9 @@ impl Verdict {
     ///
     /// # Errors
     /// A communication error, or a message counting the failed checks of all ranks.
-    pub fn finish(
-        self,
-        comm: &tmpi::Comm,
-        summary: &str,
-    ) -> Result<(), Box<dyn std::error::Error>> {
+    pub fn finish(self, comm: &tmpi::Comm, summary: &str) -> Result<(), Box<dyn std::error::Error>> {
         let mut totals = [0u64; 2];
-        comm.allreduce(
-            &[self.failures.len() as u64, self.checks],
-            &mut totals,
-            tmpi::Op::Sum,
-        )?;
+        comm.allreduce(&[self.failures.len() as u64, self.checks], &mut totals, tmpi::Op::Sum)?;
         if totals[0] != 0 {
             return Err(format!(
                 "{}: {} of {} checks failed across {} ranks (this rank: {})",

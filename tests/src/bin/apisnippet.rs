@@ -29,10 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("rank {rank}: allreduce gave {} for {n} ranks", sum[0]).into());
     }
     if rank == 0 {
-        println!(
-            "apisnippet: {n} ranks: isend/irecv in a scope, wait, allreduce = {}: OK",
-            sum[0]
-        );
+        println!("apisnippet: {n} ranks: isend/irecv in a scope, wait, allreduce = {}: OK", sum[0]);
     }
     world.finalize()?;
     Ok(())

@@ -27,9 +27,7 @@ fn still_works(c: &Comm, v: &mut Verdict, after: &str) -> tmpi::Result<()> {
     let mut s = [0u64; 2];
     c.allreduce(&[1u64, c.rank() as u64], &mut s, Op::Sum)?;
     let p = c.size() as u64;
-    v.check(s == [p, p * (p - 1) / 2], || {
-        format!("allreduce after {after}: {s:?}")
-    });
+    v.check(s == [p, p * (p - 1) / 2], || format!("allreduce after {after}: {s:?}"));
     Ok(())
 }
 
@@ -37,74 +35,34 @@ fn symmetric(c: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     let p = c.size();
     for root in [p, p + 3, usize::MAX] {
         let mut b = [1u32; 4];
-        v.check_err(
-            c.bcast(&mut b, root),
-            invalid_root(root, p),
-            "bcast: InvalidRoot",
-        );
+        v.check_err(c.bcast(&mut b, root), invalid_root(root, p), "bcast: InvalidRoot");
         let mut out = [0u32; 4];
-        v.check_err(
-            c.reduce(&[1u32; 4], Some(&mut out), Op::Sum, root),
-            invalid_root(root, p),
-            "reduce: InvalidRoot",
-        );
+        v.check_err(c.reduce(&[1u32; 4], Some(&mut out), Op::Sum, root), invalid_root(root, p), "reduce: InvalidRoot");
         let mut all = vec![0u32; 4 * p];
-        v.check_err(
-            c.gather(&[1u32; 4], Some(&mut all), root),
-            invalid_root(root, p),
-            "gather: InvalidRoot",
-        );
-        v.check_err(
-            c.scatter(Some(&all), &mut out, root),
-            invalid_root(root, p),
-            "scatter: InvalidRoot",
-        );
+        v.check_err(c.gather(&[1u32; 4], Some(&mut all), root), invalid_root(root, p), "gather: InvalidRoot");
+        v.check_err(c.scatter(Some(&all), &mut out, root), invalid_root(root, p), "scatter: InvalidRoot");
         still_works(c, v, &format!("root {root}"))?;
     }
 
     let mut three = [0u64; 3];
-    v.check_err(
-        c.allreduce(&[1u64; 4], &mut three, Op::Sum),
-        invalid_buffer,
-        "allreduce 4 -> 3: InvalidBuffer",
-    );
+    v.check_err(c.allreduce(&[1u64; 4], &mut three, Op::Sum), invalid_buffer, "allreduce 4 -> 3: InvalidBuffer");
     let mut five = [0u64; 5];
-    v.check_err(
-        c.allreduce(&[1u64; 4], &mut five, Op::Max),
-        invalid_buffer,
-        "allreduce 4 -> 5: InvalidBuffer",
-    );
+    v.check_err(c.allreduce(&[1u64; 4], &mut five, Op::Max), invalid_buffer, "allreduce 4 -> 5: InvalidBuffer");
     still_works(c, v, "allreduce with bad lengths")?;
 
     let mut short = vec![0u16; 2 * p - 1];
-    v.check_err(
-        c.allgather(&[1u16; 2], &mut short),
-        invalid_buffer,
-        "allgather short: InvalidBuffer",
-    );
+    v.check_err(c.allgather(&[1u16; 2], &mut short), invalid_buffer, "allgather short: InvalidBuffer");
     let mut long = vec![0u16; 2 * p + 1];
-    v.check_err(
-        c.allgather(&[1u16; 2], &mut long),
-        invalid_buffer,
-        "allgather long: InvalidBuffer",
-    );
+    v.check_err(c.allgather(&[1u16; 2], &mut long), invalid_buffer, "allgather long: InvalidBuffer");
     still_works(c, v, "allgather with bad lengths")?;
 
     let send = vec![1u8; 2 * p];
     let mut out = vec![0u8; 2 * p + 1];
-    v.check_err(
-        c.alltoall(&send, &mut out),
-        invalid_buffer,
-        "alltoall recv != send: InvalidBuffer",
-    );
+    v.check_err(c.alltoall(&send, &mut out), invalid_buffer, "alltoall recv != send: InvalidBuffer");
     if p > 1 {
         let send = vec![1u8; 2 * p + 1];
         let mut out = vec![0u8; 2 * p + 1];
-        v.check_err(
-            c.alltoall(&send, &mut out),
-            invalid_buffer,
-            "alltoall not divisible: InvalidBuffer",
-        );
+        v.check_err(c.alltoall(&send, &mut out), invalid_buffer, "alltoall not divisible: InvalidBuffer");
     }
     still_works(c, v, "alltoall with bad lengths")?;
 
@@ -124,41 +82,15 @@ fn symmetric(c: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
 }
 
 fn root_only(me: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
-    v.check(me.size() == 1 && me.rank() == 0, || {
-        format!("self comm: size {} rank {}", me.size(), me.rank())
-    });
-    v.check_err(
-        me.reduce(&[1u32; 3], None, Op::Sum, 0),
-        invalid_buffer,
-        "reduce root without recv",
-    );
+    v.check(me.size() == 1 && me.rank() == 0, || format!("self comm: size {} rank {}", me.size(), me.rank()));
+    v.check_err(me.reduce(&[1u32; 3], None, Op::Sum, 0), invalid_buffer, "reduce root without recv");
     let mut two = [0u32; 2];
-    v.check_err(
-        me.reduce(&[1u32; 3], Some(&mut two), Op::Sum, 0),
-        invalid_buffer,
-        "reduce root recv too short",
-    );
-    v.check_err(
-        me.gather(&[1u32; 3], None, 0),
-        invalid_buffer,
-        "gather root without recv",
-    );
-    v.check_err(
-        me.gather(&[1u32; 3], Some(&mut two), 0),
-        invalid_buffer,
-        "gather root recv too short",
-    );
+    v.check_err(me.reduce(&[1u32; 3], Some(&mut two), Op::Sum, 0), invalid_buffer, "reduce root recv too short");
+    v.check_err(me.gather(&[1u32; 3], None, 0), invalid_buffer, "gather root without recv");
+    v.check_err(me.gather(&[1u32; 3], Some(&mut two), 0), invalid_buffer, "gather root recv too short");
     let mut three = [0u32; 3];
-    v.check_err(
-        me.scatter(None, &mut three, 0),
-        invalid_buffer,
-        "scatter root without send",
-    );
-    v.check_err(
-        me.scatter(Some(&[1u32; 4]), &mut three, 0),
-        invalid_buffer,
-        "scatter root send too long",
-    );
+    v.check_err(me.scatter(None, &mut three, 0), invalid_buffer, "scatter root without send");
+    v.check_err(me.scatter(Some(&[1u32; 4]), &mut three, 0), invalid_buffer, "scatter root send too long");
     still_works(me, v, "root-only mistakes")?;
     // And the good versions on the same communicator.
     let mut out = [0u32; 3];
@@ -180,10 +112,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
     }
     let dup = world.dup()?;
     symmetric(&dup, &mut v)?;
-    let summary = format!(
-        "{} ranks: InvalidRoot, InvalidBuffer, InvalidOp, communicators still work",
-        world.size()
-    );
+    let summary = format!("{} ranks: InvalidRoot, InvalidBuffer, InvalidOp, communicators still work", world.size());
     v.finish(&world, &summary)?;
     world.finalize()?;
     Ok(())

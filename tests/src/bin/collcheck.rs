@@ -11,6 +11,7 @@
 
 use std::error::Error as StdError;
 use std::fmt::Debug;
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tmpi::{Comm, Op, Reducible};
@@ -100,10 +101,7 @@ fn expected_reduction<T: Elem>(op: Op, p: usize, n: usize, salt: i64) -> Vec<T> 
 }
 
 fn ops<T: Elem>(count: usize) -> Vec<Op> {
-    let all: Vec<Op> = Op::ALL
-        .into_iter()
-        .filter(|op| !(T::FLOAT && op.is_bitwise()))
-        .collect();
+    let all: Vec<Op> = Op::ALL.into_iter().filter(|op| !(T::FLOAT && op.is_bitwise())).collect();
     if count >= 4096 {
         // Large buffers: the algorithms do not depend on the operator; two are enough.
         vec![Op::Sum, Op::Max]
@@ -137,9 +135,16 @@ fn first_diff<T: PartialEq + Debug>(got: &[T], want: &[T]) -> String {
 }
 
 fn check_eq<T: PartialEq + Debug>(v: &mut Verdict, x: &Ctx<'_>, what: &str, got: &[T], want: &[T]) {
-    v.check(got == want, || {
-        format!("{} {} {what}: {}", x.name, x.ty, first_diff(got, want))
-    });
+    v.check(got == want, || format!("{} {} {what}: {}", x.name, x.ty, first_diff(got, want)));
+}
+
+/// With `COLLCHECK_TRACE=1` every rank says on stderr which collective it starts (to find a
+/// hang).
+fn trace(x: &Ctx<'_>, what: &str, count: usize) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("COLLCHECK_TRACE").is_some_and(|v| v == "1")) {
+        eprintln!("collcheck: rank {}: {} {} {what} count={count}", x.c.rank(), x.name, x.ty);
+    }
 }
 
 fn ok(v: &mut Verdict, x: &Ctx<'_>, what: &str, r: tmpi::Result<()>) -> bool {
@@ -161,11 +166,8 @@ fn suite<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64) {
 
     for &root in &roots {
         let want = data::<T>(None, root, count, salt + root as i64);
-        let mut buf = if rank == root {
-            want.clone()
-        } else {
-            vec![T::from_i64(-1); count]
-        };
+        let mut buf = if rank == root { want.clone() } else { vec![T::from_i64(-1); count] };
+        trace(x, "bcast", count);
         if ok(v, x, "bcast", c.bcast(&mut buf, root)) {
             check_eq(v, x, &format!("bcast n={count} root={root}"), &buf, &want);
         }
@@ -176,17 +178,13 @@ fn suite<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64) {
         let want = expected_reduction::<T>(op, p, count, salt);
         let root = roots[k % roots.len()];
         let mut out = vec![T::from_i64(-2); count];
+        trace(x, "reduce", count);
         let r = c.reduce(&send, (rank == root).then_some(&mut out[..]), op, root);
         if ok(v, x, "reduce", r) && rank == root {
-            check_eq(
-                v,
-                x,
-                &format!("reduce {op} n={count} root={root}"),
-                &out,
-                &want,
-            );
+            check_eq(v, x, &format!("reduce {op} n={count} root={root}"), &out, &want);
         }
         let mut all = vec![T::from_i64(-3); count];
+        trace(x, "allreduce", count);
         if ok(v, x, "allreduce", c.allreduce(&send, &mut all, op)) {
             check_eq(v, x, &format!("allreduce {op} n={count}"), &all, &want);
         }
@@ -202,37 +200,26 @@ fn suite<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64) {
 
     // Blocks of the gather family: the whole buffer holds p blocks, so large ones shrink.
     let block = if big { count / p } else { count };
-    let everyone: Vec<T> = (0..p)
-        .flat_map(|r| data::<T>(None, r, block, salt))
-        .collect();
+    let everyone: Vec<T> = (0..p).flat_map(|r| data::<T>(None, r, block, salt)).collect();
     for &root in &roots {
         let send = data::<T>(None, rank, block, salt);
         let mut out = vec![T::from_i64(-4); p * block];
+        trace(x, "gather", count);
         let r = c.gather(&send, (rank == root).then_some(&mut out[..]), root);
         if ok(v, x, "gather", r) && rank == root {
-            check_eq(
-                v,
-                x,
-                &format!("gather block={block} root={root}"),
-                &out,
-                &everyone,
-            );
+            check_eq(v, x, &format!("gather block={block} root={root}"), &out, &everyone);
         }
         let mut mine = vec![T::from_i64(-5); block];
         let src = (rank == root).then_some(&everyone[..]);
+        trace(x, "scatter", count);
         if ok(v, x, "scatter", c.scatter(src, &mut mine, root)) {
             let want = data::<T>(None, rank, block, salt);
-            check_eq(
-                v,
-                x,
-                &format!("scatter block={block} root={root}"),
-                &mine,
-                &want,
-            );
+            check_eq(v, x, &format!("scatter block={block} root={root}"), &mine, &want);
         }
     }
     let send = data::<T>(None, rank, block, salt);
     let mut out = vec![T::from_i64(-6); p * block];
+    trace(x, "allgather", count);
     if ok(v, x, "allgather", c.allgather(&send, &mut out)) {
         check_eq(v, x, &format!("allgather block={block}"), &out, &everyone);
     }
@@ -241,16 +228,14 @@ fn suite<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64) {
     let send: Vec<T> = (0..p).flat_map(|j| a2a(rank, j)).collect();
     let want: Vec<T> = (0..p).flat_map(|i| a2a(i, rank)).collect();
     let mut out = vec![T::from_i64(-7); p * block];
+    trace(x, "alltoall", count);
     if ok(v, x, "alltoall", c.alltoall(&send, &mut out)) {
         check_eq(v, x, &format!("alltoall block={block}"), &out, &want);
     }
 }
 
 fn micros_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
 /// Nobody leaves the barrier before the last rank (which enters late) has entered.
@@ -265,12 +250,7 @@ fn barrier_check(c: &Comm, name: &str, v: &mut Verdict) -> tmpi::Result<()> {
     let mut all = vec![0u64; p];
     c.allgather(&[entered], &mut all)?;
     let last = all.iter().copied().max().unwrap_or(0);
-    v.check(left >= last, || {
-        format!(
-            "{name}: rank {rank} left the barrier {} us before the last rank entered",
-            last - left
-        )
-    });
+    v.check(left >= last, || format!("{name}: rank {rank} left the barrier {} us before the last rank entered", last - left));
     Ok(())
 }
 
@@ -297,9 +277,7 @@ fn run_all(c: &Comm, name: &str, big_bytes: usize, v: &mut Verdict) -> tmpi::Res
 
 fn main() -> Result<(), Box<dyn StdError>> {
     let big_bytes: usize = match std::env::args().nth(1) {
-        Some(a) => a
-            .parse()
-            .map_err(|_| format!("collcheck: bad BIG_BYTES {a:?}"))?,
+        Some(a) => a.parse().map_err(|_| format!("collcheck: bad BIG_BYTES {a:?}"))?,
         None => 1 << 20,
     };
     let world = tmpi::init()?;
@@ -316,11 +294,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
             let want_size = (p + 1 - rank % 2) / 2;
             let want_rank = (want_size - 1) - rank / 2;
             v.check(h.size() == want_size && h.rank() == want_rank, || {
-                format!(
-                    "halves: size {} rank {}, expected {want_size} {want_rank}",
-                    h.size(),
-                    h.rank()
-                )
+                format!("halves: size {} rank {}, expected {want_size} {want_rank}", h.size(), h.rank())
             });
             run_all(&h, "half", big_bytes, &mut v)?;
         }
@@ -331,18 +305,13 @@ fn main() -> Result<(), Box<dyn StdError>> {
     match (rank % 3 != 2, some) {
         (true, Some(s)) => {
             let want = (0..p).filter(|r| r % 3 != 2).count();
-            v.check(s.size() == want, || {
-                format!("partial split: size {} expected {want}", s.size())
-            });
+            v.check(s.size() == want, || format!("partial split: size {} expected {want}", s.size()));
             run_all(&s, "partial", big_bytes, &mut v)?;
         }
         (false, None) => {}
-        (member, got) => v.check(false, || {
-            format!(
-                "partial split: member={member} but got {}",
-                if got.is_some() { "a comm" } else { "None" }
-            )
-        }),
+        (member, got) => {
+            v.check(false, || format!("partial split: member={member} but got {}", if got.is_some() { "a comm" } else { "None" }))
+        }
     }
     let summary = format!("{p} ranks, world/dup/halves/partial, 8 collectives x 5 types");
     v.finish(&world, &summary)?;

@@ -10,8 +10,10 @@
 //!   while the others are stuck in `tmpi::init`.
 //!
 //! Rank 1 prints `FAULT_AT <ns since the Unix epoch>` on stderr just before the panic. A
-//! rank whose receive fails (the peer is gone) exits with code 42, one whose receive
-//! succeeds with 43: neither may become the job's status, the panic (101) must.
+//! rank whose receive succeeds exits with 43. A rank whose receive fails (`PeerGone`: the
+//! panicking rank leaves the shared memory while it unwinds) says so on stderr and waits to
+//! be ended by `tmpirun`: were it to exit, it could end before the panicking rank has, and
+//! would be reported as the job's first failure. The job's status must be the panic's, 101.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -61,7 +63,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(_) => std::process::exit(43),
         Err(e) => {
             eprintln!("fault_panic: rank {}: receive from rank 1: {e}", world.rank());
-            std::process::exit(42)
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
         }
     }
 }

@@ -21,28 +21,14 @@ fn len(k: usize) -> usize {
 }
 
 fn payload(sender: usize, round: usize, k: usize) -> Vec<u64> {
-    (0..len(k))
-        .map(|i| ((sender as u64) << 48) ^ ((round as u64) << 40) ^ ((k as u64) << 24) ^ i as u64)
-        .collect()
+    (0..len(k)).map(|i| ((sender as u64) << 48) ^ ((round as u64) << 40) ^ ((k as u64) << 24) ^ i as u64).collect()
 }
 
-fn check_all(
-    v: &mut Verdict,
-    part: &str,
-    peer: usize,
-    round: usize,
-    bufs: &[Vec<u64>],
-    sts: &[Status],
-    tag_of: impl Fn(usize) -> u32,
-) {
+fn check_all(v: &mut Verdict, part: &str, peer: usize, round: usize, bufs: &[Vec<u64>], sts: &[Status], tag_of: impl Fn(usize) -> u32) {
     for (k, (b, st)) in bufs.iter().zip(sts).enumerate() {
-        v.check(
-            st.source() == peer
-                && st.tag() == tag_of(k)
-                && st.count::<u64>() == len(k)
-                && *b == payload(peer, round, k),
-            || format!("part {part} round {round} message {k}: status {st:?} or payload wrong"),
-        );
+        v.check(st.source() == peer && st.tag() == tag_of(k) && st.count::<u64>() == len(k) && *b == payload(peer, round, k), || {
+            format!("part {part} round {round} message {k}: status {st:?} or payload wrong")
+        });
     }
 }
 
@@ -103,9 +89,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
                 let (_, st) = tmpi::wait_any(&mut recvs)?;
                 let k = (st.tag() - 2000) as usize;
                 if k < K {
-                    v.check(sts[k].is_none(), || {
-                        format!("part C: tag {} completed twice", st.tag())
-                    });
+                    v.check(sts[k].is_none(), || format!("part C: tag {} completed twice", st.tag()));
                     sts[k] = Some(st);
                 }
             }
@@ -113,9 +97,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
             Ok(())
         })?;
         let sts: Vec<Status> = sts.into_iter().flatten().collect();
-        v.check(sts.len() == K, || {
-            format!("part C: {} of {K} receives completed", sts.len())
-        });
+        v.check(sts.len() == K, || format!("part C: {} of {K} receives completed", sts.len()));
         if sts.len() == K {
             check_all(&mut v, "C", peer, round, &bufs, &sts, |k| 2000 + k as u32);
         }

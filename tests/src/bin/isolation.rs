@@ -36,9 +36,7 @@ fn dup_isolation(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
                 format!("world receive got {b:?} {st:?}: the dup's message leaked")
             });
             let st = dup.recv(&mut b, ANY_SOURCE, ANY_TAG)?;
-            v.check(b[0] == 111 && st.source() == 1, || {
-                format!("dup receive got {b:?} {st:?}")
-            });
+            v.check(b[0] == 111 && st.source() == 1, || format!("dup receive got {b:?} {st:?}"));
         }
         _ => {}
     }
@@ -51,9 +49,7 @@ fn split_isolation(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
         v.check(false, || "split with a color returned None".into());
         return Ok(());
     };
-    v.check(half.rank() == rank / 2, || {
-        format!("half rank {} for world rank {rank}", half.rank())
-    });
+    v.check(half.rank() == rank / 2, || format!("half rank {} for world rank {rank}", half.rank()));
     if half.rank() != 0 {
         half.send(&[rank as u64], 0, 9)?;
     }
@@ -63,9 +59,7 @@ fn split_isolation(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(50));
         match world.iprobe(ANY_SOURCE, ANY_TAG) {
             Ok(None) => v.check(true, String::new),
-            r => v.check(false, || {
-                format!("world sees a message sent on a half: {r:?}")
-            }),
+            r => v.check(false, || format!("world sees a message sent on a half: {r:?}")),
         }
     }
     if half.rank() == 0 {
@@ -74,15 +68,9 @@ fn split_isolation(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
             let mut b = [0u64];
             let st = half.recv(&mut b, ANY_SOURCE, 9)?;
             let world_rank = b[0] as usize;
-            v.check(
-                st.source() == world_rank / 2 && world_rank % 2 == rank % 2,
-                || {
-                    format!(
-                        "half message from world rank {world_rank} has source {}",
-                        st.source()
-                    )
-                },
-            );
+            v.check(st.source() == world_rank / 2 && world_rank % 2 == rank % 2, || {
+                format!("half message from world rank {world_rank} has source {}", st.source())
+            });
         }
     }
     world.barrier()
@@ -93,11 +81,7 @@ fn collective_context(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
     let (rank, n) = (world.rank(), world.size());
     let mut got = [0u64; 1];
     tmpi::scope(|s| -> tmpi::Result<()> {
-        let mut r = if rank == 0 {
-            Some(world.irecv(s, &mut got, ANY_SOURCE, ANY_TAG)?)
-        } else {
-            None
-        };
+        let mut r = if rank == 0 { Some(world.irecv(s, &mut got, ANY_SOURCE, ANY_TAG)?) } else { None };
         let mut sum = [0u64];
         world.allreduce(&[1u64], &mut sum, tmpi::Op::Sum)?;
         dup.allreduce(&[1u64], &mut sum, tmpi::Op::Sum)?;
@@ -105,15 +89,11 @@ fn collective_context(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
         world.bcast(&mut b, n - 1)?;
         world.barrier()?;
         dup.barrier()?;
-        v.check(sum[0] == n as u64 && b == [n as u64 - 1; 3], || {
-            format!("collectives gave {sum:?} {b:?}")
-        });
+        v.check(sum[0] == n as u64 && b == [n as u64 - 1; 3], || format!("collectives gave {sum:?} {b:?}"));
         if let Some(r) = r.as_mut() {
             match r.test() {
                 Ok(None) => v.check(true, String::new),
-                other => v.check(false, || {
-                    format!("a wildcard irecv matched collective traffic: {other:?}")
-                }),
+                other => v.check(false, || format!("a wildcard irecv matched collective traffic: {other:?}")),
             }
         }
         world.barrier()?;
@@ -122,9 +102,7 @@ fn collective_context(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
         }
         if let Some(r) = r {
             let st = r.wait()?;
-            v.check(st.source() == n - 1 && st.tag() == 3, || {
-                format!("wildcard irecv status {st:?}")
-            });
+            v.check(st.source() == n - 1 && st.tag() == 3, || format!("wildcard irecv status {st:?}"));
         }
         Ok(())
     })?;

@@ -10,9 +10,7 @@ use std::io::Write;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let world = tmpi::init()?;
     let victim: usize = match std::env::args().nth(1) {
-        Some(a) => a
-            .parse()
-            .map_err(|_| format!("panicker: bad rank argument {a:?}"))?,
+        Some(a) => a.parse().map_err(|_| format!("panicker: bad rank argument {a:?}"))?,
         None => 1,
     };
     let (rank, n) = (world.rank(), world.size());

@@ -1,0 +1,49 @@
+//! Every collective through `tmpirun` at 1..=9 ranks against locally computed values
+//! (`collcheck`), and collectives with bad arguments (`badcoll`).
+
+use std::time::Duration;
+
+use tmpi_tests::Job;
+
+fn collcheck(n: usize) {
+    let out = Job::tmpirun(n, "collcheck").timeout(Duration::from_secs(90)).run();
+    let line = out.assert_ok_line("collcheck: ");
+    assert!(line.contains(&format!("{n} ranks")), "{line:?}");
+}
+
+#[test]
+fn collectives_at_1_2_3_ranks() {
+    for n in 1..=3 {
+        collcheck(n);
+    }
+}
+
+#[test]
+fn collectives_at_4_5_6_ranks() {
+    for n in 4..=6 {
+        collcheck(n);
+    }
+}
+
+#[test]
+fn collectives_at_7_8_9_ranks() {
+    for n in 7..=9 {
+        collcheck(n);
+    }
+}
+
+#[test]
+fn collectives_with_tm_offload_off() {
+    let out = Job::tmpirun(4, "collcheck").arg("65536").env("TMPI_TM_MAX_TAGS", "0").timeout(Duration::from_secs(90)).run();
+    out.assert_ok_line("collcheck: 4 ranks");
+}
+
+#[test]
+fn bad_collective_arguments_return_errors() {
+    for n in [1, 2, 3, 5] {
+        let out = Job::tmpirun(n, "badcoll").timeout(Duration::from_secs(60)).run();
+        let line = out.assert_ok_line("badcoll: ");
+        assert!(line.contains(&format!("{n} ranks")), "{line:?}");
+        assert!(out.elapsed < Duration::from_secs(20), "badcoll at {n} ranks took {:.2?}: something waited", out.elapsed);
+    }
+}
