@@ -3,7 +3,8 @@
 //! `panicker [RANK]` (default 1): rank 0 prints `panicker: jobid=<TMPI_JOBID>` (so a test can
 //! look for the job's files), every rank passes a barrier, then RANK panics while the others
 //! wait in a receive from it. A correct launcher ends the job at once with a non-zero status
-//! naming RANK; a rank whose receive returns first reports the error and exits with code 3.
+//! naming RANK and its status (101, a panic). A rank whose receive fails first (`PeerGone`)
+//! says so and waits to be ended by `tmpirun`: exiting could make it the job's first failure.
 
 use std::io::Write;
 
@@ -34,7 +35,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Err(e) => {
             eprintln!("panicker: rank {rank}: receive from rank {victim} failed: {e}");
-            std::process::exit(3)
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
         }
     }
 }
