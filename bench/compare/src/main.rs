@@ -30,7 +30,7 @@ use clap::Parser;
 use crate::error::Error;
 use crate::machine::{first_line, load_average, Machine};
 use crate::peers::{build_cacheline, build_peer, Paths};
-use crate::plot::{plot, Series};
+use crate::plot::{plot, Legend, Series};
 use crate::report::{csv, Cacheline, Launch, Report};
 use crate::run::run;
 use crate::spec::{command_line, segments, Bench, Lib, Peer, Segment};
@@ -369,6 +369,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
                     Peer::Mpich => first_line(&["mpichversion"]).or_else(|| first_line(&["mpirun.mpich", "--version"])),
                 };
                 if let Some(v) = v {
+                    let v = v.split_whitespace().collect::<Vec<_>>().join(" ");
                     machine.versions.push(format!("{}: {v}", peer.label()));
                 }
             }
@@ -418,10 +419,10 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     let mut plots = Vec::new();
     if !samples.is_empty() {
         write(&out_dir.join("raw.csv"), &csv(&samples))?;
-        for (bench, stem, y) in [
-            (Bench::Latency, "latency", "latency (µs)"),
-            (Bench::Bw, "bw", "bandwidth (MB/s)"),
-            (Bench::Bibw, "bibw", "bidirectional bandwidth (MB/s)"),
+        for (bench, stem, y, legend) in [
+            (Bench::Latency, "latency", "latency (µs)", Legend::LowerRight),
+            (Bench::Bw, "bw", "bandwidth (MB/s)", Legend::UpperLeft),
+            (Bench::Bibw, "bibw", "bidirectional bandwidth (MB/s)", Legend::UpperLeft),
         ] {
             let series: Vec<Series> = libs
                 .iter()
@@ -432,7 +433,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
                 continue;
             }
             let title = format!("{}, 2 ranks, median of {reps}", bench.title());
-            match plot(&out_dir.join(stem), &title, y, &series) {
+            match plot(&out_dir.join(stem), &title, y, &series, legend) {
                 Ok(()) => plots.push((bench.title().to_string(), format!("{stem}.svg"))),
                 Err(e) => {
                     eprintln!("tmpi-compare: {e}");

@@ -71,6 +71,21 @@ fn y_range(series: &[Series]) -> Option<(f64, f64)> {
     Some((lo, hi))
 }
 
+/// A y-axis tick label: whole numbers above 1, at most three decimals below, no trailing
+/// zeroes (`0.1`, not `0.10000000000000001`).
+fn axis_number(v: f64) -> String {
+    if v >= 1.0 {
+        return format!("{v:.0}");
+    }
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s.is_empty() || s == "0" {
+        format!("{v:.1e}")
+    } else {
+        s.to_string()
+    }
+}
+
 /// The x range (sizes) of every point.
 fn x_range(series: &[Series]) -> Option<(f64, f64)> {
     let lo = series.iter().flat_map(|s| s.points.first()).map(|p| p.0).min()?;
@@ -80,7 +95,13 @@ fn x_range(series: &[Series]) -> Option<(f64, f64)> {
     Some((lo, hi))
 }
 
-fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, y_desc: &str, series: &[Series]) -> Result<(), Error>
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    y_desc: &str,
+    series: &[Series],
+    legend: Legend,
+) -> Result<(), Error>
 where
     DB::ErrorType: 'static,
 {
@@ -97,13 +118,7 @@ where
         .build_cartesian_2d((x0..x1).log_scale().base(4.0), (y0..y1).log_scale())
         .map_err(err)?;
     let x_fmt = |v: &f64| size_label(v.round() as usize);
-    let y_fmt = |v: &f64| {
-        if *v >= 1.0 {
-            format!("{v:.0}")
-        } else {
-            format!("{v}")
-        }
-    };
+    let y_fmt = |v: &f64| axis_number(*v);
     chart
         .configure_mesh()
         .x_desc("message size")
@@ -128,7 +143,10 @@ where
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(match legend {
+            Legend::UpperLeft => SeriesLabelPosition::UpperLeft,
+            Legend::LowerRight => SeriesLabelPosition::LowerRight,
+        })
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 16))
@@ -138,22 +156,32 @@ where
     Ok(())
 }
 
+/// Where the legend goes: where the curves are not (lower right for latency, which grows
+/// with size; upper left for bandwidth).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Legend {
+    /// Top left corner.
+    UpperLeft,
+    /// Bottom right corner.
+    LowerRight,
+}
+
 /// Draws `series` into `<stem>.svg` and `<stem>.png` (1000x640).
 ///
 /// # Errors
 /// [`Error::Plot`] when there is no point or drawing fails, [`Error::Io`] when the PNG
 /// cannot be written.
-pub fn plot(stem: &Path, title: &str, y_desc: &str, series: &[Series]) -> Result<(), Error> {
+pub fn plot(stem: &Path, title: &str, y_desc: &str, series: &[Series], legend: Legend) -> Result<(), Error> {
     font_source()?;
     let svg = stem.with_extension("svg");
     let png = stem.with_extension("png");
     {
         let root = SVGBackend::new(&svg, (1000, 640)).into_drawing_area();
-        draw(&root, title, y_desc, series)?;
+        draw(&root, title, y_desc, series, legend)?;
     }
     {
         let root = BitMapBackend::new(&png, (1000, 640)).into_drawing_area();
-        draw(&root, title, y_desc, series)?;
+        draw(&root, title, y_desc, series, legend)?;
     }
     for f in [&svg, &png] {
         let meta = std::fs::metadata(f).map_err(|e| Error::io(format!("{}", f.display()), e))?;
@@ -177,6 +205,9 @@ mod tests {
         assert_eq!(x_range(&s), Some((1.0, 4096.0)));
         assert_eq!(y_range(&s), Some((0.1, 10_000.0)));
         assert_eq!(y_range(&[]), None);
+        assert_eq!(axis_number(0.1 + 0.2), "0.3");
+        assert_eq!(axis_number(1000.0), "1000");
+        assert_eq!(axis_number(0.0001), "1.0e-4");
     }
 
     #[test]
@@ -184,13 +215,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tmpi-compare-plot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string()).ok();
         let s = vec![Series { label: "tmpi".into(), points: vec![(1, 0.5), (64, 0.7), (65536, 9.0)] }];
-        let r = plot(&dir.join("lat"), "Latency", "µs", &s).map_err(|e| e.to_string());
+        let r = plot(&dir.join("lat"), "Latency", "µs", &s, Legend::LowerRight).map_err(|e| e.to_string());
         assert_eq!(r, Ok(()));
         let svg = std::fs::read_to_string(dir.join("lat.svg")).unwrap_or_default();
         assert!(svg.contains("<svg") && svg.contains("tmpi"), "{svg}");
         let png = std::fs::read(dir.join("lat.png")).unwrap_or_default();
         assert!(png.starts_with(b"\x89PNG"));
-        assert!(plot(&dir.join("none"), "x", "y", &[]).is_err());
+        assert!(plot(&dir.join("none"), "x", "y", &[], Legend::UpperLeft).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -101,7 +101,7 @@ fn unit_label(bench: Bench) -> &'static str {
     match bench {
         Bench::MsgRate => "million messages/s",
         Bench::Latency => "µs",
-        _ => "MB/s (10^6 B/s)",
+        _ => "MB/s, 10^6 bytes per second",
     }
 }
 
@@ -258,7 +258,7 @@ impl Report<'_> {
             if sizes.is_empty() {
                 continue;
             }
-            let _ = writeln!(s, "## {} ({})\n", bench.title(), unit_label(bench));
+            let _ = writeln!(s, "## {}: {}\n", bench.title(), unit_label(bench));
             let _ = writeln!(s, "{}.\n", ratio_note(bench));
             s.push_str(&self.table_head("size"));
             for size in sizes {
