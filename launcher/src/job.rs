@@ -294,6 +294,17 @@ fn spawn_all(spec: &JobSpec, binder: &Binder, jobid: &str, shm_name: &str, sock:
     Ok((ranks, streams))
 }
 
+/// A failure not reported yet (see [`Running::scan_ranks`]).
+#[derive(Debug, Clone, Copy)]
+struct Deferred {
+    /// The rank that failed.
+    rank: usize,
+    /// When its failure was seen.
+    since: Instant,
+    /// When to look again.
+    wake: Instant,
+}
+
 /// A job whose ranks are running.
 struct Running {
     ranks: Vec<Rank>,
@@ -304,9 +315,8 @@ struct Running {
     /// Ranks whose bootstrap connection closed without a finalize while the job ran, in
     /// the order seen (see [`Running::scan_ranks`]).
     lost: Vec<usize>,
-    /// A rank that failed while a lost rank had not ended, and until when to wait for that
-    /// one.
-    deferred: Option<(usize, Instant)>,
+    /// A failure whose report waits for news of a rank that may have failed first.
+    deferred: Option<Deferred>,
     end: Option<End>,
     /// When the ranks still alive get SIGKILL (set once the job is ending).
     kill_at: Option<Instant>,
@@ -354,12 +364,12 @@ impl Running {
             }
 
             // Wait for something.
-            if self.deferred.is_some_and(|(_, t)| now >= t) {
+            if self.deferred.is_some_and(|d| now >= d.wake) {
                 scan = true;
                 continue;
             }
             let wake =
-                [if self.end.is_none() { self.deadline } else { None }, self.deferred.map(|(_, t)| t), self.kill_at, self.drain_until]
+                [if self.end.is_none() { self.deadline } else { None }, self.deferred.map(|d| d.wake), self.kill_at, self.drain_until]
                     .into_iter()
                     .flatten()
                     .min();
@@ -421,10 +431,12 @@ impl Running {
     ///
     /// "First" is decided with the bootstrap service's help: a rank whose connection closed
     /// without a finalize ([`Running::lost`]) is dying, and the kernel closes a dying
-    /// process's descriptors before its parent hears of its exit. So when another rank
-    /// fails while a lost rank has not been seen to end yet (typically a rank whose fence
-    /// or receive failed *because* the lost one went away), the lost rank is waited for, at
-    /// most [`SUSPECT_WAIT`], and reported if it failed.
+    /// process's descriptors before its parent hears of its exit. So when a rank fails while
+    /// a rank lost before it has not been seen to end yet (typically a rank whose fence or
+    /// receive failed *because* the lost one went away), the lost rank is waited for, at most
+    /// [`SUSPECT_WAIT`], and reported if it failed. (A rank that leaves the fabric before it
+    /// drops its bootstrap connection can still be seen going by a peer that ends first:
+    /// then the peer is reported, as nothing here says it was not first.)
     fn scan_ranks(&mut self) {
         let mut failed = None;
         for (r, rank) in self.ranks.iter_mut().enumerate() {
@@ -443,10 +455,13 @@ impl Running {
             self.deferred = None;
             return;
         }
-        let Some(candidate) = self.deferred.map(|(r, _)| r).or(failed) else {
-            return;
-        };
         let now = Instant::now();
+        let (candidate, since) = match (self.deferred, failed) {
+            (Some(d), _) => (d.rank, d.since),
+            (None, Some(r)) => (r, now),
+            (None, None) => return,
+        };
+        let mut wait_until = None;
         for &s in &self.lost {
             if s == candidate {
                 break;
@@ -455,14 +470,16 @@ impl Running {
                 Some(kind) if !kind.success() => return self.rank_failed(s, kind),
                 Some(_) => continue,
                 None => {
-                    let until = self.deferred.map_or(now + SUSPECT_WAIT, |(_, t)| t);
-                    if now < until {
-                        self.deferred = Some((candidate, until));
-                        return;
-                    }
+                    wait_until = Some(since + SUSPECT_WAIT);
                     break;
                 }
             }
+        }
+        // Nothing more can happen once every rank has ended.
+        let all_ended = self.ranks.iter().all(|r| r.exit.is_some());
+        if let Some(wake) = wait_until.filter(|&t| now < t && !all_ended) {
+            self.deferred = Some(Deferred { rank: candidate, since, wake });
+            return;
         }
         if let Some(kind) = self.ranks[candidate].exit {
             self.rank_failed(candidate, kind);
