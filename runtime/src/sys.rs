@@ -10,7 +10,14 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-/// CPUs this process may run on.
+/// CPUs of the machine, for deciding whether ranks outnumber cores. Not this process's
+/// affinity: `tmpirun` binds each rank to one core, which must not read as oversubscription.
 pub(crate) fn usable_cpus() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    // SAFETY: sysconf only reads a system value.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    }
 }
