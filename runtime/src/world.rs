@@ -27,8 +27,10 @@ pub fn wtime() -> f64 {
 /// The world communicator of this process, and the runtime's lifetime: dropping it (or calling
 /// [`World::finalize`]) shuts the runtime down. Derefs to [`Comm`].
 pub struct World {
-    comm: Comm,
+    // Dropped first: when a rank unwinds, tmpirun must see its bootstrap connection go before
+    // the peers see it leave the fabric, so that the failing rank is the one reported.
     bootstrap: RefCell<Option<BootstrapClient>>,
+    comm: Comm,
     finalized: bool,
 }
 
