@@ -152,9 +152,7 @@ impl Options {
             let mut value = |name: &str| -> Result<String, UsageError> {
                 match inline.clone() {
                     Some(v) => Ok(v),
-                    None => it
-                        .next()
-                        .ok_or_else(|| UsageError(format!("option {name} needs a value"))),
+                    None => it.next().ok_or_else(|| UsageError(format!("option {name} needs a value"))),
                 }
             };
             match flag.as_str() {
@@ -188,10 +186,7 @@ impl Options {
             }
         }
         if o.min_size > o.max_size {
-            return Err(UsageError(format!(
-                "-m: smallest size {} is above largest size {}",
-                o.min_size, o.max_size
-            )));
+            return Err(UsageError(format!("-m: smallest size {} is above largest size {}", o.min_size, o.max_size)));
         }
         Ok(Parsed::Run(o))
     }
@@ -208,14 +203,7 @@ impl Options {
     /// The sizes to run, OSU style: `min`, then doubling (0 is followed by 1) up to `max`.
     pub fn sizes(&self) -> impl Iterator<Item = usize> {
         let max = self.max_size;
-        std::iter::successors(Some(self.min_size), |&s| {
-            if s == 0 {
-                Some(1)
-            } else {
-                s.checked_mul(2)
-            }
-        })
-        .take_while(move |&s| s <= max)
+        std::iter::successors(Some(self.min_size), |&s| if s == 0 { Some(1) } else { s.checked_mul(2) }).take_while(move |&s| s <= max)
     }
 }
 
@@ -238,9 +226,7 @@ fn split_flag(arg: &str) -> Result<(String, Option<String>), UsageError> {
 }
 
 fn parse_num(v: &str, flag: &str) -> Result<usize, UsageError> {
-    v.trim()
-        .parse::<usize>()
-        .map_err(|_| UsageError(format!("{flag}: {v:?} is not a non-negative integer")))
+    v.trim().parse::<usize>().map_err(|_| UsageError(format!("{flag}: {v:?} is not a non-negative integer")))
 }
 
 fn set_sizes(o: &mut Options, v: &str) -> Result<(), UsageError> {
@@ -273,10 +259,7 @@ pub fn usage(name: &str, family: Family, extra: &str) -> String {
         d.min_size, d.max_size, d.iterations, LARGE_MESSAGE_SIZE, d.iterations_large, d.skip, d.skip_large
     );
     if family == Family::Bandwidth {
-        s.push_str(&format!(
-            "  -W, --window-size N           messages in flight (default {})\n",
-            d.window
-        ));
+        s.push_str(&format!("  -W, --window-size N           messages in flight (default {})\n", d.window));
     }
     if family == Family::Collective {
         s.push_str("  -f, --full                    print min/max latency and iterations too\n");
@@ -316,36 +299,21 @@ pub fn rows(size: usize, values: &[f64]) -> String {
 
 /// The collective header (OSU `print_only_header` for collectives), with `-f` columns.
 pub fn coll_header(with_size: bool, full: bool) -> String {
-    let mut s = if with_size {
-        header(&["Avg Latency(us)"])
-    } else {
-        "# Avg Latency(us)".to_string()
-    };
+    let mut s = if with_size { header(&["Avg Latency(us)"]) } else { "# Avg Latency(us)".to_string() };
     if full {
-        s.push_str(&format!(
-            "{:>FIELD_WIDTH$}{:>FIELD_WIDTH$}{:>12}",
-            "Min Latency(us)", "Max Latency(us)", "Iterations"
-        ));
+        s.push_str(&format!("{:>FIELD_WIDTH$}{:>FIELD_WIDTH$}{:>12}", "Min Latency(us)", "Max Latency(us)", "Iterations"));
     }
     s
 }
 
 /// A collective result row (OSU `print_stats`): without a size the average takes 17 columns.
-pub fn coll_row(
-    size: Option<usize>,
-    avg: f64,
-    min: f64,
-    max: f64,
-    iterations: Option<usize>,
-) -> String {
+pub fn coll_row(size: Option<usize>, avg: f64, min: f64, max: f64, iterations: Option<usize>) -> String {
     let mut s = match size {
         Some(size) => row(size, avg),
         None => format!("{avg:>17.FLOAT_PRECISION$}"),
     };
     if let Some(it) = iterations {
-        s.push_str(&format!(
-            "{min:>FIELD_WIDTH$.FLOAT_PRECISION$}{max:>FIELD_WIDTH$.FLOAT_PRECISION$}{it:>12}"
-        ));
+        s.push_str(&format!("{min:>FIELD_WIDTH$.FLOAT_PRECISION$}{max:>FIELD_WIDTH$.FLOAT_PRECISION$}{it:>12}"));
     }
     s
 }
@@ -371,9 +339,7 @@ pub struct AlignedBuf {
 
 impl fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AlignedBuf")
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
     }
 }
 
@@ -381,10 +347,7 @@ impl AlignedBuf {
     /// `len` bytes, page-aligned, every byte set to `fill` (this touches every page, as
     /// OSU's `set_buffer_pt2pt` does, so no page fault lands inside a timed loop).
     pub fn new(len: usize, fill: u8) -> Self {
-        let mut b = AlignedBuf {
-            pages: vec![Page([0; PAGE]); len.div_ceil(PAGE).max(1)],
-            len,
-        };
+        let mut b = AlignedBuf { pages: vec![Page([0; PAGE]); len.div_ceil(PAGE).max(1)], len };
         b.fill(fill);
         b
     }
@@ -433,25 +396,13 @@ pub fn slot_stride(size: usize) -> usize {
 ///
 /// # Errors
 /// [`UsageError`] when `buf` is too small.
-pub fn window_slots(
-    buf: &mut [u8],
-    size: usize,
-    window: usize,
-) -> Result<Vec<&mut [u8]>, UsageError> {
+pub fn window_slots(buf: &mut [u8], size: usize, window: usize) -> Result<Vec<&mut [u8]>, UsageError> {
     let stride = slot_stride(size);
-    let need = stride
-        .checked_mul(window)
-        .ok_or_else(|| UsageError("window buffer size overflows".into()))?;
+    let need = stride.checked_mul(window).ok_or_else(|| UsageError("window buffer size overflows".into()))?;
     if buf.len() < need {
-        return Err(UsageError(format!(
-            "window buffer of {} bytes is smaller than {need}",
-            buf.len()
-        )));
+        return Err(UsageError(format!("window buffer of {} bytes is smaller than {need}", buf.len())));
     }
-    Ok(buf[..need]
-        .chunks_mut(stride)
-        .map(|c| &mut c[..size])
-        .collect())
+    Ok(buf[..need].chunks_mut(stride).map(|c| &mut c[..size]).collect())
 }
 
 /// Parses the options of benchmark `name` from the process arguments.
@@ -553,20 +504,11 @@ mod tests {
     #[test]
     fn defaults_follow_osu() {
         let l = run(Family::Latency, &[]);
-        assert_eq!(
-            (l.min_size, l.max_size, l.loops(8192), l.loops(8193)),
-            (0, 1 << 22, (10000, 100), (1000, 10))
-        );
+        assert_eq!((l.min_size, l.max_size, l.loops(8192), l.loops(8193)), (0, 1 << 22, (10000, 100), (1000, 10)));
         let b = run(Family::Bandwidth, &[]);
-        assert_eq!(
-            (b.min_size, b.window, b.loops(1), b.loops(1 << 20)),
-            (1, 64, (100, 10), (20, 2))
-        );
+        assert_eq!((b.min_size, b.window, b.loops(1), b.loops(1 << 20)), (1, 64, (100, 10), (20, 2)));
         let c = run(Family::Collective, &[]);
-        assert_eq!(
-            (c.max_size, c.loops(4), c.loops(16384)),
-            (1 << 20, (1000, 100), (100, 10))
-        );
+        assert_eq!((c.max_size, c.loops(4), c.loops(16384)), (1 << 20, (1000, 100), (100, 10)));
     }
 
     #[test]
@@ -586,31 +528,17 @@ mod tests {
     #[test]
     fn options_set_both_small_and_large_counts() {
         let o = run(Family::Bandwidth, &["-i", "7", "-x3", "-W", "16", "-f"]);
-        assert_eq!(
-            (o.loops(1), o.loops(1 << 20), o.window, o.full),
-            ((7, 3), (7, 3), 16, true)
-        );
+        assert_eq!((o.loops(1), o.loops(1 << 20), o.window, o.full), ((7, 3), (7, 3), 16, true));
         let o = run(Family::Bandwidth, &["--iterations=9", "--window-size", "2"]);
         assert_eq!((o.iterations, o.window), (9, 2));
     }
 
     #[test]
     fn bad_command_lines_are_errors() {
-        for bad in [
-            &["-i"][..],
-            &["-i", "0"],
-            &["-i", "x"],
-            &["-W", "0"],
-            &["-m", "64:8"],
-            &["-m", ":"],
-            &["-q"],
-            &["stray"],
-            &["-x", "-1"],
-        ] {
-            assert!(
-                parse(Family::Latency, bad).is_err(),
-                "{bad:?} should be rejected"
-            );
+        for bad in
+            [&["-i"][..], &["-i", "0"], &["-i", "x"], &["-W", "0"], &["-m", "64:8"], &["-m", ":"], &["-q"], &["stray"], &["-x", "-1"]]
+        {
+            assert!(parse(Family::Latency, bad).is_err(), "{bad:?} should be rejected");
         }
         assert_eq!(parse(Family::Latency, &["-h"]), Ok(Parsed::Help));
     }
@@ -618,22 +546,13 @@ mod tests {
     #[test]
     fn layout_matches_osu_printf() {
         // printf("%-*s%*s", 10, "# Size", 20, "Avg Latency(us)")
-        assert_eq!(
-            header(&["Avg Latency(us)"]),
-            "# Size         Avg Latency(us)"
-        );
+        assert_eq!(header(&["Avg Latency(us)"]), "# Size         Avg Latency(us)");
         // printf("%-*d%*.*f", 10, 4096, 20, 2, 12.345)
         assert_eq!(row(4096, 12.345), "4096                     12.35");
-        assert_eq!(
-            rows(8, &[1.0, 2.5]),
-            format!("{:<10}{:>20}{:>20}", 8, "1.00", "2.50")
-        );
+        assert_eq!(rows(8, &[1.0, 2.5]), format!("{:<10}{:>20}{:>20}", 8, "1.00", "2.50"));
         assert_eq!(coll_row(None, 3.1234, 0.0, 0.0, None), "             3.12");
         assert_eq!(coll_header(false, false), "# Avg Latency(us)");
-        assert_eq!(
-            coll_row(Some(4), 1.0, 0.5, 2.0, Some(10)).len(),
-            10 + 20 * 3 + 12
-        );
+        assert_eq!(coll_row(Some(4), 1.0, 0.5, 2.0, Some(10)).len(), 10 + 20 * 3 + 12);
         assert_eq!(preamble("x"), "\n# x");
     }
 
@@ -647,20 +566,10 @@ mod tests {
         assert_eq!(&b.as_slice()[..4], b"bbba");
         assert!(AlignedBuf::new(0, 0).is_empty());
         let mut w = AlignedBuf::new(4 * 128, 0);
-        let slots = window_slots(w.as_mut_slice(), 65, 4)
-            .map_err(|e| e.0)
-            .unwrap_or_default();
+        let slots = window_slots(w.as_mut_slice(), 65, 4).map_err(|e| e.0).unwrap_or_default();
         assert_eq!(slots.len(), 4);
         assert!(slots.iter().all(|s| s.len() == 65));
         assert!(window_slots(w.as_mut_slice(), 65, 5).is_err());
-        assert_eq!(
-            (
-                slot_stride(0),
-                slot_stride(1),
-                slot_stride(64),
-                slot_stride(65)
-            ),
-            (64, 64, 64, 128)
-        );
+        assert_eq!((slot_stride(0), slot_stride(1), slot_stride(64), slot_stride(65)), (64, 64, 64, 128));
     }
 }

@@ -2,10 +2,7 @@
 
 use std::process::ExitCode;
 
-use tmpi_bench::{
-    coll_header, coll_row, options_or_exit, preamble, reduce_stats, report, require, BoxError,
-    Family, Options,
-};
+use tmpi_bench::{coll_header, coll_row, options_or_exit, preamble, reduce_stats, report, require, BoxError, Family, Options};
 
 const NAME: &str = "osu_barrier";
 
@@ -19,11 +16,7 @@ fn main() -> ExitCode {
 fn run(o: &Options) -> Result<(), BoxError> {
     let world = tmpi::init()?;
     let rank = world.rank();
-    require(
-        rank,
-        world.size() >= 2,
-        "This test requires at least two processes",
-    )?;
+    require(rank, world.size() >= 2, "This test requires at least two processes")?;
     // OSU times barriers with the small-message counts.
     let (iters, skip) = o.loops(0);
     if rank == 0 {

@@ -5,10 +5,7 @@
 
 use std::process::ExitCode;
 
-use tmpi_bench::{
-    coll_header, coll_row, options_or_exit, preamble, reduce_stats, report, require, AlignedBuf,
-    BoxError, Family, Options,
-};
+use tmpi_bench::{coll_header, coll_row, options_or_exit, preamble, reduce_stats, report, require, AlignedBuf, BoxError, Family, Options};
 
 const NAME: &str = "osu_bcast";
 
@@ -22,11 +19,7 @@ fn main() -> ExitCode {
 fn run(o: &Options) -> Result<(), BoxError> {
     let world = tmpi::init()?;
     let rank = world.rank();
-    require(
-        rank,
-        world.size() >= 2,
-        "This test requires at least two processes",
-    )?;
+    require(rank, world.size() >= 2, "This test requires at least two processes")?;
     let mut buf = AlignedBuf::new(o.max_size, 1);
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Broadcast Latency Test"));
@@ -48,10 +41,7 @@ fn run(o: &Options) -> Result<(), BoxError> {
         }
         let (avg, min, max) = reduce_stats(&world, timer * 1e6 / iters as f64)?;
         if rank == 0 {
-            println!(
-                "{}",
-                coll_row(Some(size), avg, min, max, o.full.then_some(iters))
-            );
+            println!("{}", coll_row(Some(size), avg, min, max, o.full.then_some(iters)));
         }
     }
     world.finalize()?;

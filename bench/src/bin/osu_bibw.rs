@@ -7,8 +7,7 @@
 use std::process::ExitCode;
 
 use tmpi_bench::{
-    header, options_or_exit, preamble, report, require, row, slot_stride, window_slots, AlignedBuf,
-    BoxError, Family, Options,
+    header, options_or_exit, preamble, report, require, row, slot_stride, window_slots, AlignedBuf, BoxError, Family, Options,
 };
 
 const NAME: &str = "osu_bibw";
@@ -24,21 +23,14 @@ fn main() -> ExitCode {
 fn run(o: &Options) -> Result<(), BoxError> {
     let world = tmpi::init()?;
     let rank = world.rank();
-    require(
-        rank,
-        world.size() == 2,
-        "This test requires exactly two processes",
-    )?;
+    require(rank, world.size() == 2, "This test requires exactly two processes")?;
     let peer = 1 - rank;
     let (my_tag, peer_tag) = (BASE_TAG + rank as tmpi::Tag, BASE_TAG + peer as tmpi::Tag);
     let w = o.window;
     let sbuf = AlignedBuf::new(o.max_size, b'a');
     let mut rbuf = AlignedBuf::new(slot_stride(o.max_size) * w, b'b');
     if rank == 0 {
-        println!(
-            "{}",
-            preamble("tmpi OSU-style Bi-Directional Bandwidth Test")
-        );
+        println!("{}", preamble("tmpi OSU-style Bi-Directional Bandwidth Test"));
         println!("{}", header(&["Bandwidth (MB/s)"]));
     }
     for size in o.sizes().filter(|&s| s > 0) {
@@ -70,13 +62,7 @@ fn run(o: &Options) -> Result<(), BoxError> {
             }
         }
         if rank == 0 {
-            println!(
-                "{}",
-                row(
-                    size,
-                    size as f64 / 1e6 * iters as f64 * w as f64 * 2.0 / total
-                )
-            );
+            println!("{}", row(size, size as f64 / 1e6 * iters as f64 * w as f64 * 2.0 / total));
         }
     }
     world.finalize()?;

@@ -8,8 +8,7 @@
 use std::process::ExitCode;
 
 use tmpi_bench::{
-    header, options_or_exit, preamble, report, require, row, slot_stride, window_slots, AlignedBuf,
-    BoxError, Family, Options,
+    header, options_or_exit, preamble, report, require, row, slot_stride, window_slots, AlignedBuf, BoxError, Family, Options,
 };
 
 const NAME: &str = "osu_bw";
@@ -26,11 +25,7 @@ fn main() -> ExitCode {
 fn run(o: &Options) -> Result<(), BoxError> {
     let world = tmpi::init()?;
     let rank = world.rank();
-    require(
-        rank,
-        world.size() == 2,
-        "This test requires exactly two processes",
-    )?;
+    require(rank, world.size() == 2, "This test requires exactly two processes")?;
     let w = o.window;
     let sbuf = AlignedBuf::new(o.max_size, b'a');
     let mut rbuf = AlignedBuf::new(slot_stride(o.max_size) * w, b'b');
@@ -76,10 +71,7 @@ fn run(o: &Options) -> Result<(), BoxError> {
             }
         }
         if rank == 0 {
-            println!(
-                "{}",
-                row(size, size as f64 / 1e6 * iters as f64 * w as f64 / total)
-            );
+            println!("{}", row(size, size as f64 / 1e6 * iters as f64 * w as f64 / total));
         }
     }
     world.finalize()?;

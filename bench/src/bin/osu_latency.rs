@@ -5,9 +5,7 @@
 
 use std::process::ExitCode;
 
-use tmpi_bench::{
-    header, options_or_exit, preamble, report, require, row, AlignedBuf, BoxError, Family, Options,
-};
+use tmpi_bench::{header, options_or_exit, preamble, report, require, row, AlignedBuf, BoxError, Family, Options};
 
 const NAME: &str = "osu_latency";
 const TAG: tmpi::Tag = 1;
@@ -22,11 +20,7 @@ fn main() -> ExitCode {
 fn run(o: &Options) -> Result<(), BoxError> {
     let world = tmpi::init()?;
     let rank = world.rank();
-    require(
-        rank,
-        world.size() == 2,
-        "This test requires exactly two processes",
-    )?;
+    require(rank, world.size() == 2, "This test requires exactly two processes")?;
     let mut sbuf = AlignedBuf::new(o.max_size, b'a');
     let mut rbuf = AlignedBuf::new(o.max_size, b'b');
     if rank == 0 {

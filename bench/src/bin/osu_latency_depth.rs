@@ -13,10 +13,7 @@
 
 use std::process::ExitCode;
 
-use tmpi_bench::{
-    options_or_exit, preamble, report, require, AlignedBuf, BoxError, Family, Options, FIELD_WIDTH,
-    SIZE_WIDTH,
-};
+use tmpi_bench::{options_or_exit, preamble, report, require, AlignedBuf, BoxError, Family, Options, FIELD_WIDTH, SIZE_WIDTH};
 
 const NAME: &str = "osu_latency_depth";
 const PING: tmpi::Tag = 1;
@@ -35,13 +32,9 @@ enum Variant {
 impl Variant {
     fn describe(self) -> &'static str {
         match self {
-            Variant::PostedSpecific => {
-                "posted-specific: D never-matching receives from the peer stay posted"
-            }
+            Variant::PostedSpecific => "posted-specific: D never-matching receives from the peer stay posted",
             Variant::PostedAny => "posted-any: D never-matching ANY_SOURCE receives stay posted",
-            Variant::Unexpected => {
-                "unexpected: D unreceived messages from the peer wait in the unexpected queue"
-            }
+            Variant::Unexpected => "unexpected: D unreceived messages from the peer wait in the unexpected queue",
         }
     }
 }
@@ -54,13 +47,7 @@ fn main() -> ExitCode {
 }
 
 /// `iters + skip` ping-pongs of `size` bytes; returns the mean one-way latency in us (rank 0).
-fn pingpong(
-    world: &tmpi::Comm,
-    s: &[u8],
-    r: &mut [u8],
-    iters: usize,
-    skip: usize,
-) -> tmpi::Result<f64> {
+fn pingpong(world: &tmpi::Comm, s: &[u8], r: &mut [u8], iters: usize, skip: usize) -> tmpi::Result<f64> {
     let peer = 1 - world.rank();
     let mut total = 0.0;
     for i in 0..iters + skip {
@@ -80,25 +67,13 @@ fn pingpong(
 }
 
 /// Runs the ping-pong with `depth` posted never-matching receives; checks they were cancelled.
-fn with_posted(
-    world: &tmpi::Comm,
-    any: bool,
-    depth: usize,
-    s: &[u8],
-    r: &mut [u8],
-    iters: usize,
-    skip: usize,
-) -> Result<f64, BoxError> {
+fn with_posted(world: &tmpi::Comm, any: bool, depth: usize, s: &[u8], r: &mut [u8], iters: usize, skip: usize) -> Result<f64, BoxError> {
     let peer = 1 - world.rank();
     let mut dummies = vec![[0u8; 8]; depth];
     let (lat, statuses) = tmpi::scope(|sc| -> tmpi::Result<(f64, Vec<tmpi::Status>)> {
         let mut reqs = Vec::with_capacity(depth);
         for d in dummies.iter_mut() {
-            let src = if any {
-                tmpi::ANY_SOURCE
-            } else {
-                tmpi::Source::Rank(peer)
-            };
+            let src = if any { tmpi::ANY_SOURCE } else { tmpi::Source::Rank(peer) };
             reqs.push(world.irecv(sc, &mut d[..], src, NEVER)?);
         }
         world.barrier()?;
@@ -110,23 +85,13 @@ fn with_posted(
     })?;
     let not_cancelled = statuses.iter().filter(|st| !st.cancelled()).count();
     if not_cancelled > 0 {
-        return Err(format!(
-            "{not_cancelled} of {depth} never-matching receives were not cancelled"
-        )
-        .into());
+        return Err(format!("{not_cancelled} of {depth} never-matching receives were not cancelled").into());
     }
     Ok(lat)
 }
 
 /// Runs the ping-pong with `depth` unreceived messages queued at each side; drains them after.
-fn with_unexpected(
-    world: &tmpi::Comm,
-    depth: usize,
-    s: &[u8],
-    r: &mut [u8],
-    iters: usize,
-    skip: usize,
-) -> Result<f64, BoxError> {
+fn with_unexpected(world: &tmpi::Comm, depth: usize, s: &[u8], r: &mut [u8], iters: usize, skip: usize) -> Result<f64, BoxError> {
     let (rank, peer) = (world.rank(), 1 - world.rank());
     // One side sends while the other waits in the barrier, then the other way round, so no
     // two ranks ever block in send against each other.
@@ -152,37 +117,20 @@ fn with_unexpected(
 fn run(o: &Options) -> Result<(), BoxError> {
     let world = tmpi::init()?;
     let rank = world.rank();
-    require(
-        rank,
-        world.size() == 2,
-        "This test requires exactly two processes",
-    )?;
+    require(rank, world.size() == 2, "This test requires exactly two processes")?;
     let defaults = Options::defaults(Family::Latency);
-    let sizes: Vec<usize> = if (o.min_size, o.max_size) == (defaults.min_size, defaults.max_size) {
-        SIZES.to_vec()
-    } else {
-        o.sizes().collect()
-    };
+    let sizes: Vec<usize> =
+        if (o.min_size, o.max_size) == (defaults.min_size, defaults.max_size) { SIZES.to_vec() } else { o.sizes().collect() };
     let max = sizes.iter().copied().max().unwrap_or(0);
     let sbuf = AlignedBuf::new(max, b'a');
     let mut rbuf = AlignedBuf::new(max, b'b');
     if rank == 0 {
-        println!(
-            "{}",
-            preamble("tmpi OSU-style Latency vs Matching-Queue Depth Test")
-        );
+        println!("{}", preamble("tmpi OSU-style Latency vs Matching-Queue Depth Test"));
     }
-    for variant in [
-        Variant::PostedSpecific,
-        Variant::PostedAny,
-        Variant::Unexpected,
-    ] {
+    for variant in [Variant::PostedSpecific, Variant::PostedAny, Variant::Unexpected] {
         if rank == 0 {
             println!("# Variant {}", variant.describe());
-            println!(
-                "{:<SIZE_WIDTH$}{:<SIZE_WIDTH$}{:>FIELD_WIDTH$}",
-                "# Depth", "Size", "Latency(us)"
-            );
+            println!("{:<SIZE_WIDTH$}{:<SIZE_WIDTH$}{:>FIELD_WIDTH$}", "# Depth", "Size", "Latency(us)");
         }
         for depth in DEPTHS {
             for &size in &sizes {
@@ -191,9 +139,7 @@ fn run(o: &Options) -> Result<(), BoxError> {
                 let r = &mut rbuf.as_mut_slice()[..size];
                 world.barrier()?;
                 let lat = match variant {
-                    Variant::PostedSpecific => {
-                        with_posted(&world, false, depth, s, r, iters, skip)?
-                    }
+                    Variant::PostedSpecific => with_posted(&world, false, depth, s, r, iters, skip)?,
                     Variant::PostedAny => with_posted(&world, true, depth, s, r, iters, skip)?,
                     Variant::Unexpected => with_unexpected(&world, depth, s, r, iters, skip)?,
                 };

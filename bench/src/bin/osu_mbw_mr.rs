@@ -8,10 +8,7 @@
 
 use std::process::ExitCode;
 
-use tmpi_bench::{
-    header, options_or_exit, report, require, rows, slot_stride, window_slots, AlignedBuf,
-    BoxError, Family, Options,
-};
+use tmpi_bench::{header, options_or_exit, report, require, rows, slot_stride, window_slots, AlignedBuf, BoxError, Family, Options};
 
 const NAME: &str = "osu_mbw_mr";
 const DATA: tmpi::Tag = 100;
@@ -30,9 +27,7 @@ fn run(o: &Options) -> Result<(), BoxError> {
     require(rank, n >= 2, "This test requires at least two processes")?;
     let pairs = n / 2;
     let w = o.window;
-    let senders = world
-        .split(Some(u32::from(rank < pairs)), 0)?
-        .ok_or("split with a color returned no communicator")?;
+    let senders = world.split(Some(u32::from(rank < pairs)), 0)?.ok_or("split with a color returned no communicator")?;
     let sbuf = AlignedBuf::new(o.max_size, b'a');
     let mut rbuf = AlignedBuf::new(slot_stride(o.max_size) * w, b'b');
     let mut ack = [0u8; 1];

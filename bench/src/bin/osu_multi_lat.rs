@@ -5,9 +5,7 @@
 
 use std::process::ExitCode;
 
-use tmpi_bench::{
-    header, options_or_exit, preamble, report, require, row, AlignedBuf, BoxError, Family, Options,
-};
+use tmpi_bench::{header, options_or_exit, preamble, report, require, row, AlignedBuf, BoxError, Family, Options};
 
 const NAME: &str = "osu_multi_lat";
 const TAG: tmpi::Tag = 1;
@@ -24,9 +22,7 @@ fn run(o: &Options) -> Result<(), BoxError> {
     let (rank, n) = (world.rank(), world.size());
     require(rank, n >= 2, "This test requires at least two processes")?;
     let pairs = n / 2;
-    let senders = world
-        .split(Some(u32::from(rank < pairs)), 0)?
-        .ok_or("split with a color returned no communicator")?;
+    let senders = world.split(Some(u32::from(rank < pairs)), 0)?.ok_or("split with a color returned no communicator")?;
     let mut sbuf = AlignedBuf::new(o.max_size, b'a');
     let mut rbuf = AlignedBuf::new(o.max_size, b'b');
     if rank == 0 {
@@ -61,10 +57,7 @@ fn run(o: &Options) -> Result<(), BoxError> {
         let root = senders.rank() == 0;
         senders.reduce(&[total], root.then_some(&mut sum[..]), tmpi::Op::Sum, 0)?;
         if rank == 0 {
-            println!(
-                "{}",
-                row(size, sum[0] / pairs as f64 * 1e6 / (2.0 * iters as f64))
-            );
+            println!("{}", row(size, sum[0] / pairs as f64 * 1e6 / (2.0 * iters as f64)));
         }
     }
     world.finalize()?;

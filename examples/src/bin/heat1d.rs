@@ -41,10 +41,7 @@ fn block(rank: usize, n: usize) -> (usize, usize) {
 }
 
 fn serial() -> Vec<f64> {
-    let mut u: Vec<f64> = std::iter::once(0.0)
-        .chain((0..NX).map(initial))
-        .chain(std::iter::once(0.0))
-        .collect();
+    let mut u: Vec<f64> = std::iter::once(0.0).chain((0..NX).map(initial)).chain(std::iter::once(0.0)).collect();
     let mut next = vec![0.0; NX];
     for _ in 0..STEPS {
         u[0] = u[1];
@@ -65,10 +62,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let right = (rank + 1 < n).then_some(rank + 1);
 
     // u[0] and u[len + 1] are ghost cells.
-    let mut u: Vec<f64> = std::iter::once(0.0)
-        .chain((lo..hi).map(initial))
-        .chain(std::iter::once(0.0))
-        .collect();
+    let mut u: Vec<f64> = std::iter::once(0.0).chain((lo..hi).map(initial)).chain(std::iter::once(0.0)).collect();
     let mut next = vec![0.0; len];
     let local: f64 = u[1..=len].iter().sum();
     let mut total0 = [0.0];
@@ -100,12 +94,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut total = [0.0];
     world.allreduce(&[local], &mut total, tmpi::Op::Sum)?;
     let drift = ((total[0] - total0[0]) / total0[0]).abs();
-    check(drift < 1e-12, || {
-        format!(
-            "total heat {} -> {} (relative drift {drift:e})",
-            total0[0], total[0]
-        )
-    })?;
+    check(drift < 1e-12, || format!("total heat {} -> {} (relative drift {drift:e})", total0[0], total[0]))?;
 
     if rank == 0 {
         let mut rod = vec![0.0; NX];
@@ -113,22 +102,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         for p in 1..n {
             let (plo, phi) = block(p, n);
             let st = world.recv(&mut rod[plo..phi], p, GATHER)?;
-            check(st.count::<f64>() == phi - plo, || {
-                format!(
-                    "rank {p} sent {} cells, expected {}",
-                    st.count::<f64>(),
-                    phi - plo
-                )
-            })?;
+            check(st.count::<f64>() == phi - plo, || format!("rank {p} sent {} cells, expected {}", st.count::<f64>(), phi - plo))?;
         }
         let reference = serial();
-        let same = rod
-            .iter()
-            .zip(&reference)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        check(same, || {
-            "distributed rod differs from the serial run".into()
-        })?;
+        let same = rod.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
+        check(same, || "distributed rod differs from the serial run".into())?;
         let peak = rod.iter().copied().fold(f64::MIN, f64::max);
         println!(
             "heat1d: {NX} cells, {STEPS} steps, {n} ranks: total heat {:.6} conserved, peak {:.6}, u[{}] = {:.6}, equal to serial run: OK",

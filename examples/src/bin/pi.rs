@@ -42,14 +42,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     world.allreduce(&[mine], &mut pi, tmpi::Op::Sum)?;
     // Every rank checks the reduced value: allreduce must give all ranks the same sum.
     let err = (pi[0] - std::f64::consts::PI).abs();
-    check(err < TOLERANCE, || {
-        format!("rank {rank}: pi = {:.15}, error {err:e}", pi[0])
-    })?;
+    check(err < TOLERANCE, || format!("rank {rank}: pi = {:.15}, error {err:e}", pi[0]))?;
     if rank == 0 {
-        println!(
-            "pi: {INTERVALS} intervals over {n} ranks: pi = {:.10}, |error| < {TOLERANCE:e}: OK",
-            pi[0]
-        );
+        println!("pi: {INTERVALS} intervals over {n} ranks: pi = {:.10}, |error| < {TOLERANCE:e}: OK", pi[0]);
     }
     world.finalize()?;
     Ok(())

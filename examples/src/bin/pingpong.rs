@@ -28,9 +28,7 @@ fn fill(buf: &mut [u8], size: usize, iter: usize) {
 }
 
 fn matches(buf: &[u8], size: usize, iter: usize) -> bool {
-    buf.iter()
-        .enumerate()
-        .all(|(i, &b)| b == (i.wrapping_mul(31) ^ size ^ iter.wrapping_mul(7)) as u8)
+    buf.iter().enumerate().all(|(i, &b)| b == (i.wrapping_mul(31) ^ size ^ iter.wrapping_mul(7)) as u8)
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -66,17 +64,14 @@ fn main() -> Result<(), Box<dyn Error>> {
                     world.recv(&mut rbuf[..size], 1, TAG)?;
                 }
                 let us = (tmpi::wtime() - t0) * 1e6 / (2.0 * iters as f64);
-                check(matches(&rbuf[..size], size, 0), || {
-                    format!("last echo of {size} bytes is corrupt")
-                })?;
+                check(matches(&rbuf[..size], size, 0), || format!("last echo of {size} bytes is corrupt"))?;
                 println!("{size:<10}{us:>20.2}");
             }
             1 => {
                 let st = world.recv(&mut rbuf[..size], 0, TAG)?;
-                check(
-                    st.len() == size && st.source() == 0 && matches(&rbuf[..size], size, 0),
-                    || format!("rank 1 received a wrong {size}-byte ping (status {st:?})"),
-                )?;
+                check(st.len() == size && st.source() == 0 && matches(&rbuf[..size], size, 0), || {
+                    format!("rank 1 received a wrong {size}-byte ping (status {st:?})")
+                })?;
                 world.send(&rbuf[..size], 0, TAG)?;
                 for _ in 0..iters {
                     world.recv(&mut rbuf[..size], 0, TAG)?;

@@ -26,17 +26,14 @@ fn main() -> Result<(), Box<dyn Error>> {
                 world.send(&send, next, TAG)?;
                 r.wait()
             })?;
-            check(
-                st.source() == prev && st.tag() == TAG && st.count::<u64>() == 1,
-                || format!("lap {lap}: status {st:?}, expected one u64 from rank {prev} tag {TAG}"),
-            )?;
+            check(st.source() == prev && st.tag() == TAG && st.count::<u64>() == 1, || {
+                format!("lap {lap}: status {st:?}, expected one u64 from rank {prev} tag {TAG}")
+            })?;
             token = back;
         }
         let n64 = n as u64;
         let expected = LAPS * n64 * (n64 - 1) / 2;
-        check(token[0] == expected, || {
-            format!("token {} after {LAPS} laps, expected {expected}", token[0])
-        })?;
+        check(token[0] == expected, || format!("token {} after {LAPS} laps, expected {expected}", token[0]))?;
         println!("ring: {n} ranks, {LAPS} laps, token = {}: OK", token[0]);
     } else {
         for lap in 0..LAPS {

@@ -29,18 +29,10 @@ fn local_checks(world: &tmpi::Comm) -> Result<Vec<String>, tmpi::Error> {
         return Ok(bad);
     };
     if row.size() != cols || row.rank() != c {
-        bad.push(format!(
-            "row comm: size {} rank {}, expected {cols} {c}",
-            row.size(),
-            row.rank()
-        ));
+        bad.push(format!("row comm: size {} rank {}, expected {cols} {c}", row.size(), row.rank()));
     }
     if col.size() != rows || col.rank() != r {
-        bad.push(format!(
-            "col comm: size {} rank {}, expected {rows} {r}",
-            col.size(),
-            col.rank()
-        ));
+        bad.push(format!("col comm: size {} rank {}, expected {rows} {r}", col.size(), col.rank()));
     }
     let me = [rank as u64];
     let mut got = [0u64];
@@ -72,11 +64,7 @@ fn local_checks(world: &tmpi::Comm) -> Result<Vec<String>, tmpi::Error> {
         (true, Some(e)) => {
             let want_rank = n_even - 1 - rank / 2;
             if e.size() != n_even || e.rank() != want_rank {
-                bad.push(format!(
-                    "evens comm: size {} rank {}, expected {n_even} {want_rank}",
-                    e.size(),
-                    e.rank()
-                ));
+                bad.push(format!("evens comm: size {} rank {}, expected {n_even} {want_rank}", e.size(), e.rank()));
             }
             let mut top = [0u64];
             // The new rank 0 is the highest even world rank; bcast its world rank.
@@ -90,10 +78,7 @@ fn local_checks(world: &tmpi::Comm) -> Result<Vec<String>, tmpi::Error> {
             }
         }
         (false, None) => {}
-        (even, got) => bad.push(format!(
-            "even={even} but split returned {}",
-            if got.is_some() { "a comm" } else { "None" }
-        )),
+        (even, got) => bad.push(format!("even={even} but split returned {}", if got.is_some() { "a comm" } else { "None" })),
     }
     Ok(bad)
 }
@@ -107,14 +92,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     let mut failures = [0u32];
     world.allreduce(&[bad.len() as u32], &mut failures, Op::Sum)?;
-    check(failures[0] == 0, || {
-        format!("{} failed checks across ranks", failures[0])
-    })?;
+    check(failures[0] == 0, || format!("{} failed checks across ranks", failures[0]))?;
     if rank == 0 {
         let (rows, cols) = grid(n);
-        println!(
-            "split: {n} ranks as {rows} x {cols} grid; row, column and even-rank communicators: OK"
-        );
+        println!("split: {n} ranks as {rows} x {cols} grid; row, column and even-rank communicators: OK");
     }
     world.finalize()?;
     Ok(())

@@ -40,53 +40,22 @@ fn main() -> Result<(), Box<dyn Error>> {
         let total = (n as u64 - 1) * K;
         for _ in 0..total {
             let (msg, st) = world.recv_vec::<u64>(tmpi::ANY_SOURCE, tmpi::ANY_TAG)?;
-            check(msg.len() >= 2, || {
-                format!("message of {} words from {}", msg.len(), st.source())
-            })?;
+            check(msg.len() >= 2, || format!("message of {} words from {}", msg.len(), st.source()))?;
             let (sender, seq) = (msg[0], msg[1]);
             let src = st.source();
-            check(src as u64 == sender && src != 0 && src < n, || {
-                format!("status says source {src}, payload says {sender}")
+            check(src as u64 == sender && src != 0 && src < n, || format!("status says source {src}, payload says {sender}"))?;
+            check(seq == next[src], || format!("from rank {src}: got message {seq}, expected {} (overtaken)", next[src]))?;
+            check(st.tag() == tag_of(seq), || format!("message {seq} from {src}: tag {} expected {}", st.tag(), tag_of(seq)))?;
+            check(msg.len() == len_of(seq) && st.count::<u64>() == msg.len(), || {
+                format!("message {seq} from {src}: {} words, expected {}", msg.len(), len_of(seq))
             })?;
-            check(seq == next[src], || {
-                format!(
-                    "from rank {src}: got message {seq}, expected {} (overtaken)",
-                    next[src]
-                )
+            check(msg.iter().enumerate().skip(2).all(|(i, &w)| w == word(sender, seq, i)), || {
+                format!("message {seq} from {src}: payload corrupt")
             })?;
-            check(st.tag() == tag_of(seq), || {
-                format!(
-                    "message {seq} from {src}: tag {} expected {}",
-                    st.tag(),
-                    tag_of(seq)
-                )
-            })?;
-            check(
-                msg.len() == len_of(seq) && st.count::<u64>() == msg.len(),
-                || {
-                    format!(
-                        "message {seq} from {src}: {} words, expected {}",
-                        msg.len(),
-                        len_of(seq)
-                    )
-                },
-            )?;
-            check(
-                msg.iter()
-                    .enumerate()
-                    .skip(2)
-                    .all(|(i, &w)| w == word(sender, seq, i)),
-                || format!("message {seq} from {src}: payload corrupt"),
-            )?;
             next[src] += 1;
         }
-        check(next.iter().skip(1).all(|&c| c == K), || {
-            format!("per-sender counts {next:?}")
-        })?;
-        println!(
-            "wildcard: {total} messages from {} senders via ANY_SOURCE/ANY_TAG, per-sender order and statuses: OK",
-            n - 1
-        );
+        check(next.iter().skip(1).all(|&c| c == K), || format!("per-sender counts {next:?}"))?;
+        println!("wildcard: {total} messages from {} senders via ANY_SOURCE/ANY_TAG, per-sender order and statuses: OK", n - 1);
     } else {
         let me = rank as u64;
         for seq in 0..K {
