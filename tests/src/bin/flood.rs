@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let stats = world.stats_line();
         let ux = stats.split_whitespace().find_map(|kv| kv.strip_prefix("ux_peak_bytes=")).unwrap_or("?").to_string();
         println!(
-            "flood: {} senders x {count} messages of {size} B in order: OK ({secs:.2} s, peak_rss_kib={}, ux_peak_bytes={ux})",
+            "flood: {} senders x {count} messages of {size} B in order ({secs:.2} s, peak_rss_kib={}, ux_peak_bytes={ux}): OK",
             n - 1,
             peak_rss_kib()
         );
