@@ -5,7 +5,7 @@ use std::time::Duration;
 use tmpi_tests::Job;
 
 fn field(line: &str, key: &str) -> u64 {
-    line.split(|c: char| c == ' ' || c == ',' || c == ')')
+    line.split([' ', ',', ')'])
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{key} missing in {line:?}"))
