@@ -195,7 +195,11 @@ impl Report<'_> {
     pub fn markdown(&self) -> String {
         let m = self.machine;
         let mut s = String::new();
-        s.push_str("# tmpi vs MPI libraries: point-to-point comparison\n\n");
+        s.push_str(if self.segments.is_empty() {
+            "# tmpi vs MPI libraries: launch time\n\n"
+        } else {
+            "# tmpi vs MPI libraries: point-to-point comparison\n\n"
+        });
         if self.quick {
             s.push_str("**Quick smoke run (`--quick`): few iterations, one repetition; not a measurement.**\n\n");
         }
@@ -231,17 +235,19 @@ impl Report<'_> {
         for sk in &self.skipped {
             let _ = writeln!(s, "- skipped: {sk}");
         }
-        let _ = writeln!(
-            s,
-            "- {} repetition(s), configurations interleaved (every repetition runs each \
-             benchmark under every configuration, in a rotated order); each cell is the median \
-             over the repetitions, `(n=k)` when only k of them gave a value",
-            self.reps
-        );
-        s.push_str("- invocations per repetition (2 ranks; same options for every configuration):\n");
-        for (bench, segs) in &self.segments {
-            let args: Vec<String> = segs.iter().map(|g| g.args().join(" ")).collect();
-            let _ = writeln!(s, "  - {} (`{}` / `{}`): `{}`", bench.key(), bench.tmpi_bin(), bench.peer_bin(), args.join("`, `"));
+        if !self.segments.is_empty() {
+            let _ = writeln!(
+                s,
+                "- {} repetition(s), configurations interleaved (every repetition runs each \
+                 benchmark under every configuration, in a rotated order); each cell is the median \
+                 over the repetitions, `(n=k)` when only k of them gave a value",
+                self.reps
+            );
+            s.push_str("- invocations per repetition (2 ranks; same options for every configuration):\n");
+            for (bench, segs) in &self.segments {
+                let args: Vec<String> = segs.iter().map(|g| g.args().join(" ")).collect();
+                let _ = writeln!(s, "  - {} (`{}` / `{}`): `{}`", bench.key(), bench.tmpi_bin(), bench.peer_bin(), args.join("`, `"));
+            }
         }
         s.push('\n');
 
