@@ -863,12 +863,6 @@ impl Engine {
     pub(crate) fn flush(&mut self) -> Result<()> {
         self.wait_until(|e| e.out_pending == 0 && e.st.ctlq.is_empty() && e.st.rma_out.is_empty())
     }
-
-    /// Outstanding requests (for diagnostics and finalize).
-    #[allow(dead_code)]
-    pub(crate) fn pending_requests(&self) -> usize {
-        self.st.reqs.len()
-    }
 }
 
 /// A request handle as a verbs `recv_wr_id`.

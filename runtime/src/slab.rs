@@ -93,6 +93,7 @@ impl<T> Slab<T> {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }

@@ -106,11 +106,6 @@ impl LocalFabric {
         Ok(true)
     }
 
-    /// Always true: the channels are unbounded.
-    pub fn can_send(&mut self, _dest: usize, _len: usize) -> bool {
-        true
-    }
-
     /// Delivers at most one packet per source, round-robin, as [`crate::shm::ShmFabric::poll`].
     ///
     /// # Errors
@@ -133,25 +128,6 @@ impl LocalFabric {
         }
         self.next_src = (self.next_src + 1) % n.max(1);
         Ok(delivered)
-    }
-
-    /// Delivers the next packet of one source, if any.
-    ///
-    /// # Errors
-    /// None today.
-    pub fn poll_source<F: FnOnce(Packet<'_>) -> bool>(&mut self, src: usize, f: F) -> Result<bool> {
-        while let Ok(w) = self.inbox.try_recv() {
-            let s = w.src;
-            self.staged[s].push_back(w);
-        }
-        let Some(q) = self.staged.get_mut(src) else { return Ok(false) };
-        if let Some(w) = q.front() {
-            if f(Packet { src, flags: w.flags, total_len: w.total_len, data: &w.data }) {
-                q.pop_front();
-                return Ok(true);
-            }
-        }
-        Ok(false)
     }
 }
 

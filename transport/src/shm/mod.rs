@@ -134,14 +134,6 @@ impl ShmFabric {
         }
     }
 
-    /// Whether `dest`'s ring has room for a packet of `len` bytes right now.
-    pub fn can_send(&mut self, dest: usize, len: usize) -> bool {
-        match self.tx.get_mut(dest) {
-            Some(Some(p)) => p.has_room(len),
-            _ => false,
-        }
-    }
-
     /// Delivers at most one packet from each source that has one, round-robin, to `f`;
     /// returns how many were delivered. A packet's bytes are valid only during the call.
     ///
@@ -172,24 +164,6 @@ impl ShmFabric {
         }
         self.next_src = if self.next_src + 1 >= n { 0 } else { self.next_src + 1 };
         Ok(delivered)
-    }
-
-    /// Delivers the next packet from one source only (if any).
-    ///
-    /// # Errors
-    /// As [`Self::poll`].
-    #[inline]
-    pub fn poll_source<F: FnOnce(Packet<'_>) -> bool>(&mut self, src: usize, f: F) -> Result<bool> {
-        let Some(Some(c)) = self.rx.get_mut(src) else { return Ok(false) };
-        if let Some(rec) = c.peek()? {
-            let pkt = Packet { src, flags: rec.flags, total_len: rec.total_len, data: rec.data };
-            if f(pkt) {
-                let len = rec.data.len();
-                c.release(len);
-                return Ok(true);
-            }
-        }
-        Ok(false)
     }
 }
 
