@@ -35,6 +35,11 @@ impl RawBufMut {
         self.cap
     }
 
+    /// Address of the first byte (named to a peer that writes into it with CMA).
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
     /// Copies as much of `data` as fits at `off`; returns the bytes copied.
     #[inline]
     pub(crate) fn write_at(&self, off: usize, data: &[u8]) -> usize {
@@ -47,6 +52,17 @@ impl RawBufMut {
         // from the fabric or from runtime-owned memory.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), n) };
         n
+    }
+    /// Lends `[off, off + len)` of the buffer (clamped to its capacity) to `f` as a slice, for
+    /// a copy that something else performs (the kernel, for a single-copy read).
+    pub(crate) fn fill_with<R>(&self, off: usize, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let off = off.min(self.cap);
+        let n = len.min(self.cap - off);
+        // SAFETY: [off, off + n) lies inside the buffer, which is alive and exclusively ours
+        // (constructor contract); the slice does not outlive this call and nothing else
+        // touches the buffer meanwhile (the engine is single-threaded).
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), n) };
+        f(dst)
     }
 }
 

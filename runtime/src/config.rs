@@ -33,6 +33,8 @@ pub struct Config {
     pub mr_cache_max_size: Option<usize>,
     /// `TMPI_MR_CACHE_MONITOR` is `userfaultfd` (else disabled).
     pub mr_cache_monitor_uffd: bool,
+    /// `TMPI_SINGLE_COPY` is `cma` (else `none`: rendezvous data always goes through the rings).
+    pub single_copy: bool,
 }
 
 impl Default for Config {
@@ -49,6 +51,7 @@ impl Default for Config {
             mr_cache_max_count: 1024,
             mr_cache_max_size: None,
             mr_cache_monitor_uffd: true,
+            single_copy: true,
         }
     }
 }
@@ -132,6 +135,13 @@ impl Config {
                 _ => return Err(bad("TMPI_MR_CACHE_MONITOR", &v, "userfaultfd or disabled")),
             };
         }
+        if let Some(v) = get("TMPI_SINGLE_COPY") {
+            c.single_copy = match v.trim() {
+                "cma" | "auto" | "" => true,
+                "none" => false,
+                _ => return Err(bad("TMPI_SINGLE_COPY", &v, "cma or none")),
+            };
+        }
         Ok(c)
     }
 }
@@ -165,6 +175,7 @@ mod tests {
             ("TMPI_EAGER_LIMIT", "1"),
             ("TMPI_MR_CACHE_MONITOR", "memhooks"),
             ("TMPI_POLL_SPIN", "fast"),
+            ("TMPI_SINGLE_COPY", "xpmem"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");

@@ -38,7 +38,7 @@ use std::collections::VecDeque;
 use tmpi_transport::fabric::{Packet, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
-use tmpi_transport::shm::ShmFabric;
+use tmpi_transport::shm::{cma, ShmFabric};
 use tmpi_transport::tm::{Arrival, Buffer, OpsWr, ReadId, RndvMeta, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN};
 use tmpi_transport::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
 
@@ -64,6 +64,16 @@ const SRQ_BUF_LEN: usize = usize::MAX / 4;
 const RMA_READ_REQ: u8 = 1;
 const RMA_READ_RESP: u8 = 2;
 const RMA_READ_ERR: u8 = 3;
+/// The target checked the key: the reader may copy the range itself (CMA single copy).
+const RMA_READ_GRANT: u8 = 4;
+/// Read request modes (second byte of `RMA_READ_REQ`).
+const READ_MODE_STREAM: u8 = 0;
+const READ_MODE_CMA: u8 = 1;
+/// The target wrote its share of a split single-copy read into the reader's buffer.
+const RMA_WRITE_DONE: u8 = 5;
+/// Single-copy reads of at least this many bytes are split: the reader copies the first half,
+/// the target (otherwise idle until FIN) writes the second half, so both cores copy.
+const CMA_SPLIT_MIN: usize = 128 * 1024;
 /// Bytes of header in front of the data of an RMA read response.
 const RMA_RESP_HDR: usize = 24;
 /// Software syncs the TM-SRQ at least once every this many unexpected messages.
@@ -118,6 +128,14 @@ impl Fabric {
         }
     }
 
+    /// Process id of `rank` (this process for threads and self-delivery).
+    fn peer_pid(&self, rank: usize) -> u32 {
+        match self {
+            Fabric::Shm(f) if rank != f.rank() => f.peer_pid(rank),
+            _ => std::process::id(),
+        }
+    }
+
     fn mark_finalized(&self) {
         match self {
             Fabric::Shm(f) => f.mark_finalized(),
@@ -143,6 +161,11 @@ pub(crate) struct Stats {
     pub ux_peak_bytes: u64,
     pub unexpected: u64,
     pub tm_syncs: u64,
+    /// Rendezvous reads done with one kernel copy (CMA), and their bytes.
+    pub cma_reads: u64,
+    pub cma_bytes: u64,
+    /// Times the kernel refused CMA and reads fell back to the pipelined copy.
+    pub cma_fallbacks: u64,
 }
 
 struct RecvState {
@@ -157,6 +180,8 @@ struct RecvState {
     sw_only: bool,
     /// A rendezvous request the TM-SRQ placed in this (too small) tagged buffer.
     rndv_req: Option<([u8; 64], usize)>,
+    /// The rendezvous read filling this receive, once started.
+    read: Option<Key>,
     received: usize,
     total: usize,
     source: Rank,
@@ -174,6 +199,9 @@ struct SendState {
 struct RndvSend {
     buf: Option<RawBuf>,
     _mr: CachedMr,
+    /// A reader that was granted a single-copy read of `buf` (it copies the memory itself
+    /// until its FIN): abandoning the send must wait for that FIN.
+    granted: Option<usize>,
 }
 
 /// What a rendezvous request announces.
@@ -206,6 +234,12 @@ struct ReadOp {
     /// Set when the TM-SRQ asked for the read (expected rendezvous).
     hw: Option<ReadId>,
     info: RndvInfo,
+    /// Bytes `[0, split)` this rank copies itself after a single-copy grant; the target
+    /// writes `[split, n)`.
+    split: usize,
+    /// The target may write into the receive buffer (a single-copy request named it): the
+    /// buffer must outlive the read even if the receive is abandoned.
+    remote_write: bool,
 }
 
 /// A range of a rendezvous send buffer being streamed to a reader.
@@ -214,6 +248,31 @@ struct RmaOut {
     read: [u8; 8],
     buf: RawBuf,
     off: usize,
+    /// Offset of `buf` within the read.
+    base: usize,
+}
+
+/// A decoded RDMA read request.
+#[derive(Clone, Copy)]
+struct ReadReq {
+    mode: u8,
+    /// Index of the send request whose buffer is read.
+    sreq: u32,
+    va: u64,
+    key: u64,
+    len: u64,
+    /// Reader's buffer for the target's share of a single-copy read (0: none).
+    dst: u64,
+}
+
+/// The target's share of a split single-copy read: `buf` goes to `dst` in the reader.
+struct CmaWrite {
+    dest: usize,
+    read: [u8; 8],
+    buf: RawBuf,
+    /// Reader's address of the read's first byte, and the offset of `buf` within the read.
+    dst: u64,
+    base: usize,
 }
 
 /// A small packet queued for sending (control, FIN, RMA requests).
@@ -331,6 +390,12 @@ struct State {
     domain: Domain,
     /// Read responses to stream.
     rma_out: VecDeque<RmaOut>,
+    /// Single-copy reads may be tried (`TMPI_SINGLE_COPY=cma` and the kernel has not refused).
+    cma: bool,
+    /// Reads granted by their target, waiting for this rank to copy the data (CMA).
+    cma_q: VecDeque<Key>,
+    /// This rank's shares of split single-copy reads, to write into the readers.
+    cma_w: VecDeque<CmaWrite>,
     /// Bytes held by unexpected messages (payload plus bookkeeping), and the budget
     /// (`TMPI_UNEXPECTED_MAX`) above which messages that no posted receive matches are left
     /// in the sender's ring.
@@ -409,6 +474,9 @@ impl Engine {
                 mr,
                 domain,
                 rma_out: VecDeque::new(),
+                cma: cfg.single_copy,
+                cma_q: VecDeque::new(),
+                cma_w: VecDeque::new(),
                 ux_bytes: 0,
                 ux_budget: cfg.unexpected_max,
             },
@@ -441,7 +509,7 @@ impl Engine {
         ) + &format!(
             " mr_cache_hits={} mr_cache_misses={} mr_cache_evictions={} mr_cache_invalidations={} hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={} flow_stalls={} ux_peak_bytes={}",
             mc.hits, mc.misses, mc.evictions, mc.invalidations, tm.unexpected, tm.adds, tm.dels, tm.list_hwm, s.flow_stalls, s.ux_peak_bytes
-        )
+        ) + &format!(" cma_reads={} cma_bytes={} cma_fallbacks={}", s.cma_reads, s.cma_bytes, s.cma_fallbacks)
     }
 
     /// Starts a data message to `dest` (a world rank). Returns `None` when it is already
@@ -510,7 +578,7 @@ impl Engine {
                 pushed: false,
                 need_ack: true,
                 acked: false,
-                rndv: Some(RndvSend { buf: Some(data), _mr: mr }),
+                rndv: Some(RndvSend { buf: Some(data), _mr: mr, granted: None }),
             }),
             result: None,
             detached: false,
@@ -621,7 +689,7 @@ impl Engine {
                 let mut h = [0u8; RMA_RESP_HDR];
                 h[0] = RMA_READ_RESP;
                 h[4..12].copy_from_slice(&r.read);
-                h[16..24].copy_from_slice(&(r.off as u64).to_be_bytes());
+                h[16..24].copy_from_slice(&((r.base + r.off) as u64).to_be_bytes());
                 let total = (RMA_RESP_HDR + k) as u64;
                 if !self.fabric.try_send(r.dest, PKT_RMA, total, &[&h, r.buf.slice(r.off, r.off + k)])? {
                     return Ok(n);
@@ -630,6 +698,76 @@ impl Engine {
                 n += 1;
             }
             self.st.rma_out.pop_front();
+        }
+        Ok(n)
+    }
+
+    /// Copies the data of granted reads straight from the target's memory (one kernel copy).
+    /// If the kernel refuses (permissions, seccomp), single copy is off for good and the read
+    /// is asked again in streaming mode.
+    #[cold]
+    fn run_cma(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(key) = self.st.cma_q.pop_front() {
+            let Some(op) = self.st.reads.get(key) else { continue };
+            let (src, rid, len, va) = (op.src, op.rid, op.split, op.info.rvh.va);
+            let pid = self.fabric.peer_pid(src);
+            let buf = match self.st.reqs.get(rid) {
+                Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
+                _ => None,
+            };
+            // An abandoned receive has no buffer: nothing to copy, the send still gets its FIN.
+            let r = buf.map_or(Ok(()), |b| b.fill_with(0, len, |dst| cma::read(pid, va, dst)));
+            match r {
+                Ok(()) => {
+                    self.st.stats.cma_reads += 1;
+                    self.st.stats.cma_bytes += len as u64;
+                    self.st.read_progress(key, len)?;
+                }
+                Err(e) if e.is_unsupported() => {
+                    // Ask for our share through the ring (the target's share comes its own way).
+                    self.st.cma = false;
+                    self.st.stats.cma_fallbacks += 1;
+                    self.st.request_read(key, READ_MODE_STREAM, len);
+                }
+                Err(_) => self.st.finish_read(key, false)?,
+            }
+            // A read the TM-SRQ issued completes there: collect its completion and FIN.
+            self.st.drain_cq()?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Writes this rank's shares of split single-copy reads into the readers' buffers, then
+    /// tells each reader. If the kernel refuses, the share is streamed through the ring.
+    #[cold]
+    fn run_cma_writes(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(w) = self.st.cma_w.pop_front() {
+            let pid = self.fabric.peer_pid(w.dest);
+            let whole = w.buf.slice(0, w.buf.len());
+            match cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) {
+                Ok(()) => {
+                    self.st.stats.cma_bytes += whole.len() as u64;
+                    let mut m = [0u8; 16];
+                    m[0] = RMA_WRITE_DONE;
+                    m[4..12].copy_from_slice(&w.read);
+                    self.st.ctlq.push_back((w.dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                }
+                Err(e) if e.is_unsupported() => {
+                    self.st.cma = false;
+                    self.st.stats.cma_fallbacks += 1;
+                    self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                }
+                Err(_) => {
+                    let mut m = [0u8; 16];
+                    m[0] = RMA_READ_ERR;
+                    m[4..12].copy_from_slice(&w.read);
+                    self.st.ctlq.push_back((w.dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                }
+            }
+            n += 1;
         }
         Ok(n)
     }
@@ -643,6 +781,12 @@ impl Engine {
         }
         if !self.st.rma_out.is_empty() {
             n += self.push_rma()?;
+        }
+        if !self.st.cma_w.is_empty() {
+            n += self.run_cma_writes()?;
+        }
+        if !self.st.cma_q.is_empty() {
+            n += self.run_cma()?;
         }
         let st = &mut self.st;
         n += self.fabric.poll(|p| st.on_packet(p))?;
@@ -667,6 +811,7 @@ impl Engine {
                 hw_handle: None,
                 sw_only: false,
                 rndv_req: None,
+                read: None,
                 received: 0,
                 total: 0,
                 source: 0,
@@ -817,8 +962,22 @@ impl Engine {
         }
         req.detached = true;
         match &mut req.kind {
-            ReqKind::Recv(r) => r.buf = None,
+            ReqKind::Recv(r) => {
+                r.buf = None;
+                // The target of a single-copy read may be writing into the buffer: it must
+                // stay until that write is done (or the target is gone).
+                if let Some(k) = r.read {
+                    while let Some(op) = self.st.reads.get(k).filter(|op| op.remote_write) {
+                        let src = op.src;
+                        if self.fabric.peer_failed(src) || self.progress().is_err() {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+            }
             ReqKind::Send(s) => {
+                let granted = s.rndv.as_ref().and_then(|r| r.granted);
                 // A rendezvous buffer: refuse every read of it from now on, and turn reads
                 // being streamed into refusals.
                 if let Some(b) = s.rndv.as_mut().and_then(|r| r.buf.take()) {
@@ -843,6 +1002,16 @@ impl Engine {
                         if let OutData::User(b) = &m.data {
                             m.data = OutData::Owned(b.slice(0, b.len()).to_vec());
                         }
+                    }
+                }
+                // A reader granted a single copy is copying the buffer now: the memory must
+                // stay until its FIN (or until the reader is gone).
+                if let Some(reader) = granted {
+                    while self.st.reqs.get(rid).is_some_and(|r| r.result.is_none()) && !self.fabric.peer_failed(reader) {
+                        if self.progress().is_err() {
+                            break;
+                        }
+                        std::thread::yield_now();
                     }
                 }
             }
@@ -1344,19 +1513,49 @@ impl State {
             self.matcher.cancel(id);
         }
         let n = if hw.is_some() { info.len } else { info.len.min(cap) };
-        let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info });
+        // Single copy needs the buffer (an abandoned receive streams and discards).
+        let cma = self.cma && r.buf.is_some();
+        let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma });
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            r.read = Some(key);
+        }
         if n == 0 {
             return self.finish_read(key, true);
         }
-        let mut m = [0u8; 40];
-        m[0] = RMA_READ_REQ;
-        m[4..8].copy_from_slice(&info.tmh.app_ctx.to_be_bytes());
-        m[8..16].copy_from_slice(&read_id_bytes(key));
-        m[16..24].copy_from_slice(&info.rvh.va.to_be_bytes());
-        m[24..32].copy_from_slice(&info.key.to_be_bytes());
-        m[32..40].copy_from_slice(&(n as u64).to_be_bytes());
-        self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+        self.request_read(key, if cma { READ_MODE_CMA } else { READ_MODE_STREAM }, n);
         Ok(())
+    }
+
+    /// `k` more bytes of read `key` are in place; completes it when all are.
+    fn read_progress(&mut self, key: Key, k: usize) -> Result<()> {
+        let Some(op) = self.reads.get_mut(key) else { return Ok(()) };
+        op.got += k;
+        if op.got >= op.n {
+            self.finish_read(key, true)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the RDMA read request of `key` to its target: `READ_MODE_CMA` asks for a grant
+    /// to copy the range ourselves, `READ_MODE_STREAM` for the data through the ring.
+    /// `len` is how many bytes from the start of the range to ask for. A single-copy request
+    /// also names the receive buffer, into which the target may write its share.
+    fn request_read(&mut self, key: Key, mode: u8, len: usize) {
+        let Some(op) = self.reads.get(key) else { return };
+        let dst = match self.reqs.get(op.rid) {
+            Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) if mode == READ_MODE_CMA => b.addr() as u64,
+            _ => 0,
+        };
+        let mut m = [0u8; 48];
+        m[0] = RMA_READ_REQ;
+        m[1] = mode;
+        m[4..8].copy_from_slice(&op.info.tmh.app_ctx.to_be_bytes());
+        m[8..16].copy_from_slice(&read_id_bytes(key));
+        m[16..24].copy_from_slice(&op.info.rvh.va.to_be_bytes());
+        m[24..32].copy_from_slice(&op.info.key.to_be_bytes());
+        m[32..40].copy_from_slice(&(len as u64).to_be_bytes());
+        m[40..48].copy_from_slice(&dst.to_be_bytes());
+        self.ctlq.push_back((op.src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
     }
 
     /// An RMA packet: a read request to serve, or data / a refusal for a read we issued.
@@ -1364,8 +1563,9 @@ impl State {
         let d = p.data;
         let read = Key { idx: be32(d, 8), gen: be32(d, 12) };
         match d.first().copied() {
-            Some(RMA_READ_REQ) if d.len() >= 40 => {
-                self.serve_read(p.src, be32(d, 4), &d[8..16], be64(d, 16), be64(d, 24), be64(d, 32));
+            Some(RMA_READ_REQ) if d.len() >= 48 => {
+                let req = ReadReq { mode: d[1], sreq: be32(d, 4), va: be64(d, 16), key: be64(d, 24), len: be64(d, 32), dst: be64(d, 40) };
+                self.serve_read(p.src, &d[8..16], req);
                 Ok(())
             }
             Some(RMA_READ_RESP) if d.len() >= RMA_RESP_HDR => {
@@ -1381,10 +1581,24 @@ impl State {
                         b.write_at(off, data);
                     }
                 }
-                op.got += data.len();
-                if op.got == op.n {
-                    self.finish_read(read, true)?;
+                self.read_progress(read, data.len())
+            }
+            Some(RMA_WRITE_DONE) if d.len() >= 16 => {
+                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let op = self.reads.get(read).ok_or_else(|| malformed("write completion for no read"))?;
+                let share = op.n - op.split;
+                self.read_progress(read, share)
+            }
+            Some(RMA_READ_GRANT) if d.len() >= 24 => {
+                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let split = usize::try_from(be64(d, 16)).unwrap_or(usize::MAX);
+                let op = self.reads.get_mut(read).ok_or_else(|| malformed("read grant for no read"))?;
+                if split > op.n {
+                    return Err(malformed("read grant splits outside the read"));
                 }
+                op.split = split;
+                op.remote_write = split < op.n;
+                self.cma_q.push_back(read);
                 Ok(())
             }
             Some(RMA_READ_ERR) if d.len() >= 16 => {
@@ -1400,7 +1614,12 @@ impl State {
 
     /// The target side of an RDMA read: key, enablement, range and access are checked in
     /// this rank's fi_mr domain before a byte moves; a refusal goes back as an error.
-    fn serve_read(&mut self, src: usize, sreq: u32, read: &[u8], va: u64, key: u64, len: u64) {
+    ///
+    /// In `READ_MODE_CMA` a passed check grants the reader a single copy of the range (it is
+    /// recorded on the send, whose buffer then stays put until FIN even if abandoned); in
+    /// `READ_MODE_STREAM` the range is streamed back through the ring.
+    fn serve_read(&mut self, src: usize, read: &[u8], q: ReadReq) {
+        let ReadReq { mode, sreq, va, key, len, dst } = q;
         let check = self.domain.check_remote(key, va, len, RemoteOp::Read);
         let buf = check.ok().and_then(|_| {
             let k = self.reqs.key_of(sreq)?;
@@ -1413,7 +1632,25 @@ impl State {
         let mut id = [0u8; 8];
         id.copy_from_slice(read);
         match buf {
-            Some(b) => self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0 }),
+            Some(b) if mode == READ_MODE_CMA => {
+                if let Some(k) = self.reqs.key_of(sreq) {
+                    if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(k) {
+                        r.granted = Some(src);
+                    }
+                }
+                let n = b.len();
+                // Split a large read: our half goes out once the grant is on its way.
+                let split = if dst != 0 && n >= CMA_SPLIT_MIN { (n / 2) & !4095 } else { n };
+                let mut m = [0u8; 24];
+                m[0] = RMA_READ_GRANT;
+                m[4..12].copy_from_slice(&id);
+                m[16..24].copy_from_slice(&(split as u64).to_be_bytes());
+                self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                if split < n {
+                    self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst, base: split });
+                }
+            }
+            Some(b) => self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 }),
             None => {
                 // Refused: the reader gets an error, and so does the send it was reading for
                 // (no FIN will come for it).

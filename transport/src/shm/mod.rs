@@ -2,6 +2,7 @@
 //! ordered pair of ranks.
 //!
 //! - [`segment`]: creating, opening and checking the mapped file (magic, version, layout).
+//! - [`cma`]: single-copy transfers between processes (process_vm_readv/writev).
 //! - [`ring`]: the lock-free single-producer/single-consumer ring of variable-size records.
 //!
 //! [`ShmFabric`] ties them together for one rank: it sends packets into the ring of each
@@ -12,6 +13,7 @@
 //! is still caught (length and position checks) and reported as [`crate::Error::Malformed`]
 //! rather than read out of bounds.
 
+pub mod cma;
 pub mod ring;
 pub mod segment;
 

@@ -1,0 +1,186 @@
+//! Messages of every size class from 0 bytes to 64 MiB between neighbours on a ring
+//! (rank r sends to r+1 and receives from r-1; one rank talks to itself).
+//!
+//! For each size: an expected receive (posted before a barrier, sent after it), an unexpected
+//! one (sent before the barrier, posted after it), a synchronous send, and a truncated receive
+//! (half the buffer: `Truncated`, the message consumed, the next one intact). Then a 2 MiB
+//! message goes out 12 times from the same buffer and the rank's own `mr_cache_hits` must grow
+//! by at least 11 (the sender's registration cache). Every payload is checked.
+//!
+//! `bigmsg [MAX_BYTES]` stops at MAX_BYTES (default 64 MiB).
+
+use std::error::Error as StdError;
+
+use tmpi::{Comm, Error};
+use tmpi_tests::Verdict;
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+const SIZES: [usize; 17] = [
+    0,
+    1,
+    63,
+    64,
+    4095,
+    4 * KIB,
+    16 * KIB,
+    64 * KIB - 1,
+    64 * KIB,
+    64 * KIB + 1,
+    256 * KIB,
+    MIB + 7,
+    4 * MIB,
+    8 * MIB + 3,
+    16 * MIB,
+    32 * MIB,
+    64 * MIB,
+];
+const REPEATS: usize = 12;
+
+/// A payload nobody else sends: derived from the sender, the size and the variant.
+fn fill(buf: &mut [u8], sender: usize, size: usize, variant: u64) {
+    let mut x = (sender as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (size as u64) << 8 ^ variant;
+    for c in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        c.copy_from_slice(&b[..c.len()]);
+    }
+}
+
+fn stat(comm: &Comm, key: &str) -> u64 {
+    let line = comm.stats_line();
+    line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
+}
+
+struct Ctx<'a> {
+    w: &'a Comm,
+    next: usize,
+    prev: usize,
+    out: Vec<u8>,
+    want: Vec<u8>,
+    got: Vec<u8>,
+}
+
+impl Ctx<'_> {
+    fn prepare(&mut self, size: usize, variant: u64) {
+        self.out.resize(size, 0);
+        fill(&mut self.out, self.w.rank(), size, variant);
+        self.want.resize(size, 0);
+        fill(&mut self.want, self.prev, size, variant);
+        self.got.clear();
+        self.got.resize(size, 0xa5);
+    }
+
+    fn check(&self, v: &mut Verdict, what: &str, size: usize, st: tmpi::Result<tmpi::Status>) {
+        match st {
+            Ok(st) => v.check(st.source() == self.prev && st.len() == size && self.got == self.want, || {
+                let bad = self.got.iter().zip(&self.want).position(|(a, b)| a != b);
+                format!("{what} {size} B: status {st:?}, first wrong byte {bad:?}")
+            }),
+            Err(e) => v.check(false, || format!("{what} {size} B: {e}")),
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn StdError>> {
+    let world = tmpi::init()?;
+    let w: &Comm = &world;
+    let (rank, n) = (w.rank(), w.size());
+    let max: usize = match std::env::args().nth(1) {
+        Some(a) => a.parse().map_err(|_| format!("bigmsg: MAX_BYTES must be a number, not {a:?}"))?,
+        None => 64 * MIB,
+    };
+    let mut v = Verdict::new("bigmsg", rank);
+    let mut c = Ctx { w, next: (rank + 1) % n, prev: (rank + n - 1) % n, out: Vec::new(), want: Vec::new(), got: Vec::new() };
+    let sizes: Vec<usize> = SIZES.iter().copied().filter(|&s| s <= max).collect();
+    for &size in &sizes {
+        // Expected: the receive is posted before anyone sends.
+        c.prepare(size, 1);
+        let st = tmpi::scope(|s| -> tmpi::Result<tmpi::Status> {
+            let r = w.irecv(s, &mut c.got, c.prev, 1)?;
+            w.barrier()?;
+            let q = w.isend(s, &c.out, c.next, 1)?;
+            let st = r.wait();
+            q.wait()?;
+            st
+        });
+        c.check(&mut v, "expected", size, st);
+
+        // Unexpected: the message (or its rendezvous request) arrives before the receive.
+        c.prepare(size, 2);
+        let st = tmpi::scope(|s| -> tmpi::Result<tmpi::Status> {
+            let q = w.isend(s, &c.out, c.next, 2)?;
+            w.barrier()?;
+            let st = w.recv(&mut c.got, c.prev, 2);
+            q.wait()?;
+            st
+        });
+        c.check(&mut v, "unexpected", size, st);
+
+        // Synchronous send.
+        c.prepare(size, 3);
+        let st = tmpi::scope(|s| -> tmpi::Result<tmpi::Status> {
+            let r = w.irecv(s, &mut c.got, c.prev, 3)?;
+            w.ssend(&c.out, c.next, 3)?;
+            r.wait()
+        });
+        c.check(&mut v, "ssend", size, st);
+
+        // Truncation: half the buffer; the message is consumed and the next one is intact.
+        if size >= 2 {
+            c.prepare(size, 4);
+            let half = size / 2;
+            let r = tmpi::scope(|s| -> tmpi::Result<(tmpi::Result<tmpi::Status>, tmpi::Result<tmpi::Status>)> {
+                let (a, b) = c.got.split_at_mut(half);
+                let r1 = w.irecv(s, a, c.prev, 4)?;
+                let r2 = w.irecv(s, &mut b[..size - half], c.prev, 5)?;
+                let q1 = w.isend(s, &c.out, c.next, 4)?;
+                let q2 = w.isend(s, &c.out[..size - half], c.next, 5)?;
+                let t = (r1.wait(), r2.wait());
+                q1.wait()?;
+                q2.wait()?;
+                Ok(t)
+            });
+            match r {
+                Ok((r1, r2)) => {
+                    v.check_err(
+                        r1,
+                        |e| matches!(e, Error::Truncated { len, capacity, .. } if *len == size && *capacity == half),
+                        &format!("Truncated {size} into {half}"),
+                    );
+                    v.check(c.got[..half] == c.want[..half], || format!("truncated {size} B: the part that fits differs"));
+                    v.check(matches!(&r2, Ok(st) if st.len() == size - half) && c.got[half..] == c.want[..size - half], || {
+                        format!("message after a truncated {size} B one: {r2:?} or payload wrong")
+                    });
+                }
+                Err(e) => v.check(false, || format!("truncation at {size} B: {e}")),
+            }
+        }
+    }
+
+    // The same buffer sent repeatedly: the registration cache hits after the first time.
+    let size = (2 * MIB).min(max.max(1));
+    c.prepare(size, 6);
+    let hits0 = stat(w, "mr_cache_hits");
+    let rndv0 = stat(w, "rndv");
+    for i in 0..REPEATS {
+        let st = tmpi::scope(|s| -> tmpi::Result<tmpi::Status> {
+            let r = w.irecv(s, &mut c.got, c.prev, 6)?;
+            w.send(&c.out, c.next, 6)?;
+            r.wait()
+        });
+        c.check(&mut v, &format!("repeat {i}"), size, st);
+    }
+    let (hits, rndvs) = (stat(w, "mr_cache_hits") - hits0, stat(w, "rndv") - rndv0);
+    if rndvs > 0 {
+        v.check(hits + 1 >= rndvs, || format!("{rndvs} rendezvous sends of one buffer but only {hits} MR cache hits"));
+    }
+    if rank == 0 {
+        println!("bigmsg: repeated {size} B sends: rndv {rndvs}, mr_cache_hits {hits}");
+    }
+    v.finish(w, &format!("{} sizes up to {max} B at {n} ranks", sizes.len()))?;
+    world.finalize()?;
+    Ok(())
+}
