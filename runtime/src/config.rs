@@ -35,6 +35,8 @@ pub struct Config {
     pub mr_cache_monitor_uffd: bool,
     /// `TMPI_SINGLE_COPY` is `cma` (else `none`: rendezvous data always goes through the rings).
     pub single_copy: bool,
+    /// `TMPI_SINGLE_COPY_MIN`.
+    pub single_copy_min: usize,
 }
 
 impl Default for Config {
@@ -52,6 +54,7 @@ impl Default for Config {
             mr_cache_max_size: None,
             mr_cache_monitor_uffd: true,
             single_copy: true,
+            single_copy_min: 1 << 20,
         }
     }
 }
@@ -141,6 +144,9 @@ impl Config {
                 "none" => false,
                 _ => return Err(bad("TMPI_SINGLE_COPY", &v, "cma or none")),
             };
+        }
+        if let Some(v) = get("TMPI_SINGLE_COPY_MIN") {
+            c.single_copy_min = num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize;
         }
         Ok(c)
     }

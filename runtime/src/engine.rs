@@ -392,6 +392,8 @@ struct State {
     rma_out: VecDeque<RmaOut>,
     /// Single-copy reads may be tried (`TMPI_SINGLE_COPY=cma` and the kernel has not refused).
     cma: bool,
+    /// `TMPI_SINGLE_COPY_MIN`: smaller reads stream through the ring.
+    cma_min: usize,
     /// Reads granted by their target, waiting for this rank to copy the data (CMA).
     cma_q: VecDeque<Key>,
     /// This rank's shares of split single-copy reads, to write into the readers.
@@ -475,6 +477,7 @@ impl Engine {
                 domain,
                 rma_out: VecDeque::new(),
                 cma: cfg.single_copy,
+                cma_min: cfg.single_copy_min,
                 cma_q: VecDeque::new(),
                 cma_w: VecDeque::new(),
                 ux_bytes: 0,
@@ -1514,7 +1517,7 @@ impl State {
         }
         let n = if hw.is_some() { info.len } else { info.len.min(cap) };
         // Single copy needs the buffer (an abandoned receive streams and discards).
-        let cma = self.cma && r.buf.is_some();
+        let cma = self.cma && r.buf.is_some() && n >= self.cma_min;
         let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma });
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             r.read = Some(key);

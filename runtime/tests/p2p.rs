@@ -8,12 +8,20 @@ use tmpi::*;
 struct Setup {
     shm: bool,
     tm_tags: Option<u32>,
+    /// Rendezvous data by single copy (CMA) at every size (`Some(true)`), never
+    /// (`Some(false)`), or per the defaults (`None`: from 1 MiB).
+    cma: Option<bool>,
 }
 
 fn run<R: Send>(setup: Setup, n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
     let mut cfg = Config { poll_spin: Some(50), tm_thresh: 64, ..Config::default() };
     if let Some(t) = setup.tm_tags {
         cfg.tm_max_tags = t;
+    }
+    match setup.cma {
+        Some(true) => cfg.single_copy_min = 0,
+        Some(false) => cfg.single_copy = false,
+        None => {}
     }
     if setup.shm {
         cfg.shm_ring_size = 16384;
@@ -23,19 +31,21 @@ fn run<R: Send>(setup: Setup, n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R>
     }
 }
 
-/// Every test runs over both fabrics, and with the soft TM-SRQ's tag list off, tiny and full.
+/// Every test runs over both fabrics, with the soft TM-SRQ's tag list off, tiny and full, and
+/// with rendezvous data by single copy always, never and by default.
 macro_rules! every_setup {
     ($($name:ident),* $(,)?) => {
-        mod local { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: None }) })* }
-        mod shm { $(#[test] fn $name() { super::$name(super::Setup { shm: true, tm_tags: None }) })* }
-        mod local_no_offload { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: Some(0) }) })* }
-        mod local_tags1 { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: Some(1) }) })* }
-        mod shm_tags4 { $(#[test] fn $name() { super::$name(super::Setup { shm: true, tm_tags: Some(4) }) })* }
+        mod local { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: None, cma: None }) })* }
+        mod shm { $(#[test] fn $name() { super::$name(super::Setup { shm: true, tm_tags: None, cma: Some(true) }) })* }
+        mod local_no_offload { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: Some(0), cma: Some(true) }) })* }
+        mod local_tags1 { $(#[test] fn $name() { super::$name(super::Setup { shm: false, tm_tags: Some(1), cma: Some(false) }) })* }
+        mod shm_tags4 { $(#[test] fn $name() { super::$name(super::Setup { shm: true, tm_tags: Some(4), cma: Some(false) }) })* }
     };
 }
 
 every_setup!(
     rendezvous_paths,
+    abandoned_rendezvous,
     offload_is_used_for_source_specific_receives,
     pingpong_sizes,
     wildcard_order_and_errors,
@@ -269,6 +279,59 @@ fn stat(line: &str, key: &str) -> u64 {
 /// Rendezvous (64 KiB and up by default): expected (pre-posted, offloaded when allowed),
 /// unexpected, truncated, through a too-small tagged buffer (RNDV_INCOMPLETE), synchronous,
 /// and sent repeatedly from one buffer (registration cache hits).
+/// A scope that unwinds while a rendezvous is in flight abandons it: the receive's buffer is
+/// given back only once no peer can still write into it, the send's only once no reader can
+/// still copy from it; both ranks go on, and later messages are intact.
+fn abandoned_rendezvous(setup: Setup) {
+    let n = 4 << 20;
+    run(setup, 2, |w| {
+        let peer = 1 - w.rank();
+        let big: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
+        for round in 0..2 {
+            // Round 0: rank 0 abandons a receive; round 1: rank 1 abandons a send.
+            let abandoner = round;
+            if w.rank() == abandoner {
+                let mut buf = if round == 0 { vec![0u8; n] } else { Vec::new() };
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tmpi::scope(|s| {
+                        let mut q = if round == 0 { w.irecv(s, &mut buf, peer, 7).unwrap() } else { w.isend(s, &big, peer, 7).unwrap() };
+                        w.barrier().unwrap();
+                        for _ in 0..50 {
+                            if q.test().unwrap().is_some() {
+                                break;
+                            }
+                        }
+                        panic!("abandon round {round}");
+                    })
+                }));
+                assert!(r.is_err());
+                drop(buf);
+            } else {
+                let mut got = vec![0u8; n];
+                let r = tmpi::scope(|s| {
+                    let q = if round == 0 { w.isend(s, &big, peer, 7).unwrap() } else { w.irecv(s, &mut got, peer, 7).unwrap() };
+                    w.barrier().unwrap();
+                    q.wait()
+                });
+                match r {
+                    // The reader either got every byte or was refused; never other memory.
+                    Ok(_) if round == 1 => assert!(got == big, "round {round}: abandoned send delivered wrong bytes"),
+                    Ok(_) => {}
+                    Err(e) => assert!(round == 1 && matches!(e, Error::RemoteAccess { .. }), "round {round}: {e}"),
+                }
+            }
+            // Both ranks go on: a later message of the same size arrives intact.
+            let mut after = vec![0u8; n];
+            tmpi::scope(|s| {
+                let r = w.irecv(s, &mut after, peer, 8).unwrap();
+                w.send(&big, peer, 8).unwrap();
+                r.wait().unwrap();
+            });
+            assert!(after == big, "round {round}: message after the abandoned one");
+        }
+    });
+}
+
 fn rendezvous_paths(setup: Setup) {
     let lines = run(setup, 2, |w| {
         let peer = 1 - w.rank();
