@@ -23,7 +23,7 @@ pub struct Config {
     pub tm_max_tags: u32,
     /// `TMPI_TM_THRESH`.
     pub tm_thresh: usize,
-    /// `TMPI_SHM_RING_SIZE`.
+    /// `TMPI_SHM_RING_SIZE`; 0 = auto (see [`Config::ring_size_for`]).
     pub shm_ring_size: usize,
     /// `TMPI_POLL_SPIN`; `None` = auto.
     pub poll_spin: Option<u32>,
@@ -43,12 +43,12 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             stats: false,
-            eager_limit: 65536,
-            rndv_threshold: 65536,
+            eager_limit: 262_144,
+            rndv_threshold: 262_144,
             unexpected_max: 64 << 20,
             tm_max_tags: 1023,
             tm_thresh: 1024,
-            shm_ring_size: tmpi_transport::shm::DEFAULT_RING_SIZE,
+            shm_ring_size: 0,
             poll_spin: None,
             mr_cache_max_count: 1024,
             mr_cache_max_size: None,
@@ -73,6 +73,19 @@ fn num(var: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
 }
 
 impl Config {
+    /// Bytes of each shared-memory ring for a job of `ranks` ranks: the configured size, or
+    /// (auto) 1 MiB up to 8 ranks, 256 KiB up to 32 and 64 KiB beyond, so that the segment
+    /// (one ring per ordered pair) stays near or below 64 MiB while small jobs get deep
+    /// pipelines (eager messages up to 256 KiB and streamed rendezvous reads).
+    pub fn ring_size_for(&self, ranks: usize) -> usize {
+        match (self.shm_ring_size, ranks) {
+            (0, 0..=8) => 1 << 20,
+            (0, 9..=32) => 256 << 10,
+            (0, _) => 64 << 10,
+            (n, _) => n,
+        }
+    }
+
     /// Reads every knob from the process environment.
     ///
     /// # Errors
@@ -109,7 +122,7 @@ impl Config {
         if let Some(v) = get("TMPI_TM_THRESH") {
             c.tm_thresh = num("TMPI_TM_THRESH", &v, 0, u32::MAX as u64)? as usize;
         }
-        if let Some(v) = get("TMPI_SHM_RING_SIZE") {
+        if let Some(v) = get("TMPI_SHM_RING_SIZE").filter(|v| v.trim() != "auto") {
             let n = num("TMPI_SHM_RING_SIZE", &v, 4096, 1 << 30)?;
             if !n.is_power_of_two() {
                 return Err(bad("TMPI_SHM_RING_SIZE", &v, "a power of two from 4096 to 1073741824"));

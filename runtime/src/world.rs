@@ -74,7 +74,7 @@ pub fn init() -> Result<World> {
         return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, Some(bc)));
     }
     let fabric = if rank == 0 {
-        let f = ShmFabric::create(&env.shm_name, 0, size, cfg.shm_ring_size)?;
+        let f = ShmFabric::create(&env.shm_name, 0, size, cfg.ring_size_for(size))?;
         bc.fence()?;
         bc.fence()?;
         f.unlink()?;
@@ -169,7 +169,7 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
     let mut b = [0u8; 8];
     getrandom::getrandom(&mut b).expect("random segment name");
     let name = format!("tmpi-threads-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
-    let first = ShmFabric::create(&name, 0, n, cfg.shm_ring_size).expect("create shm segment");
+    let first = ShmFabric::create(&name, 0, n, cfg.ring_size_for(n)).expect("create shm segment");
     let mut fabs = vec![first];
     for r in 1..n {
         fabs.push(ShmFabric::open(&name, r, n).expect("open shm segment"));

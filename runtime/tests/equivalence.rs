@@ -49,7 +49,7 @@ use tmpi::{Comm, Request, Source, TagMatch, World};
 const RECEIVER: usize = 1;
 /// Largest eager message (one packet of the in-process fabric).
 const EAGER_MAX: usize = 20_000;
-/// Smallest rendezvous message (`TMPI_RNDV_THRESHOLD`, the default).
+/// Smallest rendezvous message (`TMPI_RNDV_THRESHOLD`, set so for these tests).
 const RNDV_MIN: usize = 65_536;
 /// Largest message.
 const MAX_LEN: usize = 90_000;
@@ -485,8 +485,15 @@ fn receiver(world: &World, ctl: &Comm, p: &Program) -> Result<Outcomes, String> 
 
 /// Runs `p` under `setup`.
 fn run_engine(p: &Program, setup: Setup) -> Result<Run, String> {
-    let cfg =
-        Config { tm_max_tags: setup.tm_max_tags, tm_thresh: TM_THRESH, poll_spin: Some(64), shm_ring_size: SHM_RING, ..Config::default() };
+    let cfg = Config {
+        tm_max_tags: setup.tm_max_tags,
+        tm_thresh: TM_THRESH,
+        poll_spin: Some(64),
+        shm_ring_size: SHM_RING,
+        rndv_threshold: RNDV_MIN,
+        eager_limit: RNDV_MIN,
+        ..Config::default()
+    };
     let senders = p.senders();
     let rank_main = |world: World| -> Result<Option<Run>, String> {
         let ctl = world.dup().map_err(err)?;

@@ -14,7 +14,8 @@ struct Setup {
 }
 
 fn run<R: Send>(setup: Setup, n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
-    let mut cfg = Config { poll_spin: Some(50), tm_thresh: 64, ..Config::default() };
+    // Sizes in these tests were chosen around a 64 KiB eager/rendezvous switch.
+    let mut cfg = Config { poll_spin: Some(50), tm_thresh: 64, rndv_threshold: 65_536, eager_limit: 65_536, ..Config::default() };
     if let Some(t) = setup.tm_tags {
         cfg.tm_max_tags = t;
     }

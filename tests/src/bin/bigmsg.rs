@@ -17,7 +17,7 @@ use tmpi_tests::Verdict;
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
-const SIZES: [usize; 17] = [
+const SIZES: [usize; 20] = [
     0,
     1,
     63,
@@ -28,7 +28,10 @@ const SIZES: [usize; 17] = [
     64 * KIB - 1,
     64 * KIB,
     64 * KIB + 1,
+    256 * KIB - 1,
     256 * KIB,
+    256 * KIB + 1,
+    MIB - 1,
     MIB + 7,
     4 * MIB,
     8 * MIB + 3,

@@ -22,9 +22,6 @@ use crate::fabric::Packet;
 use ring::{Consumer, Producer};
 use segment::Segment;
 
-/// Default bytes of data in each ring.
-pub const DEFAULT_RING_SIZE: usize = 256 * 1024;
-
 /// One rank's view of the job's shared-memory fabric.
 pub struct ShmFabric {
     seg: Segment,
