@@ -28,10 +28,20 @@
 //!   its buffer (REMOTE_READ) through the MR cache and sends `TMH(RNDV) | RVH | key be64 |
 //!   len be64`; the receiver, once the request matched (in the TM-SRQ, which asks for the
 //!   read itself, or in software), sends an RDMA read request (`PKT_RMA`); the sender's side
-//!   checks key, range and access in its fi_mr domain before a byte moves, then streams the
-//!   range back through the ring (`PKT_RMA` responses, a pipelined copy-in/copy-out); when
-//!   all bytes are in, the receiver (or its TM-SRQ) sends `FIN` (the request's TMH and RVH),
-//!   which completes the send and releases the registration.
+//!   checks key, range and access in its fi_mr domain before a byte moves. Then the bytes
+//!   move one of two ways:
+//!   - streamed back through the ring (`PKT_RMA` responses, a pipelined copy-in/copy-out;
+//!     reads below `TMPI_SINGLE_COPY_MIN`, or `TMPI_SINGLE_COPY=none`);
+//!   - single copy (CMA): the sender answers with a grant, and the reader copies the range
+//!     with `process_vm_readv`; from 128 KiB on the grant splits it, and the sender writes
+//!     the second half into the reader's buffer with `process_vm_writev` at the same time and
+//!     says so (`WRITE_DONE`), so both cores copy. A kernel refusal (EPERM/ENOSYS) turns single
+//!     copy off for good and the affected part is streamed instead. Abandoning (scope unwind)
+//!     a send whose buffer a reader was granted, or a receive a sender may be writing into,
+//!     waits for that copy to end, so no process ever touches freed memory.
+//!
+//!   When all bytes are in, the receiver (or its TM-SRQ) sends `FIN` (the request's TMH and
+//!   RVH), which completes the send and releases the registration.
 
 use std::collections::VecDeque;
 
@@ -240,6 +250,9 @@ struct ReadOp {
     /// The target may write into the receive buffer (a single-copy request named it): the
     /// buffer must outlive the read even if the receive is abandoned.
     remote_write: bool,
+    /// This rank's share failed; the read completes with an error once the target's share is
+    /// done (it may still be writing into the buffer).
+    failed: bool,
 }
 
 /// A range of a rendezvous send buffer being streamed to a reader.
@@ -733,7 +746,12 @@ impl Engine {
                     self.st.stats.cma_fallbacks += 1;
                     self.st.request_read(key, READ_MODE_STREAM, len);
                 }
-                Err(_) => self.st.finish_read(key, false)?,
+                Err(_) => {
+                    if let Some(op) = self.st.reads.get_mut(key) {
+                        op.failed = true;
+                    }
+                    self.st.read_progress(key, len)?;
+                }
             }
             // A read the TM-SRQ issued completes there: collect its completion and FIN.
             self.st.drain_cq()?;
@@ -1518,7 +1536,7 @@ impl State {
         let n = if hw.is_some() { info.len } else { info.len.min(cap) };
         // Single copy needs the buffer (an abandoned receive streams and discards).
         let cma = self.cma && r.buf.is_some() && n >= self.cma_min;
-        let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma });
+        let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false });
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             r.read = Some(key);
         }
@@ -1534,7 +1552,8 @@ impl State {
         let Some(op) = self.reads.get_mut(key) else { return Ok(()) };
         op.got += k;
         if op.got >= op.n {
-            self.finish_read(key, true)?;
+            let ok = !op.failed;
+            self.finish_read(key, ok)?;
         }
         Ok(())
     }
