@@ -494,3 +494,37 @@ impl Verdict {
         Ok(())
     }
 }
+
+/// Makes `process_vm_readv` and `process_vm_writev` fail with `EPERM` in this process and
+/// everything it starts afterwards (a seccomp filter, as container runtimes install), so a
+/// test program can check the fallback from single copy to the rings. Call it before
+/// `tmpi::init`, while the process has one thread.
+///
+/// # Errors
+/// The kernel refused the filter.
+pub fn deny_cma() -> std::io::Result<()> {
+    const LD_NR: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET: u16 = 0x06; // BPF_RET | BPF_K
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    let f = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut prog = [
+        f(LD_NR, 0, 0, 0), // seccomp_data.nr
+        f(JEQ, 2, 0, libc::SYS_process_vm_readv as u32),
+        f(JEQ, 1, 0, libc::SYS_process_vm_writev as u32),
+        f(RET, 0, 0, RET_ALLOW),
+        f(RET, 0, 0, RET_ERRNO | libc::EPERM as u32),
+    ];
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fprog` points at `prog`, a valid filter program that lives across the call (the
+    // kernel copies it).
+    if unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &fprog as *const libc::sock_fprog) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -99,3 +99,21 @@ fn thresholds_move_the_protocol_switch() {
         assert!(s["cma_reads"] >= 4 * 8 || s["cma_fallbacks"] > 0, "rank {rank}: {s:?}");
     }
 }
+
+#[test]
+fn single_copy_refused_by_the_kernel_falls_back_to_the_rings() {
+    // A seccomp filter (as in containers) makes process_vm_readv/writev fail with EPERM in both
+    // ranks: reads fall back to the rings, both the reader's share and the sender's share.
+    let out = Job::tmpirun(2, "bigmsg")
+        .arg("--deny-cma")
+        .arg("4194304")
+        .env("TMPI_STATS", "1")
+        .env("TMPI_SINGLE_COPY_MIN", "0")
+        .timeout(Duration::from_secs(120))
+        .run();
+    out.assert_ok_line("bigmsg: ");
+    for (rank, s) in stats(&out) {
+        assert_eq!(s["cma_reads"], 0, "rank {rank}: {s:?}");
+        assert!(s["cma_fallbacks"] > 0, "rank {rank}: {s:?}");
+    }
+}

@@ -8,7 +8,8 @@
 //! by at least 11 (the sender's registration cache, unless `TMPI_MR_CACHE_MAX_COUNT=0`).
 //! Every payload is checked.
 //!
-//! `bigmsg [MAX_BYTES]` stops at MAX_BYTES (default 64 MiB).
+//! `bigmsg [--deny-cma] [MAX_BYTES]` stops at MAX_BYTES (default 64 MiB); `--deny-cma` makes
+//! the kernel refuse cross-memory attach in this process (seccomp), as containers often do.
 
 use std::error::Error as StdError;
 
@@ -89,10 +90,16 @@ impl Ctx<'_> {
 }
 
 fn main() -> Result<(), Box<dyn StdError>> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let deny = args.iter().any(|a| a == "--deny-cma");
+    args.retain(|a| a != "--deny-cma");
+    if deny {
+        tmpi_tests::deny_cma().map_err(|e| format!("bigmsg: cannot install the seccomp filter: {e}"))?;
+    }
     let world = tmpi::init()?;
     let w: &Comm = &world;
     let (rank, n) = (w.rank(), w.size());
-    let max: usize = match std::env::args().nth(1) {
+    let max: usize = match args.first() {
         Some(a) => a.parse().map_err(|_| format!("bigmsg: MAX_BYTES must be a number, not {a:?}"))?,
         None => 64 * MIB,
     };
