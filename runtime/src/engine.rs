@@ -771,10 +771,7 @@ impl Engine {
             match cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) {
                 Ok(()) => {
                     self.st.stats.cma_bytes += whole.len() as u64;
-                    let mut m = [0u8; 16];
-                    m[0] = RMA_WRITE_DONE;
-                    m[4..12].copy_from_slice(&w.read);
-                    self.st.ctlq.push_back((w.dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                    self.st.rma_notice(w.dest, RMA_WRITE_DONE, w.read);
                 }
                 Err(e) if e.is_unsupported() => {
                     self.st.cma = false;
@@ -782,10 +779,7 @@ impl Engine {
                     self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
                 }
                 Err(_) => {
-                    let mut m = [0u8; 16];
-                    m[0] = RMA_READ_ERR;
-                    m[4..12].copy_from_slice(&w.read);
-                    self.st.ctlq.push_back((w.dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                    self.st.rma_notice(w.dest, RMA_READ_ERR, w.read);
                 }
             }
             n += 1;
@@ -988,12 +982,8 @@ impl Engine {
                 // The target of a single-copy read may be writing into the buffer: it must
                 // stay until that write is done (or the target is gone).
                 if let Some(k) = r.read {
-                    while let Some(op) = self.st.reads.get(k).filter(|op| op.remote_write) {
-                        let src = op.src;
-                        if self.fabric.peer_failed(src) || self.progress().is_err() {
-                            break;
-                        }
-                        std::thread::yield_now();
+                    if let Some(src) = self.st.reads.get(k).filter(|op| op.remote_write).map(|op| op.src) {
+                        self.progress_while(src, |e| e.st.reads.get(k).is_some_and(|op| op.remote_write));
                     }
                 }
             }
@@ -1009,10 +999,7 @@ impl Engine {
                         let a = st.rma_out[i].buf.addr();
                         if a >= lo && a < hi.max(lo + 1) {
                             let r = st.rma_out.remove(i).expect("index in range");
-                            let mut m = [0u8; 16];
-                            m[0] = RMA_READ_ERR;
-                            m[4..12].copy_from_slice(&r.read);
-                            st.ctlq.push_back((r.dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                            st.rma_notice(r.dest, RMA_READ_ERR, r.read);
                         } else {
                             i += 1;
                         }
@@ -1028,14 +1015,17 @@ impl Engine {
                 // A reader granted a single copy is copying the buffer now: the memory must
                 // stay until its FIN (or until the reader is gone).
                 if let Some(reader) = granted {
-                    while self.st.reqs.get(rid).is_some_and(|r| r.result.is_none()) && !self.fabric.peer_failed(reader) {
-                        if self.progress().is_err() {
-                            break;
-                        }
-                        std::thread::yield_now();
-                    }
+                    self.progress_while(reader, |e| e.st.reqs.get(rid).is_some_and(|r| r.result.is_none()));
                 }
             }
+        }
+    }
+
+    /// Makes progress while `busy` holds, `peer` lives and progress succeeds (abandon waits
+    /// here for a single copy in flight to end).
+    fn progress_while(&mut self, peer: usize, busy: impl Fn(&Engine) -> bool) {
+        while busy(self) && !self.fabric.peer_failed(peer) && self.progress().is_ok() {
+            std::thread::yield_now();
         }
     }
 
@@ -1547,6 +1537,14 @@ impl State {
         Ok(())
     }
 
+    /// Queues a 16-byte RMA notice (`kind`, read id) for `dest`: a refusal or a write done.
+    fn rma_notice(&mut self, dest: usize, kind: u8, read: [u8; 8]) {
+        let mut m = [0u8; 16];
+        m[0] = kind;
+        m[4..12].copy_from_slice(&read);
+        self.ctlq.push_back((dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+    }
+
     /// `k` more bytes of read `key` are in place; completes it when all are.
     fn read_progress(&mut self, key: Key, k: usize) -> Result<()> {
         let Some(op) = self.reads.get_mut(key) else { return Ok(()) };
@@ -1687,10 +1685,7 @@ impl State {
                         }
                     }
                 }
-                let mut m = [0u8; 16];
-                m[0] = RMA_READ_ERR;
-                m[4..12].copy_from_slice(&id);
-                self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                self.rma_notice(src, RMA_READ_ERR, id);
             }
         }
     }

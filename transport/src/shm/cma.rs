@@ -80,13 +80,6 @@ pub fn write(pid: u32, remote: u64, src: &[u8]) -> Result<(), CmaError> {
     Ok(())
 }
 
-/// Whether this process may use CMA on `pid` (tries a one-byte read of `probe`, an address
-/// in that process the caller knows to be mapped).
-pub fn permitted(pid: u32, probe: u64) -> bool {
-    let mut b = [0u8; 1];
-    read(pid, probe, &mut b).is_ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
