@@ -11,48 +11,102 @@ use crate::error::{Error, Result};
 use crate::op::{Op, Reducible};
 use crate::Rank;
 
-/// Point-to-point on a communicator's collective context.
-pub(crate) struct CollCtx<'a>(pub(crate) &'a Comm);
+/// Point-to-point on a communicator's collective context, for one collective call: every
+/// tag carries the call's sequence number on the communicator (16 bits above the algorithm's
+/// own 8), so a message of one collective can never match a receive of another, even when
+/// ranks disagree about an argument (root, length) or a rank left one early with an error.
+pub(crate) struct CollCtx<'a> {
+    comm: &'a Comm,
+    seq: u32,
+}
 
-impl CollP2p for CollCtx<'_> {
-    fn rank(&self) -> usize {
-        self.0.rank()
+impl<'a> CollCtx<'a> {
+    /// Starts a collective call on `comm`. Every rank of the communicator calls it once per
+    /// collective, first thing, whatever happens next, so the numbers agree.
+    pub(crate) fn new(comm: &'a Comm) -> Self {
+        let seq = comm.inner.coll_seq.get();
+        comm.inner.coll_seq.set(seq.wrapping_add(1));
+        CollCtx { comm, seq: seq & 0xffff }
     }
-    fn size(&self) -> usize {
-        self.0.size()
+
+    /// Ends the call with `r`: if it failed because a rank departed, the other members are
+    /// told, so that none of them waits for this rank's part of the call.
+    pub(crate) fn finish<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(Error::PeerGone { rank }) = &r {
+            let c = self.comm;
+            let members: Vec<usize> = (0..c.size()).map(|i| c.world_rank(i)).collect();
+            c.eng().abort_collective(c.coll_ctx(), self.seq, *rank, members.into_iter());
+        }
+        r
     }
-    fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
-        self.0.send_ctx(self.0.coll_ctx(), buf, dest, tag, false)
-    }
-    fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
-        self.0.check_rank(src)?;
-        self.0.recv_ctx(self.0.coll_ctx(), buf, Some(src as u32), Some(tag)).map(|s| s.len())
-    }
-    fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize> {
-        self.0.check_rank(src)?;
-        self.0.sendrecv_ctx(self.0.coll_ctx(), sbuf, dest, stag, rbuf, Some(src as u32), Some(rtag)).map(|s| s.len())
+
+    #[inline]
+    fn tag(&self, tag: u32) -> u32 {
+        debug_assert!(tag < 256, "collective tags fit 8 bits");
+        self.seq << 8 | (tag & 0xff)
     }
 }
 
-pub(crate) fn barrier_internal(c: &Comm) -> Result<()> {
-    coll::barrier(&CollCtx(c))
+impl CollP2p for CollCtx<'_> {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+    fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
+        self.comm.send_ctx(self.comm.coll_ctx(), buf, dest, self.tag(tag), false)
+    }
+    fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
+        self.comm.check_rank(src)?;
+        self.comm.recv_ctx(self.comm.coll_ctx(), buf, Some(src as u32), Some(self.tag(tag))).map(|s| s.len())
+    }
+    fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize> {
+        self.comm.check_rank(src)?;
+        self.comm
+            .sendrecv_ctx(self.comm.coll_ctx(), sbuf, dest, self.tag(stag), rbuf, Some(src as u32), Some(self.tag(rtag)))
+            .map(|s| s.len())
+    }
 }
 
 /// Largest communicator id: contexts `2 * id` and `2 * id + 1` must fit the tag's 20 bits.
 const MAX_COMM_ID: u32 = (1 << 19) - 1;
 
 impl Comm {
-    /// Agrees on a fresh communicator id with every member of `self` (collective).
+    /// Agrees on a communicator id that every member of `self` has free, and takes it
+    /// (collective). Usually two small allreduces: the highest of the members' lowest words
+    /// with a free id, then the AND of that word's free bits; if no id of it is free
+    /// everywhere, the next word.
     fn agree_comm_id(&self) -> Result<u32> {
-        let mine = self.eng().next_comm_id;
-        let mut id = [0u32];
-        coll::allreduce(&CollCtx(self), &[mine], &mut id, Op::Max)?;
-        let id = id[0];
-        if id > MAX_COMM_ID {
-            return Err(Error::State(format!("out of communicator ids (limit {MAX_COMM_ID})")));
+        let mut from = 0usize;
+        loop {
+            let mine = self.eng().comm_ids.first_free_word(from) as u64;
+            let mut w = [0u64];
+            let c = CollCtx::new(self);
+            c.finish(coll::allreduce(&c, &[mine], &mut w, Op::Max))?;
+            let w = w[0] as usize;
+            if w * 64 > MAX_COMM_ID as usize {
+                return Err(Error::State(format!("out of communicator ids ({} in use at once at most)", MAX_COMM_ID)));
+            }
+            let free = self.eng().comm_ids.free_word(w);
+            let mut all = [0u64];
+            let c = CollCtx::new(self);
+            c.finish(coll::allreduce(&c, &[free], &mut all, Op::BitAnd))?;
+            if all[0] != 0 {
+                let id = (w * 64) as u32 + all[0].trailing_zeros();
+                if id > MAX_COMM_ID {
+                    return Err(Error::State(format!("out of communicator ids ({} in use at once at most)", MAX_COMM_ID)));
+                }
+                return Ok(id);
+            }
+            from = w + 1;
         }
-        self.eng().next_comm_id = id + 1;
-        Ok(id)
+    }
+
+    /// Builds a communicator on agreed id `id` (and takes the id on this rank).
+    fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<Rc<[usize]>>) -> Comm {
+        self.eng().comm_ids.take(id);
+        Comm { inner: Rc::new(CommInner { eng: self.inner.eng.clone(), coll_seq: Default::default(), id, rank, size, members }) }
     }
 
     /// A new communicator with the same ranks and a fresh context (collective).
@@ -61,15 +115,7 @@ impl Comm {
     /// [`Error::PeerGone`]; [`Error::State`] when communicator ids run out.
     pub fn dup(&self) -> Result<Comm> {
         let id = self.agree_comm_id()?;
-        Ok(Comm {
-            inner: Rc::new(CommInner {
-                eng: self.inner.eng.clone(),
-                id,
-                rank: self.inner.rank,
-                size: self.inner.size,
-                members: self.inner.members.clone(),
-            }),
-        })
+        Ok(self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone()))
     }
 
     /// Splits into one communicator per color, ranks ordered by `key` then old rank (collective).
@@ -81,7 +127,8 @@ impl Comm {
         let n = self.size();
         let mine = [u32::from(color.is_some()), color.unwrap_or(0), key as u32];
         let mut all = vec![0u32; 3 * n];
-        coll::allgather(&CollCtx(self), bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut all))?;
+        let c = CollCtx::new(self);
+        c.finish(coll::allgather(&c, bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut all)))?;
         let id = self.agree_comm_id()?;
         let Some(color) = color else { return Ok(None) };
         let mut group: Vec<(i32, usize)> =
@@ -89,7 +136,8 @@ impl Comm {
         group.sort_unstable();
         let rank = group.iter().position(|&(_, r)| r == self.rank()).ok_or_else(|| Error::State("split lost this rank".into()))?;
         let members: Rc<[usize]> = group.iter().map(|&(_, r)| self.world_rank(r)).collect();
-        Ok(Some(Comm { inner: Rc::new(CommInner { eng: self.inner.eng.clone(), id, rank, size: members.len(), members: Some(members) }) }))
+        let size = members.len();
+        Ok(Some(self.with_id(id, rank, size, Some(members))))
     }
 
     /// Blocks until every rank has called it.
@@ -97,7 +145,8 @@ impl Comm {
     /// # Errors
     /// [`Error::PeerGone`].
     pub fn barrier(&self) -> Result<()> {
-        coll::barrier(&CollCtx(self))
+        let c = CollCtx::new(self);
+        c.finish(coll::barrier(&c))
     }
 
     /// Broadcasts `buf` from `root` to every rank.
@@ -105,7 +154,8 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`]; [`Error::Truncated`] when ranks pass different lengths.
     pub fn bcast<T: Pod>(&self, buf: &mut [T], root: Rank) -> Result<()> {
-        coll::bcast(&CollCtx(self), bytemuck::cast_slice_mut(buf), root)
+        let c = CollCtx::new(self);
+        c.finish(coll::bcast(&c, bytemuck::cast_slice_mut(buf), root))
     }
 
     /// Combines `send` of every rank with `op` into `recv` at `root` (`None` elsewhere).
@@ -113,7 +163,8 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn reduce<T: Pod + Reducible>(&self, send: &[T], recv: Option<&mut [T]>, op: Op, root: Rank) -> Result<()> {
-        coll::reduce(&CollCtx(self), send, recv, op, root)
+        let c = CollCtx::new(self);
+        c.finish(coll::reduce(&c, send, recv, op, root))
     }
 
     /// Combines `send` of every rank with `op` into `recv` on every rank.
@@ -121,7 +172,8 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn allreduce<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
-        coll::allreduce(&CollCtx(self), send, recv, op)
+        let c = CollCtx::new(self);
+        c.finish(coll::allreduce(&c, send, recv, op))
     }
 
     /// Collects `send` of every rank, in rank order, into `recv` at `root`.
@@ -129,7 +181,8 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn gather<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, root: Rank) -> Result<()> {
-        coll::gather(&CollCtx(self), bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root)
+        let c = CollCtx::new(self);
+        c.finish(coll::gather(&c, bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root))
     }
 
     /// Distributes consecutive blocks of `send` at `root` to every rank's `recv`.
@@ -137,7 +190,8 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn scatter<T: Pod>(&self, send: Option<&[T]>, recv: &mut [T], root: Rank) -> Result<()> {
-        coll::scatter(&CollCtx(self), send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root)
+        let c = CollCtx::new(self);
+        c.finish(coll::scatter(&c, send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root))
     }
 
     /// Collects `send` of every rank, in rank order, into `recv` on every rank.
@@ -145,7 +199,8 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        coll::allgather(&CollCtx(self), bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv))
+        let c = CollCtx::new(self);
+        c.finish(coll::allgather(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
 
     /// Sends block `j` of `send` to rank `j` and receives block `i` of `recv` from rank `i`.
@@ -153,6 +208,50 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        coll::alltoall(&CollCtx(self), bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv))
+        let c = CollCtx::new(self);
+        c.finish(coll::alltoall(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::run_local;
+
+    /// Communicator ids come back when communicators are dropped: a million dup/drop cycles
+    /// would run out of ids otherwise (the limit is 2^19 at once); here the id of a fresh dup
+    /// stays the lowest free one.
+    #[test]
+    fn dup_recycles_ids() {
+        let ids = run_local(3, |w| {
+            let mut last = 0;
+            for _ in 0..300 {
+                let c = w.dup().unwrap();
+                last = c.inner.id;
+                let d = c.dup().unwrap();
+                assert_ne!(d.inner.id, c.inner.id);
+            }
+            let kept: Vec<_> = (0..70).map(|_| w.dup().unwrap()).collect();
+            let ids: Vec<u32> = kept.iter().map(|c| c.inner.id).collect();
+            (last, ids)
+        });
+        for (last, ids) in &ids {
+            assert_eq!(*last, 1, "dropped ids are reused");
+            assert_eq!(*ids, (1..=70).collect::<Vec<u32>>(), "ids past the first word are agreed too");
+        }
+    }
+
+    /// Ranks that disagree about a collective (here the root of a bcast) cannot feed the next
+    /// collective stale data: every collective call has its own tags.
+    #[test]
+    fn a_disagreeing_collective_does_not_leak_into_the_next() {
+        let got = run_local(2, |w| {
+            let mut b = [w.rank() as u32 + 10];
+            // Each rank thinks it is the root: both send, nobody receives.
+            w.bcast(&mut b, w.rank()).unwrap();
+            let mut c = [if w.rank() == 0 { 77u32 } else { 0 }];
+            w.bcast(&mut c, 0).unwrap();
+            c[0]
+        });
+        assert_eq!(got, vec![77, 77]);
     }
 }

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use bytemuck::Pod;
 
 use crate::buffer::{RawBuf, RawBufMut};
-use crate::engine::{Engine, ReqId};
+use crate::engine::{Engine, Need, Peers, ReqId};
 use crate::error::{Error, Result};
 use crate::matching;
 use crate::{Rank, Tag, TAG_UB};
@@ -85,14 +85,69 @@ impl Status {
     }
 }
 
+/// The communicator ids one rank has in use: a bit per id (id 0, the world, always).
+///
+/// A new communicator's id is agreed by its members (`Comm::agree_comm_id`): an id is
+/// taken only where every member has it free, and a dropped communicator frees its id on
+/// this rank, so ids are recycled (MPICH's context-id mask, agreed one 64-bit word at a
+/// time).
+pub(crate) struct CommIds {
+    used: Vec<u64>,
+}
+
+impl CommIds {
+    pub(crate) fn new() -> Self {
+        CommIds { used: vec![1] }
+    }
+
+    /// The free bits of word `w` (ids `64 w ..= 64 w + 63`).
+    pub(crate) fn free_word(&self, w: usize) -> u64 {
+        !self.used.get(w).copied().unwrap_or(0)
+    }
+
+    /// The lowest word at or after `from` with a free id.
+    pub(crate) fn first_free_word(&self, from: usize) -> usize {
+        (from..).find(|&w| self.free_word(w) != 0).unwrap_or(from)
+    }
+
+    pub(crate) fn take(&mut self, id: u32) {
+        let w = id as usize / 64;
+        if self.used.len() <= w {
+            self.used.resize(w + 1, 0);
+        }
+        self.used[w] |= 1 << (id % 64);
+    }
+
+    pub(crate) fn free(&mut self, id: u32) {
+        if id != 0 {
+            if let Some(w) = self.used.get_mut(id as usize / 64) {
+                *w &= !(1 << (id % 64));
+            }
+        }
+    }
+}
+
 pub(crate) struct CommInner {
     pub(crate) eng: Rc<RefCell<Engine>>,
+    /// Collectives started on this communicator: their sequence number goes into every tag
+    /// they use, so one collective's messages never match another's.
+    pub(crate) coll_seq: std::cell::Cell<u32>,
     /// Communicator id; user traffic uses context `2 * id`, collectives `2 * id + 1`.
     pub(crate) id: u32,
     pub(crate) rank: Rank,
     pub(crate) size: usize,
     /// World rank of each member; `None` for the identity (the world communicator).
     pub(crate) members: Option<Rc<[usize]>>,
+}
+
+impl Drop for CommInner {
+    fn drop(&mut self) {
+        // The engine is borrowed only inside tmpi calls, which never drop a communicator while
+        // they hold it; if it ever were, the id would merely stay taken.
+        if let Ok(mut e) = self.eng.try_borrow_mut() {
+            e.comm_ids.free(self.id);
+        }
+    }
 }
 
 /// A communicator: a group of ranks and a private matching context. Cheap to clone.
@@ -223,7 +278,15 @@ impl Comm {
     ) -> Result<ReqId> {
         // SAFETY: forwarded to the caller.
         let raw = unsafe { RawBufMut::new(bytes) };
-        e.post_recv(ctx, src, tag, raw)
+        e.post_recv(ctx, src, tag, raw, self.peers(src))
+    }
+
+    /// Whom a receive from `src` (`None`: any source) waits for, in world ranks.
+    pub(crate) fn peers(&self, src: Option<u32>) -> Peers {
+        match src {
+            Some(r) => Peers::Rank(self.world_rank(r as Rank)),
+            None => Peers::Any(self.inner.members.clone()),
+        }
     }
 
     pub(crate) fn send_ctx(&self, ctx: u32, bytes: &[u8], dest: Rank, tag: Tag, sync: bool) -> Result<()> {
@@ -278,6 +341,17 @@ impl Comm {
         finish(&mut e, rr)
     }
 
+    /// Test hook: sends `bytes` to world rank `dest` as one raw fabric packet with `flags`
+    /// (`tmpi_transport::fabric::PKT_*`) and `total_len`, bypassing every protocol, so a test
+    /// can play a peer that sends garbage.
+    ///
+    /// # Errors
+    /// A bad rank, a packet the fabric cannot carry, [`Error::PeerGone`].
+    #[doc(hidden)]
+    pub fn inject_packet(&self, dest: Rank, flags: u8, total_len: u64, bytes: &[u8]) -> Result<()> {
+        self.eng().inject(dest, flags, total_len, bytes)
+    }
+
     /// This rank's `tmpi-stats` line (what `TMPI_STATS=1` prints at finalize).
     #[doc(hidden)]
     pub fn stats_line(&self) -> String {
@@ -321,7 +395,15 @@ impl Comm {
         let st = self.probe(src, tag)?;
         let elem = std::mem::size_of::<T>();
         let n = if elem == 0 { 0 } else { st.len.div_ceil(elem) };
-        let mut v = vec![T::zeroed(); n];
+        // The length comes from the wire: more than this machine holds is refused before any
+        // allocation, and a failed allocation is an error, not an abort.
+        let no_memory = || Error::NoMemory { bytes: st.len, rank: st.source };
+        if st.len > crate::sys::physical_memory() {
+            return Err(no_memory());
+        }
+        let mut v: Vec<T> = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| no_memory())?;
+        v.resize(n, T::zeroed());
         let ctx = self.user_ctx();
         let got = self.recv_ctx(ctx, bytemuck::cast_slice_mut(&mut v), Some(st.source as u32), Some(st.tag))?;
         if elem == 0 || got.len % elem != 0 {
@@ -358,9 +440,10 @@ impl Comm {
     pub fn probe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         let ctx = self.user_ctx();
+        let need = Need::Peers(self.peers(s));
         let mut e = self.eng();
         let mut st = None;
-        e.wait_until(|e| {
+        e.wait_until(&need, |e| {
             st = e.probe_now(ctx, s, t);
             st.is_some()
         })?;
@@ -374,7 +457,9 @@ impl Comm {
     pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         let mut e = self.eng();
-        e.progress()?;
+        if e.progress()? == 0 {
+            e.idle_check(&Need::Peers(self.peers(s)))?;
+        }
         Ok(e.probe_now(self.user_ctx(), s, t))
     }
 }

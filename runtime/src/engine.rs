@@ -44,8 +44,9 @@
 //!   RVH), which completes the send and releases the registration.
 
 use std::collections::VecDeque;
+use std::rc::Rc;
 
-use tmpi_transport::fabric::{Packet, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
+use tmpi_transport::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
 use tmpi_transport::shm::{cma, ShmFabric};
@@ -61,8 +62,22 @@ use crate::{Rank, Status, Tag};
 
 /// `app_ctx` bit of a synchronous send: the receiver acknowledges the match.
 const SYNC_FLAG: u32 = 1 << 31;
-/// Control message kind: acknowledgement of a synchronous send (value = sender request index).
+/// Control message kind: acknowledgement of a synchronous send (value = the send's wire name).
 const CTL_SSEND_ACK: u8 = 1;
+/// Control message kind: the receiver consumed eager messages worth `value` bytes of credit.
+const CTL_CREDIT: u8 = 2;
+/// Control message kind: a collective failed because a rank departed (context, sequence
+/// number, departed rank follow): its other members give up on it too.
+const CTL_COLL_ABORT: u8 = 3;
+/// Collectives whose abort notices are remembered.
+const ABORTS_KEPT: usize = 64;
+/// Bits of a request's slot index in its wire name; the 11 bits above carry the low bits of
+/// its generation, so a stale notice never completes the request that reuses the slot.
+const WIRE_IDX_BITS: u32 = 20;
+const WIRE_IDX_MASK: u32 = (1 << WIRE_IDX_BITS) - 1;
+const WIRE_GEN_MASK: u32 = (1 << 11) - 1;
+/// Requests that can be named on the wire (synchronous and rendezvous sends) at once.
+pub(crate) const MAX_NAMED_REQUESTS: usize = 1 << WIRE_IDX_BITS;
 /// Largest packet of a fabric without its own limit (self-delivery, single rank).
 const SELF_MAX_PACKET: usize = usize::MAX / 2;
 /// SRQ buffers kept posted; each unexpected message takes one and software reposts it.
@@ -128,12 +143,38 @@ impl Fabric {
         })
     }
 
-    /// Whether `rank` failed: it left without finalizing (its process died, or its thread
-    /// unwound). A rank that finalized cleanly and exited is not a failure.
-    fn peer_failed(&self, rank: usize) -> bool {
+    /// How `rank` stands by what it recorded in the fabric: attached, finalized (it sends
+    /// nothing more, and that is fine), or failed (it left without finalizing: it unwound).
+    /// A process that died without a word is found by [`Fabric::process_alive`].
+    fn peer_state(&self, rank: usize) -> PeerState {
         match self {
-            Fabric::Shm(f) => !f.peer_finalized(rank) && (f.peer_departed(rank) || !crate::sys::pid_alive(f.peer_pid(rank))),
-            Fabric::Local(f) => f.peer_failed(rank),
+            Fabric::Shm(f) => {
+                if f.peer_finalized(rank) {
+                    PeerState::Finalized
+                } else if f.peer_departed(rank) {
+                    PeerState::Failed
+                } else {
+                    PeerState::Alive
+                }
+            }
+            Fabric::Local(f) => f.peer_state(rank),
+            Fabric::Single => PeerState::Alive,
+        }
+    }
+
+    /// Whether `rank`'s process still runs (a system call or two: used sparingly).
+    fn process_alive(&self, rank: usize) -> bool {
+        match self {
+            Fabric::Shm(f) => crate::sys::pid_alive(f.peer_pid(rank)),
+            Fabric::Local(_) | Fabric::Single => true,
+        }
+    }
+
+    /// Whether a packet from `src` waits to be read.
+    fn pending_from(&mut self, src: usize) -> bool {
+        match self {
+            Fabric::Shm(f) => f.pending_from(src),
+            Fabric::Local(f) => f.pending_from(src),
             Fabric::Single => false,
         }
     }
@@ -165,8 +206,9 @@ pub(crate) struct Stats {
     pub eager: u64,
     pub rndv: u64,
     pub sw_matched: u64,
-    /// Times a message was left in its ring by flow control.
-    pub flow_stalls: u64,
+    /// Messages of eager size sent as rendezvous because the receiver's credit was used up
+    /// (flow control).
+    pub credit_rndv: u64,
     /// Most bytes held by unexpected messages at once.
     pub ux_peak_bytes: u64,
     pub unexpected: u64,
@@ -178,9 +220,41 @@ pub(crate) struct Stats {
     pub cma_fallbacks: u64,
 }
 
+/// Whom a receive or probe waits for, in world ranks: one rank, or any member of a
+/// communicator (`None`: of the world).
+#[derive(Clone, Debug)]
+pub(crate) enum Peers {
+    /// One world rank.
+    Rank(usize),
+    /// Any member of the communicator with these world ranks (`None`: the world).
+    Any(Option<Rc<[usize]>>),
+}
+
+impl Peers {
+    /// Whether a message whose match key names comm-local rank `local` may come from world
+    /// rank `world` (the fabric's sender): a peer cannot speak for another.
+    fn admits(&self, local: usize, world: usize) -> bool {
+        match self {
+            Peers::Rank(w) => *w == world,
+            Peers::Any(None) => local == world,
+            Peers::Any(Some(m)) => m.get(local) == Some(&world),
+        }
+    }
+}
+
 struct RecvState {
     /// `None`: the receive was abandoned mid-message; data is discarded.
     buf: Option<RawBufMut>,
+    /// Whom it waits for (for `PeerGone`, and to check who sent what it matched).
+    from: Peers,
+    /// World rank of the sender once matched.
+    src_world: usize,
+    /// The posted match key (its context and collective sequence number say which collective
+    /// call a receive belongs to).
+    key: u64,
+    /// The TM-SRQ matched it with a message whose match key names another rank than the one
+    /// that sent it (a forged source): it completes with [`Error::Protocol`].
+    refused: Option<usize>,
     cap: usize,
     matched: bool,
     match_id: Option<RecvId>,
@@ -199,6 +273,10 @@ struct RecvState {
 }
 
 struct SendState {
+    /// World rank of the destination.
+    dest: usize,
+    /// The message's match key.
+    key: u64,
     pushed: bool,
     need_ack: bool,
     acked: bool,
@@ -208,7 +286,11 @@ struct SendState {
 
 struct RndvSend {
     buf: Option<RawBuf>,
-    _mr: CachedMr,
+    /// The registration (`None` for an empty message, which has nothing to read).
+    _mr: Option<CachedMr>,
+    /// The match key and the RVH's address, which a FIN must repeat.
+    tag64: u64,
+    va: u64,
     /// A reader that was granted a single-copy read of `buf` (it copies the memory itself
     /// until its FIN): abandoning the send must wait for that FIN.
     granted: Option<usize>,
@@ -333,8 +415,14 @@ struct UxMsg {
 #[derive(Clone, Copy)]
 enum Incoming {
     Idle,
-    Expected { req: ReqId },
-    Unexpected { ux: Key },
+    /// The rest of a message that was refused (forged source, no memory): read and dropped.
+    Discard,
+    Expected {
+        req: ReqId,
+    },
+    Unexpected {
+        ux: Key,
+    },
 }
 
 enum OutData {
@@ -415,11 +503,32 @@ struct State {
     /// (`TMPI_UNEXPECTED_MAX`) above which messages that no posted receive matches are left
     /// in the sender's ring.
     ux_bytes: usize,
-    ux_budget: usize,
+    /// Eager credit (bytes) this rank may still send to each peer before it must switch to
+    /// rendezvous; refilled by the peer's `CTL_CREDIT` as it consumes what was sent.
+    credits: Vec<usize>,
+    /// Credit this rank owes each peer for eager messages it consumed, returned in batches.
+    owed: Vec<usize>,
+    /// Batch size of credit returns.
+    credit_batch: usize,
+    /// An error met while the engine could not report it (abandon waits): reported by the
+    /// next progress.
+    deferred: Option<Error>,
+    /// Collective calls that failed elsewhere because a rank departed: (collective context,
+    /// sequence number, departed rank), the most recent [`ABORTS_KEPT`].
+    aborts: VecDeque<(u32, u32, usize)>,
 }
 
-/// Bookkeeping bytes counted per unexpected message on top of its payload.
+/// Longest eager message a peer may announce: its credit never exceeds 2^31 bytes.
+const MAX_EAGER_LEN: usize = 1 << 31;
+/// Bookkeeping bytes counted per unexpected message on top of its payload (and charged to
+/// the sender's credit with every eager message).
 const UX_OVERHEAD: usize = 128;
+
+/// Eager credit of each peer: `TMPI_UNEXPECTED_MAX` shared out over the peers (at most
+/// 2^31, so a return fits its 32-bit field).
+fn credit_per_peer(budget: usize, size: usize) -> usize {
+    (budget / size.saturating_sub(1).max(1)).min(1 << 31)
+}
 
 /// One rank's engine.
 pub(crate) struct Engine {
@@ -431,8 +540,13 @@ pub(crate) struct Engine {
     size: usize,
     spin: u32,
     pub(crate) cfg: Config,
-    /// Next free communicator id (see `Comm::dup`).
-    pub(crate) next_comm_id: u32,
+    /// Communicator ids this rank uses (see `Comm::dup`).
+    pub(crate) comm_ids: crate::comm::CommIds,
+    /// Non-blocking polls since the last liveness check (see [`Engine::idle_check`]).
+    idle_calls: u32,
+    /// Peers whose process was found dead (sticky), and the next peer to look at.
+    dead: Vec<bool>,
+    next_probe: usize,
 }
 
 #[inline]
@@ -494,7 +608,11 @@ impl Engine {
                 cma_q: VecDeque::new(),
                 cma_w: VecDeque::new(),
                 ux_bytes: 0,
-                ux_budget: cfg.unexpected_max,
+                credits: vec![credit_per_peer(cfg.unexpected_max, size); size],
+                owed: vec![0; size],
+                credit_batch: (credit_per_peer(cfg.unexpected_max, size) / 4).max(1),
+                deferred: None,
+                aborts: VecDeque::new(),
             },
             out: (0..size).map(|_| VecDeque::new()).collect(),
             out_pending: 0,
@@ -502,7 +620,10 @@ impl Engine {
             size,
             spin,
             cfg,
-            next_comm_id: 1,
+            comm_ids: crate::comm::CommIds::new(),
+            idle_calls: 0,
+            dead: vec![false; size],
+            next_probe: 0,
         })
     }
 
@@ -523,31 +644,34 @@ impl Engine {
             "tmpi-stats rank={} msgs_sent={} msgs_recv={} bytes_sent={} bytes_recv={} eager={} rndv={} hw_matched={} sw_matched={} unexpected={} tm_syncs={} rndv_incomplete={}",
             self.st.rank, s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv, tm.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, tm.rndv_incomplete
         ) + &format!(
-            " mr_cache_hits={} mr_cache_misses={} mr_cache_evictions={} mr_cache_invalidations={} hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={} flow_stalls={} ux_peak_bytes={}",
-            mc.hits, mc.misses, mc.evictions, mc.invalidations, tm.unexpected, tm.adds, tm.dels, tm.list_hwm, s.flow_stalls, s.ux_peak_bytes
+            " mr_cache_hits={} mr_cache_misses={} mr_cache_evictions={} mr_cache_invalidations={} hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={} credit_rndv={} ux_peak_bytes={}",
+            mc.hits, mc.misses, mc.evictions, mc.invalidations, tm.unexpected, tm.adds, tm.dels, tm.list_hwm, s.credit_rndv, s.ux_peak_bytes
         ) + &format!(" cma_reads={} cma_bytes={} cma_fallbacks={}", s.cma_reads, s.cma_bytes, s.cma_fallbacks)
     }
 
     /// Starts a data message to `dest` (a world rank). Returns `None` when it is already
     /// complete (locally, for a standard send), or the request to wait on.
+    ///
+    /// An eager message costs its length plus [`UX_OVERHEAD`] of the destination's credit;
+    /// without enough credit it goes as a rendezvous instead (flow control: the receiver never
+    /// has to refuse what is in its ring, see [`State::give_credit`]).
     pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
         let len = data.len();
         self.st.stats.msgs_sent += 1;
         self.st.stats.bytes_sent += len as u64;
-        if dest != self.st.rank && (len >= self.cfg.rndv_threshold || len > self.cfg.eager_limit) {
-            return self.start_rndv(dest, tag64, data).map(Some);
+        if dest != self.st.rank {
+            let cost = len.saturating_add(UX_OVERHEAD);
+            if len >= self.cfg.rndv_threshold || len > self.cfg.eager_limit || self.st.credits[dest] < cost {
+                if len <= self.cfg.eager_limit && len < self.cfg.rndv_threshold {
+                    self.st.stats.credit_rndv += 1;
+                }
+                return self.start_rndv(dest, tag64, data).map(Some);
+            }
+            self.st.credits[dest] -= cost;
         }
         self.st.stats.eager += 1;
-        let req = if sync {
-            Some(self.st.reqs.insert(Req {
-                kind: ReqKind::Send(SendState { pushed: false, need_ack: true, acked: false, rndv: None }),
-                result: None,
-                detached: false,
-            }))
-        } else {
-            None
-        };
-        let app_ctx = req.map_or(0, |r| SYNC_FLAG | r.idx);
+        let req = if sync { Some(self.st.new_send(dest, tag64, true, None)?) } else { None };
+        let app_ctx = req.map_or(0, |r| SYNC_FLAG | wire_name(r));
         let tmh = Tmh { op: TmOp::Eager, app_ctx, tag: tag64 }.to_bytes();
         if dest == self.st.rank {
             self.st.deliver_self(&tmh, data.slice(0, len))?;
@@ -563,7 +687,7 @@ impl Engine {
         let req = match req {
             Some(r) => r,
             None => self.st.reqs.insert(Req {
-                kind: ReqKind::Send(SendState { pushed: false, need_ack: false, acked: false, rndv: None }),
+                kind: ReqKind::Send(SendState { dest, key: tag64, pushed: false, need_ack: false, acked: false, rndv: None }),
                 result: None,
                 detached: false,
             }),
@@ -581,25 +705,22 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts a rendezvous send: register, then send the request; FIN completes it.
+    /// Starts a rendezvous send: register, then send the request; FIN completes it. An empty
+    /// message has nothing to register (fi_mr refuses a zero length) and nothing to read.
     #[cold]
     fn start_rndv(&mut self, dest: usize, tag64: u64, data: RawBuf) -> Result<ReqId> {
         self.st.stats.rndv += 1;
         let (addr, len) = (data.addr(), data.len());
-        let mr = self.st.mr.get(addr, len, Access::REMOTE_READ).map_err(tmpi_transport::Error::from)?;
-        let key = mr.key().map_err(tmpi_transport::Error::from)?;
-        let va = mr.remote_addr(addr).ok_or_else(|| Error::State("registration does not cover the send buffer".into()))?;
-        let req = self.st.reqs.insert(Req {
-            kind: ReqKind::Send(SendState {
-                pushed: false,
-                need_ack: true,
-                acked: false,
-                rndv: Some(RndvSend { buf: Some(data), _mr: mr, granted: None }),
-            }),
-            result: None,
-            detached: false,
-        });
-        let hdr = RndvMeta { key, len: len as u64 }.encode_request(req.idx, tag64, va);
+        let (mr, key, va) = if len == 0 {
+            (None, 0, 0)
+        } else {
+            let mr = self.st.mr.get(addr, len, Access::REMOTE_READ).map_err(tmpi_transport::Error::from)?;
+            let key = mr.key().map_err(tmpi_transport::Error::from)?;
+            let va = mr.remote_addr(addr).ok_or_else(|| Error::State("registration does not cover the send buffer".into()))?;
+            (Some(mr), key, va)
+        };
+        let req = self.st.new_send(dest, tag64, true, Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted: None }))?;
+        let hdr = RndvMeta { key, len: len as u64 }.encode_request(wire_name(req), tag64, va);
         self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
         Ok(req)
     }
@@ -768,7 +889,18 @@ impl Engine {
         while let Some(w) = self.st.cma_w.pop_front() {
             let pid = self.fabric.peer_pid(w.dest);
             let whole = w.buf.slice(0, w.buf.len());
-            match cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) {
+            if pid == std::process::id() {
+                // Ranks that are threads of this process: no cross-process write; stream it.
+                self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                n += 1;
+                continue;
+            }
+            // SAFETY: `dst` is the receive buffer the reader named in its single-copy read
+            // request, and `[base, base + len)` is the share its grant left to us (checked
+            // against the read's length when the grant was made). The reader keeps that
+            // buffer alive and untouched until our WRITE_DONE or READ_ERR arrives, even if
+            // its receive is abandoned (it waits for the share while we are alive).
+            match unsafe { cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) } {
                 Ok(()) => {
                     self.st.stats.cma_bytes += whole.len() as u64;
                     self.st.rma_notice(w.dest, RMA_WRITE_DONE, w.read);
@@ -790,6 +922,9 @@ impl Engine {
     /// One round of progress; returns how many events happened.
     #[inline]
     pub(crate) fn progress(&mut self) -> Result<usize> {
+        if let Some(e) = self.st.deferred.take() {
+            return Err(e);
+        }
         let mut n = 0;
         if self.out_pending > 0 {
             n += self.push_out()?;
@@ -814,12 +949,17 @@ impl Engine {
         Ok(n)
     }
 
-    /// Posts a receive into `buf` on context `ctx`.
-    pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut) -> Result<ReqId> {
+    /// Posts a receive into `buf` on context `ctx`; `from` says whom it waits for in world
+    /// ranks (`src` is the same source in the communicator's numbering).
+    pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
         let cap = buf.cap();
         let rid = self.st.reqs.insert(Req {
             kind: ReqKind::Recv(RecvState {
                 buf: Some(buf),
+                key: matching::recv_key(ctx, src, tag).0,
+                from,
+                src_world: 0,
+                refused: None,
                 cap,
                 matched: false,
                 match_id: None,
@@ -884,7 +1024,7 @@ impl Engine {
         self.st.reqs.get(rid).is_none_or(|r| r.result.is_some())
     }
 
-    /// Progresses until `rid` completes.
+    /// Progresses until `rid` completes, or until it cannot: then [`Error::PeerGone`].
     pub(crate) fn wait(&mut self, rid: ReqId) -> Result<Status> {
         let mut b = self.backoff();
         loop {
@@ -892,19 +1032,24 @@ impl Engine {
                 return r;
             }
             if self.progress()? == 0 {
-                self.snooze(&mut b)?;
+                if b.snooze() {
+                    self.check_gone(&Need::Req(rid))?;
+                }
             } else {
                 b.reset();
             }
         }
     }
 
-    /// Progresses until `done(self)` holds.
-    pub(crate) fn wait_until(&mut self, mut done: impl FnMut(&mut Engine) -> bool) -> Result<()> {
+    /// Progresses until `done(self)` holds, or until `need` cannot be met: then
+    /// [`Error::PeerGone`].
+    pub(crate) fn wait_until(&mut self, need: &Need, mut done: impl FnMut(&mut Engine) -> bool) -> Result<()> {
         let mut b = self.backoff();
         while !done(self) {
             if self.progress()? == 0 {
-                self.snooze(&mut b)?;
+                if b.snooze() {
+                    self.check_gone(need)?;
+                }
             } else {
                 b.reset();
             }
@@ -917,26 +1062,150 @@ impl Engine {
         Backoff::new(self.spin)
     }
 
-    /// Idles one step; in the slow phase also checks that peers are alive.
-    pub(crate) fn snooze(&mut self, b: &mut Backoff) -> Result<()> {
-        if b.snooze() {
-            for peer in 0..self.size {
-                if peer != self.st.rank && self.fabric.peer_failed(peer) {
-                    // What the peer sent before it failed is still delivered first.
-                    if self.progress()? > 0 {
-                        b.reset();
-                        return Ok(());
-                    }
-                    return Err(Error::PeerGone { rank: peer });
-                }
-            }
+    /// For loops that poll without blocking (`test`, `iprobe`): every so many idle calls,
+    /// whether `need` can still be met.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] as [`Engine::check_gone`].
+    pub(crate) fn idle_check(&mut self, need: &Need) -> Result<()> {
+        self.idle_calls = self.idle_calls.wrapping_add(1);
+        if self.idle_calls % IDLE_CHECK_EVERY == 0 {
+            self.check_gone(need)?;
         }
         Ok(())
     }
 
-    /// Records that this rank finalized cleanly: its departure is no failure for the others.
-    pub(crate) fn mark_finalized(&self) {
+    /// Whether what a waiter needs can still come: [`Error::PeerGone`] if a peer failed (the
+    /// job is ending), or if every rank `need` depends on has departed (finalized or failed)
+    /// and everything it sent before has been read.
+    ///
+    /// A departed rank's state is read before its ring: what it sent before it finalized is
+    /// then visible, so it is received first.
+    pub(crate) fn check_gone(&mut self, need: &Need) -> Result<()> {
+        // One process per call is checked with system calls; every peer's own record in the
+        // fabric is a memory read.
+        let p = self.next_probe;
+        self.next_probe = if p + 1 >= self.size { 0 } else { p + 1 };
+        if p != self.st.rank && !self.dead[p] && !self.fabric.process_alive(p) {
+            self.dead[p] = true;
+        }
+        let mut failed = None;
+        for peer in 0..self.size {
+            if peer != self.st.rank && self.state_of(peer) == PeerState::Failed {
+                if !self.drained(peer) {
+                    return Ok(());
+                }
+                failed.get_or_insert(peer);
+            }
+        }
+        if let Some(peer) = failed {
+            return Err(Error::PeerGone { rank: peer });
+        }
+        let mut deps = Vec::new();
+        match need {
+            Need::Peers(p) => p.world_ranks(self.size, &mut deps),
+            Need::Req(rid) => match self.st.reqs.get(*rid) {
+                None | Some(Req { result: Some(_), .. }) => return Ok(()),
+                Some(Req { kind: ReqKind::Recv(r), .. }) => {
+                    if let Some(gone) = self.st.aborted(r.key) {
+                        return Err(Error::PeerGone { rank: gone });
+                    }
+                    if r.matched {
+                        deps.push(r.src_world);
+                    } else {
+                        r.from.world_ranks(self.size, &mut deps);
+                    }
+                }
+                Some(Req { kind: ReqKind::Send(s), .. }) => {
+                    if let Some(gone) = self.st.aborted(s.key) {
+                        return Err(Error::PeerGone { rank: gone });
+                    }
+                    deps.push(s.dest)
+                }
+            },
+        }
+        deps.retain(|&d| d != self.st.rank);
+        if deps.is_empty() {
+            return Ok(());
+        }
+        for &d in &deps {
+            if self.state_of(d) == PeerState::Alive || !self.drained(d) {
+                return Ok(());
+            }
+        }
+        Err(Error::PeerGone { rank: deps[0] })
+    }
+
+    /// How `peer` stands: its record in the fabric, or failed once its process was seen dead
+    /// (a finalized rank's exit is no failure).
+    fn state_of(&self, peer: usize) -> PeerState {
+        match self.fabric.peer_state(peer) {
+            PeerState::Alive if self.dead[peer] => PeerState::Failed,
+            s => s,
+        }
+    }
+
+    /// Nothing from `peer` waits to be read, nor is a message from it half read.
+    fn drained(&mut self, peer: usize) -> bool {
+        !self.fabric.pending_from(peer) && matches!(self.st.incoming.get(peer), Some(Incoming::Idle) | None)
+    }
+
+    /// Hands over this rank's own outgoing data, then records that it finalized: queued
+    /// messages and control packets are pushed, reads it serves are streamed, and rendezvous
+    /// reads it is making finish (so their senders get their FIN). It never waits for what
+    /// other ranks do: work for a peer that has departed is dropped.
+    ///
+    /// # Errors
+    /// A failure of progress (a peer that broke the protocol); the rank is then not marked
+    /// finalized, so its exit reads as a failure.
+    pub(crate) fn finalize(&mut self) -> Result<()> {
+        let mut b = self.backoff();
+        loop {
+            let busy = self.out_pending > 0
+                || !self.st.ctlq.is_empty()
+                || !self.st.rma_out.is_empty()
+                || !self.st.cma_w.is_empty()
+                || !self.st.cma_q.is_empty()
+                || !self.st.reads.is_empty();
+            if !busy {
+                break;
+            }
+            if self.progress()? == 0 {
+                if b.snooze() {
+                    self.drop_work_for_departed();
+                }
+            } else {
+                b.reset();
+            }
+        }
         self.fabric.mark_finalized();
+        Ok(())
+    }
+
+    /// Drops queued work whose peer has departed (finalize waits for nothing from them).
+    fn drop_work_for_departed(&mut self) {
+        for peer in 0..self.size {
+            if peer == self.st.rank {
+                continue;
+            }
+            if !self.dead[peer] && self.fabric.peer_state(peer) == PeerState::Alive && !self.fabric.process_alive(peer) {
+                self.dead[peer] = true;
+            }
+            if self.state_of(peer) == PeerState::Alive {
+                continue;
+            }
+            let dropped = self.out[peer].len();
+            self.out[peer].clear();
+            self.out_pending -= dropped;
+            self.st.ctlq.retain(|(d, _)| *d != peer);
+            self.st.rma_out.retain(|r| r.dest != peer);
+            self.st.cma_w.retain(|w| w.dest != peer);
+            let gone: Vec<Key> = self.st.reads.keys().filter(|&k| self.st.reads.get(k).is_some_and(|op| op.src == peer)).collect();
+            for k in gone {
+                self.st.reads.remove(k);
+            }
+        }
+        self.st.cma_q.retain(|k| self.st.reads.get(*k).is_some());
     }
 
     /// Cancels a receive that has not matched; no effect otherwise.
@@ -963,9 +1232,16 @@ impl Engine {
         }
     }
 
-    /// Forgets the user buffer of a pending operation so it may be freed (scope unwinding):
-    /// a queued receive is cancelled, a receive in progress discards the rest, a queued send
-    /// copies what it has not pushed yet. The slot is freed when the operation completes.
+    /// Forgets the user buffer of a pending operation so it may be freed (scope unwinding, or
+    /// a wait that failed): a queued receive is cancelled, a receive in progress discards the
+    /// rest, a queued send copies what it has not pushed yet. The slot is freed when the
+    /// operation completes.
+    ///
+    /// Memory a peer may still touch is waited for before this returns: a receive buffer the
+    /// target of a single-copy read may be writing into, and a send buffer a reader was
+    /// granted a single copy of. The wait ends only when the copy is done or the peer has
+    /// departed (then it can touch nothing more); errors met meanwhile are kept for the next
+    /// progress, never cut the wait short.
     pub(crate) fn abandon(&mut self, rid: ReqId) {
         self.cancel(rid);
         let Some(req) = self.st.reqs.get_mut(rid) else {
@@ -989,22 +1265,8 @@ impl Engine {
             }
             ReqKind::Send(s) => {
                 let granted = s.rndv.as_ref().and_then(|r| r.granted);
-                // A rendezvous buffer: refuse every read of it from now on, and turn reads
-                // being streamed into refusals.
-                if let Some(b) = s.rndv.as_mut().and_then(|r| r.buf.take()) {
-                    let (lo, hi) = (b.addr(), b.addr() + b.len());
-                    let st = &mut self.st;
-                    let mut i = 0;
-                    while i < st.rma_out.len() {
-                        let a = st.rma_out[i].buf.addr();
-                        if a >= lo && a < hi.max(lo + 1) {
-                            let r = st.rma_out.remove(i).expect("index in range");
-                            st.rma_notice(r.dest, RMA_READ_ERR, r.read);
-                        } else {
-                            i += 1;
-                        }
-                    }
-                }
+                let range = s.rndv.as_ref().and_then(|r| r.buf).map(|b| (b.addr(), b.addr() + b.len()));
+                // Queued data is copied: the message still goes out whole.
                 for q in &mut self.out {
                     for m in q.iter_mut().filter(|m| m.req == rid) {
                         if let OutData::User(b) = &m.data {
@@ -1012,21 +1274,103 @@ impl Engine {
                         }
                     }
                 }
-                // A reader granted a single copy is copying the buffer now: the memory must
-                // stay until its FIN (or until the reader is gone).
+                // A reader granted a single copy is copying the buffer now, and this rank may
+                // owe it a share (`cma_w`, written during the wait): the memory must stay
+                // until its FIN (or until the reader is gone).
                 if let Some(reader) = granted {
                     self.progress_while(reader, |e| e.st.reqs.get(rid).is_some_and(|r| r.result.is_none()));
+                }
+                // From now on every read of the buffer is refused, and reads being served
+                // from it stop.
+                if let Some((lo, hi)) = range {
+                    if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.st.reqs.get_mut(rid) {
+                        r.buf = None;
+                    }
+                    let inside = |a: usize| a >= lo && a < hi.max(lo + 1);
+                    let st = &mut self.st;
+                    let mut refused = Vec::new();
+                    st.rma_out.retain(|r| {
+                        let keep = !inside(r.buf.addr());
+                        if !keep {
+                            refused.push((r.dest, r.read));
+                        }
+                        keep
+                    });
+                    st.cma_w.retain(|w| {
+                        let keep = !inside(w.buf.addr());
+                        if !keep {
+                            refused.push((w.dest, w.read));
+                        }
+                        keep
+                    });
+                    for (dest, read) in refused {
+                        st.rma_notice(dest, RMA_READ_ERR, read);
+                    }
                 }
             }
         }
     }
 
-    /// Makes progress while `busy` holds, `peer` lives and progress succeeds (abandon waits
-    /// here for a single copy in flight to end).
+    /// Makes progress while `busy` holds and `peer` has not departed (abandon waits here for a
+    /// single copy in flight to end). Errors are kept for the next progress.
     fn progress_while(&mut self, peer: usize, busy: impl Fn(&Engine) -> bool) {
-        while busy(self) && !self.fabric.peer_failed(peer) && self.progress().is_ok() {
-            std::thread::yield_now();
+        let mut b = self.backoff();
+        while busy(self) {
+            match self.progress() {
+                Ok(0) => {
+                    if b.snooze() {
+                        if !self.dead[peer] && !self.fabric.process_alive(peer) {
+                            self.dead[peer] = true;
+                        }
+                        if self.state_of(peer) != PeerState::Alive {
+                            return;
+                        }
+                    }
+                }
+                Ok(_) => b.reset(),
+                Err(e) => {
+                    self.st.deferred.get_or_insert(e);
+                }
+            }
         }
+    }
+
+    /// A collective call (context `ctx`, sequence number `seq`) failed here because world rank
+    /// `gone` departed: tells the call's other members (world ranks `members`), so that those
+    /// waiting on this rank rather than on the departed one give up too, instead of waiting
+    /// for messages this rank will not send.
+    pub(crate) fn abort_collective(&mut self, ctx: u32, seq: u32, gone: usize, members: impl Iterator<Item = usize>) {
+        let mut m = [0u8; 16];
+        m[0] = TmOp::NoTag as u8;
+        m[1] = CTL_COLL_ABORT;
+        m[4..8].copy_from_slice(&ctx.to_be_bytes());
+        m[8..12].copy_from_slice(&seq.to_be_bytes());
+        m[12..16].copy_from_slice(&(gone as u32).to_be_bytes());
+        for w in members {
+            if w != self.st.rank && w != gone && self.state_of(w) == PeerState::Alive {
+                self.st.ctlq.push_back((w, Ctl::new(PKT_WHOLE, &m)));
+            }
+        }
+        // Best effort: the notices go out with this and later progress.
+        if let Err(e) = self.flush_ctl() {
+            self.st.deferred.get_or_insert(e);
+        }
+    }
+
+    /// Test hook: puts `bytes` on the wire to world rank `dest` as one raw packet (waiting for
+    /// ring space), so tests can play a peer that breaks the protocol.
+    pub(crate) fn inject(&mut self, dest: usize, flags: u8, total_len: u64, bytes: &[u8]) -> Result<()> {
+        if dest == self.st.rank || dest >= self.size {
+            return Err(Error::InvalidRank { rank: dest, size: self.size });
+        }
+        let mut b = self.backoff();
+        while !self.fabric.try_send(dest, flags, total_len, &[bytes])? {
+            self.progress()?;
+            if b.snooze() {
+                self.check_gone(&Need::Peers(Peers::Rank(dest)))?;
+            }
+        }
+        Ok(())
     }
 
     /// Status of the oldest unexpected message matching, if any (no progress).
@@ -1037,13 +1381,29 @@ impl Engine {
             Status { source: src_of(tag64), tag: tag_of(tag64), len, cancelled: false }
         })
     }
+}
 
-    /// Waits until every queued send has been pushed, every read served and every control
-    /// message sent.
-    pub(crate) fn flush(&mut self) -> Result<()> {
-        self.wait_until(|e| e.out_pending == 0 && e.st.ctlq.is_empty() && e.st.rma_out.is_empty())
+/// What a waiting call depends on, for deciding when to give up with [`Error::PeerGone`].
+pub(crate) enum Need {
+    /// A message from these peers (a probe).
+    Peers(Peers),
+    /// The completion of a request.
+    Req(ReqId),
+}
+
+impl Peers {
+    /// Appends the world ranks a message may come from.
+    fn world_ranks(&self, size: usize, out: &mut Vec<usize>) {
+        match self {
+            Peers::Rank(w) => out.push(*w),
+            Peers::Any(None) => out.extend(0..size),
+            Peers::Any(Some(m)) => out.extend(m.iter().copied()),
+        }
     }
 }
+
+/// `test`/`iprobe` calls between two liveness checks.
+const IDLE_CHECK_EVERY: u32 = 4096;
 
 /// A request handle as a verbs `recv_wr_id`.
 #[inline]
@@ -1058,6 +1418,12 @@ fn wr_to_rid(wr: u64) -> ReqId {
 
 fn malformed(what: &'static str) -> Error {
     Error::Transport(tmpi_transport::Error::Malformed { what })
+}
+
+/// A packet from `src` that breaks the protocol.
+#[cold]
+fn malformed_from(src: usize, what: &'static str) -> Error {
+    Error::Protocol { rank: src, what }
 }
 
 fn ctl_msg(kind: u8, value: u32) -> Ctl {
@@ -1080,7 +1446,69 @@ fn be64(b: &[u8], at: usize) -> u64 {
     b.get(at..at + 8).map_or(0, |x| u64::from_be_bytes([x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]]))
 }
 
+/// How a request is named on the wire (in `app_ctx`, ACKs and read requests): its slot index
+/// and the low bits of its generation.
+#[inline]
+fn wire_name(k: ReqId) -> u32 {
+    (k.gen & WIRE_GEN_MASK) << WIRE_IDX_BITS | (k.idx & WIRE_IDX_MASK)
+}
+
 impl State {
+    /// Inserts a send request to world rank `dest`. A request that needs an answer (ACK or
+    /// FIN) is named on the wire, which bounds how many can be outstanding.
+    fn new_send(&mut self, dest: usize, key: u64, need_ack: bool, rndv: Option<RndvSend>) -> Result<ReqId> {
+        if need_ack && self.reqs.vacant_key().idx as usize >= MAX_NAMED_REQUESTS {
+            return Err(Error::State(format!(
+                "more than {MAX_NAMED_REQUESTS} synchronous or rendezvous sends outstanding: complete some before starting more"
+            )));
+        }
+        Ok(self.reqs.insert(Req {
+            kind: ReqKind::Send(SendState { dest, key, pushed: false, need_ack, acked: false, rndv }),
+            result: None,
+            detached: false,
+        }))
+    }
+
+    /// The send request a peer names on the wire, if it is still the one named (index and
+    /// generation) and is a send to that peer.
+    fn named_send(&self, name: u32, peer: usize) -> Option<ReqId> {
+        let k = self.reqs.key_of(name & WIRE_IDX_MASK)?;
+        if k.gen & WIRE_GEN_MASK != (name >> WIRE_IDX_BITS) & WIRE_GEN_MASK {
+            return None;
+        }
+        match self.reqs.get(k) {
+            Some(Req { kind: ReqKind::Send(s), .. }) if s.dest == peer => Some(k),
+            _ => None,
+        }
+    }
+
+    /// Whether the collective call that match key `key` belongs to was aborted elsewhere
+    /// (see [`Engine::abort_collective`]); the departed rank if so.
+    fn aborted(&self, key: u64) -> Option<usize> {
+        if self.aborts.is_empty() {
+            return None;
+        }
+        let ctx = (key >> matching::CTX_SHIFT) as u32;
+        let seq = (key as u32 & matching::MAX_TAG) >> 8;
+        self.aborts.iter().find(|a| a.0 == ctx && a.1 == seq).map(|a| a.2)
+    }
+
+    /// This rank consumed an eager message of `len` payload bytes from `src`: the credit it
+    /// cost the sender goes back, in batches of `credit_batch` bytes.
+    #[inline]
+    fn give_credit(&mut self, src: usize, len: usize) {
+        if src == self.rank {
+            return;
+        }
+        let Some(o) = self.owed.get_mut(src) else { return };
+        *o = o.saturating_add(len.saturating_add(UX_OVERHEAD));
+        if *o >= self.credit_batch {
+            let v = u32::try_from(*o).unwrap_or(u32::MAX);
+            *o -= v as usize;
+            self.ctlq.push_back((src, ctl_msg(CTL_CREDIT, v)));
+        }
+    }
+
     /// Handles one packet from the fabric; returns whether it was consumed.
     #[inline]
     fn on_packet(&mut self, p: Packet<'_>) -> bool {
@@ -1093,11 +1521,17 @@ impl State {
             }
             return true;
         }
-        if self.ux_bytes > self.ux_budget && p.flags & PKT_FIRST != 0 && self.would_be_unexpected(p.data) {
-            // Flow control: over the unexpected budget, a message no posted receive wants
-            // stays in the sender's ring until the program posts one.
-            self.stats.flow_stalls += 1;
-            return false;
+        if p.flags & PKT_FIRST != 0 && p.src != self.rank {
+            // The announced length must fit the packet: a whole message is exactly its packet,
+            // a first packet announces more (never more than an eager message may carry). A
+            // packet that breaks this is refused before the TM-SRQ sees it, so the stream
+            // from that peer stays in step.
+            let (len, total) = (p.data.len() as u64, p.total_len);
+            let whole = p.flags & PKT_LAST != 0;
+            if (whole && total != len) || (!whole && (total <= len || total > (MAX_EAGER_LEN + TMH_LEN) as u64)) {
+                self.error = Some(malformed_from(p.src, "a packet whose length disagrees with its message"));
+                return true;
+            }
         }
         let arrival = if p.flags & PKT_FIRST != 0 {
             self.tm.arrive_first(p.src as u32, p.data, p.total_len as usize)
@@ -1110,8 +1544,20 @@ impl State {
             Ok(Arrival::Place(pl)) => match pl.buffer {
                 Buffer::Tagged { recv_wr_id, .. } => {
                     let rid = wr_to_rid(recv_wr_id);
-                    if p.flags & PKT_FIRST != 0 && p.data.first() == Some(&(TmOp::Rndv as u8)) {
-                        self.stash_rndv(rid, p.data);
+                    if p.flags & PKT_FIRST != 0 {
+                        match p.data.first() {
+                            Some(&op) if op == TmOp::Rndv as u8 => self.stash_rndv(rid, p.data),
+                            // An expected eager message: consumed, its credit goes back.
+                            _ => self.give_credit(p.src, (p.total_len as usize).saturating_sub(TMH_LEN)),
+                        }
+                        // A message under another rank's name writes nothing (it completes
+                        // with an error, see `on_hw_completion`).
+                        let tag64 = Tmh::decode(p.data).map_or(0, |t| t.tag);
+                        if !self.admits(rid, tag64, p.src) {
+                            if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                                r.refused = Some(p.src);
+                            }
+                        }
                     }
                     self.place_tagged(rid, pl.dst_off, pl.bytes(p.data));
                     Ok(())
@@ -1123,7 +1569,15 @@ impl State {
                 RndvInfo::parse(p.data).and_then(|mut info| {
                     info.key = rr.key;
                     info.len = usize::try_from(rr.len).map_err(|_| malformed("rendezvous length overflows"))?;
-                    self.start_read(wr_to_rid(rr.recv_wr_id), p.src, info, Some(rr.id))
+                    let rid = wr_to_rid(rr.recv_wr_id);
+                    if !self.admits(rid, info.tmh.tag, p.src) {
+                        // A forged source: no byte is read; the receive fails at DATA_VALID.
+                        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                            r.refused = Some(p.src);
+                        }
+                        return self.tm.read_failed(rr.id, WcStatus::RemAccessErr).map_err(|e| Error::Transport(e.into()));
+                    }
+                    self.start_read(rid, p.src, info, Some(rr.id))
                 })
             }
             Err(e) => Err(Error::Transport(e.into())),
@@ -1132,17 +1586,6 @@ impl State {
             self.error = Some(e);
         }
         true
-    }
-
-    /// Whether a data message (its first packet) would be stored as unexpected now.
-    fn would_be_unexpected(&self, first: &[u8]) -> bool {
-        match (first.first().copied(), first.get(8..16)) {
-            (Some(op), Some(t)) if op == TmOp::Eager as u8 || op == TmOp::Rndv as u8 => {
-                let tag = u64::from_be_bytes([t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]]);
-                !self.matcher.has_posted_match(tag)
-            }
-            _ => false,
-        }
     }
 
     /// Self-delivery: the message passes through the TM-SRQ as two packets (header, payload).
@@ -1172,8 +1615,8 @@ impl State {
     fn on_software(&mut self, p: Packet<'_>) -> Result<()> {
         if p.flags & PKT_FIRST != 0 {
             match p.data.first().copied() {
-                Some(op) if op == TmOp::NoTag as u8 => self.on_control(&p.data[1..]),
-                Some(op) if op == TmOp::Fin as u8 => self.on_fin(p.data),
+                Some(op) if op == TmOp::NoTag as u8 => self.on_control(p.src, &p.data[1..]),
+                Some(op) if op == TmOp::Fin as u8 => self.on_fin(p.src, p.data),
                 Some(op) if op == TmOp::Rndv as u8 => self.on_rndv(p.src, p.data),
                 _ => self.on_data_first(p),
             }
@@ -1185,7 +1628,7 @@ impl State {
     /// The TM-SRQ matched a packet to a tagged buffer: the NIC's copy into the user buffer.
     fn place_tagged(&mut self, rid: ReqId, off: usize, bytes: &[u8]) {
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-            if let Some(b) = &r.buf {
+            if let Some(b) = r.buf.as_ref().filter(|_| r.refused.is_none()) {
                 b.write_at(off, bytes);
             }
         }
@@ -1261,9 +1704,15 @@ impl State {
         if wc.flags.contains(WcFlags::TM_MATCH) {
             let (tag64, app_ctx) = wc.read_tm_info().unwrap_or((0, 0));
             let mut cancel = None;
+            let src = wc.src as usize;
+            let admitted = self.admits(rid, tag64, src);
             if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                 r.matched = true;
                 r.hw_handle = None;
+                r.src_world = src;
+                if !admitted {
+                    r.refused = Some(src);
+                }
                 r.source = src_of(tag64);
                 r.tag = tag_of(tag64);
                 cancel = r.match_id.take();
@@ -1272,16 +1721,20 @@ impl State {
                 self.matcher.cancel(id);
             }
             self.stats.msgs_recv += 1;
-            if app_ctx & SYNC_FLAG != 0 {
+            if app_ctx & SYNC_FLAG != 0 && admitted {
                 self.ctlq.push_back((wc.src as usize, ctl_msg(CTL_SSEND_ACK, app_ctx & !SYNC_FLAG)));
             }
         }
         if wc.flags.contains(WcFlags::TM_DATA_VALID) && wc.status == WcStatus::TmRndvIncomplete {
             // The tagged buffer was smaller than the rendezvous: software finishes.
-            let stash = match self.reqs.get_mut(rid) {
-                Some(Req { kind: ReqKind::Recv(r), .. }) => r.rndv_req.take(),
-                _ => None,
+            let (stash, refused) = match self.reqs.get_mut(rid) {
+                Some(Req { kind: ReqKind::Recv(r), .. }) => (r.rndv_req.take(), r.refused),
+                _ => (None, None),
             };
+            if let Some(src) = refused {
+                self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
+                return;
+            }
             let r = match stash {
                 Some((b, n)) => RndvInfo::parse(&b[..n]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
                 None => Err(malformed("RNDV_INCOMPLETE without the request")),
@@ -1301,6 +1754,7 @@ impl State {
                 r.total = len;
                 r.received = len;
                 req.result = Some(match wc.status {
+                    _ if r.refused.is_some() => Err(malformed_from(r.src_world, "a message under another rank's name")),
                     WcStatus::Success => Ok(Status { source: r.source, tag: r.tag, len, cancelled: false }),
                     WcStatus::LocLenErr => Err(Error::Truncated { source_rank: r.source, tag: r.tag, len, capacity: r.cap }),
                     WcStatus::RemAccessErr => {
@@ -1323,16 +1777,32 @@ impl State {
         self.on_first(p.src, &p.data[..TMH_LEN], &p.data[TMH_LEN..], total, p.flags & PKT_LAST != 0)
     }
 
-    fn on_control(&mut self, body: &[u8]) -> Result<()> {
+    fn on_control(&mut self, src: usize, body: &[u8]) -> Result<()> {
         match body {
             [CTL_SSEND_ACK, _, _, a, b, c, d] => {
-                let idx = u32::from_be_bytes([*a, *b, *c, *d]);
-                if let Some(k) = self.reqs.key_of(idx) {
-                    self.send_progress(k, false, true);
+                let name = u32::from_be_bytes([*a, *b, *c, *d]);
+                let k = self.named_send(name, src).ok_or_else(|| malformed_from(src, "acknowledgement of no synchronous send"))?;
+                self.send_progress(k, false, true);
+                Ok(())
+            }
+            [CTL_COLL_ABORT, _, _, c0, c1, c2, c3, s0, s1, s2, s3, g0, g1, g2, g3] => {
+                let ctx = u32::from_be_bytes([*c0, *c1, *c2, *c3]);
+                let seq = u32::from_be_bytes([*s0, *s1, *s2, *s3]);
+                let gone = u32::from_be_bytes([*g0, *g1, *g2, *g3]) as usize;
+                if self.aborts.len() >= ABORTS_KEPT {
+                    self.aborts.pop_front();
+                }
+                self.aborts.push_back((ctx, seq, gone));
+                Ok(())
+            }
+            [CTL_CREDIT, _, _, a, b, c, d] => {
+                let v = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+                if let Some(c) = self.credits.get_mut(src) {
+                    *c = c.saturating_add(v);
                 }
                 Ok(())
             }
-            _ => Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unknown control message" })),
+            _ => Err(malformed_from(src, "unknown control message")),
         }
     }
 
@@ -1364,6 +1834,9 @@ impl State {
         if data.len() > total || (last && data.len() != total) {
             return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "packet length disagrees with message length" }));
         }
+        if total > MAX_EAGER_LEN {
+            return Err(malformed_from(src, "eager message longer than any credit allows"));
+        }
         self.stats.msgs_recv += 1;
         self.stats.bytes_recv += total as u64;
         let ack = (tmh.app_ctx & SYNC_FLAG != 0).then_some((src, tmh.app_ctx & !SYNC_FLAG));
@@ -1372,12 +1845,21 @@ impl State {
             Arrived::Matched(_, rid, _) => {
                 self.stats.sw_matched += 1;
                 self.leave_queues(rid);
+                self.give_credit(src, total);
+                if !self.admits(rid, tmh.tag, src) {
+                    self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
+                    if !last {
+                        self.incoming[src] = Incoming::Discard;
+                    }
+                    return Ok(());
+                }
                 if let Some((dest, idx)) = ack {
                     self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
                 }
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                     r.matched = true;
                     r.match_id = None;
+                    r.src_world = src;
                     r.source = src_of(tmh.tag);
                     r.tag = tag_of(tmh.tag);
                     r.total = total;
@@ -1394,7 +1876,13 @@ impl State {
             }
             Arrived::Unexpected => {
                 self.stats.unexpected += 1;
-                let mut v = Vec::with_capacity(total);
+                let mut v = Vec::new();
+                if v.try_reserve_exact(total).is_err() {
+                    if !last {
+                        self.incoming[src] = Incoming::Discard;
+                    }
+                    return Err(Error::NoMemory { bytes: total, rank: src });
+                }
                 v.extend_from_slice(data);
                 self.ux_bytes += total + UX_OVERHEAD;
                 self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux_bytes as u64);
@@ -1412,6 +1900,11 @@ impl State {
         let malformed = || Error::Transport(tmpi_transport::Error::Malformed { what: "continuation packet without a message" });
         match self.incoming.get(src).copied().ok_or_else(malformed)? {
             Incoming::Idle => return Err(malformed()),
+            Incoming::Discard => {
+                if last {
+                    self.incoming[src] = Incoming::Idle;
+                }
+            }
             Incoming::Expected { req } => {
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(req) {
                     if let Some(b) = &r.buf {
@@ -1450,6 +1943,16 @@ impl State {
         let Some(u) = self.ux.remove(ux) else { return };
         self.ux_bytes -= if u.rndv.is_some() { UX_OVERHEAD } else { u.total + UX_OVERHEAD };
         self.stats.sw_matched += 1;
+        if u.rndv.is_none() {
+            self.give_credit(u.src_world, u.total);
+        }
+        if !self.admits(rid, u.tag64, u.src_world) {
+            self.fail_recv(rid, malformed_from(u.src_world, "a message under another rank's name"));
+            if !u.complete {
+                self.incoming[u.src_world] = Incoming::Discard;
+            }
+            return;
+        }
         if let Some(info) = u.rndv {
             if let Err(e) = self.start_read(rid, u.src_world, info, None) {
                 self.error.get_or_insert(e);
@@ -1462,6 +1965,7 @@ impl State {
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             r.matched = true;
             r.match_id = None;
+            r.src_world = u.src_world;
             r.source = src_of(u.tag64);
             r.tag = tag_of(u.tag64);
             r.total = u.total;
@@ -1487,6 +1991,10 @@ impl State {
             Arrived::Matched(_, rid, _) => {
                 self.stats.sw_matched += 1;
                 self.leave_queues(rid);
+                if !self.admits(rid, info.tmh.tag, src) {
+                    self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
+                    return Ok(());
+                }
                 self.start_read(rid, src, info, None)
             }
             Arrived::Unexpected => {
@@ -1513,6 +2021,7 @@ impl State {
             return Err(Error::State("rendezvous matched a receive that is gone".into()));
         };
         r.matched = true;
+        r.src_world = src;
         // A receive the TM-SRQ matched is still queued in software (its MATCH completion is
         // handled after this): take it out there too, or a later message would match it.
         let queued = r.match_id.take();
@@ -1640,23 +2149,23 @@ impl State {
     /// `READ_MODE_STREAM` the range is streamed back through the ring.
     fn serve_read(&mut self, src: usize, read: &[u8], q: ReadReq) {
         let ReadReq { mode, sreq, va, key, len, dst } = q;
-        let check = self.domain.check_remote(key, va, len, RemoteOp::Read);
-        let buf = check.ok().and_then(|_| {
-            let k = self.reqs.key_of(sreq)?;
-            let Some(Req { kind: ReqKind::Send(s), result: None, .. }) = self.reqs.get(k) else { return None };
+        let sk = self.named_send(sreq, src);
+        // Exactly the range the key check granted, and only while it lies inside the buffer of
+        // the live rendezvous send the reader names (a cached registration can outlive it).
+        let buf = self.domain.check_remote(key, va, len, RemoteOp::Read).ok().and_then(|range| {
+            let [seg] = range.segments() else { return None };
+            let Some(Req { kind: ReqKind::Send(s), result: None, .. }) = self.reqs.get(sk?) else { return None };
             let b = s.rndv.as_ref()?.buf?;
-            let start = usize::try_from(va.checked_sub(b.addr() as u64)?).ok()?;
-            let end = start.checked_add(usize::try_from(len).ok()?)?;
-            (end <= b.len()).then(|| b.sub(start, end))
+            let start = seg.addr.checked_sub(b.addr())?;
+            let end = start.checked_add(seg.len)?;
+            (end <= b.len() && seg.len as u64 == len).then(|| b.sub(start, end))
         });
         let mut id = [0u8; 8];
         id.copy_from_slice(read);
         match buf {
             Some(b) if mode == READ_MODE_CMA => {
-                if let Some(k) = self.reqs.key_of(sreq) {
-                    if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(k) {
-                        r.granted = Some(src);
-                    }
+                if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
+                    r.granted = Some(src);
                 }
                 let n = b.len();
                 // Split a large read: our half goes out once the grant is on its way.
@@ -1674,7 +2183,7 @@ impl State {
             None => {
                 // Refused: the reader gets an error, and so does the send it was reading for
                 // (no FIN will come for it).
-                if let Some(k) = self.reqs.key_of(sreq) {
+                if let Some(k) = sk {
                     if let Some(Req { kind: ReqKind::Send(st), result: r @ None, .. }) = self.reqs.get_mut(k) {
                         if st.rndv.is_some() {
                             st.rndv = None;
@@ -1720,13 +2229,41 @@ impl State {
         Ok(())
     }
 
-    /// A FIN: the receiver has the data of our rendezvous send.
-    fn on_fin(&mut self, msg: &[u8]) -> Result<()> {
+    /// A FIN: the receiver has the data of our rendezvous send. It must name a rendezvous
+    /// send to that peer and repeat its match key and RVH address.
+    fn on_fin(&mut self, src: usize, msg: &[u8]) -> Result<()> {
         let tmh = Tmh::decode(msg)?;
-        if let Some(k) = self.reqs.key_of(tmh.app_ctx) {
-            self.send_progress(k, false, true);
-        }
+        let rvh = Rvh::decode(msg.get(TMH_LEN..).unwrap_or(&[]))?;
+        let k = self.named_send(tmh.app_ctx, src).filter(|&k| {
+            matches!(self.reqs.get(k), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. })
+                if r.tag64 == tmh.tag && r.va == rvh.va)
+        });
+        let k = k.ok_or_else(|| malformed_from(src, "FIN for no rendezvous send"))?;
+        self.send_progress(k, false, true);
         Ok(())
+    }
+
+    /// Whether receive `rid` may take a message with match key `tag64` from world rank `src`.
+    fn admits(&self, rid: ReqId, tag64: u64, src: usize) -> bool {
+        match self.reqs.get(rid) {
+            Some(Req { kind: ReqKind::Recv(r), .. }) => r.from.admits(src_of(tag64), src),
+            _ => true,
+        }
+    }
+
+    /// Completes receive `rid` with `err` (it matched, so it leaves every queue).
+    fn fail_recv(&mut self, rid: ReqId, err: Error) {
+        let Some(req) = self.reqs.get_mut(rid) else { return };
+        if let ReqKind::Recv(r) = &mut req.kind {
+            r.matched = true;
+            r.match_id = None;
+        }
+        if req.result.is_none() {
+            req.result = Some(Err(err));
+        }
+        if req.detached {
+            self.reqs.remove(rid);
+        }
     }
 
     fn complete_recv(&mut self, rid: ReqId) {

@@ -6,7 +6,11 @@ use crate::{Rank, Tag};
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything a tmpi call can fail with. `Display` says what happened and to which rank/tag.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same sentence, so that `fn main() -> tmpi::Result<()>` ends with a
+/// readable `Error: peer rank 1 is gone` line (which `tmpirun` repeats when it names the
+/// failed rank).
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A rank argument is outside the communicator.
@@ -49,6 +53,24 @@ pub enum Error {
     #[error("peer rank {rank} is gone")]
     PeerGone {
         /// The rank that disappeared.
+        rank: Rank,
+    },
+    /// A peer sent something that breaks the protocol (a forged source, a notice naming no
+    /// request of ours, an impossible length). The packet was consumed and ignored.
+    #[error("rank {rank} sent a malformed message: {what}")]
+    Protocol {
+        /// The world rank that sent it.
+        rank: Rank,
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// A message announced more bytes than this process can allocate (`recv_vec`, or an
+    /// unexpected message to buffer).
+    #[error("cannot allocate {bytes} bytes for a message from rank {rank}")]
+    NoMemory {
+        /// Bytes the message announced.
+        bytes: usize,
+        /// Its sender.
         rank: Rank,
     },
     /// A remote memory access was refused by the target's key check.
@@ -94,4 +116,10 @@ pub enum Error {
     /// A transport-level failure.
     #[error(transparent)]
     Transport(#[from] tmpi_transport::Error),
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }

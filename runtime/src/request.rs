@@ -29,7 +29,7 @@ use std::rc::Rc;
 use bytemuck::Pod;
 
 use crate::comm::{finish, Comm, Source, Status, TagMatch};
-use crate::engine::{Backoff, Engine, ReqId};
+use crate::engine::{Backoff, Engine, Need, ReqId};
 use crate::error::{Error, Result};
 use crate::{Rank, Tag};
 
@@ -63,7 +63,11 @@ where
             let panicking = std::thread::panicking();
             for (eng, rid) in started {
                 let Ok(mut e) = eng.try_borrow_mut() else {
-                    continue;
+                    // The engine is busy further up this thread's stack (a panic unwound out
+                    // of it): it cannot be told to forget this request's buffer, and the
+                    // buffer is about to be freed. Nothing sound is left but to stop here.
+                    eprintln!("tmpi: a scope ended while the engine was in use; aborting so no transfer can touch freed memory");
+                    std::process::abort();
                 };
                 if panicking {
                     e.abandon(rid);
@@ -133,8 +137,8 @@ impl<'scope> Request<'scope> {
             return Err(Error::State("request already collected".into()));
         };
         let mut e = self.eng.borrow_mut();
-        if !e.is_done(rid) {
-            e.progress()?;
+        if !e.is_done(rid) && e.progress()? == 0 {
+            e.idle_check(&Need::Req(rid))?;
         }
         match e.take_if_done(rid) {
             None => Ok(None),
@@ -157,6 +161,17 @@ impl<'scope> Request<'scope> {
             self.eng.borrow_mut().cancel(rid);
         }
         Ok(())
+    }
+
+    /// Abandons a request that can no longer complete and returns why.
+    fn fail_gone(mut self) -> Error {
+        let Some(rid) = self.rid.take() else {
+            return Error::State("request already collected".into());
+        };
+        let mut e = self.eng.borrow_mut();
+        let err = e.check_gone(&Need::Req(rid)).err().unwrap_or_else(|| Error::State("request failed".into()));
+        e.abandon(rid);
+        err
     }
 
     fn is_done(&self) -> bool {
@@ -208,7 +223,16 @@ pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
         let mut e = eng.borrow_mut();
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
-            e.snooze(b)?;
+            if b.snooze() {
+                // A request that can no longer complete is the one that "completes" (with
+                // its error).
+                let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
+                if let Some(i) = gone {
+                    drop(e);
+                    let r = reqs.remove(i);
+                    return Err(r.fail_gone());
+                }
+            }
         } else if let Some(b) = &mut backoff {
             b.reset();
         }

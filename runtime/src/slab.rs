@@ -93,9 +93,23 @@ impl<T> Slab<T> {
         }
     }
 
+    /// Number of full slots.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether no slot is full.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The keys of the full slots, in index order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = Key> + '_ {
+        self.slots.iter().enumerate().filter_map(|(i, s)| match s {
+            Slot::Full(g, _) => Some(Key { idx: i as u32, gen: *g }),
+            Slot::Empty(..) => None,
+        })
     }
 }
 

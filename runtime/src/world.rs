@@ -50,7 +50,9 @@ impl Deref for World {
 fn world_from_engine(eng: Engine, bootstrap: Option<BootstrapClient>) -> World {
     let rank = eng.rank();
     let size = eng.size();
-    let comm = Comm { inner: Rc::new(CommInner { eng: Rc::new(RefCell::new(eng)), id: 0, rank, size, members: None }) };
+    let comm = Comm {
+        inner: Rc::new(CommInner { eng: Rc::new(RefCell::new(eng)), coll_seq: Default::default(), id: 0, rank, size, members: None }),
+    };
     World { comm, bootstrap: RefCell::new(bootstrap), finalized: false }
 }
 
@@ -89,11 +91,15 @@ pub fn init() -> Result<World> {
 }
 
 impl World {
-    /// Shuts the runtime down: waits for this rank's outstanding sends, synchronises with every
-    /// rank, prints statistics if `TMPI_STATS=1`.
+    /// Shuts the runtime down: hands over this rank's own outgoing data (queued messages,
+    /// reads it serves or makes), marks the rank departed, prints statistics if
+    /// `TMPI_STATS=1`. It never waits for other ranks, so it cannot deadlock: messages this
+    /// rank sent are still delivered after it exits, and a receive elsewhere that only this
+    /// rank could have matched fails with [`Error::PeerGone`].
     ///
     /// # Errors
-    /// A peer died during the final synchronisation.
+    /// A peer broke the protocol while the data was handed over (the rank is then not
+    /// marked finalized, and its exit counts as a failure).
     pub fn finalize(mut self) -> Result<()> {
         self.shutdown()
     }
@@ -103,14 +109,14 @@ impl World {
             return Ok(());
         }
         self.finalized = true;
-        self.comm.eng().flush()?;
-        crate::coll_glue::barrier_internal(&self.comm)?;
-        let e = self.comm.eng();
-        e.mark_finalized();
+        let mut e = self.comm.eng();
+        // This rank's own outgoing data only: finalize never waits for other ranks.
+        let r = e.finalize();
         if e.cfg.stats {
             eprintln!("{}", e.stats_line());
         }
         drop(e);
+        r?;
         if let Some(bc) = self.bootstrap.borrow_mut().as_mut() {
             let _ = bc.finalize();
         }

@@ -27,3 +27,14 @@ pub struct Packet<'a> {
     /// The packet's bytes; valid only during the poll callback.
     pub data: &'a [u8],
 }
+
+/// How a peer stands, as its fabric sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerState {
+    /// Attached and running.
+    Alive,
+    /// It finalized cleanly: everything it sent is in the fabric, and it sends nothing more.
+    Finalized,
+    /// It left without finalizing (its process died or its end was dropped while unwinding).
+    Failed,
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use crate::error::{Error, Result};
-use crate::fabric::Packet;
+use crate::fabric::{Packet, PeerState};
 
 struct Wire {
     src: usize,
@@ -72,6 +72,25 @@ impl LocalFabric {
     /// Whether rank `peer` failed: its end was dropped before it finalized.
     pub fn peer_failed(&self, peer: usize) -> bool {
         self.state.get(peer).is_some_and(|a| a.load(Ordering::Acquire) == 1)
+    }
+
+    /// How rank `peer` stands (see [`PeerState`]).
+    pub fn peer_state(&self, peer: usize) -> PeerState {
+        match self.state.get(peer).map(|a| a.load(Ordering::Acquire)) {
+            Some(1) => PeerState::Failed,
+            Some(2) => PeerState::Finalized,
+            _ => PeerState::Alive,
+        }
+    }
+
+    /// Whether a packet from `src` waits to be delivered. Read [`Self::peer_state`] first:
+    /// whatever a peer sent before it finalized is then visible here.
+    pub fn pending_from(&mut self, src: usize) -> bool {
+        while let Ok(w) = self.inbox.try_recv() {
+            let s = w.src;
+            self.staged[s].push_back(w);
+        }
+        self.staged.get(src).is_some_and(|q| !q.is_empty())
     }
 
     /// Records that this rank finalized cleanly.

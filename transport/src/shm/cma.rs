@@ -7,8 +7,10 @@
 //! containers often forbid the system calls outright. [`Error::is_unsupported`] tells such a
 //! refusal from a real failure, so the runtime can fall back to the pipelined copy.
 //!
-//! These calls never touch the caller's memory outside the slice they are given, and a bad
-//! remote range is reported by the kernel (`EFAULT`), so both functions are safe.
+//! Neither call touches the caller's memory outside the slice it is given, and a bad remote
+//! range is reported by the kernel (`EFAULT`). [`read`] is safe: it only reads the other
+//! process. [`write`] is `unsafe`: it changes another process's memory, which is sound only
+//! where that process lent the range for it; it refuses this process's own pid.
 
 use std::io;
 
@@ -64,16 +66,31 @@ pub fn read(pid: u32, remote: u64, dst: &mut [u8]) -> Result<(), CmaError> {
     Ok(())
 }
 
-/// Copies `src` to address `remote` of process `pid`.
-pub fn write(pid: u32, remote: u64, src: &[u8]) -> Result<(), CmaError> {
+/// Copies `src` to address `remote` of process `pid`, which must be another process: a write
+/// into this process is refused (`EINVAL`), as it could change memory behind a live borrow.
+///
+/// # Safety
+/// `[remote, remote + src.len())` must be memory of process `pid` that nothing in that
+/// process reads or writes meanwhile and that it has lent for this write (for tmpi: the
+/// receive buffer of a rendezvous read that the target was granted). The kernel checks that
+/// the range is mapped (`EFAULT` otherwise), not what it holds.
+///
+/// # Errors
+/// The kernel's refusal (see [`CmaError::is_unsupported`]), a vanished process
+/// ([`CmaError::peer_gone`]), a bad range, or `pid` being this process.
+pub unsafe fn write(pid: u32, remote: u64, src: &[u8]) -> Result<(), CmaError> {
+    if pid == std::process::id() {
+        return Err(CmaError(io::Error::from_raw_os_error(libc::EINVAL)));
+    }
     let mut done = 0;
     while done < src.len() {
         let rest = &src[done..];
         let n = rest.len().min(CHUNK);
         let local = libc::iovec { iov_base: rest.as_ptr() as *mut libc::c_void, iov_len: n };
         let far = libc::iovec { iov_base: (remote as usize).wrapping_add(done) as *mut libc::c_void, iov_len: n };
-        // SAFETY: the kernel only reads `n` bytes of `local` (a live part of `src`); `far` is
-        // memory of another process that the kernel checks and writes, never this process's.
+        // SAFETY: the kernel only reads `n` bytes of `local` (a live part of `src`). `far` is
+        // memory of another process (this one is refused above) that the caller guarantees
+        // is lent for this write; the kernel checks that it is mapped.
         let r = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &far, 1, 0) };
         done += moved(r)?;
     }
@@ -95,8 +112,10 @@ mod tests {
         }
         assert_eq!(src, dst);
         let mut back = vec![0u8; 1000];
-        write(pid, back.as_mut_ptr() as u64, &src[..1000]).unwrap();
-        assert_eq!(&back[..], &src[..1000]);
+        // SAFETY: refused before anything is written (own pid).
+        let e = unsafe { write(pid, back.as_mut_ptr() as u64, &src[..1000]) }.unwrap_err();
+        assert_eq!(e.0.raw_os_error(), Some(libc::EINVAL));
+        assert!(back.iter().all(|&b| b == 0));
     }
 
     #[test]

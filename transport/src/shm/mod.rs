@@ -115,6 +115,16 @@ impl ShmFabric {
         peer < self.size && self.seg.gone(peer) == segment::GONE_FINALIZED
     }
 
+    /// Whether a packet from `src` waits in its ring. Read [`Self::peer_finalized`] first:
+    /// whatever a peer pushed before it finalized is then visible here. A corrupt record
+    /// counts as pending (the next poll reports it).
+    pub fn pending_from(&mut self, src: usize) -> bool {
+        match self.rx.get_mut(src) {
+            Some(Some(c)) => !matches!(c.peek(), Ok(None)),
+            _ => false,
+        }
+    }
+
     /// Records that this rank finalized cleanly.
     pub fn mark_finalized(&self) {
         self.seg.set_gone(self.rank, segment::GONE_FINALIZED);

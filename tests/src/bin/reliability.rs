@@ -1,0 +1,323 @@
+//! Leaving, flow control and hostile peers (issue: never hang, never corrupt).
+//!
+//! `reliability MODE` under `tmpirun`:
+//! - `leave` (N >= 3): the last rank sends messages of 8 B to 8 MiB to rank 0 (eager ones
+//!   before it leaves, rendezvous ones while rank 0 receives), finalizes and exits early.
+//!   Rank 0 then receives the eager ones, in order and intact, after the sender is gone;
+//!   every later receive, probe, request or collective that only the departed rank could
+//!   satisfy fails with `PeerGone` within a second, while the ranks left go on with messages
+//!   and collectives among themselves.
+//! - `flow` (N = 2): rank 1 isends 400 x 200 KiB with tag 1 and then 2 MiB with tag 2; rank 0
+//!   receives tag 2 first (MPI's progress rule: it must complete whatever the unexpected
+//!   budget says), then the rest in order.
+//! - `flow-rndv-first` (N = 2, run with a tiny `TMPI_UNEXPECTED_MAX`): the 2 MiB rendezvous
+//!   goes first, then 100 x 4 KiB; rank 0 receives tag 2 first.
+//! - `hostile` (N = 3): rank 2 plays a broken peer and sends rank 0 a message under rank 1's
+//!   name (small and offloaded sizes), an acknowledgement of no request, a FIN of no
+//!   rendezvous, and rendezvous and eager headers announcing 2^62 bytes. Rank 0 must get
+//!   errors naming rank 2 (never a panic, an abort or a message reported as from rank 1), and
+//!   the real messages from rank 1 must still arrive intact.
+
+use std::time::{Duration, Instant};
+
+use tmpi::{Comm, Error, ANY_SOURCE};
+use tmpi_tests::Verdict;
+
+const TAG_DATA: u32 = 3;
+
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i * 7 + seed * 13) % 251) as u8).collect()
+}
+
+fn gone(e: &Error) -> bool {
+    matches!(e, Error::PeerGone { .. })
+}
+
+/// Runs `f` and checks that it fails with `PeerGone` within `limit`.
+fn expect_gone<T: std::fmt::Debug>(v: &mut Verdict, what: &str, limit: Duration, f: impl FnOnce() -> tmpi::Result<T>) {
+    let t = Instant::now();
+    let r = f();
+    let took = t.elapsed();
+    v.check_err(r, gone, &format!("PeerGone from {what}"));
+    v.check(took <= limit, || format!("{what}: PeerGone after {took:?} (limit {limit:?})"));
+}
+
+fn leave(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let n = world.size();
+    let last = n - 1;
+    let me = world.rank();
+    let eager: Vec<usize> = vec![0, 8, 1000, 4096, 65536, 200_000];
+    let rndv: Vec<usize> = vec![300_000, 1 << 20, 8 << 20];
+    // Everyone but the leaver forms a communicator of its own for what follows.
+    let rest = world.split(if me == last { None } else { Some(0) }, 0)?;
+    if me == last {
+        for (i, &len) in eager.iter().enumerate() {
+            world.send(&pattern(len, i), 0, TAG_DATA)?;
+        }
+        for (i, &len) in rndv.iter().enumerate() {
+            world.send(&pattern(len, 100 + i), 0, TAG_DATA + 1)?;
+        }
+        for (i, &len) in eager.iter().enumerate() {
+            world.send(&pattern(len, 200 + i), 0, TAG_DATA + 2)?;
+        }
+        // Leaves now; tmpi::init's World is finalized by the caller.
+        return Ok(());
+    }
+    let rest = rest.ok_or_else(|| Error::State("split left a staying rank out".into()))?;
+    if me == 0 {
+        for (i, &len) in rndv.iter().enumerate() {
+            let (got, st) = world.recv_vec::<u8>(last, TAG_DATA + 1)?;
+            v.check(got == pattern(len, 100 + i) && st.source() == last, || format!("rendezvous message {i} ({len} B) damaged"));
+        }
+        // Let the leaver finish and exit before the eager messages are read.
+        std::thread::sleep(Duration::from_millis(300));
+        for (i, &len) in eager.iter().enumerate() {
+            let (got, _) = world.recv_vec::<u8>(last, TAG_DATA)?;
+            v.check(got == pattern(len, i), || format!("eager message {i} ({len} B) damaged"));
+        }
+        for (i, &len) in eager.iter().enumerate() {
+            let mut b = vec![0u8; len];
+            let st = world.recv(&mut b, ANY_SOURCE, TAG_DATA + 2)?;
+            v.check(b == pattern(len, 200 + i) && st.source() == last, || format!("late eager message {i} ({len} B) damaged"));
+        }
+        let limit = Duration::from_secs(2);
+        expect_gone(v, "recv from the departed rank", limit, || world.recv(&mut [0u8; 8], last, TAG_DATA));
+        expect_gone(v, "probe of the departed rank", limit, || world.probe(last, tmpi::ANY_TAG));
+        let mut rb = [0u8; 64];
+        expect_gone(v, "irecv + wait", limit, || tmpi::scope(|s| world.irecv(s, &mut rb, last, 9)?.wait()));
+        expect_gone(v, "ssend to the departed rank", limit, || world.ssend(&[1u8; 8], last, 9));
+        expect_gone(v, "rendezvous send to the departed rank", limit, || world.send(&vec![1u8; 4 << 20], last, 9));
+        // A loop of test() on a request from the departed rank ends too.
+        let mut b = [0u8; 8];
+        let t = Instant::now();
+        let polled = tmpi::scope(|s| -> tmpi::Result<Option<tmpi::Status>> {
+            let mut r = world.irecv(s, &mut b, last, 11)?;
+            loop {
+                if let Some(st) = r.test()? {
+                    return Ok(Some(st));
+                }
+                if t.elapsed() > limit {
+                    return Ok(None);
+                }
+            }
+        });
+        let polled = Some(polled);
+        v.check(matches!(polled, Some(Err(Error::PeerGone { .. }))), || format!("test() loop on a departed peer ended with {polled:?}"));
+    }
+    // Collectives over the world need the departed rank: every staying rank gives up, also
+    // those that wait on another staying rank rather than on the departed one.
+    rest.barrier()?;
+    let limit = Duration::from_secs(2);
+    expect_gone(v, "barrier over the world", limit, || world.barrier());
+    rest.barrier()?;
+    expect_gone(v, "split of the world", limit, || world.split(Some(0), 0));
+    rest.barrier()?;
+    expect_gone(v, "allreduce over the world", limit, || world.allreduce(&[1u64], &mut [0u64], tmpi::Op::Sum));
+    // The ranks left go on among themselves.
+    let r = rest.rank();
+    let m = rest.size();
+    for round in 0..20u64 {
+        let mut sum = [0u64];
+        rest.allreduce(&[r as u64 + round], &mut sum, tmpi::Op::Sum)?;
+        let want: u64 = (0..m as u64).map(|x| x + round).sum();
+        v.check(sum[0] == want, || format!("allreduce among the staying ranks: {} != {want}", sum[0]));
+        if m > 1 {
+            let mut got = [0u64];
+            rest.sendrecv(&[round], (r + 1) % m, 5, &mut got, (r + m - 1) % m, 5)?;
+            v.check(got[0] == round, || "ring among the staying ranks".to_string());
+        }
+    }
+    Ok(())
+}
+
+fn flow(world: &Comm, v: &mut Verdict, rndv_first: bool) -> tmpi::Result<()> {
+    let (count, small) = if rndv_first { (100, 4096) } else { (400, 200 * 1024) };
+    let big = 2 << 20;
+    if world.rank() == 1 {
+        let bufs: Vec<Vec<u8>> = (0..count).map(|i| pattern(small, i)).collect();
+        let bigbuf = pattern(big, 9999);
+        tmpi::scope(|s| -> tmpi::Result<()> {
+            let mut reqs = Vec::new();
+            if rndv_first {
+                reqs.push(world.isend(s, &bigbuf, 0, 2)?);
+            }
+            for b in &bufs {
+                reqs.push(world.isend(s, b, 0, 1)?);
+            }
+            if !rndv_first {
+                reqs.push(world.isend(s, &bigbuf, 0, 2)?);
+            }
+            tmpi::wait_all(reqs).map(|_| ())
+        })?;
+    } else if world.rank() == 0 {
+        let (got, _) = world.recv_vec::<u8>(1, 2)?;
+        v.check(got == pattern(big, 9999), || "the 2 MiB message is damaged".into());
+        let mut b = vec![0u8; small];
+        for i in 0..count {
+            world.recv(&mut b, 1, 1)?;
+            v.check(b == pattern(small, i), || format!("message {i} damaged or out of order"));
+        }
+    }
+    Ok(())
+}
+
+/// Polls until a call reports an error (at most 10 s) and returns it.
+fn next_error(world: &Comm) -> Option<Error> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if let Err(e) = world.iprobe(ANY_SOURCE, 4000) {
+            return Some(e);
+        }
+    }
+    None
+}
+
+fn hostile(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    use tmpi::matching::encode_tag;
+    const OP_RNDV: u8 = 1;
+    const OP_FIN: u8 = 2;
+    const OP_EAGER: u8 = 3;
+    const FIRST: u8 = 1;
+    const WHOLE: u8 = 3;
+    let me = world.rank();
+    let tmh = |op: u8, app_ctx: u32, tag64: u64| {
+        let mut b = vec![op, 0, 0, 0];
+        b.extend_from_slice(&app_ctx.to_be_bytes());
+        b.extend_from_slice(&tag64.to_be_bytes());
+        b
+    };
+    let forged = |len: usize, tag: u32| {
+        // World user context is 0; the match key names rank 1 as the source.
+        let mut m = tmh(OP_EAGER, 0, encode_tag(0, 1, tag));
+        m.extend(std::iter::repeat_n(0xEEu8, len));
+        m
+    };
+    // Rank 0 tells rank 2 when to inject, so that no other call of rank 0 is in progress
+    // when the garbage arrives (the call that reads it reports the error).
+    let go = |w: &Comm| w.send(&[1u8], 2, 4001);
+    let wait_go = |w: &Comm| w.recv(&mut [0u8; 1], 0, 4001).map(|_| ());
+    match me {
+        2 => {
+            // Under rank 1's name: a 4 KiB message into a posted (offloaded) receive, then an
+            // 8 B one that waits unexpected.
+            wait_go(world)?;
+            let m = forged(4096, 6);
+            world.inject_packet(0, WHOLE, m.len() as u64, &m)?;
+            let m = forged(8, 5);
+            world.inject_packet(0, WHOLE, m.len() as u64, &m)?;
+            world.barrier()?;
+            world.barrier()?;
+            // An acknowledgement of no synchronous send of rank 0.
+            wait_go(world)?;
+            world.inject_packet(0, WHOLE, 8, &[0, 1, 0, 0, 0, 0, 0, 77])?;
+            world.barrier()?;
+            // A FIN of no rendezvous.
+            wait_go(world)?;
+            let mut fin = tmh(OP_FIN, 12345, encode_tag(0, 2, 1));
+            fin.extend_from_slice(&[0u8; 16]);
+            world.inject_packet(0, WHOLE, fin.len() as u64, &fin)?;
+            world.barrier()?;
+            // A rendezvous request announcing 2^62 bytes (RVH, then tmpi's key and length).
+            wait_go(world)?;
+            let mut r = tmh(OP_RNDV, 1, encode_tag(0, 2, 9));
+            r.extend_from_slice(&0x1000u64.to_be_bytes());
+            r.extend_from_slice(&7u32.to_be_bytes());
+            r.extend_from_slice(&u32::MAX.to_be_bytes());
+            r.extend_from_slice(&7u64.to_be_bytes());
+            r.extend_from_slice(&(1u64 << 62).to_be_bytes());
+            world.inject_packet(0, WHOLE, r.len() as u64, &r)?;
+            world.barrier()?;
+            // An eager message announcing 2^62 bytes (nothing follows it).
+            wait_go(world)?;
+            let m = tmh(OP_EAGER, 0, encode_tag(0, 2, 10));
+            world.inject_packet(0, FIRST, 1 << 62, &m)?;
+            world.barrier()?;
+        }
+        0 => {
+            let mut big = vec![0u8; 4096];
+            let r = tmpi::scope(|s| -> tmpi::Result<tmpi::Status> {
+                let r = world.irecv(s, &mut big, 1, 6)?;
+                go(world)?;
+                r.wait()
+            });
+            v.check_err(r, |e| matches!(e, Error::Protocol { rank: 2, .. }), "Protocol error naming rank 2 for a forged 4 KiB message");
+            world.barrier()?;
+            let mut small = [0u8; 8];
+            let r = world.recv(&mut small, 1, 5);
+            v.check_err(r, |e| matches!(e, Error::Protocol { rank: 2, .. }), "Protocol error naming rank 2 for a forged 8 B message");
+            v.check(small.iter().all(|&x| x != 0xEE), || "forged bytes landed in the buffer".into());
+            world.barrier()?;
+            // The real messages from rank 1.
+            let st = world.recv(&mut small, 1, 5)?;
+            v.check(st.source() == 1 && small[..] == pattern(8, 1)[..], || "real 8 B message from rank 1 damaged".into());
+            let st = world.recv(&mut big, 1, 6)?;
+            v.check(st.source() == 1 && big == pattern(4096, 1), || "real 4 KiB message from rank 1 damaged".into());
+            for what in ["a stray acknowledgement", "a stray FIN"] {
+                go(world)?;
+                let seen = next_error(world);
+                v.check(matches!(seen, Some(Error::Protocol { rank: 2, .. })), || format!("{what}: got {seen:?}"));
+                world.barrier()?;
+            }
+            // The request waits unexpected until a receive asks for it.
+            go(world)?;
+            let t = Instant::now();
+            let st = loop {
+                if let Some(st) = world.iprobe(2, 9)? {
+                    break Some(st);
+                }
+                if t.elapsed() > Duration::from_secs(10) {
+                    break None;
+                }
+            };
+            v.check(st.is_some_and(|s| s.len() == 1 << 62), || format!("rendezvous request of 2^62 bytes: probe says {st:?}"));
+            let r = world.recv_vec::<u8>(2, 9);
+            v.check_err(r, |e| matches!(e, Error::NoMemory { rank: 2, .. }), "NoMemory for 2^62 bytes");
+            world.barrier()?;
+            go(world)?;
+            let seen = next_error(world);
+            v.check(matches!(seen, Some(Error::Protocol { rank: 2, .. })), || format!("eager 2^62: got {seen:?}"));
+            world.barrier()?;
+        }
+        _ => {
+            world.barrier()?;
+            world.barrier()?;
+            world.send(&pattern(8, 1), 0, 5)?;
+            world.send(&pattern(4096, 1), 0, 6)?;
+            for _ in 0..4 {
+                world.barrier()?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "leave".into());
+    let world = tmpi::init()?;
+    let mut v = Verdict::new("reliability", world.rank());
+    match mode.as_str() {
+        "leave" => {
+            leave(&world, &mut v)?;
+            if world.rank() == world.size() - 1 {
+                world.finalize()?;
+                return Ok(());
+            }
+            // The world lost a member: each rank reports its own verdict.
+            if v.failures() > 0 {
+                return Err(format!("{} checks failed", v.failures()).into());
+            }
+            if world.rank() == 0 {
+                println!("reliability: leave: {} checks: OK", v.checks());
+            }
+            world.finalize()?;
+            return Ok(());
+        }
+        "flow" => flow(&world, &mut v, false)?,
+        "flow-rndv-first" => flow(&world, &mut v, true)?,
+        "hostile" => hostile(&world, &mut v)?,
+        m => return Err(format!("unknown mode {m}").into()),
+    }
+    v.finish(&world, &mode)?;
+    world.finalize()?;
+    Ok(())
+}

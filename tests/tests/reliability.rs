@@ -1,0 +1,56 @@
+//! Leaving, flow control and hostile peers through real jobs (issue: never hang, never
+//! corrupt). See `tests/src/bin/reliability.rs` for what each mode does.
+
+use std::time::Duration;
+
+use tmpi_tests::Job;
+
+/// A rank that finalizes early: what it sent is delivered after it left, and whatever only
+/// it could satisfy fails with `PeerGone` within a second, while the others carry on.
+#[test]
+fn early_finalize_delivers_then_peer_gone() {
+    for n in [3, 4] {
+        for tags in ["1023", "0"] {
+            let out = Job::tmpirun(n, "reliability").arg("leave").env("TMPI_TM_MAX_TAGS", tags).timeout(Duration::from_secs(60)).run();
+            out.assert_success();
+            out.assert_ok_line("reliability: leave: ");
+            out.assert_no_leak();
+        }
+    }
+}
+
+/// MPI's progress rule under the default unexpected budget: 400 x 200 KiB unexpected, then a
+/// 2 MiB message that the receiver asks for first.
+#[test]
+fn flow_control_keeps_the_progress_rule() {
+    let out = Job::tmpirun(2, "reliability").arg("flow").timeout(Duration::from_secs(120)).run();
+    out.assert_success();
+    out.assert_ok_line("reliability: flow: ");
+}
+
+/// The same with a tiny budget and the rendezvous first (its read must pass the messages
+/// that no receive wants yet), with and without single copy.
+#[test]
+fn flow_control_with_a_tiny_budget() {
+    for copy in ["cma", "none"] {
+        let out = Job::tmpirun(2, "reliability")
+            .arg("flow-rndv-first")
+            .env("TMPI_UNEXPECTED_MAX", "4096")
+            .env("TMPI_SINGLE_COPY", copy)
+            .timeout(Duration::from_secs(120))
+            .run();
+        out.assert_success();
+        out.assert_ok_line("reliability: flow-rndv-first: ");
+    }
+}
+
+/// A peer that forges its source, acknowledges nothing, or announces impossible lengths
+/// gets errors naming it; nothing panics or aborts, and real traffic still arrives intact.
+#[test]
+fn hostile_peer_is_an_error() {
+    for tags in ["1023", "0"] {
+        let out = Job::tmpirun(3, "reliability").arg("hostile").env("TMPI_TM_MAX_TAGS", tags).timeout(Duration::from_secs(60)).run();
+        out.assert_success();
+        out.assert_ok_line("reliability: hostile: ");
+    }
+}
