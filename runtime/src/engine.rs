@@ -49,7 +49,9 @@ use tmpi_transport::fabric::{Packet, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
 use tmpi_transport::shm::{cma, ShmFabric};
-use tmpi_transport::tm::{Arrival, Buffer, OpsWr, ReadId, RndvMeta, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN};
+use tmpi_transport::tm::{
+    Arrival, Buffer, OpsWr, ReadId, RndvRequest, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN, RVH_LEN_IN_META,
+};
 use tmpi_transport::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
 
 use crate::buffer::{RawBuf, RawBufMut};
@@ -227,10 +229,11 @@ impl RndvInfo {
     fn parse(req: &[u8]) -> Result<Self> {
         let tmh = Tmh::decode(req)?;
         let rvh = Rvh::decode(req.get(TMH_LEN..).unwrap_or(&[]))?;
-        let meta = RndvMeta::decode(req.get(TMH_LEN + RVH_LEN..).unwrap_or(&[]))
-            .ok_or_else(|| malformed("rendezvous request without its key and length"))?;
-        let len = usize::try_from(meta.len).map_err(|_| malformed("rendezvous length overflows"))?;
-        Ok(RndvInfo { tmh, rvh, key: meta.key, len })
+        // The RVH is what the hardware path reads; software reads the same, except the length
+        // of a payload the RVH cannot hold (`RVH_LEN_IN_META`), which is in the meta-data.
+        let len = RndvRequest::payload_len(req).ok_or_else(|| malformed("rendezvous request of 4 GiB or more without its length"))?;
+        let len = usize::try_from(len).map_err(|_| malformed("rendezvous length overflows"))?;
+        Ok(RndvInfo { tmh, rvh, key: u64::from(rvh.rkey), len })
     }
 }
 
@@ -457,7 +460,8 @@ impl Engine {
         for wr in 0..SRQ_DEPTH as u64 {
             tm.post_srq_recv(wr, SRQ_BUF_LEN).map_err(tmpi_transport::Error::from)?;
         }
-        let domain = Domain::open(DomainAttr { mr_mode: MrMode::VIRT_ADDR | MrMode::PROV_KEY, mr_key_size: 8, mr_iov_limit: 1 })
+        // 4-byte keys: the RVH's rkey is the whole fi_mr key, checked by the target's domain.
+        let domain = Domain::open(DomainAttr { mr_mode: MrMode::VIRT_ADDR | MrMode::PROV_KEY, mr_key_size: 4, mr_iov_limit: 1 })
             .map_err(tmpi_transport::Error::from)?;
         let cache_cfg = CacheConfig {
             max_count: cfg.mr_cache_max_count,
@@ -588,6 +592,7 @@ impl Engine {
         let (addr, len) = (data.addr(), data.len());
         let mr = self.st.mr.get(addr, len, Access::REMOTE_READ).map_err(tmpi_transport::Error::from)?;
         let key = mr.key().map_err(tmpi_transport::Error::from)?;
+        let rkey = u32::try_from(key).map_err(|_| Error::State("memory key wider than the RVH's 32-bit rkey".into()))?;
         let va = mr.remote_addr(addr).ok_or_else(|| Error::State("registration does not cover the send buffer".into()))?;
         let req = self.st.reqs.insert(Req {
             kind: ReqKind::Send(SendState {
@@ -599,7 +604,7 @@ impl Engine {
             result: None,
             detached: false,
         });
-        let hdr = RndvMeta { key, len: len as u64 }.encode_request(req.idx, tag64, va);
+        let hdr = RndvRequest { app_ctx: req.idx, tag: tag64, va, rkey, len: len as u64 }.encode();
         self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
         Ok(req)
     }
@@ -837,7 +842,10 @@ impl Engine {
         });
         let (t, m) = matching::recv_key(ctx, src, tag);
         let st = &mut self.st;
-        let eligible = st.offload && src.is_some() && cap >= st.tm_thresh && st.tm.tags_listed() < st.max_tags;
+        // A receive of `RVH_LEN_IN_META` bytes or more stays in software: the RVH cannot say
+        // how long a message that size is, so the hardware must never serve one.
+        let eligible =
+            st.offload && src.is_some() && cap >= st.tm_thresh && cap < RVH_LEN_IN_META as usize && st.tm.tags_listed() < st.max_tags;
         let overlaps = eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
         match st.matcher.post(t, m, rid) {
             Posted::Matched(rid, ux) => {
@@ -1119,10 +1127,11 @@ impl State {
                 Buffer::Srq { .. } => self.on_software(p),
             },
             Ok(Arrival::Read(rr)) => {
-                // An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue.
+                // An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue,
+                // described by the RVH alone.
                 RndvInfo::parse(p.data).and_then(|mut info| {
-                    info.key = rr.key;
-                    info.len = usize::try_from(rr.len).map_err(|_| malformed("rendezvous length overflows"))?;
+                    info.key = u64::from(rr.rkey);
+                    info.len = rr.len as usize;
                     self.start_read(wr_to_rid(rr.recv_wr_id), p.src, info, Some(rr.id))
                 })
             }
