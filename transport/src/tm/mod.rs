@@ -108,6 +108,8 @@ mod srq;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_rdma_core;
 
 pub use caps::{TmCap, TmCapFlags, TmCaps};
 pub use cq::{Wc, WcFlags, WcOpcode, WcStatus};

@@ -851,8 +851,6 @@ fn malformed_arrivals_are_ebadmsg_and_change_nothing() {
     let mut s = srq(4, 8, 4);
     add(&mut s, 1, ALL, 7, 64, 0);
     s.post_srq_recv(100, 64).unwrap();
-    let mut reserved = eager(1, 0, b"");
-    reserved[2] = 1;
     let long_rndv = {
         let mut m = rndv(1, 0, 0, 0, 1);
         m.extend_from_slice(&[0; 33]);
@@ -861,7 +859,6 @@ fn malformed_arrivals_are_ebadmsg_and_change_nothing() {
     let cases: Vec<(Vec<u8>, usize)> = vec![
         (vec![], 0),
         (vec![9, 0, 0], 3),
-        (reserved, 16),
         (eager(1, 0, b"")[..10].to_vec(), 10),
         (eager(1, 0, b"")[..10].to_vec(), 100),
         (rndv(1, 0, 0, 0, 1)[..20].to_vec(), 20),
@@ -877,6 +874,11 @@ fn malformed_arrivals_are_ebadmsg_and_change_nothing() {
     assert!(s.poll_cq().is_none());
     assert_eq!(s.hw_unexpected_cnt(), 0);
     assert_eq!(s.arrive_continuation(0, b"x"), Err(TmErrno::Inval));
+    // Reserved TMH bytes are not the hardware's business (rdma-core's suite sends them
+    // non-zero): the message matches.
+    let mut reserved = eager(1, 0, b"r");
+    reserved[1..4].copy_from_slice(b"ccc");
+    assert_eq!(tagged_wr(s.arrive(0, &reserved).unwrap()), 7);
 }
 
 // ---------------------------------------------------------------- property test
