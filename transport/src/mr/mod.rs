@@ -44,7 +44,7 @@ mod region;
 #[cfg(test)]
 mod tests;
 
-pub use cache::{CacheConfig, CacheStats, CachedMr, Monitor, MonitorStatus, MrCache};
+pub use cache::{CacheConfig, CacheStats, CachedMr, KnobError, Monitor, MonitorStatus, MrCache};
 pub use domain::{Domain, DomainAttr, MappedKey, RemoteOp, ResolvedRange, Segment, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE};
 pub use flags::{Access, BindFlags, MrMode, RegFlags, FI_RMA_PMEM};
 pub use region::{CloseError, Counter, Endpoint, MemoryRegion, MrAttr, MrDesc, RawAttr};
