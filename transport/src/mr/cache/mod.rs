@@ -61,6 +61,10 @@
 mod store;
 mod uffd;
 
+pub(crate) use self::uffd::page_size;
+#[cfg(test)]
+pub(crate) use self::uffd::testmem;
+
 #[cfg(test)]
 mod tests;
 
@@ -370,6 +374,10 @@ impl Shared {
                 st.record(range.0, range.1);
                 let n = st.store.invalidate(range.0, range.1);
                 bump(&self.stats.invalidations, n);
+                // The monitor is this domain's MMU notifier too: regions registered outside
+                // the cache under FI_MR_MMU_NOTIFY refuse access until refreshed (lock- and
+                // allocation-free, as everything under this lock must be).
+                self.domain.pages_changed(range.0, range.1);
             }
         }
     }
@@ -525,7 +533,7 @@ impl MrCache {
 
     fn register(&self, addr: usize, len: usize, access: Access) -> Result<MemoryRegion, MrErrno> {
         let iov = [Segment { addr, len }];
-        let attr = MrAttr { iov: &iov, access, offset: 0, requested_key: 0, context: 0 };
+        let attr = MrAttr::new(&iov, access, 0, 0);
         self.shared.domain.register(&attr, RegFlags::empty(), KeyChoice::Random)
     }
 

@@ -132,11 +132,6 @@ impl Store {
         self.index.len()
     }
 
-    /// Bytes of the entries in the index.
-    pub(super) fn cached_bytes(&self) -> usize {
-        self.cached_bytes
-    }
-
     /// Whether one more entry of `len` bytes fits the limits (counting every entry in the
     /// index, in use or not).
     pub(super) fn fits(&self, len: usize, max_count: usize, max_size: usize) -> bool {
