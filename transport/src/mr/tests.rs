@@ -562,3 +562,17 @@ fn raw_mode_requires_the_mapping_even_for_8_byte_keys() {
     assert!(peer.mapped_key(again).is_some());
     peer.unmap_key(again).unwrap();
 }
+
+/// `FI_READ` and `FI_WRITE` (the local side of RMA) under `FI_MR_LOCAL`: granted exactly.
+#[test]
+fn local_read_and_write_access() {
+    let buf = [0u8; 64];
+    let base = buf.as_ptr() as usize;
+    let d = dom(MrMode::LOCAL);
+    let r = d.reg(base, 64, Access::READ, 0, 1, NOFL).unwrap();
+    let w = d.reg(base, 64, Access::WRITE, 0, 2, NOFL).unwrap();
+    d.check_local(r.desc(), base, 64, Access::READ).unwrap();
+    d.check_local(w.desc(), base, 64, Access::WRITE).unwrap();
+    assert_eq!(d.check_local(r.desc(), base, 8, Access::WRITE), Err(acc(RemoteAccessError::Denied)));
+    assert_eq!(d.check_local(w.desc(), base, 8, Access::READ), Err(acc(RemoteAccessError::Denied)));
+}

@@ -484,7 +484,8 @@ impl TmSrq {
     /// ops from `i` on did not (the verbs `bad_wr`):
     /// - [`TmErrno::NoMem`]: `max_ops` ops outstanding, or an ADD while no entry is free (the
     ///   list is full, or consumed entries await the polling of their completions);
-    /// - [`TmErrno::Inval`]: unknown flag bits, or a DEL handle `>= max_num_tags`.
+    /// - [`TmErrno::Inval`]: unknown flag bits, an ADD longer than [`MAX_TAGGED_LEN`] (a
+    ///   tagged buffer is one `ibv_sge`), or a DEL handle `>= max_num_tags`.
     pub fn post_srq_ops(&mut self, wrs: &mut [OpsWr]) -> Result<(), (usize, TmErrno)> {
         for (i, wr) in wrs.iter_mut().enumerate() {
             match self.post_srq_op(wr) {
