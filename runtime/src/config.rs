@@ -201,7 +201,8 @@ mod tests {
     fn mr_cache_knobs_follow_the_cache_parser() {
         let c = parse(&[("TMPI_MR_CACHE_MAX_SIZE", "512k"), ("TMPI_MR_CACHE_MAX_COUNT", "16")]).unwrap();
         assert_eq!((c.mr_cache_max_size, c.mr_cache_max_count), (Some(512 << 10), 16));
-        let c = parse(&[("FI_MR_CACHE_MAX_COUNT", "3"), ("FI_MR_CACHE_MONITOR", "disabled"), ("FI_MR_CACHE_MAX_SIZE", "unlimited")]).unwrap();
+        let c =
+            parse(&[("FI_MR_CACHE_MAX_COUNT", "3"), ("FI_MR_CACHE_MONITOR", "disabled"), ("FI_MR_CACHE_MAX_SIZE", "unlimited")]).unwrap();
         assert_eq!((c.mr_cache_max_count, c.mr_cache_monitor_uffd, c.mr_cache_max_size), (3, false, None));
         let c = parse(&[("TMPI_MR_CACHE_MONITOR", "uffd"), ("FI_MR_CACHE_MONITOR", "disabled")]).unwrap();
         assert!(c.mr_cache_monitor_uffd);

@@ -303,7 +303,13 @@ impl Domain {
             rng: KeyPool { buf: [0; KEY_POOL], left: 0 },
             orphans: Vec::new(),
         };
-        let shared = DomainShared { attr, changes: Arc::new(PageChanges::new()), requested_mode, state: Mutex::new(state), in_flight: Arc::new(AtomicUsize::new(0)) };
+        let shared = DomainShared {
+            attr,
+            changes: Arc::new(PageChanges::new()),
+            requested_mode,
+            state: Mutex::new(state),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        };
         Ok(Domain { shared: Arc::new(shared) })
     }
 

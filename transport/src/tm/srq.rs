@@ -969,7 +969,15 @@ impl TmSrq {
         slot.read_pending = true;
         let gen = slot.gen;
         self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false, pending: false });
-        Arrival::Read(ReadRequest { id: ReadId { handle: h, gen }, src, va: rvh.va, rkey: rvh.rkey, len, recv_wr_id: s.recv_wr_id, handle: h })
+        Arrival::Read(ReadRequest {
+            id: ReadId { handle: h, gen },
+            src,
+            va: rvh.va,
+            rkey: rvh.rkey,
+            len,
+            recv_wr_id: s.recv_wr_id,
+            handle: h,
+        })
     }
 
     /// Delivers a message whole to the next SRQ buffer (or refuses it: RNR).

@@ -431,15 +431,10 @@ fn config_from_lookup() {
 /// unset, with the same rule; the `TMPI_` ones win.
 #[test]
 fn libfabric_aliases_apply_when_tmpi_variables_are_unset() {
-    let env = |pairs: &'static [(&'static str, &'static str)]| {
-        move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
-    };
-    let c = CacheConfig::parse(env(&[
-        ("FI_MR_CACHE_MAX_COUNT", "7"),
-        ("FI_MR_CACHE_MAX_SIZE", "2m"),
-        ("FI_MR_CACHE_MONITOR", "disabled"),
-    ]))
-    .unwrap();
+    let env =
+        |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+    let c = CacheConfig::parse(env(&[("FI_MR_CACHE_MAX_COUNT", "7"), ("FI_MR_CACHE_MAX_SIZE", "2m"), ("FI_MR_CACHE_MONITOR", "disabled")]))
+        .unwrap();
     assert_eq!(c, CacheConfig { max_count: 7, max_size: 2 << 20, monitor: Monitor::Disabled });
     let c = CacheConfig::parse(env(&[
         ("TMPI_MR_CACHE_MAX_COUNT", "9"),
