@@ -712,7 +712,9 @@ impl TmSrq {
                 }
             }
             // The hardware looks at nothing but the opcode of these: delivered whole, as
-            // NO_TAG (mlx5 reports FIN with the NO_TAG CQE opcode), never counted.
+            // NO_TAG (mlx5 reports FIN with the NO_TAG CQE opcode), never counted (mlx5 counts
+            // only TM_UNEXPECTED CQEs; rdma-core's tests/test_tag_matching.py, test_tm_no_tag,
+            // checks the count stays put).
             Ok(TmOp::NoTag) | Ok(TmOp::Fin) => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmNoTag, false)),
             Err(_) => Err(TmErrno::BadMsg),
         }
@@ -987,6 +989,8 @@ impl TmSrq {
             return Arrival::Rnr;
         };
         if unexpected {
+            // Completes as TmRecv with neither MATCH nor DATA_VALID, as mlx5 does and
+            // rdma-core's tests/test_tag_matching.py (test_tm_unexpected_tag) expects.
             self.hw_cnt = self.hw_cnt.wrapping_add(1);
             self.counters.unexpected += 1;
         } else {
