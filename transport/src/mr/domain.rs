@@ -244,7 +244,8 @@ pub(crate) fn settle(in_flight: &AtomicUsize) {
 /// A resource domain (`fid_domain`) as far as memory registration goes. Cloning gives another
 /// handle to the same domain; it lives while any handle or region does.
 ///
-/// Sans-IO: no thread, clock or system call inside, except `getrandom` for provider keys.
+/// Sans-IO: no thread, clock or system call inside, except `getrandom` for provider keys and,
+/// under `FI_MR_ALLOCATED`, `mincore` to see that registered pages are mapped.
 #[derive(Clone)]
 pub struct Domain {
     shared: Arc<DomainShared>,

@@ -33,8 +33,14 @@
 //! mr.close().unwrap();
 //! ```
 //!
-//! Files: `flags` (bit types), `domain` (domain, keys, remote and local checks), `region`
-//! (the region handle, counters and endpoints), `cache/` (the registration cache).
+//! Mode bits the model does not need (`FI_MR_HMEM`, `FI_MR_COLLECTIVE`) are cleared at
+//! [`Domain::open`] and reported ([`Domain::cleared_mode`]), as `fi_getinfo` does; device
+//! memory and authorization keys are `-FI_ENOSYS`. `transport/CONFORMANCE.md` lists every
+//! concept of the man page with the file and tests that cover it.
+//!
+//! Files: `flags` (bit types), `domain` (domain, keys, remote and local checks, page-change
+//! notices), `region` (the region handle, counters and endpoints), `pages` (the
+//! `FI_MR_ALLOCATED` check), `cache/` (the registration cache).
 
 pub mod cache;
 mod domain;
