@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 
 pub use tmpi_transport::bootstrap::{Knob, KNOBS};
+use tmpi_transport::mr::{CacheConfig, Monitor};
 
 /// Parsed configuration.
 #[derive(Debug, Clone)]
@@ -27,11 +28,13 @@ pub struct Config {
     pub shm_ring_size: usize,
     /// `TMPI_POLL_SPIN`; `None` = auto.
     pub poll_spin: Option<u32>,
-    /// `TMPI_MR_CACHE_MAX_COUNT`.
+    /// `TMPI_MR_CACHE_MAX_COUNT` (or `FI_MR_CACHE_MAX_COUNT`), as
+    /// [`CacheConfig::parse`] reads it.
     pub mr_cache_max_count: usize,
-    /// `TMPI_MR_CACHE_MAX_SIZE`; `None` = unlimited.
+    /// `TMPI_MR_CACHE_MAX_SIZE` (or `FI_MR_CACHE_MAX_SIZE`); `None` = unlimited.
     pub mr_cache_max_size: Option<usize>,
-    /// `TMPI_MR_CACHE_MONITOR` is `userfaultfd` (else disabled).
+    /// `TMPI_MR_CACHE_MONITOR` (or `FI_MR_CACHE_MONITOR`) selects the userfaultfd monitor
+    /// (else disabled).
     pub mr_cache_monitor_uffd: bool,
     /// `TMPI_SINGLE_COPY` is `cma` (else `none`: rendezvous data always goes through the rings).
     pub single_copy: bool,
@@ -135,22 +138,12 @@ impl Config {
                 _ => Some(num("TMPI_POLL_SPIN", &v, 0, 10_000_000)? as u32),
             };
         }
-        if let Some(v) = get("TMPI_MR_CACHE_MAX_COUNT") {
-            c.mr_cache_max_count = num("TMPI_MR_CACHE_MAX_COUNT", &v, 0, 1 << 30)? as usize;
-        }
-        if let Some(v) = get("TMPI_MR_CACHE_MAX_SIZE") {
-            c.mr_cache_max_size = match v.trim() {
-                "unlimited" | "" => None,
-                _ => Some(num("TMPI_MR_CACHE_MAX_SIZE", &v, 0, u64::MAX)? as usize),
-            };
-        }
-        if let Some(v) = get("TMPI_MR_CACHE_MONITOR") {
-            c.mr_cache_monitor_uffd = match v.trim() {
-                "userfaultfd" | "uffd" => true,
-                "disabled" => false,
-                _ => return Err(bad("TMPI_MR_CACHE_MONITOR", &v, "userfaultfd or disabled")),
-            };
-        }
+        // The MR cache settings have one parser, the cache's own (with libfabric's
+        // FI_MR_CACHE_* names read when the TMPI_ ones are unset).
+        let mr = CacheConfig::parse(&get).map_err(|e| bad(e.var, &e.value, e.expected))?;
+        c.mr_cache_max_count = mr.max_count;
+        c.mr_cache_max_size = (mr.max_size != usize::MAX).then_some(mr.max_size);
+        c.mr_cache_monitor_uffd = mr.monitor == Monitor::Userfaultfd;
         if let Some(v) = get("TMPI_SINGLE_COPY") {
             c.single_copy = match v.trim() {
                 "cma" | "auto" | "" => true,
@@ -192,13 +185,37 @@ mod tests {
             ("TMPI_SHM_RING_SIZE", "5000"),
             ("TMPI_TM_MAX_TAGS", "-1"),
             ("TMPI_EAGER_LIMIT", "1"),
-            ("TMPI_MR_CACHE_MONITOR", "memhooks"),
+            ("TMPI_MR_CACHE_MONITOR", "kernel"),
             ("TMPI_POLL_SPIN", "fast"),
             ("TMPI_SINGLE_COPY", "xpmem"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    /// Issue 12 item 11: one parser, one rule for the MR cache settings (the runtime used to
+    /// refuse `512k`, which the cache's own parser accepted), and libfabric's names as
+    /// aliases (issue 17 item 5).
+    #[test]
+    fn mr_cache_knobs_follow_the_cache_parser() {
+        let c = parse(&[("TMPI_MR_CACHE_MAX_SIZE", "512k"), ("TMPI_MR_CACHE_MAX_COUNT", "16")]).unwrap();
+        assert_eq!((c.mr_cache_max_size, c.mr_cache_max_count), (Some(512 << 10), 16));
+        let c =
+            parse(&[("FI_MR_CACHE_MAX_COUNT", "3"), ("FI_MR_CACHE_MONITOR", "disabled"), ("FI_MR_CACHE_MAX_SIZE", "unlimited")]).unwrap();
+        assert_eq!((c.mr_cache_max_count, c.mr_cache_monitor_uffd, c.mr_cache_max_size), (3, false, None));
+        let c = parse(&[("TMPI_MR_CACHE_MONITOR", "uffd"), ("FI_MR_CACHE_MONITOR", "disabled")]).unwrap();
+        assert!(c.mr_cache_monitor_uffd);
+        for (k, v) in [("TMPI_MR_CACHE_MAX_SIZE", "1x"), ("FI_MR_CACHE_MAX_COUNT", "x"), ("TMPI_MR_CACHE_MAX_COUNT", "2000000000")] {
+            let Err(Error::Config { var, value, expected }) = parse(&[(k, v)]) else { panic!("{k}={v} accepted") };
+            assert_eq!((var.as_str(), value.as_str()), (k, v));
+            assert!(!expected.is_empty());
+            // The same verdict from the cache's own parser.
+            assert!(CacheConfig::parse(|n| (n == k).then(|| v.to_string())).is_err());
+        }
+        let d = parse(&[]).unwrap();
+        let cd = CacheConfig::default();
+        assert_eq!((d.mr_cache_max_count, d.mr_cache_max_size, d.mr_cache_monitor_uffd), (cd.max_count, None, true));
     }
 
     #[test]

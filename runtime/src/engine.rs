@@ -50,7 +50,9 @@ use tmpi_transport::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA, PK
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
 use tmpi_transport::shm::{cma, ShmFabric};
-use tmpi_transport::tm::{Arrival, Buffer, OpsWr, ReadId, RndvMeta, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN};
+use tmpi_transport::tm::{
+    Arrival, Buffer, OpsWr, ReadId, RndvRequest, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN, RVH_LEN_IN_META,
+};
 use tmpi_transport::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
 
 use crate::buffer::{RawBuf, RawBufMut};
@@ -309,10 +311,11 @@ impl RndvInfo {
     fn parse(req: &[u8]) -> Result<Self> {
         let tmh = Tmh::decode(req)?;
         let rvh = Rvh::decode(req.get(TMH_LEN..).unwrap_or(&[]))?;
-        let meta = RndvMeta::decode(req.get(TMH_LEN + RVH_LEN..).unwrap_or(&[]))
-            .ok_or_else(|| malformed("rendezvous request without its key and length"))?;
-        let len = usize::try_from(meta.len).map_err(|_| malformed("rendezvous length overflows"))?;
-        Ok(RndvInfo { tmh, rvh, key: meta.key, len })
+        // The RVH is what the hardware path reads; software reads the same, except the length
+        // of a payload the RVH cannot hold (`RVH_LEN_IN_META`), which is in the meta-data.
+        let len = RndvRequest::payload_len(req).ok_or_else(|| malformed("rendezvous request of 4 GiB or more without its length"))?;
+        let len = usize::try_from(len).map_err(|_| malformed("rendezvous length overflows"))?;
+        Ok(RndvInfo { tmh, rvh, key: u64::from(rvh.rkey), len })
     }
 }
 
@@ -571,7 +574,8 @@ impl Engine {
         for wr in 0..SRQ_DEPTH as u64 {
             tm.post_srq_recv(wr, SRQ_BUF_LEN).map_err(tmpi_transport::Error::from)?;
         }
-        let domain = Domain::open(DomainAttr { mr_mode: MrMode::VIRT_ADDR | MrMode::PROV_KEY, mr_key_size: 8, mr_iov_limit: 1 })
+        // 4-byte keys: the RVH's rkey is the whole fi_mr key, checked by the target's domain.
+        let domain = Domain::open(DomainAttr { mr_mode: MrMode::VIRT_ADDR | MrMode::PROV_KEY, mr_key_size: 4, mr_iov_limit: 1 })
             .map_err(tmpi_transport::Error::from)?;
         let cache_cfg = CacheConfig {
             max_count: cfg.mr_cache_max_count,
@@ -719,8 +723,9 @@ impl Engine {
             let va = mr.remote_addr(addr).ok_or_else(|| Error::State("registration does not cover the send buffer".into()))?;
             (Some(mr), key, va)
         };
+        let rkey = u32::try_from(key).map_err(|_| Error::State("memory key wider than the RVH's 32-bit rkey".into()))?;
         let req = self.st.new_send(dest, tag64, true, Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted: None }))?;
-        let hdr = RndvMeta { key, len: len as u64 }.encode_request(wire_name(req), tag64, va);
+        let hdr = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64 }.encode();
         self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
         Ok(req)
     }
@@ -977,7 +982,10 @@ impl Engine {
         });
         let (t, m) = matching::recv_key(ctx, src, tag);
         let st = &mut self.st;
-        let eligible = st.offload && src.is_some() && cap >= st.tm_thresh && st.tm.tags_listed() < st.max_tags;
+        // A receive of `RVH_LEN_IN_META` bytes or more stays in software: the RVH cannot say
+        // how long a message that size is, so the hardware must never serve one.
+        let eligible =
+            st.offload && src.is_some() && cap >= st.tm_thresh && cap < RVH_LEN_IN_META as usize && st.tm.tags_listed() < st.max_tags;
         let overlaps = eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
         match st.matcher.post(t, m, rid) {
             Posted::Matched(rid, ux) => {
@@ -1092,9 +1100,11 @@ impl Engine {
         let mut failed = None;
         for peer in 0..self.size {
             if peer != self.st.rank && self.state_of(peer) == PeerState::Failed {
-                if !self.drained(peer) {
+                if self.fabric.pending_from(peer) {
                     return Ok(());
                 }
+                // Whatever it had half sent will never be finished.
+                self.cut_off(peer)?;
                 failed.get_or_insert(peer);
             }
         }
@@ -1143,6 +1153,26 @@ impl Engine {
             PeerState::Alive if self.dead[peer] => PeerState::Failed,
             s => s,
         }
+    }
+
+    /// A failed `peer` was in the middle of a message: the TM-SRQ completes it as flushed, and
+    /// a receive it was filling fails with [`Error::PeerGone`].
+    fn cut_off(&mut self, peer: usize) -> Result<()> {
+        let Some(inc) = self.st.incoming.get(peer).copied() else { return Ok(()) };
+        if matches!(inc, Incoming::Idle) && !self.st.tm.abort_message(peer as u32) {
+            return Ok(());
+        }
+        if !matches!(inc, Incoming::Idle) {
+            self.st.tm.abort_message(peer as u32);
+        }
+        self.st.incoming[peer] = Incoming::Idle;
+        match inc {
+            Incoming::Expected { req } => self.st.fail_recv(req, Error::PeerGone { rank: peer }),
+            // A partial unexpected message stays queued: a receive that takes it waits for
+            // the rest, and fails here in turn.
+            Incoming::Unexpected { .. } | Incoming::Idle | Incoming::Discard => {}
+        }
+        self.st.drain_cq()
     }
 
     /// Nothing from `peer` waits to be read, nor is a message from it half read.
@@ -1565,10 +1595,11 @@ impl State {
                 Buffer::Srq { .. } => self.on_software(p),
             },
             Ok(Arrival::Read(rr)) => {
-                // An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue.
+                // An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue,
+                // described by the RVH alone.
                 RndvInfo::parse(p.data).and_then(|mut info| {
-                    info.key = rr.key;
-                    info.len = usize::try_from(rr.len).map_err(|_| malformed("rendezvous length overflows"))?;
+                    info.key = u64::from(rr.rkey);
+                    info.len = rr.len as usize;
                     let rid = wr_to_rid(rr.recv_wr_id);
                     if !self.admits(rid, info.tmh.tag, p.src) {
                         // A forged source: no byte is read; the receive fails at DATA_VALID.
@@ -1757,6 +1788,7 @@ impl State {
                     _ if r.refused.is_some() => Err(malformed_from(r.src_world, "a message under another rank's name")),
                     WcStatus::Success => Ok(Status { source: r.source, tag: r.tag, len, cancelled: false }),
                     WcStatus::LocLenErr => Err(Error::Truncated { source_rank: r.source, tag: r.tag, len, capacity: r.cap }),
+                    WcStatus::WrFlushErr => Err(Error::PeerGone { rank: r.src_world }),
                     WcStatus::RemAccessErr => {
                         Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
                     }

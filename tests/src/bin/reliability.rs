@@ -217,13 +217,13 @@ fn hostile(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
             fin.extend_from_slice(&[0u8; 16]);
             world.inject_packet(0, WHOLE, fin.len() as u64, &fin)?;
             world.barrier()?;
-            // A rendezvous request announcing 2^62 bytes (RVH, then tmpi's key and length).
+            // A rendezvous request announcing 2^62 bytes (RVH with the "length in meta-data"
+            // marker, then the 64-bit length).
             wait_go(world)?;
             let mut r = tmh(OP_RNDV, 1, encode_tag(0, 2, 9));
             r.extend_from_slice(&0x1000u64.to_be_bytes());
             r.extend_from_slice(&7u32.to_be_bytes());
             r.extend_from_slice(&u32::MAX.to_be_bytes());
-            r.extend_from_slice(&7u64.to_be_bytes());
             r.extend_from_slice(&(1u64 << 62).to_be_bytes());
             world.inject_packet(0, WHOLE, r.len() as u64, &r)?;
             world.barrier()?;

@@ -101,9 +101,9 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_TM_THRESH", default: "1024", meaning: "smallest receive (bytes) offloaded to the soft TM-SRQ (>= 0)" },
     Knob { name: "TMPI_SHM_RING_SIZE", default: "auto", meaning: "bytes of each shared-memory ring, one per ordered pair of ranks; auto = 1 MiB up to 8 ranks, 256 KiB up to 32, 64 KiB beyond (power of two, 4096..=1073741824, or auto)" },
     Knob { name: "TMPI_POLL_SPIN", default: "auto", meaning: "idle polls before a waiting rank starts yielding the CPU; auto = 20000, or 64 when ranks outnumber cores (0..=10000000 or auto)" },
-    Knob { name: "TMPI_MR_CACHE_MAX_COUNT", default: "1024", meaning: "registrations kept in the MR cache; 0 disables the cache" },
-    Knob { name: "TMPI_MR_CACHE_MAX_SIZE", default: "unlimited", meaning: "bytes of registrations kept in the MR cache (a number or `unlimited`)" },
-    Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd or disabled" },
+    Knob { name: "TMPI_MR_CACHE_MAX_COUNT", default: "1024", meaning: "most registrations the MR cache holds, in use or not; past it unused ones are flushed and the rest registered uncached; 0 disables the cache (0..=1073741824; FI_MR_CACHE_MAX_COUNT is read when unset)" },
+    Knob { name: "TMPI_MR_CACHE_MAX_SIZE", default: "unlimited", meaning: "most bytes the MR cache's registrations cover, in use or not (bytes with an optional binary suffix k/m/g/t, or unlimited; FI_MR_CACHE_MAX_SIZE is read when unset)" },
+    Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd (uffd, memhooks and kdreg2 select it too) or disabled, which turns caching off (FI_MR_CACHE_MONITOR is read when unset)" },
     Knob { name: "TMPI_SINGLE_COPY", default: "cma", meaning: "how rendezvous data moves once the sender's key check passed: cma = one kernel copy where the kernel permits it (the reader process_vm_readv's the first half, the sender process_vm_writev's the second half from 128 KiB on), else (and with none) a pipelined copy through the shared-memory rings" },
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "1048576", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster below 1 MiB on cache-resident data (>= 0)" },
 ];

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::flags::{Access, MrMode, RegFlags};
-use super::region::{Bindings, MemoryRegion, MrAttr, MrDesc, RegionInner};
+use super::region::{Bindings, HmemIface, MemoryRegion, MrAttr, MrDesc, RegionInner};
 use super::{lock, MrErrno, RemoteAccessError};
 
 /// `FI_KEY_NOTAVAIL`: the reserved key value; never issued, rejected as a requested key.
@@ -147,10 +147,66 @@ struct DomainState {
     next_desc: u64,
     mapped: HashMap<u64, MappedEntry>,
     rng: KeyPool,
+    /// Regions dropped while counters or an endpoint were still bound to them: still
+    /// registered until [`Domain::reap`] finds their bindings closed.
+    orphans: Vec<Arc<RegionInner>>,
+}
+
+/// Recent page changes of an `FI_MR_MMU_NOTIFY` domain (see [`Domain::pages_changed`]).
+pub(crate) struct PageChanges {
+    /// Number of changes recorded so far; change `e` is at `ring[e % CHANGES]`.
+    epoch: AtomicU64,
+    writing: AtomicBool,
+    ring: [(AtomicUsize, AtomicUsize); CHANGES],
+}
+
+/// Page changes remembered per domain.
+const CHANGES: usize = 64;
+
+impl PageChanges {
+    fn new() -> Self {
+        PageChanges { epoch: AtomicU64::new(0), writing: AtomicBool::new(false), ring: std::array::from_fn(|_| Default::default()) }
+    }
+
+    /// Number of changes so far.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    fn record(&self, start: usize, end: usize) {
+        while self.writing.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::hint::spin_loop();
+        }
+        let e = self.epoch.load(Ordering::Relaxed);
+        let (s, t) = &self.ring[(e % CHANGES as u64) as usize];
+        s.store(start, Ordering::Relaxed);
+        t.store(end, Ordering::Relaxed);
+        self.epoch.store(e + 1, Ordering::Release);
+        self.writing.store(false, Ordering::Release);
+    }
+
+    /// Whether a change recorded at or after epoch `since` (and before `now`, read with
+    /// [`PageChanges::epoch`]) overlaps one of `segs`; true, conservatively, when the ring no
+    /// longer reaches back that far.
+    pub(crate) fn touched_since(&self, since: u64, now: u64, segs: &[Segment]) -> bool {
+        if now.saturating_sub(since) > CHANGES as u64 {
+            return true;
+        }
+        let hit = (since..now).any(|e| {
+            let (s, t) = &self.ring[(e % CHANGES as u64) as usize];
+            let (s, t) = (s.load(Ordering::Relaxed), t.load(Ordering::Relaxed));
+            segs.iter().any(|g| g.addr < t && s < g.addr + g.len)
+        });
+        // Slots read may have been overwritten meanwhile: then assume the worst.
+        hit || self.epoch.load(Ordering::Acquire).saturating_sub(since) > CHANGES as u64
+    }
 }
 
 struct DomainShared {
     attr: DomainAttr,
+    changes: Arc<PageChanges>,
+    /// The mode bits asked for at `open` (before clearing).
+    requested_mode: MrMode,
     state: Mutex<DomainState>,
     /// Number of invalidation batches a cache monitor is applying right now (see
     /// [`InvalidationGuard`]). Shared with every region of the domain.
@@ -188,7 +244,8 @@ pub(crate) fn settle(in_flight: &AtomicUsize) {
 /// A resource domain (`fid_domain`) as far as memory registration goes. Cloning gives another
 /// handle to the same domain; it lives while any handle or region does.
 ///
-/// Sans-IO: no thread, clock or system call inside, except `getrandom` for provider keys.
+/// Sans-IO: no thread, clock or system call inside, except `getrandom` for provider keys and,
+/// under `FI_MR_ALLOCATED`, `mincore` to see that registered pages are mapped.
 #[derive(Clone)]
 pub struct Domain {
     shared: Arc<DomainShared>,
@@ -209,13 +266,31 @@ fn key_mask(key_size: usize) -> u64 {
 }
 
 impl Domain {
-    /// Opens a domain.
+    /// Opens a domain, treating `attr.mr_mode` as `fi_getinfo` treats the mode bits an
+    /// application offers: bits the model does not need are cleared (`FI_MR_HMEM`,
+    /// `FI_MR_COLLECTIVE`: there is no device memory and no collective offload), the others
+    /// are kept and enforced; [`Domain::attr`] gives the mode in force and
+    /// [`Domain::cleared_mode`] what was cleared. The deprecated values `FI_MR_BASIC` (set
+    /// alone: `VIRT_ADDR | ALLOCATED | PROV_KEY`, never cleared) and `FI_MR_SCALABLE` (set
+    /// alone: no bit) are understood.
     ///
     /// # Errors
-    /// [`MrErrno::Inval`] for mode bits this model does not have (`FI_MR_HMEM`, ...),
-    /// `mr_key_size` 0 or above [`MAX_MR_KEY_SIZE`], `mr_key_size` above 8 without
-    /// `FI_MR_RAW`, or `mr_iov_limit` 0.
+    /// [`MrErrno::Inval`] for bits libfabric does not define, `FI_MR_BASIC` or
+    /// `FI_MR_SCALABLE` combined with other bits, `mr_key_size` 0 or above
+    /// [`MAX_MR_KEY_SIZE`], `mr_key_size` above 8 without `FI_MR_RAW`, or `mr_iov_limit` 0.
     pub fn open(attr: DomainAttr) -> Result<Domain, MrErrno> {
+        let requested_mode = attr.mr_mode;
+        let legacy = MrMode::BASIC | MrMode::SCALABLE;
+        let mode = if requested_mode == MrMode::BASIC {
+            MrMode::BASIC | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY
+        } else if requested_mode == MrMode::SCALABLE {
+            MrMode::empty()
+        } else if requested_mode.intersects(legacy) {
+            return Err(MrErrno::Inval);
+        } else {
+            MrMode::from_bits_retain(requested_mode.bits() & !(MrMode::HMEM | MrMode::COLLECTIVE).bits())
+        };
+        let attr = DomainAttr { mr_mode: mode, ..attr };
         let bad_size = attr.mr_key_size == 0 || attr.mr_key_size > MAX_MR_KEY_SIZE;
         let needs_raw = attr.mr_key_size > 8 && !attr.mr_mode.contains(MrMode::RAW);
         if attr.mr_mode.unknown_bits() != 0 || bad_size || needs_raw || attr.mr_iov_limit == 0 {
@@ -227,14 +302,67 @@ impl Domain {
             next_desc: 1,
             mapped: HashMap::new(),
             rng: KeyPool { buf: [0; KEY_POOL], left: 0 },
+            orphans: Vec::new(),
         };
-        let shared = DomainShared { attr, state: Mutex::new(state), in_flight: Arc::new(AtomicUsize::new(0)) };
+        let shared = DomainShared {
+            attr,
+            changes: Arc::new(PageChanges::new()),
+            requested_mode,
+            state: Mutex::new(state),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        };
         Ok(Domain { shared: Arc::new(shared) })
     }
 
-    /// The attributes the domain was opened with.
+    /// The attributes in force: those the domain was opened with, with the mode bits it did
+    /// not need cleared (see [`Domain::open`]).
     pub fn attr(&self) -> &DomainAttr {
         &self.shared.attr
+    }
+
+    /// The mode bits asked for at [`Domain::open`] that the domain cleared because it does
+    /// not need them (as `fi_getinfo` clears them on output).
+    pub fn cleared_mode(&self) -> MrMode {
+        let req = self.shared.requested_mode;
+        if req.intersects(MrMode::BASIC | MrMode::SCALABLE) {
+            return MrMode::empty();
+        }
+        MrMode::from_bits_retain(req.bits() & !self.shared.attr.mr_mode.bits())
+    }
+
+    /// Deregisters the regions dropped while still bound (see [`MemoryRegion`]) whose
+    /// counters and endpoint have all been closed since. Returns how many. Every
+    /// registration call does this too.
+    pub fn reap(&self) -> usize {
+        let ready: Vec<Arc<RegionInner>> = {
+            let mut st = lock(&self.shared.state);
+            if st.orphans.is_empty() {
+                return 0;
+            }
+            let (ready, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut st.orphans).into_iter().partition(|r| !r.busy());
+            st.orphans = keep;
+            ready
+        };
+        for r in &ready {
+            self.deregister(r);
+        }
+        ready.len()
+    }
+
+    /// What an MMU notifier reports: the pages behind `[start, end)` changed (unmapped,
+    /// discarded, moved). Under `FI_MR_MMU_NOTIFY` every region of the domain overlapping the
+    /// range refuses access from now on until [`MemoryRegion::refresh`]; in other modes
+    /// nothing changes here (the registration cache revokes its own entries). The cache's
+    /// userfaultfd monitor calls this for every event it reads.
+    ///
+    /// It takes no lock and allocates nothing (the monitor calls it under the cache lock while
+    /// a `munmap` may be waiting): the range goes into a small ring of recent changes that
+    /// each region's access check compares with the last change it saw (a region that fell
+    /// more than the ring behind counts as changed).
+    pub fn pages_changed(&self, start: usize, end: usize) {
+        if self.shared.attr.mr_mode.contains(MrMode::MMU_NOTIFY) {
+            self.shared.changes.record(start, end);
+        }
     }
 
     /// Starts an invalidation batch (see [`InvalidationGuard`]).
@@ -272,7 +400,7 @@ impl Domain {
         flags: RegFlags,
     ) -> Result<MemoryRegion, MrErrno> {
         let iov = [Segment { addr, len }];
-        self.regattr(&MrAttr { iov: &iov, access, offset, requested_key, context: 0 }, flags)
+        self.regattr(&MrAttr::new(&iov, access, offset, requested_key), flags)
     }
 
     /// `fi_mr_regv`: registers several segments as one region. Peers see the segments as one
@@ -282,7 +410,7 @@ impl Domain {
     /// # Errors
     /// As [`Domain::regattr`].
     pub fn regv(&self, iov: &[Segment], access: Access, offset: u64, requested_key: u64, flags: RegFlags) -> Result<MemoryRegion, MrErrno> {
-        self.regattr(&MrAttr { iov, access, offset, requested_key, context: 0 }, flags)
+        self.regattr(&MrAttr::new(iov, access, offset, requested_key), flags)
     }
 
     /// `fi_mr_regattr`: the general registration call.
@@ -296,9 +424,16 @@ impl Domain {
     /// one that would be rejected otherwise) and the key is a random value of `mr_key_size`
     /// bytes drawn with `getrandom`. Without it, `requested_key` is the key.
     ///
+    /// Under `FI_MR_ALLOCATED` every segment must be backed by mapped pages now (a
+    /// `mincore` check); without it any range may be registered, mapped or not, as the man
+    /// page's default says.
+    ///
     /// # Errors
-    /// - [`MrErrno::BadFlags`]: `flags` has bits other than `RMA_EVENT` (e.g.
-    ///   [`super::FI_RMA_PMEM`]).
+    /// - [`MrErrno::NoSys`]: device memory (`iface` not system, `FI_HMEM_DEVICE_ONLY`,
+    ///   `FI_HMEM_HOST_ALLOC`, `FI_MR_DMABUF`) or an `auth_key`.
+    /// - [`MrErrno::BadFlags`]: `flags` has bits libfabric's registration calls do not
+    ///   define here (e.g. [`super::FI_RMA_PMEM`]).
+    /// - [`MrErrno::Fault`]: under `FI_MR_ALLOCATED`, a segment with unmapped pages.
     /// - [`MrErrno::Inval`]: unknown `access` bits; `offset` not 0; no segment or more than
     ///   `mr_iov_limit`; a segment of length 0 or whose end overflows; total length overflows.
     /// - [`MrErrno::KeyRejected`]: (no `PROV_KEY`) `requested_key` wider than `mr_key_size`
@@ -315,6 +450,11 @@ impl Domain {
         if flags.unknown_bits() != 0 {
             return Err(MrErrno::BadFlags);
         }
+        let device = RegFlags::HMEM_DEVICE_ONLY | RegFlags::HMEM_HOST_ALLOC | RegFlags::DMABUF;
+        if flags.intersects(device) || attr.iface != HmemIface::System || !attr.auth_key.is_empty() {
+            return Err(MrErrno::NoSys);
+        }
+        self.reap();
         if attr.access.unknown_bits() != 0 || attr.offset != 0 {
             return Err(MrErrno::Inval);
         }
@@ -329,6 +469,9 @@ impl Domain {
             total = total.checked_add(s.len).ok_or(MrErrno::Inval)?;
         }
         let mode = dattr.mr_mode;
+        if mode.contains(MrMode::ALLOCATED) && !attr.iov.iter().all(|s| super::pages::mapped(s.addr, s.len)) {
+            return Err(MrErrno::Fault);
+        }
         let created_disabled = mode.contains(MrMode::ENDPOINT) || (mode.contains(MrMode::RMA_EVENT) && flags.contains(RegFlags::RMA_EVENT));
         let mask = key_mask(dattr.mr_key_size);
         let choice = match key {
@@ -380,6 +523,9 @@ impl Domain {
             created_disabled,
             enabled: AtomicBool::new(!created_disabled),
             revoked: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
+            changes: mode.contains(MrMode::MMU_NOTIFY).then(|| Arc::clone(&self.shared.changes)),
+            seen_changes: AtomicU64::new(self.shared.changes.epoch()),
             refreshes: AtomicU64::new(0),
             bindings: Mutex::new(Bindings::default()),
             in_flight: Arc::clone(&self.shared.in_flight),
@@ -390,8 +536,18 @@ impl Domain {
         Ok(MemoryRegion { domain: self.clone(), inner })
     }
 
+    /// [`MemoryRegion`]'s drop: deregisters the region, or, while an open counter or
+    /// endpoint is bound to it, keeps it registered until [`Domain::reap`] finds them closed.
+    pub(crate) fn close_or_orphan(&self, region: &Arc<RegionInner>) {
+        if region.busy() {
+            lock(&self.shared.state).orphans.push(Arc::clone(region));
+        } else {
+            self.deregister(region);
+        }
+    }
+
     /// Removes a region from the tables (if it is still the one registered under its key) and
-    /// revokes it. Called by [`MemoryRegion`]'s drop.
+    /// revokes it.
     pub(crate) fn deregister(&self, region: &Arc<RegionInner>) {
         region.revoke();
         let mut st = lock(&self.shared.state);
@@ -402,10 +558,13 @@ impl Domain {
     }
 
     /// `fi_mr_map_raw`, at the initiator: turns a raw key received from a peer (with the
-    /// base address from its `raw_attr`) into a 64-bit key for data transfers. With keys of
-    /// at most 8 bytes the mapped key is the key itself, so it can go on the wire as is; with
-    /// longer keys it is a random local handle, and [`Domain::mapped_key`] gives the raw key
-    /// back for the wire. Every successful call must be matched by [`Domain::unmap_key`].
+    /// base address from its `raw_attr`) into a 64-bit key for data transfers. Under
+    /// `FI_MR_RAW`, or with keys longer than 8 bytes, the mapped key is a random local
+    /// handle and [`Domain::mapped_key`] gives the raw key back for the wire (the target
+    /// checks it with [`Domain::check_remote_raw`]): the mapping cannot be skipped, "even if
+    /// the raw key is 64-bits or smaller". Otherwise (keys of at most 8 bytes, no
+    /// `FI_MR_RAW`) the mapped key is the key itself. Every successful call must be matched
+    /// by [`Domain::unmap_key`].
     ///
     /// # Errors
     /// [`MrErrno::BadFlags`] for non-zero `flags`; [`MrErrno::Inval`] when `raw_key` is not
@@ -421,7 +580,7 @@ impl Domain {
         }
         let entry = MappedKey { base_addr, raw_key: raw_key.to_vec() };
         let mut st = lock(&self.shared.state);
-        if n <= 8 {
+        if n <= 8 && !self.shared.attr.mr_mode.contains(MrMode::RAW) {
             let mut b = [0u8; 8];
             b[..n].copy_from_slice(raw_key);
             let key = u64::from_le_bytes(b);
@@ -467,13 +626,15 @@ impl Domain {
     /// (writes). Only then does it resolve the range into local segments; a granted write is
     /// counted on the counters bound with `REMOTE_WRITE`.
     ///
-    /// In domains whose keys are wider than 8 bytes, the 64-bit key is not the whole key:
-    /// use [`Domain::check_remote_raw`]; this call refuses with `UnknownKey`.
+    /// Under `FI_MR_RAW`, or in domains whose keys are wider than 8 bytes, keys travel in
+    /// raw form (what the initiator's [`Domain::map_raw`] / [`Domain::mapped_key`] give):
+    /// use [`Domain::check_remote_raw`]; this call refuses with `UnknownKey`, so a 64-bit key
+    /// never reaches a region without the mapping.
     ///
     /// # Errors
     /// `MrErrno::Access(reason)`; nothing was touched.
     pub fn check_remote(&self, key: u64, addr: u64, len: u64, op: RemoteOp) -> Result<ResolvedRange, MrErrno> {
-        if self.shared.attr.mr_key_size > 8 {
+        if self.shared.attr.mr_key_size > 8 || self.shared.attr.mr_mode.contains(MrMode::RAW) {
             return Err(RemoteAccessError::UnknownKey.into());
         }
         let region = self.lookup_key(key)?;

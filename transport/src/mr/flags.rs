@@ -110,6 +110,12 @@ flag_type! {
     /// The domain's `mr_mode` bits (`FI_MR_*`): what the application agreed to do for the
     /// provider. The values are those of `fabric.h`.
     MrMode {
+        /// `FI_MR_BASIC` (deprecated since libfabric 1.5; the value 1 of the old enum): set
+        /// alone, it asks for `VIRT_ADDR | ALLOCATED | PROV_KEY`, and it is not cleared.
+        BASIC = 1 << 0;
+        /// `FI_MR_SCALABLE` (deprecated since libfabric 1.5; the value 2 of the old enum): set
+        /// alone, the default behaviour (no mode bit).
+        SCALABLE = 1 << 1;
         /// `FI_MR_LOCAL`: local data buffers must be registered and their `desc` passed.
         LOCAL = 1 << 2;
         /// `FI_MR_RAW`: keys must be read with `raw_attr` and mapped at the peer with `map_raw`.
@@ -126,12 +132,25 @@ flag_type! {
         RMA_EVENT = 1 << 8;
         /// `FI_MR_ENDPOINT`: regions belong to endpoints; they start disabled and need one bound.
         ENDPOINT = 1 << 9;
+        /// `FI_MR_HMEM`: device buffers must be registered. The model has no device memory and
+        /// does not need it: [`super::Domain::open`] clears it (see
+        /// [`super::Domain::cleared_mode`]).
+        HMEM = 1 << 10;
+        /// `FI_MR_COLLECTIVE`: buffers of collective calls must be registered with
+        /// `FI_COLLECTIVE`. Nothing here offloads collectives: cleared by
+        /// [`super::Domain::open`].
+        COLLECTIVE = 1 << 11;
     }
 }
 
 flag_type! {
     /// Access rights of a region (`FI_SEND` ... `FI_REMOTE_WRITE`).
     Access {
+        /// `FI_COLLECTIVE`: the buffer may be used with collective operations (paired with
+        /// `SEND` and/or `RECV`). Accepted and recorded; since no domain of this model keeps
+        /// `FI_MR_COLLECTIVE`, no check ever requires it (the relaxed enforcement the man page
+        /// permits).
+        COLLECTIVE = 1 << 6;
         /// `FI_READ`: result buffer of local RMA reads and atomics.
         READ = 1 << 8;
         /// `FI_WRITE`: source buffer of local RMA writes and atomics.
@@ -152,6 +171,13 @@ flag_type! {
     RegFlags {
         /// `FI_RMA_EVENT`: the region will be bound to a completion counter.
         RMA_EVENT = 1 << 56;
+        /// `FI_HMEM_DEVICE_ONLY`: device-only memory. Named so the registration calls can
+        /// answer `-FI_ENOSYS` (no device memory here) rather than `-FI_EBADFLAGS`.
+        HMEM_DEVICE_ONLY = 1 << 46;
+        /// `FI_HMEM_HOST_ALLOC`: host memory allocated through a device API; `-FI_ENOSYS`.
+        HMEM_HOST_ALLOC = 1 << 45;
+        /// `FI_MR_DMABUF`: the region is a DMA-buf (`fi_mr_dmabuf`); `-FI_ENOSYS`.
+        DMABUF = 1 << 40;
     }
 }
 

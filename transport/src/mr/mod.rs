@@ -33,21 +33,30 @@
 //! mr.close().unwrap();
 //! ```
 //!
-//! Files: `flags` (bit types), `domain` (domain, keys, remote and local checks), `region`
-//! (the region handle, counters and endpoints), `cache/` (the registration cache).
+//! Mode bits the model does not need (`FI_MR_HMEM`, `FI_MR_COLLECTIVE`) are cleared at
+//! [`Domain::open`] and reported ([`Domain::cleared_mode`]), as `fi_getinfo` does; device
+//! memory and authorization keys are `-FI_ENOSYS`. `transport/CONFORMANCE.md` lists every
+//! concept of the man page with the file and tests that cover it.
+//!
+//! Files: `flags` (bit types), `domain` (domain, keys, remote and local checks, page-change
+//! notices), `region` (the region handle, counters and endpoints), `pages` (the
+//! `FI_MR_ALLOCATED` check), `cache/` (the registration cache).
 
 pub mod cache;
 mod domain;
 mod flags;
+mod pages;
 mod region;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_libfabric;
 
-pub use cache::{CacheConfig, CacheStats, CachedMr, Monitor, MonitorStatus, MrCache};
+pub use cache::{CacheConfig, CacheStats, CachedMr, KnobError, Monitor, MonitorStatus, MrCache};
 pub use domain::{Domain, DomainAttr, MappedKey, RemoteOp, ResolvedRange, Segment, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE};
 pub use flags::{Access, BindFlags, MrMode, RegFlags, FI_RMA_PMEM};
-pub use region::{CloseError, Counter, Endpoint, MemoryRegion, MrAttr, MrDesc, RawAttr};
+pub use region::{CloseError, Counter, Endpoint, HmemIface, MemoryRegion, MrAttr, MrDesc, RawAttr};
 
 /// Why a remote access was refused by [`Domain::check_remote`]. The fabric reports it to the
 /// initiator as a failed access (`FI_EACCES`); no byte of the target was touched.
@@ -111,6 +120,15 @@ pub enum MrErrno {
     /// `-FI_EOTHER`: the operating system's random source failed while choosing a key.
     #[error("FI_EOTHER: random source failed")]
     Other,
+    /// `-FI_EFAULT`: under `FI_MR_ALLOCATED`, a registered range (or, at `refresh`, the
+    /// region) is not backed by mapped pages.
+    #[error("FI_EFAULT: memory not mapped")]
+    Fault,
+    /// `-FI_ENOSYS`: a feature the model does not have: device memory (`iface` other than
+    /// system, `FI_HMEM_DEVICE_ONLY`, `FI_HMEM_HOST_ALLOC`, `FI_MR_DMABUF`) or an
+    /// authorization key.
+    #[error("FI_ENOSYS: not supported by this model")]
+    NoSys,
     /// `-FI_EACCES`: a remote (or local) access was refused; see [`RemoteAccessError`].
     #[error("FI_EACCES: {0}")]
     Access(RemoteAccessError),
@@ -132,6 +150,8 @@ impl MrErrno {
             MrErrno::NoSpace => 28,
             MrErrno::Other => 256,
             MrErrno::Access(_) => 13,
+            MrErrno::Fault => 14,
+            MrErrno::NoSys => 38,
         }
     }
 }

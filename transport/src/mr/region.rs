@@ -20,7 +20,31 @@ impl MrDesc {
     }
 }
 
-/// The arguments of `fi_mr_regattr` (`struct fi_mr_attr`) this model uses.
+/// `enum fi_hmem_iface`: which API allocated the memory of a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HmemIface {
+    /// `FI_HMEM_SYSTEM`: ordinary host memory (malloc, mmap): the only memory this model has.
+    #[default]
+    System,
+    /// `FI_HMEM_CUDA`.
+    Cuda,
+    /// `FI_HMEM_ROCR`.
+    Rocr,
+    /// `FI_HMEM_ZE`.
+    Ze,
+    /// `FI_HMEM_NEURON`.
+    Neuron,
+    /// `FI_HMEM_SYNAPSEAI`.
+    SynapseAi,
+}
+
+/// The arguments of `fi_mr_regattr` (`struct fi_mr_attr`).
+///
+/// Device memory (`iface`/`device`, `FI_MR_DMABUF`'s `dmabuf`, `hmem_data`) would name memory
+/// a GPU or accelerator owns; this model has only host memory, so anything but
+/// [`HmemIface::System`] is `-FI_ENOSYS`, as is an `auth_key`: authorization keys would limit a
+/// region to peers programmed with the same key, and no domain here is opened with one
+/// (`FI_AV_AUTH_KEY`), so there is nothing to check it against.
 #[derive(Debug, Clone, Copy)]
 pub struct MrAttr<'a> {
     /// The segments registered as one region (`mr_iov`, `iov_count`).
@@ -33,6 +57,19 @@ pub struct MrAttr<'a> {
     pub requested_key: u64,
     /// Application context, returned by [`MemoryRegion::context`].
     pub context: u64,
+    /// `iface` (the `device` field is meaningless without device memory): anything but
+    /// [`HmemIface::System`] is `-FI_ENOSYS`.
+    pub iface: HmemIface,
+    /// `auth_key` (`auth_key_size` is its length): empty, or `-FI_ENOSYS`.
+    pub auth_key: &'a [u8],
+}
+
+impl<'a> MrAttr<'a> {
+    /// Host memory, no context, no authorization key: the attributes `fi_mr_reg` and
+    /// `fi_mr_regv` stand for.
+    pub fn new(iov: &'a [Segment], access: Access, offset: u64, requested_key: u64) -> MrAttr<'a> {
+        MrAttr { iov, access, offset, requested_key, context: 0, iface: HmemIface::System, auth_key: &[] }
+    }
 }
 
 /// What `fi_mr_raw_attr` returns besides the key bytes.
@@ -170,6 +207,13 @@ pub(crate) struct RegionInner {
     /// Set once when the region is deregistered or its memory is unmapped (the cache's
     /// monitor thread sets it without any lock). Never cleared.
     pub(crate) revoked: AtomicBool,
+    /// Under `FI_MR_MMU_NOTIFY`: the pages behind the region changed
+    /// ([`Domain::pages_changed`]) and no `refresh` has followed; access is refused.
+    pub(crate) stale: AtomicBool,
+    /// The domain's page changes, under `FI_MR_MMU_NOTIFY` only.
+    pub(crate) changes: Option<Arc<super::domain::PageChanges>>,
+    /// The change epoch up to which this region has been checked (or refreshed).
+    pub(crate) seen_changes: AtomicU64,
     /// Number of `refresh` calls.
     pub(crate) refreshes: AtomicU64,
     pub(crate) bindings: Mutex<Bindings>,
@@ -181,7 +225,33 @@ impl RegionInner {
     /// Whether remote and local accesses may use the region now.
     pub(crate) fn usable(&self) -> bool {
         super::domain::settle(&self.in_flight);
-        self.enabled.load(Ordering::Acquire) && !self.revoked.load(Ordering::Acquire)
+        self.enabled.load(Ordering::Acquire) && !self.revoked.load(Ordering::Acquire) && !self.changed()
+    }
+
+    /// Under `FI_MR_MMU_NOTIFY`: whether the pages changed since the last refresh.
+    fn changed(&self) -> bool {
+        let Some(ch) = &self.changes else { return false };
+        if self.stale.load(Ordering::Acquire) {
+            return true;
+        }
+        let (seen, now) = (self.seen_changes.load(Ordering::Acquire), ch.epoch());
+        if seen >= now {
+            return false;
+        }
+        if ch.touched_since(seen, now, &self.iov) {
+            self.stale.store(true, Ordering::Release);
+            return true;
+        }
+        // Nothing of ours: remember how far we looked (unless a refresh moved it on).
+        let _ = self.seen_changes.compare_exchange(seen, now, Ordering::AcqRel, Ordering::Acquire);
+        false
+    }
+
+    /// Whether an open counter or endpoint is bound to the region (`fi_close` would be
+    /// `-FI_EBUSY`).
+    pub(crate) fn busy(&self) -> bool {
+        let b = lock(&self.bindings);
+        b.counters.iter().any(|(c, _)| !c.is_closed()) || b.endpoint.as_ref().is_some_and(Endpoint::is_open)
     }
 
     pub(crate) fn revoke(&self) {
@@ -225,9 +295,11 @@ impl RegionInner {
     }
 }
 
-/// A registered memory region (`fid_mr`). Dropping it deregisters it (like `fi_close`, but
-/// without the `EBUSY` check, which [`MemoryRegion::close`] performs); either way its key stops
-/// working at once.
+/// A registered memory region (`fid_mr`). Dropping it is `fi_close` without a way to report
+/// `-FI_EBUSY`: a region with no open counter or endpoint bound is deregistered at once (its
+/// key stops working); one that still has them stays registered, owned by its domain, until
+/// they are closed and the domain reaps it ([`Domain::reap`], also done by every
+/// registration), so a drop never bypasses the rule [`MemoryRegion::close`] enforces.
 pub struct MemoryRegion {
     pub(crate) domain: Domain,
     pub(crate) inner: Arc<RegionInner>,
@@ -293,7 +365,8 @@ impl MemoryRegion {
         self.inner.context
     }
 
-    /// Whether the region is enabled (and not revoked by the cache's monitor).
+    /// Whether the region is usable: enabled, not revoked by the cache's monitor, and (under
+    /// `FI_MR_MMU_NOTIFY`) refreshed since its pages last changed.
     pub fn is_enabled(&self) -> bool {
         self.inner.usable()
     }
@@ -382,13 +455,16 @@ impl MemoryRegion {
     }
 
     /// `fi_mr_refresh`: tells the provider the pages behind `iov` (or the whole region when
-    /// `iov` is empty) may have changed. The model has no page tables to update: it checks
-    /// that every range lies inside one registered segment and counts the call. Allowed in
-    /// every mode; required by the man page only under `FI_MR_MMU_NOTIFY`.
+    /// `iov` is empty) may have changed. Checks that every range lies inside one registered
+    /// segment; under `FI_MR_ALLOCATED` the region's pages must be mapped now. Then it has the
+    /// effect the man page gives it, disabling and re-enabling access: a region whose pages
+    /// changed under `FI_MR_MMU_NOTIFY` (refused since [`Domain::pages_changed`]) is usable
+    /// again. Allowed in every mode; required by the man page only under `FI_MR_MMU_NOTIFY`.
     ///
     /// # Errors
     /// [`MrErrno::BadFlags`] for non-zero `flags`; [`MrErrno::Inval`] for a range outside
-    /// the region, of length 0, or overflowing.
+    /// the region, of length 0, or overflowing; [`MrErrno::Fault`] under `FI_MR_ALLOCATED`
+    /// when pages of the region are not mapped (it stays disabled).
     pub fn refresh(&self, iov: &[Segment], flags: u64) -> Result<(), MrErrno> {
         if flags != 0 {
             return Err(MrErrno::BadFlags);
@@ -400,6 +476,13 @@ impl MemoryRegion {
                 return Err(MrErrno::Inval);
             }
         }
+        if self.inner.mode.contains(MrMode::ALLOCATED) && !self.inner.iov.iter().all(|s| super::pages::mapped(s.addr, s.len)) {
+            return Err(MrErrno::Fault);
+        }
+        if let Some(ch) = &self.inner.changes {
+            self.inner.seen_changes.store(ch.epoch(), Ordering::Release);
+        }
+        self.inner.stale.store(false, Ordering::Release);
         self.inner.refreshes.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
@@ -410,11 +493,7 @@ impl MemoryRegion {
     /// [`MrErrno::Busy`] (with the region handed back) while an open counter or endpoint is
     /// bound to it; close those first.
     pub fn close(self) -> Result<(), CloseError> {
-        let busy = {
-            let b = lock(&self.inner.bindings);
-            b.counters.iter().any(|(c, _)| !c.is_closed()) || b.endpoint.as_ref().is_some_and(Endpoint::is_open)
-        };
-        if busy {
+        if self.inner.busy() {
             return Err(CloseError { errno: MrErrno::Busy, region: self });
         }
         drop(self);
@@ -424,6 +503,6 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.domain.deregister(&self.inner);
+        self.domain.close_or_orphan(&self.inner);
     }
 }

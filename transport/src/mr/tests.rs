@@ -40,7 +40,7 @@ fn open_validates_attributes() {
     assert_eq!(bad(DomainAttr { mr_key_size: 16, ..d }), MrErrno::Inval);
     assert_eq!(bad(DomainAttr { mr_key_size: MAX_MR_KEY_SIZE + 1, mr_mode: MrMode::RAW, ..d }), MrErrno::Inval);
     assert_eq!(bad(DomainAttr { mr_iov_limit: 0, ..d }), MrErrno::Inval);
-    assert_eq!(bad(DomainAttr { mr_mode: MrMode::from_bits_retain(1 << 10), ..d }), MrErrno::Inval);
+    assert_eq!(bad(DomainAttr { mr_mode: MrMode::from_bits_retain(1 << 12), ..d }), MrErrno::Inval, "not a libfabric bit");
     assert!(Domain::open(DomainAttr { mr_key_size: 16, mr_mode: MrMode::RAW, ..d }).is_ok());
 }
 
@@ -376,4 +376,203 @@ fn errno_codes() {
     assert_eq!(MrErrno::Access(RemoteAccessError::Denied).code(), 13);
     let e: crate::Error = MrErrno::Busy.into();
     assert!(e.to_string().contains("FI_EBUSY"));
+}
+
+// ---------------------------------------------------------------- issue 17, items 6 to 8
+
+use super::cache::page_size;
+use super::cache::testmem::Mapping;
+
+/// Item 8, probed: `FI_MR_HMEM` and `FI_MR_COLLECTIVE` asked for by an application were refused
+/// with EINVAL; a provider clears the bits it does not need, as `fi_getinfo` does, and says so.
+#[test]
+fn unneeded_mode_bits_are_cleared_and_reported() {
+    let asked = MrMode::HMEM | MrMode::COLLECTIVE | MrMode::VIRT_ADDR | MrMode::PROV_KEY;
+    let d = dom(asked);
+    assert_eq!(d.attr().mr_mode, MrMode::VIRT_ADDR | MrMode::PROV_KEY);
+    assert_eq!(d.cleared_mode(), MrMode::HMEM | MrMode::COLLECTIVE);
+    assert_eq!(dom(MrMode::LOCAL).cleared_mode(), MrMode::empty());
+    // FI_MR_BASIC alone is basic registration (never cleared); with other bits it is invalid.
+    let b = dom(MrMode::BASIC);
+    assert_eq!(b.attr().mr_mode, MrMode::BASIC | MrMode::VIRT_ADDR | MrMode::ALLOCATED | MrMode::PROV_KEY);
+    assert_eq!(b.cleared_mode(), MrMode::empty());
+    assert_eq!(dom(MrMode::SCALABLE).attr().mr_mode, MrMode::empty());
+    for m in [MrMode::BASIC | MrMode::LOCAL, MrMode::SCALABLE | MrMode::RAW, MrMode::BASIC | MrMode::SCALABLE] {
+        assert_eq!(Domain::open(DomainAttr { mr_mode: m, ..DomainAttr::default() }).unwrap_err(), MrErrno::Inval, "{m:?}");
+    }
+    // FI_COLLECTIVE access is accepted (and nothing requires it); device memory and
+    // authorization keys are -FI_ENOSYS.
+    let buf = [0u8; 64];
+    let base = buf.as_ptr() as usize;
+    let mr = d.reg(base, 64, Access::COLLECTIVE | Access::SEND | Access::RECV, 0, 0, NOFL).unwrap();
+    assert!(mr.access().contains(Access::COLLECTIVE));
+    let iov = [Segment { addr: base, len: 64 }];
+    let cuda = MrAttr { iface: HmemIface::Cuda, ..MrAttr::new(&iov, RR, 0, 0) };
+    assert_eq!(d.regattr(&cuda, NOFL).unwrap_err(), MrErrno::NoSys);
+    let auth = MrAttr { auth_key: b"secret", ..MrAttr::new(&iov, RR, 0, 0) };
+    assert_eq!(d.regattr(&auth, NOFL).unwrap_err(), MrErrno::NoSys);
+    for f in [RegFlags::DMABUF, RegFlags::HMEM_DEVICE_ONLY, RegFlags::HMEM_HOST_ALLOC] {
+        assert_eq!(d.reg(base, 64, RR, 0, 0, f).unwrap_err(), MrErrno::NoSys, "{f:?}");
+    }
+    assert_eq!((MrErrno::NoSys.code(), MrErrno::Fault.code()), (38, 14));
+}
+
+/// Item 6, probed: `FI_MR_ALLOCATED` did nothing. Registering a range with unmapped pages now
+/// fails with `-FI_EFAULT`; without the bit any range may be registered (the man page's
+/// default).
+#[test]
+fn allocated_requires_mapped_pages() {
+    let p = page_size();
+    let mut m = Mapping::new(3 * p).unwrap();
+    let d = dom(MrMode::ALLOCATED | MrMode::PROV_KEY);
+    let mr = d.reg(m.addr(), 3 * p, RR, 0, 0, NOFL).unwrap();
+    m.unmap_part(p, p);
+    assert_eq!(d.reg(m.addr(), 3 * p, RR, 0, 0, NOFL).unwrap_err(), MrErrno::Fault);
+    let iov = [Segment { addr: m.addr(), len: p }, Segment { addr: m.addr() + p + 8, len: 8 }];
+    assert_eq!(d.regv(&iov, RR, 0, 0, NOFL).unwrap_err(), MrErrno::Fault, "second segment in the hole");
+    assert!(d.reg(m.addr() + 2 * p, p, RR, 0, 0, NOFL).is_ok());
+    // refresh re-verifies under ALLOCATED.
+    assert_eq!(mr.refresh(&[], 0), Err(MrErrno::Fault));
+    // Without ALLOCATED, the hole registers fine.
+    assert!(dom(MrMode::PROV_KEY).reg(m.addr() + p, p, RR, 0, 0, NOFL).is_ok());
+}
+
+/// Item 6, probed: under `FI_MR_MMU_NOTIFY`, `refresh` only counted. A region whose pages
+/// changed now refuses access until `refresh`, which re-enables it.
+#[test]
+fn mmu_notify_refuses_access_until_refresh() {
+    let buf = vec![5u8; 4 * 4096];
+    let base = buf.as_ptr() as usize;
+    let d = dom(MrMode::MMU_NOTIFY | MrMode::PROV_KEY | MrMode::VIRT_ADDR);
+    let mr = d.reg(base, 4096, RR, 0, 0, NOFL).unwrap();
+    let other = d.reg(base + 2 * 4096, 4096, RR, 0, 0, NOFL).unwrap();
+    let (k, k2) = (mr.key().unwrap(), other.key().unwrap());
+    d.check_remote(k, base as u64, 16, RemoteOp::Read).unwrap();
+    d.pages_changed(base + 100, base + 200);
+    assert_eq!(d.check_remote(k, base as u64, 16, RemoteOp::Read), Err(acc(RemoteAccessError::Disabled)));
+    assert!(!mr.is_enabled());
+    assert!(d.check_remote(k2, (base + 2 * 4096) as u64, 16, RemoteOp::Read).is_ok(), "not its pages");
+    mr.refresh(&[], 0).unwrap();
+    assert!(mr.is_enabled());
+    d.check_remote(k, base as u64, 16, RemoteOp::Read).unwrap();
+    // More changes than the ring remembers, none of ours: still refused (conservative).
+    for i in 0..100 {
+        d.pages_changed(base + 8 * 4096 + i, base + 8 * 4096 + i + 1);
+    }
+    assert!(!other.is_enabled(), "fell behind the ring: treated as changed");
+    other.refresh(&[], 0).unwrap();
+    assert!(other.is_enabled());
+    // Without MMU_NOTIFY a page change is the cache's business, not the region's.
+    let plain = dom(MrMode::PROV_KEY);
+    let r = plain.reg(base, 4096, RR, 0, 0, NOFL).unwrap();
+    plain.pages_changed(base, base + 4096);
+    assert!(r.is_enabled());
+}
+
+/// Item 6 through the registration cache's monitor: it is the domain's MMU notifier, so a
+/// `madvise(MADV_DONTNEED)` of registered pages disables an MMU_NOTIFY region outside the
+/// cache as soon as the call returns.
+#[test]
+fn mmu_notify_through_the_cache_monitor() {
+    let p = page_size();
+    let d = dom(MrMode::MMU_NOTIFY | MrMode::PROV_KEY | MrMode::VIRT_ADDR);
+    let cache = MrCache::new(d.clone(), CacheConfig::default()).unwrap();
+    if !cache.is_caching() {
+        eprintln!("skipped: no userfaultfd monitor here ({:?})", cache.monitor_status());
+        return;
+    }
+    let mut m = Mapping::new(2 * p).unwrap();
+    m.fill(3);
+    let cached = cache.get(m.addr(), 2 * p, RR).unwrap();
+    let mr = d.reg(m.addr(), p, RR, 0, 0, NOFL).unwrap();
+    assert!(mr.is_enabled());
+    m.discard(0, p);
+    assert!(!mr.is_enabled(), "the monitor saw the pages go");
+    assert!(!cached.is_valid());
+    mr.refresh(&[], 0).unwrap();
+    assert!(mr.is_enabled());
+}
+
+/// Item 7, probed: dropping a region skipped the `-FI_EBUSY` rule. A region dropped while a
+/// counter is bound stays registered (its key keeps working, the counter keeps counting) until
+/// the counter is closed and the domain reaps it.
+#[test]
+fn dropping_a_bound_region_does_not_bypass_ebusy() {
+    let buf = [0u8; 64];
+    let base = buf.as_ptr() as usize;
+    let d = dom(MrMode::RMA_EVENT | MrMode::PROV_KEY);
+    let c = Counter::new();
+    let mr = d.reg(base, 64, RW, 0, 0, RegFlags::RMA_EVENT).unwrap();
+    mr.bind_counter(&c, BindFlags::REMOTE_WRITE).unwrap();
+    mr.enable().unwrap();
+    let key = mr.key().unwrap();
+    drop(mr);
+    assert_eq!(d.region_count(), 1, "still registered");
+    d.check_remote(key, 0, 8, RemoteOp::Write).unwrap();
+    assert_eq!(c.value(), 1);
+    assert_eq!(d.reap(), 0, "counter still open");
+    // A failed close handed back and then dropped is the same case.
+    let mr2 = d.reg(base, 64, RW, 0, 0, RegFlags::RMA_EVENT).unwrap();
+    mr2.bind_counter(&c, BindFlags::REMOTE_WRITE).unwrap();
+    drop(mr2.close().unwrap_err());
+    assert_eq!(d.region_count(), 2);
+    c.close();
+    assert_eq!(d.reap(), 2);
+    assert_eq!(d.region_count(), 0);
+    assert_eq!(d.check_remote(key, 0, 8, RemoteOp::Write), Err(acc(RemoteAccessError::UnknownKey)));
+    // Endpoints likewise; a registration call reaps too.
+    let ep = Endpoint::new();
+    let de = dom(MrMode::ENDPOINT);
+    let mr = de.reg(base, 64, RR, 0, 7, NOFL).unwrap();
+    mr.bind_endpoint(&ep, 0).unwrap();
+    drop(mr);
+    assert_eq!(de.region_count(), 1);
+    ep.close();
+    let _other = de.reg(base, 64, RR, 0, 8, NOFL).unwrap();
+    assert_eq!(de.region_count(), 1, "the orphan was reaped by the registration");
+    // An unbound region still goes at once.
+    drop(de.reg(base, 64, RR, 0, 9, NOFL).unwrap());
+    assert_eq!(de.region_count(), 1);
+}
+
+/// Item 7, probed: under `FI_MR_RAW` an 8-byte key was accepted by `check_remote` without any
+/// `map_raw`. The mapping is now required: the target takes raw keys only, and the key an
+/// initiator holds is a local handle, not the wire key.
+#[test]
+fn raw_mode_requires_the_mapping_even_for_8_byte_keys() {
+    let buf = [7u8; 32];
+    let base = buf.as_ptr() as usize;
+    let attr = DomainAttr { mr_mode: MrMode::RAW | MrMode::PROV_KEY | MrMode::VIRT_ADDR, mr_key_size: 8, mr_iov_limit: 1 };
+    let (target, peer) = (Domain::open(attr).unwrap(), Domain::open(attr).unwrap());
+    let mr = target.reg(base, 32, RR, 0, 0, NOFL).unwrap();
+    assert_eq!(mr.key(), Err(MrErrno::KeyNotAvail));
+    let mut raw = [0u8; 8];
+    mr.raw_attr(&mut raw).unwrap();
+    let as_u64 = u64::from_le_bytes(raw);
+    assert_eq!(target.check_remote(as_u64, base as u64, 8, RemoteOp::Read), Err(acc(RemoteAccessError::UnknownKey)));
+    let mapped = peer.map_raw(base as u64, &raw, 0).unwrap();
+    let wire = peer.mapped_key(mapped).unwrap();
+    assert_eq!(wire.raw_key, raw);
+    target.check_remote_raw(&wire.raw_key, base as u64, 8, RemoteOp::Read).unwrap();
+    // Two mappings of one raw key are two handles, each to be unmapped.
+    let again = peer.map_raw(base as u64, &raw, 0).unwrap();
+    assert_ne!(again, mapped);
+    peer.unmap_key(mapped).unwrap();
+    assert!(peer.mapped_key(mapped).is_none());
+    assert!(peer.mapped_key(again).is_some());
+    peer.unmap_key(again).unwrap();
+}
+
+/// `FI_READ` and `FI_WRITE` (the local side of RMA) under `FI_MR_LOCAL`: granted exactly.
+#[test]
+fn local_read_and_write_access() {
+    let buf = [0u8; 64];
+    let base = buf.as_ptr() as usize;
+    let d = dom(MrMode::LOCAL);
+    let r = d.reg(base, 64, Access::READ, 0, 1, NOFL).unwrap();
+    let w = d.reg(base, 64, Access::WRITE, 0, 2, NOFL).unwrap();
+    d.check_local(r.desc(), base, 64, Access::READ).unwrap();
+    d.check_local(w.desc(), base, 64, Access::WRITE).unwrap();
+    assert_eq!(d.check_local(r.desc(), base, 8, Access::WRITE), Err(acc(RemoteAccessError::Denied)));
+    assert_eq!(d.check_local(w.desc(), base, 8, Access::READ), Err(acc(RemoteAccessError::Denied)));
 }

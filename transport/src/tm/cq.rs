@@ -5,7 +5,9 @@
 ///
 /// `IBV_WC_RECV` is not produced: like mlx5, the model reports unexpected tagged messages as
 /// [`WcOpcode::TmRecv`] with neither [`WcFlags::TM_MATCH`] nor [`WcFlags::TM_DATA_VALID`]
-/// (see [`Wc::is_unexpected`]).
+/// (see [`Wc::is_unexpected`]). This differs from the seed's words on purpose: rdma-core's own
+/// suite expects it (`tests/test_tag_matching.py`, `test_tm_unexpected_tag`: opcode
+/// `IBV_WC_TM_RECV`, flags 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WcOpcode {
     /// `IBV_WC_TM_ADD`: completion of a TAG_ADD operation.
@@ -17,7 +19,8 @@ pub enum WcOpcode {
     /// `IBV_WC_TM_RECV`: a tagged message: matched (flags say which phase) or unexpected.
     TmRecv,
     /// `IBV_WC_TM_NO_TAG`: a message whose opcode is NO_TAG or FIN, delivered whole to an
-    /// SRQ buffer. Not counted as unexpected.
+    /// SRQ buffer. Not counted as unexpected (rdma-core's `tests/test_tag_matching.py`,
+    /// `test_tm_no_tag`, expects this opcode and an unchanged unexpected count).
     TmNoTag,
 }
 

@@ -41,10 +41,15 @@
 //!   without the flag leaves the last reported count in force). An ADD made while the counts
 //!   differ is *out of phase*: not matched until an op makes them level, which re-enables
 //!   every such entry. Entries added in phase keep matching after later unexpected arrivals.
-//!   Completions of ADD, DEL and SYNC carry [`WcFlags::TM_SYNC_REQ`] when the counts differ
-//!   after the op (mlx5 sets it on ADD/DEL only; on SYNC it is the same information). An
-//!   unexpected receive carries it when polled once more than [`MAX_SYNC_DIFF`] unexpected
-//!   receives have been polled since the last reported count.
+//! - **`TM_SYNC_REQ`**, as rdma-core's mlx5 provider sets it (`providers/mlx5/cq.c`,
+//!   `handle_tag_matching`), not on "all completions" as the seed's summary says: on an ADD or
+//!   DEL completion when the count the op left in force differs from the hardware's
+//!   (`hw_phase_cnt != op->tag->phase_cnt`); on an unexpected receive when polled once more
+//!   than [`MAX_SYNC_DIFF`] unexpected receives have been polled since the last reported
+//!   count (`unexp_in - unexp_out > MLX5_TM_MAX_SYNC_DIFF`); never on a SYNC's own completion
+//!   (a NOOP carries no tag, so mlx5 skips the comparison), on a matched `TmRecv` or on a
+//!   `TmNoTag` (those cases set no flag). A caller that needs the gap at other times has
+//!   [`TmSrq::in_sync`].
 //! - **Ops** execute when posted (the hardware handles them before the next arrival). Each
 //!   holds one of `max_ops` slots until a completion of it or of a later op is polled (the
 //!   mlx5 command queue), so unsignaled ops need an occasional signaled one. A full list or
@@ -54,25 +59,39 @@
 //!   cleanly instead of hitting a new entry; handles are recycled FIFO.
 //! - **Unexpected** tagged messages land whole (TMH, RVH, meta-data, payload) in the next SRQ
 //!   buffer and complete as [`WcOpcode::TmRecv`] with neither `TM_MATCH` nor `TM_DATA_VALID`
-//!   (mlx5's behaviour; [`Wc::is_unexpected`]), with no tm info (parse the TMH from the
-//!   buffer). **No SRQ buffer** posted: [`Arrival::Rnr`], nothing changes, offer the message
-//!   again later (back-pressure, like an RNR NAK; the count is not advanced).
+//!   ([`Wc::is_unexpected`]), with no tm info (parse the TMH from the buffer). The seed says
+//!   `IBV_WC_RECV`; this is what mlx5 reports and what rdma-core's own suite expects
+//!   (`tests/test_tag_matching.py`, `test_tm_unexpected_tag`: opcode `IBV_WC_TM_RECV`, flags 0,
+//!   tag 0, and software counts it because neither flag is set). A multi-packet unexpected
+//!   message is decided, counted and given its place in the completion queue with its first
+//!   packet; its completion becomes pollable with the last packet, and until then no later
+//!   match or unexpected completion is polled before it (the seed: the matching completion
+//!   "is always serialized with respect to other matches and the completion of unexpected
+//!   messages"). **No SRQ buffer** posted: [`Arrival::Rnr`], nothing changes, offer the
+//!   message again later (back-pressure, like an RNR NAK; the count is not advanced).
 //! - **NO_TAG** messages are always delivered whole to an SRQ buffer as
-//!   [`WcOpcode::TmNoTag`] and are not counted. **FIN** arriving at a TM-SRQ (the sender side
-//!   of a rendezvous) is treated the same way: mlx5 reports it with the NO_TAG CQE opcode and
-//!   UCX tells the two apart by the opcode byte in the buffer.
+//!   [`WcOpcode::TmNoTag`] and are not counted (rdma-core's `test_tm_no_tag` expects opcode
+//!   `IBV_WC_TM_NO_TAG` and an unchanged unexpected count; mlx5 counts only
+//!   `MLX5_CQE_APP_OP_TM_UNEXPECTED`). **FIN** arriving at a TM-SRQ (the sender side of a
+//!   rendezvous) is treated the same way: mlx5 reports it with the NO_TAG CQE opcode and UCX
+//!   tells the two apart by the opcode byte in the buffer.
+//! - **TAG_SYNC** is posted with `SIGNALED | TM_SYNC` ([`OpsWr::sync`]), the flags
+//!   rdma-core's suite uses (`post_sync` in `tests/test_tag_matching.py`); without `TM_SYNC`
+//!   the count it carries is ignored, as for any op.
 //! - **Expected eager**, one packet: one `TmRecv` with `TM_MATCH | TM_DATA_VALID`, headers
 //!   stripped. More packets ([`TmSrq::arrive_first`] / [`TmSrq::arrive_continuation`]):
 //!   `TM_MATCH` with the first, `TM_DATA_VALID` with the last, same `recv_wr_id`; only the
 //!   second frees the entry. A payload larger than the buffer is cut and completes
 //!   [`WcStatus::LocLenErr`] with the full length in `byte_len`.
 //! - **Expected rendezvous**: `TM_MATCH` completion and an [`Arrival::Read`] for the caller to
-//!   execute (key and length from the [`RndvMeta`] after the RVH when present, else from the
-//!   RVH); then [`TmSrq::read_complete`] queues `TM_DATA_VALID` and the FIN (TMH with opcode
-//!   FIN, and the RVH) to the sender, or [`TmSrq::read_failed`] queues `TM_DATA_VALID` with the
-//!   error status and no FIN. Buffer smaller than the payload: one completion
-//!   `TM_MATCH | TM_DATA_VALID` with status [`WcStatus::TmRndvIncomplete`], and the request
-//!   itself (TMH, RVH, meta-data) placed in the buffer for software to finish.
+//!   execute, described by the RVH alone (`va`, 32-bit `rkey`, 32-bit `len`; bytes after the
+//!   RVH never change it, see [`RndvRequest`]); then [`TmSrq::read_complete`] queues
+//!   `TM_DATA_VALID` and the FIN (TMH with opcode FIN, and the RVH) to the sender, or
+//!   [`TmSrq::read_failed`] queues `TM_DATA_VALID` with the error status and no FIN. Buffer
+//!   smaller than the RVH's `len`: one completion `TM_MATCH | TM_DATA_VALID` with status
+//!   [`WcStatus::TmRndvIncomplete`], and the request itself (TMH, RVH, meta-data) placed in
+//!   the buffer for software to finish. A tagged buffer is one `ibv_sge`: an ADD longer than
+//!   [`MAX_TAGGED_LEN`] is refused (`EINVAL`).
 //! - **Completion queue** capacity is allocated up front for every completion the SRQ's
 //!   resources can have outstanding; it grows (rather than overrunning, as hardware would) only
 //!   if software keeps reposting SRQ buffers without polling.
@@ -89,13 +108,15 @@ mod srq;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_rdma_core;
 
 pub use caps::{TmCap, TmCapFlags, TmCaps};
 pub use cq::{Wc, WcFlags, WcOpcode, WcStatus};
 pub use ops::{OpsFlags, OpsOp, OpsWr};
 pub use srq::{
-    Arrival, Buffer, Placement, ReadId, ReadRequest, RndvMeta, TmCounters, TmSrq, Transmit, FIN_LEN, MAX_SYNC_DIFF, RNDV_META_LEN,
-    RNDV_REQ_LEN,
+    Arrival, Buffer, Placement, ReadId, ReadRequest, RndvRequest, TmCounters, TmSrq, Transmit, FIN_LEN, MAX_SYNC_DIFF, MAX_TAGGED_LEN,
+    RNDV_META_LEN, RNDV_REQ_LEN, RVH_LEN_IN_META,
 };
 
 /// Errno-like failures of the TM-SRQ verbs. Per-message outcomes are completion statuses

@@ -86,7 +86,9 @@ impl OpsWr {
         OpsWr { wr_id, opcode: OpsOp::Del { handle }, flags: sync_flags(signaled), unexpected_cnt, handle: 0 }
     }
 
-    /// A TAG_SYNC reporting `unexpected_cnt` (flags `TM_SYNC`, plus `SIGNALED` if asked).
+    /// A TAG_SYNC reporting `unexpected_cnt` (flags `TM_SYNC`, plus `SIGNALED` if asked): the
+    /// flags rdma-core's suite posts it with (`tests/test_tag_matching.py`, `post_sync`:
+    /// `IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC`); without `TM_SYNC` the count would be ignored.
     pub fn sync(wr_id: u64, unexpected_cnt: u32, signaled: bool) -> Self {
         OpsWr { wr_id, opcode: OpsOp::Sync, flags: sync_flags(signaled), unexpected_cnt, handle: 0 }
     }

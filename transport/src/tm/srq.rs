@@ -9,59 +9,102 @@ use super::ops::{OpsFlags, OpsOp, OpsWr};
 use super::TmErrno;
 use crate::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
 
-/// Length of the rendezvous meta-data this crate defines ([`RndvMeta`]).
-pub const RNDV_META_LEN: usize = 16;
-/// Length of a rendezvous request built by [`RndvMeta::encode_request`]: TMH, RVH, meta-data.
+/// Length of the rendezvous meta-data this crate defines after the RVH: the payload length as
+/// a big-endian `u64` (see [`RndvRequest`]).
+pub const RNDV_META_LEN: usize = 8;
+/// Length of a rendezvous request built by [`RndvRequest::encode`]: TMH, RVH, meta-data.
 pub const RNDV_REQ_LEN: usize = TMH_LEN + RVH_LEN + RNDV_META_LEN;
 /// Length of a FIN message: the request's TMH (opcode FIN) and RVH.
 pub const FIN_LEN: usize = TMH_LEN + RVH_LEN;
+
+/// The RVH `len` that tmpi's senders write for a payload of `u32::MAX` bytes or more: "the
+/// length does not fit the RVH; read it from the meta-data". Hardware gives it no meaning
+/// (it is an ordinary length to it); see [`RndvRequest`] for why that is safe.
+pub const RVH_LEN_IN_META: u32 = u32::MAX;
+
+/// Largest tagged-buffer length an ADD accepts: a tagged buffer is one `ibv_sge`, whose
+/// `length` is 32 bits.
+pub const MAX_TAGGED_LEN: usize = u32::MAX as usize;
 
 /// Unexpected receives polled beyond software's last reported count after which every further
 /// unexpected completion carries `TM_SYNC_REQ` (mlx5's `MLX5_TM_MAX_SYNC_DIFF`).
 pub const MAX_SYNC_DIFF: u16 = 0x3fff;
 
-/// The optional meta-data of a rendezvous request as tmpi lays it out after the RVH:
-/// `key: be64, len: be64`. The RVH's `rkey` and `len` are 32 bits; a 64-bit memory key and a
-/// length of 4 GiB or more travel here, and the soft TM-SRQ uses them for the read it
-/// requests when they are present.
+/// A rendezvous request as tmpi's senders build it: `TMH | RVH | meta-data`, where the
+/// meta-data is the payload length as a big-endian `u64`.
+///
+/// # What the hardware path reads, and the two software extensions
+///
+/// The TM-SRQ serves an expected request from the RVH alone (`va`, 32-bit `rkey`, 32-bit
+/// `len`), as the seed says (the optional data "may be inspected by receiver SW if the
+/// message is deemed unexpected"); bytes after the RVH never change what it reads. So that
+/// the RVH is the whole truth:
+///
+/// - **Keys.** The `rkey` is the sender's fi_mr key itself: the runtime opens its fi_mr
+///   domain with `mr_key_size` 4 (as libfabric's verbs provider does, whose keys are the
+///   verbs rkeys), so every key fits 32 bits and the target's key check
+///   ([`crate::mr::Domain::check_remote`] with `u64::from(rkey)`) stays the single
+///   authority before any byte moves. A wider key cannot be encoded ([`RndvRequest::rkey`]
+///   is a `u32`); truncating one would only make the target refuse the read.
+/// - **Payloads of `u32::MAX` bytes or more** (the software path): the RVH's `len` is
+///   [`RVH_LEN_IN_META`] and the real length is in the meta-data. The runtime never posts a
+///   tagged buffer of `u32::MAX` bytes or more (and the model refuses one above
+///   [`MAX_TAGGED_LEN`]), so the hardware finds every tagged buffer smaller than
+///   `RVH_LEN_IN_META` and completes such a request `TM_RNDV_INCOMPLETE` with the headers
+///   in the buffer, or it arrives unexpected: either way software finishes it, reading the
+///   length with [`RndvRequest::payload_len`]. (UCX reaches the same end differently: it
+///   sends rendezvous requests the device cannot serve as tagged eager messages, its
+///   "software rendezvous".)
+///
+/// Software reads the same `(va, rkey, len)` as the hardware, except for the length of the
+/// long messages above.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RndvMeta {
-    /// Full remote key of the sender's registration.
-    pub key: u64,
-    /// Full length of the rendezvous payload.
+pub struct RndvRequest {
+    /// TMH `app_ctx`.
+    pub app_ctx: u32,
+    /// TMH tag.
+    pub tag: u64,
+    /// RVH address of the sender's registered buffer.
+    pub va: u64,
+    /// RVH remote key: the sender's fi_mr key.
+    pub rkey: u32,
+    /// Payload length.
     pub len: u64,
 }
 
-impl RndvMeta {
-    /// The 16 encoded bytes.
-    #[inline]
-    pub fn encode(&self) -> [u8; RNDV_META_LEN] {
-        let mut b = [0u8; RNDV_META_LEN];
-        b[..8].copy_from_slice(&self.key.to_be_bytes());
-        b[8..].copy_from_slice(&self.len.to_be_bytes());
-        b
-    }
-
-    /// Reads meta-data from the start of `buf` (the bytes after the RVH); `None` if shorter
-    /// than [`RNDV_META_LEN`].
-    #[inline]
-    pub fn decode(buf: &[u8]) -> Option<Self> {
-        let b: &[u8; RNDV_META_LEN] = buf.get(..RNDV_META_LEN)?.try_into().ok()?;
-        let (k, l) = b.split_at(8);
-        Some(RndvMeta { key: u64::from_be_bytes(k.try_into().ok()?), len: u64::from_be_bytes(l.try_into().ok()?) })
-    }
-
-    /// A whole rendezvous request: TMH (opcode RNDV), RVH and this meta-data. The RVH gets
-    /// the low 32 bits of `key` and `len` saturated to `u32::MAX`; hardware-style readers of
-    /// the RVH alone therefore see a truncated key, which is why the meta-data exists.
-    pub fn encode_request(&self, app_ctx: u32, tag: u64, va: u64) -> [u8; RNDV_REQ_LEN] {
+impl RndvRequest {
+    /// The encoded request (TMH with opcode RNDV, RVH, meta-data).
+    pub fn encode(&self) -> [u8; RNDV_REQ_LEN] {
         let mut b = [0u8; RNDV_REQ_LEN];
-        let tmh = Tmh { op: TmOp::Rndv, app_ctx, tag };
-        let rvh = Rvh { va, rkey: self.key as u32, len: u32::try_from(self.len).unwrap_or(u32::MAX) };
+        let tmh = Tmh { op: TmOp::Rndv, app_ctx: self.app_ctx, tag: self.tag };
+        let rvh = Rvh { va: self.va, rkey: self.rkey, len: u32::try_from(self.len).unwrap_or(RVH_LEN_IN_META) };
         b[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
         b[TMH_LEN..TMH_LEN + RVH_LEN].copy_from_slice(&rvh.to_bytes());
-        b[TMH_LEN + RVH_LEN..].copy_from_slice(&self.encode());
+        b[TMH_LEN + RVH_LEN..].copy_from_slice(&self.len.to_be_bytes());
         b
+    }
+
+    /// The payload length software reads from a whole request `req` (TMH, RVH, anything): the
+    /// RVH's `len`, unless it is [`RVH_LEN_IN_META`], in which case the meta-data's (which
+    /// must then be there and be at least `u32::MAX`). `None` for a request too short or
+    /// inconsistent.
+    pub fn payload_len(req: &[u8]) -> Option<u64> {
+        let rvh = parse_rvh(req.get(TMH_LEN..)?)?;
+        if rvh.len != RVH_LEN_IN_META {
+            return Some(u64::from(rvh.len));
+        }
+        let m: [u8; RNDV_META_LEN] = req.get(TMH_LEN + RVH_LEN..RNDV_REQ_LEN)?.try_into().ok()?;
+        let len = u64::from_be_bytes(m);
+        (len >= u64::from(RVH_LEN_IN_META)).then_some(len)
+    }
+
+    /// Reads a whole request as software does (see [`RndvRequest::payload_len`]); `None` if
+    /// it is not a valid rendezvous request.
+    pub fn parse(req: &[u8]) -> Option<RndvRequest> {
+        let tmh = parse_tmh(req).filter(|t| t.op == TmOp::Rndv)?;
+        let rvh = parse_rvh(req.get(TMH_LEN..)?)?;
+        let len = Self::payload_len(req)?;
+        Some(RndvRequest { app_ctx: tmh.app_ctx, tag: tmh.tag, va: rvh.va, rkey: rvh.rkey, len })
     }
 }
 
@@ -113,8 +156,9 @@ pub struct ReadId {
     gen: u32,
 }
 
-/// "RDMA-read `len` bytes at `va` with `key` from `src` into tagged buffer `recv_wr_id`":
-/// an expected rendezvous request the hardware would serve itself. Report the outcome with
+/// "RDMA-read `len` bytes at `va` with `rkey` from `src` into tagged buffer `recv_wr_id`":
+/// an expected rendezvous request the hardware would serve itself, described by the RVH
+/// alone (nothing after the RVH changes it). Report the outcome with
 /// [`TmSrq::read_complete`] or [`TmSrq::read_failed`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadRequest {
@@ -124,10 +168,10 @@ pub struct ReadRequest {
     pub src: u32,
     /// Remote address, from the RVH.
     pub va: u64,
-    /// Remote key: [`RndvMeta::key`] when the request carried meta-data, else the RVH rkey.
-    pub key: u64,
-    /// Bytes to read: [`RndvMeta::len`] when present, else the RVH length.
-    pub len: u64,
+    /// Remote key, from the RVH (the target checks it before any byte moves).
+    pub rkey: u32,
+    /// Bytes to read, from the RVH.
+    pub len: u32,
     /// The tagged buffer to read into (at offset 0).
     pub recv_wr_id: u64,
     /// Its handle.
@@ -201,6 +245,21 @@ struct CqEntry {
     op_seq: u64,
     /// An unexpected tagged receive (counts toward the `TM_SYNC_REQ` threshold).
     unexpected: bool,
+    /// The completion of a multi-packet unexpected message whose last packet has not arrived:
+    /// its place in the queue is taken (the hardware decided when the first packet came), but
+    /// it cannot be polled yet, and no match or unexpected completion queued after it may be
+    /// polled before it.
+    pending: bool,
+}
+
+impl CqEntry {
+    /// Whether this completion keeps its place behind a pending unexpected completion: every
+    /// `TmRecv` (matches, unexpected receives, and the DATA_VALID completions, which must not
+    /// pass their own MATCH). Op and NO_TAG completions may pass it.
+    #[inline]
+    fn ordered(&self) -> bool {
+        self.wc.opcode == WcOpcode::TmRecv
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -236,6 +295,8 @@ pub struct TmSrq {
     unexp_polled: u16,
     ops_posted: u64,
     ops_reaped: u64,
+    /// Pending entries in `cq` (see [`CqEntry::pending`]).
+    cq_pending: usize,
     counters: TmCounters,
 }
 
@@ -253,14 +314,13 @@ impl std::fmt::Debug for TmSrq {
     }
 }
 
-/// Reads a TMH like [`Tmh::decode`], without building the crate's error (this is the hot
-/// path of every arrival).
+/// Reads a TMH as the hardware does: opcode, `app_ctx` and tag. Unlike [`Tmh::decode`] (the
+/// software decoder, which refuses them) the reserved bytes are ignored: rdma-core's suite
+/// (`tests/test_tag_matching.py`, `write_tm_header`) sends TMHs whose reserved bytes and
+/// `app_ctx` are left over from the payload and expects them matched.
 #[inline]
 fn parse_tmh(buf: &[u8]) -> Option<Tmh> {
     let b: &[u8; TMH_LEN] = buf.get(..TMH_LEN)?.try_into().ok()?;
-    if b[1] | b[2] | b[3] != 0 {
-        return None;
-    }
     let op = match b[0] {
         0 => TmOp::NoTag,
         1 => TmOp::Rndv,
@@ -331,6 +391,7 @@ impl TmSrq {
             unexp_polled: 0,
             ops_posted: 0,
             ops_reaped: 0,
+            cq_pending: 0,
             counters: TmCounters::default(),
         })
     }
@@ -423,7 +484,8 @@ impl TmSrq {
     /// ops from `i` on did not (the verbs `bad_wr`):
     /// - [`TmErrno::NoMem`]: `max_ops` ops outstanding, or an ADD while no entry is free (the
     ///   list is full, or consumed entries await the polling of their completions);
-    /// - [`TmErrno::Inval`]: unknown flag bits, or a DEL handle `>= max_num_tags`.
+    /// - [`TmErrno::Inval`]: unknown flag bits, an ADD longer than [`MAX_TAGGED_LEN`] (a
+    ///   tagged buffer is one `ibv_sge`), or a DEL handle `>= max_num_tags`.
     pub fn post_srq_ops(&mut self, wrs: &mut [OpsWr]) -> Result<(), (usize, TmErrno)> {
         for (i, wr) in wrs.iter_mut().enumerate() {
             match self.post_srq_op(wr) {
@@ -448,6 +510,7 @@ impl TmSrq {
             return Err(TmErrno::NoMem);
         }
         match wr.opcode {
+            OpsOp::Add { len, .. } if len > MAX_TAGGED_LEN => return Err(TmErrno::Inval),
             OpsOp::Add { .. } if self.list.is_full() => return Err(TmErrno::NoMem),
             OpsOp::Del { handle } if handle >= self.cap.max_num_tags => return Err(TmErrno::Inval),
             _ => {}
@@ -493,7 +556,7 @@ impl TmSrq {
                 if signaled {
                     wc.opcode = WcOpcode::TmAdd;
                     wc.handle = h;
-                    self.push(CqEntry { wc, release: h, op_seq: seq, unexpected: false });
+                    self.push(CqEntry { wc, release: h, op_seq: seq, unexpected: false, pending: false });
                 }
                 Ok(Some(h))
             }
@@ -507,21 +570,25 @@ impl TmSrq {
                     s.state = SlotState::Done;
                     if signaled {
                         // The completion takes over the hardware's hold on the handle.
-                        self.push(CqEntry { wc, release: handle, op_seq: seq, unexpected: false });
+                        self.push(CqEntry { wc, release: handle, op_seq: seq, unexpected: false, pending: false });
                     } else {
                         self.list.unref(handle);
                     }
                 } else {
                     self.counters.del_failed += 1;
                     wc.status = WcStatus::TmErr;
-                    self.push(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false });
+                    self.push(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false, pending: false });
                 }
                 Ok(None)
             }
             OpsOp::Sync => {
                 self.counters.syncs += 1;
+                // mlx5 (`handle_tag_matching`, case `MLX5_CQE_APP_OP_TM_NOOP`) compares the
+                // phase counts only for ops that carry a tag (APPEND, REMOVE): a SYNC's own
+                // completion never asks for another SYNC.
+                wc.flags = WcFlags::NONE;
                 if signaled {
-                    self.push(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false });
+                    self.push(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false, pending: false });
                 }
                 Ok(None)
             }
@@ -536,7 +603,7 @@ impl TmSrq {
     /// polled since software's last reported count (as the mlx5 driver computes it).
     #[inline]
     pub fn poll_cq(&mut self) -> Option<Wc> {
-        let e = self.cq.pop_front()?;
+        let e = if self.cq_pending == 0 { self.cq.pop_front()? } else { self.pop_past_pending()? };
         let mut wc = e.wc;
         if e.release != NIL {
             self.list.unref(e.release);
@@ -551,6 +618,34 @@ impl TmSrq {
             }
         }
         Some(wc)
+    }
+
+    /// The oldest completion that may be polled while a multi-packet unexpected message is
+    /// still arriving: one queued before the first pending completion, or an op or NO_TAG
+    /// completion after it (see [`CqEntry::ordered`]).
+    #[cold]
+    fn pop_past_pending(&mut self) -> Option<CqEntry> {
+        let mut blocked = false;
+        let i = self.cq.iter().position(|e| {
+            if e.pending {
+                blocked = true;
+                return false;
+            }
+            !(blocked && e.ordered())
+        })?;
+        self.cq.remove(i)
+    }
+
+    /// Makes the pending completion of the unexpected message from `src` pollable, with
+    /// `status` if given.
+    fn settle_pending(&mut self, src: u32, status: Option<WcStatus>) {
+        if let Some(e) = self.cq.iter_mut().find(|e| e.pending && e.wc.src == src) {
+            e.pending = false;
+            if let Some(st) = status {
+                e.wc.status = st;
+            }
+            self.cq_pending -= 1;
+        }
     }
 
     /// The next message the SRQ wants sent (the FIN of a completed rendezvous), if any.
@@ -583,7 +678,7 @@ impl TmSrq {
     ///
     /// # Errors
     /// - [`TmErrno::BadMsg`]: empty packet, `total_len < first.len()`, unknown opcode,
-    ///   a TMH with non-zero reserved bytes, an eager first packet shorter than a TMH, a
+    ///   an eager first packet shorter than a TMH, a
     ///   rendezvous request not whole in one packet, shorter than TMH and RVH, or longer than
     ///   `max_rndv_hdr_size`. Nothing changed.
     /// - [`TmErrno::Inval`]: a message from `src` is still in progress. Nothing changed.
@@ -617,7 +712,9 @@ impl TmSrq {
                 }
             }
             // The hardware looks at nothing but the opcode of these: delivered whole, as
-            // NO_TAG (mlx5 reports FIN with the NO_TAG CQE opcode), never counted.
+            // NO_TAG (mlx5 reports FIN with the NO_TAG CQE opcode), never counted (mlx5 counts
+            // only TM_UNEXPECTED CQEs; rdma-core's tests/test_tag_matching.py, test_tm_no_tag,
+            // checks the count stays put).
             Ok(TmOp::NoTag) | Ok(TmOp::Fin) => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmNoTag, false)),
             Err(_) => Err(TmErrno::BadMsg),
         }
@@ -661,7 +758,7 @@ impl TmSrq {
                         tag: s.msg_tag,
                         app_ctx: s.app_ctx,
                     };
-                    self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
+                    self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false, pending: false });
                 }
                 Placement {
                     buffer: Buffer::Tagged { recv_wr_id: s.recv_wr_id, handle: h },
@@ -671,8 +768,10 @@ impl TmSrq {
                 }
             }
             InTarget::Srq { wr_id, len, opcode, unexpected } => {
-                if done {
-                    self.push_srq_completion(src, wr_id, len, f.total, opcode, unexpected);
+                if done && unexpected {
+                    self.settle_pending(src, None);
+                } else if done {
+                    self.push_srq_completion(src, wr_id, len, f.total, opcode, false, false);
                 }
                 Placement { buffer: Buffer::Srq { wr_id }, src_off: 0, dst_off: off, len: clip(off, bytes.len(), len) }
             }
@@ -707,9 +806,10 @@ impl TmSrq {
                     tag: s.msg_tag,
                     app_ctx: s.app_ctx,
                 };
-                self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
+                self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false, pending: false });
             }
-            InTarget::Srq { wr_id, opcode, unexpected, .. } => {
+            InTarget::Srq { unexpected: true, .. } => self.settle_pending(src, Some(WcStatus::WrFlushErr)),
+            InTarget::Srq { wr_id, opcode, .. } => {
                 let wc = Wc {
                     wr_id,
                     opcode,
@@ -721,7 +821,7 @@ impl TmSrq {
                     tag: 0,
                     app_ctx: 0,
                 };
-                self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected });
+                self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false, pending: false });
             }
         }
         true
@@ -783,7 +883,7 @@ impl TmSrq {
             tag: s.msg_tag,
             app_ctx: s.app_ctx,
         };
-        self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
+        self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false, pending: false });
     }
 
     /// Takes `h` out of the list for a message from `src`.
@@ -817,11 +917,11 @@ impl TmSrq {
         if first_len == total_len {
             self.list.slots[h as usize].state = SlotState::Done;
             wc.status = len_status(payload, s.len);
-            self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
+            self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false, pending: false });
         } else {
             wc.flags = WcFlags::TM_MATCH;
             wc.byte_len = 0;
-            self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false });
+            self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false, pending: false });
             self.inflight.push(Inflight { src, target: InTarget::Tagged(h), received: first_len, total: total_len });
         }
         Arrival::Place(Placement {
@@ -834,10 +934,8 @@ impl TmSrq {
 
     fn match_rndv(&mut self, h: u32, src: u32, tmh: &Tmh, rvh: Rvh, msg: &[u8]) -> Arrival {
         let s = self.consume(h, src, tmh);
-        let (key, len) = match RndvMeta::decode(&msg[TMH_LEN + RVH_LEN..]) {
-            Some(m) => (m.key, m.len),
-            None => (u64::from(rvh.rkey), u64::from(rvh.len)),
-        };
+        // The hardware reads the RVH alone: whatever follows it is software's business.
+        let len = rvh.len;
         let mut wc = Wc {
             wr_id: s.recv_wr_id,
             opcode: WcOpcode::TmRecv,
@@ -849,7 +947,7 @@ impl TmSrq {
             tag: tmh.tag,
             app_ctx: tmh.app_ctx,
         };
-        if len > s.len as u64 {
+        if len as usize > s.len {
             // The buffer cannot hold the payload: hand the request to software, in the buffer.
             self.counters.rndv_incomplete += 1;
             let slot = &mut self.list.slots[h as usize];
@@ -858,7 +956,7 @@ impl TmSrq {
             wc.status = WcStatus::TmRndvIncomplete;
             wc.flags = WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID;
             wc.byte_len = msg.len() as u64;
-            self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false });
+            self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false, pending: false });
             return Arrival::Place(Placement {
                 buffer: Buffer::Tagged { recv_wr_id: s.recv_wr_id, handle: h },
                 src_off: 0,
@@ -869,11 +967,19 @@ impl TmSrq {
         self.counters.rndv_reads += 1;
         let slot = &mut self.list.slots[h as usize];
         slot.rvh = rvh;
-        slot.payload = len;
+        slot.payload = u64::from(len);
         slot.read_pending = true;
         let gen = slot.gen;
-        self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false });
-        Arrival::Read(ReadRequest { id: ReadId { handle: h, gen }, src, va: rvh.va, key, len, recv_wr_id: s.recv_wr_id, handle: h })
+        self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false, pending: false });
+        Arrival::Read(ReadRequest {
+            id: ReadId { handle: h, gen },
+            src,
+            va: rvh.va,
+            rkey: rvh.rkey,
+            len,
+            recv_wr_id: s.recv_wr_id,
+            handle: h,
+        })
     }
 
     /// Delivers a message whole to the next SRQ buffer (or refuses it: RNR).
@@ -883,14 +989,21 @@ impl TmSrq {
             return Arrival::Rnr;
         };
         if unexpected {
+            // Completes as TmRecv with neither MATCH nor DATA_VALID, as mlx5 does and
+            // rdma-core's tests/test_tag_matching.py (test_tm_unexpected_tag) expects.
             self.hw_cnt = self.hw_cnt.wrapping_add(1);
             self.counters.unexpected += 1;
         } else {
             self.counters.no_tag += 1;
         }
-        if first_len == total_len {
-            self.push_srq_completion(src, wr_id, len, total_len, opcode, unexpected);
-        } else {
+        let multi = first_len != total_len;
+        // A multi-packet unexpected message is counted now, so its completion takes its place
+        // in the queue now (pending until the last packet): the seed serializes the matching
+        // completions with the completions of unexpected messages.
+        if !multi || unexpected {
+            self.push_srq_completion(src, wr_id, len, total_len, opcode, unexpected, multi);
+        }
+        if multi {
             self.inflight.push(Inflight {
                 src,
                 target: InTarget::Srq { wr_id, len, opcode, unexpected },
@@ -901,7 +1014,8 @@ impl TmSrq {
         Arrival::Place(Placement { buffer: Buffer::Srq { wr_id }, src_off: 0, dst_off: 0, len: clip(0, first_len, len) })
     }
 
-    fn push_srq_completion(&mut self, src: u32, wr_id: u64, len: usize, total: usize, opcode: WcOpcode, unexpected: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn push_srq_completion(&mut self, src: u32, wr_id: u64, len: usize, total: usize, opcode: WcOpcode, unexpected: bool, pending: bool) {
         let wc = Wc {
             wr_id,
             opcode,
@@ -913,7 +1027,8 @@ impl TmSrq {
             tag: 0,
             app_ctx: 0,
         };
-        self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected });
+        self.cq_pending += usize::from(pending);
+        self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected, pending });
     }
 }
 

@@ -8,9 +8,13 @@
 //!   access asked plus whatever the overlapping entries granted, and evicts those overlapping
 //!   entries (they are not merged: merged ranges grow without bound and may span memory that
 //!   is later unmapped piecewise).
-//! - Entries are reference-counted while in use ([`CachedMr`] releases on drop). Unused ones
-//!   sit on an LRU bounded by [`CacheConfig::max_count`] entries and [`CacheConfig::max_size`]
-//!   bytes; the bounds count unused entries only (in-use ones cannot be evicted anyway).
+//! - Entries are reference-counted while in use ([`CachedMr`] releases on drop); unused ones
+//!   sit on an LRU. [`CacheConfig::max_count`] and [`CacheConfig::max_size`] bound *every*
+//!   entry of the cache, in use or not (the seed: "the total number of memory regions that
+//!   may be registered with the cache"). A new entry that would pass a bound first flushes
+//!   unused entries, least recently used first; if it still does not fit (too many entries in
+//!   use, or larger than `max_size` alone) the registration is served uncached, as libfabric
+//!   does, and counted in [`CacheStats::uncached`].
 //! - A memory monitor invalidates entries whose memory is unmapped, so a later `mmap` at the
 //!   same address never hits a stale registration ([`Monitor::Userfaultfd`], see below).
 //! - Nothing is allocated or freed while the cache lock is held (see `store.rs` for how):
@@ -57,6 +61,10 @@
 mod store;
 mod uffd;
 
+pub(crate) use self::uffd::page_size;
+#[cfg(test)]
+pub(crate) use self::uffd::testmem;
+
 #[cfg(test)]
 mod tests;
 
@@ -94,17 +102,17 @@ pub enum Monitor {
     Disabled,
 }
 
-/// Cache configuration (the runtime reads it from `TMPI_MR_CACHE_*`; see
-/// [`CacheConfig::from_env`]).
+/// Cache configuration (the runtime reads it from `TMPI_MR_CACHE_*`, or libfabric's
+/// `FI_MR_CACHE_*` when those are unset; see [`CacheConfig::parse`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheConfig {
-    /// Most unused entries kept (`TMPI_MR_CACHE_MAX_COUNT`, default 1024). 0 disables
-    /// caching.
+    /// Most entries the cache holds, in use or not (`TMPI_MR_CACHE_MAX_COUNT`, default 1024).
+    /// 0 disables caching.
     pub max_count: usize,
-    /// Most bytes of unused entries kept (`TMPI_MR_CACHE_MAX_SIZE`, default unlimited:
-    /// `usize::MAX`).
+    /// Most bytes the cache's entries cover, in use or not (`TMPI_MR_CACHE_MAX_SIZE`, default
+    /// unlimited: `usize::MAX`).
     pub max_size: usize,
-    /// The monitor (`TMPI_MR_CACHE_MONITOR=userfaultfd|disabled`).
+    /// The monitor (`TMPI_MR_CACHE_MONITOR`).
     pub monitor: Monitor,
 }
 
@@ -120,15 +128,37 @@ pub const ENV_MAX_COUNT: &str = "TMPI_MR_CACHE_MAX_COUNT";
 pub const ENV_MAX_SIZE: &str = "TMPI_MR_CACHE_MAX_SIZE";
 /// Environment variable for [`CacheConfig::monitor`].
 pub const ENV_MONITOR: &str = "TMPI_MR_CACHE_MONITOR";
+/// libfabric's name for [`ENV_MAX_COUNT`], read when that is unset.
+pub const FI_ENV_MAX_COUNT: &str = "FI_MR_CACHE_MAX_COUNT";
+/// libfabric's name for [`ENV_MAX_SIZE`], read when that is unset.
+pub const FI_ENV_MAX_SIZE: &str = "FI_MR_CACHE_MAX_SIZE";
+/// libfabric's name for [`ENV_MONITOR`], read when that is unset.
+pub const FI_ENV_MONITOR: &str = "FI_MR_CACHE_MONITOR";
 
-fn bad_env(var: &str, value: &str, what: &str) -> crate::Error {
-    crate::Error::InvalidArgument(format!("{var}={value:?}: {what}"))
+/// Largest [`CacheConfig::max_count`] accepted (2^30).
+pub const MAX_COUNT_LIMIT: usize = 1 << 30;
+
+/// What accepted values of the count variables look like.
+pub const EXPECT_COUNT: &str = "an integer from 0 to 1073741824";
+/// What accepted values of the size variables look like.
+pub const EXPECT_SIZE: &str = "bytes (e.g. 1048576, 512k, 2g; suffixes k, m, g, t are binary) or unlimited";
+/// What accepted values of the monitor variables look like.
+pub const EXPECT_MONITOR: &str = "userfaultfd (or uffd, memhooks, kdreg2: all select tmpi's userfaultfd monitor) or disabled";
+
+/// A `TMPI_MR_CACHE_*` / `FI_MR_CACHE_*` value the cache does not accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={value:?}: expected {expected}")]
+pub struct KnobError {
+    /// The variable that was read (the `TMPI_` one, or its `FI_` alias when it was unset).
+    pub var: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What it accepts.
+    pub expected: &'static str,
 }
 
 impl CacheConfig {
-    /// Reads `TMPI_MR_CACHE_MAX_COUNT` (a count), `TMPI_MR_CACHE_MAX_SIZE` (bytes, with an
-    /// optional `k`/`m`/`g`/`t` binary suffix, or `unlimited`) and `TMPI_MR_CACHE_MONITOR`
-    /// (`userfaultfd` or `disabled`); unset variables keep the defaults.
+    /// Reads the cache settings from the process environment.
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] naming the variable and its value.
@@ -141,19 +171,38 @@ impl CacheConfig {
     /// # Errors
     /// As [`CacheConfig::from_env`].
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> crate::Result<CacheConfig> {
+        Self::parse(get).map_err(|e| crate::Error::InvalidArgument(e.to_string()))
+    }
+
+    /// The one parser of the cache settings (the runtime's configuration calls it too). For
+    /// each setting the `TMPI_` variable is read, or its libfabric alias when it is unset
+    /// (`FI_MR_CACHE_MAX_COUNT`, `FI_MR_CACHE_MAX_SIZE`, `FI_MR_CACHE_MONITOR`, so a
+    /// libfabric user's settings carry over); unset settings keep the defaults. One rule for
+    /// both names:
+    /// - count: an integer from 0 to [`MAX_COUNT_LIMIT`]; 0 disables caching;
+    /// - size: bytes, with an optional binary suffix `k`/`m`/`g`/`t`, or `unlimited` (or
+    ///   empty);
+    /// - monitor: `userfaultfd` (also `uffd`, and libfabric's `memhooks` and `kdreg2`, which
+    ///   ask for a host-memory monitor: tmpi's is userfaultfd) or `disabled` (caching off, as
+    ///   in libfabric).
+    ///
+    /// # Errors
+    /// [`KnobError`] for the first value not accepted.
+    pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<CacheConfig, KnobError> {
+        let read = |tmpi: &'static str, fi: &'static str| get(tmpi).map(|v| (tmpi, v)).or_else(|| get(fi).map(|v| (fi, v)));
+        let bad = |var: &'static str, value: &str, expected: &'static str| KnobError { var, value: value.to_owned(), expected };
         let mut cfg = CacheConfig::default();
-        if let Some(v) = get(ENV_MAX_COUNT) {
-            cfg.max_count = v.trim().parse().map_err(|_| bad_env(ENV_MAX_COUNT, &v, "expected a non-negative integer"))?;
+        if let Some((var, v)) = read(ENV_MAX_COUNT, FI_ENV_MAX_COUNT) {
+            cfg.max_count = v.trim().parse().ok().filter(|&n| n <= MAX_COUNT_LIMIT).ok_or_else(|| bad(var, &v, EXPECT_COUNT))?;
         }
-        if let Some(v) = get(ENV_MAX_SIZE) {
-            cfg.max_size =
-                parse_size(&v).ok_or_else(|| bad_env(ENV_MAX_SIZE, &v, "expected bytes (e.g. 1048576, 512k, 2g) or unlimited"))?;
+        if let Some((var, v)) = read(ENV_MAX_SIZE, FI_ENV_MAX_SIZE) {
+            cfg.max_size = parse_size(&v).ok_or_else(|| bad(var, &v, EXPECT_SIZE))?;
         }
-        if let Some(v) = get(ENV_MONITOR) {
+        if let Some((var, v)) = read(ENV_MONITOR, FI_ENV_MONITOR) {
             cfg.monitor = match v.trim() {
-                "userfaultfd" => Monitor::Userfaultfd,
+                "userfaultfd" | "uffd" | "memhooks" | "kdreg2" => Monitor::Userfaultfd,
                 "disabled" => Monitor::Disabled,
-                _ => return Err(bad_env(ENV_MONITOR, &v, "expected userfaultfd or disabled")),
+                _ => return Err(bad(var, &v, EXPECT_MONITOR)),
             };
         }
         Ok(cfg)
@@ -162,7 +211,7 @@ impl CacheConfig {
 
 fn parse_size(v: &str) -> Option<usize> {
     let v = v.trim().to_ascii_lowercase();
-    if v == "unlimited" {
+    if v == "unlimited" || v.is_empty() {
         return Some(usize::MAX);
     }
     let (num, shift) = match v.as_bytes().last()? {
@@ -183,12 +232,13 @@ pub struct CacheStats {
     pub hits: u64,
     /// `get` calls that registered (including every call when caching is off).
     pub misses: u64,
-    /// Entries removed to make room: overlapped by a new registration, or over the LRU bounds.
+    /// Entries removed to make room: overlapped by a new registration, or flushed to keep the
+    /// cache within its bounds.
     pub evictions: u64,
     /// Entries removed because their memory was unmapped, dropped or moved.
     pub invalidations: u64,
     /// Registrations served uncached while caching is on (monitor could not watch the range,
-    /// or repeated races with invalidations).
+    /// repeated races with invalidations, or no room within the bounds).
     pub uncached: u64,
 }
 
@@ -324,6 +374,10 @@ impl Shared {
                 st.record(range.0, range.1);
                 let n = st.store.invalidate(range.0, range.1);
                 bump(&self.stats.invalidations, n);
+                // The monitor is this domain's MMU notifier too: regions registered outside
+                // the cache under FI_MR_MMU_NOTIFY refuse access until refreshed (lock- and
+                // allocation-free, as everything under this lock must be).
+                self.domain.pages_changed(range.0, range.1);
             }
         }
     }
@@ -479,7 +533,7 @@ impl MrCache {
 
     fn register(&self, addr: usize, len: usize, access: Access) -> Result<MemoryRegion, MrErrno> {
         let iov = [Segment { addr, len }];
-        let attr = MrAttr { iov: &iov, access, offset: 0, requested_key: 0, context: 0 };
+        let attr = MrAttr::new(&iov, access, 0, 0);
         self.shared.domain.register(&attr, RegFlags::empty(), KeyChoice::Random)
     }
 
@@ -570,6 +624,20 @@ impl MrCache {
             }
             let n = st.store.evict_overlapping(addr, end);
             bump(&sh.stats.evictions, n);
+            let (max_count, max_size) = (sh.cfg.max_count, sh.cfg.max_size);
+            if !st.store.fits(len, max_count, max_size) {
+                // Past the limits (which count every entry, in use or not): flush unused
+                // entries, least recently used first, and if that is not enough, serve this
+                // registration uncached (libfabric's behaviour).
+                let n = st.store.trim(max_count.saturating_sub(1), max_size.saturating_sub(len));
+                bump(&sh.stats.evictions, n);
+                if !st.store.fits(len, max_count, max_size) {
+                    drop(st);
+                    sh.drain_dead();
+                    bump(&sh.stats.uncached, 1);
+                    return Ok(self.uncached(mr));
+                }
+            }
             let (slot, region) = st.store.insert(addr, end, want, mr);
             drop(st);
             sh.drain_dead();

@@ -73,6 +73,8 @@ pub(super) struct Store {
     lru_tail: u32,
     lru_count: usize,
     lru_bytes: usize,
+    /// Bytes of the entries in the index (in use or not).
+    cached_bytes: usize,
 }
 
 impl Store {
@@ -88,6 +90,7 @@ impl Store {
             lru_tail: NIL,
             lru_count: 0,
             lru_bytes: 0,
+            cached_bytes: 0,
         }
     }
 
@@ -113,6 +116,8 @@ impl Store {
         new.lru_tail = self.lru_tail;
         new.lru_count = self.lru_count;
         new.lru_bytes = self.lru_bytes;
+        new.cached_bytes = self.cached_bytes;
+        self.cached_bytes = 0;
         self.free.clear();
         self.dead.clear();
         self.index.clear();
@@ -125,6 +130,12 @@ impl Store {
     /// Number of entries in the index.
     pub(super) fn cached_count(&self) -> usize {
         self.index.len()
+    }
+
+    /// Whether one more entry of `len` bytes fits the limits (counting every entry in the
+    /// index, in use or not).
+    pub(super) fn fits(&self, len: usize, max_count: usize, max_size: usize) -> bool {
+        self.index.len() < max_count && self.cached_bytes.checked_add(len).is_some_and(|b| b <= max_size)
     }
 
     /// Number of unused entries on the LRU, and their bytes.
@@ -195,6 +206,7 @@ impl Store {
         let pos = self.index.partition_point(|e| e.start < start);
         debug_assert!(self.index.len() < self.index.capacity());
         self.index.insert(pos, IndexEnt { start, end, slot: n });
+        self.cached_bytes += end - start;
         (n, region)
     }
 
@@ -202,6 +214,7 @@ impl Store {
     /// are detached. Returns whether it died.
     fn unindex(&mut self, pos: usize) -> bool {
         let e = self.index.remove(pos);
+        self.cached_bytes -= e.end - e.start;
         let s = e.slot;
         if self.slots[s as usize].refs == 0 {
             self.lru_unlink(s);
@@ -260,11 +273,12 @@ impl Store {
         }
     }
 
-    /// Evicts least recently used unused entries until at most `max_count` entries and
-    /// `max_size` bytes are unused. Returns how many were evicted.
+    /// Evicts least recently used unused entries until the cache holds at most `max_count`
+    /// entries and `max_size` bytes, counting every entry (in use or not), or no unused entry
+    /// is left. Returns how many were evicted.
     pub(super) fn trim(&mut self, max_count: usize, max_size: usize) -> usize {
         let mut n = 0;
-        while self.lru_tail != NIL && (self.lru_count > max_count || self.lru_bytes > max_size) {
+        while self.lru_tail != NIL && (self.index.len() > max_count || self.cached_bytes > max_size) {
             let s = &self.slots[self.lru_tail as usize];
             let pos = self.index.partition_point(|e| e.start < s.start);
             debug_assert_eq!(self.index[pos].slot, self.lru_tail);

@@ -141,12 +141,13 @@ fn eviction_by_size() {
     assert!(!readable(&c, a, m.addr(), 1));
     assert!(readable(&c, b, m.addr() + p, 2 * p));
     assert_eq!(c.usage(), (1, 1, 2 * p));
-    // A single entry larger than the bound is not kept once unused.
+    // A registration larger than the bound alone is served uncached.
     let big = c.get(m.addr(), 3 * p, RR).unwrap();
     assert_eq!(c.stats().evictions, 2, "overlap");
-    drop(big);
-    assert_eq!(c.stats().evictions, 3, "over max_size");
+    assert!(!big.is_cached());
+    assert_eq!(c.stats().uncached, 1);
     assert_eq!(c.usage(), (0, 0, 0));
+    drop(big);
     assert_eq!(c.domain().region_count(), 0);
 }
 
@@ -244,16 +245,18 @@ fn no_stale_hit_after_munmap_then_mmap_at_same_address() {
     m.unmap();
     // Map again at the same address. Another test thread could take the hole first; retry
     // with a fresh address then (the property is the same at any address reused).
-    let (mut n, addr) = match Mapping::at(addr, 2 * p) {
-        Ok(n) => (n, addr),
-        Err(_) => {
-            let mut m2 = pages(2);
-            let a2 = m2.addr();
-            c.get(a2, 2 * p, RR).unwrap();
-            m2.unmap();
-            (Mapping::at(a2, 2 * p).unwrap(), a2)
+    let mut again = Mapping::at(addr, 2 * p).map(|n| (n, addr));
+    for _ in 0..16 {
+        if again.is_ok() {
+            break;
         }
-    };
+        let mut m2 = pages(2);
+        let a2 = m2.addr();
+        c.get(a2, 2 * p, RR).unwrap();
+        m2.unmap();
+        again = Mapping::at(a2, 2 * p).map(|n| (n, a2));
+    }
+    let (mut n, addr) = again.expect("some hole stays free long enough to be mapped again");
     n.fill(1);
     assert_eq!(n.get(0), 1);
     let h = c.get(addr, 2 * p, RR).unwrap();
@@ -413,11 +416,75 @@ fn config_from_lookup() {
         ("TMPI_MR_CACHE_MAX_COUNT", "-1"),
         ("TMPI_MR_CACHE_MAX_SIZE", "12q"),
         ("TMPI_MR_CACHE_MAX_SIZE", "99999999999999999999t"),
-        ("TMPI_MR_CACHE_MONITOR", "memhooks"),
+        ("TMPI_MR_CACHE_MONITOR", "kernel"),
+        ("TMPI_MR_CACHE_MAX_COUNT", "1073741825"),
+        ("FI_MR_CACHE_MAX_COUNT", "many"),
+        ("FI_MR_CACHE_MAX_SIZE", "-5"),
+        ("FI_MR_CACHE_MONITOR", "cuda"),
     ] {
         let e = CacheConfig::from_lookup(|k| (k == var).then(|| val.to_string())).unwrap_err();
         assert!(e.to_string().contains(var), "{e}");
     }
+}
+
+/// Issue 17 item 5: libfabric's `FI_MR_CACHE_*` settings carry over when the `TMPI_` ones are
+/// unset, with the same rule; the `TMPI_` ones win.
+#[test]
+fn libfabric_aliases_apply_when_tmpi_variables_are_unset() {
+    let env =
+        |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+    let c = CacheConfig::parse(env(&[("FI_MR_CACHE_MAX_COUNT", "7"), ("FI_MR_CACHE_MAX_SIZE", "2m"), ("FI_MR_CACHE_MONITOR", "disabled")]))
+        .unwrap();
+    assert_eq!(c, CacheConfig { max_count: 7, max_size: 2 << 20, monitor: Monitor::Disabled });
+    let c = CacheConfig::parse(env(&[
+        ("TMPI_MR_CACHE_MAX_COUNT", "9"),
+        ("FI_MR_CACHE_MAX_COUNT", "bogus"),
+        ("TMPI_MR_CACHE_MONITOR", "userfaultfd"),
+        ("FI_MR_CACHE_MONITOR", "disabled"),
+    ]))
+    .unwrap();
+    assert_eq!((c.max_count, c.monitor), (9, Monitor::Userfaultfd), "TMPI_ wins, the alias is not even read");
+    // libfabric's monitor names select the one monitor tmpi has.
+    for m in ["memhooks", "kdreg2", "uffd", "userfaultfd"] {
+        let c = CacheConfig::parse(|k| (k == "FI_MR_CACHE_MONITOR").then(|| m.to_string())).unwrap();
+        assert_eq!(c.monitor, Monitor::Userfaultfd, "{m}");
+    }
+    let e = CacheConfig::parse(|k| (k == "FI_MR_CACHE_MAX_SIZE").then(|| "lots".to_string())).unwrap_err();
+    assert_eq!((e.var, e.value.as_str(), e.expected), ("FI_MR_CACHE_MAX_SIZE", "lots", EXPECT_SIZE));
+}
+
+/// Issue 17 item 5, probed: `max_count` 1 used to cache 4 regions in use at once (the bound
+/// counted unused entries only). Every cached entry counts now; past the bound unused ones
+/// are flushed and what still does not fit is registered uncached.
+#[test]
+fn bounds_count_entries_in_use() {
+    let c = cache_with(CacheConfig { max_count: 1, ..CacheConfig::default() });
+    let m = pages(4);
+    let p = page_size();
+    let held: Vec<_> = (0..4).map(|i| c.get(m.addr() + i * p, p, RR).unwrap()).collect();
+    assert_eq!(held.iter().filter(|h| h.is_cached()).count(), 1);
+    assert_eq!(c.usage().0, 1);
+    assert_eq!(c.stats().uncached, 3);
+    assert!(held.iter().all(|h| readable(&c, h.key().unwrap(), h.addr(), p)), "uncached ones work as well");
+    drop(held);
+    assert_eq!(c.domain().region_count(), 1, "the cached one stays, unused");
+    // A new range flushes the unused entry to make room, and is cached.
+    let h = c.get(m.addr() + 3 * p, p, RR).unwrap();
+    assert!(h.is_cached());
+    assert_eq!(c.usage(), (1, 0, 0));
+    // By size: 2 pages allowed in all; in-use entries count.
+    // (Fresh pages: a page is watched by one cache's userfaultfd only.)
+    let m = pages(3);
+    let c = cache_with(CacheConfig { max_size: 2 * p, ..CacheConfig::default() });
+    let a = c.get(m.addr(), p, RR).unwrap();
+    let b = c.get(m.addr() + p, p, RR).unwrap();
+    let x = c.get(m.addr() + 2 * p, p, RR).unwrap();
+    assert!(a.is_cached() && b.is_cached() && !x.is_cached());
+    drop((a, x));
+    let y = c.get(m.addr() + 2 * p, p, RR).unwrap();
+    assert!(y.is_cached(), "the unused entry was flushed to make room");
+    assert_eq!(c.usage().0, 2);
+    drop(b);
 }
 
 #[test]
