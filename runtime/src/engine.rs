@@ -2347,3 +2347,45 @@ impl Backoff {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README promises a pending request costs at most 320 bytes of engine memory.
+    #[test]
+    fn request_slot_size() {
+        assert!(std::mem::size_of::<Req>() <= 320, "{}", std::mem::size_of::<Req>());
+    }
+
+    #[test]
+    fn wire_names_carry_the_generation() {
+        let k = Key { idx: 5, gen: 3 };
+        let n = wire_name(k);
+        assert_eq!(n & WIRE_IDX_MASK, 5);
+        assert_eq!(n >> WIRE_IDX_BITS, 3);
+        assert_eq!(n & SYNC_FLAG, 0);
+        let k2 = Key { idx: WIRE_IDX_MASK, gen: u32::MAX };
+        assert_eq!(wire_name(k2) & SYNC_FLAG, 0);
+    }
+
+    #[test]
+    fn credit_is_shared_out() {
+        assert_eq!(credit_per_peer(64 << 20, 2), 64 << 20);
+        assert_eq!(credit_per_peer(64 << 20, 5), 16 << 20);
+        assert_eq!(credit_per_peer(1 << 40, 2), 1 << 31);
+        assert_eq!(credit_per_peer(4096, 1), 4096);
+    }
+
+    #[test]
+    fn peers_admit_only_their_own_rank() {
+        assert!(Peers::Rank(3).admits(0, 3));
+        assert!(!Peers::Rank(3).admits(3, 2));
+        assert!(Peers::Any(None).admits(2, 2));
+        assert!(!Peers::Any(None).admits(1, 2));
+        let m: Rc<[usize]> = vec![4, 7].into();
+        assert!(Peers::Any(Some(m.clone())).admits(1, 7));
+        assert!(!Peers::Any(Some(m.clone())).admits(1, 4));
+        assert!(!Peers::Any(Some(m)).admits(2, 4));
+    }
+}

@@ -54,3 +54,12 @@ fn hostile_peer_is_an_error() {
         out.assert_ok_line("reliability: hostile: ");
     }
 }
+
+/// A single-copy receive abandoned while a third rank sends garbage: no byte lands in memory
+/// allocated after the buffer was freed.
+#[test]
+fn abandoned_single_copy_receive_outlasts_garbage() {
+    let out = Job::tmpirun(3, "reliability").arg("abandon").timeout(Duration::from_secs(120)).run();
+    out.assert_success();
+    out.assert_ok_line("reliability: abandon: ");
+}

@@ -96,7 +96,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_STATS", default: "0", meaning: "1: each rank prints one `tmpi-stats rank=R key=value...` line to stderr at finalize (0 or 1)" },
     Knob { name: "TMPI_EAGER_LIMIT", default: "262144", meaning: "largest message (bytes) sent eagerly, i.e. copied through the ring and buffered at the receiver if unexpected; larger ones use rendezvous (64..=16777216)" },
     Knob { name: "TMPI_RNDV_THRESHOLD", default: "262144", meaning: "messages of at least this many bytes use rendezvous (register, RDMA read served by the sender after its key check, FIN), whatever TMPI_EAGER_LIMIT says (1..=4294967295)" },
-    Knob { name: "TMPI_UNEXPECTED_MAX", default: "67108864", meaning: "bytes of unexpected messages a rank buffers; beyond it, messages no posted receive matches wait in the sender's ring (flow control) (4096..=2^40)" },
+    Knob { name: "TMPI_UNEXPECTED_MAX", default: "67108864", meaning: "bytes of unexpected eager messages a rank buffers, shared out as credit among its peers; a sender whose credit is used up sends rendezvous requests until the receiver consumes what it sent (flow control) (4096..=2^40)" },
     Knob { name: "TMPI_TM_MAX_TAGS", default: "1023", meaning: "entries of the soft TM-SRQ tag list; 0 turns receive offload off (0..=65535)" },
     Knob { name: "TMPI_TM_THRESH", default: "1024", meaning: "smallest receive (bytes) offloaded to the soft TM-SRQ (>= 0)" },
     Knob { name: "TMPI_SHM_RING_SIZE", default: "auto", meaning: "bytes of each shared-memory ring, one per ordered pair of ranks; auto = 1 MiB up to 8 ranks, 256 KiB up to 32, 64 KiB beyond (power of two, 4096..=1073741824, or auto)" },

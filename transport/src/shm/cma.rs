@@ -4,12 +4,12 @@
 //! The kernel copies directly between the two address spaces, so a rendezvous payload crosses
 //! memory once instead of twice (no staging through the segment). The caller must be allowed
 //! to ptrace the peer (same user, and Yama's `ptrace_scope` at 0, or `CAP_SYS_PTRACE`);
-//! containers often forbid the system calls outright. [`Error::is_unsupported`] tells such a
+//! containers often forbid the system calls outright. [`CmaError::is_unsupported`] tells such a
 //! refusal from a real failure, so the runtime can fall back to the pipelined copy.
 //!
 //! Neither call touches the caller's memory outside the slice it is given, and a bad remote
 //! range is reported by the kernel (`EFAULT`). [`read`] is safe: it only reads the other
-//! process. [`write`] is `unsafe`: it changes another process's memory, which is sound only
+//! process. [`write`](fn@write) is `unsafe`: it changes another process's memory, which is sound only
 //! where that process lent the range for it; it refuses this process's own pid.
 
 use std::io;
