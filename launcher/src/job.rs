@@ -211,7 +211,7 @@ impl LastLine {
             if t.starts_with("note: run with `RUST_BACKTRACE") || t.starts_with("note: Some details are omitted") {
                 continue;
             }
-            if t.starts_with("thread '") && t.contains("' panicked at ") {
+            if t.starts_with("thread '") && t.contains(" panicked at ") {
                 // Since Rust 1.73 the message follows on the next line (this one ends with
                 // the location and a colon); before, it was on this line.
                 self.panic_next = t.ends_with(':');
@@ -222,6 +222,7 @@ impl LastLine {
         }
     }
 
+    /// Stores `l` (cut to [`MAX_QUOTED`] bytes) as the last line.
     fn set(&mut self, mut l: String) {
         if l.len() > MAX_QUOTED {
             let mut cut = MAX_QUOTED;
@@ -779,5 +780,58 @@ impl Running {
             panic!("{TEST_PANIC_VAR} is set: panicking after the first line of output");
         }
         more
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last(text: &str, tagged: bool) -> Option<String> {
+        let mut l = LastLine::default();
+        // Fed in two pieces, as reads would.
+        let (a, b) = text.split_at(text.len() / 2);
+        let a_end = a.rfind('\n').map_or(0, |i| i + 1);
+        l.feed(a[..a_end].as_bytes(), tagged);
+        l.feed(format!("{}{b}", &a[a_end..]).as_bytes(), tagged);
+        l.line
+    }
+
+    #[test]
+    fn last_line_of_an_error_return() {
+        assert_eq!(last("starting\nError: PeerGone { rank: 0 }\n", false).as_deref(), Some("Error: PeerGone { rank: 0 }"));
+        assert_eq!(last("[1] a\n[1] Error: boom\n", true).as_deref(), Some("Error: boom"));
+        assert_eq!(last("\n  \n", false), None);
+    }
+
+    #[test]
+    fn a_panic_is_quoted_by_its_message() {
+        let new = "thread 'main' (4242) panicked at src/main.rs:3:5:\nit broke\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        assert_eq!(last(new, false).as_deref(), Some("panicked: it broke"));
+        let bt = "thread 'main' panicked at src/main.rs:3:5:\nit broke\nstack backtrace:\n   0: std::panicking\n             at /rustc/x\n   1: main\nnote: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.\n";
+        assert_eq!(last(bt, false).as_deref(), Some("panicked: it broke"));
+        let old = "thread 'main' panicked at 'it broke', src/main.rs:3:5\n";
+        assert_eq!(last(old, false).as_deref(), Some("thread 'main' panicked at 'it broke', src/main.rs:3:5"));
+    }
+
+    #[test]
+    fn long_lines_are_cut() {
+        let l = last(&format!("{}\n", "é".repeat(400)), false).unwrap_or_default();
+        assert!(l.len() <= MAX_QUOTED + 3 && l.ends_with("..."), "{}", l.len());
+    }
+
+    #[test]
+    fn exit_zero_is_a_failure_only_for_an_unfinalized_tmpi_rank() {
+        let rank = |exit, boot| Rank { pid: 1, exit: Some(exit), boot, last_err: LastLine::default() };
+        assert!(rank(ExitKind::Code(0), Boot::Never).failure().is_none());
+        assert!(rank(ExitKind::Code(0), Boot::Finalized).failure().is_none());
+        for b in [Boot::Connected, Boot::Lost] {
+            let f = rank(ExitKind::Code(0), b).failure().expect("a failure");
+            assert_eq!((f.status, f.how.as_str()), (UNFINALIZED_STATUS, "exited with code 0 without finalizing"));
+        }
+        let f = rank(ExitKind::Code(3), Boot::Finalized).failure().expect("a failure");
+        assert_eq!(f.status, 3);
+        let f = rank(ExitKind::Signal(libc::SIGSEGV), Boot::Never).failure().expect("a failure");
+        assert_eq!((f.status, f.how.as_str()), (139, "killed by signal SIGSEGV (11)"));
     }
 }
