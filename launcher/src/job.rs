@@ -46,8 +46,9 @@ use crate::sys::{self, ExitKind, SignalPipe};
 /// handles SIGTERM to flush its output, short enough that a failed job is gone well within
 /// 2 s of the failure.
 pub const GRACE: Duration = Duration::from_millis(300);
-/// How long a rank whose bootstrap connection was lost may take to end, when another rank
-/// failed in the meantime, before the other one is reported as the job's first failure.
+/// How long a rank that left the bootstrap service (connection lost, or finalized) may take
+/// to end, when another rank failed in the meantime, before the other one is reported as the
+/// job's first failure.
 pub const SUSPECT_WAIT: Duration = Duration::from_millis(250);
 /// How long output is still read after every rank has ended (children that escaped the
 /// process group may hold the pipes open).
@@ -311,7 +312,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         tag_output: spec.tag_output,
         refused: 0,
         connected: 0,
-        lost: Vec::new(),
+        departed: Vec::new(),
         deferred: None,
         end: None,
         kill_at: None,
@@ -459,9 +460,9 @@ struct Running {
     refused: usize,
     /// Ranks that have connected to the bootstrap service.
     connected: usize,
-    /// Ranks whose bootstrap connection closed without a finalize while the job ran, in
-    /// the order seen (see [`Running::scan_ranks`]).
-    lost: Vec<usize>,
+    /// Ranks that left the bootstrap service while the job ran (connection closed without a
+    /// finalize, or finalized), in the order seen (see [`Running::scan_ranks`]).
+    departed: Vec<usize>,
     /// A failure whose report waits for news of a rank that may have failed first.
     deferred: Option<Deferred>,
     end: Option<End>,
@@ -575,13 +576,15 @@ impl Running {
     /// Records ranks that ended; the first failure ends the job.
     ///
     /// "First" is decided with the bootstrap service's help: a rank whose connection closed
-    /// without a finalize ([`Running::lost`]) is dying, and the kernel closes a dying
-    /// process's descriptors before its parent hears of its exit. So when a rank fails while
-    /// a rank lost before it has not been seen to end yet (typically a rank whose fence or
-    /// receive failed *because* the lost one went away), the lost rank is waited for, at most
+    /// without a finalize is dying (the kernel closes a dying process's descriptors before
+    /// its parent hears of its exit), and a rank that finalized is about to exit, perhaps
+    /// with an error (a `main` that returns `Err` finalizes while `World` is dropped). Both
+    /// are [`Running::departed`]. So when a rank fails while a rank that departed before it
+    /// has not been seen to end yet (typically a rank whose fence or receive failed
+    /// *because* the other one went away), the departed rank is waited for, at most
     /// [`SUSPECT_WAIT`], and reported if it failed. (A rank that leaves the fabric before it
-    /// drops its bootstrap connection can still be seen going by a peer that ends first:
-    /// then the peer is reported, as nothing here says it was not first.)
+    /// tells the bootstrap service can still be seen going by a peer that ends first: then
+    /// the peer is reported, as nothing here says it was not first.)
     fn scan_ranks(&mut self) -> Result<()> {
         // Bootstrap news first: a process's descriptors are closed before its parent hears of
         // its exit, so a rank's finalize or lost connection is always there to be read by
@@ -612,8 +615,8 @@ impl Running {
             (None, None) => return Ok(()),
         };
         let mut wait_until = None;
-        for i in 0..self.lost.len() {
-            let s = self.lost[i];
+        for i in 0..self.departed.len() {
+            let s = self.departed[i];
             if s == candidate {
                 break;
             }
@@ -721,13 +724,16 @@ impl Running {
                 if let Some(r) = self.ranks.get_mut(rank) {
                     r.boot = Boot::Lost;
                 }
-                if self.end.is_none() && !self.lost.contains(&rank) {
-                    self.lost.push(rank);
+                if self.end.is_none() && !self.departed.contains(&rank) {
+                    self.departed.push(rank);
                 }
             }
             ServerEvent::Finalized { rank } => {
                 if let Some(r) = self.ranks.get_mut(rank) {
                     r.boot = Boot::Finalized;
+                }
+                if self.end.is_none() && !self.departed.contains(&rank) {
+                    self.departed.push(rank);
                 }
             }
         }
@@ -790,10 +796,10 @@ mod tests {
     fn last(text: &str, tagged: bool) -> Option<String> {
         let mut l = LastLine::default();
         // Fed in two pieces, as reads would.
-        let (a, b) = text.split_at(text.len() / 2);
-        let a_end = a.rfind('\n').map_or(0, |i| i + 1);
-        l.feed(a[..a_end].as_bytes(), tagged);
-        l.feed(format!("{}{b}", &a[a_end..]).as_bytes(), tagged);
+        let bytes = text.as_bytes();
+        let cut = bytes[..bytes.len() / 2].iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+        l.feed(&bytes[..cut], tagged);
+        l.feed(&bytes[cut..], tagged);
         l.line
     }
 

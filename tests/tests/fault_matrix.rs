@@ -11,7 +11,8 @@
 //!   file left.
 //!
 //! Plus the clean case: the last of 3 (and 5) ranks finalizes early while the others go on
-//! among themselves; the job must succeed.
+//! among themselves; the job must succeed. And strangers knocking at a starting job's
+//! bootstrap socket neither get in nor disturb it.
 //!
 //! Several jobs run at once ([`PARALLEL`] threads) so that the 144 jobs fit in CI's time; every
 //! job has a `--timeout`, so a hang fails the job instead of CI. Uses the release binaries:
@@ -367,4 +368,122 @@ fn an_early_clean_finalize_is_not_a_failure() {
         },
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// A hello frame of the bootstrap protocol (version 2) for `rank` of `size` with `secret`.
+fn hello_frame(rank: u32, size: u32, secret: &[u8; 16]) -> Vec<u8> {
+    let mut f = 29u32.to_le_bytes().to_vec();
+    f.push(1);
+    for v in [2u32, rank, size] {
+        f.extend_from_slice(&v.to_le_bytes());
+    }
+    f.extend_from_slice(secret);
+    f
+}
+
+/// Connects to the bootstrap socket, sends `bytes`, and returns whether the server closed
+/// the connection (after at most an error reply) instead of admitting it.
+fn knock(sock: &str, bytes: &[u8]) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(sock) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = s.write_all(bytes);
+    let mut back = Vec::new();
+    match s.read_to_end(&mut back) {
+        // An admitted hello gets the 5-byte ok frame [1, 0, 0, 0, 0x80] and the connection
+        // stays open (the read times out).
+        Ok(_) => back != [1, 0, 0, 0, 0x80],
+        // The server closed with our bytes unread: the kernel reports a reset.
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+/// `TMPI_JOB_SECRET` of a running process (a same-user process can read another's
+/// environment: which is why the launcher also checks who connects).
+fn secret_of(pid: i32) -> Option<[u8; 16]> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let hex = env.split(|&b| b == 0).find_map(|v| v.strip_prefix(b"TMPI_JOB_SECRET="))?;
+    let hex = std::str::from_utf8(hex).ok()?;
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Strangers of the same user try to join a starting job: a hello with a wrong secret, a
+/// hello with the right secret (read from a rank's environment) from a process that is not
+/// a rank, garbage, and (from inside the job) a rank's child with a wrong secret. Each is
+/// refused; the job is not disturbed and succeeds; `tmpirun` reports the first refusal once
+/// and counts them all.
+#[test]
+fn strangers_cannot_join_or_disturb_a_job() {
+    let _slot = Slot::take();
+    let np = 3;
+    let gofile = std::env::temp_dir().join(format!("tmpi-strangers-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&gofile);
+    let mut child = std::process::Command::new(tmpirun())
+        .args(["-n", &np.to_string(), "--report-pids", "--timeout", "30"])
+        .arg(env!("CARGO_BIN_EXE_faultmatrix"))
+        .arg("strangers")
+        .arg(&gofile)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start tmpirun");
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (is_err, pipe) in [
+        (false, Box::new(child.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>),
+        (true, Box::new(child.stderr.take().expect("stderr"))),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let _ = tx.send((is_err, l));
+            }
+        });
+    }
+    drop(tx);
+    let (mut out, mut err) = (Vec::<String>::new(), Vec::<String>::new());
+    let wait_for = |out: &mut Vec<String>, err: &mut Vec<String>, what: &str, done: &dyn Fn(&[String], &[String]) -> bool| {
+        while !done(out, err) {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok((true, l)) => err.push(l),
+                Ok((false, l)) => out.push(l),
+                Err(_) => panic!("the job ended or hung before {what}\nstdout: {out:#?}\nstderr: {err:#?}"),
+            }
+        }
+    };
+    wait_for(&mut out, &mut err, "SOCK and the pids", &|o, e| {
+        o.iter().any(|l| l.starts_with("SOCK "))
+            && e.iter().filter(|l| l.starts_with("tmpirun: rank ") && l.contains(" pid ")).count() == np
+    });
+    let sock = out.iter().find_map(|l| l.strip_prefix("SOCK ")).expect("SOCK").to_string();
+    let pids: Vec<i32> = err.iter().filter_map(|l| l.strip_prefix("tmpirun: rank ")?.split_once(" pid ")?.1.trim().parse().ok()).collect();
+    let right = secret_of(pids[1]).expect("rank 1's TMPI_JOB_SECRET");
+    assert!(knock(&sock, &hello_frame(2, np as u32, b"0123456789abcdef")), "a wrong secret was admitted");
+    assert!(knock(&sock, &hello_frame(2, np as u32, &right)), "a process that is no rank was admitted with the right secret");
+    assert!(knock(&sock, &[0x42; 100]), "garbage was admitted");
+    wait_for(&mut out, &mut err, "the intruder's report", &|_, e| e.iter().any(|l| l.starts_with("INTRUDER ")));
+    std::fs::write(&gofile, b"go").expect("create the go file");
+    let status = child.wait().expect("wait for tmpirun");
+    while let Ok((is_err, l)) = rx.recv_timeout(Duration::from_secs(5)) {
+        if is_err {
+            err.push(l)
+        } else {
+            out.push(l)
+        }
+    }
+    let _ = std::fs::remove_file(&gofile);
+    let ctx = format!("status {status:?}\nstdout: {out:#?}\nstderr: {err:#?}");
+    assert!(status.success(), "the job was disturbed\n{ctx}");
+    assert!(out.iter().any(|l| l == "faultmatrix: strangers: OK"), "{ctx}");
+    let intruder = err.iter().find(|l| l.starts_with("INTRUDER ")).expect("INTRUDER line");
+    assert!(intruder.contains("secret"), "a rank's child with a wrong secret must be refused for it: {intruder}\n{ctx}");
+    let first: Vec<&String> = err.iter().filter(|l| l.starts_with("tmpirun: bootstrap: refused a connection from")).collect();
+    assert_eq!(first.len(), 1, "the first refusal is reported once\n{ctx}");
+    assert!(err.iter().any(|l| l.starts_with("tmpirun: bootstrap: refused 4 connection(s)")), "4 refusals counted\n{ctx}");
 }

@@ -117,7 +117,7 @@ fn free_bytes(dir: &str) -> Option<u64> {
     }
     // SAFETY: statvfs succeeded and filled it (it was zeroed before in any case).
     let st = unsafe { st.assume_init() };
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Gives `file` (just created, empty) `len` bytes of real storage, so that no later touch of
@@ -366,7 +366,7 @@ mod tests {
         }
         // SAFETY: filled by statvfs.
         let st = unsafe { st.assume_init() };
-        Some((st.f_blocks as u64).saturating_mul(st.f_frsize as u64))
+        Some(st.f_blocks.saturating_mul(st.f_frsize))
     }
 
     #[test]
