@@ -52,7 +52,7 @@ pub struct Cli {
           value_parser = clap::value_parser!(u32).range(1..=MAX_RANKS as i64))]
     pub np: Option<u32>,
 
-    /// Prefix every line of output with "[R] ", R the rank that wrote it.
+    /// Prefix every line of output with `[R] `, R the rank that wrote it.
     #[arg(long)]
     pub tag_output: bool,
 
