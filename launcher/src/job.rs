@@ -311,6 +311,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         server,
         tag_output: spec.tag_output,
         refused: 0,
+        failed_by_themselves: Vec::new(),
         connected: 0,
         departed: Vec::new(),
         deferred: None,
@@ -322,6 +323,14 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         panic_on_output: std::env::var_os(TEST_PANIC_VAR).is_some(),
     };
     let status = job.event_loop(sigs)?;
+    // Like Open MPI's "N processes exited with non-zero status": when more than the reported
+    // rank failed on its own, list them all (a rank failing because its peer went away
+    // shows up here too).
+    if job.failed_by_themselves.len() > 1 {
+        let list: Vec<String> =
+            job.failed_by_themselves.iter().filter_map(|&r| job.ranks[r].failure().map(|f| format!("rank {r} ({})", f.how))).collect();
+        say(&format!("{} ranks failed before the job was ended: {}", list.len(), list.join(", ")));
+    }
     if job.refused > 1 {
         say(&format!("bootstrap: refused {} connection(s) from processes that are not ranks of this job in all", job.refused));
     }
@@ -458,6 +467,8 @@ struct Running {
     tag_output: bool,
     /// Connections the bootstrap service refused (strangers).
     refused: usize,
+    /// Ranks seen failing before the job was being ended (not killed by tmpirun).
+    failed_by_themselves: Vec<usize>,
     /// Ranks that have connected to the bootstrap service.
     connected: usize,
     /// Ranks that left the bootstrap service while the job ran (connection closed without a
@@ -600,8 +611,13 @@ impl Running {
                 continue;
             };
             rank.exit = Some(kind);
-            if failed.is_none() && rank.failure().is_some() {
-                failed = Some(r);
+            if rank.failure().is_some() {
+                if self.end.is_none() {
+                    self.failed_by_themselves.push(r);
+                }
+                if failed.is_none() {
+                    failed = Some(r);
+                }
             }
         }
         if self.end.is_some() {
