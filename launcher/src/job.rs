@@ -286,7 +286,11 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     }
     let jobid = bootstrap::new_jobid()?;
     let shm_name = bootstrap::new_shm_name(&jobid)?;
-    cleanup::register_job(&jobid).map_err(|e| Error::io(format!("create /dev/shm/tmpi-{jobid}.launcher"), e))?;
+    if let Err(e) = cleanup::register_job(&jobid) {
+        // Not fatal (a program that is no tmpi program needs no /dev/shm); only a crash of
+        // tmpirun would then leave files nobody sweeps.
+        say(&format!("cannot write /dev/shm/tmpi-{jobid}.launcher ({e}): if tmpirun is killed, the job's files stay"));
+    }
     let (dir, sock) = socket_dir(&jobid)?;
     cleanup::register_sockdir(dir);
     let secret = JobSecret::new()?;
