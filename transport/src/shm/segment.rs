@@ -137,7 +137,8 @@ fn allocate(file: &File, len: usize, path: &str) -> Result<()> {
                 let free = free_bytes(dir).map_or_else(|| "an unknown number of bytes".to_string(), |f| format!("{f} bytes"));
                 return Err(Error::Io {
                     op: format!(
-                        "allocate the shared-memory segment {path}: it needs {len} bytes but {dir} has {free} free                          (enlarge {dir}, e.g. `docker run --shm-size=...`, or lower TMPI_SHM_RING_SIZE)"
+                        "allocate the shared-memory segment {path}: it needs {len} bytes but {dir} has {free} free \
+                         (enlarge {dir}, e.g. `docker run --shm-size=...`, or lower TMPI_SHM_RING_SIZE)"
                     ),
                     source: std::io::Error::from_raw_os_error(rc),
                 });
