@@ -15,13 +15,19 @@
 //! bootstrap service its socket's directory is removed, so a SIGKILLed `tmpirun` leaves no
 //! file behind (after `tmpi::init`, rank 0 has unlinked the shared-memory segment too).
 //!
-//! Ending: the first failure (a rank exiting non-zero or killed by a signal, an abort through
+//! Admission: each job has a random secret (`TMPI_JOB_SECRET` in the ranks' environment) and
+//! the bootstrap service admits only connections that carry it from a rank or a rank's
+//! descendant; others are refused (reported once, counted) without touching the job.
+//!
+//! Ending: the first failure (a rank exiting non-zero or killed by a signal, a rank that
+//! connected to the bootstrap service exiting 0 without finalizing, an abort through
 //! the bootstrap service, the timeout, or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
 //! (or the received signal) to every rank's group, and SIGKILL [`GRACE`] later to whatever is
 //! left. Which rank failed first is decided with the bootstrap service's help (see
 //! `Running::scan_ranks`): a rank that fails because a peer died is not blamed for it. When
 //! every rank has ended, the groups get SIGKILL (stray children) and the pipes are drained
-//! for at most [`DRAIN`].
+//! for at most [`DRAIN`]. The report of a failed rank quotes the last meaningful line it wrote
+//! on stderr (its pipe is drained first).
 
 use std::ffi::OsString;
 use std::fs::File;
