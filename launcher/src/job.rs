@@ -11,9 +11,11 @@
 //! path: ranks are started with `fork` + `exec`, about 0.2 ms more per rank (measured:
 //! `tmpirun -n 16 true` 15.0 -> 17.7 ms, median). Ranks are observed with
 //! `waitid(WNOWAIT)` and reaped only at the very end: a zombie keeps its pid, so a group id
-//! is never reused while `tmpirun` may still signal it. Once every rank has connected to the
-//! bootstrap service its socket's directory is removed, so a SIGKILLed `tmpirun` leaves no
-//! file behind (after `tmpi::init`, rank 0 has unlinked the shared-memory segment too).
+//! is never reused while `tmpirun` may still signal it. (An exited rank is seen at once all
+//! the same: SIGCHLD wakes the loop and `waitid` reports zombies.) Once every rank has
+//! connected to the bootstrap service its socket's directory is removed, and after
+//! `tmpi::init` rank 0 has unlinked the shared-memory segment; what a SIGKILLed `tmpirun`
+//! leaves before that (and its `.launcher` file) the next `tmpirun` sweeps (see [`cleanup`]).
 //!
 //! Admission: each job has a random secret (`TMPI_JOB_SECRET` in the ranks' environment) and
 //! the bootstrap service admits only connections that carry it from a rank or a rank's
