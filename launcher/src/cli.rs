@@ -32,14 +32,16 @@ pub enum MapBy {
 
 const AFTER_HELP: &str = "\
 Environment of each rank: TMPI_RANK, TMPI_SIZE, TMPI_LOCAL_RANK, TMPI_LOCAL_SIZE, TMPI_JOBID,
-TMPI_BOOTSTRAP, TMPI_SHM_NAME, TMPI_LAUNCHER_PID, plus tmpirun's own environment and -x.
+TMPI_BOOTSTRAP, TMPI_SHM_NAME, TMPI_LAUNCHER_PID, TMPI_JOB_SECRET (what a rank proves itself
+with to the bootstrap socket), plus tmpirun's own environment and -x.
 
 Output: each rank's stdout and stderr go to tmpirun's stdout and stderr a whole line at a time
 (lines of different ranks never mix). With --tag-output every line starts with \"[R] \", R the rank.
 stdin goes to rank 0 only; the other ranks read /dev/null.
 
-Exit status: 0 if every rank exited 0; otherwise the status of the first rank that failed (its
-exit code, or 128 + signal number), the code given to abort (1 if outside 1..=255),
+Exit status: 0 if every rank exited 0 (and finalized, if it started the runtime); otherwise the
+status of the first rank that failed (its exit code, 128 + signal number, or 1 for a rank that
+exited 0 without finalizing), the code given to abort (1 if outside 1..=255),
 124 when --timeout expired, 128 + N when tmpirun got signal N (SIGINT, SIGTERM, SIGHUP),
 2 for a bad command line, 1 when the job could not be started.";
 
@@ -52,7 +54,7 @@ pub struct Cli {
           value_parser = clap::value_parser!(u32).range(1..=MAX_RANKS as i64))]
     pub np: Option<u32>,
 
-    /// Prefix every line of output with "[R] ", R the rank that wrote it.
+    /// Prefix every line of output with `[R] `, R the rank that wrote it.
     #[arg(long)]
     pub tag_output: bool,
 
@@ -261,7 +263,7 @@ mod tests {
     fn exports_are_checked() {
         let e = parse_exports(&["A=1=2".into(), "B".into(), "C=".into()]).unwrap();
         assert_eq!(e, [Export::Set("A".into(), "1=2".into()), Export::Pass("B".into()), Export::Set("C".into(), "".into())]);
-        for bad in ["", "=1", "1A=2", "A-B=1", "TMPI_RANK=3"] {
+        for bad in ["", "=1", "1A=2", "A-B=1", "TMPI_RANK=3", "TMPI_JOB_SECRET=00", "TMPI_JOB_SECRET"] {
             assert!(parse_exports(&[bad.into()]).is_err(), "{bad}");
         }
     }

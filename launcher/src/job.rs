@@ -11,17 +11,25 @@
 //! path: ranks are started with `fork` + `exec`, about 0.2 ms more per rank (measured:
 //! `tmpirun -n 16 true` 15.0 -> 17.7 ms, median). Ranks are observed with
 //! `waitid(WNOWAIT)` and reaped only at the very end: a zombie keeps its pid, so a group id
-//! is never reused while `tmpirun` may still signal it. Once every rank has connected to the
-//! bootstrap service its socket's directory is removed, so a SIGKILLed `tmpirun` leaves no
-//! file behind (after `tmpi::init`, rank 0 has unlinked the shared-memory segment too).
+//! is never reused while `tmpirun` may still signal it. (An exited rank is seen at once all
+//! the same: SIGCHLD wakes the loop and `waitid` reports zombies.) Once every rank has
+//! connected to the bootstrap service its socket's directory is removed, and after
+//! `tmpi::init` rank 0 has unlinked the shared-memory segment; what a SIGKILLed `tmpirun`
+//! leaves before that (and its `.launcher` file) the next `tmpirun` sweeps (see [`cleanup`]).
 //!
-//! Ending: the first failure (a rank exiting non-zero or killed by a signal, an abort through
+//! Admission: each job has a random secret (`TMPI_JOB_SECRET` in the ranks' environment) and
+//! the bootstrap service admits only connections that carry it from a rank or a rank's
+//! descendant; others are refused (reported once, counted) without touching the job.
+//!
+//! Ending: the first failure (a rank exiting non-zero or killed by a signal, a rank that
+//! connected to the bootstrap service exiting 0 without finalizing, an abort through
 //! the bootstrap service, the timeout, or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
 //! (or the received signal) to every rank's group, and SIGKILL [`GRACE`] later to whatever is
 //! left. Which rank failed first is decided with the bootstrap service's help (see
 //! `Running::scan_ranks`): a rank that fails because a peer died is not blamed for it. When
 //! every rank has ended, the groups get SIGKILL (stray children) and the pipes are drained
-//! for at most [`DRAIN`].
+//! for at most [`DRAIN`]. The report of a failed rank quotes the last meaningful line it wrote
+//! on stderr (its pipe is drained first).
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -33,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tmpi_transport::bootstrap::{self, BootstrapServer, ServerEvent};
+use tmpi_transport::bootstrap::{self, BootstrapServer, JobSecret, ServerEvent};
 
 use crate::binding::{Binder, Placement};
 use crate::cleanup;
@@ -46,14 +54,20 @@ use crate::sys::{self, ExitKind, SignalPipe};
 /// handles SIGTERM to flush its output, short enough that a failed job is gone well within
 /// 2 s of the failure.
 pub const GRACE: Duration = Duration::from_millis(300);
-/// How long a rank whose bootstrap connection was lost may take to end, when another rank
-/// failed in the meantime, before the other one is reported as the job's first failure.
+/// How long a rank that left the bootstrap service (connection lost, or finalized) may take
+/// to end, when another rank failed in the meantime, before the other one is reported as the
+/// job's first failure.
 pub const SUSPECT_WAIT: Duration = Duration::from_millis(250);
 /// How long output is still read after every rank has ended (children that escaped the
 /// process group may hold the pipes open).
 pub const DRAIN: Duration = Duration::from_millis(200);
 /// Exit status when `--timeout` expires.
 pub const TIMEOUT_STATUS: i32 = 124;
+/// Exit status when the first failure is a rank that exited 0 without finalizing (it had
+/// connected to the bootstrap service, so it is a tmpi program that left the job early).
+pub const UNFINALIZED_STATUS: i32 = 1;
+/// Longest last-error line quoted in a failure report (bytes; longer ones are cut).
+pub const MAX_QUOTED: usize = 300;
 
 /// Test hook: when this variable is set in `tmpirun`'s environment, `tmpirun` panics right
 /// after forwarding the first line of output, so tests can check that a panicking launcher
@@ -113,12 +127,127 @@ impl End {
     }
 }
 
+/// Where a rank stands with the bootstrap service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Boot {
+    /// Never said hello: not a tmpi program (or not there yet).
+    Never,
+    /// Connected and not finalized.
+    Connected,
+    /// Finalized: it may end whenever it likes.
+    Finalized,
+    /// Its connection closed without a finalize.
+    Lost,
+}
+
 struct Rank {
     pid: i32,
     exit: Option<ExitKind>,
+    boot: Boot,
+    /// The last meaningful line the rank wrote on stderr (see [`LastLine`]).
+    last_err: LastLine,
+}
+
+/// How a rank that ended failed, if it did.
+struct Failure {
+    status: i32,
+    how: String,
+}
+
+impl Rank {
+    /// Whether (and how) this rank's end is a failure of the job: a non-zero exit or a
+    /// signal, or an exit 0 of a rank that connected to the bootstrap service and did not
+    /// finalize (a tmpi program that left its peers without a word).
+    fn failure(&self) -> Option<Failure> {
+        match self.exit? {
+            ExitKind::Code(0) => match self.boot {
+                Boot::Connected | Boot::Lost => {
+                    Some(Failure { status: UNFINALIZED_STATUS, how: "exited with code 0 without finalizing".into() })
+                }
+                Boot::Never | Boot::Finalized => None,
+            },
+            ExitKind::Code(c) => Some(Failure { status: c, how: format!("exited with code {c}") }),
+            ExitKind::Signal(sig) => {
+                Some(Failure { status: 128 + sig, how: format!("killed by signal {} ({sig})", sys::signal_name(sig)) })
+            }
+        }
+    }
+}
+
+/// Remembers the last meaningful line of a rank's stderr, to quote it when the rank fails.
+///
+/// "Meaningful": a Rust panic report is the line after `thread '...' panicked at ...:` (the
+/// message), not the `note: run with RUST_BACKTRACE` hint or the backtrace that follow it.
+#[derive(Debug, Default)]
+struct LastLine {
+    line: Option<String>,
+    /// The previous line announced a panic: this one is its message.
+    panic_next: bool,
+    /// Inside a backtrace: skip until an unindented line that is not a frame.
+    in_backtrace: bool,
+}
+
+impl LastLine {
+    /// Takes the complete lines of a chunk that was just forwarded.
+    fn feed(&mut self, out: &[u8], tagged: bool) {
+        for raw in out.split(|&b| b == b'\n') {
+            let mut l = String::from_utf8_lossy(raw).into_owned();
+            if tagged {
+                // Drop the "[R] " prefix that --tag-output added.
+                if let Some(rest) = l.strip_prefix('[').and_then(|r| r.split_once("] ")).map(|(_, r)| r.to_string()) {
+                    l = rest;
+                }
+            }
+            let t = l.trim_end();
+            if t.trim().is_empty() {
+                continue;
+            }
+            if self.panic_next {
+                self.panic_next = false;
+                self.set(format!("panicked: {}", t.trim()));
+                continue;
+            }
+            if t == "stack backtrace:" {
+                self.in_backtrace = true;
+                continue;
+            }
+            if self.in_backtrace {
+                if t.starts_with(' ') || t.starts_with("note: ") {
+                    continue;
+                }
+                self.in_backtrace = false;
+            }
+            if t.starts_with("note: run with `RUST_BACKTRACE") || t.starts_with("note: Some details are omitted") {
+                continue;
+            }
+            if t.starts_with("thread '") && t.contains(" panicked at ") {
+                // Since Rust 1.73 the message follows on the next line (this one ends with
+                // the location and a colon); before, it was on this line.
+                self.panic_next = t.ends_with(':');
+                self.set(t.to_string());
+                continue;
+            }
+            self.set(t.to_string());
+        }
+    }
+
+    /// Stores `l` (cut to [`MAX_QUOTED`] bytes) as the last line.
+    fn set(&mut self, mut l: String) {
+        if l.len() > MAX_QUOTED {
+            let mut cut = MAX_QUOTED;
+            while !l.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            l.truncate(cut);
+            l.push_str("...");
+        }
+        self.line = Some(l);
+    }
 }
 
 struct Stream {
+    /// The rank whose stream this is.
+    rank: usize,
     sink: Sink,
     file: Option<File>,
     buf: LineBuf,
@@ -159,11 +288,21 @@ impl Drop for BindingRestore<'_> {
 /// The job could not be set up or started (the ranks already started are killed).
 pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     let _guard = cleanup::Guard;
+    let swept = cleanup::sweep_stale();
+    if !swept.is_empty() {
+        say(&format!("removed the files of {} earlier job(s) whose tmpirun died: {}", swept.len(), swept.join(", ")));
+    }
     let jobid = bootstrap::new_jobid()?;
     let shm_name = bootstrap::new_shm_name(&jobid)?;
+    if let Err(e) = cleanup::register_job(&jobid) {
+        // Not fatal (a program that is no tmpi program needs no /dev/shm); only a crash of
+        // tmpirun would then leave files nobody sweeps.
+        say(&format!("cannot write /dev/shm/tmpi-{jobid}.launcher ({e}): if tmpirun is killed, the job's files stay"));
+    }
     let (dir, sock) = socket_dir(&jobid)?;
-    cleanup::register_job(&jobid, dir);
-    let server = BootstrapServer::bind(&sock, spec.np)?;
+    cleanup::register_sockdir(dir);
+    let secret = JobSecret::new()?;
+    let mut server = BootstrapServer::bind(&sock, spec.np, secret.clone())?;
 
     if spec.report_bindings {
         let mut lines = String::new();
@@ -174,13 +313,19 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         output::write_to(Sink::Stderr, lines.as_bytes());
     }
 
-    let (ranks, streams) = spawn_all(spec, binder, &jobid, &shm_name, server.path())?;
+    let (ranks, streams) = spawn_all(spec, binder, &jobid, &shm_name, server.path(), &secret)?;
+    // Connections are accepted only from the event loop below, so no stranger gets in before
+    // this: from now on only the ranks and their descendants may connect.
+    server.admit_pids(ranks.iter().map(|r| r.pid).collect());
     let mut job = Running {
         ranks,
         streams,
         server,
+        tag_output: spec.tag_output,
+        refused: 0,
+        failed_by_themselves: Vec::new(),
         connected: 0,
-        lost: Vec::new(),
+        departed: Vec::new(),
         deferred: None,
         end: None,
         kill_at: None,
@@ -190,6 +335,17 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         panic_on_output: std::env::var_os(TEST_PANIC_VAR).is_some(),
     };
     let status = job.event_loop(sigs)?;
+    // Like Open MPI's "N processes exited with non-zero status": when more than the reported
+    // rank failed on its own, list them all (a rank failing because its peer went away
+    // shows up here too).
+    if job.failed_by_themselves.len() > 1 {
+        let list: Vec<String> =
+            job.failed_by_themselves.iter().filter_map(|&r| job.ranks[r].failure().map(|f| format!("rank {r} ({})", f.how))).collect();
+        say(&format!("{} ranks failed before the job was ended: {}", list.len(), list.join(", ")));
+    }
+    if job.refused > 1 {
+        say(&format!("bootstrap: refused {} connection(s) from processes that are not ranks of this job in all", job.refused));
+    }
     // Every rank has ended (observed, not reaped): reap them now.
     for r in &job.ranks {
         cleanup::reap_child(r.pid);
@@ -203,13 +359,21 @@ fn say(msg: &str) {
 }
 
 /// Spawns every rank; returns them and their output streams.
-fn spawn_all(spec: &JobSpec, binder: &Binder, jobid: &str, shm_name: &str, sock: &Path) -> Result<(Vec<Rank>, Vec<Stream>)> {
+fn spawn_all(
+    spec: &JobSpec,
+    binder: &Binder,
+    jobid: &str,
+    shm_name: &str,
+    sock: &Path,
+    secret: &JobSecret,
+) -> Result<(Vec<Rank>, Vec<Stream>)> {
     let stdin_is_tty = sys::isatty(0);
     let original = if spec.placements.iter().any(|p| p.cpus.is_some()) { Some(binder.thread_cpus()?) } else { None };
     let _restore = BindingRestore { binder, cpus: original };
     let parent = std::process::id() as libc::pid_t;
     let launcher_pid = parent.to_string();
     let size = spec.np.to_string();
+    let secret = secret.to_hex();
     let mut ranks = Vec::with_capacity(spec.np);
     let mut streams = Vec::with_capacity(2 * spec.np);
     for r in 0..spec.np {
@@ -235,7 +399,8 @@ fn spawn_all(spec: &JobSpec, binder: &Binder, jobid: &str, shm_name: &str, sock:
             .env(bootstrap::ENV_JOBID, jobid)
             .env(bootstrap::ENV_BOOTSTRAP, sock)
             .env(bootstrap::ENV_SHM_NAME, shm_name)
-            .env(bootstrap::ENV_LAUNCHER_PID, &launcher_pid);
+            .env(bootstrap::ENV_LAUNCHER_PID, &launcher_pid)
+            .env(bootstrap::ENV_JOB_SECRET, &secret);
         // Own process group, so that signals to it reach the rank and its children, and
         // a Ctrl-C on the terminal reaches only tmpirun (which forwards it).
         cmd.process_group(0);
@@ -287,9 +452,9 @@ fn spawn_all(spec: &JobSpec, binder: &Binder, jobid: &str, shm_name: &str, sock:
         for (fd, sink) in [(child.stdout.take().map(OwnedFd::from), Sink::Stdout), (child.stderr.take().map(OwnedFd::from), Sink::Stderr)] {
             let Some(fd) = fd else { continue };
             sys::set_nonblocking(fd.as_raw_fd())?;
-            streams.push(Stream { sink, file: Some(File::from(fd)), buf: LineBuf::new(r, spec.tag_output) });
+            streams.push(Stream { rank: r, sink, file: Some(File::from(fd)), buf: LineBuf::new(r, spec.tag_output) });
         }
-        ranks.push(Rank { pid, exit: None });
+        ranks.push(Rank { pid, exit: None, boot: Boot::Never, last_err: LastLine::default() });
     }
     Ok((ranks, streams))
 }
@@ -310,11 +475,17 @@ struct Running {
     ranks: Vec<Rank>,
     streams: Vec<Stream>,
     server: BootstrapServer,
+    /// `--tag-output` (stderr lines carry a prefix to strip before quoting them).
+    tag_output: bool,
+    /// Connections the bootstrap service refused (strangers).
+    refused: usize,
+    /// Ranks seen failing before the job was being ended (not killed by tmpirun).
+    failed_by_themselves: Vec<usize>,
     /// Ranks that have connected to the bootstrap service.
     connected: usize,
-    /// Ranks whose bootstrap connection closed without a finalize while the job ran, in
-    /// the order seen (see [`Running::scan_ranks`]).
-    lost: Vec<usize>,
+    /// Ranks that left the bootstrap service while the job ran (connection closed without a
+    /// finalize, or finalized), in the order seen (see [`Running::scan_ranks`]).
+    departed: Vec<usize>,
     /// A failure whose report waits for news of a rank that may have failed first.
     deferred: Option<Deferred>,
     end: Option<End>,
@@ -337,7 +508,7 @@ impl Running {
         loop {
             if scan {
                 scan = false;
-                self.scan_ranks();
+                self.scan_ranks()?;
             }
             let now = Instant::now();
             if self.deadline.is_some_and(|d| now >= d) && self.end.is_none() {
@@ -408,13 +579,11 @@ impl Running {
                 }
             }
             if pfds[1].revents != 0 {
-                for ev in self.server.process()? {
-                    self.on_server_event(ev);
-                }
+                self.pump_server()?;
             }
             for (k, &i) in which.iter().enumerate() {
                 if pfds[k + 2].revents != 0 {
-                    self.read_stream(i, &mut chunk);
+                    let _ = self.read_stream(i, &mut chunk);
                 }
             }
         }
@@ -430,16 +599,23 @@ impl Running {
     /// Records ranks that ended; the first failure ends the job.
     ///
     /// "First" is decided with the bootstrap service's help: a rank whose connection closed
-    /// without a finalize ([`Running::lost`]) is dying, and the kernel closes a dying
-    /// process's descriptors before its parent hears of its exit. So when a rank fails while
-    /// a rank lost before it has not been seen to end yet (typically a rank whose fence or
-    /// receive failed *because* the lost one went away), the lost rank is waited for, at most
+    /// without a finalize is dying (the kernel closes a dying process's descriptors before
+    /// its parent hears of its exit), and a rank that finalized is about to exit, perhaps
+    /// with an error (a `main` that returns `Err` finalizes while `World` is dropped). Both
+    /// are [`Running::departed`]. So when a rank fails while a rank that departed before it
+    /// has not been seen to end yet (typically a rank whose fence or receive failed
+    /// *because* the other one went away), the departed rank is waited for, at most
     /// [`SUSPECT_WAIT`], and reported if it failed. (A rank that leaves the fabric before it
-    /// drops its bootstrap connection can still be seen going by a peer that ends first:
-    /// then the peer is reported, as nothing here says it was not first.)
-    fn scan_ranks(&mut self) {
+    /// tells the bootstrap service can still be seen going by a peer that ends first: then
+    /// the peer is reported, as nothing here says it was not first.)
+    fn scan_ranks(&mut self) -> Result<()> {
+        // Bootstrap news first: a process's descriptors are closed before its parent hears of
+        // its exit, so a rank's finalize or lost connection is always there to be read by
+        // now, and its exit can be judged on it (an exit 0 without finalize is a failure).
+        self.pump_server()?;
         let mut failed = None;
-        for (r, rank) in self.ranks.iter_mut().enumerate() {
+        for r in 0..self.ranks.len() {
+            let rank = &mut self.ranks[r];
             if rank.exit.is_some() {
                 continue;
             }
@@ -447,27 +623,36 @@ impl Running {
                 continue;
             };
             rank.exit = Some(kind);
-            if failed.is_none() && !kind.success() {
-                failed = Some(r);
+            if rank.failure().is_some() {
+                if self.end.is_none() {
+                    self.failed_by_themselves.push(r);
+                }
+                if failed.is_none() {
+                    failed = Some(r);
+                }
             }
         }
         if self.end.is_some() {
             self.deferred = None;
-            return;
+            return Ok(());
         }
         let now = Instant::now();
         let (candidate, since) = match (self.deferred, failed) {
             (Some(d), _) => (d.rank, d.since),
             (None, Some(r)) => (r, now),
-            (None, None) => return,
+            (None, None) => return Ok(()),
         };
         let mut wait_until = None;
-        for &s in &self.lost {
+        for i in 0..self.departed.len() {
+            let s = self.departed[i];
             if s == candidate {
                 break;
             }
             match self.ranks[s].exit {
-                Some(kind) if !kind.success() => return self.rank_failed(s, kind),
+                Some(_) if self.ranks[s].failure().is_some() => {
+                    self.rank_failed(s);
+                    return Ok(());
+                }
                 Some(_) => continue,
                 None => {
                     wait_until = Some(since + SUSPECT_WAIT);
@@ -479,22 +664,55 @@ impl Running {
         let all_ended = self.ranks.iter().all(|r| r.exit.is_some());
         if let Some(wake) = wait_until.filter(|&t| now < t && !all_ended) {
             self.deferred = Some(Deferred { rank: candidate, since, wake });
-            return;
+            return Ok(());
         }
-        if let Some(kind) = self.ranks[candidate].exit {
-            self.rank_failed(candidate, kind);
+        if self.ranks[candidate].exit.is_some() {
+            self.rank_failed(candidate);
         }
+        Ok(())
     }
 
-    /// Reports the failure of rank `r` and ends the job.
-    fn rank_failed(&mut self, r: usize, kind: ExitKind) {
+    /// Handles whatever the bootstrap service has to say, without blocking.
+    fn pump_server(&mut self) -> Result<()> {
+        for ev in self.server.process()? {
+            self.on_server_event(ev);
+        }
+        Ok(())
+    }
+
+    /// Reports the failure of rank `r` (which has ended) and ends the job.
+    ///
+    /// The report quotes the last meaningful line the rank wrote on stderr: its pipe is read
+    /// to the end first (the rank has exited, so everything it wrote is in the pipe).
+    fn rank_failed(&mut self, r: usize) {
         self.deferred = None;
-        let how = match kind {
-            ExitKind::Code(c) => format!("exited with code {c}"),
-            ExitKind::Signal(s) => format!("killed by signal {} ({s})", sys::signal_name(s)),
+        self.drain_stderr_of(r);
+        let rank = &self.ranks[r];
+        let Some(f) = rank.failure() else {
+            return;
         };
-        say(&format!("rank {r} (pid {}) {how}", self.ranks[r].pid));
-        self.begin_end(End::RankFailed { status: kind.status() }, libc::SIGTERM);
+        let quote = match &rank.last_err.line {
+            Some(l) => format!("; its last error line: {l:?}"),
+            None => String::new(),
+        };
+        say(&format!("rank {r} (pid {}) {}{quote}", rank.pid, f.how));
+        self.begin_end(End::RankFailed { status: f.status }, libc::SIGTERM);
+    }
+
+    /// Reads what is waiting in rank `r`'s stderr pipe (bounded: a descendant of the rank
+    /// may still be writing to it).
+    fn drain_stderr_of(&mut self, r: usize) {
+        let mut chunk = vec![0u8; 64 * 1024];
+        for i in 0..self.streams.len() {
+            if self.streams[i].rank != r || self.streams[i].sink != Sink::Stderr {
+                continue;
+            }
+            for _ in 0..64 {
+                if !self.read_stream(i, &mut chunk) {
+                    break;
+                }
+            }
+        }
     }
 
     fn on_server_event(&mut self, ev: ServerEvent) {
@@ -510,7 +728,20 @@ impl Running {
                 let who = rank.map_or("a client".to_string(), |r| format!("rank {r}"));
                 say(&format!("bootstrap: refused {who}: {reason}"));
             }
-            ServerEvent::Connected { .. } => {
+            ServerEvent::Refused { pid, reason } => {
+                // A stranger: reported once, counted always, and the job goes on.
+                self.refused += 1;
+                if self.refused == 1 {
+                    let who = pid.map_or("a process".to_string(), |p| format!("pid {p}"));
+                    say(&format!(
+                        "bootstrap: refused a connection from {who} ({reason}); the job goes on (further refusals are only counted)"
+                    ));
+                }
+            }
+            ServerEvent::Connected { rank } => {
+                if let Some(r) = self.ranks.get_mut(rank) {
+                    r.boot = Boot::Connected;
+                }
                 // A rank connects once: when all have, the socket's name is not needed.
                 self.connected += 1;
                 if self.connected == self.ranks.len() {
@@ -518,11 +749,21 @@ impl Running {
                 }
             }
             ServerEvent::Lost { rank } => {
-                if self.end.is_none() && !self.lost.contains(&rank) {
-                    self.lost.push(rank);
+                if let Some(r) = self.ranks.get_mut(rank) {
+                    r.boot = Boot::Lost;
+                }
+                if self.end.is_none() && !self.departed.contains(&rank) {
+                    self.departed.push(rank);
                 }
             }
-            ServerEvent::Finalized { .. } => {}
+            ServerEvent::Finalized { rank } => {
+                if let Some(r) = self.ranks.get_mut(rank) {
+                    r.boot = Boot::Finalized;
+                }
+                if self.end.is_none() && !self.departed.contains(&rank) {
+                    self.departed.push(rank);
+                }
+            }
         }
     }
 
@@ -544,28 +785,87 @@ impl Running {
         }
     }
 
-    fn read_stream(&mut self, i: usize, chunk: &mut [u8]) {
+    /// Reads once from stream `i` and forwards the complete lines; returns whether there may
+    /// be more to read now (false at end of stream and when the pipe is empty).
+    fn read_stream(&mut self, i: usize, chunk: &mut [u8]) -> bool {
+        let tag = self.tag_output;
         let s = &mut self.streams[i];
-        let Some(f) = &mut s.file else { return };
-        match f.read(chunk) {
+        let Some(f) = &mut s.file else { return false };
+        let (out, more) = match f.read(chunk) {
             Ok(0) => {
-                let rest = s.buf.finish();
-                output::write_to(s.sink, &rest);
                 s.file = None;
+                (s.buf.finish(), false)
             }
-            Ok(n) => {
-                let out = s.buf.feed(&chunk[..n]);
-                output::write_to(s.sink, &out);
-                if self.panic_on_output && !out.is_empty() {
-                    panic!("{TEST_PANIC_VAR} is set: panicking after the first line of output");
-                }
-            }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {}
+            Ok(n) => (s.buf.feed(&chunk[..n]), true),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => (Vec::new(), true),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => (Vec::new(), false),
             Err(_) => {
-                let rest = s.buf.finish();
-                output::write_to(s.sink, &rest);
                 s.file = None;
+                (s.buf.finish(), false)
+            }
+        };
+        output::write_to(s.sink, &out);
+        if s.sink == Sink::Stderr {
+            if let Some(rank) = self.ranks.get_mut(s.rank) {
+                rank.last_err.feed(&out, tag);
             }
         }
+        if self.panic_on_output && !out.is_empty() {
+            panic!("{TEST_PANIC_VAR} is set: panicking after the first line of output");
+        }
+        more
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last(text: &str, tagged: bool) -> Option<String> {
+        let mut l = LastLine::default();
+        // Fed in two pieces, as reads would.
+        let bytes = text.as_bytes();
+        let cut = bytes[..bytes.len() / 2].iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+        l.feed(&bytes[..cut], tagged);
+        l.feed(&bytes[cut..], tagged);
+        l.line
+    }
+
+    #[test]
+    fn last_line_of_an_error_return() {
+        assert_eq!(last("starting\nError: PeerGone { rank: 0 }\n", false).as_deref(), Some("Error: PeerGone { rank: 0 }"));
+        assert_eq!(last("[1] a\n[1] Error: boom\n", true).as_deref(), Some("Error: boom"));
+        assert_eq!(last("\n  \n", false), None);
+    }
+
+    #[test]
+    fn a_panic_is_quoted_by_its_message() {
+        let new = "thread 'main' (4242) panicked at src/main.rs:3:5:\nit broke\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        assert_eq!(last(new, false).as_deref(), Some("panicked: it broke"));
+        let bt = "thread 'main' panicked at src/main.rs:3:5:\nit broke\nstack backtrace:\n   0: std::panicking\n             at /rustc/x\n   1: main\nnote: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.\n";
+        assert_eq!(last(bt, false).as_deref(), Some("panicked: it broke"));
+        let old = "thread 'main' panicked at 'it broke', src/main.rs:3:5\n";
+        assert_eq!(last(old, false).as_deref(), Some("thread 'main' panicked at 'it broke', src/main.rs:3:5"));
+    }
+
+    #[test]
+    fn long_lines_are_cut() {
+        let l = last(&format!("{}\n", "é".repeat(400)), false).unwrap_or_default();
+        assert!(l.len() <= MAX_QUOTED + 3 && l.ends_with("..."), "{}", l.len());
+    }
+
+    #[test]
+    fn exit_zero_is_a_failure_only_for_an_unfinalized_tmpi_rank() {
+        let rank = |exit, boot| Rank { pid: 1, exit: Some(exit), boot, last_err: LastLine::default() };
+        assert!(rank(ExitKind::Code(0), Boot::Never).failure().is_none());
+        assert!(rank(ExitKind::Code(0), Boot::Finalized).failure().is_none());
+        for b in [Boot::Connected, Boot::Lost] {
+            let f = rank(ExitKind::Code(0), b).failure().expect("a failure");
+            assert_eq!((f.status, f.how.as_str()), (UNFINALIZED_STATUS, "exited with code 0 without finalizing"));
+        }
+        let f = rank(ExitKind::Code(3), Boot::Finalized).failure().expect("a failure");
+        assert_eq!(f.status, 3);
+        let f = rank(ExitKind::Signal(libc::SIGSEGV), Boot::Never).failure().expect("a failure");
+        assert_eq!((f.status, f.how.as_str()), (139, "killed by signal SIGSEGV (11)"));
     }
 }

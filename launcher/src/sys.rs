@@ -16,21 +16,6 @@ pub enum ExitKind {
     Signal(i32),
 }
 
-impl ExitKind {
-    /// Whether this is a clean `exit(0)`.
-    pub fn success(self) -> bool {
-        self == ExitKind::Code(0)
-    }
-
-    /// The shell-style status: the code, or 128 + signal.
-    pub fn status(self) -> i32 {
-        match self {
-            ExitKind::Code(c) => c,
-            ExitKind::Signal(s) => 128 + s,
-        }
-    }
-}
-
 /// The name of a signal, e.g. `SIGSEGV`, or `signal N` for one without a common name.
 pub fn signal_name(sig: i32) -> String {
     let name = match sig {

@@ -78,15 +78,18 @@ fn all_ranks_succeed_and_see_their_environment() {
         "sh",
         "-c",
         "echo $TMPI_RANK $TMPI_SIZE $TMPI_LOCAL_RANK $TMPI_LOCAL_SIZE $TMPI_JOBID $TMPI_SHM_NAME \
-         $TMPI_LAUNCHER_PID $TMPI_BOOTSTRAP",
+         $TMPI_LAUNCHER_PID $TMPI_BOOTSTRAP $TMPI_JOB_SECRET",
     ]);
     assert!(out.status.success(), "{out:?}");
     let lines = sorted_lines(&out.stdout);
     assert_eq!(lines.len(), n);
     let mut jobids = std::collections::HashSet::new();
+    let mut secrets = std::collections::HashSet::new();
     for (r, l) in lines.iter().enumerate() {
         let f: Vec<&str> = l.split(' ').collect();
-        assert_eq!(f.len(), 8, "{l}");
+        assert_eq!(f.len(), 9, "{l}");
+        assert!(f[8].len() == 32 && f[8].bytes().all(|b| b.is_ascii_hexdigit()), "secret {}", f[8]);
+        secrets.insert(f[8].to_string());
         assert_eq!(f[..4], [r.to_string(), ns.clone(), r.to_string(), ns.clone()]);
         let jobid = f[4];
         assert!(jobid.len() == 16 && jobid.bytes().all(|b| b.is_ascii_hexdigit()), "{jobid}");
@@ -97,9 +100,13 @@ fn all_ranks_succeed_and_see_their_environment() {
         jobids.insert(jobid.to_string());
     }
     assert_eq!(jobids.len(), 1, "one job id per job");
-    // Another job gets another id.
-    let out2 = run(&["-n", "1", "sh", "-c", "echo $TMPI_JOBID"]);
-    assert!(!jobids.contains(text(&out2.stdout).trim()));
+    assert_eq!(secrets.len(), 1, "one secret per job");
+    // Another job gets another id and another secret.
+    let out2 = run(&["-n", "1", "sh", "-c", "echo $TMPI_JOBID; echo $TMPI_JOB_SECRET"]);
+    let t2 = text(&out2.stdout);
+    let mut l2 = t2.lines();
+    assert!(!jobids.contains(l2.next().unwrap_or("").trim()));
+    assert!(!secrets.contains(l2.next().unwrap_or("").trim()));
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! A failing rank ends the job quickly and completely; a bad `TMPI_*` value stops `init`.
+//! A failing rank ends the job quickly and completely; a bad `TMPI_*` value stops `init`; so
+//! does a segment larger than `/dev/shm` (with the sizes in the message).
 
 use std::time::Duration;
 
@@ -118,4 +119,43 @@ fn good_knob_values_are_accepted() {
         .env("TMPI_RNDV_THRESHOLD", "4096")
         .run();
     out.assert_ok_line("ring: 3 ranks");
+}
+
+/// The job's shared-memory segment cannot be had: `init` fails at once with a message that
+/// says how much was needed and how much `/dev/shm` has, instead of a SIGBUS in the middle
+/// of the run. Rings of 1 GiB at N ranks need N * N GiB: N is chosen above the size of
+/// `/dev/shm` (tmpfs refuses that before allocating anything, so the test takes no memory).
+#[test]
+fn a_segment_larger_than_dev_shm_fails_init_with_the_sizes() {
+    let Some(total) = dev_shm_size() else {
+        eprintln!("skipped: statvfs(/dev/shm) failed");
+        return;
+    };
+    let Some(np) = (2..=8usize).find(|&n| (n * n) as u64 * (1 << 30) > total + (1 << 30)) else {
+        eprintln!("skipped: /dev/shm ({total} bytes) is larger than 8 ranks with 1 GiB rings can ask");
+        return;
+    };
+    let out = Job::tmpirun(np, "hello").env("TMPI_SHM_RING_SIZE", "1073741824").timeout(Duration::from_secs(30)).run();
+    let report = out.report();
+    assert!(!out.success() && !out.killed_by_harness, "{report}");
+    assert_ne!(out.code(), Some(124), "the job hung\n{report}");
+    assert!(out.elapsed < Duration::from_secs(10), "took {:.2?}\n{report}", out.elapsed);
+    assert!(
+        out.stderr.contains("needs") && out.stderr.contains("free") && out.stderr.contains("/dev/shm"),
+        "the error does not say what was needed and what is free where\n{report}"
+    );
+    assert!(!out.stderr.contains("SIGBUS"), "{report}");
+    out.assert_no_leak();
+}
+
+/// Size of the file system of `/dev/shm`.
+fn dev_shm_size() -> Option<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: a NUL-terminated literal path and writable storage for one statvfs.
+    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: filled by statvfs (zeroed before in any case).
+    let st = unsafe { st.assume_init() };
+    Some(st.f_blocks.saturating_mul(st.f_frsize))
 }

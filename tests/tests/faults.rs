@@ -11,6 +11,9 @@
 //! in `tmpi::init`, after rank 0 created the shared-memory segment (so there is a segment
 //! for `tmpirun` to remove). The programs are `src/bin/fault_*.rs`.
 //!
+//! And a `tmpirun` SIGKILLed during start-up (no cleanup runs) leaves the job's files, which
+//! the next `tmpirun` removes (it sweeps the files of jobs whose launcher is dead).
+//!
 //! Uses the release `tmpirun`; build it first:
 //! `cargo build --release --workspace --bins && cargo test --release --workspace`.
 //! Run with `--nocapture` to see the teardown times (median and max per kind).
@@ -417,4 +420,39 @@ fn sigterm_or_sigint_to_tmpirun_ends_the_job() {
         times.push(check(rep, &e, at, &want));
     }
     summary("SIGTERM/SIGINT to tmpirun", times, t.elapsed());
+}
+
+#[test]
+fn files_of_a_sigkilled_tmpirun_are_swept_by_the_next_one() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Rank 1 waits beside the segment rank 0 created, rank 0 waits in init: start-up.
+    let mut job = Job::start(env!("CARGO_BIN_EXE_fault_hang"), &["init".to_string()]);
+    job.wait_until("the segment existed", |j| ["JOBID ", "SOCK ", "SEGMENT "].iter().all(|k| j.out.iter().any(|l| l.starts_with(k))));
+    let _ = job.rank_pid(NP - 1);
+    let launcher = job.child.id() as i32;
+    kill(launcher, libc::SIGKILL);
+    let e = job.finish();
+    assert_eq!(e.status.code(), None, "tmpirun was SIGKILLed");
+    let jobid = value(&e.out, "JOBID").expect("JOBID").to_string();
+    let seg = format!("/dev/shm/{}", value(&e.out, "SEGMENT").expect("SEGMENT"));
+    let dir = Path::new(value(&e.out, "SOCK").expect("SOCK")).parent().expect("socket directory").to_path_buf();
+    let launcher_file = format!("/dev/shm/tmpi-{jobid}.launcher");
+    // What a SIGKILLed launcher leaves: nothing ran its cleanup.
+    for p in [Path::new(&seg), Path::new(&launcher_file), dir.as_path()] {
+        assert!(p.exists(), "{} should have been left by the killed tmpirun (stderr {:?})", p.display(), e.err);
+    }
+    // Its ranks die with it (PR_SET_PDEATHSIG).
+    let t = Instant::now();
+    let pids = reported_pids(&e.err);
+    while pids.iter().any(|&p| ours_still_there(p, "fault_hang")) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The next tmpirun, whatever it runs, removes them.
+    let out = Command::new(tmpirun()).args(["-n", "1", "true"]).output().expect("run tmpirun -n 1 true");
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&jobid), "the sweep names the job it cleaned: {err}");
+    for p in [Path::new(&seg), Path::new(&launcher_file), dir.as_path()] {
+        assert!(!p.exists(), "{} is still there after the next tmpirun", p.display());
+    }
 }

@@ -36,11 +36,13 @@
 //! | `TMPI_BOOTSTRAP`    | path of the bootstrap Unix socket                               |
 //! | `TMPI_SHM_NAME`     | `tmpi-<jobid>-<16 hex>`: rank 0 creates `/dev/shm/<name>`        |
 //! | `TMPI_LAUNCHER_PID` | pid of `tmpirun`                                                |
+//! | `TMPI_JOB_SECRET`   | 32 hex digits, random per job: proves a `hello` comes from a rank |
 //!
 //! `tmpirun` removes `/dev/shm/<TMPI_SHM_NAME>` and every `/dev/shm/tmpi-<jobid>*` file when
 //! the job ends, whichever way it ends.
 
 pub mod proto;
+pub mod secret;
 pub mod server;
 
 use std::ffi::OsString;
@@ -49,6 +51,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+pub use secret::{JobSecret, ENV_JOB_SECRET};
 pub use server::{BootstrapServer, ServerEvent, ServerThread};
 
 use crate::error::{Error, Result};
@@ -73,7 +76,7 @@ pub const ENV_LAUNCHER_PID: &str = "TMPI_LAUNCHER_PID";
 
 /// Every variable `tmpirun` sets for the ranks (a user may not override them with `-x`).
 pub const LAUNCHER_VARS: &[&str] =
-    &[ENV_RANK, ENV_SIZE, ENV_LOCAL_RANK, ENV_LOCAL_SIZE, ENV_JOBID, ENV_BOOTSTRAP, ENV_SHM_NAME, ENV_LAUNCHER_PID];
+    &[ENV_RANK, ENV_SIZE, ENV_LOCAL_RANK, ENV_LOCAL_SIZE, ENV_JOBID, ENV_BOOTSTRAP, ENV_SHM_NAME, ENV_LAUNCHER_PID, ENV_JOB_SECRET];
 
 /// Largest job: a source rank has 20 bits in the match tag.
 pub const MAX_RANKS: usize = 1 << 20;
@@ -126,6 +129,8 @@ pub struct BootstrapEnv {
     pub local_size: usize,
     /// `TMPI_BOOTSTRAP`: the socket to connect to.
     pub bootstrap: PathBuf,
+    /// `TMPI_JOB_SECRET`: what the rank proves itself with in its `hello`.
+    pub secret: JobSecret,
 }
 
 fn bad_var(name: &str, value: &str, want: &str) -> Error {
@@ -181,6 +186,7 @@ impl BootstrapEnv {
         if !ok_shm {
             return Err(bad_var(ENV_SHM_NAME, &shm_name, &format!("tmpi-{jobid}-<16 hex digits>")));
         }
+        let secret = JobSecret::from_hex(&need(ENV_JOB_SECRET)?)?;
         let bootstrap = PathBuf::from(need(ENV_BOOTSTRAP)?);
         if bootstrap.as_os_str().is_empty() {
             return Err(bad_var(ENV_BOOTSTRAP, "", "the path of a Unix socket"));
@@ -206,7 +212,7 @@ impl BootstrapEnv {
             None if local_size == size => rank,
             None => return Err(Error::Bootstrap(format!("{ENV_LOCAL_RANK} is not set"))),
         };
-        Ok(Some(BootstrapEnv { rank, size, jobid, shm_name, local_rank, local_size, bootstrap }))
+        Ok(Some(BootstrapEnv { rank, size, jobid, shm_name, local_rank, local_size, bootstrap, secret }))
     }
 }
 
@@ -243,19 +249,21 @@ pub struct BootstrapClient {
 }
 
 impl BootstrapClient {
-    /// Connects to the server at `path` as `rank` of a job of `size` ranks.
+    /// Connects to the server at `path` as `rank` of a job of `size` ranks, proving it with
+    /// the job's `secret`.
     ///
     /// # Errors
     /// [`Error::Io`] if the socket cannot be reached; [`Error::Bootstrap`] if the server
-    /// refuses the rank (out of range, wrong size, already connected).
-    pub fn connect(path: &Path, rank: usize, size: usize) -> Result<Self> {
+    /// refuses the rank (wrong secret, out of range, wrong size, already connected).
+    pub fn connect(path: &Path, rank: usize, size: usize, secret: &JobSecret) -> Result<Self> {
         if size == 0 || size > MAX_RANKS || rank >= size {
             return Err(Error::Bootstrap(format!("rank {rank} of {size}: not a valid rank")));
         }
         let stream = UnixStream::connect(path)
             .map_err(|source| Error::Io { op: format!("connect to bootstrap socket {}", path.display()), source })?;
         let mut c = BootstrapClient { stream, rank, size, finalized: false, buf: Vec::new() };
-        c.call_ok(&Request::Hello { version: proto::VERSION, rank: rank as u32, size: size as u32 }, "hello")?;
+        let hello = Request::Hello { version: proto::VERSION, rank: rank as u32, size: size as u32, secret: *secret.as_bytes() };
+        c.call_ok(&hello, "hello")?;
         Ok(c)
     }
 
@@ -269,7 +277,7 @@ impl BootstrapClient {
         let Some(env) = BootstrapEnv::from_env()? else {
             return Ok(None);
         };
-        let c = Self::connect(&env.bootstrap, env.rank, env.size)?;
+        let c = Self::connect(&env.bootstrap, env.rank, env.size, &env.secret)?;
         Ok(Some((c, env)))
     }
 

@@ -5,7 +5,7 @@
 //!
 //! | op | name     | payload                                           |
 //! |----|----------|---------------------------------------------------|
-//! | 1  | hello    | `u32 version`, `u32 rank`, `u32 size`             |
+//! | 1  | hello    | `u32 version`, `u32 rank`, `u32 size`, 16-byte secret |
 //! | 2  | put      | `u32 key_len`, key (UTF-8), value (rest of body)  |
 //! | 3  | get      | key (UTF-8, rest of body)                         |
 //! | 4  | fence    | nothing                                           |
@@ -19,16 +19,20 @@
 //! Decoders never panic: a short body, a bad op code, a key that is empty, too long or not
 //! UTF-8, or a length above the caps is an [`Error::Bootstrap`].
 
+use super::secret::SECRET_LEN;
 use crate::error::{Error, Result};
 
 /// Protocol version sent in `hello`; the server refuses any other.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Longest key, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
 /// Largest value, in bytes.
 pub const MAX_VALUE_LEN: usize = 1 << 20;
 /// Longest abort or error message, in bytes (longer ones are cut by the sender).
 pub const MAX_MSG_LEN: usize = 4096;
+/// Length of a whole `hello` frame (prefix included): the most a server reads from a
+/// connection before it has checked the job secret.
+pub const HELLO_FRAME_LEN: usize = 4 + 1 + 12 + SECRET_LEN;
 /// Largest frame body: a `put` of the longest key and the largest value.
 pub const MAX_FRAME: usize = 1 + 4 + MAX_KEY_LEN + MAX_VALUE_LEN;
 
@@ -53,6 +57,9 @@ pub enum Request {
         rank: u32,
         /// The job size the client believes in.
         size: u32,
+        /// The job's secret as the client knows it (see [`super::secret`]); checked before
+        /// anything else in the frame is trusted.
+        secret: [u8; SECRET_LEN],
     },
     /// Store `value` under `key` (a later put of the same key replaces it).
     Put {
@@ -157,11 +164,12 @@ impl Request {
     /// A key or value above the caps (the abort message is cut instead).
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
         match self {
-            Request::Hello { version, rank, size } => {
+            Request::Hello { version, rank, size, secret } => {
                 let s = begin(out, OP_HELLO);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&rank.to_le_bytes());
                 out.extend_from_slice(&size.to_le_bytes());
+                out.extend_from_slice(secret);
                 end(out, s);
             }
             Request::Put { key, value } => {
@@ -212,8 +220,10 @@ impl Request {
         };
         match op {
             OP_HELLO => {
-                exact(12)?;
-                Ok(Request::Hello { version: u32_at(rest, 0)?, rank: u32_at(rest, 4)?, size: u32_at(rest, 8)? })
+                exact(12 + SECRET_LEN)?;
+                let mut secret = [0u8; SECRET_LEN];
+                secret.copy_from_slice(&rest[12..]);
+                Ok(Request::Hello { version: u32_at(rest, 0)?, rank: u32_at(rest, 4)?, size: u32_at(rest, 8)?, secret })
             }
             OP_PUT => {
                 let klen = u32_at(rest, 0)? as usize;
@@ -337,7 +347,7 @@ mod tests {
 
     #[test]
     fn requests_roundtrip() {
-        roundtrip(Request::Hello { version: VERSION, rank: 3, size: 8 });
+        roundtrip(Request::Hello { version: VERSION, rank: 3, size: 8, secret: [0x5a; SECRET_LEN] });
         roundtrip(Request::Put { key: "addr-3".into(), value: vec![1, 2, 3] });
         roundtrip(Request::Put { key: "k".into(), value: vec![] });
         roundtrip(Request::Get { key: "ключ".into() });

@@ -17,6 +17,14 @@
 //!   waiting in `get`/`fence` with nothing to answer it, no put can ever come: the waiters
 //!   get an error instead of hanging forever.
 //! - Each rank connects once; a second `hello` for the same rank is refused.
+//!
+//! Admission: a connection is a stranger until its `hello` carries the job's secret
+//! ([`JobSecret`], compared in constant time before anything else in the frame is looked
+//! at); until then the server reads at most one `hello` frame from it. With
+//! [`BootstrapServer::admit_pids`], the connecting process (its `SO_PEERCRED` pid, taken at
+//! `connect`) must also be one of the given processes or a descendant of one, and of the
+//! server's own user. A stranger is closed and reported as [`ServerEvent::Refused`]; it
+//! changes nothing else (no rank slot is taken, no fence is broken).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -27,7 +35,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::proto::{self, Reply, Request, MAX_FRAME};
+use super::proto::{self, Reply, Request, HELLO_FRAME_LEN, MAX_FRAME};
+use super::secret::JobSecret;
 use crate::error::{Error, Result};
 
 /// Total bytes of keys and values the server keeps before refusing puts.
@@ -63,7 +72,17 @@ pub enum ServerEvent {
         /// Its rank.
         rank: usize,
     },
-    /// A client broke the protocol (bad frame, bad hello); its connection was closed.
+    /// A connection that did not prove to be a rank of this job (wrong or missing secret,
+    /// a process that is not a rank nor a rank's descendant): closed, and nothing else
+    /// changed.
+    Refused {
+        /// The connecting process, as the kernel saw it at `connect` (`SO_PEERCRED`).
+        pid: Option<i32>,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A rank broke the protocol after proving itself (bad frame, bad hello); its connection
+    /// was closed.
     Rejected {
         /// Rank, if it had said hello.
         rank: Option<usize>,
@@ -95,6 +114,8 @@ enum Wait {
 
 struct Conn {
     stream: UnixStream,
+    /// The peer's pid from `SO_PEERCRED`, if the kernel told.
+    pid: Option<i32>,
     rank: Option<usize>,
     inbuf: Vec<u8>,
     outbuf: Vec<u8>,
@@ -111,6 +132,9 @@ pub struct BootstrapServer {
     path: PathBuf,
     epoll: OwnedFd,
     size: usize,
+    secret: JobSecret,
+    /// Processes (and their descendants) allowed to connect; `None`: any of this user.
+    admit: Option<Vec<i32>>,
     conns: HashMap<u64, Conn>,
     next_token: u64,
     ranks: Vec<RankState>,
@@ -132,14 +156,15 @@ fn io_err(op: impl Into<String>, source: io::Error) -> Error {
 }
 
 impl BootstrapServer {
-    /// Listens on a new Unix socket at `path` for a job of `size` ranks.
+    /// Listens on a new Unix socket at `path` for a job of `size` ranks, admitting clients
+    /// that prove they know `secret`.
     ///
     /// The caller chooses a path in a directory only it can reach (`tmpirun` uses a private
     /// 0700 directory); the socket file is removed when the server is dropped.
     ///
     /// # Errors
     /// `size` of zero; the socket or epoll set cannot be created (e.g. the path exists).
-    pub fn bind(path: &Path, size: usize) -> Result<Self> {
+    pub fn bind(path: &Path, size: usize, secret: JobSecret) -> Result<Self> {
         if size == 0 || size > u32::MAX as usize {
             return Err(Error::InvalidArgument(format!("bootstrap job size {size}")));
         }
@@ -157,6 +182,8 @@ impl BootstrapServer {
             path: path.to_path_buf(),
             epoll,
             size,
+            secret,
+            admit: None,
             conns: HashMap::new(),
             next_token: 0,
             ranks: vec![RankState::Absent; size],
@@ -171,6 +198,13 @@ impl BootstrapServer {
         };
         server.ctl(libc::EPOLL_CTL_ADD, server.listener.as_raw_fd(), libc::EPOLLIN as u32, LISTENER)?;
         Ok(server)
+    }
+
+    /// From now on, admits only connections from these processes or their descendants (and
+    /// of this process's user): `tmpirun` passes the pids of the ranks it spawned. The check
+    /// is made when a connection is accepted, on the pid the kernel recorded at `connect`.
+    pub fn admit_pids(&mut self, pids: Vec<i32>) {
+        self.admit = Some(pids);
     }
 
     /// The socket's path (what `TMPI_BOOTSTRAP` holds).
@@ -290,6 +324,11 @@ impl BootstrapServer {
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {
+                    let cred = peer_cred(&stream);
+                    if let Some(why) = self.stranger_process(cred) {
+                        self.events.push(ServerEvent::Refused { pid: cred.map(|c| c.pid), reason: why });
+                        continue; // dropping the stream closes it
+                    }
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
@@ -302,6 +341,7 @@ impl BootstrapServer {
                         token,
                         Conn {
                             stream,
+                            pid: cred.map(|c| c.pid),
                             rank: None,
                             inbuf: Vec::new(),
                             outbuf: Vec::new(),
@@ -336,6 +376,13 @@ impl BootstrapServer {
                         }
                         Ok(n) => {
                             c.inbuf.extend_from_slice(&chunk[..n]);
+                            // Before its hello, a client has not proven anything: read no
+                            // more than one hello frame from it.
+                            if c.rank.is_none() && c.inbuf.len() > HELLO_FRAME_LEN {
+                                let (pid, len) = (c.pid, c.inbuf.len());
+                                self.refuse(token, pid, format!("sent {len} bytes before proving itself with a hello"));
+                                return;
+                            }
                             // An honest client has at most one request outstanding.
                             if c.inbuf.len() > 2 * (MAX_FRAME + 4) {
                                 let rank = c.rank;
@@ -368,14 +415,16 @@ impl BootstrapServer {
             if c.wait != Wait::None || c.close_after_flush || !c.outbuf.is_empty() {
                 return;
             }
-            let rank = c.rank;
+            let (rank, pid) = (c.rank, c.pid);
             let body = match proto::take_frame(&mut c.inbuf) {
                 Ok(Some(b)) => b,
                 Ok(None) => return,
+                Err(e) if rank.is_none() => return self.refuse(token, pid, e.to_string()),
                 Err(e) => return self.reject(token, rank, e.to_string()),
             };
             match Request::decode(&body) {
                 Ok(req) => self.handle(token, req),
+                Err(e) if rank.is_none() => return self.refuse(token, pid, e.to_string()),
                 Err(e) => return self.reject(token, rank, e.to_string()),
             }
         }
@@ -446,9 +495,14 @@ impl BootstrapServer {
     }
 
     fn hello(&mut self, token: u64, req: Request) {
-        let Request::Hello { version, rank, size } = req else {
-            return self.reject(token, None, "first request is not hello".into());
+        let pid = self.conns.get(&token).and_then(|c| c.pid);
+        let Request::Hello { version, rank, size, secret } = req else {
+            return self.refuse(token, pid, "first request is not hello".into());
         };
+        // The secret first: nothing else a stranger says is worth an answer.
+        if !self.secret.matches(&secret) {
+            return self.refuse(token, pid, "wrong job secret".into());
+        }
         let (rank, size) = (rank as usize, size as usize);
         let refuse = if version != proto::VERSION {
             Some(format!("protocol version {version}, server speaks {}", proto::VERSION))
@@ -586,6 +640,40 @@ impl BootstrapServer {
         }
     }
 
+    /// Closes a connection that did not prove to be a rank of this job.
+    /// It gets one error reply, written if the socket takes it at once (a rank started with
+    /// a wrong `TMPI_JOB_SECRET` then says why), and is never read from again.
+    fn refuse(&mut self, token: u64, pid: Option<i32>, reason: String) {
+        if let Some(c) = self.conns.get_mut(&token) {
+            let mut out = Vec::new();
+            Reply::Err(format!("refused: {reason}")).encode(&mut out);
+            let _ = c.stream.write(&out);
+        }
+        self.events.push(ServerEvent::Refused { pid, reason });
+        self.close(token);
+    }
+
+    /// Why a connecting process may not talk to this server, if it may not: another user,
+    /// or (with [`BootstrapServer::admit_pids`]) neither a rank nor a rank's descendant.
+    fn stranger_process(&self, cred: Option<libc::ucred>) -> Option<String> {
+        let Some(admit) = &self.admit else {
+            return None;
+        };
+        let Some(cred) = cred else {
+            return Some("the kernel did not say who connected (SO_PEERCRED)".into());
+        };
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if cred.uid != me {
+            return Some(format!("process {} of user {} is not of this job's user {me}", cred.pid, cred.uid));
+        }
+        if descends_from(cred.pid, admit) {
+            None
+        } else {
+            Some(format!("process {} is not a rank of this job nor started by one", cred.pid))
+        }
+    }
+
     fn reject(&mut self, token: u64, rank: Option<usize>, reason: String) {
         self.events.push(ServerEvent::Rejected { rank, reason });
         self.close(token);
@@ -617,6 +705,52 @@ impl BootstrapServer {
             }
         }
     }
+}
+
+/// The credentials the kernel recorded when the peer of `stream` connected.
+fn peer_cred(stream: &UnixStream) -> Option<libc::ucred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a live ucred, and updates
+    // `len`; the descriptor is open (owned by `stream`).
+    let rc =
+        unsafe { libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, std::ptr::addr_of_mut!(cred).cast(), &mut len) };
+    (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>() && cred.pid > 0).then_some(cred)
+}
+
+/// The parent pid in `/proc/<pid>/stat` (`None` when the process is gone).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may contain anything.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_ascii_whitespace();
+    let _state = f.next()?;
+    f.next()?.parse().ok()
+}
+
+/// [`parent_of`] for the tests of this module.
+#[cfg(test)]
+pub(crate) fn parent_of_for_tests(pid: i32) -> Option<i32> {
+    parent_of(pid)
+}
+
+/// Whether `pid` is one of `roots` or descends from one (walking parent pids; at most 256
+/// steps, and a process that exits meanwhile counts as not descending).
+pub(crate) fn descends_from(pid: i32, roots: &[i32]) -> bool {
+    let mut p = pid;
+    for _ in 0..256 {
+        if roots.contains(&p) {
+            return true;
+        }
+        if p <= 1 {
+            return false;
+        }
+        match parent_of(p) {
+            Some(pp) if pp != p => p = pp,
+            _ => return false,
+        }
+    }
+    false
 }
 
 impl AsRawFd for BootstrapServer {

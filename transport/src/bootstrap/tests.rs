@@ -29,9 +29,14 @@ impl Drop for TmpSock {
     }
 }
 
+/// The secret of the test jobs.
+fn secret() -> JobSecret {
+    JobSecret::from_bytes(*b"tmpi-test-secret")
+}
+
 fn serve(size: usize) -> (TmpSock, ServerThread) {
     let s = TmpSock::new();
-    let srv = BootstrapServer::bind(&s.path, size).unwrap().spawn().unwrap();
+    let srv = BootstrapServer::bind(&s.path, size, secret()).unwrap().spawn().unwrap();
     (s, srv)
 }
 
@@ -56,7 +61,7 @@ fn put_fence_get_across_ranks() {
         .map(|r| {
             let path = path.clone();
             std::thread::spawn(move || {
-                let mut c = BootstrapClient::connect(&path, r, n).unwrap();
+                let mut c = BootstrapClient::connect(&path, r, n, &secret()).unwrap();
                 assert_eq!((c.rank(), c.size()), (r, n));
                 c.put(&format!("addr-{r}"), format!("value of {r}").as_bytes()).unwrap();
                 c.fence().unwrap();
@@ -94,10 +99,10 @@ fn get_blocks_until_put() {
     let (sock, srv) = serve(2);
     let path = sock.path.clone();
     let getter = std::thread::spawn(move || {
-        let mut c = BootstrapClient::connect(&path, 1, 2).unwrap();
+        let mut c = BootstrapClient::connect(&path, 1, 2, &secret()).unwrap();
         c.get("late-key").unwrap()
     });
-    let mut c0 = BootstrapClient::connect(&sock.path, 0, 2).unwrap();
+    let mut c0 = BootstrapClient::connect(&sock.path, 0, 2, &secret()).unwrap();
     // Give the getter time to be waiting (if it is not yet, the test still holds).
     std::thread::sleep(Duration::from_millis(50));
     assert!(!getter.is_finished(), "get must wait for the put");
@@ -112,7 +117,7 @@ fn get_blocks_until_put() {
 #[test]
 fn abort_is_reported() {
     let (sock, srv) = serve(3);
-    let mut c = BootstrapClient::connect(&sock.path, 2, 3).unwrap();
+    let mut c = BootstrapClient::connect(&sock.path, 2, 3, &secret()).unwrap();
     c.abort(17, "out of cheese").unwrap();
     let evs = events_until(&srv, |e| matches!(e, ServerEvent::Abort { .. }));
     assert_eq!(evs.last().unwrap(), &ServerEvent::Abort { rank: 2, code: 17, message: "out of cheese".into() });
@@ -121,14 +126,14 @@ fn abort_is_reported() {
 #[test]
 fn bad_hellos_are_refused() {
     let (sock, _srv) = serve(2);
-    let _c0 = BootstrapClient::connect(&sock.path, 0, 2).unwrap();
-    let e = BootstrapClient::connect(&sock.path, 0, 2).unwrap_err();
+    let _c0 = BootstrapClient::connect(&sock.path, 0, 2, &secret()).unwrap();
+    let e = BootstrapClient::connect(&sock.path, 0, 2, &secret()).unwrap_err();
     assert!(e.to_string().contains("already connected"), "{e}");
-    let e = BootstrapClient::connect(&sock.path, 1, 3).unwrap_err();
+    let e = BootstrapClient::connect(&sock.path, 1, 3, &secret()).unwrap_err();
     assert!(e.to_string().contains("3 ranks"), "{e}");
-    assert!(BootstrapClient::connect(&sock.path, 2, 2).is_err());
+    assert!(BootstrapClient::connect(&sock.path, 2, 2, &secret()).is_err());
     // Rank 1 may still connect after the refusals.
-    BootstrapClient::connect(&sock.path, 1, 2).unwrap();
+    BootstrapClient::connect(&sock.path, 1, 2, &secret()).unwrap();
 }
 
 #[test]
@@ -136,11 +141,11 @@ fn fence_fails_when_a_rank_leaves() {
     let (sock, _srv) = serve(3);
     let path = sock.path.clone();
     let waiter = std::thread::spawn(move || {
-        let mut c = BootstrapClient::connect(&path, 0, 3).unwrap();
+        let mut c = BootstrapClient::connect(&path, 0, 3, &secret()).unwrap();
         c.fence()
     });
-    let c1 = BootstrapClient::connect(&sock.path, 1, 3).unwrap();
-    let _c2 = BootstrapClient::connect(&sock.path, 2, 3).unwrap();
+    let c1 = BootstrapClient::connect(&sock.path, 1, 3, &secret()).unwrap();
+    let _c2 = BootstrapClient::connect(&sock.path, 2, 3, &secret()).unwrap();
     drop(c1); // rank 1 dies without finalize
     let e = waiter.join().unwrap().unwrap_err();
     assert!(e.to_string().contains("rank 1 is gone"), "{e}");
@@ -151,10 +156,10 @@ fn deadlocked_get_errors_instead_of_hanging() {
     let (sock, _srv) = serve(2);
     let path = sock.path.clone();
     let t = std::thread::spawn(move || {
-        let mut c = BootstrapClient::connect(&path, 0, 2).unwrap();
+        let mut c = BootstrapClient::connect(&path, 0, 2, &secret()).unwrap();
         c.get("never")
     });
-    let mut c1 = BootstrapClient::connect(&sock.path, 1, 2).unwrap();
+    let mut c1 = BootstrapClient::connect(&sock.path, 1, 2, &secret()).unwrap();
     c1.finalize().unwrap();
     let e = t.join().unwrap().unwrap_err();
     assert!(e.to_string().contains("never"), "{e}");
@@ -165,7 +170,7 @@ fn server_gone_is_an_error() {
     let (sock, srv) = serve(2);
     let path = sock.path.clone();
     let t = std::thread::spawn(move || {
-        let mut c = BootstrapClient::connect(&path, 0, 2).unwrap();
+        let mut c = BootstrapClient::connect(&path, 0, 2, &secret()).unwrap();
         c.get("x")
     });
     std::thread::sleep(Duration::from_millis(30));
@@ -177,26 +182,95 @@ fn server_gone_is_an_error() {
 #[test]
 fn malformed_frames_disconnect_only_that_client() {
     let (sock, srv) = serve(2);
-    let mut good = BootstrapClient::connect(&sock.path, 0, 2).unwrap();
+    let mut good = BootstrapClient::connect(&sock.path, 0, 2, &secret()).unwrap();
     let mut raw = UnixStream::connect(&sock.path).unwrap();
     // Declared length far above the cap.
     raw.write_all(&u32::MAX.to_le_bytes()).unwrap();
-    let mut b = [0u8; 1];
-    assert_eq!(raw.read(&mut b).unwrap(), 0, "server closes the bad connection");
+    assert!(refused_and_closed(&mut raw), "server closes the bad connection");
     // Garbage body with a sane length.
     let mut raw = UnixStream::connect(&sock.path).unwrap();
     raw.write_all(&[3, 0, 0, 0, 0x42, 1, 2]).unwrap();
-    assert_eq!(raw.read(&mut b).unwrap(), 0);
-    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Rejected { .. }));
-    assert!(matches!(evs.last(), Some(ServerEvent::Rejected { rank: None, .. })));
+    assert!(refused_and_closed(&mut raw));
+    // Before a hello, a malformed frame is a stranger's: refused, with the pid of the test.
+    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Refused { .. }));
+    assert!(matches!(evs.last(), Some(ServerEvent::Refused { pid: Some(p), .. }) if *p == std::process::id() as i32), "{evs:?}");
     good.put("k", b"v").unwrap();
     assert_eq!(good.get("k").unwrap(), b"v");
+}
+
+/// Whether the server closed `raw` after at most one error reply (what a stranger gets).
+fn refused_and_closed(raw: &mut UnixStream) -> bool {
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = Vec::new();
+    match raw.read_to_end(&mut got) {
+        Ok(_) | Err(_) if got.is_empty() => true,
+        Ok(_) => {
+            let mut buf = got;
+            matches!(proto::take_frame(&mut buf).map(|b| b.map(|b| Reply::decode(&b))), Ok(Some(Ok(Reply::Err(_))))) && buf.is_empty()
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+#[test]
+fn strangers_are_refused_and_change_nothing() {
+    let (sock, srv) = serve(2);
+    // A wrong secret, for a rank nobody has taken yet.
+    let wrong = JobSecret::from_bytes(*b"not-the-secret!!");
+    let e = BootstrapClient::connect(&sock.path, 1, 2, &wrong).unwrap_err();
+    assert!(e.to_string().contains("closed the connection") || e.to_string().contains("secret"), "{e}");
+    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Refused { .. }));
+    assert!(matches!(evs.last(), Some(ServerEvent::Refused { reason, .. }) if reason.contains("secret")), "{evs:?}");
+    // A stranger that floods before any hello is cut off after one hello's worth of bytes.
+    let mut raw = UnixStream::connect(&sock.path).unwrap();
+    let _ = raw.write_all(&[0x11; 4096]);
+    assert!(refused_and_closed(&mut raw), "server closes the flooding stranger");
+    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Refused { .. }));
+    assert!(!evs.iter().any(|e| matches!(e, ServerEvent::Lost { .. } | ServerEvent::Connected { .. })), "{evs:?}");
+    // Both real ranks still get in, and the fence works: no slot was taken, nothing broken.
+    let path = sock.path.clone();
+    let t = std::thread::spawn(move || {
+        let mut c = BootstrapClient::connect(&path, 1, 2, &secret()).unwrap();
+        c.fence()
+    });
+    let mut c0 = BootstrapClient::connect(&sock.path, 0, 2, &secret()).unwrap();
+    c0.fence().unwrap();
+    t.join().unwrap().unwrap();
+}
+
+#[test]
+fn admitted_pids_and_their_descendants_only() {
+    let s = TmpSock::new();
+    let me = std::process::id() as i32;
+    // Only pid 1's descendants (everything) would pass; a pid that is not an ancestor of
+    // this test process must not.
+    let mut srv = BootstrapServer::bind(&s.path, 1, secret()).unwrap();
+    srv.admit_pids(vec![i32::MAX - 7]);
+    let srv = srv.spawn().unwrap();
+    let e = BootstrapClient::connect(&s.path, 0, 1, &secret()).unwrap_err();
+    assert!(e.to_string().contains("closed the connection"), "{e}");
+    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Refused { .. }));
+    assert!(
+        matches!(evs.last(), Some(ServerEvent::Refused { pid: Some(p), reason }) if *p == me && reason.contains("not a rank")),
+        "{evs:?}"
+    );
+    drop(srv);
+    drop(s);
+    // This process's parent admitted: the test (a descendant) gets in.
+    let s = TmpSock::new();
+    let mut srv = BootstrapServer::bind(&s.path, 1, secret()).unwrap();
+    srv.admit_pids(vec![server::parent_of_for_tests(me).expect("parent pid")]);
+    let _srv = srv.spawn().unwrap();
+    let mut c = BootstrapClient::connect(&s.path, 0, 1, &secret()).unwrap();
+    c.finalize().unwrap();
+    assert!(server::descends_from(me, &[me]));
+    assert!(!server::descends_from(me, &[i32::MAX - 7]));
 }
 
 #[test]
 fn large_values_cross_intact() {
     let (sock, _srv) = serve(1);
-    let mut c = BootstrapClient::connect(&sock.path, 0, 1).unwrap();
+    let mut c = BootstrapClient::connect(&sock.path, 0, 1, &secret()).unwrap();
     let v: Vec<u8> = (0..proto::MAX_VALUE_LEN).map(|i| (i * 7 % 251) as u8).collect();
     c.put("big", &v).unwrap();
     assert_eq!(c.get("big").unwrap(), v);
@@ -213,7 +287,15 @@ fn env_parsing() {
     assert_eq!(BootstrapEnv::from_lookup(env_of(&[])).unwrap(), None);
     let jobid = "0123456789abcdef";
     let shm = "tmpi-0123456789abcdef-fedcba9876543210";
-    let ok = [("TMPI_RANK", "2"), ("TMPI_SIZE", "4"), ("TMPI_JOBID", jobid), ("TMPI_SHM_NAME", shm), ("TMPI_BOOTSTRAP", "/tmp/x.sock")];
+    let hex = secret().to_hex();
+    let ok = [
+        ("TMPI_RANK", "2"),
+        ("TMPI_SIZE", "4"),
+        ("TMPI_JOBID", jobid),
+        ("TMPI_SHM_NAME", shm),
+        ("TMPI_BOOTSTRAP", "/tmp/x.sock"),
+        ("TMPI_JOB_SECRET", hex.as_str()),
+    ];
     let e = BootstrapEnv::from_lookup(env_of(&ok)).unwrap().unwrap();
     assert_eq!((e.rank, e.size, e.local_rank, e.local_size), (2, 4, 2, 4));
     assert_eq!((e.jobid.as_str(), e.shm_name.as_str()), (jobid, shm));
@@ -226,6 +308,8 @@ fn env_parsing() {
         ("TMPI_SHM_NAME", "tmpi-0123456789abcdef-zz"),
         ("TMPI_SHM_NAME", "other"),
         ("TMPI_LOCAL_RANK", "9"),
+        ("TMPI_JOB_SECRET", "0123"),
+        ("TMPI_JOB_SECRET", "zz23456789abcdef0123456789abcdef"),
     ] {
         let mut vars = ok.to_vec();
         vars.retain(|(n, _)| *n != var);
@@ -233,9 +317,12 @@ fn env_parsing() {
         let err = BootstrapEnv::from_lookup(env_of(&vars)).unwrap_err().to_string();
         assert!(err.contains(var), "{var}={bad}: {err}");
     }
-    let missing: Vec<_> = ok.iter().copied().filter(|(n, _)| *n != "TMPI_BOOTSTRAP").collect();
-    let err = BootstrapEnv::from_lookup(env_of(&missing)).unwrap_err().to_string();
-    assert!(err.contains("TMPI_BOOTSTRAP"), "{err}");
+    for var in ["TMPI_BOOTSTRAP", "TMPI_JOB_SECRET"] {
+        let missing: Vec<_> = ok.iter().copied().filter(|(n, _)| *n != var).collect();
+        let err = BootstrapEnv::from_lookup(env_of(&missing)).unwrap_err().to_string();
+        assert!(err.contains(var), "{err}");
+    }
+    assert_eq!(e.secret, secret());
 }
 
 #[test]

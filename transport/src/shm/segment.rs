@@ -10,6 +10,13 @@
 //! All positions are offsets from the start of the mapping, never pointers. The creator
 //! writes the header and sets `ready` last (release); openers check magic, version, geometry
 //! and the file size against the header before touching anything else.
+//!
+//! Memory is taken at start, not in the middle of a run: the creator allocates every page of
+//! the file (`posix_fallocate`, where `ftruncate` alone would leave a sparse file that a full
+//! `/dev/shm` turns into SIGBUS at the first touch of a missing page), and a shortage is an
+//! error of [`Segment::create`] saying how many bytes were needed and how many `/dev/shm`
+//! has free. Every rank maps the segment with `MAP_POPULATE`, so its page tables are filled
+//! at start: the first messages of a run cost what the later ones do (no page faults).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -100,10 +107,65 @@ fn shm_path(name: &str) -> Result<String> {
     Ok(format!("/dev/shm/{name}"))
 }
 
+/// Bytes free for an unprivileged user in the file system holding `dir`, if it says.
+fn free_bytes(dir: &str) -> Option<u64> {
+    let c = std::ffi::CString::new(dir).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path and `st` writable storage for one statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs succeeded and filled it (it was zeroed before in any case).
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Gives `file` (just created, empty) `len` bytes of real storage, so that no later touch of
+/// the mapping can fail for want of memory.
+fn allocate(file: &File, len: usize, path: &str) -> Result<()> {
+    let Ok(off_len) = libc::off_t::try_from(len) else {
+        return Err(Error::InvalidArgument(format!("shm segment of {len} bytes is too large")));
+    };
+    loop {
+        // SAFETY: plain system call on a descriptor we own; no pointers.
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, off_len) };
+        match rc {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            libc::ENOSPC | libc::EFBIG => {
+                let dir = path.rsplit_once('/').map_or("/dev/shm", |(d, _)| d);
+                let free = free_bytes(dir).map_or_else(|| "an unknown number of bytes".to_string(), |f| format!("{f} bytes"));
+                return Err(Error::Io {
+                    op: format!(
+                        "allocate the shared-memory segment {path}: it needs {len} bytes but {dir} has {free} free \
+                         (enlarge {dir}, e.g. `docker run --shm-size=...`, or lower TMPI_SHM_RING_SIZE)"
+                    ),
+                    source: std::io::Error::from_raw_os_error(rc),
+                });
+            }
+            // Not supported by the file system (not tmpfs): keep the ftruncate'd size.
+            libc::EOPNOTSUPP | libc::ENODEV => {
+                return file.set_len(len as u64).map_err(|e| Error::Io { op: format!("size {path} to {len} bytes"), source: e })
+            }
+            e => return Err(Error::Io { op: format!("allocate {len} bytes for {path}"), source: std::io::Error::from_raw_os_error(e) }),
+        }
+    }
+}
+
 fn map(file: &File, len: usize, path: &str) -> Result<NonNull<u8>> {
     // SAFETY: mapping a regular file we opened read-write, of at least `len` bytes, shared;
-    // no existing memory is affected (addr hint is null).
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+    // no existing memory is affected (addr hint is null). MAP_POPULATE only pre-faults the
+    // pages (a failure to do so is not an error: they fault in later as usual).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
     if p == libc::MAP_FAILED {
         return Err(Error::last_os(format!("mmap {path}")));
     }
@@ -129,11 +191,11 @@ impl Segment {
             let _ = std::fs::remove_file(&path);
             e
         };
-        file.set_len(total as u64).map_err(|e| cleanup(Error::Io { op: format!("size {path} to {total} bytes"), source: e }))?;
+        allocate(&file, total, &path).map_err(cleanup)?;
         let base = map(&file, total, &path).map_err(cleanup)?;
         let seg = Segment { base, len: total, nranks, ring_size, rings_off, path, _file: file };
         // SAFETY: the mapping starts with room for a SegHeader (total > 128), is 4096-aligned,
-        // zero-filled by ftruncate, and nobody else uses it before `ready` is set.
+        // zero-filled by posix_fallocate, and nobody else uses it before `ready` is set.
         let h = unsafe { &mut *seg.base.as_ptr().cast::<SegHeader>() };
         h.version = VERSION;
         h.nranks = nranks as u32;
@@ -293,6 +355,44 @@ mod tests {
         assert_eq!(o.pid(2), 1234);
         s.unlink().unwrap();
         assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists());
+    }
+
+    /// Size of the file system holding `dir`.
+    fn size_bytes(dir: &str) -> Option<u64> {
+        let c = std::ffi::CString::new(dir).ok()?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+        // SAFETY: as in `free_bytes`.
+        if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+            return None;
+        }
+        // SAFETY: filled by statvfs.
+        let st = unsafe { st.assume_init() };
+        Some(st.f_blocks.saturating_mul(st.f_frsize))
+    }
+
+    #[test]
+    fn pages_are_allocated_at_create() {
+        let n = name();
+        let s = Segment::create(&n, 2, 1 << 16).unwrap();
+        let meta = std::fs::metadata(format!("/dev/shm/{n}")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        // Not a sparse file: every byte has storage behind it.
+        assert!(meta.blocks() * 512 >= meta.len(), "{} blocks for {} bytes", meta.blocks(), meta.len());
+        s.unlink().unwrap();
+    }
+
+    #[test]
+    fn shortage_is_an_error_naming_the_sizes() {
+        // Ask for more than the whole of /dev/shm (rings of 1 GiB: 4 GiB at 2 ranks, 9 at
+        // 3...): tmpfs refuses that before allocating anything, so the test takes no memory.
+        let total = size_bytes("/dev/shm").unwrap_or(u64::MAX);
+        let ranks = (2..=64usize).find(|&r| (r * r) as u64 * (1 << 30) > total.saturating_add(1 << 30));
+        let Some(ranks) = ranks else { return };
+        let n = name();
+        let e = Segment::create(&n, ranks, 1 << 30).err().expect("an impossible segment must be refused");
+        let msg = e.to_string();
+        assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists(), "the failed segment was left behind");
+        assert!(msg.contains("needs") && msg.contains("free") && msg.contains("/dev/shm"), "{msg}");
     }
 
     #[test]
