@@ -828,29 +828,32 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
         if self.ux_wanted.load(Ordering::Relaxed) != 0 {
             self.enable_wanted();
         }
-        // The earliest posted candidate: the bucket's head, then each class's head.
-        let mut best = self.buckets.get(&tag).and_then(|b| b.posted.front()).map_or(RecvId::MAX, |p| p.0);
+        // The earliest posted wildcard candidate: the head of each class's queue for `tag`.
+        let mut wild_seq = RecvId::MAX;
         let mut class = None;
         if self.wild_live > 0 {
             for (c, q) in self.wild.iter().enumerate() {
                 if q.len > 0 {
                     if let Some(s) = q.head(tag & CLASS_MASKS[c]) {
-                        if s < best {
-                            best = s;
+                        if s < wild_seq {
+                            wild_seq = s;
                             class = Some(c);
                         }
                     }
                 }
             }
         }
+        // One lookup of the bucket serves the exact candidate, its match and the store.
+        let bucket = self.buckets.get_mut(&tag);
+        let exact_seq = bucket.as_ref().and_then(|b| b.posted.front()).map_or(RecvId::MAX, |p| p.0);
         if self.raw_live > 0 {
-            if let Some((seq, r)) = take_raw_match(&mut self.raw, tag, best, &self.steps) {
+            if let Some((seq, r)) = take_raw_match(&mut self.raw, tag, exact_seq.min(wild_seq), &self.steps) {
                 self.raw_live -= 1;
                 self.tidy_raw();
                 return Arrived::Matched(seq, r, m);
             }
         }
-        if let Some(c) = class {
+        if let Some(c) = class.filter(|_| wild_seq < exact_seq) {
             let q = &mut self.wild[c];
             let popped = q.map.get_mut(&(tag & CLASS_MASKS[c])).and_then(|queue| Some((queue.pop_front()?, queue.is_empty())));
             if let Some(((seq, r), emptied)) = popped {
@@ -860,27 +863,27 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
                 return Arrived::Matched(seq, r, m);
             }
         }
-        if let Some(b) = self.buckets.get_mut(&tag) {
-            if let Some((seq, r)) = b.posted.pop_front() {
-                let emptied = b.is_empty();
-                self.exact_live -= 1;
-                if emptied {
-                    self.bucket_emptied();
-                }
-                self.tidy_posted_index(seq);
-                return Arrived::Matched(seq, r, m);
-            }
-            // Unexpected, and the bucket is at hand: store without a second lookup.
-            let useq = self.next_useq;
-            self.next_useq += 1;
-            if b.is_empty() {
-                self.empty_buckets -= 1;
-            }
-            b.ux.push_back((useq, m));
-            self.index_unexpected(useq, tag);
+        let Some(b) = bucket else {
+            self.store_unexpected_new(tag, m);
             return Arrived::Unexpected;
+        };
+        if let Some((seq, r)) = b.posted.pop_front() {
+            let emptied = b.is_empty();
+            self.exact_live -= 1;
+            if emptied {
+                self.bucket_emptied();
+            }
+            self.tidy_posted_index(seq);
+            return Arrived::Matched(seq, r, m);
         }
-        self.store_unexpected_new(tag, m);
+        // Unexpected, and the bucket is at hand: store without a second lookup.
+        let useq = self.next_useq;
+        self.next_useq += 1;
+        if b.is_empty() {
+            self.empty_buckets -= 1;
+        }
+        b.ux.push_back((useq, m));
+        self.index_unexpected(useq, tag);
         Arrived::Unexpected
     }
 
