@@ -56,8 +56,8 @@ struct Cli {
     /// K, M, G (binary) suffixes allowed [default: 64M, 1M with --quick].
     #[arg(long, value_parser = parse_size)]
     max_size: Option<usize>,
-    /// Output directory [default: <root>/bench/results, <root>/target/compare-quick with
-    /// --quick].
+    /// Output directory (default: `<root>/bench/results`, `<root>/target/compare-quick` with
+    /// --quick).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Smoke test: one repetition, sizes up to 1 MiB, a tenth of the iterations (collectives
@@ -88,8 +88,8 @@ struct Cli {
     /// mpich.
     #[arg(long, value_delimiter = ',', default_value = "tmpi,ompi,ompi-nosc,mpich")]
     libs: Vec<String>,
-    /// Directory of tmpi's release binaries [default: this program's directory when it is a
-    /// `release` directory, else <root>/target/release].
+    /// Directory of tmpi's release binaries (default: this program's directory when it is a
+    /// `release` directory, else `<root>/target/release`).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
     /// The tmpi checkout [default: the one this program was built from, else the current

@@ -250,7 +250,7 @@ impl Bench {
         }
     }
 
-    /// The C peer program (bench/c/<name>.c).
+    /// The C peer program (`bench/c/<name>.c`).
     pub fn peer_bin(self) -> &'static str {
         match self {
             Bench::Latency => "lat",
@@ -359,14 +359,16 @@ pub const LARGE_WINDOW: usize = 8;
 /// Window of the other bandwidth and message-rate runs (OSU's default).
 pub const WINDOW: usize = 64;
 
+/// One tier of sizes: (largest size of the tier, timed iterations, warm-up, window).
+type Tier = (usize, usize, usize, Option<usize>);
+
 /// The segments of `bench`: for latency, bw and bibw they cover sizes 1..=`max_size`
 /// (doubling); allreduce covers 8 B..1 MiB with OSU's collective counts; barrier runs once per
 /// rank count; the depth benchmarks run 8-byte messages. `quick` divides the iteration counts by
 /// ten (at least 2 timed, 1 warm-up).
 pub fn segments(bench: Bench, max_size: usize, quick: bool) -> Vec<Segment> {
     let shrink = |iters: usize, warmup: usize| if quick { ((iters / 10).max(2), (warmup / 10).max(1)) } else { (iters, warmup) };
-    // (largest size of the tier, timed iterations, warm-up, window)
-    let (lo, max_size, np, tiers): (usize, usize, usize, &[(usize, usize, usize, Option<usize>)]) = match bench {
+    let (lo, max_size, np, tiers): (usize, usize, usize, &[Tier]) = match bench {
         Bench::Latency => (1, max_size, 2, &[(8 << 10, 10_000, 100, None), (1 << 20, 1000, 10, None), (usize::MAX, 100, 5, None)]),
         Bench::Bw | Bench::Bibw => (
             1,

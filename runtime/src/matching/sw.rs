@@ -472,12 +472,12 @@ impl<R, M> SwMatcher<R, M> {
         } else if self.ux_order.len() > 2 * self.ux_live + self.tuning.list_slack {
             self.compact_ux_order();
         }
-        for c in 0..CLASSES {
+        for (c, mask) in CLASS_MASKS.into_iter().enumerate() {
             if !self.ux_indexed[c] {
                 continue;
             }
             let ix = &mut self.ux_index[c];
-            if let Some(q) = ix.map.get_mut(&(key & CLASS_MASKS[c])) {
+            if let Some(q) = ix.map.get_mut(&(key & mask)) {
                 let popped = if q.front().is_some_and(|e| e.0 == removed) {
                     q.pop_front()
                 } else if q.back().is_some_and(|e| e.0 == removed) {
@@ -546,9 +546,9 @@ impl<R, M> SwMatcher<R, M> {
     fn index_unexpected(&mut self, useq: u64, key: u64) {
         self.ux_order.push_back((useq, key));
         self.ux_live += 1;
-        for c in 0..CLASSES {
-            if self.ux_indexed[c] {
-                self.ux_index[c].push(key & CLASS_MASKS[c], useq, key);
+        for ((ix, &on), mask) in self.ux_index.iter_mut().zip(&self.ux_indexed).zip(CLASS_MASKS) {
+            if on {
+                ix.push(key & mask, useq, key);
             }
         }
     }
@@ -744,9 +744,9 @@ impl<R, M> SwMatcher<R, M> {
             for &(useq, _) in &b.ux {
                 let i = self.ux_order.binary_search_by_key(&useq, |e| e.0);
                 assert!(i.is_ok_and(|i| self.ux_order[i].1 == k), "useq {useq} not ordered");
-                for c in 0..CLASSES {
+                for (c, mask) in CLASS_MASKS.into_iter().enumerate() {
                     if self.ux_indexed[c] {
-                        let q = self.ux_index[c].map.get(&(k & CLASS_MASKS[c]));
+                        let q = self.ux_index[c].map.get(&(k & mask));
                         assert!(q.is_some_and(|q| q.binary_search(&(useq, k)).is_ok()), "useq {useq} not in class {c}");
                     }
                 }
