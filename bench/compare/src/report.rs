@@ -229,7 +229,11 @@ impl Report<'_> {
             "# tmpi vs MPI libraries: comparison\n\n"
         });
         if self.quick {
-            s.push_str("**Quick smoke run (`--quick`): few iterations, one repetition; not a measurement.**\n\n");
+            let _ = writeln!(
+                s,
+                "**Quick smoke run (`--quick`): a tenth of the iterations, {} repetition(s); not a measurement.**\n",
+                self.reps
+            );
         }
         let _ = writeln!(s, "- date: {}", m.date);
         let _ = writeln!(s, "- kernel: {} (`uname -r`)", m.kernel);
