@@ -8,6 +8,10 @@
 //!   so an arrival must look past them);
 //! - `unexpected`: `D` unexpected messages from another source, each on its own tag.
 //!
+//! - `exact_vs_any_source` (`D` = 0, 64, 1024, 4096): `D` `ANY_SOURCE` receives, each on its own
+//!   tag that is never sent, posted before the measured exact receive. An arrival must not pay
+//!   for wildcard receives that cannot match it (issue 13, item 4).
+//!
 //! Each iteration is the steady state: post the matching receive (it queues), deliver the
 //! message (it matches that receive), so the matcher holds exactly the `D` entries again.
 
@@ -35,6 +39,7 @@ enum Fill {
     PostedExact,
     PostedWild,
     Unexpected,
+    AnySourceOtherTags,
 }
 
 impl Fill {
@@ -43,6 +48,14 @@ impl Fill {
             Fill::PostedExact => "posted_exact",
             Fill::PostedWild => "posted_wild",
             Fill::Unexpected => "unexpected",
+            Fill::AnySourceOtherTags => "exact_vs_any_source",
+        }
+    }
+
+    fn depths(self) -> &'static [usize] {
+        match self {
+            Fill::AnySourceOtherTags => &[0, 64, 1024, 4096],
+            _ => &DEPTHS,
         }
     }
 }
@@ -58,6 +71,10 @@ fn fill<T: Matcher<u64, u64>>(m: &mut T, fill: Fill, d: usize) {
             }
             Fill::PostedWild => {
                 let (t, mask) = recv_key(CTX, None, Some(WILD_TAG));
+                assert!(matches!(m.post(t, mask, i as u64), Posted::Queued(_)), "fill receive matched");
+            }
+            Fill::AnySourceOtherTags => {
+                let (t, mask) = recv_key(CTX, None, Some(FILL_TAG0 + i32_));
                 assert!(matches!(m.post(t, mask, i as u64), Posted::Queued(_)), "fill receive matched");
             }
             Fill::Unexpected => {
@@ -91,9 +108,9 @@ fn pair<T: Matcher<u64, u64>>(m: &mut T, rtag: u64, rmask: u64, key: u64) {
 fn bench_one<T: Matcher<u64, u64>>(c: &mut Criterion, matcher: &str, new: fn() -> T) {
     let (rtag, rmask) = recv_key(CTX, Some(SRC), Some(TAG));
     let key = encode_tag(CTX, SRC, TAG);
-    for kind in [Fill::PostedExact, Fill::PostedWild, Fill::Unexpected] {
+    for kind in [Fill::PostedExact, Fill::PostedWild, Fill::Unexpected, Fill::AnySourceOtherTags] {
         let mut g = c.benchmark_group(format!("matching/{matcher}/{}", kind.name()));
-        for d in DEPTHS {
+        for &d in kind.depths() {
             let mut m = new();
             fill(&mut m, kind, d);
             g.bench_with_input(BenchmarkId::from_parameter(d), &d, |b, _| b.iter(|| pair(&mut m, rtag, rmask, key)));

@@ -1,52 +1,103 @@
 /*
- * allreduce and barrier latency for the peers, with the loops of tmpi's osu_allreduce (f32 sums
- * of size/4 elements, OSU's 1000/100 iterations, 100/10 above 8 KiB) and osu_barrier (1000
- * iterations after 100 warm-up). Output: "allreduce SIZE AVG_US" lines, then "barrier AVG_US".
- * Usage: coll [MAX_SIZE]   (sizes 4, 8, then powers of two up to MAX_SIZE, default 1 MiB)
+ * Collective latency for the peers, with the loops and the output of tmpi's osu_allreduce and
+ * osu_barrier (OSU Micro-Benchmarks' osu_allreduce and osu_barrier):
+ *   coll allreduce [-m [MIN:]MAX] [-i N] [-x N]   f32 sums of size/4 elements (sizes below 4
+ *                                                 skipped); each timed call is followed by an
+ *                                                 untimed barrier; 1000/100 iterations up to
+ *                                                 8 KiB, 100/10 above; sizes 1..1 MiB by default
+ *   coll barrier [-i N] [-x N]                    1000 barriers after 100 warm-up
+ * The figure is each rank's mean time per call, averaged over the ranks; rows as tmpi prints
+ * them ("SIZE AVG" for allreduce, a lone "AVG" for barrier).
  */
-#include <mpi.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "common.h"
 
-static double allreduce_us(size_t size, float *s, float *r)
+static double avg_over_ranks(double local)
 {
-    int iters = size > 8192 ? 100 : 1000, skip = size > 8192 ? 10 : 100;
-    int count = (int)(size / sizeof(float));
-    double t0 = 0.0, sum = 0.0;
-    for (int i = 0; i < iters + skip; i++) {
-        if (i == skip) t0 = MPI_Wtime();
-        MPI_Allreduce(s, r, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    }
-    double local = (MPI_Wtime() - t0) * 1e6 / iters;
-    MPI_Allreduce(&local, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double sum = 0.0;
     int n;
+    CHECK_MPI(MPI_Reduce(&local, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     return sum / n;
 }
 
-int main(int argc, char **argv)
+static void allreduce(const struct opts *o, int rank)
 {
-    MPI_Init(&argc, &argv);
-    int rank, n;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    size_t max = argc > 1 ? strtoull(argv[1], NULL, 10) : (1u << 20);
-    float *s = malloc(max + 4), *r = malloc(max + 4);
-    for (size_t i = 0; i < max / 4 + 1; i++) s[i] = (float)i, r[i] = 0.0f;
-    for (size_t size = 4; size <= max; size *= 2) {
-        double us = allreduce_us(size, s, r);
-        if (rank == 0) printf("allreduce %-10zu %20.2f\n", size, us);
+    size_t max_count = o->max_size / sizeof(float);
+    float *s = (float *)alloc_buf(max_count * sizeof(float), 0);
+    float *r = (float *)alloc_buf(max_count * sizeof(float), 0);
+    if (rank == 0) {
+        print_preamble("tmpi OSU-style Allreduce Latency Test");
+        print_header1("Avg Latency(us)");
     }
-    double t0 = 0.0;
-    for (int i = 0; i < 1100; i++) {
-        if (i == 100) t0 = MPI_Wtime();
-        MPI_Barrier(MPI_COMM_WORLD);
+    for (size_t size = o->min_size; size <= o->max_size; size = next_size(size)) {
+        size_t count = size / sizeof(float), iters, skip;
+        double timer = 0.0, avg;
+        if (count == 0) continue;
+        opts_loops(o, size, &iters, &skip);
+        for (size_t i = 0; i < count; i++) s[i] = 1.0f;
+        CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+        for (size_t i = 0; i < iters + skip; i++) {
+            double t0 = MPI_Wtime(), t1;
+            CHECK_MPI(MPI_Allreduce(s, r, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+            t1 = MPI_Wtime();
+            CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+            if (i >= skip) timer += t1 - t0;
+        }
+        avg = avg_over_ranks(timer * 1e6 / (double)iters);
+        if (rank == 0) print_row1(size, avg);
+        CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
     }
-    double local = (MPI_Wtime() - t0) * 1e6 / 1000, sum = 0.0;
-    MPI_Allreduce(&local, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0) printf("barrier %20.2f\n", sum / n);
     free(s);
     free(r);
+}
+
+static void barrier(const struct opts *o, int rank)
+{
+    size_t iters, skip;
+    double timer = 0.0, avg;
+    opts_loops(o, 0, &iters, &skip);
+    if (rank == 0) {
+        print_preamble("tmpi OSU-style Barrier Latency Test");
+        printf("# Avg Latency(us)\n");
+    }
+    for (size_t i = 0; i < iters + skip; i++) {
+        double t0 = MPI_Wtime();
+        CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+        if (i >= skip) timer += MPI_Wtime() - t0;
+    }
+    CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+    avg = avg_over_ranks(timer * 1e6 / (double)iters);
+    if (rank == 0) {
+        printf("%17.*f\n", FLOAT_PRECISION, avg);
+        fflush(stdout);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int rank, nprocs, which;
+    struct opts o;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nprocs);
+    which = argc < 2 ? -1 : strcmp(argv[1], "allreduce") == 0 ? 0 : strcmp(argv[1], "barrier") == 0 ? 1 : -1;
+    if (which < 0) {
+        if (rank == 0) fprintf(stderr, "Usage: mpirun -np N coll allreduce|barrier [-m [MIN:]MAX] [-i ITERS] [-x WARMUP] [-h]\n");
+        MPI_Finalize();
+        return EXIT_FAILURE;
+    }
+    /* getopt sees the benchmark name as the program name. */
+    opts_or_exit(&o, FAMILY_COLLECTIVE, argc - 1, argv + 1, rank, which == 0 ? "coll allreduce" : "coll barrier");
+    if (nprocs < 2) {
+        if (rank == 0) fprintf(stderr, "This test requires at least two processes\n");
+        MPI_Finalize();
+        return EXIT_FAILURE;
+    }
+    if (which == 0)
+        allreduce(&o, rank);
+    else
+        barrier(&o, rank);
     MPI_Finalize();
-    return 0;
+    return EXIT_SUCCESS;
 }

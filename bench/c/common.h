@@ -1,5 +1,5 @@
 /*
- * Shared helpers of the C peer benchmarks (lat.c, bw.c, bibw.c, msgrate.c).
+ * Shared helpers of the C peer benchmarks (lat.c, bw.c, bibw.c, msgrate.c, coll.c, depth.c).
  *
  * These programs exist to measure Open MPI and MPICH on this machine with exactly the loops
  * and exactly the output layout of tmpi's Rust binaries in bench/src/bin/ (osu_latency,
@@ -23,7 +23,10 @@
 #define LARGE_MESSAGE_SIZE 8192
 #define MAX_MESSAGE_SIZE (1 << 22)
 
-enum family { FAMILY_LATENCY, FAMILY_BANDWIDTH };
+enum family { FAMILY_LATENCY, FAMILY_BANDWIDTH, FAMILY_COLLECTIVE };
+
+/* Default largest size of the collectives (OSU's MAX_MSG_SIZE_COLL). */
+#define MAX_MSG_SIZE_COLL (1 << 20)
 
 struct opts {
     size_t min_size, max_size;
@@ -40,6 +43,13 @@ static inline void opts_defaults(struct opts *o, enum family f)
         o->iterations = 10000;
         o->skip = 100;
         o->iterations_large = 1000;
+        o->skip_large = 10;
+    } else if (f == FAMILY_COLLECTIVE) {
+        o->min_size = 1;
+        o->max_size = MAX_MSG_SIZE_COLL;
+        o->iterations = 1000;
+        o->skip = 100;
+        o->iterations_large = 100;
         o->skip_large = 10;
     } else {
         o->min_size = 1;

@@ -1,10 +1,14 @@
 //! `tmpi-compare`: runs tmpi's OSU-style benchmarks and the same C programs built against
 //! Open MPI and MPICH, interleaved, on this machine, and writes a markdown table of medians
-//! with tmpi/peer ratios, a CSV of every sample, and log-log plots (SVG and PNG).
+//! with tmpi/peer ratios, a CSV of every sample, and log-log plots (SVG and PNG). Point to
+//! point (latency, bandwidth, bidirectional bandwidth, message rate), collectives (barrier at 2
+//! and 4 ranks, allreduce 8 B-1 MiB at 2 and 4 ranks) and matching depth (8-byte latency with
+//! D posted or queued entries), each beside the cache-line figure of the machine.
 //!
 //! ```text
 //! cargo build --release --workspace --bins && target/release/tmpi-compare
 //! target/release/tmpi-compare --quick                 # smoke test, into target/compare-quick
+//! target/release/tmpi-compare --benches barrier,allreduce,depth --reps 3
 //! target/release/tmpi-compare --launch --no-bench     # launch times only
 //! ```
 //!
@@ -33,36 +37,47 @@ use crate::peers::{build_cacheline, build_peer, Paths};
 use crate::plot::{plot, Legend, Series};
 use crate::report::{csv, Cacheline, Launch, Report};
 use crate::run::run;
-use crate::spec::{command_line, segments, Bench, Lib, Peer, Segment};
+use crate::spec::{command_line, segments, Bench, Lib, Peer, Rows, Segment, DEPTHS, GROUPS};
 use crate::stats::Samples;
 
-/// Compare tmpi with Open MPI and MPICH on this machine (latency, bandwidth, bidirectional
-/// bandwidth, message rate; optionally launch time).
+/// Compare tmpi with Open MPI and MPICH on this machine: latency, bandwidth, bidirectional
+/// bandwidth and message rate (2 ranks), barrier (2 and 4 ranks), allreduce 8 B-1 MiB (2 and 4
+/// ranks), 8-byte latency with deep matching queues (osu_latency_depth / bench/c/depth.c, D =
+/// 0..4096 posted-specific, posted-any, unexpected); optionally launch time. The cache-line
+/// ping-pong figure is measured before and after and recorded in the report.
 #[derive(Debug, Parser)]
 #[command(name = "tmpi-compare", version)]
 struct Cli {
     /// Repetitions of every (benchmark, configuration) [default: 5, 1 with --quick].
     #[arg(long)]
     reps: Option<usize>,
-    /// Largest message size of latency, bandwidth and bidirectional bandwidth, in bytes;
+    /// Largest message size of latency, bandwidth and bidirectional bandwidth, in bytes
+    /// (allreduce always runs 8 B-1 MiB);
     /// K, M, G (binary) suffixes allowed [default: 64M, 1M with --quick].
     #[arg(long, value_parser = parse_size)]
     max_size: Option<usize>,
-    /// Output directory [default: <root>/bench/results, <root>/target/compare-quick with
-    /// --quick].
+    /// Output directory (default: `<root>/bench/results`, `<root>/target/compare-quick` with
+    /// --quick).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Smoke test: one repetition, sizes up to 1 MiB, a tenth of the iterations, 3 launch
-    /// repetitions.
+    /// Smoke test: one repetition, sizes up to 1 MiB, a tenth of the iterations (collectives
+    /// and depth too), 3 launch repetitions.
     #[arg(long)]
     quick: bool,
     /// Also compare launch times: `tmpirun -n N hello` against mpirun.openmpi and
     /// mpirun.mpich of bench/compare/hello.c.
     #[arg(long)]
     launch: bool,
-    /// Skip the point-to-point benchmarks (with --launch: launch times only).
+    /// Skip the benchmarks (with --launch: launch times only).
     #[arg(long)]
     no_bench: bool,
+    /// Benchmarks to run: latency, bw, bibw, msgrate (2 ranks; sizes up to --max-size),
+    /// barrier (osu_barrier / `coll barrier`, 2 and 4 ranks), allreduce (osu_allreduce /
+    /// `coll allreduce`, 8 B-1 MiB, 2 and 4 ranks), depth (osu_latency_depth / depth: 8 B
+    /// ping-pong with D = 0, 16, 256, 1024, 4096 never-matching receives posted from the peer,
+    /// never-matching ANY_SOURCE receives posted, or unreceived messages queued).
+    #[arg(long, value_delimiter = ',', default_value = "latency,bw,bibw,msgrate,barrier,allreduce,depth")]
+    benches: Vec<String>,
     /// Rank counts of the launch comparison.
     #[arg(long, value_delimiter = ',', default_value = "2,8,16")]
     launch_ranks: Vec<usize>,
@@ -73,8 +88,8 @@ struct Cli {
     /// mpich.
     #[arg(long, value_delimiter = ',', default_value = "tmpi,ompi,ompi-nosc,mpich")]
     libs: Vec<String>,
-    /// Directory of tmpi's release binaries [default: this program's directory when it is a
-    /// `release` directory, else <root>/target/release].
+    /// Directory of tmpi's release binaries (default: this program's directory when it is a
+    /// `release` directory, else `<root>/target/release`).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
     /// The tmpi checkout [default: the one this program was built from, else the current
@@ -186,12 +201,38 @@ fn bench_prog(paths: &Paths, lib: Lib, bench: Bench) -> PathBuf {
     }
 }
 
-/// Runs one segment of one benchmark under one configuration; returns (size, value) rows.
+/// The arguments `lib`'s program gets for one segment of `bench`.
+fn bench_args(lib: Lib, bench: Bench, seg: &Segment) -> Vec<String> {
+    let mut a: Vec<String> = if lib.peer().is_some() { bench.peer_prefix().iter().map(|s| s.to_string()).collect() } else { Vec::new() };
+    a.extend(seg.args());
+    a.extend(bench.extra_args());
+    a
+}
+
+/// Runs one segment of one benchmark under one configuration; returns (key, value) rows (the
+/// key is the size, the rank count or the depth: see [`Bench`]).
 fn run_segment(paths: &Paths, lib: Lib, bench: Bench, seg: &Segment, timeout: Duration) -> Result<Vec<(usize, f64)>, Error> {
-    let argv = command_line(lib, 2, &paths.bin_dir, &bench_prog(paths, lib, bench), &seg.args());
+    let argv = command_line(lib, seg.np, &paths.bin_dir, &bench_prog(paths, lib, bench), &bench_args(lib, bench, seg));
     let out = run(&argv, timeout)?.check(&argv.join(" "))?;
-    let rows = parse::parse_osu(&out.stdout)?;
-    parse::pick(&rows, &seg.sizes(), bench.column())
+    match bench.rows() {
+        Rows::Sizes => parse::pick(&parse::parse_osu(&out.stdout)?, &seg.sizes(), bench.column()),
+        Rows::Single => Ok(vec![(seg.np, parse::parse_single(&out.stdout)?)]),
+        Rows::Depths => parse::pick(&parse::parse_osu(&out.stdout)?, &DEPTHS, bench.column()),
+    }
+}
+
+/// The benchmarks named by `--benches`, in [`Bench::ALL`] order.
+fn selected_benches(names: &[String]) -> Result<Vec<Bench>, Error> {
+    let mut v = Vec::new();
+    for n in names {
+        let n = n.trim();
+        let (_, group) = GROUPS.iter().find(|g| g.0 == n).ok_or_else(|| {
+            let known: Vec<&str> = GROUPS.iter().map(|g| g.0).collect();
+            Error::Usage(format!("unknown benchmark {n:?} (use {})", known.join(", ")))
+        })?;
+        v.extend_from_slice(group);
+    }
+    Ok(Bench::ALL.into_iter().filter(|b| v.contains(b)).collect())
 }
 
 /// The point-to-point comparison: `reps` rounds, each running every benchmark under every
@@ -216,9 +257,10 @@ fn run_benches(
                             for &(size, v) in &rows {
                                 samples.add(*bench, lib, size, v);
                             }
-                            if let Some(&(size, v)) = rows.iter().find(|r| r.0 >= 8) {
+                            let first = if bench.rows() == Rows::Sizes { rows.iter().find(|r| r.0 >= 8) } else { rows.first() };
+                            if let Some(&(key, v)) = first {
                                 if headline.is_empty() {
-                                    headline = format!("{} {}", report::size_label(size), report::value_label(*bench, v));
+                                    headline = format!("{} {}", bench.row_label(key), report::value_label(*bench, v));
                                 }
                             }
                         }
@@ -317,6 +359,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         return Err(Error::Usage("--launch-ranks must be between 1 and 256".into()));
     }
     let max_size = cli.max_size.unwrap_or(if cli.quick { 1 << 20 } else { 64 << 20 });
+    let benches = if cli.no_bench { Vec::new() } else { selected_benches(&cli.benches)? };
     let mut wanted = Vec::new();
     for k in &cli.libs {
         let lib = Lib::from_key(k.trim())
@@ -337,9 +380,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     let out_dir = cli.out.clone().unwrap_or_else(|| if cli.quick { root.join("target/compare-quick") } else { root.join("bench/results") });
     if wanted.contains(&Lib::Tmpi) {
         let mut need = vec!["tmpirun"];
-        if !cli.no_bench {
-            need.extend(Bench::ALL.map(Bench::tmpi_bin));
-        }
+        need.extend(benches.iter().map(|b| b.tmpi_bin()));
         if cli.launch {
             need.push("hello");
         }
@@ -407,8 +448,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     // 3. The runs, interleaved.
     let timeout = Duration::from_secs(cli.timeout.max(1));
     let mut failures = Vec::new();
-    let plan: Vec<(Bench, Vec<Segment>)> =
-        if cli.no_bench { Vec::new() } else { Bench::ALL.into_iter().map(|b| (b, segments(b, max_size, cli.quick))).collect() };
+    let plan: Vec<(Bench, Vec<Segment>)> = benches.iter().map(|&b| (b, segments(b, max_size, cli.quick))).collect();
     let samples = run_benches(&paths, &libs, &plan, reps, timeout, &mut failures);
     let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, launch_reps, &mut failures));
     cl.after = cacheline(probe.as_deref(), rounds, "after");
@@ -498,5 +538,18 @@ mod tests {
         let c = c.map_err(|e| e.to_string());
         assert!(matches!(&c, Ok(c) if c.reps == Some(3) && c.max_size == Some(4 << 20) && c.libs.len() == 2), "{c:?}");
         assert!(Cli::try_parse_from(["tmpi-compare", "--max-size", "0"]).is_err());
+        let c = Cli::try_parse_from(["tmpi-compare", "--benches", "barrier,depth"]).map_err(|e| e.to_string());
+        let b = c.map(|c| selected_benches(&c.benches).map_err(|e| e.to_string()));
+        assert_eq!(b, Ok(Ok(vec![Bench::Barrier, Bench::DepthSpecific, Bench::DepthAny, Bench::DepthUnexpected])));
+        assert!(selected_benches(&["bogus".to_string()]).is_err());
+        let all = Cli::try_parse_from(["tmpi-compare"]).map(|c| selected_benches(&c.benches).map_err(|e| e.to_string()));
+        assert_eq!(all.map_err(|e| e.to_string()), Ok(Ok(Bench::ALL.to_vec())));
+    }
+
+    #[test]
+    fn peers_get_the_collective_name_first() {
+        let seg = &segments(Bench::Allreduce4, 1 << 20, true)[0];
+        assert_eq!(bench_args(Lib::Mpich, Bench::Allreduce4, seg).join(" "), "allreduce -m 8:8192 -i 100 -x 10");
+        assert_eq!(bench_args(Lib::Tmpi, Bench::Allreduce4, seg).join(" "), "-m 8:8192 -i 100 -x 10");
     }
 }

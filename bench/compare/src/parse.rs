@@ -69,6 +69,31 @@ pub fn pick(rows: &[Row], sizes: &[usize], column: usize) -> Result<Vec<(usize, 
         .collect()
 }
 
+/// The lone value of an output without a size column (`osu_barrier`, `coll barrier`): the one
+/// line that is neither a comment nor blank and holds a single number.
+///
+/// # Errors
+/// [`Error::Parse`] when there is no such line, or more than one.
+pub fn parse_single(text: &str) -> Result<f64, Error> {
+    let values: Vec<f64> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next().map(str::parse::<f64>), w.next()) {
+                (Some(Ok(v)), None) if v.is_finite() && v >= 0.0 => Some(v),
+                _ => None,
+            }
+        })
+        .collect();
+    match values[..] {
+        [v] => Ok(v),
+        [] => Err(Error::Parse("no result value in the output".into())),
+        _ => Err(Error::Parse(format!("{} result values where one was expected", values.len()))),
+    }
+}
+
 /// The cache-line figure of `bench/c/cacheline.c`: (median, best) nanoseconds per one-way
 /// transfer, from its line `ns per one-way transfer: median M, best B`.
 ///
@@ -132,6 +157,22 @@ mod tests {
         for bad in ["", "# only a header\n", "8\n", "8    nan\n", "8    -1.0\n", "8    1.0   x\n", "8  1.0\n8  2.0\n"] {
             assert!(parse_osu(bad).is_err(), "{bad:?} should be rejected");
         }
+    }
+
+    #[test]
+    fn single_values_and_depth_rows_parse() {
+        let barrier = "\n# tmpi OSU-style Barrier Latency Test\n# Avg Latency(us)\n             0.78\n";
+        assert_eq!(parse_single(barrier).ok(), Some(0.78));
+        assert!(parse_single("# nothing\n").is_err());
+        assert!(parse_single("1.0\n2.0\n").is_err());
+        assert!(parse_single("-1.0\n").is_err());
+        let depth = "\n# tmpi OSU-style Latency vs Matching-Queue Depth Test\n\
+                     # Variant posted-any: D never-matching ANY_SOURCE receives stay posted\n\
+                     # Depth   Size               Latency(us)\n\
+                     0         8                         0.17\n\
+                     4096      8                         2.90\n";
+        let rows = parse_osu(depth).unwrap_or_default();
+        assert_eq!(pick(&rows, &[0, 4096], 1).map_err(|e| e.to_string()), Ok(vec![(0, 0.17), (4096, 2.90)]));
     }
 
     #[test]

@@ -68,7 +68,7 @@ fn compile(cc: &str, flags: &[&str], src: &Path, deps: &[PathBuf], out: &Path) -
     Ok(())
 }
 
-/// Builds the peer programs (lat, bw, bibw, msgrate, hello) of `peer`.
+/// Builds the peer programs (lat, bw, bibw, msgrate, coll, depth, hello) of `peer`.
 ///
 /// # Errors
 /// [`Error::Missing`] with install instructions when its compiler wrapper or launcher is
@@ -92,8 +92,9 @@ pub fn build_peer(paths: &Paths, peer: Peer) -> Result<(), Error> {
     let c = paths.root.join("bench/c");
     let common = vec![c.join("common.h")];
     let flags = ["-O2", "-Wall", "-Wextra", "-Wno-stringop-overflow"];
-    for bench in Bench::ALL {
-        let prog = bench.peer_bin();
+    let mut progs: Vec<&str> = Bench::ALL.iter().map(|b| b.peer_bin()).collect();
+    progs.dedup();
+    for prog in progs {
         compile(&cc, &flags, &c.join(format!("{prog}.c")), &common, &paths.peer_bin(peer, prog))?;
     }
     compile(&cc, &flags, &paths.root.join("bench/compare/hello.c"), &[], &paths.peer_bin(peer, "hello"))

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::machine::Machine;
-use crate::spec::{Bench, Lib, Segment};
+use crate::spec::{Bench, Lib, Rows, Segment};
 use crate::stats::{median, ratio, Samples};
 
 /// The cache-line ping-pong figures, in ns per one-way transfer: (median, best).
@@ -100,8 +100,8 @@ pub fn value_label(bench: Bench, v: f64) -> String {
 fn unit_label(bench: Bench) -> &'static str {
     match bench {
         Bench::MsgRate => "million messages/s",
-        Bench::Latency => "µs",
-        _ => "MB/s, 10^6 bytes per second",
+        Bench::Bw | Bench::Bibw => "MB/s, 10^6 bytes per second",
+        _ => "µs",
     }
 }
 
@@ -165,7 +165,8 @@ impl Report<'_> {
     }
 
     /// The key numbers: 8 B latency, bandwidth at 64 KiB, 1 MiB and 16 MiB, bidirectional
-    /// bandwidth at 1 MiB, message rate (rows without data are left out).
+    /// bandwidth at 1 MiB, message rate, barrier, 8 B allreduce, 8 B latency at depth 0 and
+    /// 4096 (rows without data are left out).
     fn key_numbers(&self) -> String {
         let picks = [
             (Bench::Latency, 8, "latency 8 B (µs)"),
@@ -175,6 +176,15 @@ impl Report<'_> {
             (Bench::Bw, 16 << 20, "bw 16 MiB (MB/s)"),
             (Bench::Bibw, 1 << 20, "bibw 1 MiB (MB/s)"),
             (Bench::MsgRate, 8, "message rate 8 B (M msg/s)"),
+            (Bench::Barrier, 2, "barrier, 2 ranks (µs)"),
+            (Bench::Barrier, 4, "barrier, 4 ranks (µs)"),
+            (Bench::Allreduce2, 8, "allreduce 8 B, 2 ranks (µs)"),
+            (Bench::Allreduce4, 8, "allreduce 8 B, 4 ranks (µs)"),
+            (Bench::Allreduce2, 1 << 20, "allreduce 1 MiB, 2 ranks (µs)"),
+            (Bench::DepthAny, 0, "latency 8 B, posted-any D = 0 (µs)"),
+            (Bench::DepthAny, 4096, "latency 8 B, posted-any D = 4096 (µs)"),
+            (Bench::DepthSpecific, 4096, "latency 8 B, posted-specific D = 4096 (µs)"),
+            (Bench::DepthUnexpected, 4096, "latency 8 B, unexpected D = 4096 (µs)"),
         ];
         let mut s = self.table_head("measure");
         let mut any = false;
@@ -191,6 +201,24 @@ impl Report<'_> {
         }
     }
 
+    /// For a depth benchmark: each configuration's median at the deepest depth over its median
+    /// at depth 0 (how much a deep queue costs), one line.
+    fn depth_growth(&self, bench: Bench) -> Option<String> {
+        let sizes = self.samples.sizes(bench);
+        let (&lo, &hi) = (sizes.first()?, sizes.last()?);
+        if lo == hi {
+            return None;
+        }
+        let parts: Vec<String> = self
+            .libs
+            .iter()
+            .filter_map(|&l| {
+                ratio(self.samples.median(bench, l, hi), self.samples.median(bench, l, lo)).map(|r| format!("{} {r:.2}x", l.label()))
+            })
+            .collect();
+        (!parts.is_empty()).then(|| format!("Growth, D = {hi} over D = {lo}: {}.", parts.join(", ")))
+    }
+
     /// The whole markdown text.
     pub fn markdown(&self) -> String {
         let m = self.machine;
@@ -198,10 +226,14 @@ impl Report<'_> {
         s.push_str(if self.segments.is_empty() {
             "# tmpi vs MPI libraries: launch time\n\n"
         } else {
-            "# tmpi vs MPI libraries: point-to-point comparison\n\n"
+            "# tmpi vs MPI libraries: comparison\n\n"
         });
         if self.quick {
-            s.push_str("**Quick smoke run (`--quick`): few iterations, one repetition; not a measurement.**\n\n");
+            let _ = writeln!(
+                s,
+                "**Quick smoke run (`--quick`): a tenth of the iterations, {} repetition(s); not a measurement.**\n",
+                self.reps
+            );
         }
         let _ = writeln!(s, "- date: {}", m.date);
         let _ = writeln!(s, "- kernel: {} (`uname -r`)", m.kernel);
@@ -243,9 +275,16 @@ impl Report<'_> {
                  over the repetitions, `(n=k)` when only k of them gave a value",
                 self.reps
             );
-            s.push_str("- invocations per repetition (2 ranks; same options for every configuration):\n");
+            s.push_str("- invocations per repetition (same options for every configuration; the C peer `coll` gets the collective's name first):\n");
             for (bench, segs) in &self.segments {
-                let args: Vec<String> = segs.iter().map(|g| g.args().join(" ")).collect();
+                let args: Vec<String> = segs
+                    .iter()
+                    .map(|g| {
+                        let mut a = g.args();
+                        a.extend(bench.extra_args());
+                        format!("-n {} {}", g.np, a.join(" "))
+                    })
+                    .collect();
                 let _ = writeln!(s, "  - {} (`{}` / `{}`): `{}`", bench.key(), bench.tmpi_bin(), bench.peer_bin(), args.join("`, `"));
             }
         }
@@ -266,11 +305,21 @@ impl Report<'_> {
             }
             let _ = writeln!(s, "## {}: {}\n", bench.title(), unit_label(bench));
             let _ = writeln!(s, "{}.\n", ratio_note(bench));
-            s.push_str(&self.table_head("size"));
+            let first = match bench.rows() {
+                Rows::Sizes => "size",
+                Rows::Single => "ranks",
+                Rows::Depths => "depth",
+            };
+            s.push_str(&self.table_head(first));
             for size in sizes {
-                s.push_str(&self.row(&size_label(size), bench, size));
+                s.push_str(&self.row(&bench.row_label(size), bench, size));
             }
             s.push('\n');
+            if bench.rows() == Rows::Depths {
+                if let Some(g) = self.depth_growth(bench) {
+                    let _ = writeln!(s, "{g}\n");
+                }
+            }
         }
 
         if let Some(l) = self.launch {
@@ -434,6 +483,28 @@ mod tests {
         let c = csv(&s);
         assert!(c.starts_with("bench,lib,size,rep,value\nlatency,tmpi,8,1,1\n"), "{c}");
         assert_eq!(c.lines().count(), 1 + 6 + 6 + 1);
+    }
+
+    #[test]
+    fn collective_and_depth_tables() {
+        let m = machine();
+        let mut s = Samples::default();
+        for (n, t, p) in [(2, 0.8, 0.2), (4, 9.0, 5.0)] {
+            s.add(Bench::Barrier, Lib::Tmpi, n, t);
+            s.add(Bench::Barrier, Lib::Ompi, n, p);
+        }
+        for (d, t, p) in [(0, 0.2, 0.1), (4096, 0.22, 300.0)] {
+            s.add(Bench::DepthAny, Lib::Tmpi, d, t);
+            s.add(Bench::DepthAny, Lib::Ompi, d, p);
+        }
+        let mut r = report(&m, &s);
+        r.reps = 1;
+        let md = r.markdown();
+        assert!(md.contains("| ranks | tmpi | Open MPI | tmpi/Open MPI |"), "{md}");
+        assert!(md.contains("| 4 ranks | 9.00 | 5.00 | 1.80 |"), "{md}");
+        assert!(md.contains("| D = 4096 | 0.22 | 300 | 0.00 |"), "{md}");
+        assert!(md.contains("| barrier, 2 ranks (µs) | 0.80 | 0.20 | 4.00 |"), "{md}");
+        assert!(md.contains("Growth, D = 4096 over D = 0: tmpi 1.10x, Open MPI 3000.00x."), "{md}");
     }
 
     #[test]

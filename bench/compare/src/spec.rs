@@ -100,7 +100,11 @@ impl Peer {
     }
 }
 
-/// One point-to-point benchmark.
+/// One benchmark: a program pair (tmpi's binary, the C peer) and the values it gives.
+///
+/// Every benchmark stores its values by a "size" key: the message size, except
+/// [`Bench::Barrier`] (keyed by the number of ranks) and the depth benchmarks (keyed by the
+/// queue depth `D`, with 8-byte messages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Bench {
     /// Ping-pong latency (`osu_latency` / `lat`).
@@ -111,11 +115,63 @@ pub enum Bench {
     Bibw,
     /// 8-byte message rate of one pair, window 64 (`osu_mbw_mr -m 8:8` / `msgrate`).
     MsgRate,
+    /// Barrier latency at 2 and 4 ranks (`osu_barrier` / `coll barrier`).
+    Barrier,
+    /// Allreduce latency at 2 ranks, 8 B to 1 MiB (`osu_allreduce` / `coll allreduce`).
+    Allreduce2,
+    /// Allreduce latency at 4 ranks.
+    Allreduce4,
+    /// 8-byte ping-pong with `D` never-matching receives from the peer posted
+    /// (`osu_latency_depth -v posted-specific` / `depth -v posted-specific`).
+    DepthSpecific,
+    /// The same with `D` `ANY_SOURCE` receives posted (`-v posted-any`).
+    DepthAny,
+    /// The same with `D` unreceived messages from the peer queued (`-v unexpected`).
+    DepthUnexpected,
+}
+
+/// A group of benchmarks selected together on the command line (`--benches`).
+pub const GROUPS: [(&str, &[Bench]); 7] = [
+    ("latency", &[Bench::Latency]),
+    ("bw", &[Bench::Bw]),
+    ("bibw", &[Bench::Bibw]),
+    ("msgrate", &[Bench::MsgRate]),
+    ("barrier", &[Bench::Barrier]),
+    ("allreduce", &[Bench::Allreduce2, Bench::Allreduce4]),
+    ("depth", &[Bench::DepthSpecific, Bench::DepthAny, Bench::DepthUnexpected]),
+];
+
+/// The queue depths of the depth benchmarks (osu_latency_depth's defaults).
+pub const DEPTHS: [usize; 5] = [0, 16, 256, 1024, 4096];
+
+/// Rank counts of the barrier benchmark.
+pub const BARRIER_RANKS: [usize; 2] = [2, 4];
+
+/// How a benchmark's output is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// One row per message size (`SIZE VALUE...`).
+    Sizes,
+    /// One lone value (barrier), stored under the rank count.
+    Single,
+    /// One row per depth (`DEPTH SIZE LATENCY`), 8-byte messages only.
+    Depths,
 }
 
 impl Bench {
     /// Every benchmark, in the order they run within a repetition.
-    pub const ALL: [Bench; 4] = [Bench::Latency, Bench::Bw, Bench::Bibw, Bench::MsgRate];
+    pub const ALL: [Bench; 10] = [
+        Bench::Latency,
+        Bench::Bw,
+        Bench::Bibw,
+        Bench::MsgRate,
+        Bench::Barrier,
+        Bench::Allreduce2,
+        Bench::Allreduce4,
+        Bench::DepthSpecific,
+        Bench::DepthAny,
+        Bench::DepthUnexpected,
+    ];
 
     /// Short name for file names and raw data.
     pub fn key(self) -> &'static str {
@@ -124,6 +180,12 @@ impl Bench {
             Bench::Bw => "bw",
             Bench::Bibw => "bibw",
             Bench::MsgRate => "msgrate",
+            Bench::Barrier => "barrier",
+            Bench::Allreduce2 => "allreduce-2",
+            Bench::Allreduce4 => "allreduce-4",
+            Bench::DepthSpecific => "depth-posted-specific",
+            Bench::DepthAny => "depth-posted-any",
+            Bench::DepthUnexpected => "depth-unexpected",
         }
     }
 
@@ -134,21 +196,45 @@ impl Bench {
             Bench::Bw => "Unidirectional bandwidth",
             Bench::Bibw => "Bidirectional bandwidth",
             Bench::MsgRate => "Message rate (8 B, window 64, 1 pair)",
+            Bench::Barrier => "Barrier latency",
+            Bench::Allreduce2 => "Allreduce latency (f32 sum), 2 ranks",
+            Bench::Allreduce4 => "Allreduce latency (f32 sum), 4 ranks",
+            Bench::DepthSpecific => "8 B ping-pong latency with D posted never-matching receives from the peer",
+            Bench::DepthAny => "8 B ping-pong latency with D posted never-matching ANY_SOURCE receives",
+            Bench::DepthUnexpected => "8 B ping-pong latency with D unreceived messages queued",
         }
     }
 
     /// Unit of the compared value.
     pub fn unit(self) -> &'static str {
         match self {
-            Bench::Latency => "us",
             Bench::Bw | Bench::Bibw => "MB/s",
             Bench::MsgRate => "messages/s",
+            _ => "us",
         }
     }
 
     /// Whether a larger value is better (bandwidth, rate) or worse (latency).
     pub fn higher_is_better(self) -> bool {
-        !matches!(self, Bench::Latency)
+        matches!(self, Bench::Bw | Bench::Bibw | Bench::MsgRate)
+    }
+
+    /// How its output is read.
+    pub fn rows(self) -> Rows {
+        match self {
+            Bench::Barrier => Rows::Single,
+            Bench::DepthSpecific | Bench::DepthAny | Bench::DepthUnexpected => Rows::Depths,
+            _ => Rows::Sizes,
+        }
+    }
+
+    /// The label of the row stored under `key` (a size, a rank count or a depth).
+    pub fn row_label(self, key: usize) -> String {
+        match self.rows() {
+            Rows::Sizes => crate::report::size_label(key),
+            Rows::Single => format!("{key} ranks"),
+            Rows::Depths => format!("D = {key}"),
+        }
     }
 
     /// The tmpi binary (in the release directory).
@@ -158,24 +244,53 @@ impl Bench {
             Bench::Bw => "osu_bw",
             Bench::Bibw => "osu_bibw",
             Bench::MsgRate => "osu_mbw_mr",
+            Bench::Barrier => "osu_barrier",
+            Bench::Allreduce2 | Bench::Allreduce4 => "osu_allreduce",
+            Bench::DepthSpecific | Bench::DepthAny | Bench::DepthUnexpected => "osu_latency_depth",
         }
     }
 
-    /// The C peer program (bench/c/<name>.c).
+    /// The C peer program (`bench/c/<name>.c`).
     pub fn peer_bin(self) -> &'static str {
         match self {
             Bench::Latency => "lat",
             Bench::Bw => "bw",
             Bench::Bibw => "bibw",
             Bench::MsgRate => "msgrate",
+            Bench::Barrier | Bench::Allreduce2 | Bench::Allreduce4 => "coll",
+            Bench::DepthSpecific | Bench::DepthAny | Bench::DepthUnexpected => "depth",
         }
     }
 
+    /// The arguments that come before the options, for the C peer only (`coll` takes the
+    /// collective's name).
+    pub fn peer_prefix(self) -> &'static [&'static str] {
+        match self {
+            Bench::Barrier => &["barrier"],
+            Bench::Allreduce2 | Bench::Allreduce4 => &["allreduce"],
+            _ => &[],
+        }
+    }
+
+    /// Options both programs get after the OSU ones (the depth variant and depths).
+    pub fn extra_args(self) -> Vec<String> {
+        let variant = match self {
+            Bench::DepthSpecific => "posted-specific",
+            Bench::DepthAny => "posted-any",
+            Bench::DepthUnexpected => "unexpected",
+            _ => return Vec::new(),
+        };
+        let depths: Vec<String> = DEPTHS.iter().map(ToString::to_string).collect();
+        vec!["-v".into(), variant.into(), "-d".into(), depths.join(",")]
+    }
+
     /// Which value column of an output row is compared (0 = the first after the size;
-    /// the message-rate programs print MB/s then messages/s).
+    /// the message-rate programs print MB/s then messages/s, the depth programs the size then
+    /// the latency).
     pub fn column(self) -> usize {
         match self {
             Bench::MsgRate => 1,
+            _ if self.rows() == Rows::Depths => 1,
             _ => 0,
         }
     }
@@ -201,19 +316,19 @@ pub struct Segment {
     pub warmup: usize,
     /// Messages in flight (bandwidth and message rate only).
     pub window: Option<usize>,
+    /// Number of ranks.
+    pub np: usize,
 }
 
 impl Segment {
-    /// The OSU-style options of this segment (`-m MIN:MAX -i N -x N [-W N]`).
+    /// The OSU-style options of this segment (`-m MIN:MAX -i N -x N [-W N]`; a barrier has no
+    /// sizes, so no `-m`).
     pub fn args(&self) -> Vec<String> {
-        let mut a = vec![
-            "-m".to_string(),
-            format!("{}:{}", self.min, self.max),
-            "-i".to_string(),
-            self.iters.to_string(),
-            "-x".to_string(),
-            self.warmup.to_string(),
-        ];
+        let mut a = Vec::new();
+        if self.min > 0 {
+            a.extend(["-m".to_string(), format!("{}:{}", self.min, self.max)]);
+        }
+        a.extend(["-i".to_string(), self.iters.to_string(), "-x".to_string(), self.warmup.to_string()]);
         if let Some(w) = self.window {
             a.push("-W".into());
             a.push(w.to_string());
@@ -244,27 +359,47 @@ pub const LARGE_WINDOW: usize = 8;
 /// Window of the other bandwidth and message-rate runs (OSU's default).
 pub const WINDOW: usize = 64;
 
-/// The segments that cover sizes 1..=`max_size` (doubling) of `bench`; `quick` divides the
-/// iteration counts by ten (at least 2 timed, 1 warm-up).
+/// One tier of sizes: (largest size of the tier, timed iterations, warm-up, window).
+type Tier = (usize, usize, usize, Option<usize>);
+
+/// The segments of `bench`: for latency, bw and bibw they cover sizes 1..=`max_size`
+/// (doubling); allreduce covers 8 B..1 MiB with OSU's collective counts; barrier runs once per
+/// rank count; the depth benchmarks run 8-byte messages. `quick` divides the iteration counts by
+/// ten (at least 2 timed, 1 warm-up).
 pub fn segments(bench: Bench, max_size: usize, quick: bool) -> Vec<Segment> {
-    // (largest size of the tier, timed iterations, warm-up, window)
-    let tiers: &[(usize, usize, usize, Option<usize>)] = match bench {
-        Bench::Latency => &[(8 << 10, 10_000, 100, None), (1 << 20, 1000, 10, None), (usize::MAX, 100, 5, None)],
-        Bench::Bw | Bench::Bibw => {
-            &[(8 << 10, 100, 10, Some(WINDOW)), (WINDOW_SWITCH, 20, 2, Some(WINDOW)), (usize::MAX, 10, 2, Some(LARGE_WINDOW))]
+    let shrink = |iters: usize, warmup: usize| if quick { ((iters / 10).max(2), (warmup / 10).max(1)) } else { (iters, warmup) };
+    let (lo, max_size, np, tiers): (usize, usize, usize, &[Tier]) = match bench {
+        Bench::Latency => (1, max_size, 2, &[(8 << 10, 10_000, 100, None), (1 << 20, 1000, 10, None), (usize::MAX, 100, 5, None)]),
+        Bench::Bw | Bench::Bibw => (
+            1,
+            max_size,
+            2,
+            &[(8 << 10, 100, 10, Some(WINDOW)), (WINDOW_SWITCH, 20, 2, Some(WINDOW)), (usize::MAX, 10, 2, Some(LARGE_WINDOW))],
+        ),
+        Bench::Allreduce2 | Bench::Allreduce4 => {
+            let np = if bench == Bench::Allreduce2 { 2 } else { 4 };
+            (8, COLL_MAX_SIZE, np, &[(8 << 10, 1000, 100, None), (usize::MAX, 100, 10, None)])
         }
         Bench::MsgRate => {
             let (iters, warmup) = if quick { (100, 10) } else { (2000, 200) };
-            return vec![Segment { min: 8, max: 8, iters, warmup, window: Some(WINDOW) }];
+            return vec![Segment { min: 8, max: 8, iters, warmup, window: Some(WINDOW), np: 2 }];
+        }
+        Bench::Barrier => {
+            let (iters, warmup) = shrink(1000, 100);
+            return BARRIER_RANKS.iter().map(|&np| Segment { min: 0, max: 0, iters, warmup, window: None, np }).collect();
+        }
+        Bench::DepthSpecific | Bench::DepthAny | Bench::DepthUnexpected => {
+            let (iters, warmup) = shrink(DEPTH_ITERS, DEPTH_WARMUP);
+            return vec![Segment { min: 8, max: 8, iters, warmup, window: None, np: 2 }];
         }
     };
     let mut out = Vec::new();
-    let mut lo = 1usize;
+    let mut lo = lo;
     for &(top, iters, warmup, window) in tiers {
         let hi = top.min(max_size);
         if lo <= hi {
-            let (iters, warmup) = if quick { ((iters / 10).max(2), (warmup / 10).max(1)) } else { (iters, warmup) };
-            out.push(Segment { min: lo, max: hi, iters, warmup, window });
+            let (iters, warmup) = shrink(iters, warmup);
+            out.push(Segment { min: lo, max: hi, iters, warmup, window, np });
         }
         match top.checked_mul(2) {
             Some(n) => lo = n,
@@ -273,6 +408,13 @@ pub fn segments(bench: Bench, max_size: usize, quick: bool) -> Vec<Segment> {
     }
     out
 }
+
+/// Largest allreduce size (OSU's default for collectives, 1 MiB).
+pub const COLL_MAX_SIZE: usize = 1 << 20;
+/// Timed 8-byte ping-pongs per depth (warm-up: [`DEPTH_WARMUP`]).
+pub const DEPTH_ITERS: usize = 5000;
+/// Warm-up ping-pongs per depth.
+pub const DEPTH_WARMUP: usize = 500;
 
 /// The command line (program first) that runs `prog` with `args` on `np` ranks under `lib`.
 /// `bin_dir` holds `tmpirun`; `prog` is a full path.
@@ -324,8 +466,30 @@ mod tests {
     }
 
     #[test]
+    fn collective_and_depth_segments() {
+        let segs = segments(Bench::Allreduce4, 64 << 20, false);
+        assert_eq!(segs.len(), 2);
+        assert_eq!((segs[0].min, segs[0].max, segs[0].iters, segs[0].np), (8, 8 << 10, 1000, 4));
+        assert_eq!((segs[1].min, segs[1].max, segs[1].iters, segs[1].warmup), (16 << 10, 1 << 20, 100, 10));
+        let segs = segments(Bench::Barrier, 1 << 20, true);
+        assert_eq!(segs.iter().map(|s| s.np).collect::<Vec<_>>(), vec![2, 4]);
+        assert_eq!(segs[0].args().join(" "), "-i 100 -x 10");
+        let segs = segments(Bench::DepthAny, 1 << 20, true);
+        assert_eq!(segs.len(), 1);
+        let mut a = segs[0].args();
+        a.extend(Bench::DepthAny.extra_args());
+        assert_eq!(a.join(" "), "-m 8:8 -i 500 -x 50 -v posted-any -d 0,16,256,1024,4096");
+        assert_eq!(Bench::DepthAny.column(), 1);
+        assert_eq!(Bench::Barrier.row_label(4), "4 ranks");
+        assert_eq!(Bench::DepthUnexpected.row_label(4096), "D = 4096");
+        assert_eq!(Bench::Allreduce2.row_label(1 << 20), "1 MiB");
+        let all: Vec<Bench> = GROUPS.iter().flat_map(|g| g.1.iter().copied()).collect();
+        assert_eq!(all, Bench::ALL.to_vec());
+    }
+
+    #[test]
     fn command_lines_follow_peers_sh() {
-        let args = Segment { min: 8, max: 8, iters: 5, warmup: 1, window: Some(64) }.args();
+        let args = Segment { min: 8, max: 8, iters: 5, warmup: 1, window: Some(64), np: 2 }.args();
         assert_eq!(args.join(" "), "-m 8:8 -i 5 -x 1 -W 64");
         let p = Path::new("/p/lat");
         let c = command_line(Lib::OmpiNoCma, 2, Path::new("/b"), p, &args[..2]);

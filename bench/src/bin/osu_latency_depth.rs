@@ -9,11 +9,12 @@
 //! * `unexpected`: `D` messages from the peer on a tag not received until the end sit in the
 //!   unexpected queue (drained and counted at the end).
 //!
-//! `-m` replaces the two default sizes with OSU's doubling range.
+//! `-m` replaces the two default sizes with OSU's doubling range; `-v` picks variants and `-d`
+//! depths. `bench/c/depth.c` is the same program for the peers (`tmpi-compare` runs both).
 
 use std::process::ExitCode;
 
-use tmpi_bench::{options_or_exit, preamble, report, require, AlignedBuf, BoxError, Family, Options, FIELD_WIDTH, SIZE_WIDTH};
+use tmpi_bench::{preamble, report, require, usage, AlignedBuf, BoxError, Family, Options, Parsed, FIELD_WIDTH, SIZE_WIDTH};
 
 const NAME: &str = "osu_latency_depth";
 const PING: tmpi::Tag = 1;
@@ -21,6 +22,13 @@ const NEVER: tmpi::Tag = 77;
 const LATER: tmpi::Tag = 78;
 const DEPTHS: [usize; 5] = [0, 16, 256, 1024, 4096];
 const SIZES: [usize; 2] = [8, 1024];
+
+/// Usage lines of the options of this program only.
+const EXTRA_USAGE: &str = "  -v, --variant V[,V...]        posted-specific, posted-any, unexpected (default: all)\n\
+                           \x20 -d, --depths D[,D...]         queue depths (default 0,16,256,1024,4096)\n\
+                           \x20 (without -m: sizes 8 and 1024 only)\n";
+/// Largest depth accepted on the command line (each entry is a posted receive or a message).
+const MAX_DEPTH: usize = 1 << 20;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -30,19 +38,101 @@ enum Variant {
 }
 
 impl Variant {
+    const ALL: [Variant; 3] = [Variant::PostedSpecific, Variant::PostedAny, Variant::Unexpected];
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::PostedSpecific => "posted-specific",
+            Variant::PostedAny => "posted-any",
+            Variant::Unexpected => "unexpected",
+        }
+    }
+
     fn describe(self) -> &'static str {
         match self {
-            Variant::PostedSpecific => "posted-specific: D never-matching receives from the peer stay posted",
-            Variant::PostedAny => "posted-any: D never-matching ANY_SOURCE receives stay posted",
-            Variant::Unexpected => "unexpected: D unreceived messages from the peer wait in the unexpected queue",
+            Variant::PostedSpecific => "D never-matching receives from the peer stay posted",
+            Variant::PostedAny => "D never-matching ANY_SOURCE receives stay posted",
+            Variant::Unexpected => "D unreceived messages from the peer wait in the unexpected queue",
         }
     }
 }
 
+/// The command line: OSU's options plus the variants and depths to run.
+struct Cli {
+    o: Options,
+    variants: Vec<Variant>,
+    depths: Vec<usize>,
+}
+
+/// Splits `-v`/`--variant` and `-d`/`--depths` (with their value, attached or not) from the
+/// other arguments, which go to [`Options::parse`]. `Ok(None)` asks for the usage text.
+fn parse_cli(args: Vec<String>) -> Result<Option<Cli>, String> {
+    let mut rest = Vec::new();
+    let mut variants = Vec::new();
+    let mut depths = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ if a.len() > 2 && (a.starts_with("-v") || a.starts_with("-d")) && !a.starts_with("--") => {
+                (a[..2].to_string(), Some(a[2..].to_string()))
+            }
+            _ => (a.clone(), None),
+        };
+        let is_variant = flag == "-v" || flag == "--variant";
+        if !is_variant && flag != "-d" && flag != "--depths" {
+            rest.push(a);
+            continue;
+        }
+        let value = inline.or_else(|| it.next()).ok_or_else(|| format!("{flag} needs a value"))?;
+        for item in value.split(',') {
+            if is_variant {
+                let v = Variant::ALL.into_iter().find(|v| v.name() == item).ok_or_else(|| format!("unknown variant {item:?}"))?;
+                if !variants.contains(&v) {
+                    variants.push(v);
+                }
+            } else {
+                let d: usize = item.parse().map_err(|_| format!("{item:?} is not a depth"))?;
+                if d > MAX_DEPTH {
+                    return Err(format!("depth {d} is above {MAX_DEPTH}"));
+                }
+                depths.push(d);
+            }
+        }
+    }
+    let o = match Options::parse(Family::Latency, rest).map_err(|e| e.to_string())? {
+        Parsed::Run(o) => o,
+        Parsed::Help => return Ok(None),
+    };
+    if variants.is_empty() {
+        variants = Variant::ALL.to_vec();
+    } else {
+        // Always in the default order, as depth.c prints them.
+        variants.sort_by_key(|v| Variant::ALL.iter().position(|x| x == v));
+    }
+    if depths.is_empty() {
+        depths = DEPTHS.to_vec();
+    }
+    Ok(Some(Cli { o, variants, depths }))
+}
+
 fn main() -> ExitCode {
-    match options_or_exit(NAME, Family::Latency, "") {
-        Ok(o) => report(NAME, run(&o)),
-        Err(code) => code,
+    let rank0 = std::env::var("TMPI_RANK").map_or(true, |r| r.trim() == "0");
+    match parse_cli(std::env::args().skip(1).collect()) {
+        Ok(Some(cli)) => report(NAME, run(&cli)),
+        Ok(None) => {
+            if rank0 {
+                print!("{}", usage(NAME, Family::Latency, EXTRA_USAGE));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            if rank0 {
+                eprintln!("{NAME}: {e}");
+                eprint!("{}", usage(NAME, Family::Latency, EXTRA_USAGE));
+            }
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -114,7 +204,8 @@ fn with_unexpected(world: &tmpi::Comm, depth: usize, s: &[u8], r: &mut [u8], ite
     Ok(lat)
 }
 
-fn run(o: &Options) -> Result<(), BoxError> {
+fn run(cli: &Cli) -> Result<(), BoxError> {
+    let o = &cli.o;
     let world = tmpi::init()?;
     let rank = world.rank();
     require(rank, world.size() == 2, "This test requires exactly two processes")?;
@@ -127,12 +218,12 @@ fn run(o: &Options) -> Result<(), BoxError> {
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Latency vs Matching-Queue Depth Test"));
     }
-    for variant in [Variant::PostedSpecific, Variant::PostedAny, Variant::Unexpected] {
+    for &variant in &cli.variants {
         if rank == 0 {
-            println!("# Variant {}", variant.describe());
+            println!("# Variant {}: {}", variant.name(), variant.describe());
             println!("{:<SIZE_WIDTH$}{:<SIZE_WIDTH$}{:>FIELD_WIDTH$}", "# Depth", "Size", "Latency(us)");
         }
-        for depth in DEPTHS {
+        for &depth in &cli.depths {
             for &size in &sizes {
                 let (iters, skip) = o.loops(size);
                 let s = &sbuf.as_slice()[..size];

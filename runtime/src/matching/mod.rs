@@ -1,8 +1,11 @@
 //! MPI tag matching in software: the 64-bit match key and two matchers behind one trait.
 //!
 //! - [`SwMatcher`] (`sw.rs`): the one the runtime uses. Exact receives live in hash buckets keyed
-//!   by the full tag, wildcard receives in one queue, unexpected messages in the same buckets plus
-//!   one arrival-ordered list. Exact posts and arrivals are O(1) however deep the queues are.
+//!   by the full tag; each of MPI's three wildcard forms (`ANY_SOURCE` with a tag, a source with
+//!   `ANY_TAG`, both wildcards) in its own hash map keyed by `(context, tag)`, `(context, source)`
+//!   or the context; unexpected messages in the buckets plus one arrival-ordered list and, per
+//!   wildcard form in use, an index by the same keys. Posts, arrivals and probes of every MPI
+//!   form are O(1) however deep the queues are; only receives with a non-MPI mask are scanned.
 //! - [`RefMatcher`] (`reference.rs`): plain linear scans over two lists, obviously correct; the
 //!   model the fast one is tested against, operation by operation.
 //!

@@ -1,4 +1,5 @@
-//! The software matcher the runtime uses: O(1) for exact receives however deep the queues are.
+//! The software matcher the runtime uses: O(1) for every MPI receive form however deep the
+//! queues are.
 //!
 //! # Layout
 //!
@@ -6,34 +7,51 @@
 //!   *exact* receives posted for that key (`mask == FULL_MASK`) and the unexpected messages that
 //!   arrived with that key, each in order. By the matcher's invariant (no stored message matches
 //!   a queued receive) at most one of the two is non-empty at any time.
-//! - **Wildcard receives** (any other mask) in one queue in post order.
+//! - **Wildcard classes**: MPI has three wildcard forms, each a fixed mask ([`CLASS_MASKS`]):
+//!   `ANY_SOURCE` with a tag (context and tag bits), a source with `ANY_TAG` (context and source
+//!   bits), and `ANY_SOURCE` with `ANY_TAG` (context bits). Each class has its own hash map from
+//!   the masked key (`(ctx, tag)`, `(ctx, src)`, `ctx`) to a queue of receives in post order.
+//!   Every receive in the queue a message's key selects matches that message, and no other
+//!   receive of the class does, so the queue's head is the class's candidate: one lookup.
+//! - **Raw receives**: any other mask (not an MPI receive; the runtime never posts one) in one
+//!   queue in post order, scanned.
 //! - Every receive carries its post sequence number (= its [`RecvId`]), every unexpected message
 //!   an arrival sequence number.
-//! - **Arrival order**: one list of `(arrival seq, key)` over all unexpected messages, so a
-//!   wildcard receive or probe finds the oldest matching message across buckets.
-//! - **Exact index**: one list of `(post seq, key)` over the exact receives, so [`Matcher::cancel`]
-//!   finds a receive's bucket from its id (binary search: the list is sorted by seq).
+//! - **Arrival order**: one list of `(arrival seq, key)` over all unexpected messages, so a raw
+//!   receive finds the oldest matching message across buckets.
+//! - **Unexpected class indexes**: for each wildcard class that has been used (a receive or
+//!   probe of that form), a hash map from the masked key to the `(arrival seq, key)` of the
+//!   unexpected messages with that masked key, in arrival order. A program that never uses a
+//!   wildcard form does not pay for its index; the first use builds it from the arrival-order
+//!   list (once, O(unexpected messages)).
+//! - **Posted index**: one list of `(post seq, class, key)` over the hashed receives (exact and
+//!   wildcard), so [`Matcher::cancel`] finds a receive's queue from its id (binary search: the
+//!   list is sorted by seq).
 //!
 //! # Operations
 //!
-//! - Arrival with key `k`: candidate A is the head of `k`'s bucket (the oldest exact receive for
-//!   `k`), candidate B the first live wildcard receive that matches; the one with the smaller
-//!   seq wins. The wildcard scan stops at A's seq, so when no wildcard receive is older than A it
-//!   costs at most one step: exact matching does not depend on how many receives are queued.
+//! - Arrival with key `k`: the candidates are the head of `k`'s bucket and the head of the queue
+//!   at `k & mask` in each wildcard class that holds receives: at most four lookups. The one with
+//!   the smallest seq is the earliest posted matching receive. Raw receives, if any, are scanned
+//!   only up to that seq. Receives that cannot match `k` are never looked at.
 //! - Exact post of `k`: the head of `k`'s bucket of unexpected messages is the oldest matching
 //!   message (only messages with key `k` match), so that is one hash lookup.
-//! - Wildcard post or probe: the first *live* entry of the arrival-order list that matches.
-//!   Whatever message it names is the head of its bucket: any older message in that bucket has
-//!   the same key, would match too and would have been found first.
+//! - Wildcard post or probe of class `c`: the first *live* entry of `c`'s unexpected index at the
+//!   masked key; only messages that match are in that queue. A raw post or probe scans the
+//!   arrival-order list. Either way, the message an entry names is the head of its bucket: any
+//!   older message in that bucket has the same key, would match too and would come first.
 //!
 //! # Lazy deletion
 //!
-//! Removing from the middle of a `VecDeque` is O(n), so the three ordered lists delete lazily:
-//! - wildcard receives become tombstones (`r: None`), popped when they reach either end;
-//! - an arrival-order entry `(u, k)` is live iff `k`'s bucket exists and its first message has
-//!   arrival seq `<= u`: messages only ever leave a bucket from the front (every take is of the
-//!   oldest match, which is a bucket head), so nothing needs marking;
-//! - an exact-index entry `(s, k)` is live iff `k`'s bucket still holds seq `s` (binary search).
+//! Removing from the middle of a `VecDeque` is O(n), so the ordered lists delete lazily:
+//! - raw receives become tombstones (`r: None`), popped when they reach either end;
+//! - an unexpected entry `(u, k)` (arrival-order list or class index) is live iff `k`'s bucket
+//!   exists and its first message has arrival seq `<= u`: messages only ever leave a bucket from
+//!   the front (every take is of the oldest match, which is a bucket head), so nothing needs
+//!   marking. A message's entries are popped at once when they are at either end of their queue
+//!   (always, when messages are taken in arrival order), later when they reach the front;
+//! - a posted-index entry `(s, c, k)` is live iff the queue at `k` in class `c` (or `k`'s bucket)
+//!   still holds seq `s` (binary search).
 //!
 //! Each list is compacted in place (`retain`) when it holds more than twice its live count plus a
 //! slack, and cleared when nothing in it is live, so compaction costs O(1) amortised per removal
@@ -41,23 +59,24 @@
 //!
 //! # No allocation in steady state
 //!
-//! Buckets are not removed when they empty, so a key used again finds its bucket and its
-//! `VecDeque`s with their capacity. Empty buckets are swept (in one pass, `#[cold]`) only once
-//! there are more of them than `max(1024, non-empty buckets)`, which bounds memory by the number
-//! of keys in flight and keeps sweeping O(1) amortised; up to 64 swept buckets are kept as spares
-//! for new keys. The ordered lists are compacted in place and keep their capacity.
+//! Buckets and class queues are not removed when they empty, so a key used again finds its
+//! queues with their capacity. Empty ones are swept (in one pass, `#[cold]`) only once there are
+//! more of them than `max(1024, non-empty ones)`, which bounds memory by the number of keys in
+//! flight and keeps sweeping O(1) amortised; up to 64 swept buckets are kept as spares for new
+//! keys. The ordered lists are compacted in place and keep their capacity.
 
 use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::hash::FoldHashMap;
-use super::{keys_overlap, Arrived, Matcher, Posted, RecvId, FULL_MASK};
+use super::{keys_overlap, Arrived, Matcher, Posted, RecvId, CTX_FIELD, FULL_MASK, SRC_FIELD, TAG_FIELD};
 
 /// Size knobs of the lazy structures (fixed in production, tiny in tests to exercise them).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Tuning {
-    /// Empty buckets are swept once they exceed `max(empty_floor, non-empty buckets)`.
+    /// Empty buckets (or class queues) are swept once they exceed `max(empty_floor, non-empty)`.
     pub(crate) empty_floor: usize,
     /// A lazily deleted list is compacted once `len > 2 * live + list_slack`.
     pub(crate) list_slack: usize,
@@ -69,6 +88,22 @@ pub(crate) struct Tuning {
 
 impl Tuning {
     const DEFAULT: Tuning = Tuning { empty_floor: 1024, list_slack: 64, spare_max: 64, spare_capacity: 16 };
+}
+
+/// Number of wildcard classes.
+const CLASSES: usize = 3;
+
+/// The masks of MPI's three wildcard receive forms, by class: `ANY_SOURCE` with a tag, a source
+/// with `ANY_TAG`, `ANY_SOURCE` with `ANY_TAG` (what [`super::recv_key`] builds).
+const CLASS_MASKS: [u64; CLASSES] = [CTX_FIELD | TAG_FIELD, CTX_FIELD | SRC_FIELD, CTX_FIELD];
+
+/// Class of exact receives in a posted-index entry (the wildcard classes are `0..CLASSES`).
+const EXACT: u8 = CLASSES as u8;
+
+/// The wildcard class of `mask`, if it is one of MPI's forms.
+#[inline]
+fn class_of(mask: u64) -> Option<usize> {
+    CLASS_MASKS.iter().position(|&m| m == mask)
 }
 
 /// Entries examined by linear scans; counted only in tests, to check what is O(1).
@@ -121,8 +156,88 @@ impl<R, M> Bucket<R, M> {
     }
 }
 
-/// A queued wildcard receive; `r` is `None` once it matched or was cancelled (a tombstone).
-struct Wild<R> {
+/// Queues by masked key: the receives of one wildcard class, or its unexpected index. Queues are
+/// kept when they empty (reuse without allocation) and swept once empty ones dominate.
+struct Queues<T> {
+    map: FoldHashMap<u64, VecDeque<(u64, T)>>,
+    /// Queues in `map` that are empty.
+    empty: usize,
+    /// Entries over all queues (for an unexpected index, stale ones included).
+    len: usize,
+}
+
+impl<T> Default for Queues<T> {
+    fn default() -> Self {
+        Queues { map: FoldHashMap::default(), empty: 0, len: 0 }
+    }
+}
+
+impl<T> Queues<T> {
+    /// Appends `(seq, v)` to the queue at `key` (seqs increase along every queue).
+    #[inline]
+    fn push(&mut self, key: u64, seq: u64, v: T) {
+        match self.map.entry(key) {
+            Entry::Occupied(e) => {
+                let q = e.into_mut();
+                if q.is_empty() {
+                    self.empty -= 1;
+                }
+                q.push_back((seq, v));
+            }
+            Entry::Vacant(e) => {
+                let mut q = VecDeque::new();
+                q.push_back((seq, v));
+                e.insert(q);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Seq of the head of the queue at `key`.
+    #[inline]
+    fn head(&self, key: u64) -> Option<u64> {
+        self.map.get(&key).and_then(VecDeque::front).map(|e| e.0)
+    }
+
+    /// Bookkeeping after `n` entries left the queue at some key, which is now empty if
+    /// `emptied`: sweep empty queues once there are too many.
+    #[inline]
+    fn removed(&mut self, n: usize, emptied: bool, floor: usize) {
+        self.len -= n;
+        if emptied {
+            self.empty += 1;
+            let busy = self.map.len() - self.empty;
+            if self.empty > floor.max(busy) {
+                self.sweep();
+            }
+        }
+    }
+
+    #[cold]
+    fn sweep(&mut self) {
+        self.map.retain(|_, q| !q.is_empty());
+        self.empty = 0;
+    }
+
+    /// Removes the entry with seq `seq` from the queue at `key` (binary search).
+    fn remove(&mut self, key: u64, seq: u64, floor: usize) -> Option<T> {
+        let q = self.map.get_mut(&key)?;
+        let j = q.binary_search_by_key(&seq, |e| e.0).ok()?;
+        let (_, v) = q.remove(j)?;
+        let emptied = q.is_empty();
+        self.removed(1, emptied, floor);
+        Some(v)
+    }
+
+    /// Whether the queue at `key` holds seq `seq`.
+    #[inline]
+    fn holds(&self, key: u64, seq: u64) -> bool {
+        self.map.get(&key).is_some_and(|q| q.binary_search_by_key(&seq, |e| e.0).is_ok())
+    }
+}
+
+/// A queued raw receive; `r` is `None` once it matched or was cancelled (a tombstone).
+struct Raw<R> {
     seq: RecvId,
     /// The receive's tag with the bits outside `mask` cleared.
     tag: u64,
@@ -133,12 +248,14 @@ struct Wild<R> {
 /// The fast software tag matcher.
 ///
 /// Exact receives (`mask == FULL_MASK`) and unexpected messages live in per-key hash buckets,
-/// wildcard receives in one post-ordered queue, and one arrival-ordered list spans all
-/// unexpected messages. An arrival compares its bucket's oldest receive with the first matching
-/// wildcard receive and takes the earlier post; an exact post takes its bucket's oldest message.
-/// Both are O(1) whatever else is queued; wildcard posts and probes scan the unexpected list.
-/// Lists delete lazily and compact in place, empty buckets are kept for reuse (bounded), so the
-/// exact path does not allocate in steady state. The design notes are in `sw.rs`.
+/// each of MPI's three wildcard forms in its own hash map keyed by the bits it matches on, any
+/// other mask in one scanned queue; one arrival-ordered list spans all unexpected messages, and
+/// per wildcard form an index of them by the same masked key. An arrival compares the oldest
+/// receive of its bucket with the oldest of each wildcard form's queue for its key and takes the
+/// earliest post; a post takes the oldest message of its bucket or index queue. All of it is
+/// O(1) whatever else is queued. Lists delete lazily and compact in place, empty queues are kept
+/// for reuse (bounded), so the common paths do not allocate in steady state. The design notes
+/// are in `sw.rs`.
 pub struct SwMatcher<R, M> {
     /// Buckets by full match key. Invariant: in each, `posted` or `ux` is empty.
     buckets: FoldHashMap<u64, Bucket<R, M>>,
@@ -146,16 +263,28 @@ pub struct SwMatcher<R, M> {
     empty_buckets: usize,
     /// Swept buckets kept for reuse, at most `tuning.spare_max`, all empty.
     spare: Vec<Bucket<R, M>>,
-    /// Wildcard receives in post order (seqs increasing), with tombstones.
-    wild: VecDeque<Wild<R>>,
-    /// Non-tombstone entries of `wild`.
+    /// Wildcard receives by class, keyed by `tag & CLASS_MASKS[c]`, each queue in post order.
+    wild: [Queues<R>; CLASSES],
+    /// Receives queued in `wild` (sum of the classes' `len`).
     wild_live: usize,
-    /// `(post seq, key)` of exact receives in post order, lazily deleted.
-    exact_index: VecDeque<(RecvId, u64)>,
+    /// Receives with any other mask in post order (seqs increasing), with tombstones.
+    raw: VecDeque<Raw<R>>,
+    /// Non-tombstone entries of `raw`.
+    raw_live: usize,
+    /// `(post seq, class or EXACT, key)` of the hashed receives in post order, lazily deleted.
+    posted_index: VecDeque<(RecvId, u8, u64)>,
     /// Exact receives queued (sum of the buckets' `posted` lengths).
     exact_live: usize,
     /// `(arrival seq, key)` of unexpected messages in arrival order, lazily deleted.
     ux_order: VecDeque<(u64, u64)>,
+    /// Per wildcard class, once enabled: `(arrival seq, key)` of the unexpected messages by
+    /// `key & CLASS_MASKS[c]`, each queue in arrival order, lazily deleted.
+    ux_index: [Queues<u64>; CLASSES],
+    /// Which entries of `ux_index` are maintained.
+    ux_indexed: [bool; CLASSES],
+    /// Classes a probe (which cannot build an index: it takes `&self`) asked for; the next
+    /// mutating call builds them. A bit per class.
+    ux_wanted: AtomicU8,
     /// Unexpected messages stored (sum of the buckets' `ux` lengths).
     ux_live: usize,
     /// Seq of the next post (= the next `RecvId`).
@@ -177,6 +306,7 @@ impl<R, M> fmt::Debug for SwMatcher<R, M> {
         f.debug_struct("SwMatcher")
             .field("exact_posted", &self.exact_live)
             .field("wild_posted", &self.wild_live)
+            .field("raw_posted", &self.raw_live)
             .field("unexpected", &self.ux_live)
             .field("buckets", &self.buckets.len())
             .field("next_id", &self.next_seq)
@@ -184,10 +314,10 @@ impl<R, M> fmt::Debug for SwMatcher<R, M> {
     }
 }
 
-/// Takes the first live wildcard receive with seq `< before` that matches `tag`.
+/// Takes the first live raw receive with seq `< before` that matches `tag`.
 #[inline]
-fn take_wild_match<R>(wild: &mut VecDeque<Wild<R>>, tag: u64, before: RecvId, steps: &Steps) -> Option<(RecvId, R)> {
-    for w in wild.iter_mut() {
+fn take_raw_match<R>(raw: &mut VecDeque<Raw<R>>, tag: u64, before: RecvId, steps: &Steps) -> Option<(RecvId, R)> {
+    for w in raw.iter_mut() {
         steps.bump();
         if w.seq >= before {
             return None;
@@ -207,12 +337,6 @@ fn ux_live<R, M>(buckets: &FoldHashMap<u64, Bucket<R, M>>, useq: u64, key: u64) 
     buckets.get(&key).and_then(|b| b.ux.front()).is_some_and(|&(first, _)| first <= useq)
 }
 
-/// Whether the exact receive `(seq, key)` is still queued.
-#[inline]
-fn exact_live<R, M>(buckets: &FoldHashMap<u64, Bucket<R, M>>, seq: RecvId, key: u64) -> bool {
-    buckets.get(&key).is_some_and(|b| b.posted.binary_search_by_key(&seq, |p| p.0).is_ok())
-}
-
 impl<R, M> SwMatcher<R, M> {
     /// An empty matcher.
     pub fn new() -> Self {
@@ -224,11 +348,16 @@ impl<R, M> SwMatcher<R, M> {
             buckets: FoldHashMap::default(),
             empty_buckets: 0,
             spare: Vec::new(),
-            wild: VecDeque::new(),
+            wild: Default::default(),
             wild_live: 0,
-            exact_index: VecDeque::new(),
+            raw: VecDeque::new(),
+            raw_live: 0,
+            posted_index: VecDeque::new(),
             exact_live: 0,
             ux_order: VecDeque::new(),
+            ux_index: Default::default(),
+            ux_indexed: [false; CLASSES],
+            ux_wanted: AtomicU8::new(0),
             ux_live: 0,
             next_seq: 0,
             next_useq: 0,
@@ -272,55 +401,67 @@ impl<R, M> SwMatcher<R, M> {
         self.empty_buckets = 0;
     }
 
-    /// After a wildcard receive left `wild`: drop tombstones at the ends, compact if needed.
+    /// After a raw receive left `raw`: drop tombstones at the ends, compact if needed.
     #[inline]
-    fn tidy_wild(&mut self) {
-        if self.wild_live == 0 {
-            self.wild.clear();
+    fn tidy_raw(&mut self) {
+        if self.raw_live == 0 {
+            self.raw.clear();
             return;
         }
-        while self.wild.front().is_some_and(|w| w.r.is_none()) {
-            self.wild.pop_front();
+        while self.raw.front().is_some_and(|w| w.r.is_none()) {
+            self.raw.pop_front();
         }
-        while self.wild.back().is_some_and(|w| w.r.is_none()) {
-            self.wild.pop_back();
+        while self.raw.back().is_some_and(|w| w.r.is_none()) {
+            self.raw.pop_back();
         }
-        if self.wild.len() > 2 * self.wild_live + self.tuning.list_slack {
-            self.compact_wild();
+        if self.raw.len() > 2 * self.raw_live + self.tuning.list_slack {
+            self.compact_raw();
         }
     }
 
     #[cold]
-    fn compact_wild(&mut self) {
-        self.wild.retain(|w| w.r.is_some());
+    fn compact_raw(&mut self) {
+        self.raw.retain(|w| w.r.is_some());
     }
 
-    /// After the exact receive `removed` left its bucket: drop its index entry if it is at
+    /// Whether the hashed receive `(seq, class, key)` is still queued.
+    #[inline]
+    fn posted_live(&self, seq: RecvId, class: u8, key: u64) -> bool {
+        match self.wild.get(usize::from(class)) {
+            Some(q) => q.holds(key, seq),
+            None => self.buckets.get(&key).is_some_and(|b| b.posted.binary_search_by_key(&seq, |p| p.0).is_ok()),
+        }
+    }
+
+    /// After the hashed receive `removed` left its queue: drop its index entry if it is at
     /// either end (the FIFO and LIFO patterns then never compact), clear or compact if needed.
     #[inline]
-    fn tidy_exact_index(&mut self, removed: RecvId) {
-        if self.exact_index.front().is_some_and(|e| e.0 == removed) {
-            self.exact_index.pop_front();
-        } else if self.exact_index.back().is_some_and(|e| e.0 == removed) {
-            self.exact_index.pop_back();
+    fn tidy_posted_index(&mut self, removed: RecvId) {
+        if self.posted_index.front().is_some_and(|e| e.0 == removed) {
+            self.posted_index.pop_front();
+        } else if self.posted_index.back().is_some_and(|e| e.0 == removed) {
+            self.posted_index.pop_back();
         }
-        if self.exact_live == 0 {
-            self.exact_index.clear();
-        } else if self.exact_index.len() > 2 * self.exact_live + self.tuning.list_slack {
-            self.compact_exact_index();
+        let live = self.exact_live + self.wild_live;
+        if live == 0 {
+            self.posted_index.clear();
+        } else if self.posted_index.len() > 2 * live + self.tuning.list_slack {
+            self.compact_posted_index();
         }
     }
 
     #[cold]
-    fn compact_exact_index(&mut self) {
-        let buckets = &self.buckets;
-        self.exact_index.retain(|&(seq, key)| exact_live(buckets, seq, key));
+    fn compact_posted_index(&mut self) {
+        let mut index = std::mem::take(&mut self.posted_index);
+        index.retain(|&(seq, class, key)| self.posted_live(seq, class, key));
+        self.posted_index = index;
     }
 
-    /// After the unexpected message `removed` (arrival seq) left its bucket: drop its entry if
-    /// it is at either end, clear or compact the arrival list if needed.
+    /// After the unexpected message `(removed, key)` left its bucket: drop its entries in the
+    /// arrival list and the class indexes if they are at either end, clear or compact if needed.
     #[inline]
-    fn tidy_ux_order(&mut self, removed: u64) {
+    fn ux_removed(&mut self, removed: u64, key: u64) {
+        self.ux_live -= 1;
         if self.ux_order.front().is_some_and(|e| e.0 == removed) {
             self.ux_order.pop_front();
         } else if self.ux_order.back().is_some_and(|e| e.0 == removed) {
@@ -331,6 +472,28 @@ impl<R, M> SwMatcher<R, M> {
         } else if self.ux_order.len() > 2 * self.ux_live + self.tuning.list_slack {
             self.compact_ux_order();
         }
+        for (c, mask) in CLASS_MASKS.into_iter().enumerate() {
+            if !self.ux_indexed[c] {
+                continue;
+            }
+            let ix = &mut self.ux_index[c];
+            if let Some(q) = ix.map.get_mut(&(key & mask)) {
+                let popped = if q.front().is_some_and(|e| e.0 == removed) {
+                    q.pop_front()
+                } else if q.back().is_some_and(|e| e.0 == removed) {
+                    q.pop_back()
+                } else {
+                    None
+                };
+                if popped.is_some() {
+                    let emptied = q.is_empty();
+                    ix.removed(1, emptied, self.tuning.empty_floor);
+                }
+            }
+            if self.ux_index[c].len > 2 * self.ux_live + self.tuning.list_slack {
+                self.compact_ux_index(c);
+            }
+        }
     }
 
     #[cold]
@@ -339,8 +502,60 @@ impl<R, M> SwMatcher<R, M> {
         self.ux_order.retain(|&(useq, key)| ux_live(buckets, useq, key));
     }
 
+    /// Drops the stale entries of class `c`'s unexpected index, and its empty queues.
+    #[cold]
+    fn compact_ux_index(&mut self, c: usize) {
+        let buckets = &self.buckets;
+        let ix = &mut self.ux_index[c];
+        let mut len = 0;
+        ix.map.retain(|_, q| {
+            q.retain(|&(useq, key)| ux_live(buckets, useq, key));
+            len += q.len();
+            !q.is_empty()
+        });
+        ix.len = len;
+        ix.empty = 0;
+    }
+
+    /// Starts maintaining class `c`'s unexpected index, built from the arrival-order list.
+    #[cold]
+    fn enable_ux_index(&mut self, c: usize) {
+        let mut ix = Queues::default();
+        for &(useq, key) in &self.ux_order {
+            if ux_live(&self.buckets, useq, key) {
+                ix.push(key & CLASS_MASKS[c], useq, key);
+            }
+        }
+        self.ux_index[c] = ix;
+        self.ux_indexed[c] = true;
+    }
+
+    /// Builds the indexes that probes asked for.
+    #[cold]
+    fn enable_wanted(&mut self) {
+        let wanted = self.ux_wanted.swap(0, Ordering::Relaxed);
+        for c in 0..CLASSES {
+            if wanted & (1 << c) != 0 && !self.ux_indexed[c] {
+                self.enable_ux_index(c);
+            }
+        }
+    }
+
+    /// Records a new unexpected message `(useq, key)` in the arrival list and the indexes.
+    #[inline]
+    fn index_unexpected(&mut self, useq: u64, key: u64) {
+        self.ux_order.push_back((useq, key));
+        self.ux_live += 1;
+        for ((ix, &on), mask) in self.ux_index.iter_mut().zip(&self.ux_indexed).zip(CLASS_MASKS) {
+            if on {
+                ix.push(key & mask, useq, key);
+            }
+        }
+    }
+
     /// The key of the bucket whose first unexpected message is the oldest one matching
-    /// `(tag, mask)`.
+    /// `(tag, mask)`. A wildcard form whose index is not built yet is scanned for, and the index
+    /// is asked for.
     fn find_unexpected(&self, tag: u64, mask: u64) -> Option<u64> {
         if self.ux_live == 0 {
             return None;
@@ -349,6 +564,19 @@ impl<R, M> SwMatcher<R, M> {
             return self.buckets.get(&tag).is_some_and(|b| !b.ux.is_empty()).then_some(tag);
         }
         let want = tag & mask;
+        if let Some(c) = class_of(mask) {
+            if self.ux_indexed[c] {
+                let q = self.ux_index[c].map.get(&want)?;
+                for &(useq, key) in q {
+                    if ux_live(&self.buckets, useq, key) {
+                        return Some(key);
+                    }
+                    self.steps.bump();
+                }
+                return None;
+            }
+            self.ux_wanted.fetch_or(1 << c, Ordering::Relaxed);
+        }
         for &(useq, key) in &self.ux_order {
             self.steps.bump();
             if key & mask == want && ux_live(&self.buckets, useq, key) {
@@ -358,17 +586,48 @@ impl<R, M> SwMatcher<R, M> {
         None
     }
 
+    /// Like [`Self::find_unexpected`], but builds the index first and pops the stale entries it
+    /// passes.
+    fn find_unexpected_mut(&mut self, tag: u64, mask: u64) -> Option<u64> {
+        if self.ux_live == 0 {
+            return None;
+        }
+        let Some(c) = class_of(mask) else {
+            return self.find_unexpected(tag, mask);
+        };
+        if !self.ux_indexed[c] {
+            self.enable_ux_index(c);
+        }
+        let buckets = &self.buckets;
+        let ix = &mut self.ux_index[c];
+        let q = ix.map.get_mut(&(tag & mask))?;
+        let mut stale = 0;
+        let found = loop {
+            let Some(&(useq, key)) = q.front() else { break None };
+            if ux_live(buckets, useq, key) {
+                break Some(key);
+            }
+            self.steps.bump();
+            q.pop_front();
+            stale += 1;
+        };
+        if stale > 0 {
+            let emptied = q.is_empty();
+            ix.removed(stale, emptied, self.tuning.empty_floor);
+        }
+        found
+    }
+
     /// Removes the oldest unexpected message matching `(tag, mask)`.
     fn take_unexpected(&mut self, tag: u64, mask: u64) -> Option<(u64, M)> {
-        let key = self.find_unexpected(tag, mask)?;
+        let key = self.find_unexpected_mut(tag, mask)?;
         let b = self.buckets.get_mut(&key)?;
         let (useq, m) = b.ux.pop_front()?;
         let emptied = b.is_empty();
-        self.ux_live -= 1;
         if emptied {
             self.bucket_emptied();
         }
-        self.tidy_ux_order(useq);
+        self.ux_removed(useq, key);
         Some((key, m))
     }
 
@@ -379,11 +638,10 @@ impl<R, M> SwMatcher<R, M> {
                 let b = e.get_mut();
                 if let Some((useq, m)) = b.ux.pop_front() {
                     let emptied = b.is_empty();
-                    self.ux_live -= 1;
                     if emptied {
                         self.bucket_emptied();
                     }
-                    self.tidy_ux_order(useq);
+                    self.ux_removed(useq, tag);
                     return Posted::Matched(r, m);
                 }
                 if b.posted.is_empty() {
@@ -398,7 +656,7 @@ impl<R, M> SwMatcher<R, M> {
                 e.insert(b);
             }
         }
-        self.exact_index.push_back((seq, tag));
+        self.posted_index.push_back((seq, EXACT, tag));
         self.exact_live += 1;
         Posted::Queued(seq)
     }
@@ -410,14 +668,19 @@ impl<R, M> SwMatcher<R, M> {
         let mut b = Self::fresh_bucket(&mut self.spare);
         b.ux.push_back((useq, m));
         self.buckets.insert(tag, b);
-        self.ux_order.push_back((useq, tag));
-        self.ux_live += 1;
+        self.index_unexpected(useq, tag);
     }
 
     /// Entries examined by linear scans since the last call (tests only).
     #[cfg(test)]
     pub(crate) fn take_steps(&self) -> u64 {
         self.steps.0.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Which wildcard classes have their unexpected index built (tests only).
+    #[cfg(test)]
+    pub(crate) fn ux_indexed(&self) -> [bool; 3] {
+        self.ux_indexed
     }
 
     /// Capacities of every internal structure, to check that steady state does not allocate
@@ -428,14 +691,32 @@ impl<R, M> SwMatcher<R, M> {
             self.buckets.len(),
             self.buckets.capacity(),
             self.spare.len(),
-            self.wild.capacity(),
-            self.exact_index.capacity(),
+            self.raw.capacity(),
+            self.posted_index.capacity(),
             self.ux_order.capacity(),
         ];
         let mut per_bucket: Vec<(u64, usize, usize)> =
             self.buckets.iter().map(|(&k, b)| (k, b.posted.capacity(), b.ux.capacity())).collect();
         per_bucket.sort_unstable();
         v.extend(per_bucket.into_iter().flat_map(|(k, p, u)| [k as usize, p, u]));
+        for c in 0..CLASSES {
+            for (map_len, map_cap, mut queues) in [
+                (
+                    self.wild[c].map.len(),
+                    self.wild[c].map.capacity(),
+                    self.wild[c].map.iter().map(|(&k, q)| (k, q.capacity())).collect::<Vec<_>>(),
+                ),
+                (
+                    self.ux_index[c].map.len(),
+                    self.ux_index[c].map.capacity(),
+                    self.ux_index[c].map.iter().map(|(&k, q)| (k, q.capacity())).collect::<Vec<_>>(),
+                ),
+            ] {
+                queues.sort_unstable();
+                v.extend([map_len, map_cap]);
+                v.extend(queues.into_iter().flat_map(|(k, cap)| [k as usize, cap]));
+            }
+        }
         v
     }
 
@@ -445,30 +726,74 @@ impl<R, M> SwMatcher<R, M> {
         let mut exact = 0;
         let mut ux = 0;
         let mut empty = 0;
+        let sorted = |s: &[u64]| s.iter().zip(s.iter().skip(1)).all(|(a, c)| a < c);
+        let indexed = |seq: RecvId, class: u8, key: u64| {
+            let i = self.posted_index.binary_search_by_key(&seq, |e| e.0);
+            assert!(i.is_ok_and(|i| self.posted_index[i] == (seq, class, key)), "seq {seq} not indexed");
+        };
         for (&k, b) in &self.buckets {
             assert!(b.posted.is_empty() || b.ux.is_empty(), "bucket {k:#x} has receives and messages");
-            assert!(b.posted.iter().zip(b.posted.iter().skip(1)).all(|(a, c)| a.0 < c.0));
-            assert!(b.ux.iter().zip(b.ux.iter().skip(1)).all(|(a, c)| a.0 < c.0));
+            assert!(sorted(&b.posted.iter().map(|p| p.0).collect::<Vec<_>>()));
+            assert!(sorted(&b.ux.iter().map(|p| p.0).collect::<Vec<_>>()));
             exact += b.posted.len();
             ux += b.ux.len();
             empty += usize::from(b.is_empty());
             for &(seq, _) in &b.posted {
-                assert!(self.exact_index.binary_search_by_key(&seq, |e| e.0).is_ok(), "seq {seq} not indexed");
+                indexed(seq, EXACT, k);
             }
             for &(useq, _) in &b.ux {
                 let i = self.ux_order.binary_search_by_key(&useq, |e| e.0);
                 assert!(i.is_ok_and(|i| self.ux_order[i].1 == k), "useq {useq} not ordered");
+                for (c, mask) in CLASS_MASKS.into_iter().enumerate() {
+                    if self.ux_indexed[c] {
+                        let q = self.ux_index[c].map.get(&(k & mask));
+                        assert!(q.is_some_and(|q| q.binary_search(&(useq, k)).is_ok()), "useq {useq} not in class {c}");
+                    }
+                }
             }
         }
         assert_eq!(exact, self.exact_live);
         assert_eq!(ux, self.ux_live);
         assert_eq!(empty, self.empty_buckets);
-        assert_eq!(self.wild.iter().filter(|w| w.r.is_some()).count(), self.wild_live);
-        assert!(self.wild.iter().zip(self.wild.iter().skip(1)).all(|(a, c)| a.seq < c.seq));
-        assert!(self.exact_index.iter().zip(self.exact_index.iter().skip(1)).all(|(a, c)| a.0 < c.0));
-        assert!(self.ux_order.iter().zip(self.ux_order.iter().skip(1)).all(|(a, c)| a.0 < c.0));
-        assert!(self.wild.len() <= 2 * self.wild_live + self.tuning.list_slack + 1);
-        assert!(self.exact_index.len() <= 2 * self.exact_live + self.tuning.list_slack + 1);
+        let mut wild = 0;
+        for (c, q) in self.wild.iter().enumerate() {
+            let mut len = 0;
+            for (&k, queue) in &q.map {
+                assert_eq!(k & CLASS_MASKS[c], k, "class {c} key {k:#x} has bits outside the mask");
+                assert!(sorted(&queue.iter().map(|e| e.0).collect::<Vec<_>>()));
+                for &(seq, _) in queue {
+                    indexed(seq, c as u8, k);
+                }
+                len += queue.len();
+            }
+            assert_eq!(len, q.len);
+            assert_eq!(q.map.values().filter(|q| q.is_empty()).count(), q.empty);
+            wild += len;
+        }
+        assert_eq!(wild, self.wild_live);
+        for (c, ix) in self.ux_index.iter().enumerate() {
+            if !self.ux_indexed[c] {
+                assert_eq!(ix.len, 0);
+                continue;
+            }
+            let mut len = 0;
+            for (&k, q) in &ix.map {
+                assert!(sorted(&q.iter().map(|e| e.0).collect::<Vec<_>>()));
+                assert!(q.iter().all(|e| e.1 & CLASS_MASKS[c] == k));
+                len += q.len();
+            }
+            assert_eq!(len, ix.len);
+            assert_eq!(ix.map.values().filter(|q| q.is_empty()).count(), ix.empty);
+            assert!(ix.len <= 2 * self.ux_live + self.tuning.list_slack + 1);
+        }
+        assert_eq!(self.raw.iter().filter(|w| w.r.is_some()).count(), self.raw_live);
+        assert!(self.raw.iter().all(|w| class_of(w.mask).is_none() && w.mask != FULL_MASK));
+        assert!(sorted(&self.raw.iter().map(|w| w.seq).collect::<Vec<_>>()));
+        assert!(sorted(&self.posted_index.iter().map(|e| e.0).collect::<Vec<_>>()));
+        assert!(sorted(&self.ux_order.iter().map(|e| e.0).collect::<Vec<_>>()));
+        let posted = self.exact_live + self.wild_live;
+        assert!(self.raw.len() <= 2 * self.raw_live + self.tuning.list_slack + 1);
+        assert!(self.posted_index.len() <= 2 * posted + self.tuning.list_slack + 1);
         assert!(self.ux_order.len() <= 2 * self.ux_live + self.tuning.list_slack + 1);
         assert!(self.spare.len() <= self.tuning.spare_max && self.spare.iter().all(Bucket::is_empty));
     }
@@ -484,49 +809,81 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
         if let Some((_, m)) = self.take_unexpected(tag, mask) {
             return Posted::Matched(r, m);
         }
-        self.wild.push_back(Wild { seq, tag: tag & mask, mask, r: Some(r) });
-        self.wild_live += 1;
+        match class_of(mask) {
+            Some(c) => {
+                let key = tag & mask;
+                self.wild[c].push(key, seq, r);
+                self.wild_live += 1;
+                self.posted_index.push_back((seq, c as u8, key));
+            }
+            None => {
+                self.raw.push_back(Raw { seq, tag: tag & mask, mask, r: Some(r) });
+                self.raw_live += 1;
+            }
+        }
         Posted::Queued(seq)
     }
 
     fn arrive(&mut self, tag: u64, m: M) -> Arrived<R, M> {
-        if let Some(b) = self.buckets.get_mut(&tag) {
-            let exact_seq = b.posted.front().map(|p| p.0);
-            if self.wild_live > 0 {
-                let before = exact_seq.unwrap_or(RecvId::MAX);
-                if let Some((seq, r)) = take_wild_match(&mut self.wild, tag, before, &self.steps) {
-                    self.wild_live -= 1;
-                    self.tidy_wild();
-                    return Arrived::Matched(seq, r, m);
+        if self.ux_wanted.load(Ordering::Relaxed) != 0 {
+            self.enable_wanted();
+        }
+        // The earliest posted wildcard candidate: the head of each class's queue for `tag`.
+        let mut wild_seq = RecvId::MAX;
+        let mut class = None;
+        if self.wild_live > 0 {
+            for (c, q) in self.wild.iter().enumerate() {
+                if q.len > 0 {
+                    if let Some(s) = q.head(tag & CLASS_MASKS[c]) {
+                        if s < wild_seq {
+                            wild_seq = s;
+                            class = Some(c);
+                        }
+                    }
                 }
             }
-            if let Some((seq, r)) = b.posted.pop_front() {
-                let emptied = b.is_empty();
-                self.exact_live -= 1;
-                if emptied {
-                    self.bucket_emptied();
-                }
-                self.tidy_exact_index(seq);
-                return Arrived::Matched(seq, r, m);
-            }
-            // Unexpected, and the bucket is at hand: store without a second lookup.
-            let useq = self.next_useq;
-            self.next_useq += 1;
-            if b.is_empty() {
-                self.empty_buckets -= 1;
-            }
-            b.ux.push_back((useq, m));
-            self.ux_order.push_back((useq, tag));
-            self.ux_live += 1;
-            return Arrived::Unexpected;
-        } else if self.wild_live > 0 {
-            if let Some((seq, r)) = take_wild_match(&mut self.wild, tag, RecvId::MAX, &self.steps) {
-                self.wild_live -= 1;
-                self.tidy_wild();
+        }
+        // One lookup of the bucket serves the exact candidate, its match and the store.
+        let bucket = self.buckets.get_mut(&tag);
+        let exact_seq = bucket.as_ref().and_then(|b| b.posted.front()).map_or(RecvId::MAX, |p| p.0);
+        if self.raw_live > 0 {
+            if let Some((seq, r)) = take_raw_match(&mut self.raw, tag, exact_seq.min(wild_seq), &self.steps) {
+                self.raw_live -= 1;
+                self.tidy_raw();
                 return Arrived::Matched(seq, r, m);
             }
         }
-        self.store_unexpected_new(tag, m);
+        if let Some(c) = class.filter(|_| wild_seq < exact_seq) {
+            let q = &mut self.wild[c];
+            let popped = q.map.get_mut(&(tag & CLASS_MASKS[c])).and_then(|queue| Some((queue.pop_front()?, queue.is_empty())));
+            if let Some(((seq, r), emptied)) = popped {
+                q.removed(1, emptied, self.tuning.empty_floor);
+                self.wild_live -= 1;
+                self.tidy_posted_index(seq);
+                return Arrived::Matched(seq, r, m);
+            }
+        }
+        let Some(b) = bucket else {
+            self.store_unexpected_new(tag, m);
+            return Arrived::Unexpected;
+        };
+        if let Some((seq, r)) = b.posted.pop_front() {
+            let emptied = b.is_empty();
+            self.exact_live -= 1;
+            if emptied {
+                self.bucket_emptied();
+            }
+            self.tidy_posted_index(seq);
+            return Arrived::Matched(seq, r, m);
+        }
+        // Unexpected, and the bucket is at hand: store without a second lookup.
+        let useq = self.next_useq;
+        self.next_useq += 1;
+        if b.is_empty() {
+            self.empty_buckets -= 1;
+        }
+        b.ux.push_back((useq, m));
+        self.index_unexpected(useq, tag);
         Arrived::Unexpected
     }
 
@@ -534,23 +891,34 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
         if id >= self.next_seq {
             return None;
         }
-        if let Ok(i) = self.wild.binary_search_by_key(&id, |w| w.seq) {
-            let r = self.wild.get_mut(i)?.r.take()?;
-            self.wild_live -= 1;
-            self.tidy_wild();
+        if let Ok(i) = self.raw.binary_search_by_key(&id, |w| w.seq) {
+            let r = self.raw.get_mut(i)?.r.take()?;
+            self.raw_live -= 1;
+            self.tidy_raw();
             return Some(r);
         }
-        let i = self.exact_index.binary_search_by_key(&id, |e| e.0).ok()?;
-        let &(_, key) = self.exact_index.get(i)?;
-        let b = self.buckets.get_mut(&key)?;
-        let j = b.posted.binary_search_by_key(&id, |p| p.0).ok()?;
-        let (_, r) = b.posted.remove(j)?;
-        let emptied = b.is_empty();
-        self.exact_live -= 1;
-        if emptied {
-            self.bucket_emptied();
-        }
-        self.tidy_exact_index(id);
+        let i = self.posted_index.binary_search_by_key(&id, |e| e.0).ok()?;
+        let &(_, class, key) = self.posted_index.get(i)?;
+        let floor = self.tuning.empty_floor;
+        let r = match self.wild.get_mut(usize::from(class)) {
+            Some(q) => {
+                let r = q.remove(key, id, floor)?;
+                self.wild_live -= 1;
+                r
+            }
+            None => {
+                let b = self.buckets.get_mut(&key)?;
+                let j = b.posted.binary_search_by_key(&id, |p| p.0).ok()?;
+                let (_, r) = b.posted.remove(j)?;
+                let emptied = b.is_empty();
+                self.exact_live -= 1;
+                if emptied {
+                    self.bucket_emptied();
+                }
+                r
+            }
+        };
+        self.tidy_posted_index(id);
         Some(r)
     }
 
@@ -561,7 +929,7 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
     }
 
     fn probe_mut(&mut self, tag: u64, mask: u64) -> Option<(u64, &mut M)> {
-        let key = self.find_unexpected(tag, mask)?;
+        let key = self.find_unexpected_mut(tag, mask)?;
         let (_, m) = self.buckets.get_mut(&key)?.ux.front_mut()?;
         Some((key, m))
     }
@@ -571,22 +939,42 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
     }
 
     fn posted_len(&self) -> usize {
-        self.exact_live + self.wild_live
+        self.exact_live + self.wild_live + self.raw_live
     }
 
     fn unexpected_len(&self) -> usize {
         self.ux_live
     }
 
+    /// Cost: at most four lookups, plus a scan of the raw receives if there are any.
     fn has_posted_match(&self, tag: u64) -> bool {
-        self.buckets.get(&tag).is_some_and(|b| !b.posted.is_empty()) || self.wild.iter().any(|w| w.r.is_some() && tag & w.mask == w.tag)
+        self.buckets.get(&tag).is_some_and(|b| !b.posted.is_empty())
+            || (self.wild_live > 0 && self.wild.iter().enumerate().any(|(c, q)| q.len > 0 && q.head(tag & CLASS_MASKS[c]).is_some()))
+            || (self.raw_live > 0 && self.raw.iter().any(|w| w.r.is_some() && tag & w.mask == w.tag))
     }
 
-    /// Cost: O(wildcard receives) for an exact `(tag, mask)`; a wildcard one also scans the
-    /// buckets (O(distinct keys queued or recently used)).
+    /// Cost: for an exact `(tag, mask)`, at most four lookups (plus a scan of the raw receives if
+    /// there are any). A wildcard query looks up directly the queues whose mask is within its
+    /// own and scans the keys of the others (O(distinct keys queued or recently used)).
     fn earlier_posted_overlaps(&self, tag: u64, mask: u64) -> bool {
-        if self.wild.iter().any(|w| w.r.is_some() && keys_overlap(w.tag, w.mask, tag, mask)) {
+        if self.raw_live > 0 && self.raw.iter().any(|w| w.r.is_some() && keys_overlap(w.tag, w.mask, tag, mask)) {
             return true;
+        }
+        if self.wild_live > 0 {
+            for (c, q) in self.wild.iter().enumerate() {
+                if q.len == 0 {
+                    continue;
+                }
+                let cm = CLASS_MASKS[c];
+                let hit = if cm & !mask == 0 {
+                    q.head(tag & cm).is_some()
+                } else {
+                    q.map.iter().any(|(&k, queue)| !queue.is_empty() && (k ^ tag) & cm & mask == 0)
+                };
+                if hit {
+                    return true;
+                }
+            }
         }
         if self.exact_live == 0 {
             return false;
