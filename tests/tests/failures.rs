@@ -74,7 +74,7 @@ const BAD_VALUES: [(&str, &str); 5] = [
     ("TMPI_TM_MAX_TAGS", "-1"),
     ("TMPI_EAGER_LIMIT", "1"),
     ("TMPI_STATS", "maybe"),
-    ("TMPI_MR_CACHE_MONITOR", "memhooks"),
+    ("TMPI_MR_CACHE_MONITOR", "kernel"),
 ];
 
 fn assert_init_refused(out: &Outcome, var: &str) {
