@@ -1,31 +1,39 @@
 //! The few system calls the runtime makes itself (liveness of peers, CPU count).
 
-/// Whether process `pid` is still running. A zombie (exited, not yet reaped by its parent:
-/// `tmpirun` reaps its ranks only at the very end) counts as gone, as does a process that no
-/// longer exists. `0` (a rank that has not attached yet) counts as running.
+/// Whether process `pid` is still running. A process whose threads have all exited counts as
+/// gone even while it is a zombie (`tmpirun` reaps its ranks only at the very end), and so
+/// does a process that no longer exists. `0` (a rank that has not attached yet) counts as
+/// running.
+///
+/// The check is a pidfd (Linux 5.3): it turns readable when the whole thread group has ended,
+/// the moment the parent hears of it. Not the leader thread's zombie state in `/proc`: that
+/// shows while other threads (the MR cache's monitor) still run and hold the process's
+/// descriptors, and `tmpirun`, which judges a failure by the rank's bootstrap connection,
+/// must be able to see it closed before a peer reacts to the death.
 pub(crate) fn pid_alive(pid: u32) -> bool {
     if pid == 0 || pid > i32::MAX as u32 {
         return true;
     }
-    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-        return false;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESRCH) => false,
+            // No pidfd here: whether the pid exists at all.
+            _ => {
+                // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
+                let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+                r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+            }
+        };
     }
-    !is_zombie(pid)
-}
-
-/// Whether `/proc/<pid>/stat` says the process is a zombie (`Z`) or dead (`X`). Unreadable
-/// (no procfs, or the process vanished meanwhile): judged by `kill` alone.
-fn is_zombie(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name, which is in parentheses and may contain any byte.
-    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
-        return false;
-    };
-    matches!(stat.get(close + 2), Some(b'Z' | b'X' | b'x'))
+    let fd = fd as libc::c_int;
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: `p` is one valid pollfd for the descriptor just opened; timeout 0.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    // SAFETY: `fd` was opened above and is closed once.
+    unsafe { libc::close(fd) };
+    !(r > 0 && p.revents & libc::POLLIN != 0)
 }
 
 /// Bytes of physical memory (`usize::MAX` if unknown).
