@@ -1,0 +1,100 @@
+//! Every packet from the fabric: RMA packets are served at once; the rest pass through the
+//! soft TM-SRQ exactly as a NIC would see them, and what it does not match goes to software.
+
+use super::*;
+
+impl State {
+    /// Handles one packet from the fabric; returns whether it was consumed.
+    #[inline]
+    pub(super) fn on_packet(&mut self, p: Packet<'_>) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        if p.flags & PKT_RMA != 0 {
+            if let Err(e) = self.on_rma(p).and_then(|()| self.drain_cq()) {
+                self.error = Some(e);
+            }
+            return true;
+        }
+        if p.flags & PKT_FIRST != 0 && p.src != self.rank {
+            // The announced length must fit the packet: a whole message is exactly its packet,
+            // a first packet announces more (never more than an eager message may carry). A
+            // packet that breaks this is refused before the TM-SRQ sees it, so the stream
+            // from that peer stays in step.
+            let (len, total) = (p.data.len() as u64, p.total_len);
+            let whole = p.flags & PKT_LAST != 0;
+            if (whole && total != len) || (!whole && (total <= len || total > (MAX_EAGER_LEN + TMH_LEN) as u64)) {
+                self.error = Some(malformed_from(p.src, "a packet whose length disagrees with its message"));
+                return true;
+            }
+        }
+        let arrival = if p.flags & PKT_FIRST != 0 {
+            self.tm.arrive_first(p.src as u32, p.data, p.total_len as usize)
+        } else {
+            self.tm.arrive_continuation(p.src as u32, p.data)
+        };
+        let r = match arrival {
+            // No SRQ buffer posted: leave the packet in the fabric (an RNR NAK).
+            Ok(Arrival::Rnr) => return false,
+            Ok(Arrival::Place(pl)) => match pl.buffer {
+                Buffer::Tagged { recv_wr_id, .. } => {
+                    let rid = wr_to_rid(recv_wr_id);
+                    if p.flags & PKT_FIRST != 0 {
+                        match p.data.first() {
+                            Some(&op) if op == TmOp::Rndv as u8 => self.stash_rndv(rid, p.data),
+                            // An expected eager message: consumed, its credit goes back.
+                            _ => self.give_credit(p.src, (p.total_len as usize).saturating_sub(TMH_LEN)),
+                        }
+                        // A message under another rank's name writes nothing (it completes
+                        // with an error, see `on_hw_completion`).
+                        let tag64 = Tmh::decode(p.data).map_or(0, |t| t.tag);
+                        if !self.admits(rid, tag64, p.src) {
+                            if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                                r.refused = Some(p.src);
+                            }
+                        }
+                    }
+                    self.place_tagged(rid, pl.dst_off, pl.bytes(p.data));
+                    Ok(())
+                }
+                Buffer::Srq { .. } => self.on_software(p),
+            },
+            Ok(Arrival::Read(rr)) => {
+                // An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue,
+                // described by the RVH alone.
+                RndvInfo::parse(p.data).and_then(|mut info| {
+                    info.key = u64::from(rr.rkey);
+                    info.len = rr.len as usize;
+                    let rid = wr_to_rid(rr.recv_wr_id);
+                    if !self.admits(rid, info.tmh.tag, p.src) {
+                        // A forged source: no byte is read; the receive fails at DATA_VALID.
+                        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                            r.refused = Some(p.src);
+                        }
+                        return self.tm.read_failed(rr.id, WcStatus::RemAccessErr).map_err(|e| Error::Transport(e.into()));
+                    }
+                    self.start_read(rid, p.src, info, Some(rr.id))
+                })
+            }
+            Err(e) => Err(Error::Transport(e.into())),
+        };
+        if let Err(e) = r.and_then(|()| self.drain_cq()) {
+            self.error = Some(e);
+        }
+        true
+    }
+
+    /// The TM-SRQ placed a packet in an SRQ buffer: software handles the message.
+    pub(super) fn on_software(&mut self, p: Packet<'_>) -> Result<()> {
+        if p.flags & PKT_FIRST != 0 {
+            match p.data.first().copied() {
+                Some(op) if op == TmOp::NoTag as u8 => self.on_control(p.src, &p.data[1..]),
+                Some(op) if op == TmOp::Fin as u8 => self.on_fin(p.src, p.data),
+                Some(op) if op == TmOp::Rndv as u8 => self.on_rndv(p.src, p.data),
+                _ => self.on_data_first(p),
+            }
+        } else {
+            self.on_cont(p.src, p.data, p.flags & PKT_LAST != 0)
+        }
+    }
+}

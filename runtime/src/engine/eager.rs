@@ -1,0 +1,391 @@
+//! The eager protocol: a message goes out as `TMH(EAGER) | payload`, copied once into the ring
+//! and once out; what cannot go out at once waits in a per-destination queue. Flow control is
+//! credit: each eager message costs the sender its length plus [`UX_OVERHEAD`] of the
+//! receiver's credit, which comes back (`CTL_CREDIT`) as the receiver consumes the messages;
+//! without credit a message goes as a rendezvous. Control packets (`NO_TAG`) ride along.
+
+use super::*;
+
+pub(super) fn ctl_msg(kind: u8, value: u32) -> Ctl {
+    let v = value.to_be_bytes();
+    Ctl::new(PKT_WHOLE, &[TmOp::NoTag as u8, kind, 0, 0, v[0], v[1], v[2], v[3]])
+}
+
+/// Eager credit of each peer: `TMPI_UNEXPECTED_MAX` shared out over the peers (at most
+/// 2^31, so a return fits its 32-bit field).
+pub(super) fn credit_per_peer(budget: usize, size: usize) -> usize {
+    (budget / size.saturating_sub(1).max(1)).min(1 << 31)
+}
+
+impl Engine {
+    /// Starts a data message to `dest` (a world rank). Returns `None` when it is already
+    /// complete (locally, for a standard send), or the request to wait on.
+    ///
+    /// An eager message costs its length plus [`UX_OVERHEAD`] of the destination's credit;
+    /// without enough credit it goes as a rendezvous instead (flow control: the receiver never
+    /// has to refuse what is in its ring, see [`State::give_credit`]).
+    pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
+        let len = data.len();
+        self.st.stats.msgs_sent += 1;
+        self.st.stats.bytes_sent += len as u64;
+        if dest != self.st.rank {
+            let cost = len.saturating_add(UX_OVERHEAD);
+            if len >= self.cfg.rndv_threshold || len > self.cfg.eager_limit || self.st.credits[dest] < cost {
+                if len <= self.cfg.eager_limit && len < self.cfg.rndv_threshold {
+                    self.st.stats.credit_rndv += 1;
+                }
+                return self.start_rndv(dest, tag64, data).map(Some);
+            }
+            self.st.credits[dest] -= cost;
+        }
+        self.st.stats.eager += 1;
+        let req = if sync { Some(self.st.new_send(dest, tag64, true, None)?) } else { None };
+        let app_ctx = req.map_or(0, |r| SYNC_FLAG | wire_name(r));
+        let tmh = Tmh { op: TmOp::Eager, app_ctx, tag: tag64 }.to_bytes();
+        if dest == self.st.rank {
+            self.st.deliver_self(&tmh, data.slice(0, len))?;
+            self.flush_ctl()?;
+            return Ok(self.mark_pushed(req));
+        }
+        if self.out[dest].is_empty() && TMH_LEN + len <= self.max_packet {
+            let total = (TMH_LEN + len) as u64;
+            if self.fabric.try_send(dest, PKT_WHOLE, total, &[&tmh, data.slice(0, len)])? {
+                return Ok(self.mark_pushed(req));
+            }
+        }
+        let req = match req {
+            Some(r) => r,
+            None => self.st.reqs.insert(Req {
+                kind: ReqKind::Send(SendState { dest, key: tag64, pushed: false, need_ack: false, acked: false, rndv: None }),
+                result: None,
+                detached: false,
+            }),
+        };
+        let mut hdr = [0u8; RNDV_REQ_LEN];
+        hdr[..TMH_LEN].copy_from_slice(&tmh);
+        self.queue_out(dest, OutMsg { req, hdr, hdr_len: TMH_LEN, data: OutData::User(data), off: 0, started: false })?;
+        Ok(Some(req))
+    }
+
+    pub(super) fn queue_out(&mut self, dest: usize, m: OutMsg) -> Result<()> {
+        self.out[dest].push_back(m);
+        self.out_pending += 1;
+        self.push_out_to(dest)?;
+        Ok(())
+    }
+
+    /// Marks a send request as pushed; returns it if it still needs waiting on.
+    pub(super) fn mark_pushed(&mut self, req: Option<ReqId>) -> Option<ReqId> {
+        let r = req?;
+        self.st.send_progress(r, true, false);
+        Some(r)
+    }
+
+    /// Pushes as much as fits of the messages queued for `dest`.
+    pub(super) fn push_out_to(&mut self, dest: usize) -> Result<usize> {
+        let mut pushed = 0;
+        let maxp = self.max_packet;
+        while let Some(m) = self.out[dest].front_mut() {
+            let len = m.data.len();
+            let total = (m.hdr_len + len) as u64;
+            loop {
+                let ok = if !m.started {
+                    let n = len.min(maxp - m.hdr_len);
+                    let flags = if n == len { PKT_WHOLE } else { PKT_FIRST };
+                    let ok = self.fabric.try_send(dest, flags, total, &[&m.hdr[..m.hdr_len], m.data.slice(0, n)])?;
+                    if ok {
+                        m.started = true;
+                        m.off = n;
+                    }
+                    ok
+                } else {
+                    let n = (len - m.off).min(maxp);
+                    let flags = if m.off + n == len { PKT_LAST } else { 0 };
+                    let ok = self.fabric.try_send(dest, flags, total, &[m.data.slice(m.off, m.off + n)])?;
+                    if ok {
+                        m.off += n;
+                    }
+                    ok
+                };
+                if !ok {
+                    return Ok(pushed);
+                }
+                pushed += 1;
+                if m.off == len {
+                    break;
+                }
+            }
+            let req = m.req;
+            self.out[dest].pop_front();
+            self.out_pending -= 1;
+            self.st.send_progress(req, true, false);
+        }
+        Ok(pushed)
+    }
+
+    pub(super) fn push_out(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for dest in 0..self.size {
+            if !self.out[dest].is_empty() {
+                n += self.push_out_to(dest)?;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sends queued control packets. A packet that goes through the peer's TM-SRQ (ACK, FIN)
+    /// waits while a multi-packet message to that peer is half sent: a connection delivers
+    /// messages whole and in order. RMA packets bypass the TM-SRQ and go at once.
+    pub(super) fn flush_ctl(&mut self) -> Result<usize> {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.st.ctlq.len() {
+            let (dest, c) = self.st.ctlq[i];
+            let msg = &c.bytes[..c.len as usize];
+            if dest == self.st.rank {
+                self.st.ctlq.remove(i);
+                let p = Packet { src: dest, flags: c.flags, total_len: msg.len() as u64, data: msg };
+                if !self.st.on_packet(p) {
+                    return Err(Error::State("loopback control packet refused".into()));
+                }
+                if let Some(e) = self.st.error.take() {
+                    return Err(e);
+                }
+            } else if c.flags & PKT_RMA == 0 && self.out[dest].front().is_some_and(|m| m.started) {
+                i += 1;
+                continue;
+            } else if self.fabric.try_send(dest, c.flags, msg.len() as u64, &[msg])? {
+                self.st.ctlq.remove(i);
+            } else {
+                i += 1;
+                continue;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+impl State {
+    /// This rank consumed an eager message of `len` payload bytes from `src`: the credit it
+    /// cost the sender goes back, in batches of `credit_batch` bytes.
+    #[inline]
+    pub(super) fn give_credit(&mut self, src: usize, len: usize) {
+        if src == self.rank {
+            return;
+        }
+        let Some(o) = self.owed.get_mut(src) else { return };
+        *o = o.saturating_add(len.saturating_add(UX_OVERHEAD));
+        if *o >= self.credit_batch {
+            let v = u32::try_from(*o).unwrap_or(u32::MAX);
+            *o -= v as usize;
+            self.ctlq.push_back((src, ctl_msg(CTL_CREDIT, v)));
+        }
+    }
+
+    /// Self-delivery: the message passes through the TM-SRQ as two packets (header, payload).
+    pub(super) fn deliver_self(&mut self, hdr: &[u8; TMH_LEN], payload: &[u8]) -> Result<()> {
+        let src = self.rank;
+        let total = (TMH_LEN + payload.len()) as u64;
+        let flags = if payload.is_empty() { PKT_WHOLE } else { PKT_FIRST };
+        self.on_packet(Packet { src, flags, total_len: total, data: hdr });
+        if !payload.is_empty() {
+            self.on_packet(Packet { src, flags: PKT_LAST, total_len: total, data: payload });
+        }
+        self.error.take().map_or(Ok(()), Err)
+    }
+
+    pub(super) fn on_data_first(&mut self, p: Packet<'_>) -> Result<()> {
+        if p.data.len() < TMH_LEN || (p.total_len as usize) < p.data.len() {
+            return Err(malformed("data packet shorter than a TMH"));
+        }
+        let total = p.total_len as usize - TMH_LEN;
+        self.on_first(p.src, &p.data[..TMH_LEN], &p.data[TMH_LEN..], total, p.flags & PKT_LAST != 0)
+    }
+
+    pub(super) fn on_control(&mut self, src: usize, body: &[u8]) -> Result<()> {
+        match body {
+            [CTL_SSEND_ACK, _, _, a, b, c, d] => {
+                let name = u32::from_be_bytes([*a, *b, *c, *d]);
+                let k = self.named_send(name, src).ok_or_else(|| malformed_from(src, "acknowledgement of no synchronous send"))?;
+                self.send_progress(k, false, true);
+                Ok(())
+            }
+            [CTL_COLL_ABORT, _, _, c0, c1, c2, c3, s0, s1, s2, s3, g0, g1, g2, g3] => {
+                let ctx = u32::from_be_bytes([*c0, *c1, *c2, *c3]);
+                let seq = u32::from_be_bytes([*s0, *s1, *s2, *s3]);
+                let gone = u32::from_be_bytes([*g0, *g1, *g2, *g3]) as usize;
+                if self.aborts.len() >= ABORTS_KEPT {
+                    self.aborts.pop_front();
+                }
+                self.aborts.push_back((ctx, seq, gone));
+                Ok(())
+            }
+            [CTL_CREDIT, _, _, a, b, c, d] => {
+                let v = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+                if let Some(c) = self.credits.get_mut(src) {
+                    *c = c.saturating_add(v);
+                }
+                Ok(())
+            }
+            _ => Err(malformed_from(src, "unknown control message")),
+        }
+    }
+
+    /// The first packet of a data message: `hdr` is its TMH, `data` the payload it carries,
+    /// `total` the payload length of the whole message.
+    pub(super) fn on_first(&mut self, src: usize, hdr: &[u8], data: &[u8], total: usize, last: bool) -> Result<()> {
+        let tmh = Tmh::decode(hdr)?;
+        if tmh.op != TmOp::Eager {
+            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unsupported TMH opcode in a data packet" }));
+        }
+        if data.len() > total || (last && data.len() != total) {
+            return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "packet length disagrees with message length" }));
+        }
+        if total > MAX_EAGER_LEN {
+            return Err(malformed_from(src, "eager message longer than any credit allows"));
+        }
+        self.stats.msgs_recv += 1;
+        self.stats.bytes_recv += total as u64;
+        let ack = (tmh.app_ctx & SYNC_FLAG != 0).then_some((src, tmh.app_ctx & !SYNC_FLAG));
+        let key = self.ux.vacant_key();
+        match self.matcher.arrive(tmh.tag, key) {
+            Arrived::Matched(_, rid, _) => {
+                self.stats.sw_matched += 1;
+                self.leave_queues(rid);
+                self.give_credit(src, total);
+                if !self.admits(rid, tmh.tag, src) {
+                    self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
+                    if !last {
+                        self.incoming[src] = Incoming::Discard;
+                    }
+                    return Ok(());
+                }
+                if let Some((dest, idx)) = ack {
+                    self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
+                }
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                    r.matched = true;
+                    r.match_id = None;
+                    r.src_world = src;
+                    r.source = src_of(tmh.tag);
+                    r.tag = tag_of(tmh.tag);
+                    r.total = total;
+                    if let Some(b) = &r.buf {
+                        b.write_at(0, data);
+                    }
+                    r.received = data.len();
+                }
+                if last {
+                    self.complete_recv(rid);
+                } else {
+                    self.incoming[src] = Incoming::Expected { req: rid };
+                }
+            }
+            Arrived::Unexpected => {
+                self.stats.unexpected += 1;
+                let mut v = Vec::new();
+                if v.try_reserve_exact(total).is_err() {
+                    if !last {
+                        self.incoming[src] = Incoming::Discard;
+                    }
+                    return Err(Error::NoMemory { bytes: total, rank: src });
+                }
+                v.extend_from_slice(data);
+                self.ux_bytes += total + UX_OVERHEAD;
+                self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux_bytes as u64);
+                let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack, rndv: None });
+                debug_assert_eq!(k, key);
+                if !last {
+                    self.incoming[src] = Incoming::Unexpected { ux: k };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_cont(&mut self, src: usize, data: &[u8], last: bool) -> Result<()> {
+        let malformed = || Error::Transport(tmpi_transport::Error::Malformed { what: "continuation packet without a message" });
+        match self.incoming.get(src).copied().ok_or_else(malformed)? {
+            Incoming::Idle => return Err(malformed()),
+            Incoming::Discard => {
+                if last {
+                    self.incoming[src] = Incoming::Idle;
+                }
+            }
+            Incoming::Expected { req } => {
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(req) {
+                    if let Some(b) = &r.buf {
+                        b.write_at(r.received, data);
+                    }
+                    r.received += data.len();
+                    if r.received > r.total || (last && r.received != r.total) {
+                        return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "message longer than announced" }));
+                    }
+                }
+                if last {
+                    self.incoming[src] = Incoming::Idle;
+                    self.complete_recv(req);
+                }
+            }
+            Incoming::Unexpected { ux } => {
+                if let Some(u) = self.ux.get_mut(ux) {
+                    if u.data.len() + data.len() > u.total {
+                        return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "message longer than announced" }));
+                    }
+                    u.data.extend_from_slice(data);
+                    if last {
+                        u.complete = true;
+                    }
+                }
+                if last {
+                    self.incoming[src] = Incoming::Idle;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A just-posted receive matched unexpected message `ux`.
+    pub(super) fn take_unexpected(&mut self, rid: ReqId, ux: Key) {
+        let Some(u) = self.ux.remove(ux) else { return };
+        self.ux_bytes -= if u.rndv.is_some() { UX_OVERHEAD } else { u.total + UX_OVERHEAD };
+        self.stats.sw_matched += 1;
+        if u.rndv.is_none() {
+            self.give_credit(u.src_world, u.total);
+        }
+        if !self.admits(rid, u.tag64, u.src_world) {
+            self.fail_recv(rid, malformed_from(u.src_world, "a message under another rank's name"));
+            if !u.complete {
+                self.incoming[u.src_world] = Incoming::Discard;
+            }
+            return;
+        }
+        if let Some(info) = u.rndv {
+            if let Err(e) = self.start_read(rid, u.src_world, info, None) {
+                self.error.get_or_insert(e);
+            }
+            return;
+        }
+        if let Some((dest, idx)) = u.ack {
+            self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
+        }
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            r.matched = true;
+            r.match_id = None;
+            r.src_world = u.src_world;
+            r.source = src_of(u.tag64);
+            r.tag = tag_of(u.tag64);
+            r.total = u.total;
+            if let Some(b) = &r.buf {
+                b.write_at(0, &u.data);
+            }
+            r.received = u.data.len();
+        }
+        if u.complete {
+            self.complete_recv(rid);
+        } else {
+            self.incoming[u.src_world] = Incoming::Expected { req: rid };
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Leaving: finalize hands over this rank's own data and never waits for other ranks; a wait
+//! that only departed ranks could satisfy ends with `PeerGone`; a collective that fails that
+//! way tells its other members.
+
+use super::*;
+
+/// What a waiting call depends on, for deciding when to give up with [`Error::PeerGone`].
+pub(crate) enum Need {
+    /// A message from these peers (a probe).
+    Peers(Peers),
+    /// The completion of a request.
+    Req(ReqId),
+}
+
+impl Peers {
+    /// Appends the world ranks a message may come from.
+    pub(super) fn world_ranks(&self, size: usize, out: &mut Vec<usize>) {
+        match self {
+            Peers::Rank(w) => out.push(*w),
+            Peers::Any(None) => out.extend(0..size),
+            Peers::Any(Some(m)) => out.extend(m.iter().copied()),
+        }
+    }
+}
+
+impl Engine {
+    /// Whether what a waiter needs can still come: [`Error::PeerGone`] if a peer failed (the
+    /// job is ending), or if every rank `need` depends on has departed (finalized or failed)
+    /// and everything it sent before has been read.
+    ///
+    /// A departed rank's state is read before its ring: what it sent before it finalized is
+    /// then visible, so it is received first.
+    pub(crate) fn check_gone(&mut self, need: &Need) -> Result<()> {
+        // One process per call is checked with system calls; every peer's own record in the
+        // fabric is a memory read.
+        let p = self.next_probe;
+        self.next_probe = if p + 1 >= self.size { 0 } else { p + 1 };
+        if p != self.st.rank && !self.dead[p] && !self.fabric.process_alive(p) {
+            self.dead[p] = true;
+        }
+        let mut failed = None;
+        for peer in 0..self.size {
+            if peer != self.st.rank && self.state_of(peer) == PeerState::Failed {
+                if self.fabric.pending_from(peer) {
+                    return Ok(());
+                }
+                // Whatever it had half sent will never be finished.
+                self.cut_off(peer)?;
+                failed.get_or_insert(peer);
+            }
+        }
+        if let Some(peer) = failed {
+            return Err(Error::PeerGone { rank: peer });
+        }
+        let mut deps = Vec::new();
+        match need {
+            Need::Peers(p) => p.world_ranks(self.size, &mut deps),
+            Need::Req(rid) => match self.st.reqs.get(*rid) {
+                None | Some(Req { result: Some(_), .. }) => return Ok(()),
+                Some(Req { kind: ReqKind::Recv(r), .. }) => {
+                    if let Some(gone) = self.st.aborted(r.key) {
+                        return Err(Error::PeerGone { rank: gone });
+                    }
+                    if r.matched {
+                        deps.push(r.src_world);
+                    } else {
+                        r.from.world_ranks(self.size, &mut deps);
+                    }
+                }
+                Some(Req { kind: ReqKind::Send(s), .. }) => {
+                    if let Some(gone) = self.st.aborted(s.key) {
+                        return Err(Error::PeerGone { rank: gone });
+                    }
+                    deps.push(s.dest)
+                }
+            },
+        }
+        deps.retain(|&d| d != self.st.rank);
+        if deps.is_empty() {
+            return Ok(());
+        }
+        for &d in &deps {
+            if self.state_of(d) == PeerState::Alive || !self.drained(d) {
+                return Ok(());
+            }
+        }
+        Err(Error::PeerGone { rank: deps[0] })
+    }
+
+    /// How `peer` stands: its record in the fabric, or failed once its process was seen dead
+    /// (a finalized rank's exit is no failure).
+    pub(super) fn state_of(&self, peer: usize) -> PeerState {
+        match self.fabric.peer_state(peer) {
+            PeerState::Alive if self.dead[peer] => PeerState::Failed,
+            s => s,
+        }
+    }
+
+    /// A failed `peer` was in the middle of a message: the TM-SRQ completes it as flushed, and
+    /// a receive it was filling fails with [`Error::PeerGone`].
+    pub(super) fn cut_off(&mut self, peer: usize) -> Result<()> {
+        let Some(inc) = self.st.incoming.get(peer).copied() else { return Ok(()) };
+        if matches!(inc, Incoming::Idle) && !self.st.tm.abort_message(peer as u32) {
+            return Ok(());
+        }
+        if !matches!(inc, Incoming::Idle) {
+            self.st.tm.abort_message(peer as u32);
+        }
+        self.st.incoming[peer] = Incoming::Idle;
+        match inc {
+            Incoming::Expected { req } => self.st.fail_recv(req, Error::PeerGone { rank: peer }),
+            // A partial unexpected message stays queued: a receive that takes it waits for
+            // the rest, and fails here in turn.
+            Incoming::Unexpected { .. } | Incoming::Idle | Incoming::Discard => {}
+        }
+        self.st.drain_cq()
+    }
+
+    /// Nothing from `peer` waits to be read, nor is a message from it half read.
+    pub(super) fn drained(&mut self, peer: usize) -> bool {
+        !self.fabric.pending_from(peer) && matches!(self.st.incoming.get(peer), Some(Incoming::Idle) | None)
+    }
+
+    /// Hands over this rank's own outgoing data, then records that it finalized: queued
+    /// messages and control packets are pushed, reads it serves are streamed, and rendezvous
+    /// reads it is making finish (so their senders get their FIN). It never waits for what
+    /// other ranks do: work for a peer that has departed is dropped.
+    ///
+    /// # Errors
+    /// A failure of progress (a peer that broke the protocol); the rank is then not marked
+    /// finalized, so its exit reads as a failure.
+    pub(crate) fn finalize(&mut self) -> Result<()> {
+        let mut b = self.backoff();
+        loop {
+            let busy = self.out_pending > 0
+                || !self.st.ctlq.is_empty()
+                || !self.st.rma_out.is_empty()
+                || !self.st.cma_w.is_empty()
+                || !self.st.cma_q.is_empty()
+                || !self.st.reads.is_empty();
+            if !busy {
+                break;
+            }
+            if self.progress()? == 0 {
+                if b.snooze() {
+                    self.drop_work_for_departed();
+                }
+            } else {
+                b.reset();
+            }
+        }
+        self.fabric.mark_finalized();
+        Ok(())
+    }
+
+    /// Drops queued work whose peer has departed (finalize waits for nothing from them).
+    pub(super) fn drop_work_for_departed(&mut self) {
+        for peer in 0..self.size {
+            if peer == self.st.rank {
+                continue;
+            }
+            if !self.dead[peer] && self.fabric.peer_state(peer) == PeerState::Alive && !self.fabric.process_alive(peer) {
+                self.dead[peer] = true;
+            }
+            if self.state_of(peer) == PeerState::Alive {
+                continue;
+            }
+            let dropped = self.out[peer].len();
+            self.out[peer].clear();
+            self.out_pending -= dropped;
+            self.st.ctlq.retain(|(d, _)| *d != peer);
+            self.st.rma_out.retain(|r| r.dest != peer);
+            self.st.cma_w.retain(|w| w.dest != peer);
+            let gone: Vec<Key> = self.st.reads.keys().filter(|&k| self.st.reads.get(k).is_some_and(|op| op.src == peer)).collect();
+            for k in gone {
+                self.st.reads.remove(k);
+            }
+        }
+        self.st.cma_q.retain(|k| self.st.reads.get(*k).is_some());
+    }
+
+    /// A collective call (context `ctx`, sequence number `seq`) failed here because world rank
+    /// `gone` departed: tells the call's other members (world ranks `members`), so that those
+    /// waiting on this rank rather than on the departed one give up too, instead of waiting
+    /// for messages this rank will not send.
+    pub(crate) fn abort_collective(&mut self, ctx: u32, seq: u32, gone: usize, members: impl Iterator<Item = usize>) {
+        let mut m = [0u8; 16];
+        m[0] = TmOp::NoTag as u8;
+        m[1] = CTL_COLL_ABORT;
+        m[4..8].copy_from_slice(&ctx.to_be_bytes());
+        m[8..12].copy_from_slice(&seq.to_be_bytes());
+        m[12..16].copy_from_slice(&(gone as u32).to_be_bytes());
+        for w in members {
+            if w != self.st.rank && w != gone && self.state_of(w) == PeerState::Alive {
+                self.st.ctlq.push_back((w, Ctl::new(PKT_WHOLE, &m)));
+            }
+        }
+        // Best effort: the notices go out with this and later progress.
+        if let Err(e) = self.flush_ctl() {
+            self.st.deferred.get_or_insert(e);
+        }
+    }
+}
+
+impl State {
+    /// Whether the collective call that match key `key` belongs to was aborted elsewhere
+    /// (see [`Engine::abort_collective`]); the departed rank if so.
+    pub(super) fn aborted(&self, key: u64) -> Option<usize> {
+        if self.aborts.is_empty() {
+            return None;
+        }
+        let ctx = (key >> matching::CTX_SHIFT) as u32;
+        let seq = (key as u32 & matching::MAX_TAG) >> 8;
+        self.aborts.iter().find(|a| a.0 == ctx && a.1 == seq).map(|a| a.2)
+    }
+}

@@ -1,0 +1,610 @@
+//! The progress engine of one rank: fabric, matching, protocols, requests.
+//!
+//! Laid out by protocol stage, as UCX's `ucp/tag/` is; this file holds the state every stage
+//! shares (the request slab, the unexpected messages, the queues) and the wire constants:
+//!
+//! | file | stage |
+//! |---|---|
+//! | [`progress`] | one round of progress, waiting and back-off |
+//! | [`arrival`] | every packet from the fabric, through the soft TM-SRQ |
+//! | [`recv`] | posting receives (the offload decision), probing |
+//! | [`eager`] | eager send and receive, credit flow control, control packets |
+//! | [`rndv`] | rendezvous: request, RDMA read served after the key check, FIN |
+//! | [`single_copy`] | CMA reads and split writes of rendezvous data |
+//! | [`offload`] | the soft TM-SRQ's tagged buffers, completions and sync |
+//! | [`requests`] | request naming, completion, cancel and abandon |
+//! | [`leave`] | finalize, departed peers (`PeerGone`), collective aborts |
+//! | [`fabric`] | the fabric and how its peers stand |
+//! | [`stats`] | `TMPI_STATS=1` counters |
+//!
+//! Everything that moves happens in [`Engine::progress`]: queued sends are pushed into the
+//! fabric as ring space frees up, arriving packets are matched against posted receives (or
+//! stored as unexpected), and control messages (synchronous-send acknowledgements) go out.
+//! Blocking calls are a post followed by [`Engine::wait`], which polls with a back-off that
+//! spins briefly, then yields, then sleeps, so that ranks outnumbering cores make progress.
+//!
+//! Every packet, self-sends included, first passes through this rank's soft TM-SRQ
+//! (`tmpi_transport::tm`) exactly as it would pass through a NIC with hardware tag matching:
+//! receives that the offload policy allows sit in its tag list and are matched there
+//! (`hw_matched`); everything else lands in an SRQ buffer and completes unexpected, and then
+//! the software matcher takes over (`sw_matched`). The offload policy is UCX's: a receive is
+//! added to the tag list only if it names its source, is at least `TMPI_TM_THRESH` bytes, no
+//! earlier software-only receive could match the same messages, and the list has room. Every
+//! posted receive is also queued in the software matcher, so that a message the hardware
+//! delivered unexpected (a stale entry during phase synchronisation) still finds the earliest
+//! receive; if that receive is in the tag list it is deleted there first. Software's count of
+//! unexpected messages travels with every ADD and DEL, and a SYNC follows every 2^14
+//! unexpected messages or a completion flagged `TM_SYNC_REQ`.
+//!
+//! Wire protocol on top of the fabric's packets (see `tmpi_transport::fabric`):
+//! - a data message is `TMH(EAGER) | payload` split over consecutive packets of one source;
+//!   `app_ctx` carries `SYNC_FLAG | sender request index` for synchronous sends;
+//! - a control message is one packet `NO_TAG | kind | 0 0 | value be32`; control packets may
+//!   appear between the packets of a data message, which they never disturb.
+//! - a message of at least `TMPI_RNDV_THRESHOLD` bytes is a rendezvous: the sender registers
+//!   its buffer (REMOTE_READ) through the MR cache and sends `TMH(RNDV) | RVH | key be64 |
+//!   len be64`; the receiver, once the request matched (in the TM-SRQ, which asks for the
+//!   read itself, or in software), sends an RDMA read request (`PKT_RMA`); the sender's side
+//!   checks key, range and access in its fi_mr domain before a byte moves. Then the bytes
+//!   move one of two ways:
+//!   - streamed back through the ring (`PKT_RMA` responses, a pipelined copy-in/copy-out;
+//!     reads below `TMPI_SINGLE_COPY_MIN`, or `TMPI_SINGLE_COPY=none`);
+//!   - single copy (CMA): the sender answers with a grant, and the reader copies the range
+//!     with `process_vm_readv`; from 128 KiB on the grant splits it, and the sender writes
+//!     the second half into the reader's buffer with `process_vm_writev` at the same time and
+//!     says so (`WRITE_DONE`), so both cores copy. A kernel refusal (EPERM/ENOSYS) turns single
+//!     copy off for good and the affected part is streamed instead. Abandoning (scope unwind)
+//!     a send whose buffer a reader was granted, or a receive a sender may be writing into,
+//!     waits for that copy to end, so no process ever touches freed memory.
+//!
+//!   When all bytes are in, the receiver (or its TM-SRQ) sends `FIN` (the request's TMH and
+//!   RVH), which completes the send and releases the registration.
+
+mod arrival;
+mod eager;
+mod fabric;
+mod leave;
+mod offload;
+mod progress;
+mod recv;
+mod requests;
+mod rndv;
+mod single_copy;
+mod stats;
+
+use eager::{credit_per_peer, ctl_msg};
+pub(crate) use fabric::Fabric;
+pub(crate) use leave::Need;
+use offload::{rid_to_wr, wr_to_rid};
+pub(crate) use progress::Backoff;
+use requests::wire_name;
+use stats::Stats;
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use tmpi_transport::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
+use tmpi_transport::local::LocalFabric;
+use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
+use tmpi_transport::shm::{cma, ShmFabric};
+use tmpi_transport::tm::{
+    Arrival, Buffer, OpsWr, ReadId, RndvRequest, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN, RVH_LEN_IN_META,
+};
+use tmpi_transport::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
+
+use crate::buffer::{RawBuf, RawBufMut};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::matching::{self, Arrived, Matcher, Posted, RecvId, SwMatcher};
+use crate::slab::{Key, Slab};
+use crate::{Rank, Status, Tag};
+
+/// `app_ctx` bit of a synchronous send: the receiver acknowledges the match.
+const SYNC_FLAG: u32 = 1 << 31;
+/// Control message kind: acknowledgement of a synchronous send (value = the send's wire name).
+const CTL_SSEND_ACK: u8 = 1;
+/// Control message kind: the receiver consumed eager messages worth `value` bytes of credit.
+const CTL_CREDIT: u8 = 2;
+/// Control message kind: a collective failed because a rank departed (context, sequence
+/// number, departed rank follow): its other members give up on it too.
+const CTL_COLL_ABORT: u8 = 3;
+/// Collectives whose abort notices are remembered.
+const ABORTS_KEPT: usize = 64;
+/// Bits of a request's slot index in its wire name; the 11 bits above carry the low bits of
+/// its generation, so a stale notice never completes the request that reuses the slot.
+const WIRE_IDX_BITS: u32 = 20;
+const WIRE_IDX_MASK: u32 = (1 << WIRE_IDX_BITS) - 1;
+const WIRE_GEN_MASK: u32 = (1 << 11) - 1;
+/// Requests that can be named on the wire (synchronous and rendezvous sends) at once.
+pub(crate) const MAX_NAMED_REQUESTS: usize = 1 << WIRE_IDX_BITS;
+/// Largest packet of a fabric without its own limit (self-delivery, single rank).
+const SELF_MAX_PACKET: usize = usize::MAX / 2;
+/// SRQ buffers kept posted; each unexpected message takes one and software reposts it.
+const SRQ_DEPTH: usize = 64;
+/// Capacity of each SRQ buffer: unexpected messages are copied into memory software
+/// allocates per message, so the modelled buffer never truncates.
+const SRQ_BUF_LEN: usize = usize::MAX / 4;
+/// RMA packet kinds (first byte of a `PKT_RMA` packet).
+const RMA_READ_REQ: u8 = 1;
+const RMA_READ_RESP: u8 = 2;
+const RMA_READ_ERR: u8 = 3;
+/// The target checked the key: the reader may copy the range itself (CMA single copy).
+const RMA_READ_GRANT: u8 = 4;
+/// Read request modes (second byte of `RMA_READ_REQ`).
+const READ_MODE_STREAM: u8 = 0;
+const READ_MODE_CMA: u8 = 1;
+/// The target wrote its share of a split single-copy read into the reader's buffer.
+const RMA_WRITE_DONE: u8 = 5;
+/// Single-copy reads of at least this many bytes are split: the reader copies the first half,
+/// the target (otherwise idle until FIN) writes the second half, so both cores copy.
+const CMA_SPLIT_MIN: usize = 128 * 1024;
+/// Bytes of header in front of the data of an RMA read response.
+const RMA_RESP_HDR: usize = 24;
+/// Software syncs the TM-SRQ at least once every this many unexpected messages.
+const FORCED_SYNC_EVERY: u32 = 1 << 14;
+
+pub(crate) type ReqId = Key;
+
+/// Whom a receive or probe waits for, in world ranks: one rank, or any member of a
+/// communicator (`None`: of the world).
+#[derive(Clone, Debug)]
+pub(crate) enum Peers {
+    /// One world rank.
+    Rank(usize),
+    /// Any member of the communicator with these world ranks (`None`: the world).
+    Any(Option<Rc<[usize]>>),
+}
+
+impl Peers {
+    /// Whether a message whose match key names comm-local rank `local` may come from world
+    /// rank `world` (the fabric's sender): a peer cannot speak for another.
+    fn admits(&self, local: usize, world: usize) -> bool {
+        match self {
+            Peers::Rank(w) => *w == world,
+            Peers::Any(None) => local == world,
+            Peers::Any(Some(m)) => m.get(local) == Some(&world),
+        }
+    }
+}
+
+struct RecvState {
+    /// `None`: the receive was abandoned mid-message; data is discarded.
+    buf: Option<RawBufMut>,
+    /// Whom it waits for (for `PeerGone`, and to check who sent what it matched).
+    from: Peers,
+    /// World rank of the sender once matched.
+    src_world: usize,
+    /// The posted match key (its context and collective sequence number say which collective
+    /// call a receive belongs to).
+    key: u64,
+    /// The TM-SRQ matched it with a message whose match key names another rank than the one
+    /// that sent it (a forged source): it completes with [`Error::Protocol`].
+    refused: Option<usize>,
+    cap: usize,
+    matched: bool,
+    match_id: Option<RecvId>,
+    /// Handle of the receive's entry in the TM-SRQ tag list, while it is there.
+    hw_handle: Option<u32>,
+    /// Queued in software only (counted in `State::sw_only_posted`).
+    sw_only: bool,
+    /// A rendezvous request the TM-SRQ placed in this (too small) tagged buffer.
+    rndv_req: Option<([u8; 64], usize)>,
+    /// The rendezvous read filling this receive, once started.
+    read: Option<Key>,
+    received: usize,
+    total: usize,
+    source: Rank,
+    tag: Tag,
+}
+
+struct SendState {
+    /// World rank of the destination.
+    dest: usize,
+    /// The message's match key.
+    key: u64,
+    pushed: bool,
+    need_ack: bool,
+    acked: bool,
+    /// A rendezvous send: its buffer (until abandoned) and its registration, held until FIN.
+    rndv: Option<RndvSend>,
+}
+
+struct RndvSend {
+    buf: Option<RawBuf>,
+    /// The registration (`None` for an empty message, which has nothing to read).
+    _mr: Option<CachedMr>,
+    /// The match key and the RVH's address, which a FIN must repeat.
+    tag64: u64,
+    va: u64,
+    /// A reader that was granted a single-copy read of `buf` (it copies the memory itself
+    /// until its FIN): abandoning the send must wait for that FIN.
+    granted: Option<usize>,
+}
+
+/// What a rendezvous request announces.
+#[derive(Debug, Clone, Copy)]
+struct RndvInfo {
+    tmh: Tmh,
+    rvh: Rvh,
+    key: u64,
+    len: usize,
+}
+
+impl RndvInfo {
+    fn parse(req: &[u8]) -> Result<Self> {
+        let tmh = Tmh::decode(req)?;
+        let rvh = Rvh::decode(req.get(TMH_LEN..).unwrap_or(&[]))?;
+        // The RVH is what the hardware path reads; software reads the same, except the length
+        // of a payload the RVH cannot hold (`RVH_LEN_IN_META`), which is in the meta-data.
+        let len = RndvRequest::payload_len(req).ok_or_else(|| malformed("rendezvous request of 4 GiB or more without its length"))?;
+        let len = usize::try_from(len).map_err(|_| malformed("rendezvous length overflows"))?;
+        Ok(RndvInfo { tmh, rvh, key: u64::from(rvh.rkey), len })
+    }
+}
+
+/// An RDMA read this rank issued for a rendezvous receive.
+struct ReadOp {
+    rid: ReqId,
+    src: usize,
+    /// Bytes to read (the message, or the receive buffer if that is shorter).
+    n: usize,
+    got: usize,
+    /// Set when the TM-SRQ asked for the read (expected rendezvous).
+    hw: Option<ReadId>,
+    info: RndvInfo,
+    /// Bytes `[0, split)` this rank copies itself after a single-copy grant; the target
+    /// writes `[split, n)`.
+    split: usize,
+    /// The target may write into the receive buffer (a single-copy request named it): the
+    /// buffer must outlive the read even if the receive is abandoned.
+    remote_write: bool,
+    /// This rank's share failed; the read completes with an error once the target's share is
+    /// done (it may still be writing into the buffer).
+    failed: bool,
+}
+
+/// A range of a rendezvous send buffer being streamed to a reader.
+struct RmaOut {
+    dest: usize,
+    read: [u8; 8],
+    buf: RawBuf,
+    off: usize,
+    /// Offset of `buf` within the read.
+    base: usize,
+}
+
+/// A decoded RDMA read request.
+#[derive(Clone, Copy)]
+struct ReadReq {
+    mode: u8,
+    /// Index of the send request whose buffer is read.
+    sreq: u32,
+    va: u64,
+    key: u64,
+    len: u64,
+    /// Reader's buffer for the target's share of a single-copy read (0: none).
+    dst: u64,
+}
+
+/// The target's share of a split single-copy read: `buf` goes to `dst` in the reader.
+struct CmaWrite {
+    dest: usize,
+    read: [u8; 8],
+    buf: RawBuf,
+    /// Reader's address of the read's first byte, and the offset of `buf` within the read.
+    dst: u64,
+    base: usize,
+}
+
+/// A small packet queued for sending (control, FIN, RMA requests).
+#[derive(Clone, Copy)]
+struct Ctl {
+    flags: u8,
+    len: u8,
+    bytes: [u8; 48],
+}
+
+impl Ctl {
+    fn new(flags: u8, b: &[u8]) -> Self {
+        let mut bytes = [0u8; 48];
+        bytes[..b.len()].copy_from_slice(b);
+        Ctl { flags, len: b.len() as u8, bytes }
+    }
+}
+
+enum ReqKind {
+    Recv(RecvState),
+    Send(SendState),
+}
+
+struct Req {
+    kind: ReqKind,
+    result: Option<Result<Status>>,
+    /// Nobody will collect the result: free the slot on completion.
+    detached: bool,
+}
+
+/// A message that arrived before its receive was posted.
+struct UxMsg {
+    src_world: usize,
+    tag64: u64,
+    total: usize,
+    data: Vec<u8>,
+    complete: bool,
+    /// (sender world rank, sender request index) to acknowledge on match.
+    ack: Option<(usize, u32)>,
+    /// A rendezvous request: the data is still at the sender.
+    rndv: Option<RndvInfo>,
+}
+
+/// Where the continuation packets of a source's current message go.
+#[derive(Clone, Copy)]
+enum Incoming {
+    Idle,
+    /// The rest of a message that was refused (forged source, no memory): read and dropped.
+    Discard,
+    Expected {
+        req: ReqId,
+    },
+    Unexpected {
+        ux: Key,
+    },
+}
+
+enum OutData {
+    User(RawBuf),
+    Owned(Vec<u8>),
+}
+
+impl OutData {
+    fn len(&self) -> usize {
+        match self {
+            OutData::User(b) => b.len(),
+            OutData::Owned(v) => v.len(),
+        }
+    }
+    fn slice(&self, from: usize, to: usize) -> &[u8] {
+        match self {
+            OutData::User(b) => b.slice(from, to),
+            OutData::Owned(v) => &v[from..to],
+        }
+    }
+}
+
+/// A data message waiting for ring space.
+struct OutMsg {
+    req: ReqId,
+    hdr: [u8; RNDV_REQ_LEN],
+    hdr_len: usize,
+    data: OutData,
+    /// Payload bytes already pushed.
+    off: usize,
+    started: bool,
+}
+
+/// Engine state other than the fabric (split so the poll callback can borrow it).
+struct State {
+    rank: usize,
+    matcher: SwMatcher<ReqId, Key>,
+    reqs: Slab<Req>,
+    ux: Slab<UxMsg>,
+    incoming: Vec<Incoming>,
+    ctlq: VecDeque<(usize, Ctl)>,
+    stats: Stats,
+    error: Option<Error>,
+    /// This rank's soft TM-SRQ: every arriving packet passes through it.
+    tm: TmSrq,
+    /// Offload is on (`TMPI_TM_MAX_TAGS > 0`).
+    offload: bool,
+    /// `TMPI_TM_MAX_TAGS`.
+    max_tags: usize,
+    /// `TMPI_TM_THRESH`.
+    tm_thresh: usize,
+    /// Unexpected messages software has handled (reported to the TM-SRQ, low 16 bits used).
+    sw_unexp: u32,
+    /// A SYNC is owed to the TM-SRQ.
+    need_sync: bool,
+    /// Next SRQ buffer `wr_id`.
+    srq_wr: u64,
+    /// Next op `wr_id`.
+    op_wr: u64,
+    /// Receives queued in software but not in the tag list.
+    sw_only_posted: usize,
+    /// Rendezvous reads in progress.
+    reads: Slab<ReadOp>,
+    /// Registration cache (sender side of rendezvous) and its domain (target key checks).
+    mr: MrCache,
+    domain: Domain,
+    /// Read responses to stream.
+    rma_out: VecDeque<RmaOut>,
+    /// Single-copy reads may be tried (`TMPI_SINGLE_COPY=cma` and the kernel has not refused).
+    cma: bool,
+    /// `TMPI_SINGLE_COPY_MIN`: smaller reads stream through the ring.
+    cma_min: usize,
+    /// Reads granted by their target, waiting for this rank to copy the data (CMA).
+    cma_q: VecDeque<Key>,
+    /// This rank's shares of split single-copy reads, to write into the readers.
+    cma_w: VecDeque<CmaWrite>,
+    /// Bytes held by unexpected messages (payload plus bookkeeping), and the budget
+    /// (`TMPI_UNEXPECTED_MAX`) above which messages that no posted receive matches are left
+    /// in the sender's ring.
+    ux_bytes: usize,
+    /// Eager credit (bytes) this rank may still send to each peer before it must switch to
+    /// rendezvous; refilled by the peer's `CTL_CREDIT` as it consumes what was sent.
+    credits: Vec<usize>,
+    /// Credit this rank owes each peer for eager messages it consumed, returned in batches.
+    owed: Vec<usize>,
+    /// Batch size of credit returns.
+    credit_batch: usize,
+    /// An error met while the engine could not report it (abandon waits): reported by the
+    /// next progress.
+    deferred: Option<Error>,
+    /// Collective calls that failed elsewhere because a rank departed: (collective context,
+    /// sequence number, departed rank), the most recent [`ABORTS_KEPT`].
+    aborts: VecDeque<(u32, u32, usize)>,
+}
+
+/// Longest eager message a peer may announce: its credit never exceeds 2^31 bytes.
+const MAX_EAGER_LEN: usize = 1 << 31;
+/// Bookkeeping bytes counted per unexpected message on top of its payload (and charged to
+/// the sender's credit with every eager message).
+const UX_OVERHEAD: usize = 128;
+
+/// One rank's engine.
+pub(crate) struct Engine {
+    fabric: Fabric,
+    st: State,
+    out: Vec<VecDeque<OutMsg>>,
+    out_pending: usize,
+    max_packet: usize,
+    size: usize,
+    spin: u32,
+    pub(crate) cfg: Config,
+    /// Communicator ids this rank uses (see `Comm::dup`).
+    pub(crate) comm_ids: crate::comm::CommIds,
+    /// Non-blocking polls since the last liveness check (see [`Engine::idle_check`]).
+    idle_calls: u32,
+    /// Peers whose process was found dead (sticky), and the next peer to look at.
+    dead: Vec<bool>,
+    next_probe: usize,
+}
+
+#[inline]
+fn src_of(tag64: u64) -> Rank {
+    matching::decode_src(tag64) as Rank
+}
+
+#[inline]
+fn tag_of(tag64: u64) -> Tag {
+    matching::decode_tag(tag64)
+}
+
+impl Engine {
+    pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
+        let max_packet = fabric.max_packet();
+        let oversubscribed = size > crate::sys::usable_cpus();
+        let spin = cfg.poll_spin.unwrap_or(if oversubscribed { 64 } else { 20_000 });
+        let tags = cfg.tm_max_tags.max(1);
+        let caps = TmCaps { max_num_tags: tags.max(TmCaps::default().max_num_tags), ..TmCaps::default() };
+        let mut tm = TmSrq::with_caps(caps, TmCap { max_num_tags: tags, max_ops: 1024, max_wr: SRQ_DEPTH as u32 })
+            .map_err(tmpi_transport::Error::from)?;
+        for wr in 0..SRQ_DEPTH as u64 {
+            tm.post_srq_recv(wr, SRQ_BUF_LEN).map_err(tmpi_transport::Error::from)?;
+        }
+        // 4-byte keys: the RVH's rkey is the whole fi_mr key, checked by the target's domain.
+        let domain = Domain::open(DomainAttr { mr_mode: MrMode::VIRT_ADDR | MrMode::PROV_KEY, mr_key_size: 4, mr_iov_limit: 1 })
+            .map_err(tmpi_transport::Error::from)?;
+        let cache_cfg = CacheConfig {
+            max_count: cfg.mr_cache_max_count,
+            max_size: cfg.mr_cache_max_size.unwrap_or(usize::MAX),
+            monitor: if cfg.mr_cache_monitor_uffd { Monitor::Userfaultfd } else { Monitor::Disabled },
+        };
+        let mr = MrCache::new(domain.clone(), cache_cfg).map_err(tmpi_transport::Error::from)?;
+        Ok(Engine {
+            fabric,
+            st: State {
+                rank,
+                matcher: SwMatcher::new(),
+                reqs: Slab::new(),
+                ux: Slab::new(),
+                incoming: vec![Incoming::Idle; size],
+                ctlq: VecDeque::new(),
+                stats: Stats::default(),
+                error: None,
+                tm,
+                offload: cfg.tm_max_tags > 0,
+                max_tags: cfg.tm_max_tags as usize,
+                tm_thresh: cfg.tm_thresh,
+                sw_unexp: 0,
+                need_sync: false,
+                srq_wr: SRQ_DEPTH as u64,
+                op_wr: 0,
+                sw_only_posted: 0,
+                reads: Slab::new(),
+                mr,
+                domain,
+                rma_out: VecDeque::new(),
+                cma: cfg.single_copy,
+                cma_min: cfg.single_copy_min,
+                cma_q: VecDeque::new(),
+                cma_w: VecDeque::new(),
+                ux_bytes: 0,
+                credits: vec![credit_per_peer(cfg.unexpected_max, size); size],
+                owed: vec![0; size],
+                credit_batch: (credit_per_peer(cfg.unexpected_max, size) / 4).max(1),
+                deferred: None,
+                aborts: VecDeque::new(),
+            },
+            out: (0..size).map(|_| VecDeque::new()).collect(),
+            out_pending: 0,
+            max_packet,
+            size,
+            spin,
+            cfg,
+            comm_ids: crate::comm::CommIds::new(),
+            idle_calls: 0,
+            dead: vec![false; size],
+            next_probe: 0,
+        })
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.st.rank
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+}
+
+fn malformed(what: &'static str) -> Error {
+    Error::Transport(tmpi_transport::Error::Malformed { what })
+}
+
+/// A packet from `src` that breaks the protocol.
+#[cold]
+fn malformed_from(src: usize, what: &'static str) -> Error {
+    Error::Protocol { rank: src, what }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README promises a pending request costs at most 320 bytes of engine memory.
+    #[test]
+    fn request_slot_size() {
+        assert!(std::mem::size_of::<Req>() <= 320, "{}", std::mem::size_of::<Req>());
+    }
+
+    #[test]
+    fn wire_names_carry_the_generation() {
+        let k = Key { idx: 5, gen: 3 };
+        let n = wire_name(k);
+        assert_eq!(n & WIRE_IDX_MASK, 5);
+        assert_eq!(n >> WIRE_IDX_BITS, 3);
+        assert_eq!(n & SYNC_FLAG, 0);
+        let k2 = Key { idx: WIRE_IDX_MASK, gen: u32::MAX };
+        assert_eq!(wire_name(k2) & SYNC_FLAG, 0);
+    }
+
+    #[test]
+    fn credit_is_shared_out() {
+        assert_eq!(credit_per_peer(64 << 20, 2), 64 << 20);
+        assert_eq!(credit_per_peer(64 << 20, 5), 16 << 20);
+        assert_eq!(credit_per_peer(1 << 40, 2), 1 << 31);
+        assert_eq!(credit_per_peer(4096, 1), 4096);
+    }
+
+    #[test]
+    fn peers_admit_only_their_own_rank() {
+        assert!(Peers::Rank(3).admits(0, 3));
+        assert!(!Peers::Rank(3).admits(3, 2));
+        assert!(Peers::Any(None).admits(2, 2));
+        assert!(!Peers::Any(None).admits(1, 2));
+        let m: Rc<[usize]> = vec![4, 7].into();
+        assert!(Peers::Any(Some(m.clone())).admits(1, 7));
+        assert!(!Peers::Any(Some(m.clone())).admits(1, 4));
+        assert!(!Peers::Any(Some(m)).admits(2, 4));
+    }
+}

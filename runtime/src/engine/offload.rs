@@ -1,0 +1,173 @@
+//! The glue to the soft TM-SRQ: tagged buffers it fills, its completions, SRQ buffers and
+//! the phase synchronisation of the unexpected count.
+
+use super::*;
+
+/// A request handle as a verbs `recv_wr_id`.
+#[inline]
+pub(super) fn rid_to_wr(k: ReqId) -> u64 {
+    u64::from(k.gen) << 32 | u64::from(k.idx)
+}
+
+#[inline]
+pub(super) fn wr_to_rid(wr: u64) -> ReqId {
+    Key { idx: wr as u32, gen: (wr >> 32) as u32 }
+}
+
+impl State {
+    /// Keeps a rendezvous request that the TM-SRQ placed in a tagged buffer, in case the
+    /// buffer is too small (RNDV_INCOMPLETE) and software has to finish.
+    pub(super) fn stash_rndv(&mut self, rid: ReqId, req: &[u8]) {
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            let mut b = [0u8; 64];
+            let n = req.len().min(64);
+            b[..n].copy_from_slice(&req[..n]);
+            r.rndv_req = Some((b, n));
+        }
+    }
+
+    /// The TM-SRQ matched a packet to a tagged buffer: the NIC's copy into the user buffer.
+    pub(super) fn place_tagged(&mut self, rid: ReqId, off: usize, bytes: &[u8]) {
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            if let Some(b) = r.buf.as_ref().filter(|_| r.refused.is_none()) {
+                b.write_at(off, bytes);
+            }
+        }
+    }
+
+    /// Takes a receive out of the software-only count and the tag list.
+    pub(super) fn leave_queues(&mut self, rid: ReqId) {
+        let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
+            return;
+        };
+        if std::mem::take(&mut r.sw_only) {
+            self.sw_only_posted -= 1;
+        }
+        if let Some(h) = r.hw_handle.take() {
+            self.op_wr += 1;
+            // The entry is still listed (a consumed entry would have completed already), so
+            // the DEL succeeds; a TM_ERR completion is tolerated in `drain_cq` regardless.
+            let _ = self.tm.post_srq_op(&OpsWr::del(self.op_wr, h, self.sw_unexp, true));
+        }
+    }
+
+    pub(super) fn repost_srq(&mut self) -> Result<()> {
+        self.srq_wr += 1;
+        self.tm.post_srq_recv(self.srq_wr, SRQ_BUF_LEN).map_err(|e| Error::Transport(e.into()))
+    }
+
+    /// Consumes the TM-SRQ's completions.
+    pub(super) fn drain_cq(&mut self) -> Result<()> {
+        loop {
+            while let Some(wc) = self.tm.poll_cq() {
+                match wc.opcode {
+                    WcOpcode::TmRecv if wc.is_unexpected() => {
+                        self.sw_unexp = self.sw_unexp.wrapping_add(1);
+                        if self.sw_unexp % FORCED_SYNC_EVERY == 0 || wc.flags.contains(WcFlags::TM_SYNC_REQ) {
+                            self.need_sync = true;
+                        }
+                        self.repost_srq()?;
+                    }
+                    WcOpcode::TmNoTag => self.repost_srq()?,
+                    WcOpcode::TmRecv => self.on_hw_completion(&wc),
+                    WcOpcode::TmAdd | WcOpcode::TmDel | WcOpcode::TmSync => {
+                        if wc.flags.contains(WcFlags::TM_SYNC_REQ) {
+                            self.need_sync = true;
+                        }
+                        match wc.status {
+                            WcStatus::Success => {}
+                            // A DEL that raced a consumption: the receive completes on its own.
+                            WcStatus::TmErr if wc.opcode == WcOpcode::TmDel => {}
+                            st => return Err(Error::State(format!("TM-SRQ op failed: {st:?}"))),
+                        }
+                    }
+                }
+            }
+            // Sync once software has caught up with every unexpected message the TM-SRQ
+            // delivered, so that the SYNC brings the counts level.
+            while let Some(t) = self.tm.poll_transmit() {
+                self.ctlq.push_back((t.dst as usize, Ctl::new(PKT_WHOLE, &t.msg)));
+            }
+            if self.need_sync && self.tm.hw_unexpected_cnt() == self.sw_unexp as u16 {
+                self.need_sync = false;
+                self.stats.tm_syncs += 1;
+                self.op_wr += 1;
+                self.tm.post_srq_op(&OpsWr::sync(self.op_wr, self.sw_unexp, true)).map_err(|e| Error::Transport(e.into()))?;
+                continue;
+            }
+            return Ok(());
+        }
+    }
+
+    /// A tagged-buffer completion: MATCH (the receive is taken) and/or DATA_VALID (done).
+    pub(super) fn on_hw_completion(&mut self, wc: &Wc) {
+        let rid = wr_to_rid(wc.wr_id);
+        if wc.flags.contains(WcFlags::TM_MATCH) {
+            let (tag64, app_ctx) = wc.read_tm_info().unwrap_or((0, 0));
+            let mut cancel = None;
+            let src = wc.src as usize;
+            let admitted = self.admits(rid, tag64, src);
+            if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                r.matched = true;
+                r.hw_handle = None;
+                r.src_world = src;
+                if !admitted {
+                    r.refused = Some(src);
+                }
+                r.source = src_of(tag64);
+                r.tag = tag_of(tag64);
+                cancel = r.match_id.take();
+            }
+            if let Some(id) = cancel {
+                self.matcher.cancel(id);
+            }
+            self.stats.msgs_recv += 1;
+            if app_ctx & SYNC_FLAG != 0 && admitted {
+                self.ctlq.push_back((wc.src as usize, ctl_msg(CTL_SSEND_ACK, app_ctx & !SYNC_FLAG)));
+            }
+        }
+        if wc.flags.contains(WcFlags::TM_DATA_VALID) && wc.status == WcStatus::TmRndvIncomplete {
+            // The tagged buffer was smaller than the rendezvous: software finishes.
+            let (stash, refused) = match self.reqs.get_mut(rid) {
+                Some(Req { kind: ReqKind::Recv(r), .. }) => (r.rndv_req.take(), r.refused),
+                _ => (None, None),
+            };
+            if let Some(src) = refused {
+                self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
+                return;
+            }
+            let r = match stash {
+                Some((b, n)) => RndvInfo::parse(&b[..n]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
+                None => Err(malformed("RNDV_INCOMPLETE without the request")),
+            };
+            if let Err(e) = r {
+                self.error.get_or_insert(e);
+            }
+            return;
+        }
+        if wc.flags.contains(WcFlags::TM_DATA_VALID) {
+            let len = wc.byte_len as usize;
+            self.stats.bytes_recv += len as u64;
+            let Some(req) = self.reqs.get_mut(rid) else {
+                return;
+            };
+            if let ReqKind::Recv(r) = &mut req.kind {
+                r.total = len;
+                r.received = len;
+                req.result = Some(match wc.status {
+                    _ if r.refused.is_some() => Err(malformed_from(r.src_world, "a message under another rank's name")),
+                    WcStatus::Success => Ok(Status { source: r.source, tag: r.tag, len, cancelled: false }),
+                    WcStatus::LocLenErr => Err(Error::Truncated { source_rank: r.source, tag: r.tag, len, capacity: r.cap }),
+                    WcStatus::WrFlushErr => Err(Error::PeerGone { rank: r.src_world }),
+                    WcStatus::RemAccessErr => {
+                        Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
+                    }
+                    st => Err(Error::State(format!("receive from rank {} failed in the TM-SRQ: {st:?}", r.source))),
+                });
+            }
+            if req.detached {
+                self.reqs.remove(rid);
+            }
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Progress and waiting: one round of progress drives every queue and the fabric; waits spin,
+//! then yield, then sleep ([`Backoff`]), and look at the peers' liveness in the slow phase.
+
+use super::*;
+
+/// Idle strategy of a waiting rank: spin, then yield, then sleep in growing steps.
+pub(crate) struct Backoff {
+    idle: u32,
+    spin: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(spin: u32) -> Self {
+        Backoff { idle: 0, spin }
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.idle = 0;
+    }
+
+    /// Waits a little; returns true once in a while in the slow phase (time for liveness checks).
+    pub(crate) fn snooze(&mut self) -> bool {
+        self.idle = self.idle.saturating_add(1);
+        let i = self.idle;
+        if i <= self.spin {
+            std::hint::spin_loop();
+            false
+        } else if i <= self.spin + 2000 {
+            std::thread::yield_now();
+            i % 256 == 0
+        } else {
+            let extra = (i - self.spin - 2000).min(20);
+            std::thread::sleep(std::time::Duration::from_micros(20 * u64::from(extra)));
+            true
+        }
+    }
+}
+
+/// `test`/`iprobe` calls between two liveness checks.
+pub(super) const IDLE_CHECK_EVERY: u32 = 4096;
+
+impl Engine {
+    /// One round of progress; returns how many events happened.
+    #[inline]
+    pub(crate) fn progress(&mut self) -> Result<usize> {
+        if let Some(e) = self.st.deferred.take() {
+            return Err(e);
+        }
+        let mut n = 0;
+        if self.out_pending > 0 {
+            n += self.push_out()?;
+        }
+        if !self.st.rma_out.is_empty() {
+            n += self.push_rma()?;
+        }
+        if !self.st.cma_w.is_empty() {
+            n += self.run_cma_writes()?;
+        }
+        if !self.st.cma_q.is_empty() {
+            n += self.run_cma()?;
+        }
+        let st = &mut self.st;
+        n += self.fabric.poll(|p| st.on_packet(p))?;
+        if let Some(e) = self.st.error.take() {
+            return Err(e);
+        }
+        if !self.st.ctlq.is_empty() {
+            n += self.flush_ctl()?;
+        }
+        Ok(n)
+    }
+
+    /// Progresses until `rid` completes, or until it cannot: then [`Error::PeerGone`].
+    pub(crate) fn wait(&mut self, rid: ReqId) -> Result<Status> {
+        let mut b = self.backoff();
+        loop {
+            if let Some(r) = self.take_if_done(rid) {
+                return r;
+            }
+            if self.progress()? == 0 {
+                if b.snooze() {
+                    self.check_gone(&Need::Req(rid))?;
+                }
+            } else {
+                b.reset();
+            }
+        }
+    }
+
+    /// Progresses until `done(self)` holds, or until `need` cannot be met: then
+    /// [`Error::PeerGone`].
+    pub(crate) fn wait_until(&mut self, need: &Need, mut done: impl FnMut(&mut Engine) -> bool) -> Result<()> {
+        let mut b = self.backoff();
+        while !done(self) {
+            if self.progress()? == 0 {
+                if b.snooze() {
+                    self.check_gone(need)?;
+                }
+            } else {
+                b.reset();
+            }
+        }
+        Ok(())
+    }
+
+    /// A fresh back-off with this engine's spin budget.
+    pub(crate) fn backoff(&self) -> Backoff {
+        Backoff::new(self.spin)
+    }
+
+    /// For loops that poll without blocking (`test`, `iprobe`): every so many idle calls,
+    /// whether `need` can still be met.
+    ///
+    /// # Errors
+    /// [`Error::PeerGone`] as [`Engine::check_gone`].
+    pub(crate) fn idle_check(&mut self, need: &Need) -> Result<()> {
+        self.idle_calls = self.idle_calls.wrapping_add(1);
+        if self.idle_calls % IDLE_CHECK_EVERY == 0 {
+            self.check_gone(need)?;
+        }
+        Ok(())
+    }
+
+    /// Test hook: puts `bytes` on the wire to world rank `dest` as one raw packet (waiting for
+    /// ring space), so tests can play a peer that breaks the protocol.
+    pub(crate) fn inject(&mut self, dest: usize, flags: u8, total_len: u64, bytes: &[u8]) -> Result<()> {
+        if dest == self.st.rank || dest >= self.size {
+            return Err(Error::InvalidRank { rank: dest, size: self.size });
+        }
+        let mut b = self.backoff();
+        while !self.fabric.try_send(dest, flags, total_len, &[bytes])? {
+            self.progress()?;
+            if b.snooze() {
+                self.check_gone(&Need::Peers(Peers::Rank(dest)))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,74 @@
+//! Posting receives (and the offload decision) and probing the unexpected queue.
+
+use super::*;
+
+impl Engine {
+    /// Posts a receive into `buf` on context `ctx`; `from` says whom it waits for in world
+    /// ranks (`src` is the same source in the communicator's numbering).
+    pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
+        let cap = buf.cap();
+        let rid = self.st.reqs.insert(Req {
+            kind: ReqKind::Recv(RecvState {
+                buf: Some(buf),
+                key: matching::recv_key(ctx, src, tag).0,
+                from,
+                src_world: 0,
+                refused: None,
+                cap,
+                matched: false,
+                match_id: None,
+                hw_handle: None,
+                sw_only: false,
+                rndv_req: None,
+                read: None,
+                received: 0,
+                total: 0,
+                source: 0,
+                tag: 0,
+            }),
+            result: None,
+            detached: false,
+        });
+        let (t, m) = matching::recv_key(ctx, src, tag);
+        let st = &mut self.st;
+        // A receive of `RVH_LEN_IN_META` bytes or more stays in software: the RVH cannot say
+        // how long a message that size is, so the hardware must never serve one.
+        let eligible =
+            st.offload && src.is_some() && cap >= st.tm_thresh && cap < RVH_LEN_IN_META as usize && st.tm.tags_listed() < st.max_tags;
+        let overlaps = eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
+        match st.matcher.post(t, m, rid) {
+            Posted::Matched(rid, ux) => {
+                st.take_unexpected(rid, ux);
+                self.flush_ctl()?;
+            }
+            Posted::Queued(id) => {
+                let mut handle = None;
+                if eligible && !overlaps {
+                    st.op_wr += 1;
+                    let wr = OpsWr::add(st.op_wr, t, m, rid_to_wr(rid), cap, st.sw_unexp, true);
+                    // A full list or op queue (ENOMEM) leaves the receive to software.
+                    handle = st.tm.post_srq_op(&wr).ok().flatten();
+                }
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = st.reqs.get_mut(rid) {
+                    r.match_id = Some(id);
+                    r.hw_handle = handle;
+                    r.sw_only = handle.is_none();
+                }
+                if handle.is_none() {
+                    st.sw_only_posted += 1;
+                }
+                st.drain_cq()?;
+            }
+        }
+        Ok(rid)
+    }
+
+    /// Status of the oldest unexpected message matching, if any (no progress).
+    pub(crate) fn probe_now(&self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<Status> {
+        let (t, m) = matching::recv_key(ctx, src, tag);
+        self.st.matcher.probe(t, m).map(|(tag64, &k)| {
+            let len = self.st.ux.get(k).map_or(0, |u| u.total);
+            Status { source: src_of(tag64), tag: tag_of(tag64), len, cancelled: false }
+        })
+    }
+}

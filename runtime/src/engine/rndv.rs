@@ -1,0 +1,330 @@
+//! The rendezvous protocol: `TMH(RNDV) | RVH` announces a registered buffer; the receiver
+//! reads it (an RDMA read request, served by the target after its fi_mr key check, streamed
+//! back through the ring or granted for single copy), then sends `FIN`.
+
+use super::*;
+
+pub(super) fn read_id_bytes(k: Key) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&k.idx.to_be_bytes());
+    b[4..].copy_from_slice(&k.gen.to_be_bytes());
+    b
+}
+
+pub(super) fn be32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4).map_or(0, |x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
+}
+
+pub(super) fn be64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8).map_or(0, |x| u64::from_be_bytes([x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]]))
+}
+
+impl Engine {
+    /// Starts a rendezvous send: register, then send the request; FIN completes it. An empty
+    /// message has nothing to register (fi_mr refuses a zero length) and nothing to read.
+    #[cold]
+    pub(super) fn start_rndv(&mut self, dest: usize, tag64: u64, data: RawBuf) -> Result<ReqId> {
+        self.st.stats.rndv += 1;
+        let (addr, len) = (data.addr(), data.len());
+        let (mr, key, va) = if len == 0 {
+            (None, 0, 0)
+        } else {
+            let mr = self.st.mr.get(addr, len, Access::REMOTE_READ).map_err(tmpi_transport::Error::from)?;
+            let key = mr.key().map_err(tmpi_transport::Error::from)?;
+            let va = mr.remote_addr(addr).ok_or_else(|| Error::State("registration does not cover the send buffer".into()))?;
+            (Some(mr), key, va)
+        };
+        let rkey = u32::try_from(key).map_err(|_| Error::State("memory key wider than the RVH's 32-bit rkey".into()))?;
+        let req = self.st.new_send(dest, tag64, true, Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted: None }))?;
+        let hdr = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64 }.encode();
+        self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
+        Ok(req)
+    }
+
+    /// Streams queued read responses into the fabric.
+    pub(super) fn push_rma(&mut self) -> Result<usize> {
+        let mut n = 0;
+        let room = self.max_packet.min(1 << 20) - RMA_RESP_HDR;
+        while let Some(r) = self.st.rma_out.front_mut() {
+            while r.off < r.buf.len() {
+                let k = (r.buf.len() - r.off).min(room);
+                let mut h = [0u8; RMA_RESP_HDR];
+                h[0] = RMA_READ_RESP;
+                h[4..12].copy_from_slice(&r.read);
+                h[16..24].copy_from_slice(&((r.base + r.off) as u64).to_be_bytes());
+                let total = (RMA_RESP_HDR + k) as u64;
+                if !self.fabric.try_send(r.dest, PKT_RMA, total, &[&h, r.buf.slice(r.off, r.off + k)])? {
+                    return Ok(n);
+                }
+                r.off += k;
+                n += 1;
+            }
+            self.st.rma_out.pop_front();
+        }
+        Ok(n)
+    }
+}
+
+impl State {
+    /// A rendezvous request handled by software (unexpected in the TM-SRQ).
+    pub(super) fn on_rndv(&mut self, src: usize, req: &[u8]) -> Result<()> {
+        let info = RndvInfo::parse(req)?;
+        self.stats.msgs_recv += 1;
+        self.stats.bytes_recv += info.len as u64;
+        let key = self.ux.vacant_key();
+        match self.matcher.arrive(info.tmh.tag, key) {
+            Arrived::Matched(_, rid, _) => {
+                self.stats.sw_matched += 1;
+                self.leave_queues(rid);
+                if !self.admits(rid, info.tmh.tag, src) {
+                    self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
+                    return Ok(());
+                }
+                self.start_read(rid, src, info, None)
+            }
+            Arrived::Unexpected => {
+                self.stats.unexpected += 1;
+                self.ux_bytes += UX_OVERHEAD;
+                let k = self.ux.insert(UxMsg {
+                    src_world: src,
+                    tag64: info.tmh.tag,
+                    total: info.len,
+                    data: Vec::new(),
+                    complete: false,
+                    ack: None,
+                    rndv: Some(info),
+                });
+                debug_assert_eq!(k, key);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts reading a matched rendezvous message from `src` into receive `rid`.
+    pub(super) fn start_read(&mut self, rid: ReqId, src: usize, info: RndvInfo, hw: Option<ReadId>) -> Result<()> {
+        let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
+            return Err(Error::State("rendezvous matched a receive that is gone".into()));
+        };
+        r.matched = true;
+        r.src_world = src;
+        // A receive the TM-SRQ matched is still queued in software (its MATCH completion is
+        // handled after this): take it out there too, or a later message would match it.
+        let queued = r.match_id.take();
+        r.source = src_of(info.tmh.tag);
+        r.tag = tag_of(info.tmh.tag);
+        r.total = info.len;
+        let cap = r.cap;
+        if let Some(id) = queued {
+            self.matcher.cancel(id);
+        }
+        let n = if hw.is_some() { info.len } else { info.len.min(cap) };
+        // Single copy needs the buffer (an abandoned receive streams and discards).
+        let cma = self.cma && r.buf.is_some() && n >= self.cma_min;
+        let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false });
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            r.read = Some(key);
+        }
+        if n == 0 {
+            return self.finish_read(key, true);
+        }
+        self.request_read(key, if cma { READ_MODE_CMA } else { READ_MODE_STREAM }, n);
+        Ok(())
+    }
+
+    /// Queues a 16-byte RMA notice (`kind`, read id) for `dest`: a refusal or a write done.
+    pub(super) fn rma_notice(&mut self, dest: usize, kind: u8, read: [u8; 8]) {
+        let mut m = [0u8; 16];
+        m[0] = kind;
+        m[4..12].copy_from_slice(&read);
+        self.ctlq.push_back((dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+    }
+
+    /// `k` more bytes of read `key` are in place; completes it when all are.
+    pub(super) fn read_progress(&mut self, key: Key, k: usize) -> Result<()> {
+        let Some(op) = self.reads.get_mut(key) else { return Ok(()) };
+        op.got += k;
+        if op.got >= op.n {
+            let ok = !op.failed;
+            self.finish_read(key, ok)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the RDMA read request of `key` to its target: `READ_MODE_CMA` asks for a grant
+    /// to copy the range ourselves, `READ_MODE_STREAM` for the data through the ring.
+    /// `len` is how many bytes from the start of the range to ask for. A single-copy request
+    /// also names the receive buffer, into which the target may write its share.
+    pub(super) fn request_read(&mut self, key: Key, mode: u8, len: usize) {
+        let Some(op) = self.reads.get(key) else { return };
+        let dst = match self.reqs.get(op.rid) {
+            Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) if mode == READ_MODE_CMA => b.addr() as u64,
+            _ => 0,
+        };
+        let mut m = [0u8; 48];
+        m[0] = RMA_READ_REQ;
+        m[1] = mode;
+        m[4..8].copy_from_slice(&op.info.tmh.app_ctx.to_be_bytes());
+        m[8..16].copy_from_slice(&read_id_bytes(key));
+        m[16..24].copy_from_slice(&op.info.rvh.va.to_be_bytes());
+        m[24..32].copy_from_slice(&op.info.key.to_be_bytes());
+        m[32..40].copy_from_slice(&(len as u64).to_be_bytes());
+        m[40..48].copy_from_slice(&dst.to_be_bytes());
+        self.ctlq.push_back((op.src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+    }
+
+    /// An RMA packet: a read request to serve, or data / a refusal for a read we issued.
+    pub(super) fn on_rma(&mut self, p: Packet<'_>) -> Result<()> {
+        let d = p.data;
+        let read = Key { idx: be32(d, 8), gen: be32(d, 12) };
+        match d.first().copied() {
+            Some(RMA_READ_REQ) if d.len() >= 48 => {
+                let req = ReadReq { mode: d[1], sreq: be32(d, 4), va: be64(d, 16), key: be64(d, 24), len: be64(d, 32), dst: be64(d, 40) };
+                self.serve_read(p.src, &d[8..16], req);
+                Ok(())
+            }
+            Some(RMA_READ_RESP) if d.len() >= RMA_RESP_HDR => {
+                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let off = usize::try_from(be64(d, 16)).unwrap_or(usize::MAX);
+                let data = &d[RMA_RESP_HDR..];
+                let op = self.reads.get_mut(read).ok_or_else(|| malformed("read response for no read"))?;
+                if off.checked_add(data.len()).is_none_or(|end| end > op.n) {
+                    return Err(malformed("read response outside the read"));
+                }
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get(op.rid) {
+                    if let Some(b) = &r.buf {
+                        b.write_at(off, data);
+                    }
+                }
+                self.read_progress(read, data.len())
+            }
+            Some(RMA_WRITE_DONE) if d.len() >= 16 => {
+                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let op = self.reads.get(read).ok_or_else(|| malformed("write completion for no read"))?;
+                let share = op.n - op.split;
+                self.read_progress(read, share)
+            }
+            Some(RMA_READ_GRANT) if d.len() >= 24 => {
+                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let split = usize::try_from(be64(d, 16)).unwrap_or(usize::MAX);
+                let op = self.reads.get_mut(read).ok_or_else(|| malformed("read grant for no read"))?;
+                if split > op.n {
+                    return Err(malformed("read grant splits outside the read"));
+                }
+                op.split = split;
+                op.remote_write = split < op.n;
+                self.cma_q.push_back(read);
+                Ok(())
+            }
+            Some(RMA_READ_ERR) if d.len() >= 16 => {
+                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                self.finish_read(read, false)
+            }
+            _ => {
+                let _ = read;
+                Err(malformed("unknown RMA packet"))
+            }
+        }
+    }
+
+    /// The target side of an RDMA read: key, enablement, range and access are checked in
+    /// this rank's fi_mr domain before a byte moves; a refusal goes back as an error.
+    ///
+    /// In `READ_MODE_CMA` a passed check grants the reader a single copy of the range (it is
+    /// recorded on the send, whose buffer then stays put until FIN even if abandoned); in
+    /// `READ_MODE_STREAM` the range is streamed back through the ring.
+    pub(super) fn serve_read(&mut self, src: usize, read: &[u8], q: ReadReq) {
+        let ReadReq { mode, sreq, va, key, len, dst } = q;
+        let sk = self.named_send(sreq, src);
+        // Exactly the range the key check granted, and only while it lies inside the buffer of
+        // the live rendezvous send the reader names (a cached registration can outlive it).
+        let buf = self.domain.check_remote(key, va, len, RemoteOp::Read).ok().and_then(|range| {
+            let [seg] = range.segments() else { return None };
+            let Some(Req { kind: ReqKind::Send(s), result: None, .. }) = self.reqs.get(sk?) else { return None };
+            let b = s.rndv.as_ref()?.buf?;
+            let start = seg.addr.checked_sub(b.addr())?;
+            let end = start.checked_add(seg.len)?;
+            (end <= b.len() && seg.len as u64 == len).then(|| b.sub(start, end))
+        });
+        let mut id = [0u8; 8];
+        id.copy_from_slice(read);
+        match buf {
+            Some(b) if mode == READ_MODE_CMA => {
+                if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
+                    r.granted = Some(src);
+                }
+                let n = b.len();
+                // Split a large read: our half goes out once the grant is on its way.
+                let split = if dst != 0 && n >= CMA_SPLIT_MIN { (n / 2) & !4095 } else { n };
+                let mut m = [0u8; 24];
+                m[0] = RMA_READ_GRANT;
+                m[4..12].copy_from_slice(&id);
+                m[16..24].copy_from_slice(&(split as u64).to_be_bytes());
+                self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                if split < n {
+                    self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst, base: split });
+                }
+            }
+            Some(b) => self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 }),
+            None => {
+                // Refused: the reader gets an error, and so does the send it was reading for
+                // (no FIN will come for it).
+                if let Some(k) = sk {
+                    if let Some(Req { kind: ReqKind::Send(st), result: r @ None, .. }) = self.reqs.get_mut(k) {
+                        if st.rndv.is_some() {
+                            st.rndv = None;
+                            *r = Some(Err(Error::RemoteAccess {
+                                rank: src,
+                                reason: format!("rank {src} asked to read a range the registration does not allow"),
+                            }));
+                        }
+                    }
+                }
+                self.rma_notice(src, RMA_READ_ERR, id);
+            }
+        }
+    }
+
+    /// All bytes of a read are in (or it was refused): complete the receive and send FIN.
+    pub(super) fn finish_read(&mut self, read: Key, ok: bool) -> Result<()> {
+        let Some(op) = self.reads.remove(read) else { return Ok(()) };
+        if let Some(id) = op.hw {
+            // The TM-SRQ completes DATA_VALID and queues the FIN itself.
+            let r = if ok { self.tm.read_complete(id) } else { self.tm.read_failed(id, WcStatus::RemAccessErr) };
+            return r.map_err(|e| Error::Transport(e.into()));
+        }
+        if ok {
+            let mut fin = [0u8; TMH_LEN + RVH_LEN];
+            fin[..TMH_LEN].copy_from_slice(&Tmh { op: TmOp::Fin, ..op.info.tmh }.to_bytes());
+            fin[TMH_LEN..].copy_from_slice(&op.info.rvh.to_bytes());
+            self.ctlq.push_back((op.src, Ctl::new(PKT_WHOLE, &fin)));
+        }
+        let Some(req) = self.reqs.get_mut(op.rid) else { return Ok(()) };
+        if let ReqKind::Recv(r) = &req.kind {
+            req.result = Some(if !ok {
+                Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
+            } else if r.total > r.cap {
+                Err(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap })
+            } else {
+                Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
+            });
+        }
+        if req.detached {
+            self.reqs.remove(op.rid);
+        }
+        Ok(())
+    }
+
+    /// A FIN: the receiver has the data of our rendezvous send. It must name a rendezvous
+    /// send to that peer and repeat its match key and RVH address.
+    pub(super) fn on_fin(&mut self, src: usize, msg: &[u8]) -> Result<()> {
+        let tmh = Tmh::decode(msg)?;
+        let rvh = Rvh::decode(msg.get(TMH_LEN..).unwrap_or(&[]))?;
+        let k = self.named_send(tmh.app_ctx, src).filter(|&k| {
+            matches!(self.reqs.get(k), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. })
+                if r.tag64 == tmh.tag && r.va == rvh.va)
+        });
+        let k = k.ok_or_else(|| malformed_from(src, "FIN for no rendezvous send"))?;
+        self.send_progress(k, false, true);
+        Ok(())
+    }
+}

@@ -1,0 +1,87 @@
+//! Single copy (CMA): after a grant, the reader copies its share of a rendezvous with
+//! `process_vm_readv`; from 128 KiB the target writes the other share with
+//! `process_vm_writev` at the same time. A kernel refusal turns single copy off for good.
+
+use super::*;
+
+impl Engine {
+    /// Copies the data of granted reads straight from the target's memory (one kernel copy).
+    /// If the kernel refuses (permissions, seccomp), single copy is off for good and the read
+    /// is asked again in streaming mode.
+    #[cold]
+    pub(super) fn run_cma(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(key) = self.st.cma_q.pop_front() {
+            let Some(op) = self.st.reads.get(key) else { continue };
+            let (src, rid, len, va) = (op.src, op.rid, op.split, op.info.rvh.va);
+            let pid = self.fabric.peer_pid(src);
+            let buf = match self.st.reqs.get(rid) {
+                Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
+                _ => None,
+            };
+            // An abandoned receive has no buffer: nothing to copy, the send still gets its FIN.
+            let r = buf.map_or(Ok(()), |b| b.fill_with(0, len, |dst| cma::read(pid, va, dst)));
+            match r {
+                Ok(()) => {
+                    self.st.stats.cma_reads += 1;
+                    self.st.stats.cma_bytes += len as u64;
+                    self.st.read_progress(key, len)?;
+                }
+                Err(e) if e.is_unsupported() => {
+                    // Ask for our share through the ring (the target's share comes its own way).
+                    self.st.cma = false;
+                    self.st.stats.cma_fallbacks += 1;
+                    self.st.request_read(key, READ_MODE_STREAM, len);
+                }
+                Err(_) => {
+                    if let Some(op) = self.st.reads.get_mut(key) {
+                        op.failed = true;
+                    }
+                    self.st.read_progress(key, len)?;
+                }
+            }
+            // A read the TM-SRQ issued completes there: collect its completion and FIN.
+            self.st.drain_cq()?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Writes this rank's shares of split single-copy reads into the readers' buffers, then
+    /// tells each reader. If the kernel refuses, the share is streamed through the ring.
+    #[cold]
+    pub(super) fn run_cma_writes(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(w) = self.st.cma_w.pop_front() {
+            let pid = self.fabric.peer_pid(w.dest);
+            let whole = w.buf.slice(0, w.buf.len());
+            if pid == std::process::id() {
+                // Ranks that are threads of this process: no cross-process write; stream it.
+                self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                n += 1;
+                continue;
+            }
+            // SAFETY: `dst` is the receive buffer the reader named in its single-copy read
+            // request, and `[base, base + len)` is the share its grant left to us (checked
+            // against the read's length when the grant was made). The reader keeps that
+            // buffer alive and untouched until our WRITE_DONE or READ_ERR arrives, even if
+            // its receive is abandoned (it waits for the share while we are alive).
+            match unsafe { cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) } {
+                Ok(()) => {
+                    self.st.stats.cma_bytes += whole.len() as u64;
+                    self.st.rma_notice(w.dest, RMA_WRITE_DONE, w.read);
+                }
+                Err(e) if e.is_unsupported() => {
+                    self.st.cma = false;
+                    self.st.stats.cma_fallbacks += 1;
+                    self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                }
+                Err(_) => {
+                    self.st.rma_notice(w.dest, RMA_READ_ERR, w.read);
+                }
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+}
