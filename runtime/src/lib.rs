@@ -34,6 +34,9 @@
 //! - Communicators: [`Comm::dup`], [`Comm::split`].
 //! - Collectives: [`Comm::barrier`], [`Comm::bcast`], [`Comm::reduce`], [`Comm::allreduce`],
 //!   [`Comm::gather`], [`Comm::scatter`], [`Comm::allgather`], [`Comm::alltoall`] with [`Op`].
+//! - Variable-count collectives and prefix reductions: [`Comm::gatherv`], [`Comm::scatterv`],
+//!   [`Comm::allgatherv`], [`Comm::alltoallv`], [`Comm::reduce_scatter`],
+//!   [`Comm::reduce_scatter_block`], [`Comm::scan`], [`Comm::exscan`].
 //! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
 //!
 //! Errors are values of [`Error`]; nothing panics on bad input from the user or the wire.
