@@ -48,6 +48,7 @@ mod comm;
 pub mod config;
 mod engine;
 pub mod error;
+mod group;
 pub mod matching;
 pub mod op;
 mod request;
@@ -57,6 +58,7 @@ mod world;
 
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
 pub use error::{Error, Result};
+pub use group::{CommCmp, Group, GroupCmp};
 pub use op::{Op, Reducible};
 pub use request::{scope, wait_all, wait_any, Request, Scope};
 pub use world::{init, run_local, run_local_with, run_shm_threads, wtime, World};
