@@ -31,7 +31,10 @@
 //!   non-overtaking rule.
 //! - Non-blocking: [`scope`], [`Comm::isend`], [`Comm::irecv`], [`Request`], [`wait_all`],
 //!   [`wait_any`]: buffers stay borrowed until the scope ends, so it is sound in safe Rust.
-//! - Communicators: [`Comm::dup`], [`Comm::split`].
+//! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`],
+//!   [`Comm::compare`].
+//! - Cartesian topologies: [`dims_create`], [`Comm::cart_create`], [`CartComm`] (coordinates,
+//!   shifts, sub-grids, [`CartComm::neighbor_allgather`], [`CartComm::neighbor_alltoall`]).
 //! - Collectives: [`Comm::barrier`], [`Comm::bcast`], [`Comm::reduce`], [`Comm::allreduce`],
 //!   [`Comm::gather`], [`Comm::scatter`], [`Comm::allgather`], [`Comm::alltoall`] with [`Op`].
 //! - Variable-count collectives and prefix reductions: [`Comm::gatherv`], [`Comm::scatterv`],
@@ -54,6 +57,7 @@ pub mod op;
 mod request;
 mod slab;
 mod sys;
+mod topo;
 mod world;
 
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
@@ -61,6 +65,7 @@ pub use error::{Error, Result};
 pub use group::{CommCmp, Group, GroupCmp};
 pub use op::{Op, Reducible};
 pub use request::{scope, wait_all, wait_any, Request, Scope};
+pub use topo::{dims_create, CartComm};
 pub use world::{init, run_local, run_local_with, run_shm_threads, wtime, World};
 
 /// A rank in a communicator.
