@@ -40,6 +40,8 @@
 //! - Variable-count collectives and prefix reductions: [`Comm::gatherv`], [`Comm::scatterv`],
 //!   [`Comm::allgatherv`], [`Comm::alltoallv`], [`Comm::reduce_scatter`],
 //!   [`Comm::reduce_scatter_block`], [`Comm::scan`], [`Comm::exscan`].
+//! - Environment: [`wtime`], [`wtick`], [`processor_name`], [`library_version`],
+//!   [`is_initialized`].
 //! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
 //!
 //! Errors are values of [`Error`]; nothing panics on bad input from the user or the wire.
@@ -66,7 +68,7 @@ pub use group::{CommCmp, Group, GroupCmp};
 pub use op::{Op, Reducible};
 pub use request::{scope, wait_all, wait_any, Request, Scope};
 pub use topo::{dims_create, CartComm};
-pub use world::{init, run_local, run_local_with, run_shm_threads, wtime, World};
+pub use world::{init, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World};
 
 /// A rank in a communicator.
 pub type Rank = usize;

@@ -148,6 +148,8 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let world = tmpi::init()?;
     let (rank, p) = (world.rank(), world.size());
     let mut v = Verdict::new("vcoll", rank);
+    v.check(tmpi::is_initialized(), || "is_initialized() is false after init".into());
+    v.check(!tmpi::processor_name().is_empty() && tmpi::wtick() > 0.0, || "processor_name or wtick".into());
     for scale in [1, 9000] {
         check_comm(&world, "world", scale, &mut v)?;
     }
