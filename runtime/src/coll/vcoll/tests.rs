@@ -384,3 +384,34 @@ fn run_local_large_blocks() {
         assert!(out.iter().enumerate().all(|(i, &x)| x == (3 * (r * big + i) + 3) as u64));
     });
 }
+
+/// A root with a bad layout takes (and drops) blocks above the eager limit too, and scatters
+/// empty blocks: no rank waits for it, and the communicator works afterwards.
+#[test]
+fn run_local_bad_root_with_large_blocks() {
+    for n in [2, 3, 5] {
+        let res = run_local(n, |w| {
+            let r = w.rank();
+            let big = 200_000usize;
+            let send = vec![r as u8; big];
+            let counts = vec![big; n];
+            let displs: Vec<usize> = (0..n).map(|i| i * big + 1).collect(); // last block runs off
+            let mut all = vec![0u8; n * big];
+            let g = w.gatherv(&send, (r == 0).then_some(&mut all[..]), &counts, &displs, 0);
+            let mut back = vec![0u8; big];
+            let s = w.scatterv((r == 0).then_some(&all[..]), &counts, &displs, &mut back, 0);
+            let mut sum = [0u64];
+            w.allreduce(&[1u64], &mut sum, Op::Sum).unwrap();
+            (g, s, sum[0])
+        });
+        for (r, (g, s, sum)) in res.iter().enumerate() {
+            assert_eq!(*sum, n as u64);
+            if r == 0 {
+                assert!(is_invalid_buffer(g) && is_invalid_buffer(s), "root: {g:?} {s:?}");
+            } else {
+                assert!(g.is_ok(), "rank {r}: {g:?}");
+                assert!(is_invalid_buffer(s), "rank {r}: {s:?}");
+            }
+        }
+    }
+}
