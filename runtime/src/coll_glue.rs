@@ -213,6 +213,206 @@ impl Comm {
     }
 }
 
+/// Variable-count collectives, reduce-scatter and prefix reductions (algorithms in
+/// [`crate::coll::vcoll`]). Counts and displacements are in elements of `T`, one per rank.
+impl Comm {
+    /// Collects `send` of every rank into `recv` at `root`: rank `r`'s elements land at
+    /// `recv[displs[r]..displs[r] + counts[r]]`, where `counts[r]` is rank `r`'s `send.len()`.
+    /// `recv`, `counts` and `displs` are read at the root only (others may pass `None`, `&[]`).
+    ///
+    /// ```
+    /// let got = tmpi::run_local(3, |w| {
+    ///     let r = w.rank();
+    ///     let send = vec![r as u32; r + 1]; // rank r sends r + 1 elements
+    ///     let (counts, displs) = ([1, 2, 3], [5, 3, 0]); // blocks in reverse order
+    ///     let mut all = vec![0u32; 6];
+    ///     let recv = (r == 0).then_some(&mut all[..]);
+    ///     w.gatherv(&send, recv, &counts, &displs, 0).unwrap();
+    ///     all
+    /// });
+    /// assert_eq!(got[0], vec![2, 2, 2, 1, 1, 0]);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidRoot`]; at the root [`Error::InvalidBuffer`] when `recv` is missing, a
+    /// block does not fit `recv`, two blocks overlap, the root's count is not `send.len()` or a
+    /// rank's block has another length than its count (the root still takes every rank's
+    /// block, so no rank waits for it); [`Error::PeerGone`].
+    pub fn gatherv<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, counts: &[usize], displs: &[usize], root: Rank) -> Result<()> {
+        let c = CollCtx::new(self);
+        c.finish(coll::gatherv(&c, send, recv, counts, displs, root))
+    }
+
+    /// Distributes blocks of `send` at `root`: rank `r` receives
+    /// `send[displs[r]..displs[r] + counts[r]]` into its `recv` (of length `counts[r]`).
+    /// `send`, `counts` and `displs` are read at the root only; send blocks may overlap.
+    ///
+    /// ```
+    /// let got = tmpi::run_local(3, |w| {
+    ///     let r = w.rank();
+    ///     let data = [10u8, 11, 12, 13, 14, 15];
+    ///     let mut mine = vec![0u8; r + 1];
+    ///     let send = (r == 1).then_some(&data[..]);
+    ///     w.scatterv(send, &[1, 2, 3], &[0, 1, 3], &mut mine, 1).unwrap();
+    ///     mine
+    /// });
+    /// assert_eq!(got, vec![vec![10], vec![11, 12], vec![13, 14, 15]]);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidRoot`]; at the root [`Error::InvalidBuffer`] when `send` is missing, a
+    /// block does not fit `send` or the root's count is not `recv.len()` (the root then sends
+    /// every rank an empty block); elsewhere [`Error::InvalidBuffer`] when the block received
+    /// has another length than `recv`; [`Error::PeerGone`].
+    pub fn scatterv<T: Pod>(&self, send: Option<&[T]>, counts: &[usize], displs: &[usize], recv: &mut [T], root: Rank) -> Result<()> {
+        let c = CollCtx::new(self);
+        c.finish(coll::scatterv(&c, send, counts, displs, recv, root))
+    }
+
+    /// Collects `send` of every rank into `recv` on every rank: rank `r`'s elements land at
+    /// `recv[displs[r]..displs[r] + counts[r]]`, where `counts[r]` is rank `r`'s `send.len()`.
+    ///
+    /// ```
+    /// let got = tmpi::run_local(3, |w| {
+    ///     let r = w.rank();
+    ///     let mut all = vec![0u16; 6];
+    ///     w.allgatherv(&vec![r as u16; r + 1], &mut all, &[1, 2, 3], &[0, 1, 3]).unwrap();
+    ///     all
+    /// });
+    /// assert!(got.iter().all(|a| a == &[0, 1, 1, 2, 2, 2]));
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidBuffer`] when a block does not fit `recv`, two blocks overlap, this rank's
+    /// count is not `send.len()`, or a block arrives with another length than its count (the rank
+    /// still completes its part, so no rank waits for it); [`Error::PeerGone`].
+    pub fn allgatherv<T: Pod>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+        let c = CollCtx::new(self);
+        c.finish(coll::allgatherv(&c, send, recv, counts, displs))
+    }
+
+    /// Sends `send[sdispls[j]..sdispls[j] + scounts[j]]` to rank `j` and receives rank `i`'s
+    /// block for this rank into `recv[rdispls[i]..rdispls[i] + rcounts[i]]`. `scounts[j]` on
+    /// rank `i` must equal `rcounts[i]` on rank `j`.
+    ///
+    /// ```
+    /// // Rank r sends j + 1 copies of r to rank j.
+    /// let got = tmpi::run_local(3, |w| {
+    ///     let (r, p) = (w.rank(), w.size());
+    ///     let scounts: Vec<usize> = (0..p).map(|j| j + 1).collect();
+    ///     let sdispls: Vec<usize> = (0..p).map(|j| j * (j + 1) / 2).collect();
+    ///     let send: Vec<i64> = (0..p).flat_map(|j| vec![r as i64; j + 1]).collect();
+    ///     let (rcounts, rdispls) = (vec![r + 1; p], (0..p).map(|i| i * (r + 1)).collect::<Vec<_>>());
+    ///     let mut recv = vec![-1i64; p * (r + 1)];
+    ///     w.alltoallv(&send, &scounts, &sdispls, &mut recv, &rcounts, &rdispls).unwrap();
+    ///     recv
+    /// });
+    /// assert_eq!(got[1], vec![0, 0, 1, 1, 2, 2]);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidBuffer`] when a block does not fit its buffer, receive blocks overlap,
+    /// `scounts[rank] != rcounts[rank]`, or a block arrives with another length than its count
+    /// (the rank still completes its part, so no rank waits for it); [`Error::PeerGone`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn alltoallv<T: Pod>(
+        &self,
+        send: &[T],
+        scounts: &[usize],
+        sdispls: &[usize],
+        recv: &mut [T],
+        rcounts: &[usize],
+        rdispls: &[usize],
+    ) -> Result<()> {
+        let c = CollCtx::new(self);
+        c.finish(coll::alltoallv(&c, send, scounts, sdispls, recv, rcounts, rdispls))
+    }
+
+    /// Combines `send` of every rank with `op` and leaves block `r` of the result in rank `r`'s
+    /// `recv`: the blocks are consecutive, `counts[r]` elements each, and `send.len()` is the
+    /// sum of `counts` (the same on every rank).
+    ///
+    /// ```
+    /// let got = tmpi::run_local(3, |w| {
+    ///     let send: Vec<u64> = (0..6).map(|i| i * 10 + w.rank() as u64).collect();
+    ///     let counts = [3, 0, 3];
+    ///     let mut mine = vec![0u64; counts[w.rank()]];
+    ///     w.reduce_scatter(&send, &mut mine, &counts, tmpi::Op::Sum).unwrap();
+    ///     mine
+    /// });
+    /// assert_eq!(got, vec![vec![3, 33, 63], vec![], vec![93, 123, 153]]);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `counts` has not one entry per rank,
+    /// does not sum to `send.len()`, or `recv.len() != counts[rank]`; mismatched lengths
+    /// between ranks; [`Error::PeerGone`].
+    pub fn reduce_scatter<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: Op) -> Result<()> {
+        let c = CollCtx::new(self);
+        c.finish(coll::reduce_scatter(&c, send, recv, counts, op))
+    }
+
+    /// [`Comm::reduce_scatter`] with equal blocks: `send.len() == size * recv.len()`, and rank
+    /// `r` gets elements `r * recv.len()..(r + 1) * recv.len()` of the reduction.
+    ///
+    /// ```
+    /// let got = tmpi::run_local(2, |w| {
+    ///     let send = [1i32, 2, 3, 4];
+    ///     let mut mine = [0i32; 2];
+    ///     w.reduce_scatter_block(&send, &mut mine, tmpi::Op::Prod).unwrap();
+    ///     mine
+    /// });
+    /// assert_eq!(got, vec![[1, 4], [9, 16]]);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when the lengths do not fit; mismatched
+    /// lengths between ranks; [`Error::PeerGone`].
+    pub fn reduce_scatter_block<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        let c = CollCtx::new(self);
+        c.finish(coll::reduce_scatter_block(&c, send, recv, op))
+    }
+
+    /// Inclusive prefix reduction: rank `r` gets `send` of ranks `0..=r` combined element-wise
+    /// with `op`, lower ranks on the left.
+    ///
+    /// ```
+    /// let got = tmpi::run_local(4, |w| {
+    ///     let mut acc = [0u32];
+    ///     w.scan(&[w.rank() as u32 + 1], &mut acc, tmpi::Op::Sum).unwrap();
+    ///     acc[0]
+    /// });
+    /// assert_eq!(got, vec![1, 3, 6, 10]);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `recv.len() != send.len()` or ranks
+    /// pass different lengths; [`Error::PeerGone`].
+    pub fn scan<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        let c = CollCtx::new(self);
+        c.finish(coll::scan(&c, send, recv, op))
+    }
+
+    /// Exclusive prefix reduction: rank `r > 0` gets `send` of ranks `0..r` combined with `op`;
+    /// rank 0's `recv` is left unchanged.
+    ///
+    /// ```
+    /// let got = tmpi::run_local(4, |w| {
+    ///     let mut offset = [0usize];
+    ///     w.exscan(&[10 * (w.rank() + 1)], &mut offset, tmpi::Op::Sum).unwrap();
+    ///     offset[0]
+    /// });
+    /// assert_eq!(got, vec![0, 10, 30, 60]);
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Comm::scan`].
+    pub fn exscan<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        let c = CollCtx::new(self);
+        c.finish(coll::exscan(&c, send, recv, op))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::run_local;

@@ -116,6 +116,14 @@ pub enum Error {
     /// A transport-level failure.
     #[error(transparent)]
     Transport(#[from] tmpi_transport::Error),
+    /// A group argument is malformed: a rank listed twice in `Group::incl`/`Group::excl`, or a
+    /// group that is not part of the communicator it is used with.
+    #[error("invalid group: {0}")]
+    InvalidGroup(String),
+    /// Cartesian topology arguments do not fit: dimensions whose product does not match the
+    /// ranks, a dimension or coordinate out of range, argument lists of different lengths.
+    #[error("invalid topology: {0}")]
+    InvalidTopology(String),
 }
 
 impl std::fmt::Debug for Error {

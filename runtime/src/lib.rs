@@ -31,9 +31,17 @@
 //!   non-overtaking rule.
 //! - Non-blocking: [`scope`], [`Comm::isend`], [`Comm::irecv`], [`Request`], [`wait_all`],
 //!   [`wait_any`]: buffers stay borrowed until the scope ends, so it is sound in safe Rust.
-//! - Communicators: [`Comm::dup`], [`Comm::split`].
+//! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`],
+//!   [`Comm::compare`].
+//! - Cartesian topologies: [`dims_create`], [`Comm::cart_create`], [`CartComm`] (coordinates,
+//!   shifts, sub-grids, [`CartComm::neighbor_allgather`], [`CartComm::neighbor_alltoall`]).
 //! - Collectives: [`Comm::barrier`], [`Comm::bcast`], [`Comm::reduce`], [`Comm::allreduce`],
 //!   [`Comm::gather`], [`Comm::scatter`], [`Comm::allgather`], [`Comm::alltoall`] with [`Op`].
+//! - Variable-count collectives and prefix reductions: [`Comm::gatherv`], [`Comm::scatterv`],
+//!   [`Comm::allgatherv`], [`Comm::alltoallv`], [`Comm::reduce_scatter`],
+//!   [`Comm::reduce_scatter_block`], [`Comm::scan`], [`Comm::exscan`].
+//! - Environment: [`wtime`], [`wtick`], [`processor_name`], [`library_version`],
+//!   [`is_initialized`].
 //! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
 //!
 //! Errors are values of [`Error`]; nothing panics on bad input from the user or the wire.
@@ -45,18 +53,22 @@ mod comm;
 pub mod config;
 mod engine;
 pub mod error;
+mod group;
 pub mod matching;
 pub mod op;
 mod request;
 mod slab;
 mod sys;
+mod topo;
 mod world;
 
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
 pub use error::{Error, Result};
+pub use group::{CommCmp, Group, GroupCmp};
 pub use op::{Op, Reducible};
 pub use request::{scope, wait_all, wait_any, Request, Scope};
-pub use world::{init, run_local, run_local_with, run_shm_threads, wtime, World};
+pub use topo::{dims_create, CartComm};
+pub use world::{init, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World};
 
 /// A rank in a communicator.
 pub type Rank = usize;

@@ -217,3 +217,61 @@ pub fn run_local_with<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + S
         handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     })
 }
+
+/// Resolution of [`wtime`] in seconds: the tick of the monotonic clock it reads
+/// (`clock_getres(CLOCK_MONOTONIC)`, typically `1e-9` on Linux).
+///
+/// ```
+/// let t = tmpi::wtick();
+/// assert!(t > 0.0 && t < 1.0);
+/// ```
+pub fn wtick() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call; on failure the
+    // kernel leaves it untouched and we fall back below.
+    let rc = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC, &mut ts) };
+    let t = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+    if rc == 0 && t > 0.0 {
+        t
+    } else {
+        // `Instant` counts nanoseconds on every platform tmpi runs on.
+        1e-9
+    }
+}
+
+/// The name of the host this rank runs on (`MPI_Get_processor_name`): the kernel's host
+/// name, or `"localhost"` if it cannot be read.
+///
+/// ```
+/// assert!(!tmpi::processor_name().is_empty());
+/// ```
+pub fn processor_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the pointer and length describe `buf`, which outlives the call; gethostname
+    // writes at most `buf.len()` bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(s) if rc == 0 && !s.is_empty() => s.to_string(),
+        _ => "localhost".to_string(),
+    }
+}
+
+/// The library's name and version (`MPI_Get_library_version`), e.g. `"tmpi 0.1.0"`.
+///
+/// ```
+/// assert!(tmpi::library_version().starts_with("tmpi "));
+/// ```
+pub fn library_version() -> String {
+    format!("tmpi {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Whether [`init`] has been called in this process (`MPI_Initialized`). Worlds made by
+/// [`run_local`] do not count.
+///
+/// ```
+/// assert!(!tmpi::is_initialized());
+/// ```
+pub fn is_initialized() -> bool {
+    INITIALIZED.load(Ordering::SeqCst)
+}

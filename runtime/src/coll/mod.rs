@@ -64,6 +64,7 @@ mod barrier;
 mod bcast;
 mod gather;
 mod reduce;
+pub mod vcoll;
 
 #[cfg(test)]
 mod harness;
@@ -76,6 +77,7 @@ pub use barrier::barrier;
 pub use bcast::bcast;
 pub use gather::{gather, scatter};
 pub use reduce::{allreduce, reduce};
+pub use vcoll::{allgatherv, alltoallv, exscan, gatherv, reduce_scatter, reduce_scatter_block, scan, scatterv};
 
 /// Point-to-point on a communicator's private collective context (never matches user traffic).
 ///
