@@ -69,8 +69,8 @@ pub(crate) use self::uffd::testmem;
 mod tests;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::thread::JoinHandle;
 
 use self::store::Store;
@@ -272,14 +272,23 @@ fn bump(c: &AtomicU64, n: usize) {
     }
 }
 
+/// Counts a hit. Only ever called under the cache lock, which orders these updates, so a
+/// plain load and store do (no atomic read-modify-write on the hit path); readers of the
+/// counter need no lock.
+fn count_hit(hits: &AtomicU64) {
+    hits.store(hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
 struct CacheState {
     store: Store,
     /// Number of invalidation events handled so far.
     epoch: u64,
+    /// [`Shared::signals`] as read before the last drain of the userfaultfd that reached an
+    /// empty queue. While `signals` still equals it, the monitor thread has seen no event
+    /// that has not been applied, and a lookup need not read the userfaultfd itself.
+    drained: u64,
     /// The ranges of the last [`RECENT`] events, at `epoch % RECENT`.
     recent: [(usize, usize); RECENT],
-    /// The cache handle is gone: released entries are not kept.
-    closing: bool,
 }
 
 impl CacheState {
@@ -308,6 +317,10 @@ struct Shared {
     /// monitor thread for its whole life, write-locked once to close it when the cache drops.
     uffd: RwLock<Option<Uffd>>,
     state: Mutex<CacheState>,
+    /// Event batches the monitor thread has seen pending: incremented when `poll` reports
+    /// the userfaultfd readable, before the thread takes the lock to read them. Compared with
+    /// [`CacheState::drained`] by the lookup fast path.
+    signals: AtomicU64,
     stats: Counters,
 }
 
@@ -338,27 +351,20 @@ impl Shared {
         drop(bigger);
     }
 
-    fn release(&self, slot: u32) {
-        {
-            let mut st = lock(&self.state);
-            st.store.release(slot);
-            let (count, size) = if st.closing { (0, 0) } else { (self.cfg.max_count, self.cfg.max_size) };
-            let n = st.store.trim(count, size);
-            bump(&self.stats.evictions, n);
-        }
-        self.drain_dead();
-    }
-
     /// Reads every pending event and applies it, under the cache lock held by the caller
     /// (`st`). Both the monitor thread and `get` do this: the lock is taken before reading,
     /// so once the kernel lets a `munmap` return (when its event is read) the entries are
     /// already invalidated for anyone who takes the lock next. Never allocates or frees.
     fn apply_events(&self, st: &mut CacheState, uffd: &Uffd) -> std::io::Result<()> {
         let mut events = [Event::Other; 16];
+        // Read before the first `read`: a batch the monitor signals after this point may have
+        // been queued after our last read, so it keeps `signals` ahead of `drained`.
+        let seen = self.signals.load(Ordering::SeqCst);
         let _batch = self.domain.begin_invalidation();
         loop {
             let n = uffd.read_events(&mut events)?;
             if n == 0 {
+                st.drained = seen;
                 return Ok(());
             }
             for ev in &events[..n] {
@@ -398,6 +404,9 @@ fn monitor_loop(shared: Arc<Shared>, waker: Arc<Waker>) {
         match uffd::wait(uffd, &waker) {
             Ok(r) if r.stop => return,
             Ok(r) if r.events => {
+                // Tell lookups that events wait, before taking the lock they may hold (see
+                // `MrCache::get`), then read and apply them.
+                shared.signals.fetch_add(1, Ordering::SeqCst);
                 let mut st = lock(&shared.state);
                 if shared.apply_events(&mut st, uffd).is_err() {
                     return;
@@ -461,9 +470,10 @@ impl MrCache {
             state: Mutex::new(CacheState {
                 store: Store::with_capacity(INITIAL_SLOTS.min(cfg.max_count.saturating_mul(2).max(1))),
                 epoch: 0,
+                drained: 0,
                 recent: [(0, 0); RECENT],
-                closing: false,
             }),
+            signals: AtomicU64::new(0),
             stats: Counters::default(),
         });
         let mut cache = MrCache { shared, caching: false, status, monitor: None };
@@ -517,7 +527,7 @@ impl MrCache {
     /// Number of entries in the cache (in use or not), and of unused entries with their bytes.
     pub fn usage(&self) -> (usize, usize, usize) {
         let st = lock(&self.shared.state);
-        let (n, b) = st.store.lru_usage();
+        let (n, b) = st.store.unused_usage();
         (st.store.cached_count(), n, b)
     }
 
@@ -538,7 +548,7 @@ impl MrCache {
     }
 
     fn uncached(&self, mr: MemoryRegion) -> CachedMr {
-        CachedMr { region: Arc::clone(&mr.inner), kind: Kind::Direct { _owned: mr } }
+        CachedMr { mr: Holder::Owned(mr), cached: false }
     }
 
     /// A registration covering `[addr, addr + len)` with at least `access`, from the cache if
@@ -561,11 +571,39 @@ impl MrCache {
             bump(&sh.stats.misses, 1);
             return Ok(self.uncached(mr));
         }
+        // The fast path: one short critical section, no system call, no allocation. Every
+        // event the monitor thread has read is applied already (it applies them under this
+        // lock before the kernel lets their munmap return). If it has seen events it has not
+        // applied yet (`signals` moved past `drained`), the slow path reads them here first.
+        {
+            let mut st = lock(&sh.state);
+            if sh.signals.load(Ordering::SeqCst) == st.drained {
+                if let Some(slot) = st.store.lookup(addr, end, access) {
+                    let mr = st.store.acquire(slot);
+                    count_hit(&sh.stats.hits);
+                    // Entries the monitor thread invalidated while unused are deregistered by
+                    // the next cache call (it never frees anything itself).
+                    let dead = st.store.has_dead();
+                    drop(st);
+                    if dead {
+                        sh.drain_dead();
+                    }
+                    return Ok(CachedMr { mr: Holder::Shared(mr), cached: true });
+                }
+            }
+        }
+        self.get_slow(addr, len, end, access)
+    }
+
+    /// [`MrCache::get`] past the fast path: a miss, or events are waiting to be read.
+    #[inline(never)]
+    fn get_slow(&self, addr: usize, len: usize, end: usize, access: Access) -> Result<CachedMr, MrErrno> {
+        let sh = &self.shared;
         sh.drain_dead();
         let uffd_guard = lock_read(&sh.uffd);
         let uffd = uffd_guard.as_ref();
         // (registration, access it grants, epoch before it was made)
-        let mut pending: Option<(MemoryRegion, Access, u64)> = None;
+        let mut pending: Option<(Arc<Entry>, Access, u64)> = None;
         let mut counted = false;
         let mut races = 0;
         loop {
@@ -577,14 +615,15 @@ impl MrCache {
                 let _ = sh.apply_events(&mut st, u);
             }
             if let Some(slot) = st.store.lookup(addr, end, access) {
-                let region = st.store.acquire(slot);
-                drop(st);
+                let mr = st.store.acquire(slot);
                 if !counted {
-                    bump(&sh.stats.hits, 1);
+                    count_hit(&sh.stats.hits);
                 }
+                drop(st);
                 // A registration of ours that lost a race is dropped here, unlocked.
                 drop(pending);
-                return Ok(CachedMr { region, kind: Kind::Cached { shared: Arc::clone(sh), slot } });
+                sh.drain_dead();
+                return Ok(CachedMr { mr: Holder::Shared(mr), cached: true });
             }
             let Some((mr, want, epoch)) = pending.take() else {
                 let want = access | st.store.overlapping_access(addr, end);
@@ -600,7 +639,8 @@ impl MrCache {
                     bump(&sh.stats.uncached, 1);
                     return Ok(self.uncached(mr));
                 }
-                pending = Some((mr, want, epoch));
+                // Allocated here, unlocked: the entry and its handles share it.
+                pending = Some((Arc::new(Entry { mr, dead: AtomicBool::new(false), cache: Arc::downgrade(sh) }), want, epoch));
                 continue;
             };
             if st.invalidated_since(epoch, addr, end) {
@@ -610,7 +650,7 @@ impl MrCache {
                 races += 1;
                 if races >= MAX_RACES {
                     bump(&sh.stats.uncached, 1);
-                    return Ok(self.uncached(mr));
+                    return Ok(CachedMr { mr: Holder::Shared(mr), cached: false });
                 }
                 drop(mr);
                 continue;
@@ -635,13 +675,13 @@ impl MrCache {
                     drop(st);
                     sh.drain_dead();
                     bump(&sh.stats.uncached, 1);
-                    return Ok(self.uncached(mr));
+                    return Ok(CachedMr { mr: Holder::Shared(mr), cached: false });
                 }
             }
-            let (slot, region) = st.store.insert(addr, end, want, mr);
+            st.store.insert(addr, end, want, Arc::clone(&mr));
             drop(st);
             sh.drain_dead();
-            return Ok(CachedMr { region, kind: Kind::Cached { shared: Arc::clone(sh), slot } });
+            return Ok(CachedMr { mr: Holder::Shared(mr), cached: true });
         }
     }
 }
@@ -658,53 +698,68 @@ impl Drop for MrCache {
         drop(lock_write(&self.shared.uffd).take());
         {
             let mut st = lock(&self.shared.state);
-            st.closing = true;
             st.store.detach_all();
         }
         self.shared.drain_dead();
     }
 }
 
-enum Kind {
-    Cached {
-        shared: Arc<Shared>,
-        slot: u32,
-    },
-    /// Registered for this use only; deregistered when dropped (held, never read).
-    Direct {
-        _owned: MemoryRegion,
-    },
+/// A cache entry's registration, shared by the entry (its slot in the store) and the handles
+/// using it; the last reference deregisters.
+pub(super) struct Entry {
+    mr: MemoryRegion,
+    /// Out of the cache (set under the lock when its slot's reference moves to the dead
+    /// stack).
+    dead: AtomicBool,
+    /// The cache, for the release of a dead entry.
+    cache: Weak<Shared>,
+}
+
+/// How a [`CachedMr`] holds its registration.
+enum Holder {
+    /// Shared with the cache entry (and any other handle of it).
+    Shared(Arc<Entry>),
+    /// Registered for this use only; deregistered when dropped.
+    Owned(MemoryRegion),
 }
 
 /// A registration from [`MrCache::get`], in use until dropped.
 pub struct CachedMr {
-    region: Arc<RegionInner>,
-    kind: Kind,
+    mr: Holder,
+    /// It came from (and its entry stays in) the cache.
+    cached: bool,
 }
 
 impl fmt::Debug for CachedMr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CachedMr")
-            .field("desc", &self.region.desc)
-            .field("iov", &self.region.iov)
-            .field("access", &self.region.access)
+            .field("desc", &self.region().desc)
+            .field("iov", &self.region().iov)
+            .field("access", &self.region().access)
             .field("cached", &self.is_cached())
             .finish()
     }
 }
 
 impl CachedMr {
+    fn region(&self) -> &RegionInner {
+        match &self.mr {
+            Holder::Shared(entry) => &entry.mr.inner,
+            Holder::Owned(mr) => &mr.inner,
+        }
+    }
+
     /// The remote key (see [`MemoryRegion::key`]).
     ///
     /// # Errors
     /// [`MrErrno::KeyNotAvail`] under `FI_MR_RAW`.
     pub fn key(&self) -> Result<u64, MrErrno> {
-        self.region.key()
+        self.region().key()
     }
 
     /// The local descriptor.
     pub fn desc(&self) -> MrDesc {
-        self.region.desc
+        self.region().desc
     }
 
     /// The raw key (see [`MemoryRegion::raw_attr`]).
@@ -712,27 +767,27 @@ impl CachedMr {
     /// # Errors
     /// [`MrErrno::TooSmall`] when `raw_key` is shorter than the key.
     pub fn raw_attr(&self, raw_key: &mut [u8]) -> Result<RawAttr, MrErrno> {
-        self.region.raw_attr(raw_key)
+        self.region().raw_attr(raw_key)
     }
 
     /// Start address of the registered range (may be below the address asked).
     pub fn addr(&self) -> usize {
-        self.region.iov[0].addr
+        self.region().iov[0].addr
     }
 
     /// Length of the registered range.
     pub fn len(&self) -> usize {
-        self.region.total_len
+        self.region().total_len
     }
 
     /// Always false: registrations are never empty.
     pub fn is_empty(&self) -> bool {
-        self.region.total_len == 0
+        self.region().total_len == 0
     }
 
     /// The access the registration grants (at least what was asked).
     pub fn access(&self) -> Access {
-        self.region.access
+        self.region().access
     }
 
     /// The address a peer names to reach local address `addr` of this registration: `addr`
@@ -743,7 +798,7 @@ impl CachedMr {
         if addr < start || addr - start > self.len() {
             return None;
         }
-        if self.region.mode.contains(MrMode::VIRT_ADDR) {
+        if self.region().mode.contains(MrMode::VIRT_ADDR) {
             Some(addr as u64)
         } else {
             Some((addr - start) as u64)
@@ -752,21 +807,29 @@ impl CachedMr {
 
     /// Whether the registration is usable (false once its memory was unmapped).
     pub fn is_valid(&self) -> bool {
-        self.region.usable()
+        self.region().usable()
     }
 
     /// Whether it came from (and returns to) the cache, rather than being registered for
     /// this use only.
     pub fn is_cached(&self) -> bool {
-        matches!(self.kind, Kind::Cached { .. })
+        self.cached
     }
 }
 
 impl Drop for CachedMr {
     fn drop(&mut self) {
-        if let Kind::Cached { shared, slot } = &self.kind {
-            shared.release(*slot);
+        // A release takes no lock: dropping the reference is all. An entry the cache has
+        // already let go of (invalidated by the monitor thread while in use; other removals
+        // are drained by the call that made them) still has a reference on the dead stack;
+        // dropping that one first makes this handle's, dropped right after this body, the
+        // last, so the registration goes with its last user, as it would uncached.
+        if let Holder::Shared(entry) = &self.mr {
+            if entry.dead.load(Ordering::Acquire) {
+                if let Some(shared) = entry.cache.upgrade() {
+                    shared.drain_dead();
+                }
+            }
         }
-        // A `Direct` registration is deregistered when `kind` drops, after this body.
     }
 }
