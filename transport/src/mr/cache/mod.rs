@@ -8,13 +8,15 @@
 //!   access asked plus whatever the overlapping entries granted, and evicts those overlapping
 //!   entries (they are not merged: merged ranges grow without bound and may span memory that
 //!   is later unmapped piecewise).
-//! - Entries are reference-counted while in use ([`CachedMr`] releases on drop); unused ones
-//!   sit on an LRU. [`CacheConfig::max_count`] and [`CacheConfig::max_size`] bound *every*
-//!   entry of the cache, in use or not (the seed: "the total number of memory regions that
-//!   may be registered with the cache"). A new entry that would pass a bound first flushes
-//!   unused entries, least recently used first; if it still does not fit (too many entries in
-//!   use, or larger than `max_size` alone) the registration is served uncached, as libfabric
-//!   does, and counted in [`CacheStats::uncached`].
+//! - Entries are reference-counted while in use (a [`CachedMr`] holds a reference and drops
+//!   it on drop, without taking the cache lock) and kept on an LRU ordered by last use (the
+//!   last [`MrCache::get`] that returned them). [`CacheConfig::max_count`] and
+//!   [`CacheConfig::max_size`] bound *every* entry of the cache, in use or not (the seed: "the
+//!   total number of memory regions that may be registered with the cache"). A new entry
+//!   that would pass a bound first flushes unused entries, least recently used first; if it
+//!   still does not fit (too many entries in use, or larger than `max_size` alone) the
+//!   registration is served uncached, as libfabric does, and counted in
+//!   [`CacheStats::uncached`].
 //! - A memory monitor invalidates entries whose memory is unmapped, so a later `mmap` at the
 //!   same address never hits a stale registration ([`Monitor::Userfaultfd`], see below).
 //! - Nothing is allocated or freed while the cache lock is held (see `store.rs` for how):
@@ -33,13 +35,30 @@
 //! deregistered by the next cache call in a user thread (the monitor thread never frees
 //! anything); entries in use are deregistered when their last user releases them.
 //!
-//! `get` also reads and applies pending events under the lock before it looks anything up:
-//! when another thread's `munmap` of a range is still waiting for its event to be read, the
-//! address range is already free, and this thread may have mapped new memory there. What
-//! remains is the few instructions in the kernel between `munmap` dropping the mapping (and
-//! `mmap_lock`) and queueing the event; userfaultfd offers no way to close it (libfabric's
-//! monitor has the same window). Within one thread, `munmap` then `mmap` then `get` never hits
-//! a stale entry. Lock-free queries ([`CachedMr::is_valid`], [`super::Domain::check_remote`],
+//! # The lookup fast path, and what a hit guarantees
+//!
+//! A hit takes the cache lock once, for a binary search and a reference count increment: no
+//! system call, no allocation (the release takes no lock at all). It does not read the
+//! userfaultfd: the monitor thread does, and it signals each batch it sees pending (an atomic
+//! counter, bumped *before* it takes the lock) while every drain of the fd records the
+//! signal count it started from. A lookup that finds the count moved past the last complete
+//! drain reads and applies the pending events itself, under the lock, before it looks
+//! anything up, as every miss does too.
+//!
+//! So a hit never returns an entry whose memory was unmapped (or discarded, or moved) by a
+//! `munmap` that has returned, in any thread, since the monitor applies an event under the
+//! lock before the kernel lets its `munmap` return: in particular `munmap`, `mmap` at the same
+//! address, `get` never hits the old mapping's entry, in one thread or in threads ordered by
+//! any synchronization. A `munmap` still *in progress* in another thread when `get` runs is a
+//! concurrent operation: its event may be queued but not yet seen by the monitor thread (not
+//! yet scheduled), and the address range is already free, so another thread may have mapped
+//! new memory there and `get` it. The hit then returns the old entry; it is revoked before
+//! that `munmap` returns ([`CachedMr::is_valid`] turns false, remote accesses are refused, an
+//! error at the initiator, never a read of other memory), and the next `get` of the range
+//! misses. (Reading the fd on every lookup, as this cache did before, narrows that window to
+//! the few kernel instructions between the unmap and the queueing of its event, which no
+//! userfaultfd user can close, libfabric's monitor included, at the price of a system call
+//! per hit.) Lock-free queries ([`CachedMr::is_valid`], [`super::Domain::check_remote`],
 //! [`MrCache::stats`]) wait while an event batch is being applied, so they too see the
 //! invalidation once `munmap` has returned.
 //!

@@ -492,3 +492,196 @@ fn endpoint_domains_are_refused() {
     let d = Domain::open(DomainAttr { mr_mode: MrMode::ENDPOINT, ..DomainAttr::default() }).unwrap();
     assert_eq!(MrCache::new(d, CacheConfig::default()).unwrap_err(), MrErrno::Inval);
 }
+
+/// Maps `len` bytes at `addr` again, retrying a few times (another test thread may hold the
+/// hole for a moment); `None` if it stays taken.
+fn map_again(addr: usize, len: usize) -> Option<Mapping> {
+    for _ in 0..100 {
+        if let Ok(m) = Mapping::at(addr, len) {
+            return Some(m);
+        }
+        std::thread::yield_now();
+    }
+    None
+}
+
+/// The fast path (issue 14 item 4): a range hit many times, unmapped and mapped anew at the
+/// same address, misses on the next `get`, every round.
+#[test]
+fn fast_path_misses_after_munmap_and_mmap_of_the_same_range() {
+    let c = cache();
+    let p = page_size();
+    let mut m = pages(4);
+    let addr = m.addr();
+    let mut reused = 0;
+    for round in 0..64 {
+        let first = c.get(addr, 4 * p, RR).unwrap();
+        assert!(first.is_cached() && first.is_valid(), "round {round}");
+        let key = first.key().unwrap();
+        let hits = c.stats().hits;
+        for _ in 0..8 {
+            assert_eq!(c.get(addr + p, p, RR).unwrap().key().unwrap(), key);
+        }
+        assert_eq!(c.stats().hits, hits + 8);
+        let held = c.get(addr, p, RR).unwrap();
+        m.unmap();
+        assert!(!first.is_valid() && !held.is_valid(), "revoked once munmap returned");
+        assert!(!readable(&c, key, addr, 1));
+        m = match map_again(addr, 4 * p) {
+            Some(again) => {
+                reused += 1;
+                again
+            }
+            None => break,
+        };
+        m.fill(0x33);
+        let hits = c.stats().hits;
+        let h = c.get(addr, 4 * p, RR).unwrap();
+        assert_eq!(c.stats().hits, hits, "round {round}: a miss, never the old mapping's entry");
+        assert_ne!(h.key().unwrap(), key);
+        assert!(h.is_cached() && h.is_valid());
+        assert!(readable(&c, h.key().unwrap(), addr, 4 * p));
+    }
+    assert!(reused > 0, "the address was never free to map again");
+}
+
+/// The fast path with the unmap in another thread: one thread hits a range without pause
+/// while the other unmaps it, then maps it anew. Once the `munmap` has returned, every
+/// cached handle of the old mapping is revoked, and the next `get` is not a hit: uncached
+/// while nothing is mapped there, a fresh entry once memory is mapped again.
+#[test]
+fn fast_path_with_munmap_from_another_thread() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::sync::mpsc;
+
+    let c = Arc::new(cache());
+    let p = page_size();
+    let len = 8 * p;
+    enum Work {
+        /// Unmap this after the main thread's hits reach the count asked.
+        Unmap(Mapping, usize),
+        /// Map the last range unmapped again (elsewhere if it is taken).
+        MapAgain,
+    }
+    let unmapped = Arc::new(AtomicBool::new(false));
+    let (to_unmapper, work) = mpsc::channel::<Work>();
+    let (to_main, done) = mpsc::channel::<Mapping>();
+    let spins = Arc::new(AtomicUsize::new(0));
+    let unmapper = {
+        let (unmapped, spins) = (Arc::clone(&unmapped), Arc::clone(&spins));
+        std::thread::spawn(move || {
+            let mut addr = 0;
+            while let Ok(w) = work.recv() {
+                match w {
+                    Work::Unmap(mut m, wait) => {
+                        while spins.load(Ordering::Acquire) < wait {
+                            std::thread::yield_now();
+                        }
+                        addr = m.addr();
+                        m.unmap();
+                        unmapped.store(true, Ordering::Release);
+                    }
+                    Work::MapAgain => {
+                        let again = map_again(addr, len).unwrap_or_else(|| pages(8));
+                        if to_main.send(again).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let mut m = pages(8);
+    let mut reused = 0;
+    for round in 0..40 {
+        let addr = m.addr();
+        let first = c.get(addr, len, RR).unwrap();
+        assert!(first.is_cached(), "round {round}");
+        let key = first.key().unwrap();
+        drop(first);
+        spins.store(0, Ordering::Release);
+        unmapped.store(false, Ordering::Release);
+        // Unmapped after a varying number of this thread's gets.
+        to_unmapper.send(Work::Unmap(m, 50 + (round * 37) % 400)).unwrap();
+        let mut held = std::collections::VecDeque::new();
+        while !unmapped.load(Ordering::Acquire) {
+            let h = c.get(addr + p, p, RR).unwrap();
+            if h.is_cached() && h.key().unwrap() == key {
+                held.push_back(h);
+                if held.len() > 64 {
+                    held.pop_front();
+                }
+            }
+            spins.fetch_add(1, Ordering::Release);
+        }
+        // munmap has returned (the flag was set after it).
+        assert!(!held.is_empty(), "round {round}: hits while the range was mapped");
+        assert!(held.iter().all(|h| !h.is_valid()), "round {round}: a handle of unmapped memory still valid");
+        assert!(!readable(&c, key, addr, 1));
+        let hits = c.stats().hits;
+        let h = c.get(addr + p, p, RR).unwrap();
+        assert!(!h.is_cached(), "round {round}: nothing is mapped there, nothing to watch");
+        assert_eq!(c.stats().hits, hits, "round {round}: no hit on unmapped memory");
+        drop((h, held));
+        // Now let the other thread map the range again.
+        to_unmapper.send(Work::MapAgain).unwrap();
+        m = done.recv().unwrap();
+        if m.addr() == addr {
+            reused += 1;
+        }
+        m.fill(0x77);
+        let hits = c.stats().hits;
+        let h = c.get(addr + p, p, RR).unwrap();
+        assert_eq!(c.stats().hits, hits, "round {round}: a miss after the new mapping");
+        assert_ne!(h.key().unwrap(), key);
+        if m.addr() == addr {
+            assert!(h.is_cached() && h.is_valid(), "round {round}");
+        }
+    }
+    drop(to_unmapper);
+    unmapper.join().unwrap();
+    assert!(reused > 0, "the address was never free to map again");
+}
+
+/// A lookup that finds the monitor's signal count ahead of the last drain reads the
+/// userfaultfd itself before looking up (and records the drain); the hit is still a hit.
+#[test]
+fn signalled_lookup_drains_before_hitting() {
+    let c = cache();
+    let m = pages(2);
+    let p = page_size();
+    let key = c.get(m.addr(), 2 * p, RR).unwrap().key().unwrap();
+    let sh = &c.shared;
+    sh.signals.fetch_add(1, Ordering::SeqCst);
+    assert_ne!(sh.signals.load(Ordering::SeqCst), lock(&sh.state).drained);
+    let h = c.get(m.addr(), p, RR).unwrap();
+    assert_eq!(h.key().unwrap(), key);
+    assert_eq!(c.stats().hits, 1);
+    assert_eq!(sh.signals.load(Ordering::SeqCst), lock(&sh.state).drained, "the slow path drained");
+}
+
+/// The LRU orders entries by last use and flushing walks past entries in use.
+#[test]
+fn lru_flushes_least_recently_used_and_skips_entries_in_use() {
+    let c = cache_with(CacheConfig { max_count: 3, ..CacheConfig::default() });
+    let m = pages(5);
+    let p = page_size();
+    let at = |i: usize| m.addr() + i * p;
+    let a = c.get(at(0), p, RR).unwrap(); // oldest, held throughout
+    let kb = c.get(at(1), p, RR).unwrap().key().unwrap();
+    let kc = c.get(at(2), p, RR).unwrap().key().unwrap();
+    // Use b again: c is now the least recently used unused entry.
+    assert_eq!(c.get(at(1), p, RR).unwrap().key().unwrap(), kb);
+    let d = c.get(at(3), p, RR).unwrap();
+    assert!(d.is_cached());
+    assert!(!readable(&c, kc, at(2), 1), "c flushed");
+    assert!(readable(&c, kb, at(1), 1) && readable(&c, a.key().unwrap(), at(0), 1));
+    // b is flushed next; a, the oldest, is in use and stays.
+    let e = c.get(at(4), p, RR).unwrap();
+    assert!(e.is_cached());
+    assert!(!readable(&c, kb, at(1), 1));
+    assert!(readable(&c, a.key().unwrap(), at(0), 1));
+    assert_eq!(c.usage(), (3, 0, 0));
+    drop(d);
+    assert_eq!(c.usage(), (3, 1, p));
+}
