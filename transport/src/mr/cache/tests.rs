@@ -313,7 +313,7 @@ fn store_grows_past_initial_capacity() {
     let p = page_size();
     let m = pages(200);
     let held: Vec<CachedMr> = (0..200).map(|i| c.get(m.addr() + i * p, p, RR).unwrap()).collect();
-    assert_eq!(c.usage().0, 200);
+    assert_eq!(c.usage().0, 200, "{:?}", c.stats());
     for (i, h) in held.iter().enumerate() {
         assert!(readable(&c, h.key().unwrap(), m.addr() + i * p, p));
     }
@@ -493,6 +493,23 @@ fn endpoint_domains_are_refused() {
     assert_eq!(MrCache::new(d, CacheConfig::default()).unwrap_err(), MrErrno::Inval);
 }
 
+/// `n` pages far below where the kernel places mappings made without an address (it fills
+/// the highest free gaps first), so that the hole they leave when unmapped is not filled by
+/// other test threads' mappings: a test that unmaps them can map the same address again.
+fn isolated_pages(n: usize) -> Mapping {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    for _ in 0..64 {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        // 32 TiB up, 1 GiB apart: far from the mmap base, the heap and the binary.
+        if let Ok(mut m) = Mapping::at((1usize << 45) + (k << 30), n * page_size()) {
+            m.fill(0x5a);
+            return m;
+        }
+    }
+    pages(n)
+}
+
 /// Maps `len` bytes at `addr` again, retrying a few times (another test thread may hold the
 /// hole for a moment); `None` if it stays taken.
 fn map_again(addr: usize, len: usize) -> Option<Mapping> {
@@ -506,15 +523,18 @@ fn map_again(addr: usize, len: usize) -> Option<Mapping> {
 }
 
 /// The fast path (issue 14 item 4): a range hit many times, unmapped and mapped anew at the
-/// same address, misses on the next `get`, every round.
+/// same address, misses on the next `get`, every round. Even rounds `munmap` then `mmap` the
+/// same address (when another test thread takes the hole first, the round goes on at a fresh
+/// address); odd rounds map over the range with `MAP_FIXED`, which unmaps and maps in one
+/// call, so the address is always the same.
 #[test]
 fn fast_path_misses_after_munmap_and_mmap_of_the_same_range() {
     let c = cache();
     let p = page_size();
-    let mut m = pages(4);
-    let addr = m.addr();
-    let mut reused = 0;
+    let mut m = isolated_pages(4);
+    let mut replaced = 0;
     for round in 0..64 {
+        let addr = m.addr();
         let first = c.get(addr, 4 * p, RR).unwrap();
         assert!(first.is_cached() && first.is_valid(), "round {round}");
         let key = first.key().unwrap();
@@ -524,16 +544,16 @@ fn fast_path_misses_after_munmap_and_mmap_of_the_same_range() {
         }
         assert_eq!(c.stats().hits, hits + 8);
         let held = c.get(addr, p, RR).unwrap();
-        m.unmap();
-        assert!(!first.is_valid() && !held.is_valid(), "revoked once munmap returned");
+        if round % 2 == 1 {
+            m.replace();
+            replaced += 1;
+        } else {
+            m.unmap();
+            m = map_again(addr, 4 * p).unwrap_or_else(|| isolated_pages(4));
+        }
+        assert!(!first.is_valid() && !held.is_valid(), "revoked once the old pages were unmapped");
         assert!(!readable(&c, key, addr, 1));
-        m = match map_again(addr, 4 * p) {
-            Some(again) => {
-                reused += 1;
-                again
-            }
-            None => break,
-        };
+        let addr = m.addr();
         m.fill(0x33);
         let hits = c.stats().hits;
         let h = c.get(addr, 4 * p, RR).unwrap();
@@ -542,13 +562,14 @@ fn fast_path_misses_after_munmap_and_mmap_of_the_same_range() {
         assert!(h.is_cached() && h.is_valid());
         assert!(readable(&c, h.key().unwrap(), addr, 4 * p));
     }
-    assert!(reused > 0, "the address was never free to map again");
+    assert_eq!(replaced, 32);
 }
 
 /// The fast path with the unmap in another thread: one thread hits a range without pause
-/// while the other unmaps it, then maps it anew. Once the `munmap` has returned, every
-/// cached handle of the old mapping is revoked, and the next `get` is not a hit: uncached
-/// while nothing is mapped there, a fresh entry once memory is mapped again.
+/// while the other unmaps it, then maps it anew (at the same address unless another test
+/// thread took it). Once the `munmap` has returned, every cached handle of the old mapping
+/// is revoked, and the next `get` is not a hit on it; once memory is mapped again, a fresh
+/// entry.
 #[test]
 fn fast_path_with_munmap_from_another_thread() {
     use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -582,7 +603,7 @@ fn fast_path_with_munmap_from_another_thread() {
                         unmapped.store(true, Ordering::Release);
                     }
                     Work::MapAgain => {
-                        let again = map_again(addr, len).unwrap_or_else(|| pages(8));
+                        let again = map_again(addr, len).unwrap_or_else(|| isolated_pages(8));
                         if to_main.send(again).is_err() {
                             return;
                         }
@@ -591,7 +612,7 @@ fn fast_path_with_munmap_from_another_thread() {
             }
         })
     };
-    let mut m = pages(8);
+    let mut m = isolated_pages(8);
     let mut reused = 0;
     for round in 0..40 {
         let addr = m.addr();
@@ -620,21 +641,20 @@ fn fast_path_with_munmap_from_another_thread() {
         assert!(!readable(&c, key, addr, 1));
         let hits = c.stats().hits;
         let h = c.get(addr + p, p, RR).unwrap();
-        assert!(!h.is_cached(), "round {round}: nothing is mapped there, nothing to watch");
         assert_eq!(c.stats().hits, hits, "round {round}: no hit on unmapped memory");
+        assert!(!h.is_cached(), "round {round}: nothing is mapped there, nothing to watch");
+        assert_ne!(h.key().unwrap(), key);
         drop((h, held));
         // Now let the other thread map the range again.
         to_unmapper.send(Work::MapAgain).unwrap();
         m = done.recv().unwrap();
+        m.fill(0x77);
         if m.addr() == addr {
             reused += 1;
-        }
-        m.fill(0x77);
-        let hits = c.stats().hits;
-        let h = c.get(addr + p, p, RR).unwrap();
-        assert_eq!(c.stats().hits, hits, "round {round}: a miss after the new mapping");
-        assert_ne!(h.key().unwrap(), key);
-        if m.addr() == addr {
+            let hits = c.stats().hits;
+            let h = c.get(addr + p, p, RR).unwrap();
+            assert_eq!(c.stats().hits, hits, "round {round}: a miss after the new mapping");
+            assert_ne!(h.key().unwrap(), key);
             assert!(h.is_cached() && h.is_valid(), "round {round}");
         }
     }
