@@ -22,6 +22,8 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
+
+use memmap2::{MmapMut, MmapOptions};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::ring::{self, Consumer, Producer, RingCtl};
@@ -72,11 +74,12 @@ const RING_STRIDE_HDR: usize = std::mem::size_of::<RingCtl>();
 /// A mapped segment.
 pub struct Segment {
     base: NonNull<u8>,
-    len: usize,
     nranks: usize,
     ring_size: usize,
     rings_off: usize,
     path: String,
+    /// The mapping (unmapped when dropped); accessed only through `base`.
+    _map: MmapMut,
     _file: File,
 }
 
@@ -152,24 +155,19 @@ fn allocate(file: &File, len: usize, path: &str) -> Result<()> {
     }
 }
 
-fn map(file: &File, len: usize, path: &str) -> Result<NonNull<u8>> {
-    // SAFETY: mapping a regular file we opened read-write, of at least `len` bytes, shared;
-    // no existing memory is affected (addr hint is null). MAP_POPULATE only pre-faults the
-    // pages (a failure to do so is not an error: they fault in later as usual).
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(Error::last_os(format!("mmap {path}")));
-    }
-    NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::last_os(format!("mmap {path}")))
+fn map(file: &File, len: usize, path: &str) -> Result<(MmapMut, NonNull<u8>)> {
+    // SAFETY: a shared read-write mapping of a regular file we opened read-write, sized to at
+    // least `len` bytes before this call (posix_fallocate/ftruncate), placed where the kernel
+    // chooses, so no existing memory is affected. memmap2's own condition, that nothing
+    // modifies the file while Rust references to its bytes exist, is kept by never forming
+    // one from the map (it is not dereferenced as a slice): other ranks write the segment
+    // concurrently, so every access goes through the raw `base` pointer with atomics or the
+    // ring protocol. `populate` (MAP_POPULATE) only pre-faults the pages (a failure to do so
+    // is not an error: they fault in later as usual).
+    let mut map =
+        unsafe { MmapOptions::new().len(len).populate().map_mut(file) }.map_err(|e| Error::Io { op: format!("mmap {path}"), source: e })?;
+    let base = NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::InvalidArgument(format!("mmap {path}: null mapping")))?;
+    Ok((map, base))
 }
 
 impl Segment {
@@ -192,8 +190,8 @@ impl Segment {
             e
         };
         allocate(&file, total, &path).map_err(cleanup)?;
-        let base = map(&file, total, &path).map_err(cleanup)?;
-        let seg = Segment { base, len: total, nranks, ring_size, rings_off, path, _file: file };
+        let (map, base) = map(&file, total, &path).map_err(cleanup)?;
+        let seg = Segment { base, nranks, ring_size, rings_off, path, _map: map, _file: file };
         // SAFETY: the mapping starts with room for a SegHeader (total > 128), is 4096-aligned,
         // zero-filled by posix_fallocate, and nobody else uses it before `ready` is set.
         let h = unsafe { &mut *seg.base.as_ptr().cast::<SegHeader>() };
@@ -221,8 +219,8 @@ impl Segment {
         if flen < std::mem::size_of::<SegHeader>() {
             return Err(bad(format!("file has {flen} bytes, less than a header")));
         }
-        let base = map(&file, flen, &path)?;
-        let mut seg = Segment { base, len: flen, nranks: 0, ring_size: 0, rings_off: 0, path, _file: file };
+        let (map, base) = map(&file, flen, &path)?;
+        let mut seg = Segment { base, nranks: 0, ring_size: 0, rings_off: 0, path, _map: map, _file: file };
         // SAFETY: the mapping holds at least a SegHeader (checked above); fields other than the
         // atomics are written by the creator before its release store of `ready`.
         let h = unsafe { &*seg.base.as_ptr().cast::<SegHeader>() };
@@ -319,15 +317,6 @@ impl Segment {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::Io { op: format!("unlink {}", self.path), source: e }),
         }
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: base/len describe the mapping made in create/open; no reference into it
-        // outlives the Segment (producers/consumers are owned by the same fabric and dropped
-        // without touching the memory).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 

@@ -8,13 +8,15 @@
 //!   access asked plus whatever the overlapping entries granted, and evicts those overlapping
 //!   entries (they are not merged: merged ranges grow without bound and may span memory that
 //!   is later unmapped piecewise).
-//! - Entries are reference-counted while in use ([`CachedMr`] releases on drop); unused ones
-//!   sit on an LRU. [`CacheConfig::max_count`] and [`CacheConfig::max_size`] bound *every*
-//!   entry of the cache, in use or not (the seed: "the total number of memory regions that
-//!   may be registered with the cache"). A new entry that would pass a bound first flushes
-//!   unused entries, least recently used first; if it still does not fit (too many entries in
-//!   use, or larger than `max_size` alone) the registration is served uncached, as libfabric
-//!   does, and counted in [`CacheStats::uncached`].
+//! - Entries are reference-counted while in use (a [`CachedMr`] holds a reference and drops
+//!   it on drop, without taking the cache lock) and kept on an LRU ordered by last use (the
+//!   last [`MrCache::get`] that returned them). [`CacheConfig::max_count`] and
+//!   [`CacheConfig::max_size`] bound *every* entry of the cache, in use or not (the seed: "the
+//!   total number of memory regions that may be registered with the cache"). A new entry
+//!   that would pass a bound first flushes unused entries, least recently used first; if it
+//!   still does not fit (too many entries in use, or larger than `max_size` alone) the
+//!   registration is served uncached, as libfabric does, and counted in
+//!   [`CacheStats::uncached`].
 //! - A memory monitor invalidates entries whose memory is unmapped, so a later `mmap` at the
 //!   same address never hits a stale registration ([`Monitor::Userfaultfd`], see below).
 //! - Nothing is allocated or freed while the cache lock is held (see `store.rs` for how):
@@ -33,13 +35,30 @@
 //! deregistered by the next cache call in a user thread (the monitor thread never frees
 //! anything); entries in use are deregistered when their last user releases them.
 //!
-//! `get` also reads and applies pending events under the lock before it looks anything up:
-//! when another thread's `munmap` of a range is still waiting for its event to be read, the
-//! address range is already free, and this thread may have mapped new memory there. What
-//! remains is the few instructions in the kernel between `munmap` dropping the mapping (and
-//! `mmap_lock`) and queueing the event; userfaultfd offers no way to close it (libfabric's
-//! monitor has the same window). Within one thread, `munmap` then `mmap` then `get` never hits
-//! a stale entry. Lock-free queries ([`CachedMr::is_valid`], [`super::Domain::check_remote`],
+//! # The lookup fast path, and what a hit guarantees
+//!
+//! A hit takes the cache lock once, for a binary search and a reference count increment: no
+//! system call, no allocation (the release takes no lock at all). It does not read the
+//! userfaultfd: the monitor thread does, and it signals each batch it sees pending (an atomic
+//! counter, bumped *before* it takes the lock) while every drain of the fd records the
+//! signal count it started from. A lookup that finds the count moved past the last complete
+//! drain reads and applies the pending events itself, under the lock, before it looks
+//! anything up, as every miss does too.
+//!
+//! So a hit never returns an entry whose memory was unmapped (or discarded, or moved) by a
+//! `munmap` that has returned, in any thread, since the monitor applies an event under the
+//! lock before the kernel lets its `munmap` return: in particular `munmap`, `mmap` at the same
+//! address, `get` never hits the old mapping's entry, in one thread or in threads ordered by
+//! any synchronization. A `munmap` still *in progress* in another thread when `get` runs is a
+//! concurrent operation: its event may be queued but not yet seen by the monitor thread (not
+//! yet scheduled), and the address range is already free, so another thread may have mapped
+//! new memory there and `get` it. The hit then returns the old entry; it is revoked before
+//! that `munmap` returns ([`CachedMr::is_valid`] turns false, remote accesses are refused, an
+//! error at the initiator, never a read of other memory), and the next `get` of the range
+//! misses. (Reading the fd on every lookup, as this cache did before, narrows that window to
+//! the few kernel instructions between the unmap and the queueing of its event, which no
+//! userfaultfd user can close, libfabric's monitor included, at the price of a system call
+//! per hit.) Lock-free queries ([`CachedMr::is_valid`], [`super::Domain::check_remote`],
 //! [`MrCache::stats`]) wait while an event batch is being applied, so they too see the
 //! invalidation once `munmap` has returned.
 //!
@@ -69,8 +88,8 @@ pub(crate) use self::uffd::testmem;
 mod tests;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::thread::JoinHandle;
 
 use self::store::Store;
@@ -272,14 +291,23 @@ fn bump(c: &AtomicU64, n: usize) {
     }
 }
 
+/// Counts a hit. Only ever called under the cache lock, which orders these updates, so a
+/// plain load and store do (no atomic read-modify-write on the hit path); readers of the
+/// counter need no lock.
+fn count_hit(hits: &AtomicU64) {
+    hits.store(hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
 struct CacheState {
     store: Store,
     /// Number of invalidation events handled so far.
     epoch: u64,
+    /// [`Shared::signals`] as read before the last drain of the userfaultfd that reached an
+    /// empty queue. While `signals` still equals it, the monitor thread has seen no event
+    /// that has not been applied, and a lookup need not read the userfaultfd itself.
+    drained: u64,
     /// The ranges of the last [`RECENT`] events, at `epoch % RECENT`.
     recent: [(usize, usize); RECENT],
-    /// The cache handle is gone: released entries are not kept.
-    closing: bool,
 }
 
 impl CacheState {
@@ -308,6 +336,10 @@ struct Shared {
     /// monitor thread for its whole life, write-locked once to close it when the cache drops.
     uffd: RwLock<Option<Uffd>>,
     state: Mutex<CacheState>,
+    /// Event batches the monitor thread has seen pending: incremented when `poll` reports
+    /// the userfaultfd readable, before the thread takes the lock to read them. Compared with
+    /// [`CacheState::drained`] by the lookup fast path.
+    signals: AtomicU64,
     stats: Counters,
 }
 
@@ -338,27 +370,20 @@ impl Shared {
         drop(bigger);
     }
 
-    fn release(&self, slot: u32) {
-        {
-            let mut st = lock(&self.state);
-            st.store.release(slot);
-            let (count, size) = if st.closing { (0, 0) } else { (self.cfg.max_count, self.cfg.max_size) };
-            let n = st.store.trim(count, size);
-            bump(&self.stats.evictions, n);
-        }
-        self.drain_dead();
-    }
-
     /// Reads every pending event and applies it, under the cache lock held by the caller
     /// (`st`). Both the monitor thread and `get` do this: the lock is taken before reading,
     /// so once the kernel lets a `munmap` return (when its event is read) the entries are
     /// already invalidated for anyone who takes the lock next. Never allocates or frees.
     fn apply_events(&self, st: &mut CacheState, uffd: &Uffd) -> std::io::Result<()> {
         let mut events = [Event::Other; 16];
+        // Read before the first `read`: a batch the monitor signals after this point may have
+        // been queued after our last read, so it keeps `signals` ahead of `drained`.
+        let seen = self.signals.load(Ordering::SeqCst);
         let _batch = self.domain.begin_invalidation();
         loop {
             let n = uffd.read_events(&mut events)?;
             if n == 0 {
+                st.drained = seen;
                 return Ok(());
             }
             for ev in &events[..n] {
@@ -398,6 +423,9 @@ fn monitor_loop(shared: Arc<Shared>, waker: Arc<Waker>) {
         match uffd::wait(uffd, &waker) {
             Ok(r) if r.stop => return,
             Ok(r) if r.events => {
+                // Tell lookups that events wait, before taking the lock they may hold (see
+                // `MrCache::get`), then read and apply them.
+                shared.signals.fetch_add(1, Ordering::SeqCst);
                 let mut st = lock(&shared.state);
                 if shared.apply_events(&mut st, uffd).is_err() {
                     return;
@@ -461,9 +489,10 @@ impl MrCache {
             state: Mutex::new(CacheState {
                 store: Store::with_capacity(INITIAL_SLOTS.min(cfg.max_count.saturating_mul(2).max(1))),
                 epoch: 0,
+                drained: 0,
                 recent: [(0, 0); RECENT],
-                closing: false,
             }),
+            signals: AtomicU64::new(0),
             stats: Counters::default(),
         });
         let mut cache = MrCache { shared, caching: false, status, monitor: None };
@@ -517,7 +546,7 @@ impl MrCache {
     /// Number of entries in the cache (in use or not), and of unused entries with their bytes.
     pub fn usage(&self) -> (usize, usize, usize) {
         let st = lock(&self.shared.state);
-        let (n, b) = st.store.lru_usage();
+        let (n, b) = st.store.unused_usage();
         (st.store.cached_count(), n, b)
     }
 
@@ -538,7 +567,7 @@ impl MrCache {
     }
 
     fn uncached(&self, mr: MemoryRegion) -> CachedMr {
-        CachedMr { region: Arc::clone(&mr.inner), kind: Kind::Direct { _owned: mr } }
+        CachedMr { mr: Holder::Owned(mr), cached: false }
     }
 
     /// A registration covering `[addr, addr + len)` with at least `access`, from the cache if
@@ -561,11 +590,39 @@ impl MrCache {
             bump(&sh.stats.misses, 1);
             return Ok(self.uncached(mr));
         }
+        // The fast path: one short critical section, no system call, no allocation. Every
+        // event the monitor thread has read is applied already (it applies them under this
+        // lock before the kernel lets their munmap return). If it has seen events it has not
+        // applied yet (`signals` moved past `drained`), the slow path reads them here first.
+        {
+            let mut st = lock(&sh.state);
+            if sh.signals.load(Ordering::SeqCst) == st.drained {
+                if let Some(slot) = st.store.lookup(addr, end, access) {
+                    let mr = st.store.acquire(slot);
+                    count_hit(&sh.stats.hits);
+                    // Entries the monitor thread invalidated while unused are deregistered by
+                    // the next cache call (it never frees anything itself).
+                    let dead = st.store.has_dead();
+                    drop(st);
+                    if dead {
+                        sh.drain_dead();
+                    }
+                    return Ok(CachedMr { mr: Holder::Shared(mr), cached: true });
+                }
+            }
+        }
+        self.get_slow(addr, len, end, access)
+    }
+
+    /// [`MrCache::get`] past the fast path: a miss, or events are waiting to be read.
+    #[inline(never)]
+    fn get_slow(&self, addr: usize, len: usize, end: usize, access: Access) -> Result<CachedMr, MrErrno> {
+        let sh = &self.shared;
         sh.drain_dead();
         let uffd_guard = lock_read(&sh.uffd);
         let uffd = uffd_guard.as_ref();
         // (registration, access it grants, epoch before it was made)
-        let mut pending: Option<(MemoryRegion, Access, u64)> = None;
+        let mut pending: Option<(Arc<Entry>, Access, u64)> = None;
         let mut counted = false;
         let mut races = 0;
         loop {
@@ -577,14 +634,15 @@ impl MrCache {
                 let _ = sh.apply_events(&mut st, u);
             }
             if let Some(slot) = st.store.lookup(addr, end, access) {
-                let region = st.store.acquire(slot);
-                drop(st);
+                let mr = st.store.acquire(slot);
                 if !counted {
-                    bump(&sh.stats.hits, 1);
+                    count_hit(&sh.stats.hits);
                 }
+                drop(st);
                 // A registration of ours that lost a race is dropped here, unlocked.
                 drop(pending);
-                return Ok(CachedMr { region, kind: Kind::Cached { shared: Arc::clone(sh), slot } });
+                sh.drain_dead();
+                return Ok(CachedMr { mr: Holder::Shared(mr), cached: true });
             }
             let Some((mr, want, epoch)) = pending.take() else {
                 let want = access | st.store.overlapping_access(addr, end);
@@ -600,7 +658,8 @@ impl MrCache {
                     bump(&sh.stats.uncached, 1);
                     return Ok(self.uncached(mr));
                 }
-                pending = Some((mr, want, epoch));
+                // Allocated here, unlocked: the entry and its handles share it.
+                pending = Some((Arc::new(Entry { mr, dead: AtomicBool::new(false), cache: Arc::downgrade(sh) }), want, epoch));
                 continue;
             };
             if st.invalidated_since(epoch, addr, end) {
@@ -610,7 +669,7 @@ impl MrCache {
                 races += 1;
                 if races >= MAX_RACES {
                     bump(&sh.stats.uncached, 1);
-                    return Ok(self.uncached(mr));
+                    return Ok(CachedMr { mr: Holder::Shared(mr), cached: false });
                 }
                 drop(mr);
                 continue;
@@ -635,13 +694,13 @@ impl MrCache {
                     drop(st);
                     sh.drain_dead();
                     bump(&sh.stats.uncached, 1);
-                    return Ok(self.uncached(mr));
+                    return Ok(CachedMr { mr: Holder::Shared(mr), cached: false });
                 }
             }
-            let (slot, region) = st.store.insert(addr, end, want, mr);
+            st.store.insert(addr, end, want, Arc::clone(&mr));
             drop(st);
             sh.drain_dead();
-            return Ok(CachedMr { region, kind: Kind::Cached { shared: Arc::clone(sh), slot } });
+            return Ok(CachedMr { mr: Holder::Shared(mr), cached: true });
         }
     }
 }
@@ -658,53 +717,68 @@ impl Drop for MrCache {
         drop(lock_write(&self.shared.uffd).take());
         {
             let mut st = lock(&self.shared.state);
-            st.closing = true;
             st.store.detach_all();
         }
         self.shared.drain_dead();
     }
 }
 
-enum Kind {
-    Cached {
-        shared: Arc<Shared>,
-        slot: u32,
-    },
-    /// Registered for this use only; deregistered when dropped (held, never read).
-    Direct {
-        _owned: MemoryRegion,
-    },
+/// A cache entry's registration, shared by the entry (its slot in the store) and the handles
+/// using it; the last reference deregisters.
+pub(super) struct Entry {
+    mr: MemoryRegion,
+    /// Out of the cache (set under the lock when its slot's reference moves to the dead
+    /// stack).
+    dead: AtomicBool,
+    /// The cache, for the release of a dead entry.
+    cache: Weak<Shared>,
+}
+
+/// How a [`CachedMr`] holds its registration.
+enum Holder {
+    /// Shared with the cache entry (and any other handle of it).
+    Shared(Arc<Entry>),
+    /// Registered for this use only; deregistered when dropped.
+    Owned(MemoryRegion),
 }
 
 /// A registration from [`MrCache::get`], in use until dropped.
 pub struct CachedMr {
-    region: Arc<RegionInner>,
-    kind: Kind,
+    mr: Holder,
+    /// It came from (and its entry stays in) the cache.
+    cached: bool,
 }
 
 impl fmt::Debug for CachedMr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CachedMr")
-            .field("desc", &self.region.desc)
-            .field("iov", &self.region.iov)
-            .field("access", &self.region.access)
+            .field("desc", &self.region().desc)
+            .field("iov", &self.region().iov)
+            .field("access", &self.region().access)
             .field("cached", &self.is_cached())
             .finish()
     }
 }
 
 impl CachedMr {
+    fn region(&self) -> &RegionInner {
+        match &self.mr {
+            Holder::Shared(entry) => &entry.mr.inner,
+            Holder::Owned(mr) => &mr.inner,
+        }
+    }
+
     /// The remote key (see [`MemoryRegion::key`]).
     ///
     /// # Errors
     /// [`MrErrno::KeyNotAvail`] under `FI_MR_RAW`.
     pub fn key(&self) -> Result<u64, MrErrno> {
-        self.region.key()
+        self.region().key()
     }
 
     /// The local descriptor.
     pub fn desc(&self) -> MrDesc {
-        self.region.desc
+        self.region().desc
     }
 
     /// The raw key (see [`MemoryRegion::raw_attr`]).
@@ -712,27 +786,27 @@ impl CachedMr {
     /// # Errors
     /// [`MrErrno::TooSmall`] when `raw_key` is shorter than the key.
     pub fn raw_attr(&self, raw_key: &mut [u8]) -> Result<RawAttr, MrErrno> {
-        self.region.raw_attr(raw_key)
+        self.region().raw_attr(raw_key)
     }
 
     /// Start address of the registered range (may be below the address asked).
     pub fn addr(&self) -> usize {
-        self.region.iov[0].addr
+        self.region().iov[0].addr
     }
 
     /// Length of the registered range.
     pub fn len(&self) -> usize {
-        self.region.total_len
+        self.region().total_len
     }
 
     /// Always false: registrations are never empty.
     pub fn is_empty(&self) -> bool {
-        self.region.total_len == 0
+        self.region().total_len == 0
     }
 
     /// The access the registration grants (at least what was asked).
     pub fn access(&self) -> Access {
-        self.region.access
+        self.region().access
     }
 
     /// The address a peer names to reach local address `addr` of this registration: `addr`
@@ -743,7 +817,7 @@ impl CachedMr {
         if addr < start || addr - start > self.len() {
             return None;
         }
-        if self.region.mode.contains(MrMode::VIRT_ADDR) {
+        if self.region().mode.contains(MrMode::VIRT_ADDR) {
             Some(addr as u64)
         } else {
             Some((addr - start) as u64)
@@ -752,21 +826,29 @@ impl CachedMr {
 
     /// Whether the registration is usable (false once its memory was unmapped).
     pub fn is_valid(&self) -> bool {
-        self.region.usable()
+        self.region().usable()
     }
 
     /// Whether it came from (and returns to) the cache, rather than being registered for
     /// this use only.
     pub fn is_cached(&self) -> bool {
-        matches!(self.kind, Kind::Cached { .. })
+        self.cached
     }
 }
 
 impl Drop for CachedMr {
     fn drop(&mut self) {
-        if let Kind::Cached { shared, slot } = &self.kind {
-            shared.release(*slot);
+        // A release takes no lock: dropping the reference is all. An entry the cache has
+        // already let go of (invalidated by the monitor thread while in use; other removals
+        // are drained by the call that made them) still has a reference on the dead stack;
+        // dropping that one first makes this handle's, dropped right after this body, the
+        // last, so the registration goes with its last user, as it would uncached.
+        if let Holder::Shared(entry) = &self.mr {
+            if entry.dead.load(Ordering::Acquire) {
+                if let Some(shared) = entry.cache.upgrade() {
+                    shared.drain_dead();
+                }
+            }
         }
-        // A `Direct` registration is deregistered when `kind` drops, after this body.
     }
 }

@@ -15,17 +15,28 @@
 //! - The range map is a vector sorted by start address (binary search, `insert`/`remove`
 //!   shift elements in place) rather than a `BTreeMap`, whose nodes are allocated and freed
 //!   on insert and remove.
-//! - Entries removed from the cache keep their registration in the slot and go on the `dead`
-//!   stack; [`Store::pop_dead`] moves it out so the caller drops it (deregisters) unlocked.
-//! - The LRU is intrusive: `prev`/`next` slot numbers in the entries.
+//! - Each entry's registration is an `Arc<Entry>`: the slot holds one reference and
+//!   every handle in use one more, so an entry is in use exactly when its count is above 1
+//!   (handles are only made under the lock, so a count of 1 seen under the lock stays 1).
+//!   Releasing a handle is dropping its reference: no lock, and the last reference
+//!   deregisters. (Only the release of an entry already out of the cache takes the lock, to
+//!   drop the dead stack's reference first: see `CachedMr`'s `Drop`.)
+//! - Entries removed from the cache keep their reference in the slot and go on the `dead`
+//!   stack; [`Store::pop_dead`] moves it out so the caller drops it unlocked (which
+//!   deregisters, unless a handle still holds it: then that handle's drop does).
+//! - The LRU is intrusive (`prev`/`next` slot numbers in the entries) and holds every entry
+//!   in the index, most recently *acquired* first (a release takes no lock, so it cannot
+//!   reorder). [`Store::trim`] walks it from the least recent end and evicts the entries not
+//!   in use.
 //!
 //! Entries in the index never overlap: a registration that needs a new entry first evicts
 //! every entry overlapping its range (not merged).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::super::flags::Access;
-use super::super::region::{MemoryRegion, RegionInner};
+use super::Entry;
 
 const NIL: u32 = u32::MAX;
 
@@ -34,24 +45,27 @@ const NIL: u32 = u32::MAX;
 enum State {
     /// Unused slot, on the free stack.
     Free,
-    /// In the index (findable); on the LRU when `refs == 0`.
+    /// In the index (findable) and on the LRU.
     Cached,
-    /// Out of the index (evicted by an overlap, invalidated, or the cache closing) but still
-    /// in use; becomes `Dead` on its last release.
-    Detached,
-    /// On the dead stack, waiting for its registration to be dropped.
+    /// On the dead stack: out of the index (evicted by an overlap or the bounds, invalidated,
+    /// or the cache closing), its reference waiting to be dropped.
     Dead,
 }
 
 struct Slot {
     start: usize,
-    end: usize,
     access: Access,
-    refs: u32,
     state: State,
     prev: u32,
     next: u32,
-    mr: Option<MemoryRegion>,
+    mr: Option<Arc<Entry>>,
+}
+
+impl Slot {
+    /// Whether a handle holds the entry (more references than the slot's own).
+    fn in_use(&self) -> bool {
+        self.mr.as_ref().is_some_and(|m| Arc::strong_count(m) > 1)
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -61,18 +75,16 @@ struct IndexEnt {
     slot: u32,
 }
 
-/// Entries, the range index and the LRU of unused entries.
+/// Entries, the range index and the LRU.
 pub(super) struct Store {
     slots: Vec<Slot>,
     free: Vec<u32>,
     dead: Vec<u32>,
     index: Vec<IndexEnt>,
-    /// Most recently released unused entry.
+    /// Most recently acquired (or inserted) entry.
     lru_head: u32,
-    /// Least recently released unused entry (evicted first).
+    /// Least recently acquired entry (evicted first when unused).
     lru_tail: u32,
-    lru_count: usize,
-    lru_bytes: usize,
     /// Bytes of the entries in the index (in use or not).
     cached_bytes: usize,
 }
@@ -88,8 +100,6 @@ impl Store {
             index: Vec::with_capacity(cap),
             lru_head: NIL,
             lru_tail: NIL,
-            lru_count: 0,
-            lru_bytes: 0,
             cached_bytes: 0,
         }
     }
@@ -114,8 +124,6 @@ impl Store {
         new.index.extend_from_slice(&self.index);
         new.lru_head = self.lru_head;
         new.lru_tail = self.lru_tail;
-        new.lru_count = self.lru_count;
-        new.lru_bytes = self.lru_bytes;
         new.cached_bytes = self.cached_bytes;
         self.cached_bytes = 0;
         self.free.clear();
@@ -123,8 +131,6 @@ impl Store {
         self.index.clear();
         self.lru_head = NIL;
         self.lru_tail = NIL;
-        self.lru_count = 0;
-        self.lru_bytes = 0;
     }
 
     /// Number of entries in the index.
@@ -138,9 +144,9 @@ impl Store {
         self.index.len() < max_count && self.cached_bytes.checked_add(len).is_some_and(|b| b <= max_size)
     }
 
-    /// Number of unused entries on the LRU, and their bytes.
-    pub(super) fn lru_usage(&self) -> (usize, usize) {
-        (self.lru_count, self.lru_bytes)
+    /// Number of entries in the index not in use, and their bytes (walks the index).
+    pub(super) fn unused_usage(&self) -> (usize, usize) {
+        self.index.iter().filter(|e| !self.slots[e.slot as usize].in_use()).fold((0, 0), |(n, b), e| (n + 1, b + (e.end - e.start)))
     }
 
     /// Position of the first index entry ending after `addr`.
@@ -169,29 +175,25 @@ impl Store {
         acc
     }
 
-    /// Takes a reference on an entry (taking it off the LRU if it was unused) and returns
-    /// its region. Cloning the `Arc` only increments a counter.
-    pub(super) fn acquire(&mut self, slot: u32) -> Arc<RegionInner> {
-        let i = slot as usize;
-        if self.slots[i].refs == 0 && self.slots[i].state == State::Cached {
+    /// Takes a reference on a cached entry for a handle (cloning the `Arc` only increments
+    /// a counter) and makes it the most recently used.
+    pub(super) fn acquire(&mut self, slot: u32) -> Arc<Entry> {
+        debug_assert_eq!(self.slots[slot as usize].state, State::Cached);
+        if self.lru_head != slot {
             self.lru_unlink(slot);
+            self.lru_push_front(slot);
         }
-        self.slots[i].refs += 1;
-        self.region(slot)
-    }
-
-    fn region(&self, slot: u32) -> Arc<RegionInner> {
         match &self.slots[slot as usize].mr {
-            Some(mr) => Arc::clone(&mr.inner),
+            Some(mr) => Arc::clone(mr),
             None => unreachable!("a live cache entry always holds its registration"),
         }
     }
 
-    /// Adds an entry for `[start, end)` holding `mr`, with one reference. The caller has
-    /// evicted overlapping entries and checked `!needs_grow()`.
-    pub(super) fn insert(&mut self, start: usize, end: usize, access: Access, mr: MemoryRegion) -> (u32, Arc<RegionInner>) {
-        let region = Arc::clone(&mr.inner);
-        let slot = Slot { start, end, access, refs: 1, state: State::Cached, prev: NIL, next: NIL, mr: Some(mr) };
+    /// Adds an entry for `[start, end)` holding `mr` (the caller keeps its other references
+    /// for the handle). The caller has evicted overlapping entries and checked
+    /// `!needs_grow()`.
+    pub(super) fn insert(&mut self, start: usize, end: usize, access: Access, mr: Arc<Entry>) {
+        let slot = Slot { start, access, state: State::Cached, prev: NIL, next: NIL, mr: Some(mr) };
         let n = match self.free.pop() {
             Some(n) => {
                 self.slots[n as usize] = slot;
@@ -207,29 +209,22 @@ impl Store {
         debug_assert!(self.index.len() < self.index.capacity());
         self.index.insert(pos, IndexEnt { start, end, slot: n });
         self.cached_bytes += end - start;
-        (n, region)
+        self.lru_push_front(n);
     }
 
-    /// Takes the entry at index position `pos` out of the index; unused entries die, used ones
-    /// are detached. Returns whether it died.
-    fn unindex(&mut self, pos: usize) -> bool {
+    /// Takes the entry at index position `pos` out of the index and the LRU; its reference
+    /// goes on the dead stack (handles holding it keep it alive).
+    fn unindex(&mut self, pos: usize) {
         let e = self.index.remove(pos);
         self.cached_bytes -= e.end - e.start;
-        let s = e.slot;
-        if self.slots[s as usize].refs == 0 {
-            self.lru_unlink(s);
-            self.kill(s);
-            true
-        } else {
-            self.slots[s as usize].state = State::Detached;
-            false
+        self.lru_unlink(e.slot);
+        let s = &mut self.slots[e.slot as usize];
+        s.state = State::Dead;
+        if let Some(entry) = &s.mr {
+            entry.dead.store(true, Ordering::Release);
         }
-    }
-
-    fn kill(&mut self, slot: u32) {
-        self.slots[slot as usize].state = State::Dead;
         debug_assert!(self.dead.len() < self.dead.capacity());
-        self.dead.push(slot);
+        self.dead.push(e.slot);
     }
 
     /// Removes every entry overlapping `[start, end)` from the index; returns how many.
@@ -249,8 +244,8 @@ impl Store {
         let pos = self.first_ending_after(start);
         let mut n = 0;
         while let Some(e) = self.index.get(pos).copied().filter(|e| e.start < end) {
-            if let Some(mr) = &self.slots[e.slot as usize].mr {
-                mr.inner.revoke();
+            if let Some(entry) = &self.slots[e.slot as usize].mr {
+                entry.mr.inner.revoke();
             }
             self.unindex(pos);
             n += 1;
@@ -258,62 +253,48 @@ impl Store {
         n
     }
 
-    /// Drops one reference. An unused cached entry goes to the LRU front; an unused detached
-    /// one dies.
-    pub(super) fn release(&mut self, slot: u32) {
-        let i = slot as usize;
-        debug_assert!(self.slots[i].refs > 0);
-        self.slots[i].refs -= 1;
-        if self.slots[i].refs == 0 {
-            match self.slots[i].state {
-                State::Cached => self.lru_push_front(slot),
-                State::Detached => self.kill(slot),
-                State::Free | State::Dead => debug_assert!(false, "release of a dead entry"),
-            }
-        }
-    }
-
-    /// Evicts least recently used unused entries until the cache holds at most `max_count`
-    /// entries and `max_size` bytes, counting every entry (in use or not), or no unused entry
-    /// is left. Returns how many were evicted.
+    /// Evicts least recently acquired entries not in use until the cache holds at most
+    /// `max_count` entries and `max_size` bytes, counting every entry (in use or not), or no
+    /// unused entry is left. Returns how many were evicted. Walks past entries in use.
     pub(super) fn trim(&mut self, max_count: usize, max_size: usize) -> usize {
         let mut n = 0;
-        while self.lru_tail != NIL && (self.index.len() > max_count || self.cached_bytes > max_size) {
-            let s = &self.slots[self.lru_tail as usize];
-            let pos = self.index.partition_point(|e| e.start < s.start);
-            debug_assert_eq!(self.index[pos].slot, self.lru_tail);
-            self.unindex(pos);
-            n += 1;
+        let mut cur = self.lru_tail;
+        while cur != NIL && (self.index.len() > max_count || self.cached_bytes > max_size) {
+            let s = &self.slots[cur as usize];
+            let prev = s.prev;
+            if !s.in_use() {
+                let pos = self.index.partition_point(|e| e.start < s.start);
+                debug_assert_eq!(self.index[pos].slot, cur);
+                self.unindex(pos);
+                n += 1;
+            }
+            cur = prev;
         }
         n
     }
 
-    /// Takes every entry out of the index (the cache is closing): unused ones die, used ones
-    /// die on release.
+    /// Takes every entry out of the index (the cache is closing): their references go on the
+    /// dead stack; handles in use keep theirs.
     pub(super) fn detach_all(&mut self) {
         while !self.index.is_empty() {
             self.unindex(self.index.len() - 1);
         }
     }
 
-    /// Whether dead entries wait for their registration to be dropped.
+    /// Whether dead entries wait for their reference to be dropped.
     pub(super) fn has_dead(&self) -> bool {
         !self.dead.is_empty()
     }
 
-    /// Frees one dead slot and hands its registration out, to be dropped unlocked.
-    pub(super) fn pop_dead(&mut self) -> Option<MemoryRegion> {
+    /// Frees one dead slot and hands its reference out, to be dropped unlocked.
+    pub(super) fn pop_dead(&mut self) -> Option<Arc<Entry>> {
         let n = self.dead.pop()?;
         let s = &mut self.slots[n as usize];
+        debug_assert_eq!(s.state, State::Dead);
         s.state = State::Free;
         let mr = s.mr.take();
         self.free.push(n);
         mr
-    }
-
-    fn bytes(&self, slot: u32) -> usize {
-        let s = &self.slots[slot as usize];
-        s.end - s.start
     }
 
     fn lru_push_front(&mut self, slot: u32) {
@@ -329,8 +310,6 @@ impl Store {
             self.lru_tail = slot;
         }
         self.lru_head = slot;
-        self.lru_count += 1;
-        self.lru_bytes += self.bytes(slot);
     }
 
     fn lru_unlink(&mut self, slot: u32) {
@@ -351,7 +330,5 @@ impl Store {
         let s = &mut self.slots[slot as usize];
         s.prev = NIL;
         s.next = NIL;
-        self.lru_count -= 1;
-        self.lru_bytes -= self.bytes(slot);
     }
 }

@@ -313,7 +313,7 @@ fn store_grows_past_initial_capacity() {
     let p = page_size();
     let m = pages(200);
     let held: Vec<CachedMr> = (0..200).map(|i| c.get(m.addr() + i * p, p, RR).unwrap()).collect();
-    assert_eq!(c.usage().0, 200);
+    assert_eq!(c.usage().0, 200, "{:?}", c.stats());
     for (i, h) in held.iter().enumerate() {
         assert!(readable(&c, h.key().unwrap(), m.addr() + i * p, p));
     }
@@ -491,4 +491,217 @@ fn bounds_count_entries_in_use() {
 fn endpoint_domains_are_refused() {
     let d = Domain::open(DomainAttr { mr_mode: MrMode::ENDPOINT, ..DomainAttr::default() }).unwrap();
     assert_eq!(MrCache::new(d, CacheConfig::default()).unwrap_err(), MrErrno::Inval);
+}
+
+/// `n` pages far below where the kernel places mappings made without an address (it fills
+/// the highest free gaps first), so that the hole they leave when unmapped is not filled by
+/// other test threads' mappings: a test that unmaps them can map the same address again.
+fn isolated_pages(n: usize) -> Mapping {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    for _ in 0..64 {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        // 32 TiB up, 1 GiB apart: far from the mmap base, the heap and the binary.
+        if let Ok(mut m) = Mapping::at((1usize << 45) + (k << 30), n * page_size()) {
+            m.fill(0x5a);
+            return m;
+        }
+    }
+    pages(n)
+}
+
+/// Maps `len` bytes at `addr` again, retrying a few times (another test thread may hold the
+/// hole for a moment); `None` if it stays taken.
+fn map_again(addr: usize, len: usize) -> Option<Mapping> {
+    for _ in 0..100 {
+        if let Ok(m) = Mapping::at(addr, len) {
+            return Some(m);
+        }
+        std::thread::yield_now();
+    }
+    None
+}
+
+/// The fast path (issue 14 item 4): a range hit many times, unmapped and mapped anew at the
+/// same address, misses on the next `get`, every round. Even rounds `munmap` then `mmap` the
+/// same address (when another test thread takes the hole first, the round goes on at a fresh
+/// address); odd rounds map over the range with `MAP_FIXED`, which unmaps and maps in one
+/// call, so the address is always the same.
+#[test]
+fn fast_path_misses_after_munmap_and_mmap_of_the_same_range() {
+    let c = cache();
+    let p = page_size();
+    let mut m = isolated_pages(4);
+    let mut replaced = 0;
+    for round in 0..64 {
+        let addr = m.addr();
+        let first = c.get(addr, 4 * p, RR).unwrap();
+        assert!(first.is_cached() && first.is_valid(), "round {round}");
+        let key = first.key().unwrap();
+        let hits = c.stats().hits;
+        for _ in 0..8 {
+            assert_eq!(c.get(addr + p, p, RR).unwrap().key().unwrap(), key);
+        }
+        assert_eq!(c.stats().hits, hits + 8);
+        let held = c.get(addr, p, RR).unwrap();
+        if round % 2 == 1 {
+            m.replace();
+            replaced += 1;
+        } else {
+            m.unmap();
+            m = map_again(addr, 4 * p).unwrap_or_else(|| isolated_pages(4));
+        }
+        assert!(!first.is_valid() && !held.is_valid(), "revoked once the old pages were unmapped");
+        assert!(!readable(&c, key, addr, 1));
+        let addr = m.addr();
+        m.fill(0x33);
+        let hits = c.stats().hits;
+        let h = c.get(addr, 4 * p, RR).unwrap();
+        assert_eq!(c.stats().hits, hits, "round {round}: a miss, never the old mapping's entry");
+        assert_ne!(h.key().unwrap(), key);
+        assert!(h.is_cached() && h.is_valid());
+        assert!(readable(&c, h.key().unwrap(), addr, 4 * p));
+    }
+    assert_eq!(replaced, 32);
+}
+
+/// The fast path with the unmap in another thread: one thread hits a range without pause
+/// while the other unmaps it, then maps it anew (at the same address unless another test
+/// thread took it). Once the `munmap` has returned, every cached handle of the old mapping
+/// is revoked, and the next `get` is not a hit on it; once memory is mapped again, a fresh
+/// entry.
+#[test]
+fn fast_path_with_munmap_from_another_thread() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::sync::mpsc;
+
+    let c = Arc::new(cache());
+    let p = page_size();
+    let len = 8 * p;
+    enum Work {
+        /// Unmap this after the main thread's hits reach the count asked.
+        Unmap(Mapping, usize),
+        /// Map the last range unmapped again (elsewhere if it is taken).
+        MapAgain,
+    }
+    let unmapped = Arc::new(AtomicBool::new(false));
+    let (to_unmapper, work) = mpsc::channel::<Work>();
+    let (to_main, done) = mpsc::channel::<Mapping>();
+    let spins = Arc::new(AtomicUsize::new(0));
+    let unmapper = {
+        let (unmapped, spins) = (Arc::clone(&unmapped), Arc::clone(&spins));
+        std::thread::spawn(move || {
+            let mut addr = 0;
+            while let Ok(w) = work.recv() {
+                match w {
+                    Work::Unmap(mut m, wait) => {
+                        while spins.load(Ordering::Acquire) < wait {
+                            std::thread::yield_now();
+                        }
+                        addr = m.addr();
+                        m.unmap();
+                        unmapped.store(true, Ordering::Release);
+                    }
+                    Work::MapAgain => {
+                        let again = map_again(addr, len).unwrap_or_else(|| isolated_pages(8));
+                        if to_main.send(again).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let mut m = isolated_pages(8);
+    let mut reused = 0;
+    for round in 0..40 {
+        let addr = m.addr();
+        let first = c.get(addr, len, RR).unwrap();
+        assert!(first.is_cached(), "round {round}");
+        let key = first.key().unwrap();
+        drop(first);
+        spins.store(0, Ordering::Release);
+        unmapped.store(false, Ordering::Release);
+        // Unmapped after a varying number of this thread's gets.
+        to_unmapper.send(Work::Unmap(m, 50 + (round * 37) % 400)).unwrap();
+        let mut held = std::collections::VecDeque::new();
+        while !unmapped.load(Ordering::Acquire) {
+            let h = c.get(addr + p, p, RR).unwrap();
+            if h.is_cached() && h.key().unwrap() == key {
+                held.push_back(h);
+                if held.len() > 64 {
+                    held.pop_front();
+                }
+            }
+            spins.fetch_add(1, Ordering::Release);
+        }
+        // munmap has returned (the flag was set after it).
+        assert!(!held.is_empty(), "round {round}: hits while the range was mapped");
+        assert!(held.iter().all(|h| !h.is_valid()), "round {round}: a handle of unmapped memory still valid");
+        assert!(!readable(&c, key, addr, 1));
+        let hits = c.stats().hits;
+        let h = c.get(addr + p, p, RR).unwrap();
+        assert_eq!(c.stats().hits, hits, "round {round}: no hit on unmapped memory");
+        assert!(!h.is_cached(), "round {round}: nothing is mapped there, nothing to watch");
+        assert_ne!(h.key().unwrap(), key);
+        drop((h, held));
+        // Now let the other thread map the range again.
+        to_unmapper.send(Work::MapAgain).unwrap();
+        m = done.recv().unwrap();
+        m.fill(0x77);
+        if m.addr() == addr {
+            reused += 1;
+            let hits = c.stats().hits;
+            let h = c.get(addr + p, p, RR).unwrap();
+            assert_eq!(c.stats().hits, hits, "round {round}: a miss after the new mapping");
+            assert_ne!(h.key().unwrap(), key);
+            assert!(h.is_cached() && h.is_valid(), "round {round}");
+        }
+    }
+    drop(to_unmapper);
+    unmapper.join().unwrap();
+    assert!(reused > 0, "the address was never free to map again");
+}
+
+/// A lookup that finds the monitor's signal count ahead of the last drain reads the
+/// userfaultfd itself before looking up (and records the drain); the hit is still a hit.
+#[test]
+fn signalled_lookup_drains_before_hitting() {
+    let c = cache();
+    let m = pages(2);
+    let p = page_size();
+    let key = c.get(m.addr(), 2 * p, RR).unwrap().key().unwrap();
+    let sh = &c.shared;
+    sh.signals.fetch_add(1, Ordering::SeqCst);
+    assert_ne!(sh.signals.load(Ordering::SeqCst), lock(&sh.state).drained);
+    let h = c.get(m.addr(), p, RR).unwrap();
+    assert_eq!(h.key().unwrap(), key);
+    assert_eq!(c.stats().hits, 1);
+    assert_eq!(sh.signals.load(Ordering::SeqCst), lock(&sh.state).drained, "the slow path drained");
+}
+
+/// The LRU orders entries by last use and flushing walks past entries in use.
+#[test]
+fn lru_flushes_least_recently_used_and_skips_entries_in_use() {
+    let c = cache_with(CacheConfig { max_count: 3, ..CacheConfig::default() });
+    let m = pages(5);
+    let p = page_size();
+    let at = |i: usize| m.addr() + i * p;
+    let a = c.get(at(0), p, RR).unwrap(); // oldest, held throughout
+    let kb = c.get(at(1), p, RR).unwrap().key().unwrap();
+    let kc = c.get(at(2), p, RR).unwrap().key().unwrap();
+    // Use b again: c is now the least recently used unused entry.
+    assert_eq!(c.get(at(1), p, RR).unwrap().key().unwrap(), kb);
+    let d = c.get(at(3), p, RR).unwrap();
+    assert!(d.is_cached());
+    assert!(!readable(&c, kc, at(2), 1), "c flushed");
+    assert!(readable(&c, kb, at(1), 1) && readable(&c, a.key().unwrap(), at(0), 1));
+    // b is flushed next; a, the oldest, is in use and stays.
+    let e = c.get(at(4), p, RR).unwrap();
+    assert!(e.is_cached());
+    assert!(!readable(&c, kb, at(1), 1));
+    assert!(readable(&c, a.key().unwrap(), at(0), 1));
+    assert_eq!(c.usage(), (3, 0, 0));
+    drop(d);
+    assert_eq!(c.usage(), (3, 1, p));
 }

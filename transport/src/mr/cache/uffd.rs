@@ -453,6 +453,28 @@ pub(crate) mod testmem {
             old
         }
 
+        /// Maps fresh zeroed memory over the whole mapping, at the same address, in one call
+        /// (`mmap` with `MAP_FIXED`: the kernel unmaps the old pages, posting the unmap event,
+        /// and maps new ones; no other thread can take the range in between).
+        pub(crate) fn replace(&mut self) {
+            assert!(self.mapped && self.holes.iter().all(|h| !h));
+            // SAFETY: the range is exactly a mapping this value created and still owns
+            // entirely (no page unmapped); MAP_FIXED replaces only it, with an anonymous
+            // private mapping this value then owns. Tests keep only its address as a number.
+            let p = unsafe {
+                libc::mmap(
+                    self.addr as *mut libc::c_void,
+                    self.len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+            assert_eq!(p as usize, self.addr);
+        }
+
         /// Unmaps `[off, off + len)` of the mapping (page-aligned); the rest stays mapped until
         /// drop, which unmaps only what is still ours.
         pub(crate) fn unmap_part(&mut self, off: usize, len: usize) {
