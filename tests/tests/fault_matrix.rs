@@ -20,7 +20,6 @@
 //! fault_matrix`. Run with `--nocapture` to see the teardown times.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Condvar, Mutex};
@@ -56,26 +55,6 @@ const FAULTS: [Fault; 8] = [
     Fault { name: "sigsegv", status: 128 + libc::SIGSEGV, how: "killed by signal SIGSEGV (11)", quote: None },
     Fault { name: "abort", status: 128 + libc::SIGABRT, how: "killed by signal SIGABRT (6)", quote: None },
 ];
-
-fn target_dir() -> PathBuf {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let ws = here.parent().unwrap_or(here);
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) if !d.is_empty() => ws.join(d),
-        _ => ws.join("target"),
-    }
-}
-
-/// `tmpirun` next to this crate's binaries, else in `<target>/release/`.
-fn tmpirun() -> PathBuf {
-    let beside = Path::new(env!("CARGO_BIN_EXE_faultmatrix")).parent().map(Path::to_path_buf);
-    let candidates: Vec<PathBuf> = beside.into_iter().chain([target_dir().join("release")]).map(|d| d.join("tmpirun")).collect();
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .unwrap_or_else(|| panic!("tmpirun not found (looked for {candidates:?}); build first: cargo build --release --workspace --bins"))
-}
 
 /// Jobs running now in this test process (all tests together stay within [`PARALLEL`]).
 static RUNNING: Mutex<usize> = Mutex::new(0);
@@ -142,7 +121,7 @@ impl Ended {
 fn run(np: usize, args: &[&str]) -> Ended {
     let _slot = Slot::take();
     let start = Instant::now();
-    let mut child = Command::new(tmpirun())
+    let mut child = Command::new(tmpi_tests::tmpirun())
         .args(["-n", &np.to_string(), "--report-pids", "--timeout", &JOB_TIMEOUT_SECS.to_string()])
         .arg(env!("CARGO_BIN_EXE_faultmatrix"))
         .args(args)
@@ -424,7 +403,7 @@ fn strangers_cannot_join_or_disturb_a_job() {
     let np = 3;
     let gofile = std::env::temp_dir().join(format!("tmpi-strangers-go-{}", std::process::id()));
     let _ = std::fs::remove_file(&gofile);
-    let mut child = std::process::Command::new(tmpirun())
+    let mut child = std::process::Command::new(tmpi_tests::tmpirun())
         .args(["-n", &np.to_string(), "--report-pids", "--timeout", "30"])
         .arg(env!("CARGO_BIN_EXE_faultmatrix"))
         .arg("strangers")

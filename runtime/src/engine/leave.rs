@@ -100,11 +100,9 @@ impl Engine {
     /// a receive it was filling fails with [`Error::PeerGone`].
     pub(super) fn cut_off(&mut self, peer: usize) -> Result<()> {
         let Some(inc) = self.st.incoming.get(peer).copied() else { return Ok(()) };
-        if matches!(inc, Incoming::Idle) && !self.st.tm.abort_message(peer as u32) {
+        let aborted = self.st.tm.abort_message(peer as u32);
+        if !aborted && matches!(inc, Incoming::Idle) {
             return Ok(());
-        }
-        if !matches!(inc, Incoming::Idle) {
-            self.st.tm.abort_message(peer as u32);
         }
         self.st.incoming[peer] = Incoming::Idle;
         match inc {
