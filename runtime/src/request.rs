@@ -35,6 +35,15 @@ use crate::{Rank, Tag};
 
 type Eng = Rc<RefCell<Engine>>;
 
+thread_local! {
+    /// Lists of started requests from scopes that ended, kept for the next scopes of this
+    /// thread so that a scope in a loop does not allocate.
+    static STARTED_POOL: RefCell<Vec<Vec<(Eng, ReqId)>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Lists kept in [`STARTED_POOL`] (scopes nest rarely deeper).
+const POOL_KEEP: usize = 8;
+
 /// The region inside which non-blocking operations live. See the module docs.
 pub struct Scope<'scope, 'env: 'scope> {
     started: RefCell<Vec<(Eng, ReqId)>>,
@@ -55,13 +64,14 @@ pub fn scope<'env, F, R>(f: F) -> R
 where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
 {
-    let s = Scope { started: RefCell::new(Vec::new()), _scope: PhantomData, _env: PhantomData };
+    let started = STARTED_POOL.with(|p| p.borrow_mut().pop()).unwrap_or_default();
+    let s = Scope { started: RefCell::new(started), _scope: PhantomData, _env: PhantomData };
     struct End<'a, 'b, 'c>(&'a Scope<'b, 'c>);
     impl Drop for End<'_, '_, '_> {
         fn drop(&mut self) {
-            let started = std::mem::take(&mut *self.0.started.borrow_mut());
+            let mut started = std::mem::take(&mut *self.0.started.borrow_mut());
             let panicking = std::thread::panicking();
-            for (eng, rid) in started {
+            for (eng, rid) in started.drain(..) {
                 let Ok(mut e) = eng.try_borrow_mut() else {
                     // The engine is busy further up this thread's stack (a panic unwound out
                     // of it): it cannot be told to forget this request's buffer, and the
@@ -72,10 +82,21 @@ where
                 if panicking {
                     e.abandon(rid);
                 } else if e.is_done(rid) {
-                    let _ = e.take_if_done(rid);
+                    e.discard(rid);
                 } else {
                     let _ = finish(&mut e, rid);
                 }
+            }
+            // Keep the (now empty) list for the next scope; not while unwinding (the pool's
+            // borrow may be what panicked) and not an unusually large one.
+            if !panicking && started.capacity() <= 4096 {
+                let _ = STARTED_POOL.try_with(|p| {
+                    if let Ok(mut p) = p.try_borrow_mut() {
+                        if p.len() < POOL_KEEP {
+                            p.push(started);
+                        }
+                    }
+                });
             }
         }
     }

@@ -188,7 +188,7 @@ struct RecvState {
     /// Queued in software only (counted in `State::sw_only_posted`).
     sw_only: bool,
     /// A rendezvous request the TM-SRQ placed in this (too small) tagged buffer.
-    rndv_req: Option<([u8; 64], usize)>,
+    rndv_req: Option<Box<([u8; 64], usize)>>,
     /// The rendezvous read filling this receive, once started.
     read: Option<Key>,
     received: usize,
@@ -319,7 +319,8 @@ enum ReqKind {
 
 struct Req {
     kind: ReqKind,
-    result: Option<Result<Status>>,
+    /// The outcome once complete; an error is boxed so a pending slot stays small.
+    result: Option<std::result::Result<Status, Box<Error>>>,
     /// Nobody will collect the result: free the slot on completion.
     detached: bool,
 }

@@ -22,7 +22,7 @@ impl State {
             let mut b = [0u8; 64];
             let n = req.len().min(64);
             b[..n].copy_from_slice(&req[..n]);
-            r.rndv_req = Some((b, n));
+            r.rndv_req = Some(Box::new((b, n)));
         }
     }
 
@@ -137,7 +137,7 @@ impl State {
                 return;
             }
             let r = match stash {
-                Some((b, n)) => RndvInfo::parse(&b[..n]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
+                Some(s) => RndvInfo::parse(&s.0[..s.1]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
                 None => Err(malformed("RNDV_INCOMPLETE without the request")),
             };
             if let Err(e) = r {
@@ -154,7 +154,7 @@ impl State {
             if let ReqKind::Recv(r) = &mut req.kind {
                 r.total = len;
                 r.received = len;
-                req.result = Some(match wc.status {
+                let outcome = match wc.status {
                     _ if r.refused.is_some() => Err(malformed_from(r.src_world, "a message under another rank's name")),
                     WcStatus::Success => Ok(Status { source: r.source, tag: r.tag, len, cancelled: false }),
                     WcStatus::LocLenErr => Err(Error::Truncated { source_rank: r.source, tag: r.tag, len, capacity: r.cap }),
@@ -163,7 +163,8 @@ impl State {
                         Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
                     }
                     st => Err(Error::State(format!("receive from rank {} failed in the TM-SRQ: {st:?}", r.source))),
-                });
+                };
+                req.result = Some(outcome.map_err(Box::new));
             }
             if req.detached {
                 self.reqs.remove(rid);

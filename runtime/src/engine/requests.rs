@@ -14,13 +14,20 @@ impl Engine {
     /// The result of `rid` if it has completed (the slot is freed).
     #[inline]
     pub(crate) fn take_if_done(&mut self, rid: ReqId) -> Option<Result<Status>> {
-        let done = self.st.reqs.get(rid).is_none_or(|r| r.result.is_some());
-        if !done {
-            return None;
-        }
-        match self.st.reqs.remove(rid) {
-            Some(Req { result: Some(r), .. }) => Some(r),
-            _ => Some(Err(Error::State("request already completed and collected".into()))),
+        let Some(req) = self.st.reqs.get_mut(rid) else {
+            return Some(Err(Error::State("request already completed and collected".into())));
+        };
+        let r = req.result.take()?;
+        self.st.reqs.free(rid);
+        Some(r.map_err(|e| *e))
+    }
+
+    /// Frees the slot of a completed request nobody collected (the end of its scope); no
+    /// effect on a request already collected.
+    #[inline]
+    pub(crate) fn discard(&mut self, rid: ReqId) {
+        if self.is_done(rid) {
+            self.st.reqs.free(rid);
         }
     }
 
@@ -220,7 +227,7 @@ impl State {
             r.match_id = None;
         }
         if req.result.is_none() {
-            req.result = Some(Err(err));
+            req.result = Some(Err(Box::new(err)));
         }
         if req.detached {
             self.reqs.remove(rid);
@@ -233,7 +240,7 @@ impl State {
         };
         if let ReqKind::Recv(r) = &req.kind {
             req.result = Some(if r.total > r.cap {
-                Err(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap })
+                Err(Box::new(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap }))
             } else {
                 Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
             });

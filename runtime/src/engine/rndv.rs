@@ -272,10 +272,10 @@ impl State {
                     if let Some(Req { kind: ReqKind::Send(st), result: r @ None, .. }) = self.reqs.get_mut(k) {
                         if st.rndv.is_some() {
                             st.rndv = None;
-                            *r = Some(Err(Error::RemoteAccess {
+                            *r = Some(Err(Box::new(Error::RemoteAccess {
                                 rank: src,
                                 reason: format!("rank {src} asked to read a range the registration does not allow"),
-                            }));
+                            })));
                         }
                     }
                 }
@@ -300,13 +300,14 @@ impl State {
         }
         let Some(req) = self.reqs.get_mut(op.rid) else { return Ok(()) };
         if let ReqKind::Recv(r) = &req.kind {
-            req.result = Some(if !ok {
+            let outcome = if !ok {
                 Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
             } else if r.total > r.cap {
                 Err(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap })
             } else {
                 Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
-            });
+            };
+            req.result = Some(outcome.map_err(Box::new));
         }
         if req.detached {
             self.reqs.remove(op.rid);
