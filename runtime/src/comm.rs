@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 use crate::matching;
 use crate::{Rank, Tag, TAG_UB};
 
+pub use crate::status::Status;
+
 /// Where a receive may come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Source {
@@ -45,45 +47,6 @@ impl From<Tag> for TagMatch {
 pub const ANY_SOURCE: Source = Source::Any;
 /// Receive any tag.
 pub const ANY_TAG: TagMatch = TagMatch::Any;
-
-/// What a completed receive (or a probe) tells about its message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Status {
-    pub(crate) source: Rank,
-    pub(crate) tag: Tag,
-    pub(crate) len: usize,
-    pub(crate) cancelled: bool,
-}
-
-impl Status {
-    /// Rank (in the communicator) that sent the message.
-    pub fn source(&self) -> Rank {
-        self.source
-    }
-    /// Tag of the message.
-    pub fn tag(&self) -> Tag {
-        self.tag
-    }
-    /// Bytes received (or, from a probe, that would be received).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether no bytes were received.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Number of whole `T` elements received.
-    pub fn count<T: Pod>(&self) -> usize {
-        match std::mem::size_of::<T>() {
-            0 => 0,
-            n => self.len / n,
-        }
-    }
-    /// Whether the operation was cancelled.
-    pub fn cancelled(&self) -> bool {
-        self.cancelled
-    }
-}
 
 /// The communicator ids one rank has in use: a bit per id (id 0, the world, always).
 ///

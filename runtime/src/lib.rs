@@ -58,6 +58,7 @@ pub mod matching;
 pub mod op;
 mod request;
 mod slab;
+mod status;
 mod sys;
 mod topo;
 mod world;

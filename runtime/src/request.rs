@@ -128,7 +128,7 @@ impl<'scope> Request<'scope> {
                 s.started.borrow_mut().push((eng.clone(), r));
                 None
             }
-            None => Some(Status { source: 0, tag: 0, len: 0, cancelled: false }),
+            None => Some(Status::sent()),
         };
         Request { eng, rid, done, _p: PhantomData }
     }

@@ -183,6 +183,16 @@ impl State {
         }
     }
 
+    /// Keeps the buffer of a consumed small unexpected message for the next one, so that the
+    /// unexpected path does not allocate in steady state.
+    #[inline]
+    pub(super) fn recycle_ux(&mut self, mut v: Vec<u8>) {
+        if v.capacity() == UX_POOL_LEN && self.ux_pool.len() < UX_POOL_KEEP {
+            v.clear();
+            self.ux_pool.push(v);
+        }
+    }
+
     /// Self-delivery: the message passes through the TM-SRQ as two packets (header, payload).
     pub(super) fn deliver_self(&mut self, hdr: &[u8; TMH_LEN], payload: &[u8]) -> Result<()> {
         let src = self.rank;
@@ -284,8 +294,8 @@ impl State {
             }
             Arrived::Unexpected => {
                 self.stats.unexpected += 1;
-                let mut v = Vec::new();
-                if v.try_reserve_exact(total).is_err() {
+                let mut v = if total <= UX_POOL_LEN { self.ux_pool.pop().unwrap_or_default() } else { Vec::new() };
+                if v.try_reserve_exact(if total <= UX_POOL_LEN { UX_POOL_LEN } else { total }).is_err() {
                     if !last {
                         self.incoming[src] = Incoming::Discard;
                     }
@@ -382,6 +392,7 @@ impl State {
             }
             r.received = u.data.len();
         }
+        self.recycle_ux(u.data);
         if u.complete {
             self.complete_recv(rid);
         } else {

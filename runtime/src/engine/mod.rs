@@ -440,10 +440,17 @@ struct State {
     /// An error met while the engine could not report it (abandon waits): reported by the
     /// next progress.
     deferred: Option<Error>,
+    /// Buffers of [`UX_POOL_LEN`] bytes for small unexpected messages, kept for reuse.
+    ux_pool: Vec<Vec<u8>>,
     /// Collective calls that failed elsewhere because a rank departed: (collective context,
     /// sequence number, departed rank), the most recent [`ABORTS_KEPT`].
     aborts: VecDeque<(u32, u32, usize)>,
 }
+
+/// Unexpected messages up to this many bytes are stored in recycled buffers of this capacity.
+const UX_POOL_LEN: usize = 4096;
+/// Recycled unexpected-message buffers kept per rank (at most 1 MiB).
+const UX_POOL_KEEP: usize = 256;
 
 /// Longest eager message a peer may announce: its credit never exceeds 2^31 bytes.
 const MAX_EAGER_LEN: usize = 1 << 31;
@@ -534,6 +541,7 @@ impl Engine {
                 owed: vec![0; size],
                 credit_batch: (credit_per_peer(cfg.unexpected_max, size) / 4).max(1),
                 deferred: None,
+                ux_pool: Vec::new(),
                 aborts: VecDeque::new(),
             },
             out: (0..size).map(|_| VecDeque::new()).collect(),

@@ -148,27 +148,22 @@ impl State {
         if wc.flags.contains(WcFlags::TM_DATA_VALID) {
             let len = wc.byte_len as usize;
             self.stats.bytes_recv += len as u64;
-            let Some(req) = self.reqs.get_mut(rid) else {
+            let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
                 return;
             };
-            if let ReqKind::Recv(r) = &mut req.kind {
-                r.total = len;
-                r.received = len;
-                let outcome = match wc.status {
-                    _ if r.refused.is_some() => Err(malformed_from(r.src_world, "a message under another rank's name")),
-                    WcStatus::Success => Ok(Status { source: r.source, tag: r.tag, len, cancelled: false }),
-                    WcStatus::LocLenErr => Err(Error::Truncated { source_rank: r.source, tag: r.tag, len, capacity: r.cap }),
-                    WcStatus::WrFlushErr => Err(Error::PeerGone { rank: r.src_world }),
-                    WcStatus::RemAccessErr => {
-                        Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
-                    }
-                    st => Err(Error::State(format!("receive from rank {} failed in the TM-SRQ: {st:?}", r.source))),
-                };
-                req.result = Some(outcome.map_err(Box::new));
-            }
-            if req.detached {
-                self.reqs.remove(rid);
-            }
+            r.total = len;
+            r.received = len;
+            let failure = match wc.status {
+                _ if r.refused.is_some() => Some(malformed_from(r.src_world, "a message under another rank's name")),
+                WcStatus::Success => None,
+                WcStatus::LocLenErr => Some(r.truncated(len)),
+                WcStatus::WrFlushErr => Some(Error::PeerGone { rank: r.src_world }),
+                WcStatus::RemAccessErr => {
+                    Some(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
+                }
+                st => Some(Error::State(format!("receive from rank {} failed in the TM-SRQ: {st:?}", r.source))),
+            };
+            self.end_recv(rid, failure);
         }
     }
 }

@@ -68,7 +68,7 @@ impl Engine {
         let (t, m) = matching::recv_key(ctx, src, tag);
         self.st.matcher.probe(t, m).map(|(tag64, &k)| {
             let len = self.st.ux.get(k).map_or(0, |u| u.total);
-            Status { source: src_of(tag64), tag: tag_of(tag64), len, cancelled: false }
+            Status::received(src_of(tag64), tag_of(tag64), len)
         })
     }
 }

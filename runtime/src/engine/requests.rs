@@ -52,7 +52,7 @@ impl Engine {
         }
         let Some(id) = r.match_id.take() else { return };
         if self.st.matcher.cancel(id).is_some() {
-            req.result = Some(Ok(Status { source: 0, tag: 0, len: 0, cancelled: true }));
+            req.result = Some(Ok(Status::cancelled_recv()));
             self.st.leave_queues(rid);
         }
         if let Err(e) = self.st.drain_cq() {
@@ -203,7 +203,7 @@ impl State {
             s.acked |= acked;
             if s.pushed && (s.acked || !s.need_ack) && req.result.is_none() {
                 s.rndv = None;
-                req.result = Some(Ok(Status { source: 0, tag: 0, len: 0, cancelled: false }));
+                req.result = Some(Ok(Status::sent()));
                 if req.detached {
                     self.reqs.remove(rid);
                 }
@@ -221,32 +221,53 @@ impl State {
 
     /// Completes receive `rid` with `err` (it matched, so it leaves every queue).
     pub(super) fn fail_recv(&mut self, rid: ReqId, err: Error) {
-        let Some(req) = self.reqs.get_mut(rid) else { return };
-        if let ReqKind::Recv(r) = &mut req.kind {
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             r.matched = true;
             r.match_id = None;
         }
-        if req.result.is_none() {
-            req.result = Some(Err(Box::new(err)));
+        self.end_recv(rid, Some(err));
+    }
+
+    /// Receive `rid` has all of its message: it completes with its status, or
+    /// [`Error::Truncated`] (see [`State::end_recv`]).
+    #[inline]
+    pub(super) fn complete_recv(&mut self, rid: ReqId) {
+        self.end_recv(rid, None);
+    }
+
+    /// The one completion point of a matched receive: it ends with `failure`, or else with
+    /// what its message says ([`RecvState::outcome`]); a receive that already has its result
+    /// keeps it. A detached receive's slot is freed.
+    pub(super) fn end_recv(&mut self, rid: ReqId, failure: Option<Error>) {
+        let Some(req) = self.reqs.get_mut(rid) else {
+            return;
+        };
+        if let ReqKind::Recv(r) = &req.kind {
+            if req.result.is_none() {
+                req.result = Some(match failure {
+                    Some(e) => Err(Box::new(e)),
+                    None => r.outcome().map_err(Box::new),
+                });
+            }
         }
         if req.detached {
             self.reqs.remove(rid);
         }
     }
+}
 
-    pub(super) fn complete_recv(&mut self, rid: ReqId) {
-        let Some(req) = self.reqs.get_mut(rid) else {
-            return;
-        };
-        if let ReqKind::Recv(r) = &req.kind {
-            req.result = Some(if r.total > r.cap {
-                Err(Box::new(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap }))
-            } else {
-                Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
-            });
-        }
-        if req.detached {
-            self.reqs.remove(rid);
+impl RecvState {
+    /// The error of a message of `len` bytes that does not fit this receive.
+    pub(super) fn truncated(&self, len: usize) -> Error {
+        Error::Truncated { source_rank: self.source, tag: self.tag, len, capacity: self.cap }
+    }
+
+    /// What this receive reports once its message (`total` bytes) is in.
+    fn outcome(&self) -> Result<Status> {
+        if self.total > self.cap {
+            Err(self.truncated(self.total))
+        } else {
+            Ok(Status::received(self.source, self.tag, self.total))
         }
     }
 }

@@ -298,20 +298,13 @@ impl State {
             fin[TMH_LEN..].copy_from_slice(&op.info.rvh.to_bytes());
             self.ctlq.push_back((op.src, Ctl::new(PKT_WHOLE, &fin)));
         }
-        let Some(req) = self.reqs.get_mut(op.rid) else { return Ok(()) };
-        if let ReqKind::Recv(r) = &req.kind {
-            let outcome = if !ok {
-                Err(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
-            } else if r.total > r.cap {
-                Err(Error::Truncated { source_rank: r.source, tag: r.tag, len: r.total, capacity: r.cap })
-            } else {
-                Ok(Status { source: r.source, tag: r.tag, len: r.total, cancelled: false })
-            };
-            req.result = Some(outcome.map_err(Box::new));
-        }
-        if req.detached {
-            self.reqs.remove(op.rid);
-        }
+        let failure = match self.reqs.get(op.rid) {
+            Some(Req { kind: ReqKind::Recv(r), .. }) if !ok => {
+                Some(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
+            }
+            _ => None,
+        };
+        self.end_recv(op.rid, failure);
         Ok(())
     }
 
