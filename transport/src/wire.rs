@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Message formats: eager `TMH | payload`; rendezvous request `TMH | RVH | meta-data`;
-//! rendezvous response (FIN) `TMH | RVH` with the opcode changed to FIN.
+//! rendezvous response (FIN) `TMH | RVH` with the opcode changed to FIN; runtime control
+//! messages ([`Control`]) `NO_TAG | kind | 0 0 | fields be32...`, which no NIC ever matches.
 //! Decoding never panics: short or unknown input is an [`Error::Malformed`].
 
 use crate::error::{Error, Result};
@@ -175,6 +176,106 @@ impl<'a> Message<'a> {
     }
 }
 
+/// Size of the longest encoded [`Control`] message.
+pub const CONTROL_MAX_LEN: usize = 16;
+
+const CTL_SSEND_ACK: u8 = 1;
+const CTL_CREDIT: u8 = 2;
+const CTL_COLL_ABORT: u8 = 3;
+
+/// A control message between two runtimes, sent as a `NO_TAG` message (always unexpected at
+/// the receiver's TM-SRQ, never counted, as a NIC treats `NO_TAG`):
+///
+/// ```text
+/// NO_TAG u8 | kind u8 | 0 0 | fields, each be32
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Control {
+    /// The receiver matched a synchronous send; `name` is the send's wire name (its
+    /// `app_ctx` without the synchronous bit). Kind 1, one field.
+    SsendAck {
+        /// The send's wire name.
+        name: u32,
+    },
+    /// The receiver consumed eager messages worth `bytes` of the sender's credit. Kind 2,
+    /// one field.
+    Credit {
+        /// Credit returned, in bytes.
+        bytes: u32,
+    },
+    /// A collective call failed because a rank departed; its other members give up on it
+    /// too. Kind 3, three fields.
+    CollAbort {
+        /// The collective context of the communicator.
+        ctx: u32,
+        /// The call's sequence number on that communicator.
+        seq: u32,
+        /// World rank of the departed member.
+        gone: u32,
+    },
+}
+
+impl Control {
+    /// Writes the whole message (opcode included) into `out`; returns its length.
+    pub fn encode(&self, out: &mut [u8; CONTROL_MAX_LEN]) -> usize {
+        out[0] = TmOp::NoTag as u8;
+        out[2..4].fill(0);
+        let (kind, fields): (u8, &[u32]) = match self {
+            Control::SsendAck { name } => (CTL_SSEND_ACK, std::slice::from_ref(name)),
+            Control::Credit { bytes } => (CTL_CREDIT, std::slice::from_ref(bytes)),
+            Control::CollAbort { ctx, seq, gone } => {
+                out[1] = CTL_COLL_ABORT;
+                out[4..8].copy_from_slice(&ctx.to_be_bytes());
+                out[8..12].copy_from_slice(&seq.to_be_bytes());
+                out[12..16].copy_from_slice(&gone.to_be_bytes());
+                return 16;
+            }
+        };
+        out[1] = kind;
+        for (i, f) in fields.iter().enumerate() {
+            out[4 + 4 * i..8 + 4 * i].copy_from_slice(&f.to_be_bytes());
+        }
+        4 + 4 * fields.len()
+    }
+
+    /// Reads a control message from the body of a `NO_TAG` message (what follows the opcode,
+    /// as [`Message::NoTag`] gives it).
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] for an unknown kind, a length that does not fit the kind, or
+    /// non-zero reserved bytes.
+    pub fn decode(body: &[u8]) -> Result<Self> {
+        let field = |i: usize| -> u32 { u32::from_be_bytes([body[3 + 4 * i], body[4 + 4 * i], body[5 + 4 * i], body[6 + 4 * i]]) };
+        let (kind, n) = match body.first() {
+            Some(&CTL_SSEND_ACK) => (CTL_SSEND_ACK, 1),
+            Some(&CTL_CREDIT) => (CTL_CREDIT, 1),
+            Some(&CTL_COLL_ABORT) => (CTL_COLL_ABORT, 3),
+            _ => return Err(Error::Malformed { what: "unknown control message" }),
+        };
+        if body.len() != 3 + 4 * n {
+            return Err(Error::Malformed { what: "control message of the wrong length" });
+        }
+        if body[1..3] != [0, 0] {
+            return Err(Error::Malformed { what: "control message reserved bytes are not zero" });
+        }
+        Ok(match kind {
+            CTL_SSEND_ACK => Control::SsendAck { name: field(0) },
+            CTL_CREDIT => Control::Credit { bytes: field(0) },
+            _ => Control::CollAbort { ctx: field(0), seq: field(1), gone: field(2) },
+        })
+    }
+}
+
+impl std::fmt::Display for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Control::SsendAck { name } => write!(f, "SSEND_ACK(send {name:#x})"),
+            Control::Credit { bytes } => write!(f, "CREDIT({bytes} bytes)"),
+            Control::CollAbort { ctx, seq, gone } => write!(f, "COLL_ABORT(context {ctx}, call {seq}, rank {gone} departed)"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,7 +320,38 @@ mod tests {
         assert_eq!(Message::parse(&[0, 9, 9]).unwrap(), Message::NoTag(&[9, 9]));
     }
 
+    #[test]
+    fn control_layout() {
+        let mut b = [0u8; CONTROL_MAX_LEN];
+        let n = Control::Credit { bytes: 0x0102_0304 }.encode(&mut b);
+        assert_eq!(&b[..n], &[0, 2, 0, 0, 1, 2, 3, 4]);
+        let n = Control::CollAbort { ctx: 1, seq: 2, gone: 3 }.encode(&mut b);
+        assert_eq!(&b[..n], &[0, 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]);
+        assert_eq!(Control::SsendAck { name: 7 }.to_string(), "SSEND_ACK(send 0x7)");
+        // Wrong length, unknown kind, reserved bytes set.
+        assert!(Control::decode(&[2, 0, 0, 1, 2, 3]).is_err());
+        assert!(Control::decode(&[9, 0, 0, 1, 2, 3, 4]).is_err());
+        assert!(Control::decode(&[2, 1, 0, 1, 2, 3, 4]).is_err());
+        assert!(Control::decode(&[]).is_err());
+    }
+
     proptest! {
+        #[test]
+        fn control_roundtrip(kind in 0u8..3, a: u32, b: u32, c: u32) {
+            let m = match kind {
+                0 => Control::SsendAck { name: a },
+                1 => Control::Credit { bytes: a },
+                _ => Control::CollAbort { ctx: a, seq: b, gone: c },
+            };
+            let mut buf = [0u8; CONTROL_MAX_LEN];
+            let n = m.encode(&mut buf);
+            prop_assert_eq!(Message::parse(&buf[..n]).unwrap(), Message::NoTag(&buf[1..n]));
+            prop_assert_eq!(Control::decode(&buf[1..n]).unwrap(), m);
+        }
+        #[test]
+        fn control_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..24)) {
+            let _ = Control::decode(&bytes);
+        }
         #[test]
         fn tmh_roundtrip(op in 0u8..4, ctx: u32, tag: u64) {
             let h = Tmh { op: TmOp::from_u8(op).unwrap(), app_ctx: ctx, tag };

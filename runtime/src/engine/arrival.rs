@@ -3,6 +3,8 @@
 
 use super::*;
 
+use tmpi_transport::wire::Message;
+
 impl State {
     /// Handles one packet from the fabric; returns whether it was consumed.
     #[inline]
@@ -86,15 +88,14 @@ impl State {
 
     /// The TM-SRQ placed a packet in an SRQ buffer: software handles the message.
     pub(super) fn on_software(&mut self, p: Packet<'_>) -> Result<()> {
-        if p.flags & PKT_FIRST != 0 {
-            match p.data.first().copied() {
-                Some(op) if op == TmOp::NoTag as u8 => self.on_control(p.src, &p.data[1..]),
-                Some(op) if op == TmOp::Fin as u8 => self.on_fin(p.src, p.data),
-                Some(op) if op == TmOp::Rndv as u8 => self.on_rndv(p.src, p.data),
-                _ => self.on_data_first(p),
-            }
-        } else {
-            self.on_cont(p.src, p.data, p.flags & PKT_LAST != 0)
+        if p.flags & PKT_FIRST == 0 {
+            return self.on_cont(p.src, p.data, p.flags & PKT_LAST != 0);
+        }
+        match Message::parse(p.data).map_err(|_| malformed_from(p.src, "a message with a malformed header"))? {
+            Message::NoTag(body) => self.on_control(p.src, body),
+            Message::Fin(..) => self.on_fin(p.src, p.data),
+            Message::Rndv(..) => self.on_rndv(p.src, p.data),
+            Message::Eager(tmh, payload) => self.on_data_first(p.src, tmh, payload, p.total_len, p.flags & PKT_LAST != 0),
         }
     }
 }

@@ -1,14 +1,16 @@
 //! The eager protocol: a message goes out as `TMH(EAGER) | payload`, copied once into the ring
 //! and once out; what cannot go out at once waits in a per-destination queue. Flow control is
 //! credit: each eager message costs the sender its length plus [`UX_OVERHEAD`] of the
-//! receiver's credit, which comes back (`CTL_CREDIT`) as the receiver consumes the messages;
+//! receiver's credit, which comes back (`Control::Credit`) as the receiver consumes the messages;
 //! without credit a message goes as a rendezvous. Control packets (`NO_TAG`) ride along.
 
 use super::*;
 
-pub(super) fn ctl_msg(kind: u8, value: u32) -> Ctl {
-    let v = value.to_be_bytes();
-    Ctl::new(PKT_WHOLE, &[TmOp::NoTag as u8, kind, 0, 0, v[0], v[1], v[2], v[3]])
+/// A control message as a packet to queue.
+pub(super) fn ctl_msg(c: Control) -> Ctl {
+    let mut b = [0u8; CONTROL_MAX_LEN];
+    let n = c.encode(&mut b);
+    Ctl::new(PKT_WHOLE, &b[..n])
 }
 
 /// Eager credit of each peer: `TMPI_UNEXPECTED_MAX` shared out over the peers (at most
@@ -179,7 +181,7 @@ impl State {
         if *o >= self.credit_batch {
             let v = u32::try_from(*o).unwrap_or(u32::MAX);
             *o -= v as usize;
-            self.ctlq.push_back((src, ctl_msg(CTL_CREDIT, v)));
+            self.ctlq.push_back((src, ctl_msg(Control::Credit { bytes: v })));
         }
     }
 
@@ -205,47 +207,40 @@ impl State {
         self.error.take().map_or(Ok(()), Err)
     }
 
-    pub(super) fn on_data_first(&mut self, p: Packet<'_>) -> Result<()> {
-        if p.data.len() < TMH_LEN || (p.total_len as usize) < p.data.len() {
-            return Err(malformed("data packet shorter than a TMH"));
-        }
-        let total = p.total_len as usize - TMH_LEN;
-        self.on_first(p.src, &p.data[..TMH_LEN], &p.data[TMH_LEN..], total, p.flags & PKT_LAST != 0)
+    /// The first packet of an eager message from `src`: its TMH, the payload it carries, and
+    /// the length of the whole message, TMH included (`total_len` of the packet).
+    #[inline]
+    pub(super) fn on_data_first(&mut self, src: usize, tmh: Tmh, payload: &[u8], total_len: u64, last: bool) -> Result<()> {
+        let total = usize::try_from(total_len).ok().and_then(|t| t.checked_sub(TMH_LEN)).filter(|&t| t >= payload.len());
+        let total = total.ok_or_else(|| malformed_from(src, "a data packet longer than its message"))?;
+        self.on_first(src, tmh, payload, total, last)
     }
 
     pub(super) fn on_control(&mut self, src: usize, body: &[u8]) -> Result<()> {
-        match body {
-            [CTL_SSEND_ACK, _, _, a, b, c, d] => {
-                let name = u32::from_be_bytes([*a, *b, *c, *d]);
+        let c = Control::decode(body).map_err(|_| malformed_from(src, "a malformed control message"))?;
+        match c {
+            Control::SsendAck { name } => {
                 let k = self.named_send(name, src).ok_or_else(|| malformed_from(src, "acknowledgement of no synchronous send"))?;
                 self.send_progress(k, false, true);
-                Ok(())
             }
-            [CTL_COLL_ABORT, _, _, c0, c1, c2, c3, s0, s1, s2, s3, g0, g1, g2, g3] => {
-                let ctx = u32::from_be_bytes([*c0, *c1, *c2, *c3]);
-                let seq = u32::from_be_bytes([*s0, *s1, *s2, *s3]);
-                let gone = u32::from_be_bytes([*g0, *g1, *g2, *g3]) as usize;
+            Control::CollAbort { ctx, seq, gone } => {
                 if self.aborts.len() >= ABORTS_KEPT {
                     self.aborts.pop_front();
                 }
-                self.aborts.push_back((ctx, seq, gone));
-                Ok(())
+                self.aborts.push_back((ctx, seq, gone as usize));
             }
-            [CTL_CREDIT, _, _, a, b, c, d] => {
-                let v = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+            Control::Credit { bytes } => {
                 if let Some(c) = self.credits.get_mut(src) {
-                    *c = c.saturating_add(v);
+                    *c = c.saturating_add(bytes as usize);
                 }
-                Ok(())
             }
-            _ => Err(malformed_from(src, "unknown control message")),
         }
+        Ok(())
     }
 
     /// The first packet of a data message: `hdr` is its TMH, `data` the payload it carries,
     /// `total` the payload length of the whole message.
-    pub(super) fn on_first(&mut self, src: usize, hdr: &[u8], data: &[u8], total: usize, last: bool) -> Result<()> {
-        let tmh = Tmh::decode(hdr)?;
+    pub(super) fn on_first(&mut self, src: usize, tmh: Tmh, data: &[u8], total: usize, last: bool) -> Result<()> {
         if tmh.op != TmOp::Eager {
             return Err(Error::Transport(tmpi_transport::Error::Malformed { what: "unsupported TMH opcode in a data packet" }));
         }
@@ -272,7 +267,7 @@ impl State {
                     return Ok(());
                 }
                 if let Some((dest, idx)) = ack {
-                    self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
+                    self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
                 }
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                     r.matched = true;
@@ -378,7 +373,7 @@ impl State {
             return;
         }
         if let Some((dest, idx)) = u.ack {
-            self.ctlq.push_back((dest, ctl_msg(CTL_SSEND_ACK, idx)));
+            self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
         }
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             r.matched = true;
@@ -397,6 +392,108 @@ impl State {
             self.complete_recv(rid);
         } else {
             self.incoming[u.src_world] = Incoming::Expected { req: rid };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{job, pair, recv, send, settle};
+    use super::*;
+
+    #[test]
+    fn expected_eager_lands_in_the_posted_buffer() {
+        let (mut a, mut b) = pair();
+        let mut buf = [0u8; 8];
+        let r = recv(&mut b, Some(0), Some(5), &mut buf);
+        assert!(send(&mut a, 1, 5, b"abc", false).is_none(), "an eager send that went out is complete");
+        settle(&mut [&mut a, &mut b]);
+        let st = b.take_if_done(r).expect("done").expect("ok");
+        assert_eq!((st.source(), st.tag(), st.len()), (0, 5, 3));
+        assert_eq!(&buf[..3], b"abc");
+        // Below TMPI_TM_THRESH the receive stays in software: the TM-SRQ delivers the message
+        // to an SRQ buffer (unexpected for the hardware), software matches it.
+        assert_eq!((b.st.stats.sw_matched, b.st.stats.unexpected), (1, 0));
+        assert_eq!(b.st.tm.counters().unexpected, 1);
+        assert_eq!(b.st.tm.counters().hw_matched, 0);
+    }
+
+    #[test]
+    fn unexpected_eager_waits_then_matches_and_recycles_its_buffer() {
+        let (mut a, mut b) = pair();
+        send(&mut a, 1, 9, b"hello", false);
+        settle(&mut [&mut a, &mut b]);
+        assert_eq!(b.st.stats.unexpected, 1);
+        assert!(b.probe_now(0, Some(0), Some(9)).is_some_and(|s| s.len() == 5));
+        let mut buf = [0u8; 5];
+        let r = recv(&mut b, Some(0), Some(9), &mut buf);
+        let st = b.take_if_done(r).expect("matched at post").expect("ok");
+        assert_eq!(st.len(), 5);
+        assert_eq!(&buf, b"hello");
+        assert_eq!(b.st.ux_pool.len(), 1, "the small buffer is kept for the next unexpected message");
+        assert_eq!(b.st.ux_bytes, 0);
+    }
+
+    #[test]
+    fn a_longer_message_truncates_the_receive() {
+        let (mut a, mut b) = pair();
+        let mut buf = [0u8; 2];
+        let r = recv(&mut b, Some(0), Some(1), &mut buf);
+        send(&mut a, 1, 1, b"abcd", false);
+        settle(&mut [&mut a, &mut b]);
+        match b.take_if_done(r).expect("done") {
+            Err(Error::Truncated { len: 4, capacity: 2, source_rank: 0, tag: 1 }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_synchronous_send_completes_only_once_matched() {
+        let (mut a, mut b) = pair();
+        let s = send(&mut a, 1, 2, b"x", true).expect("a synchronous send waits for its ACK");
+        settle(&mut [&mut a, &mut b]);
+        assert!(!a.is_done(s), "no receive matched yet");
+        let mut buf = [0u8; 1];
+        let r = recv(&mut b, Some(0), Some(2), &mut buf);
+        settle(&mut [&mut a, &mut b]);
+        assert!(b.take_if_done(r).expect("done").is_ok());
+        assert!(a.take_if_done(s).expect("acknowledged").is_ok());
+    }
+
+    #[test]
+    fn credit_runs_out_then_comes_back() {
+        let cfg = Config { unexpected_max: 4 * (100 + UX_OVERHEAD), ..Config::default() };
+        let mut v = job(2, cfg);
+        let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
+        let full = a.st.credits[1];
+        let data = [7u8; 100];
+        let mut sends = Vec::new();
+        for _ in 0..6 {
+            sends.extend(send(a, 1, 3, &data, false));
+        }
+        settle(&mut [&mut *a, &mut *b]);
+        assert_eq!(a.st.stats.eager, 4);
+        assert_eq!(a.st.stats.credit_rndv, 2, "without credit a message goes as a rendezvous");
+        let mut bufs = vec![[0u8; 100]; 6];
+        let rs: Vec<_> = bufs.iter_mut().map(|buf| recv(b, Some(0), Some(3), buf)).collect();
+        settle(&mut [&mut *a, &mut *b]);
+        for r in rs {
+            assert!(b.take_if_done(r).expect("done").is_ok());
+        }
+        for s in sends {
+            assert!(a.take_if_done(s).expect("done").is_ok());
+        }
+        assert!(bufs.iter().all(|b| b == &data));
+        assert_eq!(a.st.credits[1] + b.st.owed[0], full, "consumed credit is returned (or owed in the next batch)");
+    }
+
+    #[test]
+    fn a_malformed_control_message_names_its_sender() {
+        let (mut a, mut b) = pair();
+        a.inject(1, PKT_WHOLE, 5, &[TmOp::NoTag as u8, 2, 0, 0, 1]).expect("inject");
+        match b.progress() {
+            Err(Error::Protocol { rank: 0, .. }) => {}
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -182,15 +182,10 @@ impl Engine {
     /// waiting on this rank rather than on the departed one give up too, instead of waiting
     /// for messages this rank will not send.
     pub(crate) fn abort_collective(&mut self, ctx: u32, seq: u32, gone: usize, members: impl Iterator<Item = usize>) {
-        let mut m = [0u8; 16];
-        m[0] = TmOp::NoTag as u8;
-        m[1] = CTL_COLL_ABORT;
-        m[4..8].copy_from_slice(&ctx.to_be_bytes());
-        m[8..12].copy_from_slice(&seq.to_be_bytes());
-        m[12..16].copy_from_slice(&(gone as u32).to_be_bytes());
+        let c = ctl_msg(Control::CollAbort { ctx, seq, gone: gone as u32 });
         for w in members {
             if w != self.st.rank && w != gone && self.state_of(w) == PeerState::Alive {
-                self.st.ctlq.push_back((w, Ctl::new(PKT_WHOLE, &m)));
+                self.st.ctlq.push_back((w, c));
             }
         }
         // Best effort: the notices go out with this and later progress.

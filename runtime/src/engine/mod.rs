@@ -39,7 +39,7 @@
 //! Wire protocol on top of the fabric's packets (see `tmpi_transport::fabric`):
 //! - a data message is `TMH(EAGER) | payload` split over consecutive packets of one source;
 //!   `app_ctx` carries `SYNC_FLAG | sender request index` for synchronous sends;
-//! - a control message is one packet `NO_TAG | kind | 0 0 | value be32`; control packets may
+//! - a control message ([`Control`]: SSEND_ACK, CREDIT, COLL_ABORT) is one `NO_TAG` packet; control packets may
 //!   appear between the packets of a data message, which they never disturb.
 //! - a message of at least `TMPI_RNDV_THRESHOLD` bytes is a rendezvous: the sender registers
 //!   its buffer (REMOTE_READ) through the MR cache and sends `TMH(RNDV) | RVH | key be64 |
@@ -71,6 +71,8 @@ mod requests;
 mod rndv;
 mod single_copy;
 mod stats;
+#[cfg(test)]
+mod testkit;
 
 use eager::{credit_per_peer, ctl_msg};
 pub(crate) use fabric::Fabric;
@@ -90,7 +92,7 @@ use tmpi_transport::shm::{cma, ShmFabric};
 use tmpi_transport::tm::{
     Arrival, Buffer, OpsWr, ReadId, RndvRequest, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN, RVH_LEN_IN_META,
 };
-use tmpi_transport::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
+use tmpi_transport::wire::{Control, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RVH_LEN, TMH_LEN};
 
 use crate::buffer::{RawBuf, RawBufMut};
 use crate::config::Config;
@@ -101,13 +103,6 @@ use crate::{Rank, Status, Tag};
 
 /// `app_ctx` bit of a synchronous send: the receiver acknowledges the match.
 const SYNC_FLAG: u32 = 1 << 31;
-/// Control message kind: acknowledgement of a synchronous send (value = the send's wire name).
-const CTL_SSEND_ACK: u8 = 1;
-/// Control message kind: the receiver consumed eager messages worth `value` bytes of credit.
-const CTL_CREDIT: u8 = 2;
-/// Control message kind: a collective failed because a rank departed (context, sequence
-/// number, departed rank follow): its other members give up on it too.
-const CTL_COLL_ABORT: u8 = 3;
 /// Collectives whose abort notices are remembered.
 const ABORTS_KEPT: usize = 64;
 /// Bits of a request's slot index in its wire name; the 11 bits above carry the low bits of
@@ -431,7 +426,7 @@ struct State {
     /// in the sender's ring.
     ux_bytes: usize,
     /// Eager credit (bytes) this rank may still send to each peer before it must switch to
-    /// rendezvous; refilled by the peer's `CTL_CREDIT` as it consumes what was sent.
+    /// rendezvous; refilled by the peer's `Control::Credit` as it consumes what was sent.
     credits: Vec<usize>,
     /// Credit this rank owes each peer for eager messages it consumed, returned in batches.
     owed: Vec<usize>,

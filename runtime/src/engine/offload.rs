@@ -123,7 +123,7 @@ impl State {
             }
             self.stats.msgs_recv += 1;
             if app_ctx & SYNC_FLAG != 0 && admitted {
-                self.ctlq.push_back((wc.src as usize, ctl_msg(CTL_SSEND_ACK, app_ctx & !SYNC_FLAG)));
+                self.ctlq.push_back((wc.src as usize, ctl_msg(Control::SsendAck { name: app_ctx & !SYNC_FLAG })));
             }
         }
         if wc.flags.contains(WcFlags::TM_DATA_VALID) && wc.status == WcStatus::TmRndvIncomplete {
@@ -165,5 +165,77 @@ impl State {
             };
             self.end_recv(rid, failure);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{job, pair, recv, send, settle};
+    use super::*;
+
+    #[test]
+    fn a_large_enough_named_receive_is_matched_by_the_tm_srq() {
+        let (mut a, mut b) = pair();
+        let mut buf = vec![0u8; 4096];
+        let r = recv(&mut b, Some(0), Some(4), &mut buf);
+        assert_eq!(b.st.tm.tags_listed(), 1, "at least TMPI_TM_THRESH bytes from a named source: offloaded");
+        let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        send(&mut a, 1, 4, &data, false);
+        settle(&mut [&mut a, &mut b]);
+        let st = b.take_if_done(r).expect("done").expect("ok");
+        assert_eq!(st.len(), 3000);
+        assert_eq!(&buf[..3000], &data[..]);
+        let c = b.st.tm.counters();
+        assert_eq!((c.hw_matched, c.unexpected), (1, 0));
+        assert_eq!(b.st.stats.sw_matched, 0);
+        assert_eq!(b.st.tm.tags_listed(), 0);
+    }
+
+    #[test]
+    fn without_offload_the_same_receive_is_matched_in_software() {
+        let mut v = job(2, Config { tm_max_tags: 0, ..Config::default() });
+        let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
+        let mut buf = vec![0u8; 4096];
+        let r = recv(b, Some(0), Some(4), &mut buf);
+        assert_eq!(b.st.tm.tags_listed(), 0);
+        send(a, 1, 4, &[1u8; 3000], false);
+        settle(&mut [&mut *a, &mut *b]);
+        assert_eq!(b.take_if_done(r).expect("done").expect("ok").len(), 3000);
+        assert_eq!((b.st.tm.counters().hw_matched, b.st.stats.sw_matched), (0, 1));
+    }
+
+    #[test]
+    fn a_wildcard_receive_stays_in_software_and_keeps_mpi_order() {
+        let (mut a, mut b) = pair();
+        let (mut any, mut named) = (vec![0u8; 2048], vec![0u8; 2048]);
+        let r_any = recv(&mut b, None, Some(6), &mut any);
+        let r_named = recv(&mut b, Some(0), Some(6), &mut named);
+        // The named receive may not enter the tag list: the earlier wildcard could match the
+        // same messages, and the NIC must never overtake it.
+        assert_eq!(b.st.tm.tags_listed(), 0);
+        send(&mut a, 1, 6, &[1u8; 1500], false);
+        send(&mut a, 1, 6, &[2u8; 1500], false);
+        settle(&mut [&mut a, &mut b]);
+        assert!(b.take_if_done(r_any).expect("done").is_ok());
+        assert!(b.take_if_done(r_named).expect("done").is_ok());
+        assert_eq!((any[0], named[0]), (1, 2), "the earlier (wildcard) receive takes the first message");
+    }
+
+    #[test]
+    fn software_reports_every_unexpected_message_to_the_tm_srq() {
+        let (mut a, mut b) = pair();
+        for t in 0..40 {
+            send(&mut a, 1, t, b"u", false);
+        }
+        settle(&mut [&mut a, &mut b]);
+        assert_eq!(b.st.sw_unexp, 40);
+        assert_eq!(b.st.tm.hw_unexpected_cnt(), 40);
+        // A receive offloaded now carries software's count, so the TM-SRQ accepts it.
+        let mut buf = vec![0u8; 2048];
+        let r = recv(&mut b, Some(0), Some(99), &mut buf);
+        assert_eq!(b.st.tm.tags_listed(), 1);
+        b.cancel(r);
+        assert!(b.take_if_done(r).expect("cancelled").is_ok_and(|s| s.cancelled()));
+        assert_eq!(b.st.tm.tags_listed(), 0);
     }
 }

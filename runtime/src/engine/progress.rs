@@ -137,3 +137,44 @@ impl Engine {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{pair, recv, send};
+    use super::*;
+
+    #[test]
+    fn wait_returns_once_the_message_is_in() {
+        let (mut a, mut b) = pair();
+        send(&mut a, 1, 1, b"hi", false);
+        let mut buf = [0u8; 2];
+        let r = recv(&mut b, Some(0), Some(1), &mut buf);
+        assert_eq!(b.wait(r).expect("ok").len(), 2);
+    }
+
+    #[test]
+    fn a_wait_on_a_finalized_peer_ends_with_peer_gone() {
+        let (mut a, mut b) = pair();
+        send(&mut a, 1, 1, b"first", false);
+        a.finalize().expect("finalize");
+        let mut buf = [0u8; 8];
+        // What the peer sent before it left is still received...
+        let r = recv(&mut b, Some(0), Some(1), &mut buf);
+        assert!(b.wait(r).is_ok());
+        // ...and a receive nobody can satisfy any more fails instead of hanging.
+        let r = recv(&mut b, Some(0), Some(1), &mut buf);
+        match b.wait(r) {
+            Err(Error::PeerGone { rank: 0 }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn backoff_spins_then_reports_the_slow_phase() {
+        let mut b = Backoff::new(3);
+        assert!(!(0..3).any(|_| b.snooze()), "spinning never asks for liveness checks");
+        assert!((0..2000).any(|_| b.snooze()), "the yield phase asks now and then");
+        b.reset();
+        assert!(!b.snooze());
+    }
+}

@@ -271,3 +271,63 @@ impl RecvState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{pair, recv, send, settle};
+    use super::*;
+
+    #[test]
+    fn a_collected_request_is_gone_and_its_slot_reused_under_a_new_name() {
+        let (mut a, mut b) = pair();
+        let mut buf = [0u8; 4];
+        let r = recv(&mut b, Some(0), Some(1), &mut buf);
+        send(&mut a, 1, 1, b"ab", false);
+        settle(&mut [&mut a, &mut b]);
+        assert!(b.take_if_done(r).expect("done").is_ok());
+        assert!(b.take_if_done(r).expect("stale").is_err(), "collected twice is an error, not a panic");
+        b.discard(r);
+        let r2 = recv(&mut b, Some(0), Some(1), &mut buf);
+        assert_eq!(r2.idx, r.idx);
+        assert_ne!(wire_name(r2), wire_name(r));
+        assert!(!b.is_done(r2));
+    }
+
+    #[test]
+    fn an_abandoned_receive_takes_its_message_but_writes_nothing() {
+        let (mut a, mut b) = pair();
+        let mut buf = vec![0u8; 64];
+        let r = recv(&mut b, Some(0), Some(2), &mut buf);
+        // A receive that has not matched can be cancelled...
+        b.cancel(r);
+        assert!(b.take_if_done(r).expect("cancelled").is_ok_and(|s| s.cancelled()));
+        // ...and one abandoned (its scope unwound) is cancelled the same way.
+        let r = recv(&mut b, Some(0), Some(2), &mut buf);
+        b.abandon(r);
+        send(&mut a, 1, 2, b"zz", false);
+        settle(&mut [&mut a, &mut b]);
+        assert!(b.st.reqs.is_empty(), "the abandoned slot is freed once its message is in");
+        assert_eq!(b.st.stats.unexpected, 1, "an abandoned receive that had not matched is cancelled");
+        assert_eq!(buf[0], 0);
+    }
+
+    #[test]
+    fn a_forged_source_fails_the_receive_without_writing() {
+        let mut v = super::super::testkit::job(3, Config::default());
+        let c = &mut v.pop().expect("2");
+        let b = &mut v.pop().expect("1");
+        let mut buf = [0u8; 4];
+        let r = recv(b, Some(0), Some(3), &mut buf);
+        // Rank 2 sends under rank 0's name.
+        let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: super::super::testkit::key(0, 3) }.to_bytes();
+        let mut m = tmh.to_vec();
+        m.extend_from_slice(b"evil");
+        c.inject(1, PKT_WHOLE, m.len() as u64, &m).expect("inject");
+        settle(&mut [&mut *b, &mut *c]);
+        match b.take_if_done(r).expect("done") {
+            Err(Error::Protocol { rank: 2, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(buf, [0; 4]);
+    }
+}
