@@ -6,6 +6,82 @@
 
 use super::*;
 
+/// A small packet queued for sending (control, FIN, RMA requests).
+#[derive(Clone, Copy)]
+pub(super) struct Ctl {
+    pub(super) flags: u8,
+    pub(super) len: u8,
+    pub(super) bytes: [u8; 48],
+}
+
+impl Ctl {
+    pub(super) fn new(flags: u8, b: &[u8]) -> Self {
+        let mut bytes = [0u8; 48];
+        bytes[..b.len()].copy_from_slice(b);
+        Ctl { flags, len: b.len() as u8, bytes }
+    }
+}
+
+/// A message that arrived before its receive was posted.
+pub(super) struct UxMsg {
+    pub(super) src_world: usize,
+    pub(super) tag64: u64,
+    pub(super) total: usize,
+    pub(super) data: Vec<u8>,
+    pub(super) complete: bool,
+    /// (sender world rank, sender request index) to acknowledge on match.
+    pub(super) ack: Option<(usize, u32)>,
+    /// A rendezvous request: the data is still at the sender.
+    pub(super) rndv: Option<RndvInfo>,
+}
+
+/// Where the continuation packets of a source's current message go.
+#[derive(Clone, Copy)]
+pub(super) enum Incoming {
+    Idle,
+    /// The rest of a message that was refused (forged source, no memory): read and dropped.
+    Discard,
+    Expected {
+        req: ReqId,
+    },
+    Unexpected {
+        ux: Key,
+    },
+}
+
+/// The bytes of a queued data message: the user's buffer, or a copy once the user's request
+/// was abandoned.
+pub(super) enum OutData {
+    User(RawBuf),
+    Owned(Vec<u8>),
+}
+
+impl OutData {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            OutData::User(b) => b.len(),
+            OutData::Owned(v) => v.len(),
+        }
+    }
+    pub(super) fn slice(&self, from: usize, to: usize) -> &[u8] {
+        match self {
+            OutData::User(b) => b.slice(from, to),
+            OutData::Owned(v) => &v[from..to],
+        }
+    }
+}
+
+/// A data message waiting for ring space.
+pub(super) struct OutMsg {
+    pub(super) req: ReqId,
+    pub(super) hdr: [u8; RNDV_REQ_LEN],
+    pub(super) hdr_len: usize,
+    pub(super) data: OutData,
+    /// Payload bytes already pushed.
+    pub(super) off: usize,
+    pub(super) started: bool,
+}
+
 /// A control message as a packet to queue.
 pub(super) fn ctl_msg(c: Control) -> Ctl {
     let mut b = [0u8; CONTROL_MAX_LEN];

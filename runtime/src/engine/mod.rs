@@ -74,12 +74,12 @@ mod stats;
 #[cfg(test)]
 mod testkit;
 
-use eager::{credit_per_peer, ctl_msg};
+use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg};
 pub(crate) use fabric::Fabric;
 pub(crate) use leave::Need;
 use offload::{rid_to_wr, wr_to_rid};
 pub(crate) use progress::Backoff;
-use requests::wire_name;
+use requests::{wire_name, RecvState, Req, ReqKind, SendState};
 use stats::Stats;
 
 use std::collections::VecDeque;
@@ -160,48 +160,6 @@ impl Peers {
             Peers::Any(Some(m)) => m.get(local) == Some(&world),
         }
     }
-}
-
-struct RecvState {
-    /// `None`: the receive was abandoned mid-message; data is discarded.
-    buf: Option<RawBufMut>,
-    /// Whom it waits for (for `PeerGone`, and to check who sent what it matched).
-    from: Peers,
-    /// World rank of the sender once matched.
-    src_world: usize,
-    /// The posted match key (its context and collective sequence number say which collective
-    /// call a receive belongs to).
-    key: u64,
-    /// The TM-SRQ matched it with a message whose match key names another rank than the one
-    /// that sent it (a forged source): it completes with [`Error::Protocol`].
-    refused: Option<usize>,
-    cap: usize,
-    matched: bool,
-    match_id: Option<RecvId>,
-    /// Handle of the receive's entry in the TM-SRQ tag list, while it is there.
-    hw_handle: Option<u32>,
-    /// Queued in software only (counted in `State::sw_only_posted`).
-    sw_only: bool,
-    /// A rendezvous request the TM-SRQ placed in this (too small) tagged buffer.
-    rndv_req: Option<Box<([u8; 64], usize)>>,
-    /// The rendezvous read filling this receive, once started.
-    read: Option<Key>,
-    received: usize,
-    total: usize,
-    source: Rank,
-    tag: Tag,
-}
-
-struct SendState {
-    /// World rank of the destination.
-    dest: usize,
-    /// The message's match key.
-    key: u64,
-    pushed: bool,
-    need_ack: bool,
-    acked: bool,
-    /// A rendezvous send: its buffer (until abandoned) and its registration, held until FIN.
-    rndv: Option<RndvSend>,
 }
 
 struct RndvSend {
@@ -291,102 +249,30 @@ struct CmaWrite {
     base: usize,
 }
 
-/// A small packet queued for sending (control, FIN, RMA requests).
-#[derive(Clone, Copy)]
-struct Ctl {
-    flags: u8,
-    len: u8,
-    bytes: [u8; 48],
-}
-
-impl Ctl {
-    fn new(flags: u8, b: &[u8]) -> Self {
-        let mut bytes = [0u8; 48];
-        bytes[..b.len()].copy_from_slice(b);
-        Ctl { flags, len: b.len() as u8, bytes }
-    }
-}
-
-enum ReqKind {
-    Recv(RecvState),
-    Send(SendState),
-}
-
-struct Req {
-    kind: ReqKind,
-    /// The outcome once complete; an error is boxed so a pending slot stays small.
-    result: Option<std::result::Result<Status, Box<Error>>>,
-    /// Nobody will collect the result: free the slot on completion.
-    detached: bool,
-}
-
-/// A message that arrived before its receive was posted.
-struct UxMsg {
-    src_world: usize,
-    tag64: u64,
-    total: usize,
-    data: Vec<u8>,
-    complete: bool,
-    /// (sender world rank, sender request index) to acknowledge on match.
-    ack: Option<(usize, u32)>,
-    /// A rendezvous request: the data is still at the sender.
-    rndv: Option<RndvInfo>,
-}
-
-/// Where the continuation packets of a source's current message go.
-#[derive(Clone, Copy)]
-enum Incoming {
-    Idle,
-    /// The rest of a message that was refused (forged source, no memory): read and dropped.
-    Discard,
-    Expected {
-        req: ReqId,
-    },
-    Unexpected {
-        ux: Key,
-    },
-}
-
-enum OutData {
-    User(RawBuf),
-    Owned(Vec<u8>),
-}
-
-impl OutData {
-    fn len(&self) -> usize {
-        match self {
-            OutData::User(b) => b.len(),
-            OutData::Owned(v) => v.len(),
-        }
-    }
-    fn slice(&self, from: usize, to: usize) -> &[u8] {
-        match self {
-            OutData::User(b) => b.slice(from, to),
-            OutData::Owned(v) => &v[from..to],
-        }
-    }
-}
-
-/// A data message waiting for ring space.
-struct OutMsg {
-    req: ReqId,
-    hdr: [u8; RNDV_REQ_LEN],
-    hdr_len: usize,
-    data: OutData,
-    /// Payload bytes already pushed.
-    off: usize,
-    started: bool,
-}
-
-/// Engine state other than the fabric (split so the poll callback can borrow it).
+/// Engine state other than the fabric, split from [`Engine`] so that the fabric's poll
+/// callback ([`State::on_packet`]) can borrow it while the fabric is borrowed for the poll.
+///
+/// Who owns what: the arrival side (`State`, inside the poll callback) may not touch the
+/// fabric, so what it needs sent goes into queues that [`Engine::progress`] drains right
+/// after the poll: control packets, FINs and RMA requests into `ctlq`, read responses into
+/// `rma_out`, single-copy work into `cma_q`/`cma_w`. The callback cannot return an error
+/// either: it parks the first one in `error`, and `progress` reports it. Everything else
+/// (requests, unexpected messages, matching, the TM-SRQ, credit) belongs to `State` alone.
+/// The data messages waiting for ring space (`Engine::out`) are the sending side's only.
 struct State {
     rank: usize,
+    /// Posted receives (software side; see [`crate::matching`]).
     matcher: SwMatcher<ReqId, Key>,
+    /// Every pending request (send or receive), by [`ReqId`].
     reqs: Slab<Req>,
+    /// Messages that arrived before their receive.
     ux: Slab<UxMsg>,
+    /// Per source: where the continuation packets of its current message go.
     incoming: Vec<Incoming>,
+    /// Small packets to send, filled by the arrival side, drained by [`Engine::flush_ctl`].
     ctlq: VecDeque<(usize, Ctl)>,
     stats: Stats,
+    /// The first error the poll callback met; [`Engine::progress`] returns it.
     error: Option<Error>,
     /// This rank's soft TM-SRQ: every arriving packet passes through it.
     tm: TmSrq,
@@ -457,7 +343,9 @@ const UX_OVERHEAD: usize = 128;
 pub(crate) struct Engine {
     fabric: Fabric,
     st: State,
+    /// Per destination: data messages waiting for ring space, in order.
     out: Vec<VecDeque<OutMsg>>,
+    /// Messages in `out`, all destinations together.
     out_pending: usize,
     max_packet: usize,
     size: usize,

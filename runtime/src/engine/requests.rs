@@ -3,6 +3,66 @@
 
 use super::*;
 
+/// A receive while it is pending: posted, matched and filling, or reading a rendezvous.
+pub(super) struct RecvState {
+    /// `None`: the receive was abandoned mid-message; data is discarded.
+    pub(super) buf: Option<RawBufMut>,
+    /// Whom it waits for (for `PeerGone`, and to check who sent what it matched).
+    pub(super) from: Peers,
+    /// World rank of the sender once matched.
+    pub(super) src_world: usize,
+    /// The posted match key (its context and collective sequence number say which collective
+    /// call a receive belongs to).
+    pub(super) key: u64,
+    /// The TM-SRQ matched it with a message whose match key names another rank than the one
+    /// that sent it (a forged source): it completes with [`Error::Protocol`].
+    pub(super) refused: Option<usize>,
+    pub(super) cap: usize,
+    pub(super) matched: bool,
+    pub(super) match_id: Option<RecvId>,
+    /// Handle of the receive's entry in the TM-SRQ tag list, while it is there.
+    pub(super) hw_handle: Option<u32>,
+    /// Queued in software only (counted in `State::sw_only_posted`).
+    pub(super) sw_only: bool,
+    /// A rendezvous request the TM-SRQ placed in this (too small) tagged buffer.
+    pub(super) rndv_req: Option<Box<([u8; 64], usize)>>,
+    /// The rendezvous read filling this receive, once started.
+    pub(super) read: Option<Key>,
+    pub(super) received: usize,
+    pub(super) total: usize,
+    pub(super) source: Rank,
+    pub(super) tag: Tag,
+}
+
+/// A send while it is pending: queued for ring space, waiting for its ACK, or (rendezvous)
+/// for the reader's FIN.
+pub(super) struct SendState {
+    /// World rank of the destination.
+    pub(super) dest: usize,
+    /// The message's match key.
+    pub(super) key: u64,
+    pub(super) pushed: bool,
+    pub(super) need_ack: bool,
+    pub(super) acked: bool,
+    /// A rendezvous send: its buffer (until abandoned) and its registration, held until FIN.
+    pub(super) rndv: Option<RndvSend>,
+}
+
+/// What a request is.
+pub(super) enum ReqKind {
+    Recv(RecvState),
+    Send(SendState),
+}
+
+/// One request's slot in the engine's slab (at most 320 bytes, see the README).
+pub(super) struct Req {
+    pub(super) kind: ReqKind,
+    /// The outcome once complete; an error is boxed so a pending slot stays small.
+    pub(super) result: Option<std::result::Result<Status, Box<Error>>>,
+    /// Nobody will collect the result: free the slot on completion.
+    pub(super) detached: bool,
+}
+
 /// How a request is named on the wire (in `app_ctx`, ACKs and read requests): its slot index
 /// and the low bits of its generation.
 #[inline]
