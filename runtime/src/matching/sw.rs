@@ -61,9 +61,11 @@
 //!
 //! Buckets and class queues are not removed when they empty, so a key used again finds its
 //! queues with their capacity. Empty ones are swept (in one pass, `#[cold]`) only once there are
-//! more of them than `max(1024, non-empty ones)`, which bounds memory by the number of keys in
-//! flight and keeps sweeping O(1) amortised; up to 64 swept buckets are kept as spares for new
-//! keys. The ordered lists are compacted in place and keep their capacity.
+//! more of them than `max(64, non-empty ones)`, which bounds memory by the number of keys in
+//! flight and keeps sweeping O(1) amortised; up to 128 swept buckets are kept as spares for new
+//! keys, so that every swept bucket can serve a new key: collectives put their call's sequence
+//! number in their tags, so each call uses new keys, and would otherwise allocate a bucket per
+//! call (and keep the map large and cold). The ordered lists are compacted in place and keep their capacity.
 
 use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
@@ -87,7 +89,7 @@ pub(crate) struct Tuning {
 }
 
 impl Tuning {
-    const DEFAULT: Tuning = Tuning { empty_floor: 1024, list_slack: 64, spare_max: 64, spare_capacity: 16 };
+    const DEFAULT: Tuning = Tuning { empty_floor: 64, list_slack: 64, spare_max: 128, spare_capacity: 16 };
 }
 
 /// Number of wildcard classes.
