@@ -19,7 +19,7 @@
 //! Run with `--nocapture` to see the teardown times (median and max per kind).
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::Mutex;
@@ -39,32 +39,6 @@ const JOB_LIMIT: Duration = Duration::from_secs(20);
 /// One job at a time: the timings mean something only on an otherwise idle machine, and the
 /// machine may have two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-// ---- finding the binaries ----
-
-/// The workspace's target directory: `CARGO_TARGET_DIR` (relative to the workspace when
-/// relative) or `<workspace>/target`.
-fn target_dir() -> PathBuf {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let ws = here.parent().unwrap_or(here);
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) if !d.is_empty() => ws.join(d),
-        _ => ws.join("target"),
-    }
-}
-
-/// `tmpirun`: next to this crate's binaries (`<target>/<profile>/`, the release directory
-/// under `cargo test --release`), else in `<target>/release/`.
-fn tmpirun() -> PathBuf {
-    let beside = Path::new(env!("CARGO_BIN_EXE_fault_hang")).parent().map(Path::to_path_buf);
-    let candidates: Vec<PathBuf> = beside.into_iter().chain([target_dir().join("release")]).map(|d| d.join("tmpirun")).collect();
-    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
-        panic!(
-            "tmpirun not found (looked for {candidates:?}); build the workspace's binaries \
-                 first: cargo build --release --workspace --bins"
-        )
-    })
-}
 
 // ---- running one job ----
 
@@ -94,7 +68,7 @@ struct Ended {
 
 impl Job {
     fn start(prog: &str, args: &[String]) -> Job {
-        let mut child = Command::new(tmpirun())
+        let mut child = Command::new(tmpi_tests::tmpirun())
             .args(["-n", &NP.to_string(), "--report-pids", "--timeout"])
             .arg(JOB_LIMIT.as_secs().to_string())
             .arg(prog)
@@ -448,7 +422,7 @@ fn files_of_a_sigkilled_tmpirun_are_swept_by_the_next_one() {
         std::thread::sleep(Duration::from_millis(10));
     }
     // The next tmpirun, whatever it runs, removes them.
-    let out = Command::new(tmpirun()).args(["-n", "1", "true"]).output().expect("run tmpirun -n 1 true");
+    let out = Command::new(tmpi_tests::tmpirun()).args(["-n", "1", "true"]).output().expect("run tmpirun -n 1 true");
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&jobid), "the sweep names the job it cleaned: {err}");
