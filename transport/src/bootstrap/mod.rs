@@ -41,6 +41,7 @@
 //! `tmpirun` removes `/dev/shm/<TMPI_SHM_NAME>` and every `/dev/shm/tmpi-<jobid>*` file when
 //! the job ends, whichever way it ends.
 
+pub mod pmi2;
 pub mod proto;
 pub mod secret;
 pub mod server;
