@@ -79,6 +79,9 @@ pub fn init() -> Result<World> {
     let ring_size = |n: usize| cfg.ring_size_for(n);
     let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size };
     let fabric = wire_up(&mut bc, &env, &how)?;
+    if cfg.stats {
+        eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.kind(), fabric.bad_connections());
+    }
     Ok(world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc)))
 }
 

@@ -37,6 +37,7 @@
 //! | `TMPI_SHM_NAME`     | `tmpi-<jobid>-<16 hex>`: rank 0 creates `/dev/shm/<name>`        |
 //! | `TMPI_LAUNCHER_PID` | pid of `tmpirun`                                                |
 //! | `TMPI_JOB_SECRET`   | 32 hex digits, random per job: proves a `hello` comes from a rank |
+//! | `TMPI_NODE_ID`      | optional: the host a rank runs on (equal ids share memory)      |
 //!
 //! `tmpirun` removes `/dev/shm/<TMPI_SHM_NAME>` and every `/dev/shm/tmpi-<jobid>*` file when
 //! the job ends, whichever way it ends.
