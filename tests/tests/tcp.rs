@@ -9,9 +9,17 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tmpi_tests::{pid_exists, release_bin, Job, Outcome};
+
+/// One job at a time in this file: a job's files are told apart from another's only then.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn tcp_job(n: usize, program: &str) -> Job {
     Job::tmpirun(n, program).env("TMPI_FABRIC", "tcp").env("TMPI_STATS", "1").timeout(Duration::from_secs(180))
@@ -43,6 +51,7 @@ fn run_ok(program: &str, n: usize, args: &[&str], ok: &str) {
 
 #[test]
 fn examples_over_tcp_at_2_and_3_ranks() {
+    let _serial = serial();
     for n in [2, 3] {
         for ex in ["ring", "pi", "heat1d", "split", "wildcard", "offload", "halo"] {
             run_ok(ex, n, &[], &format!("{ex}: "));
@@ -59,6 +68,7 @@ fn examples_over_tcp_at_2_and_3_ranks() {
 
 #[test]
 fn p2p_programs_over_tcp_at_2_and_3_ranks() {
+    let _serial = serial();
     for n in [2, 3] {
         for p in ["badcalls", "apisnippet", "inflight", "isolation"] {
             run_ok(p, n, &[], &format!("{p}: {n} ranks"));
@@ -68,6 +78,7 @@ fn p2p_programs_over_tcp_at_2_and_3_ranks() {
 
 #[test]
 fn collectives_over_tcp_at_2_and_3_ranks() {
+    let _serial = serial();
     for n in [2, 3] {
         run_ok("collcheck", n, &[], "collcheck: ");
         run_ok("vcoll", n, &[], "vcoll: ");
@@ -76,6 +87,7 @@ fn collectives_over_tcp_at_2_and_3_ranks() {
 
 #[test]
 fn big_messages_over_tcp_stream_without_single_copy() {
+    let _serial = serial();
     for n in [2, 3] {
         let out = tcp_job(n, "bigmsg").run();
         out.assert_ok_line("bigmsg: ");
@@ -108,6 +120,7 @@ fn hybrid(n: usize, per: usize, program: &str) -> (std::process::ExitStatus, Str
 
 #[test]
 fn hybrid_jobs_use_shm_within_a_node_and_tcp_between_nodes() {
+    let _serial = serial();
     for program in ["collcheck", "bigmsg", "inflight"] {
         let (status, out, err) = hybrid(4, 2, program);
         assert!(status.success(), "{program} on 2 nodes x 2 ranks\nstdout:\n{out}\nstderr:\n{err}");
@@ -127,6 +140,7 @@ fn hybrid_jobs_use_shm_within_a_node_and_tcp_between_nodes() {
 
 #[test]
 fn a_killed_rank_over_tcp_ends_the_job_naming_it() {
+    let _serial = serial();
     let mut child = Command::new(tmpi_tests::tmpirun())
         .args(["-n", "3", "--report-pids", "--timeout", "60"])
         .arg(release_bin("fault_hang"))
