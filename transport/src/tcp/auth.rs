@@ -67,7 +67,13 @@ pub fn challenge(nonce_a: &[u8; NONCE_LEN]) -> [u8; CHALLENGE_LEN] {
 }
 
 /// The connector's answer to `challenge`, or `None` if the challenge is not one.
-pub fn answer(secret: &JobSecret, challenge: &[u8; CHALLENGE_LEN], rank: u32, size: u32, nonce_c: &[u8; NONCE_LEN]) -> Option<[u8; ANSWER_LEN]> {
+pub fn answer(
+    secret: &JobSecret,
+    challenge: &[u8; CHALLENGE_LEN],
+    rank: u32,
+    size: u32,
+    nonce_c: &[u8; NONCE_LEN],
+) -> Option<[u8; ANSWER_LEN]> {
     if &challenge[..8] != MAGIC {
         return None;
     }

@@ -60,12 +60,7 @@ pub fn interfaces() -> Result<Vec<IfAddr>> {
             _ => continue,
         };
         let flags = ifa.ifa_flags;
-        out.push(IfAddr {
-            name,
-            ip,
-            up: flags & libc::IFF_UP as u32 != 0,
-            loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
-        });
+        out.push(IfAddr { name, ip, up: flags & libc::IFF_UP as u32 != 0, loopback: flags & libc::IFF_LOOPBACK as u32 != 0 });
     }
     // SAFETY: `head` came from getifaddrs and is freed once; no reference into it survives.
     unsafe { libc::freeifaddrs(head) };
