@@ -3,7 +3,8 @@
 //!
 //! 1. Each rank puts its host identity (`fab-host-<rank>`: host name and boot id) and, unless
 //!    `TMPI_FABRIC=shm`, the address of its TCP listener (`fab-tcp-<rank>`); fence.
-//! 2. The lowest rank of each host group creates the group's segment; fence.
+//! 2. The lowest rank of each host group creates the group's segment (rank 0 creates the
+//!    job's segment before step 1 when the launcher says all ranks share this host); fence.
 //! 3. The others open it; every rank connects to its TCP peers ([`TcpFabric::establish`]);
 //!    fence; the creator unlinks the segment's name.
 //!
@@ -68,6 +69,13 @@ fn tcp_key(r: usize) -> String {
 pub fn wire_up(bc: &mut BootstrapClient, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<Fabric> {
     let (rank, size) = (env.rank, env.size);
     let me = host_id();
+    // When the launcher says every rank runs on this host, rank 0 creates the job's segment
+    // before anything else, as a job of one host always did; should the host identities
+    // disagree after all (`TMPI_NODE_ID`), it is unlinked and dropped.
+    let mut early = None;
+    if how.choice != FabricChoice::Tcp && env.local_size == size && rank == 0 {
+        early = Some(ShmFabric::create(&env.shm_name, 0, size, (how.ring_size)(size))?);
+    }
     let listener: Option<TcpListener> = match how.choice {
         FabricChoice::Shm => None,
         _ => Some(tcp::listen(tcp::iface::listen_ip(how.tcp_if, env.local_size == size)?)?),
@@ -96,7 +104,14 @@ pub fn wire_up(bc: &mut BootstrapClient, env: &BootstrapEnv, how: &WireUp<'_>) -
     let local = group.iter().position(|&r| r == rank).unwrap_or(0);
     let name = if group.len() == size { env.shm_name.clone() } else { format!("{}-h{leader}", env.shm_name) };
     let mut shm = None;
-    if group.len() > 1 && rank == leader {
+    if let Some(e) = early {
+        if group.len() == size {
+            shm = Some(e);
+        } else {
+            e.unlink()?;
+        }
+    }
+    if group.len() > 1 && rank == leader && shm.is_none() {
         shm = Some(ShmFabric::create(&name, 0, group.len(), (how.ring_size)(group.len()))?);
     }
     bc.fence()?;
