@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 
 pub use tmpi_transport::bootstrap::{Knob, KNOBS};
+use tmpi_transport::fabric::FabricChoice;
 use tmpi_transport::mr::{CacheConfig, Monitor};
 
 /// Parsed configuration.
@@ -40,6 +41,10 @@ pub struct Config {
     pub single_copy: bool,
     /// `TMPI_SINGLE_COPY_MIN`.
     pub single_copy_min: usize,
+    /// `TMPI_FABRIC`.
+    pub fabric: FabricChoice,
+    /// `TMPI_TCP_IF`; `None` = auto.
+    pub tcp_if: Option<String>,
 }
 
 impl Default for Config {
@@ -58,6 +63,8 @@ impl Default for Config {
             mr_cache_monitor_uffd: true,
             single_copy: true,
             single_copy_min: 1 << 20,
+            fabric: FabricChoice::Auto,
+            tcp_if: None,
         }
     }
 }
@@ -153,6 +160,15 @@ impl Config {
         }
         if let Some(v) = get("TMPI_SINGLE_COPY_MIN") {
             c.single_copy_min = num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize;
+        }
+        if let Some(v) = get("TMPI_FABRIC") {
+            c.fabric = FabricChoice::parse(&v).map_err(|_| bad("TMPI_FABRIC", &v, "auto, shm or tcp"))?;
+        }
+        if let Some(v) = get("TMPI_TCP_IF").filter(|v| !matches!(v.trim(), "auto" | "")) {
+            // Resolved now, so that a typo is reported at init naming the variable.
+            tmpi_transport::tcp::iface::listen_ip(Some(&v), true)
+                .map_err(|_| bad("TMPI_TCP_IF", &v, "an interface of this host (name or address)"))?;
+            c.tcp_if = Some(v.trim().to_string());
         }
         Ok(c)
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use tmpi_transport::bootstrap::wireup::{wire_up, WireUp};
 use tmpi_transport::bootstrap::BootstrapClient;
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::shm::ShmFabric;
@@ -75,19 +76,13 @@ pub fn init() -> Result<World> {
     if size == 1 {
         return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, Some(bc)));
     }
-    let fabric = if rank == 0 {
-        let f = ShmFabric::create(&env.shm_name, 0, size, cfg.ring_size_for(size))?;
-        bc.fence()?;
-        bc.fence()?;
-        f.unlink()?;
-        f
-    } else {
-        bc.fence()?;
-        let f = ShmFabric::open(&env.shm_name, rank, size)?;
-        bc.fence()?;
-        f
-    };
-    Ok(world_from_engine(Engine::new(Fabric::Shm(fabric), rank, size, cfg)?, Some(bc)))
+    let ring_size = |n: usize| cfg.ring_size_for(n);
+    let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size };
+    let fabric = wire_up(&mut bc, &env, &how)?;
+    if cfg.stats {
+        eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.kind(), fabric.bad_connections());
+    }
+    Ok(world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc)))
 }
 
 impl World {

@@ -47,6 +47,17 @@ pub enum Error {
     /// An fi_mr call failed with a fabric errno (see [`crate::mr`]).
     #[error("fi_mr: {0}")]
     Mr(#[from] crate::mr::MrErrno),
+    /// A peer broke the fabric's framing (a malformed frame on its connection).
+    #[error("peer rank {rank}: {what}")]
+    PeerProtocol {
+        /// The rank whose bytes were malformed.
+        rank: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// The fabric could not be set up (connections between ranks, `TMPI_FABRIC` choices).
+    #[error("fabric: {0}")]
+    Fabric(String),
     /// An argument was outside what the call accepts.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -76,6 +76,7 @@ mod testkit;
 
 use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg};
 pub(crate) use fabric::Fabric;
+use fabric::ProcessAlive;
 pub(crate) use leave::Need;
 use offload::{rid_to_wr, wr_to_rid};
 pub(crate) use progress::Backoff;
@@ -86,9 +87,8 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use tmpi_transport::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
-use tmpi_transport::local::LocalFabric;
 use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
-use tmpi_transport::shm::{cma, ShmFabric};
+use tmpi_transport::shm::cma;
 use tmpi_transport::tm::{
     Arrival, Buffer, OpsWr, ReadId, RndvRequest, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN, RVH_LEN_IN_META,
 };
@@ -112,8 +112,6 @@ const WIRE_IDX_MASK: u32 = (1 << WIRE_IDX_BITS) - 1;
 const WIRE_GEN_MASK: u32 = (1 << 11) - 1;
 /// Requests that can be named on the wire (synchronous and rendezvous sends) at once.
 pub(crate) const MAX_NAMED_REQUESTS: usize = 1 << WIRE_IDX_BITS;
-/// Largest packet of a fabric without its own limit (self-delivery, single rank).
-const SELF_MAX_PACKET: usize = usize::MAX / 2;
 /// SRQ buffers kept posted; each unexpected message takes one and software reposts it.
 const SRQ_DEPTH: usize = 64;
 /// Capacity of each SRQ buffer: unexpected messages are copied into memory software
@@ -303,6 +301,8 @@ struct State {
     cma: bool,
     /// `TMPI_SINGLE_COPY_MIN`: smaller reads stream through the ring.
     cma_min: usize,
+    /// Per world rank: its memory is reachable by single copy (same host; not over TCP).
+    cma_peers: Vec<bool>,
     /// Reads granted by their target, waiting for this rank to copy the data (CMA).
     cma_q: VecDeque<Key>,
     /// This rank's shares of split single-copy reads, to write into the readers.
@@ -373,6 +373,7 @@ fn tag_of(tag64: u64) -> Tag {
 impl Engine {
     pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
         let max_packet = fabric.max_packet();
+        let cma_peers = (0..size).map(|r| fabric.single_copy_to(r)).collect();
         let oversubscribed = size > crate::sys::usable_cpus();
         let spin = cfg.poll_spin.unwrap_or(if oversubscribed { 64 } else { 20_000 });
         let tags = cfg.tm_max_tags.max(1);
@@ -417,6 +418,7 @@ impl Engine {
                 rma_out: VecDeque::new(),
                 cma: cfg.single_copy,
                 cma_min: cfg.single_copy_min,
+                cma_peers,
                 cma_q: VecDeque::new(),
                 cma_w: VecDeque::new(),
                 ux_bytes: 0,

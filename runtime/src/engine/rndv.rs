@@ -119,7 +119,7 @@ impl State {
         }
         let n = if hw.is_some() { info.len } else { info.len.min(cap) };
         // Single copy needs the buffer (an abandoned receive streams and discards).
-        let cma = self.cma && r.buf.is_some() && n >= self.cma_min;
+        let cma = self.cma && self.cma_peers.get(src).copied().unwrap_or(false) && r.buf.is_some() && n >= self.cma_min;
         let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false });
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             r.read = Some(key);

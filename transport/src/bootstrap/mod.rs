@@ -37,6 +37,7 @@
 //! | `TMPI_SHM_NAME`     | `tmpi-<jobid>-<16 hex>`: rank 0 creates `/dev/shm/<name>`        |
 //! | `TMPI_LAUNCHER_PID` | pid of `tmpirun`                                                |
 //! | `TMPI_JOB_SECRET`   | 32 hex digits, random per job: proves a `hello` comes from a rank |
+//! | `TMPI_NODE_ID`      | optional: the host a rank runs on (equal ids share memory)      |
 //!
 //! `tmpirun` removes `/dev/shm/<TMPI_SHM_NAME>` and every `/dev/shm/tmpi-<jobid>*` file when
 //! the job ends, whichever way it ends.
@@ -45,6 +46,7 @@ pub mod pmi2;
 pub mod proto;
 pub mod secret;
 pub mod server;
+pub mod wireup;
 
 use std::ffi::OsString;
 use std::io::{self, Read};
@@ -109,6 +111,8 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_MR_CACHE_MAX_SIZE", default: "unlimited", meaning: "most bytes the MR cache's registrations cover, in use or not (bytes with an optional binary suffix k/m/g/t, or unlimited; FI_MR_CACHE_MAX_SIZE is read when unset)" },
     Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd (uffd, memhooks and kdreg2 select it too) or disabled, which turns caching off (FI_MR_CACHE_MONITOR is read when unset)" },
     Knob { name: "TMPI_SINGLE_COPY", default: "cma", meaning: "how rendezvous data moves once the sender's key check passed: cma = one kernel copy where the kernel permits it (the reader process_vm_readv's the first half, the sender process_vm_writev's the second half from 128 KiB on), else (and with none) a pipelined copy through the shared-memory rings" },
+    Knob { name: "TMPI_FABRIC", default: "auto", meaning: "which fabric links ranks: auto = shared memory between ranks of one host and TCP between hosts, shm = shared memory only (all ranks on one host), tcp = TCP between every pair of ranks, even on one host (for testing)" },
+    Knob { name: "TMPI_TCP_IF", default: "auto", meaning: "interface name (eth0) or IP address the TCP fabric listens on; auto = loopback when all ranks run on one host, else the first IPv4 address of an interface that is up and not loopback (never the wildcard address)" },
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "1048576", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster below 1 MiB on cache-resident data (>= 0)" },
 ];
 

@@ -1,0 +1,227 @@
+use std::net::{IpAddr, Ipv4Addr};
+
+use super::*;
+use crate::fabric::PKT_WHOLE;
+
+const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// A job of `n` ranks over loopback, each end established on its own thread. `before` runs
+/// with the listeners' addresses before the ranks connect (to play a stranger).
+fn job_with(n: usize, secret: &JobSecret, before: impl FnOnce(&[SocketAddr])) -> Vec<TcpFabric> {
+    let ls: Vec<TcpListener> = (0..n).map(|_| listen(LO).unwrap()).collect();
+    let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    before(&addrs);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ls
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let peers: Vec<(usize, SocketAddr)> = (0..n).filter(|&p| p != r).map(|p| (p, addrs[p])).collect();
+                let secret = secret.clone();
+                s.spawn(move || TcpFabric::establish(r, n, l, &peers, &secret, Duration::from_secs(30)).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn job(n: usize) -> Vec<TcpFabric> {
+    job_with(n, &JobSecret::new().unwrap(), |_| {})
+}
+
+/// Polls `f` until `want` packets came, or panics after a generous while.
+fn recv_n(f: &mut TcpFabric, want: usize, mut on: impl FnMut(Packet<'_>)) {
+    let t = Instant::now();
+    let mut got = 0;
+    while got < want {
+        got += f
+            .poll(|p| {
+                on(p);
+                true
+            })
+            .unwrap();
+        assert!(t.elapsed() < Duration::from_secs(60), "only {got} of {want} packets arrived");
+    }
+}
+
+#[test]
+fn packets_arrive_in_order_from_each_peer() {
+    let mut fabs = job(3);
+    let mut f2 = fabs.pop().unwrap();
+    let mut f1 = fabs.pop().unwrap();
+    let mut f0 = fabs.pop().unwrap();
+    let big = vec![0xa5u8; MAX_PACKET - 8];
+    std::thread::scope(|s| {
+        for (f, base) in [(&mut f1, 0u32), (&mut f2, 1_000_000)] {
+            let big = &big;
+            s.spawn(move || {
+                for i in 0..2000u32 {
+                    let v = (base + i).to_le_bytes();
+                    let parts: &[&[u8]] = if i % 100 == 7 { &[&v, &big[..]] } else { &[&v] };
+                    while !f.try_send(0, PKT_WHOLE, i as u64, parts).unwrap() {
+                        f.poll(|_| true).unwrap();
+                    }
+                }
+                // Push out what the kernel has not taken yet.
+                f.mark_finalized();
+            });
+        }
+        let mut next = [0u32, 0, 1_000_000];
+        recv_n(&mut f0, 4000, |p| {
+            assert_eq!(p.flags, PKT_WHOLE);
+            let v = u32::from_le_bytes(p.data[..4].try_into().unwrap());
+            assert_eq!(v, next[p.src], "from {}", p.src);
+            assert_eq!(p.total_len, u64::from(v % 1_000_000));
+            if v % 100 == 7 {
+                assert_eq!(p.data.len(), MAX_PACKET - 4);
+                assert!(p.data[4..].iter().all(|&b| b == 0xa5));
+            }
+            next[p.src] += 1;
+        });
+    });
+    // Their finalized frames come after their data: both peers finalized, not failed.
+    let t = Instant::now();
+    while f0.peer_state(1) != PeerState::Finalized || f0.peer_state(2) != PeerState::Finalized {
+        assert!(!f0.pending_from(1) && !f0.pending_from(2));
+        assert!(t.elapsed() < Duration::from_secs(30));
+    }
+}
+
+#[test]
+fn unconsumed_packet_stays_and_limits_hold() {
+    let mut fabs = job(2);
+    fabs[1].try_send(0, PKT_WHOLE, 1, &[b"a"]).unwrap();
+    let t = Instant::now();
+    while !fabs[0].pending_from(1) {
+        assert!(t.elapsed() < Duration::from_secs(30));
+    }
+    assert_eq!(fabs[0].poll(|_| false).unwrap(), 0);
+    assert_eq!(fabs[0].poll(|p| p.data == b"a").unwrap(), 1);
+    assert!(fabs[1].try_send(0, PKT_WHOLE, 1, &[&vec![0u8; MAX_PACKET + 1]]).is_err());
+    assert!(fabs[1].try_send(1, PKT_WHOLE, 1, &[b"x"]).is_err(), "no connection to itself");
+    assert!(fabs[1].try_send(5, PKT_WHOLE, 1, &[b"x"]).is_err());
+}
+
+#[test]
+fn back_pressure_when_the_peer_does_not_read() {
+    let mut fabs = job(2);
+    let chunk = vec![1u8; MAX_PACKET];
+    let mut sent = 0usize;
+    while fabs[1].try_send(0, PKT_WHOLE, 0, &[&chunk]).unwrap() {
+        sent += 1;
+        assert!(sent < 10_000, "never full");
+    }
+    assert!(sent * MAX_PACKET >= TX_MAX);
+    // The reader drains; every packet arrives whole.
+    let mut f0 = fabs.remove(0);
+    let mut f1 = fabs.remove(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..10 {
+                while !f1.try_send(0, PKT_WHOLE, 0, &[&chunk]).unwrap() {
+                    f1.poll(|_| true).unwrap();
+                }
+            }
+            f1.mark_finalized();
+        });
+        recv_n(&mut f0, sent + 10, |p| assert_eq!(p.data.len(), MAX_PACKET));
+    });
+}
+
+#[test]
+fn a_peer_that_drops_without_finalizing_has_failed() {
+    let mut fabs = job(3);
+    fabs[2].try_send(0, PKT_WHOLE, 3, &[b"bye"]).unwrap();
+    fabs[2].mark_finalized();
+    drop(fabs.pop());
+    drop(fabs.pop()); // rank 1: gone without a word
+    let mut f0 = fabs.pop().unwrap();
+    let t = Instant::now();
+    while f0.peer_state(1) == PeerState::Alive || f0.pending_from(2) {
+        f0.poll(|p| {
+            assert_eq!((p.src, p.data), (2, &b"bye"[..]));
+            true
+        })
+        .unwrap();
+        assert!(t.elapsed() < Duration::from_secs(30));
+    }
+    assert_eq!(f0.peer_state(1), PeerState::Failed);
+    while f0.peer_state(2) == PeerState::Alive {
+        f0.poll(|_| true).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(30));
+    }
+    assert_eq!(f0.peer_state(2), PeerState::Finalized);
+    // Sending to a peer that is gone goes to nobody (as into a dead process's ring).
+    assert!(f0.try_send(1, PKT_WHOLE, 1, &[b"x"]).unwrap());
+}
+
+#[test]
+fn malformed_frames_name_the_peer() {
+    let bad_frames: [&[u8]; 4] = [
+        &[PKT_WHOLE, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], // unknown kind
+        &[0x40, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],      // unknown flag
+        &[PKT_WHOLE, 0, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0], // reserved byte
+        &[PKT_WHOLE, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0, 0, 0, 0, 0], // too long
+    ];
+    for frame in bad_frames {
+        let mut fabs = job(2);
+        let c = fabs[1].conns[0].as_mut().unwrap();
+        (&c.sock).write_all(frame).unwrap();
+        let t = Instant::now();
+        let e = loop {
+            match fabs[0].poll(|_| true) {
+                Ok(_) => assert!(t.elapsed() < Duration::from_secs(30)),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(e, Error::PeerProtocol { rank: 1, .. }), "{e}");
+        assert!(e.to_string().starts_with("peer rank 1:"), "{e}");
+    }
+}
+
+#[test]
+fn strangers_without_the_secret_are_refused_and_counted() {
+    let secret = JobSecret::new().unwrap();
+    let mut strangers = Vec::new();
+    let fabs = job_with(2, &secret, |addrs| {
+        // A stranger that answers with the wrong secret reaches rank 0.s
+        // listener before rank 1 does.
+        strangers.push(std::thread::spawn({
+            let a = addrs[0];
+            move || {
+                let mut s = TcpStream::connect(a).unwrap();
+                let mut ch = [0u8; auth::CHALLENGE_LEN];
+                s.read_exact(&mut ch).unwrap();
+                let wrong = JobSecret::new().unwrap();
+                let ans = auth::answer(&wrong, &ch, 1, 2, &[0u8; 16]).unwrap();
+                s.write_all(&ans).unwrap();
+                let mut rest = Vec::new();
+                // Closed without a proof.
+                let _ = s.read_to_end(&mut rest);
+                rest.len()
+            }
+        }));
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    for s in strangers {
+        assert_eq!(s.join().unwrap(), 0, "a stranger got an answer");
+    }
+    assert_eq!(fabs[0].bad_connections(), 1);
+    assert_eq!(fabs[1].bad_connections(), 0);
+}
+
+#[test]
+fn a_listener_without_the_secret_is_not_trusted() {
+    // Rank 1 connects to "rank 0", whose listener answers with another secret's proof.
+    let l = listen(LO).unwrap();
+    let addr = l.local_addr().unwrap();
+    let secret = JobSecret::new().unwrap();
+    let t = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        accept_one(s, 0, 2, &JobSecret::new().unwrap(), Instant::now() + Duration::from_secs(5))
+    });
+    let me = listen(LO).unwrap();
+    let e = TcpFabric::establish(1, 2, me, &[(0, addr)], &secret, Duration::from_secs(10)).err().expect("refused");
+    assert!(e.to_string().contains("rank 0"), "{e}");
+    assert!(t.join().unwrap().is_none(), "the impostor accepted a rank with another secret");
+}
