@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use tmpi_transport::bootstrap::pmi2::Pmi2Client;
 use tmpi_transport::bootstrap::wireup::{wire_up, WireUp};
-use tmpi_transport::bootstrap::BootstrapClient;
+use tmpi_transport::bootstrap::{BootstrapClient, BootstrapEnv, KeyValue};
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::shm::ShmFabric;
 
@@ -30,7 +31,7 @@ pub fn wtime() -> f64 {
 pub struct World {
     // Dropped first: when a rank unwinds, tmpirun must see its bootstrap connection go before
     // the peers see it leave the fabric, so that the failing rank is the one reported.
-    bootstrap: RefCell<Option<BootstrapClient>>,
+    bootstrap: RefCell<Option<Launcher>>,
     comm: Comm,
     finalized: bool,
 }
@@ -48,7 +49,49 @@ impl Deref for World {
     }
 }
 
-fn world_from_engine(eng: Engine, bootstrap: Option<BootstrapClient>) -> World {
+/// Who started this rank, and how to tell it the rank is done or wants the job ended.
+enum Launcher {
+    /// `tmpirun`, through its bootstrap socket.
+    Tmpirun(BootstrapClient),
+    /// A PMI-2 launcher (Slurm's `srun --mpi=pmi2`), through `PMI_FD`.
+    Pmi2(Pmi2Client),
+}
+
+impl Launcher {
+    fn kv(&mut self) -> &mut dyn KeyValue {
+        match self {
+            Launcher::Tmpirun(c) => c,
+            Launcher::Pmi2(c) => c,
+        }
+    }
+
+    fn finalize(&mut self) -> tmpi_transport::Result<()> {
+        match self {
+            Launcher::Tmpirun(c) => c.finalize(),
+            Launcher::Pmi2(c) => c.finalize(),
+        }
+    }
+
+    fn abort(&mut self, code: i32, msg: &str) -> tmpi_transport::Result<()> {
+        match self {
+            Launcher::Tmpirun(c) => c.abort(code, msg),
+            Launcher::Pmi2(c) => c.abort(code, msg),
+        }
+    }
+}
+
+/// The launcher of this process and what it says about the job: `tmpirun` (`TMPI_RANK`
+/// set), else a PMI-2 launcher (`PMI_FD` set), else none (a singleton).
+fn launcher() -> Result<Option<(Launcher, BootstrapEnv)>> {
+    if let Some((bc, env)) = BootstrapClient::from_env()? {
+        return Ok(Some((Launcher::Tmpirun(bc), env)));
+    }
+    let Some(mut c) = Pmi2Client::from_env()? else { return Ok(None) };
+    let env = BootstrapEnv::from_pmi2(&mut c)?;
+    Ok(Some((Launcher::Pmi2(c), env)))
+}
+
+fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>) -> World {
     let rank = eng.rank();
     let size = eng.size();
     let comm = Comm {
@@ -58,7 +101,8 @@ fn world_from_engine(eng: Engine, bootstrap: Option<BootstrapClient>) -> World {
 }
 
 /// Starts the runtime. Under `tmpirun` the rank, size and fabric come from the launcher's
-/// environment; a program started alone runs as rank 0 of 1.
+/// environment; under Slurm (`srun --mpi=pmi2`) from its PMI-2 server (`PMI_FD`); a program
+/// started alone runs as rank 0 of 1.
 ///
 /// # Errors
 /// [`Error::Config`] for a bad `TMPI_*` value; [`Error::State`] when called a second time in
@@ -69,7 +113,7 @@ pub fn init() -> Result<World> {
     }
     let _ = wtime();
     let cfg = Config::from_env()?;
-    let Some((mut bc, env)) = BootstrapClient::from_env()? else {
+    let Some((mut bc, env)) = launcher()? else {
         return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, None));
     };
     let (rank, size) = (env.rank, env.size);
@@ -78,7 +122,7 @@ pub fn init() -> Result<World> {
     }
     let ring_size = |n: usize| cfg.ring_size_for(n);
     let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size };
-    let fabric = wire_up(&mut bc, &env, &how)?;
+    let fabric = wire_up(bc.kv(), &env, &how)?;
     if cfg.stats {
         eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.kind(), fabric.bad_connections());
     }

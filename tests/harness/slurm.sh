@@ -74,7 +74,10 @@ up() {
     fi
     mkdir -p /run/munge /var/log/munge /var/lib/munge
     chown munge:munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
-    su -s /bin/sh munge -c "/usr/sbin/munged --pid-file=$DIR/munged.pid" 2>/dev/null || /usr/sbin/munged --force --pid-file="$DIR/munged.pid"
+    mkdir -p "$DIR/munge"
+    chown munge "$DIR/munge" 2>/dev/null || true
+    su -s /bin/sh munge -c "/usr/sbin/munged --pid-file=$DIR/munge/munged.pid" 2>/dev/null ||
+      /usr/sbin/munged --force --pid-file="$DIR/munge/munged.pid"
     for _ in $(seq 1 20); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.5; done
   fi
   alive "$DIR/slurmctld.pid" || /usr/sbin/slurmctld -f "$CONF"
@@ -88,8 +91,12 @@ up() {
 }
 
 down() {
-  for f in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munged.pid"; do
-    if alive "$f"; then kill "$(cat "$f")" 2>/dev/null || true; fi
+  for f in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
+    if alive "$f"; then
+      pid=$(cat "$f")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
   done
   echo "slurm harness: stopped"
 }

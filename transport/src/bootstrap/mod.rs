@@ -243,6 +243,93 @@ fn random_hex16() -> Result<String> {
     Ok(format!("{:016x}", u64::from_le_bytes(b)))
 }
 
+/// The key-value service a job's ranks meet through when they start: `tmpirun`'s
+/// ([`BootstrapClient`]) or a PMI-2 server's ([`pmi2::Pmi2Client`], under Slurm). Wire-up
+/// ([`wireup::wire_up`]) needs nothing else.
+pub trait KeyValue {
+    /// Publishes `value` under `key`; visible to every rank after the next fence.
+    ///
+    /// # Errors
+    /// A bad key or value, a lost service.
+    fn put(&mut self, key: &str, value: &[u8]) -> Result<()>;
+    /// The value some rank put under `key` before the last fence.
+    ///
+    /// # Errors
+    /// No rank put it, a lost service.
+    fn get(&mut self, key: &str) -> Result<Vec<u8>>;
+    /// Waits until every rank has fenced.
+    ///
+    /// # Errors
+    /// A rank died or left first, a lost service.
+    fn fence(&mut self) -> Result<()>;
+}
+
+impl KeyValue for BootstrapClient {
+    fn put(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        BootstrapClient::put(self, key, value)
+    }
+    fn get(&mut self, key: &str) -> Result<Vec<u8>> {
+        BootstrapClient::get(self, key)
+    }
+    fn fence(&mut self) -> Result<()> {
+        BootstrapClient::fence(self)
+    }
+}
+
+impl KeyValue for pmi2::Pmi2Client {
+    fn put(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        pmi2::Pmi2Client::put(self, key, value)
+    }
+    fn get(&mut self, key: &str) -> Result<Vec<u8>> {
+        pmi2::Pmi2Client::get(self, key)
+    }
+    fn fence(&mut self) -> Result<()> {
+        pmi2::Pmi2Client::fence(self)
+    }
+}
+
+impl BootstrapEnv {
+    /// The environment of a rank started by a PMI-2 launcher (Slurm): rank and size from
+    /// `fullinit`; whether all ranks share this host from `PMI_process_mapping`; a job id,
+    /// segment name and job secret chosen by rank 0 and published through the key-value
+    /// space (one fence), since no `tmpirun` chose them. The secret is then as private as
+    /// the launcher's key-value space.
+    ///
+    /// # Errors
+    /// The PMI server fails, or publishes something malformed.
+    pub fn from_pmi2(c: &mut pmi2::Pmi2Client) -> Result<Self> {
+        let (rank, size) = (c.rank(), c.size());
+        let one_host = c.job_attr("PMI_process_mapping")?.is_some_and(|m| pmi2::mapping_nodes(&m) == Some(1));
+        if rank == 0 {
+            let jobid = new_jobid()?;
+            c.put("tmpi-jobid", jobid.as_bytes())?;
+            c.put("tmpi-shm", new_shm_name(&jobid)?.as_bytes())?;
+            c.put("tmpi-secret", JobSecret::new()?.to_hex().as_bytes())?;
+        }
+        c.fence()?;
+        let text = |c: &mut pmi2::Pmi2Client, k: &str| -> Result<String> {
+            String::from_utf8(c.get(k)?).map_err(|_| Error::Bootstrap(format!("PMI-2: {k} is not text")))
+        };
+        let jobid = text(c, "tmpi-jobid")?;
+        let shm_name = text(c, "tmpi-shm")?;
+        let secret = JobSecret::from_hex(&text(c, "tmpi-secret")?)?;
+        if !is_hex16(&jobid) || !shm_name.starts_with(&format!("tmpi-{jobid}-")) {
+            return Err(Error::Bootstrap(format!("PMI-2: rank 0 published a malformed job id {jobid:?} or segment {shm_name:?}")));
+        }
+        Ok(BootstrapEnv {
+            rank,
+            size,
+            jobid,
+            shm_name,
+            local_rank: if one_host { rank } else { 0 },
+            // Unknown when the job spans hosts: wire-up finds out which ranks share one.
+            local_size: if one_host { size } else { 0 },
+            bootstrap: PathBuf::new(),
+            secret,
+        })
+    }
+}
+
 /// A rank's connection to the bootstrap service: synchronous, one request at a time.
 #[derive(Debug)]
 pub struct BootstrapClient {

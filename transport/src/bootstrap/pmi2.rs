@@ -42,6 +42,20 @@ const MAX_FRAME: usize = 999_999;
 /// Longest key accepted (Slurm's limit is 64 bytes; values are limited by the frame).
 const MAX_KEY: usize = 64;
 
+/// Number of hosts a `PMI_process_mapping` value describes: `(vector,(first,hosts,ranks),...)`
+/// blocks, each of `hosts` hosts; `None` if it does not parse.
+pub fn mapping_nodes(m: &str) -> Option<usize> {
+    let body = m.trim().strip_prefix("(vector,")?.strip_suffix(')')?;
+    let mut hosts = 0usize;
+    for block in body.split("),") {
+        let nums: Vec<usize> =
+            block.trim_matches(|c| c == '(' || c == ')').split(',').map(|n| n.trim().parse().ok()).collect::<Option<_>>()?;
+        let [_, h, _] = nums[..] else { return None };
+        hosts = hosts.checked_add(h)?;
+    }
+    Some(hosts)
+}
+
 /// A connected PMI-2 client, after `fullinit`.
 #[derive(Debug)]
 pub struct Pmi2Client {
@@ -439,6 +453,16 @@ mod tests {
         assert_eq!(unhex(&hex(&[0, 1, 0xab, 0xff])), Some(vec![0, 1, 0xab, 0xff]));
         assert_eq!(unhex("abc"), None);
         assert_eq!(unhex("zz"), None);
+    }
+
+    #[test]
+    fn process_mapping_counts_hosts() {
+        assert_eq!(mapping_nodes("(vector,(0,1,4))"), Some(1));
+        assert_eq!(mapping_nodes("(vector,(0,2,2))"), Some(2));
+        assert_eq!(mapping_nodes("(vector,(0,2,2),(2,1,1))"), Some(3));
+        assert_eq!(mapping_nodes("(vector,(0,x,2))"), None);
+        assert_eq!(mapping_nodes("garbage"), None);
+        assert_eq!(mapping_nodes(""), None);
     }
 
     #[test]

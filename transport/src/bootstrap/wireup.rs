@@ -14,7 +14,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
-use super::{BootstrapClient, BootstrapEnv};
+use super::{BootstrapEnv, KeyValue};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricChoice, HybridFabric};
 use crate::shm::ShmFabric;
@@ -66,7 +66,7 @@ fn tcp_key(r: usize) -> String {
 /// # Errors
 /// Bootstrap failures, a segment that cannot be created or opened, `TMPI_FABRIC=shm` across
 /// hosts, TCP peers that cannot be reached or do not prove the job secret.
-pub fn wire_up(bc: &mut BootstrapClient, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<Fabric> {
+pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<Fabric> {
     let (rank, size) = (env.rank, env.size);
     let me = host_id();
     // When the launcher says every rank runs on this host, rank 0 creates the job's segment
