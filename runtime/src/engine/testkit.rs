@@ -3,6 +3,7 @@
 //! (each packet still passes through the receiver's soft TM-SRQ, as in a real job).
 
 use super::*;
+use tmpi_transport::local::LocalFabric;
 
 /// `n` engines of one job over the in-process fabric, with `cfg` (64 KiB packets).
 pub(super) fn job(n: usize, cfg: Config) -> Vec<Engine> {
