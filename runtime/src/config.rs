@@ -40,6 +40,9 @@ pub struct Config {
     pub single_copy: bool,
     /// `TMPI_SINGLE_COPY_MIN`.
     pub single_copy_min: usize,
+    /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
+    /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
+    pub shared_heap: usize,
 }
 
 impl Default for Config {
@@ -58,6 +61,7 @@ impl Default for Config {
             mr_cache_monitor_uffd: true,
             single_copy: true,
             single_copy_min: 1 << 20,
+            shared_heap: 1 << 30,
         }
     }
 }
@@ -153,6 +157,10 @@ impl Config {
         }
         if let Some(v) = get("TMPI_SINGLE_COPY_MIN") {
             c.single_copy_min = num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize;
+        }
+        if let Some(v) = get("TMPI_SHARED_HEAP") {
+            let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
+            c.shared_heap = if n == 0 { 0 } else { n.max(1 << 16) };
         }
         Ok(c)
     }

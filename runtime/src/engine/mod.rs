@@ -301,12 +301,15 @@ struct CmaWrite {
 struct Ctl {
     flags: u8,
     len: u8,
-    bytes: [u8; 48],
+    bytes: [u8; CTL_MAX],
 }
+
+/// Largest control packet (an RDMA read request naming a shared-heap destination).
+const CTL_MAX: usize = 72;
 
 impl Ctl {
     fn new(flags: u8, b: &[u8]) -> Self {
-        let mut bytes = [0u8; 48];
+        let mut bytes = [0u8; CTL_MAX];
         bytes[..b.len()].copy_from_slice(b);
         Ctl { flags, len: b.len() as u8, bytes }
     }
@@ -425,6 +428,8 @@ struct State {
     cma_q: VecDeque<Key>,
     /// This rank's shares of split single-copy reads, to write into the readers.
     cma_w: VecDeque<CmaWrite>,
+    /// The shared heap: this rank's, the peers' it mapped, and grants in flight through them.
+    heaps: crate::heap::Heaps,
     /// Bytes held by unexpected messages (payload plus bookkeeping), and the budget
     /// (`TMPI_UNEXPECTED_MAX`) above which messages that no posted receive matches are left
     /// in the sender's ring.
@@ -528,6 +533,7 @@ impl Engine {
                 cma_min: cfg.single_copy_min,
                 cma_q: VecDeque::new(),
                 cma_w: VecDeque::new(),
+                heaps: crate::heap::Heaps::new(cfg.shared_heap, size),
                 ux_bytes: 0,
                 credits: vec![credit_per_peer(cfg.unexpected_max, size); size],
                 owed: vec![0; size],

@@ -3,6 +3,30 @@
 //! back through the ring or granted for single copy), then sends `FIN`.
 
 use super::*;
+use crate::heap::HeapSrc;
+use tmpi_transport::shm::heap::HeapDesc;
+
+/// Read request flag (third byte): the reader maps this target's shared heap, so a range in
+/// it may be granted for a plain memcpy whatever the mode.
+const REQ_HEAP_MAPS: u8 = 1;
+/// Read request flag: the reader's buffer lies in its shared heap (bytes 48..68 name it); the
+/// target may write its share there with a memcpy.
+const REQ_DST_HEAP: u8 = 2;
+/// Grant flag (second byte): the range lies in the target's shared heap (bytes 24..44).
+const GRANT_HEAP: u8 = 1;
+/// Shared-heap reads of at least this many bytes are split when both buffers lie in shared
+/// heaps: the reader copies the first half, the target the second, both with memcpy.
+const HEAP_SPLIT_MIN: usize = 1 << 20;
+
+fn put_desc(m: &mut [u8], h: HeapSrc) {
+    m[..8].copy_from_slice(&h.off.to_be_bytes());
+    m[8..16].copy_from_slice(&h.desc.nonce.to_be_bytes());
+    m[16..20].copy_from_slice(&h.desc.fd.to_be_bytes());
+}
+
+fn get_desc(m: &[u8]) -> HeapSrc {
+    HeapSrc { off: be64(m, 0), desc: HeapDesc { nonce: be64(m, 8), fd: be32(m, 16) } }
+}
 
 pub(super) fn read_id_bytes(k: Key) -> [u8; 8] {
     let mut b = [0u8; 8];
@@ -127,7 +151,7 @@ impl State {
         if n == 0 {
             return self.finish_read(key, true);
         }
-        self.request_read(key, if cma { READ_MODE_CMA } else { READ_MODE_STREAM }, n);
+        self.request_read(key, if cma { READ_MODE_CMA } else { READ_MODE_STREAM }, n, true);
         Ok(())
     }
 
@@ -154,13 +178,30 @@ impl State {
     /// to copy the range ourselves, `READ_MODE_STREAM` for the data through the ring.
     /// `len` is how many bytes from the start of the range to ask for. A single-copy request
     /// also names the receive buffer, into which the target may write its share.
-    pub(super) fn request_read(&mut self, key: Key, mode: u8, len: usize) {
+    ///
+    /// With `heap`, the request also says whether this rank maps the target's shared heap
+    /// and names the receive buffer's place in this rank's own heap: the target may then
+    /// grant a memcpy from its heap, or memcpy its share into ours, in either mode.
+    pub(super) fn request_read(&mut self, key: Key, mode: u8, len: usize, heap: bool) {
         let Some(op) = self.reads.get(key) else { return };
-        let dst = match self.reqs.get(op.rid) {
-            Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) if mode == READ_MODE_CMA => b.addr() as u64,
+        let rbuf = match self.reqs.get(op.rid) {
+            Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) => Some(*b),
+            _ => None,
+        };
+        let dst = match rbuf {
+            Some(b) if mode == READ_MODE_CMA => b.addr() as u64,
             _ => 0,
         };
-        let mut m = [0u8; 48];
+        let mut m = [0u8; CTL_MAX];
+        let mut mlen = 48;
+        if heap && rbuf.is_some() && self.heaps.may_map(op.src) {
+            m[2] |= REQ_HEAP_MAPS;
+        }
+        if let Some(h) = rbuf.filter(|_| heap).and_then(|b| self.heaps.locate(b.addr(), len)) {
+            m[2] |= REQ_DST_HEAP;
+            put_desc(&mut m[48..68], h);
+            mlen = 68;
+        }
         m[0] = RMA_READ_REQ;
         m[1] = mode;
         m[4..8].copy_from_slice(&op.info.tmh.app_ctx.to_be_bytes());
@@ -169,7 +210,7 @@ impl State {
         m[24..32].copy_from_slice(&op.info.key.to_be_bytes());
         m[32..40].copy_from_slice(&(len as u64).to_be_bytes());
         m[40..48].copy_from_slice(&dst.to_be_bytes());
-        self.ctlq.push_back((op.src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+        self.ctlq.push_back((op.src, Ctl::new(PKT_RMA | PKT_WHOLE, &m[..mlen])));
     }
 
     /// An RMA packet: a read request to serve, or data / a refusal for a read we issued.
@@ -179,7 +220,8 @@ impl State {
         match d.first().copied() {
             Some(RMA_READ_REQ) if d.len() >= 48 => {
                 let req = ReadReq { mode: d[1], sreq: be32(d, 4), va: be64(d, 16), key: be64(d, 24), len: be64(d, 32), dst: be64(d, 40) };
-                self.serve_read(p.src, &d[8..16], req);
+                let dst_heap = (d[2] & REQ_DST_HEAP != 0 && d.len() >= 68).then(|| get_desc(&d[48..68]));
+                self.serve_read(p.src, &d[8..16], req, d[2] & REQ_HEAP_MAPS != 0, dst_heap);
                 Ok(())
             }
             Some(RMA_READ_RESP) if d.len() >= RMA_RESP_HDR => {
@@ -212,6 +254,9 @@ impl State {
                 }
                 op.split = split;
                 op.remote_write = split < op.n;
+                if d[1] & GRANT_HEAP != 0 && d.len() >= 44 {
+                    self.heaps.grants.insert((read.idx, read.gen), get_desc(&d[24..44]));
+                }
                 self.cma_q.push_back(read);
                 Ok(())
             }
@@ -232,7 +277,11 @@ impl State {
     /// In `READ_MODE_CMA` a passed check grants the reader a single copy of the range (it is
     /// recorded on the send, whose buffer then stays put until FIN even if abandoned); in
     /// `READ_MODE_STREAM` the range is streamed back through the ring.
-    pub(super) fn serve_read(&mut self, src: usize, read: &[u8], q: ReadReq) {
+    ///
+    /// Shared heaps come first, in either mode: a range in this rank's heap is granted for a
+    /// memcpy by a reader that maps it, and a reader whose buffer lies in its own heap gets
+    /// this rank's share written there with a memcpy (see [`State::serve_heap`]).
+    pub(super) fn serve_read(&mut self, src: usize, read: &[u8], q: ReadReq, reader_maps: bool, dst_heap: Option<HeapSrc>) {
         let ReadReq { mode, sreq, va, key, len, dst } = q;
         let sk = self.named_send(sreq, src);
         // Exactly the range the key check granted, and only while it lies inside the buffer of
@@ -247,6 +296,11 @@ impl State {
         });
         let mut id = [0u8; 8];
         id.copy_from_slice(read);
+        if let (Some(b), Some(k)) = (buf, sk) {
+            if self.serve_heap(src, id, k, b, mode, reader_maps, dst_heap) {
+                return;
+            }
+        }
         match buf {
             Some(b) if mode == READ_MODE_CMA => {
                 if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
@@ -282,6 +336,56 @@ impl State {
                 self.rma_notice(src, RMA_READ_ERR, id);
             }
         }
+    }
+
+    /// Grants a checked read `id` of `b` (the live send `sk`) through the shared heaps if one
+    /// side's buffer lies in one: returns `false` (nothing done) otherwise.
+    ///
+    /// - `b` in this rank's heap and the reader maps it: the grant names the range, and the
+    ///   reader memcpys `[0, split)`; from [`HEAP_SPLIT_MIN`] on, when the reader's buffer is
+    ///   in its heap too, this rank memcpys `[split, n)` into it at the same time.
+    /// - Only the reader's buffer in its heap: this rank memcpys `[split, n)` into it, and the
+    ///   reader copies `[0, split)` with CMA (a CMA-mode request from [`CMA_SPLIT_MIN`] on)
+    ///   or nothing (`split` = 0).
+    ///
+    /// The send records the grant: its buffer stays put until FIN even if abandoned.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_heap(&mut self, src: usize, id: [u8; 8], sk: Key, b: RawBuf, mode: u8, reader_maps: bool, dst_heap: Option<HeapSrc>) -> bool {
+        let n = b.len();
+        if n == 0 || !self.heaps.enabled() {
+            return false;
+        }
+        let from = if reader_maps { self.heaps.locate(b.addr(), n) } else { None };
+        let into = dst_heap.filter(|_| self.heaps.may_map(src));
+        let split = match (from, into) {
+            (Some(_), Some(_)) if n >= HEAP_SPLIT_MIN => (n / 2) & !4095,
+            (Some(_), _) => n,
+            (None, Some(_)) if mode == READ_MODE_CMA && self.cma && n >= CMA_SPLIT_MIN => (n / 2) & !4095,
+            (None, Some(_)) => 0,
+            (None, None) => return false,
+        };
+        if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(sk) {
+            r.granted = Some(src);
+        }
+        let mut m = [0u8; 44];
+        m[0] = RMA_READ_GRANT;
+        m[4..12].copy_from_slice(&id);
+        m[16..24].copy_from_slice(&(split as u64).to_be_bytes());
+        let mlen = match from {
+            Some(h) => {
+                m[1] = GRANT_HEAP;
+                put_desc(&mut m[24..44], h);
+                44
+            }
+            None => 24,
+        };
+        self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m[..mlen])));
+        if let (Some(h), true) = (into, split < n) {
+            self.heaps.writes.insert((src, id), h);
+            self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst: 0, base: split });
+        }
+        self.heaps.grants_served += 1;
+        true
     }
 
     /// All bytes of a read are in (or it was refused): complete the receive and send FIN.
@@ -326,5 +430,18 @@ impl State {
         let k = k.ok_or_else(|| malformed_from(src, "FIN for no rendezvous send"))?;
         self.send_progress(k, false, true);
         Ok(())
+    }
+}
+
+impl Engine {
+    /// This rank's shared heap, created on first use (`None`: off or unavailable).
+    pub(crate) fn shared_heap(&mut self) -> Option<std::sync::Arc<tmpi_transport::shm::heap::Heap>> {
+        self.st.heaps.own()
+    }
+
+    /// The shared-heap part of the `tmpi-stats` line.
+    pub(super) fn heap_stats(&self) -> String {
+        let h = &self.st.heaps;
+        format!(" heap_grants={} heap_bytes={} heap_fallbacks={}", h.grants_served, h.bytes, h.fallbacks)
     }
 }
