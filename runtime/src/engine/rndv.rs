@@ -445,3 +445,108 @@ impl Engine {
         format!(" heap_grants={} heap_bytes={} heap_fallbacks={}", h.grants_served, h.bytes, h.fallbacks)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last control packet queued, as (kind, flags, bytes).
+    fn last_ctl(e: &Engine) -> (u8, u8, Vec<u8>) {
+        let (_, c) = e.st.ctlq.back().expect("a control packet");
+        let b = c.bytes[..c.len as usize].to_vec();
+        (b[0], b[1], b)
+    }
+
+    /// Rank 0 of a two-rank job of threads, and the peer's fabric end (kept, never polled).
+    fn engine() -> (Engine, tmpi_transport::local::LocalFabric) {
+        let mut f = tmpi_transport::local::LocalFabric::create(2, 64 * 1024);
+        let peer = f.swap_remove(1);
+        (Engine::new(Fabric::Local(f.swap_remove(0)), 0, 2, Config::default()).unwrap(), peer)
+    }
+
+    fn read_req(sreq: u32, va: u64, key: u64, len: usize) -> ReadReq {
+        ReadReq { mode: READ_MODE_STREAM, sreq, va, key, len: len as u64, dst: 0 }
+    }
+
+    /// A shared buffer is granted (for a memcpy) only while the send that lends it is live: once
+    /// the send completed and the buffer was freed and its memory handed out again, a reader
+    /// repeating the old request (send name, key, address) is refused by the target, and no
+    /// grant names the new block.
+    #[test]
+    fn a_freed_shared_buffer_is_never_granted_again() {
+        let (mut e, _peer) = engine();
+        let Some(heap) = e.shared_heap() else {
+            eprintln!("no shared heap on this system");
+            return;
+        };
+        let len = 1 << 20;
+        let mut a = heap.alloc(len, 8).unwrap();
+        a.as_bytes_mut().fill(1);
+        // SAFETY: `a` outlives the send, which completes below before `a` is dropped.
+        let raw = unsafe { RawBuf::new(a.as_bytes()) };
+        let rid = e.start_rndv(1, 77, raw).unwrap();
+        let (key, va) = match e.st.reqs.get(rid) {
+            Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
+            _ => panic!("no rendezvous send"),
+        };
+        let name = wire_name(rid);
+        let id = [9u8; 8];
+        e.st.serve_read(1, &id, read_req(name, va, key, len), true, None);
+        let (kind, flags, m) = last_ctl(&e);
+        assert_eq!((kind, flags), (RMA_READ_GRANT, GRANT_HEAP));
+        let h = get_desc(&m[24..44]);
+        assert_eq!(h.off, a.offset() as u64);
+        assert_eq!(be64(&m, 16), len as u64, "the reader copies it all");
+        // A reader that does not map our heap gets the data streamed.
+        e.st.serve_read(1, &id, read_req(name, va, key, len), false, None);
+        assert_eq!(e.st.rma_out.pop_back().map(|r| r.buf.len()), Some(len));
+        // The FIN completes the send; the user collects it and frees the buffer.
+        e.st.send_progress(rid, true, true);
+        assert!(e.take_if_done(rid).unwrap().is_ok());
+        let off = a.offset();
+        drop(a);
+        let mut b = heap.alloc(len, 8).unwrap();
+        assert_eq!(b.offset(), off, "the freed memory is handed out again");
+        b.as_bytes_mut().fill(2);
+        // SAFETY: `b` outlives the engine's use of it (the engine is dropped first).
+        let raw = unsafe { RawBuf::new(b.as_bytes()) };
+        let rid2 = e.start_rndv(1, 78, raw).unwrap();
+        assert_ne!(wire_name(rid2), name);
+        let before = e.st.ctlq.len();
+        e.st.serve_read(1, &id, read_req(name, va, key, len), true, None);
+        assert_eq!(e.st.ctlq.len(), before + 1);
+        assert_eq!(last_ctl(&e).0, RMA_READ_ERR, "a stale read request is refused");
+        assert!(e.st.rma_out.is_empty());
+        drop(e);
+        drop(b);
+    }
+
+    /// A reader whose buffer is in its own heap gets the target's share written there; a
+    /// request without any heap goes the old way.
+    #[test]
+    fn a_reader_heap_receives_the_targets_share() {
+        let (mut e, _peer) = engine();
+        let len = 4 << 20;
+        let src = vec![3u8; len];
+        // SAFETY: `src` outlives the engine.
+        let raw = unsafe { RawBuf::new(&src) };
+        let rid = e.start_rndv(1, 5, raw).unwrap();
+        let (key, va) = match e.st.reqs.get(rid) {
+            Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
+            _ => panic!("no rendezvous send"),
+        };
+        let dst = HeapSrc { off: 8192, desc: HeapDesc { fd: 3, nonce: 11 } };
+        let id = [4u8; 8];
+        e.st.serve_read(1, &id, read_req(wire_name(rid), va, key, len), true, Some(dst));
+        let (kind, flags, m) = last_ctl(&e);
+        assert_eq!((kind, flags), (RMA_READ_GRANT, 0));
+        assert_eq!(be64(&m, 16), 0, "the target writes it all");
+        assert_eq!(e.st.heaps.writes.get(&(1, id)).map(|h| h.off), Some(8192));
+        assert_eq!(e.st.cma_w.back().map(|w| (w.base, w.buf.len())), Some((0, len)));
+        let before = e.st.cma_w.len();
+        e.st.serve_read(1, &[5u8; 8], read_req(wire_name(rid), va, key, len), true, None);
+        assert_eq!(e.st.cma_w.len(), before);
+        assert_eq!(e.st.rma_out.len(), 1);
+        drop(e);
+    }
+}

@@ -8,10 +8,13 @@
 //! by at least 11 (the sender's registration cache, unless `TMPI_MR_CACHE_MAX_COUNT=0`).
 //! Every payload is checked.
 //!
-//! `bigmsg [--deny-cma] [--shared send|recv|both] [MAX_BYTES]` stops at MAX_BYTES (default
+//! `bigmsg [--deny-cma] [--deny-open] [--shared send|recv|both] [MAX_BYTES]` stops at MAX_BYTES (default
 //! 64 MiB); `--deny-cma` makes the kernel refuse cross-memory attach in this process
 //! (seccomp), as containers often do; `--shared` allocates the send buffer, the receive buffer
-//! or both with `World::alloc_shared` (the shared heap) instead of `Vec`.
+//! or both with `World::alloc_shared` (the shared heap) instead of `Vec`; `--deny-open` makes
+//! `open`/`openat` fail in this thread once the buffers are allocated, so that it cannot map
+//! any peer's shared heap (opening `/proc/<pid>/fd/N` is refused, as where permissions forbid
+//! it) and must fall back.
 
 use std::error::Error as StdError;
 
@@ -54,6 +57,31 @@ fn fill(buf: &mut [u8], sender: usize, size: usize, variant: u64) {
         let b = x.to_le_bytes();
         c.copy_from_slice(&b[..c.len()]);
     }
+}
+
+/// Makes `open` and `openat` fail with `EACCES` in this thread from now on (a seccomp filter).
+fn deny_open_calls() -> std::io::Result<()> {
+    const LD_NR: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET: u16 = 0x06; // BPF_RET | BPF_K
+    let f = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut prog = [
+        f(LD_NR, 0, 0, 0),
+        f(JEQ, 2, 0, libc::SYS_openat as u32),
+        f(JEQ, 1, 0, libc::SYS_open as u32),
+        f(RET, 0, 0, 0x7fff_0000),
+        f(RET, 0, 0, 0x0005_0000 | libc::EACCES as u32),
+    ];
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fprog` points at `prog`, a valid filter program that lives across the call.
+    if unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &fprog as *const libc::sock_fprog) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn stat(comm: &Comm, key: &str) -> u64 {
@@ -126,6 +154,8 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let deny = args.iter().any(|a| a == "--deny-cma");
     args.retain(|a| a != "--deny-cma");
+    let deny_open = args.iter().any(|a| a == "--deny-open");
+    args.retain(|a| a != "--deny-open");
     let mut shared = (false, false);
     if let Some(i) = args.iter().position(|a| a == "--shared") {
         shared = match args.get(i + 1).map(String::as_str) {
@@ -152,6 +182,9 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let (out, got) = (Buf::new(&world, shared.0, cap)?, Buf::new(&world, shared.1, cap)?);
     if shared != (false, false) {
         println!("bigmsg: rank {rank} buffers in the shared heap: send {}, recv {}", out.shared, got.shared);
+    }
+    if deny_open {
+        deny_open_calls().map_err(|e| format!("bigmsg: cannot install the seccomp filter: {e}"))?;
     }
     let mut c = Ctx { w, next: (rank + 1) % n, prev: (rank + n - 1) % n, out, want: Vec::new(), got };
     for &size in &sizes {
