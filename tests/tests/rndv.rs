@@ -148,7 +148,9 @@ fn shared_run(n: usize, args: &[&str], env: &[(&str, &str)]) -> (Outcome, BTreeM
 /// ring, no CMA where both sides are in heaps) and every payload is right.
 #[test]
 fn shared_heap_buffers_at_every_size() {
-    for (n, side, copy) in [(2, "send", "none"), (2, "recv", "none"), (2, "both", "cma"), (3, "both", "none"), (3, "recv", "cma"), (3, "send", "cma")] {
+    for (n, side, copy) in
+        [(2, "send", "none"), (2, "recv", "none"), (2, "both", "cma"), (3, "both", "none"), (3, "recv", "cma"), (3, "send", "cma")]
+    {
         let env = [("TMPI_SINGLE_COPY", copy)];
         let (out, st, shared) = shared_run(n, &["--shared", side], &env);
         if !shared {
