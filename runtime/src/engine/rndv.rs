@@ -255,6 +255,11 @@ impl State {
                 op.split = split;
                 op.remote_write = split < op.n;
                 if d[1] & GRANT_HEAP != 0 && d.len() >= 44 {
+                    if self.heaps.grants.len() > self.cma_q.len() + 64 {
+                        // Grants of reads dropped because their target left: forget them.
+                        let live: std::collections::HashSet<(u32, u32)> = self.cma_q.iter().map(|k| (k.idx, k.gen)).collect();
+                        self.heaps.grants.retain(|k, _| live.contains(k));
+                    }
                     self.heaps.grants.insert((read.idx, read.gen), get_desc(&d[24..44]));
                 }
                 self.cma_q.push_back(read);
@@ -381,6 +386,11 @@ impl State {
         };
         self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m[..mlen])));
         if let (Some(h), true) = (into, split < n) {
+            if self.heaps.writes.len() > self.cma_w.len() + 64 {
+                // Shares dropped because their reader left (see `leave`): forget them.
+                let live: std::collections::HashSet<(usize, [u8; 8])> = self.cma_w.iter().map(|w| (w.dest, w.read)).collect();
+                self.heaps.writes.retain(|k, _| live.contains(k));
+            }
             self.heaps.writes.insert((src, id), h);
             self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst: 0, base: split });
         }

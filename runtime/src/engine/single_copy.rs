@@ -17,7 +17,10 @@ impl Engine {
     pub(super) fn run_cma(&mut self) -> Result<usize> {
         let mut n = 0;
         while let Some(key) = self.st.cma_q.pop_front() {
-            let Some(op) = self.st.reads.get(key) else { continue };
+            let Some(op) = self.st.reads.get(key) else {
+                self.st.heaps.grants.remove(&(key.idx, key.gen));
+                continue;
+            };
             let (src, rid, len, va) = (op.src, op.rid, op.split, op.info.rvh.va);
             let pid = self.fabric.peer_pid(src);
             let buf = match self.st.reqs.get(rid) {
