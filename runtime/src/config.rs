@@ -60,7 +60,9 @@ impl Default for Config {
             mr_cache_max_size: None,
             mr_cache_monitor_uffd: true,
             single_copy: true,
-            single_copy_min: 1 << 20,
+            // The rings measured faster than CMA at every size up to 64 MiB (issue 14,
+            // bench/results/large-2026-11-24.md): single copy only beyond.
+            single_copy_min: 128 << 20,
             shared_heap: 1 << 30,
         }
     }

@@ -52,7 +52,8 @@ fn zero_to_64_mib_with_single_copy_and_offload_on_and_off() {
     for n in [2, 3] {
         for copy in ["cma", "none"] {
             for tags in ["1023", "0"] {
-                let env = [("TMPI_SINGLE_COPY", copy), ("TMPI_TM_MAX_TAGS", tags)];
+                // Single copy from 1 MiB (the default starts above the sizes sent here).
+                let env = [("TMPI_SINGLE_COPY", copy), ("TMPI_TM_MAX_TAGS", tags), ("TMPI_SINGLE_COPY_MIN", "1048576")];
                 let st = bigmsg(n, None, &env);
                 for (rank, s) in &st {
                     if copy == "none" {

@@ -49,6 +49,9 @@
 //!   move one of two ways:
 //!   - streamed back through the ring (`PKT_RMA` responses, a pipelined copy-in/copy-out;
 //!     reads below `TMPI_SINGLE_COPY_MIN`, or `TMPI_SINGLE_COPY=none`);
+//!   - one memcpy through a shared heap (`World::alloc_shared`, see `rndv.rs` and
+//!     `crate::heap`): a grant naming the sender's heap, or the sender's share written into
+//!     the reader's heap, whatever the mode;
 //!   - single copy (CMA): the sender answers with a grant, and the reader copies the range
 //!     with `process_vm_readv`; from 128 KiB on the grant splits it, and the sender writes
 //!     the second half into the reader's buffer with `process_vm_writev` at the same time and
