@@ -392,6 +392,9 @@ impl AlignedBuf {
             return Ok(Self::new(len, fill));
         }
         let mut b = AlignedBuf { pages: Pages::Shared(world.alloc_shared::<Page>(len.div_ceil(PAGE).max(1))?), len };
+        if !b.is_shared() && world.rank() == 0 {
+            eprintln!("# note: a {len}-byte buffer did not fit in the shared heap (TMPI_SHARED_HEAP) and is in process memory");
+        }
         b.fill(fill);
         Ok(b)
     }

@@ -425,6 +425,9 @@ pub fn segments(bench: Bench, max_size: usize, quick: bool) -> Vec<Segment> {
     out
 }
 
+/// `TMPI_SHARED_HEAP` of the `tmpi-shared` configuration (8 GiB).
+pub const SHARED_HEAP: u64 = 8 << 30;
+
 /// Largest allreduce size (OSU's default for collectives, 1 MiB).
 pub const COLL_MAX_SIZE: usize = 1 << 20;
 /// Timed 8-byte ping-pongs per depth (warm-up: [`DEPTH_WARMUP`]).
@@ -437,7 +440,13 @@ pub const DEPTH_WARMUP: usize = 500;
 pub fn command_line(lib: Lib, np: usize, bin_dir: &Path, prog: &Path, args: &[String]) -> Vec<String> {
     let np = np.to_string();
     let mut v: Vec<String> = match lib {
-        Lib::Tmpi | Lib::TmpiShared => vec![bin_dir.join("tmpirun").display().to_string(), "-n".into(), np],
+        Lib::Tmpi => vec![bin_dir.join("tmpirun").display().to_string(), "-n".into(), np],
+        // The receive window of osu_bw/osu_bibw (64 slots of up to 64 MiB) must fit in the
+        // heap, or it falls back to private memory: 8 GiB of address space (pages are only
+        // taken as written, as with ordinary buffers).
+        Lib::TmpiShared => {
+            vec![bin_dir.join("tmpirun").display().to_string(), "-x".into(), format!("TMPI_SHARED_HEAP={SHARED_HEAP}"), "-n".into(), np]
+        }
         Lib::Ompi | Lib::OmpiNoCma => {
             let mut v = vec!["mpirun.openmpi".into(), "--allow-run-as-root".into(), "--oversubscribe".into(), "-np".into(), np];
             if lib == Lib::OmpiNoCma {
