@@ -4,7 +4,9 @@
 //! `osu_bw`, ...) closely enough that their output can be compared column for column with
 //! OSU's and with the C peers in `bench/c/`:
 //!
-//! * the same options: `-m [MIN:]MAX`, `-i ITERS`, `-x WARMUP`, `-W WINDOW`, `-f`, `-h`;
+//! * the same options: `-m [MIN:]MAX`, `-i ITERS`, `-x WARMUP`, `-W WINDOW`, `-f`, `-h`, and
+//!   `-d host|shared` for where the buffers live (OSU's `-d` picks host or device memory;
+//!   here `shared` means tmpi's shared heap, [`tmpi::World::alloc_shared`]);
 //! * the same defaults per benchmark family ([`Family`]): 10000/100 iterations/warm-up for
 //!   latency sizes up to [`LARGE_MESSAGE_SIZE`] and 1000/10 above, 100/10 and 20/2 for
 //!   bandwidth, 1000/100 and 100/10 for collectives;
@@ -72,6 +74,18 @@ pub struct Options {
     pub window: usize,
     /// Print minimum/maximum latency and the iteration count too (`-f`, collectives only).
     pub full: bool,
+    /// Where the message buffers live (`-d`).
+    pub buffers: Placement,
+}
+
+/// Where a benchmark's message buffers live (`-d`, after OSU's buffer placement option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Ordinary process memory (`-d host`, the default).
+    #[default]
+    Host,
+    /// tmpi's shared heap (`-d shared`): peers copy from and into it with one memcpy.
+    Shared,
 }
 
 /// What the command line asked for.
@@ -108,6 +122,7 @@ impl Options {
                 skip_large: 10,
                 window: WINDOW_SIZE,
                 full: false,
+                buffers: Placement::Host,
             },
             Family::Bandwidth => Options {
                 min_size: 1,
@@ -118,6 +133,7 @@ impl Options {
                 skip_large: 2,
                 window: WINDOW_SIZE,
                 full: false,
+                buffers: Placement::Host,
             },
             Family::Collective => Options {
                 min_size: 1,
@@ -128,6 +144,7 @@ impl Options {
                 skip_large: 10,
                 window: WINDOW_SIZE,
                 full: false,
+                buffers: Placement::Host,
             },
         }
     }
@@ -158,6 +175,13 @@ impl Options {
             match flag.as_str() {
                 "-h" | "--help" => return Ok(Parsed::Help),
                 "-f" | "--full" => o.full = true,
+                "-d" | "--buffers" => {
+                    o.buffers = match value("-d")?.as_str() {
+                        "host" | "cpu" => Placement::Host,
+                        "shared" => Placement::Shared,
+                        v => return Err(UsageError(format!("-d: {v:?} is not host or shared"))),
+                    }
+                }
                 "-m" | "--message-size" => {
                     let v = value("-m")?;
                     set_sizes(&mut o, &v)?;
@@ -255,7 +279,8 @@ pub fn usage(name: &str, family: Family, extra: &str) -> String {
          Options:\n\
          \x20 -m, --message-size [MIN:]MAX  sizes to run, in bytes (default {}:{})\n\
          \x20 -i, --iterations N            timed iterations (default {} for sizes <= {}, {} above)\n\
-         \x20 -x, --warmup N                warm-up iterations (default {}, {} above)\n",
+         \x20 -x, --warmup N                warm-up iterations (default {}, {} above)\n\
+         \x20 -d, --buffers host|shared     message buffers in process memory or tmpi's shared heap (default host)\n",
         d.min_size, d.max_size, d.iterations, LARGE_MESSAGE_SIZE, d.iterations_large, d.skip, d.skip_large
     );
     if family == Family::Bandwidth {
@@ -331,10 +356,16 @@ unsafe impl bytemuck::Pod for Page {}
 
 const _: () = assert!(std::mem::size_of::<Page>() == PAGE && std::mem::align_of::<Page>() == PAGE);
 
-/// A page-aligned byte buffer, as OSU allocates with `posix_memalign(getpagesize())`.
+/// A page-aligned byte buffer, as OSU allocates with `posix_memalign(getpagesize())`, in
+/// process memory or in tmpi's shared heap.
 pub struct AlignedBuf {
-    pages: Vec<Page>,
+    pages: Pages,
     len: usize,
+}
+
+enum Pages {
+    Host(Vec<Page>),
+    Shared(tmpi::SharedBuf<Page>),
 }
 
 impl fmt::Debug for AlignedBuf {
@@ -347,9 +378,44 @@ impl AlignedBuf {
     /// `len` bytes, page-aligned, every byte set to `fill` (this touches every page, as
     /// OSU's `set_buffer_pt2pt` does, so no page fault lands inside a timed loop).
     pub fn new(len: usize, fill: u8) -> Self {
-        let mut b = AlignedBuf { pages: vec![Page([0; PAGE]); len.div_ceil(PAGE).max(1)], len };
+        let mut b = AlignedBuf { pages: Pages::Host(vec![Page([0; PAGE]); len.div_ceil(PAGE).max(1)]), len };
         b.fill(fill);
         b
+    }
+
+    /// `len` bytes placed as `placement` says, every byte set to `fill`.
+    ///
+    /// # Errors
+    /// The shared heap refused the size (see [`tmpi::World::alloc_shared`]).
+    pub fn alloc(world: &tmpi::World, placement: Placement, len: usize, fill: u8) -> tmpi::Result<Self> {
+        if placement == Placement::Host {
+            return Ok(Self::new(len, fill));
+        }
+        let mut b = AlignedBuf { pages: Pages::Shared(world.alloc_shared::<Page>(len.div_ceil(PAGE).max(1))?), len };
+        if !b.is_shared() && world.rank() == 0 {
+            eprintln!("# note: a {len}-byte buffer did not fit in the shared heap (TMPI_SHARED_HEAP) and is in process memory");
+        }
+        b.fill(fill);
+        Ok(b)
+    }
+
+    /// Whether the buffer lives in the shared heap.
+    pub fn is_shared(&self) -> bool {
+        matches!(&self.pages, Pages::Shared(p) if p.is_shared())
+    }
+
+    fn pages(&self) -> &[Page] {
+        match &self.pages {
+            Pages::Host(v) => v,
+            Pages::Shared(b) => b,
+        }
+    }
+
+    fn pages_mut(&mut self) -> &mut [Page] {
+        match &mut self.pages {
+            Pages::Host(v) => v,
+            Pages::Shared(b) => b,
+        }
     }
 
     /// Sets the first `len` bytes to `v` (or all of them when `len` is larger).
@@ -365,13 +431,13 @@ impl AlignedBuf {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        &bytemuck::cast_slice::<Page, u8>(&self.pages)[..self.len]
+        &bytemuck::cast_slice::<Page, u8>(self.pages())[..self.len]
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         let len = self.len;
-        &mut bytemuck::cast_slice_mut::<Page, u8>(&mut self.pages)[..len]
+        &mut bytemuck::cast_slice_mut::<Page, u8>(self.pages_mut())[..len]
     }
 
     /// Length in bytes.

@@ -45,6 +45,9 @@ pub struct Config {
     pub fabric: FabricChoice,
     /// `TMPI_TCP_IF`; `None` = auto.
     pub tcp_if: Option<String>,
+    /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
+    /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
+    pub shared_heap: usize,
 }
 
 impl Default for Config {
@@ -62,9 +65,12 @@ impl Default for Config {
             mr_cache_max_size: None,
             mr_cache_monitor_uffd: true,
             single_copy: true,
-            single_copy_min: 1 << 20,
             fabric: FabricChoice::Auto,
             tcp_if: None,
+            // The rings measured faster than CMA at every size up to 64 MiB (issue 14,
+            // bench/results/large-2026-11-24.md): single copy only beyond.
+            single_copy_min: 128 << 20,
+            shared_heap: 1 << 30,
         }
     }
 }
@@ -169,6 +175,10 @@ impl Config {
             tmpi_transport::tcp::iface::listen_ip(Some(&v), true)
                 .map_err(|_| bad("TMPI_TCP_IF", &v, "an interface of this host (name or address)"))?;
             c.tcp_if = Some(v.trim().to_string());
+        }
+        if let Some(v) = get("TMPI_SHARED_HEAP") {
+            let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
+            c.shared_heap = if n == 0 { 0 } else { n.max(1 << 16) };
         }
         Ok(c)
     }

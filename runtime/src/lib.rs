@@ -40,6 +40,8 @@
 //! - Variable-count collectives and prefix reductions: [`Comm::gatherv`], [`Comm::scatterv`],
 //!   [`Comm::allgatherv`], [`Comm::alltoallv`], [`Comm::reduce_scatter`],
 //!   [`Comm::reduce_scatter_block`], [`Comm::scan`], [`Comm::exscan`].
+//! - Shared heap: [`World::alloc_shared`] returns a [`SharedBuf`] (derefs to `[T]`) that the
+//!   other ranks of the node map; a large message from or into one is a single `memcpy`.
 //! - Environment: [`wtime`], [`wtick`], [`processor_name`], [`library_version`],
 //!   [`is_initialized`].
 //! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
@@ -54,6 +56,7 @@ pub mod config;
 mod engine;
 pub mod error;
 mod group;
+mod heap;
 pub mod matching;
 pub mod op;
 mod request;
@@ -66,6 +69,7 @@ mod world;
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
 pub use error::{Error, Result};
 pub use group::{CommCmp, Group, GroupCmp};
+pub use heap::SharedBuf;
 pub use op::{Op, Reducible};
 pub use request::{scope, wait_all, wait_any, Request, Scope};
 pub use topo::{dims_create, CartComm};

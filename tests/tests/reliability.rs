@@ -59,7 +59,8 @@ fn hostile_peer_is_an_error() {
 /// allocated after the buffer was freed.
 #[test]
 fn abandoned_single_copy_receive_outlasts_garbage() {
-    let out = Job::tmpirun(3, "reliability").arg("abandon").timeout(Duration::from_secs(120)).run();
+    // Single copy from 1 MiB (the default starts above the 32 MiB sent here).
+    let out = Job::tmpirun(3, "reliability").arg("abandon").env("TMPI_SINGLE_COPY_MIN", "1048576").timeout(Duration::from_secs(120)).run();
     out.assert_success();
     out.assert_ok_line("reliability: abandon: ");
 }

@@ -84,9 +84,9 @@ struct Cli {
     /// Repetitions of each launch (after one untimed warm-up) [default: 10, 3 with --quick].
     #[arg(long)]
     launch_reps: Option<usize>,
-    /// Configurations to run: tmpi, ompi (Open MPI), ompi-nosc (Open MPI without CMA),
-    /// mpich.
-    #[arg(long, value_delimiter = ',', default_value = "tmpi,ompi,ompi-nosc,mpich")]
+    /// Configurations to run: tmpi, tmpi-shared (tmpi with point-to-point buffers in its
+    /// shared heap, `-d shared`), ompi (Open MPI), ompi-nosc (Open MPI without CMA), mpich.
+    #[arg(long, value_delimiter = ',', default_value = "tmpi,tmpi-shared,ompi,ompi-nosc,mpich")]
     libs: Vec<String>,
     /// Directory of tmpi's release binaries (default: this program's directory when it is a
     /// `release` directory, else `<root>/target/release`).
@@ -206,6 +206,9 @@ fn bench_args(lib: Lib, bench: Bench, seg: &Segment) -> Vec<String> {
     let mut a: Vec<String> = if lib.peer().is_some() { bench.peer_prefix().iter().map(|s| s.to_string()).collect() } else { Vec::new() };
     a.extend(seg.args());
     a.extend(bench.extra_args());
+    if lib == Lib::TmpiShared {
+        a.extend(["-d".to_string(), "shared".to_string()]);
+    }
     a
 }
 
@@ -248,7 +251,7 @@ fn run_benches(
     let mut samples = Samples::default();
     for rep in 0..reps {
         for (bench, segs) in plan {
-            for lib in rotated(libs, rep) {
+            for lib in rotated(libs, rep).into_iter().filter(|l| l.runs(*bench)) {
                 let t0 = Instant::now();
                 let mut headline = String::new();
                 for seg in segs {
@@ -288,7 +291,7 @@ fn run_benches(
 /// The launch comparison: wall time of `hello` on each rank count under tmpirun and each
 /// available peer launcher, interleaved, after one untimed warm-up each.
 fn run_launch(paths: &Paths, libs: &[Lib], ranks: &[usize], reps: usize, failures: &mut Vec<String>) -> Launch {
-    let libs: Vec<Lib> = libs.iter().copied().filter(|&l| l != Lib::OmpiNoCma).collect();
+    let libs: Vec<Lib> = libs.iter().copied().filter(|&l| l != Lib::OmpiNoCma && l != Lib::TmpiShared).collect();
     let mut launch = Launch { ranks: ranks.to_vec(), reps, times: BTreeMap::new() };
     for &n in ranks {
         for rep in 0..=reps {
@@ -378,7 +381,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     let target = bin_dir.parent().map_or_else(|| root.join("target"), Path::to_path_buf);
     let paths = Paths { root: root.clone(), bin_dir: bin_dir.clone(), peers_dir: target.join("peers") };
     let out_dir = cli.out.clone().unwrap_or_else(|| if cli.quick { root.join("target/compare-quick") } else { root.join("bench/results") });
-    if wanted.contains(&Lib::Tmpi) {
+    if wanted.iter().any(|l| l.is_tmpi()) {
         let mut need = vec!["tmpirun"];
         need.extend(benches.iter().map(|b| b.tmpi_bin()));
         if cli.launch {

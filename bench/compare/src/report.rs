@@ -116,7 +116,12 @@ pub fn ratio_note(bench: Bench) -> &'static str {
 
 impl Report<'_> {
     fn peers(&self) -> Vec<Lib> {
-        self.libs.iter().copied().filter(|&l| l != Lib::Tmpi).collect()
+        self.libs.iter().copied().filter(|&l| !l.is_tmpi()).collect()
+    }
+
+    /// The tmpi configurations whose ratios to each peer are shown.
+    fn mine(&self) -> Vec<Lib> {
+        self.libs.iter().copied().filter(|&l| l.is_tmpi()).collect()
     }
 
     fn cell(&self, bench: Bench, lib: Lib, size: usize) -> String {
@@ -130,8 +135,8 @@ impl Report<'_> {
         }
     }
 
-    fn ratio_cell(&self, bench: Bench, peer: Lib, size: usize) -> String {
-        ratio(self.samples.median(bench, Lib::Tmpi, size), self.samples.median(bench, peer, size))
+    fn ratio_cell(&self, bench: Bench, mine: Lib, peer: Lib, size: usize) -> String {
+        ratio(self.samples.median(bench, mine, size), self.samples.median(bench, peer, size))
             .map_or_else(|| "–".into(), |r| format!("{r:.2}"))
     }
 
@@ -141,11 +146,14 @@ impl Report<'_> {
         for l in &self.libs {
             let _ = write!(s, " {} |", l.label());
         }
-        for p in &peers {
-            let _ = write!(s, " tmpi/{} |", p.label());
+        let mine = self.mine();
+        for m in &mine {
+            for p in &peers {
+                let _ = write!(s, " {}/{} |", m.key(), p.label());
+            }
         }
         s.push_str("\n|---|");
-        for _ in 0..self.libs.len() + peers.len() {
+        for _ in 0..self.libs.len() + peers.len() * mine.len() {
             s.push_str("---:|");
         }
         s.push('\n');
@@ -157,8 +165,10 @@ impl Report<'_> {
         for &l in &self.libs {
             let _ = write!(s, " {} |", self.cell(bench, l, size));
         }
-        for p in self.peers() {
-            let _ = write!(s, " {} |", self.ratio_cell(bench, p, size));
+        for m in self.mine() {
+            for p in self.peers() {
+                let _ = write!(s, " {} |", self.ratio_cell(bench, m, p, size));
+            }
         }
         s.push('\n');
         s
@@ -325,8 +335,8 @@ impl Report<'_> {
         if let Some(l) = self.launch {
             let _ = writeln!(s, "## Launch time (ms, median of {}; `hello` on N ranks)\n", l.reps);
             s.push_str("ratio = tmpirun / peer launcher; lower is better for tmpi.\n\n");
-            let libs: Vec<Lib> = self.libs.iter().copied().filter(|&x| x != Lib::OmpiNoCma).collect();
-            let peers: Vec<Lib> = libs.iter().copied().filter(|&x| x != Lib::Tmpi).collect();
+            let libs: Vec<Lib> = self.libs.iter().copied().filter(|&x| x != Lib::OmpiNoCma && x != Lib::TmpiShared).collect();
+            let peers: Vec<Lib> = libs.iter().copied().filter(|&x| !x.is_tmpi()).collect();
             s.push_str("| ranks |");
             for x in &libs {
                 let _ = write!(s, " {} |", x.label());

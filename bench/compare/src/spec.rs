@@ -9,6 +9,9 @@ use std::path::Path;
 pub enum Lib {
     /// tmpi, launched by `tmpirun`.
     Tmpi,
+    /// tmpi with the point-to-point benchmarks' buffers in its shared heap (`-d shared`:
+    /// `World::alloc_shared`); other benchmarks do not run under it.
+    TmpiShared,
     /// Open MPI with its defaults (shared memory through `btl/vader`, CMA single copy).
     Ompi,
     /// Open MPI with `--mca btl_vader_single_copy_mechanism none` (copy-in/copy-out only).
@@ -19,12 +22,24 @@ pub enum Lib {
 
 impl Lib {
     /// Every configuration, tmpi first.
-    pub const ALL: [Lib; 4] = [Lib::Tmpi, Lib::Ompi, Lib::OmpiNoCma, Lib::Mpich];
+    pub const ALL: [Lib; 5] = [Lib::Tmpi, Lib::TmpiShared, Lib::Ompi, Lib::OmpiNoCma, Lib::Mpich];
+
+    /// Whether this is a tmpi configuration (not a peer).
+    pub fn is_tmpi(self) -> bool {
+        matches!(self, Lib::Tmpi | Lib::TmpiShared)
+    }
+
+    /// Whether `bench` runs under this configuration (the shared heap only changes where
+    /// point-to-point buffers live).
+    pub fn runs(self, bench: Bench) -> bool {
+        self != Lib::TmpiShared || matches!(bench, Bench::Latency | Bench::Bw | Bench::Bibw | Bench::MsgRate)
+    }
 
     /// Short name used on the command line, in file names and in raw data.
     pub fn key(self) -> &'static str {
         match self {
             Lib::Tmpi => "tmpi",
+            Lib::TmpiShared => "tmpi-shared",
             Lib::Ompi => "ompi",
             Lib::OmpiNoCma => "ompi-nosc",
             Lib::Mpich => "mpich",
@@ -35,6 +50,7 @@ impl Lib {
     pub fn label(self) -> &'static str {
         match self {
             Lib::Tmpi => "tmpi",
+            Lib::TmpiShared => "tmpi (shared heap)",
             Lib::Ompi => "Open MPI",
             Lib::OmpiNoCma => "Open MPI (no CMA)",
             Lib::Mpich => "MPICH",
@@ -44,7 +60,7 @@ impl Lib {
     /// The peer implementation whose binaries this configuration runs (`None` for tmpi).
     pub fn peer(self) -> Option<Peer> {
         match self {
-            Lib::Tmpi => None,
+            Lib::Tmpi | Lib::TmpiShared => None,
             Lib::Ompi | Lib::OmpiNoCma => Some(Peer::OpenMpi),
             Lib::Mpich => Some(Peer::Mpich),
         }
@@ -409,6 +425,9 @@ pub fn segments(bench: Bench, max_size: usize, quick: bool) -> Vec<Segment> {
     out
 }
 
+/// `TMPI_SHARED_HEAP` of the `tmpi-shared` configuration (8 GiB).
+pub const SHARED_HEAP: u64 = 8 << 30;
+
 /// Largest allreduce size (OSU's default for collectives, 1 MiB).
 pub const COLL_MAX_SIZE: usize = 1 << 20;
 /// Timed 8-byte ping-pongs per depth (warm-up: [`DEPTH_WARMUP`]).
@@ -422,6 +441,12 @@ pub fn command_line(lib: Lib, np: usize, bin_dir: &Path, prog: &Path, args: &[St
     let np = np.to_string();
     let mut v: Vec<String> = match lib {
         Lib::Tmpi => vec![bin_dir.join("tmpirun").display().to_string(), "-n".into(), np],
+        // The receive window of osu_bw/osu_bibw (64 slots of up to 64 MiB) must fit in the
+        // heap, or it falls back to private memory: 8 GiB of address space (pages are only
+        // taken as written, as with ordinary buffers).
+        Lib::TmpiShared => {
+            vec![bin_dir.join("tmpirun").display().to_string(), "-x".into(), format!("TMPI_SHARED_HEAP={SHARED_HEAP}"), "-n".into(), np]
+        }
         Lib::Ompi | Lib::OmpiNoCma => {
             let mut v = vec!["mpirun.openmpi".into(), "--allow-run-as-root".into(), "--oversubscribe".into(), "-np".into(), np];
             if lib == Lib::OmpiNoCma {

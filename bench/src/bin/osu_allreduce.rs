@@ -23,8 +23,8 @@ fn run(o: &Options) -> Result<(), BoxError> {
     let rank = world.rank();
     require(rank, world.size() >= 2, "This test requires at least two processes")?;
     let max_elems = o.max_size / ELEM;
-    let mut sbuf = AlignedBuf::new(max_elems * ELEM, 0);
-    let mut rbuf = AlignedBuf::new(max_elems * ELEM, 0);
+    let mut sbuf = AlignedBuf::alloc(&world, o.buffers, max_elems * ELEM, 0)?;
+    let mut rbuf = AlignedBuf::alloc(&world, o.buffers, max_elems * ELEM, 0)?;
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Allreduce Latency Test"));
         println!("{}", coll_header(true, o.full));

@@ -20,7 +20,7 @@ fn run(o: &Options) -> Result<(), BoxError> {
     let world = tmpi::init()?;
     let rank = world.rank();
     require(rank, world.size() >= 2, "This test requires at least two processes")?;
-    let mut buf = AlignedBuf::new(o.max_size, 1);
+    let mut buf = AlignedBuf::alloc(&world, o.buffers, o.max_size, 1)?;
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Broadcast Latency Test"));
         println!("{}", coll_header(true, o.full));

@@ -27,8 +27,8 @@ fn run(o: &Options) -> Result<(), BoxError> {
     let peer = 1 - rank;
     let (my_tag, peer_tag) = (BASE_TAG + rank as tmpi::Tag, BASE_TAG + peer as tmpi::Tag);
     let w = o.window;
-    let sbuf = AlignedBuf::new(o.max_size, b'a');
-    let mut rbuf = AlignedBuf::new(slot_stride(o.max_size) * w, b'b');
+    let sbuf = AlignedBuf::alloc(&world, o.buffers, o.max_size, b'a')?;
+    let mut rbuf = AlignedBuf::alloc(&world, o.buffers, slot_stride(o.max_size) * w, b'b')?;
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Bi-Directional Bandwidth Test"));
         println!("{}", header(&["Bandwidth (MB/s)"]));

@@ -27,8 +27,8 @@ fn run(o: &Options) -> Result<(), BoxError> {
     let rank = world.rank();
     require(rank, world.size() == 2, "This test requires exactly two processes")?;
     let w = o.window;
-    let sbuf = AlignedBuf::new(o.max_size, b'a');
-    let mut rbuf = AlignedBuf::new(slot_stride(o.max_size) * w, b'b');
+    let sbuf = AlignedBuf::alloc(&world, o.buffers, o.max_size, b'a')?;
+    let mut rbuf = AlignedBuf::alloc(&world, o.buffers, slot_stride(o.max_size) * w, b'b')?;
     let mut ack = [0u8; 1];
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Bandwidth Test"));

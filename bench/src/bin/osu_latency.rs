@@ -21,8 +21,8 @@ fn run(o: &Options) -> Result<(), BoxError> {
     let world = tmpi::init()?;
     let rank = world.rank();
     require(rank, world.size() == 2, "This test requires exactly two processes")?;
-    let mut sbuf = AlignedBuf::new(o.max_size, b'a');
-    let mut rbuf = AlignedBuf::new(o.max_size, b'b');
+    let mut sbuf = AlignedBuf::alloc(&world, o.buffers, o.max_size, b'a')?;
+    let mut rbuf = AlignedBuf::alloc(&world, o.buffers, o.max_size, b'b')?;
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Latency Test"));
         println!("{}", header(&["Avg Latency(us)"]));

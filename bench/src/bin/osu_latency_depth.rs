@@ -213,8 +213,8 @@ fn run(cli: &Cli) -> Result<(), BoxError> {
     let sizes: Vec<usize> =
         if (o.min_size, o.max_size) == (defaults.min_size, defaults.max_size) { SIZES.to_vec() } else { o.sizes().collect() };
     let max = sizes.iter().copied().max().unwrap_or(0);
-    let sbuf = AlignedBuf::new(max, b'a');
-    let mut rbuf = AlignedBuf::new(max, b'b');
+    let sbuf = AlignedBuf::alloc(&world, o.buffers, max, b'a')?;
+    let mut rbuf = AlignedBuf::alloc(&world, o.buffers, max, b'b')?;
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Latency vs Matching-Queue Depth Test"));
     }

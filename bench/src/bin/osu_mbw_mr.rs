@@ -28,8 +28,8 @@ fn run(o: &Options) -> Result<(), BoxError> {
     let pairs = n / 2;
     let w = o.window;
     let senders = world.split(Some(u32::from(rank < pairs)), 0)?.ok_or("split with a color returned no communicator")?;
-    let sbuf = AlignedBuf::new(o.max_size, b'a');
-    let mut rbuf = AlignedBuf::new(slot_stride(o.max_size) * w, b'b');
+    let sbuf = AlignedBuf::alloc(&world, o.buffers, o.max_size, b'a')?;
+    let mut rbuf = AlignedBuf::alloc(&world, o.buffers, slot_stride(o.max_size) * w, b'b')?;
     let mut ack = [0u8; 1];
     if rank == 0 {
         println!("# tmpi OSU-style Multiple Bandwidth / Message Rate Test");

@@ -23,8 +23,8 @@ fn run(o: &Options) -> Result<(), BoxError> {
     require(rank, n >= 2, "This test requires at least two processes")?;
     let pairs = n / 2;
     let senders = world.split(Some(u32::from(rank < pairs)), 0)?.ok_or("split with a color returned no communicator")?;
-    let mut sbuf = AlignedBuf::new(o.max_size, b'a');
-    let mut rbuf = AlignedBuf::new(o.max_size, b'b');
+    let mut sbuf = AlignedBuf::alloc(&world, o.buffers, o.max_size, b'a')?;
+    let mut rbuf = AlignedBuf::alloc(&world, o.buffers, o.max_size, b'b')?;
     if rank == 0 {
         println!("{}", preamble("tmpi OSU-style Multi Latency Test"));
         println!("{}", header(&["Avg Latency(us)"]));

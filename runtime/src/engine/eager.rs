@@ -11,12 +11,15 @@ use super::*;
 pub(super) struct Ctl {
     pub(super) flags: u8,
     pub(super) len: u8,
-    pub(super) bytes: [u8; 48],
+    pub(super) bytes: [u8; CTL_MAX],
 }
+
+/// Largest control packet (an RDMA read request naming a shared-heap destination).
+pub(super) const CTL_MAX: usize = 72;
 
 impl Ctl {
     pub(super) fn new(flags: u8, b: &[u8]) -> Self {
-        let mut bytes = [0u8; 48];
+        let mut bytes = [0u8; CTL_MAX];
         bytes[..b.len()].copy_from_slice(b);
         Ctl { flags, len: b.len() as u8, bytes }
     }

@@ -49,6 +49,9 @@
 //!   move one of two ways:
 //!   - streamed back through the ring (`PKT_RMA` responses, a pipelined copy-in/copy-out;
 //!     reads below `TMPI_SINGLE_COPY_MIN`, or `TMPI_SINGLE_COPY=none`);
+//!   - one memcpy through a shared heap (`World::alloc_shared`, see `rndv.rs` and
+//!     `crate::heap`): a grant naming the sender's heap, or the sender's share written into
+//!     the reader's heap, whatever the mode;
 //!   - single copy (CMA): the sender answers with a grant, and the reader copies the range
 //!     with `process_vm_readv`; from 128 KiB on the grant splits it, and the sender writes
 //!     the second half into the reader's buffer with `process_vm_writev` at the same time and
@@ -74,7 +77,7 @@ mod stats;
 #[cfg(test)]
 mod testkit;
 
-use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg};
+use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg, CTL_MAX};
 pub(crate) use fabric::Fabric;
 use fabric::ProcessAlive;
 pub(crate) use leave::Need;
@@ -307,6 +310,8 @@ struct State {
     cma_q: VecDeque<Key>,
     /// This rank's shares of split single-copy reads, to write into the readers.
     cma_w: VecDeque<CmaWrite>,
+    /// The shared heap: this rank's, the peers' it mapped, and grants in flight through them.
+    heaps: crate::heap::Heaps,
     /// Bytes held by unexpected messages (payload plus bookkeeping), and the budget
     /// (`TMPI_UNEXPECTED_MAX`) above which messages that no posted receive matches are left
     /// in the sender's ring.
@@ -421,6 +426,7 @@ impl Engine {
                 cma_peers,
                 cma_q: VecDeque::new(),
                 cma_w: VecDeque::new(),
+                heaps: crate::heap::Heaps::new(cfg.shared_heap, size),
                 ux_bytes: 0,
                 credits: vec![credit_per_peer(cfg.unexpected_max, size); size],
                 owed: vec![0; size],

@@ -3,6 +3,30 @@
 //! back through the ring or granted for single copy), then sends `FIN`.
 
 use super::*;
+use crate::heap::HeapSrc;
+use tmpi_transport::shm::heap::HeapDesc;
+
+/// Read request flag (third byte): the reader maps this target's shared heap, so a range in
+/// it may be granted for a plain memcpy whatever the mode.
+const REQ_HEAP_MAPS: u8 = 1;
+/// Read request flag: the reader's buffer lies in its shared heap (bytes 48..68 name it); the
+/// target may write its share there with a memcpy.
+const REQ_DST_HEAP: u8 = 2;
+/// Grant flag (second byte): the range lies in the target's shared heap (bytes 24..44).
+const GRANT_HEAP: u8 = 1;
+/// Shared-heap reads of at least this many bytes are split when both buffers lie in shared
+/// heaps: the reader copies the first half, the target the second, both with memcpy.
+const HEAP_SPLIT_MIN: usize = 1 << 20;
+
+fn put_desc(m: &mut [u8], h: HeapSrc) {
+    m[..8].copy_from_slice(&h.off.to_be_bytes());
+    m[8..16].copy_from_slice(&h.desc.nonce.to_be_bytes());
+    m[16..20].copy_from_slice(&h.desc.fd.to_be_bytes());
+}
+
+fn get_desc(m: &[u8]) -> HeapSrc {
+    HeapSrc { off: be64(m, 0), desc: HeapDesc { nonce: be64(m, 8), fd: be32(m, 16) } }
+}
 
 pub(super) fn read_id_bytes(k: Key) -> [u8; 8] {
     let mut b = [0u8; 8];
@@ -127,7 +151,7 @@ impl State {
         if n == 0 {
             return self.finish_read(key, true);
         }
-        self.request_read(key, if cma { READ_MODE_CMA } else { READ_MODE_STREAM }, n);
+        self.request_read(key, if cma { READ_MODE_CMA } else { READ_MODE_STREAM }, n, true);
         Ok(())
     }
 
@@ -154,13 +178,30 @@ impl State {
     /// to copy the range ourselves, `READ_MODE_STREAM` for the data through the ring.
     /// `len` is how many bytes from the start of the range to ask for. A single-copy request
     /// also names the receive buffer, into which the target may write its share.
-    pub(super) fn request_read(&mut self, key: Key, mode: u8, len: usize) {
+    ///
+    /// With `heap`, the request also says whether this rank maps the target's shared heap
+    /// and names the receive buffer's place in this rank's own heap: the target may then
+    /// grant a memcpy from its heap, or memcpy its share into ours, in either mode.
+    pub(super) fn request_read(&mut self, key: Key, mode: u8, len: usize, heap: bool) {
         let Some(op) = self.reads.get(key) else { return };
-        let dst = match self.reqs.get(op.rid) {
-            Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) if mode == READ_MODE_CMA => b.addr() as u64,
+        let rbuf = match self.reqs.get(op.rid) {
+            Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) => Some(*b),
+            _ => None,
+        };
+        let dst = match rbuf {
+            Some(b) if mode == READ_MODE_CMA => b.addr() as u64,
             _ => 0,
         };
-        let mut m = [0u8; 48];
+        let mut m = [0u8; CTL_MAX];
+        let mut mlen = 48;
+        if heap && rbuf.is_some() && self.heaps.may_map(op.src) {
+            m[2] |= REQ_HEAP_MAPS;
+        }
+        if let Some(h) = rbuf.filter(|_| heap).and_then(|b| self.heaps.locate(b.addr(), len)) {
+            m[2] |= REQ_DST_HEAP;
+            put_desc(&mut m[48..68], h);
+            mlen = 68;
+        }
         m[0] = RMA_READ_REQ;
         m[1] = mode;
         m[4..8].copy_from_slice(&op.info.tmh.app_ctx.to_be_bytes());
@@ -169,7 +210,7 @@ impl State {
         m[24..32].copy_from_slice(&op.info.key.to_be_bytes());
         m[32..40].copy_from_slice(&(len as u64).to_be_bytes());
         m[40..48].copy_from_slice(&dst.to_be_bytes());
-        self.ctlq.push_back((op.src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+        self.ctlq.push_back((op.src, Ctl::new(PKT_RMA | PKT_WHOLE, &m[..mlen])));
     }
 
     /// An RMA packet: a read request to serve, or data / a refusal for a read we issued.
@@ -179,7 +220,8 @@ impl State {
         match d.first().copied() {
             Some(RMA_READ_REQ) if d.len() >= 48 => {
                 let req = ReadReq { mode: d[1], sreq: be32(d, 4), va: be64(d, 16), key: be64(d, 24), len: be64(d, 32), dst: be64(d, 40) };
-                self.serve_read(p.src, &d[8..16], req);
+                let dst_heap = (d[2] & REQ_DST_HEAP != 0 && d.len() >= 68).then(|| get_desc(&d[48..68]));
+                self.serve_read(p.src, &d[8..16], req, d[2] & REQ_HEAP_MAPS != 0, dst_heap);
                 Ok(())
             }
             Some(RMA_READ_RESP) if d.len() >= RMA_RESP_HDR => {
@@ -212,6 +254,14 @@ impl State {
                 }
                 op.split = split;
                 op.remote_write = split < op.n;
+                if d[1] & GRANT_HEAP != 0 && d.len() >= 44 {
+                    if self.heaps.grants.len() > self.cma_q.len() + 64 {
+                        // Grants of reads dropped because their target left: forget them.
+                        let live: std::collections::HashSet<(u32, u32)> = self.cma_q.iter().map(|k| (k.idx, k.gen)).collect();
+                        self.heaps.grants.retain(|k, _| live.contains(k));
+                    }
+                    self.heaps.grants.insert((read.idx, read.gen), get_desc(&d[24..44]));
+                }
                 self.cma_q.push_back(read);
                 Ok(())
             }
@@ -232,7 +282,11 @@ impl State {
     /// In `READ_MODE_CMA` a passed check grants the reader a single copy of the range (it is
     /// recorded on the send, whose buffer then stays put until FIN even if abandoned); in
     /// `READ_MODE_STREAM` the range is streamed back through the ring.
-    pub(super) fn serve_read(&mut self, src: usize, read: &[u8], q: ReadReq) {
+    ///
+    /// Shared heaps come first, in either mode: a range in this rank's heap is granted for a
+    /// memcpy by a reader that maps it, and a reader whose buffer lies in its own heap gets
+    /// this rank's share written there with a memcpy (see [`State::serve_heap`]).
+    pub(super) fn serve_read(&mut self, src: usize, read: &[u8], q: ReadReq, reader_maps: bool, dst_heap: Option<HeapSrc>) {
         let ReadReq { mode, sreq, va, key, len, dst } = q;
         let sk = self.named_send(sreq, src);
         // Exactly the range the key check granted, and only while it lies inside the buffer of
@@ -247,6 +301,11 @@ impl State {
         });
         let mut id = [0u8; 8];
         id.copy_from_slice(read);
+        if let (Some(b), Some(k)) = (buf, sk) {
+            if self.serve_heap(src, id, k, b, mode, reader_maps, dst_heap) {
+                return;
+            }
+        }
         match buf {
             Some(b) if mode == READ_MODE_CMA => {
                 if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
@@ -282,6 +341,61 @@ impl State {
                 self.rma_notice(src, RMA_READ_ERR, id);
             }
         }
+    }
+
+    /// Grants a checked read `id` of `b` (the live send `sk`) through the shared heaps if one
+    /// side's buffer lies in one: returns `false` (nothing done) otherwise.
+    ///
+    /// - `b` in this rank's heap and the reader maps it: the grant names the range, and the
+    ///   reader memcpys `[0, split)`; from [`HEAP_SPLIT_MIN`] on, when the reader's buffer is
+    ///   in its heap too, this rank memcpys `[split, n)` into it at the same time.
+    /// - Only the reader's buffer in its heap: this rank memcpys `[split, n)` into it, and the
+    ///   reader copies `[0, split)` with CMA (a CMA-mode request from [`CMA_SPLIT_MIN`] on)
+    ///   or nothing (`split` = 0).
+    ///
+    /// The send records the grant: its buffer stays put until FIN even if abandoned.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_heap(&mut self, src: usize, id: [u8; 8], sk: Key, b: RawBuf, mode: u8, reader_maps: bool, dst_heap: Option<HeapSrc>) -> bool {
+        let n = b.len();
+        if n == 0 || !self.heaps.enabled() {
+            return false;
+        }
+        let from = if reader_maps { self.heaps.locate(b.addr(), n) } else { None };
+        let into = dst_heap.filter(|_| self.heaps.may_map(src));
+        let split = match (from, into) {
+            (Some(_), Some(_)) if n >= HEAP_SPLIT_MIN => (n / 2) & !4095,
+            (Some(_), _) => n,
+            (None, Some(_)) if mode == READ_MODE_CMA && self.cma && n >= CMA_SPLIT_MIN => (n / 2) & !4095,
+            (None, Some(_)) => 0,
+            (None, None) => return false,
+        };
+        if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(sk) {
+            r.granted = Some(src);
+        }
+        let mut m = [0u8; 44];
+        m[0] = RMA_READ_GRANT;
+        m[4..12].copy_from_slice(&id);
+        m[16..24].copy_from_slice(&(split as u64).to_be_bytes());
+        let mlen = match from {
+            Some(h) => {
+                m[1] = GRANT_HEAP;
+                put_desc(&mut m[24..44], h);
+                44
+            }
+            None => 24,
+        };
+        self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m[..mlen])));
+        if let (Some(h), true) = (into, split < n) {
+            if self.heaps.writes.len() > self.cma_w.len() + 64 {
+                // Shares dropped because their reader left (see `leave`): forget them.
+                let live: std::collections::HashSet<(usize, [u8; 8])> = self.cma_w.iter().map(|w| (w.dest, w.read)).collect();
+                self.heaps.writes.retain(|k, _| live.contains(k));
+            }
+            self.heaps.writes.insert((src, id), h);
+            self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst: 0, base: split });
+        }
+        self.heaps.grants_served += 1;
+        true
     }
 
     /// All bytes of a read are in (or it was refused): complete the receive and send FIN.
@@ -320,5 +434,123 @@ impl State {
         let k = k.ok_or_else(|| malformed_from(src, "FIN for no rendezvous send"))?;
         self.send_progress(k, false, true);
         Ok(())
+    }
+}
+
+impl Engine {
+    /// This rank's shared heap, created on first use (`None`: off or unavailable).
+    pub(crate) fn shared_heap(&mut self) -> Option<std::sync::Arc<tmpi_transport::shm::heap::Heap>> {
+        self.st.heaps.own()
+    }
+
+    /// The shared-heap part of the `tmpi-stats` line.
+    pub(super) fn heap_stats(&self) -> String {
+        let h = &self.st.heaps;
+        format!(" heap_grants={} heap_bytes={} heap_fallbacks={}", h.grants_served, h.bytes, h.fallbacks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last control packet queued, as (kind, flags, bytes).
+    fn last_ctl(e: &Engine) -> (u8, u8, Vec<u8>) {
+        let (_, c) = e.st.ctlq.back().expect("a control packet");
+        let b = c.bytes[..c.len as usize].to_vec();
+        (b[0], b[1], b)
+    }
+
+    /// Rank 0 of a two-rank job of threads, and the peer's fabric end (kept, never polled).
+    fn engine() -> (Engine, tmpi_transport::local::LocalFabric) {
+        let mut f = tmpi_transport::local::LocalFabric::create(2, 64 * 1024);
+        let peer = f.swap_remove(1);
+        (Engine::new(Fabric::Local(f.swap_remove(0)), 0, 2, Config::default()).unwrap(), peer)
+    }
+
+    fn read_req(sreq: u32, va: u64, key: u64, len: usize) -> ReadReq {
+        ReadReq { mode: READ_MODE_STREAM, sreq, va, key, len: len as u64, dst: 0 }
+    }
+
+    /// A shared buffer is granted (for a memcpy) only while the send that lends it is live: once
+    /// the send completed and the buffer was freed and its memory handed out again, a reader
+    /// repeating the old request (send name, key, address) is refused by the target, and no
+    /// grant names the new block.
+    #[test]
+    fn a_freed_shared_buffer_is_never_granted_again() {
+        let (mut e, _peer) = engine();
+        let Some(heap) = e.shared_heap() else {
+            eprintln!("no shared heap on this system");
+            return;
+        };
+        let len = 1 << 20;
+        let mut a = heap.alloc(len, 8).unwrap();
+        a.as_bytes_mut().fill(1);
+        // SAFETY: `a` outlives the send, which completes below before `a` is dropped.
+        let raw = unsafe { RawBuf::new(a.as_bytes()) };
+        let rid = e.start_rndv(1, 77, raw).unwrap();
+        let (key, va) = match e.st.reqs.get(rid) {
+            Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
+            _ => panic!("no rendezvous send"),
+        };
+        let name = wire_name(rid);
+        let id = [9u8; 8];
+        e.st.serve_read(1, &id, read_req(name, va, key, len), true, None);
+        let (kind, flags, m) = last_ctl(&e);
+        assert_eq!((kind, flags), (RMA_READ_GRANT, GRANT_HEAP));
+        let h = get_desc(&m[24..44]);
+        assert_eq!(h.off, a.offset() as u64);
+        assert_eq!(be64(&m, 16), len as u64, "the reader copies it all");
+        // A reader that does not map our heap gets the data streamed.
+        e.st.serve_read(1, &id, read_req(name, va, key, len), false, None);
+        assert_eq!(e.st.rma_out.pop_back().map(|r| r.buf.len()), Some(len));
+        // The FIN completes the send; the user collects it and frees the buffer.
+        e.st.send_progress(rid, true, true);
+        assert!(e.take_if_done(rid).unwrap().is_ok());
+        let off = a.offset();
+        drop(a);
+        let mut b = heap.alloc(len, 8).unwrap();
+        assert_eq!(b.offset(), off, "the freed memory is handed out again");
+        b.as_bytes_mut().fill(2);
+        // SAFETY: `b` outlives the engine's use of it (the engine is dropped first).
+        let raw = unsafe { RawBuf::new(b.as_bytes()) };
+        let rid2 = e.start_rndv(1, 78, raw).unwrap();
+        assert_ne!(wire_name(rid2), name);
+        let before = e.st.ctlq.len();
+        e.st.serve_read(1, &id, read_req(name, va, key, len), true, None);
+        assert_eq!(e.st.ctlq.len(), before + 1);
+        assert_eq!(last_ctl(&e).0, RMA_READ_ERR, "a stale read request is refused");
+        assert!(e.st.rma_out.is_empty());
+        drop(e);
+        drop(b);
+    }
+
+    /// A reader whose buffer is in its own heap gets the target's share written there; a
+    /// request without any heap goes the old way.
+    #[test]
+    fn a_reader_heap_receives_the_targets_share() {
+        let (mut e, _peer) = engine();
+        let len = 4 << 20;
+        let src = vec![3u8; len];
+        // SAFETY: `src` outlives the engine.
+        let raw = unsafe { RawBuf::new(&src) };
+        let rid = e.start_rndv(1, 5, raw).unwrap();
+        let (key, va) = match e.st.reqs.get(rid) {
+            Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
+            _ => panic!("no rendezvous send"),
+        };
+        let dst = HeapSrc { off: 8192, desc: HeapDesc { fd: 3, nonce: 11 } };
+        let id = [4u8; 8];
+        e.st.serve_read(1, &id, read_req(wire_name(rid), va, key, len), true, Some(dst));
+        let (kind, flags, m) = last_ctl(&e);
+        assert_eq!((kind, flags), (RMA_READ_GRANT, 0));
+        assert_eq!(be64(&m, 16), 0, "the target writes it all");
+        assert_eq!(e.st.heaps.writes.get(&(1, id)).map(|h| h.off), Some(8192));
+        assert_eq!(e.st.cma_w.back().map(|w| (w.base, w.buf.len())), Some((0, len)));
+        let before = e.st.cma_w.len();
+        e.st.serve_read(1, &[5u8; 8], read_req(wire_name(rid), va, key, len), true, None);
+        assert_eq!(e.st.cma_w.len(), before);
+        assert_eq!(e.st.rma_out.len(), 1);
+        drop(e);
     }
 }

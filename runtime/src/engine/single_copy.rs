@@ -1,6 +1,11 @@
 //! Single copy (CMA): after a grant, the reader copies its share of a rendezvous with
 //! `process_vm_readv`; from 128 KiB the target writes the other share with
 //! `process_vm_writev` at the same time. A kernel refusal turns single copy off for good.
+//!
+//! Shared heap: a grant that names the target's heap is copied with one memcpy from this
+//! rank's mapping of it, and a share owed to a reader whose buffer is in its heap is written
+//! with one memcpy into our mapping of that heap. A heap that cannot be mapped falls back to
+//! the ring for that peer.
 
 use super::*;
 
@@ -12,13 +17,50 @@ impl Engine {
     pub(super) fn run_cma(&mut self) -> Result<usize> {
         let mut n = 0;
         while let Some(key) = self.st.cma_q.pop_front() {
-            let Some(op) = self.st.reads.get(key) else { continue };
+            let Some(op) = self.st.reads.get(key) else {
+                self.st.heaps.grants.remove(&(key.idx, key.gen));
+                continue;
+            };
             let (src, rid, len, va) = (op.src, op.rid, op.split, op.info.rvh.va);
             let pid = self.fabric.peer_pid(src);
             let buf = match self.st.reqs.get(rid) {
                 Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
                 _ => None,
             };
+            if let Some(h) = self.st.heaps.grants.remove(&(key.idx, key.gen)) {
+                // The range is in the target's shared heap: one memcpy from our mapping of it.
+                let copied = match buf {
+                    None => Some(Ok(())),
+                    Some(b) => self.st.heaps.peer(src, pid, h.desc).map(|p| b.fill_with(0, len, |dst| p.read(h.off, dst))),
+                };
+                match copied {
+                    Some(Ok(())) => {
+                        self.st.heaps.bytes += len as u64;
+                        self.st.read_progress(key, len)?;
+                    }
+                    None => {
+                        // Its heap cannot be mapped here: ask for our share through the ring.
+                        self.st.heaps.fallbacks += 1;
+                        self.st.request_read(key, READ_MODE_STREAM, len, false);
+                    }
+                    Some(Err(_)) => {
+                        if let Some(op) = self.st.reads.get_mut(key) {
+                            op.failed = true;
+                        }
+                        self.st.read_progress(key, len)?;
+                    }
+                }
+                self.st.drain_cq()?;
+                n += 1;
+                continue;
+            }
+            if len == 0 {
+                // The target writes everything into our shared heap.
+                self.st.read_progress(key, 0)?;
+                self.st.drain_cq()?;
+                n += 1;
+                continue;
+            }
             // An abandoned receive has no buffer: nothing to copy, the send still gets its FIN.
             let r = buf.map_or(Ok(()), |b| b.fill_with(0, len, |dst| cma::read(pid, va, dst)));
             match r {
@@ -31,7 +73,7 @@ impl Engine {
                     // Ask for our share through the ring (the target's share comes its own way).
                     self.st.cma = false;
                     self.st.stats.cma_fallbacks += 1;
-                    self.st.request_read(key, READ_MODE_STREAM, len);
+                    self.st.request_read(key, READ_MODE_STREAM, len, false);
                 }
                 Err(_) => {
                     if let Some(op) = self.st.reads.get_mut(key) {
@@ -55,6 +97,31 @@ impl Engine {
         while let Some(w) = self.st.cma_w.pop_front() {
             let pid = self.fabric.peer_pid(w.dest);
             let whole = w.buf.slice(0, w.buf.len());
+            if let Some(h) = self.st.heaps.writes.remove(&(w.dest, w.read)) {
+                match self.st.heaps.peer(w.dest, pid, h.desc) {
+                    Some(p) => {
+                        // SAFETY: `h` names the reader's receive buffer in its shared heap, as
+                        // its read request did, and `[base, base + len)` is the share our grant
+                        // left to us (inside the read, checked when it was made); the reader
+                        // keeps that buffer lent until our WRITE_DONE or READ_ERR arrives, even
+                        // if its receive is abandoned. `write` checks the range is in the heap.
+                        match unsafe { p.write(h.off.wrapping_add(w.base as u64), whole) } {
+                            Ok(()) => {
+                                self.st.heaps.bytes += whole.len() as u64;
+                                self.st.rma_notice(w.dest, RMA_WRITE_DONE, w.read);
+                            }
+                            Err(_) => self.st.rma_notice(w.dest, RMA_READ_ERR, w.read),
+                        }
+                    }
+                    None => {
+                        // The reader's heap cannot be mapped here: stream the share.
+                        self.st.heaps.fallbacks += 1;
+                        self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                    }
+                }
+                n += 1;
+                continue;
+            }
             if pid == std::process::id() {
                 // Ranks that are threads of this process: no cross-process write; stream it.
                 self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });

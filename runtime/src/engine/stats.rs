@@ -39,5 +39,6 @@ impl Engine {
             " mr_cache_hits={} mr_cache_misses={} mr_cache_evictions={} mr_cache_invalidations={} hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={} credit_rndv={} ux_peak_bytes={}",
             mc.hits, mc.misses, mc.evictions, mc.invalidations, tm.unexpected, tm.adds, tm.dels, tm.list_hwm, s.credit_rndv, s.ux_peak_bytes
         ) + &format!(" cma_reads={} cma_bytes={} cma_fallbacks={}", s.cma_reads, s.cma_bytes, s.cma_fallbacks)
+            + &self.heap_stats()
     }
 }

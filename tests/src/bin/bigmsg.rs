@@ -8,8 +8,13 @@
 //! by at least 11 (the sender's registration cache, unless `TMPI_MR_CACHE_MAX_COUNT=0`).
 //! Every payload is checked.
 //!
-//! `bigmsg [--deny-cma] [MAX_BYTES]` stops at MAX_BYTES (default 64 MiB); `--deny-cma` makes
-//! the kernel refuse cross-memory attach in this process (seccomp), as containers often do.
+//! `bigmsg [--deny-cma] [--deny-open] [--shared send|recv|both] [MAX_BYTES]` stops at MAX_BYTES (default
+//! 64 MiB); `--deny-cma` makes the kernel refuse cross-memory attach in this process
+//! (seccomp), as containers often do; `--shared` allocates the send buffer, the receive buffer
+//! or both with `World::alloc_shared` (the shared heap) instead of `Vec`; `--deny-open` makes
+//! `open`/`openat` fail in this thread once the buffers are allocated, so that it cannot map
+//! any peer's shared heap (opening `/proc/<pid>/fd/N` is refused, as where permissions forbid
+//! it) and must fall back.
 
 use std::error::Error as StdError;
 
@@ -54,33 +59,89 @@ fn fill(buf: &mut [u8], sender: usize, size: usize, variant: u64) {
     }
 }
 
+/// Makes `open` and `openat` fail with `EACCES` in this thread from now on (a seccomp filter).
+fn deny_open_calls() -> std::io::Result<()> {
+    const LD_NR: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET: u16 = 0x06; // BPF_RET | BPF_K
+    let f = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut prog = [
+        f(LD_NR, 0, 0, 0),
+        f(JEQ, 2, 0, libc::SYS_openat as u32),
+        f(JEQ, 1, 0, libc::SYS_open as u32),
+        f(RET, 0, 0, 0x7fff_0000),
+        f(RET, 0, 0, 0x0005_0000 | libc::EACCES as u32),
+    ];
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_mut_ptr() };
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fprog` points at `prog`, a valid filter program that lives across the call.
+    if unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &fprog as *const libc::sock_fprog) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn stat(comm: &Comm, key: &str) -> u64 {
     let line = comm.stats_line();
     line.split_whitespace().find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
+}
+
+/// Bytes from a `Vec` or from the shared heap, `len` of them in use.
+struct Buf {
+    mem: Box<dyn std::ops::DerefMut<Target = [u8]>>,
+    len: usize,
+    /// In the shared heap (not a private fallback).
+    shared: bool,
+}
+
+impl Buf {
+    fn new(world: &tmpi::World, shared: bool, cap: usize) -> tmpi::Result<Buf> {
+        if shared {
+            let b = world.alloc_shared::<u8>(cap)?;
+            return Ok(Buf { shared: b.is_shared(), mem: Box::new(b), len: 0 });
+        }
+        Ok(Buf { mem: Box::new(vec![0u8; cap]), len: 0, shared: false })
+    }
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.mem[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.mem[..self.len]
+    }
 }
 
 struct Ctx<'a> {
     w: &'a Comm,
     next: usize,
     prev: usize,
-    out: Vec<u8>,
+    out: Buf,
     want: Vec<u8>,
-    got: Vec<u8>,
+    got: Buf,
 }
 
 impl Ctx<'_> {
     fn prepare(&mut self, size: usize, variant: u64) {
-        self.out.resize(size, 0);
+        self.out.len = size;
         fill(&mut self.out, self.w.rank(), size, variant);
         self.want.resize(size, 0);
         fill(&mut self.want, self.prev, size, variant);
-        self.got.clear();
-        self.got.resize(size, 0xa5);
+        self.got.len = size;
+        self.got.fill(0xa5);
     }
 
     fn check(&self, v: &mut Verdict, what: &str, size: usize, st: tmpi::Result<tmpi::Status>) {
         match st {
-            Ok(st) => v.check(st.source() == self.prev && st.len() == size && self.got == self.want, || {
+            Ok(st) => v.check(st.source() == self.prev && st.len() == size && *self.got == self.want[..], || {
                 let bad = self.got.iter().zip(&self.want).position(|(a, b)| a != b);
                 format!("{what} {size} B: status {st:?}, first wrong byte {bad:?}")
             }),
@@ -93,6 +154,18 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let deny = args.iter().any(|a| a == "--deny-cma");
     args.retain(|a| a != "--deny-cma");
+    let deny_open = args.iter().any(|a| a == "--deny-open");
+    args.retain(|a| a != "--deny-open");
+    let mut shared = (false, false);
+    if let Some(i) = args.iter().position(|a| a == "--shared") {
+        shared = match args.get(i + 1).map(String::as_str) {
+            Some("send") => (true, false),
+            Some("recv") => (false, true),
+            Some("both") => (true, true),
+            other => return Err(format!("bigmsg: --shared takes send, recv or both, not {other:?}").into()),
+        };
+        args.drain(i..i + 2);
+    }
     if deny {
         tmpi_tests::deny_cma().map_err(|e| format!("bigmsg: cannot install the seccomp filter: {e}"))?;
     }
@@ -104,8 +177,16 @@ fn main() -> Result<(), Box<dyn StdError>> {
         None => 64 * MIB,
     };
     let mut v = Verdict::new("bigmsg", rank);
-    let mut c = Ctx { w, next: (rank + 1) % n, prev: (rank + n - 1) % n, out: Vec::new(), want: Vec::new(), got: Vec::new() };
     let sizes: Vec<usize> = SIZES.iter().copied().filter(|&s| s <= max).collect();
+    let cap = sizes.iter().copied().max().unwrap_or(0).max(2 * MIB);
+    let (out, got) = (Buf::new(&world, shared.0, cap)?, Buf::new(&world, shared.1, cap)?);
+    if shared != (false, false) {
+        println!("bigmsg: rank {rank} buffers in the shared heap: send {}, recv {}", out.shared, got.shared);
+    }
+    if deny_open {
+        deny_open_calls().map_err(|e| format!("bigmsg: cannot install the seccomp filter: {e}"))?;
+    }
+    let mut c = Ctx { w, next: (rank + 1) % n, prev: (rank + n - 1) % n, out, want: Vec::new(), got };
     for &size in &sizes {
         // Expected: the receive is posted before anyone sends.
         c.prepare(size, 1);
@@ -144,7 +225,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
             c.prepare(size, 4);
             let half = size / 2;
             let r = tmpi::scope(|s| -> tmpi::Result<(tmpi::Result<tmpi::Status>, tmpi::Result<tmpi::Status>)> {
-                let (a, b) = c.got.split_at_mut(half);
+                let (a, b) = c.got.mem.split_at_mut(half);
                 let r1 = w.irecv(s, a, c.prev, 4)?;
                 let r2 = w.irecv(s, &mut b[..size - half], c.prev, 5)?;
                 let q1 = w.isend(s, &c.out, c.next, 4)?;

@@ -113,7 +113,8 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_SINGLE_COPY", default: "cma", meaning: "how rendezvous data moves once the sender's key check passed: cma = one kernel copy where the kernel permits it (the reader process_vm_readv's the first half, the sender process_vm_writev's the second half from 128 KiB on), else (and with none) a pipelined copy through the shared-memory rings" },
     Knob { name: "TMPI_FABRIC", default: "auto", meaning: "which fabric links ranks: auto = shared memory between ranks of one host and TCP between hosts, shm = shared memory only (all ranks on one host), tcp = TCP between every pair of ranks, even on one host (for testing)" },
     Knob { name: "TMPI_TCP_IF", default: "auto", meaning: "interface name (eth0) or IP address the TCP fabric listens on; auto = loopback when all ranks run on one host, else the first IPv4 address of an interface that is up and not loopback (never the wildcard address)" },
-    Knob { name: "TMPI_SINGLE_COPY_MIN", default: "1048576", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster below 1 MiB on cache-resident data (>= 0)" },
+    Knob { name: "TMPI_SINGLE_COPY_MIN", default: "134217728", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster than CMA at every size up to 64 MiB (bench/results/large-2026-11-24.md) (>= 0)" },
+    Knob { name: "TMPI_SHARED_HEAP", default: "1073741824", meaning: "bytes of address space of each rank's shared heap (World::alloc_shared), a memory file that peers map on first use so a rendezvous from or into it is one plain memcpy; pages are taken only as blocks are written; 0 turns it off (allocations are then private memory) (0..=2^40; at least 65536 when not 0)" },
 ];
 
 /// What `tmpirun` told this rank through its environment.

@@ -3,6 +3,7 @@
 //!
 //! - [`segment`]: creating, opening and checking the mapped file (magic, version, layout).
 //! - [`cma`]: single-copy transfers between processes (process_vm_readv/writev).
+//! - [`heap`]: the shared heap, memory of one rank that peers map and copy with memcpy.
 //! - [`ring`]: the lock-free single-producer/single-consumer ring of variable-size records.
 //!
 //! [`ShmFabric`] ties them together for one rank: it sends packets into the ring of each
@@ -14,6 +15,7 @@
 //! rather than read out of bounds.
 
 pub mod cma;
+pub mod heap;
 pub mod ring;
 pub mod segment;
 
