@@ -54,6 +54,7 @@ pub mod config;
 mod engine;
 pub mod error;
 mod group;
+mod nbc;
 pub mod matching;
 pub mod op;
 mod request;

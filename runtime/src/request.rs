@@ -101,7 +101,7 @@ impl std::fmt::Debug for Request<'_> {
 }
 
 impl<'scope> Request<'scope> {
-    fn new(eng: Eng, rid: Option<ReqId>, s: &Scope<'_, '_>) -> Self {
+    pub(crate) fn new(eng: Eng, rid: Option<ReqId>, s: &Scope<'_, '_>) -> Self {
         let done = match rid {
             Some(r) => {
                 s.started.borrow_mut().push((eng.clone(), r));

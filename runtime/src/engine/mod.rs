@@ -64,6 +64,7 @@ mod arrival;
 mod eager;
 mod fabric;
 mod leave;
+mod nbc;
 mod offload;
 mod progress;
 mod recv;
@@ -315,6 +316,8 @@ impl Ctl {
 enum ReqKind {
     Recv(RecvState),
     Send(SendState),
+    /// A non-blocking collective: its schedule in `Engine::nbc` (see `crate::nbc`).
+    Coll(Key),
 }
 
 struct Req {
@@ -467,6 +470,8 @@ pub(crate) struct Engine {
     /// Peers whose process was found dead (sticky), and the next peer to look at.
     dead: Vec<bool>,
     next_probe: usize,
+    /// Non-blocking collectives in flight (progressed by `Engine::progress` while any is).
+    nbc: Slab<crate::nbc::Sched>,
 }
 
 #[inline]
@@ -545,6 +550,7 @@ impl Engine {
             idle_calls: 0,
             dead: vec![false; size],
             next_probe: 0,
+            nbc: Slab::new(),
         })
     }
 

@@ -74,6 +74,10 @@ impl Engine {
         }
         req.detached = true;
         match &mut req.kind {
+            ReqKind::Coll(k) => {
+                let k = *k;
+                self.abandon_nbc(rid, k);
+            }
             ReqKind::Recv(r) => {
                 r.buf = None;
                 // The target of a single-copy read may be writing into the buffer: it must
