@@ -45,6 +45,7 @@
 //! ([`Error::PeerGone`]), are reported when the request completes.
 
 mod sched;
+mod userop;
 
 use bytemuck::Pod;
 
@@ -251,10 +252,10 @@ impl Comm {
     ///
     /// ```
     /// let got = tmpi::run_local(3, |w| {
-    ///     let mut m = [0i32];
+    ///     let (me, mut m) = ([w.rank() as i32 - 5], [0i32]);
     ///     tmpi::scope(|s| {
     ///         let recv = (w.rank() == 1).then_some(&mut m[..]);
-    ///         w.ireduce(s, &[w.rank() as i32 - 5], recv, tmpi::Op::Min, 1).unwrap().wait().unwrap();
+    ///         w.ireduce(s, &me, recv, tmpi::Op::Min, 1).unwrap().wait().unwrap();
     ///     });
     ///     m[0]
     /// });
@@ -273,35 +274,7 @@ impl Comm {
         op: Op,
         root: Rank,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
-        check_root(root, self.size())?;
-        check_op::<T>(op)?;
-        let (r, n) = (self.rank(), self.size());
-        let recv = if r == root {
-            match recv {
-                Some(b) if b.len() == send.len() => Some(bytemuck::cast_slice_mut::<T, u8>(b)),
-                Some(b) => return Err(len_err("ireduce", "receive", b.len(), send.len())),
-                None => return Err(Error::InvalidBuffer("ireduce: the root needs a receive buffer".into())),
-            }
-        } else {
-            None
-        };
-        let sb: &[u8] = bytemuck::cast_slice(send);
-        let len = sb.len();
-        let mut plan = Plan::new();
-        plan.reduce = Some(builtin::<T>(op));
-        let acc = plan_reduce0(&mut plan, r, n, inp(0, len), len);
-        if let Some(acc) = acc {
-            if root == 0 {
-                plan.round(vec![Action::Copy { from: acc, to: out(0, len) }]);
-            } else {
-                plan.round(vec![Action::Send { s: acc, dest: root, tag: tags::TO_ROOT }]);
-            }
-        }
-        if r == root && root != 0 {
-            plan.round(vec![Action::Recv { s: out(0, len), src: 0, tag: tags::TO_ROOT }]);
-        }
-        Ok(self.start_plan(s, &c, plan, Some(sb), recv))
+        self.ireduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op), root)
     }
 
     /// Non-blocking [`Comm::allreduce`]: every rank gets `send` of all ranks combined with `op`
@@ -309,8 +282,8 @@ impl Comm {
     ///
     /// ```
     /// let got = tmpi::run_local(3, |w| {
-    ///     let mut x = [0.0f64; 2];
-    ///     tmpi::scope(|s| w.iallreduce(s, &[1.5, w.rank() as f64], &mut x, tmpi::Op::Sum).unwrap().wait().unwrap());
+    ///     let (me, mut x) = ([1.5, w.rank() as f64], [0.0f64; 2]);
+    ///     tmpi::scope(|s| w.iallreduce(s, &me, &mut x, tmpi::Op::Sum).unwrap().wait().unwrap());
     ///     x
     /// });
     /// assert!(got.iter().all(|x| x == &[4.5, 3.0]));
@@ -320,21 +293,7 @@ impl Comm {
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `recv.len() != send.len()`; from the
     /// request, mismatched lengths between ranks, [`Error::PeerGone`].
     pub fn iallreduce<'s, T: Pod + Reducible>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: Op) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
-        check_op::<T>(op)?;
-        if recv.len() != send.len() {
-            return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
-        }
-        let (r, n) = (self.rank(), self.size());
-        let sb: &[u8] = bytemuck::cast_slice(send);
-        let len = sb.len();
-        let mut plan = Plan::new();
-        plan.reduce = Some(builtin::<T>(op));
-        if let Some(acc) = plan_reduce0(&mut plan, r, n, inp(0, len), len) {
-            plan.round(vec![Action::Copy { from: acc, to: out(0, len) }]);
-        }
-        plan_bcast(&mut plan, r, n, out(0, len), 0);
-        Ok(self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv))))
+        self.iallreduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op))
     }
 
     /// Non-blocking [`Comm::gather`]: `send` of every rank, in rank order, into `recv` at
@@ -342,10 +301,9 @@ impl Comm {
     ///
     /// ```
     /// let got = tmpi::run_local(3, |w| {
-    ///     let mut all = vec![0u8; 6];
+    ///     let (me, mut all) = ([w.rank() as u8; 2], vec![0u8; 6]);
     ///     tmpi::scope(|s| {
     ///         let recv = (w.rank() == 0).then_some(&mut all[..]);
-    ///         let me = [w.rank() as u8; 2];
     ///         w.igather(s, &me, recv, 0).unwrap().wait().unwrap();
     ///     });
     ///     all
@@ -559,8 +517,8 @@ impl Comm {
     ///
     /// ```
     /// let got = tmpi::run_local(3, |w| {
-    ///     let mut all = [0u64; 3];
-    ///     tmpi::scope(|s| w.iallgather(s, &[w.rank() as u64 * 2], &mut all).unwrap().wait().unwrap());
+    ///     let (me, mut all) = ([w.rank() as u64 * 2], [0u64; 3]);
+    ///     tmpi::scope(|s| w.iallgather(s, &me, &mut all).unwrap().wait().unwrap());
     ///     all
     /// });
     /// assert!(got.iter().all(|a| a == &[0, 2, 4]));
@@ -755,45 +713,7 @@ impl Comm {
         counts: &[usize],
         op: Op,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
-        check_op::<T>(op)?;
-        let (r, n) = (self.rank(), self.size());
-        if counts.len() != n {
-            return Err(Error::InvalidBuffer(format!("ireduce_scatter: {} counts given, the communicator has {n} ranks", counts.len())));
-        }
-        let mut displs = Vec::with_capacity(n);
-        let mut total = 0usize;
-        for &k in counts {
-            displs.push(total);
-            total = total.checked_add(k).ok_or_else(|| Error::InvalidBuffer("ireduce_scatter: the counts overflow usize".into()))?;
-        }
-        if total != send.len() {
-            return Err(len_err("ireduce_scatter", "send", send.len(), total));
-        }
-        if recv.len() != counts[r] {
-            return Err(len_err("ireduce_scatter", "receive", recv.len(), counts[r]));
-        }
-        let es = std::mem::size_of::<T>();
-        let sb: &[u8] = bytemuck::cast_slice(send);
-        let mut plan = Plan::new();
-        plan.reduce = Some(builtin::<T>(op));
-        match plan_reduce0(&mut plan, r, n, inp(0, sb.len()), sb.len()) {
-            Some(acc) => {
-                let mut acts = Vec::with_capacity(n);
-                for i in 0..n {
-                    let (off, len) = block(counts, &displs, i, es);
-                    let from = Span::new(acc.buf, off, len);
-                    if i == r {
-                        acts.push(Action::Copy { from, to: out(0, len) });
-                    } else {
-                        acts.push(Action::Send { s: from, dest: i, tag: tags::SCATTER });
-                    }
-                }
-                plan.round(acts);
-            }
-            None => plan.round(vec![Action::Recv { s: out(0, counts[r] * es), src: 0, tag: tags::SCATTER }]),
-        }
-        Ok(self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv))))
+        self.ireduce_scatter_f(s, send, recv, counts, builtin::<T>(op), check_op::<T>(op))
     }
 
     /// Non-blocking [`Comm::reduce_scatter_block`]: [`Comm::ireduce_scatter`] with equal blocks
@@ -820,8 +740,8 @@ impl Comm {
     ///
     /// ```
     /// let got = tmpi::run_local(4, |w| {
-    ///     let mut acc = [0u32];
-    ///     tmpi::scope(|s| w.iscan(s, &[w.rank() as u32 + 1], &mut acc, tmpi::Op::Sum).unwrap().wait().unwrap());
+    ///     let (me, mut acc) = ([w.rank() as u32 + 1], [0u32]);
+    ///     tmpi::scope(|s| w.iscan(s, &me, &mut acc, tmpi::Op::Sum).unwrap().wait().unwrap());
     ///     acc[0]
     /// });
     /// assert_eq!(got, vec![1, 3, 6, 10]);
@@ -838,8 +758,8 @@ impl Comm {
     ///
     /// ```
     /// let got = tmpi::run_local(4, |w| {
-    ///     let mut off = [0usize];
-    ///     tmpi::scope(|s| w.iexscan(s, &[10 * (w.rank() + 1)], &mut off, tmpi::Op::Sum).unwrap().wait().unwrap());
+    ///     let (me, mut off) = ([10 * (w.rank() + 1)], [0usize]);
+    ///     tmpi::scope(|s| w.iexscan(s, &me, &mut off, tmpi::Op::Sum).unwrap().wait().unwrap());
     ///     off[0]
     /// });
     /// assert_eq!(got, vec![0, 10, 30, 60]);
@@ -849,6 +769,116 @@ impl Comm {
     /// As [`Comm::iscan`].
     pub fn iexscan<'s, T: Pod + Reducible>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: Op) -> Result<Request<'s>> {
         self.iprefix("iexscan", s, send, recv, builtin::<T>(op), check_op::<T>(op), false)
+    }
+
+    // ---- the schedules, generic over the reduction step ----
+
+    pub(crate) fn ireduce_f<'s, T: Pod>(
+        &self,
+        s: &'s Scope<'s, '_>,
+        send: &'s [T],
+        recv: Option<&'s mut [T]>,
+        f: ReduceFn,
+        op_ok: Result<()>,
+        root: Rank,
+    ) -> Result<Request<'s>> {
+        let c = CollCtx::new(self);
+        check_root(root, self.size())?;
+        op_ok?;
+        let (r, n) = (self.rank(), self.size());
+        let recv = if r == root {
+            match recv {
+                Some(b) if b.len() == send.len() => Some(bytemuck::cast_slice_mut::<T, u8>(b)),
+                Some(b) => return Err(len_err("ireduce", "receive", b.len(), send.len())),
+                None => return Err(Error::InvalidBuffer("ireduce: the root needs a receive buffer".into())),
+            }
+        } else {
+            None
+        };
+        let sb: &[u8] = bytemuck::cast_slice(send);
+        let len = sb.len();
+        let mut plan = Plan::new();
+        plan.reduce = Some(f);
+        let acc = plan_reduce0(&mut plan, r, n, inp(0, len), len);
+        if let Some(acc) = acc {
+            if root == 0 {
+                plan.round(vec![Action::Copy { from: acc, to: out(0, len) }]);
+            } else {
+                plan.round(vec![Action::Send { s: acc, dest: root, tag: tags::TO_ROOT }]);
+            }
+        }
+        if r == root && root != 0 {
+            plan.round(vec![Action::Recv { s: out(0, len), src: 0, tag: tags::TO_ROOT }]);
+        }
+        Ok(self.start_plan(s, &c, plan, Some(sb), recv))
+    }
+
+    pub(crate) fn iallreduce_f<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], f: ReduceFn, op_ok: Result<()>) -> Result<Request<'s>> {
+        let c = CollCtx::new(self);
+        op_ok?;
+        if recv.len() != send.len() {
+            return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
+        }
+        let (r, n) = (self.rank(), self.size());
+        let sb: &[u8] = bytemuck::cast_slice(send);
+        let len = sb.len();
+        let mut plan = Plan::new();
+        plan.reduce = Some(f);
+        if let Some(acc) = plan_reduce0(&mut plan, r, n, inp(0, len), len) {
+            plan.round(vec![Action::Copy { from: acc, to: out(0, len) }]);
+        }
+        plan_bcast(&mut plan, r, n, out(0, len), 0);
+        Ok(self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv))))
+    }
+
+    pub(crate) fn ireduce_scatter_f<'s, T: Pod>(
+        &self,
+        s: &'s Scope<'s, '_>,
+        send: &'s [T],
+        recv: &'s mut [T],
+        counts: &[usize],
+        f: ReduceFn,
+        op_ok: Result<()>,
+    ) -> Result<Request<'s>> {
+        let c = CollCtx::new(self);
+        op_ok?;
+        let (r, n) = (self.rank(), self.size());
+        if counts.len() != n {
+            return Err(Error::InvalidBuffer(format!("ireduce_scatter: {} counts given, the communicator has {n} ranks", counts.len())));
+        }
+        let mut displs = Vec::with_capacity(n);
+        let mut total = 0usize;
+        for &k in counts {
+            displs.push(total);
+            total = total.checked_add(k).ok_or_else(|| Error::InvalidBuffer("ireduce_scatter: the counts overflow usize".into()))?;
+        }
+        if total != send.len() {
+            return Err(len_err("ireduce_scatter", "send", send.len(), total));
+        }
+        if recv.len() != counts[r] {
+            return Err(len_err("ireduce_scatter", "receive", recv.len(), counts[r]));
+        }
+        let es = std::mem::size_of::<T>();
+        let sb: &[u8] = bytemuck::cast_slice(send);
+        let mut plan = Plan::new();
+        plan.reduce = Some(f);
+        match plan_reduce0(&mut plan, r, n, inp(0, sb.len()), sb.len()) {
+            Some(acc) => {
+                let mut acts = Vec::with_capacity(n);
+                for i in 0..n {
+                    let (off, len) = block(counts, &displs, i, es);
+                    let from = Span::new(acc.buf, off, len);
+                    if i == r {
+                        acts.push(Action::Copy { from, to: out(0, len) });
+                    } else {
+                        acts.push(Action::Send { s: from, dest: i, tag: tags::SCATTER });
+                    }
+                }
+                plan.round(acts);
+            }
+            None => plan.round(vec![Action::Recv { s: out(0, counts[r] * es), src: 0, tag: tags::SCATTER }]),
+        }
+        Ok(self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv))))
     }
 
     /// Prefix reduction along the chain of ranks: rank `r` receives the prefix of ranks
