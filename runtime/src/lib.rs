@@ -30,7 +30,11 @@
 //!   [`ANY_TAG`]; every message is matched by (communicator, source, tag) with MPI's
 //!   non-overtaking rule.
 //! - Non-blocking: [`scope`], [`Comm::isend`], [`Comm::irecv`], [`Request`], [`wait_all`],
-//!   [`wait_any`]: buffers stay borrowed until the scope ends, so it is sound in safe Rust.
+//!   [`wait_any`], [`wait_some`], [`test_any`], [`test_some`], [`test_all`]: buffers stay
+//!   borrowed until the scope ends, so it is sound in safe Rust.
+//! - Matched probes and more: [`Comm::mprobe`], [`Comm::improbe`], [`Message`],
+//!   [`Comm::sendrecv_replace`]; non-contiguous data with [`datatype::Layout`]
+//!   ([`Comm::send_layout`], [`Comm::recv_layout`], [`datatype::pack`], [`datatype::unpack`]).
 //! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`],
 //!   [`Comm::compare`].
 //! - Cartesian topologies: [`dims_create`], [`Comm::cart_create`], [`CartComm`] (coordinates,
@@ -40,8 +44,16 @@
 //! - Variable-count collectives and prefix reductions: [`Comm::gatherv`], [`Comm::scatterv`],
 //!   [`Comm::allgatherv`], [`Comm::alltoallv`], [`Comm::reduce_scatter`],
 //!   [`Comm::reduce_scatter_block`], [`Comm::scan`], [`Comm::exscan`].
+//! - Non-blocking collectives: [`Comm::ibarrier`], [`Comm::ibcast`], [`Comm::ireduce`],
+//!   [`Comm::iallreduce`], [`Comm::igather`], [`Comm::igatherv`], [`Comm::iscatter`],
+//!   [`Comm::iscatterv`], [`Comm::iallgather`], [`Comm::iallgatherv`], [`Comm::ialltoall`],
+//!   [`Comm::ialltoallv`], [`Comm::ireduce_scatter`], [`Comm::ireduce_scatter_block`],
+//!   [`Comm::iscan`], [`Comm::iexscan`].
+//! - User-defined reductions: [`UserOp`] (commutative or not, applied in rank order) with
+//!   [`Comm::allreduce_with`] and the other `*_with` calls; MINLOC/MAXLOC on [`Loc`].
 //! - Environment: [`wtime`], [`wtick`], [`processor_name`], [`library_version`],
-//!   [`is_initialized`].
+//!   [`is_initialized`], [`is_finalized`], [`World::abort`], [`Comm::stats`] ([`Stats`]),
+//!   [`Comm::split_type`].
 //! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
 //!
 //! Errors are values of [`Error`]; nothing panics on bad input from the user or the wire.
@@ -51,15 +63,18 @@ pub mod coll;
 mod coll_glue;
 mod comm;
 pub mod config;
+pub mod datatype;
 mod engine;
 pub mod error;
 mod group;
-mod nbc;
 pub mod matching;
 mod mprobe;
+mod nbc;
+mod node;
 pub mod op;
 mod request;
 mod slab;
+mod stats;
 mod sys;
 mod topo;
 mod world;
@@ -67,11 +82,15 @@ mod world;
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
 pub use error::{Error, Result};
 pub use group::{CommCmp, Group, GroupCmp};
-pub use op::{Loc, Op, Reducible, UserOp};
 pub use mprobe::Message;
+pub use node::SplitType;
+pub use op::{Loc, Op, Reducible, UserOp};
 pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
+pub use stats::Stats;
 pub use topo::{dims_create, CartComm};
-pub use world::{init, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World};
+pub use world::{
+    init, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World,
+};
 
 /// A rank in a communicator.
 pub type Rank = usize;

@@ -193,7 +193,14 @@ impl Comm {
     ///
     /// # Errors
     /// As [`Comm::sendrecv`].
-    pub fn sendrecv_replace<T: Pod>(&self, buf: &mut [T], dest: Rank, stag: Tag, src: impl Into<Source>, rtag: impl Into<TagMatch>) -> Result<Status> {
+    pub fn sendrecv_replace<T: Pod>(
+        &self,
+        buf: &mut [T],
+        dest: Rank,
+        stag: Tag,
+        src: impl Into<Source>,
+        rtag: impl Into<TagMatch>,
+    ) -> Result<Status> {
         let out = buf.to_vec();
         self.sendrecv(&out, dest, stag, buf, src, rtag)
     }

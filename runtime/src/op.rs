@@ -378,24 +378,30 @@ where
     /// assert!(got.iter().all(|m| *m == Loc { value: 1.0, index: 1 }));
     /// ```
     pub fn min_loc() -> Self {
-        UserOp::new(true, |a: &Loc<V, I>, b: &Loc<V, I>| {
-            if a.value < b.value || (a.value == b.value && a.index <= b.index) || b.value != b.value {
-                *a
-            } else {
-                *b
-            }
-        })
+        UserOp::new(
+            true,
+            |a: &Loc<V, I>, b: &Loc<V, I>| {
+                if a.value < b.value || (a.value == b.value && a.index <= b.index) || b.value != b.value {
+                    *a
+                } else {
+                    *b
+                }
+            },
+        )
     }
 
     /// MPI's `MAXLOC`: the larger value, and on a tie the smaller index. Commutative.
     pub fn max_loc() -> Self {
-        UserOp::new(true, |a: &Loc<V, I>, b: &Loc<V, I>| {
-            if a.value > b.value || (a.value == b.value && a.index <= b.index) || b.value != b.value {
-                *a
-            } else {
-                *b
-            }
-        })
+        UserOp::new(
+            true,
+            |a: &Loc<V, I>, b: &Loc<V, I>| {
+                if a.value > b.value || (a.value == b.value && a.index <= b.index) || b.value != b.value {
+                    *a
+                } else {
+                    *b
+                }
+            },
+        )
     }
 }
 

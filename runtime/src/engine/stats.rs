@@ -41,3 +41,24 @@ impl Engine {
         ) + &format!(" cma_reads={} cma_bytes={} cma_fallbacks={}", s.cma_reads, s.cma_bytes, s.cma_fallbacks)
     }
 }
+
+impl Engine {
+    /// The counters of [`Engine::stats_line`] as a [`crate::Stats`].
+    pub(crate) fn stats(&self) -> crate::Stats {
+        let s = &self.st.stats;
+        let tm = self.st.tm.counters();
+        let mc = self.st.mr.stats();
+        let mut t = crate::Stats::default();
+        t.rank = self.st.rank as u64;
+        (t.msgs_sent, t.msgs_recv, t.bytes_sent, t.bytes_recv, t.eager, t.rndv) =
+            (s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv);
+        (t.hw_matched, t.sw_matched, t.unexpected, t.tm_syncs, t.rndv_incomplete) =
+            (tm.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, tm.rndv_incomplete);
+        (t.mr_cache_hits, t.mr_cache_misses, t.mr_cache_evictions, t.mr_cache_invalidations) =
+            (mc.hits, mc.misses, mc.evictions, mc.invalidations);
+        (t.hw_unexpected, t.tm_adds, t.tm_dels, t.tm_list_hwm) = (tm.unexpected, tm.adds, tm.dels, tm.list_hwm);
+        (t.credit_rndv, t.ux_peak_bytes, t.cma_reads, t.cma_bytes, t.cma_fallbacks) =
+            (s.credit_rndv, s.ux_peak_bytes, s.cma_reads, s.cma_bytes, s.cma_fallbacks);
+        t
+    }
+}

@@ -190,15 +190,20 @@ fn block(counts: &[usize], displs: &[usize], i: usize, es: usize) -> (usize, usi
 impl Comm {
     /// Registers `plan` as a schedule on this communicator's collective context and returns
     /// its request.
-    fn start_plan<'s>(&self, s: &'s Scope<'s, '_>, c: &CollCtx<'_>, plan: Plan, input: Option<&'s [u8]>, output: Option<&'s mut [u8]>) -> Request<'s> {
+    fn start_plan<'s>(
+        &self,
+        s: &'s Scope<'s, '_>,
+        c: &CollCtx<'_>,
+        plan: Plan,
+        input: Option<&'s [u8]>,
+        output: Option<&'s mut [u8]>,
+    ) -> Request<'s> {
         let who = Members { ctx: self.coll_ctx(), rank: self.rank(), size: self.size(), world: self.inner.members.clone(), seq: c.seq() };
         // SAFETY: `input` and `output` are borrowed for 's; the request is registered in the
         // scope (`Request::new`), which finishes or abandons it before 's ends, and
         // abandoning it abandons every transfer of the schedule and drops the schedule, so
         // nothing touches the buffers afterwards.
-        let sched = unsafe {
-            Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b)))
-        };
+        let sched = unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b))) };
         let eng = self.inner.eng.clone();
         let rid = eng.borrow_mut().start_nbc(sched);
         Request::new(eng, Some(rid), s)
@@ -292,7 +297,13 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `recv.len() != send.len()`; from the
     /// request, mismatched lengths between ranks, [`Error::PeerGone`].
-    pub fn iallreduce<'s, T: Pod + Reducible>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: Op) -> Result<Request<'s>> {
+    pub fn iallreduce<'s, T: Pod + Reducible>(
+        &self,
+        s: &'s Scope<'s, '_>,
+        send: &'s [T],
+        recv: &'s mut [T],
+        op: Op,
+    ) -> Result<Request<'s>> {
         self.iallreduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op))
     }
 
@@ -730,7 +741,13 @@ impl Comm {
     ///
     /// # Errors
     /// As [`Comm::ireduce_scatter`]; [`Error::InvalidBuffer`] when `send.len() != size * recv.len()`.
-    pub fn ireduce_scatter_block<'s, T: Pod + Reducible>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: Op) -> Result<Request<'s>> {
+    pub fn ireduce_scatter_block<'s, T: Pod + Reducible>(
+        &self,
+        s: &'s Scope<'s, '_>,
+        send: &'s [T],
+        recv: &'s mut [T],
+        op: Op,
+    ) -> Result<Request<'s>> {
         let n = self.size();
         let counts = vec![recv.len(); n];
         self.ireduce_scatter(s, send, recv, &counts, op)
@@ -813,7 +830,14 @@ impl Comm {
         Ok(self.start_plan(s, &c, plan, Some(sb), recv))
     }
 
-    pub(crate) fn iallreduce_f<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], f: ReduceFn, op_ok: Result<()>) -> Result<Request<'s>> {
+    pub(crate) fn iallreduce_f<'s, T: Pod>(
+        &self,
+        s: &'s Scope<'s, '_>,
+        send: &'s [T],
+        recv: &'s mut [T],
+        f: ReduceFn,
+        op_ok: Result<()>,
+    ) -> Result<Request<'s>> {
         let c = CollCtx::new(self);
         op_ok?;
         if recv.len() != send.len() {

@@ -123,7 +123,13 @@ impl Comm {
     ///
     /// # Errors
     /// As [`Comm::iallreduce`].
-    pub fn iallreduce_with<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: &UserOp<T>) -> Result<Request<'s>> {
+    pub fn iallreduce_with<'s, T: Pod>(
+        &self,
+        s: &'s Scope<'s, '_>,
+        send: &'s [T],
+        recv: &'s mut [T],
+        op: &UserOp<T>,
+    ) -> Result<Request<'s>> {
         self.iallreduce_f(s, send, recv, user(op), Ok(()))
     }
 
