@@ -189,9 +189,7 @@ mod tests {
                 w.send_layout(&grid, &Layout::vector(4, 1, 5), 1, 3).unwrap();
                 Vec::new()
             } else {
-                for p in &mut grid {
-                    *p = P { x: 0.0, id: 0 };
-                }
+                grid.fill(P { x: 0.0, id: 0 });
                 // Into the first column.
                 let st = w.recv_layout(&mut grid, &Layout::vector(4, 1, 4), 0, 3).unwrap();
                 assert_eq!(st.count::<P>(), 4);

@@ -285,7 +285,7 @@ mod tests {
         run_local(2, |w| {
             let peer = 1 - w.rank();
             let sends: Vec<[u64; 2]> = (0..6).map(|i| [i, w.rank() as u64]).collect();
-            let mut recvs = vec![[0u64; 2]; 6];
+            let mut recvs = [[0u64; 2]; 6];
             scope(|s| {
                 let mut rr: Vec<_> = recvs.iter_mut().enumerate().map(|(i, b)| w.irecv(s, b, peer, i as u32).unwrap()).collect();
                 assert!(test_all(&mut rr).unwrap().is_none());

@@ -265,8 +265,12 @@ macro_rules! float_reducible {
 
 float_reducible!(f32, f64);
 
+/// The element function of a [`UserOp`].
+type ElemFn<T> = dyn Fn(&T, &T) -> T + Send + Sync;
+
 /// A user-defined reduction operator on `T`: `f(a, b)` is `a op b`, where `a` comes from lower
-/// ranks than `b`. Cheap to clone.
+/// ranks than `b`. Cheap to clone, and `Send + Sync` (one operator may serve every rank of
+/// [`crate::run_local`]).
 ///
 /// The operator must be associative (MPI's rule too): the collectives group operands
 /// differently depending on the rank count. It need not be commutative: operands are never
@@ -289,7 +293,7 @@ float_reducible!(f32, f64);
 /// assert!(got.iter().all(|p| p == &[1, 2, 1, 0]));
 /// ```
 pub struct UserOp<T> {
-    f: std::rc::Rc<dyn Fn(&T, &T) -> T>,
+    f: std::sync::Arc<ElemFn<T>>,
     commutative: bool,
 }
 
@@ -307,8 +311,8 @@ impl<T> fmt::Debug for UserOp<T> {
 
 impl<T: bytemuck::Pod> UserOp<T> {
     /// An operator from an element function `f(a, b) = a op b`.
-    pub fn new(commutative: bool, f: impl Fn(&T, &T) -> T + 'static) -> Self {
-        UserOp { f: std::rc::Rc::new(f), commutative }
+    pub fn new(commutative: bool, f: impl Fn(&T, &T) -> T + Send + Sync + 'static) -> Self {
+        UserOp { f: std::sync::Arc::new(f), commutative }
     }
 
     /// Whether it was declared commutative.
@@ -361,6 +365,11 @@ macro_rules! loc_pod {
 
 loc_pod!((f64, u64), (f64, i64), (f32, u32), (f32, i32), (i32, i32), (i32, u32), (u32, u32), (i64, i64), (i64, u64), (u64, u64));
 
+/// A value not comparable with itself (a float NaN).
+fn is_nan<V: PartialOrd>(v: &V) -> bool {
+    v.partial_cmp(v).is_none()
+}
+
 impl<V: PartialOrd + Copy, I: Ord + Copy> UserOp<Loc<V, I>>
 where
     Loc<V, I>: bytemuck::Pod,
@@ -381,7 +390,7 @@ where
         UserOp::new(
             true,
             |a: &Loc<V, I>, b: &Loc<V, I>| {
-                if a.value < b.value || (a.value == b.value && a.index <= b.index) || b.value != b.value {
+                if a.value < b.value || (a.value == b.value && a.index <= b.index) || is_nan(&b.value) {
                     *a
                 } else {
                     *b
@@ -395,7 +404,7 @@ where
         UserOp::new(
             true,
             |a: &Loc<V, I>, b: &Loc<V, I>| {
-                if a.value > b.value || (a.value == b.value && a.index <= b.index) || b.value != b.value {
+                if a.value > b.value || (a.value == b.value && a.index <= b.index) || is_nan(&b.value) {
                     *a
                 } else {
                     *b

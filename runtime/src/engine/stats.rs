@@ -48,17 +48,32 @@ impl Engine {
         let s = &self.st.stats;
         let tm = self.st.tm.counters();
         let mc = self.st.mr.stats();
-        let mut t = crate::Stats::default();
-        t.rank = self.st.rank as u64;
-        (t.msgs_sent, t.msgs_recv, t.bytes_sent, t.bytes_recv, t.eager, t.rndv) =
-            (s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv);
-        (t.hw_matched, t.sw_matched, t.unexpected, t.tm_syncs, t.rndv_incomplete) =
-            (tm.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, tm.rndv_incomplete);
-        (t.mr_cache_hits, t.mr_cache_misses, t.mr_cache_evictions, t.mr_cache_invalidations) =
-            (mc.hits, mc.misses, mc.evictions, mc.invalidations);
-        (t.hw_unexpected, t.tm_adds, t.tm_dels, t.tm_list_hwm) = (tm.unexpected, tm.adds, tm.dels, tm.list_hwm);
-        (t.credit_rndv, t.ux_peak_bytes, t.cma_reads, t.cma_bytes, t.cma_fallbacks) =
-            (s.credit_rndv, s.ux_peak_bytes, s.cma_reads, s.cma_bytes, s.cma_fallbacks);
-        t
+        crate::Stats {
+            rank: self.st.rank as u64,
+            msgs_sent: s.msgs_sent,
+            msgs_recv: s.msgs_recv,
+            bytes_sent: s.bytes_sent,
+            bytes_recv: s.bytes_recv,
+            eager: s.eager,
+            rndv: s.rndv,
+            hw_matched: tm.hw_matched,
+            sw_matched: s.sw_matched,
+            unexpected: s.unexpected,
+            tm_syncs: s.tm_syncs,
+            rndv_incomplete: tm.rndv_incomplete,
+            mr_cache_hits: mc.hits,
+            mr_cache_misses: mc.misses,
+            mr_cache_evictions: mc.evictions,
+            mr_cache_invalidations: mc.invalidations,
+            hw_unexpected: tm.unexpected,
+            tm_adds: tm.adds,
+            tm_dels: tm.dels,
+            tm_list_hwm: tm.list_hwm,
+            credit_rndv: s.credit_rndv,
+            ux_peak_bytes: s.ux_peak_bytes,
+            cma_reads: s.cma_reads,
+            cma_bytes: s.cma_bytes,
+            cma_fallbacks: s.cma_fallbacks,
+        }
     }
 }

@@ -82,9 +82,12 @@ fn inp(off: usize, len: usize) -> Span {
     Span::new(Buf::In, off, len)
 }
 
+/// A combining step on typed slices: `(from, acc)`.
+type Combine<'a, T> = dyn Fn(&[T], &mut [T]) -> Result<()> + 'a;
+
 /// `acc = from op acc` or `acc op from` on byte views of `T` elements; unaligned views (user
 /// buffers are aligned, scratch is 16-byte aligned) are combined through aligned copies.
-fn typed<T: Pod>(from: &[u8], acc: &mut [u8], f: &dyn Fn(&[T], &mut [T]) -> Result<()>) -> Result<()> {
+fn typed<T: Pod>(from: &[u8], acc: &mut [u8], f: &Combine<'_, T>) -> Result<()> {
     if let (Ok(a), true) = (bytemuck::try_cast_slice::<u8, T>(from), bytemuck::try_cast_slice::<u8, T>(acc).is_ok()) {
         if let Ok(b) = bytemuck::try_cast_slice_mut::<u8, T>(acc) {
             return f(a, b);
