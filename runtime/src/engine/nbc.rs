@@ -13,7 +13,13 @@ impl Engine {
         let k = self.nbc.vacant_key();
         let rid = self.st.reqs.insert(Req { kind: ReqKind::Coll(k), result: None, detached: false });
         sched.set_request(rid);
-        sched.advance(self);
+        // A panic in a user operator must not drop a schedule whose transfers the engine
+        // still holds: they are abandoned first.
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.advance(self))) {
+            sched.abandon(self);
+            self.st.reqs.remove(rid);
+            std::panic::resume_unwind(p);
+        }
         if sched.is_finished() {
             return rid;
         }
@@ -42,7 +48,15 @@ impl Engine {
         let mut n = 0;
         for k in keys {
             let Some(s) = active.get_mut(k) else { continue };
-            n += s.advance(self);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.advance(self))) {
+                Ok(m) => n += m,
+                Err(p) => {
+                    // A user operator panicked: put every schedule back, so that the scope
+                    // that unwinds abandons their transfers before their memory goes.
+                    self.nbc = active;
+                    std::panic::resume_unwind(p);
+                }
+            }
             if s.is_finished() {
                 active.remove(k);
             }
