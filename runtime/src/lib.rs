@@ -54,6 +54,8 @@
 //! - Environment: [`wtime`], [`wtick`], [`processor_name`], [`library_version`],
 //!   [`is_initialized`], [`is_finalized`], [`World::abort`], [`Comm::stats`] ([`Stats`]),
 //!   [`Comm::split_type`].
+//! - With the `serde` feature: [`Comm::send_serialized`] and [`Comm::recv_serialized`] for any
+//!   `serde` type (variable size, sized on arrival); [`Stats`] is `Serialize`/`Deserialize`.
 //! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
 //!
 //! Errors are values of [`Error`]; nothing panics on bad input from the user or the wire.
@@ -73,6 +75,8 @@ mod nbc;
 mod node;
 pub mod op;
 mod request;
+#[cfg(feature = "serde")]
+mod serialized;
 mod slab;
 mod stats;
 mod sys;

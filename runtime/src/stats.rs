@@ -31,6 +31,7 @@ macro_rules! stats {
         /// assert_eq!(got, vec![(1, 0), (0, 100)]);
         /// ```
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
         #[non_exhaustive]
         pub struct Stats {
             $($(#[$doc])* pub $name: u64,)*
