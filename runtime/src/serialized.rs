@@ -75,7 +75,7 @@ mod tests {
                 .collect();
             w.send_serialized(&mine, (r + 1) % n, 1).unwrap();
             let (got, st): (Vec<Particle>, _) = w.recv_serialized((r + n - 1) % n, 1).unwrap();
-            assert!(st.len() > 0);
+            assert!(!st.is_empty());
             // Garbage and the wrong type are errors, not panics.
             w.send(&[0xffu8, 0, 1], (r + 1) % n, 2).unwrap();
             let bad: crate::Result<(Vec<Particle>, _)> = w.recv_serialized((r + n - 1) % n, 2);
