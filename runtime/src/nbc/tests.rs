@@ -349,3 +349,27 @@ fn user_ops_keep_rank_order() {
         });
     }
 }
+
+/// A user operator that panics on one rank: the panic unwinds out of the wait (the scope
+/// abandons the collective's transfers first), and the other rank's wait fails with
+/// `PeerGone` once the panicking rank has left, instead of hanging.
+#[test]
+fn a_panicking_user_operator_unwinds_cleanly() {
+    use crate::UserOp;
+    let got = run_local(2, |w| {
+        let op = UserOp::new(false, |a: &u32, b: &u32| if *b == 99 { panic!("operator refuses 99") } else { a + b });
+        let mine = [if w.rank() == 1 { 99u32 } else { 1 }];
+        let mut out = [0u32];
+        if w.rank() == 0 {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scope(|s| w.iallreduce_with(s, &mine, &mut out, &op)?.wait())));
+            // The engine is usable afterwards.
+            let mut x = [0u8];
+            let st = w.sendrecv(&[5u8], 0, 9, &mut x, 0, 9).map(|_| x[0]);
+            (r.is_err(), st.ok())
+        } else {
+            let r = scope(|s| w.iallreduce_with(s, &mine, &mut out, &op)?.wait());
+            (matches!(r, Err(Error::PeerGone { rank: 0 })), None)
+        }
+    });
+    assert_eq!(got, vec![(true, Some(5)), (true, None)]);
+}
