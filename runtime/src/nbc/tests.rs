@@ -361,7 +361,8 @@ fn a_panicking_user_operator_unwinds_cleanly() {
         let mine = [if w.rank() == 1 { 99u32 } else { 1 }];
         let mut out = [0u32];
         if w.rank() == 0 {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scope(|s| w.iallreduce_with(s, &mine, &mut out, &op)?.wait())));
+            let r =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scope(|s| w.iallreduce_with(s, &mine, &mut out, &op)?.wait())));
             // The engine is usable afterwards.
             let mut x = [0u8];
             let st = w.sendrecv(&[5u8], 0, 9, &mut x, 0, 9).map(|_| x[0]);
