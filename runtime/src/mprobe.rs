@@ -321,6 +321,25 @@ mod tests {
         });
     }
 
+    /// `Request::cancel` (which existed before) on a receive that has not matched: its status
+    /// says cancelled, and the message it would have taken goes to the next receive.
+    #[test]
+    fn cancel_of_a_pending_receive() {
+        run_local(2, |w| {
+            let peer = 1 - w.rank();
+            let mut a = [0u32];
+            let mut b = [0u32];
+            scope(|s| {
+                let mut r = w.irecv(s, &mut a, peer, 8).unwrap();
+                r.cancel().unwrap();
+                assert!(r.wait().unwrap().cancelled());
+            });
+            w.send(&[7u32], peer, 8).unwrap();
+            w.recv(&mut b, peer, 8).unwrap();
+            assert_eq!((a[0], b[0]), (0, 7));
+        });
+    }
+
     #[test]
     fn sendrecv_replace_rotates() {
         let got = run_local(4, |w| {
