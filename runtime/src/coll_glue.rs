@@ -413,6 +413,14 @@ impl Comm {
     }
 }
 
+impl CollCtx<'_> {
+    /// The call's sequence number on its communicator (16 bits), for schedules that build
+    /// their tags themselves (non-blocking collectives).
+    pub(crate) fn seq(&self) -> u32 {
+        self.seq
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::run_local;

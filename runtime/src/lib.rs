@@ -30,7 +30,11 @@
 //!   [`ANY_TAG`]; every message is matched by (communicator, source, tag) with MPI's
 //!   non-overtaking rule.
 //! - Non-blocking: [`scope`], [`Comm::isend`], [`Comm::irecv`], [`Request`], [`wait_all`],
-//!   [`wait_any`]: buffers stay borrowed until the scope ends, so it is sound in safe Rust.
+//!   [`wait_any`], [`wait_some`], [`test_any`], [`test_some`], [`test_all`]: buffers stay
+//!   borrowed until the scope ends, so it is sound in safe Rust.
+//! - Matched probes and more: [`Comm::mprobe`], [`Comm::improbe`], [`Message`],
+//!   [`Comm::sendrecv_replace`]; non-contiguous data with [`datatype::Layout`]
+//!   ([`Comm::send_layout`], [`Comm::recv_layout`], [`datatype::pack`], [`datatype::unpack`]).
 //! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`],
 //!   [`Comm::compare`].
 //! - Cartesian topologies: [`dims_create`], [`Comm::cart_create`], [`CartComm`] (coordinates,
@@ -42,8 +46,18 @@
 //!   [`Comm::reduce_scatter_block`], [`Comm::scan`], [`Comm::exscan`].
 //! - Shared heap: [`World::alloc_shared`] returns a [`SharedBuf`] (derefs to `[T]`) that the
 //!   other ranks of the node map; a large message from or into one is a single `memcpy`.
+//! - Non-blocking collectives: [`Comm::ibarrier`], [`Comm::ibcast`], [`Comm::ireduce`],
+//!   [`Comm::iallreduce`], [`Comm::igather`], [`Comm::igatherv`], [`Comm::iscatter`],
+//!   [`Comm::iscatterv`], [`Comm::iallgather`], [`Comm::iallgatherv`], [`Comm::ialltoall`],
+//!   [`Comm::ialltoallv`], [`Comm::ireduce_scatter`], [`Comm::ireduce_scatter_block`],
+//!   [`Comm::iscan`], [`Comm::iexscan`].
+//! - User-defined reductions: [`UserOp`] (commutative or not, applied in rank order) with
+//!   [`Comm::allreduce_with`] and the other `*_with` calls; MINLOC/MAXLOC on [`Loc`].
 //! - Environment: [`wtime`], [`wtick`], [`processor_name`], [`library_version`],
-//!   [`is_initialized`].
+//!   [`is_initialized`], [`is_finalized`], [`World::abort`], [`Comm::stats`] ([`Stats`]),
+//!   [`Comm::split_type`].
+//! - With the `serde` feature: [`Comm::send_serialized`] and [`Comm::recv_serialized`] for any
+//!   `serde` type (variable size, sized on arrival); [`Stats`] is `Serialize`/`Deserialize`.
 //! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
 //!
 //! Errors are values of [`Error`]; nothing panics on bad input from the user or the wire.
@@ -53,14 +67,21 @@ pub mod coll;
 mod coll_glue;
 mod comm;
 pub mod config;
+pub mod datatype;
 mod engine;
 pub mod error;
 mod group;
 mod heap;
 pub mod matching;
+mod mprobe;
+mod nbc;
+mod node;
 pub mod op;
 mod request;
+#[cfg(feature = "serde")]
+mod serialized;
 mod slab;
+mod stats;
 mod status;
 mod sys;
 mod topo;
@@ -70,10 +91,15 @@ pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
 pub use error::{Error, Result};
 pub use group::{CommCmp, Group, GroupCmp};
 pub use heap::SharedBuf;
-pub use op::{Op, Reducible};
-pub use request::{scope, wait_all, wait_any, Request, Scope};
+pub use mprobe::Message;
+pub use node::SplitType;
+pub use op::{Loc, Op, Reducible, UserOp};
+pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
+pub use stats::Stats;
 pub use topo::{dims_create, CartComm};
-pub use world::{init, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World};
+pub use world::{
+    init, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World,
+};
 
 /// A rank in a communicator.
 pub type Rank = usize;

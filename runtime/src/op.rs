@@ -21,6 +21,13 @@
 //! compile-time guarantee (`fn f<T: Bitwise>(...)`: every [`Op`] is valid for `T`).
 //!
 //! Large buffers are combined in parallel with rayon above [`PAR_THRESHOLD_BYTES`].
+//!
+//! **User-defined operators.** [`UserOp`] wraps a closure over any `Pod` type (a user
+//! `#[repr(C)]` struct included); the `*_with` collectives ([`crate::Comm::allreduce_with`],
+//! [`crate::Comm::iscan_with`], ...) take one. They always combine in rank order (lower ranks
+//! on the left), so an operator that is not commutative (matrix products, "last writer wins")
+//! gives the result MPI defines for it. [`UserOp::min_loc`] and [`UserOp::max_loc`] are MPI's
+//! `MINLOC`/`MAXLOC` on [`Loc`] value-and-index pairs.
 
 use std::fmt;
 
@@ -258,9 +265,180 @@ macro_rules! float_reducible {
 
 float_reducible!(f32, f64);
 
+/// The element function of a [`UserOp`].
+type ElemFn<T> = dyn Fn(&T, &T) -> T + Send + Sync;
+
+/// A user-defined reduction operator on `T`: `f(a, b)` is `a op b`, where `a` comes from lower
+/// ranks than `b`. Cheap to clone, and `Send + Sync` (one operator may serve every rank of
+/// [`crate::run_local`]).
+///
+/// The operator must be associative (MPI's rule too): the collectives group operands
+/// differently depending on the rank count. It need not be commutative: operands are never
+/// swapped. Whether it is commutative is recorded ([`UserOp::is_commutative`]) for algorithms
+/// that could use it; today every `*_with` collective keeps rank order either way.
+///
+/// ```
+/// use tmpi::UserOp;
+/// // 2x2 matrix product: associative, not commutative.
+/// let matmul = UserOp::new(false, |a: &[i64; 4], b: &[i64; 4]| {
+///     [a[0] * b[0] + a[1] * b[2], a[0] * b[1] + a[1] * b[3], a[2] * b[0] + a[3] * b[2], a[2] * b[1] + a[3] * b[3]]
+/// });
+/// let got = tmpi::run_local(3, |w| {
+///     let m = [[1, 1, 0, 1], [2, 0, 0, 1], [0, 1, 1, 0]][w.rank()];
+///     let mut prod = [[0i64; 4]];
+///     w.allreduce_with(&[m], &mut prod, &matmul).unwrap();
+///     prod[0]
+/// });
+/// // [[1,1],[0,1]] x [[2,0],[0,1]] x [[0,1],[1,0]] in rank order
+/// assert!(got.iter().all(|p| p == &[1, 2, 1, 0]));
+/// ```
+pub struct UserOp<T> {
+    f: std::sync::Arc<ElemFn<T>>,
+    commutative: bool,
+}
+
+impl<T> Clone for UserOp<T> {
+    fn clone(&self) -> Self {
+        UserOp { f: self.f.clone(), commutative: self.commutative }
+    }
+}
+
+impl<T> fmt::Debug for UserOp<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserOp").field("commutative", &self.commutative).finish()
+    }
+}
+
+impl<T: bytemuck::Pod> UserOp<T> {
+    /// An operator from an element function `f(a, b) = a op b`.
+    pub fn new(commutative: bool, f: impl Fn(&T, &T) -> T + Send + Sync + 'static) -> Self {
+        UserOp { f: std::sync::Arc::new(f), commutative }
+    }
+
+    /// Whether it was declared commutative.
+    pub fn is_commutative(&self) -> bool {
+        self.commutative
+    }
+
+    /// `a op b`.
+    pub fn apply(&self, a: &T, b: &T) -> T {
+        (self.f)(a, b)
+    }
+
+    /// `acc[i] = left[i] op acc[i]` when `other_left`, else `acc[i] = acc[i] op other[i]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidBuffer`] when the lengths differ (`acc` is then unchanged).
+    pub fn combine(&self, acc: &mut [T], other: &[T], other_left: bool) -> Result<()> {
+        if acc.len() != other.len() {
+            return Err(Error::InvalidBuffer(format!("reduction of {} elements with {} elements", acc.len(), other.len())));
+        }
+        for (a, o) in acc.iter_mut().zip(other) {
+            *a = if other_left { (self.f)(o, a) } else { (self.f)(a, o) };
+        }
+        Ok(())
+    }
+}
+
+/// A value and its index, for [`UserOp::min_loc`] and [`UserOp::max_loc`] (MPI's `MINLOC` and
+/// `MAXLOC` pair types, such as `MPI_DOUBLE_INT`). `#[repr(C)]`, and `Pod` for the pairs
+/// without padding: `(f64, u64)`, `(f64, i64)`, `(f32, u32)`, `(f32, i32)`, `(i32, i32)`,
+/// `(i32, u32)`, `(u32, u32)`, `(i64, i64)`, `(i64, u64)`, `(u64, u64)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Loc<V, I> {
+    /// The value compared.
+    pub value: V,
+    /// Where it came from (a rank, an element index, ...).
+    pub index: I,
+}
+
+macro_rules! loc_pod {
+    ($(($v:ty, $i:ty)),*) => {$(
+        // SAFETY: `Loc` is `#[repr(C)]` with two fields of the same size and alignment, both
+        // `Pod`: no padding, every bit pattern valid, zero is valid.
+        unsafe impl bytemuck::Zeroable for Loc<$v, $i> {}
+        // SAFETY: as above; `Loc` is `Copy` and `'static`.
+        unsafe impl bytemuck::Pod for Loc<$v, $i> {}
+    )*};
+}
+
+loc_pod!((f64, u64), (f64, i64), (f32, u32), (f32, i32), (i32, i32), (i32, u32), (u32, u32), (i64, i64), (i64, u64), (u64, u64));
+
+/// A value not comparable with itself (a float NaN).
+fn is_nan<V: PartialOrd>(v: &V) -> bool {
+    v.partial_cmp(v).is_none()
+}
+
+impl<V: PartialOrd + Copy, I: Ord + Copy> UserOp<Loc<V, I>>
+where
+    Loc<V, I>: bytemuck::Pod,
+{
+    /// MPI's `MINLOC`: the smaller value, and on a tie the smaller index. Commutative.
+    ///
+    /// ```
+    /// use tmpi::{Loc, UserOp};
+    /// let got = tmpi::run_local(4, |w| {
+    ///     let v = [3.0, 1.0, 7.0, 1.0][w.rank()];
+    ///     let mut m = [Loc { value: 0.0, index: 0u64 }];
+    ///     w.allreduce_with(&[Loc { value: v, index: w.rank() as u64 }], &mut m, &UserOp::min_loc()).unwrap();
+    ///     m[0]
+    /// });
+    /// assert!(got.iter().all(|m| *m == Loc { value: 1.0, index: 1 }));
+    /// ```
+    pub fn min_loc() -> Self {
+        UserOp::new(
+            true,
+            |a: &Loc<V, I>, b: &Loc<V, I>| {
+                if a.value < b.value || (a.value == b.value && a.index <= b.index) || is_nan(&b.value) {
+                    *a
+                } else {
+                    *b
+                }
+            },
+        )
+    }
+
+    /// MPI's `MAXLOC`: the larger value, and on a tie the smaller index. Commutative.
+    pub fn max_loc() -> Self {
+        UserOp::new(
+            true,
+            |a: &Loc<V, I>, b: &Loc<V, I>| {
+                if a.value > b.value || (a.value == b.value && a.index <= b.index) || is_nan(&b.value) {
+                    *a
+                } else {
+                    *b
+                }
+            },
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_op_order_and_loc() {
+        let cat = UserOp::new(false, |a: &u32, b: &u32| a * 10 + b);
+        let mut acc = vec![1u32, 2];
+        cat.combine(&mut acc, &[3, 4], false).unwrap();
+        assert_eq!(acc, vec![13, 24]);
+        cat.combine(&mut acc, &[5, 6], true).unwrap();
+        assert_eq!(acc, vec![63, 84]);
+        assert!(cat.combine(&mut acc, &[1], true).is_err());
+        assert!(!cat.is_commutative());
+        let min = UserOp::<Loc<f64, u64>>::min_loc();
+        let max = UserOp::<Loc<f64, u64>>::max_loc();
+        let (a, b) = (Loc { value: 1.0, index: 5 }, Loc { value: 1.0, index: 2 });
+        assert_eq!(min.apply(&a, &b), b);
+        assert_eq!(min.apply(&b, &a), b);
+        assert_eq!(max.apply(&a, &b), b);
+        let c = Loc { value: 3.0, index: 9 };
+        assert_eq!(min.apply(&c, &a), a);
+        assert_eq!(max.apply(&a, &c), c);
+        assert!(min.is_commutative());
+    }
 
     #[test]
     fn int_ops_match_scalar_definitions() {

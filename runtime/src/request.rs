@@ -122,7 +122,7 @@ impl std::fmt::Debug for Request<'_> {
 }
 
 impl<'scope> Request<'scope> {
-    fn new(eng: Eng, rid: Option<ReqId>, s: &Scope<'_, '_>) -> Self {
+    pub(crate) fn new(eng: Eng, rid: Option<ReqId>, s: &Scope<'_, '_>) -> Self {
         let done = match rid {
             Some(r) => {
                 s.started.borrow_mut().push((eng.clone(), r));
@@ -258,6 +258,129 @@ pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
             b.reset();
         }
     }
+}
+
+/// Removes every completed request from `reqs` (indices before removal, in order) and collects
+/// its result.
+fn take_done(reqs: &mut Vec<Request<'_>>) -> Vec<(usize, Result<Status>)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut orig = 0;
+    while i < reqs.len() {
+        if reqs[i].is_done() {
+            out.push((orig, reqs.remove(i).wait()));
+        } else {
+            i += 1;
+        }
+        orig += 1;
+    }
+    out
+}
+
+/// One round of progress on the engine of `reqs` (every request of a thread shares it).
+fn poke(reqs: &[Request<'_>]) -> Result<()> {
+    if let Some(r) = reqs.iter().find(|r| r.rid.is_some()) {
+        let mut e = r.eng.borrow_mut();
+        if e.progress()? == 0 {
+            if let Some(rid) = r.rid {
+                e.idle_check(&Need::Req(rid))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until at least one request completes, then removes every completed one from `reqs`
+/// and returns their indices (before removal) and results (MPI's `waitsome`).
+///
+/// ```
+/// let got = tmpi::run_local(2, |w| {
+///     let peer = 1 - w.rank();
+///     let (a, mut b, mut c) = ([1u8], [0u8], [0u8]);
+///     tmpi::scope(|s| {
+///         let mut reqs = vec![w.irecv(s, &mut b, peer, 1).unwrap(), w.irecv(s, &mut c, peer, 2).unwrap()];
+///         w.send(&a, peer, 2).unwrap();
+///         w.send(&a, peer, 1).unwrap();
+///         let mut seen = 0;
+///         while !reqs.is_empty() {
+///             seen += tmpi::wait_some(&mut reqs).unwrap().len();
+///         }
+///         seen
+///     })
+/// });
+/// assert_eq!(got, vec![2, 2]);
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidBuffer`] for an empty list; a failure of progress. A request that failed is
+/// reported in its entry; one that can no longer complete fails with [`Error::PeerGone`].
+pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Status>)>> {
+    if reqs.is_empty() {
+        return Err(Error::InvalidBuffer("wait_some on an empty list of requests".into()));
+    }
+    let mut backoff: Option<Backoff> = None;
+    loop {
+        let done = take_done(reqs);
+        if !done.is_empty() {
+            return Ok(done);
+        }
+        let eng = reqs[0].eng.clone();
+        let mut e = eng.borrow_mut();
+        if e.progress()? == 0 {
+            let b = backoff.get_or_insert_with(|| e.backoff());
+            if b.snooze() {
+                let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
+                if let Some(i) = gone {
+                    drop(e);
+                    let r = reqs.remove(i);
+                    return Ok(vec![(i, Err(r.fail_gone()))]);
+                }
+            }
+        } else if let Some(b) = &mut backoff {
+            b.reset();
+        }
+    }
+}
+
+/// Completes one request if one can be completed now: removes it and returns its index (before
+/// removal) and status; `None` if none is done (MPI's `testany`).
+///
+/// # Errors
+/// The completed request's error; a failure of progress.
+pub fn test_any(reqs: &mut Vec<Request<'_>>) -> Result<Option<(usize, Status)>> {
+    if !reqs.iter().any(Request::is_done) {
+        poke(reqs)?;
+    }
+    match reqs.iter().position(Request::is_done) {
+        Some(i) => Ok(Some((i, reqs.remove(i).wait()?))),
+        None => Ok(None),
+    }
+}
+
+/// Removes every request that can be completed now and returns their indices (before
+/// removal) and results; empty if none is done (MPI's `testsome`).
+///
+/// # Errors
+/// A failure of progress.
+pub fn test_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Status>)>> {
+    poke(reqs)?;
+    Ok(take_done(reqs))
+}
+
+/// If every request can be completed now, completes them all (emptying `reqs`) and returns
+/// their statuses in order; otherwise leaves them all in place and returns `None` (MPI's
+/// `testall`).
+///
+/// # Errors
+/// The first failed request's error (all are collected); a failure of progress.
+pub fn test_all(reqs: &mut Vec<Request<'_>>) -> Result<Option<Vec<Status>>> {
+    if !reqs.iter().all(Request::is_done) {
+        poke(reqs)?;
+        if !reqs.iter().all(Request::is_done) {
+            return Ok(None);
+        }
+    }
+    wait_all(std::mem::take(reqs)).map(Some)
 }
 
 impl Comm {

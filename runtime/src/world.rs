@@ -19,6 +19,7 @@ use crate::engine::{Engine, Fabric};
 use crate::error::{Error, Result};
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
+static FINALIZED: AtomicBool = AtomicBool::new(false);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
 
 /// Seconds since an arbitrary point in this process's past; monotonic.
@@ -34,6 +35,8 @@ pub struct World {
     bootstrap: RefCell<Option<Launcher>>,
     comm: Comm,
     finalized: bool,
+    /// Made by [`init`] (not [`run_local`]): its finalize counts for [`is_finalized`].
+    from_init: bool,
 }
 
 impl std::fmt::Debug for World {
@@ -97,7 +100,7 @@ fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>) -> World {
     let comm = Comm {
         inner: Rc::new(CommInner { eng: Rc::new(RefCell::new(eng)), coll_seq: Default::default(), id: 0, rank, size, members: None }),
     };
-    World { comm, bootstrap: RefCell::new(bootstrap), finalized: false }
+    World { comm, bootstrap: RefCell::new(bootstrap), finalized: false, from_init: false }
 }
 
 /// Starts the runtime. Under `tmpirun` the rank, size and fabric come from the launcher's
@@ -111,6 +114,13 @@ pub fn init() -> Result<World> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(Error::State("tmpi::init called more than once in this process".into()));
     }
+    init_world().map(|mut w| {
+        w.from_init = true;
+        w
+    })
+}
+
+fn init_world() -> Result<World> {
     let _ = wtime();
     let cfg = Config::from_env()?;
     let Some((mut bc, env)) = launcher()? else {
@@ -148,6 +158,9 @@ impl World {
             return Ok(());
         }
         self.finalized = true;
+        if self.from_init {
+            FINALIZED.store(true, Ordering::SeqCst);
+        }
         let mut e = self.comm.eng();
         // This rank's own outgoing data only: finalize never waits for other ranks.
         let r = e.finalize();
@@ -313,4 +326,14 @@ pub fn library_version() -> String {
 /// ```
 pub fn is_initialized() -> bool {
     INITIALIZED.load(Ordering::SeqCst)
+}
+
+/// Whether the world [`init`] returned has been finalized (by [`World::finalize`] or by being
+/// dropped; `MPI_Finalized`). Worlds made by [`run_local`] do not count.
+///
+/// ```
+/// assert!(!tmpi::is_finalized());
+/// ```
+pub fn is_finalized() -> bool {
+    FINALIZED.load(Ordering::SeqCst)
 }

@@ -67,6 +67,10 @@ impl Engine {
                         r.from.world_ranks(self.size, &mut deps);
                     }
                 }
+                Some(Req { kind: ReqKind::Coll(k), .. }) => {
+                    let k = *k;
+                    return self.check_gone_nbc(k);
+                }
                 Some(Req { kind: ReqKind::Send(s), .. }) => {
                     if let Some(gone) = self.st.aborted(s.key) {
                         return Err(Error::PeerGone { rank: gone });

@@ -67,6 +67,7 @@ mod arrival;
 mod eager;
 mod fabric;
 mod leave;
+mod nbc;
 mod offload;
 mod progress;
 mod recv;
@@ -363,6 +364,8 @@ pub(crate) struct Engine {
     /// Peers whose process was found dead (sticky), and the next peer to look at.
     dead: Vec<bool>,
     next_probe: usize,
+    /// Non-blocking collectives in flight (progressed by `Engine::progress` while any is).
+    nbc: Slab<crate::nbc::Sched>,
 }
 
 #[inline]
@@ -445,6 +448,7 @@ impl Engine {
             idle_calls: 0,
             dead: vec![false; size],
             next_probe: 0,
+            nbc: Slab::new(),
         })
     }
 

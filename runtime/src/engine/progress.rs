@@ -67,6 +67,9 @@ impl Engine {
         if !self.st.ctlq.is_empty() {
             n += self.flush_ctl()?;
         }
+        if !self.nbc.is_empty() {
+            n += self.progress_nbc()?;
+        }
         Ok(n)
     }
 

@@ -63,6 +63,53 @@ impl Engine {
         Ok(rid)
     }
 
+    /// Matched probe: removes the oldest unexpected message matching from the matcher (no
+    /// receive can take it any more) and returns its status and handle for [`Engine::mrecv`].
+    pub(crate) fn mprobe_now(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<(Status, Key)> {
+        let (t, m) = matching::recv_key(ctx, src, tag);
+        let (tag64, k) = self.st.matcher.take_probed(t, m)?;
+        let len = self.st.ux.get(k).map_or(0, |u| u.total);
+        Some((Status::received(src_of(tag64), tag_of(tag64), len), k))
+    }
+
+    /// Receives the message `ux` that [`Engine::mprobe_now`] took into `buf`.
+    pub(crate) fn mrecv(&mut self, ux: Key, buf: RawBufMut, from: Peers) -> Result<ReqId> {
+        let Some(key) = self.st.ux.get(ux).map(|u| u.tag64) else {
+            return Err(Error::State("the probed message was already received".into()));
+        };
+        let rid = self.post_recv_detached(key, buf, from);
+        self.st.take_unexpected(rid, ux);
+        self.flush_ctl()?;
+        Ok(rid)
+    }
+
+    /// A receive request that is in no queue (it is given its message directly).
+    fn post_recv_detached(&mut self, key: u64, buf: RawBufMut, from: Peers) -> ReqId {
+        let cap = buf.cap();
+        self.st.reqs.insert(Req {
+            kind: ReqKind::Recv(RecvState {
+                buf: Some(buf),
+                key,
+                from,
+                src_world: 0,
+                refused: None,
+                cap,
+                matched: true,
+                match_id: None,
+                hw_handle: None,
+                sw_only: false,
+                rndv_req: None,
+                read: None,
+                received: 0,
+                total: 0,
+                source: 0,
+                tag: 0,
+            }),
+            result: None,
+            detached: false,
+        })
+    }
+
     /// Status of the oldest unexpected message matching, if any (no progress).
     pub(crate) fn probe_now(&self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<Status> {
         let (t, m) = matching::recv_key(ctx, src, tag);

@@ -52,6 +52,8 @@ pub(super) struct SendState {
 pub(super) enum ReqKind {
     Recv(RecvState),
     Send(SendState),
+    /// A non-blocking collective: its schedule in `Engine::nbc` (see `crate::nbc`).
+    Coll(Key),
 }
 
 /// One request's slot in the engine's slab (at most 320 bytes, see the README).
@@ -141,6 +143,10 @@ impl Engine {
         }
         req.detached = true;
         match &mut req.kind {
+            ReqKind::Coll(k) => {
+                let k = *k;
+                self.abandon_nbc(rid, k);
+            }
             ReqKind::Recv(r) => {
                 r.buf = None;
                 // The target of a single-copy read may be writing into the buffer: it must

@@ -42,3 +42,39 @@ impl Engine {
             + &self.heap_stats()
     }
 }
+
+impl Engine {
+    /// The counters of [`Engine::stats_line`] as a [`crate::Stats`].
+    pub(crate) fn stats(&self) -> crate::Stats {
+        let s = &self.st.stats;
+        let tm = self.st.tm.counters();
+        let mc = self.st.mr.stats();
+        crate::Stats {
+            rank: self.st.rank as u64,
+            msgs_sent: s.msgs_sent,
+            msgs_recv: s.msgs_recv,
+            bytes_sent: s.bytes_sent,
+            bytes_recv: s.bytes_recv,
+            eager: s.eager,
+            rndv: s.rndv,
+            hw_matched: tm.hw_matched,
+            sw_matched: s.sw_matched,
+            unexpected: s.unexpected,
+            tm_syncs: s.tm_syncs,
+            rndv_incomplete: tm.rndv_incomplete,
+            mr_cache_hits: mc.hits,
+            mr_cache_misses: mc.misses,
+            mr_cache_evictions: mc.evictions,
+            mr_cache_invalidations: mc.invalidations,
+            hw_unexpected: tm.unexpected,
+            tm_adds: tm.adds,
+            tm_dels: tm.dels,
+            tm_list_hwm: tm.list_hwm,
+            credit_rndv: s.credit_rndv,
+            ux_peak_bytes: s.ux_peak_bytes,
+            cma_reads: s.cma_reads,
+            cma_bytes: s.cma_bytes,
+            cma_fallbacks: s.cma_fallbacks,
+        }
+    }
+}

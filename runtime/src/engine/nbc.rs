@@ -1,0 +1,96 @@
+//! Non-blocking collectives, the engine's side: each one is a request of kind
+//! [`ReqKind::Coll`] whose schedule ([`crate::nbc::Sched`]) sits in [`Engine::nbc`] and is
+//! advanced by every round of progress while any is in flight. The schedules themselves (what
+//! to send, receive and combine, round by round) are in [`crate::nbc`].
+
+use super::*;
+use crate::nbc::Sched;
+
+impl Engine {
+    /// Registers `sched` and returns the request that completes when it has run to its end.
+    /// Its first round starts at once.
+    pub(crate) fn start_nbc(&mut self, mut sched: Sched) -> ReqId {
+        let k = self.nbc.vacant_key();
+        let rid = self.st.reqs.insert(Req { kind: ReqKind::Coll(k), result: None, detached: false });
+        sched.set_request(rid);
+        // A panic in a user operator must not drop a schedule whose transfers the engine
+        // still holds: they are abandoned first.
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.advance(self))) {
+            sched.abandon(self);
+            self.st.reqs.remove(rid);
+            std::panic::resume_unwind(p);
+        }
+        if sched.is_finished() {
+            return rid;
+        }
+        let got = self.nbc.insert(sched);
+        debug_assert_eq!(got, k, "the schedule slab handed out another key than it promised");
+        rid
+    }
+
+    /// Completes the request of a schedule with `r`.
+    pub(crate) fn complete_nbc(&mut self, rid: ReqId, r: Result<()>) {
+        let Some(req) = self.st.reqs.get_mut(rid) else { return };
+        if req.result.is_none() {
+            req.result = Some(r.map(|()| Status::sent()).map_err(Box::new));
+        }
+        if req.detached {
+            self.st.reqs.remove(rid);
+        }
+    }
+
+    /// Advances every schedule in flight; returns how many rounds moved on.
+    pub(super) fn progress_nbc(&mut self) -> Result<usize> {
+        // The schedules post and complete requests on this engine, so they are taken out while
+        // they run (a nested progress, from an abandon inside a schedule, sees none).
+        let mut active = std::mem::replace(&mut self.nbc, Slab::new());
+        let keys: Vec<Key> = active.keys().collect();
+        let mut n = 0;
+        for k in keys {
+            let Some(s) = active.get_mut(k) else { continue };
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.advance(self))) {
+                Ok(m) => n += m,
+                Err(p) => {
+                    // A user operator panicked: put every schedule back, so that the scope
+                    // that unwinds abandons their transfers before their memory goes.
+                    self.nbc = active;
+                    std::panic::resume_unwind(p);
+                }
+            }
+            if s.is_finished() {
+                active.remove(k);
+            }
+        }
+        debug_assert!(self.nbc.is_empty(), "a schedule was started during progress");
+        self.nbc = active;
+        Ok(n)
+    }
+
+    /// The request `rid` of schedule `k` is abandoned (its scope unwinds, or its wait failed):
+    /// its transfers are abandoned, so nothing touches the user's buffers any more, and the
+    /// slot is freed.
+    pub(super) fn abandon_nbc(&mut self, rid: ReqId, k: Key) {
+        if let Some(mut s) = self.nbc.remove(k) {
+            s.abandon(self);
+        }
+        self.st.reqs.remove(rid);
+    }
+
+    /// Liveness of schedule `k` for a waiter: if one of its transfers can no longer complete,
+    /// the collective fails now (its other members are told) and the waiter collects that.
+    pub(super) fn check_gone_nbc(&mut self, k: Key) -> Result<()> {
+        let subs = match self.nbc.get(k) {
+            Some(s) => s.pending(),
+            None => return Ok(()),
+        };
+        for sub in subs {
+            if let Err(e) = self.check_gone(&Need::Req(sub)) {
+                if let Some(mut s) = self.nbc.remove(k) {
+                    s.fail(self, e);
+                }
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
