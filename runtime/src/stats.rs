@@ -105,6 +105,12 @@ stats! {
     cma_bytes,
     /// Times the kernel refused CMA.
     cma_fallbacks,
+    /// Shared-heap reads and writes this rank granted or made (one `memcpy` each).
+    heap_grants,
+    /// Bytes moved through shared heaps.
+    heap_bytes,
+    /// Transfers that could not use a peer's shared heap (fell back to the rings or CMA).
+    heap_fallbacks,
 }
 
 impl Stats {

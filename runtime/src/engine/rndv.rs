@@ -442,12 +442,6 @@ impl Engine {
     pub(crate) fn shared_heap(&mut self) -> Option<std::sync::Arc<tmpi_transport::shm::heap::Heap>> {
         self.st.heaps.own()
     }
-
-    /// The shared-heap part of the `tmpi-stats` line.
-    pub(super) fn heap_stats(&self) -> String {
-        let h = &self.st.heaps;
-        format!(" heap_grants={} heap_bytes={} heap_fallbacks={}", h.grants_served, h.bytes, h.fallbacks)
-    }
 }
 
 #[cfg(test)]

@@ -27,19 +27,10 @@ pub(crate) struct Stats {
 }
 
 impl Engine {
-    /// The `tmpi-stats` line printed at finalize under `TMPI_STATS=1`.
+    /// The `tmpi-stats` line printed at finalize under `TMPI_STATS=1`: the `Display` form of
+    /// [`crate::Stats`], so the line and the typed counters can never disagree.
     pub(crate) fn stats_line(&self) -> String {
-        let s = &self.st.stats;
-        let tm = self.st.tm.counters();
-        let mc = self.st.mr.stats();
-        format!(
-            "tmpi-stats rank={} msgs_sent={} msgs_recv={} bytes_sent={} bytes_recv={} eager={} rndv={} hw_matched={} sw_matched={} unexpected={} tm_syncs={} rndv_incomplete={}",
-            self.st.rank, s.msgs_sent, s.msgs_recv, s.bytes_sent, s.bytes_recv, s.eager, s.rndv, tm.hw_matched, s.sw_matched, s.unexpected, s.tm_syncs, tm.rndv_incomplete
-        ) + &format!(
-            " mr_cache_hits={} mr_cache_misses={} mr_cache_evictions={} mr_cache_invalidations={} hw_unexpected={} tm_adds={} tm_dels={} tm_list_hwm={} credit_rndv={} ux_peak_bytes={}",
-            mc.hits, mc.misses, mc.evictions, mc.invalidations, tm.unexpected, tm.adds, tm.dels, tm.list_hwm, s.credit_rndv, s.ux_peak_bytes
-        ) + &format!(" cma_reads={} cma_bytes={} cma_fallbacks={}", s.cma_reads, s.cma_bytes, s.cma_fallbacks)
-            + &self.heap_stats()
+        self.stats().to_string()
     }
 }
 
@@ -75,6 +66,9 @@ impl Engine {
             cma_reads: s.cma_reads,
             cma_bytes: s.cma_bytes,
             cma_fallbacks: s.cma_fallbacks,
+            heap_grants: self.st.heaps.grants_served,
+            heap_bytes: self.st.heaps.bytes,
+            heap_fallbacks: self.st.heaps.fallbacks,
         }
     }
 }
