@@ -1,5 +1,7 @@
 //! Progress and waiting: one round of progress drives every queue and the fabric; waits spin,
 //! then yield, then sleep ([`Backoff`]), and look at the peers' liveness in the slow phase.
+//! On shared memory the sleep is on the rank's doorbell ([`Engine::idle`]): a peer that writes
+//! to the rank wakes it at once, so a sleeping rank costs no latency and no CPU.
 
 use super::*;
 
@@ -20,18 +22,29 @@ impl Backoff {
 
     /// Waits a little; returns true once in a while in the slow phase (time for liveness checks).
     pub(crate) fn snooze(&mut self) -> bool {
+        match self.step() {
+            Some(d) => {
+                std::thread::sleep(d);
+                true
+            }
+            None => self.idle % 256 == 0 && self.idle > self.spin,
+        }
+    }
+
+    /// One step of the back-off: spins or yields here (`None`), or says how long to sleep
+    /// (the caller sleeps, on a doorbell where it has one).
+    fn step(&mut self) -> Option<std::time::Duration> {
         self.idle = self.idle.saturating_add(1);
         let i = self.idle;
         if i <= self.spin {
             std::hint::spin_loop();
-            false
+            None
         } else if i <= self.spin + 2000 {
             std::thread::yield_now();
-            i % 256 == 0
+            None
         } else {
             let extra = (i - self.spin - 2000).min(20);
-            std::thread::sleep(std::time::Duration::from_micros(20 * u64::from(extra)));
-            true
+            Some(std::time::Duration::from_micros(20 * u64::from(extra)))
         }
     }
 }
@@ -78,12 +91,26 @@ impl Engine {
                 return r;
             }
             if self.progress()? == 0 {
-                if b.snooze() {
+                if self.idle(&mut b, |_| false) {
                     self.check_gone(&Need::Req(rid))?;
                 }
             } else {
                 b.reset();
             }
+        }
+    }
+
+    /// One step of `b`'s back-off; its sleep phase sleeps on this rank's doorbell (shared
+    /// memory) when nothing is queued to go out, unless `busy(segment)` says that something
+    /// the caller waits for is already there. Returns true when it is time for liveness
+    /// checks, as [`Backoff::snooze`].
+    pub(crate) fn idle(&mut self, b: &mut Backoff, busy: impl FnOnce(&tmpi_transport::shm::segment::Segment) -> bool) -> bool {
+        match b.step() {
+            Some(d) => {
+                self.doze(d, busy);
+                true
+            }
+            None => b.idle % 256 == 0 && b.idle > b.spin,
         }
     }
 
@@ -93,7 +120,7 @@ impl Engine {
         let mut b = self.backoff();
         while !done(self) {
             if self.progress()? == 0 {
-                if b.snooze() {
+                if self.idle(&mut b, |_| false) {
                     self.check_gone(need)?;
                 }
             } else {
