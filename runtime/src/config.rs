@@ -40,6 +40,8 @@ pub struct Config {
     pub single_copy: bool,
     /// `TMPI_SINGLE_COPY_MIN`.
     pub single_copy_min: usize,
+    /// `TMPI_SHM_COLL`: shared-memory collectives on.
+    pub shm_coll: bool,
 }
 
 impl Default for Config {
@@ -58,6 +60,7 @@ impl Default for Config {
             mr_cache_monitor_uffd: true,
             single_copy: true,
             single_copy_min: 1 << 20,
+            shm_coll: true,
         }
     }
 }
@@ -153,6 +156,13 @@ impl Config {
         }
         if let Some(v) = get("TMPI_SINGLE_COPY_MIN") {
             c.single_copy_min = num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize;
+        }
+        if let Some(v) = get("TMPI_SHM_COLL") {
+            c.shm_coll = match v.trim() {
+                "on" | "1" | "auto" | "" => true,
+                "off" | "0" => false,
+                _ => return Err(bad("TMPI_SHM_COLL", &v, "on or off")),
+            };
         }
         Ok(c)
     }

@@ -9,11 +9,20 @@ use super::*;
 pub(crate) struct Backoff {
     idle: u32,
     spin: u32,
+    /// Yields before the sleep phase.
+    yields: u32,
 }
+
+/// Yields before sleeping, in general.
+const YIELDS: u32 = 2000;
+/// Yields before sleeping on a doorbell when ranks outnumber cores: a yielding rank takes
+/// turns on the CPU from the ranks with work to do, and the doorbell wakes a sleeper as soon
+/// as something arrives, so sleeping early is cheaper for everyone.
+const YIELDS_DOORBELL_OVERSUBSCRIBED: u32 = 32;
 
 impl Backoff {
     pub(crate) fn new(spin: u32) -> Self {
-        Backoff { idle: 0, spin }
+        Backoff { idle: 0, spin, yields: YIELDS }
     }
 
     pub(crate) fn reset(&mut self) {
@@ -39,14 +48,20 @@ impl Backoff {
         if i <= self.spin {
             std::hint::spin_loop();
             None
-        } else if i <= self.spin + 2000 {
+        } else if i <= self.spin + self.yields {
             std::thread::yield_now();
             None
         } else {
-            let extra = (i - self.spin - 2000).min(20);
+            let extra = (i - self.spin - self.yields).min(20);
             Some(std::time::Duration::from_micros(20 * u64::from(extra)))
         }
     }
+}
+
+/// CPUs this process may use (read once).
+fn usable_cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(crate::sys::usable_cpus)
 }
 
 /// `test`/`iprobe` calls between two liveness checks.
@@ -132,7 +147,11 @@ impl Engine {
 
     /// A fresh back-off with this engine's spin budget.
     pub(crate) fn backoff(&self) -> Backoff {
-        Backoff::new(self.spin)
+        let mut b = Backoff::new(self.spin);
+        if matches!(self.fabric, Fabric::Shm(_)) && self.size > usable_cpus() {
+            b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED;
+        }
+        b
     }
 
     /// For loops that poll without blocking (`test`, `iprobe`): every so many idle calls,

@@ -109,6 +109,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd (uffd, memhooks and kdreg2 select it too) or disabled, which turns caching off (FI_MR_CACHE_MONITOR is read when unset)" },
     Knob { name: "TMPI_SINGLE_COPY", default: "cma", meaning: "how rendezvous data moves once the sender's key check passed: cma = one kernel copy where the kernel permits it (the reader process_vm_readv's the first half, the sender process_vm_writev's the second half from 128 KiB on), else (and with none) a pipelined copy through the shared-memory rings" },
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "1048576", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster below 1 MiB on cache-resident data (>= 0)" },
+    Knob { name: "TMPI_SHM_COLL", default: "on", meaning: "on: barrier, bcast, reduce and allreduce of communicators of 2 to 64 ranks go through flags and slots in the shared-memory segment (up to 4 KiB of data; larger calls agree there, then use point-to-point); off: point-to-point algorithms only; must be the same on every rank (on or off)" },
 ];
 
 /// What `tmpirun` told this rank through its environment.
