@@ -30,7 +30,9 @@ impl Backoff {
     }
 
     /// Waits a little; returns true once in a while in the slow phase (time for liveness checks).
+    /// Its sleep is a plain sleep, which nothing cuts short: it keeps the long yield phase.
     pub(crate) fn snooze(&mut self) -> bool {
+        self.yields = YIELDS;
         match self.step() {
             Some(d) => {
                 std::thread::sleep(d);
@@ -121,6 +123,11 @@ impl Engine {
     /// checks, as [`Backoff::snooze`].
     pub(crate) fn idle(&mut self, b: &mut Backoff, busy: impl FnOnce(&tmpi_transport::shm::segment::Segment) -> bool) -> bool {
         match b.step() {
+            // Only a doorbell makes an early sleep cheap: without one, yield as long as usual.
+            Some(_) if b.idle <= b.spin + YIELDS && !self.can_doze() => {
+                std::thread::yield_now();
+                b.idle % 256 == 0
+            }
             Some(d) => {
                 self.doze(d, busy);
                 true

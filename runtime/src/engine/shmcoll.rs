@@ -21,15 +21,21 @@ impl Engine {
         }
     }
 
-    /// Sleeps for at most `d`: on the doorbell when the fabric is shared memory and nothing
-    /// waits to go out (a rank with queued work waits for ring space, which no bell
-    /// announces), otherwise a plain sleep. `busy` is asked after the sleep is announced.
-    pub(super) fn doze(&mut self, d: std::time::Duration, busy: impl FnOnce(&Segment) -> bool) {
-        let quiet = self.out_pending == 0
+    /// Whether a sleep now can be on the doorbell: the fabric is shared memory and nothing
+    /// waits to go out (a rank with queued work waits for ring space, which no bell announces).
+    pub(super) fn can_doze(&self) -> bool {
+        matches!(self.fabric, Fabric::Shm(_))
+            && self.out_pending == 0
             && self.st.ctlq.is_empty()
             && self.st.rma_out.is_empty()
             && self.st.cma_w.is_empty()
-            && self.st.cma_q.is_empty();
+            && self.st.cma_q.is_empty()
+    }
+
+    /// Sleeps for at most `d`: on the doorbell when [`Engine::can_doze`], otherwise a plain
+    /// sleep. `busy` is asked after the sleep is announced.
+    pub(super) fn doze(&mut self, d: std::time::Duration, busy: impl FnOnce(&Segment) -> bool) {
+        let quiet = self.can_doze();
         match &mut self.fabric {
             Fabric::Shm(f) if quiet => f.doze(d, busy),
             _ => std::thread::sleep(d),
