@@ -9,7 +9,7 @@
 //! ```
 //!
 //! A collective context serves the shared-memory collectives of one communicator at a time:
-//! a [`CollHdr`] (allocation generation and reference count on one cache line; the leader's
+//! a `CollHdr` (allocation generation and reference count on one cache line; the leader's
 //! release word and status on the next), then for each of `min(nranks, COLL_MAX_RANKS)`
 //! communicator ranks two slots (used by alternate collective calls), each a cache line of
 //! header ([`SlotHdr`]: the rank's arrival word and three words of call description) and
