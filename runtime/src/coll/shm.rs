@@ -78,12 +78,13 @@ const KIND_BAD: u64 = 0x7f;
 /// Set in the kind of a handshake (data too large for a slot; point-to-point follows).
 const KIND_HANDSHAKE: u64 = 0x80;
 
-/// Status of a released call: fine.
-const ST_OK: u64 = 0;
-/// Status: the world rank in the low half departed.
-const ST_GONE: u64 = 1 << 32;
+/// Status of a released call (low half of its status word; the high half is the call's
+/// sequence number): fine.
+const ST_OK: u32 = 0;
 /// Status: ranks described different calls (erroneous program).
-const ST_MISMATCH: u64 = 2 << 32;
+const ST_MISMATCH: u32 = 1;
+/// Status: world rank `status - ST_GONE` departed.
+const ST_GONE: u32 = 2;
 
 /// Gives a new communicator its collective context (collective over `comm`): its rank 0 takes
 /// one from the pool and broadcasts the choice. Communicators that cannot use one (another
@@ -291,13 +292,21 @@ impl<'a> Call<'a> {
                 slot.flag.store(flag, Release);
             }
             e.shm_wake(self.comm.world_rank(0));
-            self.wait(e, |seg| (seg.coll_release(ctx).0.load(Acquire) != flag).then_some(0))?;
-            let status = shm(e)?.coll_release(ctx).1.load(Relaxed);
-            return match status {
+            self.wait(e, |seg| (!released(seg.coll_release(ctx).0.load(Acquire), flag)).then_some(0))?;
+            let word = shm(e)?.coll_release(ctx).1[par].load(Relaxed);
+            let code = word as u32;
+            if (word >> 32) as u32 != flag as u32 {
+                // The leader has ended two more calls since: the one after this failed (it
+                // did not wait for this rank), so a rank departed. This call's own outcome is
+                // gone; report the departure.
+                let rank = if code >= ST_GONE { (code - ST_GONE) as usize } else { self.comm.world_rank(0) };
+                return Err(Error::PeerGone { rank });
+            }
+            return match code {
                 ST_OK => Ok(()),
                 ST_MISMATCH => Err(mismatch()),
-                s if s & !0xffff_ffff == ST_GONE => Err(Error::PeerGone { rank: (s & 0xffff_ffff) as usize }),
-                _ => Err(Error::State(format!("shared-memory collective: unknown status {status:#x}"))),
+                c if c >= ST_GONE => Err(Error::PeerGone { rank: (c - ST_GONE) as usize }),
+                _ => Err(Error::State(format!("shared-memory collective: unknown status {code:#x}"))),
             };
         }
         let mut next = 1;
@@ -326,15 +335,15 @@ impl<'a> Call<'a> {
             Ok(()) => combine(shm(e)?),
             err => err,
         };
-        let status = match &outcome {
+        let code = match &outcome {
             Ok(()) => ST_OK,
-            Err(Error::PeerGone { rank }) => ST_GONE | (*rank as u64 & 0xffff_ffff),
+            Err(Error::PeerGone { rank }) => ST_GONE.saturating_add(u32::try_from(*rank).unwrap_or(u32::MAX - ST_GONE)),
             Err(_) => ST_MISMATCH,
         };
         {
             let seg = shm(e)?;
             let (release, st) = seg.coll_release(ctx);
-            st.store(status, Relaxed);
+            st[par].store((flag & 0xffff_ffff) << 32 | u64::from(code), Relaxed);
             release.store(flag, Release);
         }
         for j in 1..n {
@@ -374,6 +383,13 @@ impl<'a> Call<'a> {
             }
         }
     }
+}
+
+/// Whether release word `rel` says the call with flag value `flag` has ended: same
+/// generation, and its sequence number is this call's or a later one (after a failure the
+/// leader may end the next call before this rank saw the release of this one).
+fn released(rel: u64, flag: u64) -> bool {
+    rel >> 32 == flag >> 32 && (rel as u32).wrapping_sub(flag as u32) as i32 >= 0
 }
 
 fn shm(e: &Engine) -> Result<&Segment> {

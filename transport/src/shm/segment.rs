@@ -10,7 +10,7 @@
 //!
 //! A collective context serves the shared-memory collectives of one communicator at a time:
 //! a `CollHdr` (allocation generation and reference count on one cache line; the leader's
-//! release word and status on the next), then for each of `min(nranks, COLL_MAX_RANKS)`
+//! release word and two status words on the next), then for each of `min(nranks, COLL_MAX_RANKS)`
 //! communicator ranks two slots (used by alternate collective calls), each a cache line of
 //! header ([`SlotHdr`]: the rank's arrival word and three words of call description) and
 //! [`COLL_SLOT_BYTES`] of data. Context 0 belongs to the world communicator for the whole job;
@@ -110,9 +110,11 @@ struct CollHdr {
     _pad0: [u8; 120],
     /// The leader's release word: generation << 32 | sequence number of the last call it ended.
     release: AtomicU64,
-    /// How that call ended (written before `release`); its meaning is the runtime's.
-    status: AtomicU64,
-    _pad1: [u8; 112],
+    /// How the last call of each parity ended (written before `release`); its meaning is the
+    /// runtime's. One per parity, so that ending a call never overwrites the outcome of the
+    /// previous one, which a slow rank may still be about to read.
+    status: [AtomicU64; 2],
+    _pad1: [u8; 104],
 }
 
 const _: () = assert!(std::mem::size_of::<CollHdr>() == 256);
@@ -437,8 +439,8 @@ impl Segment {
         });
     }
 
-    /// The leader's release word and status word of context `ctx`.
-    pub fn coll_release(&self, ctx: usize) -> (&AtomicU64, &AtomicU64) {
+    /// The leader's release word and status words (one per parity) of context `ctx`.
+    pub fn coll_release(&self, ctx: usize) -> (&AtomicU64, &[AtomicU64; 2]) {
         let h = self.coll_hdr(ctx);
         (&h.release, &h.status)
     }
