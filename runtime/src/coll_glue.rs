@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use bytemuck::Pod;
 
-use crate::coll::{self, CollP2p};
+use crate::coll::{self, shm, CollP2p};
 use crate::comm::{Comm, CommInner};
 use crate::error::{Error, Result};
 use crate::op::{Op, Reducible};
@@ -18,6 +18,8 @@ use crate::Rank;
 pub(crate) struct CollCtx<'a> {
     comm: &'a Comm,
     seq: u32,
+    /// The whole sequence number (shared-memory collectives use all 32 bits).
+    full: u32,
 }
 
 impl<'a> CollCtx<'a> {
@@ -26,7 +28,12 @@ impl<'a> CollCtx<'a> {
     pub(crate) fn new(comm: &'a Comm) -> Self {
         let seq = comm.inner.coll_seq.get();
         comm.inner.coll_seq.set(seq.wrapping_add(1));
-        CollCtx { comm, seq: seq & 0xffff }
+        CollCtx { comm, seq: seq & 0xffff, full: seq }
+    }
+
+    /// The call on the communicator's shared-memory collective context, if it has one.
+    fn shm(&self) -> Option<shm::Call<'a>> {
+        shm::Call::new(self.comm, self.full)
     }
 
     /// Ends the call with `r`: if it failed because a rank departed, the other members are
@@ -106,7 +113,17 @@ impl Comm {
     /// Builds a communicator on agreed id `id` (and takes the id on this rank).
     fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<Rc<[usize]>>) -> Comm {
         self.eng().comm_ids.take(id);
-        Comm { inner: Rc::new(CommInner { eng: self.inner.eng.clone(), coll_seq: Default::default(), id, rank, size, members }) }
+        Comm {
+            inner: Rc::new(CommInner {
+                eng: self.inner.eng.clone(),
+                coll_seq: Default::default(),
+                shm: Default::default(),
+                id,
+                rank,
+                size,
+                members,
+            }),
+        }
     }
 
     /// A new communicator with the same ranks and a fresh context (collective).
@@ -115,7 +132,9 @@ impl Comm {
     /// [`Error::PeerGone`]; [`Error::State`] when communicator ids run out.
     pub fn dup(&self) -> Result<Comm> {
         let id = self.agree_comm_id()?;
-        Ok(self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone()))
+        let c = self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone());
+        shm::assign(&c)?;
+        Ok(c)
     }
 
     /// Splits into one communicator per color, ranks ordered by `key` then old rank (collective).
@@ -137,7 +156,9 @@ impl Comm {
         let rank = group.iter().position(|&(_, r)| r == self.rank()).ok_or_else(|| Error::State("split lost this rank".into()))?;
         let members: Rc<[usize]> = group.iter().map(|&(_, r)| self.world_rank(r)).collect();
         let size = members.len();
-        Ok(Some(self.with_id(id, rank, size, Some(members))))
+        let c = self.with_id(id, rank, size, Some(members));
+        shm::assign(&c)?;
+        Ok(Some(c))
     }
 
     /// Blocks until every rank has called it.
@@ -146,6 +167,9 @@ impl Comm {
     /// [`Error::PeerGone`].
     pub fn barrier(&self) -> Result<()> {
         let c = CollCtx::new(self);
+        if let Some(s) = c.shm() {
+            return c.finish(s.barrier());
+        }
         c.finish(coll::barrier(&c))
     }
 
@@ -155,7 +179,18 @@ impl Comm {
     /// [`Error::InvalidRoot`]; [`Error::Truncated`] when ranks pass different lengths.
     pub fn bcast<T: Pod>(&self, buf: &mut [T], root: Rank) -> Result<()> {
         let c = CollCtx::new(self);
-        c.finish(coll::bcast(&c, bytemuck::cast_slice_mut(buf), root))
+        let buf: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        if let Some(s) = c.shm() {
+            if let Err(e) = coll::check_root(root, self.size()) {
+                s.refuse()?;
+                return Err(e);
+            }
+            c.finish(s.bcast(buf, root))?;
+            if buf.len() <= shm::SHM_MAX_BYTES {
+                return Ok(());
+            }
+        }
+        c.finish(coll::bcast(&c, buf, root))
     }
 
     /// Combines `send` of every rank with `op` into `recv` at `root` (`None` elsewhere).
@@ -164,6 +199,19 @@ impl Comm {
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn reduce<T: Pod + Reducible>(&self, send: &[T], recv: Option<&mut [T]>, op: Op, root: Rank) -> Result<()> {
         let c = CollCtx::new(self);
+        if let Some(s) = c.shm() {
+            let is_root = self.rank() == root;
+            if let Err(e) = shm::check_reduce(send, recv.as_deref(), op, root, self.size(), is_root) {
+                s.refuse()?;
+                return Err(e);
+            }
+            let recv = if is_root { recv } else { None };
+            if std::mem::size_of_val(send) <= shm::SHM_MAX_BYTES {
+                return c.finish(s.reduce(send, recv, op, root, false));
+            }
+            c.finish(s.reduce::<T>(send, None, op, root, false))?;
+            return c.finish(coll::reduce(&c, send, recv, op, root));
+        }
         c.finish(coll::reduce(&c, send, recv, op, root))
     }
 
@@ -173,6 +221,16 @@ impl Comm {
     /// [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn allreduce<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
         let c = CollCtx::new(self);
+        if let Some(s) = c.shm() {
+            if let Err(e) = shm::check_reduce(send, Some(recv), op, 0, self.size(), true) {
+                s.refuse()?;
+                return Err(e);
+            }
+            if std::mem::size_of_val(send) <= shm::SHM_MAX_BYTES {
+                return c.finish(s.reduce(send, Some(recv), op, 0, true));
+            }
+            c.finish(s.reduce::<T>(send, None, op, 0, true))?;
+        }
         c.finish(coll::allreduce(&c, send, recv, op))
     }
 

@@ -95,6 +95,8 @@ pub(crate) struct CommInner {
     /// Collectives started on this communicator: their sequence number goes into every tag
     /// they use, so one collective's messages never match another's.
     pub(crate) coll_seq: std::cell::Cell<u32>,
+    /// The communicator's context for shared-memory collectives (see [`crate::coll::shm`]).
+    pub(crate) shm: std::cell::Cell<crate::coll::shm::Slot>,
     /// Communicator id; user traffic uses context `2 * id`, collectives `2 * id + 1`.
     pub(crate) id: u32,
     pub(crate) rank: Rank,
@@ -109,6 +111,7 @@ impl Drop for CommInner {
         // they hold it; if it ever were, the id would merely stay taken.
         if let Ok(mut e) = self.eng.try_borrow_mut() {
             e.comm_ids.free(self.id);
+            crate::coll::shm::release(&e, self.shm.get());
         }
     }
 }

@@ -48,6 +48,8 @@ pub struct Config {
     /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
     /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
     pub shared_heap: usize,
+    /// `TMPI_SHM_COLL`: shared-memory collectives on.
+    pub shm_coll: bool,
 }
 
 impl Default for Config {
@@ -71,6 +73,7 @@ impl Default for Config {
             // bench/results/large-2026-11-24.md): single copy only beyond.
             single_copy_min: 128 << 20,
             shared_heap: 1 << 30,
+            shm_coll: true,
         }
     }
 }
@@ -179,6 +182,13 @@ impl Config {
         if let Some(v) = get("TMPI_SHARED_HEAP") {
             let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
             c.shared_heap = if n == 0 { 0 } else { n.max(1 << 16) };
+        }
+        if let Some(v) = get("TMPI_SHM_COLL") {
+            c.shm_coll = match v.trim() {
+                "on" | "1" | "auto" | "" => true,
+                "off" | "0" => false,
+                _ => return Err(bad("TMPI_SHM_COLL", &v, "on or off")),
+            };
         }
         Ok(c)
     }

@@ -98,7 +98,15 @@ fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>) -> World {
     let rank = eng.rank();
     let size = eng.size();
     let comm = Comm {
-        inner: Rc::new(CommInner { eng: Rc::new(RefCell::new(eng)), coll_seq: Default::default(), id: 0, rank, size, members: None }),
+        inner: Rc::new(CommInner {
+            eng: Rc::new(RefCell::new(eng)),
+            coll_seq: Default::default(),
+            shm: Default::default(),
+            id: 0,
+            rank,
+            size,
+            members: None,
+        }),
     };
     World { comm, bootstrap: RefCell::new(bootstrap), finalized: false, from_init: false }
 }

@@ -64,6 +64,7 @@ mod barrier;
 mod bcast;
 mod gather;
 mod reduce;
+pub(crate) mod shm;
 pub mod vcoll;
 
 #[cfg(test)]
@@ -168,7 +169,7 @@ pub const ALLGATHER_BRUCK_BYTES: usize = 80 * 1024;
 // ---- shared helpers ------------------------------------------------------------------------
 
 /// Checks `root < size`.
-fn check_root(root: usize, size: usize) -> Result<()> {
+pub(crate) fn check_root(root: usize, size: usize) -> Result<()> {
     if root < size {
         Ok(())
     } else {

@@ -15,6 +15,7 @@
 //! | [`requests`] | request naming, completion, cancel and abandon |
 //! | [`leave`] | finalize, departed peers (`PeerGone`), collective aborts |
 //! | [`fabric`] | the fabric and how its peers stand |
+//! | [`shmcoll`] | hooks of the shared-memory collectives and the doorbell |
 //! | [`stats`] | `TMPI_STATS=1` counters |
 //!
 //! Everything that moves happens in [`Engine::progress`]: queued sends are pushed into the
@@ -73,6 +74,7 @@ mod progress;
 mod recv;
 mod requests;
 mod rndv;
+mod shmcoll;
 mod single_copy;
 mod stats;
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! Progress and waiting: one round of progress drives every queue and the fabric; waits spin,
 //! then yield, then sleep ([`Backoff`]), and look at the peers' liveness in the slow phase.
+//! On shared memory the sleep is on the rank's doorbell ([`Engine::idle`]): a peer that writes
+//! to the rank wakes it at once, so a sleeping rank costs no latency and no CPU.
 
 use super::*;
 
@@ -7,11 +9,20 @@ use super::*;
 pub(crate) struct Backoff {
     idle: u32,
     spin: u32,
+    /// Yields before the sleep phase.
+    yields: u32,
 }
+
+/// Yields before sleeping, in general.
+const YIELDS: u32 = 2000;
+/// Yields before sleeping on a doorbell when ranks outnumber cores: a yielding rank takes
+/// turns on the CPU from the ranks with work to do, and the doorbell wakes a sleeper as soon
+/// as something arrives, so sleeping early is cheaper for everyone.
+const YIELDS_DOORBELL_OVERSUBSCRIBED: u32 = 32;
 
 impl Backoff {
     pub(crate) fn new(spin: u32) -> Self {
-        Backoff { idle: 0, spin }
+        Backoff { idle: 0, spin, yields: YIELDS }
     }
 
     pub(crate) fn reset(&mut self) {
@@ -19,21 +30,40 @@ impl Backoff {
     }
 
     /// Waits a little; returns true once in a while in the slow phase (time for liveness checks).
+    /// Its sleep is a plain sleep, which nothing cuts short: it keeps the long yield phase.
     pub(crate) fn snooze(&mut self) -> bool {
+        self.yields = YIELDS;
+        match self.step() {
+            Some(d) => {
+                std::thread::sleep(d);
+                true
+            }
+            None => self.idle % 256 == 0 && self.idle > self.spin,
+        }
+    }
+
+    /// One step of the back-off: spins or yields here (`None`), or says how long to sleep
+    /// (the caller sleeps, on a doorbell where it has one).
+    fn step(&mut self) -> Option<std::time::Duration> {
         self.idle = self.idle.saturating_add(1);
         let i = self.idle;
         if i <= self.spin {
             std::hint::spin_loop();
-            false
-        } else if i <= self.spin + 2000 {
+            None
+        } else if i <= self.spin + self.yields {
             std::thread::yield_now();
-            i % 256 == 0
+            None
         } else {
-            let extra = (i - self.spin - 2000).min(20);
-            std::thread::sleep(std::time::Duration::from_micros(20 * u64::from(extra)));
-            true
+            let extra = (i - self.spin - self.yields).min(20);
+            Some(std::time::Duration::from_micros(20 * u64::from(extra)))
         }
     }
+}
+
+/// CPUs this process may use (read once).
+fn usable_cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(crate::sys::usable_cpus)
 }
 
 /// `test`/`iprobe` calls between two liveness checks.
@@ -81,12 +111,31 @@ impl Engine {
                 return r;
             }
             if self.progress()? == 0 {
-                if b.snooze() {
+                if self.idle(&mut b, |_| false) {
                     self.check_gone(&Need::Req(rid))?;
                 }
             } else {
                 b.reset();
             }
+        }
+    }
+
+    /// One step of `b`'s back-off; its sleep phase sleeps on this rank's doorbell (shared
+    /// memory) when nothing is queued to go out, unless `busy(segment)` says that something
+    /// the caller waits for is already there. Returns true when it is time for liveness
+    /// checks, as [`Backoff::snooze`].
+    pub(crate) fn idle(&mut self, b: &mut Backoff, busy: impl FnOnce(&tmpi_transport::shm::segment::Segment) -> bool) -> bool {
+        match b.step() {
+            // Only a doorbell makes an early sleep cheap: without one, yield as long as usual.
+            Some(_) if b.idle <= b.spin + YIELDS && !self.can_doze() => {
+                std::thread::yield_now();
+                b.idle % 256 == 0
+            }
+            Some(d) => {
+                self.doze(d, busy);
+                true
+            }
+            None => b.idle % 256 == 0 && b.idle > b.spin,
         }
     }
 
@@ -96,7 +145,7 @@ impl Engine {
         let mut b = self.backoff();
         while !done(self) {
             if self.progress()? == 0 {
-                if b.snooze() {
+                if self.idle(&mut b, |_| false) {
                     self.check_gone(need)?;
                 }
             } else {
@@ -108,7 +157,11 @@ impl Engine {
 
     /// A fresh back-off with this engine's spin budget.
     pub(crate) fn backoff(&self) -> Backoff {
-        Backoff::new(self.spin)
+        let mut b = Backoff::new(self.spin);
+        if matches!(self.fabric, Fabric::Shm(_)) && self.size > usable_cpus() {
+            b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED;
+        }
+        b
     }
 
     /// For loops that poll without blocking (`test`, `iprobe`): every so many idle calls,

@@ -115,6 +115,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_TCP_IF", default: "auto", meaning: "interface name (eth0) or IP address the TCP fabric listens on; auto = loopback when all ranks run on one host, else the first IPv4 address of an interface that is up and not loopback (never the wildcard address)" },
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "134217728", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster than CMA at every size up to 64 MiB (bench/results/large-2026-11-24.md) (>= 0)" },
     Knob { name: "TMPI_SHARED_HEAP", default: "1073741824", meaning: "bytes of address space of each rank's shared heap (World::alloc_shared), a memory file that peers map on first use so a rendezvous from or into it is one plain memcpy; pages are taken only as blocks are written; 0 turns it off (allocations are then private memory) (0..=2^40; at least 65536 when not 0)" },
+    Knob { name: "TMPI_SHM_COLL", default: "on", meaning: "on: barrier, bcast, reduce and allreduce of communicators of 2 to 64 ranks go through flags and slots in the shared-memory segment (up to 4 KiB of data; larger calls agree there, then use point-to-point); off: point-to-point algorithms only; must be the same on every rank (on or off)" },
 ];
 
 /// What `tmpirun` told this rank through its environment.

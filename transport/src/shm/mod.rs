@@ -5,6 +5,16 @@
 //! - [`cma`]: single-copy transfers between processes (process_vm_readv/writev).
 //! - [`heap`]: the shared heap, memory of one rank that peers map and copy with memcpy.
 //! - [`ring`]: the lock-free single-producer/single-consumer ring of variable-size records.
+//! - [`futex`]: the doorbell's sleep and wake (Linux futexes on words of the segment).
+//!
+//! Doorbells: a rank with nothing to do for a while sleeps in the kernel ([`ShmFabric::doze`])
+//! instead of polling, and whoever writes to it wakes it: a packet into its ring
+//! ([`ShmFabric::try_send`]) or a collective flag ([`ShmFabric::wake`]). The writer looks at
+//! the sleeper's `sleeping` word and makes the system call only when it is set, so a rank
+//! that is not asleep costs its peers one load per packet. The sleeper sets `sleeping`, then
+//! looks for work once more, then sleeps with a timeout: a wake-up is lost only when a
+//! packet's store and the sender's load of `sleeping` pass each other in the store buffers
+//! (the ring path has no fence, to keep it cheap), and then the timeout ends the sleep.
 //!
 //! [`ShmFabric`] ties them together for one rank: it sends packets into the ring of each
 //! destination and polls the rings of every source. It is the only place with `unsafe` in
@@ -15,6 +25,7 @@
 //! rather than read out of bounds.
 
 pub mod cma;
+pub mod futex;
 pub mod heap;
 pub mod ring;
 pub mod segment;
@@ -23,6 +34,7 @@ use crate::error::{Error, Result};
 use crate::fabric::Packet;
 use ring::{Consumer, Producer};
 use segment::Segment;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// One rank's view of the job's shared-memory fabric.
 pub struct ShmFabric {
@@ -139,10 +151,58 @@ impl ShmFabric {
     /// `dest` is this rank or out of range, or the packet is larger than [`Self::max_packet`].
     #[inline]
     pub fn try_send(&mut self, dest: usize, flags: u8, total_len: u64, parts: &[&[u8]]) -> Result<bool> {
-        match self.tx.get_mut(dest) {
-            Some(Some(p)) => p.try_push(flags, total_len, parts),
-            _ => Err(Error::InvalidArgument(format!("no ring from rank {} to {dest}", self.rank))),
+        let pushed = match self.tx.get_mut(dest) {
+            Some(Some(p)) => p.try_push(flags, total_len, parts)?,
+            _ => return Err(Error::InvalidArgument(format!("no ring from rank {} to {dest}", self.rank))),
+        };
+        if pushed {
+            let (sleeping, bell) = self.seg.doorbell(dest);
+            if sleeping.load(Ordering::Relaxed) != 0 {
+                ring_bell(bell);
+            }
         }
+        Ok(pushed)
+    }
+
+    /// The job's segment (collective contexts, doorbells).
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// Wakes rank `rank` if it sleeps on its doorbell; call after a store it may wait for
+    /// (a collective flag). Fenced, so the store is visible before `sleeping` is read: the
+    /// wake-up cannot be lost.
+    pub fn wake(&self, rank: usize) {
+        if rank >= self.size {
+            return;
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let (sleeping, bell) = self.seg.doorbell(rank);
+        if sleeping.load(Ordering::Relaxed) != 0 {
+            ring_bell(bell);
+        }
+    }
+
+    /// Sleeps on this rank's doorbell for at most `timeout`, unless a packet waits in a ring
+    /// or `busy(segment)` says there is something to do (it is asked after the rank announced
+    /// its sleep, so whatever a peer writes after that rings the bell). Any wake-up, timeout
+    /// or signal ends it; the caller re-checks what it waits for.
+    pub fn doze(&mut self, timeout: std::time::Duration, busy: impl FnOnce(&Segment) -> bool) {
+        let (sleeping, bell) = self.seg.doorbell(self.rank);
+        let seen = bell.load(Ordering::Acquire);
+        sleeping.store(1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let mut idle = true;
+        for c in self.rx.iter_mut().flatten() {
+            if !matches!(c.peek(), Ok(None)) {
+                idle = false;
+                break;
+            }
+        }
+        if idle && !busy(&self.seg) {
+            futex::wait(bell, seen, timeout);
+        }
+        sleeping.store(0, Ordering::Relaxed);
     }
 
     /// Delivers at most one packet from each source that has one, round-robin, to `f`;
@@ -176,6 +236,13 @@ impl ShmFabric {
         self.next_src = if self.next_src + 1 >= n { 0 } else { self.next_src + 1 };
         Ok(delivered)
     }
+}
+
+/// Wakes the sleeper on `bell`.
+#[cold]
+fn ring_bell(bell: &AtomicU32) {
+    bell.fetch_add(1, Ordering::Release);
+    futex::wake(bell);
 }
 
 impl Drop for ShmFabric {

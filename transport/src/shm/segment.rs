@@ -2,10 +2,25 @@
 //!
 //! ```text
 //! offset 0                 SegHeader (128 bytes: magic, version, geometry, ready flag)
-//! offset 128               RankCtl[nranks] (128 bytes each: pid)
+//! offset 128               RankCtl[nranks] (128 bytes each: pid, departure, doorbell)
+//! coll_off                 COLL_CONTEXTS collective contexts (see below)
 //! rings_off (128-aligned)  nranks * nranks rings, ring (dst, src) at index dst * nranks + src,
 //!                          each a RingCtl (256 bytes) and ring_size bytes of data
 //! ```
+//!
+//! A collective context serves the shared-memory collectives of one communicator at a time:
+//! a `CollHdr` (allocation generation and reference count on one cache line; the leader's
+//! release word and two status words on the next), then for each of `min(nranks, COLL_MAX_RANKS)`
+//! communicator ranks two slots (used by alternate collective calls), each a cache line of
+//! header ([`SlotHdr`]: the rank's arrival word and three words of call description) and
+//! [`COLL_SLOT_BYTES`] of data. Context 0 belongs to the world communicator for the whole job;
+//! the others are taken and given back by communicators as they are created and dropped
+//! ([`Segment::coll_alloc`], [`Segment::coll_free`]).
+//!
+//! The doorbell of a rank is a pair of words in its `RankCtl`: `sleeping`, set while the rank
+//! is about to sleep or sleeps, and `bell`, the futex word it sleeps on. A rank that writes
+//! something another rank waits for (a ring record, a collective flag) rings the bell only if
+//! `sleeping` is set, so the common case costs one load.
 //!
 //! All positions are offsets from the start of the mapping, never pointers. The creator
 //! writes the header and sets `ready` last (release); openers check magic, version, geometry
@@ -32,7 +47,7 @@ use crate::error::{Error, Result};
 /// "TMPISHM\0" as a big-endian integer.
 pub const MAGIC: u64 = u64::from_be_bytes(*b"TMPISHM\0");
 /// Layout version; bump on any change of this file's layout or of the ring format.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// `gone` value of a rank that detached without finalizing.
 pub const GONE_DETACHED: u32 = 1;
 /// `gone` value of a rank that finalized cleanly.
@@ -64,12 +79,68 @@ struct RankCtl {
     /// 0 while attached; [`GONE_FINALIZED`] once the rank finalized cleanly; otherwise
     /// [`GONE_DETACHED`] once it detached (its fabric was dropped). Written by that rank.
     gone: AtomicU32,
-    _pad: [u8; 120],
+    /// Non-zero while the rank is about to sleep or sleeps on `bell`. Written by that rank.
+    sleeping: AtomicU32,
+    /// Futex word of the rank's doorbell: bumped by whoever wakes it.
+    bell: AtomicU32,
+    _pad: [u8; 112],
 }
 
 const _: () = assert!(std::mem::size_of::<RankCtl>() == 128);
 
 const RING_STRIDE_HDR: usize = std::mem::size_of::<RingCtl>();
+
+/// Collective contexts in a segment (context 0 is the world communicator's).
+pub const COLL_CONTEXTS: usize = 16;
+/// Largest communicator the shared-memory collectives serve (larger ones use point-to-point).
+pub const COLL_MAX_RANKS: usize = 64;
+/// Bytes of data in one collective slot: the largest payload of a shared-memory collective.
+pub const COLL_SLOT_BYTES: usize = 4096;
+/// `refs` of a context that is never given back (the world's).
+const COLL_PERMANENT: u32 = u32::MAX;
+
+/// Header of a collective context.
+#[repr(C, align(128))]
+struct CollHdr {
+    /// Bumped each time the context is taken; goes into the high half of every flag value, so
+    /// a flag left by an earlier user never equals one of the current user's.
+    gen: AtomicU32,
+    /// Members that still hold the context (0: free).
+    refs: AtomicU32,
+    _pad0: [u8; 120],
+    /// The leader's release word: generation << 32 | sequence number of the last call it ended.
+    release: AtomicU64,
+    /// How the last call of each parity ended (written before `release`); its meaning is the
+    /// runtime's. One per parity, so that ending a call never overwrites the outcome of the
+    /// previous one, which a slow rank may still be about to read.
+    status: [AtomicU64; 2],
+    _pad1: [u8; 104],
+}
+
+const _: () = assert!(std::mem::size_of::<CollHdr>() == 256);
+
+/// Header of one slot of a collective context.
+#[repr(C, align(128))]
+pub struct SlotHdr {
+    /// The owner's arrival word: generation << 32 | sequence number of its last call.
+    pub flag: AtomicU64,
+    /// The owner's description of the call (written before `flag`); meaning is the runtime's.
+    pub meta: [AtomicU64; 3],
+    _pad: [u8; 96],
+}
+
+const _: () = assert!(std::mem::size_of::<SlotHdr>() == 128);
+
+const SLOT_STRIDE: usize = std::mem::size_of::<SlotHdr>() + COLL_SLOT_BYTES;
+
+/// Ranks with slots in each collective context.
+fn coll_ranks_for(nranks: usize) -> usize {
+    nranks.min(COLL_MAX_RANKS)
+}
+
+fn coll_ctx_stride(nranks: usize) -> usize {
+    std::mem::size_of::<CollHdr>() + coll_ranks_for(nranks) * 2 * SLOT_STRIDE
+}
 
 /// A mapped segment.
 pub struct Segment {
@@ -94,7 +165,8 @@ fn geometry(nranks: usize, ring_size: usize) -> Result<(usize, usize)> {
     if !ring_size.is_power_of_two() || !(4096..=(1 << 30)).contains(&ring_size) {
         return Err(Error::InvalidArgument(format!("ring size {ring_size}: must be a power of two from 4096 to 1 GiB")));
     }
-    let rings_off = (128 + nranks * 128).next_multiple_of(128);
+    let coll_off = 128 + nranks * 128;
+    let rings_off = (coll_off + COLL_CONTEXTS * coll_ctx_stride(nranks)).next_multiple_of(128);
     let total = nranks
         .checked_mul(nranks)
         .and_then(|r| r.checked_mul(RING_STRIDE_HDR + ring_size))
@@ -192,6 +264,11 @@ impl Segment {
         allocate(&file, total, &path).map_err(cleanup)?;
         let (map, base) = map(&file, total, &path).map_err(cleanup)?;
         let seg = Segment { base, nranks, ring_size, rings_off, path, _map: map, _file: file };
+        // The world communicator's collective context is taken for the whole job (before
+        // `ready`, so every opener sees it).
+        let world = seg.coll_hdr(0);
+        world.gen.store(1, Ordering::Relaxed);
+        world.refs.store(COLL_PERMANENT, Ordering::Relaxed);
         // SAFETY: the mapping starts with room for a SegHeader (total > 128), is 4096-aligned,
         // zero-filled by posix_fallocate, and nobody else uses it before `ready` is set.
         let h = unsafe { &mut *seg.base.as_ptr().cast::<SegHeader>() };
@@ -305,6 +382,112 @@ impl Segment {
     /// How `rank` left: 0 (still attached), [`GONE_DETACHED`] or [`GONE_FINALIZED`].
     pub fn gone(&self, rank: usize) -> u32 {
         self.rank_ctl(rank).gone.load(Ordering::Acquire)
+    }
+
+    /// `rank`'s doorbell: its `sleeping` word and its futex word.
+    pub fn doorbell(&self, rank: usize) -> (&AtomicU32, &AtomicU32) {
+        let c = self.rank_ctl(rank);
+        (&c.sleeping, &c.bell)
+    }
+
+    /// Communicator ranks with slots in each collective context.
+    pub fn coll_ranks(&self) -> usize {
+        coll_ranks_for(self.nranks)
+    }
+
+    fn coll_hdr(&self, ctx: usize) -> &CollHdr {
+        assert!(ctx < COLL_CONTEXTS, "collective context out of range");
+        let off = 128 + self.nranks * 128 + ctx * coll_ctx_stride(self.nranks);
+        // SAFETY: the contexts lie between the rank control blocks and the rings (geometry),
+        // 128-aligned; a CollHdr holds only atomics and padding.
+        unsafe { &*self.base.as_ptr().add(off).cast::<CollHdr>() }
+    }
+
+    /// Generation of the world communicator's context (0), taken for the whole job.
+    pub fn coll_world_gen(&self) -> u32 {
+        self.coll_hdr(0).gen.load(Ordering::Acquire)
+    }
+
+    /// Takes a free collective context for a communicator of `members` ranks (at most
+    /// [`Segment::coll_ranks`]); returns it and its new generation (never 0), or `None` when
+    /// every context is in use.
+    pub fn coll_alloc(&self, members: usize) -> Option<(usize, u32)> {
+        if members == 0 || members > self.coll_ranks() {
+            return None;
+        }
+        for ctx in 1..COLL_CONTEXTS {
+            let h = self.coll_hdr(ctx);
+            if h.refs.compare_exchange(0, members as u32, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                let mut gen = h.gen.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+                if gen == 0 {
+                    gen = h.gen.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+                }
+                return Some((ctx, gen));
+            }
+        }
+        None
+    }
+
+    /// One member gives context `ctx` back; the last one frees it.
+    pub fn coll_free(&self, ctx: usize) {
+        if ctx == 0 || ctx >= COLL_CONTEXTS {
+            return;
+        }
+        let _ = self.coll_hdr(ctx).refs.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |r| match r {
+            0 | COLL_PERMANENT => None,
+            r => Some(r - 1),
+        });
+    }
+
+    /// The leader's release word and status words (one per parity) of context `ctx`.
+    pub fn coll_release(&self, ctx: usize) -> (&AtomicU64, &[AtomicU64; 2]) {
+        let h = self.coll_hdr(ctx);
+        (&h.release, &h.status)
+    }
+
+    fn slot_ptr(&self, ctx: usize, rank: usize, parity: usize) -> *mut u8 {
+        assert!(rank < self.coll_ranks() && parity < 2, "collective slot out of range");
+        let h: *const CollHdr = self.coll_hdr(ctx);
+        // SAFETY: the slot lies inside its context (rank < coll_ranks, parity < 2), which lies
+        // inside the mapping.
+        unsafe { h.cast::<u8>().cast_mut().add(std::mem::size_of::<CollHdr>() + (rank * 2 + parity) * SLOT_STRIDE) }
+    }
+
+    /// Header of the slot of communicator rank `rank` for calls of parity `parity` in `ctx`.
+    pub fn coll_slot(&self, ctx: usize, rank: usize, parity: usize) -> &SlotHdr {
+        // SAFETY: slot_ptr is in bounds and 128-aligned; a SlotHdr holds atomics and padding.
+        unsafe { &*self.slot_ptr(ctx, rank, parity).cast::<SlotHdr>() }
+    }
+
+    /// Copies `bytes` into the data of a slot (see [`Segment::coll_slot`]).
+    ///
+    /// # Errors
+    /// `bytes` is longer than [`COLL_SLOT_BYTES`].
+    pub fn coll_write(&self, ctx: usize, rank: usize, parity: usize, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > COLL_SLOT_BYTES {
+            return Err(Error::InvalidArgument(format!("{} bytes do not fit a collective slot", bytes.len())));
+        }
+        let p = self.slot_ptr(ctx, rank, parity);
+        // SAFETY: the data area (COLL_SLOT_BYTES after the header) is inside the mapping and
+        // holds at least bytes.len() bytes; it is plain shared memory, which no Rust reference
+        // covers (readers copy out of it or borrow it per `coll_data`'s contract), and it
+        // cannot overlap `bytes`, which is process memory outside the mapping or a borrow that
+        // `coll_data`'s caller promised not to hold while the slot is written.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.add(std::mem::size_of::<SlotHdr>()), bytes.len()) };
+        Ok(())
+    }
+
+    /// The first `len` bytes of a slot's data (at most [`COLL_SLOT_BYTES`]; 128-aligned).
+    ///
+    /// # Safety
+    /// No process may write the slot's data while the returned slice lives: the caller holds
+    /// the protocol's guarantee that the owner does not (it waits for the leader's release of
+    /// this call before it writes this slot again).
+    pub unsafe fn coll_data(&self, ctx: usize, rank: usize, parity: usize, len: usize) -> &[u8] {
+        let p = self.slot_ptr(ctx, rank, parity);
+        // SAFETY: in bounds (len clamped to the data area); not written while the slice lives
+        // by the caller's contract.
+        unsafe { std::slice::from_raw_parts(p.add(std::mem::size_of::<SlotHdr>()), len.min(COLL_SLOT_BYTES)) }
     }
 
     /// Removes the file name (the mapping stays).

@@ -1,0 +1,55 @@
+//! Hooks of the shared-memory collectives ([`crate::coll::shm`]) and of the doorbell into the
+//! engine: the job's segment, waking and sleeping on doorbells, and what the collectives need
+//! to know about failures (departed peers, collective aborts).
+
+use super::*;
+use tmpi_transport::shm::segment::Segment;
+
+impl Engine {
+    /// The job's shared-memory segment, if the fabric is shared memory.
+    pub(crate) fn shm_segment(&self) -> Option<&Segment> {
+        match &self.fabric {
+            Fabric::Shm(f) => Some(f.segment()),
+            _ => None,
+        }
+    }
+
+    /// Wakes world rank `rank` if it sleeps on its doorbell (after a store it may wait for).
+    pub(crate) fn shm_wake(&self, rank: usize) {
+        if let Fabric::Shm(f) = &self.fabric {
+            f.wake(rank);
+        }
+    }
+
+    /// Whether a sleep now can be on the doorbell: the fabric is shared memory and nothing
+    /// waits to go out (a rank with queued work waits for ring space, which no bell announces).
+    pub(super) fn can_doze(&self) -> bool {
+        matches!(self.fabric, Fabric::Shm(_))
+            && self.out_pending == 0
+            && self.st.ctlq.is_empty()
+            && self.st.rma_out.is_empty()
+            && self.st.cma_w.is_empty()
+            && self.st.cma_q.is_empty()
+    }
+
+    /// Sleeps for at most `d`: on the doorbell when [`Engine::can_doze`], otherwise a plain
+    /// sleep. `busy` is asked after the sleep is announced.
+    pub(super) fn doze(&mut self, d: std::time::Duration, busy: impl FnOnce(&Segment) -> bool) {
+        let quiet = self.can_doze();
+        match &mut self.fabric {
+            Fabric::Shm(f) if quiet => f.doze(d, busy),
+            _ => std::thread::sleep(d),
+        }
+    }
+
+    /// Whether collective call `seq` (low 16 bits) on collective context `ctx` was aborted by
+    /// another member because a rank departed; that rank if so.
+    pub(crate) fn coll_aborted(&self, ctx: u32, seq: u32) -> Option<usize> {
+        self.st.aborts.iter().find(|a| a.0 == ctx && a.1 == seq & 0xffff).map(|a| a.2)
+    }
+
+    /// Whether world rank `peer` has departed (finalized, failed, or its process is gone).
+    pub(crate) fn departed(&self, peer: usize) -> bool {
+        peer != self.st.rank && peer < self.size && self.state_of(peer) != PeerState::Alive
+    }
+}
