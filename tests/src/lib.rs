@@ -227,6 +227,7 @@ impl Job {
         let mut cmd = self.command();
         let start = Instant::now();
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", self.describe()));
+        let pid = child.id();
         let out_rx = drain(child.stdout.take());
         let err_rx = drain(child.stderr.take());
         let limit = match self.np {
@@ -261,6 +262,7 @@ impl Job {
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
             shm_new: shm_after.difference(&shm_before).cloned().collect(),
+            pid,
         }
     }
 }
@@ -316,6 +318,25 @@ pub struct Outcome {
     pub stderr: String,
     /// `/dev/shm/tmpi-*` files present after the job that were not there before it.
     pub shm_new: Vec<String>,
+    /// Pid of the process the harness started (`tmpirun`, or the program itself).
+    pub pid: u32,
+}
+
+/// The job id in a job file's name (`tmpi-<16 hex>...`).
+fn job_of(file: &str) -> Option<&str> {
+    let id = file.strip_prefix("tmpi-")?.get(..16)?;
+    id.bytes().all(|b| b.is_ascii_hexdigit()).then_some(id)
+}
+
+/// Whether the files of job `jobid` belong to another `tmpirun` that is still running: its
+/// `/dev/shm/tmpi-<jobid>.launcher` file names a live process other than `ours`. Tests run
+/// jobs in parallel, and such files appearing during a job are not that job's leak.
+fn another_live_job(jobid: &str, ours: u32) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/dev/shm/tmpi-{jobid}.launcher")) else { return false };
+    match s.split_whitespace().next().and_then(|p| p.parse::<i32>().ok()) {
+        Some(pid) => pid as u32 != ours && pid_exists(pid),
+        None => false,
+    }
 }
 
 impl Outcome {
@@ -371,7 +392,12 @@ impl Outcome {
         let t = Instant::now();
         loop {
             let now = shm_files();
-            let left: Vec<String> = self.shm_new.iter().filter(|n| now.contains(*n)).cloned().collect();
+            let left: Vec<String> = self
+                .shm_new
+                .iter()
+                .filter(|n| now.contains(*n) && !job_of(n).is_some_and(|j| another_live_job(j, self.pid)))
+                .cloned()
+                .collect();
             if left.is_empty() || t.elapsed() > Duration::from_secs(2) {
                 return left;
             }
