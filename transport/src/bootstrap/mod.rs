@@ -33,7 +33,7 @@
 //! | `TMPI_LOCAL_RANK`   | rank among the ranks of this node (= `TMPI_RANK` on one node)   |
 //! | `TMPI_LOCAL_SIZE`   | ranks on this node (= `TMPI_SIZE` on one node)                  |
 //! | `TMPI_JOBID`        | 16 lowercase hex digits, random per job                         |
-//! | `TMPI_BOOTSTRAP`    | path of the bootstrap Unix socket                               |
+//! | `TMPI_BOOTSTRAP`    | path of the bootstrap Unix socket, or `tcp:ADDR:PORT` (remote ranks) |
 //! | `TMPI_SHM_NAME`     | `tmpi-<jobid>-<16 hex>`: rank 0 creates `/dev/shm/<name>`        |
 //! | `TMPI_LAUNCHER_PID` | pid of `tmpirun`                                                |
 //! | `TMPI_JOB_SECRET`   | 32 hex digits, random per job: proves a `hello` comes from a rank |
@@ -50,8 +50,10 @@ pub mod wireup;
 
 use std::ffi::OsString;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::Duration;
 use std::path::{Path, PathBuf};
 
 pub use secret::{JobSecret, ENV_JOB_SECRET};
@@ -70,8 +72,47 @@ pub const ENV_LOCAL_RANK: &str = "TMPI_LOCAL_RANK";
 pub const ENV_LOCAL_SIZE: &str = "TMPI_LOCAL_SIZE";
 /// `TMPI_JOBID`: 16 hex digits, random per job.
 pub const ENV_JOBID: &str = "TMPI_JOBID";
-/// `TMPI_BOOTSTRAP`: path of the bootstrap Unix socket.
+/// `TMPI_BOOTSTRAP`: path of the bootstrap Unix socket, or `tcp:ADDR:PORT`.
 pub const ENV_BOOTSTRAP: &str = "TMPI_BOOTSTRAP";
+
+/// How long a rank tries to reach a bootstrap service over TCP before it gives up.
+pub const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the bootstrap service is, as `TMPI_BOOTSTRAP` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootstrapAddr {
+    /// A Unix socket (ranks on `tmpirun`'s host).
+    Unix(PathBuf),
+    /// A TCP address (`tcp:ADDR:PORT`, ranks on other hosts; IPv6 as `tcp:[ADDR]:PORT`).
+    Tcp(SocketAddr),
+}
+
+impl BootstrapAddr {
+    /// Reads a `TMPI_BOOTSTRAP` value: `tcp:ADDR:PORT`, else the path of a Unix socket.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] for an empty value or a `tcp:` one that is no socket address.
+    pub fn parse(v: &Path) -> Result<Self> {
+        if v.as_os_str().is_empty() {
+            return Err(bad_var(ENV_BOOTSTRAP, "", "the path of a Unix socket or tcp:ADDR:PORT"));
+        }
+        match v.to_str().and_then(|s| s.strip_prefix("tcp:")) {
+            Some(a) => a
+                .parse::<SocketAddr>()
+                .map(BootstrapAddr::Tcp)
+                .map_err(|_| bad_var(ENV_BOOTSTRAP, &v.to_string_lossy(), "tcp:ADDR:PORT with a numeric address")),
+            None => Ok(BootstrapAddr::Unix(v.to_path_buf())),
+        }
+    }
+
+    /// The `TMPI_BOOTSTRAP` value that names this address.
+    pub fn to_env(&self) -> OsString {
+        match self {
+            BootstrapAddr::Unix(p) => p.clone().into_os_string(),
+            BootstrapAddr::Tcp(a) => format!("tcp:{a}").into(),
+        }
+    }
+}
 /// `TMPI_SHM_NAME`: name of the job's shared-memory segment in `/dev/shm`.
 pub const ENV_SHM_NAME: &str = "TMPI_SHM_NAME";
 /// `TMPI_LAUNCHER_PID`: pid of `tmpirun`.
@@ -134,7 +175,8 @@ pub struct BootstrapEnv {
     pub local_rank: usize,
     /// `TMPI_LOCAL_SIZE` (defaults to `size` when unset).
     pub local_size: usize,
-    /// `TMPI_BOOTSTRAP`: the socket to connect to.
+    /// `TMPI_BOOTSTRAP`: the socket to connect to (a path, or `tcp:ADDR:PORT`: see
+    /// [`BootstrapAddr::parse`]).
     pub bootstrap: PathBuf,
     /// `TMPI_JOB_SECRET`: what the rank proves itself with in its `hello`.
     pub secret: JobSecret,
@@ -195,9 +237,7 @@ impl BootstrapEnv {
         }
         let secret = JobSecret::from_hex(&need(ENV_JOB_SECRET)?)?;
         let bootstrap = PathBuf::from(need(ENV_BOOTSTRAP)?);
-        if bootstrap.as_os_str().is_empty() {
-            return Err(bad_var(ENV_BOOTSTRAP, "", "the path of a Unix socket"));
-        }
+        BootstrapAddr::parse(&bootstrap)?;
         let local_size = match text(ENV_LOCAL_SIZE)? {
             Some(v) => {
                 let n = num(ENV_LOCAL_SIZE, &v)?;
@@ -335,7 +375,7 @@ impl BootstrapEnv {
 /// A rank's connection to the bootstrap service: synchronous, one request at a time.
 #[derive(Debug)]
 pub struct BootstrapClient {
-    stream: UnixStream,
+    stream: ClientStream,
     rank: usize,
     size: usize,
     finalized: bool,
@@ -350,11 +390,30 @@ impl BootstrapClient {
     /// [`Error::Io`] if the socket cannot be reached; [`Error::Bootstrap`] if the server
     /// refuses the rank (wrong secret, out of range, wrong size, already connected).
     pub fn connect(path: &Path, rank: usize, size: usize, secret: &JobSecret) -> Result<Self> {
+        Self::connect_to(&BootstrapAddr::Unix(path.to_path_buf()), rank, size, secret)
+    }
+
+    /// As [`connect`](Self::connect), to a Unix socket or a TCP address.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); a TCP address not reached within
+    /// [`TCP_CONNECT_TIMEOUT`].
+    pub fn connect_to(addr: &BootstrapAddr, rank: usize, size: usize, secret: &JobSecret) -> Result<Self> {
         if size == 0 || size > MAX_RANKS || rank >= size {
             return Err(Error::Bootstrap(format!("rank {rank} of {size}: not a valid rank")));
         }
-        let stream = UnixStream::connect(path)
-            .map_err(|source| Error::Io { op: format!("connect to bootstrap socket {}", path.display()), source })?;
+        let stream = match addr {
+            BootstrapAddr::Unix(path) => ClientStream::Unix(
+                UnixStream::connect(path)
+                    .map_err(|source| Error::Io { op: format!("connect to bootstrap socket {}", path.display()), source })?,
+            ),
+            BootstrapAddr::Tcp(a) => {
+                let s = TcpStream::connect_timeout(a, TCP_CONNECT_TIMEOUT)
+                    .map_err(|source| Error::Io { op: format!("connect to the bootstrap service at {a}"), source })?;
+                let _ = s.set_nodelay(true);
+                ClientStream::Tcp(s)
+            }
+        };
         let mut c = BootstrapClient { stream, rank, size, finalized: false, buf: Vec::new() };
         let hello = Request::Hello { version: proto::VERSION, rank: rank as u32, size: size as u32, secret: *secret.as_bytes() };
         c.call_ok(&hello, "hello")?;
@@ -371,7 +430,7 @@ impl BootstrapClient {
         let Some(env) = BootstrapEnv::from_env()? else {
             return Ok(None);
         };
-        let c = Self::connect(&env.bootstrap, env.rank, env.size, &env.secret)?;
+        let c = Self::connect_to(&BootstrapAddr::parse(&env.bootstrap)?, env.rank, env.size, &env.secret)?;
         Ok(Some((c, env)))
     }
 
@@ -486,6 +545,31 @@ impl BootstrapClient {
                 Error::Bootstrap(format!("rank {}: the bootstrap server closed the connection (tmpirun gone?)", self.rank))
             }
             _ => Error::Io { op: format!("rank {}: {what} the bootstrap server", self.rank), source: e },
+        }
+    }
+}
+
+/// The client's connection.
+#[derive(Debug)]
+enum ClientStream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Read for ClientStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ClientStream::Unix(s) => s.read(buf),
+            ClientStream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl AsRawFd for ClientStream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            ClientStream::Unix(s) => s.as_raw_fd(),
+            ClientStream::Tcp(s) => s.as_raw_fd(),
         }
     }
 }
