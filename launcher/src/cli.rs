@@ -126,8 +126,7 @@ fn parse_timeout(s: &str) -> std::result::Result<Duration, String> {
 }
 
 /// Options before the program that take a value as the next argument.
-const VALUE_OPTS: &[&str] =
-    &["-n", "-np", "--np", "-x", "--timeout", "--bind-to", "--map-by", "--host", "--hostfile", "--launch-agent"];
+const VALUE_OPTS: &[&str] = &["-n", "-np", "--np", "-x", "--timeout", "--bind-to", "--map-by", "--host", "--hostfile", "--launch-agent"];
 
 /// Rewrites Open MPI's `-np N` (and `-np=N`) to `--np`, only before the program.
 pub fn normalize_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {

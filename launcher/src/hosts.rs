@@ -167,7 +167,8 @@ pub fn local_ips() -> Result<Vec<IpAddr>> {
 pub fn source_ip_towards(host: &str) -> Result<IpAddr> {
     let bare = host.rsplit_once('@').map_or(host, |(_, h)| h).trim_start_matches('[').trim_end_matches(']');
     let fail = |why: String| Error::Usage(format!("cannot find the address that reaches host {host:?}: {why} (set TMPI_TCP_IF)"));
-    let target: SocketAddr = (bare, 22).to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
+    let target: SocketAddr =
+        (bare, 22).to_socket_addrs().map_err(|e| fail(e.to_string()))?.next().ok_or_else(|| fail("no address".into()))?;
     let any: SocketAddr = if target.is_ipv4() { "0.0.0.0:0".parse() } else { "[::]:0".parse() }.map_err(|_| fail("bad address".into()))?;
     let s = UdpSocket::bind(any).map_err(|e| fail(e.to_string()))?;
     s.connect(target).map_err(|e| fail(e.to_string()))?;

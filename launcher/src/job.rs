@@ -21,6 +21,12 @@
 //! the bootstrap service admits only connections that carry it from a rank or a rank's
 //! descendant; others are refused (reported once, counted) without touching the job.
 //!
+//! Remote ranks ([`MultiHost`]): the process tmpirun starts is the launch agent (`ssh`), in
+//! its own group with the death signal like a local rank; its exit status is the rank's. Its
+//! stdin carries the job secret and then stays open until the job ends ([`crate::hosts`]):
+//! ending the job closes it (and signals the agent), which makes the remote wrapper kill the
+//! rank. Remote ranks reach the bootstrap service over TCP and prove the secret there.
+//!
 //! Ending: the first failure (a rank exiting non-zero or killed by a signal, a rank that
 //! connected to the bootstrap service exiting 0 without finalizing, an abort through
 //! the bootstrap service, the timeout, or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
@@ -34,9 +40,9 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Write};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
-use std::net::IpAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
@@ -198,9 +204,10 @@ impl Rank {
                 }
                 Boot::Never | Boot::Finalized => None,
             },
-            ExitKind::Code(255) if self.host.is_some() => {
-                Some(Failure { status: 255, how: "exited with code 255 (or its launch agent failed: ssh says 255 when it cannot connect)".into() })
-            }
+            ExitKind::Code(255) if self.host.is_some() => Some(Failure {
+                status: 255,
+                how: "exited with code 255 (or its launch agent failed: ssh says 255 when it cannot connect)".into(),
+            }),
             ExitKind::Code(c) => Some(Failure { status: c, how: format!("exited with code {c}") }),
             ExitKind::Signal(sig) => {
                 Some(Failure { status: 128 + sig, how: format!("killed by signal {} ({sig})", sys::signal_name(sig)) })

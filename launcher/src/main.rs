@@ -1,4 +1,5 @@
-//! `tmpirun`: starts the ranks of a tmpi job on this node.
+//! `tmpirun`: starts the ranks of a tmpi job on this node, or on several hosts through
+//! `ssh` ([`hosts`]).
 //!
 //! ```text
 //! tmpirun -n 4 [--tag-output] [--timeout SECS] [-x VAR[=VALUE]]... [--oversubscribe]

@@ -57,11 +57,7 @@ impl Hosts {
         }
         let list = std::fs::read_to_string(state.join("hosts")).expect("hosts file");
         let rsh = std::fs::read_to_string(state.join("rsh")).expect("rsh file").trim().to_string();
-        let hosts_list = list
-            .lines()
-            .filter_map(|l| l.split_once(' '))
-            .map(|(ns, a)| (ns.to_string(), a.to_string()))
-            .collect::<Vec<_>>();
+        let hosts_list = list.lines().filter_map(|l| l.split_once(' ')).map(|(ns, a)| (ns.to_string(), a.to_string())).collect::<Vec<_>>();
         assert_eq!(hosts_list.len(), n, "{list}");
         let mut hosts = hosts;
         hosts.hosts = hosts_list;

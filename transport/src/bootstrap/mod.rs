@@ -1,6 +1,7 @@
 //! Bootstrap: how the ranks of a job find each other.
 //!
-//! `tmpirun` serves a small key-value store over a Unix socket ([`BootstrapServer`]) and
+//! `tmpirun` serves a small key-value store ([`BootstrapServer`]) over a Unix socket, and for
+//! ranks on other hosts also over TCP ([`BootstrapServer::listen_tcp`], [`BootstrapAddr`]), and
 //! tells each rank where it is through environment variables ([`BootstrapEnv`]). A rank
 //! connects with [`BootstrapClient`], puts what others need (addresses, segment names),
 //! fences, and gets what it needs from the others:
@@ -53,8 +54,8 @@ use std::io::{self, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub use secret::{JobSecret, ENV_JOB_SECRET};
 pub use server::{BootstrapServer, ServerEvent, ServerThread};
@@ -153,7 +154,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd (uffd, memhooks and kdreg2 select it too) or disabled, which turns caching off (FI_MR_CACHE_MONITOR is read when unset)" },
     Knob { name: "TMPI_SINGLE_COPY", default: "cma", meaning: "how rendezvous data moves once the sender's key check passed: cma = one kernel copy where the kernel permits it (the reader process_vm_readv's the first half, the sender process_vm_writev's the second half from 128 KiB on), else (and with none) a pipelined copy through the shared-memory rings" },
     Knob { name: "TMPI_FABRIC", default: "auto", meaning: "which fabric links ranks: auto = shared memory between ranks of one host and TCP between hosts, shm = shared memory only (all ranks on one host), tcp = TCP between every pair of ranks, even on one host (for testing)" },
-    Knob { name: "TMPI_TCP_IF", default: "auto", meaning: "interface name (eth0) or IP address the TCP fabric listens on; auto = loopback when all ranks run on one host, else the first IPv4 address of an interface that is up and not loopback (never the wildcard address)" },
+    Knob { name: "TMPI_TCP_IF", default: "auto", meaning: "interface name (eth0) or IP address the TCP fabric listens on; auto = loopback when all ranks run on one host, else the first IPv4 address of an interface that is up and not loopback (never the wildcard address); tmpirun also listens there for the bootstrap of ranks on other hosts (default there: the address that routes to the first remote host)" },
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "134217728", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster than CMA at every size up to 64 MiB (bench/results/large-2026-11-24.md) (>= 0)" },
     Knob { name: "TMPI_SHARED_HEAP", default: "1073741824", meaning: "bytes of address space of each rank's shared heap (World::alloc_shared), a memory file that peers map on first use so a rendezvous from or into it is one plain memcpy; pages are taken only as blocks are written; 0 turns it off (allocations are then private memory) (0..=2^40; at least 65536 when not 0)" },
     Knob { name: "TMPI_SHM_COLL", default: "on", meaning: "on: barrier, bcast, reduce and allreduce of communicators of 2 to 64 ranks go through flags and slots in the shared-memory segment (up to 4 KiB of data; larger calls agree there, then use point-to-point); off: point-to-point algorithms only; must be the same on every rank (on or off)" },
