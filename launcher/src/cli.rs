@@ -93,7 +93,7 @@ pub struct Cli {
     #[arg(long)]
     pub report_pids: bool,
 
-    /// Run on these hosts: HOST[:SLOTS],... (1 slot when none given; repeatable). Ranks fill
+    /// Run on these hosts: `HOST[:SLOTS],...` (1 slot when none given; repeatable). Ranks fill
     /// the slots in order; hosts other than this machine are reached through ssh.
     #[arg(long = "host", value_name = "HOST[:N],...", conflicts_with = "hostfile")]
     pub host: Vec<String>,
