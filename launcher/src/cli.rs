@@ -33,7 +33,10 @@ pub enum MapBy {
 const AFTER_HELP: &str = "\
 Environment of each rank: TMPI_RANK, TMPI_SIZE, TMPI_LOCAL_RANK, TMPI_LOCAL_SIZE, TMPI_JOBID,
 TMPI_BOOTSTRAP, TMPI_SHM_NAME, TMPI_LAUNCHER_PID, TMPI_JOB_SECRET (what a rank proves itself
-with to the bootstrap socket), plus tmpirun's own environment and -x.
+with to the bootstrap socket), plus tmpirun's own environment and -x. Ranks on other hosts
+(--host, --hostfile) get only these, TMPI_NODE_ID, -x and tmpirun's TMPI_* knobs; they reach
+the bootstrap service over TCP (TMPI_BOOTSTRAP=tcp:ADDR:PORT, on the address that routes to
+them or TMPI_TCP_IF), and their stdin is /dev/null.
 
 Output: each rank's stdout and stderr go to tmpirun's stdout and stderr a whole line at a time
 (lines of different ranks never mix). With --tag-output every line starts with \"[R] \", R the rank.
@@ -49,8 +52,8 @@ exited 0 without finalizing), the code given to abort (1 if outside 1..=255),
 #[derive(Debug, Parser)]
 #[command(name = "tmpirun", version, about, after_help = AFTER_HELP)]
 pub struct Cli {
-    /// Number of ranks to start (also `-np N`).
-    #[arg(short = 'n', long = "np", value_name = "N", required_unless_present = "info",
+    /// Number of ranks to start (also `-np N`); optional with --host/--hostfile (all slots).
+    #[arg(short = 'n', long = "np", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=MAX_RANKS as i64))]
     pub np: Option<u32>,
 
@@ -90,6 +93,20 @@ pub struct Cli {
     #[arg(long)]
     pub report_pids: bool,
 
+    /// Run on these hosts: `HOST[:SLOTS],...` (1 slot when none given; repeatable). Ranks fill
+    /// the slots in order; hosts other than this machine are reached through ssh.
+    #[arg(long = "host", value_name = "HOST[:N],...", conflicts_with = "hostfile")]
+    pub host: Vec<String>,
+
+    /// Run on the hosts of FILE (Open MPI format: `host slots=N` per line, `#` comments).
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
+
+    /// Command that starts a rank on another host instead of `ssh` (split on whitespace;
+    /// overrides TMPI_RSH).
+    #[arg(long, value_name = "CMD")]
+    pub launch_agent: Option<String>,
+
     /// List every TMPI_* knob with its default and meaning, then exit.
     #[arg(long)]
     pub info: bool,
@@ -109,7 +126,7 @@ fn parse_timeout(s: &str) -> std::result::Result<Duration, String> {
 }
 
 /// Options before the program that take a value as the next argument.
-const VALUE_OPTS: &[&str] = &["-n", "-np", "--np", "-x", "--timeout", "--bind-to", "--map-by"];
+const VALUE_OPTS: &[&str] = &["-n", "-np", "--np", "-x", "--timeout", "--bind-to", "--map-by", "--host", "--hostfile", "--launch-agent"];
 
 /// Rewrites Open MPI's `-np N` (and `-np=N`) to `--np`, only before the program.
 pub fn normalize_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
@@ -249,7 +266,10 @@ mod tests {
         assert!(cli.tag_output);
         assert_eq!(cli.command, ["prog", "-x", "--info", "-n"]);
         assert!(Cli::try_parse_from(["t", "-n", "0", "p"]).is_err());
-        assert!(Cli::try_parse_from(["t", "p"]).is_err(), "-n is required");
+        assert_eq!(Cli::try_parse_from(["t", "p"]).unwrap().np, None, "-n is checked by main: hosts may give it");
+        let cli = Cli::try_parse_from(norm(&["t", "--host", "a:2,b:2", "--launch-agent", "ssh -p 2", "p"])).unwrap();
+        assert_eq!((cli.host, cli.launch_agent.as_deref()), (vec!["a:2,b:2".to_string()], Some("ssh -p 2")));
+        assert!(Cli::try_parse_from(["t", "--host", "a", "--hostfile", "f", "p"]).is_err());
         assert!(Cli::try_parse_from(["t", "-n", "2"]).is_err(), "program is required");
         assert!(Cli::try_parse_from(["t", "--info"]).is_ok());
         assert!(Cli::try_parse_from(["t", "-n", "1", "--timeout", "0", "p"]).is_err());

@@ -21,6 +21,12 @@
 //! the bootstrap service admits only connections that carry it from a rank or a rank's
 //! descendant; others are refused (reported once, counted) without touching the job.
 //!
+//! Remote ranks ([`MultiHost`]): the process tmpirun starts is the launch agent (`ssh`), in
+//! its own group with the death signal like a local rank; its exit status is the rank's. Its
+//! stdin carries the job secret and then stays open until the job ends ([`crate::hosts`]):
+//! ending the job closes it (and signals the agent), which makes the remote wrapper kill the
+//! rank. Remote ranks reach the bootstrap service over TCP and prove the secret there.
+//!
 //! Ending: the first failure (a rank exiting non-zero or killed by a signal, a rank that
 //! connected to the bootstrap service exiting 0 without finalizing, an abort through
 //! the bootstrap service, the timeout, or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
@@ -34,19 +40,22 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Write};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tmpi_transport::bootstrap::{self, BootstrapServer, JobSecret, ServerEvent};
+use tmpi_transport::bootstrap::wireup::ENV_NODE_ID;
+use tmpi_transport::bootstrap::{self, BootstrapAddr, BootstrapServer, JobSecret, ServerEvent, KNOBS};
 
 use crate::binding::{Binder, Placement};
 use crate::cleanup;
 use crate::cli::Export;
 use crate::error::{Error, Result};
+use crate::hosts;
 use crate::output::{self, LineBuf, Sink};
 use crate::sys::{self, ExitKind, SignalPipe};
 
@@ -97,6 +106,33 @@ pub struct JobSpec {
     pub report_bindings: bool,
     /// `--report-pids`.
     pub report_pids: bool,
+    /// The hosts, when some rank runs on another one.
+    pub multi: Option<MultiHost>,
+}
+
+/// A job over several hosts.
+#[derive(Debug)]
+pub struct MultiHost {
+    /// Each node's name (what `TMPI_NODE_ID` says and the agent is given).
+    pub names: Vec<String>,
+    /// Whether each node is another host (else it is this machine).
+    pub remote: Vec<bool>,
+    /// The node of each rank.
+    pub node_of: Vec<usize>,
+    /// The command that starts a remote rank (`ssh` and its options).
+    pub agent: Vec<String>,
+    /// Where the bootstrap service listens for remote ranks.
+    pub bootstrap_ip: IpAddr,
+    /// The directory remote ranks start in (when it exists there).
+    pub cwd: PathBuf,
+}
+
+impl MultiHost {
+    /// A rank's node-local rank and the number of ranks of its node.
+    fn local(&self, r: usize) -> (usize, usize) {
+        let n = self.node_of[r];
+        (self.node_of[..r].iter().filter(|&&m| m == n).count(), self.node_of.iter().filter(|&&m| m == n).count())
+    }
 }
 
 /// Why the job is ending.
@@ -142,6 +178,8 @@ enum Boot {
 
 struct Rank {
     pid: i32,
+    /// The host of a remote rank (`pid` is then its agent's).
+    host: Option<String>,
     exit: Option<ExitKind>,
     boot: Boot,
     /// The last meaningful line the rank wrote on stderr (see [`LastLine`]).
@@ -166,6 +204,10 @@ impl Rank {
                 }
                 Boot::Never | Boot::Finalized => None,
             },
+            ExitKind::Code(255) if self.host.is_some() => Some(Failure {
+                status: 255,
+                how: "exited with code 255 (or its launch agent failed: ssh says 255 when it cannot connect)".into(),
+            }),
             ExitKind::Code(c) => Some(Failure { status: c, how: format!("exited with code {c}") }),
             ExitKind::Signal(sig) => {
                 Some(Failure { status: 128 + sig, how: format!("killed by signal {} ({sig})", sys::signal_name(sig)) })
@@ -303,6 +345,10 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     cleanup::register_sockdir(dir);
     let secret = JobSecret::new()?;
     let mut server = BootstrapServer::bind(&sock, spec.np, secret.clone())?;
+    let tcp_addr = match &spec.multi {
+        Some(m) => Some(BootstrapAddr::Tcp(server.listen_tcp(m.bootstrap_ip)?)),
+        None => None,
+    };
 
     if spec.report_bindings {
         let mut lines = String::new();
@@ -313,12 +359,13 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         output::write_to(Sink::Stderr, lines.as_bytes());
     }
 
-    let (ranks, streams) = spawn_all(spec, binder, &jobid, &shm_name, server.path(), &secret)?;
+    let (ranks, streams, links) = spawn_all(spec, binder, &jobid, &shm_name, server.path(), tcp_addr.as_ref(), &secret)?;
     // Connections are accepted only from the event loop below, so no stranger gets in before
     // this: from now on only the ranks and their descendants may connect.
     server.admit_pids(ranks.iter().map(|r| r.pid).collect());
     let mut job = Running {
         ranks,
+        links,
         streams,
         server,
         tag_output: spec.tag_output,
@@ -358,49 +405,32 @@ fn say(msg: &str) {
     output::write_to(Sink::Stderr, format!("tmpirun: {msg}\n").as_bytes());
 }
 
-/// Spawns every rank; returns them and their output streams.
+/// Spawns every rank; returns them, their output streams and the stdin pipes of the remote
+/// ranks' agents (kept open for the job's life: closing one ends that rank).
 fn spawn_all(
     spec: &JobSpec,
     binder: &Binder,
     jobid: &str,
     shm_name: &str,
     sock: &Path,
+    tcp: Option<&BootstrapAddr>,
     secret: &JobSecret,
-) -> Result<(Vec<Rank>, Vec<Stream>)> {
+) -> Result<(Vec<Rank>, Vec<Stream>, Vec<ChildStdin>)> {
     let stdin_is_tty = sys::isatty(0);
     let original = if spec.placements.iter().any(|p| p.cpus.is_some()) { Some(binder.thread_cpus()?) } else { None };
     let _restore = BindingRestore { binder, cpus: original };
     let parent = std::process::id() as libc::pid_t;
     let launcher_pid = parent.to_string();
-    let size = spec.np.to_string();
     let secret = secret.to_hex();
     let mut ranks = Vec::with_capacity(spec.np);
     let mut streams = Vec::with_capacity(2 * spec.np);
+    let mut links = Vec::new();
     for r in 0..spec.np {
-        let mut cmd = Command::new(&spec.program);
-        cmd.arg0(&spec.argv0).args(&spec.args);
-        for x in &spec.exports {
-            match x {
-                Export::Set(k, v) => {
-                    cmd.env(k, v);
-                }
-                Export::Pass(k) => {
-                    if r == 0 && std::env::var_os(k).is_none() {
-                        say(&format!("-x {k}: not set in tmpirun's environment; not exported"));
-                    }
-                }
-            }
-        }
-        let rank = r.to_string();
-        cmd.env(bootstrap::ENV_RANK, &rank)
-            .env(bootstrap::ENV_SIZE, &size)
-            .env(bootstrap::ENV_LOCAL_RANK, &rank)
-            .env(bootstrap::ENV_LOCAL_SIZE, &size)
-            .env(bootstrap::ENV_JOBID, jobid)
-            .env(bootstrap::ENV_BOOTSTRAP, sock)
-            .env(bootstrap::ENV_SHM_NAME, shm_name)
-            .env(bootstrap::ENV_LAUNCHER_PID, &launcher_pid)
-            .env(bootstrap::ENV_JOB_SECRET, &secret);
+        let remote_host = spec.multi.as_ref().filter(|m| m.remote[m.node_of[r]]).map(|m| m.names[m.node_of[r]].clone());
+        let mut cmd = match (&spec.multi, &remote_host, tcp) {
+            (Some(m), Some(host), Some(tcp)) => remote_cmd(spec, m, r, host, jobid, shm_name, tcp, &launcher_pid)?,
+            _ => local_cmd(spec, r, jobid, shm_name, sock, &launcher_pid, &secret),
+        };
         // Own process group, so that signals to it reach the rank and its children, and
         // a Ctrl-C on the terminal reaches only tmpirun (which forwards it).
         cmd.process_group(0);
@@ -412,6 +442,8 @@ fn spawn_all(
             cmd.pre_exec(move || sys::die_with_parent(parent));
         }
         cmd.stdin(match (r, stdin_is_tty) {
+            // The secret, then the link whose end ends the remote rank.
+            _ if remote_host.is_some() => Stdio::piped(),
             // A rank in a background process group reading the terminal would be stopped
             // (SIGTTIN): give it a pipe that tmpirun feeds from the terminal.
             (0, true) => Stdio::piped(),
@@ -422,13 +454,26 @@ fn spawn_all(
         if let Some(cpus) = &spec.placements.get(r).and_then(|p| p.cpus.clone()) {
             binder.bind_thread(cpus)?;
         }
-        let mut child = cmd.spawn().map_err(|e| Error::io(format!("start rank {r} ({})", spec.program.display()), e))?;
+        let what = match &remote_host {
+            Some(h) => format!("start rank {r} on host {h} ({})", spec.multi.as_ref().map_or("", |m| m.agent[0].as_str())),
+            None => format!("start rank {r} ({})", spec.program.display()),
+        };
+        let mut child = cmd.spawn().map_err(|e| Error::io(what, e))?;
         let pid = child.id() as i32;
         cleanup::register_child(pid);
         if spec.report_pids {
-            say(&format!("rank {r} pid {pid}"));
+            match &remote_host {
+                Some(h) => say(&format!("rank {r} on host {h}, agent pid {pid}")),
+                None => say(&format!("rank {r} pid {pid}")),
+            }
         }
-        if let Some(mut w) = child.stdin.take() {
+        if remote_host.is_some() {
+            if let Some(mut w) = child.stdin.take() {
+                // The wrapper reads the secret first (33 bytes: the pipe takes them at once).
+                w.write_all(format!("{}\n", secret).as_bytes()).map_err(|e| Error::io(format!("send the job secret to rank {r}"), e))?;
+                links.push(w);
+            }
+        } else if let Some(mut w) = child.stdin.take() {
             // Terminal -> rank 0. The thread ends at end of input or when rank 0 is gone;
             // if it is still blocked reading the terminal at exit, the process exit ends it.
             std::thread::Builder::new()
@@ -454,9 +499,95 @@ fn spawn_all(
             sys::set_nonblocking(fd.as_raw_fd())?;
             streams.push(Stream { rank: r, sink, file: Some(File::from(fd)), buf: LineBuf::new(r, spec.tag_output) });
         }
-        ranks.push(Rank { pid, exit: None, boot: Boot::Never, last_err: LastLine::default() });
+        ranks.push(Rank { pid, host: remote_host, exit: None, boot: Boot::Never, last_err: LastLine::default() });
     }
-    Ok((ranks, streams))
+    Ok((ranks, streams, links))
+}
+
+/// The exports for one rank, as name and value (`-x VAR` takes tmpirun's value, if set).
+fn export_pairs(spec: &JobSpec, warn: bool) -> Vec<(String, OsString)> {
+    let mut out = Vec::new();
+    for x in &spec.exports {
+        match x {
+            Export::Set(k, v) => out.push((k.clone(), v.clone())),
+            Export::Pass(k) => match std::env::var_os(k) {
+                Some(v) => out.push((k.clone(), v)),
+                None if warn => say(&format!("-x {k}: not set in tmpirun's environment; not exported")),
+                None => {}
+            },
+        }
+    }
+    out
+}
+
+/// The command of a rank on this machine.
+fn local_cmd(spec: &JobSpec, r: usize, jobid: &str, shm_name: &str, sock: &Path, launcher_pid: &str, secret: &str) -> Command {
+    let mut cmd = Command::new(&spec.program);
+    cmd.arg0(&spec.argv0).args(&spec.args);
+    for (k, v) in export_pairs(spec, r == 0) {
+        cmd.env(k, v);
+    }
+    let rank = r.to_string();
+    let (local_rank, local_size) = match &spec.multi {
+        Some(m) => {
+            let (lr, ls) = m.local(r);
+            cmd.env(ENV_NODE_ID, &m.names[m.node_of[r]]);
+            (lr.to_string(), ls.to_string())
+        }
+        None => (rank.clone(), spec.np.to_string()),
+    };
+    cmd.env(bootstrap::ENV_RANK, &rank)
+        .env(bootstrap::ENV_SIZE, spec.np.to_string())
+        .env(bootstrap::ENV_LOCAL_RANK, local_rank)
+        .env(bootstrap::ENV_LOCAL_SIZE, local_size)
+        .env(bootstrap::ENV_JOBID, jobid)
+        .env(bootstrap::ENV_BOOTSTRAP, sock)
+        .env(bootstrap::ENV_SHM_NAME, shm_name)
+        .env(bootstrap::ENV_LAUNCHER_PID, launcher_pid)
+        .env(bootstrap::ENV_JOB_SECRET, secret);
+    cmd
+}
+
+/// The command that starts rank `r` on `host` through the launch agent: the environment is
+/// on the remote command line, except the secret, which the wrapper reads from its stdin.
+#[allow(clippy::too_many_arguments)]
+fn remote_cmd(
+    spec: &JobSpec,
+    m: &MultiHost,
+    r: usize,
+    host: &str,
+    jobid: &str,
+    shm_name: &str,
+    tcp: &BootstrapAddr,
+    launcher_pid: &str,
+) -> Result<Command> {
+    let (lr, ls) = m.local(r);
+    let mut env: Vec<(String, OsString)> = Vec::new();
+    // tmpirun's own knobs travel with the job (not TMPI_TCP_IF: interfaces differ by host).
+    for k in KNOBS.iter().filter(|k| k.name != "TMPI_TCP_IF") {
+        if let Some(v) = std::env::var_os(k.name) {
+            env.push((k.name.to_string(), v));
+        }
+    }
+    env.extend(export_pairs(spec, false));
+    for (k, v) in [
+        (bootstrap::ENV_RANK, r.to_string()),
+        (bootstrap::ENV_SIZE, spec.np.to_string()),
+        (bootstrap::ENV_LOCAL_RANK, lr.to_string()),
+        (bootstrap::ENV_LOCAL_SIZE, ls.to_string()),
+        (bootstrap::ENV_JOBID, jobid.to_string()),
+        (bootstrap::ENV_SHM_NAME, shm_name.to_string()),
+        (bootstrap::ENV_LAUNCHER_PID, launcher_pid.to_string()),
+        (ENV_NODE_ID, host.to_string()),
+    ] {
+        env.push((k.to_string(), v.into()));
+    }
+    env.push((bootstrap::ENV_BOOTSTRAP.to_string(), tcp.to_env()));
+    let program = if spec.program.is_absolute() { spec.program.clone() } else { m.cwd.join(&spec.program) };
+    let line = hosts::remote_command(&m.cwd, &env, &program, &spec.args);
+    let mut cmd = Command::new(&m.agent[0]);
+    cmd.args(&m.agent[1..]).arg(host).arg(line);
+    Ok(cmd)
 }
 
 /// A failure not reported yet (see [`Running::scan_ranks`]).
@@ -473,6 +604,8 @@ struct Deferred {
 /// A job whose ranks are running.
 struct Running {
     ranks: Vec<Rank>,
+    /// Stdin of each remote rank's agent: open while the job runs (see [`crate::hosts`]).
+    links: Vec<ChildStdin>,
     streams: Vec<Stream>,
     server: BootstrapServer,
     /// `--tag-output` (stderr lines carry a prefix to strip before quoting them).
@@ -695,7 +828,10 @@ impl Running {
             Some(l) => format!("; its last error line: {l:?}"),
             None => String::new(),
         };
-        say(&format!("rank {r} (pid {}) {}{quote}", rank.pid, f.how));
+        match &rank.host {
+            Some(h) => say(&format!("rank {r} (on host {h}) {}{quote}", f.how)),
+            None => say(&format!("rank {r} (pid {}) {}{quote}", rank.pid, f.how)),
+        }
         self.begin_end(End::RankFailed { status: f.status }, libc::SIGTERM);
     }
 
@@ -770,6 +906,8 @@ impl Running {
     /// Starts ending the job: `sig` to every rank now, SIGKILL after [`GRACE`].
     fn begin_end(&mut self, why: End, sig: i32) {
         self.end = Some(why);
+        // End of stdin tells each remote rank's wrapper to kill it (the agents get `sig` too).
+        self.links.clear();
         self.deferred = None;
         self.signal_all(sig);
         if self.ranks.iter().any(|r| r.exit.is_none()) {
@@ -856,7 +994,7 @@ mod tests {
 
     #[test]
     fn exit_zero_is_a_failure_only_for_an_unfinalized_tmpi_rank() {
-        let rank = |exit, boot| Rank { pid: 1, exit: Some(exit), boot, last_err: LastLine::default() };
+        let rank = |exit, boot| Rank { pid: 1, host: None, exit: Some(exit), boot, last_err: LastLine::default() };
         assert!(rank(ExitKind::Code(0), Boot::Never).failure().is_none());
         assert!(rank(ExitKind::Code(0), Boot::Finalized).failure().is_none());
         for b in [Boot::Connected, Boot::Lost] {

@@ -1,9 +1,11 @@
-//! `tmpirun`: starts the ranks of a tmpi job on this node.
+//! `tmpirun`: starts the ranks of a tmpi job on this node, or on several hosts through
+//! `ssh` ([`hosts`]).
 //!
 //! ```text
 //! tmpirun -n 4 [--tag-output] [--timeout SECS] [-x VAR[=VALUE]]... [--oversubscribe]
 //!         [--bind-to core|socket|none] [--map-by core|socket] [--report-bindings]
-//!         [--report-pids] program [args...]
+//!         [--report-pids] [--host H[:N],... | --hostfile FILE] [--launch-agent CMD]
+//!         program [args...]
 //! tmpirun --info
 //! ```
 //!
@@ -14,6 +16,7 @@ mod binding;
 mod cleanup;
 mod cli;
 mod error;
+mod hosts;
 mod job;
 mod output;
 mod sys;
@@ -44,7 +47,22 @@ fn real_main() -> Result<i32> {
         print_info(&binder);
         return Ok(0);
     }
-    let np = cli.np.ok_or_else(|| Error::Usage("-n N is required".into()))? as usize;
+    let host_list = if let Some(f) = &cli.hostfile {
+        let text = std::fs::read_to_string(f).map_err(|e| Error::Usage(format!("--hostfile {}: {e}", f.display())))?;
+        Some(hosts::parse_hostfile(f, &text)?)
+    } else if !cli.host.is_empty() {
+        Some(hosts::parse_host_list(&cli.host)?)
+    } else {
+        None
+    };
+    let np_flag = cli.np.map(|n| n as usize);
+    let (np, multi) = match &host_list {
+        None => (np_flag.ok_or_else(|| Error::Usage("-n N is required (or --host/--hostfile)".into()))?, None),
+        Some(list) => {
+            let host_of = hosts::map_ranks(list, np_flag)?;
+            (host_of.len(), multi_host(list, &host_of, cli.launch_agent.as_deref())?)
+        }
+    };
     let (prog, args) = cli.command.split_first().ok_or_else(|| Error::Usage("no program given".into()))?;
     let program = cli::resolve_program(prog)?;
     let exports = cli::parse_exports(&cli.export)?;
@@ -52,13 +70,23 @@ fn real_main() -> Result<i32> {
     let ncores = topo.ncores();
     // Like MPICH's hydra, more ranks than cores is allowed by default (the runtime then
     // yields instead of spinning); --no-oversubscribe restores Open MPI's refusal.
-    if np > ncores && cli.no_oversubscribe && !cli.oversubscribe {
+    let nlocal = multi.as_ref().map_or(np, |m| m.node_of.iter().filter(|&&n| !m.remote[n]).count());
+    if nlocal > ncores && cli.no_oversubscribe && !cli.oversubscribe {
         return Err(Error::Usage(format!(
             "{np} ranks requested but only {ncores} core(s) ({} CPU(s)) are available to \
              tmpirun and --no-oversubscribe was given",
-            topo.ncpus()
+            topo.ncpus(),
+            np = nlocal,
         )));
     }
+    let mut local_places = binding::plan(&topo, nlocal, cli.bind_to, cli.map_by).into_iter();
+    let unbound = binding::Placement { bound: binding::Bound::Nothing, socket: 0, cores: Vec::new(), cpus: None };
+    let placements: Vec<binding::Placement> = (0..np)
+        .map(|r| match &multi {
+            Some(m) if m.remote[m.node_of[r]] => unbound.clone(),
+            _ => local_places.next().unwrap_or_else(|| unbound.clone()),
+        })
+        .collect();
     sys::raise_nofile_limit();
     let spec = job::JobSpec {
         program,
@@ -68,11 +96,42 @@ fn real_main() -> Result<i32> {
         tag_output: cli.tag_output,
         exports,
         timeout: cli.timeout,
-        placements: binding::plan(&topo, np, cli.bind_to, cli.map_by),
+        placements,
+        multi,
         report_bindings: cli.report_bindings,
         report_pids: cli.report_pids,
     };
     job::run(&spec, &sigs, &binder)
+}
+
+/// The job's layout over several hosts, or `None` when every host given is this machine
+/// (the job then runs exactly as a one-host job).
+fn multi_host(list: &[hosts::Host], host_of: &[usize], agent: Option<&str>) -> Result<Option<job::MultiHost>> {
+    let ips = hosts::local_ips()?;
+    let local: Vec<bool> = list.iter().map(|h| hosts::is_local(&h.name, &ips)).collect();
+    if host_of.iter().all(|&h| local[h]) {
+        return Ok(None);
+    }
+    // Nodes: every local entry is one node; remote entries of one name are one node.
+    let mut names: Vec<String> = Vec::new();
+    let mut remote: Vec<bool> = Vec::new();
+    let mut node_of_entry = Vec::with_capacity(list.len());
+    for (h, is_local) in list.iter().zip(&local) {
+        let found = names.iter().zip(&remote).position(|(n, &r)| if *is_local { !r } else { r && *n == h.name });
+        node_of_entry.push(found.unwrap_or_else(|| {
+            names.push(h.name.clone());
+            remote.push(!is_local);
+            names.len() - 1
+        }));
+    }
+    let node_of: Vec<usize> = host_of.iter().map(|&h| node_of_entry[h]).collect();
+    let first_remote = names.iter().zip(&remote).find(|(_, &r)| r).map(|(n, _)| n.clone()).unwrap_or_default();
+    let bootstrap_ip = match std::env::var("TMPI_TCP_IF").ok().filter(|s| !s.trim().is_empty()) {
+        Some(v) => tmpi_transport::tcp::iface::listen_ip(Some(&v), false)?,
+        None => hosts::source_ip_towards(&first_remote)?,
+    };
+    let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
+    Ok(Some(job::MultiHost { names, remote, node_of, agent: hosts::agent(agent)?, bootstrap_ip, cwd }))
 }
 
 /// `--info`: every knob, its default, its value here if set, and what it does; how ranks

@@ -1,6 +1,7 @@
 //! Bootstrap: how the ranks of a job find each other.
 //!
-//! `tmpirun` serves a small key-value store over a Unix socket ([`BootstrapServer`]) and
+//! `tmpirun` serves a small key-value store ([`BootstrapServer`]) over a Unix socket, and for
+//! ranks on other hosts also over TCP ([`BootstrapServer::listen_tcp`], [`BootstrapAddr`]), and
 //! tells each rank where it is through environment variables ([`BootstrapEnv`]). A rank
 //! connects with [`BootstrapClient`], puts what others need (addresses, segment names),
 //! fences, and gets what it needs from the others:
@@ -33,7 +34,7 @@
 //! | `TMPI_LOCAL_RANK`   | rank among the ranks of this node (= `TMPI_RANK` on one node)   |
 //! | `TMPI_LOCAL_SIZE`   | ranks on this node (= `TMPI_SIZE` on one node)                  |
 //! | `TMPI_JOBID`        | 16 lowercase hex digits, random per job                         |
-//! | `TMPI_BOOTSTRAP`    | path of the bootstrap Unix socket                               |
+//! | `TMPI_BOOTSTRAP`    | path of the bootstrap Unix socket, or `tcp:ADDR:PORT` (remote ranks) |
 //! | `TMPI_SHM_NAME`     | `tmpi-<jobid>-<16 hex>`: rank 0 creates `/dev/shm/<name>`        |
 //! | `TMPI_LAUNCHER_PID` | pid of `tmpirun`                                                |
 //! | `TMPI_JOB_SECRET`   | 32 hex digits, random per job: proves a `hello` comes from a rank |
@@ -50,9 +51,11 @@ pub mod wireup;
 
 use std::ffi::OsString;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub use secret::{JobSecret, ENV_JOB_SECRET};
 pub use server::{BootstrapServer, ServerEvent, ServerThread};
@@ -70,8 +73,47 @@ pub const ENV_LOCAL_RANK: &str = "TMPI_LOCAL_RANK";
 pub const ENV_LOCAL_SIZE: &str = "TMPI_LOCAL_SIZE";
 /// `TMPI_JOBID`: 16 hex digits, random per job.
 pub const ENV_JOBID: &str = "TMPI_JOBID";
-/// `TMPI_BOOTSTRAP`: path of the bootstrap Unix socket.
+/// `TMPI_BOOTSTRAP`: path of the bootstrap Unix socket, or `tcp:ADDR:PORT`.
 pub const ENV_BOOTSTRAP: &str = "TMPI_BOOTSTRAP";
+
+/// How long a rank tries to reach a bootstrap service over TCP before it gives up.
+pub const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the bootstrap service is, as `TMPI_BOOTSTRAP` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootstrapAddr {
+    /// A Unix socket (ranks on `tmpirun`'s host).
+    Unix(PathBuf),
+    /// A TCP address (`tcp:ADDR:PORT`, ranks on other hosts; IPv6 as `tcp:[ADDR]:PORT`).
+    Tcp(SocketAddr),
+}
+
+impl BootstrapAddr {
+    /// Reads a `TMPI_BOOTSTRAP` value: `tcp:ADDR:PORT`, else the path of a Unix socket.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] for an empty value or a `tcp:` one that is no socket address.
+    pub fn parse(v: &Path) -> Result<Self> {
+        if v.as_os_str().is_empty() {
+            return Err(bad_var(ENV_BOOTSTRAP, "", "the path of a Unix socket or tcp:ADDR:PORT"));
+        }
+        match v.to_str().and_then(|s| s.strip_prefix("tcp:")) {
+            Some(a) => a
+                .parse::<SocketAddr>()
+                .map(BootstrapAddr::Tcp)
+                .map_err(|_| bad_var(ENV_BOOTSTRAP, &v.to_string_lossy(), "tcp:ADDR:PORT with a numeric address")),
+            None => Ok(BootstrapAddr::Unix(v.to_path_buf())),
+        }
+    }
+
+    /// The `TMPI_BOOTSTRAP` value that names this address.
+    pub fn to_env(&self) -> OsString {
+        match self {
+            BootstrapAddr::Unix(p) => p.clone().into_os_string(),
+            BootstrapAddr::Tcp(a) => format!("tcp:{a}").into(),
+        }
+    }
+}
 /// `TMPI_SHM_NAME`: name of the job's shared-memory segment in `/dev/shm`.
 pub const ENV_SHM_NAME: &str = "TMPI_SHM_NAME";
 /// `TMPI_LAUNCHER_PID`: pid of `tmpirun`.
@@ -112,7 +154,7 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_MR_CACHE_MONITOR", default: "userfaultfd", meaning: "how the MR cache learns of unmapped memory: userfaultfd (uffd, memhooks and kdreg2 select it too) or disabled, which turns caching off (FI_MR_CACHE_MONITOR is read when unset)" },
     Knob { name: "TMPI_SINGLE_COPY", default: "cma", meaning: "how rendezvous data moves once the sender's key check passed: cma = one kernel copy where the kernel permits it (the reader process_vm_readv's the first half, the sender process_vm_writev's the second half from 128 KiB on), else (and with none) a pipelined copy through the shared-memory rings" },
     Knob { name: "TMPI_FABRIC", default: "auto", meaning: "which fabric links ranks: auto = shared memory between ranks of one host and TCP between hosts, shm = shared memory only (all ranks on one host), tcp = TCP between every pair of ranks, even on one host (for testing)" },
-    Knob { name: "TMPI_TCP_IF", default: "auto", meaning: "interface name (eth0) or IP address the TCP fabric listens on; auto = loopback when all ranks run on one host, else the first IPv4 address of an interface that is up and not loopback (never the wildcard address)" },
+    Knob { name: "TMPI_TCP_IF", default: "auto", meaning: "interface name (eth0) or IP address the TCP fabric listens on; auto = loopback when all ranks run on one host, else the first IPv4 address of an interface that is up and not loopback (never the wildcard address); tmpirun also listens there for the bootstrap of ranks on other hosts (default there: the address that routes to the first remote host)" },
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "134217728", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster than CMA at every size up to 64 MiB (bench/results/large-2026-11-24.md) (>= 0)" },
     Knob { name: "TMPI_SHARED_HEAP", default: "1073741824", meaning: "bytes of address space of each rank's shared heap (World::alloc_shared), a memory file that peers map on first use so a rendezvous from or into it is one plain memcpy; pages are taken only as blocks are written; 0 turns it off (allocations are then private memory) (0..=2^40; at least 65536 when not 0)" },
     Knob { name: "TMPI_SHM_COLL", default: "on", meaning: "on: barrier, bcast, reduce and allreduce of communicators of 2 to 64 ranks go through flags and slots in the shared-memory segment (up to 4 KiB of data; larger calls agree there, then use point-to-point); off: point-to-point algorithms only; must be the same on every rank (on or off)" },
@@ -134,7 +176,8 @@ pub struct BootstrapEnv {
     pub local_rank: usize,
     /// `TMPI_LOCAL_SIZE` (defaults to `size` when unset).
     pub local_size: usize,
-    /// `TMPI_BOOTSTRAP`: the socket to connect to.
+    /// `TMPI_BOOTSTRAP`: the socket to connect to (a path, or `tcp:ADDR:PORT`: see
+    /// [`BootstrapAddr::parse`]).
     pub bootstrap: PathBuf,
     /// `TMPI_JOB_SECRET`: what the rank proves itself with in its `hello`.
     pub secret: JobSecret,
@@ -195,9 +238,7 @@ impl BootstrapEnv {
         }
         let secret = JobSecret::from_hex(&need(ENV_JOB_SECRET)?)?;
         let bootstrap = PathBuf::from(need(ENV_BOOTSTRAP)?);
-        if bootstrap.as_os_str().is_empty() {
-            return Err(bad_var(ENV_BOOTSTRAP, "", "the path of a Unix socket"));
-        }
+        BootstrapAddr::parse(&bootstrap)?;
         let local_size = match text(ENV_LOCAL_SIZE)? {
             Some(v) => {
                 let n = num(ENV_LOCAL_SIZE, &v)?;
@@ -335,7 +376,7 @@ impl BootstrapEnv {
 /// A rank's connection to the bootstrap service: synchronous, one request at a time.
 #[derive(Debug)]
 pub struct BootstrapClient {
-    stream: UnixStream,
+    stream: ClientStream,
     rank: usize,
     size: usize,
     finalized: bool,
@@ -350,11 +391,30 @@ impl BootstrapClient {
     /// [`Error::Io`] if the socket cannot be reached; [`Error::Bootstrap`] if the server
     /// refuses the rank (wrong secret, out of range, wrong size, already connected).
     pub fn connect(path: &Path, rank: usize, size: usize, secret: &JobSecret) -> Result<Self> {
+        Self::connect_to(&BootstrapAddr::Unix(path.to_path_buf()), rank, size, secret)
+    }
+
+    /// As [`connect`](Self::connect), to a Unix socket or a TCP address.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); a TCP address not reached within
+    /// [`TCP_CONNECT_TIMEOUT`].
+    pub fn connect_to(addr: &BootstrapAddr, rank: usize, size: usize, secret: &JobSecret) -> Result<Self> {
         if size == 0 || size > MAX_RANKS || rank >= size {
             return Err(Error::Bootstrap(format!("rank {rank} of {size}: not a valid rank")));
         }
-        let stream = UnixStream::connect(path)
-            .map_err(|source| Error::Io { op: format!("connect to bootstrap socket {}", path.display()), source })?;
+        let stream = match addr {
+            BootstrapAddr::Unix(path) => ClientStream::Unix(
+                UnixStream::connect(path)
+                    .map_err(|source| Error::Io { op: format!("connect to bootstrap socket {}", path.display()), source })?,
+            ),
+            BootstrapAddr::Tcp(a) => {
+                let s = TcpStream::connect_timeout(a, TCP_CONNECT_TIMEOUT)
+                    .map_err(|source| Error::Io { op: format!("connect to the bootstrap service at {a}"), source })?;
+                let _ = s.set_nodelay(true);
+                ClientStream::Tcp(s)
+            }
+        };
         let mut c = BootstrapClient { stream, rank, size, finalized: false, buf: Vec::new() };
         let hello = Request::Hello { version: proto::VERSION, rank: rank as u32, size: size as u32, secret: *secret.as_bytes() };
         c.call_ok(&hello, "hello")?;
@@ -371,7 +431,7 @@ impl BootstrapClient {
         let Some(env) = BootstrapEnv::from_env()? else {
             return Ok(None);
         };
-        let c = Self::connect(&env.bootstrap, env.rank, env.size, &env.secret)?;
+        let c = Self::connect_to(&BootstrapAddr::parse(&env.bootstrap)?, env.rank, env.size, &env.secret)?;
         Ok(Some((c, env)))
     }
 
@@ -486,6 +546,31 @@ impl BootstrapClient {
                 Error::Bootstrap(format!("rank {}: the bootstrap server closed the connection (tmpirun gone?)", self.rank))
             }
             _ => Error::Io { op: format!("rank {}: {what} the bootstrap server", self.rank), source: e },
+        }
+    }
+}
+
+/// The client's connection.
+#[derive(Debug)]
+enum ClientStream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Read for ClientStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ClientStream::Unix(s) => s.read(buf),
+            ClientStream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl AsRawFd for ClientStream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            ClientStream::Unix(s) => s.as_raw_fd(),
+            ClientStream::Tcp(s) => s.as_raw_fd(),
         }
     }
 }

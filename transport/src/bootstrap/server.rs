@@ -23,11 +23,14 @@
 //! at); until then the server reads at most one `hello` frame from it. With
 //! [`BootstrapServer::admit_pids`], the connecting process (its `SO_PEERCRED` pid, taken at
 //! `connect`) must also be one of the given processes or a descendant of one, and of the
-//! server's own user. A stranger is closed and reported as [`ServerEvent::Refused`]; it
+//! server's own user (Unix-socket clients only). With [`BootstrapServer::listen_tcp`] the
+//! server also accepts ranks of other hosts over TCP; they are admitted by the secret in
+//! their `hello` alone. A stranger is closed and reported as [`ServerEvent::Refused`]; it
 //! changes nothing else (no rank slot is taken, no fence is broken).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -44,6 +47,53 @@ pub const MAX_STORE_BYTES: usize = 256 << 20;
 
 /// Epoll token of the listening socket.
 const LISTENER: u64 = u64::MAX;
+/// Epoll token of the TCP listening socket ([`BootstrapServer::listen_tcp`]).
+const TCP_LISTENER: u64 = u64::MAX - 1;
+
+/// A client connection: over the Unix socket (local ranks) or TCP (ranks on other hosts).
+enum ConnStream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl ConnStream {
+    fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            ConnStream::Unix(s) => s.set_nonblocking(true),
+            ConnStream::Tcp(s) => s.set_nonblocking(true),
+        }
+    }
+}
+
+impl Read for ConnStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            ConnStream::Unix(s) => s.read(buf),
+            ConnStream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for ConnStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            ConnStream::Unix(s) => s.write(buf),
+            ConnStream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsRawFd for ConnStream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            ConnStream::Unix(s) => s.as_raw_fd(),
+            ConnStream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
 
 /// Something the launcher should know about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +163,7 @@ enum Wait {
 }
 
 struct Conn {
-    stream: UnixStream,
+    stream: ConnStream,
     /// The peer's pid from `SO_PEERCRED`, if the kernel told.
     pid: Option<i32>,
     rank: Option<usize>,
@@ -129,6 +179,8 @@ struct Conn {
 /// The bootstrap key-value server of one job.
 pub struct BootstrapServer {
     listener: UnixListener,
+    /// The TCP listener for ranks on other hosts, once [`BootstrapServer::listen_tcp`] made it.
+    tcp: Option<TcpListener>,
     path: PathBuf,
     epoll: OwnedFd,
     size: usize,
@@ -179,6 +231,7 @@ impl BootstrapServer {
         let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
         let server = BootstrapServer {
             listener,
+            tcp: None,
             path: path.to_path_buf(),
             epoll,
             size,
@@ -205,6 +258,31 @@ impl BootstrapServer {
     /// is made when a connection is accepted, on the pid the kernel recorded at `connect`.
     pub fn admit_pids(&mut self, pids: Vec<i32>) {
         self.admit = Some(pids);
+    }
+
+    /// Also listens on TCP at `ip` (a port the kernel chooses), for ranks on other hosts;
+    /// returns the address to give them (`TMPI_BOOTSTRAP=tcp:ADDR:PORT`).
+    ///
+    /// A TCP client is admitted by its `hello` alone: it must carry the job's secret, checked
+    /// before anything else in it ([`BootstrapServer::admit_pids`] cannot apply: the kernel
+    /// knows no pid for a TCP peer). `ip` must be a particular address, never the wildcard.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for the wildcard address or a second call; the socket
+    /// cannot be bound.
+    pub fn listen_tcp(&mut self, ip: IpAddr) -> Result<SocketAddr> {
+        if ip.is_unspecified() {
+            return Err(Error::InvalidArgument("the bootstrap service does not listen on the wildcard address".into()));
+        }
+        if self.tcp.is_some() {
+            return Err(Error::InvalidArgument("the bootstrap service already listens on TCP".into()));
+        }
+        let l = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| io_err(format!("bind the bootstrap service to {ip}"), e))?;
+        l.set_nonblocking(true).map_err(|e| io_err("bootstrap TCP listener nonblocking", e))?;
+        let addr = l.local_addr().map_err(|e| io_err("bootstrap TCP listener address", e))?;
+        self.ctl(libc::EPOLL_CTL_ADD, l.as_raw_fd(), libc::EPOLLIN as u32, TCP_LISTENER)?;
+        self.tcp = Some(l);
+        Ok(addr)
     }
 
     /// The socket's path (what `TMPI_BOOTSTRAP` holds).
@@ -251,6 +329,8 @@ impl BootstrapServer {
                 let (token, flags) = (ev.u64, ev.events);
                 if token == LISTENER {
                     self.accept_all();
+                } else if token == TCP_LISTENER {
+                    self.accept_tcp();
                 } else {
                     self.service(token, flags);
                 }
@@ -329,27 +409,7 @@ impl BootstrapServer {
                         self.events.push(ServerEvent::Refused { pid: cred.map(|c| c.pid), reason: why });
                         continue; // dropping the stream closes it
                     }
-                    if stream.set_nonblocking(true).is_err() {
-                        continue;
-                    }
-                    let token = self.next_token;
-                    self.next_token += 1;
-                    if self.ctl(libc::EPOLL_CTL_ADD, stream.as_raw_fd(), libc::EPOLLIN as u32, token).is_err() {
-                        continue;
-                    }
-                    self.conns.insert(
-                        token,
-                        Conn {
-                            stream,
-                            pid: cred.map(|c| c.pid),
-                            rank: None,
-                            inbuf: Vec::new(),
-                            outbuf: Vec::new(),
-                            wait: Wait::None,
-                            want_out: false,
-                            close_after_flush: false,
-                        },
-                    );
+                    self.add_conn(ConnStream::Unix(stream), cred.map(|c| c.pid));
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // WouldBlock: all accepted. Other errors (EMFILE...) are retried on the next
@@ -357,6 +417,45 @@ impl BootstrapServer {
                 Err(_) => return,
             }
         }
+    }
+
+    /// Accepts TCP clients: strangers until their `hello` proves the job secret.
+    fn accept_tcp(&mut self) {
+        loop {
+            let Some(l) = &self.tcp else { return };
+            match l.accept() {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    self.add_conn(ConnStream::Tcp(stream), None);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn add_conn(&mut self, stream: ConnStream, pid: Option<i32>) {
+        if stream.set_nonblocking().is_err() {
+            return;
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        if self.ctl(libc::EPOLL_CTL_ADD, stream.as_raw_fd(), libc::EPOLLIN as u32, token).is_err() {
+            return;
+        }
+        self.conns.insert(
+            token,
+            Conn {
+                stream,
+                pid,
+                rank: None,
+                inbuf: Vec::new(),
+                outbuf: Vec::new(),
+                wait: Wait::None,
+                want_out: false,
+                close_after_flush: false,
+            },
+        );
     }
 
     /// Handles readiness of one connection.

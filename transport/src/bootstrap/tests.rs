@@ -353,3 +353,53 @@ fn knob_table_is_complete() {
         assert!(KNOBS.iter().any(|k| k.name == name), "{name} missing");
     }
 }
+
+#[test]
+fn tcp_clients_meet_unix_clients_and_strangers_are_refused() {
+    let s = TmpSock::new();
+    let mut server = BootstrapServer::bind(&s.path, 2, secret()).unwrap();
+    assert!(server.listen_tcp("0.0.0.0".parse().unwrap()).is_err(), "the wildcard address is refused");
+    let addr = server.listen_tcp("127.0.0.1".parse().unwrap()).unwrap();
+    assert!(server.listen_tcp("127.0.0.1".parse().unwrap()).is_err(), "one TCP listener");
+    let srv = server.spawn().unwrap();
+    let tcp = BootstrapAddr::parse(Path::new(&format!("tcp:{addr}"))).unwrap();
+    assert_eq!(tcp, BootstrapAddr::Tcp(addr));
+    assert_eq!(BootstrapAddr::parse(&PathBuf::from(tcp.to_env())).unwrap(), tcp);
+
+    // A stranger over TCP: refused, and no rank slot is taken.
+    let wrong = JobSecret::from_bytes(*b"not-the-secret!!");
+    let e = BootstrapClient::connect_to(&tcp, 1, 2, &wrong).unwrap_err().to_string();
+    assert!(e.contains("wrong job secret"), "{e}");
+    let mut raw = std::net::TcpStream::connect(addr).unwrap();
+    let _ = raw.write_all(&[0xff; 4096]);
+    drop(raw);
+
+    let path = s.path.clone();
+    let local = std::thread::spawn(move || {
+        let mut c = BootstrapClient::connect(&path, 0, 2, &secret()).unwrap();
+        c.put("k0", b"unix").unwrap();
+        c.fence().unwrap();
+        let v = c.get("k1").unwrap();
+        c.finalize().unwrap();
+        v
+    });
+    let mut c = BootstrapClient::connect_to(&tcp, 1, 2, &secret()).unwrap();
+    c.put("k1", b"tcp").unwrap();
+    c.fence().unwrap();
+    assert_eq!(c.get("k0").unwrap(), b"unix");
+    c.finalize().unwrap();
+    assert_eq!(local.join().unwrap(), b"tcp");
+    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Refused { .. }));
+    assert!(evs.iter().any(|e| matches!(e, ServerEvent::Refused { pid: None, reason } if reason.contains("wrong job secret"))), "{evs:?}");
+    srv.stop().unwrap();
+}
+
+#[test]
+fn bootstrap_addresses_are_checked() {
+    assert_eq!(BootstrapAddr::parse(Path::new("/tmp/x.sock")).unwrap(), BootstrapAddr::Unix("/tmp/x.sock".into()));
+    assert_eq!(BootstrapAddr::parse(Path::new("tcp:[::1]:7")).unwrap(), BootstrapAddr::Tcp("[::1]:7".parse().unwrap()));
+    for bad in ["", "tcp:", "tcp:host:1", "tcp:1.2.3.4", "tcp:1.2.3.4:99999"] {
+        let e = BootstrapAddr::parse(Path::new(bad)).unwrap_err().to_string();
+        assert!(e.contains("TMPI_BOOTSTRAP"), "{bad}: {e}");
+    }
+}

@@ -1,0 +1,295 @@
+//! `tmpirun --host` / `--hostfile` across "hosts" made of network namespaces on this machine
+//! (`tests/harness/netns.sh`: three namespaces on one bridge, an sshd in each). `tmpirun` runs
+//! inside the first namespace; ranks on the others are started through `ssh` (`TMPI_RSH`) and
+//! meet over TCP: the bootstrap service on the first namespace's address, the TCP fabric
+//! between namespaces (each rank's `TMPI_NODE_ID` is its host, so ranks of different
+//! namespaces never share memory although they share this machine's `/dev/shm`).
+//!
+//! Cases: hello, ring and collcheck on 2 hosts x 2 ranks; a hostfile of 3 hosts x 1;
+//! `TMPI_FABRIC=tcp`; a remote rank killed (the job ends naming it, nothing is left on any
+//! host); `tmpirun` interrupted (SIGINT: nothing is left). Skipped, saying why, when not root
+//! or without `ip netns` or sshd.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tmpi_tests::{release_bin, tmpirun, workspace_root};
+
+/// The namespaces of one test run; dropped, they are torn down (by the harness, which stops
+/// only the sshds it started).
+struct Hosts {
+    state: PathBuf,
+    /// (namespace, address) of each host.
+    hosts: Vec<(String, String)>,
+    rsh: String,
+}
+
+impl Hosts {
+    /// Brings up `n` hosts, or says why this machine cannot and returns `None`.
+    fn up(n: usize) -> Option<Hosts> {
+        // SAFETY: geteuid has no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("multihost: SKIPPED: not root (network namespaces need root)");
+            return None;
+        }
+        if !Path::new("/usr/sbin/sshd").exists() {
+            eprintln!("multihost: SKIPPED: no /usr/sbin/sshd (install openssh-server)");
+            return None;
+        }
+        match Command::new("ip").args(["netns", "list"]).output() {
+            Ok(o) if o.status.success() => {}
+            _ => {
+                eprintln!("multihost: SKIPPED: `ip netns` does not work here (install iproute2)");
+                return None;
+            }
+        }
+        let state = std::env::temp_dir().join(format!("tmpi-mh-{}", std::process::id()));
+        let hosts = Hosts { state: state.clone(), hosts: Vec::new(), rsh: String::new() };
+        let out = Command::new(harness()).arg("up").arg(&state).arg(n.to_string()).stdin(Stdio::null()).output().expect("run netns.sh");
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            // Exit 3: something this machine lacks; anything else is a failure of the harness.
+            assert_eq!(out.status.code(), Some(3), "netns.sh up failed:\n{err}");
+            eprintln!("multihost: SKIPPED: {}", err.trim());
+            return None;
+        }
+        let list = std::fs::read_to_string(state.join("hosts")).expect("hosts file");
+        let rsh = std::fs::read_to_string(state.join("rsh")).expect("rsh file").trim().to_string();
+        let hosts_list = list.lines().filter_map(|l| l.split_once(' ')).map(|(ns, a)| (ns.to_string(), a.to_string())).collect::<Vec<_>>();
+        assert_eq!(hosts_list.len(), n, "{list}");
+        let mut hosts = hosts;
+        hosts.hosts = hosts_list;
+        hosts.rsh = rsh;
+        Some(hosts)
+    }
+
+    fn addr(&self, i: usize) -> &str {
+        &self.hosts[i].1
+    }
+
+    /// `ip netns exec <first namespace> tmpirun <args>`.
+    fn tmpirun(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.hosts[0].0]).arg(tmpirun()).args(args);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("TMPI_") {
+                c.env_remove(&k);
+            }
+        }
+        c.env("TMPI_RSH", &self.rsh).stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.tmpirun(args).output().expect("run tmpirun")
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        let _ = Command::new(harness()).arg("down").arg(&self.state).stdin(Stdio::null()).status();
+    }
+}
+
+fn harness() -> PathBuf {
+    workspace_root().join("tests/harness/netns.sh")
+}
+
+fn report(o: &Output) -> String {
+    format!("status {:?}\nstdout:\n{}\nstderr:\n{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The `tmpi-fabric` kinds the ranks reported (with `TMPI_STATS=1`), by rank.
+fn fabric_kinds(o: &Output) -> Vec<(usize, String)> {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let mut v: Vec<(usize, String)> = err
+        .lines()
+        .filter_map(|l| l.split_once("tmpi-fabric rank=").map(|(_, r)| r))
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let r = w.next()?.parse().ok()?;
+            let k = w.next()?.strip_prefix("kind=")?.to_string();
+            Some((r, k))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Processes whose command line or environment holds `mark` (all namespaces share this
+/// machine's pid namespace, so this sees every "host").
+fn marked(mark: &str) -> Vec<(i32, String)> {
+    let mut out = Vec::new();
+    let me = std::process::id() as i32;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if pid == me {
+            continue;
+        }
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        let hit = |b: &[u8]| b.windows(mark.len()).any(|w| w == mark.as_bytes());
+        if hit(&cmd) || hit(&env) {
+            out.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
+        }
+    }
+    out
+}
+
+/// Waits (at most 10 s) until no process carries `mark`.
+fn assert_nothing_left(mark: &str, what: &str) {
+    let t = Instant::now();
+    loop {
+        let left = marked(mark);
+        if left.is_empty() {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{what}: processes left behind: {left:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pid of the process whose environment has `mark` and `TMPI_RANK=<rank>` (the rank
+/// itself, not its wrapper).
+fn rank_pid(mark: &str, rank: usize) -> Option<i32> {
+    let want = format!("TMPI_RANK={rank}");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        for (pid, _) in marked(mark) {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
+            if vars.contains(&want.as_bytes()) && vars.contains(&format!("MULTIHOST_MARK={mark}").as_bytes()) {
+                return Some(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// A running `tmpirun`, killed if a failed assertion leaves it behind (its death ends every
+/// rank: the agents die with it, and the remote wrappers with their stdin).
+struct Launcher(std::process::Child);
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `fault_hang` on the hosts, waits until every rank is READY, and returns the
+/// running `tmpirun` with its stderr reader.
+fn hanging_job(h: &Hosts, hosts: &str, n: usize, mark: &str) -> (Launcher, std::thread::JoinHandle<Vec<String>>) {
+    let x = format!("MULTIHOST_MARK={mark}");
+    let prog = release_bin("fault_hang");
+    let mut child = Launcher(
+        h.tmpirun(&["--host", hosts, "--timeout", "120", "-x", &x, prog.to_str().expect("utf-8 path")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tmpirun"),
+    );
+    let stdout = BufReader::new(child.0.stdout.take().expect("stdout"));
+    let stderr = child.0.stderr.take().expect("stderr");
+    let err = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<String>>());
+    let mut ready = 0;
+    let mut lines = stdout.lines();
+    while ready < n {
+        match lines.next() {
+            Some(Ok(l)) if l.starts_with("READY ") => ready += 1,
+            Some(Ok(_)) => {}
+            _ => {
+                drop(child);
+                panic!("the job ended before every rank was ready: {:?}", err.join());
+            }
+        }
+    }
+    // Keep reading stdout so that the ranks never block on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, err)
+}
+
+#[test]
+fn several_hosts_through_ssh_in_network_namespaces() {
+    let Some(h) = Hosts::up(3) else { return };
+    let (a1, a2, a3) = (h.addr(0).to_string(), h.addr(1).to_string(), h.addr(2).to_string());
+    let two_by_two = format!("{a1}:2,{a2}:2");
+    let bin = |p: &str| release_bin(p).to_string_lossy().into_owned();
+
+    // hello on 2 hosts x 2 ranks, -n taken from the slots: shared memory within a host, TCP
+    // between hosts (hybrid), every line forwarded and tagged.
+    let o = h.run(&["--host", &two_by_two, "--tag-output", "-x", "TMPI_STATS=1", &bin("hello")]);
+    assert!(o.status.success(), "{}", report(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for r in 0..4 {
+        assert!(out.lines().any(|l| l == format!("[{r}] Hello from rank {r} of 4")), "rank {r}: {}", report(&o));
+    }
+    let kinds = fabric_kinds(&o);
+    assert_eq!(kinds.len(), 4, "{}", report(&o));
+    assert!(kinds.iter().all(|(_, k)| k == "hybrid"), "{kinds:?}");
+
+    // ring and collcheck, -n given and checked against the slots.
+    for p in ["ring", "collcheck"] {
+        let o = h.run(&["-n", "4", "--host", &two_by_two, "--timeout", "120", &bin(p)]);
+        assert!(o.status.success(), "{p}: {}", report(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with(&format!("{p}: "))), "{p}: {}", report(&o));
+    }
+    let o = h.run(&["-n", "5", "--host", &two_by_two, &bin("hello")]);
+    assert_eq!(o.status.code(), Some(2), "more ranks than slots: {}", report(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("only 4 slot"), "{}", report(&o));
+
+    // A hostfile of 3 hosts x 1 rank: TCP only.
+    let hf = h.state.join("hostfile");
+    std::fs::write(&hf, format!("# three hosts\n{a1} slots=1\n\n{a2}   # the second\n{a3} slots=1\n")).expect("write hostfile");
+    let o = h.run(&["--hostfile", hf.to_str().expect("utf-8"), "-x", "TMPI_STATS=1", "--timeout", "120", &bin("collcheck")]);
+    assert!(o.status.success(), "hostfile: {}", report(&o));
+    let kinds = fabric_kinds(&o);
+    assert_eq!(kinds, (0..3).map(|r| (r, "tcp".to_string())).collect::<Vec<_>>(), "{}", report(&o));
+    std::fs::write(&hf, format!("{a1} slots=1\n{a2} slot=2\n")).expect("write hostfile");
+    let o = h.run(&["--hostfile", hf.to_str().expect("utf-8"), &bin("hello")]);
+    assert_eq!(o.status.code(), Some(2), "{}", report(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("hostfile:2"), "the error names the line: {}", report(&o));
+
+    // TMPI_FABRIC=tcp (from tmpirun's environment, carried to the remote ranks): TCP even
+    // between the ranks of one host.
+    let o = h
+        .tmpirun(&["--host", &two_by_two, "--timeout", "120", &bin("collcheck")])
+        .env("TMPI_FABRIC", "tcp")
+        .env("TMPI_STATS", "1")
+        .output()
+        .expect("run tmpirun");
+    assert!(o.status.success(), "TMPI_FABRIC=tcp: {}", report(&o));
+    let kinds = fabric_kinds(&o);
+    assert_eq!(kinds, (0..4).map(|r| (r, "tcp".to_string())).collect::<Vec<_>>(), "{}", report(&o));
+
+    // A remote rank killed: the job ends, naming it, and nothing is left on any host.
+    let mark = format!("kill-{}", std::process::id());
+    let (mut child, err) = hanging_job(&h, &format!("{a1}:1,{a2}:2"), 3, &mark);
+    let pid = rank_pid(&mark, 1).expect("rank 1's pid");
+    let t = Instant::now();
+    // SAFETY: kill(2) has no memory effects; `pid` is rank 1, found by its environment.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let status = child.0.wait().expect("wait for tmpirun");
+    let took = t.elapsed();
+    let err = err.join().expect("stderr").join("\n");
+    assert!(!status.success(), "{err}");
+    assert!(took < Duration::from_secs(6), "the job took {took:?} to end after the kill\n{err}");
+    assert!(err.contains(&format!("tmpirun: rank 1 (on host {a2})")), "tmpirun should name rank 1\n{err}");
+    eprintln!("multihost: remote rank killed -> job ended in {took:?}");
+    assert_nothing_left(&mark, "after a remote rank was killed");
+
+    // tmpirun interrupted: every rank on every host goes.
+    let mark = format!("int-{}", std::process::id());
+    let (mut child, err) = hanging_job(&h, &format!("{a1}:1,{a2}:1,{a3}:1"), 3, &mark);
+    let t = Instant::now();
+    // SAFETY: kill(2) has no memory effects; the child is tmpirun (`ip netns exec` execs it).
+    assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) }, 0);
+    let status = child.0.wait().expect("wait for tmpirun");
+    let err = err.join().expect("stderr").join("\n");
+    assert_eq!(status.code(), Some(130), "{err}");
+    eprintln!("multihost: SIGINT -> job ended in {:?}", t.elapsed());
+    assert_nothing_left(&mark, "after tmpirun got SIGINT");
+}
