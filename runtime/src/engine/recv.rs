@@ -7,29 +7,8 @@ impl Engine {
     /// ranks (`src` is the same source in the communicator's numbering).
     pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
         let cap = buf.cap();
-        let rid = self.st.reqs.insert(Req {
-            kind: ReqKind::Recv(RecvState {
-                buf: Some(buf),
-                key: matching::recv_key(ctx, src, tag).0,
-                from,
-                src_world: 0,
-                refused: None,
-                cap,
-                matched: false,
-                match_id: None,
-                hw_handle: None,
-                sw_only: false,
-                rndv_req: None,
-                read: None,
-                received: 0,
-                total: 0,
-                source: 0,
-                tag: 0,
-            }),
-            result: None,
-            detached: false,
-        });
         let (t, m) = matching::recv_key(ctx, src, tag);
+        let rid = self.st.reqs.insert(Req { kind: ReqKind::Recv(RecvState::new(buf, t, from, false)), result: None, detached: false });
         let st = &mut self.st;
         // A receive of `RVH_LEN_IN_META` bytes or more stays in software: the RVH cannot say
         // how long a message that size is, so the hardware must never serve one.
@@ -85,29 +64,7 @@ impl Engine {
 
     /// A receive request that is in no queue (it is given its message directly).
     fn post_recv_detached(&mut self, key: u64, buf: RawBufMut, from: Peers) -> ReqId {
-        let cap = buf.cap();
-        self.st.reqs.insert(Req {
-            kind: ReqKind::Recv(RecvState {
-                buf: Some(buf),
-                key,
-                from,
-                src_world: 0,
-                refused: None,
-                cap,
-                matched: true,
-                match_id: None,
-                hw_handle: None,
-                sw_only: false,
-                rndv_req: None,
-                read: None,
-                received: 0,
-                total: 0,
-                source: 0,
-                tag: 0,
-            }),
-            result: None,
-            detached: false,
-        })
+        self.st.reqs.insert(Req { kind: ReqKind::Recv(RecvState::new(buf, key, from, true)), result: None, detached: false })
     }
 
     /// Status of the oldest unexpected message matching, if any (no progress).

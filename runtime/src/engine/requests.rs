@@ -323,6 +323,29 @@ impl State {
 }
 
 impl RecvState {
+    /// A receive into `buf` posted with match key `key`, waiting for `from`; `matched` when it
+    /// is handed its message directly (a matched probe) rather than queued.
+    pub(super) fn new(buf: RawBufMut, key: u64, from: Peers, matched: bool) -> Self {
+        RecvState {
+            cap: buf.cap(),
+            buf: Some(buf),
+            key,
+            from,
+            src_world: 0,
+            refused: None,
+            matched,
+            match_id: None,
+            hw_handle: None,
+            sw_only: false,
+            rndv_req: None,
+            read: None,
+            received: 0,
+            total: 0,
+            source: 0,
+            tag: 0,
+        }
+    }
+
     /// The error of a message of `len` bytes that does not fit this receive.
     pub(super) fn truncated(&self, len: usize) -> Error {
         Error::Truncated { source_rank: self.source, tag: self.tag, len, capacity: self.cap }
