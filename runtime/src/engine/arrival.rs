@@ -30,6 +30,18 @@ impl State {
                 return true;
             }
         }
+        // The common case costs no queued completion: a whole eager message while no tagged
+        // buffer is listed lands unexpected in an SRQ buffer, and its completion is handled at
+        // once (what `drain_cq` would do with it next).
+        if p.flags & PKT_WHOLE == PKT_WHOLE {
+            if let Some(wc) = self.tm.arrive_unexpected_polled(p.src as u32, p.data) {
+                let r = self.on_unexpected_wc(&wc).and_then(|()| self.on_software(p)).and_then(|()| self.settle_cq());
+                if let Err(e) = r {
+                    self.error = Some(e);
+                }
+                return true;
+            }
+        }
         let arrival = if p.flags & PKT_FIRST != 0 {
             self.tm.arrive_first(p.src as u32, p.data, p.total_len as usize)
         } else {
@@ -80,7 +92,7 @@ impl State {
             }
             Err(e) => Err(Error::Transport(e.into())),
         };
-        if let Err(e) = r.and_then(|()| self.drain_cq()) {
+        if let Err(e) = r.and_then(|()| self.settle_cq()) {
             self.error = Some(e);
         }
         true

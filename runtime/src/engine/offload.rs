@@ -56,18 +56,35 @@ impl State {
         self.tm.post_srq_recv(self.srq_wr, SRQ_BUF_LEN).map_err(|e| Error::Transport(e.into()))
     }
 
+    /// The completion of a message the TM-SRQ delivered unexpected: software counts it
+    /// (asking for a sync when the hardware wants one, or every [`FORCED_SYNC_EVERY`]) and
+    /// gives the SRQ a fresh buffer.
+    #[inline]
+    pub(super) fn on_unexpected_wc(&mut self, wc: &Wc) -> Result<()> {
+        self.sw_unexp = self.sw_unexp.wrapping_add(1);
+        if self.sw_unexp % FORCED_SYNC_EVERY == 0 || wc.flags.contains(WcFlags::TM_SYNC_REQ) {
+            self.need_sync = true;
+        }
+        self.repost_srq()
+    }
+
+    /// [`State::drain_cq`] when there may be something to drain (a completion, a transmit,
+    /// or a pending sync); nothing otherwise.
+    #[inline]
+    pub(super) fn settle_cq(&mut self) -> Result<()> {
+        if self.need_sync || !self.tm.quiet() {
+            self.drain_cq()
+        } else {
+            Ok(())
+        }
+    }
+
     /// Consumes the TM-SRQ's completions.
     pub(super) fn drain_cq(&mut self) -> Result<()> {
         loop {
             while let Some(wc) = self.tm.poll_cq() {
                 match wc.opcode {
-                    WcOpcode::TmRecv if wc.is_unexpected() => {
-                        self.sw_unexp = self.sw_unexp.wrapping_add(1);
-                        if self.sw_unexp % FORCED_SYNC_EVERY == 0 || wc.flags.contains(WcFlags::TM_SYNC_REQ) {
-                            self.need_sync = true;
-                        }
-                        self.repost_srq()?;
-                    }
+                    WcOpcode::TmRecv if wc.is_unexpected() => self.on_unexpected_wc(&wc)?,
                     WcOpcode::TmNoTag => self.repost_srq()?,
                     WcOpcode::TmRecv => self.on_hw_completion(&wc),
                     WcOpcode::TmAdd | WcOpcode::TmDel | WcOpcode::TmSync => {

@@ -36,7 +36,7 @@ impl Engine {
                 if handle.is_none() {
                     st.sw_only_posted += 1;
                 }
-                st.drain_cq()?;
+                st.settle_cq()?;
             }
         }
         Ok(rid)

@@ -659,6 +659,50 @@ impl TmSrq {
         self.cq.push_back(e);
     }
 
+    /// Whether polling would find nothing: no completion queued and nothing to transmit.
+    #[inline]
+    pub fn quiet(&self) -> bool {
+        self.cq.is_empty() && self.tx.is_empty()
+    }
+
+    /// [`TmSrq::arrive`] of a whole eager message followed by [`TmSrq::poll_cq`] of its
+    /// completion, fused, for the common case where the result is known in advance: no tagged
+    /// buffer is listed (so nothing can match), no message is in progress, and no completion
+    /// is queued (so this one would be the next polled). The message takes the oldest SRQ
+    /// buffer and is counted unexpected, exactly as through `arrive`; the completion that
+    /// `poll_cq` would return is returned instead of queued.
+    ///
+    /// `None` (nothing changed) when any of those conditions does not hold, or the message
+    /// is not a well-formed eager one, or no SRQ buffer is posted: the caller then takes the
+    /// general path, which reports every such case.
+    #[inline]
+    pub fn arrive_unexpected_polled(&mut self, src: u32, msg: &[u8]) -> Option<Wc> {
+        if msg.first() != Some(&(TmOp::Eager as u8))
+            || msg.len() < TMH_LEN
+            || self.list.listed() != 0
+            || !self.inflight.is_empty()
+            || !self.cq.is_empty()
+        {
+            return None;
+        }
+        let (wr_id, len) = self.srq.pop_front()?;
+        self.hw_cnt = self.hw_cnt.wrapping_add(1);
+        self.counters.unexpected += 1;
+        self.unexp_polled = self.unexp_polled.wrapping_add(1);
+        let sync = self.unexp_polled.wrapping_sub(self.sw_cnt) > MAX_SYNC_DIFF;
+        Some(Wc {
+            wr_id,
+            opcode: WcOpcode::TmRecv,
+            status: len_status(msg.len() as u64, len),
+            flags: if sync { WcFlags::TM_SYNC_REQ } else { WcFlags::NONE },
+            byte_len: msg.len() as u64,
+            handle: 0,
+            src,
+            tag: 0,
+            app_ctx: 0,
+        })
+    }
+
     /// A whole message (one packet) arrives from `src`, exactly as it came off the wire:
     /// TMH, optional RVH and meta-data, payload (or a NO_TAG opcode byte and anything).
     ///

@@ -1189,3 +1189,49 @@ mod prop {
         }
     }
 }
+
+#[test]
+fn fused_unexpected_arrival_equals_arrive_then_poll() {
+    // Two SRQs in the same state; one takes every message through `arrive` + `poll_cq`, the
+    // other through the fused call. Past MAX_SYNC_DIFF arrivals both must ask for a sync.
+    let (mut a, mut b) = (srq(4, 4, 64), srq(4, 4, 64));
+    for s in [&mut a, &mut b] {
+        for wr in 0..8 {
+            s.post_srq_recv(wr, if wr % 2 == 0 { 64 } else { 8 }).unwrap();
+        }
+    }
+    for i in 0..u64::from(MAX_SYNC_DIFF) + 20 {
+        let m = eager(i, 7, &i.to_le_bytes()[..(i % 9) as usize]);
+        let src = (i % 3) as u32;
+        let got = b.arrive_unexpected_polled(src, &m).expect("the fused path applies");
+        assert_eq!(srq_wr(a.arrive(src, &m).unwrap()), got.wr_id);
+        let want = a.poll_cq().expect("a completion");
+        assert_eq!(want, got, "message {i}");
+        assert!(a.quiet() && b.quiet());
+        assert_eq!((a.counters(), a.hw_unexpected_cnt()), (b.counters(), b.hw_unexpected_cnt()));
+        a.post_srq_recv(100 + i, 64).unwrap();
+        b.post_srq_recv(100 + i, 64).unwrap();
+    }
+    assert!(b.arrive_unexpected_polled(0, &eager(1, 0, b"x")).unwrap().flags.contains(WcFlags::TM_SYNC_REQ));
+}
+
+#[test]
+fn fused_unexpected_arrival_declines_what_it_cannot_decide() {
+    let mut s = srq(4, 4, 8);
+    // No SRQ buffer: declined, nothing counted (the general path reports RNR).
+    assert!(s.arrive_unexpected_polled(0, &eager(1, 0, b"x")).is_none());
+    s.post_srq_recv(1, 64).unwrap();
+    s.post_srq_recv(2, 64).unwrap();
+    // Not eager, or shorter than a TMH.
+    assert!(s.arrive_unexpected_polled(0, &rndv(1, 0, 0, 0, 8)).is_none());
+    assert!(s.arrive_unexpected_polled(0, &[TmOp::Eager as u8; 4]).is_none());
+    // A completion is queued: this one would not be the next polled.
+    assert!(matches!(s.arrive(0, &eager(1, 0, b"x")).unwrap(), Arrival::Place(_)));
+    assert!(s.arrive_unexpected_polled(0, &eager(2, 0, b"y")).is_none());
+    drain(&mut s);
+    // A listed tagged buffer might match.
+    s.post_srq_recv(3, 64).unwrap();
+    add(&mut s, 5, ALL, 50, 64, 1);
+    assert!(s.arrive_unexpected_polled(0, &eager(9, 0, b"z")).is_none());
+    assert_eq!(s.counters().unexpected, 1);
+}
