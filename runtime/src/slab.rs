@@ -27,6 +27,7 @@ impl<T> Slab<T> {
     }
 
     /// The key the next `insert` will return.
+    #[inline]
     pub(crate) fn vacant_key(&self) -> Key {
         if self.free == NIL {
             Key { idx: self.slots.len() as u32, gen: 0 }
@@ -38,6 +39,7 @@ impl<T> Slab<T> {
         }
     }
 
+    #[inline]
     pub(crate) fn insert(&mut self, v: T) -> Key {
         self.len += 1;
         if self.free == NIL {
@@ -55,6 +57,7 @@ impl<T> Slab<T> {
         Key { idx, gen }
     }
 
+    #[inline]
     pub(crate) fn get(&self, k: Key) -> Option<&T> {
         match self.slots.get(k.idx as usize) {
             Some(Slot::Full(g, v)) if *g == k.gen => Some(v),
@@ -62,6 +65,7 @@ impl<T> Slab<T> {
         }
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, k: Key) -> Option<&mut T> {
         match self.slots.get_mut(k.idx as usize) {
             Some(Slot::Full(g, v)) if *g == k.gen => Some(v),
@@ -70,6 +74,7 @@ impl<T> Slab<T> {
     }
 
     /// Looks a slot up by index alone (for handles that travelled without a generation).
+    #[inline]
     pub(crate) fn key_of(&self, idx: u32) -> Option<Key> {
         match self.slots.get(idx as usize) {
             Some(Slot::Full(g, _)) => Some(Key { idx, gen: *g }),
@@ -77,6 +82,7 @@ impl<T> Slab<T> {
         }
     }
 
+    #[inline]
     pub(crate) fn remove(&mut self, k: Key) -> Option<T> {
         let slot = self.slots.get_mut(k.idx as usize)?;
         match slot {
@@ -95,6 +101,7 @@ impl<T> Slab<T> {
 
     /// Frees the slot of `k` in place (its value is dropped where it lies, never moved out);
     /// returns whether `k` named a full slot.
+    #[inline]
     pub(crate) fn free(&mut self, k: Key) -> bool {
         let Some(slot) = self.slots.get_mut(k.idx as usize) else { return false };
         match slot {

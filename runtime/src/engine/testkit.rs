@@ -60,3 +60,41 @@ pub(super) fn settle(es: &mut [&mut Engine]) {
     }
     panic!("the engines did not settle");
 }
+
+/// Not a test: the CPU cost of the eager path in one thread, free of cross-core effects and
+/// of the scheduler (the minimum over many windows). Run it with
+/// `cargo test --release -p tmpi --lib window_cost -- --ignored --nocapture` to compare two
+/// versions of the engine; it asserts nothing about time.
+#[test]
+#[ignore = "a measurement, run by hand"]
+fn window_cost() {
+    const W: usize = 64;
+    let cfg = Config::default();
+    let name = format!("tmpi-window-cost-{}", std::process::id());
+    let fa = tmpi_transport::shm::ShmFabric::create(&name, 0, 2, cfg.ring_size_for(2)).expect("segment");
+    let fb = tmpi_transport::shm::ShmFabric::open(&name, 1, 2).expect("segment");
+    fa.unlink().expect("unlink");
+    let mut a = Engine::new(Fabric::Shm(fa), 0, 2, cfg.clone()).expect("engine");
+    let mut b = Engine::new(Fabric::Shm(fb), 1, 2, cfg).expect("engine");
+    let payload = [7u8; 8];
+    let mut bufs = vec![[0u8; 8]; W];
+    let mut best = [f64::MAX; 2];
+    for round in 0..4000 {
+        let t0 = std::time::Instant::now();
+        let rids: Vec<ReqId> = bufs.iter_mut().map(|bf| recv(&mut b, Some(0), Some(1), bf)).collect();
+        for _ in 0..W {
+            assert!(send(&mut a, 1, 1, &payload, false).is_none());
+        }
+        let t1 = std::time::Instant::now();
+        for r in rids {
+            b.wait(r).expect("received");
+        }
+        a.progress().expect("credit back");
+        let t2 = std::time::Instant::now();
+        if round >= 100 {
+            best[0] = best[0].min((t1 - t0).as_nanos() as f64 / W as f64);
+            best[1] = best[1].min((t2 - t1).as_nanos() as f64 / W as f64);
+        }
+    }
+    println!("window_cost: post+send {:.1} ns/msg, arrive+complete {:.1} ns/msg (best of 3900 windows of {W})", best[0], best[1]);
+}
