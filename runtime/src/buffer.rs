@@ -118,7 +118,7 @@ impl RawBuf {
 /// two ranges disjoint.
 #[inline(always)]
 pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
-    // SAFETY (every arm): each access lies in [0, n) of `src` or `dst` (the second word of an
+    // SAFETY: (every arm) each access lies in [0, n) of `src` or `dst` (the second word of an
     // arm starts at n - width >= 0 and ends at n), which the caller made valid and disjoint;
     // unaligned reads and writes need no alignment.
     unsafe {
