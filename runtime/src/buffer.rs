@@ -29,6 +29,11 @@ impl RawBufMut {
         RawBufMut { ptr: buf.as_mut_ptr(), cap: buf.len() }
     }
 
+    /// A view of no bytes (a receive whose buffer comes later, or never).
+    pub(crate) fn empty() -> Self {
+        RawBufMut { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), cap: 0 }
+    }
+
     /// Capacity in bytes.
     #[inline]
     pub(crate) fn cap(&self) -> usize {
@@ -110,6 +115,71 @@ impl RawBuf {
     }
 }
 
+/// Memory the runtime allocates for a receive of unknown size (`Comm::irecv_vec`), sized and
+/// aligned for `len / elem` elements of the user's type once the message's length is known.
+/// It is owned by the receive's slot; the receive writes into it through [`OwnedBuf::view`],
+/// and the user gets it as a `Vec<T>` ([`OwnedBuf::into_vec`]) once the receive is complete.
+#[derive(Debug)]
+pub(crate) struct OwnedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    align: usize,
+}
+
+impl OwnedBuf {
+    /// `len` zeroed bytes aligned to `align` (a power of two); `None` when the allocation
+    /// fails or the layout is impossible. Nothing is allocated for `len == 0`.
+    pub(crate) fn alloc(len: usize, align: usize) -> Option<OwnedBuf> {
+        let layout = std::alloc::Layout::from_size_align(len, align).ok()?;
+        if len == 0 {
+            // A dangling, aligned pointer: what an empty Vec<T> holds.
+            return Some(OwnedBuf { ptr: std::ptr::NonNull::new(align as *mut u8)?, len, align });
+        }
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        Some(OwnedBuf { ptr: std::ptr::NonNull::new(p)?, len, align })
+    }
+
+    /// A view the receive writes through.
+    ///
+    /// # Safety
+    /// The view must not be used after this buffer is dropped or turned into a `Vec`: the
+    /// receive that holds both gives the buffer away only once it is complete (nothing writes
+    /// any more), and drops them together otherwise.
+    pub(crate) unsafe fn view(&mut self) -> RawBufMut {
+        RawBufMut { ptr: self.ptr.as_ptr(), cap: self.len }
+    }
+
+    /// The bytes as a `Vec<T>`; `None` (the buffer is freed) when they do not form whole,
+    /// suitably aligned elements of `T`.
+    pub(crate) fn into_vec<T: bytemuck::Pod>(self) -> Option<Vec<T>> {
+        let elem = std::mem::size_of::<T>();
+        if elem == 0 || self.len % elem != 0 || self.align != std::mem::align_of::<T>() {
+            return None;
+        }
+        if self.len == 0 {
+            return Some(Vec::new());
+        }
+        let this = std::mem::ManuallyDrop::new(self);
+        let n = this.len / elem;
+        // SAFETY: the memory was allocated by the global allocator with the layout of
+        // `[T; n]` (size n * size_of::<T>() = len, align_of::<T>(), both checked above), it is
+        // initialised (zeroed, then written) and every bit pattern is a valid T (Pod); the
+        // ManuallyDrop gives up our ownership, so the Vec is its only owner.
+        Some(unsafe { Vec::from_raw_parts(this.ptr.as_ptr().cast::<T>(), n, n) })
+    }
+}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: allocated in `alloc` with exactly this size and alignment (a valid
+            // layout, or `alloc` would have failed), and not given away (into_vec forgets self).
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), std::alloc::Layout::from_size_align_unchecked(self.len, self.align)) };
+        }
+    }
+}
+
 /// Copies `n` bytes from `src` to `dst`; messages of a few bytes are copied inline (two
 /// overlapping unaligned words) instead of through a call to `memcpy`.
 ///
@@ -147,7 +217,23 @@ pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
 
 #[cfg(test)]
 mod copy_tests {
-    use super::copy_bytes;
+    use super::{copy_bytes, OwnedBuf};
+
+    #[test]
+    fn an_owned_buffer_becomes_a_vec_of_its_type_only() {
+        let mut b = OwnedBuf::alloc(24, std::mem::align_of::<u64>()).expect("alloc");
+        // SAFETY: the view is used while `b` lives.
+        let v = unsafe { b.view() };
+        assert_eq!(v.write_at(8, &7u64.to_le_bytes()), 8);
+        assert_eq!(b.into_vec::<u64>(), Some(vec![0, 7, 0]));
+        let b = OwnedBuf::alloc(24, 1).expect("alloc");
+        assert_eq!(b.into_vec::<[u8; 5]>(), None, "24 bytes are no whole number of 5-byte elements");
+        let b = OwnedBuf::alloc(24, 1).expect("alloc");
+        assert_eq!(b.into_vec::<u64>(), None, "memory aligned for bytes is no Vec<u64>");
+        let b = OwnedBuf::alloc(0, 4).expect("empty");
+        assert_eq!(b.into_vec::<u32>(), Some(Vec::new()));
+        assert!(OwnedBuf::alloc(8, 3).is_none(), "not a power of two");
+    }
 
     #[test]
     fn copy_bytes_copies_every_length_exactly() {

@@ -153,6 +153,11 @@ impl Comm {
         self.inner.eng.borrow_mut()
     }
 
+    /// The engine, unless it is in use further up this thread's stack.
+    pub(crate) fn try_eng(&self) -> Option<RefMut<'_, Engine>> {
+        self.inner.eng.try_borrow_mut().ok()
+    }
+
     #[inline]
     pub(crate) fn user_ctx(&self) -> u32 {
         self.inner.id * 2

@@ -85,6 +85,7 @@ mod stats;
 mod status;
 mod sys;
 mod topo;
+pub mod vecrecv;
 mod world;
 
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
@@ -97,6 +98,7 @@ pub use op::{Loc, Op, Reducible, UserOp};
 pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
 pub use stats::Stats;
 pub use topo::{dims_create, CartComm};
+pub use vecrecv::VecRequest;
 pub use world::{
     init, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World,
 };

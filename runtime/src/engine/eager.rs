@@ -337,6 +337,7 @@ impl State {
             Arrived::Matched(_, rid, _) => {
                 self.stats.sw_matched += 1;
                 self.leave_queues(rid);
+                self.size_owned(rid, total);
                 self.give_credit(src, total);
                 if !self.admits(rid, tmh.tag, src) {
                     self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
@@ -433,6 +434,7 @@ impl State {
     /// A just-posted receive matched unexpected message `ux`.
     pub(super) fn take_unexpected(&mut self, rid: ReqId, ux: Key) {
         let Some(u) = self.ux.remove(ux) else { return };
+        self.size_owned(rid, u.total);
         self.ux_bytes -= if u.rndv.is_some() { UX_OVERHEAD } else { u.total + UX_OVERHEAD };
         self.stats.sw_matched += 1;
         if u.rndv.is_none() {

@@ -86,7 +86,7 @@ use fabric::ProcessAlive;
 pub(crate) use leave::Need;
 use offload::{rid_to_wr, wr_to_rid};
 pub(crate) use progress::Backoff;
-use requests::{wire_name, RecvState, Req, ReqKind, SendState};
+use requests::{wire_name, OwnedRecv, RecvState, Req, ReqKind, SendState};
 use stats::Stats;
 
 use std::collections::VecDeque;
@@ -100,7 +100,7 @@ use tmpi_transport::tm::{
 };
 use tmpi_transport::wire::{Control, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RVH_LEN, TMH_LEN};
 
-use crate::buffer::{RawBuf, RawBufMut};
+use crate::buffer::{OwnedBuf, RawBuf, RawBufMut};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::matching::{self, Arrived, Matcher, Posted, RecvId, SwMatcher};

@@ -6,14 +6,42 @@ impl Engine {
     /// Posts a receive into `buf` on context `ctx`; `from` says whom it waits for in world
     /// ranks (`src` is the same source in the communicator's numbering).
     pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
-        let cap = buf.cap();
+        self.post(ctx, src, tag, RecvState::new(buf, 0, from, false))
+    }
+
+    /// Posts a receive of unknown size for elements of `elem` bytes aligned to `align`: its
+    /// buffer is allocated when it matches (see `State::size_owned`), and it never goes to the
+    /// TM-SRQ (a tagged buffer needs its memory up front).
+    pub(crate) fn post_recv_vec(
+        &mut self,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<u32>,
+        elem: usize,
+        align: usize,
+        from: Peers,
+    ) -> Result<ReqId> {
+        let mut r = RecvState::new(RawBufMut::empty(), 0, from, false);
+        r.owned = Some(Box::new(OwnedRecv { elem, align, buf: None, failed: false }));
+        self.post(ctx, src, tag, r)
+    }
+
+    #[inline(always)]
+    fn post(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, mut r: RecvState) -> Result<ReqId> {
+        let cap = r.cap;
         let (t, m) = matching::recv_key(ctx, src, tag);
-        let rid = self.st.reqs.insert(Req { kind: ReqKind::Recv(RecvState::new(buf, t, from, false)), result: None, detached: false });
+        r.key = t;
+        let owned = r.owned.is_some();
+        let rid = self.st.reqs.insert(Req { kind: ReqKind::Recv(r), result: None, detached: false });
         let st = &mut self.st;
         // A receive of `RVH_LEN_IN_META` bytes or more stays in software: the RVH cannot say
         // how long a message that size is, so the hardware must never serve one.
-        let eligible =
-            st.offload && src.is_some() && cap >= st.tm_thresh && cap < RVH_LEN_IN_META as usize && st.tm.tags_listed() < st.max_tags;
+        let eligible = st.offload
+            && !owned
+            && src.is_some()
+            && cap >= st.tm_thresh
+            && cap < RVH_LEN_IN_META as usize
+            && st.tm.tags_listed() < st.max_tags;
         let overlaps = eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
         match st.matcher.post(t, m, rid) {
             Posted::Matched(rid, ux) => {

@@ -32,6 +32,20 @@ pub(super) struct RecvState {
     pub(super) total: usize,
     pub(super) source: Rank,
     pub(super) tag: Tag,
+    /// A receive of unknown size (`irecv_vec`): the buffer the runtime allocates on match.
+    pub(super) owned: Option<Box<OwnedRecv>>,
+}
+
+/// The runtime-owned buffer of a receive of unknown size, for elements of `elem` bytes
+/// aligned to `align`: allocated (`buf`) once the matched message's length is known.
+#[derive(Debug)]
+pub(super) struct OwnedRecv {
+    pub(super) elem: usize,
+    pub(super) align: usize,
+    pub(super) buf: Option<OwnedBuf>,
+    /// The allocation failed: the message is discarded and the receive fails with
+    /// [`Error::NoMemory`].
+    pub(super) failed: bool,
 }
 
 /// A send while it is pending: queued for ring space, waiting for its ACK, or (rendezvous)
@@ -82,6 +96,25 @@ impl Engine {
         let r = req.result.take()?;
         self.st.reqs.free(rid);
         Some(r.map_err(|e| *e))
+    }
+
+    /// As [`Engine::take_if_done`] for a receive of unknown size: also hands over the buffer
+    /// the runtime allocated for it (`None` for an empty or failed message).
+    pub(crate) fn take_vec_if_done(&mut self, rid: ReqId) -> Option<Result<(Status, Option<OwnedBuf>)>> {
+        let Some(req) = self.st.reqs.get_mut(rid) else {
+            return Some(Err(Error::State("request already completed and collected".into())));
+        };
+        let r = req.result.take()?;
+        let buf = match &mut req.kind {
+            ReqKind::Recv(RecvState { owned: Some(o), buf, .. }) => {
+                // The view goes first: nothing may write through it once the memory is gone.
+                *buf = None;
+                o.buf.take()
+            }
+            _ => None,
+        };
+        self.st.reqs.free(rid);
+        Some(r.map(|st| (st, buf)).map_err(|e| *e))
     }
 
     /// Frees the slot of a completed request nobody collected (the end of its scope); no
@@ -285,6 +318,34 @@ impl State {
         }
     }
 
+    /// Receive `rid` matched a message of `total` bytes: if it is a receive of unknown size,
+    /// its buffer is allocated now, before any byte is written (on failure the message is
+    /// discarded and the receive fails with [`Error::NoMemory`]).
+    pub(super) fn size_owned(&mut self, rid: ReqId, total: usize) {
+        let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else { return };
+        let Some(o) = r.owned.as_mut() else { return };
+        if o.buf.is_some() || o.failed {
+            return;
+        }
+        // Rounded up to whole elements (a partial one is refused when the receive completes);
+        // a length beyond this machine's memory is refused before any allocation.
+        let len = if o.elem == 0 { 0 } else { total.div_ceil(o.elem).saturating_mul(o.elem) };
+        match Some(len).filter(|&l| l <= crate::sys::physical_memory()).and_then(|l| OwnedBuf::alloc(l, o.align)) {
+            Some(mut b) => {
+                // SAFETY: the view and the buffer live in the same receive; the buffer leaves
+                // it only in `take_vec_if_done`, which drops the view first, once complete.
+                r.buf = Some(unsafe { b.view() });
+                r.cap = len;
+                o.buf = Some(b);
+            }
+            None => {
+                o.failed = true;
+                r.buf = None;
+                r.cap = total;
+            }
+        }
+    }
+
     /// Completes receive `rid` with `err` (it matched, so it leaves every queue).
     pub(super) fn fail_recv(&mut self, rid: ReqId, err: Error) {
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
@@ -343,6 +404,7 @@ impl RecvState {
             total: 0,
             source: 0,
             tag: 0,
+            owned: None,
         }
     }
 
@@ -353,6 +415,14 @@ impl RecvState {
 
     /// What this receive reports once its message (`total` bytes) is in.
     fn outcome(&self) -> Result<Status> {
+        if let Some(o) = &self.owned {
+            if o.failed {
+                return Err(Error::NoMemory { bytes: self.total, rank: self.source });
+            }
+            if o.elem == 0 || self.total % o.elem != 0 {
+                return Err(Error::TypeMismatch { source_rank: self.source, len: self.total, elem: o.elem });
+            }
+        }
         if self.total > self.cap {
             Err(self.truncated(self.total))
         } else {

@@ -100,6 +100,7 @@ impl State {
             Arrived::Matched(_, rid, _) => {
                 self.stats.sw_matched += 1;
                 self.leave_queues(rid);
+                self.size_owned(rid, info.len);
                 if !self.admits(rid, info.tmh.tag, src) {
                     self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
                     return Ok(());

@@ -5,7 +5,8 @@
 //! 72 KB (eager and rendezvous mixed), and waits for all. Part A gives every message its own
 //! tag and sends in reverse tag order; part B uses one tag for all 64, so the k-th receive
 //! must get the k-th message (non-overtaking) whatever its size; part C completes the
-//! receives with `wait_any`. Every payload and status is checked.
+//! receives with `wait_any`; part D posts 64 `irecv_vec`s (receives of unknown size, one tag)
+//! before the sends, so the k-th gets the k-th message. Every payload and status is checked.
 
 use std::error::Error as StdError;
 
@@ -101,8 +102,24 @@ fn main() -> Result<(), Box<dyn StdError>> {
         if sts.len() == K {
             check_all(&mut v, "C", peer, round, &bufs, &sts, |k| 2000 + k as u32);
         }
+
+        // D: receives of unknown size, in MPI order.
+        let recvs = (0..K).map(|_| world.irecv_vec::<u64>(peer, SAME_TAG + 1)).collect::<tmpi::Result<Vec<_>>>()?;
+        tmpi::scope(|s| -> tmpi::Result<()> {
+            let sends = out.iter().map(|m| world.isend(s, m, peer, SAME_TAG + 1)).collect::<tmpi::Result<Vec<_>>>()?;
+            let mut bufs = Vec::with_capacity(K);
+            let mut sts = Vec::with_capacity(K);
+            for r in recvs {
+                let (b, st) = r.wait()?;
+                bufs.push(b);
+                sts.push(st);
+            }
+            tmpi::wait_all(sends)?;
+            check_all(&mut v, "D", peer, round, &bufs, &sts, |_| SAME_TAG + 1);
+            Ok(())
+        })?;
     }
-    let summary = format!("{n} ranks, {ROUNDS} rounds of 3 x {K} messages in flight");
+    let summary = format!("{n} ranks, {ROUNDS} rounds of 4 x {K} messages in flight");
     v.finish(&world, &summary)?;
     world.finalize()?;
     Ok(())
