@@ -62,14 +62,22 @@ pub(super) fn settle(es: &mut [&mut Engine]) {
 }
 
 /// Not a test: the CPU cost of the eager path in one thread, free of cross-core effects and
-/// of the scheduler (the minimum over many windows). Run it with
+/// of the scheduler (the minimum over many windows), with offload on (the default) and off
+/// (`TMPI_TM_MAX_TAGS=0`). Run it with
 /// `cargo test --release -p tmpi --lib window_cost -- --ignored --nocapture` to compare two
 /// versions of the engine; it asserts nothing about time.
 #[test]
 #[ignore = "a measurement, run by hand"]
 fn window_cost() {
+    for (what, tags) in [("offload on", Config::default().tm_max_tags), ("offload off", 0)] {
+        let cfg = Config { tm_max_tags: tags, ..Config::default() };
+        let [post, arrive] = window_cost_with(cfg);
+        println!("window_cost ({what}): post+send {post:.1} ns/msg, arrive+complete {arrive:.1} ns/msg (best of 3900 windows of 64)");
+    }
+}
+
+fn window_cost_with(cfg: Config) -> [f64; 2] {
     const W: usize = 64;
-    let cfg = Config::default();
     let name = format!("tmpi-window-cost-{}", std::process::id());
     let fa = tmpi_transport::shm::ShmFabric::create(&name, 0, 2, cfg.ring_size_for(2)).expect("segment");
     let fb = tmpi_transport::shm::ShmFabric::open(&name, 1, 2).expect("segment");
@@ -96,5 +104,5 @@ fn window_cost() {
             best[1] = best[1].min((t2 - t1).as_nanos() as f64 / W as f64);
         }
     }
-    println!("window_cost: post+send {:.1} ns/msg, arrive+complete {:.1} ns/msg (best of 3900 windows of {W})", best[0], best[1]);
+    best
 }
