@@ -148,6 +148,38 @@ impl Engine {
         Ok(Some(req))
     }
 
+    /// A standard eager send of the concatenation of `parts`, gathered straight into one ring
+    /// record (no packing copy), if it can go out whole right now: to another rank, nothing
+    /// queued before it, one packet, eager size, enough credit, ring space. Returns false
+    /// (nothing changed, nothing counted) otherwise, and the caller packs and sends.
+    pub(crate) fn try_send_gather(&mut self, dest: usize, tag64: u64, parts: &[&[u8]]) -> Result<bool> {
+        const MAX_PARTS: usize = 16;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let cost = len.saturating_add(UX_OVERHEAD);
+        if dest == self.st.rank
+            || parts.len() >= MAX_PARTS
+            || !self.out[dest].is_empty()
+            || TMH_LEN + len > self.max_packet
+            || len >= self.cfg.rndv_threshold
+            || len > self.cfg.eager_limit
+            || self.st.credits[dest] < cost
+        {
+            return Ok(false);
+        }
+        let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
+        let mut all: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
+        all[0] = &tmh;
+        all[1..=parts.len()].copy_from_slice(parts);
+        if !self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &all[..=parts.len()])? {
+            return Ok(false);
+        }
+        self.st.credits[dest] -= cost;
+        self.st.stats.msgs_sent += 1;
+        self.st.stats.bytes_sent += len as u64;
+        self.st.stats.eager += 1;
+        Ok(true)
+    }
+
     pub(super) fn queue_out(&mut self, dest: usize, m: OutMsg) -> Result<()> {
         self.out[dest].push_back(m);
         self.out_pending += 1;
