@@ -106,3 +106,36 @@ fn window_cost_with(cfg: Config) -> [f64; 2] {
     }
     best
 }
+
+/// Not a test: the CPU cost of one hop of a blocking ping-pong (post a receive, send, the
+/// peer's wait completes it), both engines in one thread over a real shm segment; the minimum
+/// over many rounds. Run by hand as `window_cost`.
+#[test]
+#[ignore = "a measurement, run by hand"]
+fn pingpong_cost() {
+    let cfg = Config::default();
+    let name = format!("tmpi-pingpong-cost-{}", std::process::id());
+    let fa = tmpi_transport::shm::ShmFabric::create(&name, 0, 2, cfg.ring_size_for(2)).expect("segment");
+    let fb = tmpi_transport::shm::ShmFabric::open(&name, 1, 2).expect("segment");
+    fa.unlink().expect("unlink");
+    let mut e =
+        [Engine::new(Fabric::Shm(fa), 0, 2, cfg.clone()).expect("engine"), Engine::new(Fabric::Shm(fb), 1, 2, cfg).expect("engine")];
+    let payload = [7u8; 8];
+    let mut bufs = [[0u8; 8]; 2];
+    let mut best = f64::MAX;
+    for round in 0..20_000 {
+        let t0 = std::time::Instant::now();
+        for hop in 0..64 {
+            let (to, from) = (1 - hop % 2, hop % 2);
+            let [a, b] = &mut e;
+            let (tx, rx) = if from == 0 { (a, b) } else { (b, a) };
+            let r = recv(rx, Some(from), Some(1), &mut bufs[to]);
+            assert!(send(tx, to, 1, &payload, false).is_none());
+            rx.wait(r).expect("received");
+        }
+        if round >= 100 {
+            best = best.min(t0.elapsed().as_nanos() as f64 / 64.0);
+        }
+    }
+    println!("pingpong_cost: {best:.1} ns per hop (post + send + wait; best of 19900 rounds of 64 hops)");
+}
