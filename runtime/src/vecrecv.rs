@@ -136,9 +136,11 @@ fn collected() -> Error {
 fn finish<T: Pod>(done: Result<(Status, Option<OwnedBuf>)>) -> Result<(Vec<T>, Status)> {
     let (st, buf) = done?;
     let v = match buf {
-        Some(b) => {
-            b.into_vec::<T>().ok_or(Error::TypeMismatch { source_rank: st.source(), len: st.len(), elem: std::mem::size_of::<T>() })?
-        }
+        Some(b) => b.into_vec::<T>().ok_or_else(|| Error::TypeMismatch {
+            source_rank: st.source(),
+            len: st.len(),
+            elem: std::mem::size_of::<T>(),
+        })?,
         None => Vec::new(),
     };
     Ok((v, st))

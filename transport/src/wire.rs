@@ -86,7 +86,7 @@ impl Tmh {
     #[inline]
     pub fn decode(buf: &[u8]) -> Result<Self> {
         let b: &[u8; TMH_LEN] =
-            buf.get(..TMH_LEN).and_then(|s| s.try_into().ok()).ok_or(Error::Malformed { what: "message shorter than a TMH" })?;
+            buf.get(..TMH_LEN).and_then(|s| s.try_into().ok()).ok_or_else(|| Error::Malformed { what: "message shorter than a TMH" })?;
         let op = TmOp::from_u8(b[0])?;
         if b[1..4] != [0, 0, 0] {
             return Err(Error::Malformed { what: "TMH reserved bytes are not zero" });
@@ -133,7 +133,7 @@ impl Rvh {
     #[inline]
     pub fn decode(buf: &[u8]) -> Result<Self> {
         let b: &[u8; RVH_LEN] =
-            buf.get(..RVH_LEN).and_then(|s| s.try_into().ok()).ok_or(Error::Malformed { what: "message shorter than an RVH" })?;
+            buf.get(..RVH_LEN).and_then(|s| s.try_into().ok()).ok_or_else(|| Error::Malformed { what: "message shorter than an RVH" })?;
         Ok(Rvh {
             va: u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
             rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
@@ -161,7 +161,7 @@ impl<'a> Message<'a> {
     /// # Errors
     /// [`Error::Malformed`] for a short message, unknown opcode, or non-zero reserved bytes.
     pub fn parse(buf: &'a [u8]) -> Result<Self> {
-        let op = TmOp::from_u8(*buf.first().ok_or(Error::Malformed { what: "empty message" })?)?;
+        let op = TmOp::from_u8(*buf.first().ok_or_else(|| Error::Malformed { what: "empty message" })?)?;
         if op == TmOp::NoTag {
             return Ok(Message::NoTag(&buf[1..]));
         }
