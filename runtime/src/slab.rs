@@ -39,6 +39,26 @@ impl<T> Slab<T> {
         }
     }
 
+    /// As [`Slab::insert`], with the value made by `f` once its slot is chosen, so that a
+    /// large value can be written in place rather than built elsewhere and moved.
+    #[inline]
+    pub(crate) fn insert_with(&mut self, f: impl FnOnce() -> T) -> Key {
+        self.len += 1;
+        if self.free == NIL {
+            self.slots.push(Slot::Full(0, f()));
+            return Key { idx: self.slots.len() as u32 - 1, gen: 0 };
+        }
+        let idx = self.free;
+        let slot = &mut self.slots[idx as usize];
+        let (gen, next) = match slot {
+            Slot::Empty(g, n) => (*g, *n),
+            Slot::Full(..) => unreachable!("free list points at a full slot"),
+        };
+        self.free = next;
+        *slot = Slot::Full(gen, f());
+        Key { idx, gen }
+    }
+
     #[inline]
     pub(crate) fn insert(&mut self, v: T) -> Key {
         self.len += 1;

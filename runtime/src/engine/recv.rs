@@ -6,7 +6,11 @@ impl Engine {
     /// Posts a receive into `buf` on context `ctx`; `from` says whom it waits for in world
     /// ranks (`src` is the same source in the communicator's numbering).
     pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
-        self.post(ctx, src, tag, RecvState::new(buf, 0, from, false))
+        let cap = buf.cap();
+        let (t, _) = matching::recv_key(ctx, src, tag);
+        let rid =
+            self.st.reqs.insert_with(|| Req { kind: ReqKind::Recv(RecvState::new(buf, t, from, false)), result: None, detached: false });
+        self.posted(src, tag, ctx, rid, cap, false)
     }
 
     /// Posts a receive of unknown size for elements of `elem` bytes aligned to `align`: its
@@ -26,13 +30,20 @@ impl Engine {
         self.post(ctx, src, tag, r)
     }
 
-    #[inline(always)]
     fn post(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, mut r: RecvState) -> Result<ReqId> {
         let cap = r.cap;
-        let (t, m) = matching::recv_key(ctx, src, tag);
+        let (t, _) = matching::recv_key(ctx, src, tag);
         r.key = t;
         let owned = r.owned.is_some();
         let rid = self.st.reqs.insert(Req { kind: ReqKind::Recv(r), result: None, detached: false });
+        self.posted(src, tag, ctx, rid, cap, owned)
+    }
+
+    /// Queues the receive just put in slot `rid` (or matches it with an unexpected message),
+    /// offloading it to the TM-SRQ where the policy allows.
+    #[inline(always)]
+    fn posted(&mut self, src: Option<u32>, tag: Option<u32>, ctx: u32, rid: ReqId, cap: usize, owned: bool) -> Result<ReqId> {
+        let (t, m) = matching::recv_key(ctx, src, tag);
         let st = &mut self.st;
         // A receive of `RVH_LEN_IN_META` bytes or more stays in software: the RVH cannot say
         // how long a message that size is, so the hardware must never serve one.
