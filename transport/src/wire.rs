@@ -85,8 +85,10 @@ impl Tmh {
     /// the reserved bytes are not zero.
     #[inline]
     pub fn decode(buf: &[u8]) -> Result<Self> {
-        let b: &[u8; TMH_LEN] =
-            buf.get(..TMH_LEN).and_then(|s| s.try_into().ok()).ok_or_else(|| Error::Malformed { what: "message shorter than a TMH" })?;
+        // (let-else, not `ok_or`: an error built eagerly is dropped on every message.)
+        let Some(b) = buf.first_chunk::<TMH_LEN>() else {
+            return Err(Error::Malformed { what: "message shorter than a TMH" });
+        };
         let op = TmOp::from_u8(b[0])?;
         if b[1..4] != [0, 0, 0] {
             return Err(Error::Malformed { what: "TMH reserved bytes are not zero" });
@@ -132,8 +134,9 @@ impl Rvh {
     /// [`Error::Malformed`] if `buf` is shorter than [`RVH_LEN`].
     #[inline]
     pub fn decode(buf: &[u8]) -> Result<Self> {
-        let b: &[u8; RVH_LEN] =
-            buf.get(..RVH_LEN).and_then(|s| s.try_into().ok()).ok_or_else(|| Error::Malformed { what: "message shorter than an RVH" })?;
+        let Some(b) = buf.first_chunk::<RVH_LEN>() else {
+            return Err(Error::Malformed { what: "message shorter than an RVH" });
+        };
         Ok(Rvh {
             va: u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
             rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
@@ -161,7 +164,10 @@ impl<'a> Message<'a> {
     /// # Errors
     /// [`Error::Malformed`] for a short message, unknown opcode, or non-zero reserved bytes.
     pub fn parse(buf: &'a [u8]) -> Result<Self> {
-        let op = TmOp::from_u8(*buf.first().ok_or_else(|| Error::Malformed { what: "empty message" })?)?;
+        let Some(&first) = buf.first() else {
+            return Err(Error::Malformed { what: "empty message" });
+        };
+        let op = TmOp::from_u8(first)?;
         if op == TmOp::NoTag {
             return Ok(Message::NoTag(&buf[1..]));
         }
