@@ -126,6 +126,11 @@ pub(crate) struct OwnedBuf {
     align: usize,
 }
 
+// SAFETY: an OwnedBuf is the only owner of its allocation (like a `Box<[u8]>`): moving it to
+// another thread moves that ownership, and nothing else points into the memory except the
+// view of the receive that holds both, which moves with it.
+unsafe impl Send for OwnedBuf {}
+
 impl OwnedBuf {
     /// `len` zeroed bytes aligned to `align` (a power of two); `None` when the allocation
     /// fails or the layout is impossible. Nothing is allocated for `len == 0`.
