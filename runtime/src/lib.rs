@@ -83,6 +83,7 @@ mod serialized;
 mod slab;
 mod stats;
 mod status;
+mod sync;
 mod sys;
 mod topo;
 mod world;
@@ -96,9 +97,11 @@ pub use node::SplitType;
 pub use op::{Loc, Op, Reducible, UserOp};
 pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
 pub use stats::Stats;
+pub use sync::Threading;
 pub use topo::{dims_create, CartComm};
 pub use world::{
-    init, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World,
+    init, init_thread, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_threaded, run_local_with,
+    run_shm_threads, wtick, wtime, World,
 };
 
 /// A rank in a communicator.

@@ -24,16 +24,17 @@
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 
 use crate::comm::{finish, Comm, Source, Status, TagMatch};
-use crate::engine::{Backoff, Engine, Need, ReqId};
+use crate::engine::{Backoff, Need, ReqId};
 use crate::error::{Error, Result};
+use crate::sync::EngineCell;
 use crate::{Rank, Tag};
 
-type Eng = Rc<RefCell<Engine>>;
+type Eng = Arc<EngineCell>;
 
 thread_local! {
     /// Lists of started requests from scopes that ended, kept for the next scopes of this
@@ -72,7 +73,7 @@ where
             let mut started = std::mem::take(&mut *self.0.started.borrow_mut());
             let panicking = std::thread::panicking();
             for (eng, rid) in started.drain(..) {
-                let Ok(mut e) = eng.try_borrow_mut() else {
+                let Ok(mut e) = eng.lock_for_cleanup() else {
                     // The engine is busy further up this thread's stack (a panic unwound out
                     // of it): it cannot be told to forget this request's buffer, and the
                     // buffer is about to be freed. Nothing sound is left but to stop here.
@@ -142,7 +143,7 @@ impl<'scope> Request<'scope> {
             return Ok(st);
         }
         let rid = self.rid.take().ok_or_else(|| Error::State("request already collected".into()))?;
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.lock()?;
         finish(&mut e, rid)
     }
 
@@ -157,7 +158,7 @@ impl<'scope> Request<'scope> {
         let Some(rid) = self.rid else {
             return Err(Error::State("request already collected".into()));
         };
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.lock()?;
         if !e.is_done(rid) && e.progress()? == 0 {
             e.idle_check(&Need::Req(rid))?;
         }
@@ -179,7 +180,7 @@ impl<'scope> Request<'scope> {
     /// None today; the signature leaves room for fabrics where cancel can fail.
     pub fn cancel(&mut self) -> Result<()> {
         if let Some(rid) = self.rid {
-            self.eng.borrow_mut().cancel(rid);
+            self.eng.lock()?.cancel(rid);
         }
         Ok(())
     }
@@ -189,7 +190,10 @@ impl<'scope> Request<'scope> {
         let Some(rid) = self.rid.take() else {
             return Error::State("request already collected".into());
         };
-        let mut e = self.eng.borrow_mut();
+        let mut e = match self.eng.lock() {
+            Ok(e) => e,
+            Err(err) => return err,
+        };
         let err = e.check_gone(&Need::Req(rid)).err().unwrap_or_else(|| Error::State("request failed".into()));
         e.abandon(rid);
         err
@@ -198,7 +202,7 @@ impl<'scope> Request<'scope> {
     fn is_done(&self) -> bool {
         match self.rid {
             None => true,
-            Some(r) => self.eng.borrow().is_done(r),
+            Some(r) => self.eng.lock().is_ok_and(|e| e.is_done(r)),
         }
     }
 }
@@ -241,10 +245,10 @@ pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
             return Ok((i, st));
         }
         let eng = reqs[0].eng.clone();
-        let mut e = eng.borrow_mut();
+        let mut e = eng.lock()?;
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
-            if b.snooze() {
+            if e.pause(|| b.snooze()) {
                 // A request that can no longer complete is the one that "completes" (with
                 // its error).
                 let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
@@ -280,7 +284,7 @@ fn take_done(reqs: &mut Vec<Request<'_>>) -> Vec<(usize, Result<Status>)> {
 /// One round of progress on the engine of `reqs` (every request of a thread shares it).
 fn poke(reqs: &[Request<'_>]) -> Result<()> {
     if let Some(r) = reqs.iter().find(|r| r.rid.is_some()) {
-        let mut e = r.eng.borrow_mut();
+        let mut e = r.eng.lock()?;
         if e.progress()? == 0 {
             if let Some(rid) = r.rid {
                 e.idle_check(&Need::Req(rid))?;
@@ -325,10 +329,10 @@ pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Statu
             return Ok(done);
         }
         let eng = reqs[0].eng.clone();
-        let mut e = eng.borrow_mut();
+        let mut e = eng.lock()?;
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
-            if b.snooze() {
+            if e.pause(|| b.snooze()) {
                 let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
                 if let Some(i) = gone {
                     drop(e);
@@ -391,7 +395,7 @@ impl Comm {
     pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
         let eng = self.inner.eng.clone();
         let rid = {
-            let mut e = eng.borrow_mut();
+            let mut e = eng.lock()?;
             // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
             // request before 'scope ends (it is registered in `Request::new`).
             unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)? }
@@ -406,7 +410,7 @@ impl Comm {
     pub fn issend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
         let eng = self.inner.eng.clone();
         let rid = {
-            let mut e = eng.borrow_mut();
+            let mut e = eng.lock()?;
             // SAFETY: as in `isend`.
             unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)? }
         };
@@ -427,7 +431,7 @@ impl Comm {
         let (sr, t) = self.recv_args(src.into(), tag.into())?;
         let eng = self.inner.eng.clone();
         let rid = {
-            let mut e = eng.borrow_mut();
+            let mut e = eng.lock()?;
             // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
             // request before 'scope ends.
             unsafe { self.post_recv_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice_mut(buf), sr, t)? }
