@@ -427,3 +427,230 @@ const _: () = {
     send_sync::<crate::Request<'static>>();
     send_sync::<crate::CartComm>();
 };
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::Threading;
+    use crate::coll_glue::CollCtx;
+    use crate::{run_local_threaded, scope, Error, UserOp, ANY_SOURCE};
+
+    fn is_thread_error<T: std::fmt::Debug>(r: crate::Result<T>) -> bool {
+        matches!(r, Err(Error::Thread { .. }))
+    }
+
+    #[test]
+    fn single_and_funneled_refuse_other_threads() {
+        for level in [Threading::Single, Threading::Funneled] {
+            let ok = run_local_threaded(2, level, |w| {
+                let w = &*w;
+                let peer = 1 - w.rank();
+                let from_other = std::thread::scope(|s| s.spawn(|| w.send(&[1u8], peer, 0)).join().expect("thread"));
+                let refused = is_thread_error(from_other);
+                // The owner thread is unaffected.
+                let mut b = [0u8];
+                w.sendrecv(&[7u8], peer, 1, &mut b, peer, 1).expect("sendrecv");
+                refused && b[0] == 7 && w.threading() == level
+            });
+            assert_eq!(ok, vec![true, true], "{level:?}");
+        }
+    }
+
+    #[test]
+    fn serialized_takes_turns_and_refuses_overlap() {
+        let ok = run_local_threaded(2, Threading::Serialized, |w| {
+            let w = &*w;
+            let peer = 1 - w.rank();
+            // Threads one after the other: fine.
+            for t in 0..3u8 {
+                let got = std::thread::scope(|s| {
+                    s.spawn(|| {
+                        let mut b = [0u8];
+                        w.sendrecv(&[t], peer, u32::from(t), &mut b, peer, u32::from(t)).map(|_| b[0])
+                    })
+                    .join()
+                    .expect("thread")
+                });
+                assert_eq!(got.expect("turn"), t);
+            }
+            // A thread calling while another holds the engine is refused, not made to wait.
+            let held = w.inner.eng.lock().expect("lock");
+            let other = std::thread::scope(|s| s.spawn(|| w.iprobe(ANY_SOURCE, 0)).join().expect("thread"));
+            drop(held);
+            is_thread_error(other) && w.iprobe(ANY_SOURCE, 0).is_ok()
+        });
+        assert_eq!(ok, vec![true, true]);
+    }
+
+    #[test]
+    fn a_user_op_calling_tmpi_gets_an_error_not_a_panic() {
+        for level in [Threading::Single, Threading::Multiple] {
+            let ok = run_local_threaded(2, level, |w| {
+                let comm = w.dup().expect("dup");
+                let seen = std::sync::Arc::new(Mutex::new(None));
+                let seen2 = seen.clone();
+                let op = UserOp::new(true, move |a: &u32, b: &u32| {
+                    *seen2.lock().expect("seen") = Some(comm.iprobe(ANY_SOURCE, 0).map(|_| ()));
+                    a + b
+                });
+                let mut out = [0u32];
+                w.allreduce_with(&[w.rank() as u32 + 1], &mut out, &op).expect("allreduce_with");
+                let inner = seen.lock().expect("seen").take();
+                // Where the op ran (at least one rank combines), its call was refused.
+                assert_eq!(out[0], 3);
+                inner.map(is_thread_error)
+            });
+            assert!(ok.iter().all(|r| *r != Some(false)) && ok.contains(&Some(true)), "{level:?}: {ok:?}");
+        }
+    }
+
+    #[test]
+    fn multiple_threads_exchange_in_order() {
+        const THREADS: u32 = 4;
+        const MSGS: u32 = 500;
+        let ok = run_local_threaded(3, Threading::Multiple, |w| {
+            let w = &*w;
+            let (rank, n) = (w.rank(), w.size());
+            std::thread::scope(|s| {
+                let hs: Vec<_> = (0..THREADS)
+                    .map(|t| {
+                        s.spawn(move || {
+                            let mut next = vec![0u32; n];
+                            for i in 0..MSGS {
+                                for p in (0..n).filter(|&p| p != rank) {
+                                    w.send(&[rank as u32, t, i], p, t).expect("send");
+                                }
+                                // Any source, this thread's tag: per source, in order.
+                                for _ in 1..n {
+                                    let mut m = [0u32; 3];
+                                    let st = w.recv(&mut m, ANY_SOURCE, t).expect("recv");
+                                    let src = st.source();
+                                    assert_eq!(m[..2], [src as u32, t], "content");
+                                    assert_eq!(m[2], next[src], "order from {src}");
+                                    next[src] += 1;
+                                }
+                            }
+                            next.iter().enumerate().all(|(p, &c)| p == rank || c == MSGS)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().all(|h| h.join().expect("thread"))
+            })
+        });
+        assert_eq!(ok, vec![true; 3]);
+    }
+
+    #[test]
+    fn a_thread_blocked_in_recv_does_not_block_the_others() {
+        // Rank 1's thread A waits for tag 1, which rank 0 sends only after it received tag 2
+        // from rank 1's thread B: with the engine held for the whole wait, this would hang.
+        let ok = run_local_threaded(2, Threading::Multiple, |w| {
+            let w = &*w;
+            if w.rank() == 0 {
+                let mut b = [0u8];
+                w.recv(&mut b, 1, 2).expect("recv 2");
+                w.send(&[b[0] + 1], 1, 1).expect("send 1");
+                true
+            } else {
+                std::thread::scope(|s| {
+                    let a = s.spawn(|| {
+                        let mut b = [0u8];
+                        w.recv(&mut b, 0, 1).expect("recv 1");
+                        b[0]
+                    });
+                    let b = s.spawn(|| {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        w.send(&[41u8], 0, 2).expect("send 2");
+                    });
+                    b.join().expect("b");
+                    a.join().expect("a") == 42
+                })
+            }
+        });
+        assert_eq!(ok, vec![true, true]);
+    }
+
+    #[test]
+    fn requests_from_several_threads_and_a_leaked_one() {
+        let ok = run_local_threaded(2, Threading::Multiple, |w| {
+            let w = &*w;
+            let peer = 1 - w.rank();
+            std::thread::scope(|ts| {
+                let hs: Vec<_> = (0..3u32)
+                    .map(|t| {
+                        ts.spawn(move || {
+                            let sbuf = [t, w.rank() as u32];
+                            let mut rbuf = [0u32; 2];
+                            let mut leaked = [0u32; 2];
+                            scope(|s| {
+                                let r = w.irecv(s, &mut rbuf, peer, t).expect("irecv");
+                                let l = w.irecv(s, &mut leaked, peer, 100 + t).expect("irecv leaked");
+                                // The scope still completes it before `leaked` is read.
+                                std::mem::forget(l);
+                                let a = w.isend(s, &sbuf, peer, t).expect("isend");
+                                let b = w.isend(s, &sbuf, peer, 100 + t).expect("isend 2");
+                                // A request may be waited on by another thread.
+                                let st = std::thread::scope(|x| x.spawn(move || r.wait()).join().expect("waiter")).expect("wait");
+                                assert_eq!(st.source(), peer);
+                                crate::wait_all(vec![a, b]).expect("sends");
+                            });
+                            rbuf == [t, peer as u32] && leaked == [t, peer as u32]
+                        })
+                    })
+                    .collect();
+                hs.into_iter().all(|h| h.join().expect("thread"))
+            })
+        });
+        assert_eq!(ok, vec![true, true]);
+    }
+
+    #[test]
+    fn two_collectives_on_one_communicator_at_once_are_an_error() {
+        let ok = run_local_threaded(2, Threading::Multiple, |w| {
+            let w = &*w;
+            let d = w.dup().expect("dup");
+            // This thread is inside a collective on the world...
+            let c = CollCtx::new(w);
+            // ...so another thread's collective on it fails, blocking or not; one on another
+            // communicator does not, and neither does the world's once the first call ended.
+            let (other, other_nb, on_dup) = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let nb = scope(|sc| w.ibarrier(sc).map(drop));
+                    (w.barrier(), nb, d.barrier())
+                })
+                .join()
+                .expect("thread")
+            });
+            drop(c);
+            let after = w.barrier();
+            is_thread_error(other) && is_thread_error(other_nb) && on_dup.is_ok() && after.is_ok()
+        });
+        assert_eq!(ok, vec![true, true]);
+    }
+
+    #[test]
+    fn collectives_on_different_communicators_from_different_threads() {
+        let ok = run_local_threaded(3, Threading::Multiple, |w| {
+            let comms: Vec<_> = (0..3).map(|_| w.dup().expect("dup")).collect();
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        s.spawn(move || {
+                            let mut sum = [0u64];
+                            for _ in 0..50 {
+                                c.allreduce(&[i as u64 + 1], &mut sum, crate::Op::Sum).expect("allreduce");
+                                c.barrier().expect("barrier");
+                            }
+                            sum[0] == 3 * (i as u64 + 1)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().all(|h| h.join().expect("thread"))
+            })
+        });
+        assert_eq!(ok, vec![true; 3]);
+    }
+}
