@@ -15,8 +15,11 @@
 //! The stamp is derived from the record's position (`pos / 64 + 1`, wrapping), so the consumer
 //! knows a record is new by its header alone: it polls one cache line that the producer writes,
 //! and never reads `head`. Stale records of earlier laps and the zeroed memory of the first lap
-//! carry other stamps. A record never wraps around the end: the producer writes a skip record
-//! and starts at offset 0.
+//! carry other stamps. Stale *payload* could carry anything, the right stamp included (a
+//! payload of counters easily does), so the producer keeps the header slot at `head` zero: it
+//! clears the slot after each record before it publishes the record (and needs room for that
+//! slot too). A record never wraps around the end: the producer writes a skip record and
+//! starts at offset 0, which is always the start of a record or a cleared slot.
 //!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
@@ -126,7 +129,7 @@ impl Producer {
     pub fn has_room(&mut self, payload: usize) -> bool {
         payload <= self.max_payload && {
             let (need, _) = self.needed(payload);
-            self.room_for(need)
+            self.room_for(need + REC_ALIGN)
         }
     }
 
@@ -145,7 +148,8 @@ impl Producer {
             return Err(Error::InvalidArgument("packet flag 0x80 is reserved".into()));
         }
         let (need, skip) = self.needed(payload);
-        if !self.room_for(need) {
+        // Also the header slot after the record, which is cleared below.
+        if !self.room_for(need + REC_ALIGN) {
             return Ok(false);
         }
         if skip {
@@ -157,7 +161,8 @@ impl Producer {
         }
         let off = self.head & (self.size - 1);
         // SAFETY: the record [off, off + rec_len) lies inside the data area (no wrap, checked by
-        // `needed`), and the consumer has released it (`room_for`). We are the only writer.
+        // `needed`), and the consumer has released it (`room_for`), as it has the 64-aligned
+        // header slot after it (`room_for` counted one more slot). We are the only writer.
         unsafe {
             let base = self.data.as_ptr().add(off as usize);
             base.add(8).cast::<u64>().write(total_len);
@@ -166,6 +171,11 @@ impl Producer {
                 std::ptr::copy_nonoverlapping(p.as_ptr(), dst, p.len());
                 dst = dst.add(p.len());
             }
+            // The slot where the next record will start may hold stale payload that looks
+            // like its header: clear it before the consumer can move there (the release store
+            // below publishes the clearing with the record). It is free: `room_for` counted it.
+            let next = (self.head + rec_len(payload)) & (self.size - 1);
+            self.header(next).store(0, Ordering::Relaxed);
             let word0 = (stamp(self.head) as u64) << 32 | (flags as u64) << 24 | payload as u64;
             self.header(off).store(word0, Ordering::Release);
         }
@@ -330,6 +340,34 @@ mod tests {
         c.release(len);
         assert!(p.try_push(1, 100, &[&[7u8; 100]]).unwrap());
         assert!(p.try_push(1, 0, &[&[0u8; 2000]]).is_err(), "oversized packet is refused");
+    }
+
+    /// The payload of an old record can hold, where a later lap's record will start, exactly
+    /// the header that record's stamp makes valid (data of counters often does). The consumer
+    /// must not take it for a record before the producer wrote one there.
+    #[test]
+    fn stale_payload_that_looks_like_a_header_is_not_a_record() {
+        let size = 4096;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        // Lap 0: a record at 0 whose payload holds, at ring offset 128, the header a record at
+        // position 4096 + 128 would have.
+        let fake = (u64::from(stamp(4096 + 128)) << 32) | 5;
+        let mut payload = vec![0u8; 1008];
+        payload[128 - REC_HDR..128 - REC_HDR + 8].copy_from_slice(&fake.to_le_bytes());
+        for _ in 0..4 {
+            assert!(p.try_push(1, 1008, &[&payload]).unwrap());
+            let len = c.peek().unwrap().expect("record").data.len();
+            c.release(len);
+        }
+        // Lap 1: one 128-byte record, consumed; nothing else was pushed.
+        assert!(p.try_push(2, 112, &[&[9u8; 112]]).unwrap());
+        let len = c.peek().unwrap().expect("record").data.len();
+        c.release(len);
+        assert!(c.peek().unwrap().is_none(), "a stale payload was read as a record");
+        // The ring goes on normally.
+        assert!(p.try_push(3, 4, &[b"next"]).unwrap());
+        assert_eq!(c.peek().unwrap().expect("record").data, b"next");
     }
 
     #[test]
