@@ -89,7 +89,7 @@ impl Message {
     /// As [`Message::recv`] (from the request).
     pub fn irecv<'s, T: Pod>(mut self, s: &'s Scope<'s, '_>, buf: &'s mut [T]) -> Result<Request<'s>> {
         let ux = self.take()?;
-        let eng = self.eng.clone();
+        let eng = &self.eng;
         let rid = {
             let mut e = eng.lock()?;
             // SAFETY: `buf` is borrowed for 's, and the scope finishes or abandons the request

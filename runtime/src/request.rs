@@ -36,10 +36,29 @@ use crate::{Rank, Tag};
 
 type Eng = Arc<EngineCell>;
 
+/// A request's engine: borrowed from its scope, which holds one reference for all of its
+/// requests (no reference counting per request), or, for a request on another engine than
+/// the scope's first one, a reference of its own.
+#[derive(Clone)]
+enum EngRef<'s> {
+    Scope(&'s EngineCell),
+    Own(Eng),
+}
+
+impl std::ops::Deref for EngRef<'_> {
+    type Target = EngineCell;
+    fn deref(&self) -> &EngineCell {
+        match self {
+            EngRef::Scope(e) => e,
+            EngRef::Own(e) => e,
+        }
+    }
+}
+
 thread_local! {
     /// Lists of started requests from scopes that ended, kept for the next scopes of this
     /// thread so that a scope in a loop does not allocate.
-    static STARTED_POOL: RefCell<Vec<Vec<(Eng, ReqId)>>> = const { RefCell::new(Vec::new()) };
+    static STARTED_POOL: RefCell<Vec<Vec<(Option<Eng>, ReqId)>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Lists kept in [`STARTED_POOL`] (scopes nest rarely deeper).
@@ -47,7 +66,10 @@ const POOL_KEEP: usize = 8;
 
 /// The region inside which non-blocking operations live. See the module docs.
 pub struct Scope<'scope, 'env: 'scope> {
-    started: RefCell<Vec<(Eng, ReqId)>>,
+    /// The engine of the scope's first request, held once for all requests on it.
+    engine: std::cell::OnceCell<Eng>,
+    /// Requests started, with their engine when it is not `engine`.
+    started: RefCell<Vec<(Option<Eng>, ReqId)>>,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -66,13 +88,14 @@ where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
 {
     let started = STARTED_POOL.with(|p| p.borrow_mut().pop()).unwrap_or_default();
-    let s = Scope { started: RefCell::new(started), _scope: PhantomData, _env: PhantomData };
+    let s = Scope { engine: std::cell::OnceCell::new(), started: RefCell::new(started), _scope: PhantomData, _env: PhantomData };
     struct End<'a, 'b, 'c>(&'a Scope<'b, 'c>);
     impl Drop for End<'_, '_, '_> {
         fn drop(&mut self) {
             let mut started = std::mem::take(&mut *self.0.started.borrow_mut());
             let panicking = std::thread::panicking();
             for (eng, rid) in started.drain(..) {
+                let Some(eng) = eng.as_ref().or(self.0.engine.get()) else { continue };
                 let Ok(mut e) = eng.lock_for_cleanup() else {
                     // The engine is busy further up this thread's stack (a panic unwound out
                     // of it): it cannot be told to forget this request's buffer, and the
@@ -110,7 +133,7 @@ where
 /// A pending non-blocking operation. Dropping it leaves the operation to its scope.
 #[must_use = "a request completes at the end of its scope at the latest; wait on it to see its result"]
 pub struct Request<'scope> {
-    eng: Eng,
+    eng: EngRef<'scope>,
     rid: Option<ReqId>,
     done: Option<Status>,
     _p: PhantomData<&'scope mut ()>,
@@ -123,10 +146,12 @@ impl std::fmt::Debug for Request<'_> {
 }
 
 impl<'scope> Request<'scope> {
-    pub(crate) fn new(eng: Eng, rid: Option<ReqId>, s: &Scope<'_, '_>) -> Self {
+    pub(crate) fn new(eng: &Eng, rid: Option<ReqId>, s: &'scope Scope<'scope, '_>) -> Self {
+        let first = s.engine.get_or_init(|| eng.clone());
+        let (eng, own) = if Arc::ptr_eq(first, eng) { (EngRef::Scope(first), None) } else { (EngRef::Own(eng.clone()), Some(eng.clone())) };
         let done = match rid {
             Some(r) => {
-                s.started.borrow_mut().push((eng.clone(), r));
+                s.started.borrow_mut().push((own, r));
                 None
             }
             None => Some(Status::sent()),
@@ -393,7 +418,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
-        let eng = self.inner.eng.clone();
+        let eng = &self.inner.eng;
         let rid = {
             let mut e = eng.lock()?;
             // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
@@ -408,7 +433,7 @@ impl Comm {
     /// # Errors
     /// As [`Comm::isend`].
     pub fn issend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
-        let eng = self.inner.eng.clone();
+        let eng = &self.inner.eng;
         let rid = {
             let mut e = eng.lock()?;
             // SAFETY: as in `isend`.
@@ -429,7 +454,7 @@ impl Comm {
         tag: impl Into<TagMatch>,
     ) -> Result<Request<'scope>> {
         let (sr, t) = self.recv_args(src.into(), tag.into())?;
-        let eng = self.inner.eng.clone();
+        let eng = &self.inner.eng;
         let rid = {
             let mut e = eng.lock()?;
             // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this

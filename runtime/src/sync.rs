@@ -94,14 +94,20 @@ pub(crate) fn thread_token() -> u64 {
     thread_local! {
         static TOKEN: Cell<u64> = const { Cell::new(0) };
     }
-    TOKEN.with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
-        }
+    #[cold]
+    #[inline(never)]
+    fn first(t: &Cell<u64>) -> u64 {
         let v = NEXT.fetch_add(1, Relaxed);
         t.set(v);
         v
+    }
+    TOKEN.with(|t| {
+        let v = t.get();
+        if v != 0 {
+            v
+        } else {
+            first(t)
+        }
     })
 }
 
@@ -170,15 +176,22 @@ impl EngineCell {
     #[inline]
     pub(crate) fn lock(&self) -> Result<EngineGuard<'_>> {
         let me = thread_token();
+        if !self.level.any_thread() && me == self.owner && self.holder.load(Relaxed) == 0 {
+            self.holder.store(me, Relaxed);
+            return Ok(EngineGuard { cell: self, mg: None });
+        }
+        self.lock_slow(me)
+    }
+
+    /// [`EngineCell::lock`] at `Serialized`/`Multiple`, and its errors at the other levels.
+    #[cold]
+    #[inline(never)]
+    fn lock_slow(&self, me: u64) -> Result<EngineGuard<'_>> {
         if !self.level.any_thread() {
             if me != self.owner {
                 return Err(self.error("a call from a thread other than the one that started the runtime"));
             }
-            if self.holder.load(Relaxed) != 0 {
-                return Err(self.error("a tmpi call from inside another (a user operation calling tmpi?)"));
-            }
-            self.holder.store(me, Relaxed);
-            return Ok(EngineGuard { cell: self, mg: None });
+            return Err(self.error("a tmpi call from inside another (a user operation calling tmpi?)"));
         }
         if self.holder.load(Relaxed) == me {
             return Err(self.error("a tmpi call from inside another (a user operation calling tmpi?)"));

@@ -208,7 +208,7 @@ impl Comm {
         // abandoning it abandons every transfer of the schedule and drops the schedule, so
         // nothing touches the buffers afterwards.
         let sched = unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b))) };
-        let eng = self.inner.eng.clone();
+        let eng = &self.inner.eng;
         let rid = eng.lock()?.start_nbc(sched);
         Ok(Request::new(eng, Some(rid), s))
     }

@@ -16,10 +16,10 @@
 //! knows a record is new by its header alone: it polls one cache line that the producer writes,
 //! and never reads `head`. Stale records of earlier laps and the zeroed memory of the first lap
 //! carry other stamps. Stale *payload* could carry anything, the right stamp included (a
-//! payload of counters easily does), so the producer keeps the header slot at `head` zero: it
-//! clears the slot after each record before it publishes the record (and needs room for that
-//! slot too). A record never wraps around the end: the producer writes a skip record and
-//! starts at offset 0, which is always the start of a record or a cleared slot.
+//! payload of counters easily does), so the consumer, when it releases a record, clears the
+//! header slots inside it (every 64-byte boundary after its start; none for a one-line
+//! record): every slot where a record may start holds zero or an old header. A record never
+//! wraps around the end: the producer writes a skip record and starts at offset 0.
 //!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
@@ -129,7 +129,7 @@ impl Producer {
     pub fn has_room(&mut self, payload: usize) -> bool {
         payload <= self.max_payload && {
             let (need, _) = self.needed(payload);
-            self.room_for(need + REC_ALIGN)
+            self.room_for(need)
         }
     }
 
@@ -148,8 +148,7 @@ impl Producer {
             return Err(Error::InvalidArgument("packet flag 0x80 is reserved".into()));
         }
         let (need, skip) = self.needed(payload);
-        // Also the header slot after the record, which is cleared below.
-        if !self.room_for(need + REC_ALIGN) {
+        if !self.room_for(need) {
             return Ok(false);
         }
         if skip {
@@ -161,8 +160,7 @@ impl Producer {
         }
         let off = self.head & (self.size - 1);
         // SAFETY: the record [off, off + rec_len) lies inside the data area (no wrap, checked by
-        // `needed`), and the consumer has released it (`room_for`), as it has the 64-aligned
-        // header slot after it (`room_for` counted one more slot). We are the only writer.
+        // `needed`), and the consumer has released it (`room_for`). We are the only writer.
         unsafe {
             let base = self.data.as_ptr().add(off as usize);
             base.add(8).cast::<u64>().write(total_len);
@@ -171,11 +169,6 @@ impl Producer {
                 std::ptr::copy_nonoverlapping(p.as_ptr(), dst, p.len());
                 dst = dst.add(p.len());
             }
-            // The slot where the next record will start may hold stale payload that looks
-            // like its header: clear it before the consumer can move there (the release store
-            // below publishes the clearing with the record). It is free: `room_for` counted it.
-            let next = (self.head + rec_len(payload)) & (self.size - 1);
-            self.header(next).store(0, Ordering::Relaxed);
             let word0 = (stamp(self.head) as u64) << 32 | (flags as u64) << 24 | payload as u64;
             self.header(off).store(word0, Ordering::Release);
         }
@@ -277,7 +270,19 @@ impl Consumer {
     /// Consumes the record just peeked, whose payload had `len` bytes.
     #[inline]
     pub fn release(&mut self, len: usize) {
-        self.pos += rec_len(len);
+        let rec = rec_len(len);
+        if rec > REC_ALIGN {
+            // Clear the header slots inside the record (module docs), before `tail` lets the
+            // producer reuse them.
+            let off = self.pos & (self.size - 1);
+            for slot in (off + REC_ALIGN..(off + rec).min(self.size)).step_by(REC_ALIGN as usize) {
+                // SAFETY: `slot` is 64-aligned and inside the data area (bounded above), inside
+                // the record just read (`peek` checked it fits), which stays ours until `tail`
+                // moves.
+                unsafe { &*self.data.as_ptr().add(slot as usize).cast::<AtomicU64>() }.store(0, Ordering::Relaxed);
+            }
+        }
+        self.pos += rec;
         // SAFETY: ctl valid for the consumer's life.
         unsafe { self.ctl.as_ref() }.tail.store(self.pos, Ordering::Release);
     }
