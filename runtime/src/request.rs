@@ -36,6 +36,9 @@ use crate::{Rank, Tag};
 
 type Eng = Arc<EngineCell>;
 
+/// The requests a scope started, each with its engine when that is not the scope's.
+type Started = Vec<(Option<Eng>, ReqId)>;
+
 /// A request's engine: borrowed from its scope, which holds one reference for all of its
 /// requests (no reference counting per request), or, for a request on another engine than
 /// the scope's first one, a reference of its own.
@@ -58,7 +61,7 @@ impl std::ops::Deref for EngRef<'_> {
 thread_local! {
     /// Lists of started requests from scopes that ended, kept for the next scopes of this
     /// thread so that a scope in a loop does not allocate.
-    static STARTED_POOL: RefCell<Vec<Vec<(Option<Eng>, ReqId)>>> = const { RefCell::new(Vec::new()) };
+    static STARTED_POOL: RefCell<Vec<Started>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Lists kept in [`STARTED_POOL`] (scopes nest rarely deeper).
@@ -69,7 +72,7 @@ pub struct Scope<'scope, 'env: 'scope> {
     /// The engine of the scope's first request, held once for all requests on it.
     engine: std::cell::OnceCell<Eng>,
     /// Requests started, with their engine when it is not `engine`.
-    started: RefCell<Vec<(Option<Eng>, ReqId)>>,
+    started: RefCell<Started>,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
