@@ -15,8 +15,11 @@
 //! The stamp is derived from the record's position (`pos / 64 + 1`, wrapping), so the consumer
 //! knows a record is new by its header alone: it polls one cache line that the producer writes,
 //! and never reads `head`. Stale records of earlier laps and the zeroed memory of the first lap
-//! carry other stamps. A record never wraps around the end: the producer writes a skip record
-//! and starts at offset 0.
+//! carry other stamps. Stale *payload* could carry anything, the right stamp included (a
+//! payload of counters easily does), so the consumer, when it releases a record, clears the
+//! header slots inside it (every 64-byte boundary after its start; none for a one-line
+//! record): every slot where a record may start holds zero or an old header. A record never
+//! wraps around the end: the producer writes a skip record and starts at offset 0.
 //!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
@@ -267,7 +270,19 @@ impl Consumer {
     /// Consumes the record just peeked, whose payload had `len` bytes.
     #[inline]
     pub fn release(&mut self, len: usize) {
-        self.pos += rec_len(len);
+        let rec = rec_len(len);
+        if rec > REC_ALIGN {
+            // Clear the header slots inside the record (module docs), before `tail` lets the
+            // producer reuse them.
+            let off = self.pos & (self.size - 1);
+            for slot in (off + REC_ALIGN..(off + rec).min(self.size)).step_by(REC_ALIGN as usize) {
+                // SAFETY: `slot` is 64-aligned and inside the data area (bounded above), inside
+                // the record just read (`peek` checked it fits), which stays ours until `tail`
+                // moves.
+                unsafe { &*self.data.as_ptr().add(slot as usize).cast::<AtomicU64>() }.store(0, Ordering::Relaxed);
+            }
+        }
+        self.pos += rec;
         // SAFETY: ctl valid for the consumer's life.
         unsafe { self.ctl.as_ref() }.tail.store(self.pos, Ordering::Release);
     }
@@ -330,6 +345,34 @@ mod tests {
         c.release(len);
         assert!(p.try_push(1, 100, &[&[7u8; 100]]).unwrap());
         assert!(p.try_push(1, 0, &[&[0u8; 2000]]).is_err(), "oversized packet is refused");
+    }
+
+    /// The payload of an old record can hold, where a later lap's record will start, exactly
+    /// the header that record's stamp makes valid (data of counters often does). The consumer
+    /// must not take it for a record before the producer wrote one there.
+    #[test]
+    fn stale_payload_that_looks_like_a_header_is_not_a_record() {
+        let size = 4096;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        // Lap 0: a record at 0 whose payload holds, at ring offset 128, the header a record at
+        // position 4096 + 128 would have.
+        let fake = (u64::from(stamp(4096 + 128)) << 32) | 5;
+        let mut payload = vec![0u8; 1008];
+        payload[128 - REC_HDR..128 - REC_HDR + 8].copy_from_slice(&fake.to_le_bytes());
+        for _ in 0..4 {
+            assert!(p.try_push(1, 1008, &[&payload]).unwrap());
+            let len = c.peek().unwrap().expect("record").data.len();
+            c.release(len);
+        }
+        // Lap 1: one 128-byte record, consumed; nothing else was pushed.
+        assert!(p.try_push(2, 112, &[&[9u8; 112]]).unwrap());
+        let len = c.peek().unwrap().expect("record").data.len();
+        c.release(len);
+        assert!(c.peek().unwrap().is_none(), "a stale payload was read as a record");
+        // The ring goes on normally.
+        assert!(p.try_push(3, 4, &[b"next"]).unwrap());
+        assert_eq!(c.peek().unwrap().expect("record").data, b"next");
     }
 
     #[test]
