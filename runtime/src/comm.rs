@@ -168,9 +168,10 @@ impl Comm {
         self.inner.eng.level()
     }
 
-    /// The engine, unless it is in use further up this thread's stack.
-    pub(crate) fn try_eng(&self) -> Option<RefMut<'_, Engine>> {
-        self.inner.eng.try_borrow_mut().ok()
+    /// The engine for a clean-up path (see `EngineCell::lock_for_cleanup`), unless the thread
+    /// level does not admit it here.
+    pub(crate) fn try_eng(&self) -> Option<EngineGuard<'_>> {
+        self.inner.eng.lock_for_cleanup().ok()
     }
 
     #[inline]
