@@ -563,8 +563,9 @@ fn remote_cmd(
 ) -> Result<Command> {
     let (lr, ls) = m.local(r);
     let mut env: Vec<(String, OsString)> = Vec::new();
-    // tmpirun's own knobs travel with the job (not TMPI_TCP_IF: interfaces differ by host).
-    for k in KNOBS.iter().filter(|k| k.name != "TMPI_TCP_IF") {
+    // The runtime's knobs travel with the job (not TMPI_TCP_IF: interfaces differ by host;
+    // not tmpirun's own, TMPI_RSH).
+    for k in KNOBS.iter().filter(|k| k.name != "TMPI_TCP_IF" && !bootstrap::LAUNCHER_KNOBS.contains(&k.name)) {
         if let Some(v) = std::env::var_os(k.name) {
             env.push((k.name.to_string(), v));
         }

@@ -518,12 +518,12 @@ fn connect_one(me: u32, size: u32, peer: u32, addr: SocketAddr, secret: &JobSecr
     let mut ch = [0u8; auth::CHALLENGE_LEN];
     s.read_exact(&mut ch).map_err(|e| io_err("read the challenge of", e))?;
     let nonce_c = auth::nonce()?;
-    let ans = auth::answer(secret, &ch, me, size, &nonce_c)
+    let ans = auth::answer(auth::Purpose::Fabric, secret, &ch, me, size, &nonce_c)
         .ok_or_else(|| Error::Fabric(format!("rank {me}: {addr} (rank {peer}) does not speak the tmpi TCP fabric")))?;
     s.write_all(&ans).map_err(|e| io_err("answer", e))?;
     let mut proof = [0u8; auth::MAC_LEN];
     s.read_exact(&mut proof).map_err(|e| io_err("read the proof of", e))?;
-    if !auth::check_accept(secret, &nonce_c, peer, size, &proof) {
+    if !auth::check_accept(auth::Purpose::Fabric, secret, &nonce_c, peer, size, &proof) {
         return Err(Error::Fabric(format!("rank {me}: {addr} did not prove the job secret as rank {peer}")));
     }
     s.set_read_timeout(None).map_err(|e| io_err("clear timeout towards", e))?;
@@ -536,11 +536,11 @@ fn accept_one(mut s: TcpStream, me: u32, size: u32, secret: &JobSecret, deadline
     s.set_nonblocking(false).ok()?;
     s.set_read_timeout(Some(remaining(deadline)?)).ok()?;
     let nonce_a = auth::nonce().ok()?;
-    s.write_all(&auth::challenge(&nonce_a)).ok()?;
+    s.write_all(&auth::challenge(auth::Purpose::Fabric, &nonce_a)).ok()?;
     let mut ans = [0u8; auth::ANSWER_LEN];
     s.read_exact(&mut ans).ok()?;
-    let (peer, nonce_c) = auth::check_answer(secret, &nonce_a, size, &ans)?;
-    s.write_all(&auth::accept_proof(secret, &nonce_c, me, size)).ok()?;
+    let (peer, nonce_c) = auth::check_answer(auth::Purpose::Fabric, secret, &nonce_a, size, &ans)?;
+    s.write_all(&auth::accept_proof(auth::Purpose::Fabric, secret, &nonce_c, me, size)).ok()?;
     s.set_read_timeout(None).ok()?;
     Some((peer as usize, s))
 }

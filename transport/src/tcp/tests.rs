@@ -193,7 +193,7 @@ fn strangers_without_the_secret_are_refused_and_counted() {
                 let mut ch = [0u8; auth::CHALLENGE_LEN];
                 s.read_exact(&mut ch).unwrap();
                 let wrong = JobSecret::new().unwrap();
-                let ans = auth::answer(&wrong, &ch, 1, 2, &[0u8; 16]).unwrap();
+                let ans = auth::answer(auth::Purpose::Fabric, &wrong, &ch, 1, 2, &[0u8; 16]).unwrap();
                 s.write_all(&ans).unwrap();
                 let mut rest = Vec::new();
                 // Closed without a proof.
