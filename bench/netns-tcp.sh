@@ -12,8 +12,8 @@
 #             --mca plm_rsh_agent SSH --mca btl_tcp_if_include NET/24 --mca oob_tcp_if_include
 #             NET/24  target/peers/openmpi/{lat,bw}      (orted in the second namespace is
 #             started by that ssh; the *_if_include keep both on the veth subnet)
-# Sizes: LAT_SIZES (default 8:8), BW_SIZES (default 4096:4194304). Extra arguments for every
-# program: BENCH_ARGS (e.g. "-i 2000").
+# Sizes: LAT_SIZES (default 8:8), BW_SIZES (default 4096:4194304). Iterations, kept short for
+# a shared machine: LAT_ARGS (default "-i 2000 -x 200"), BW_ARGS (default "-i 20 -x 5").
 #
 # Needs: target/release/{tmpirun,osu_latency,osu_bw} (cargo build --release --workspace --bins),
 # target/peers/openmpi/{lat,bw} (bench/peers.sh build), mpirun.openmpi, root, iproute2, sshd.
@@ -27,7 +27,8 @@ root="$(cd "$here/.." && pwd)"
 runs="${1:-3}"
 lat_sizes="${LAT_SIZES:-8:8}"
 bw_sizes="${BW_SIZES:-4096:4194304}"
-extra="${BENCH_ARGS:-}"
+lat_args="${LAT_ARGS:--i 2000 -x 200}"
+bw_args="${BW_ARGS:--i 20 -x 5}"
 out="${OUT:-$root/bench/results/tcp-netns.md}"
 raw="$root/target/netns-tcp"
 rel="$root/target/release"
@@ -51,33 +52,34 @@ net="${a1%.*}.0/24"
 mkdir -p "$raw"
 rm -f "$raw"/*.txt
 
-run_tmpi() { # prog sizes file
+run_tmpi() { # prog sizes file args
     # shellcheck disable=SC2086
     TMPI_RSH="$rsh" timeout 600 ip netns exec "$ns1" "$rel/tmpirun" --host "$a1:1,$a2:1" --timeout 590 \
-        "$rel/$1" -m "$2" $extra >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: tmpi $1 FAILED (see $3.err)" >&2
+        "$rel/$1" -m "$2" $4 >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: tmpi $1 FAILED (see $3.err)" >&2
 }
 
-run_ompi() { # prog sizes file
+run_ompi() { # prog sizes file args
     # shellcheck disable=SC2086
     timeout 600 ip netns exec "$ns1" mpirun.openmpi --allow-run-as-root -np 2 --host "$a1:1,$a2:1" \
         --mca btl tcp,self --mca plm_rsh_agent "$rsh" --mca btl_tcp_if_include "$net" --mca oob_tcp_if_include "$net" \
-        "$ompi/$1" -m "$2" $extra >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: Open MPI $1 FAILED (see $3.err)" >&2
+        "$ompi/$1" -m "$2" $4 >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: Open MPI $1 FAILED (see $3.err)" >&2
 }
 
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 started="$(date -u '+%Y-%m-%d %H:%M UTC')"
 for r in $(seq 1 "$runs"); do
     echo "netns-tcp.sh: run $r of $runs" >&2
-    run_tmpi osu_latency "$lat_sizes" "$raw/tmpi.lat.$r.txt"
-    run_ompi lat "$lat_sizes" "$raw/ompi.lat.$r.txt"
-    run_tmpi osu_bw "$bw_sizes" "$raw/tmpi.bw.$r.txt"
-    run_ompi bw "$bw_sizes" "$raw/ompi.bw.$r.txt"
+    run_tmpi osu_latency "$lat_sizes" "$raw/tmpi.lat.$r.txt" "$lat_args"
+    run_ompi lat "$lat_sizes" "$raw/ompi.lat.$r.txt" "$lat_args"
+    run_tmpi osu_bw "$bw_sizes" "$raw/tmpi.bw.$r.txt" "$bw_args"
+    run_ompi bw "$bw_sizes" "$raw/ompi.bw.$r.txt" "$bw_args"
 done
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$raw" "$runs" "$out" "$started" "$load_before" "$load_after" "$(nproc)" <<'EOF'
+python3 - "$raw" "$runs" "$out" "$started" "$load_before" "$load_after" "$(nproc)" "$lat_args" "$bw_args" <<'EOF'
 import os, statistics, sys
-raw, runs, out, started, lb, la, cpus = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
+raw, runs, out, started, lb, la, cpus, lat_args, bw_args = sys.argv[1:10]
+runs = int(runs)
 
 def table(impl, prog):
     t = {}
@@ -101,7 +103,8 @@ lines = [
     "`oob_tcp_if_include` on the veth subnet, orted started through the same ssh; the C programs",
     "of `bench/peers.sh` (same loops and output as tmpi's). Interleaved (tmpi lat, Open MPI lat,",
     f"tmpi bw, Open MPI bw) {runs} times; medians. {cpus} CPUs shared with other work: load average",
-    f"{lb} before, {la} after.",
+    f"{lb} before, {la} after. Iterations: latency `{lat_args}`, bandwidth `{bw_args}`",
+    "(window 64).",
     "",
 ]
 goals = {"lat": ("latency (us, lower is better)", "tmpi/Open MPI", lambda a, b: a / b, "<= 0.9"),
