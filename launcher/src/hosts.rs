@@ -2,16 +2,30 @@
 //! started on another one (through `ssh` or `TMPI_RSH` / `--launch-agent`).
 //!
 //! A remote rank runs under a small POSIX `sh` wrapper ([`REMOTE_WRAPPER`]) started by the
-//! agent. The wrapper reads the job secret as the first line of its stdin (so the secret is
-//! never on a command line that `ps` shows), starts the rank in its own session with stdin
-//! from `/dev/null`, and watches the rest of its stdin: `tmpirun` keeps the pipe to the agent
-//! open for the whole job, so stdin ends exactly when `tmpirun` or the agent (the ssh
-//! connection) goes away, and then the wrapper kills the rank's session. The wrapper exits
-//! with the rank's status, which the agent passes back.
+//! agent. Its stdin (the agent's: the ssh session's) is the one channel from `tmpirun` to the
+//! rank's host, the *link* ([`Link`]), and it carries, in order:
+//!
+//! 1. the job secret, one line (so the secret is never on a command line that `ps` shows);
+//! 2. one line, `1` when this rank gets `tmpirun`'s stdin (rank 0), else `0`;
+//! 3. for rank 0 only, `tmpirun`'s stdin in frames: a line `D<n>` followed by `n` bytes of
+//!    data, and at the end of `tmpirun`'s stdin one line `E`, after which nothing more is
+//!    sent. The wrapper copies each frame's bytes into a FIFO that is the rank's stdin and
+//!    closes it at `E`, so the rank sees end of file exactly when `tmpirun`'s input ends.
+//!    (The frame bodies are copied by GNU `head -c`, which never reads past its count, or
+//!    where that is missing by `dd bs=1`, which is slower but POSIX.)
+//!
+//! After that the link stays open, silent, for the whole job: it ends exactly when `tmpirun`
+//! or the agent (the ssh connection) goes away, and then the wrapper kills the rank's session.
+//! The rank runs in its own session with stdin from the FIFO (rank 0) or `/dev/null`. The
+//! wrapper exits with the rank's status, which the agent passes back.
 
 use std::ffi::OsString;
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::path::Path;
+use std::process::ChildStdin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
@@ -208,16 +222,125 @@ pub fn sh_quote(s: &str) -> String {
 /// The wrapper a remote rank runs under (see the module documentation). Its arguments are
 /// `env`'s: `VAR=VALUE...` then the program and its arguments.
 pub const REMOTE_WRAPPER: &str = r#"IFS= read -r s || exit 126
+IFS= read -r m || exit 126
 TMPI_JOB_SECRET=$s; export TMPI_JOB_SECRET
 exec 3<&0
-if command -v setsid >/dev/null 2>&1; then setsid env "$@" </dev/null 3<&- & else env "$@" </dev/null 3<&- & fi
+i=/dev/null
+if [ "$m" = 1 ]; then
+d=$(mktemp -d "${TMPDIR:-/tmp}/tmpi-stdin.XXXXXX") || exit 126
+i=$d/in
+mkfifo -m 600 "$i" || { rmdir "$d"; exit 126; }
+fi
+if command -v setsid >/dev/null 2>&1; then setsid env "$@" <"$i" 3<&- & else env "$@" <"$i" 3<&- & fi
 p=$!
+if [ "$m" = 1 ]; then
+if head --version 2>/dev/null | grep -q GNU; then c() { head -c "$1"; }; else c() { dd bs=1 count="$1" 2>/dev/null; }; fi
+{ exec 4>"$i"; rm -rf "$d"
+while IFS= read -r h; do case $h in D*) c "${h#D}" >&4 || break;; *) break;; esac; done
+exec 4>&-; cat; kill -KILL -"$p"; kill -KILL "$p"; } <&3 >/dev/null 2>&1 &
+else
 { cat <&3; kill -KILL -"$p"; kill -KILL "$p"; } >/dev/null 2>&1 &
+fi
 w=$!
 exec 3<&-
 wait "$p"; rc=$?
 kill "$w" 2>/dev/null
 exit "$rc""#;
+
+/// Largest frame of stdin data on a [`Link`].
+const STDIN_FRAME: usize = 64 * 1024;
+
+/// The stdin pipe of a remote rank's agent (see the module documentation): open while the
+/// job runs; dropping it closes the pipe, which makes the remote wrapper kill the rank. For
+/// rank 0 a thread ([`Link::forward_stdin`]) shares it to send `tmpirun`'s stdin in frames;
+/// dropping the `Link` never waits for that thread (if it is inside a write, the thread closes
+/// the pipe itself when the write returns).
+pub struct Link {
+    pipe: Arc<Mutex<Option<ChildStdin>>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Link {
+    /// Sends the secret line and whether this rank gets stdin; the link stays open.
+    ///
+    /// # Errors
+    /// The agent is gone already.
+    pub fn new(mut pipe: ChildStdin, secret_hex: &str, gets_stdin: bool) -> std::io::Result<Self> {
+        // 36 bytes: the pipe takes them at once.
+        pipe.write_all(format!("{secret_hex}\n{}\n", u8::from(gets_stdin)).as_bytes())?;
+        Ok(Link { pipe: Arc::new(Mutex::new(Some(pipe))), closed: Arc::new(AtomicBool::new(false)) })
+    }
+
+    /// Starts a thread that forwards `input` (tmpirun's stdin) over this link in frames, and
+    /// `E` at its end. The thread ends at end of input, when the link is closed, or when the
+    /// agent is gone; if it is still blocked reading the terminal at exit, the process exit
+    /// ends it.
+    ///
+    /// # Errors
+    /// The thread cannot be started.
+    pub fn forward_stdin(&self, mut input: impl Read + Send + 'static) -> std::io::Result<()> {
+        let (pipe, closed) = (self.pipe.clone(), self.closed.clone());
+        std::thread::Builder::new().name("tmpirun-stdin".into()).spawn(move || {
+            let mut buf = vec![0u8; STDIN_FRAME];
+            let mut frame = Vec::with_capacity(STDIN_FRAME + 16);
+            loop {
+                let n = loop {
+                    match input.read(&mut buf) {
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Ok(n) => break n,
+                        Err(_) => break 0,
+                    }
+                };
+                frame.clear();
+                if n == 0 {
+                    frame.extend_from_slice(b"E\n");
+                } else {
+                    frame.extend_from_slice(format!("D{n}\n").as_bytes());
+                    frame.extend_from_slice(&buf[..n]);
+                }
+                if !send(&pipe, &closed, &frame) || n == 0 {
+                    return;
+                }
+            }
+        })?;
+        Ok(())
+    }
+}
+
+/// Writes `frame` on the shared pipe unless the link was closed; whether it went. Closes
+/// the pipe itself when the link was closed meanwhile (the owner could not take the lock).
+fn send(pipe: &Mutex<Option<ChildStdin>>, closed: &AtomicBool, frame: &[u8]) -> bool {
+    let close = |g: &mut Option<ChildStdin>| {
+        g.take();
+        false
+    };
+    let Ok(mut g) = pipe.lock() else { return false };
+    if closed.load(Ordering::SeqCst) {
+        return close(&mut g);
+    }
+    let ok = match g.as_mut() {
+        Some(w) => w.write_all(frame).is_ok(),
+        None => false,
+    };
+    drop(g);
+    // The owner sets `closed` before it tries the lock: if it tried while we held it, we see
+    // the flag now and close the pipe for it.
+    if closed.load(Ordering::SeqCst) {
+        if let Ok(mut g) = pipe.lock() {
+            return close(&mut g);
+        }
+    }
+    ok
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut g) = self.pipe.try_lock() {
+            g.take();
+        }
+    }
+}
 
 /// The one remote command line (given to the agent after the host name): `cd` to `cwd` if
 /// it exists there, then [`REMOTE_WRAPPER`] with `env` and `program` and `args`.
@@ -300,7 +423,6 @@ mod tests {
 
     #[test]
     fn the_wrapper_runs_the_rank_and_kills_it_when_stdin_closes() {
-        use std::io::Write;
         use std::process::{Command, Stdio};
         // Exit status passes through, the secret arrives from stdin.
         let mut c = Command::new("sh")
@@ -308,19 +430,56 @@ mod tests {
             .stdin(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut w = c.stdin.take().unwrap();
-        w.write_all(b"abc\n").unwrap();
+        let link = Link::new(c.stdin.take().unwrap(), "abc", false).unwrap();
         assert_eq!(c.wait().unwrap().code(), Some(7));
-        drop(w);
-        // A rank that would run for long ends soon after stdin closes.
+        drop(link);
+        // A rank that would run for long ends soon after the link closes.
         let mut c = Command::new("sh").args(["-c", REMOTE_WRAPPER, "w", "sleep", "60"]).stdin(Stdio::piped()).spawn().unwrap();
-        let mut w = c.stdin.take().unwrap();
-        w.write_all(b"abc\n").unwrap();
+        let link = Link::new(c.stdin.take().unwrap(), "abc", false).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(200));
         let t = std::time::Instant::now();
-        drop(w);
+        drop(link);
         let st = c.wait().unwrap();
         assert!(!st.success());
         assert!(t.elapsed() < std::time::Duration::from_secs(20), "{:?}", t.elapsed());
+    }
+
+    /// Runs `prog` under the wrapper as rank 0 with `input` as tmpirun's stdin, `path` as
+    /// PATH; its stdout.
+    fn rank0_reads(input: Vec<u8>, prog: &str, path: &str) -> Vec<u8> {
+        use std::process::{Command, Stdio};
+        let mut c = Command::new("sh")
+            .args(["-c", REMOTE_WRAPPER, "w", "sh", "-c", prog])
+            .env("PATH", path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let link = Link::new(c.stdin.take().unwrap(), "abc", true).unwrap();
+        link.forward_stdin(std::io::Cursor::new(input)).unwrap();
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{:?}", out.status);
+        drop(link);
+        out.stdout
+    }
+
+    #[test]
+    fn rank_0_gets_the_stdin_of_tmpirun_and_its_end() {
+        let path = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
+        // Binary data of several frames, then end of file (cat returns: the rank is not
+        // killed for it, and the link stays open until it is dropped).
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(rank0_reads(data.clone(), "cat; echo end", &path), [&data[..], b"end\n"].concat());
+        assert_eq!(rank0_reads(Vec::new(), "cat; echo end", &path), b"end\n");
+        // Without GNU head (a `head` that fails first in PATH), the POSIX fallback.
+        let dir = std::env::temp_dir().join(format!("tmpi-nohead-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("head");
+        std::fs::write(&fake, "#!/bin/sh\nexit 1\n").unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let small: Vec<u8> = b"line one\nline two\n\0binary\xff".to_vec();
+        let got = rank0_reads(small.clone(), "cat; echo end", &format!("{}:{path}", dir.display()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got, [&small[..], b"end\n"].concat());
     }
 }

@@ -23,7 +23,8 @@
 //!
 //! Remote ranks ([`MultiHost`]): the process tmpirun starts is the launch agent (`ssh`), in
 //! its own group with the death signal like a local rank; its exit status is the rank's. Its
-//! stdin carries the job secret and then stays open until the job ends ([`crate::hosts`]):
+//! stdin carries the job secret (and for rank 0 tmpirun's stdin, in frames) and then stays
+//! open until the job ends ([`crate::hosts`]):
 //! ending the job closes it (and signals the agent), which makes the remote wrapper kill the
 //! rank. Remote ranks reach the bootstrap service over TCP and prove the secret there.
 //!
@@ -45,7 +46,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tmpi_transport::bootstrap::wireup::ENV_NODE_ID;
@@ -415,7 +416,7 @@ fn spawn_all(
     sock: &Path,
     tcp: Option<&BootstrapAddr>,
     secret: &JobSecret,
-) -> Result<(Vec<Rank>, Vec<Stream>, Vec<ChildStdin>)> {
+) -> Result<(Vec<Rank>, Vec<Stream>, Vec<hosts::Link>)> {
     let stdin_is_tty = sys::isatty(0);
     let original = if spec.placements.iter().any(|p| p.cpus.is_some()) { Some(binder.thread_cpus()?) } else { None };
     let _restore = BindingRestore { binder, cpus: original };
@@ -468,10 +469,14 @@ fn spawn_all(
             }
         }
         if remote_host.is_some() {
-            if let Some(mut w) = child.stdin.take() {
-                // The wrapper reads the secret first (33 bytes: the pipe takes them at once).
-                w.write_all(format!("{}\n", secret).as_bytes()).map_err(|e| Error::io(format!("send the job secret to rank {r}"), e))?;
-                links.push(w);
+            if let Some(w) = child.stdin.take() {
+                // The wrapper reads the secret first, then whether the rank gets stdin: rank 0
+                // gets tmpirun's, wherever it runs (frames on the same link).
+                let link = hosts::Link::new(w, &secret, r == 0).map_err(|e| Error::io(format!("send the job secret to rank {r}"), e))?;
+                if r == 0 {
+                    link.forward_stdin(std::io::stdin()).map_err(|e| Error::io("start the stdin thread", e))?;
+                }
+                links.push(link);
             }
         } else if let Some(mut w) = child.stdin.take() {
             // Terminal -> rank 0. The thread ends at end of input or when rank 0 is gone;
@@ -563,8 +568,9 @@ fn remote_cmd(
 ) -> Result<Command> {
     let (lr, ls) = m.local(r);
     let mut env: Vec<(String, OsString)> = Vec::new();
-    // tmpirun's own knobs travel with the job (not TMPI_TCP_IF: interfaces differ by host).
-    for k in KNOBS.iter().filter(|k| k.name != "TMPI_TCP_IF") {
+    // The runtime's knobs travel with the job (not TMPI_TCP_IF: interfaces differ by host;
+    // not tmpirun's own, TMPI_RSH).
+    for k in KNOBS.iter().filter(|k| k.name != "TMPI_TCP_IF" && !bootstrap::LAUNCHER_KNOBS.contains(&k.name)) {
         if let Some(v) = std::env::var_os(k.name) {
             env.push((k.name.to_string(), v));
         }
@@ -605,7 +611,7 @@ struct Deferred {
 struct Running {
     ranks: Vec<Rank>,
     /// Stdin of each remote rank's agent: open while the job runs (see [`crate::hosts`]).
-    links: Vec<ChildStdin>,
+    links: Vec<hosts::Link>,
     streams: Vec<Stream>,
     server: BootstrapServer,
     /// `--tag-output` (stderr lines carry a prefix to strip before quoting them).

@@ -6,11 +6,12 @@
 //! namespaces never share memory although they share this machine's `/dev/shm`).
 //!
 //! Cases: hello, ring and collcheck on 2 hosts x 2 ranks; a hostfile of 3 hosts x 1;
-//! `TMPI_FABRIC=tcp`; a remote rank killed (the job ends naming it, nothing is left on any
-//! host); `tmpirun` interrupted (SIGINT: nothing is left). Skipped, saying why, when not root
-//! or without `ip netns` or sshd.
+//! `TMPI_FABRIC=tcp`; `tmpirun`'s stdin reaching rank 0 on another host (and its end); a
+//! remote rank killed and a remote rank panicking (the job ends naming it, nothing is left on
+//! any host); `tmpirun` interrupted (SIGINT: nothing is left). Skipped, saying why, when not
+//! root or without `ip netns` or sshd.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -264,6 +265,50 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     assert!(o.status.success(), "TMPI_FABRIC=tcp: {}", report(&o));
     let kinds = fabric_kinds(&o);
     assert_eq!(kinds, (0..4).map(|r| (r, "tcp".to_string())).collect::<Vec<_>>(), "{}", report(&o));
+
+    // tmpirun's stdin reaches rank 0 on another host (a2; tmpirun runs on a1), binary data
+    // of several frames and then its end (the program returns at end of input); the local
+    // rank 1 reads nothing.
+    let data: Vec<u8> = (0..1_500_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut ck = Command::new("cksum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("run cksum");
+    ck.stdin.take().expect("stdin").write_all(&data).expect("feed cksum");
+    let want = String::from_utf8_lossy(&ck.wait_with_output().expect("cksum").stdout).trim().to_string();
+    let prog = r#"if [ "$TMPI_RANK" = 0 ]; then IFS= read -r l; echo "rank 0 on $TMPI_NODE_ID read: $l"; echo "rank 0 sum: $(cksum)"; else echo "rank $TMPI_RANK sum: $(cksum)"; fi"#;
+    let mut c = h
+        .tmpirun(&["--host", &format!("{a2}:1,{a1}:1"), "--timeout", "60", "sh", "-c", prog])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tmpirun");
+    let mut input = c.stdin.take().expect("stdin");
+    let feed = std::thread::spawn(move || {
+        input.write_all(b"first line from tmpirun's stdin\n")?;
+        input.write_all(&data)
+    });
+    let o = c.wait_with_output().expect("wait for tmpirun");
+    feed.join().expect("feeder").expect("tmpirun took its stdin");
+    assert!(o.status.success(), "stdin to remote rank 0: {}", report(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.lines().any(|l| l == format!("rank 0 on {a2} read: first line from tmpirun's stdin")), "{}", report(&o));
+    assert!(out.lines().any(|l| l == format!("rank 0 sum: {want}")), "rank 0 read all of it, then its end: {}", report(&o));
+    assert!(out.lines().any(|l| l == "rank 1 sum: 4294967295 0"), "rank 1 reads nothing: {}", report(&o));
+
+    // A remote rank panicking: the job ends on every host, naming it, with the panic's
+    // status, and nothing is left on any host.
+    let mark = format!("panic-{}", std::process::id());
+    let x = format!("MULTIHOST_MARK={mark}");
+    let o = h.run(&["--host", &format!("{a1}:1,{a2}:2"), "--timeout", "60", "-x", &x, &bin("fault_panic")]);
+    let ended = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(101), "{}", report(&o));
+    assert!(err.contains(&format!("tmpirun: rank 1 (on host {a2})")), "tmpirun should name rank 1\n{}", report(&o));
+    let fault: u128 = err.lines().find_map(|l| l.split_once("FAULT_AT ").and_then(|(_, t)| t.trim().parse().ok())).expect("FAULT_AT");
+    let took = Duration::from_nanos(ended.saturating_sub(fault) as u64);
+    // The goal is 2 s; the bound is generous (a loaded machine), the figure is printed.
+    assert!(took < Duration::from_secs(6), "the job took {took:?} to end after the panic\n{}", report(&o));
+    eprintln!("multihost: remote rank panicked -> job ended on every host in {took:?}");
+    assert_nothing_left(&mark, "after a remote rank panicked");
 
     // A remote rank killed: the job ends, naming it, and nothing is left on any host.
     let mark = format!("kill-{}", std::process::id());

@@ -37,7 +37,7 @@
 //! | `TMPI_BOOTSTRAP`    | path of the bootstrap Unix socket, or `tcp:ADDR:PORT` (remote ranks) |
 //! | `TMPI_SHM_NAME`     | `tmpi-<jobid>-<16 hex>`: rank 0 creates `/dev/shm/<name>`        |
 //! | `TMPI_LAUNCHER_PID` | pid of `tmpirun`                                                |
-//! | `TMPI_JOB_SECRET`   | 32 hex digits, random per job: proves a `hello` comes from a rank |
+//! | `TMPI_JOB_SECRET`   | 32 hex digits, random per job: a `hello` proves it (HMAC), never sends it |
 //! | `TMPI_NODE_ID`      | optional: the host a rank runs on (equal ids share memory)      |
 //!
 //! `tmpirun` removes `/dev/shm/<TMPI_SHM_NAME>` and every `/dev/shm/tmpi-<jobid>*` file when
@@ -78,6 +78,10 @@ pub const ENV_BOOTSTRAP: &str = "TMPI_BOOTSTRAP";
 
 /// How long a rank tries to reach a bootstrap service over TCP before it gives up.
 pub const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a rank waits for the bootstrap service's challenge and its answer to the `hello`
+/// (generous: `tmpirun` may be starting hundreds of ranks on a loaded machine).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where the bootstrap service is, as `TMPI_BOOTSTRAP` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,7 +162,12 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "134217728", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings, which measured faster than CMA at every size up to 64 MiB (bench/results/large-2026-11-24.md) (>= 0)" },
     Knob { name: "TMPI_SHARED_HEAP", default: "1073741824", meaning: "bytes of address space of each rank's shared heap (World::alloc_shared), a memory file that peers map on first use so a rendezvous from or into it is one plain memcpy; pages are taken only as blocks are written; 0 turns it off (allocations are then private memory) (0..=2^40; at least 65536 when not 0)" },
     Knob { name: "TMPI_SHM_COLL", default: "on", meaning: "on: barrier, bcast, reduce and allreduce of communicators of 2 to 64 ranks go through flags and slots in the shared-memory segment (up to 4 KiB of data; larger calls agree there, then use point-to-point); off: point-to-point algorithms only; must be the same on every rank (on or off)" },
+    Knob { name: "TMPI_RSH", default: "ssh", meaning: "read by tmpirun, not by the ranks: the command that starts ranks on other hosts (--host/--hostfile), split on whitespace, given the host then a shell command; plain ssh gets -x -o BatchMode=yes; --launch-agent overrides it" },
 ];
+
+/// Knobs of [`KNOBS`] that `tmpirun` reads itself and the ranks ignore: the runtime does not
+/// parse them, and `tmpirun` does not pass them on to the ranks of other hosts.
+pub const LAUNCHER_KNOBS: &[&str] = &["TMPI_RSH"];
 
 /// What `tmpirun` told this rank through its environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,7 +188,8 @@ pub struct BootstrapEnv {
     /// `TMPI_BOOTSTRAP`: the socket to connect to (a path, or `tcp:ADDR:PORT`: see
     /// [`BootstrapAddr::parse`]).
     pub bootstrap: PathBuf,
-    /// `TMPI_JOB_SECRET`: what the rank proves itself with in its `hello`.
+    /// `TMPI_JOB_SECRET`: what the rank proves itself with in its `hello` (by an HMAC over
+    /// the server's challenge; the secret itself is never sent).
     pub secret: JobSecret,
 }
 
@@ -416,9 +426,44 @@ impl BootstrapClient {
             }
         };
         let mut c = BootstrapClient { stream, rank, size, finalized: false, buf: Vec::new() };
-        let hello = Request::Hello { version: proto::VERSION, rank: rank as u32, size: size as u32, secret: *secret.as_bytes() };
-        c.call_ok(&hello, "hello")?;
+        c.prove(secret, addr)?;
         Ok(c)
+    }
+
+    /// The hello: answers the server's challenge with the job's secret (which never travels)
+    /// and checks the server's proof, within [`HELLO_TIMEOUT`] (a server that says nothing is
+    /// not waited for forever).
+    fn prove(&mut self, secret: &JobSecret, addr: &BootstrapAddr) -> Result<()> {
+        use crate::tcp::auth::{self, Purpose};
+        self.stream.set_read_timeout(Some(HELLO_TIMEOUT)).map_err(|e| self.lost("set a timeout on", e))?;
+        let mut ch = [0u8; auth::CHALLENGE_LEN];
+        self.stream.read_exact(&mut ch).map_err(|e| self.lost("read the challenge of", e))?;
+        let (rank, size) = (self.rank as u32, self.size as u32);
+        let nonce_c = auth::nonce()?;
+        let ans = auth::answer(Purpose::Bootstrap, secret, &ch, rank, size, &nonce_c).ok_or_else(|| {
+            Error::Bootstrap(format!(
+                "rank {}: {} is no tmpi bootstrap service (bad challenge)",
+                self.rank,
+                addr.to_env().to_string_lossy()
+            ))
+        })?;
+        let mut mac = [0u8; auth::MAC_LEN];
+        mac.copy_from_slice(&ans[8 + auth::NONCE_LEN..]);
+        let hello = Request::Hello { version: proto::VERSION, rank, size, nonce: nonce_c, mac };
+        match self.call(&hello)? {
+            Reply::Value(p) => {
+                let proof: Option<[u8; auth::MAC_LEN]> = p.as_slice().try_into().ok();
+                if !proof.is_some_and(|p| auth::check_accept(Purpose::Bootstrap, secret, &nonce_c, auth::SERVICE_RANK, size, &p)) {
+                    return Err(Error::Bootstrap(format!(
+                        "hello: {} did not prove the job secret (not this job's tmpirun)",
+                        addr.to_env().to_string_lossy()
+                    )));
+                }
+            }
+            Reply::Err(m) => return Err(Error::Bootstrap(format!("hello: {m}"))),
+            Reply::Ok => return Err(Error::Bootstrap("hello: the server gave no proof of the job secret".into())),
+        }
+        self.stream.set_read_timeout(None).map_err(|e| self.lost("clear the timeout of", e))
     }
 
     /// Reads the environment `tmpirun` set and connects; `None` when not started by
@@ -562,6 +607,15 @@ impl Read for ClientStream {
         match self {
             ClientStream::Unix(s) => s.read(buf),
             ClientStream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl ClientStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            ClientStream::Unix(s) => s.set_read_timeout(t),
+            ClientStream::Tcp(s) => s.set_read_timeout(t),
         }
     }
 }

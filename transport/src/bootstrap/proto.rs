@@ -5,7 +5,7 @@
 //!
 //! | op | name     | payload                                           |
 //! |----|----------|---------------------------------------------------|
-//! | 1  | hello    | `u32 version`, `u32 rank`, `u32 size`, 16-byte secret |
+//! | 1  | hello    | `u32 version`, `u32 rank`, `u32 size`, 16-byte nonce, 32-byte MAC |
 //! | 2  | put      | `u32 key_len`, key (UTF-8), value (rest of body)  |
 //! | 3  | get      | key (UTF-8, rest of body)                         |
 //! | 4  | fence    | nothing                                           |
@@ -16,14 +16,22 @@
 //! (a UTF-8 message). Every request gets exactly one reply; `get` and `fence` replies are
 //! held by the server until they can be answered.
 //!
+//! Before any frame, the server sends each new connection a challenge (24 bytes, not framed:
+//! see [`crate::tcp::auth`], [`Purpose::Bootstrap`](crate::tcp::auth::Purpose::Bootstrap)).
+//! The `hello` carries the answer, so the job's secret never travels: from `rank` on, its
+//! body is the connector's answer of that scheme (rank, size, the client's nonce, and
+//! `HMAC(secret, label | server's nonce | rank | size)`). The server's reply to a `hello`
+//! it admits is a value: its own proof (32 bytes, the HMAC over the client's nonce), which
+//! the client checks before it trusts anything the server says.
+//!
 //! Decoders never panic: a short body, a bad op code, a key that is empty, too long or not
 //! UTF-8, or a length above the caps is an [`Error::Bootstrap`].
 
-use super::secret::SECRET_LEN;
 use crate::error::{Error, Result};
+use crate::tcp::auth::{ANSWER_LEN, MAC_LEN, NONCE_LEN};
 
 /// Protocol version sent in `hello`; the server refuses any other.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Longest key, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
 /// Largest value, in bytes.
@@ -32,7 +40,7 @@ pub const MAX_VALUE_LEN: usize = 1 << 20;
 pub const MAX_MSG_LEN: usize = 4096;
 /// Length of a whole `hello` frame (prefix included): the most a server reads from a
 /// connection before it has checked the job secret.
-pub const HELLO_FRAME_LEN: usize = 4 + 1 + 12 + SECRET_LEN;
+pub const HELLO_FRAME_LEN: usize = 4 + 1 + 4 + ANSWER_LEN;
 /// Largest frame body: a `put` of the longest key and the largest value.
 pub const MAX_FRAME: usize = 1 + 4 + MAX_KEY_LEN + MAX_VALUE_LEN;
 
@@ -57,9 +65,11 @@ pub enum Request {
         rank: u32,
         /// The job size the client believes in.
         size: u32,
-        /// The job's secret as the client knows it (see [`super::secret`]); checked before
-        /// anything else in the frame is trusted.
-        secret: [u8; SECRET_LEN],
+        /// The client's nonce, which the server's proof answers.
+        nonce: [u8; NONCE_LEN],
+        /// `HMAC(secret, ...)` over the server's challenge, `rank` and `size`
+        /// ([`crate::tcp::auth::answer`]); checked before anything else in the frame is trusted.
+        mac: [u8; MAC_LEN],
     },
     /// Store `value` under `key` (a later put of the same key replaces it).
     Put {
@@ -164,12 +174,13 @@ impl Request {
     /// A key or value above the caps (the abort message is cut instead).
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
         match self {
-            Request::Hello { version, rank, size, secret } => {
+            Request::Hello { version, rank, size, nonce, mac } => {
                 let s = begin(out, OP_HELLO);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&rank.to_le_bytes());
                 out.extend_from_slice(&size.to_le_bytes());
-                out.extend_from_slice(secret);
+                out.extend_from_slice(nonce);
+                out.extend_from_slice(mac);
                 end(out, s);
             }
             Request::Put { key, value } => {
@@ -220,10 +231,12 @@ impl Request {
         };
         match op {
             OP_HELLO => {
-                exact(12 + SECRET_LEN)?;
-                let mut secret = [0u8; SECRET_LEN];
-                secret.copy_from_slice(&rest[12..]);
-                Ok(Request::Hello { version: u32_at(rest, 0)?, rank: u32_at(rest, 4)?, size: u32_at(rest, 8)?, secret })
+                exact(4 + ANSWER_LEN)?;
+                let mut nonce = [0u8; NONCE_LEN];
+                nonce.copy_from_slice(&rest[12..12 + NONCE_LEN]);
+                let mut mac = [0u8; MAC_LEN];
+                mac.copy_from_slice(&rest[12 + NONCE_LEN..]);
+                Ok(Request::Hello { version: u32_at(rest, 0)?, rank: u32_at(rest, 4)?, size: u32_at(rest, 8)?, nonce, mac })
             }
             OP_PUT => {
                 let klen = u32_at(rest, 0)? as usize;
@@ -347,7 +360,7 @@ mod tests {
 
     #[test]
     fn requests_roundtrip() {
-        roundtrip(Request::Hello { version: VERSION, rank: 3, size: 8, secret: [0x5a; SECRET_LEN] });
+        roundtrip(Request::Hello { version: VERSION, rank: 3, size: 8, nonce: [0x5a; NONCE_LEN], mac: [0xa5; MAC_LEN] });
         roundtrip(Request::Put { key: "addr-3".into(), value: vec![1, 2, 3] });
         roundtrip(Request::Put { key: "k".into(), value: vec![] });
         roundtrip(Request::Get { key: "ключ".into() });

@@ -1,11 +1,11 @@
 //! The per-job secret: what proves that a connection comes from a rank of the job.
 //!
 //! `tmpirun` draws 128 random bits per job ([`JobSecret::new`], from `getrandom`) and puts
-//! them, as 32 lowercase hex digits, in each rank's environment ([`ENV_JOB_SECRET`]). A rank
-//! sends them in its `hello`; the server compares them with [`JobSecret::matches`], in
-//! constant time, before it trusts anything else the connection says. The same secret is
-//! meant to guard any other channel between the ranks of one job (the TCP fabric between
-//! hosts), so this module is the one place that makes, encodes and checks it.
+//! them, as 32 lowercase hex digits, in each rank's environment ([`ENV_JOB_SECRET`]). The
+//! secret itself is never sent: a rank proves it in its `hello` to the bootstrap service, and
+//! each side of a TCP fabric connection proves it to the other, by an HMAC over a fresh
+//! challenge ([`crate::tcp::auth`], checked in constant time before anything else the
+//! connection says is trusted). This module makes, encodes and compares it.
 
 use std::fmt;
 use std::io;
@@ -40,12 +40,12 @@ impl JobSecret {
         Ok(JobSecret(b))
     }
 
-    /// A secret with these bytes (tests, and decoding a `hello`).
+    /// A secret with these bytes (tests).
     pub fn from_bytes(b: [u8; SECRET_LEN]) -> Self {
         JobSecret(b)
     }
 
-    /// The raw bytes, as sent in a `hello`.
+    /// The raw bytes (the HMAC key of [`crate::tcp::auth`]).
     pub fn as_bytes(&self) -> &[u8; SECRET_LEN] {
         &self.0
     }

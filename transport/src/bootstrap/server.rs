@@ -18,13 +18,18 @@
 //!   get an error instead of hanging forever.
 //! - Each rank connects once; a second `hello` for the same rank is refused.
 //!
-//! Admission: a connection is a stranger until its `hello` carries the job's secret
-//! ([`JobSecret`], compared in constant time before anything else in the frame is looked
-//! at); until then the server reads at most one `hello` frame from it. With
+//! Admission: a connection is a stranger until its `hello` proves the job's secret
+//! ([`JobSecret`]): the server sends every new connection a fresh random challenge, and the
+//! `hello` must carry `HMAC(secret, challenge, rank, size)` ([`crate::tcp::auth`], the scheme
+//! the TCP fabric uses), checked in constant time before anything else in the frame is looked
+//! at. The secret never travels, and an answer recorded on one connection is worth nothing on
+//! another. The server answers an admitted `hello` with its own proof, so a rank knows it talks
+//! to its job's `tmpirun`. Until then the server reads at most one `hello` frame from a
+//! connection, and one that has not proven itself within [`HELLO_DEADLINE`] is closed. With
 //! [`BootstrapServer::admit_pids`], the connecting process (its `SO_PEERCRED` pid, taken at
 //! `connect`) must also be one of the given processes or a descendant of one, and of the
 //! server's own user (Unix-socket clients only). With [`BootstrapServer::listen_tcp`] the
-//! server also accepts ranks of other hosts over TCP; they are admitted by the secret in
+//! server also accepts ranks of other hosts over TCP; they are admitted by the proof in
 //! their `hello` alone. A stranger is closed and reported as [`ServerEvent::Refused`]; it
 //! changes nothing else (no rank slot is taken, no fence is broken).
 
@@ -36,11 +41,16 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::proto::{self, Reply, Request, HELLO_FRAME_LEN, MAX_FRAME};
 use super::secret::JobSecret;
 use crate::error::{Error, Result};
+use crate::tcp::auth::{self, Purpose};
+
+/// How long a new connection has to prove the job secret in its `hello` before it is closed
+/// as a stranger (and reported as [`ServerEvent::Refused`]).
+pub const HELLO_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Total bytes of keys and values the server keeps before refusing puts.
 pub const MAX_STORE_BYTES: usize = 256 << 20;
@@ -174,6 +184,10 @@ struct Conn {
     want_out: bool,
     /// Close once `outbuf` is flushed (after finalize or a refused hello).
     close_after_flush: bool,
+    /// The nonce of the challenge this connection was sent (its `hello` answers it).
+    nonce: [u8; auth::NONCE_LEN],
+    /// When it was accepted (a stranger has [`HELLO_DEADLINE`] to prove itself).
+    since: Instant,
 }
 
 /// The bootstrap key-value server of one job.
@@ -342,6 +356,9 @@ impl BootstrapServer {
                 break;
             }
         }
+        if self.conns.values().any(|c| c.rank.is_none()) {
+            self.expire_strangers();
+        }
         Ok(std::mem::take(&mut self.events))
     }
 
@@ -382,8 +399,9 @@ impl BootstrapServer {
                         libc::pollfd { fd: self.epoll.as_raw_fd(), events: libc::POLLIN, revents: 0 },
                         libc::pollfd { fd: stop2.as_raw_fd(), events: libc::POLLIN, revents: 0 },
                     ];
+                    // Wakes each second at least, to close strangers past HELLO_DEADLINE.
                     // SAFETY: `pfds` is an array of 2 valid pollfd.
-                    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) };
+                    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, 1000) };
                     if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
                         return Err(Error::last_os("poll (bootstrap thread)"));
                     }
@@ -434,10 +452,16 @@ impl BootstrapServer {
         }
     }
 
+    /// Takes a new connection and sends it its challenge.
     fn add_conn(&mut self, stream: ConnStream, pid: Option<i32>) {
         if stream.set_nonblocking().is_err() {
             return;
         }
+        let Ok(nonce) = auth::nonce() else {
+            // No randomness: the connection cannot be challenged, so it is not taken.
+            self.events.push(ServerEvent::Refused { pid, reason: "no random nonce for its challenge (getrandom failed)".into() });
+            return;
+        };
         let token = self.next_token;
         self.next_token += 1;
         if self.ctl(libc::EPOLL_CTL_ADD, stream.as_raw_fd(), libc::EPOLLIN as u32, token).is_err() {
@@ -450,12 +474,29 @@ impl BootstrapServer {
                 pid,
                 rank: None,
                 inbuf: Vec::new(),
-                outbuf: Vec::new(),
+                outbuf: auth::challenge(Purpose::Bootstrap, &nonce).to_vec(),
                 wait: Wait::None,
                 want_out: false,
                 close_after_flush: false,
+                nonce,
+                since: Instant::now(),
             },
         );
+        self.flush(token);
+    }
+
+    /// Closes the connections that have not proven themselves in time.
+    fn expire_strangers(&mut self) {
+        let now = Instant::now();
+        let late: Vec<(u64, Option<i32>)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.rank.is_none() && !c.close_after_flush && now.duration_since(c.since) > HELLO_DEADLINE)
+            .map(|(&t, c)| (t, c.pid))
+            .collect();
+        for (t, pid) in late {
+            self.refuse(t, pid, format!("no hello within {} s", HELLO_DEADLINE.as_secs()));
+        }
     }
 
     /// Handles readiness of one connection.
@@ -595,13 +636,20 @@ impl BootstrapServer {
 
     fn hello(&mut self, token: u64, req: Request) {
         let pid = self.conns.get(&token).and_then(|c| c.pid);
-        let Request::Hello { version, rank, size, secret } = req else {
+        let Request::Hello { version, rank, size, nonce, mac } = req else {
             return self.refuse(token, pid, "first request is not hello".into());
         };
-        // The secret first: nothing else a stranger says is worth an answer.
-        if !self.secret.matches(&secret) {
-            return self.refuse(token, pid, "wrong job secret".into());
+        // The proof first: nothing else a stranger says is worth an answer.
+        let Some(nonce_a) = self.conns.get(&token).map(|c| c.nonce) else { return };
+        let mut ans = [0u8; auth::ANSWER_LEN];
+        ans[..4].copy_from_slice(&rank.to_le_bytes());
+        ans[4..8].copy_from_slice(&size.to_le_bytes());
+        ans[8..8 + auth::NONCE_LEN].copy_from_slice(&nonce);
+        ans[8 + auth::NONCE_LEN..].copy_from_slice(&mac);
+        if auth::verify_answer(Purpose::Bootstrap, &self.secret, &nonce_a, &ans).is_none() {
+            return self.refuse(token, pid, "wrong job secret (its hello does not answer this connection's challenge)".into());
         }
+        let proof = auth::accept_proof(Purpose::Bootstrap, &self.secret, &nonce, auth::SERVICE_RANK, size);
         let (rank, size) = (rank as usize, size as usize);
         let refuse = if version != proto::VERSION {
             Some(format!("protocol version {version}, server speaks {}", proto::VERSION))
@@ -628,7 +676,7 @@ impl BootstrapServer {
         self.ranks[rank] = RankState::Here(token);
         self.ever_connected += 1;
         self.events.push(ServerEvent::Connected { rank });
-        self.reply(token, Reply::Ok);
+        self.reply(token, Reply::Value(proof.to_vec()));
     }
 
     /// Fails every pending fence and every later one.

@@ -1,6 +1,7 @@
 //! Server in a thread, several clients in threads.
 
 use super::*;
+use crate::tcp::auth::{self, Purpose};
 use std::ffi::OsString;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -198,11 +199,16 @@ fn malformed_frames_disconnect_only_that_client() {
     assert_eq!(good.get("k").unwrap(), b"v");
 }
 
-/// Whether the server closed `raw` after at most one error reply (what a stranger gets).
-fn refused_and_closed(raw: &mut UnixStream) -> bool {
-    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+/// Whether the server closed `raw` after its challenge and at most one error reply (what a
+/// stranger gets).
+fn refused_and_closed(raw: &mut (impl Read + ReadTimeout)) -> bool {
+    raw.timeout(Duration::from_secs(10));
     let mut got = Vec::new();
-    match raw.read_to_end(&mut got) {
+    let r = raw.read_to_end(&mut got);
+    if got.len() >= auth::CHALLENGE_LEN && got.starts_with(Purpose::Bootstrap.magic()) {
+        got.drain(..auth::CHALLENGE_LEN);
+    }
+    match r {
         Ok(_) | Err(_) if got.is_empty() => true,
         Ok(_) => {
             let mut buf = got;
@@ -402,4 +408,147 @@ fn bootstrap_addresses_are_checked() {
         let e = BootstrapAddr::parse(Path::new(bad)).unwrap_err().to_string();
         assert!(e.contains("TMPI_BOOTSTRAP"), "{bad}: {e}");
     }
+}
+
+/// Streams whose read timeout the tests set.
+trait ReadTimeout {
+    fn timeout(&self, t: Duration);
+}
+
+impl ReadTimeout for UnixStream {
+    fn timeout(&self, t: Duration) {
+        self.set_read_timeout(Some(t)).unwrap();
+    }
+}
+
+impl ReadTimeout for TcpStream {
+    fn timeout(&self, t: Duration) {
+        self.set_read_timeout(Some(t)).unwrap();
+    }
+}
+
+/// Reads the server's challenge on `s` and returns the whole `hello` frame a client of
+/// `rank` of `size` that knows `secret` would send, with the client's nonce.
+fn hello_frame(s: &mut impl Read, secret: &JobSecret, rank: u32, size: u32) -> (Vec<u8>, [u8; auth::NONCE_LEN]) {
+    let mut ch = [0u8; auth::CHALLENGE_LEN];
+    s.read_exact(&mut ch).unwrap();
+    let nonce = auth::nonce().unwrap();
+    let ans = auth::answer(Purpose::Bootstrap, secret, &ch, rank, size, &nonce).expect("a bootstrap challenge");
+    let mut mac = [0u8; auth::MAC_LEN];
+    mac.copy_from_slice(&ans[8 + auth::NONCE_LEN..]);
+    let mut out = Vec::new();
+    proto::Request::Hello { version: proto::VERSION, rank, size, nonce, mac }.encode(&mut out).unwrap();
+    (out, nonce)
+}
+
+/// One reply frame from `s`.
+fn read_reply(s: &mut impl Read) -> Reply {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut body).unwrap();
+    Reply::decode(&body).unwrap()
+}
+
+#[test]
+fn the_secret_never_travels_and_answers_cannot_be_replayed() {
+    let s = TmpSock::new();
+    let mut server = BootstrapServer::bind(&s.path, 2, secret()).unwrap();
+    let addr = server.listen_tcp("127.0.0.1".parse().unwrap()).unwrap();
+    let srv = server.spawn().unwrap();
+    let refused = |why: &str| {
+        let evs = events_until(&srv, |e| matches!(e, ServerEvent::Refused { .. }));
+        assert!(matches!(evs.last(), Some(ServerEvent::Refused { reason, .. }) if reason.contains(why)), "{evs:?}");
+        assert!(!evs.iter().any(|e| matches!(e, ServerEvent::Connected { .. })), "{evs:?}");
+    };
+
+    // An honest raw client over TCP: its hello holds no byte string of the secret, and the
+    // server answers with a proof that checks.
+    let mut a = TcpStream::connect(addr).unwrap();
+    let (hello, nonce) = hello_frame(&mut a, &secret(), 1, 2);
+    assert!(!hello.windows(auth::NONCE_LEN).any(|w| w == secret().as_bytes()), "the secret is on the wire");
+    a.write_all(&hello).unwrap();
+    match read_reply(&mut a) {
+        Reply::Value(p) => {
+            let p: [u8; auth::MAC_LEN] = p.as_slice().try_into().unwrap();
+            assert!(auth::check_accept(Purpose::Bootstrap, &secret(), &nonce, auth::SERVICE_RANK, 2, &p));
+        }
+        r => panic!("hello answered {r:?}"),
+    }
+    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Connected { .. }));
+    assert_eq!(evs.last(), Some(&ServerEvent::Connected { rank: 1 }));
+
+    // The same hello replayed on a new connection (another challenge): refused, closed,
+    // counted, and it takes no slot (rank 0 was never claimed by it).
+    for claim in [0u32, 1] {
+        let mut b = TcpStream::connect(addr).unwrap();
+        let mut ch = [0u8; auth::CHALLENGE_LEN];
+        b.read_exact(&mut ch).unwrap();
+        let mut replay = hello.clone();
+        replay[9..13].copy_from_slice(&claim.to_le_bytes());
+        b.write_all(if claim == 1 { &hello } else { &replay }).unwrap();
+        assert!(refused_and_closed(&mut b), "a replayed hello was answered");
+        refused("wrong job secret");
+    }
+
+    // A wrong answer: the MAC made with another secret, over the Unix socket and over TCP.
+    let mut u = UnixStream::connect(&s.path).unwrap();
+    let (bad, _) = hello_frame(&mut u, &JobSecret::from_bytes(*b"not-the-secret!!"), 0, 2);
+    u.write_all(&bad).unwrap();
+    assert!(refused_and_closed(&mut u));
+    refused("wrong job secret");
+    let mut t = TcpStream::connect(addr).unwrap();
+    let (mut flipped, _) = hello_frame(&mut t, &secret(), 0, 2);
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    t.write_all(&flipped).unwrap();
+    assert!(refused_and_closed(&mut t));
+    refused("wrong job secret");
+    // The old hello, with the secret in clear, is no hello at all.
+    let mut old = TcpStream::connect(addr).unwrap();
+    let mut ch = [0u8; auth::CHALLENGE_LEN];
+    old.read_exact(&mut ch).unwrap();
+    let mut v2 = vec![29, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0];
+    v2.extend_from_slice(secret().as_bytes());
+    old.write_all(&v2).unwrap();
+    assert!(refused_and_closed(&mut old));
+    refused("");
+
+    // Rank 0 still gets in, and the job works.
+    let mut c0 = BootstrapClient::connect(&s.path, 0, 2, &secret()).unwrap();
+    c0.put("k", b"v").unwrap();
+    srv.stop().unwrap();
+}
+
+#[test]
+fn a_service_without_the_secret_is_not_trusted() {
+    // A "tmpirun" that challenges properly but cannot prove the job's secret.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let impostor = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(&auth::challenge(Purpose::Bootstrap, &auth::nonce().unwrap())).unwrap();
+        let mut hello = [0u8; proto::HELLO_FRAME_LEN];
+        s.read_exact(&mut hello).unwrap();
+        let mut out = Vec::new();
+        Reply::Value(vec![7; auth::MAC_LEN]).encode(&mut out);
+        s.write_all(&out).unwrap();
+        // Whatever the rank would say next is not read.
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let e = BootstrapClient::connect_to(&BootstrapAddr::Tcp(addr), 0, 2, &secret()).unwrap_err().to_string();
+    assert!(e.contains("did not prove the job secret"), "{e}");
+    impostor.join().unwrap();
+    // A listener that says nothing at all is not waited for forever either (HELLO_TIMEOUT),
+    // and one that speaks another protocol is refused at once.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let other = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(&auth::challenge(Purpose::Fabric, &[0; auth::NONCE_LEN])).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let e = BootstrapClient::connect_to(&BootstrapAddr::Tcp(addr), 0, 2, &secret()).unwrap_err().to_string();
+    assert!(e.contains("bad challenge"), "{e}");
+    other.join().unwrap();
 }

@@ -16,9 +16,13 @@
 //! peer. It uses `std::net` and `libc` only (`sendmsg` for gathered writes with
 //! `MSG_NOSIGNAL`): a job has few peers per rank and each idle poll is one `recv` per peer
 //! that has nothing buffered, so an event queue (`polling`, `mio`) would add a dependency and
-//! a system call of its own without saving any here. Outgoing bytes the kernel does not take
-//! wait in a per-peer [`BytesMut`]; past [`TX_MAX`] bytes `try_send` says "full" (as a full
-//! ring does) and the engine retries after progress.
+//! a system call of its own without saving any here. A packet goes straight from the caller's
+//! buffers to the kernel (one gathered `sendmsg`); only the rest of a packet the kernel took in
+//! part waits in a per-peer [`BytesMut`]. While such a rest waits, or when the kernel takes
+//! nothing, `try_send` says "full" (as a full ring does) and the engine, which keeps its
+//! messages queued by reference, retries after progress: under back-pressure no byte is copied
+//! twice in user space. (An earlier version queued up to 4 MiB per peer in that buffer, which
+//! cost one more copy of every byte sent while the kernel was the bottleneck.)
 //!
 //! **Framing**: each packet of the fabric interface (`crate::fabric`) is one frame, a 16-byte
 //! header then the packet's bytes (the TMH-framed message part, unchanged):
@@ -52,8 +56,6 @@ use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
 pub const MAX_PACKET: usize = 256 * 1024;
 /// Bytes of a frame header.
 pub const FRAME_HDR: usize = 16;
-/// Outgoing bytes buffered per peer beyond which `try_send` reports "full".
-pub const TX_MAX: usize = 4 << 20;
 /// Bytes of each peer's receive buffer (several frames: fewer `recv` calls).
 const RX_BUF: usize = 2 * (FRAME_HDR + MAX_PACKET);
 const KIND_DATA: u8 = 0;
@@ -339,9 +341,11 @@ impl TcpFabric {
         !matches!(c.head(src), Ok(None))
     }
 
-    /// Queues one packet (the concatenation of `parts`) for `dest`, writing what the kernel
-    /// takes now. `Ok(false)` when [`TX_MAX`] bytes already wait for that peer (make progress
-    /// and retry). A packet to a peer whose connection is gone is dropped.
+    /// Sends one packet (the concatenation of `parts`) to `dest`, or says the connection is
+    /// full: `Ok(false)` when the rest of an earlier packet still waits for the kernel, or
+    /// the kernel takes nothing now (make progress and retry). When the kernel takes part of
+    /// the packet, the rest is kept and written by later calls and polls. A packet to a peer
+    /// whose connection is gone is dropped.
     ///
     /// # Errors
     /// `dest` has no connection here, or the packet is larger than [`Self::max_packet`].
@@ -358,27 +362,22 @@ impl TcpFabric {
         if c.closed {
             return Ok(true);
         }
-        let hdr = encode_hdr(flags, KIND_DATA, len, total_len);
         if !c.tx.is_empty() {
-            if c.tx.len() >= TX_MAX {
-                c.flush();
-                if c.tx.len() >= TX_MAX {
-                    return Ok(false);
-                }
-            }
-            c.tx.extend_from_slice(&hdr);
-            for p in parts {
-                c.tx.extend_from_slice(p);
-            }
             c.flush();
-            return Ok(true);
+            if !c.tx.is_empty() {
+                return Ok(false);
+            }
+            if c.closed {
+                return Ok(true);
+            }
         }
+        let hdr = encode_hdr(flags, KIND_DATA, len, total_len);
         let mut all: [&[u8]; 4] = [&hdr, &[], &[], &[]];
         all[1..=parts.len()].copy_from_slice(parts);
         let sent = loop {
             match send_nosignal(&c.sock, &all[..=parts.len()]) {
                 Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 0,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
                     c.lost();
@@ -386,7 +385,7 @@ impl TcpFabric {
                 }
             }
         };
-        // Keep what the kernel did not take, in order.
+        // Keep what the kernel did not take, in order (at most one packet).
         let mut skip = sent;
         for p in &all[..=parts.len()] {
             if skip >= p.len() {
@@ -518,12 +517,12 @@ fn connect_one(me: u32, size: u32, peer: u32, addr: SocketAddr, secret: &JobSecr
     let mut ch = [0u8; auth::CHALLENGE_LEN];
     s.read_exact(&mut ch).map_err(|e| io_err("read the challenge of", e))?;
     let nonce_c = auth::nonce()?;
-    let ans = auth::answer(secret, &ch, me, size, &nonce_c)
+    let ans = auth::answer(auth::Purpose::Fabric, secret, &ch, me, size, &nonce_c)
         .ok_or_else(|| Error::Fabric(format!("rank {me}: {addr} (rank {peer}) does not speak the tmpi TCP fabric")))?;
     s.write_all(&ans).map_err(|e| io_err("answer", e))?;
     let mut proof = [0u8; auth::MAC_LEN];
     s.read_exact(&mut proof).map_err(|e| io_err("read the proof of", e))?;
-    if !auth::check_accept(secret, &nonce_c, peer, size, &proof) {
+    if !auth::check_accept(auth::Purpose::Fabric, secret, &nonce_c, peer, size, &proof) {
         return Err(Error::Fabric(format!("rank {me}: {addr} did not prove the job secret as rank {peer}")));
     }
     s.set_read_timeout(None).map_err(|e| io_err("clear timeout towards", e))?;
@@ -536,11 +535,11 @@ fn accept_one(mut s: TcpStream, me: u32, size: u32, secret: &JobSecret, deadline
     s.set_nonblocking(false).ok()?;
     s.set_read_timeout(Some(remaining(deadline)?)).ok()?;
     let nonce_a = auth::nonce().ok()?;
-    s.write_all(&auth::challenge(&nonce_a)).ok()?;
+    s.write_all(&auth::challenge(auth::Purpose::Fabric, &nonce_a)).ok()?;
     let mut ans = [0u8; auth::ANSWER_LEN];
     s.read_exact(&mut ans).ok()?;
-    let (peer, nonce_c) = auth::check_answer(secret, &nonce_a, size, &ans)?;
-    s.write_all(&auth::accept_proof(secret, &nonce_c, me, size)).ok()?;
+    let (peer, nonce_c) = auth::check_answer(auth::Purpose::Fabric, secret, &nonce_a, size, &ans)?;
+    s.write_all(&auth::accept_proof(auth::Purpose::Fabric, secret, &nonce_c, me, size)).ok()?;
     s.set_read_timeout(None).ok()?;
     Some((peer as usize, s))
 }
