@@ -92,21 +92,18 @@ pub(super) fn ctl_msg(c: Control) -> Ctl {
     Ctl::new(PKT_WHOLE, &b[..n])
 }
 
-/// Pipelining of multi-packet messages on shared memory (eager data above [`WHOLE_MAX`],
-/// streamed rendezvous reads): the sender cuts a message of `total` bytes into chunks of about
-/// `sqrt(total * CHUNK_MIN)` bytes, so that the receiver starts copying out after the first
-/// chunk while the sender copies in the next (both cores busy), and the fixed cost of a packet
-/// (the receiver's cache miss on its header, the bookkeeping) stays small against its copy:
-/// 32-64 KiB chunks for 64-256 KiB, 128 KiB for 1 MiB, the ring's largest packet from 4 MiB.
-/// Measured on 2 ranks (bench/results/large-pipeline.md): latency 10-20% lower from 64 KiB to
-/// 1 MiB than one packet per message, bandwidth unchanged; smaller chunks lose.
+/// Pipelining of a multi-packet stream on shared memory (eager data longer than one packet,
+/// a streamed rendezvous read) that is alone in its queue, i.e. a receiver waiting for this one
+/// message: the sender cuts `total` bytes into chunks of about `sqrt(total * CHUNK_MIN)`
+/// bytes, so that the receiver starts copying out after the first chunk while the sender
+/// copies in the next (both cores busy), and the fixed cost of a packet stays small against
+/// its copy (64 KiB chunks for 256 KiB, 128 KiB for 1 MiB, the ring's largest packet from 4
+/// MiB). Streams queued behind each other (a window of messages) go in the largest packets:
+/// the receiver is kept busy by the queue, and there smaller packets measured slower.
+/// Measurements: bench/results/large-pipeline.md.
 pub(super) const CHUNK_MIN: usize = 16 << 10;
 
-/// Largest message sent as one packet on shared memory: `sqrt(len * CHUNK_MIN) >= len` up to
-/// here.
-pub(super) const WHOLE_MAX: usize = CHUNK_MIN + TMH_LEN;
-
-/// Payload bytes per packet of a pipelined message of `total` bytes (see [`CHUNK_MIN`]): a
+/// Payload bytes per packet of a pipelined stream of `total` bytes (see [`CHUNK_MIN`]): a
 /// multiple of 4 KiB from `CHUNK_MIN`, at most `max` (and at least 1).
 pub(super) fn stream_chunk(total: usize, max: usize) -> usize {
     let c = total.saturating_mul(CHUNK_MIN).isqrt().next_multiple_of(4096);
@@ -186,11 +183,13 @@ impl Engine {
     /// Pushes as much as fits of the messages queued for `dest`.
     pub(super) fn push_out_to(&mut self, dest: usize) -> Result<usize> {
         let mut pushed = 0;
-        let maxp = self.max_record;
-        while let Some(m) = self.out[dest].front_mut() {
+        let maxp = self.max_packet;
+        loop {
+            let alone = self.out[dest].len() == 1;
+            let Some(m) = self.out[dest].front_mut() else { break };
             let len = m.data.len();
             let total = (m.hdr_len + len) as u64;
-            let chunk = if self.pipelined { stream_chunk(len, maxp) } else { maxp };
+            let chunk = if self.pipelined && alone { stream_chunk(len, maxp) } else { maxp };
             loop {
                 let ok = if !m.started {
                     let n = len.min(chunk).min(maxp - m.hdr_len);
@@ -592,7 +591,6 @@ mod tests {
     fn pipelined_chunks_grow_with_the_message_and_respect_the_packet_limit() {
         let max = 262_128;
         assert_eq!(stream_chunk(0, max), CHUNK_MIN);
-        assert_eq!(stream_chunk(WHOLE_MAX - TMH_LEN, max), CHUNK_MIN, "a whole-packet message is one chunk");
         assert_eq!(stream_chunk(64 << 10, max), 32 << 10);
         assert_eq!(stream_chunk(1 << 20, max), 128 << 10);
         assert_eq!(stream_chunk(64 << 20, max), max, "capped by the ring's packet limit");

@@ -355,11 +355,9 @@ pub(crate) struct Engine {
     out: Vec<VecDeque<OutMsg>>,
     /// Messages in `out`, all destinations together.
     out_pending: usize,
-    /// Largest message sent as one packet (on shared memory [`eager::WHOLE_MAX`]).
     max_packet: usize,
-    /// Largest packet the fabric carries; the cap of [`eager::stream_chunk`].
-    max_record: usize,
-    /// Whether multi-packet messages are cut into pipelined chunks (shared memory).
+    /// Whether a multi-packet stream that is alone in its queue is cut into pipelined chunks
+    /// (shared memory; see [`eager::stream_chunk`]).
     pipelined: bool,
     size: usize,
     spin: u32,
@@ -387,9 +385,8 @@ fn tag_of(tag64: u64) -> Tag {
 
 impl Engine {
     pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
-        let max_record = fabric.max_packet();
+        let max_packet = fabric.max_packet();
         let pipelined = matches!(fabric, Fabric::Shm(_));
-        let max_packet = if pipelined { max_record.min(eager::WHOLE_MAX) } else { max_record };
         let cma_peers = (0..size).map(|r| fabric.single_copy_to(r)).collect();
         let oversubscribed = size > crate::sys::usable_cpus();
         let spin = cfg.poll_spin.unwrap_or(if oversubscribed { 64 } else { 20_000 });
@@ -450,7 +447,6 @@ impl Engine {
             out: (0..size).map(|_| VecDeque::new()).collect(),
             out_pending: 0,
             max_packet,
-            max_record,
             pipelined,
             size,
             spin,

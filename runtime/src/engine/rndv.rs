@@ -68,9 +68,11 @@ impl Engine {
     /// Streams queued read responses into the fabric.
     pub(super) fn push_rma(&mut self) -> Result<usize> {
         let mut n = 0;
-        let room = self.max_record.min(1 << 20) - RMA_RESP_HDR;
-        while let Some(r) = self.st.rma_out.front_mut() {
-            let chunk = if self.pipelined { eager::stream_chunk(r.buf.len(), room) } else { room };
+        let room = self.max_packet.min(1 << 20) - RMA_RESP_HDR;
+        loop {
+            let alone = self.st.rma_out.len() == 1;
+            let Some(r) = self.st.rma_out.front_mut() else { break };
+            let chunk = if self.pipelined && alone { eager::stream_chunk(r.buf.len(), room) } else { room };
             while r.off < r.buf.len() {
                 let k = (r.buf.len() - r.off).min(chunk);
                 let mut h = [0u8; RMA_RESP_HDR];
