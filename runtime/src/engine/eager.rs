@@ -92,6 +92,24 @@ pub(super) fn ctl_msg(c: Control) -> Ctl {
     Ctl::new(PKT_WHOLE, &b[..n])
 }
 
+/// Pipelining of a multi-packet stream on shared memory (eager data longer than one packet,
+/// a streamed rendezvous read) that is alone in its queue, i.e. a receiver waiting for this one
+/// message: the sender cuts `total` bytes into chunks of about `sqrt(total * CHUNK_MIN)`
+/// bytes, so that the receiver starts copying out after the first chunk while the sender
+/// copies in the next (both cores busy), and the fixed cost of a packet stays small against
+/// its copy (64 KiB chunks for 256 KiB, 128 KiB for 1 MiB, the ring's largest packet from 4
+/// MiB). Streams queued behind each other (a window of messages) go in the largest packets:
+/// the receiver is kept busy by the queue, and there smaller packets measured slower.
+/// Measurements: bench/results/large-pipeline.md.
+pub(super) const CHUNK_MIN: usize = 16 << 10;
+
+/// Payload bytes per packet of a pipelined stream of `total` bytes (see [`CHUNK_MIN`]): a
+/// multiple of 4 KiB from `CHUNK_MIN`, at most `max` (and at least 1).
+pub(super) fn stream_chunk(total: usize, max: usize) -> usize {
+    let c = total.saturating_mul(CHUNK_MIN).isqrt().next_multiple_of(4096);
+    c.max(CHUNK_MIN).min(max).max(1)
+}
+
 /// Eager credit of each peer: `TMPI_UNEXPECTED_MAX` shared out over the peers (at most
 /// 2^31, so a return fits its 32-bit field).
 pub(super) fn credit_per_peer(budget: usize, size: usize) -> usize {
@@ -198,12 +216,15 @@ impl Engine {
     pub(super) fn push_out_to(&mut self, dest: usize) -> Result<usize> {
         let mut pushed = 0;
         let maxp = self.max_packet;
-        while let Some(m) = self.out[dest].front_mut() {
+        loop {
+            let alone = self.out[dest].len() == 1;
+            let Some(m) = self.out[dest].front_mut() else { break };
             let len = m.data.len();
             let total = (m.hdr_len + len) as u64;
+            let chunk = if self.pipelined && alone { stream_chunk(len, maxp) } else { maxp };
             loop {
                 let ok = if !m.started {
-                    let n = len.min(maxp - m.hdr_len);
+                    let n = len.min(chunk).min(maxp - m.hdr_len);
                     let flags = if n == len { PKT_WHOLE } else { PKT_FIRST };
                     let ok = self.fabric.try_send(dest, flags, total, &[&m.hdr[..m.hdr_len], m.data.slice(0, n)])?;
                     if ok {
@@ -212,7 +233,7 @@ impl Engine {
                     }
                     ok
                 } else {
-                    let n = (len - m.off).min(maxp);
+                    let n = (len - m.off).min(chunk);
                     let flags = if m.off + n == len { PKT_LAST } else { 0 };
                     let ok = self.fabric.try_send(dest, flags, total, &[m.data.slice(m.off, m.off + n)])?;
                     if ok {
@@ -598,6 +619,24 @@ mod tests {
         }
         assert!(bufs.iter().all(|b| b == &data));
         assert_eq!(a.st.credits[1] + b.st.owed[0], full, "consumed credit is returned (or owed in the next batch)");
+    }
+
+    #[test]
+    fn pipelined_chunks_grow_with_the_message_and_respect_the_packet_limit() {
+        let max = 262_128;
+        assert_eq!(stream_chunk(0, max), CHUNK_MIN);
+        assert_eq!(stream_chunk(64 << 10, max), 32 << 10);
+        assert_eq!(stream_chunk(1 << 20, max), 128 << 10);
+        assert_eq!(stream_chunk(64 << 20, max), max, "capped by the ring's packet limit");
+        assert_eq!(stream_chunk(usize::MAX, max), max);
+        assert_eq!(stream_chunk(1 << 20, 100), 100, "a small packet limit wins over the minimum");
+        assert_eq!(stream_chunk(1 << 20, 0), 1);
+        let mut last = 0;
+        for total in (0..40).map(|i| 1usize << i) {
+            let c = stream_chunk(total, usize::MAX);
+            assert!(c >= last && c % 4096 == 0 && c >= CHUNK_MIN, "{total}: {c}");
+            last = c;
+        }
     }
 
     #[test]

@@ -356,6 +356,9 @@ pub(crate) struct Engine {
     /// Messages in `out`, all destinations together.
     out_pending: usize,
     max_packet: usize,
+    /// Whether a multi-packet stream that is alone in its queue is cut into pipelined chunks
+    /// (shared memory; see [`eager::stream_chunk`]).
+    pipelined: bool,
     size: usize,
     spin: u32,
     pub(crate) cfg: Config,
@@ -383,6 +386,7 @@ fn tag_of(tag64: u64) -> Tag {
 impl Engine {
     pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
         let max_packet = fabric.max_packet();
+        let pipelined = matches!(fabric, Fabric::Shm(_));
         let cma_peers = (0..size).map(|r| fabric.single_copy_to(r)).collect();
         let oversubscribed = size > crate::sys::usable_cpus();
         let spin = cfg.poll_spin.unwrap_or(if oversubscribed { 64 } else { 20_000 });
@@ -443,6 +447,7 @@ impl Engine {
             out: (0..size).map(|_| VecDeque::new()).collect(),
             out_pending: 0,
             max_packet,
+            pipelined,
             size,
             spin,
             cfg,

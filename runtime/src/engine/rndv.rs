@@ -69,9 +69,12 @@ impl Engine {
     pub(super) fn push_rma(&mut self) -> Result<usize> {
         let mut n = 0;
         let room = self.max_packet.min(1 << 20) - RMA_RESP_HDR;
-        while let Some(r) = self.st.rma_out.front_mut() {
+        loop {
+            let alone = self.st.rma_out.len() == 1;
+            let Some(r) = self.st.rma_out.front_mut() else { break };
+            let chunk = if self.pipelined && alone { eager::stream_chunk(r.buf.len(), room) } else { room };
             while r.off < r.buf.len() {
-                let k = (r.buf.len() - r.off).min(room);
+                let k = (r.buf.len() - r.off).min(chunk);
                 let mut h = [0u8; RMA_RESP_HDR];
                 h[0] = RMA_READ_RESP;
                 h[4..12].copy_from_slice(&r.read);
@@ -233,9 +236,15 @@ impl State {
                 if off.checked_add(data.len()).is_none_or(|end| end > op.n) {
                     return Err(malformed("read response outside the read"));
                 }
+                // A read far larger than the cache goes around it (see `copy_streaming`).
+                let stream = op.n >= tmpi_transport::shm::streaming_copy_min();
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get(op.rid) {
                     if let Some(b) = &r.buf {
-                        b.write_at(off, data);
+                        if stream {
+                            b.fill_with(off, data.len(), |dst| tmpi_transport::shm::copy_streaming(dst, data));
+                        } else {
+                            b.write_at(off, data);
+                        }
                     }
                 }
                 self.read_progress(read, data.len())

@@ -1,0 +1,32 @@
+/* Standalone (not built by peers.sh): memcpy and non-temporal copy rates, and a two-thread
+ * model of the two-copy ring pipeline (bench/results/large-pipeline.md).
+ * Build: gcc -O2 -mavx512f -pthread memcpy_pipe.c -o memcpy_pipe
+ * Run:   ./memcpy_pipe memcpy            (rates per size)
+ *        ./memcpy_pipe MSG CHUNK RING [NT] (osu_bw pattern: windows of 64 messages) */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <immintrin.h>
+static size_t MSG, CHUNK, RING, WIN = 64, ITERS;
+static char *src, *dst, *ring;
+static _Atomic size_t head, tail; static int nt;
+static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
+static void pin(int c){cpu_set_t s;CPU_ZERO(&s);CPU_SET(c,&s);sched_setaffinity(0,sizeof s,&s);}
+static void ntcopy(char*d,const char*s,size_t n){for(size_t i=0;i<n;i+=64){__m512i v=_mm512_loadu_si512(s+i);_mm512_stream_si512((void*)(d+i),v);}_mm_sfence();}
+static void *prod(void*a){pin(0);size_t h=0;for(size_t it=0;it<ITERS;it++)for(size_t w=0;w<WIN;w++)for(size_t o=0;o<MSG;o+=CHUNK){size_t n=MSG-o<CHUNK?MSG-o:CHUNK;while(h+CHUNK-atomic_load_explicit(&tail,memory_order_acquire)>RING)_mm_pause();memcpy(ring+(h%RING),src+o,n);h+=CHUNK;atomic_store_explicit(&head,h,memory_order_release);}return 0;}
+static void *cons(void*a){pin(1);size_t t=0;for(size_t it=0;it<ITERS;it++)for(size_t w=0;w<WIN;w++)for(size_t o=0;o<MSG;o+=CHUNK){size_t n=MSG-o<CHUNK?MSG-o:CHUNK;while(atomic_load_explicit(&head,memory_order_acquire)<t+CHUNK)_mm_pause();char*d=dst+w*MSG+o;if(nt&&n>=4096)ntcopy(d,ring+(t%RING),n);else memcpy(d,ring+(t%RING),n);t+=CHUNK;atomic_store_explicit(&tail,t,memory_order_release);}return 0;}
+int main(int c,char**v){
+ if(c>1&&!strcmp(v[1],"memcpy")){ /* memcpy GB/s, hot */
+  for(size_t s=16384;s<=(64u<<20);s*=2){char*a=aligned_alloc(4096,s),*b=aligned_alloc(4096,s);memset(a,1,s);memset(b,2,s);size_t it=(1u<<31)/s+2;double best=1e9;for(int r=0;r<5;r++){double t0=now();for(size_t i=0;i<it;i++)memcpy(b,a,s);double t=(now()-t0)/it;if(t<best)best=t;}
+  double bn=1e9;for(int r=0;r<3;r++){double t0=now();for(size_t i=0;i<it;i++)ntcopy(b,a,s);double t=(now()-t0)/it;if(t<bn)bn=t;}
+  printf("%9zu memcpy %6.1f GB/s  nt %6.1f GB/s\n",s,s/best/1e9,s/bn/1e9);free(a);free(b);}return 0;}
+ MSG=atol(v[1]);CHUNK=atol(v[2]);RING=atol(v[3]);nt=c>4?atoi(v[4]):0;
+ size_t tot=(size_t)4<<30; ITERS=tot/(MSG*WIN); if(ITERS<3)ITERS=3;
+ src=aligned_alloc(4096,MSG);dst=aligned_alloc(4096,MSG*WIN);ring=aligned_alloc(4096,RING);memset(src,1,MSG);memset(dst,2,MSG*WIN);memset(ring,0,RING);
+ pthread_t a,b;double t0=now();pthread_create(&a,0,prod,0);pthread_create(&b,0,cons,0);pthread_join(a,0);pthread_join(b,0);double t=now()-t0;
+ printf("msg %zu chunk %zu ring %zu nt %d: %.1f GB/s\n",MSG,CHUNK,RING,nt,(double)MSG*WIN*ITERS/t/1e9);}
