@@ -349,15 +349,11 @@ fn an_early_clean_finalize_is_not_a_failure() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// A hello frame of the bootstrap protocol (version 2) for `rank` of `size` with `secret`.
-fn hello_frame(rank: u32, size: u32, secret: &[u8; 16]) -> Vec<u8> {
-    let mut f = 29u32.to_le_bytes().to_vec();
-    f.push(1);
-    for v in [2u32, rank, size] {
-        f.extend_from_slice(&v.to_le_bytes());
-    }
-    f.extend_from_slice(secret);
-    f
+/// Says hello as `rank` of `size` with `secret` through the real client (it answers the
+/// server's challenge with an HMAC under `secret`); whether the server refused.
+fn hello_refused(sock: &str, rank: usize, size: usize, secret: [u8; 16]) -> bool {
+    let secret = tmpi_transport::bootstrap::JobSecret::from_bytes(secret);
+    tmpi_transport::bootstrap::BootstrapClient::connect(std::path::Path::new(sock), rank, size, &secret).is_err()
 }
 
 /// Connects to the bootstrap socket, sends `bytes`, and returns whether the server closed
@@ -443,8 +439,8 @@ fn strangers_cannot_join_or_disturb_a_job() {
     let sock = out.iter().find_map(|l| l.strip_prefix("SOCK ")).expect("SOCK").to_string();
     let pids: Vec<i32> = err.iter().filter_map(|l| l.strip_prefix("tmpirun: rank ")?.split_once(" pid ")?.1.trim().parse().ok()).collect();
     let right = secret_of(pids[1]).expect("rank 1's TMPI_JOB_SECRET");
-    assert!(knock(&sock, &hello_frame(2, np as u32, b"0123456789abcdef")), "a wrong secret was admitted");
-    assert!(knock(&sock, &hello_frame(2, np as u32, &right)), "a process that is no rank was admitted with the right secret");
+    assert!(hello_refused(&sock, 2, np, *b"0123456789abcdef"), "a wrong secret was admitted");
+    assert!(hello_refused(&sock, 2, np, right), "a process that is no rank was admitted with the right secret");
     assert!(knock(&sock, &[0x42; 100]), "garbage was admitted");
     wait_for(&mut out, &mut err, "the intruder's report", &|_, e| e.iter().any(|l| l.starts_with("INTRUDER ")));
     std::fs::write(&gofile, b"go").expect("create the go file");

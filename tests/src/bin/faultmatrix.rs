@@ -157,28 +157,16 @@ fn early(world: tmpi::World) -> Res {
     Ok(())
 }
 
-/// A hello frame (bootstrap protocol version 2) for `rank` of `size` with `secret`.
-fn hello_frame(rank: u32, size: u32, secret: [u8; 16]) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&29u32.to_le_bytes());
-    f.push(1);
-    for v in [2u32, rank, size] {
-        f.extend_from_slice(&v.to_le_bytes());
-    }
-    f.extend_from_slice(&secret);
-    f
-}
-
-/// The child of rank 1: says hello with a wrong secret, prints what came back.
+/// The child of rank 1: says hello as rank 0 with a wrong secret, through the real client
+/// (it answers the server's challenge with an HMAC under that secret), and prints what the
+/// server said.
 fn intruder(sock: &str, size: u32) -> Res {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(sock)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(&hello_frame(0, size, *b"wrong-secret-!!!"))?;
-    let mut back = Vec::new();
-    let _ = s.read_to_end(&mut back);
-    let text: String = back.get(5..).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
-    eprintln!("INTRUDER {} bytes back: {text}", back.len());
+    use tmpi_transport::bootstrap::{BootstrapClient, JobSecret};
+    let wrong = JobSecret::from_bytes(*b"wrong-secret-!!!");
+    match BootstrapClient::connect(std::path::Path::new(sock), 0, size as usize, &wrong) {
+        Ok(_) => eprintln!("INTRUDER admitted"),
+        Err(e) => eprintln!("INTRUDER refused: {e}"),
+    }
     Ok(())
 }
 
