@@ -61,20 +61,7 @@ impl<T> Slab<T> {
 
     #[inline]
     pub(crate) fn insert(&mut self, v: T) -> Key {
-        self.len += 1;
-        if self.free == NIL {
-            self.slots.push(Slot::Full(0, v));
-            return Key { idx: self.slots.len() as u32 - 1, gen: 0 };
-        }
-        let idx = self.free;
-        let slot = &mut self.slots[idx as usize];
-        let (gen, next) = match slot {
-            Slot::Empty(g, n) => (*g, *n),
-            Slot::Full(..) => unreachable!("free list points at a full slot"),
-        };
-        *slot = Slot::Full(gen, v);
-        self.free = next;
-        Key { idx, gen }
+        self.insert_with(|| v)
     }
 
     #[inline]

@@ -7,10 +7,13 @@ impl Engine {
     /// ranks (`src` is the same source in the communicator's numbering).
     pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
         let cap = buf.cap();
-        let (t, _) = matching::recv_key(ctx, src, tag);
-        let rid =
-            self.st.reqs.insert_with(|| Req { kind: ReqKind::Recv(RecvState::new(buf, t, from, false)), result: None, detached: false });
-        self.posted(src, tag, ctx, rid, cap, false)
+        let key = matching::recv_key(ctx, src, tag);
+        let rid = self.st.reqs.insert_with(|| Req {
+            kind: ReqKind::Recv(RecvState::new(buf, key.0, from, false)),
+            result: None,
+            detached: false,
+        });
+        self.posted(src.is_some(), key, rid, cap, false)
     }
 
     /// Posts a receive of unknown size for elements of `elem` bytes aligned to `align`: its
@@ -25,34 +28,22 @@ impl Engine {
         align: usize,
         from: Peers,
     ) -> Result<ReqId> {
-        let mut r = RecvState::new(RawBufMut::empty(), 0, from, false);
+        let key = matching::recv_key(ctx, src, tag);
+        let mut r = RecvState::new(RawBufMut::empty(), key.0, from, false);
         r.owned = Some(Box::new(OwnedRecv { elem, align, buf: None, failed: false }));
-        self.post(ctx, src, tag, r)
-    }
-
-    fn post(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, mut r: RecvState) -> Result<ReqId> {
-        let cap = r.cap;
-        let (t, _) = matching::recv_key(ctx, src, tag);
-        r.key = t;
-        let owned = r.owned.is_some();
         let rid = self.st.reqs.insert(Req { kind: ReqKind::Recv(r), result: None, detached: false });
-        self.posted(src, tag, ctx, rid, cap, owned)
+        self.posted(src.is_some(), key, rid, 0, true)
     }
 
     /// Queues the receive just put in slot `rid` (or matches it with an unexpected message),
     /// offloading it to the TM-SRQ where the policy allows.
     #[inline(always)]
-    fn posted(&mut self, src: Option<u32>, tag: Option<u32>, ctx: u32, rid: ReqId, cap: usize, owned: bool) -> Result<ReqId> {
-        let (t, m) = matching::recv_key(ctx, src, tag);
+    fn posted(&mut self, from_one: bool, (t, m): (u64, u64), rid: ReqId, cap: usize, owned: bool) -> Result<ReqId> {
         let st = &mut self.st;
         // A receive of `RVH_LEN_IN_META` bytes or more stays in software: the RVH cannot say
         // how long a message that size is, so the hardware must never serve one.
-        let eligible = st.offload
-            && !owned
-            && src.is_some()
-            && cap >= st.tm_thresh
-            && cap < RVH_LEN_IN_META as usize
-            && st.tm.tags_listed() < st.max_tags;
+        let eligible =
+            st.offload && !owned && from_one && cap >= st.tm_thresh && cap < RVH_LEN_IN_META as usize && st.tm.tags_listed() < st.max_tags;
         let overlaps = eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
         match st.matcher.post(t, m, rid) {
             Posted::Matched(rid, ux) => {
