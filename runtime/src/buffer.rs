@@ -21,6 +21,13 @@ pub(crate) struct RawBufMut {
     cap: usize,
 }
 
+// SAFETY: a `RawBufMut` stands for the `&mut [T]` (`T: Pod`) its constructor's caller lent,
+// and is used only to copy bytes into it: `Pod` data is plain bytes (no interior mutability,
+// no drop), so holding and using the view on another thread is what sending that
+// `&mut [u8]` would allow, and `&mut [u8]` is `Send`. Which thread uses the engine that holds
+// it, one at a time, is `crate::sync`'s business.
+unsafe impl Send for RawBufMut {}
+
 impl RawBufMut {
     /// # Safety
     /// `buf` must stay valid, and not be accessed by anyone else, until the operation that
@@ -77,6 +84,11 @@ pub(crate) struct RawBuf {
     ptr: *const u8,
     len: usize,
 }
+
+// SAFETY: a `RawBuf` stands for the `&[T]` (`T: Pod`, so no interior mutability) its
+// constructor's caller lent, and is used only to read bytes from it, which is what sending
+// that `&[u8]` to another thread would allow (`&[u8]` is `Send`).
+unsafe impl Send for RawBuf {}
 
 impl RawBuf {
     /// # Safety

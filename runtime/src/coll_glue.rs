@@ -1,7 +1,7 @@
 //! The public collective operations and communicator constructors, on top of the generic
 //! algorithms in [`crate::coll`], run on each communicator's private collective context.
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 
@@ -20,29 +20,56 @@ pub(crate) struct CollCtx<'a> {
     seq: u32,
     /// The whole sequence number (shared-memory collectives use all 32 bits).
     full: u32,
+    /// `Ok(true)`: this call marked the communicator busy and clears it when dropped; an
+    /// error: another thread is in a collective on it, so every step of this one fails.
+    busy: Result<bool>,
+}
+
+impl Drop for CollCtx<'_> {
+    fn drop(&mut self) {
+        if matches!(self.busy, Ok(true)) {
+            self.comm.inner.coll_busy.leave();
+        }
+    }
 }
 
 impl<'a> CollCtx<'a> {
     /// Starts a collective call on `comm`. Every rank of the communicator calls it once per
     /// collective, first thing, whatever happens next, so the numbers agree.
+    ///
+    /// At the thread levels where several threads may call, a call that overlaps a collective
+    /// of another thread on the same communicator (erroneous, as in MPI) takes no part: each of
+    /// its steps, and [`CollCtx::finish`], fails with [`Error::Thread`].
     pub(crate) fn new(comm: &'a Comm) -> Self {
-        let seq = comm.inner.coll_seq.get();
-        comm.inner.coll_seq.set(seq.wrapping_add(1));
-        CollCtx { comm, seq: seq & 0xffff, full: seq }
+        let busy = comm.inner.coll_busy.enter(comm.threading());
+        let seq = if busy.is_ok() { comm.inner.coll_seq.update(|s| s.wrapping_add(1)) } else { 0 };
+        CollCtx { comm, seq: seq & 0xffff, full: seq, busy }
+    }
+
+    /// Fails when another thread is in a collective on the communicator (see [`CollCtx::new`]).
+    pub(crate) fn check(&self) -> Result<()> {
+        match &self.busy {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::Thread { level: self.comm.threading(), what: "two collectives on one communicator at once" }),
+        }
     }
 
     /// The call on the communicator's shared-memory collective context, if it has one.
     fn shm(&self) -> Option<shm::Call<'a>> {
+        self.busy.as_ref().ok()?;
         shm::Call::new(self.comm, self.full)
     }
 
     /// Ends the call with `r`: if it failed because a rank departed, the other members are
     /// told, so that none of them waits for this rank's part of the call.
     pub(crate) fn finish<T>(&self, r: Result<T>) -> Result<T> {
+        self.check()?;
         if let Err(Error::PeerGone { rank }) = &r {
             let c = self.comm;
             let members: Vec<usize> = (0..c.size()).map(|i| c.world_rank(i)).collect();
-            c.eng().abort_collective(c.coll_ctx(), self.seq, *rank, members.into_iter());
+            if let Ok(mut e) = c.eng() {
+                e.abort_collective(c.coll_ctx(), self.seq, *rank, members.into_iter());
+            }
         }
         r
     }
@@ -62,13 +89,16 @@ impl CollP2p for CollCtx<'_> {
         self.comm.size()
     }
     fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
+        self.check()?;
         self.comm.send_ctx(self.comm.coll_ctx(), buf, dest, self.tag(tag), false)
     }
     fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
+        self.check()?;
         self.comm.check_rank(src)?;
         self.comm.recv_ctx(self.comm.coll_ctx(), buf, Some(src as u32), Some(self.tag(tag))).map(|s| s.len())
     }
     fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize> {
+        self.check()?;
         self.comm.check_rank(src)?;
         self.comm
             .sendrecv_ctx(self.comm.coll_ctx(), sbuf, dest, self.tag(stag), rbuf, Some(src as u32), Some(self.tag(rtag)))
@@ -87,7 +117,7 @@ impl Comm {
     fn agree_comm_id(&self) -> Result<u32> {
         let mut from = 0usize;
         loop {
-            let mine = self.eng().comm_ids.first_free_word(from) as u64;
+            let mine = self.eng()?.comm_ids.first_free_word(from) as u64;
             let mut w = [0u64];
             let c = CollCtx::new(self);
             c.finish(coll::allreduce(&c, &[mine], &mut w, Op::Max))?;
@@ -95,7 +125,7 @@ impl Comm {
             if w * 64 > MAX_COMM_ID as usize {
                 return Err(Error::State(format!("out of communicator ids ({} in use at once at most)", MAX_COMM_ID)));
             }
-            let free = self.eng().comm_ids.free_word(w);
+            let free = self.eng()?.comm_ids.free_word(w);
             let mut all = [0u64];
             let c = CollCtx::new(self);
             c.finish(coll::allreduce(&c, &[free], &mut all, Op::BitAnd))?;
@@ -111,19 +141,20 @@ impl Comm {
     }
 
     /// Builds a communicator on agreed id `id` (and takes the id on this rank).
-    fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<Rc<[usize]>>) -> Comm {
-        self.eng().comm_ids.take(id);
-        Comm {
-            inner: Rc::new(CommInner {
+    fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<Arc<[usize]>>) -> Result<Comm> {
+        self.eng()?.comm_ids.take(id);
+        Ok(Comm {
+            inner: Arc::new(CommInner {
                 eng: self.inner.eng.clone(),
                 coll_seq: Default::default(),
                 shm: Default::default(),
+                coll_busy: Default::default(),
                 id,
                 rank,
                 size,
                 members,
             }),
-        }
+        })
     }
 
     /// A new communicator with the same ranks and a fresh context (collective).
@@ -132,7 +163,7 @@ impl Comm {
     /// [`Error::PeerGone`]; [`Error::State`] when communicator ids run out.
     pub fn dup(&self) -> Result<Comm> {
         let id = self.agree_comm_id()?;
-        let c = self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone());
+        let c = self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone())?;
         shm::assign(&c)?;
         Ok(c)
     }
@@ -154,9 +185,9 @@ impl Comm {
             (0..n).filter(|&r| all[3 * r] == 1 && all[3 * r + 1] == color).map(|r| (all[3 * r + 2] as i32, r)).collect();
         group.sort_unstable();
         let rank = group.iter().position(|&(_, r)| r == self.rank()).ok_or_else(|| Error::State("split lost this rank".into()))?;
-        let members: Rc<[usize]> = group.iter().map(|&(_, r)| self.world_rank(r)).collect();
+        let members: Arc<[usize]> = group.iter().map(|&(_, r)| self.world_rank(r)).collect();
         let size = members.len();
-        let c = self.with_id(id, rank, size, Some(members));
+        let c = self.with_id(id, rank, size, Some(members))?;
         shm::assign(&c)?;
         Ok(Some(c))
     }

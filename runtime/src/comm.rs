@@ -1,7 +1,6 @@
 //! Communicators and blocking point-to-point.
 
-use std::cell::{RefCell, RefMut};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 
@@ -9,6 +8,7 @@ use crate::buffer::{RawBuf, RawBufMut};
 use crate::engine::{Engine, Need, Peers, ReqId};
 use crate::error::{Error, Result};
 use crate::matching;
+use crate::sync::{CollBusy, EngineCell, EngineGuard, SyncCell};
 use crate::{Rank, Tag, TAG_UB};
 
 pub use crate::status::Status;
@@ -91,25 +91,28 @@ impl CommIds {
 }
 
 pub(crate) struct CommInner {
-    pub(crate) eng: Rc<RefCell<Engine>>,
+    pub(crate) eng: Arc<EngineCell>,
     /// Collectives started on this communicator: their sequence number goes into every tag
     /// they use, so one collective's messages never match another's.
-    pub(crate) coll_seq: std::cell::Cell<u32>,
+    pub(crate) coll_seq: SyncCell<u32>,
     /// The communicator's context for shared-memory collectives (see [`crate::coll::shm`]).
-    pub(crate) shm: std::cell::Cell<crate::coll::shm::Slot>,
+    pub(crate) shm: SyncCell<crate::coll::shm::Slot>,
+    /// The thread inside a collective on this communicator (see [`CollBusy`]).
+    pub(crate) coll_busy: CollBusy,
     /// Communicator id; user traffic uses context `2 * id`, collectives `2 * id + 1`.
     pub(crate) id: u32,
     pub(crate) rank: Rank,
     pub(crate) size: usize,
     /// World rank of each member; `None` for the identity (the world communicator).
-    pub(crate) members: Option<Rc<[usize]>>,
+    pub(crate) members: Option<Arc<[usize]>>,
 }
 
 impl Drop for CommInner {
     fn drop(&mut self) {
-        // The engine is borrowed only inside tmpi calls, which never drop a communicator while
-        // they hold it; if it ever were, the id would merely stay taken.
-        if let Ok(mut e) = self.eng.try_borrow_mut() {
+        // The engine is held only inside tmpi calls, which never drop a communicator while
+        // they hold it; if it ever were (or if this is a thread the level does not admit), the
+        // id would merely stay taken.
+        if let Ok(mut e) = self.eng.lock_for_cleanup() {
             e.comm_ids.free(self.id);
             crate::coll::shm::release(&e, self.shm.get());
         }
@@ -117,9 +120,12 @@ impl Drop for CommInner {
 }
 
 /// A communicator: a group of ranks and a private matching context. Cheap to clone.
+///
+/// `Send + Sync`: which threads may call it at the same time is the [`crate::Threading`]
+/// level the runtime was started at.
 #[derive(Clone)]
 pub struct Comm {
-    pub(crate) inner: Rc<CommInner>,
+    pub(crate) inner: Arc<CommInner>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -129,7 +135,7 @@ impl std::fmt::Debug for Comm {
 }
 
 /// Waits for `rid`; on failure the engine forgets the caller's buffer before it is returned.
-pub(crate) fn finish(e: &mut Engine, rid: ReqId) -> Result<crate::Status> {
+pub(crate) fn finish(e: &mut EngineGuard<'_>, rid: ReqId) -> Result<crate::Status> {
     let r = e.wait(rid);
     if r.is_err() {
         e.abandon(rid);
@@ -148,14 +154,24 @@ impl Comm {
         self.inner.size
     }
 
+    /// The rank's engine, as the thread level allows (see [`crate::sync`]).
+    ///
+    /// # Errors
+    /// [`Error::Thread`] when the level does not admit this call.
     #[inline]
-    pub(crate) fn eng(&self) -> RefMut<'_, Engine> {
-        self.inner.eng.borrow_mut()
+    pub(crate) fn eng(&self) -> Result<EngineGuard<'_>> {
+        self.inner.eng.lock()
     }
 
-    /// The engine, unless it is in use further up this thread's stack.
-    pub(crate) fn try_eng(&self) -> Option<RefMut<'_, Engine>> {
-        self.inner.eng.try_borrow_mut().ok()
+    /// The thread level of this communicator's runtime.
+    pub fn threading(&self) -> crate::Threading {
+        self.inner.eng.level()
+    }
+
+    /// The engine for a clean-up path (see `EngineCell::lock_for_cleanup`), unless the thread
+    /// level does not admit it here.
+    pub(crate) fn try_eng(&self) -> Option<EngineGuard<'_>> {
+        self.inner.eng.lock_for_cleanup().ok()
     }
 
     #[inline]
@@ -261,7 +277,7 @@ impl Comm {
     }
 
     pub(crate) fn send_ctx(&self, ctx: u32, bytes: &[u8], dest: Rank, tag: Tag, sync: bool) -> Result<()> {
-        let mut e = self.eng();
+        let mut e = self.eng()?;
         // SAFETY: `bytes` is borrowed for this call, and `finish` returns only once the send
         // is complete or abandoned.
         if let Some(rid) = unsafe { self.start_send_bytes(&mut e, ctx, bytes, dest, tag, sync)? } {
@@ -271,7 +287,7 @@ impl Comm {
     }
 
     pub(crate) fn recv_ctx(&self, ctx: u32, bytes: &mut [u8], src: Option<u32>, tag: Option<u32>) -> Result<Status> {
-        let mut e = self.eng();
+        let mut e = self.eng()?;
         // SAFETY: `bytes` is borrowed for this call, and `finish` returns only once the
         // receive is complete or abandoned.
         let rid = unsafe { self.post_recv_bytes(&mut e, ctx, bytes, src, tag)? };
@@ -289,7 +305,7 @@ impl Comm {
         src: Option<u32>,
         rtag: Option<u32>,
     ) -> Result<Status> {
-        let mut e = self.eng();
+        let mut e = self.eng()?;
         // SAFETY: both buffers are borrowed for this call, and both requests are finished or
         // abandoned before it returns.
         let rr = unsafe { self.post_recv_bytes(&mut e, ctx, rbuf, src, rtag)? };
@@ -320,13 +336,13 @@ impl Comm {
     /// A bad rank, a packet the fabric cannot carry, [`Error::PeerGone`].
     #[doc(hidden)]
     pub fn inject_packet(&self, dest: Rank, flags: u8, total_len: u64, bytes: &[u8]) -> Result<()> {
-        self.eng().inject(dest, flags, total_len, bytes)
+        self.eng()?.inject(dest, flags, total_len, bytes)
     }
 
     /// This rank's `tmpi-stats` line (what `TMPI_STATS=1` prints at finalize).
     #[doc(hidden)]
     pub fn stats_line(&self) -> String {
-        self.eng().stats_line()
+        self.eng().map_or_else(|e| format!("tmpi-stats unavailable: {e}"), |e| e.stats_line())
     }
 
     /// Sends `buf` to `dest` with `tag` (standard mode: returns once `buf` may be reused).
@@ -412,7 +428,7 @@ impl Comm {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         let ctx = self.user_ctx();
         let need = Need::Peers(self.peers(s));
-        let mut e = self.eng();
+        let mut e = self.eng()?;
         let mut st = None;
         e.wait_until(&need, |e| {
             st = e.probe_now(ctx, s, t);
@@ -427,7 +443,7 @@ impl Comm {
     /// As [`Comm::probe`].
     pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
-        let mut e = self.eng();
+        let mut e = self.eng()?;
         if e.progress()? == 0 {
             e.idle_check(&Need::Peers(self.peers(s)))?;
         }

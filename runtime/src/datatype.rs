@@ -147,7 +147,7 @@ impl Comm {
                 *p = bytemuck::cast_slice(&buf[start..start + len]);
             }
             let tag64 = crate::matching::encode_tag(self.user_ctx(), self.rank() as u32, tag);
-            if self.eng().try_send_gather(self.world_rank(dest), tag64, &parts[..layout.blocks.len()])? {
+            if self.eng()?.try_send_gather(self.world_rank(dest), tag64, &parts[..layout.blocks.len()])? {
                 return Ok(());
             }
         }

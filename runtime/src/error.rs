@@ -124,6 +124,18 @@ pub enum Error {
     /// ranks, a dimension or coordinate out of range, argument lists of different lengths.
     #[error("invalid topology: {0}")]
     InvalidTopology(String),
+    /// A call broke the thread level the runtime was started at ([`crate::Threading`]): it
+    /// came from a thread other than the one that started the runtime (`Single`,
+    /// `Funneled`), while another thread was inside a call (`Serialized`), from inside another
+    /// tmpi call on the same thread (a user operation calling tmpi), or it is a collective on
+    /// a communicator another thread is running a collective on.
+    #[error("thread level {level:?}: {what}")]
+    Thread {
+        /// The level the runtime was started at.
+        level: crate::Threading,
+        /// What was wrong.
+        what: &'static str,
+    },
 }
 
 impl std::fmt::Debug for Error {

@@ -6,7 +6,7 @@
 //! and combining them never communicates.
 
 use std::collections::HashSet;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -56,7 +56,7 @@ pub enum CommCmp {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Group {
     /// World rank of each member, in group order.
-    members: Rc<[usize]>,
+    members: Arc<[usize]>,
     /// This process's world rank.
     me: usize,
 }
@@ -214,7 +214,7 @@ impl Comm {
     /// });
     /// ```
     pub fn compare(&self, other: &Comm) -> CommCmp {
-        if Rc::ptr_eq(&self.inner, &other.inner) || Rc::ptr_eq(&self.inner.eng, &other.inner.eng) && self.inner.id == other.inner.id {
+        if Arc::ptr_eq(&self.inner, &other.inner) || Arc::ptr_eq(&self.inner.eng, &other.inner.eng) && self.inner.id == other.inner.id {
             return CommCmp::Identical;
         }
         match self.group().compare(&other.group()) {

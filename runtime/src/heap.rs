@@ -106,7 +106,7 @@ impl World {
             .checked_mul(std::mem::size_of::<T>())
             .filter(|&b| b <= isize::MAX as usize)
             .ok_or_else(|| Error::InvalidBuffer(format!("{len} values of {} bytes overflow", std::mem::size_of::<T>())))?;
-        let heap = if std::mem::size_of::<T>() == 0 { None } else { self.eng().shared_heap() };
+        let heap = if std::mem::size_of::<T>() == 0 { None } else { self.eng()?.shared_heap() };
         let block = heap.and_then(|h| h.alloc(bytes, std::mem::align_of::<T>()));
         let mem = match block {
             Some(b) if b.len() == bytes => Mem::Shared(b),

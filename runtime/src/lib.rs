@@ -58,9 +58,70 @@
 //!   [`Comm::split_type`].
 //! - With the `serde` feature: [`Comm::send_serialized`] and [`Comm::recv_serialized`] for any
 //!   `serde` type (variable size, sized on arrival); [`Stats`] is `Serialize`/`Deserialize`.
+//! - Threads: [`init_thread`] with a [`Threading`] level (MPI's `SINGLE`, `FUNNELED`,
+//!   `SERIALIZED`, `MULTIPLE`); see [Threads](#threads) below.
 //! - Configuration: `TMPI_*` environment variables, see [`config::KNOBS`].
 //!
 //! Errors are values of [`Error`]; nothing panics on bad input from the user or the wire.
+//!
+//! # Threads
+//!
+//! [`init`] starts the runtime at [`Threading::Single`]; [`init_thread`] at any of MPI's four
+//! levels, and returns the level provided (always the one asked for):
+//!
+//! | level | who may call | a call the level does not allow |
+//! |---|---|---|
+//! | [`Threading::Single`], [`Threading::Funneled`] | the thread that started the runtime | from another thread: [`Error::Thread`] |
+//! | [`Threading::Serialized`] | any thread, one at a time (the program orders them) | while another thread is inside a call: [`Error::Thread`] |
+//! | [`Threading::Multiple`] | any thread, at any time | — |
+//!
+//! At every level [`Comm`], [`World`], [`Request`], [`Message`] and [`CartComm`] are
+//! `Send + Sync`: the level decides what a call from another thread does, and it is never
+//! undefined behaviour. A [`Scope`] stays with the thread that opened it (each thread opens its
+//! own); its requests may be moved to, and waited on by, other threads inside it.
+//!
+//! At [`Threading::Multiple`], threads share communicators by reference (`&World`, `&Comm`, or
+//! clones) and send, receive, probe and wait concurrently, through one progress engine per
+//! rank: a blocking call holds it for one round of progress at a time and lets it go between
+//! rounds (spinning, then yielding, then sleeping as ranks and threads outnumber cores), so
+//! every waiting thread completes everybody's operations, and a thread that polls in a loop
+//! hands the engine to one waiting for it. Messages are never lost or reordered: MPI's
+//! non-overtaking rule holds per source, tag and communicator, hence per pair of sending and
+//! receiving threads, and a plain [`Comm::probe`] may be overtaken by another thread's
+//! receive, so with several receiving threads use [`Comm::mprobe`]. Two collectives on one
+//! communicator at the same time are erroneous, as in MPI: the later call fails with
+//! [`Error::Thread`] (use a [`Comm::dup`] per thread for concurrent collectives; after such an
+//! error the communicator's collectives may no longer match across ranks). A user operation
+//! ([`UserOp`]) that calls tmpi gets [`Error::Thread`] at every level.
+//!
+//! One rule is the program's own: a task of a thread pool (rayon) that blocks in tmpi holds
+//! its pool thread, so it must not wait for something only another task of a pool can
+//! provide; post receives first, or block only on messages whose sends are under way (see
+//! `examples/src/bin/rayon_hybrid.rs`).
+//!
+//! ```
+//! use tmpi::Threading;
+//! // Two ranks of four threads each; thread t of one rank talks to thread t of the other.
+//! let ok = tmpi::run_local_threaded(2, Threading::Multiple, |world| {
+//!     let w: &tmpi::Comm = &world;
+//!     let peer = 1 - w.rank();
+//!     std::thread::scope(|s| {
+//!         let threads: Vec<_> = (0..4u32)
+//!             .map(|t| {
+//!                 s.spawn(move || {
+//!                     (0..100u32).all(|i| {
+//!                         let mut got = [0u32; 2];
+//!                         w.sendrecv(&[t, i], peer, t, &mut got, peer, t).unwrap();
+//!                         got == [t, i]
+//!                     })
+//!                 })
+//!             })
+//!             .collect();
+//!         threads.into_iter().all(|h| h.join().unwrap())
+//!     })
+//! });
+//! assert_eq!(ok, vec![true, true]);
+//! ```
 
 mod buffer;
 pub mod coll;
@@ -83,6 +144,7 @@ mod serialized;
 mod slab;
 mod stats;
 mod status;
+mod sync;
 mod sys;
 mod topo;
 pub mod vecrecv;
@@ -97,10 +159,12 @@ pub use node::SplitType;
 pub use op::{Loc, Op, Reducible, UserOp};
 pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
 pub use stats::Stats;
+pub use sync::Threading;
 pub use topo::{dims_create, CartComm};
 pub use vecrecv::VecRequest;
 pub use world::{
-    init, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_with, run_shm_threads, wtick, wtime, World,
+    init, init_thread, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_threaded, run_local_with,
+    run_shm_threads, wtick, wtime, World,
 };
 
 /// A rank in a communicator.

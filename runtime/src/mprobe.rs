@@ -5,17 +5,17 @@
 //! or a library's receive on the same communicator) may take the message first. A matched
 //! probe takes the message out of matching: only the [`Message`] it returns can receive it.
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 
 use crate::buffer::RawBufMut;
 use crate::comm::{finish, Comm, Source, Status, TagMatch};
-use crate::engine::{Engine, Need, Peers};
+use crate::engine::{Need, Peers};
 use crate::error::{Error, Result};
 use crate::request::{Request, Scope};
 use crate::slab::Key;
+use crate::sync::EngineCell;
 use crate::{Rank, Tag};
 
 /// A message taken out of matching by [`Comm::mprobe`] or [`Comm::improbe`]; receive it with
@@ -23,7 +23,7 @@ use crate::{Rank, Tag};
 /// message.
 #[must_use = "a probed message is discarded when dropped; receive it"]
 pub struct Message {
-    eng: Rc<RefCell<Engine>>,
+    eng: Arc<EngineCell>,
     ux: Option<Key>,
     from: Peers,
     status: Status,
@@ -52,7 +52,7 @@ impl Message {
     /// [`Error::PeerGone`] if its sender departed in the middle of it.
     pub fn recv<T: Pod>(mut self, buf: &mut [T]) -> Result<Status> {
         let ux = self.take()?;
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.lock()?;
         // SAFETY: `buf` is borrowed for this call, and `finish` returns only once the receive
         // has completed or has been abandoned.
         let raw = unsafe { RawBufMut::new(bytemuck::cast_slice_mut(buf)) };
@@ -89,9 +89,9 @@ impl Message {
     /// As [`Message::recv`] (from the request).
     pub fn irecv<'s, T: Pod>(mut self, s: &'s Scope<'s, '_>, buf: &'s mut [T]) -> Result<Request<'s>> {
         let ux = self.take()?;
-        let eng = self.eng.clone();
+        let eng = &self.eng;
         let rid = {
-            let mut e = eng.borrow_mut();
+            let mut e = eng.lock()?;
             // SAFETY: `buf` is borrowed for 's, and the scope finishes or abandons the request
             // before 's ends (it is registered in `Request::new`).
             let raw = unsafe { RawBufMut::new(bytemuck::cast_slice_mut(buf)) };
@@ -105,7 +105,7 @@ impl Drop for Message {
     fn drop(&mut self) {
         let Some(ux) = self.ux.take() else { return };
         // Discard: receive it into nothing and let the engine free the request when done.
-        if let Ok(mut e) = self.eng.try_borrow_mut() {
+        if let Ok(mut e) = self.eng.lock_for_cleanup() {
             // SAFETY: an empty buffer: nothing is ever written through it.
             let raw = unsafe { RawBufMut::new(&mut []) };
             if let Ok(rid) = e.mrecv(ux, raw, self.from.clone()) {
@@ -140,7 +140,7 @@ impl Comm {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         let ctx = self.user_ctx();
         let need = Need::Peers(self.peers(s));
-        let mut e = self.eng();
+        let mut e = self.eng()?;
         let mut got = None;
         e.wait_until(&need, |e| {
             got = e.mprobe_now(ctx, s, t);
@@ -156,7 +156,7 @@ impl Comm {
     /// As [`Comm::mprobe`].
     pub fn improbe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Message>> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
-        let mut e = self.eng();
+        let mut e = self.eng()?;
         if e.progress()? == 0 {
             e.idle_check(&Need::Peers(self.peers(s)))?;
         }

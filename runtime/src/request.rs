@@ -24,21 +24,44 @@
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 
 use crate::comm::{finish, Comm, Source, Status, TagMatch};
-use crate::engine::{Backoff, Engine, Need, ReqId};
+use crate::engine::{Backoff, Need, ReqId};
 use crate::error::{Error, Result};
+use crate::sync::{EngineCell, EngineGuard};
 use crate::{Rank, Tag};
 
-type Eng = Rc<RefCell<Engine>>;
+type Eng = Arc<EngineCell>;
+
+/// The requests a scope started, each with its engine when that is not the scope's.
+type Started = Vec<(Option<Eng>, ReqId)>;
+
+/// A request's engine: borrowed from its scope, which holds one reference for all of its
+/// requests (no reference counting per request), or, for a request on another engine than
+/// the scope's first one, a reference of its own.
+#[derive(Clone)]
+enum EngRef<'s> {
+    Scope(&'s EngineCell),
+    Own(Eng),
+}
+
+impl std::ops::Deref for EngRef<'_> {
+    type Target = EngineCell;
+    fn deref(&self) -> &EngineCell {
+        match self {
+            EngRef::Scope(e) => e,
+            EngRef::Own(e) => e,
+        }
+    }
+}
 
 thread_local! {
     /// Lists of started requests from scopes that ended, kept for the next scopes of this
     /// thread so that a scope in a loop does not allocate.
-    static STARTED_POOL: RefCell<Vec<Vec<(Eng, ReqId)>>> = const { RefCell::new(Vec::new()) };
+    static STARTED_POOL: RefCell<Vec<Started>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Lists kept in [`STARTED_POOL`] (scopes nest rarely deeper).
@@ -46,7 +69,10 @@ const POOL_KEEP: usize = 8;
 
 /// The region inside which non-blocking operations live. See the module docs.
 pub struct Scope<'scope, 'env: 'scope> {
-    started: RefCell<Vec<(Eng, ReqId)>>,
+    /// The engine of the scope's first request, held once for all requests on it.
+    engine: std::cell::OnceCell<Eng>,
+    /// Requests started, with their engine when it is not `engine`.
+    started: RefCell<Started>,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -65,26 +91,23 @@ where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
 {
     let started = STARTED_POOL.with(|p| p.borrow_mut().pop()).unwrap_or_default();
-    let s = Scope { started: RefCell::new(started), _scope: PhantomData, _env: PhantomData };
+    let s = Scope { engine: std::cell::OnceCell::new(), started: RefCell::new(started), _scope: PhantomData, _env: PhantomData };
     struct End<'a, 'b, 'c>(&'a Scope<'b, 'c>);
     impl Drop for End<'_, '_, '_> {
         fn drop(&mut self) {
             let mut started = std::mem::take(&mut *self.0.started.borrow_mut());
             let panicking = std::thread::panicking();
-            for (eng, rid) in started.drain(..) {
-                let Ok(mut e) = eng.try_borrow_mut() else {
-                    // The engine is busy further up this thread's stack (a panic unwound out
-                    // of it): it cannot be told to forget this request's buffer, and the
-                    // buffer is about to be freed. Nothing sound is left but to stop here.
-                    eprintln!("tmpi: a scope ended while the engine was in use; aborting so no transfer can touch freed memory");
-                    std::process::abort();
-                };
-                if panicking {
-                    e.abandon(rid);
-                } else if e.is_done(rid) {
-                    e.discard(rid);
-                } else {
-                    let _ = finish(&mut e, rid);
+            // The requests on the scope's engine under one lock, then the others (rare) one
+            // by one.
+            if let Some(eng) = self.0.engine.get() {
+                let mut e = cleanup_lock(eng);
+                for &(_, rid) in started.iter().filter(|(own, _)| own.is_none()) {
+                    settle(&mut e, rid, panicking);
+                }
+            }
+            for (own, rid) in started.drain(..) {
+                if let Some(eng) = own {
+                    settle(&mut cleanup_lock(&eng), rid, panicking);
                 }
             }
             // Keep the (now empty) list for the next scope; not while unwinding (the pool's
@@ -100,6 +123,27 @@ where
             }
         }
     }
+    /// The engine for the end of a scope.
+    fn cleanup_lock(eng: &EngineCell) -> EngineGuard<'_> {
+        eng.lock_for_cleanup().unwrap_or_else(|_| {
+            // The engine is busy further up this thread's stack (a panic unwound out of it):
+            // it cannot be told to forget the scope's buffers, which are about to be freed.
+            // Nothing sound is left but to stop here.
+            eprintln!("tmpi: a scope ended while the engine was in use; aborting so no transfer can touch freed memory");
+            std::process::abort();
+        })
+    }
+    /// Ends request `rid` at the end of its scope: forgets its buffer when unwinding, else
+    /// waits for it (unless it is done).
+    fn settle(e: &mut EngineGuard<'_>, rid: ReqId, panicking: bool) {
+        if panicking {
+            e.abandon(rid);
+        } else if e.is_done(rid) {
+            e.discard(rid);
+        } else {
+            let _ = finish(e, rid);
+        }
+    }
     let end = End(&s);
     let r = f(end.0);
     drop(end);
@@ -109,7 +153,7 @@ where
 /// A pending non-blocking operation. Dropping it leaves the operation to its scope.
 #[must_use = "a request completes at the end of its scope at the latest; wait on it to see its result"]
 pub struct Request<'scope> {
-    eng: Eng,
+    eng: EngRef<'scope>,
     rid: Option<ReqId>,
     done: Option<Status>,
     _p: PhantomData<&'scope mut ()>,
@@ -122,10 +166,12 @@ impl std::fmt::Debug for Request<'_> {
 }
 
 impl<'scope> Request<'scope> {
-    pub(crate) fn new(eng: Eng, rid: Option<ReqId>, s: &Scope<'_, '_>) -> Self {
+    pub(crate) fn new(eng: &Eng, rid: Option<ReqId>, s: &'scope Scope<'scope, '_>) -> Self {
+        let first = s.engine.get_or_init(|| eng.clone());
+        let (eng, own) = if Arc::ptr_eq(first, eng) { (EngRef::Scope(first), None) } else { (EngRef::Own(eng.clone()), Some(eng.clone())) };
         let done = match rid {
             Some(r) => {
-                s.started.borrow_mut().push((eng.clone(), r));
+                s.started.borrow_mut().push((own, r));
                 None
             }
             None => Some(Status::sent()),
@@ -142,7 +188,7 @@ impl<'scope> Request<'scope> {
             return Ok(st);
         }
         let rid = self.rid.take().ok_or_else(|| Error::State("request already collected".into()))?;
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.lock()?;
         finish(&mut e, rid)
     }
 
@@ -157,7 +203,7 @@ impl<'scope> Request<'scope> {
         let Some(rid) = self.rid else {
             return Err(Error::State("request already collected".into()));
         };
-        let mut e = self.eng.borrow_mut();
+        let mut e = self.eng.lock()?;
         if !e.is_done(rid) && e.progress()? == 0 {
             e.idle_check(&Need::Req(rid))?;
         }
@@ -179,7 +225,7 @@ impl<'scope> Request<'scope> {
     /// None today; the signature leaves room for fabrics where cancel can fail.
     pub fn cancel(&mut self) -> Result<()> {
         if let Some(rid) = self.rid {
-            self.eng.borrow_mut().cancel(rid);
+            self.eng.lock()?.cancel(rid);
         }
         Ok(())
     }
@@ -189,7 +235,10 @@ impl<'scope> Request<'scope> {
         let Some(rid) = self.rid.take() else {
             return Error::State("request already collected".into());
         };
-        let mut e = self.eng.borrow_mut();
+        let mut e = match self.eng.lock() {
+            Ok(e) => e,
+            Err(err) => return err,
+        };
         let err = e.check_gone(&Need::Req(rid)).err().unwrap_or_else(|| Error::State("request failed".into()));
         e.abandon(rid);
         err
@@ -198,7 +247,7 @@ impl<'scope> Request<'scope> {
     fn is_done(&self) -> bool {
         match self.rid {
             None => true,
-            Some(r) => self.eng.borrow().is_done(r),
+            Some(r) => self.eng.lock().is_ok_and(|e| e.is_done(r)),
         }
     }
 }
@@ -241,10 +290,10 @@ pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
             return Ok((i, st));
         }
         let eng = reqs[0].eng.clone();
-        let mut e = eng.borrow_mut();
+        let mut e = eng.lock()?;
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
-            if b.snooze() {
+            if e.pause(|| b.snooze()) {
                 // A request that can no longer complete is the one that "completes" (with
                 // its error).
                 let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
@@ -280,7 +329,7 @@ fn take_done(reqs: &mut Vec<Request<'_>>) -> Vec<(usize, Result<Status>)> {
 /// One round of progress on the engine of `reqs` (every request of a thread shares it).
 fn poke(reqs: &[Request<'_>]) -> Result<()> {
     if let Some(r) = reqs.iter().find(|r| r.rid.is_some()) {
-        let mut e = r.eng.borrow_mut();
+        let mut e = r.eng.lock()?;
         if e.progress()? == 0 {
             if let Some(rid) = r.rid {
                 e.idle_check(&Need::Req(rid))?;
@@ -325,10 +374,10 @@ pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Statu
             return Ok(done);
         }
         let eng = reqs[0].eng.clone();
-        let mut e = eng.borrow_mut();
+        let mut e = eng.lock()?;
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
-            if b.snooze() {
+            if e.pause(|| b.snooze()) {
                 let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
                 if let Some(i) = gone {
                     drop(e);
@@ -389,9 +438,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
-        let eng = self.inner.eng.clone();
+        let eng = &self.inner.eng;
         let rid = {
-            let mut e = eng.borrow_mut();
+            let mut e = eng.lock()?;
             // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
             // request before 'scope ends (it is registered in `Request::new`).
             unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)? }
@@ -404,9 +453,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::isend`].
     pub fn issend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
-        let eng = self.inner.eng.clone();
+        let eng = &self.inner.eng;
         let rid = {
-            let mut e = eng.borrow_mut();
+            let mut e = eng.lock()?;
             // SAFETY: as in `isend`.
             unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)? }
         };
@@ -425,9 +474,9 @@ impl Comm {
         tag: impl Into<TagMatch>,
     ) -> Result<Request<'scope>> {
         let (sr, t) = self.recv_args(src.into(), tag.into())?;
-        let eng = self.inner.eng.clone();
+        let eng = &self.inner.eng;
         let rid = {
-            let mut e = eng.borrow_mut();
+            let mut e = eng.lock()?;
             // SAFETY: `buf` is borrowed for 'scope, and the scope finishes or abandons this
             // request before 'scope ends.
             unsafe { self.post_recv_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice_mut(buf), sr, t)? }

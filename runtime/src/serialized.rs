@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn stats_serialize() {
-        let s = run_local(1, |w| w.stats()).pop().unwrap();
+        let s = run_local(1, |w| w.stats().unwrap()).pop().unwrap();
         let j = serde_json::to_string(&s).unwrap();
         let back: crate::Stats = serde_json::from_str(&j).unwrap();
         assert_eq!(back, s);

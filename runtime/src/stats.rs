@@ -16,13 +16,13 @@ macro_rules! stats {
         ///
         /// ```
         /// let got = tmpi::run_local(2, |w| {
-        ///     let before = w.stats();
+        ///     let before = w.stats().unwrap();
         ///     if w.rank() == 0 {
         ///         w.send(&[0u8; 100], 1, 0).unwrap();
         ///     } else {
         ///         w.recv(&mut [0u8; 100], 0, 0).unwrap();
         ///     }
-        ///     let d = w.stats().diff(&before);
+        ///     let d = w.stats().unwrap().diff(&before);
         ///     // Round trip through the text form.
         ///     let line = d.to_string();
         ///     assert_eq!(line.parse::<tmpi::Stats>().unwrap(), d);
@@ -160,8 +160,11 @@ impl FromStr for Stats {
 
 impl Comm {
     /// This rank's counters now (engine, TM-SRQ, MR cache); see [`Stats`].
-    pub fn stats(&self) -> Stats {
-        self.eng().stats()
+    ///
+    /// # Errors
+    /// [`Error::Thread`] from a thread the [`crate::Threading`] level does not admit.
+    pub fn stats(&self) -> crate::Result<Stats> {
+        Ok(self.eng()?.stats())
     }
 }
 
@@ -177,7 +180,7 @@ mod tests {
             let mut b = vec![0u8; 300_000];
             w.sendrecv(&vec![1u8; 300_000], peer, 0, &mut b, peer, 0).unwrap();
             let line = w.stats_line();
-            let typed = w.stats();
+            let typed = w.stats().unwrap();
             let parsed: Stats = line.parse().unwrap();
             assert_eq!(parsed, typed, "{line}");
             for word in line.split_whitespace().skip(1) {

@@ -63,7 +63,7 @@ impl Comm {
     pub fn irecv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<VecRequest<T>> {
         let (s, t) = self.recv_args(src.into(), tag.into())?;
         let from = self.peers(s);
-        let rid = self.eng().post_recv_vec(self.user_ctx(), s, t, std::mem::size_of::<T>(), std::mem::align_of::<T>(), from)?;
+        let rid = self.eng()?.post_recv_vec(self.user_ctx(), s, t, std::mem::size_of::<T>(), std::mem::align_of::<T>(), from)?;
         Ok(VecRequest { comm: self.clone(), rid: Some(rid), _t: PhantomData })
     }
 }
@@ -75,7 +75,7 @@ impl<T: Pod> VecRequest<T> {
     /// As [`Comm::irecv_vec`].
     pub fn wait(mut self) -> Result<(Vec<T>, Status)> {
         let rid = self.rid.take().ok_or_else(collected)?;
-        let mut e = self.comm.eng();
+        let mut e = self.comm.eng()?;
         if let Err(err) = e.wait_until(&Need::Req(rid), |e| e.is_done(rid)) {
             e.abandon(rid);
             return Err(err);
@@ -90,7 +90,7 @@ impl<T: Pod> VecRequest<T> {
     /// As [`Comm::irecv_vec`]; [`Error::State`] once the request has been collected.
     pub fn test(&mut self) -> Result<Option<(Vec<T>, Status)>> {
         let rid = self.rid.ok_or_else(collected)?;
-        let mut e = self.comm.eng();
+        let mut e = self.comm.eng()?;
         if !e.is_done(rid) && e.progress()? == 0 {
             e.idle_check(&Need::Req(rid))?;
         }
@@ -110,7 +110,7 @@ impl<T: Pod> VecRequest<T> {
     /// None today; the signature leaves room for fabrics where cancel can fail.
     pub fn cancel(&mut self) -> Result<()> {
         if let Some(rid) = self.rid {
-            self.comm.eng().cancel(rid);
+            self.comm.eng()?.cancel(rid);
         }
         Ok(())
     }
@@ -120,7 +120,7 @@ impl<T: Pod> Drop for VecRequest<T> {
     fn drop(&mut self) {
         if let Some(rid) = self.rid.take() {
             // The engine owns every byte this receive touches, so if the engine cannot be
-            // reached (a panic unwound through it) the receive may simply stay there.
+            // reached (the thread level forbids it here) the receive may simply stay there.
             if let Some(mut e) = self.comm.try_eng() {
                 e.abandon(rid);
             }
@@ -181,7 +181,7 @@ mod tests {
                     w.barrier().unwrap(); // the last message is unexpected by now
                     let (vs, _) = w.irecv_vec::<u64>(0, ANY_TAG).unwrap().wait().unwrap();
                     assert_eq!(vs, (0..10).collect::<Vec<u64>>());
-                    w.stats().cma_reads
+                    w.stats().unwrap().cma_reads
                 }
             };
             let single = shm && cfg.single_copy_min == 4096;

@@ -1,10 +1,8 @@
 //! Start-up and shut-down: [`init`], [`World`], and ranks-as-threads for tests ([`run_local`]).
 
-use std::cell::RefCell;
 use std::ops::Deref;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use tmpi_transport::bootstrap::pmi2::Pmi2Client;
@@ -17,6 +15,7 @@ use crate::comm::{Comm, CommInner};
 use crate::config::Config;
 use crate::engine::{Engine, Fabric};
 use crate::error::{Error, Result};
+use crate::sync::{EngineCell, Threading};
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static FINALIZED: AtomicBool = AtomicBool::new(false);
@@ -29,10 +28,15 @@ pub fn wtime() -> f64 {
 
 /// The world communicator of this process, and the runtime's lifetime: dropping it (or calling
 /// [`World::finalize`]) shuts the runtime down. Derefs to [`Comm`].
+///
+/// `Send + Sync`, like [`Comm`]: at [`Threading::Multiple`] its threads share it by reference
+/// (`&World`, or clones of the [`Comm`] it derefs to). Finalize it on a thread the level
+/// admits (at `Single`/`Funneled`, the one that started the runtime), after the other threads
+/// are done with it.
 pub struct World {
     // Dropped first: when a rank unwinds, tmpirun must see its bootstrap connection go before
     // the peers see it leave the fabric, so that the failing rank is the one reported.
-    bootstrap: RefCell<Option<Launcher>>,
+    bootstrap: Mutex<Option<Launcher>>,
     comm: Comm,
     finalized: bool,
     /// Made by [`init`] (not [`run_local`]): its finalize counts for [`is_finalized`].
@@ -94,49 +98,89 @@ fn launcher() -> Result<Option<(Launcher, BootstrapEnv)>> {
     Ok(Some((Launcher::Pmi2(c), env)))
 }
 
-fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>) -> World {
+fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading) -> World {
     let rank = eng.rank();
     let size = eng.size();
     let comm = Comm {
-        inner: Rc::new(CommInner {
-            eng: Rc::new(RefCell::new(eng)),
+        inner: Arc::new(CommInner {
+            eng: Arc::new(EngineCell::new(eng, level)),
             coll_seq: Default::default(),
             shm: Default::default(),
+            coll_busy: Default::default(),
             id: 0,
             rank,
             size,
             members: None,
         }),
     };
-    World { comm, bootstrap: RefCell::new(bootstrap), finalized: false, from_init: false }
+    World { comm, bootstrap: Mutex::new(bootstrap), finalized: false, from_init: false }
 }
 
 /// Starts the runtime. Under `tmpirun` the rank, size and fabric come from the launcher's
 /// environment; under Slurm (`srun --mpi=pmi2`) from its PMI-2 server (`PMI_FD`); a program
 /// started alone runs as rank 0 of 1.
 ///
+/// The runtime runs at [`Threading::Single`]: only the calling thread may use it (see
+/// [`init_thread`] for the other levels).
+///
 /// # Errors
 /// [`Error::Config`] for a bad `TMPI_*` value; [`Error::State`] when called a second time in
 /// one process; transport errors when the job's fabric cannot be set up.
 pub fn init() -> Result<World> {
+    init_thread(Threading::Single).map(|(w, _)| w)
+}
+
+/// Starts the runtime as [`init`] does, at thread level `required` (MPI's
+/// `MPI_Init_thread`), and returns the world and the level provided. tmpi provides every
+/// level, so the level provided is the one required.
+///
+/// At [`Threading::Single`] and [`Threading::Funneled`] only the calling thread may use the
+/// runtime; at [`Threading::Serialized`] any thread, one at a time; at
+/// [`Threading::Multiple`] any thread at any time.
+///
+/// ```no_run
+/// use tmpi::Threading;
+/// # fn main() -> tmpi::Result<()> {
+/// let (world, provided) = tmpi::init_thread(Threading::Multiple)?;
+/// assert_eq!(provided, Threading::Multiple);
+/// let peer = (world.rank() + 1) % world.size();
+/// let from = (world.rank() + world.size() - 1) % world.size();
+/// std::thread::scope(|s| {
+///     for t in 0..4u32 {
+///         let w = &world;
+///         s.spawn(move || -> tmpi::Result<()> {
+///             let mut got = [0u32];
+///             w.sendrecv(&[t], peer, t, &mut got, from, t)?;
+///             assert_eq!(got[0], t);
+///             Ok(())
+///         });
+///     }
+/// });
+/// world.finalize()
+/// # }
+/// ```
+///
+/// # Errors
+/// As [`init`].
+pub fn init_thread(required: Threading) -> Result<(World, Threading)> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(Error::State("tmpi::init called more than once in this process".into()));
     }
-    init_world().map(|mut w| {
+    init_world(required).map(|mut w| {
         w.from_init = true;
-        w
+        (w, required)
     })
 }
 
-fn init_world() -> Result<World> {
+fn init_world(level: Threading) -> Result<World> {
     let _ = wtime();
     let cfg = Config::from_env()?;
     let Some((mut bc, env)) = launcher()? else {
-        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, None));
+        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, None, level));
     };
     let (rank, size) = (env.rank, env.size);
     if size == 1 {
-        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, Some(bc)));
+        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, Some(bc), level));
     }
     let ring_size = |n: usize| cfg.ring_size_for(n);
     let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size };
@@ -144,7 +188,7 @@ fn init_world() -> Result<World> {
     if cfg.stats {
         eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.kind(), fabric.bad_connections());
     }
-    Ok(world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc)))
+    Ok(world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level))
 }
 
 impl World {
@@ -169,7 +213,7 @@ impl World {
         if self.from_init {
             FINALIZED.store(true, Ordering::SeqCst);
         }
-        let mut e = self.comm.eng();
+        let mut e = self.comm.inner.eng.lock_for_cleanup()?;
         // This rank's own outgoing data only: finalize never waits for other ranks.
         let r = e.finalize();
         if e.cfg.stats {
@@ -177,7 +221,7 @@ impl World {
         }
         drop(e);
         r?;
-        if let Some(bc) = self.bootstrap.borrow_mut().as_mut() {
+        if let Some(bc) = self.bootstrap.get_mut().unwrap_or_else(PoisonError::into_inner).as_mut() {
             let _ = bc.finalize();
         }
         Ok(())
@@ -187,7 +231,7 @@ impl World {
     /// process with `code` (tmpirun ends the other ranks and exits with it).
     pub fn abort(&self, code: i32) -> ! {
         eprintln!("tmpi: rank {} called abort({code})", self.comm.rank());
-        if let Ok(mut b) = self.bootstrap.try_borrow_mut() {
+        if let Ok(mut b) = self.bootstrap.try_lock() {
             if let Some(bc) = b.as_mut() {
                 let _ = bc.abort(code, &format!("rank {} called abort({code})", self.comm.rank()));
             }
@@ -248,7 +292,9 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
             .map(|(rank, fab)| {
                 let f = &f;
                 let cfg = cfg.clone();
-                s.spawn(move || f(world_from_engine(Engine::new(Fabric::Shm(fab), rank, n, cfg).expect("create engine"), None)))
+                s.spawn(move || {
+                    f(world_from_engine(Engine::new(Fabric::Shm(fab), rank, n, cfg).expect("create engine"), None, Threading::Single))
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
@@ -260,6 +306,36 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
 /// # Panics
 /// As [`run_local`].
 pub fn run_local_with<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+    run_local_at(n, cfg, Threading::Single, f)
+}
+
+/// [`run_local`] at thread level `level` (each rank's world is made on, and owned by, that
+/// rank's thread).
+///
+/// ```
+/// let got = tmpi::run_local_threaded(2, tmpi::Threading::Multiple, |w| {
+///     let w = &*w;
+///     // Rank 1 receives on one thread while another sends.
+///     std::thread::scope(|s| {
+///         let r = s.spawn(|| {
+///             let mut b = [0u8];
+///             w.recv(&mut b, 1 - w.rank(), 5).unwrap();
+///             b[0]
+///         });
+///         s.spawn(|| w.send(&[w.rank() as u8 + 10], 1 - w.rank(), 5).unwrap());
+///         r.join().unwrap()
+///     })
+/// });
+/// assert_eq!(got, vec![11, 10]);
+/// ```
+///
+/// # Panics
+/// As [`run_local`].
+pub fn run_local_threaded<R: Send>(n: usize, level: Threading, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+    run_local_at(n, Config::default(), level, f)
+}
+
+fn run_local_at<R: Send>(n: usize, cfg: Config, level: Threading, f: impl Fn(World) -> R + Sync) -> Vec<R> {
     let fabrics = LocalFabric::create(n.max(1), 64 * 1024);
     std::thread::scope(|s| {
         let handles: Vec<_> = fabrics
@@ -270,7 +346,7 @@ pub fn run_local_with<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + S
                 let cfg = cfg.clone();
                 s.spawn(move || {
                     let fabric = if n <= 1 { Fabric::Single } else { Fabric::Local(fab) };
-                    f(world_from_engine(Engine::new(fabric, rank, n.max(1), cfg).expect("create engine"), None))
+                    f(world_from_engine(Engine::new(fabric, rank, n.max(1), cfg).expect("create engine"), None, level))
                 })
             })
             .collect();
@@ -344,4 +420,71 @@ pub fn is_initialized() -> bool {
 /// ```
 pub fn is_finalized() -> bool {
     FINALIZED.load(Ordering::SeqCst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two worlds of one job over a real shm segment, both owned by the calling thread, so
+    /// that one thread can drive both sides of a message through the whole public API.
+    fn shm_pair_one_thread() -> (World, World) {
+        let cfg = Config::default();
+        let mut b = [0u8; 8];
+        getrandom::getrandom(&mut b).expect("random segment name");
+        let name = format!("tmpi-pair-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+        let a = ShmFabric::create(&name, 0, 2, cfg.ring_size_for(2)).expect("create shm segment");
+        let bf = ShmFabric::open(&name, 1, 2).expect("open shm segment");
+        a.unlink().expect("unlink shm segment");
+        let w0 = world_from_engine(Engine::new(Fabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
+        let w1 = world_from_engine(Engine::new(Fabric::Shm(bf), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
+        (w0, w1)
+    }
+
+    /// CPU cost per message of `osu_mbw_mr`'s inner loop through the public API (scope,
+    /// `isend`/`irecv`, `wait_all`), both ranks in this thread: no cross-core traffic, so it
+    /// is stable on a loaded machine. Run with
+    /// `cargo test --release -p tmpi --lib comm_window_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn comm_window_cost() {
+        let (w0, w1) = shm_pair_one_thread();
+        const W: usize = 64;
+        let sbuf = [7u8; 8];
+        let mut rbuf = [[0u8; 8]; W];
+        let mut window = |n: usize| {
+            let t = Instant::now();
+            for _ in 0..n {
+                crate::scope(|s| -> Result<()> {
+                    let mut reqs = Vec::with_capacity(W);
+                    for _ in 0..W {
+                        reqs.push(w0.isend(s, &sbuf, 1, 3)?);
+                    }
+                    crate::wait_all(reqs)?;
+                    Ok(())
+                })
+                .expect("send window");
+                crate::scope(|s| -> Result<()> {
+                    let mut reqs = Vec::with_capacity(W);
+                    for slot in rbuf.iter_mut() {
+                        reqs.push(w1.irecv(s, slot, 0, 3)?);
+                    }
+                    crate::wait_all(reqs)?;
+                    Ok(())
+                })
+                .expect("recv window");
+                // The acknowledgement, as in the benchmark (it also lets each side's
+                // progress return the other's flow-control credit).
+                w1.send(&sbuf[..1], 0, 4).expect("ack send");
+                let mut ack = [0u8];
+                w0.recv(&mut ack, 1, 4).expect("ack recv");
+            }
+            t.elapsed().as_nanos() as f64 / (n * W) as f64
+        };
+        window(2000);
+        let mut v: Vec<f64> = (0..9).map(|_| window(2000)).collect();
+        v.sort_by(f64::total_cmp);
+        println!("comm_window_cost: {:.1} ns per message (send + receive), runs {:.1?}", v[4], v);
+        assert!(rbuf.iter().all(|r| *r == sbuf));
+    }
 }

@@ -42,7 +42,6 @@
 //! [`Error::PeerGone`]. The leader that finds a rank departed releases the others with that
 //! news in the status word.
 
-use std::cell::RefMut;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use tmpi_transport::shm::segment::{Segment, COLL_SLOT_BYTES};
@@ -51,6 +50,7 @@ use crate::comm::Comm;
 use crate::engine::{Engine, Need, Peers};
 use crate::error::{Error, Result};
 use crate::op::{check_op, Op, Reducible};
+use crate::sync::EngineGuard;
 
 /// Largest payload (bytes) that goes through the slots; larger calls use point-to-point after
 /// a handshake. Measured on 2 to 32 ranks (bench/results/shmcoll.md); at most a slot.
@@ -95,7 +95,7 @@ const ST_GONE: u32 = 2;
 pub(crate) fn assign(comm: &Comm) -> Result<()> {
     let n = comm.size();
     let eligible = {
-        let e = comm.eng();
+        let e = comm.eng()?;
         e.cfg.shm_coll && e.shm_segment().is_some_and(|s| n >= 2 && n <= s.coll_ranks())
     };
     if !eligible {
@@ -104,7 +104,7 @@ pub(crate) fn assign(comm: &Comm) -> Result<()> {
     }
     let mut choice = [0u32; 2];
     if comm.rank() == 0 {
-        if let Some((ctx, gen)) = comm.eng().shm_segment().and_then(|s| s.coll_alloc(n)) {
+        if let Some((ctx, gen)) = comm.eng()?.shm_segment().and_then(|s| s.coll_alloc(n)) {
             choice = [ctx as u32, gen];
             // Set at once, so that dropping the communicator gives it back even if the
             // broadcast fails.
@@ -160,7 +160,7 @@ impl<'a> Call<'a> {
             Slot::Unset => {
                 let world = comm.inner.id == 0 && comm.inner.members.is_none();
                 let gen = {
-                    let e = comm.eng();
+                    let e = comm.eng().ok()?;
                     e.shm_segment()
                         .filter(|s| e.cfg.shm_coll && world && comm.size() >= 2 && comm.size() <= s.coll_ranks())
                         .map(|s| s.coll_world_gen())
@@ -182,7 +182,7 @@ impl<'a> Call<'a> {
 
     /// Blocks until every rank has called it.
     pub(crate) fn barrier(&self) -> Result<()> {
-        let mut e = self.comm.eng();
+        let mut e = self.comm.eng()?;
         self.exchange(&mut e, Desc::new(KIND_BARRIER, None, 0, 0, 0), None, |_| Ok(()))
     }
 
@@ -192,7 +192,7 @@ impl<'a> Call<'a> {
             return self.handshake(Desc::new(KIND_BCAST | KIND_HANDSHAKE, None, root, 1, buf.len()));
         }
         let rank = self.comm.rank();
-        let mut e = self.comm.eng();
+        let mut e = self.comm.eng()?;
         let desc = Desc::new(KIND_BCAST, None, root, 1, buf.len());
         let data = (rank == root && rank != 0).then_some(&buf[..]);
         let (ctx, par) = (self.ctx, self.parity);
@@ -217,7 +217,7 @@ impl<'a> Call<'a> {
         }
         let rank = self.comm.rank();
         let (ctx, par, n) = (self.ctx, self.parity, self.comm.size());
-        let mut e = self.comm.eng();
+        let mut e = self.comm.eng()?;
         let mut recv = recv;
         let data = (rank != 0).then_some(bytemuck::cast_slice::<T, u8>(send));
         self.exchange(&mut e, desc(kind), data, |seg| {
@@ -253,7 +253,7 @@ impl<'a> Call<'a> {
     /// Takes part in the call as a rank whose arguments failed the local checks: the others
     /// get an error rather than wait for this rank.
     pub(crate) fn refuse(&self) -> Result<()> {
-        let mut e = self.comm.eng();
+        let mut e = self.comm.eng()?;
         self.exchange(&mut e, Desc::new(KIND_BAD, None, 0, 0, 0), None, |_| Ok(())).or_else(|err| match err {
             Error::InvalidBuffer(_) => Ok(()),
             other => Err(other),
@@ -263,7 +263,7 @@ impl<'a> Call<'a> {
     /// Arrival and release without data: every rank described the same call (whose data then
     /// goes point-to-point).
     fn handshake(&self, desc: Desc) -> Result<()> {
-        let mut e = self.comm.eng();
+        let mut e = self.comm.eng()?;
         self.exchange(&mut e, desc, None, |_| Ok(()))
     }
 
@@ -272,7 +272,7 @@ impl<'a> Call<'a> {
     /// its own, runs `combine` and releases.
     fn exchange(
         &self,
-        e: &mut RefMut<'_, Engine>,
+        e: &mut EngineGuard<'_>,
         desc: Desc,
         data: Option<&[u8]>,
         combine: impl FnOnce(&Segment) -> Result<()>,
@@ -355,7 +355,7 @@ impl<'a> Call<'a> {
     /// Waits, driving progress, until `pending(segment)` is `None`; it names the rank of the
     /// communicator still awaited otherwise. Ends with [`Error::PeerGone`] as the module docs
     /// say.
-    fn wait(&self, e: &mut RefMut<'_, Engine>, mut pending: impl FnMut(&Segment) -> Option<usize>) -> Result<()> {
+    fn wait(&self, e: &mut EngineGuard<'_>, mut pending: impl FnMut(&Segment) -> Option<usize>) -> Result<()> {
         let mut b = e.backoff();
         loop {
             let Some(who) = pending(shm(e)?) else { return Ok(()) };

@@ -90,7 +90,7 @@ use requests::{wire_name, OwnedRecv, RecvState, Req, ReqKind, SendState};
 use stats::Stats;
 
 use std::collections::VecDeque;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use tmpi_transport::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
 use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
@@ -151,7 +151,7 @@ pub(crate) enum Peers {
     /// One world rank.
     Rank(usize),
     /// Any member of the communicator with these world ranks (`None`: the world).
-    Any(Option<Rc<[usize]>>),
+    Any(Option<Arc<[usize]>>),
 }
 
 impl Peers {
@@ -513,7 +513,7 @@ mod tests {
         assert!(!Peers::Rank(3).admits(3, 2));
         assert!(Peers::Any(None).admits(2, 2));
         assert!(!Peers::Any(None).admits(1, 2));
-        let m: Rc<[usize]> = vec![4, 7].into();
+        let m: Arc<[usize]> = vec![4, 7].into();
         assert!(Peers::Any(Some(m.clone())).admits(1, 7));
         assert!(!Peers::Any(Some(m.clone())).admits(1, 4));
         assert!(!Peers::Any(Some(m)).admits(2, 4));

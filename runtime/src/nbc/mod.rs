@@ -200,16 +200,17 @@ impl Comm {
         plan: Plan,
         input: Option<&'s [u8]>,
         output: Option<&'s mut [u8]>,
-    ) -> Request<'s> {
+    ) -> Result<Request<'s>> {
+        c.check()?;
         let who = Members { ctx: self.coll_ctx(), rank: self.rank(), size: self.size(), world: self.inner.members.clone(), seq: c.seq() };
         // SAFETY: `input` and `output` are borrowed for 's; the request is registered in the
         // scope (`Request::new`), which finishes or abandons it before 's ends, and
         // abandoning it abandons every transfer of the schedule and drops the schedule, so
         // nothing touches the buffers afterwards.
         let sched = unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b))) };
-        let eng = self.inner.eng.clone();
-        let rid = eng.borrow_mut().start_nbc(sched);
-        Request::new(eng, Some(rid), s)
+        let eng = &self.inner.eng;
+        let rid = eng.lock()?.start_nbc(sched);
+        Ok(Request::new(eng, Some(rid), s))
     }
 
     /// Non-blocking [`Comm::barrier`]: the request completes once every rank has started it.
@@ -229,7 +230,7 @@ impl Comm {
         let c = CollCtx::new(self);
         let mut plan = Plan::new();
         plan_barrier(&mut plan, self.rank(), self.size());
-        Ok(self.start_plan(s, &c, plan, None, None))
+        self.start_plan(s, &c, plan, None, None)
     }
 
     /// Non-blocking [`Comm::bcast`] of `buf` from `root`.
@@ -252,7 +253,7 @@ impl Comm {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let mut plan = Plan::new();
         plan_bcast(&mut plan, self.rank(), self.size(), out(0, bytes.len()), root);
-        Ok(self.start_plan(s, &c, plan, None, Some(bytes)))
+        self.start_plan(s, &c, plan, None, Some(bytes))
     }
 
     /// Non-blocking [`Comm::reduce`]: combines `send` of every rank with `op`, in rank order,
@@ -415,7 +416,7 @@ impl Comm {
         } else {
             plan.round(vec![Action::Send { s: inp(0, sb.len()), dest: root, tag: tags::GATHER }]);
         }
-        Ok(self.start_plan(s, &c, plan, Some(sb), output))
+        self.start_plan(s, &c, plan, Some(sb), output)
     }
 
     /// Non-blocking [`Comm::scatter`]: consecutive blocks of `send` at `root` (`None`
@@ -523,7 +524,7 @@ impl Comm {
         } else {
             plan.round(vec![Action::Recv { s: out(0, rb.len()), src: root, tag: tags::SCATTER }]);
         }
-        Ok(self.start_plan(s, &c, plan, input, Some(rb)))
+        self.start_plan(s, &c, plan, input, Some(rb))
     }
 
     /// Non-blocking [`Comm::allgather`]: `send` of every rank, in rank order, into `recv` on
@@ -610,7 +611,7 @@ impl Comm {
         }
         let mut plan = Plan::new();
         plan.round(acts);
-        Ok(self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv))))
+        self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv)))
     }
 
     /// Non-blocking [`Comm::alltoall`]: block `j` of `send` to rank `j`, block `i` of `recv`
@@ -698,7 +699,7 @@ impl Comm {
         }
         let mut plan = Plan::new();
         plan.round(acts);
-        Ok(self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv))))
+        self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
     /// Non-blocking [`Comm::reduce_scatter`]: `send` of every rank combined with `op`, block
@@ -830,7 +831,7 @@ impl Comm {
         if r == root && root != 0 {
             plan.round(vec![Action::Recv { s: out(0, len), src: 0, tag: tags::TO_ROOT }]);
         }
-        Ok(self.start_plan(s, &c, plan, Some(sb), recv))
+        self.start_plan(s, &c, plan, Some(sb), recv)
     }
 
     pub(crate) fn iallreduce_f<'s, T: Pod>(
@@ -855,7 +856,7 @@ impl Comm {
             plan.round(vec![Action::Copy { from: acc, to: out(0, len) }]);
         }
         plan_bcast(&mut plan, r, n, out(0, len), 0);
-        Ok(self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv))))
+        self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv)))
     }
 
     pub(crate) fn ireduce_scatter_f<'s, T: Pod>(
@@ -905,7 +906,7 @@ impl Comm {
             }
             None => plan.round(vec![Action::Recv { s: out(0, counts[r] * es), src: 0, tag: tags::SCATTER }]),
         }
-        Ok(self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv))))
+        self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv)))
     }
 
     /// Prefix reduction along the chain of ranks: rank `r` receives the prefix of ranks
@@ -961,7 +962,7 @@ impl Comm {
                 plan.round(acts);
             }
         }
-        Ok(self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv))))
+        self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 }
 

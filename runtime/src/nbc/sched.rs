@@ -14,7 +14,7 @@
 //! the borrow ends, and abandoning abandons every transfer first (the engine forgets their
 //! pointers) and then drops the schedule.
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::buffer::{RawBuf, RawBufMut};
 use crate::engine::{Engine, Peers, ReqId};
@@ -23,7 +23,7 @@ use crate::matching;
 
 /// Combines `from` into `acc` (`acc = from op acc` when the flag is set, else `acc op from`),
 /// both holding the same number of elements of the collective's type, as bytes.
-pub(crate) type ReduceFn = Box<dyn Fn(&[u8], &mut [u8], bool) -> Result<()>>;
+pub(crate) type ReduceFn = Box<dyn Fn(&[u8], &mut [u8], bool) -> Result<()> + Send + Sync>;
 
 /// Which buffer a span lies in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +106,11 @@ struct Temp {
     words: usize,
 }
 
+// SAFETY: a `Temp` owns its heap allocation (freed once, in `Drop`) like the `Box<[u128]>`
+// it came from, which is `Send`; the raw pointer only avoids reborrowing it. The pointers the
+// engine holds into it move with the engine, which one thread uses at a time (`crate::sync`).
+unsafe impl Send for Temp {}
+
 impl Temp {
     fn new(bytes: usize) -> Self {
         let words = bytes.div_ceil(16);
@@ -129,7 +134,7 @@ pub(crate) struct Members {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     /// World rank of each member (`None`: the identity).
-    pub(crate) world: Option<Rc<[usize]>>,
+    pub(crate) world: Option<Arc<[usize]>>,
     /// The collective's sequence number (the tag's upper 16 bits).
     pub(crate) seq: u32,
 }

@@ -1,0 +1,178 @@
+//! Several threads per rank at `Threading::Multiple`, each exchanging thousands of tagged
+//! messages with the same thread of every other rank, four ways (by thread index):
+//!
+//! - 0: non-blocking: batches of `irecv` (named source) and `isend` in a scope, `wait_all`;
+//! - 1: blocking `send` to every peer, then `recv` from `ANY_SOURCE` (per-source order);
+//! - 2: `sendrecv` in shifted rounds, every `LARGE_EVERY`-th message a rendezvous (300 KB);
+//! - 3: `send` of a variable length, then `mprobe` from `ANY_SOURCE` and `Message::recv_vec`.
+//!
+//! Thread `t` uses tag `t`, so MPI's non-overtaking rule holds per (source, tag): every
+//! message carries (source rank, thread, sequence number) and a payload derived from them,
+//! and the receiver checks content and order.
+//!
+//! `threadstress [THREADS] [MSGS] [LARGE_EVERY]` (defaults 4, 4000, 500; 0: no large ones).
+
+use tmpi::{Comm, Threading, ANY_SOURCE};
+use tmpi_tests::Verdict;
+
+/// Bytes of a large (rendezvous) message.
+const LARGE: usize = 300 * 1024;
+/// Messages per batch of the non-blocking mode.
+const BATCH: u32 = 16;
+
+/// Words of message `i` from `src`'s thread `t` in modes 2 and 3 (at least the 3 header
+/// words).
+fn words(i: u32, t: u32, large_every: u32) -> usize {
+    if t % 4 == 2 && large_every != 0 && i % large_every == large_every - 1 {
+        LARGE / 4
+    } else {
+        3 + ((i as usize * 7 + t as usize) % 61)
+    }
+}
+
+fn message(src: usize, t: u32, i: u32, len: usize) -> Vec<u32> {
+    let mut m = vec![src as u32, t, i];
+    m.extend((3..len).map(|k| (src as u32).wrapping_mul(31) ^ t.wrapping_mul(7) ^ i.wrapping_add(k as u32)));
+    m.truncate(len.max(3));
+    m
+}
+
+/// Checks one received message: from `src`, thread `t`, sequence `i`, `len` words.
+fn check_msg(got: &[u32], src: usize, t: u32, i: u32, len: usize) -> Result<(), String> {
+    if got.len() != len || got != message(src, t, i, len).as_slice() {
+        let head: Vec<u32> = got.iter().take(3).copied().collect();
+        return Err(format!("thread {t}: from rank {src} expected message {i} ({len} words), got {head:?}... ({} words)", got.len()));
+    }
+    Ok(())
+}
+
+/// Runs thread `t`; returns the number of messages checked.
+fn run_thread(w: &Comm, t: u32, msgs: u32, large_every: u32) -> Result<u64, String> {
+    let (rank, n) = (w.rank(), w.size());
+    let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
+    let e = |what: &str, err: tmpi::Error| format!("thread {t}: {what}: {err}");
+    let mut checked = 0u64;
+    match t % 4 {
+        0 => {
+            let mut i = 0;
+            while i < msgs {
+                let b = BATCH.min(msgs - i);
+                let out: Vec<Vec<u32>> = (0..b).map(|k| message(rank, t, i + k, 8)).collect();
+                let mut inb: Vec<Vec<u32>> = vec![vec![0u32; 8]; (b as usize) * peers.len()];
+                tmpi::scope(|s| -> Result<(), String> {
+                    let mut reqs = Vec::new();
+                    for (j, buf) in inb.iter_mut().enumerate() {
+                        let p = peers[j / b as usize];
+                        reqs.push(w.irecv(s, buf, p, t).map_err(|x| e("irecv", x))?);
+                    }
+                    for &p in &peers {
+                        for m in &out {
+                            reqs.push(w.isend(s, m, p, t).map_err(|x| e("isend", x))?);
+                        }
+                    }
+                    tmpi::wait_all(reqs).map_err(|x| e("wait_all", x)).map(drop)
+                })?;
+                for (j, got) in inb.iter().enumerate() {
+                    check_msg(got, peers[j / b as usize], t, i + (j as u32 % b), 8)?;
+                    checked += 1;
+                }
+                i += b;
+            }
+        }
+        1 => {
+            let mut next = vec![0u32; n];
+            for i in 0..msgs {
+                for &p in &peers {
+                    w.send(&message(rank, t, i, 5), p, t).map_err(|x| e("send", x))?;
+                }
+                for _ in &peers {
+                    let mut got = [0u32; 5];
+                    let st = w.recv(&mut got, ANY_SOURCE, t).map_err(|x| e("recv", x))?;
+                    let src = st.source();
+                    check_msg(&got, src, t, next[src], 5)?;
+                    next[src] += 1;
+                    checked += 1;
+                }
+            }
+        }
+        2 => {
+            for i in 0..msgs {
+                let len = words(i, t, large_every);
+                let m = message(rank, t, i, len);
+                let mut got = vec![0u32; len];
+                for k in 1..n {
+                    let (dest, src) = ((rank + k) % n, (rank + n - k) % n);
+                    let st = w.sendrecv(&m, dest, t, &mut got, src, t).map_err(|x| e("sendrecv", x))?;
+                    if st.source() != src {
+                        return Err(format!("thread {t}: sendrecv got a message from {} instead of {src}", st.source()));
+                    }
+                    check_msg(&got, src, t, i, len)?;
+                    checked += 1;
+                }
+            }
+        }
+        _ => {
+            let mut next = vec![0u32; n];
+            for i in 0..msgs {
+                let len = words(i, t, large_every);
+                for &p in &peers {
+                    w.send(&message(rank, t, i, len), p, t).map_err(|x| e("send", x))?;
+                }
+                for _ in &peers {
+                    let msg = w.mprobe(ANY_SOURCE, t).map_err(|x| e("mprobe", x))?;
+                    let src = msg.status().source();
+                    let (got, _) = msg.recv_vec::<u32>().map_err(|x| e("mrecv", x))?;
+                    check_msg(&got, src, t, next[src], words(next[src], t, large_every))?;
+                    next[src] += 1;
+                    checked += 1;
+                }
+            }
+        }
+    }
+    Ok(checked)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let threads: u32 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(4);
+    let msgs: u32 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(4000);
+    let large_every: u32 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(500);
+    let (world, provided) = tmpi::init_thread(Threading::Multiple)?;
+    let mut v = Verdict::new("threadstress", world.rank());
+    v.check(provided == Threading::Multiple, || format!("provided {provided:?}"));
+    let w: &Comm = &world;
+    let results: Vec<Result<u64, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let r = run_thread(w, t, msgs, large_every);
+                    if let Err(msg) = &r {
+                        // At once: the peers' threads may now wait for this one forever.
+                        eprintln!("threadstress: rank {}: {msg}", w.rank());
+                    }
+                    r
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into()))).collect()
+    });
+    let mut total = 0;
+    for r in results {
+        match r {
+            Ok(c) => total += c,
+            Err(msg) => v.check(false, || msg),
+        }
+    }
+    let want = if world.size() == 1 { 0 } else { u64::from(threads) * u64::from(msgs) * (world.size() as u64 - 1) };
+    v.check(total == want, || format!("checked {total} messages, expected {want}"));
+    v.finish(
+        &world,
+        &format!(
+            "{threads} threads x {msgs} messages per peer on {} ranks (non-blocking, blocking any-source, sendrecv with rendezvous, mprobe), {total} received in order on rank {}",
+            world.size(),
+            world.rank()
+        ),
+    )?;
+    world.finalize()?;
+    Ok(())
+}
