@@ -36,8 +36,8 @@ use crate::{Rank, Tag};
 
 type Eng = Arc<EngineCell>;
 
-/// The requests a scope started, each with its engine when that is not the scope's.
-type Started = Vec<(Option<Eng>, ReqId)>;
+/// The requests a scope started on its engine (the engine of its first request).
+type Started = Vec<ReqId>;
 
 /// A request's engine: borrowed from its scope, which holds one reference for all of its
 /// requests (no reference counting per request), or, for a request on another engine than
@@ -71,8 +71,11 @@ const POOL_KEEP: usize = 8;
 pub struct Scope<'scope, 'env: 'scope> {
     /// The engine of the scope's first request, held once for all requests on it.
     engine: std::cell::OnceCell<Eng>,
-    /// Requests started, with their engine when it is not `engine`.
+    /// Requests started on `engine` (a plain list of handles: pushing one is one store).
     started: RefCell<Started>,
+    /// Requests started on another engine (rare: communicators of two runtimes in one
+    /// thread, as in tests), each with its engine.
+    others: RefCell<Vec<(Eng, ReqId)>>,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -91,7 +94,13 @@ where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
 {
     let started = STARTED_POOL.with(|p| p.borrow_mut().pop()).unwrap_or_default();
-    let s = Scope { engine: std::cell::OnceCell::new(), started: RefCell::new(started), _scope: PhantomData, _env: PhantomData };
+    let s = Scope {
+        engine: std::cell::OnceCell::new(),
+        started: RefCell::new(started),
+        others: RefCell::new(Vec::new()),
+        _scope: PhantomData,
+        _env: PhantomData,
+    };
     struct End<'a, 'b, 'c>(&'a Scope<'b, 'c>);
     impl Drop for End<'_, '_, '_> {
         fn drop(&mut self) {
@@ -101,14 +110,12 @@ where
             // by one.
             if let Some(eng) = self.0.engine.get() {
                 let mut e = cleanup_lock(eng);
-                for &(_, rid) in started.iter().filter(|(own, _)| own.is_none()) {
+                for rid in started.drain(..) {
                     settle(&mut e, rid, panicking);
                 }
             }
-            for (own, rid) in started.drain(..) {
-                if let Some(eng) = own {
-                    settle(&mut cleanup_lock(&eng), rid, panicking);
-                }
+            for (eng, rid) in std::mem::take(&mut *self.0.others.borrow_mut()) {
+                settle(&mut cleanup_lock(&eng), rid, panicking);
             }
             // Keep the (now empty) list for the next scope; not while unwinding (the pool's
             // borrow may be what panicked) and not an unusually large one.
@@ -166,16 +173,22 @@ impl std::fmt::Debug for Request<'_> {
 }
 
 impl<'scope> Request<'scope> {
+    #[inline]
     pub(crate) fn new(eng: &Eng, rid: Option<ReqId>, s: &'scope Scope<'scope, '_>) -> Self {
         let first = s.engine.get_or_init(|| eng.clone());
-        let (eng, own) = if Arc::ptr_eq(first, eng) { (EngRef::Scope(first), None) } else { (EngRef::Own(eng.clone()), Some(eng.clone())) };
+        let same = Arc::ptr_eq(first, eng);
         let done = match rid {
+            Some(r) if same => {
+                s.started.borrow_mut().push(r);
+                None
+            }
             Some(r) => {
-                s.started.borrow_mut().push((own, r));
+                s.others.borrow_mut().push((eng.clone(), r));
                 None
             }
             None => Some(Status::sent()),
         };
+        let eng = if same { EngRef::Scope(first) } else { EngRef::Own(eng.clone()) };
         Request { eng, rid, done, _p: PhantomData }
     }
 

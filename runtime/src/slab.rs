@@ -1,10 +1,47 @@
 //! A slab with generation-checked handles, for requests and unexpected messages.
 
 /// A handle into a [`Slab`]: index plus generation, so a stale handle never finds a reused slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Key {
-    pub(crate) idx: u32,
-    pub(crate) gen: u32,
+///
+/// One 64-bit word that is never zero (the complement of `gen << 32 | idx`), so that a
+/// `Key` and an `Option<Key>` are each one register: handles pass through the request layer
+/// by value, never as two 32-bit halves written to memory and read back as one word (a
+/// store-forwarding stall on every call).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Key(std::num::NonZeroU64);
+
+/// Slot `u32::MAX` (no slot) at generation 0: what `Key::new(u32::MAX, u32::MAX)` gives.
+const NOWHERE: std::num::NonZeroU64 = match std::num::NonZeroU64::new(!(u32::MAX as u64)) {
+    Some(v) => v,
+    None => unreachable!(),
+};
+
+impl Key {
+    /// The key of slot `idx` at generation `gen`.
+    #[inline]
+    pub(crate) fn new(idx: u32, gen: u32) -> Key {
+        let v = !(u64::from(gen) << 32 | u64::from(idx));
+        // Zero is `idx == u32::MAX` at generation `u32::MAX`; no slot has index `u32::MAX`
+        // (it is the free list's end), so generation 0 names the same nothing.
+        Key(std::num::NonZeroU64::new(v).unwrap_or(NOWHERE))
+    }
+
+    /// The slot's index.
+    #[inline]
+    pub(crate) fn idx(self) -> u32 {
+        !self.0.get() as u32
+    }
+
+    /// The slot's generation.
+    #[inline]
+    pub(crate) fn gen(self) -> u32 {
+        (!self.0.get() >> 32) as u32
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Key").field("idx", &self.idx()).field("gen", &self.gen()).finish()
+    }
 }
 
 enum Slot<T> {
@@ -30,10 +67,10 @@ impl<T> Slab<T> {
     #[inline]
     pub(crate) fn vacant_key(&self) -> Key {
         if self.free == NIL {
-            Key { idx: self.slots.len() as u32, gen: 0 }
+            Key::new(self.slots.len() as u32, 0)
         } else {
             match &self.slots[self.free as usize] {
-                Slot::Empty(gen, _) => Key { idx: self.free, gen: *gen },
+                Slot::Empty(gen, _) => Key::new(self.free, *gen),
                 Slot::Full(..) => unreachable!("free list points at a full slot"),
             }
         }
@@ -46,7 +83,7 @@ impl<T> Slab<T> {
         self.len += 1;
         if self.free == NIL {
             self.slots.push(Slot::Full(0, f()));
-            return Key { idx: self.slots.len() as u32 - 1, gen: 0 };
+            return Key::new(self.slots.len() as u32 - 1, 0);
         }
         let idx = self.free;
         let slot = &mut self.slots[idx as usize];
@@ -56,7 +93,7 @@ impl<T> Slab<T> {
         };
         self.free = next;
         *slot = Slot::Full(gen, f());
-        Key { idx, gen }
+        Key::new(idx, gen)
     }
 
     #[inline]
@@ -66,16 +103,16 @@ impl<T> Slab<T> {
 
     #[inline]
     pub(crate) fn get(&self, k: Key) -> Option<&T> {
-        match self.slots.get(k.idx as usize) {
-            Some(Slot::Full(g, v)) if *g == k.gen => Some(v),
+        match self.slots.get(k.idx() as usize) {
+            Some(Slot::Full(g, v)) if *g == k.gen() => Some(v),
             _ => None,
         }
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, k: Key) -> Option<&mut T> {
-        match self.slots.get_mut(k.idx as usize) {
-            Some(Slot::Full(g, v)) if *g == k.gen => Some(v),
+        match self.slots.get_mut(k.idx() as usize) {
+            Some(Slot::Full(g, v)) if *g == k.gen() => Some(v),
             _ => None,
         }
     }
@@ -84,18 +121,18 @@ impl<T> Slab<T> {
     #[inline]
     pub(crate) fn key_of(&self, idx: u32) -> Option<Key> {
         match self.slots.get(idx as usize) {
-            Some(Slot::Full(g, _)) => Some(Key { idx, gen: *g }),
+            Some(Slot::Full(g, _)) => Some(Key::new(idx, *g)),
             _ => None,
         }
     }
 
     #[inline]
     pub(crate) fn remove(&mut self, k: Key) -> Option<T> {
-        let slot = self.slots.get_mut(k.idx as usize)?;
+        let slot = self.slots.get_mut(k.idx() as usize)?;
         match slot {
-            Slot::Full(g, _) if *g == k.gen => {
-                let old = std::mem::replace(slot, Slot::Empty(k.gen.wrapping_add(1), self.free));
-                self.free = k.idx;
+            Slot::Full(g, _) if *g == k.gen() => {
+                let old = std::mem::replace(slot, Slot::Empty(k.gen().wrapping_add(1), self.free));
+                self.free = k.idx();
                 self.len -= 1;
                 match old {
                     Slot::Full(_, v) => Some(v),
@@ -110,11 +147,11 @@ impl<T> Slab<T> {
     /// returns whether `k` named a full slot.
     #[inline]
     pub(crate) fn free(&mut self, k: Key) -> bool {
-        let Some(slot) = self.slots.get_mut(k.idx as usize) else { return false };
+        let Some(slot) = self.slots.get_mut(k.idx() as usize) else { return false };
         match slot {
-            Slot::Full(g, _) if *g == k.gen => {
-                *slot = Slot::Empty(k.gen.wrapping_add(1), self.free);
-                self.free = k.idx;
+            Slot::Full(g, _) if *g == k.gen() => {
+                *slot = Slot::Empty(k.gen().wrapping_add(1), self.free);
+                self.free = k.idx();
                 self.len -= 1;
                 true
             }
@@ -136,7 +173,7 @@ impl<T> Slab<T> {
     /// The keys of the full slots, in index order.
     pub(crate) fn keys(&self) -> impl Iterator<Item = Key> + '_ {
         self.slots.iter().enumerate().filter_map(|(i, s)| match s {
-            Slot::Full(g, _) => Some(Key { idx: i as u32, gen: *g }),
+            Slot::Full(g, _) => Some(Key::new(i as u32, *g)),
             Slot::Empty(..) => None,
         })
     }
@@ -147,24 +184,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_key_is_one_word_and_gives_back_its_parts() {
+        assert_eq!(std::mem::size_of::<Option<Key>>(), 8);
+        for (idx, gen) in [(0, 0), (1, 0), (0, 1), (7, u32::MAX), (u32::MAX - 1, 3), (u32::MAX, 0)] {
+            let k = Key::new(idx, gen);
+            assert_eq!((k.idx(), k.gen()), (idx, gen));
+        }
+        // The one pair with no word of its own (from the wire) names no slot either.
+        let k = Key::new(u32::MAX, u32::MAX);
+        assert_eq!(k.idx(), u32::MAX);
+        let mut s: Slab<u8> = Slab::new();
+        s.insert(1);
+        assert!(s.get(k).is_none());
+    }
+
+    #[test]
     fn reuse_bumps_generation() {
         let mut s = Slab::new();
         let a = s.insert(1);
-        assert_eq!(s.vacant_key().idx, 1);
+        assert_eq!(s.vacant_key().idx(), 1);
         assert_eq!(s.remove(a), Some(1));
         let v = s.vacant_key();
         let b = s.insert(2);
         assert_eq!(v, b);
-        assert_eq!(a.idx, b.idx);
-        assert_ne!(a.gen, b.gen);
+        assert_eq!(a.idx(), b.idx());
+        assert_ne!(a.gen(), b.gen());
         assert!(s.get(a).is_none());
         assert_eq!(s.get(b), Some(&2));
         assert_eq!(s.len(), 1);
-        assert_eq!(s.key_of(b.idx), Some(b));
+        assert_eq!(s.key_of(b.idx()), Some(b));
         assert!(!s.free(a));
         assert!(s.free(b));
         assert!(s.get(b).is_none());
         assert!(s.is_empty());
-        assert_eq!(s.vacant_key(), Key { idx: b.idx, gen: b.gen + 1 });
+        assert_eq!(s.vacant_key(), Key::new(b.idx(), b.gen() + 1));
     }
 }

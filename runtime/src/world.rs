@@ -443,7 +443,9 @@ mod tests {
 
     /// CPU cost per message of `osu_mbw_mr`'s inner loop through the public API (scope,
     /// `isend`/`irecv`, `wait_all`), both ranks in this thread: no cross-core traffic, so it
-    /// is stable on a loaded machine. Run with
+    /// is stable on a loaded machine (the best window of many). Two orders: receives posted
+    /// before the sends arrive (expected, as the engine's own `window_cost`), and after
+    /// (unexpected). Run with
     /// `cargo test --release -p tmpi --lib comm_window_cost -- --ignored --nocapture`.
     #[test]
     #[ignore = "a measurement, not a test"]
@@ -452,39 +454,61 @@ mod tests {
         const W: usize = 64;
         let sbuf = [7u8; 8];
         let mut rbuf = [[0u8; 8]; W];
-        let mut window = |n: usize| {
-            let t = Instant::now();
-            for _ in 0..n {
-                crate::scope(|s| -> Result<()> {
-                    let mut reqs = Vec::with_capacity(W);
-                    for _ in 0..W {
-                        reqs.push(w0.isend(s, &sbuf, 1, 3)?);
-                    }
-                    crate::wait_all(reqs)?;
-                    Ok(())
-                })
-                .expect("send window");
-                crate::scope(|s| -> Result<()> {
-                    let mut reqs = Vec::with_capacity(W);
-                    for slot in rbuf.iter_mut() {
-                        reqs.push(w1.irecv(s, slot, 0, 3)?);
-                    }
-                    crate::wait_all(reqs)?;
-                    Ok(())
-                })
-                .expect("recv window");
-                // The acknowledgement, as in the benchmark (it also lets each side's
-                // progress return the other's flow-control credit).
-                w1.send(&sbuf[..1], 0, 4).expect("ack send");
-                let mut ack = [0u8];
-                w0.recv(&mut ack, 1, 4).expect("ack recv");
-            }
-            t.elapsed().as_nanos() as f64 / (n * W) as f64
+        let send_window = || {
+            crate::scope(|s| -> Result<()> {
+                let mut reqs = Vec::with_capacity(W);
+                for _ in 0..W {
+                    reqs.push(w0.isend(s, &sbuf, 1, 3)?);
+                }
+                crate::wait_all(reqs)?;
+                Ok(())
+            })
+            .expect("send window");
         };
-        window(2000);
-        let mut v: Vec<f64> = (0..9).map(|_| window(2000)).collect();
-        v.sort_by(f64::total_cmp);
-        println!("comm_window_cost: {:.1} ns per message (send + receive), runs {:.1?}", v[4], v);
+        // The acknowledgement, as in the benchmark (it also lets each side's progress return
+        // the other's flow-control credit).
+        let ack = || {
+            w1.send(&sbuf[..1], 0, 4).expect("ack send");
+            let mut a = [0u8];
+            w0.recv(&mut a, 1, 4).expect("ack recv");
+        };
+        let mut best = [f64::MAX; 2];
+        for round in 0..6000 {
+            let t = Instant::now();
+            crate::scope(|s| -> Result<()> {
+                let mut reqs = Vec::with_capacity(W);
+                for slot in rbuf.iter_mut() {
+                    reqs.push(w1.irecv(s, slot, 0, 3)?);
+                }
+                send_window();
+                crate::wait_all(reqs)?;
+                Ok(())
+            })
+            .expect("expected window");
+            let t1 = Instant::now();
+            ack();
+            let t2 = Instant::now();
+            send_window();
+            crate::scope(|s| -> Result<()> {
+                let mut reqs = Vec::with_capacity(W);
+                for slot in rbuf.iter_mut() {
+                    reqs.push(w1.irecv(s, slot, 0, 3)?);
+                }
+                crate::wait_all(reqs)?;
+                Ok(())
+            })
+            .expect("unexpected window");
+            let t3 = Instant::now();
+            ack();
+            if round >= 500 {
+                best[0] = best[0].min((t1 - t).as_nanos() as f64 / W as f64);
+                best[1] = best[1].min((t3 - t2).as_nanos() as f64 / W as f64);
+            }
+        }
+        println!(
+            "comm_window_cost: expected {:.1} ns/msg, unexpected {:.1} ns/msg (send + receive, best of 5500 windows of 64)",
+            best[0], best[1]
+        );
         assert!(rbuf.iter().all(|r| *r == sbuf));
     }
 }

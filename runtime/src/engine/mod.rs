@@ -490,12 +490,12 @@ mod tests {
 
     #[test]
     fn wire_names_carry_the_generation() {
-        let k = Key { idx: 5, gen: 3 };
+        let k = Key::new(5, 3);
         let n = wire_name(k);
         assert_eq!(n & WIRE_IDX_MASK, 5);
         assert_eq!(n >> WIRE_IDX_BITS, 3);
         assert_eq!(n & SYNC_FLAG, 0);
-        let k2 = Key { idx: WIRE_IDX_MASK, gen: u32::MAX };
+        let k2 = Key::new(WIRE_IDX_MASK, u32::MAX);
         assert_eq!(wire_name(k2) & SYNC_FLAG, 0);
     }
 

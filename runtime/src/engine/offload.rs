@@ -6,12 +6,12 @@ use super::*;
 /// A request handle as a verbs `recv_wr_id`.
 #[inline]
 pub(super) fn rid_to_wr(k: ReqId) -> u64 {
-    u64::from(k.gen) << 32 | u64::from(k.idx)
+    u64::from(k.gen()) << 32 | u64::from(k.idx())
 }
 
 #[inline]
 pub(super) fn wr_to_rid(wr: u64) -> ReqId {
-    Key { idx: wr as u32, gen: (wr >> 32) as u32 }
+    Key::new(wr as u32, (wr >> 32) as u32)
 }
 
 impl State {

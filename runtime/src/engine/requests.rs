@@ -83,7 +83,7 @@ pub(super) struct Req {
 /// and the low bits of its generation.
 #[inline]
 pub(super) fn wire_name(k: ReqId) -> u32 {
-    (k.gen & WIRE_GEN_MASK) << WIRE_IDX_BITS | (k.idx & WIRE_IDX_MASK)
+    (k.gen() & WIRE_GEN_MASK) << WIRE_IDX_BITS | (k.idx() & WIRE_IDX_MASK)
 }
 
 impl Engine {
@@ -267,7 +267,7 @@ impl State {
     /// Inserts a send request to world rank `dest`. A request that needs an answer (ACK or
     /// FIN) is named on the wire, which bounds how many can be outstanding.
     pub(super) fn new_send(&mut self, dest: usize, key: u64, need_ack: bool, rndv: Option<RndvSend>) -> Result<ReqId> {
-        if need_ack && self.reqs.vacant_key().idx as usize >= MAX_NAMED_REQUESTS {
+        if need_ack && self.reqs.vacant_key().idx() as usize >= MAX_NAMED_REQUESTS {
             return Err(Error::State(format!(
                 "more than {MAX_NAMED_REQUESTS} synchronous or rendezvous sends outstanding: complete some before starting more"
             )));
@@ -283,7 +283,7 @@ impl State {
     /// generation) and is a send to that peer.
     pub(super) fn named_send(&self, name: u32, peer: usize) -> Option<ReqId> {
         let k = self.reqs.key_of(name & WIRE_IDX_MASK)?;
-        if k.gen & WIRE_GEN_MASK != (name >> WIRE_IDX_BITS) & WIRE_GEN_MASK {
+        if k.gen() & WIRE_GEN_MASK != (name >> WIRE_IDX_BITS) & WIRE_GEN_MASK {
             return None;
         }
         match self.reqs.get(k) {
@@ -447,7 +447,7 @@ mod tests {
         assert!(b.take_if_done(r).expect("stale").is_err(), "collected twice is an error, not a panic");
         b.discard(r);
         let r2 = recv(&mut b, Some(0), Some(1), &mut buf);
-        assert_eq!(r2.idx, r.idx);
+        assert_eq!(r2.idx(), r.idx());
         assert_ne!(wire_name(r2), wire_name(r));
         assert!(!b.is_done(r2));
     }

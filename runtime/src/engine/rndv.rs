@@ -30,8 +30,8 @@ fn get_desc(m: &[u8]) -> HeapSrc {
 
 pub(super) fn read_id_bytes(k: Key) -> [u8; 8] {
     let mut b = [0u8; 8];
-    b[..4].copy_from_slice(&k.idx.to_be_bytes());
-    b[4..].copy_from_slice(&k.gen.to_be_bytes());
+    b[..4].copy_from_slice(&k.idx().to_be_bytes());
+    b[4..].copy_from_slice(&k.gen().to_be_bytes());
     b
 }
 
@@ -220,7 +220,7 @@ impl State {
     /// An RMA packet: a read request to serve, or data / a refusal for a read we issued.
     pub(super) fn on_rma(&mut self, p: Packet<'_>) -> Result<()> {
         let d = p.data;
-        let read = Key { idx: be32(d, 8), gen: be32(d, 12) };
+        let read = Key::new(be32(d, 8), be32(d, 12));
         match d.first().copied() {
             Some(RMA_READ_REQ) if d.len() >= 48 => {
                 let req = ReadReq { mode: d[1], sreq: be32(d, 4), va: be64(d, 16), key: be64(d, 24), len: be64(d, 32), dst: be64(d, 40) };
@@ -229,7 +229,7 @@ impl State {
                 Ok(())
             }
             Some(RMA_READ_RESP) if d.len() >= RMA_RESP_HDR => {
-                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let read = Key::new(be32(d, 4), be32(d, 8));
                 let off = usize::try_from(be64(d, 16)).unwrap_or(usize::MAX);
                 let data = &d[RMA_RESP_HDR..];
                 let op = self.reads.get_mut(read).ok_or_else(|| malformed("read response for no read"))?;
@@ -250,13 +250,13 @@ impl State {
                 self.read_progress(read, data.len())
             }
             Some(RMA_WRITE_DONE) if d.len() >= 16 => {
-                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let read = Key::new(be32(d, 4), be32(d, 8));
                 let op = self.reads.get(read).ok_or_else(|| malformed("write completion for no read"))?;
                 let share = op.n - op.split;
                 self.read_progress(read, share)
             }
             Some(RMA_READ_GRANT) if d.len() >= 24 => {
-                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let read = Key::new(be32(d, 4), be32(d, 8));
                 let split = usize::try_from(be64(d, 16)).unwrap_or(usize::MAX);
                 let op = self.reads.get_mut(read).ok_or_else(|| malformed("read grant for no read"))?;
                 if split > op.n {
@@ -267,16 +267,16 @@ impl State {
                 if d[1] & GRANT_HEAP != 0 && d.len() >= 44 {
                     if self.heaps.grants.len() > self.cma_q.len() + 64 {
                         // Grants of reads dropped because their target left: forget them.
-                        let live: std::collections::HashSet<(u32, u32)> = self.cma_q.iter().map(|k| (k.idx, k.gen)).collect();
+                        let live: std::collections::HashSet<(u32, u32)> = self.cma_q.iter().map(|k| (k.idx(), k.gen())).collect();
                         self.heaps.grants.retain(|k, _| live.contains(k));
                     }
-                    self.heaps.grants.insert((read.idx, read.gen), get_desc(&d[24..44]));
+                    self.heaps.grants.insert((read.idx(), read.gen()), get_desc(&d[24..44]));
                 }
                 self.cma_q.push_back(read);
                 Ok(())
             }
             Some(RMA_READ_ERR) if d.len() >= 16 => {
-                let read = Key { idx: be32(d, 4), gen: be32(d, 8) };
+                let read = Key::new(be32(d, 4), be32(d, 8));
                 self.finish_read(read, false)
             }
             _ => {

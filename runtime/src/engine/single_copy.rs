@@ -18,7 +18,7 @@ impl Engine {
         let mut n = 0;
         while let Some(key) = self.st.cma_q.pop_front() {
             let Some(op) = self.st.reads.get(key) else {
-                self.st.heaps.grants.remove(&(key.idx, key.gen));
+                self.st.heaps.grants.remove(&(key.idx(), key.gen()));
                 continue;
             };
             let (src, rid, len, va) = (op.src, op.rid, op.split, op.info.rvh.va);
@@ -27,7 +27,7 @@ impl Engine {
                 Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
                 _ => None,
             };
-            if let Some(h) = self.st.heaps.grants.remove(&(key.idx, key.gen)) {
+            if let Some(h) = self.st.heaps.grants.remove(&(key.idx(), key.gen())) {
                 // The range is in the target's shared heap: one memcpy from our mapping of it.
                 let copied = match buf {
                     None => Some(Ok(())),
