@@ -2,7 +2,16 @@
 //! then yield, then sleep ([`Backoff`]), and look at the peers' liveness in the slow phase.
 //! On shared memory the sleep is on the rank's doorbell ([`Engine::idle`]): a peer that writes
 //! to the rank wakes it at once, so a sleeping rank costs no latency and no CPU.
-
+//!
+//! With TCP peers, the spin is short and the sleep is in `ppoll(2)` on the rank's sockets
+//! ([`tmpi_transport::Fabric::wait_network`]), which wakes it as soon as data arrives. A long
+//! spin there would cost more than CPU: each empty poll is a system call per peer, and the
+//! kernel's receive processing of a loopback or veth packet is a softirq that, once deferred
+//! to `ksoftirqd`, cannot run on a CPU where a rank spins until the scheduler tick preempts
+//! the rank (4 ms here). A TCP-only rank sleeps right after its spin. A hybrid rank (shared
+//! memory peers too) yields first, as a shared-memory rank does, since the doorbell of its
+//! shared-memory peers cannot wake a `ppoll`; its sleep then ends at the same short timeouts
+//! as the plain sleep it replaces, or at once for TCP data.
 use super::*;
 
 /// Idle strategy of a waiting rank: spin, then yield, then sleep in growing steps.
@@ -19,6 +28,12 @@ const YIELDS: u32 = 2000;
 /// turns on the CPU from the ranks with work to do, and the doorbell wakes a sleeper as soon
 /// as something arrives, so sleeping early is cheaper for everyone.
 const YIELDS_DOORBELL_OVERSUBSCRIBED: u32 = 32;
+/// Empty polls of one TCP connection (one `recv` system call each) a waiting rank with TCP
+/// peers spends spinning before it sleeps in `ppoll` (`TMPI_POLL_SPIN=auto`): divided among
+/// its connections, at least one round. About 50 us here: longer than a quiet round trip over
+/// veth, so a ping-pong does not pay for waking up, and short enough that a packet held up in
+/// `ksoftirqd` by the spin waits no longer than that (bench/results/tcp-netns.md).
+const TCP_SPIN_RECVS: u32 = 100;
 
 impl Backoff {
     pub(crate) fn new(spin: u32) -> Self {
@@ -122,11 +137,12 @@ impl Engine {
 
     /// One step of `b`'s back-off; its sleep phase sleeps on this rank's doorbell (shared
     /// memory) when nothing is queued to go out, unless `busy(segment)` says that something
-    /// the caller waits for is already there. Returns true when it is time for liveness
-    /// checks, as [`Backoff::snooze`].
+    /// the caller waits for is already there, or in `ppoll` on its sockets (TCP peers).
+    /// Returns true when it is time for liveness checks, as [`Backoff::snooze`].
     pub(crate) fn idle(&mut self, b: &mut Backoff, busy: impl FnOnce(&tmpi_transport::shm::segment::Segment) -> bool) -> bool {
         match b.step() {
-            // Only a doorbell makes an early sleep cheap: without one, yield as long as usual.
+            // Only a doorbell or a socket makes an early sleep cheap: without one, yield as long
+            // as usual.
             Some(_) if b.idle <= b.spin + YIELDS && !self.can_doze() => {
                 std::thread::yield_now();
                 b.idle % 256 == 0
@@ -158,10 +174,25 @@ impl Engine {
     /// A fresh back-off with this engine's spin budget.
     pub(crate) fn backoff(&self) -> Backoff {
         let mut b = Backoff::new(self.spin);
-        if matches!(self.fabric, Fabric::Shm(_)) && self.size > usable_cpus() {
-            b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED;
+        match self.fabric {
+            Fabric::Shm(_) if self.size > usable_cpus() => b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED,
+            Fabric::Tcp(_) | Fabric::Hybrid(_) => self.tcp_backoff(&mut b),
+            _ => {}
         }
         b
+    }
+
+    /// The back-off of a rank with TCP peers: a spin of [`TCP_SPIN_RECVS`] system calls
+    /// (unless `TMPI_POLL_SPIN` says otherwise), then a sleep in `ppoll` at once (TCP only) or
+    /// after the usual yields (hybrid: its shared-memory peers cannot end that sleep).
+    fn tcp_backoff(&self, b: &mut Backoff) {
+        if self.cfg.poll_spin.is_none() {
+            let conns = u32::try_from(self.fabric.tcp_peers()).unwrap_or(u32::MAX).max(1);
+            b.spin = (TCP_SPIN_RECVS / conns).max(1).min(self.spin);
+        }
+        if matches!(self.fabric, Fabric::Tcp(_)) {
+            b.yields = 0;
+        }
     }
 
     /// For loops that poll without blocking (`test`, `iprobe`): every so many idle calls,
