@@ -294,7 +294,9 @@ impl Fabric {
     /// at once when a packet already waits in a user-space buffer or, for the hybrid fabric, in
     /// a shared-memory ring (which does not end the sleep: keep `timeout` short there). The
     /// other fabrics only sleep. Returns whether something is ready; the caller polls either
-    /// way.
+    /// way. Out of line: it is a sleep, and keeps the shared-memory waits small.
+    #[cold]
+    #[inline(never)]
     pub fn wait_network(&mut self, timeout: std::time::Duration) -> bool {
         match self {
             Fabric::Tcp(f) => f.wait(timeout),

@@ -75,6 +75,17 @@ impl Backoff {
     }
 }
 
+/// `TMPI_POLL_SPIN=auto`: the spin budget of a rank on `fabric`, `oversubscribed` when ranks
+/// outnumber cores. With TCP peers, [`TCP_SPIN_RECVS`] divided among the connections (at
+/// least one round, at most the budget it would have otherwise).
+pub(crate) fn auto_spin(fabric: &Fabric, oversubscribed: bool) -> u32 {
+    let spin = if oversubscribed { 64 } else { 20_000 };
+    match fabric.tcp_peers() {
+        0 => spin,
+        n => (TCP_SPIN_RECVS / u32::try_from(n).unwrap_or(u32::MAX)).clamp(1, spin),
+    }
+}
+
 /// CPUs this process may use (read once).
 fn usable_cpus() -> usize {
     static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -140,6 +151,11 @@ impl Engine {
     /// the caller waits for is already there, or in `ppoll` on its sockets (TCP peers).
     /// Returns true when it is time for liveness checks, as [`Backoff::snooze`].
     pub(crate) fn idle(&mut self, b: &mut Backoff, busy: impl FnOnce(&tmpi_transport::shm::segment::Segment) -> bool) -> bool {
+        // A TCP-only rank sleeps in `ppoll` right after its spin: nothing else can wake it
+        // sooner. (Set here, on the idle path, so that starting a wait stays as it was.)
+        if b.idle == 0 && matches!(self.fabric, Fabric::Tcp(_)) {
+            b.yields = 0;
+        }
         match b.step() {
             // Only a doorbell or a socket makes an early sleep cheap: without one, yield as long
             // as usual.
@@ -174,25 +190,10 @@ impl Engine {
     /// A fresh back-off with this engine's spin budget.
     pub(crate) fn backoff(&self) -> Backoff {
         let mut b = Backoff::new(self.spin);
-        match self.fabric {
-            Fabric::Shm(_) if self.size > usable_cpus() => b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED,
-            Fabric::Tcp(_) | Fabric::Hybrid(_) => self.tcp_backoff(&mut b),
-            _ => {}
+        if matches!(self.fabric, Fabric::Shm(_)) && self.size > usable_cpus() {
+            b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED;
         }
         b
-    }
-
-    /// The back-off of a rank with TCP peers: a spin of [`TCP_SPIN_RECVS`] system calls
-    /// (unless `TMPI_POLL_SPIN` says otherwise), then a sleep in `ppoll` at once (TCP only) or
-    /// after the usual yields (hybrid: its shared-memory peers cannot end that sleep).
-    fn tcp_backoff(&self, b: &mut Backoff) {
-        if self.cfg.poll_spin.is_none() {
-            let conns = u32::try_from(self.fabric.tcp_peers()).unwrap_or(u32::MAX).max(1);
-            b.spin = (TCP_SPIN_RECVS / conns).max(1).min(self.spin);
-        }
-        if matches!(self.fabric, Fabric::Tcp(_)) {
-            b.yields = 0;
-        }
     }
 
     /// For loops that poll without blocking (`test`, `iprobe`): every so many idle calls,

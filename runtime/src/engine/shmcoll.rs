@@ -43,6 +43,8 @@ impl Engine {
 
     /// Sleeps for at most `d`: on the doorbell or the sockets when [`Engine::can_doze`],
     /// otherwise a plain sleep. `busy` is asked after the sleep is announced (doorbell only).
+    /// Out of line (a sleep): the waits it is called from stay small.
+    #[inline(never)]
     pub(super) fn doze(&mut self, d: std::time::Duration, busy: impl FnOnce(&Segment) -> bool) {
         let quiet = self.can_doze();
         match &mut self.fabric {

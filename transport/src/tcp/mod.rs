@@ -254,9 +254,6 @@ pub struct TcpFabric {
     peers: Vec<usize>,
     next: usize,
     bad: u64,
-    /// [`TcpFabric::wait`]'s descriptors and the peer of each (kept to reuse).
-    pollfds: Vec<libc::pollfd>,
-    poll_peers: Vec<usize>,
 }
 
 impl TcpFabric {
@@ -318,8 +315,7 @@ impl TcpFabric {
         }
         drop(listener);
         let peers: Vec<usize> = (0..size).filter(|&p| conns[p].is_some()).collect();
-        let (pollfds, poll_peers) = (Vec::with_capacity(peers.len()), Vec::with_capacity(peers.len()));
-        Ok(TcpFabric { rank, conns, peers, next: 0, bad, pollfds, poll_peers })
+        Ok(TcpFabric { rank, conns, peers, next: 0, bad })
     }
 
     /// This rank.
@@ -359,8 +355,10 @@ impl TcpFabric {
     /// and a rank that spins on the same CPU keeps it from running until the scheduler tick.
     /// Asleep here, the rank gives up the CPU and is woken as soon as the data is in.
     pub fn wait(&mut self, timeout: Duration) -> bool {
-        self.pollfds.clear();
-        self.poll_peers.clear();
+        // Built per sleep (no field: the fabric's size is part of the engine's layout, which
+        // the shared-memory path is sensitive to; an allocation is nothing beside a sleep).
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.peers.len());
+        let mut of: Vec<usize> = Vec::with_capacity(self.peers.len());
         for &p in &self.peers {
             let Some(Some(c)) = self.conns.get(p) else { continue };
             if c.closed {
@@ -373,22 +371,22 @@ impl TcpFabric {
             if c.want_write || !c.tx.is_empty() {
                 events |= libc::POLLOUT;
             }
-            self.pollfds.push(libc::pollfd { fd: c.sock.as_raw_fd(), events, revents: 0 });
-            self.poll_peers.push(p);
+            fds.push(libc::pollfd { fd: c.sock.as_raw_fd(), events, revents: 0 });
+            of.push(p);
         }
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
             tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
         };
-        // SAFETY: `pollfds` holds `len()` initialized entries for descriptors of streams this
+        // SAFETY: `fds` holds `len()` initialized entries for descriptors of streams this
         // fabric owns (open for the whole call: `self` is borrowed mutably); the kernel writes
         // only their `revents`. The timespec lives on this frame; a null signal mask keeps the
         // thread's own. With no entries (every connection closed) it only sleeps.
-        let r = unsafe { libc::ppoll(self.pollfds.as_mut_ptr(), self.pollfds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+        let r = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
         if r <= 0 {
             return false;
         }
-        for (pfd, &p) in self.pollfds.iter().zip(&self.poll_peers) {
+        for (pfd, &p) in fds.iter().zip(&of) {
             if pfd.revents & libc::POLLOUT != 0 {
                 if let Some(Some(c)) = self.conns.get_mut(p) {
                     c.want_write = false;
