@@ -12,6 +12,7 @@
 //! memory peers too) yields first, as a shared-memory rank does, since the doorbell of its
 //! shared-memory peers cannot wake a `ppoll`; its sleep then ends at the same short timeouts
 //! as the plain sleep it replaces, or at once for TCP data.
+
 use super::*;
 
 /// Idle strategy of a waiting rank: spin, then yield, then sleep in growing steps.
@@ -30,7 +31,7 @@ const YIELDS: u32 = 2000;
 const YIELDS_DOORBELL_OVERSUBSCRIBED: u32 = 32;
 /// Empty polls of one TCP connection (one `recv` system call each) a waiting rank with TCP
 /// peers spends spinning before it sleeps in `ppoll` (`TMPI_POLL_SPIN=auto`): divided among
-/// its connections, at least one round. About 50 us here: longer than a quiet round trip over
+/// its connections, at least one round. About 35 us here: longer than a quiet round trip over
 /// veth, so a ping-pong does not pay for waking up, and short enough that a packet held up in
 /// `ksoftirqd` by the spin waits no longer than that (bench/results/tcp-netns.md).
 const TCP_SPIN_RECVS: u32 = 100;
