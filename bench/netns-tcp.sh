@@ -14,6 +14,10 @@
 #             started by that ssh; the *_if_include keep both on the veth subnet)
 # Sizes: LAT_SIZES (default 8:8), BW_SIZES (default 4096:4194304). Iterations, kept short for
 # a shared machine: LAT_ARGS (default "-i 2000 -x 200"), BW_ARGS (default "-i 20 -x 5").
+# Variants: PIN=CPU runs every rank of both under `taskset -c CPU` (both ranks on one CPU: the
+# case where a rank that spins keeps its partner, or ksoftirqd, off the CPU until the scheduler
+# tick); OMPI_ARGS adds mpirun arguments (e.g. "--mca mpi_yield_when_idle 1"); BIN is the
+# directory of tmpi's binaries (default target/release; another build's copy to compare).
 #
 # Needs: target/release/{tmpirun,osu_latency,osu_bw} (cargo build --release --workspace --bins),
 # target/peers/openmpi/{lat,bw} (bench/peers.sh build), mpirun.openmpi, root, iproute2, sshd.
@@ -31,7 +35,11 @@ lat_args="${LAT_ARGS:--i 2000 -x 200}"
 bw_args="${BW_ARGS:--i 20 -x 5}"
 out="${OUT:-$root/bench/results/tcp-netns.md}"
 raw="$root/target/netns-tcp"
-rel="$root/target/release"
+rel="${BIN:-$root/target/release}"
+pin="${PIN:-}"
+ompi_args="${OMPI_ARGS:-}"
+pin_cmd=()
+[[ -n "$pin" ]] && pin_cmd=(taskset -c "$pin")
 ompi="$root/target/peers/openmpi"
 
 [[ $(id -u) -eq 0 ]] || { echo "netns-tcp.sh: needs root (network namespaces)" >&2; exit 3; }
@@ -55,14 +63,14 @@ rm -f "$raw"/*.txt
 run_tmpi() { # prog sizes file args
     # shellcheck disable=SC2086
     TMPI_RSH="$rsh" timeout 600 ip netns exec "$ns1" "$rel/tmpirun" --host "$a1:1,$a2:1" --timeout 590 \
-        "$rel/$1" -m "$2" $4 >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: tmpi $1 FAILED (see $3.err)" >&2
+        "${pin_cmd[@]}" "$rel/$1" -m "$2" $4 >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: tmpi $1 FAILED (see $3.err)" >&2
 }
 
 run_ompi() { # prog sizes file args
     # shellcheck disable=SC2086
     timeout 600 ip netns exec "$ns1" mpirun.openmpi --allow-run-as-root -np 2 --host "$a1:1,$a2:1" \
         --mca btl tcp,self --mca plm_rsh_agent "$rsh" --mca btl_tcp_if_include "$net" --mca oob_tcp_if_include "$net" \
-        "$ompi/$1" -m "$2" $4 >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: Open MPI $1 FAILED (see $3.err)" >&2
+        $ompi_args "${pin_cmd[@]}" "$ompi/$1" -m "$2" $4 >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: Open MPI $1 FAILED (see $3.err)" >&2
 }
 
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -76,9 +84,9 @@ for r in $(seq 1 "$runs"); do
 done
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$raw" "$runs" "$out" "$started" "$load_before" "$load_after" "$(nproc)" "$lat_args" "$bw_args" <<'EOF'
+python3 - "$raw" "$runs" "$out" "$started" "$load_before" "$load_after" "$(nproc)" "$lat_args" "$bw_args" "$pin" "$ompi_args" <<'EOF'
 import os, statistics, sys
-raw, runs, out, started, lb, la, cpus, lat_args, bw_args = sys.argv[1:10]
+raw, runs, out, started, lb, la, cpus, lat_args, bw_args, pin, ompi_args = sys.argv[1:12]
 runs = int(runs)
 
 def table(impl, prog):
@@ -104,7 +112,8 @@ lines = [
     "of `bench/peers.sh` (same loops and output as tmpi's). Interleaved (tmpi lat, Open MPI lat,",
     f"tmpi bw, Open MPI bw) {runs} times; medians. {cpus} CPUs shared with other work: load average",
     f"{lb} before, {la} after. Iterations: latency `{lat_args}`, bandwidth `{bw_args}`",
-    "(window 64).",
+    "(window 64)." + (f" Every rank pinned to CPU {pin} (`PIN={pin}`)." if pin else "")
+    + (f" Open MPI with `{ompi_args}`." if ompi_args else ""),
     "",
 ]
 goals = {"lat": ("latency (us, lower is better)", "tmpi/Open MPI", lambda a, b: a / b, "<= 0.9"),
@@ -119,7 +128,8 @@ for prog in ("lat", "bw"):
         t, o = tm.get(size, []), om.get(size, [])
         mt = statistics.median(t) if t else None
         mo = statistics.median(o) if o else None
-        r = f"{ratio(mt, mo):.2f}" if mt and mo else "n/a"
+        x = ratio(mt, mo) if mt and mo else None
+        r = "n/a" if x is None else f"{x:.2f}" if x >= 0.1 else f"{x:.4f}"
         fmt = lambda v: f"{v:.2f}" if v is not None else "n/a"
         runs_t = ", ".join(f"{v:.2f}" for v in t) or "none"
         runs_o = ", ".join(f"{v:.2f}" for v in o) or "none"

@@ -128,6 +128,17 @@ impl HybridFabric {
         }
         Ok(n)
     }
+
+    /// [`TcpFabric::wait`], unless a packet already waits in a shared-memory ring. Shared
+    /// memory does not wake this sleep (its doorbell is a futex, which `ppoll` cannot watch),
+    /// so the caller keeps `timeout` short.
+    fn wait(&mut self, timeout: std::time::Duration) -> bool {
+        let me = self.shm.rank();
+        if (0..self.shm_world.len()).any(|i| i != me && self.shm.pending_from(i)) {
+            return true;
+        }
+        self.tcp.wait(timeout)
+    }
 }
 
 /// The fabric under one engine: the one interface the runtime's progress loop drives. A
@@ -266,6 +277,34 @@ impl Fabric {
                 h.shm.mark_finalized();
             }
             Fabric::Single => {}
+        }
+    }
+
+    /// Peers reached over TCP (none for the other fabrics).
+    pub fn tcp_peers(&self) -> usize {
+        match self {
+            Fabric::Tcp(f) => f.peer_count(),
+            Fabric::Hybrid(h) => h.tcp.peer_count(),
+            _ => 0,
+        }
+    }
+
+    /// Sleeps until a TCP connection is ready ([`TcpFabric::wait`]: data or end of stream to
+    /// read, room for a send that found the kernel's buffer full) or `timeout` passes; returns
+    /// at once when a packet already waits in a user-space buffer or, for the hybrid fabric, in
+    /// a shared-memory ring (which does not end the sleep: keep `timeout` short there). The
+    /// other fabrics only sleep. Returns whether something is ready; the caller polls either
+    /// way. Out of line: it is a sleep, and keeps the shared-memory waits small.
+    #[cold]
+    #[inline(never)]
+    pub fn wait_network(&mut self, timeout: std::time::Duration) -> bool {
+        match self {
+            Fabric::Tcp(f) => f.wait(timeout),
+            Fabric::Hybrid(h) => h.wait(timeout),
+            _ => {
+                std::thread::sleep(timeout);
+                false
+            }
         }
     }
 

@@ -389,7 +389,7 @@ impl Engine {
         let pipelined = matches!(fabric, Fabric::Shm(_));
         let cma_peers = (0..size).map(|r| fabric.single_copy_to(r)).collect();
         let oversubscribed = size > crate::sys::usable_cpus();
-        let spin = cfg.poll_spin.unwrap_or(if oversubscribed { 64 } else { 20_000 });
+        let spin = cfg.poll_spin.unwrap_or_else(|| progress::auto_spin(&fabric, oversubscribed));
         let tags = cfg.tm_max_tags.max(1);
         let caps = TmCaps { max_num_tags: tags.max(TmCaps::default().max_num_tags), ..TmCaps::default() };
         let mut tm = TmSrq::with_caps(caps, TmCap { max_num_tags: tags, max_ops: 1024, max_wr: SRQ_DEPTH as u32 })

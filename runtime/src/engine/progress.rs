@@ -2,6 +2,16 @@
 //! then yield, then sleep ([`Backoff`]), and look at the peers' liveness in the slow phase.
 //! On shared memory the sleep is on the rank's doorbell ([`Engine::idle`]): a peer that writes
 //! to the rank wakes it at once, so a sleeping rank costs no latency and no CPU.
+//!
+//! With TCP peers, the spin is short and the sleep is in `ppoll(2)` on the rank's sockets
+//! ([`tmpi_transport::Fabric::wait_network`]), which wakes it as soon as data arrives. A long
+//! spin there would cost more than CPU: each empty poll is a system call per peer, and the
+//! kernel's receive processing of a loopback or veth packet is a softirq that, once deferred
+//! to `ksoftirqd`, cannot run on a CPU where a rank spins until the scheduler tick preempts
+//! the rank (4 ms here). A TCP-only rank sleeps right after its spin. A hybrid rank (shared
+//! memory peers too) yields first, as a shared-memory rank does, since the doorbell of its
+//! shared-memory peers cannot wake a `ppoll`; its sleep then ends at the same short timeouts
+//! as the plain sleep it replaces, or at once for TCP data.
 
 use super::*;
 
@@ -19,6 +29,12 @@ const YIELDS: u32 = 2000;
 /// turns on the CPU from the ranks with work to do, and the doorbell wakes a sleeper as soon
 /// as something arrives, so sleeping early is cheaper for everyone.
 const YIELDS_DOORBELL_OVERSUBSCRIBED: u32 = 32;
+/// Empty polls of one TCP connection (one `recv` system call each) a waiting rank with TCP
+/// peers spends spinning before it sleeps in `ppoll` (`TMPI_POLL_SPIN=auto`): divided among
+/// its connections, at least one round. About 35 us here: longer than a quiet round trip over
+/// veth, so a ping-pong does not pay for waking up, and short enough that a packet held up in
+/// `ksoftirqd` by the spin waits no longer than that (bench/results/tcp-netns.md).
+const TCP_SPIN_RECVS: u32 = 100;
 
 impl Backoff {
     pub(crate) fn new(spin: u32) -> Self {
@@ -57,6 +73,17 @@ impl Backoff {
             let extra = (i - self.spin - self.yields).min(20);
             Some(std::time::Duration::from_micros(20 * u64::from(extra)))
         }
+    }
+}
+
+/// `TMPI_POLL_SPIN=auto`: the spin budget of a rank on `fabric`, `oversubscribed` when ranks
+/// outnumber cores. With TCP peers, [`TCP_SPIN_RECVS`] divided among the connections (at
+/// least one round, at most the budget it would have otherwise).
+pub(crate) fn auto_spin(fabric: &Fabric, oversubscribed: bool) -> u32 {
+    let spin = if oversubscribed { 64 } else { 20_000 };
+    match fabric.tcp_peers() {
+        0 => spin,
+        n => (TCP_SPIN_RECVS / u32::try_from(n).unwrap_or(u32::MAX)).clamp(1, spin),
     }
 }
 
@@ -122,11 +149,17 @@ impl Engine {
 
     /// One step of `b`'s back-off; its sleep phase sleeps on this rank's doorbell (shared
     /// memory) when nothing is queued to go out, unless `busy(segment)` says that something
-    /// the caller waits for is already there. Returns true when it is time for liveness
-    /// checks, as [`Backoff::snooze`].
+    /// the caller waits for is already there, or in `ppoll` on its sockets (TCP peers).
+    /// Returns true when it is time for liveness checks, as [`Backoff::snooze`].
     pub(crate) fn idle(&mut self, b: &mut Backoff, busy: impl FnOnce(&tmpi_transport::shm::segment::Segment) -> bool) -> bool {
+        // A TCP-only rank sleeps in `ppoll` right after its spin: nothing else can wake it
+        // sooner. (Set here, on the idle path, so that starting a wait stays as it was.)
+        if b.idle == 0 && matches!(self.fabric, Fabric::Tcp(_)) {
+            b.yields = 0;
+        }
         match b.step() {
-            // Only a doorbell makes an early sleep cheap: without one, yield as long as usual.
+            // Only a doorbell or a socket makes an early sleep cheap: without one, yield as long
+            // as usual.
             Some(_) if b.idle <= b.spin + YIELDS && !self.can_doze() => {
                 std::thread::yield_now();
                 b.idle % 256 == 0

@@ -21,23 +21,37 @@ impl Engine {
         }
     }
 
-    /// Whether a sleep now can be on the doorbell: the fabric is shared memory and nothing
-    /// waits to go out (a rank with queued work waits for ring space, which no bell announces).
+    /// Whether a sleep now is one that what the rank waits for ends: on the doorbell when the
+    /// fabric is shared memory and nothing waits to go out (a rank with queued work waits for
+    /// ring space, which no bell announces); in `ppoll` on the sockets whenever the rank has
+    /// TCP peers (data, room for a send that found the kernel's buffer full, or a peer's end
+    /// of stream wake it; a hybrid rank's shared-memory peers do not, but its sleeps are as
+    /// short as the plain sleeps it would take instead).
     pub(super) fn can_doze(&self) -> bool {
-        matches!(self.fabric, Fabric::Shm(_))
-            && self.out_pending == 0
-            && self.st.ctlq.is_empty()
-            && self.st.rma_out.is_empty()
-            && self.st.cma_w.is_empty()
-            && self.st.cma_q.is_empty()
+        match self.fabric {
+            Fabric::Shm(_) => {
+                self.out_pending == 0
+                    && self.st.ctlq.is_empty()
+                    && self.st.rma_out.is_empty()
+                    && self.st.cma_w.is_empty()
+                    && self.st.cma_q.is_empty()
+            }
+            Fabric::Tcp(_) | Fabric::Hybrid(_) => true,
+            Fabric::Single | Fabric::Local(_) => false,
+        }
     }
 
-    /// Sleeps for at most `d`: on the doorbell when [`Engine::can_doze`], otherwise a plain
-    /// sleep. `busy` is asked after the sleep is announced.
+    /// Sleeps for at most `d`: on the doorbell or the sockets when [`Engine::can_doze`],
+    /// otherwise a plain sleep. `busy` is asked after the sleep is announced (doorbell only).
+    /// Out of line (a sleep): the waits it is called from stay small.
+    #[inline(never)]
     pub(super) fn doze(&mut self, d: std::time::Duration, busy: impl FnOnce(&Segment) -> bool) {
         let quiet = self.can_doze();
         match &mut self.fabric {
             Fabric::Shm(f) if quiet => f.doze(d, busy),
+            f @ (Fabric::Tcp(_) | Fabric::Hybrid(_)) => {
+                f.wait_network(d);
+            }
             _ => std::thread::sleep(d),
         }
     }

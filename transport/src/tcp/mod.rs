@@ -75,6 +75,9 @@ struct Conn {
     state: PeerState,
     /// The stream ended or broke: nothing more is read or written.
     closed: bool,
+    /// A send found the kernel's buffer full: [`TcpFabric::wait`] also wakes when it has room.
+    /// Set only on that slow path, cleared when `wait` sees room.
+    want_write: bool,
 }
 
 /// A frame at the head of a receive buffer.
@@ -96,6 +99,7 @@ impl Conn {
             tx: BytesMut::new(),
             state: PeerState::Alive,
             closed: false,
+            want_write: false,
         })
     }
 
@@ -186,6 +190,20 @@ impl Conn {
                 _ => return Err(Error::PeerProtocol { rank, what: "TCP frame of unknown kind" }),
             }
         }
+    }
+}
+
+impl Conn {
+    /// Whether a whole frame (or a malformed header, which the next poll reports) is already
+    /// in the receive buffer, so that there is work without asking the kernel.
+    fn has_frame(&self) -> bool {
+        let avail = self.rend - self.rpos;
+        if avail < FRAME_HDR {
+            return false;
+        }
+        let h = &self.rx[self.rpos..self.rpos + FRAME_HDR];
+        let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
+        len > MAX_PACKET || avail >= FRAME_HDR + len
     }
 }
 
@@ -296,7 +314,7 @@ impl TcpFabric {
             }
         }
         drop(listener);
-        let peers = (0..size).filter(|&p| conns[p].is_some()).collect();
+        let peers: Vec<usize> = (0..size).filter(|&p| conns[p].is_some()).collect();
         Ok(TcpFabric { rank, conns, peers, next: 0, bad })
     }
 
@@ -318,6 +336,64 @@ impl TcpFabric {
     /// The largest packet payload one frame carries.
     pub fn max_packet(&self) -> usize {
         MAX_PACKET
+    }
+
+    /// Number of peers reached through this fabric (each empty poll asks the kernel once per
+    /// open connection).
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Sleeps in `ppoll(2)` until a connection has something to read (data, end of stream or
+    /// an error), a connection whose sends found the kernel's buffer full has room again, or
+    /// `timeout` passes; a signal also ends it. Returns at once when a whole frame already
+    /// waits in a receive buffer. Returns whether a connection is ready (the caller polls
+    /// either way and re-checks what it waits for).
+    ///
+    /// This is how a waiting rank lets the kernel's network processing run: on a loopback or
+    /// veth path that processing is a softirq, which runs in `ksoftirqd` when it is deferred,
+    /// and a rank that spins on the same CPU keeps it from running until the scheduler tick.
+    /// Asleep here, the rank gives up the CPU and is woken as soon as the data is in.
+    pub fn wait(&mut self, timeout: Duration) -> bool {
+        // Built per sleep (no field: the fabric's size is part of the engine's layout, which
+        // the shared-memory path is sensitive to; an allocation is nothing beside a sleep).
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.peers.len());
+        let mut of: Vec<usize> = Vec::with_capacity(self.peers.len());
+        for &p in &self.peers {
+            let Some(Some(c)) = self.conns.get(p) else { continue };
+            if c.closed {
+                continue;
+            }
+            if c.has_frame() {
+                return true;
+            }
+            let mut events = libc::POLLIN;
+            if c.want_write || !c.tx.is_empty() {
+                events |= libc::POLLOUT;
+            }
+            fds.push(libc::pollfd { fd: c.sock.as_raw_fd(), events, revents: 0 });
+            of.push(p);
+        }
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+        };
+        // SAFETY: `fds` holds `len()` initialized entries for descriptors of streams this
+        // fabric owns (open for the whole call: `self` is borrowed mutably); the kernel writes
+        // only their `revents`. The timespec lives on this frame; a null signal mask keeps the
+        // thread's own. With no entries (every connection closed) it only sleeps.
+        let r = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+        if r <= 0 {
+            return false;
+        }
+        for (pfd, &p) in fds.iter().zip(&of) {
+            if pfd.revents & libc::POLLOUT != 0 {
+                if let Some(Some(c)) = self.conns.get_mut(p) {
+                    c.want_write = false;
+                }
+            }
+        }
+        true
     }
 
     /// How `rank` stands: finalized once its `finalized` frame was read (after everything it
@@ -365,6 +441,7 @@ impl TcpFabric {
         if !c.tx.is_empty() {
             c.flush();
             if !c.tx.is_empty() {
+                c.want_write = true;
                 return Ok(false);
             }
             if c.closed {
@@ -377,7 +454,10 @@ impl TcpFabric {
         let sent = loop {
             match send_nosignal(&c.sock, &all[..=parts.len()]) {
                 Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    c.want_write = true;
+                    return Ok(false);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
                     c.lost();

@@ -228,3 +228,70 @@ fn a_listener_without_the_secret_is_not_trusted() {
     assert!(e.to_string().contains("rank 0"), "{e}");
     assert!(t.join().unwrap().is_none(), "the impostor accepted a rank with another secret");
 }
+
+#[test]
+fn wait_sleeps_until_data_arrives() {
+    let mut fabs = job(2);
+    let mut f1 = fabs.pop().unwrap();
+    let mut f0 = fabs.pop().unwrap();
+    assert!(!f0.wait(Duration::from_millis(5)), "nothing to read yet");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(f1.try_send(0, PKT_WHOLE, 2, &[b"hi"]).unwrap());
+        });
+        // The sleep ends with the data, long before its timeout.
+        let t = Instant::now();
+        while !f0.wait(Duration::from_secs(60)) {
+            assert!(t.elapsed() < Duration::from_secs(30), "woken by nothing");
+        }
+        assert!(t.elapsed() < Duration::from_secs(30));
+    });
+    // A packet that is read but left in the buffer ends the next wait at once.
+    let t = Instant::now();
+    while !f0.pending_from(1) {
+        assert!(t.elapsed() < Duration::from_secs(30));
+    }
+    assert_eq!(f0.poll(|_| false).unwrap(), 0);
+    let t = Instant::now();
+    assert!(f0.wait(Duration::from_secs(60)));
+    assert!(t.elapsed() < Duration::from_secs(30));
+    assert_eq!(f0.poll(|p| p.data == b"hi").unwrap(), 1);
+}
+
+#[test]
+fn wait_wakes_a_blocked_sender_and_sees_a_peer_leave() {
+    let mut fabs = job(2);
+    let mut f1 = fabs.pop().unwrap();
+    let mut f0 = fabs.pop().unwrap();
+    let chunk = vec![3u8; MAX_PACKET];
+    let mut sent = 0usize;
+    while f1.try_send(0, PKT_WHOLE, 0, &[&chunk]).unwrap() {
+        sent += 1;
+        assert!(sent < 10_000, "never full");
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            recv_n(&mut f0, sent, |p| assert_eq!(p.data.len(), MAX_PACKET));
+        });
+        // Full: the sleep ends when the reader made room, not at its timeout.
+        let t = Instant::now();
+        while !f1.try_send(0, PKT_WHOLE, 0, &[&chunk]).unwrap() {
+            f1.poll(|_| true).unwrap();
+            f1.wait(Duration::from_secs(60));
+            assert!(t.elapsed() < Duration::from_secs(30), "the sender was never woken");
+        }
+    });
+    // A peer that goes away ends the sleep too (end of stream is readable).
+    drop(f1);
+    let t = Instant::now();
+    while f0.peer_state(1) == PeerState::Alive {
+        f0.wait(Duration::from_secs(60));
+        f0.poll(|_| true).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(30), "the peer's end did not wake the sleep");
+    }
+    assert_eq!(f0.peer_state(1), PeerState::Failed);
+    // Every connection closed: the sleep is a plain sleep of its timeout.
+    assert!(!f0.wait(Duration::from_millis(1)));
+}
