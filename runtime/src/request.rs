@@ -306,7 +306,7 @@ pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
         let mut e = eng.lock()?;
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
-            if e.pause(|| b.snooze()) {
+            if e.idle(b, |_| false) {
                 // A request that can no longer complete is the one that "completes" (with
                 // its error).
                 let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
@@ -390,7 +390,7 @@ pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Statu
         let mut e = eng.lock()?;
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
-            if e.pause(|| b.snooze()) {
+            if e.idle(b, |_| false) {
                 let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
                 if let Some(i) = gone {
                     drop(e);
