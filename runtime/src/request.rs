@@ -217,9 +217,7 @@ impl<'scope> Request<'scope> {
             return Err(Error::State("request already collected".into()));
         };
         let mut e = self.eng.lock()?;
-        if !e.is_done(rid) && e.progress()? == 0 {
-            e.idle_check(&Need::Req(rid))?;
-        }
+        e.test_step(rid)?;
         match e.take_if_done(rid) {
             None => Ok(None),
             Some(r) => {

@@ -91,9 +91,7 @@ impl<T: Pod> VecRequest<T> {
     pub fn test(&mut self) -> Result<Option<(Vec<T>, Status)>> {
         let rid = self.rid.ok_or_else(collected)?;
         let mut e = self.comm.eng()?;
-        if !e.is_done(rid) && e.progress()? == 0 {
-            e.idle_check(&Need::Req(rid))?;
-        }
+        e.test_step(rid)?;
         match e.take_vec_if_done(rid) {
             None => Ok(None),
             Some(done) => {

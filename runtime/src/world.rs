@@ -269,13 +269,12 @@ pub fn run_local<R: Send>(n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
     run_local_with(n, Config::default(), f)
 }
 
-/// Like [`run_local`], but the threads talk through a real shared-memory segment (the fabric
-/// `tmpirun` jobs use), so the shm path can be tested and measured without processes.
+/// The `n` ranks' ends of a new shm segment, all opened by this process (the segment's name
+/// is unlinked at once, so nothing is left behind).
 ///
 /// # Panics
-/// If the segment cannot be created, or as [`run_local`].
-#[doc(hidden)]
-pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+/// If the segment cannot be created.
+fn shm_fabrics_in_process(n: usize, cfg: &Config) -> Vec<ShmFabric> {
     let mut b = [0u8; 8];
     getrandom::getrandom(&mut b).expect("random segment name");
     let name = format!("tmpi-threads-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
@@ -285,6 +284,17 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
         fabs.push(ShmFabric::open(&name, r, n).expect("open shm segment"));
     }
     fabs[0].unlink().expect("unlink shm segment");
+    fabs
+}
+
+/// Like [`run_local`], but the threads talk through a real shared-memory segment (the fabric
+/// `tmpirun` jobs use), so the shm path can be tested and measured without processes.
+///
+/// # Panics
+/// If the segment cannot be created, or as [`run_local`].
+#[doc(hidden)]
+pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + Sync) -> Vec<R> {
+    let fabs = shm_fabrics_in_process(n, &cfg);
     std::thread::scope(|s| {
         let handles: Vec<_> = fabs
             .into_iter()
@@ -430,12 +440,8 @@ mod tests {
     /// that one thread can drive both sides of a message through the whole public API.
     fn shm_pair_one_thread() -> (World, World) {
         let cfg = Config::default();
-        let mut b = [0u8; 8];
-        getrandom::getrandom(&mut b).expect("random segment name");
-        let name = format!("tmpi-pair-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
-        let a = ShmFabric::create(&name, 0, 2, cfg.ring_size_for(2)).expect("create shm segment");
-        let bf = ShmFabric::open(&name, 1, 2).expect("open shm segment");
-        a.unlink().expect("unlink shm segment");
+        let mut fabs = shm_fabrics_in_process(2, &cfg).into_iter();
+        let (a, bf) = (fabs.next().expect("rank 0"), fabs.next().expect("rank 1"));
         let w0 = world_from_engine(Engine::new(Fabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
         let w1 = world_from_engine(Engine::new(Fabric::Shm(bf), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
         (w0, w1)

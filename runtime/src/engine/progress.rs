@@ -152,11 +152,6 @@ impl Engine {
     /// the caller waits for is already there, or in `ppoll` on its sockets (TCP peers).
     /// Returns true when it is time for liveness checks, as [`Backoff::snooze`].
     pub(crate) fn idle(&mut self, b: &mut Backoff, busy: impl FnOnce(&tmpi_transport::shm::segment::Segment) -> bool) -> bool {
-        // A TCP-only rank sleeps in `ppoll` right after its spin: nothing else can wake it
-        // sooner. (Set here, on the idle path, so that starting a wait stays as it was.)
-        if b.idle == 0 && matches!(self.fabric, Fabric::Tcp(_)) {
-            b.yields = 0;
-        }
         match b.step() {
             // Only a doorbell or a socket makes an early sleep cheap: without one, yield as long
             // as usual.
@@ -191,10 +186,26 @@ impl Engine {
     /// A fresh back-off with this engine's spin budget.
     pub(crate) fn backoff(&self) -> Backoff {
         let mut b = Backoff::new(self.spin);
-        if matches!(self.fabric, Fabric::Shm(_)) && self.size > usable_cpus() {
-            b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED;
+        match self.fabric {
+            Fabric::Shm(_) if self.size > usable_cpus() => b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED,
+            // A TCP-only rank sleeps in `ppoll` right after its spin: nothing else can wake
+            // it sooner.
+            Fabric::Tcp(_) => b.yields = 0,
+            _ => {}
         }
         b
+    }
+
+    /// One step of a `test` on `rid`: a round of progress unless it is done already, and the
+    /// periodic liveness check when that round found nothing.
+    ///
+    /// # Errors
+    /// A failure of progress; [`Error::PeerGone`] as [`Engine::idle_check`].
+    pub(crate) fn test_step(&mut self, rid: ReqId) -> Result<()> {
+        if !self.is_done(rid) && self.progress()? == 0 {
+            self.idle_check(&Need::Req(rid))?;
+        }
+        Ok(())
     }
 
     /// For loops that poll without blocking (`test`, `iprobe`): every so many idle calls,
