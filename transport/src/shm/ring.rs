@@ -12,14 +12,17 @@
 //! payload
 //! ```
 //!
-//! The stamp is derived from the record's position (`pos / 64 + 1`, wrapping), so the consumer
-//! knows a record is new by its header alone: it polls one cache line that the producer writes,
-//! and never reads `head`. Stale records of earlier laps and the zeroed memory of the first lap
-//! carry other stamps. Stale *payload* could carry anything, the right stamp included (a
-//! payload of counters easily does), so the consumer, when it releases a record, clears the
-//! header slots inside it (every 64-byte boundary after its start; none for a one-line
-//! record): every slot where a record may start holds zero or an old header. A record never
-//! wraps around the end: the producer writes a skip record and starts at offset 0.
+//! The stamp is derived from the record's position (`pos / 64 + 1`, wrapping, never 0), so the
+//! consumer knows a record is new by its header alone: it polls one cache line that the producer
+//! writes, and never reads `head`. Stale *payload* of an earlier lap could carry anything where
+//! the next record will start, the right stamp included (a payload of counters easily does), so
+//! the producer, before it publishes a record, zeroes the header slot where the next record will
+//! start ("zero ahead"; the slot is part of the room a push needs). The consumer reads a header
+//! slot only after the record before it, so it sees that zero or the new header, never stale
+//! data; the very first slot is zero in a fresh segment. The consumer never writes into the
+//! data area, so a line moves once from producer to consumer and back only as the producer's
+//! next write. A record never wraps around the end: the producer writes the record at offset 0
+//! (and zeroes ahead of it) before it publishes a skip record at the end.
 //!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
@@ -56,7 +59,8 @@ const _: () = assert!(std::mem::align_of::<RingCtl>() == 128);
 
 #[inline]
 fn stamp(pos: u64) -> u32 {
-    ((pos / REC_ALIGN) as u32).wrapping_add(1)
+    // Never 0: a zeroed slot is never a record.
+    ((pos / REC_ALIGN) as u32).wrapping_add(1).max(1)
 }
 
 #[inline]
@@ -101,14 +105,15 @@ impl Producer {
         Producer { ctl, data, size: size as u64, head, tail_cache: tail, max_payload: max_payload(size) }
     }
 
-    /// Bytes needed at `head` for a record of `payload` bytes, including a skip record if it
-    /// does not fit before the end of the data area.
+    /// Bytes needed at `head` for a record of `payload` bytes: the record, the header slot
+    /// after it (zeroed ahead, see the module docs), and a skip record if the record does not
+    /// fit before the end of the data area.
     #[inline]
     fn needed(&self, payload: usize) -> (u64, bool) {
-        let rec = rec_len(payload);
+        let rec = rec_len(payload) + REC_ALIGN;
         let off = self.head & (self.size - 1);
         let contiguous = self.size - off;
-        if rec > contiguous {
+        if rec - REC_ALIGN > contiguous {
             (contiguous + rec, true)
         } else {
             (rec, false)
@@ -151,16 +156,21 @@ impl Producer {
         if !self.room_for(need) {
             return Ok(false);
         }
-        if skip {
+        // A record that does not fit before the end goes to offset 0, behind a skip record
+        // published last (so the consumer, once it sees the skip, finds the record in place).
+        let skip_at = skip.then(|| {
             let off = self.head & (self.size - 1);
-            // SAFETY: off < size and is 64-aligned, so a 16-byte header fits inside the data
-            // area; the consumer does not read this slot until the release store below.
-            unsafe { self.header(off).store((stamp(self.head) as u64) << 32 | (FLAG_SKIP as u64) << 24, Ordering::Release) };
+            let at = (off, stamp(self.head));
             self.head += self.size - off;
-        }
+            at
+        });
         let off = self.head & (self.size - 1);
-        // SAFETY: the record [off, off + rec_len) lies inside the data area (no wrap, checked by
-        // `needed`), and the consumer has released it (`room_for`). We are the only writer.
+        let rec = rec_len(payload);
+        // SAFETY: the record [off, off + rec) lies inside the data area (no wrap, checked by
+        // `needed`), and so does the next header slot (off + rec < size, or 0 at the end), all
+        // released by the consumer (`room_for` counted them). We are the only writer; the
+        // consumer reads none of it before the release store of this record's header (or of
+        // the skip record).
         unsafe {
             let base = self.data.as_ptr().add(off as usize);
             base.add(8).cast::<u64>().write(total_len);
@@ -169,10 +179,14 @@ impl Producer {
                 std::ptr::copy_nonoverlapping(p.as_ptr(), dst, p.len());
                 dst = dst.add(p.len());
             }
+            self.header((off + rec) & (self.size - 1)).store(0, Ordering::Relaxed);
             let word0 = (stamp(self.head) as u64) << 32 | (flags as u64) << 24 | payload as u64;
             self.header(off).store(word0, Ordering::Release);
+            if let Some((at, st)) = skip_at {
+                self.header(at).store((st as u64) << 32 | (FLAG_SKIP as u64) << 24, Ordering::Release);
+            }
         }
-        self.head += rec_len(payload);
+        self.head += rec;
         // SAFETY: ctl valid for the producer's life.
         unsafe { self.ctl.as_ref() }.head.store(self.head, Ordering::Release);
         Ok(true)
@@ -270,19 +284,7 @@ impl Consumer {
     /// Consumes the record just peeked, whose payload had `len` bytes.
     #[inline]
     pub fn release(&mut self, len: usize) {
-        let rec = rec_len(len);
-        if rec > REC_ALIGN {
-            // Clear the header slots inside the record (module docs), before `tail` lets the
-            // producer reuse them.
-            let off = self.pos & (self.size - 1);
-            for slot in (off + REC_ALIGN..(off + rec).min(self.size)).step_by(REC_ALIGN as usize) {
-                // SAFETY: `slot` is 64-aligned and inside the data area (bounded above), inside
-                // the record just read (`peek` checked it fits), which stays ours until `tail`
-                // moves.
-                unsafe { &*self.data.as_ptr().add(slot as usize).cast::<AtomicU64>() }.store(0, Ordering::Relaxed);
-            }
-        }
-        self.pos += rec;
+        self.pos += rec_len(len);
         // SAFETY: ctl valid for the consumer's life.
         unsafe { self.ctl.as_ref() }.tail.store(self.pos, Ordering::Release);
     }
