@@ -20,6 +20,9 @@ pub struct Machine {
     pub load_after: String,
     /// Version lines of the peer libraries found, and of tmpi's checkout.
     pub versions: Vec<String>,
+    /// The priority every benchmark process ran at, when it was raised (see
+    /// `run::set_priority`).
+    pub priority: Option<String>,
 }
 
 impl Machine {
@@ -40,6 +43,7 @@ impl Machine {
             load_before: load_average(),
             load_after: String::new(),
             versions: Vec::new(),
+            priority: None,
         }
     }
 }

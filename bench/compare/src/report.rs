@@ -269,6 +269,7 @@ impl Report<'_> {
         for v in &m.versions {
             let _ = writeln!(s, "- {v}");
         }
+        let _ = writeln!(s, "- priority: {}", m.priority.as_deref().unwrap_or("normal (not raised)"));
         let _ = writeln!(
             s,
             "- configurations: {}",
@@ -419,6 +420,7 @@ mod tests {
             load_before: "0.1 0.2 0.3".into(),
             load_after: "0.4 0.5 0.6".into(),
             versions: vec!["Open MPI 4.1.4".into()],
+            priority: None,
         }
     }
 

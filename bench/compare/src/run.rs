@@ -2,6 +2,7 @@
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -45,7 +46,53 @@ fn tail(text: &str, n: usize) -> String {
     lines[start..].iter().map(|l| format!("\n    {l}")).collect()
 }
 
-/// Runs `argv` (program first) with no standard input, in a process group of its own, and
+/// Whether programs run raised (see [`set_priority`]).
+static RAISED: AtomicBool = AtomicBool::new(false);
+
+/// From now on, [`run`] starts every program in a session of its own at the highest priority
+/// this process may give: autogroup nice -20 (`/proc/self/autogroup`) and nice -20, each only
+/// if permitted. On a host shared with other work (builds, other tenants' processes in their
+/// own sessions), this keeps that work off the cores during a run; it cannot keep it out of
+/// the shared caches. Every configuration gets the same treatment. Returns what took effect
+/// for this process's children, for the report (`None` when nothing could be raised).
+pub fn set_priority() -> Option<String> {
+    RAISED.store(true, Ordering::Relaxed);
+    // A child inherits what its parent may do: probe with a short-lived child.
+    let probe = run(&["sh".into(), "-c".into(), "cat /proc/self/autogroup; nice".into()], Duration::from_secs(10)).ok()?;
+    let text: Vec<&str> = probe.stdout.lines().map(str::trim).collect();
+    let auto = text.first().and_then(|l| l.rsplit_once("nice ")).map(|(_, n)| n.trim().to_string());
+    let nice = text.get(1).map(|n| n.to_string());
+    if auto.as_deref() != Some("-20") && nice.as_deref() != Some("-20") {
+        RAISED.store(false, Ordering::Relaxed);
+        return None;
+    }
+    Some(format!(
+        "every benchmark process in a session of its own, autogroup nice {}, nice {}",
+        auto.unwrap_or_else(|| "?".into()),
+        nice.unwrap_or_else(|| "?".into())
+    ))
+}
+
+/// In a freshly forked child: a new session (and process group), then the highest priority
+/// permitted. Only async-signal-safe system calls; failures are ignored (the run goes on at
+/// normal priority).
+fn raise_in_child() -> std::io::Result<()> {
+    // SAFETY: setsid, open, write, close and setpriority are async-signal-safe system calls
+    // on plain arguments and a static C string; nothing is allocated or locked in the child.
+    unsafe {
+        libc::setsid();
+        let fd = libc::open(c"/proc/self/autogroup".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, b"-20".as_ptr().cast(), 3);
+            libc::close(fd);
+        }
+        libc::setpriority(libc::PRIO_PROCESS, 0, -20);
+    }
+    Ok(())
+}
+
+/// Runs `argv` (program first) with no standard input, in a process group of its own (a
+/// session of its own after [`set_priority`]), and
 /// waits for it, at most `timeout`; past that its group gets SIGTERM, and SIGKILL 5 s later
 /// (so ranks that outlive a stopped launcher do not keep its output open).
 ///
@@ -54,7 +101,13 @@ fn tail(text: &str, n: usize) -> String {
 pub fn run(argv: &[String], timeout: Duration) -> Result<Outcome, Error> {
     let (prog, args) = argv.split_first().ok_or_else(|| Error::Usage("empty command".into()))?;
     let mut cmd = Command::new(prog);
-    cmd.args(args).process_group(0).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if RAISED.load(Ordering::Relaxed) {
+        // SAFETY: `raise_in_child` makes only async-signal-safe calls (see there).
+        unsafe { cmd.pre_exec(raise_in_child) };
+    } else {
+        cmd.process_group(0);
+    }
     let t0 = Instant::now();
     let child = cmd.spawn().map_err(|e| Error::io(format!("starting {}", argv.join(" ")), e))?;
     let pid = child.id();
@@ -96,7 +149,7 @@ fn signal(pid: u32, sig: libc::c_int) {
         return;
     };
     // SAFETY: kill(2) takes plain integers and touches no memory of ours. `-pid` names the
-    // process group our child leads (`process_group(0)`); its waiting thread has not reported
+    // process group our child leads (`process_group(0)`, or `setsid` in `raise_in_child`); its waiting thread has not reported
     // yet, so the child is not reaped and the group id cannot have been reused.
     unsafe {
         libc::kill(-pid, sig);
