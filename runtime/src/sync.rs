@@ -299,6 +299,14 @@ pub(crate) struct EngineGuard<'a> {
     cell: &'a EngineCell,
 }
 
+impl EngineGuard<'_> {
+    /// Whether this guard holds `cell`'s engine.
+    #[inline]
+    pub(crate) fn holds(&self, cell: &EngineCell) -> bool {
+        std::ptr::eq(self.cell, cell)
+    }
+}
+
 impl Drop for EngineGuard<'_> {
     #[inline]
     fn drop(&mut self) {
