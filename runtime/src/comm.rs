@@ -384,7 +384,7 @@ impl Comm {
         let n = if elem == 0 { 0 } else { st.len.div_ceil(elem) };
         // The length comes from the wire: more than this machine holds is refused before any
         // allocation, and a failed allocation is an error, not an abort.
-        let no_memory = || Error::NoMemory { bytes: st.len, rank: st.source };
+        let no_memory = || Error::NoMemory { bytes: st.len, rank: st.source() };
         if st.len > crate::sys::physical_memory() {
             return Err(no_memory());
         }
@@ -392,9 +392,9 @@ impl Comm {
         v.try_reserve_exact(n).map_err(|_| no_memory())?;
         v.resize(n, T::zeroed());
         let ctx = self.user_ctx();
-        let got = self.recv_ctx(ctx, bytemuck::cast_slice_mut(&mut v), Some(st.source as u32), Some(st.tag))?;
+        let got = self.recv_ctx(ctx, bytemuck::cast_slice_mut(&mut v), Some(st.source() as u32), Some(st.tag()))?;
         if elem == 0 || got.len % elem != 0 {
-            return Err(Error::TypeMismatch { source_rank: got.source, len: got.len, elem });
+            return Err(Error::TypeMismatch { source_rank: got.source(), len: got.len, elem });
         }
         v.truncate(got.len / elem);
         Ok((v, got))

@@ -197,7 +197,12 @@ impl<'scope> Request<'scope> {
     /// # Errors
     /// The operation's error ([`Error::Truncated`], [`Error::PeerGone`], ...).
     pub fn wait(mut self) -> Result<Status> {
-        if let Some(st) = self.done {
+        self.wait_mut()
+    }
+
+    /// [`Request::wait`] in place: the request is collected (a second call is an error).
+    fn wait_mut(&mut self) -> Result<Status> {
+        if let Some(st) = self.done.take() {
             return Ok(st);
         }
         let rid = self.rid.take().ok_or_else(|| Error::State("request already collected".into()))?;
@@ -274,8 +279,11 @@ pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
     // Requests on their scope's engine (nearly always all of them) complete under one lock,
     // taken once for a run of them instead of once per request.
     let mut held: Option<EngineGuard<'s>> = None;
-    for mut r in reqs {
-        let res = match (r.done, r.rid, &r.eng) {
+    let mut reqs = reqs;
+    // Taken by reference: moving each request out of the vector copied it through the stack,
+    // and the copy stalled on the stores that had just written it.
+    for r in reqs.iter_mut() {
+        let res = match (&r.done, r.rid, &r.eng) {
             (None, Some(rid), &EngRef::Scope(cell)) => {
                 let g = match held.take() {
                     Some(g) if g.holds(cell) => g,
@@ -295,7 +303,7 @@ pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
             }
             _ => {
                 held = None;
-                r.wait()
+                r.wait_mut()
             }
         };
         match res {
