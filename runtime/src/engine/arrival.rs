@@ -105,7 +105,7 @@ impl State {
         }
         match Message::parse(p.data).map_err(|_| malformed_from(p.src, "a message with a malformed header"))? {
             Message::NoTag(body) => self.on_control(p.src, body),
-            Message::Fin(..) => self.on_fin(p.src, p.data),
+            Message::Fin(tmh, rvh) => self.on_fin(p.src, tmh, rvh),
             Message::Rndv(..) => self.on_rndv(p.src, p.data),
             Message::Eager(tmh, payload) => self.on_data_first(p.src, tmh, payload, p.total_len, p.flags & PKT_LAST != 0),
         }

@@ -15,13 +15,22 @@ pub(super) struct Ctl {
 }
 
 /// Largest control packet (an RDMA read request naming a shared-heap destination).
-pub(super) const CTL_MAX: usize = 72;
+pub(super) const CTL_MAX: usize = RMA_MAX_LEN;
 
 impl Ctl {
     pub(super) fn new(flags: u8, b: &[u8]) -> Self {
         let mut bytes = [0u8; CTL_MAX];
         bytes[..b.len()].copy_from_slice(b);
         Ctl { flags, len: b.len() as u8, bytes }
+    }
+
+    /// An RMA packet other than a read response (whose data does not fit here), encoded in
+    /// place.
+    pub(super) fn rma(m: &Rma<'_>) -> Result<Self> {
+        debug_assert!(m.data().is_empty(), "read responses are streamed, not queued");
+        let mut bytes = [0u8; CTL_MAX];
+        let n = m.encode(&mut bytes)?;
+        Ok(Ctl { flags: PKT_RMA | PKT_WHOLE, len: n as u8, bytes })
     }
 }
 

@@ -231,7 +231,7 @@ impl Engine {
                         keep
                     });
                     for (dest, read) in refused {
-                        st.rma_notice(dest, RMA_READ_ERR, read);
+                        st.send_rma(dest, Rma::ReadErr { read });
                     }
                 }
             }
