@@ -164,7 +164,7 @@ impl Engine {
         let req = match req {
             Some(r) => r,
             None => self.st.reqs.insert(Req {
-                kind: ReqKind::Send(SendState { dest, key: tag64, pushed: false, need_ack: false, acked: false, rndv: None }),
+                kind: ReqKind::Send(SendState { dest, key: tag64, phase: SendPhase::Pushing, rndv: None }),
                 result: None,
                 detached: false,
             }),
@@ -412,8 +412,9 @@ impl State {
                     self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
                 }
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-                    r.matched = true;
-                    r.match_id = None;
+                    if !last {
+                        r.phase = RecvPhase::Filling;
+                    }
                     r.src_world = src;
                     r.source = src_of(tmh.tag);
                     r.tag = tag_of(tmh.tag);
@@ -519,8 +520,9 @@ impl State {
             self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
         }
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-            r.matched = true;
-            r.match_id = None;
+            if !u.complete {
+                r.phase = RecvPhase::Filling;
+            }
             r.src_world = u.src_world;
             r.source = src_of(u.tag64);
             r.tag = tag_of(u.tag64);

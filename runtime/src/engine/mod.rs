@@ -87,7 +87,7 @@ use fabric::ProcessAlive;
 pub(crate) use leave::Need;
 use offload::{rid_to_wr, wr_to_rid};
 pub(crate) use progress::Backoff;
-use requests::{wire_name, OwnedRecv, RecvState, Req, ReqKind, SendState};
+use requests::{wire_name, OwnedRecv, PlacedRndv, RecvPhase, RecvState, Req, ReqKind, SendPhase, SendState};
 use stats::Stats;
 
 use std::collections::VecDeque;

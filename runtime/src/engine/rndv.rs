@@ -123,25 +123,22 @@ impl State {
         let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
             return Err(Error::State("rendezvous matched a receive that is gone".into()));
         };
-        r.matched = true;
+        let key = self.reads.vacant_key();
+        // A receive the TM-SRQ matched (and asked to read for) is still queued in software
+        // (its MATCH completion is handled after this): take it out there too, or a later
+        // message would match it. Its tag-list entry is consumed.
+        if let RecvPhase::Posted { match_id, .. } = std::mem::replace(&mut r.phase, RecvPhase::Reading(key)) {
+            self.matcher.cancel(match_id);
+        }
         r.src_world = src;
-        // A receive the TM-SRQ matched is still queued in software (its MATCH completion is
-        // handled after this): take it out there too, or a later message would match it.
-        let queued = r.match_id.take();
         r.source = src_of(info.tmh.tag);
         r.tag = tag_of(info.tmh.tag);
         r.total = info.len;
-        let cap = r.cap;
-        if let Some(id) = queued {
-            self.matcher.cancel(id);
-        }
-        let n = if hw.is_some() { info.len } else { info.len.min(cap) };
+        let n = if hw.is_some() { info.len } else { info.len.min(r.cap) };
         // Single copy needs the buffer (an abandoned receive streams and discards).
         let cma = self.cma && self.cma_peers.get(src).copied().unwrap_or(false) && r.buf.is_some() && n >= self.cma_min;
-        let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false });
-        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-            r.read = Some(key);
-        }
+        let k = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false });
+        debug_assert_eq!(k, key);
         if n == 0 {
             return self.finish_read(key, true);
         }
