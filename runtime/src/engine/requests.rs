@@ -6,20 +6,16 @@ use super::*;
 /// Where a pending receive stands. Completion is not a phase: it is [`Req::result`], set at
 /// the one completion point ([`State::end_recv`]); the phase then says how far it got.
 ///
-/// ```text
-///            post                     software match (eager)          last packet
-///   Idle ───────────► Posted ──┬──────────────────────────► Filling ──────────────► done
-///    │  (unexpected             │  software match (rendezvous)
-///    │   message at post,       ├──────────────────────────► Reading ─── FIN sent ──► done
-///    │   matched probe)         │  TM-SRQ match (first packet
-///    └──► (as a match)          │  in the tagged buffer)
-///                               └──────────────────────────► Tagged ─── DATA_VALID ─► done
-///                                                              │ RNDV_INCOMPLETE
-///                                                              └──────► Reading
-/// ```
+/// - `Idle` → `Posted` when it is queued; back to `Idle` when software matches it (or it is
+///   cancelled). From `Idle` a matched receive completes at once (a whole eager message), or
+///   goes `Filling` (the rest of an eager message is to come) or `Reading` (a rendezvous). A
+///   receive matched at post (an unexpected message, a matched probe) goes the same way.
+/// - `Posted` → `Tagged` when the TM-SRQ places the first packet of its message in the tagged
+///   buffer, or → `Reading` when the TM-SRQ asks for the read of an expected rendezvous.
+/// - `Tagged` → done at DATA_VALID, or → `Reading` at RNDV_INCOMPLETE.
+/// - `Filling` → done with the last packet; `Reading` → done when the read ends (FIN sent).
 ///
-/// A cancel takes a `Posted` receive out of its queues (it completes cancelled); nothing else
-/// can be cancelled.
+/// Only a `Posted` receive can be cancelled.
 pub(super) enum RecvPhase {
     /// In no queue and nothing under way: a receive being posted (until it is queued or handed
     /// an unexpected message, within the call that creates it), or one that has just matched
