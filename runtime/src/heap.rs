@@ -143,7 +143,7 @@ pub(crate) struct Heaps {
     /// Granted reads whose data this rank copies from the target's heap, by read key.
     pub(crate) grants: HashMap<(u32, u32), HeapSrc>,
     /// Target's shares to write into a reader's heap, by (reader, read id): where.
-    pub(crate) writes: HashMap<(usize, [u8; 8]), HeapSrc>,
+    pub(crate) writes: HashMap<(usize, u64), HeapSrc>,
     /// Reads this rank served through a heap grant; bytes this rank memcpy'd from or into
     /// peers' heaps; transfers that fell back because a peer's heap could not be mapped.
     pub(crate) grants_served: u64,

@@ -9,9 +9,12 @@
 //! Message formats: eager `TMH | payload`; rendezvous request `TMH | RVH | meta-data`;
 //! rendezvous response (FIN) `TMH | RVH` with the opcode changed to FIN; runtime control
 //! messages ([`Control`]) `NO_TAG | kind | 0 0 | fields be32...`, which no NIC ever matches.
+//! One-sided packets of the rendezvous protocol (read requests, responses, grants: [`Rma`])
+//! travel apart from tagged messages, as the fabric's `PKT_RMA` packets.
 //! Decoding never panics: short or unknown input is an [`Error::Malformed`].
 
 use crate::error::{Error, Result};
+use crate::shm::heap::HeapDesc;
 
 /// Size of an encoded [`Tmh`].
 pub const TMH_LEN: usize = 16;
@@ -282,6 +285,355 @@ impl std::fmt::Display for Control {
     }
 }
 
+/// Size of the header every RMA packet starts with.
+pub const RMA_HDR_LEN: usize = 16;
+/// Bytes in front of the data of a read response ([`Rma::ReadResp`]).
+pub const RMA_RESP_HDR_LEN: usize = RMA_HDR_LEN + 8;
+/// Size of the longest encoded [`Rma`] packet, not counting a read response's data (a read
+/// request naming a shared-heap destination).
+pub const RMA_MAX_LEN: usize = RMA_HDR_LEN + READ_REQ_BODY + HEAP_PLACE_LEN;
+
+const RMA_READ_REQ: u8 = 1;
+const RMA_READ_RESP: u8 = 2;
+const RMA_READ_ERR: u8 = 3;
+const RMA_READ_GRANT: u8 = 4;
+const RMA_WRITE_DONE: u8 = 5;
+/// Read request flags.
+const REQ_SINGLE_COPY: u8 = 1;
+const REQ_READER_MAPS: u8 = 2;
+const REQ_DST_HEAP: u8 = 4;
+/// Grant flags.
+const GRANT_HEAP: u8 = 1;
+/// Body of a read request without its heap place: send be32, va, key, len, dst be64.
+const READ_REQ_BODY: usize = 4 + 4 * 8;
+/// Body of a grant without its heap place: split be64.
+const GRANT_BODY: usize = 8;
+/// An encoded [`HeapPlace`]: offset be64, nonce be64, fd be32.
+const HEAP_PLACE_LEN: usize = 20;
+
+/// A place in a rank's shared heap (`tmpi_transport::shm::heap`): an offset in the heap that
+/// `heap` describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapPlace {
+    /// Offset from the start of the heap.
+    pub off: u64,
+    /// Which heap (its owner's memory file).
+    pub heap: HeapDesc,
+}
+
+impl HeapPlace {
+    fn encode(&self, out: &mut [u8]) {
+        out[..8].copy_from_slice(&self.off.to_be_bytes());
+        out[8..16].copy_from_slice(&self.heap.nonce.to_be_bytes());
+        out[16..20].copy_from_slice(&self.heap.fd.to_be_bytes());
+    }
+
+    fn decode(b: &[u8; HEAP_PLACE_LEN]) -> Self {
+        HeapPlace { off: be64_at(b, 0), heap: HeapDesc { nonce: be64_at(b, 8), fd: be32_at(b, 16) } }
+    }
+}
+
+/// How the reader of a rendezvous wants the data of a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReadMode {
+    /// Streamed back through the ring ([`Rma::ReadResp`] packets).
+    Stream,
+    /// Granted ([`Rma::Grant`]) for the reader to copy itself (CMA single copy); the target
+    /// may write a share of a large read into the reader's buffer at `dst` (0: the reader
+    /// names no buffer, the target writes nothing).
+    SingleCopy {
+        /// Reader's address of the read's first byte.
+        dst: u64,
+    },
+}
+
+/// An RDMA read request: the reader asks the target (the rendezvous sender) for `len` bytes
+/// at `va` under memory key `key`, which the target checks in its fi_mr domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// The reader's name for the read, echoed in every answer.
+    pub read: u64,
+    /// Streamed or single copy.
+    pub mode: ReadMode,
+    /// The rendezvous send whose buffer is read (its wire name, the request's `app_ctx`).
+    pub send: u32,
+    /// Target address of the first byte (the RVH's `va`).
+    pub va: u64,
+    /// Memory key of the send's registration.
+    pub key: u64,
+    /// Bytes to read.
+    pub len: u64,
+    /// The reader maps the target's shared heap: a range in it may be granted for a plain
+    /// memcpy, whatever the mode.
+    pub reader_maps_heap: bool,
+    /// The reader's buffer lies in its own shared heap, here: the target may write its share
+    /// there with a memcpy.
+    pub dst_heap: Option<HeapPlace>,
+}
+
+/// A one-sided (RDMA) packet of the rendezvous protocol, sent as a `PKT_RMA` packet (which
+/// bypasses the TM-SRQ). Every kind has the same header, and names the read it belongs to:
+///
+/// ```text
+/// kind u8 | flags u8 | 0 0 | body length be32 | read be64 | body
+///
+/// READ_REQ   (1)  send be32 | va be64 | key be64 | len be64 | dst be64 [| heap place]
+///                 flags: 1 single copy, 2 reader maps our heap, 4 heap place follows
+/// READ_RESP  (2)  offset be64 | data
+/// READ_ERR   (3)  (empty)
+/// READ_GRANT (4)  split be64 [| heap place]    flags: 1 heap place follows
+/// WRITE_DONE (5)  (empty)
+///
+/// heap place: offset be64 | nonce be64 | fd be32
+/// ```
+///
+/// The body length makes every truncation detectable; decoding never panics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rma<'a> {
+    /// Reader to target: read a range of a rendezvous send's buffer.
+    ReadReq(ReadRequest),
+    /// Target to reader: bytes `[offset, offset + data.len())` of a streamed read.
+    ReadResp {
+        /// The reader's name for the read.
+        read: u64,
+        /// Offset of `data` within the read.
+        offset: u64,
+        /// The bytes.
+        data: &'a [u8],
+    },
+    /// Target to reader: the read is refused (key check, a send that is gone or abandoned),
+    /// or the target's share of it failed.
+    ReadErr {
+        /// The reader's name for the read.
+        read: u64,
+    },
+    /// Target to reader: the key check passed; the reader copies `[0, split)` itself, the
+    /// target writes `[split, len)` into the reader's buffer and says so with
+    /// [`Rma::WriteDone`].
+    Grant {
+        /// The reader's name for the read.
+        read: u64,
+        /// First byte of the target's share (the read's length: none).
+        split: u64,
+        /// The range lies in the target's shared heap, here: copy it with a memcpy from a
+        /// mapping of that heap.
+        heap: Option<HeapPlace>,
+    },
+    /// Target to reader: its share of a split read is written.
+    WriteDone {
+        /// The reader's name for the read.
+        read: u64,
+    },
+}
+
+impl<'a> Rma<'a> {
+    /// The reader's name for the read the packet belongs to.
+    #[inline]
+    pub fn read(&self) -> u64 {
+        match self {
+            Rma::ReadReq(r) => r.read,
+            Rma::ReadResp { read, .. } | Rma::ReadErr { read } | Rma::Grant { read, .. } | Rma::WriteDone { read } => *read,
+        }
+    }
+
+    /// The data a read response carries (empty for every other kind): [`Rma::encode`] does
+    /// not copy it, the caller sends it right after the header.
+    #[inline]
+    pub fn data(&self) -> &'a [u8] {
+        match self {
+            Rma::ReadResp { data, .. } => data,
+            _ => &[],
+        }
+    }
+
+    /// Writes the packet into `out`, except the data of a read response (see [`Rma::data`]);
+    /// returns the length written.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a read response whose data is too long for its 32-bit
+    /// body length.
+    #[inline]
+    pub fn encode(&self, out: &mut [u8; RMA_MAX_LEN]) -> Result<usize> {
+        let (kind, flags, body): (u8, u8, usize) = match self {
+            Rma::ReadReq(r) => {
+                let b = &mut out[RMA_HDR_LEN..];
+                b[0..4].copy_from_slice(&r.send.to_be_bytes());
+                b[4..12].copy_from_slice(&r.va.to_be_bytes());
+                b[12..20].copy_from_slice(&r.key.to_be_bytes());
+                b[20..28].copy_from_slice(&r.len.to_be_bytes());
+                let (mut flags, dst) = match r.mode {
+                    ReadMode::Stream => (0, 0),
+                    ReadMode::SingleCopy { dst } => (REQ_SINGLE_COPY, dst),
+                };
+                b[28..36].copy_from_slice(&dst.to_be_bytes());
+                if r.reader_maps_heap {
+                    flags |= REQ_READER_MAPS;
+                }
+                let mut body = READ_REQ_BODY;
+                if let Some(h) = &r.dst_heap {
+                    flags |= REQ_DST_HEAP;
+                    h.encode(&mut b[READ_REQ_BODY..]);
+                    body += HEAP_PLACE_LEN;
+                }
+                (RMA_READ_REQ, flags, body)
+            }
+            Rma::ReadResp { offset, data, .. } => {
+                out[RMA_HDR_LEN..RMA_RESP_HDR_LEN].copy_from_slice(&offset.to_be_bytes());
+                let body = data.len().checked_add(8).filter(|&b| u32::try_from(b).is_ok());
+                let Some(body) = body else {
+                    return Err(Error::InvalidArgument(format!("a read response of {} bytes", data.len())));
+                };
+                (RMA_READ_RESP, 0, body)
+            }
+            Rma::ReadErr { .. } => (RMA_READ_ERR, 0, 0),
+            Rma::Grant { split, heap, .. } => {
+                out[RMA_HDR_LEN..RMA_HDR_LEN + 8].copy_from_slice(&split.to_be_bytes());
+                match heap {
+                    Some(h) => {
+                        h.encode(&mut out[RMA_HDR_LEN + GRANT_BODY..]);
+                        (RMA_READ_GRANT, GRANT_HEAP, GRANT_BODY + HEAP_PLACE_LEN)
+                    }
+                    None => (RMA_READ_GRANT, 0, GRANT_BODY),
+                }
+            }
+            Rma::WriteDone { .. } => (RMA_WRITE_DONE, 0, 0),
+        };
+        out[0] = kind;
+        out[1] = flags;
+        out[2..4].fill(0);
+        out[4..8].copy_from_slice(&(body as u32).to_be_bytes());
+        out[8..16].copy_from_slice(&self.read().to_be_bytes());
+        Ok(RMA_HDR_LEN + body - self.data().len())
+    }
+
+    /// Reads an RMA packet (the whole of it: a read response's data is the rest of `buf`).
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] for a short packet, a length that disagrees with the header or the
+    /// kind, an unknown kind or flag, or non-zero reserved bytes.
+    pub fn parse(buf: &'a [u8]) -> Result<Self> {
+        let Some((h, body)) = buf.split_first_chunk::<RMA_HDR_LEN>() else {
+            return Err(Error::Malformed { what: "RMA packet shorter than its header" });
+        };
+        let (kind, flags) = (h[0], h[1]);
+        if h[2..4] != [0, 0] {
+            return Err(Error::Malformed { what: "RMA packet reserved bytes are not zero" });
+        }
+        if usize::try_from(be32_at(h, 4)).ok() != Some(body.len()) {
+            return Err(Error::Malformed { what: "RMA packet length disagrees with its header" });
+        }
+        let read = be64_at(h, 8);
+        let bad_len = Error::Malformed { what: "RMA packet of the wrong length for its kind" };
+        let place = |b: &[u8]| b.first_chunk::<HEAP_PLACE_LEN>().map(HeapPlace::decode);
+        match kind {
+            RMA_READ_REQ => {
+                if flags & !(REQ_SINGLE_COPY | REQ_READER_MAPS | REQ_DST_HEAP) != 0 {
+                    return Err(Error::Malformed { what: "unknown read request flag" });
+                }
+                let want = READ_REQ_BODY + if flags & REQ_DST_HEAP != 0 { HEAP_PLACE_LEN } else { 0 };
+                if body.len() != want {
+                    return Err(bad_len);
+                }
+                let dst = be64_at(body, 28);
+                let mode = if flags & REQ_SINGLE_COPY != 0 {
+                    ReadMode::SingleCopy { dst }
+                } else if dst == 0 {
+                    ReadMode::Stream
+                } else {
+                    return Err(Error::Malformed { what: "streamed read request naming a destination" });
+                };
+                Ok(Rma::ReadReq(ReadRequest {
+                    read,
+                    mode,
+                    send: be32_at(body, 0),
+                    va: be64_at(body, 4),
+                    key: be64_at(body, 12),
+                    len: be64_at(body, 20),
+                    reader_maps_heap: flags & REQ_READER_MAPS != 0,
+                    dst_heap: if flags & REQ_DST_HEAP != 0 { place(&body[READ_REQ_BODY..]) } else { None },
+                }))
+            }
+            RMA_READ_RESP => {
+                if flags != 0 {
+                    return Err(Error::Malformed { what: "unknown read response flag" });
+                }
+                let Some((off, data)) = body.split_first_chunk::<8>() else { return Err(bad_len) };
+                Ok(Rma::ReadResp { read, offset: u64::from_be_bytes(*off), data })
+            }
+            RMA_READ_GRANT => {
+                if flags & !GRANT_HEAP != 0 {
+                    return Err(Error::Malformed { what: "unknown read grant flag" });
+                }
+                let want = GRANT_BODY + if flags & GRANT_HEAP != 0 { HEAP_PLACE_LEN } else { 0 };
+                if body.len() != want {
+                    return Err(bad_len);
+                }
+                let heap = if flags & GRANT_HEAP != 0 { place(&body[GRANT_BODY..]) } else { None };
+                Ok(Rma::Grant { read, split: be64_at(body, 0), heap })
+            }
+            RMA_READ_ERR | RMA_WRITE_DONE => {
+                if flags != 0 {
+                    return Err(Error::Malformed { what: "unknown RMA notice flag" });
+                }
+                if !body.is_empty() {
+                    return Err(bad_len);
+                }
+                Ok(if kind == RMA_READ_ERR { Rma::ReadErr { read } } else { Rma::WriteDone { read } })
+            }
+            _ => Err(Error::Malformed { what: "unknown RMA packet kind" }),
+        }
+    }
+}
+
+/// The big-endian `u32` at `at` (the caller checked the length; 0 past the end).
+#[inline]
+fn be32_at(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4).map_or(0, |x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
+}
+
+/// The big-endian `u64` at `at` (the caller checked the length; 0 past the end).
+#[inline]
+fn be64_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8).map_or(0, |x| u64::from_be_bytes([x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]]))
+}
+
+impl std::fmt::Display for HeapPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "heap (fd {}, nonce {:#x}) at {:#x}", self.heap.fd, self.heap.nonce, self.off)
+    }
+}
+
+impl std::fmt::Display for Rma<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rma::ReadReq(r) => {
+                write!(f, "READ_REQ(read {:#x}, send {:#x}, {} bytes at {:#x} key {:#x}, ", r.read, r.send, r.len, r.va, r.key)?;
+                match r.mode {
+                    ReadMode::Stream => write!(f, "streamed")?,
+                    ReadMode::SingleCopy { dst } => write!(f, "single copy into {dst:#x}")?,
+                }
+                if r.reader_maps_heap {
+                    write!(f, ", reader maps the target's heap")?;
+                }
+                if let Some(h) = &r.dst_heap {
+                    write!(f, ", destination in {h}")?;
+                }
+                write!(f, ")")
+            }
+            Rma::ReadResp { read, offset, data } => write!(f, "READ_RESP(read {read:#x}, {} bytes at {offset})", data.len()),
+            Rma::ReadErr { read } => write!(f, "READ_ERR(read {read:#x})"),
+            Rma::Grant { read, split, heap } => {
+                write!(f, "READ_GRANT(read {read:#x}, reader copies up to {split}")?;
+                if let Some(h) = heap {
+                    write!(f, " from {h}")?;
+                }
+                write!(f, ")")
+            }
+            Rma::WriteDone { read } => write!(f, "WRITE_DONE(read {read:#x})"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,6 +691,149 @@ mod tests {
         assert!(Control::decode(&[9, 0, 0, 1, 2, 3, 4]).is_err());
         assert!(Control::decode(&[2, 1, 0, 1, 2, 3, 4]).is_err());
         assert!(Control::decode(&[]).is_err());
+    }
+
+    fn place(off: u64, nonce: u64, fd: u32) -> HeapPlace {
+        HeapPlace { off, heap: HeapDesc { nonce, fd } }
+    }
+
+    /// One packet of every kind and shape (each optional part present and absent).
+    fn every_rma(data: &[u8]) -> Vec<Rma<'_>> {
+        let req = ReadRequest {
+            read: 0x0102_0304_0506_0708,
+            mode: ReadMode::Stream,
+            send: 0xa0b0_c0d0,
+            va: 0x7f00_0000_1000,
+            key: 0x55,
+            len: 1 << 20,
+            reader_maps_heap: false,
+            dst_heap: None,
+        };
+        vec![
+            Rma::ReadReq(req),
+            Rma::ReadReq(ReadRequest { mode: ReadMode::SingleCopy { dst: 0x7e00_0000_2000 }, reader_maps_heap: true, ..req }),
+            Rma::ReadReq(ReadRequest { mode: ReadMode::SingleCopy { dst: 0 }, ..req }),
+            Rma::ReadReq(ReadRequest { dst_heap: Some(place(8192, 11, 3)), ..req }),
+            Rma::ReadResp { read: 9, offset: 4096, data },
+            Rma::ReadResp { read: 9, offset: 0, data: &[] },
+            Rma::ReadErr { read: u64::MAX },
+            Rma::Grant { read: 1, split: 65536, heap: None },
+            Rma::Grant { read: 1, split: 0, heap: Some(place(1 << 30, u64::MAX, u32::MAX)) },
+            Rma::WriteDone { read: 0 },
+        ]
+    }
+
+    fn rma_bytes(m: &Rma<'_>) -> Vec<u8> {
+        let mut b = [0u8; RMA_MAX_LEN];
+        let n = m.encode(&mut b).unwrap();
+        let mut v = b[..n].to_vec();
+        v.extend_from_slice(m.data());
+        v
+    }
+
+    #[test]
+    fn rma_layout() {
+        let m = rma_bytes(&Rma::ReadResp { read: 0x0102_0304_0506_0708, offset: 0x10, data: b"xy" });
+        assert_eq!(m, [2, 0, 0, 0, 0, 0, 0, 10, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0x10, b'x', b'y']);
+        assert_eq!(RMA_RESP_HDR_LEN, 24, "read response data stays 8-byte aligned");
+        let m = rma_bytes(&Rma::WriteDone { read: 7 });
+        assert_eq!(m, [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        let m = rma_bytes(&Rma::Grant { read: 7, split: 3, heap: Some(place(1, 2, 3)) });
+        assert_eq!(m.len(), RMA_HDR_LEN + 8 + 20);
+        assert_eq!(&m[..2], &[4, 1]);
+        let longest = every_rma(&[]).iter().map(|m| rma_bytes(m).len()).max();
+        assert_eq!(longest, Some(RMA_MAX_LEN));
+        let req = every_rma(&[])[3];
+        assert_eq!(
+            req.to_string(),
+            "READ_REQ(read 0x102030405060708, send 0xa0b0c0d0, 1048576 bytes at 0x7f0000001000 key 0x55, streamed, \
+             destination in heap (fd 3, nonce 0xb) at 0x2000)"
+        );
+        assert_eq!(Rma::ReadResp { read: 1, offset: 8, data: b"abc" }.to_string(), "READ_RESP(read 0x1, 3 bytes at 8)");
+    }
+
+    #[test]
+    fn every_rma_kind_round_trips() {
+        for m in every_rma(b"some data") {
+            let b = rma_bytes(&m);
+            assert_eq!(Rma::parse(&b).unwrap(), m, "{m}");
+            assert_eq!(Rma::parse(&b).unwrap().read(), m.read());
+        }
+    }
+
+    #[test]
+    fn every_truncation_of_every_rma_kind_is_an_error() {
+        for m in every_rma(b"0123456789") {
+            let b = rma_bytes(&m);
+            for n in 0..b.len() {
+                assert!(Rma::parse(&b[..n]).is_err(), "{m} cut to {n} bytes");
+            }
+            // One byte too many is as wrong as one too few.
+            let mut long = b.clone();
+            long.push(0);
+            assert!(Rma::parse(&long).is_err(), "{m} with a byte more");
+        }
+    }
+
+    #[test]
+    fn malformed_rma_is_an_error() {
+        for m in every_rma(b"d") {
+            let b = rma_bytes(&m);
+            for kind in [0u8, 6, 7, 0x80, 0xff] {
+                let mut x = b.clone();
+                x[0] = kind;
+                assert!(Rma::parse(&x).is_err(), "kind {kind}");
+            }
+            let mut x = b.clone();
+            x[3] = 1;
+            assert!(Rma::parse(&x).is_err(), "reserved byte of {m}");
+            let mut x = b.clone();
+            x[1] |= 0x80;
+            assert!(Rma::parse(&x).is_err(), "unknown flag of {m}");
+        }
+        // The heap-place flag without the place, and a streamed read naming a destination.
+        let mut x = rma_bytes(&Rma::Grant { read: 1, split: 2, heap: None });
+        x[1] = 1;
+        assert!(Rma::parse(&x).is_err());
+        let mut x = rma_bytes(&every_rma(&[])[0]);
+        x[RMA_HDR_LEN + 35] = 1;
+        assert!(Rma::parse(&x).is_err());
+        assert!(Rma::parse(&[]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn rma_roundtrip(kind in 0u8..5, read: u64, a: u64, b: u64, c: u64, d: u64, send: u32, flags in 0u8..8, fd: u32,
+                         data in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let heap = (flags & 4 != 0).then(|| place(c, d, fd));
+            let m = match kind {
+                0 => Rma::ReadReq(ReadRequest {
+                    read,
+                    mode: if flags & 1 != 0 { ReadMode::SingleCopy { dst: d } } else { ReadMode::Stream },
+                    send, va: a, key: b, len: c,
+                    reader_maps_heap: flags & 2 != 0,
+                    dst_heap: heap,
+                }),
+                1 => Rma::ReadResp { read, offset: a, data: &data },
+                2 => Rma::ReadErr { read },
+                3 => Rma::Grant { read, split: a, heap },
+                _ => Rma::WriteDone { read },
+            };
+            let bytes = rma_bytes(&m);
+            prop_assert_eq!(Rma::parse(&bytes).unwrap(), m);
+        }
+        #[test]
+        fn rma_parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..96)) {
+            let _ = Rma::parse(&bytes);
+        }
+        #[test]
+        fn rma_parse_never_panics_on_a_valid_header(kind in 0u8..8, flags in 0u8..8, body in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut b = vec![kind, flags, 0, 0];
+            b.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            b.extend_from_slice(&[0; 8]);
+            b.extend_from_slice(&body);
+            let _ = Rma::parse(&b);
+        }
     }
 
     proptest! {

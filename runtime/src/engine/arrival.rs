@@ -55,9 +55,12 @@ impl State {
                     let rid = wr_to_rid(recv_wr_id);
                     if p.flags & PKT_FIRST != 0 {
                         match p.data.first() {
-                            Some(&op) if op == TmOp::Rndv as u8 => self.stash_rndv(rid, p.data),
+                            Some(&op) if op == TmOp::Rndv as u8 => self.tm_took(rid, p.src, Some(p.data)),
                             // An expected eager message: consumed, its credit goes back.
-                            _ => self.give_credit(p.src, (p.total_len as usize).saturating_sub(TMH_LEN)),
+                            _ => {
+                                self.tm_took(rid, p.src, None);
+                                self.give_credit(p.src, (p.total_len as usize).saturating_sub(TMH_LEN));
+                            }
                         }
                         // A message under another rank's name writes nothing (it completes
                         // with an error, see `on_hw_completion`).
@@ -105,7 +108,7 @@ impl State {
         }
         match Message::parse(p.data).map_err(|_| malformed_from(p.src, "a message with a malformed header"))? {
             Message::NoTag(body) => self.on_control(p.src, body),
-            Message::Fin(..) => self.on_fin(p.src, p.data),
+            Message::Fin(tmh, rvh) => self.on_fin(p.src, tmh, rvh),
             Message::Rndv(..) => self.on_rndv(p.src, p.data),
             Message::Eager(tmh, payload) => self.on_data_first(p.src, tmh, payload, p.total_len, p.flags & PKT_LAST != 0),
         }

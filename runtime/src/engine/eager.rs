@@ -15,13 +15,22 @@ pub(super) struct Ctl {
 }
 
 /// Largest control packet (an RDMA read request naming a shared-heap destination).
-pub(super) const CTL_MAX: usize = 72;
+pub(super) const CTL_MAX: usize = RMA_MAX_LEN;
 
 impl Ctl {
     pub(super) fn new(flags: u8, b: &[u8]) -> Self {
         let mut bytes = [0u8; CTL_MAX];
         bytes[..b.len()].copy_from_slice(b);
         Ctl { flags, len: b.len() as u8, bytes }
+    }
+
+    /// An RMA packet other than a read response (whose data does not fit here), encoded in
+    /// place.
+    pub(super) fn rma(m: &Rma<'_>) -> Result<Self> {
+        debug_assert!(m.data().is_empty(), "read responses are streamed, not queued");
+        let mut bytes = [0u8; CTL_MAX];
+        let n = m.encode(&mut bytes)?;
+        Ok(Ctl { flags: PKT_RMA | PKT_WHOLE, len: n as u8, bytes })
     }
 }
 
@@ -155,7 +164,7 @@ impl Engine {
         let req = match req {
             Some(r) => r,
             None => self.st.reqs.insert(Req {
-                kind: ReqKind::Send(SendState { dest, key: tag64, pushed: false, need_ack: false, acked: false, rndv: None }),
+                kind: ReqKind::Send(SendState { dest, key: tag64, phase: SendPhase::Pushing, rndv: None }),
                 result: None,
                 detached: false,
             }),
@@ -403,8 +412,9 @@ impl State {
                     self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
                 }
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-                    r.matched = true;
-                    r.match_id = None;
+                    if !last {
+                        r.phase = RecvPhase::Filling;
+                    }
                     r.src_world = src;
                     r.source = src_of(tmh.tag);
                     r.tag = tag_of(tmh.tag);
@@ -510,8 +520,9 @@ impl State {
             self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
         }
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-            r.matched = true;
-            r.match_id = None;
+            if !u.complete {
+                r.phase = RecvPhase::Filling;
+            }
             r.src_world = u.src_world;
             r.source = src_of(u.tag64);
             r.tag = tag_of(u.tag64);

@@ -61,7 +61,7 @@ impl Engine {
                     if let Some(gone) = self.st.aborted(r.key) {
                         return Err(Error::PeerGone { rank: gone });
                     }
-                    if r.matched {
+                    if r.phase.matched() {
                         deps.push(r.src_world);
                     } else {
                         r.from.world_ranks(self.size, &mut deps);

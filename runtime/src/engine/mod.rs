@@ -45,10 +45,11 @@
 //! - a message of at least `TMPI_RNDV_THRESHOLD` bytes is a rendezvous: the sender registers
 //!   its buffer (REMOTE_READ) through the MR cache and sends `TMH(RNDV) | RVH | key be64 |
 //!   len be64`; the receiver, once the request matched (in the TM-SRQ, which asks for the
-//!   read itself, or in software), sends an RDMA read request (`PKT_RMA`); the sender's side
-//!   checks key, range and access in its fi_mr domain before a byte moves. Then the bytes
-//!   move one of two ways:
-//!   - streamed back through the ring (`PKT_RMA` responses, a pipelined copy-in/copy-out;
+//!   read itself, or in software), sends an RDMA read request (a `PKT_RMA` packet, [`Rma`],
+//!   as are all the answers below: each names the read, see [`rndv::read_name`]); the
+//!   sender's side checks key, range and access in its fi_mr domain before a byte moves.
+//!   Then the bytes move one of these ways:
+//!   - streamed back through the ring (read responses, a pipelined copy-in/copy-out;
 //!     reads below `TMPI_SINGLE_COPY_MIN`, or `TMPI_SINGLE_COPY=none`);
 //!   - one memcpy through a shared heap (`World::alloc_shared`, see `rndv.rs` and
 //!     `crate::heap`): a grant naming the sender's heap, or the sender's share written into
@@ -80,13 +81,13 @@ mod stats;
 #[cfg(test)]
 mod testkit;
 
-use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg, CTL_MAX};
+use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg};
 pub(crate) use fabric::Fabric;
 use fabric::ProcessAlive;
 pub(crate) use leave::Need;
 use offload::{rid_to_wr, wr_to_rid};
 pub(crate) use progress::Backoff;
-use requests::{wire_name, OwnedRecv, RecvState, Req, ReqKind, SendState};
+use requests::{wire_name, OwnedRecv, PlacedRndv, RecvPhase, RecvState, Req, ReqKind, SendPhase, SendState};
 use stats::Stats;
 
 use std::collections::VecDeque;
@@ -98,7 +99,9 @@ use tmpi_transport::shm::cma;
 use tmpi_transport::tm::{
     Arrival, Buffer, OpsWr, ReadId, RndvRequest, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN, RVH_LEN_IN_META,
 };
-use tmpi_transport::wire::{Control, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RVH_LEN, TMH_LEN};
+use tmpi_transport::wire::{
+    Control, HeapPlace, ReadMode, ReadRequest, Rma, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RMA_MAX_LEN, RMA_RESP_HDR_LEN, RVH_LEN, TMH_LEN,
+};
 
 use crate::buffer::{OwnedBuf, RawBuf, RawBufMut};
 use crate::config::Config;
@@ -123,22 +126,9 @@ const SRQ_DEPTH: usize = 64;
 /// Capacity of each SRQ buffer: unexpected messages are copied into memory software
 /// allocates per message, so the modelled buffer never truncates.
 const SRQ_BUF_LEN: usize = usize::MAX / 4;
-/// RMA packet kinds (first byte of a `PKT_RMA` packet).
-const RMA_READ_REQ: u8 = 1;
-const RMA_READ_RESP: u8 = 2;
-const RMA_READ_ERR: u8 = 3;
-/// The target checked the key: the reader may copy the range itself (CMA single copy).
-const RMA_READ_GRANT: u8 = 4;
-/// Read request modes (second byte of `RMA_READ_REQ`).
-const READ_MODE_STREAM: u8 = 0;
-const READ_MODE_CMA: u8 = 1;
-/// The target wrote its share of a split single-copy read into the reader's buffer.
-const RMA_WRITE_DONE: u8 = 5;
 /// Single-copy reads of at least this many bytes are split: the reader copies the first half,
 /// the target (otherwise idle until FIN) writes the second half, so both cores copy.
 const CMA_SPLIT_MIN: usize = 128 * 1024;
-/// Bytes of header in front of the data of an RMA read response.
-const RMA_RESP_HDR: usize = 24;
 /// Software syncs the TM-SRQ at least once every this many unexpected messages.
 const FORCED_SYNC_EVERY: u32 = 1 << 14;
 
@@ -223,30 +213,19 @@ struct ReadOp {
 /// A range of a rendezvous send buffer being streamed to a reader.
 struct RmaOut {
     dest: usize,
-    read: [u8; 8],
+    /// The reader's name for the read ([`Rma::read`]).
+    read: u64,
     buf: RawBuf,
     off: usize,
     /// Offset of `buf` within the read.
     base: usize,
 }
 
-/// A decoded RDMA read request.
-#[derive(Clone, Copy)]
-struct ReadReq {
-    mode: u8,
-    /// Index of the send request whose buffer is read.
-    sreq: u32,
-    va: u64,
-    key: u64,
-    len: u64,
-    /// Reader's buffer for the target's share of a single-copy read (0: none).
-    dst: u64,
-}
-
 /// The target's share of a split single-copy read: `buf` goes to `dst` in the reader.
 struct CmaWrite {
     dest: usize,
-    read: [u8; 8],
+    /// The reader's name for the read ([`Rma::read`]).
+    read: u64,
     buf: RawBuf,
     /// Reader's address of the read's first byte, and the offset of `buf` within the read.
     dst: u64,

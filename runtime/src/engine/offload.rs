@@ -15,14 +15,22 @@ pub(super) fn wr_to_rid(wr: u64) -> ReqId {
 }
 
 impl State {
-    /// Keeps a rendezvous request that the TM-SRQ placed in a tagged buffer, in case the
-    /// buffer is too small (RNDV_INCOMPLETE) and software has to finish.
-    pub(super) fn stash_rndv(&mut self, rid: ReqId, req: &[u8]) {
-        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-            let mut b = [0u8; 64];
-            let n = req.len().min(64);
-            b[..n].copy_from_slice(&req[..n]);
-            r.rndv_req = Some(Box::new((b, n)));
+    /// The TM-SRQ matched receive `rid` to the message from `src` whose first packet it just
+    /// placed in the receive's tagged buffer: the receive is [`RecvPhase::Tagged`] and leaves
+    /// the software queue (its MATCH completion, handled next, finds it there). A rendezvous
+    /// request (`rndv`) is kept, in case the buffer is too small (RNDV_INCOMPLETE) and
+    /// software has to read.
+    pub(super) fn tm_took(&mut self, rid: ReqId, src: usize, rndv: Option<&[u8]>) {
+        let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else { return };
+        let rndv = rndv.map(|req| {
+            let mut bytes = [0u8; 64];
+            let len = req.len().min(64);
+            bytes[..len].copy_from_slice(&req[..len]);
+            Box::new(PlacedRndv { bytes, len })
+        });
+        r.src_world = src;
+        if let RecvPhase::Posted { match_id, .. } = std::mem::replace(&mut r.phase, RecvPhase::Tagged { rndv }) {
+            self.matcher.cancel(match_id);
         }
     }
 
@@ -35,19 +43,22 @@ impl State {
         }
     }
 
-    /// Takes a receive out of the software-only count and the tag list.
+    /// A receive the software matcher no longer holds (it matched there, or was cancelled):
+    /// takes it out of the software-only count or the tag list; it is [`RecvPhase::Idle`].
     pub(super) fn leave_queues(&mut self, rid: ReqId) {
         let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
             return;
         };
-        if std::mem::take(&mut r.sw_only) {
-            self.sw_only_posted -= 1;
-        }
-        if let Some(h) = r.hw_handle.take() {
+        let RecvPhase::Posted { hw, .. } = std::mem::replace(&mut r.phase, RecvPhase::Idle) else {
+            return;
+        };
+        if let Some(h) = hw {
             self.op_wr += 1;
             // The entry is still listed (a consumed entry would have completed already), so
             // the DEL succeeds; a TM_ERR completion is tolerated in `drain_cq` regardless.
             let _ = self.tm.post_srq_op(&OpsWr::del(self.op_wr, h, self.sw_unexp, true));
+        } else {
+            self.sw_only_posted -= 1;
         }
     }
 
@@ -125,15 +136,18 @@ impl State {
             let src = wc.src as usize;
             let admitted = self.admits(rid, tag64, src);
             if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-                r.matched = true;
-                r.hw_handle = None;
                 r.src_world = src;
                 if !admitted {
                     r.refused = Some(src);
                 }
                 r.source = src_of(tag64);
                 r.tag = tag_of(tag64);
-                cancel = r.match_id.take();
+                // Normally the first packet's placement made it `Tagged` already (see
+                // `tm_took`); a rendezvous the TM-SRQ reads is `Reading`.
+                if let RecvPhase::Posted { match_id, .. } = r.phase {
+                    r.phase = RecvPhase::Tagged { rndv: None };
+                    cancel = Some(match_id);
+                }
             }
             if let Some(id) = cancel {
                 self.matcher.cancel(id);
@@ -146,7 +160,10 @@ impl State {
         if wc.flags.contains(WcFlags::TM_DATA_VALID) && wc.status == WcStatus::TmRndvIncomplete {
             // The tagged buffer was smaller than the rendezvous: software finishes.
             let (stash, refused) = match self.reqs.get_mut(rid) {
-                Some(Req { kind: ReqKind::Recv(r), .. }) => (r.rndv_req.take(), r.refused),
+                Some(Req { kind: ReqKind::Recv(r), .. }) => match &mut r.phase {
+                    RecvPhase::Tagged { rndv } => (rndv.take(), r.refused),
+                    _ => (None, r.refused),
+                },
                 _ => (None, None),
             };
             if let Some(src) = refused {
@@ -154,7 +171,7 @@ impl State {
                 return;
             }
             let r = match stash {
-                Some(s) => RndvInfo::parse(&s.0[..s.1]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
+                Some(s) => RndvInfo::parse(&s.bytes[..s.len]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
                 None => Err(malformed("RNDV_INCOMPLETE without the request")),
             };
             if let Err(e) = r {

@@ -8,11 +8,7 @@ impl Engine {
     pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
         let cap = buf.cap();
         let key = matching::recv_key(ctx, src, tag);
-        let rid = self.st.reqs.insert_with(|| Req {
-            kind: ReqKind::Recv(RecvState::new(buf, key.0, from, false)),
-            result: None,
-            detached: false,
-        });
+        let rid = self.st.reqs.insert_with(|| Req { kind: ReqKind::Recv(RecvState::new(buf, key.0, from)), result: None, detached: false });
         self.posted(src.is_some(), key, rid, cap, false)
     }
 
@@ -29,7 +25,7 @@ impl Engine {
         from: Peers,
     ) -> Result<ReqId> {
         let key = matching::recv_key(ctx, src, tag);
-        let mut r = RecvState::new(RawBufMut::empty(), key.0, from, false);
+        let mut r = RecvState::new(RawBufMut::empty(), key.0, from);
         r.owned = Some(Box::new(OwnedRecv { elem, align, buf: None, failed: false }));
         let rid = self.st.reqs.insert(Req { kind: ReqKind::Recv(r), result: None, detached: false });
         self.posted(src.is_some(), key, rid, 0, true)
@@ -59,9 +55,7 @@ impl Engine {
                     handle = st.tm.post_srq_op(&wr).ok().flatten();
                 }
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = st.reqs.get_mut(rid) {
-                    r.match_id = Some(id);
-                    r.hw_handle = handle;
-                    r.sw_only = handle.is_none();
+                    r.phase = RecvPhase::Posted { match_id: id, hw: handle };
                 }
                 if handle.is_none() {
                     st.sw_only_posted += 1;
@@ -94,7 +88,7 @@ impl Engine {
 
     /// A receive request that is in no queue (it is given its message directly).
     fn post_recv_detached(&mut self, key: u64, buf: RawBufMut, from: Peers) -> ReqId {
-        self.st.reqs.insert(Req { kind: ReqKind::Recv(RecvState::new(buf, key, from, true)), result: None, detached: false })
+        self.st.reqs.insert(Req { kind: ReqKind::Recv(RecvState::new(buf, key, from)), result: None, detached: false })
     }
 
     /// Status of the oldest unexpected message matching, if any (no progress).

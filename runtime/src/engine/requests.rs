@@ -3,7 +3,62 @@
 
 use super::*;
 
-/// A receive while it is pending: posted, matched and filling, or reading a rendezvous.
+/// Where a pending receive stands. Completion is not a phase: it is [`Req::result`], set at
+/// the one completion point ([`State::end_recv`]); the phase then says how far it got.
+///
+/// - `Idle` → `Posted` when it is queued; back to `Idle` when software matches it (or it is
+///   cancelled). From `Idle` a matched receive completes at once (a whole eager message), or
+///   goes `Filling` (the rest of an eager message is to come) or `Reading` (a rendezvous). A
+///   receive matched at post (an unexpected message, a matched probe) goes the same way.
+/// - `Posted` → `Tagged` when the TM-SRQ places the first packet of its message in the tagged
+///   buffer, or → `Reading` when the TM-SRQ asks for the read of an expected rendezvous.
+/// - `Tagged` → done at DATA_VALID, or → `Reading` at RNDV_INCOMPLETE.
+/// - `Filling` → done with the last packet; `Reading` → done when the read ends (FIN sent).
+///
+/// Only a `Posted` receive can be cancelled.
+pub(super) enum RecvPhase {
+    /// In no queue and nothing under way: a receive being posted (until it is queued or handed
+    /// an unexpected message, within the call that creates it), or one that has just matched
+    /// and whose data has not started.
+    Idle,
+    /// Waiting for a message: queued in the software matcher, and possibly listed in the
+    /// TM-SRQ's tag list.
+    Posted {
+        /// The receive's entry in the software matcher.
+        match_id: RecvId,
+        /// Handle of its entry in the TM-SRQ tag list; `None`: software only (counted in
+        /// `State::sw_only_posted`).
+        hw: Option<u32>,
+    },
+    /// Matched by the TM-SRQ to its tagged buffer, which the TM-SRQ fills; its DATA_VALID
+    /// completion completes it.
+    Tagged {
+        /// The rendezvous request the TM-SRQ placed in the buffer, kept in case the buffer is
+        /// too small for the message (RNDV_INCOMPLETE): software then reads it.
+        rndv: Option<Box<PlacedRndv>>,
+    },
+    /// Matched in software to an eager message of several packets, being copied in as they
+    /// come (`RecvState::received` of `RecvState::total` bytes).
+    Filling,
+    /// A rendezvous read fills it: its key in `State::reads`.
+    Reading(Key),
+}
+
+/// A rendezvous request as the TM-SRQ placed it in a tagged buffer (up to 64 bytes of it).
+pub(super) struct PlacedRndv {
+    pub(super) bytes: [u8; 64],
+    pub(super) len: usize,
+}
+
+impl RecvPhase {
+    /// Whether the receive has matched a message (and waits for that message's sender only).
+    #[inline]
+    pub(super) fn matched(&self) -> bool {
+        !matches!(self, RecvPhase::Idle | RecvPhase::Posted { .. })
+    }
+}
+
+/// A receive while it is pending (see [`RecvPhase`] for where it stands).
 pub(super) struct RecvState {
     /// `None`: the receive was abandoned mid-message; data is discarded.
     pub(super) buf: Option<RawBufMut>,
@@ -18,16 +73,8 @@ pub(super) struct RecvState {
     /// that sent it (a forged source): it completes with [`Error::Protocol`].
     pub(super) refused: Option<usize>,
     pub(super) cap: usize,
-    pub(super) matched: bool,
-    pub(super) match_id: Option<RecvId>,
-    /// Handle of the receive's entry in the TM-SRQ tag list, while it is there.
-    pub(super) hw_handle: Option<u32>,
-    /// Queued in software only (counted in `State::sw_only_posted`).
-    pub(super) sw_only: bool,
-    /// A rendezvous request the TM-SRQ placed in this (too small) tagged buffer.
-    pub(super) rndv_req: Option<Box<([u8; 64], usize)>>,
-    /// The rendezvous read filling this receive, once started.
-    pub(super) read: Option<Key>,
+    /// Where it stands.
+    pub(super) phase: RecvPhase,
     pub(super) received: usize,
     pub(super) total: usize,
     pub(super) source: Rank,
@@ -48,21 +95,79 @@ pub(super) struct OwnedRecv {
     pub(super) failed: bool,
 }
 
-/// A send while it is pending: queued for ring space, waiting for its ACK, or (rendezvous)
-/// for the reader's FIN.
+/// Where a pending send stands: it completes once all of it is pushed into the fabric and,
+/// for a synchronous or rendezvous send, the receiver has answered (SSEND_ACK or FIN). The
+/// answer may come before the last packet is pushed (a synchronous send of several packets
+/// is acknowledged on its first).
+///
+/// ```text
+///   Pushing ───────── pushed ─────────────────────────────────► done
+///   PushingAwaiting ─ pushed ─► Awaiting ─── answer ──────────► done
+///         └────────── answer ─► PushingAnswered ─── pushed ───► done
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SendPhase {
+    /// Being pushed (waiting for ring space); nothing else is owed.
+    Pushing,
+    /// Being pushed, and the receiver must answer too.
+    PushingAwaiting,
+    /// Being pushed; the receiver already answered.
+    PushingAnswered,
+    /// All pushed; waits for the receiver's answer.
+    Awaiting,
+}
+
+impl SendPhase {
+    /// The phase of a new send: one the receiver must answer (synchronous, rendezvous) or not.
+    #[inline]
+    pub(super) fn new(answered: bool) -> Self {
+        if answered {
+            SendPhase::PushingAwaiting
+        } else {
+            SendPhase::Pushing
+        }
+    }
+
+    /// The last packet went into the fabric: the next phase, `None` once complete.
+    #[inline]
+    pub(super) fn pushed(self) -> Option<Self> {
+        match self {
+            SendPhase::Pushing | SendPhase::PushingAnswered => None,
+            SendPhase::PushingAwaiting | SendPhase::Awaiting => Some(SendPhase::Awaiting),
+        }
+    }
+
+    /// The receiver answered: the next phase, `None` once complete. An answer nothing waits
+    /// for changes nothing.
+    #[inline]
+    pub(super) fn answered(self) -> Option<Self> {
+        match self {
+            SendPhase::PushingAwaiting | SendPhase::PushingAnswered => Some(SendPhase::PushingAnswered),
+            SendPhase::Awaiting => None,
+            SendPhase::Pushing => Some(SendPhase::Pushing),
+        }
+    }
+}
+
+/// A send while it is pending (see [`SendPhase`] for where it stands).
 pub(super) struct SendState {
     /// World rank of the destination.
     pub(super) dest: usize,
     /// The message's match key.
     pub(super) key: u64,
-    pub(super) pushed: bool,
-    pub(super) need_ack: bool,
-    pub(super) acked: bool,
+    /// Where it stands.
+    pub(super) phase: SendPhase,
     /// A rendezvous send: its buffer (until abandoned) and its registration, held until FIN.
     pub(super) rndv: Option<RndvSend>,
 }
 
 /// What a request is.
+///
+/// Its tag is a byte of its own (`repr(u8)`), not a niche in [`RecvPhase`]'s tag: otherwise
+/// every phase change of a receive rewrites the word that says it is a receive, which every
+/// lookup of a request reads; that cost the request layer about 2% per message
+/// (`comm_window_cost`).
+#[repr(u8)]
 pub(super) enum ReqKind {
     Recv(RecvState),
     Send(SendState),
@@ -139,14 +244,10 @@ impl Engine {
         if req.result.is_some() {
             return;
         }
-        let ReqKind::Recv(r) = &mut req.kind else {
+        let ReqKind::Recv(RecvState { phase: RecvPhase::Posted { match_id, .. }, .. }) = req.kind else {
             return;
         };
-        if r.matched {
-            return;
-        }
-        let Some(id) = r.match_id.take() else { return };
-        if self.st.matcher.cancel(id).is_some() {
+        if self.st.matcher.cancel(match_id).is_some() {
             req.result = Some(Ok(Status::cancelled_recv()));
             self.st.leave_queues(rid);
         }
@@ -184,7 +285,7 @@ impl Engine {
                 r.buf = None;
                 // The target of a single-copy read may be writing into the buffer: it must
                 // stay until that write is done (or the target is gone).
-                if let Some(k) = r.read {
+                if let RecvPhase::Reading(k) = r.phase {
                     if let Some(src) = self.st.reads.get(k).filter(|op| op.remote_write).map(|op| op.src) {
                         self.progress_while(src, |e| e.st.reads.get(k).is_some_and(|op| op.remote_write));
                     }
@@ -231,7 +332,7 @@ impl Engine {
                         keep
                     });
                     for (dest, read) in refused {
-                        st.rma_notice(dest, RMA_READ_ERR, read);
+                        st.send_rma(dest, Rma::ReadErr { read });
                     }
                 }
             }
@@ -266,14 +367,14 @@ impl Engine {
 impl State {
     /// Inserts a send request to world rank `dest`. A request that needs an answer (ACK or
     /// FIN) is named on the wire, which bounds how many can be outstanding.
-    pub(super) fn new_send(&mut self, dest: usize, key: u64, need_ack: bool, rndv: Option<RndvSend>) -> Result<ReqId> {
-        if need_ack && self.reqs.vacant_key().idx() as usize >= MAX_NAMED_REQUESTS {
+    pub(super) fn new_send(&mut self, dest: usize, key: u64, answered: bool, rndv: Option<RndvSend>) -> Result<ReqId> {
+        if answered && self.reqs.vacant_key().idx() as usize >= MAX_NAMED_REQUESTS {
             return Err(Error::State(format!(
                 "more than {MAX_NAMED_REQUESTS} synchronous or rendezvous sends outstanding: complete some before starting more"
             )));
         }
         Ok(self.reqs.insert(Req {
-            kind: ReqKind::Send(SendState { dest, key, pushed: false, need_ack, acked: false, rndv }),
+            kind: ReqKind::Send(SendState { dest, key, phase: SendPhase::new(answered), rndv }),
             result: None,
             detached: false,
         }))
@@ -292,19 +393,31 @@ impl State {
         }
     }
 
-    /// Records push/ack progress of a send request and completes it when both are done.
-    pub(super) fn send_progress(&mut self, rid: ReqId, pushed: bool, acked: bool) {
+    /// Records that send `rid` was `pushed` in full and/or `answered` (see [`SendPhase`]), and
+    /// completes it when nothing more is owed.
+    pub(super) fn send_progress(&mut self, rid: ReqId, pushed: bool, answered: bool) {
         let Some(req) = self.reqs.get_mut(rid) else {
             return;
         };
         if let ReqKind::Send(s) = &mut req.kind {
-            s.pushed |= pushed;
-            s.acked |= acked;
-            if s.pushed && (s.acked || !s.need_ack) && req.result.is_none() {
-                s.rndv = None;
-                req.result = Some(Ok(Status::sent()));
-                if req.detached {
-                    self.reqs.remove(rid);
+            if req.result.is_some() {
+                return;
+            }
+            let mut next = Some(s.phase);
+            if pushed {
+                next = next.and_then(SendPhase::pushed);
+            }
+            if answered {
+                next = next.and_then(SendPhase::answered);
+            }
+            match next {
+                Some(p) => s.phase = p,
+                None => {
+                    s.rndv = None;
+                    req.result = Some(Ok(Status::sent()));
+                    if req.detached {
+                        self.reqs.remove(rid);
+                    }
                 }
             }
         }
@@ -346,12 +459,12 @@ impl State {
         }
     }
 
-    /// Completes receive `rid` with `err` (it matched, so it leaves every queue).
+    /// Completes matched receive `rid` with `err` (it is in no queue any more).
     pub(super) fn fail_recv(&mut self, rid: ReqId, err: Error) {
-        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-            r.matched = true;
-            r.match_id = None;
-        }
+        debug_assert!(
+            !matches!(self.reqs.get(rid), Some(Req { kind: ReqKind::Recv(RecvState { phase: RecvPhase::Posted { .. }, .. }), .. })),
+            "a receive fails only once it left its queues"
+        );
         self.end_recv(rid, Some(err));
     }
 
@@ -384,9 +497,9 @@ impl State {
 }
 
 impl RecvState {
-    /// A receive into `buf` posted with match key `key`, waiting for `from`; `matched` when it
-    /// is handed its message directly (a matched probe) rather than queued.
-    pub(super) fn new(buf: RawBufMut, key: u64, from: Peers, matched: bool) -> Self {
+    /// A receive into `buf` with match key `key`, waiting for `from`, in phase
+    /// [`RecvPhase::Idle`] (about to be queued, or handed its message).
+    pub(super) fn new(buf: RawBufMut, key: u64, from: Peers) -> Self {
         RecvState {
             cap: buf.cap(),
             buf: Some(buf),
@@ -394,12 +507,7 @@ impl RecvState {
             from,
             src_world: 0,
             refused: None,
-            matched,
-            match_id: None,
-            hw_handle: None,
-            sw_only: false,
-            rndv_req: None,
-            read: None,
+            phase: RecvPhase::Idle,
             received: 0,
             total: 0,
             source: 0,
@@ -468,6 +576,144 @@ mod tests {
         assert!(b.st.reqs.is_empty(), "the abandoned slot is freed once its message is in");
         assert_eq!(b.st.stats.unexpected, 1, "an abandoned receive that had not matched is cancelled");
         assert_eq!(buf[0], 0);
+    }
+
+    /// The phase of receive `rid` of `e`.
+    fn phase(e: &Engine, rid: ReqId) -> &RecvPhase {
+        match e.st.reqs.get(rid) {
+            Some(Req { kind: ReqKind::Recv(r), .. }) => &r.phase,
+            _ => panic!("no pending receive"),
+        }
+    }
+
+    /// The first `first` payload bytes of an eager message of `data` from rank 0 with `tag`,
+    /// injected into rank 1 as one packet; then the rest as another.
+    fn eager_in_two(a: &mut Engine, tag: u32, data: &[u8], first: usize) -> impl FnOnce(&mut Engine) {
+        let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: super::super::testkit::key(0, tag) }.to_bytes();
+        let total = (TMH_LEN + data.len()) as u64;
+        let mut m = tmh.to_vec();
+        m.extend_from_slice(&data[..first]);
+        a.inject(1, PKT_FIRST, total, &m).expect("inject");
+        let rest = data[first..].to_vec();
+        move |a: &mut Engine| a.inject(1, PKT_LAST, total, &rest).expect("inject")
+    }
+
+    #[test]
+    fn send_phases_complete_once_pushed_and_answered() {
+        use SendPhase::*;
+        // A standard send completes once pushed; an answer nothing waits for changes nothing.
+        assert_eq!(SendPhase::new(false), Pushing);
+        assert_eq!(Pushing.pushed(), None);
+        assert_eq!(Pushing.answered(), Some(Pushing));
+        // One that needs an answer: pushed then answered, or answered while still pushing.
+        assert_eq!(SendPhase::new(true), PushingAwaiting);
+        assert_eq!(PushingAwaiting.pushed(), Some(Awaiting));
+        assert_eq!(Awaiting.answered(), None);
+        assert_eq!(PushingAwaiting.answered(), Some(PushingAnswered));
+        assert_eq!(PushingAnswered.pushed(), None);
+        // Repeats change nothing more.
+        assert_eq!(PushingAnswered.answered(), Some(PushingAnswered));
+        assert_eq!(Awaiting.pushed(), Some(Awaiting));
+    }
+
+    #[test]
+    fn a_synchronous_send_acknowledged_while_pushing_completes_when_pushed() {
+        let (mut a, mut b) = pair();
+        let data = vec![5u8; 200_000];
+        let s = a.st.new_send(1, 0, true, None).expect("send");
+        a.st.send_progress(s, false, true);
+        assert!(matches!(a.st.reqs.get(s), Some(Req { kind: ReqKind::Send(SendState { phase: SendPhase::PushingAnswered, .. }), .. })));
+        assert!(!a.is_done(s));
+        a.st.send_progress(s, true, false);
+        assert!(a.take_if_done(s).expect("done").is_ok());
+        // The same through the engine: a synchronous send of several packets.
+        let mut buf = vec![0u8; data.len()];
+        let r = recv(&mut b, Some(0), Some(3), &mut buf);
+        let s = send(&mut a, 1, 3, &data, true).expect("a synchronous send waits");
+        settle(&mut [&mut a, &mut b]);
+        assert!(b.take_if_done(r).expect("done").is_ok());
+        assert!(a.take_if_done(s).expect("acknowledged").is_ok());
+    }
+
+    #[test]
+    fn a_software_receive_goes_posted_filling_done() {
+        let (mut a, mut b) = pair();
+        let mut buf = [0u8; 16];
+        let r = recv(&mut b, Some(0), Some(4), &mut buf);
+        assert!(matches!(phase(&b, r), RecvPhase::Posted { hw: None, .. }), "below TMPI_TM_THRESH: software only");
+        assert_eq!(b.st.sw_only_posted, 1);
+        let rest = eager_in_two(&mut a, 4, b"0123456789", 4);
+        b.progress().expect("progress");
+        assert!(matches!(phase(&b, r), RecvPhase::Filling));
+        assert_eq!(b.st.sw_only_posted, 0, "it left the software-only count when it matched");
+        // A matched receive cannot be cancelled.
+        b.cancel(r);
+        assert!(!b.is_done(r));
+        rest(&mut a);
+        settle(&mut [&mut a, &mut b]);
+        assert_eq!(b.take_if_done(r).expect("done").expect("ok").len(), 10);
+        assert_eq!(&buf[..10], b"0123456789");
+    }
+
+    #[test]
+    fn an_offloaded_receive_goes_posted_tagged_done() {
+        let (mut a, mut b) = pair();
+        let mut buf = vec![0u8; 4096];
+        let r = recv(&mut b, Some(0), Some(6), &mut buf);
+        assert!(matches!(phase(&b, r), RecvPhase::Posted { hw: Some(_), .. }));
+        assert_eq!((b.st.sw_only_posted, b.st.tm.tags_listed()), (0, 1));
+        let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        let rest = eager_in_two(&mut a, 6, &data, 1000);
+        b.progress().expect("progress");
+        assert!(matches!(phase(&b, r), RecvPhase::Tagged { rndv: None }));
+        assert_eq!(b.st.tm.tags_listed(), 0, "the TM-SRQ consumed its entry");
+        // It left the software queue too: another message with the same tag is unexpected.
+        b.cancel(r);
+        assert!(!b.is_done(r));
+        rest(&mut a);
+        send(&mut a, 1, 6, b"next", false);
+        settle(&mut [&mut a, &mut b]);
+        assert_eq!(b.take_if_done(r).expect("done").expect("ok").len(), 3000);
+        assert_eq!(&buf[..3000], &data[..]);
+        assert_eq!(b.st.stats.unexpected, 1);
+    }
+
+    #[test]
+    fn a_rendezvous_receive_goes_posted_reading_done() {
+        for tags in [Config::default().tm_max_tags, 0] {
+            let mut v = super::super::testkit::job(2, Config { tm_max_tags: tags, ..Config::default() });
+            let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
+            let data = vec![9u8; 300_000];
+            let mut buf = vec![0u8; data.len()];
+            let r = recv(b, Some(0), Some(7), &mut buf);
+            assert!(matches!(phase(b, r), RecvPhase::Posted { hw, .. } if hw.is_some() == (tags > 0)));
+            let s = send(a, 1, 7, &data, false).expect("a rendezvous waits for its FIN");
+            b.progress().expect("the request arrives");
+            let RecvPhase::Reading(k) = *phase(b, r) else { panic!("reading") };
+            assert!(b.st.reads.get(k).is_some_and(|op| op.rid == r));
+            assert_eq!((b.st.sw_only_posted, b.st.tm.tags_listed()), (0, 0));
+            settle(&mut [&mut *a, &mut *b]);
+            assert!(b.take_if_done(r).expect("done").is_ok());
+            assert!(a.take_if_done(s).expect("FIN").is_ok());
+            assert!(buf == data);
+        }
+    }
+
+    #[test]
+    fn a_cancelled_receive_leaves_every_queue() {
+        let (_a, mut b) = pair();
+        let mut small = [0u8; 8];
+        let mut big = vec![0u8; 4096];
+        let r1 = recv(&mut b, Some(0), Some(1), &mut small);
+        let r2 = recv(&mut b, Some(0), Some(2), &mut big);
+        assert_eq!((b.st.sw_only_posted, b.st.tm.tags_listed()), (1, 1));
+        b.cancel(r1);
+        b.cancel(r2);
+        assert_eq!((b.st.sw_only_posted, b.st.tm.tags_listed()), (0, 0));
+        for r in [r1, r2] {
+            assert!(matches!(phase(&b, r), RecvPhase::Idle));
+            assert!(b.take_if_done(r).expect("cancelled").is_ok_and(|s| s.cancelled()));
+        }
     }
 
     #[test]

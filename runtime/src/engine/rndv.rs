@@ -4,43 +4,34 @@
 
 use super::*;
 use crate::heap::HeapSrc;
-use tmpi_transport::shm::heap::HeapDesc;
 
-/// Read request flag (third byte): the reader maps this target's shared heap, so a range in
-/// it may be granted for a plain memcpy whatever the mode.
-const REQ_HEAP_MAPS: u8 = 1;
-/// Read request flag: the reader's buffer lies in its shared heap (bytes 48..68 name it); the
-/// target may write its share there with a memcpy.
-const REQ_DST_HEAP: u8 = 2;
-/// Grant flag (second byte): the range lies in the target's shared heap (bytes 24..44).
-const GRANT_HEAP: u8 = 1;
 /// Shared-heap reads of at least this many bytes are split when both buffers lie in shared
 /// heaps: the reader copies the first half, the target the second, both with memcpy.
 const HEAP_SPLIT_MIN: usize = 1 << 20;
 
-fn put_desc(m: &mut [u8], h: HeapSrc) {
-    m[..8].copy_from_slice(&h.off.to_be_bytes());
-    m[8..16].copy_from_slice(&h.desc.nonce.to_be_bytes());
-    m[16..20].copy_from_slice(&h.desc.fd.to_be_bytes());
+/// How a read is named on the wire ([`Rma::read`]): its slot in `State::reads`, index and
+/// generation, so an answer to a read that is gone never reaches the one reusing the slot.
+#[inline]
+pub(super) fn read_name(k: Key) -> u64 {
+    u64::from(k.idx()) << 32 | u64::from(k.gen())
 }
 
-fn get_desc(m: &[u8]) -> HeapSrc {
-    HeapSrc { off: be64(m, 0), desc: HeapDesc { nonce: be64(m, 8), fd: be32(m, 16) } }
+/// The read a peer's answer names (see [`read_name`]).
+#[inline]
+pub(super) fn read_key(name: u64) -> Key {
+    Key::new((name >> 32) as u32, name as u32)
 }
 
-pub(super) fn read_id_bytes(k: Key) -> [u8; 8] {
-    let mut b = [0u8; 8];
-    b[..4].copy_from_slice(&k.idx().to_be_bytes());
-    b[4..].copy_from_slice(&k.gen().to_be_bytes());
-    b
+impl From<HeapSrc> for HeapPlace {
+    fn from(h: HeapSrc) -> Self {
+        HeapPlace { off: h.off, heap: h.desc }
+    }
 }
 
-pub(super) fn be32(b: &[u8], at: usize) -> u32 {
-    b.get(at..at + 4).map_or(0, |x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]))
-}
-
-pub(super) fn be64(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 8).map_or(0, |x| u64::from_be_bytes([x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]]))
+impl From<HeapPlace> for HeapSrc {
+    fn from(p: HeapPlace) -> Self {
+        HeapSrc { off: p.off, desc: p.heap }
+    }
 }
 
 impl Engine {
@@ -68,19 +59,18 @@ impl Engine {
     /// Streams queued read responses into the fabric.
     pub(super) fn push_rma(&mut self) -> Result<usize> {
         let mut n = 0;
-        let room = self.max_packet.min(1 << 20) - RMA_RESP_HDR;
+        let room = self.max_packet.min(1 << 20) - RMA_RESP_HDR_LEN;
         loop {
             let alone = self.st.rma_out.len() == 1;
             let Some(r) = self.st.rma_out.front_mut() else { break };
             let chunk = if self.pipelined && alone { eager::stream_chunk(r.buf.len(), room) } else { room };
             while r.off < r.buf.len() {
                 let k = (r.buf.len() - r.off).min(chunk);
-                let mut h = [0u8; RMA_RESP_HDR];
-                h[0] = RMA_READ_RESP;
-                h[4..12].copy_from_slice(&r.read);
-                h[16..24].copy_from_slice(&((r.base + r.off) as u64).to_be_bytes());
-                let total = (RMA_RESP_HDR + k) as u64;
-                if !self.fabric.try_send(r.dest, PKT_RMA, total, &[&h, r.buf.slice(r.off, r.off + k)])? {
+                let m = Rma::ReadResp { read: r.read, offset: (r.base + r.off) as u64, data: r.buf.slice(r.off, r.off + k) };
+                let mut h = [0u8; RMA_MAX_LEN];
+                let hlen = m.encode(&mut h)?;
+                let total = (hlen + k) as u64;
+                if !self.fabric.try_send(r.dest, PKT_RMA, total, &[&h[..hlen], m.data()])? {
                     return Ok(n);
                 }
                 r.off += k;
@@ -133,38 +123,37 @@ impl State {
         let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
             return Err(Error::State("rendezvous matched a receive that is gone".into()));
         };
-        r.matched = true;
+        let key = self.reads.vacant_key();
+        // A receive the TM-SRQ matched (and asked to read for) is still queued in software
+        // (its MATCH completion is handled after this): take it out there too, or a later
+        // message would match it. Its tag-list entry is consumed.
+        if let RecvPhase::Posted { match_id, .. } = std::mem::replace(&mut r.phase, RecvPhase::Reading(key)) {
+            self.matcher.cancel(match_id);
+        }
         r.src_world = src;
-        // A receive the TM-SRQ matched is still queued in software (its MATCH completion is
-        // handled after this): take it out there too, or a later message would match it.
-        let queued = r.match_id.take();
         r.source = src_of(info.tmh.tag);
         r.tag = tag_of(info.tmh.tag);
         r.total = info.len;
-        let cap = r.cap;
-        if let Some(id) = queued {
-            self.matcher.cancel(id);
-        }
-        let n = if hw.is_some() { info.len } else { info.len.min(cap) };
+        let n = if hw.is_some() { info.len } else { info.len.min(r.cap) };
         // Single copy needs the buffer (an abandoned receive streams and discards).
         let cma = self.cma && self.cma_peers.get(src).copied().unwrap_or(false) && r.buf.is_some() && n >= self.cma_min;
-        let key = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false });
-        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-            r.read = Some(key);
-        }
+        let k = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false });
+        debug_assert_eq!(k, key);
         if n == 0 {
             return self.finish_read(key, true);
         }
-        self.request_read(key, if cma { READ_MODE_CMA } else { READ_MODE_STREAM }, n, true);
+        self.request_read(key, cma, n, true);
         Ok(())
     }
 
-    /// Queues a 16-byte RMA notice (`kind`, read id) for `dest`: a refusal or a write done.
-    pub(super) fn rma_notice(&mut self, dest: usize, kind: u8, read: [u8; 8]) {
-        let mut m = [0u8; 16];
-        m[0] = kind;
-        m[4..12].copy_from_slice(&read);
-        self.ctlq.push_back((dest, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+    /// Queues RMA packet `m` (anything but a read response) for `dest`.
+    pub(super) fn send_rma(&mut self, dest: usize, m: Rma<'_>) {
+        match Ctl::rma(&m) {
+            Ok(c) => self.ctlq.push_back((dest, c)),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
     }
 
     /// `k` more bytes of read `key` are in place; completes it when all are.
@@ -178,60 +167,51 @@ impl State {
         Ok(())
     }
 
-    /// Sends the RDMA read request of `key` to its target: `READ_MODE_CMA` asks for a grant
-    /// to copy the range ourselves, `READ_MODE_STREAM` for the data through the ring.
+    /// Sends the RDMA read request of `key` to its target: `cma` asks for a grant to copy the
+    /// range ourselves ([`ReadMode::SingleCopy`]), else for the data through the ring.
     /// `len` is how many bytes from the start of the range to ask for. A single-copy request
     /// also names the receive buffer, into which the target may write its share.
     ///
     /// With `heap`, the request also says whether this rank maps the target's shared heap
     /// and names the receive buffer's place in this rank's own heap: the target may then
     /// grant a memcpy from its heap, or memcpy its share into ours, in either mode.
-    pub(super) fn request_read(&mut self, key: Key, mode: u8, len: usize, heap: bool) {
+    pub(super) fn request_read(&mut self, key: Key, cma: bool, len: usize, heap: bool) {
         let Some(op) = self.reads.get(key) else { return };
         let rbuf = match self.reqs.get(op.rid) {
             Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) => Some(*b),
             _ => None,
         };
-        let dst = match rbuf {
-            Some(b) if mode == READ_MODE_CMA => b.addr() as u64,
-            _ => 0,
+        let mode = match rbuf {
+            _ if !cma => ReadMode::Stream,
+            Some(b) => ReadMode::SingleCopy { dst: b.addr() as u64 },
+            None => ReadMode::SingleCopy { dst: 0 },
         };
-        let mut m = [0u8; CTL_MAX];
-        let mut mlen = 48;
-        if heap && rbuf.is_some() && self.heaps.may_map(op.src) {
-            m[2] |= REQ_HEAP_MAPS;
-        }
-        if let Some(h) = rbuf.filter(|_| heap).and_then(|b| self.heaps.locate(b.addr(), len)) {
-            m[2] |= REQ_DST_HEAP;
-            put_desc(&mut m[48..68], h);
-            mlen = 68;
-        }
-        m[0] = RMA_READ_REQ;
-        m[1] = mode;
-        m[4..8].copy_from_slice(&op.info.tmh.app_ctx.to_be_bytes());
-        m[8..16].copy_from_slice(&read_id_bytes(key));
-        m[16..24].copy_from_slice(&op.info.rvh.va.to_be_bytes());
-        m[24..32].copy_from_slice(&op.info.key.to_be_bytes());
-        m[32..40].copy_from_slice(&(len as u64).to_be_bytes());
-        m[40..48].copy_from_slice(&dst.to_be_bytes());
-        self.ctlq.push_back((op.src, Ctl::new(PKT_RMA | PKT_WHOLE, &m[..mlen])));
+        let q = ReadRequest {
+            read: read_name(key),
+            mode,
+            send: op.info.tmh.app_ctx,
+            va: op.info.rvh.va,
+            key: op.info.key,
+            len: len as u64,
+            reader_maps_heap: heap && rbuf.is_some() && self.heaps.may_map(op.src),
+            dst_heap: rbuf.filter(|_| heap).and_then(|b| self.heaps.locate(b.addr(), len)).map(HeapPlace::from),
+        };
+        let src = op.src;
+        self.send_rma(src, Rma::ReadReq(q));
     }
 
-    /// An RMA packet: a read request to serve, or data / a refusal for a read we issued.
+    /// An RMA packet: a read request to serve, or data, a grant, a refusal or a write done
+    /// for a read this rank issued.
     pub(super) fn on_rma(&mut self, p: Packet<'_>) -> Result<()> {
-        let d = p.data;
-        let read = Key::new(be32(d, 8), be32(d, 12));
-        match d.first().copied() {
-            Some(RMA_READ_REQ) if d.len() >= 48 => {
-                let req = ReadReq { mode: d[1], sreq: be32(d, 4), va: be64(d, 16), key: be64(d, 24), len: be64(d, 32), dst: be64(d, 40) };
-                let dst_heap = (d[2] & REQ_DST_HEAP != 0 && d.len() >= 68).then(|| get_desc(&d[48..68]));
-                self.serve_read(p.src, &d[8..16], req, d[2] & REQ_HEAP_MAPS != 0, dst_heap);
+        let m = Rma::parse(p.data).map_err(|_| malformed_from(p.src, "a malformed RMA packet"))?;
+        let read = read_key(m.read());
+        match m {
+            Rma::ReadReq(q) => {
+                self.serve_read(p.src, q);
                 Ok(())
             }
-            Some(RMA_READ_RESP) if d.len() >= RMA_RESP_HDR => {
-                let read = Key::new(be32(d, 4), be32(d, 8));
-                let off = usize::try_from(be64(d, 16)).unwrap_or(usize::MAX);
-                let data = &d[RMA_RESP_HDR..];
+            Rma::ReadResp { offset, data, .. } => {
+                let off = usize::try_from(offset).unwrap_or(usize::MAX);
                 let op = self.reads.get_mut(read).ok_or_else(|| malformed("read response for no read"))?;
                 if off.checked_add(data.len()).is_none_or(|end| end > op.n) {
                     return Err(malformed("read response outside the read"));
@@ -249,56 +229,47 @@ impl State {
                 }
                 self.read_progress(read, data.len())
             }
-            Some(RMA_WRITE_DONE) if d.len() >= 16 => {
-                let read = Key::new(be32(d, 4), be32(d, 8));
+            Rma::WriteDone { .. } => {
                 let op = self.reads.get(read).ok_or_else(|| malformed("write completion for no read"))?;
                 let share = op.n - op.split;
                 self.read_progress(read, share)
             }
-            Some(RMA_READ_GRANT) if d.len() >= 24 => {
-                let read = Key::new(be32(d, 4), be32(d, 8));
-                let split = usize::try_from(be64(d, 16)).unwrap_or(usize::MAX);
+            Rma::Grant { split, heap, .. } => {
+                let split = usize::try_from(split).unwrap_or(usize::MAX);
                 let op = self.reads.get_mut(read).ok_or_else(|| malformed("read grant for no read"))?;
                 if split > op.n {
                     return Err(malformed("read grant splits outside the read"));
                 }
                 op.split = split;
                 op.remote_write = split < op.n;
-                if d[1] & GRANT_HEAP != 0 && d.len() >= 44 {
+                if let Some(h) = heap {
                     if self.heaps.grants.len() > self.cma_q.len() + 64 {
                         // Grants of reads dropped because their target left: forget them.
                         let live: std::collections::HashSet<(u32, u32)> = self.cma_q.iter().map(|k| (k.idx(), k.gen())).collect();
                         self.heaps.grants.retain(|k, _| live.contains(k));
                     }
-                    self.heaps.grants.insert((read.idx(), read.gen()), get_desc(&d[24..44]));
+                    self.heaps.grants.insert((read.idx(), read.gen()), h.into());
                 }
                 self.cma_q.push_back(read);
                 Ok(())
             }
-            Some(RMA_READ_ERR) if d.len() >= 16 => {
-                let read = Key::new(be32(d, 4), be32(d, 8));
-                self.finish_read(read, false)
-            }
-            _ => {
-                let _ = read;
-                Err(malformed("unknown RMA packet"))
-            }
+            Rma::ReadErr { .. } => self.finish_read(read, false),
         }
     }
 
     /// The target side of an RDMA read: key, enablement, range and access are checked in
     /// this rank's fi_mr domain before a byte moves; a refusal goes back as an error.
     ///
-    /// In `READ_MODE_CMA` a passed check grants the reader a single copy of the range (it is
-    /// recorded on the send, whose buffer then stays put until FIN even if abandoned); in
-    /// `READ_MODE_STREAM` the range is streamed back through the ring.
+    /// In [`ReadMode::SingleCopy`] a passed check grants the reader a single copy of the range
+    /// (it is recorded on the send, whose buffer then stays put until FIN even if abandoned);
+    /// in [`ReadMode::Stream`] the range is streamed back through the ring.
     ///
     /// Shared heaps come first, in either mode: a range in this rank's heap is granted for a
     /// memcpy by a reader that maps it, and a reader whose buffer lies in its own heap gets
     /// this rank's share written there with a memcpy (see [`State::serve_heap`]).
-    pub(super) fn serve_read(&mut self, src: usize, read: &[u8], q: ReadReq, reader_maps: bool, dst_heap: Option<HeapSrc>) {
-        let ReadReq { mode, sreq, va, key, len, dst } = q;
-        let sk = self.named_send(sreq, src);
+    pub(super) fn serve_read(&mut self, src: usize, q: ReadRequest) {
+        let ReadRequest { read: id, mode, send, va, key, len, reader_maps_heap, dst_heap } = q;
+        let sk = self.named_send(send, src);
         // Exactly the range the key check granted, and only while it lies inside the buffer of
         // the live rendezvous send the reader names (a cached registration can outlive it).
         let buf = self.domain.check_remote(key, va, len, RemoteOp::Read).ok().and_then(|range| {
@@ -309,32 +280,26 @@ impl State {
             let end = start.checked_add(seg.len)?;
             (end <= b.len() && seg.len as u64 == len).then(|| b.sub(start, end))
         });
-        let mut id = [0u8; 8];
-        id.copy_from_slice(read);
         if let (Some(b), Some(k)) = (buf, sk) {
-            if self.serve_heap(src, id, k, b, mode, reader_maps, dst_heap) {
+            if self.serve_heap(src, id, k, b, mode, reader_maps_heap, dst_heap.map(HeapSrc::from)) {
                 return;
             }
         }
-        match buf {
-            Some(b) if mode == READ_MODE_CMA => {
+        match (buf, mode) {
+            (Some(b), ReadMode::SingleCopy { dst }) => {
                 if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
                     r.granted = Some(src);
                 }
                 let n = b.len();
                 // Split a large read: our half goes out once the grant is on its way.
                 let split = if dst != 0 && n >= CMA_SPLIT_MIN { (n / 2) & !4095 } else { n };
-                let mut m = [0u8; 24];
-                m[0] = RMA_READ_GRANT;
-                m[4..12].copy_from_slice(&id);
-                m[16..24].copy_from_slice(&(split as u64).to_be_bytes());
-                self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m)));
+                self.send_rma(src, Rma::Grant { read: id, split: split as u64, heap: None });
                 if split < n {
                     self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst, base: split });
                 }
             }
-            Some(b) => self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 }),
-            None => {
+            (Some(b), ReadMode::Stream) => self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 }),
+            (None, _) => {
                 // Refused: the reader gets an error, and so does the send it was reading for
                 // (no FIN will come for it).
                 if let Some(k) = sk {
@@ -348,7 +313,7 @@ impl State {
                         }
                     }
                 }
-                self.rma_notice(src, RMA_READ_ERR, id);
+                self.send_rma(src, Rma::ReadErr { read: id });
             }
         }
     }
@@ -360,12 +325,21 @@ impl State {
     ///   reader memcpys `[0, split)`; from [`HEAP_SPLIT_MIN`] on, when the reader's buffer is
     ///   in its heap too, this rank memcpys `[split, n)` into it at the same time.
     /// - Only the reader's buffer in its heap: this rank memcpys `[split, n)` into it, and the
-    ///   reader copies `[0, split)` with CMA (a CMA-mode request from [`CMA_SPLIT_MIN`] on)
+    ///   reader copies `[0, split)` with CMA (a single-copy request from [`CMA_SPLIT_MIN`] on)
     ///   or nothing (`split` = 0).
     ///
     /// The send records the grant: its buffer stays put until FIN even if abandoned.
     #[allow(clippy::too_many_arguments)]
-    fn serve_heap(&mut self, src: usize, id: [u8; 8], sk: Key, b: RawBuf, mode: u8, reader_maps: bool, dst_heap: Option<HeapSrc>) -> bool {
+    fn serve_heap(
+        &mut self,
+        src: usize,
+        id: u64,
+        sk: Key,
+        b: RawBuf,
+        mode: ReadMode,
+        reader_maps: bool,
+        dst_heap: Option<HeapSrc>,
+    ) -> bool {
         let n = b.len();
         if n == 0 || !self.heaps.enabled() {
             return false;
@@ -375,30 +349,18 @@ impl State {
         let split = match (from, into) {
             (Some(_), Some(_)) if n >= HEAP_SPLIT_MIN => (n / 2) & !4095,
             (Some(_), _) => n,
-            (None, Some(_)) if mode == READ_MODE_CMA && self.cma && n >= CMA_SPLIT_MIN => (n / 2) & !4095,
+            (None, Some(_)) if matches!(mode, ReadMode::SingleCopy { .. }) && self.cma && n >= CMA_SPLIT_MIN => (n / 2) & !4095,
             (None, Some(_)) => 0,
             (None, None) => return false,
         };
         if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(sk) {
             r.granted = Some(src);
         }
-        let mut m = [0u8; 44];
-        m[0] = RMA_READ_GRANT;
-        m[4..12].copy_from_slice(&id);
-        m[16..24].copy_from_slice(&(split as u64).to_be_bytes());
-        let mlen = match from {
-            Some(h) => {
-                m[1] = GRANT_HEAP;
-                put_desc(&mut m[24..44], h);
-                44
-            }
-            None => 24,
-        };
-        self.ctlq.push_back((src, Ctl::new(PKT_RMA | PKT_WHOLE, &m[..mlen])));
+        self.send_rma(src, Rma::Grant { read: id, split: split as u64, heap: from.map(HeapPlace::from) });
         if let (Some(h), true) = (into, split < n) {
             if self.heaps.writes.len() > self.cma_w.len() + 64 {
                 // Shares dropped because their reader left (see `leave`): forget them.
-                let live: std::collections::HashSet<(usize, [u8; 8])> = self.cma_w.iter().map(|w| (w.dest, w.read)).collect();
+                let live: std::collections::HashSet<(usize, u64)> = self.cma_w.iter().map(|w| (w.dest, w.read)).collect();
                 self.heaps.writes.retain(|k, _| live.contains(k));
             }
             self.heaps.writes.insert((src, id), h);
@@ -434,9 +396,7 @@ impl State {
 
     /// A FIN: the receiver has the data of our rendezvous send. It must name a rendezvous
     /// send to that peer and repeat its match key and RVH address.
-    pub(super) fn on_fin(&mut self, src: usize, msg: &[u8]) -> Result<()> {
-        let tmh = Tmh::decode(msg)?;
-        let rvh = Rvh::decode(msg.get(TMH_LEN..).unwrap_or(&[]))?;
+    pub(super) fn on_fin(&mut self, src: usize, tmh: Tmh, rvh: Rvh) -> Result<()> {
         let k = self.named_send(tmh.app_ctx, src).filter(|&k| {
             matches!(self.reqs.get(k), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. })
                 if r.tag64 == tmh.tag && r.va == rvh.va)
@@ -456,13 +416,15 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testkit::{pair, recv, send, settle};
     use super::*;
+    use tmpi_transport::shm::heap::HeapDesc;
 
-    /// The last control packet queued, as (kind, flags, bytes).
-    fn last_ctl(e: &Engine) -> (u8, u8, Vec<u8>) {
+    /// The last control packet queued, which must be an RMA packet, decoded.
+    fn last_rma(e: &Engine) -> Rma<'_> {
         let (_, c) = e.st.ctlq.back().expect("a control packet");
-        let b = c.bytes[..c.len as usize].to_vec();
-        (b[0], b[1], b)
+        assert_ne!(c.flags & PKT_RMA, 0, "an RMA packet");
+        Rma::parse(&c.bytes[..c.len as usize]).expect("a well-formed RMA packet")
     }
 
     /// Rank 0 of a two-rank job of threads, and the peer's fabric end (kept, never polled).
@@ -472,8 +434,18 @@ mod tests {
         (Engine::new(Fabric::Local(f.swap_remove(0)), 0, 2, Config::default()).unwrap(), peer)
     }
 
-    fn read_req(sreq: u32, va: u64, key: u64, len: usize) -> ReadReq {
-        ReadReq { mode: READ_MODE_STREAM, sreq, va, key, len: len as u64, dst: 0 }
+    /// A streamed read request of `len` bytes, named `read`, of send `send`.
+    fn read_req(read: u64, send: u32, va: u64, key: u64, len: usize, maps: bool, dst_heap: Option<HeapSrc>) -> ReadRequest {
+        ReadRequest {
+            read,
+            mode: ReadMode::Stream,
+            send,
+            va,
+            key,
+            len: len as u64,
+            reader_maps_heap: maps,
+            dst_heap: dst_heap.map(HeapPlace::from),
+        }
     }
 
     /// A shared buffer is granted (for a memcpy) only while the send that lends it is live: once
@@ -498,15 +470,14 @@ mod tests {
             _ => panic!("no rendezvous send"),
         };
         let name = wire_name(rid);
-        let id = [9u8; 8];
-        e.st.serve_read(1, &id, read_req(name, va, key, len), true, None);
-        let (kind, flags, m) = last_ctl(&e);
-        assert_eq!((kind, flags), (RMA_READ_GRANT, GRANT_HEAP));
-        let h = get_desc(&m[24..44]);
+        let id = 0x0909_0909_0909_0909;
+        e.st.serve_read(1, read_req(id, name, va, key, len, true, None));
+        let Rma::Grant { read, split, heap: Some(h) } = last_rma(&e) else { panic!("a grant naming our heap") };
+        assert_eq!(read, id);
         assert_eq!(h.off, a.offset() as u64);
-        assert_eq!(be64(&m, 16), len as u64, "the reader copies it all");
+        assert_eq!(split, len as u64, "the reader copies it all");
         // A reader that does not map our heap gets the data streamed.
-        e.st.serve_read(1, &id, read_req(name, va, key, len), false, None);
+        e.st.serve_read(1, read_req(id, name, va, key, len, false, None));
         assert_eq!(e.st.rma_out.pop_back().map(|r| r.buf.len()), Some(len));
         // The FIN completes the send; the user collects it and frees the buffer.
         e.st.send_progress(rid, true, true);
@@ -521,9 +492,9 @@ mod tests {
         let rid2 = e.start_rndv(1, 78, raw).unwrap();
         assert_ne!(wire_name(rid2), name);
         let before = e.st.ctlq.len();
-        e.st.serve_read(1, &id, read_req(name, va, key, len), true, None);
+        e.st.serve_read(1, read_req(id, name, va, key, len, true, None));
         assert_eq!(e.st.ctlq.len(), before + 1);
-        assert_eq!(last_ctl(&e).0, RMA_READ_ERR, "a stale read request is refused");
+        assert_eq!(last_rma(&e), Rma::ReadErr { read: id }, "a stale read request is refused");
         assert!(e.st.rma_out.is_empty());
         drop(e);
         drop(b);
@@ -544,17 +515,71 @@ mod tests {
             _ => panic!("no rendezvous send"),
         };
         let dst = HeapSrc { off: 8192, desc: HeapDesc { fd: 3, nonce: 11 } };
-        let id = [4u8; 8];
-        e.st.serve_read(1, &id, read_req(wire_name(rid), va, key, len), true, Some(dst));
-        let (kind, flags, m) = last_ctl(&e);
-        assert_eq!((kind, flags), (RMA_READ_GRANT, 0));
-        assert_eq!(be64(&m, 16), 0, "the target writes it all");
+        let id = 0x0404_0404_0404_0404;
+        e.st.serve_read(1, read_req(id, wire_name(rid), va, key, len, true, Some(dst)));
+        let Rma::Grant { split, heap: None, .. } = last_rma(&e) else { panic!("a grant of no heap range") };
+        assert_eq!(split, 0, "the target writes it all");
         assert_eq!(e.st.heaps.writes.get(&(1, id)).map(|h| h.off), Some(8192));
         assert_eq!(e.st.cma_w.back().map(|w| (w.base, w.buf.len())), Some((0, len)));
         let before = e.st.cma_w.len();
-        e.st.serve_read(1, &[5u8; 8], read_req(wire_name(rid), va, key, len), true, None);
+        e.st.serve_read(1, read_req(0x0505_0505_0505_0505, wire_name(rid), va, key, len, true, None));
         assert_eq!(e.st.cma_w.len(), before);
         assert_eq!(e.st.rma_out.len(), 1);
         drop(e);
+    }
+
+    /// A rendezvous of `len` bytes from rank 0 to rank 1 under `cfg`: the data arrives, both
+    /// requests complete; returns the receiver's statistics.
+    fn rendezvous(cfg: Config, len: usize) -> Stats {
+        let mut v = super::super::testkit::job(2, cfg);
+        let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4093) as u8).collect();
+        let mut buf = vec![0u8; len];
+        let r = recv(b, Some(0), Some(8), &mut buf);
+        let s = send(a, 1, 8, &data, false).expect("a rendezvous waits for its FIN");
+        settle(&mut [&mut *a, &mut *b]);
+        assert_eq!(b.take_if_done(r).expect("received").expect("ok").len(), len);
+        assert!(a.take_if_done(s).expect("FIN").is_ok());
+        assert!(buf == data, "the data arrived intact");
+        assert!(b.st.reads.is_empty() && a.st.rma_out.is_empty() && a.st.cma_w.is_empty());
+        std::mem::take(&mut b.st.stats)
+    }
+
+    #[test]
+    fn a_rendezvous_is_read_through_typed_rma_packets() {
+        // Streamed: read request, responses through the ring, FIN.
+        let st = rendezvous(Config { single_copy: false, ..Config::default() }, 300_000);
+        assert_eq!(st.cma_reads, 0);
+        // Single copy: read request, grant, the reader copies it all.
+        let st = rendezvous(Config { single_copy_min: 0, ..Config::default() }, 300_000);
+        assert_eq!(st.cma_reads, 1);
+        // Split single copy: the target's share (streamed back, as ranks that are threads of
+        // one process cannot write into each other with CMA) completes the read with it.
+        let st = rendezvous(Config { single_copy_min: 0, ..Config::default() }, 2 << 20);
+        assert_eq!(st.cma_reads, 1);
+        assert!(st.cma_bytes < 2 << 20, "the reader copied only its share");
+    }
+
+    #[test]
+    fn a_malformed_or_stray_rma_packet_is_an_error_not_a_panic() {
+        let (mut a, mut b) = pair();
+        a.inject(1, PKT_RMA | PKT_WHOLE, 3, &[2, 0, 0]).expect("inject");
+        match b.progress() {
+            Err(Error::Protocol { rank: 0, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        // Well formed, but for a read this rank never issued.
+        let (mut a, mut b) = pair();
+        let mut m = [0u8; RMA_MAX_LEN];
+        let n = Rma::ReadResp { read: read_name(Key::new(3, 1)), offset: 0, data: &[] }.encode(&mut m).expect("encode");
+        a.inject(1, PKT_RMA | PKT_WHOLE, n as u64, &m[..n]).expect("inject");
+        assert!(b.progress().is_err());
+    }
+
+    #[test]
+    fn read_names_round_trip() {
+        for k in [Key::new(0, 0), Key::new(5, 3), Key::new(u32::MAX, u32::MAX)] {
+            assert_eq!(read_key(read_name(k)), k);
+        }
     }
 }

@@ -41,7 +41,7 @@ impl Engine {
                     None => {
                         // Its heap cannot be mapped here: ask for our share through the ring.
                         self.st.heaps.fallbacks += 1;
-                        self.st.request_read(key, READ_MODE_STREAM, len, false);
+                        self.st.request_read(key, false, len, false);
                     }
                     Some(Err(_)) => {
                         if let Some(op) = self.st.reads.get_mut(key) {
@@ -73,7 +73,7 @@ impl Engine {
                     // Ask for our share through the ring (the target's share comes its own way).
                     self.st.cma = false;
                     self.st.stats.cma_fallbacks += 1;
-                    self.st.request_read(key, READ_MODE_STREAM, len, false);
+                    self.st.request_read(key, false, len, false);
                 }
                 Err(_) => {
                     if let Some(op) = self.st.reads.get_mut(key) {
@@ -108,9 +108,9 @@ impl Engine {
                         match unsafe { p.write(h.off.wrapping_add(w.base as u64), whole) } {
                             Ok(()) => {
                                 self.st.heaps.bytes += whole.len() as u64;
-                                self.st.rma_notice(w.dest, RMA_WRITE_DONE, w.read);
+                                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
                             }
-                            Err(_) => self.st.rma_notice(w.dest, RMA_READ_ERR, w.read),
+                            Err(_) => self.st.send_rma(w.dest, Rma::ReadErr { read: w.read }),
                         }
                     }
                     None => {
@@ -136,7 +136,7 @@ impl Engine {
             match unsafe { cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) } {
                 Ok(()) => {
                     self.st.stats.cma_bytes += whole.len() as u64;
-                    self.st.rma_notice(w.dest, RMA_WRITE_DONE, w.read);
+                    self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
                 }
                 Err(e) if e.is_unsupported() => {
                     self.st.cma = false;
@@ -144,7 +144,7 @@ impl Engine {
                     self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
                 }
                 Err(_) => {
-                    self.st.rma_notice(w.dest, RMA_READ_ERR, w.read);
+                    self.st.send_rma(w.dest, Rma::ReadErr { read: w.read });
                 }
             }
             n += 1;
