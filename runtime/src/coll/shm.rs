@@ -48,15 +48,15 @@
 //!
 //! A waiting rank keeps driving point-to-point progress, backs off as any wait does and sleeps
 //! on its doorbell; every store another rank waits for is followed by a wake of that rank (in
-//! the all-to-all calls, by the rank that finds every arrival in place right after its own:
-//! earlier arrivals would only wake ranks that still have someone to wait for). In
+//! the all-to-all calls, by every rank once it saw all arrivals: an earlier wake would only
+//! rouse a rank that still has someone to wait for). In
 //! the slow phase it checks liveness: a rank it waits for that departed, a failed peer, or an
 //! abort notice for this call ([`crate::engine`]'s `CTL_COLL_ABORT`) ends the wait with
 //! [`Error::PeerGone`]. In an all-to-all call every rank that waits for the departed one finds
 //! that out itself; through a leader, the leader that finds a rank departed releases the
 //! others with that news in the status word.
 
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use tmpi_transport::shm::segment::{Segment, COLL_SLOT_BYTES};
 
@@ -226,7 +226,12 @@ impl<'a> Call<'a> {
             self.arrive_all(&mut e, desc, (rank == root).then_some(&buf[..]))?;
         } else {
             let data = (rank == root && rank != 0).then_some(&buf[..]);
-            self.exchange(&mut e, desc, data, |seg| if root == 0 { seg.coll_write(ctx, 0, par, buf).map_err(Error::from) } else { Ok(()) })?;
+            self.exchange(
+                &mut e,
+                desc,
+                data,
+                |seg| if root == 0 { seg.coll_write(ctx, 0, par, buf).map_err(Error::from) } else { Ok(()) },
+            )?;
         }
         if rank != root {
             let seg = shm(&e)?;
@@ -329,10 +334,16 @@ impl<'a> Call<'a> {
     }
 
     /// The all-to-all arrival: publishes `data` and `desc`, then waits until every other rank
-    /// has arrived and checks that all described the same call. The rank that finds everyone
-    /// arrived right after its own arrival wakes the others; it is the last to arrive, or
-    /// one of several that arrived at the same moment (the fence between each rank's store
-    /// and its reads lets at least one of those see all flags).
+    /// has arrived and checks that all described the same call. Every rank, once it saw all
+    /// arrivals, wakes the ranks that sleep on their doorbells (see [`Engine::shm_wake_all`]:
+    /// one fence and a load of each doorbell when none sleeps). That cannot miss a sleeper: a
+    /// rank sleeps only after it announced it and, after a fence, still missed the arrival of
+    /// some rank `m`; `m`'s fence comes after its own arrival, so if it came before the
+    /// sleeper's, the sleeper would have seen that arrival, and if it came after, `m` sees the
+    /// announcement. And `m` gets through: the last rank to announce a sleep sees every
+    /// arrival of the ranks that announced before it, so not every rank can sleep at once.
+    /// The fence comes after the wait rather than right after the arrival, so that the
+    /// arrival's store drains while the rank reads the others' flags.
     fn arrive_all(&self, e: &mut EngineGuard<'_>, desc: Desc, data: Option<&[u8]>) -> Result<()> {
         let (ctx, par, flag) = (self.ctx, self.parity, self.flag);
         let n = self.comm.size();
@@ -354,15 +365,11 @@ impl<'a> Call<'a> {
             slot.meta[0].store(desc.word, Relaxed);
             slot.meta[1].store(desc.len, Relaxed);
             slot.flag.store(flag, Release);
-            std::sync::atomic::fence(SeqCst);
         }
-        if missing(shm(e)?).is_none() {
-            for j in (0..n).filter(|&j| j != rank) {
-                e.shm_wake(self.comm.world_rank(j));
-            }
-        } else {
+        if missing(shm(e)?).is_some() {
             self.wait(e, &mut missing)?;
         }
+        e.shm_wake_all((0..n).filter(|&j| j != rank).map(|j| self.comm.world_rank(j)));
         let seg = shm(e)?;
         let same = (0..n).filter(|&j| j != rank).all(|j| {
             let s = seg.coll_slot(ctx, j, par);
