@@ -656,6 +656,26 @@ mod tests {
         }
     }
 
+    /// A rank that comes late, after the others went to sleep on their doorbells, in the
+    /// all-to-all calls and through the leader: every call still ends with the right result.
+    #[test]
+    fn a_late_rank_ends_the_sleep_of_the_others() {
+        for n in [4, ALL_TO_ALL_MAX_RANKS + 1] {
+            run_shm_threads(n, cfg(), |w| {
+                for round in 0..3u64 {
+                    if w.rank() == (round as usize) % n {
+                        std::thread::sleep(std::time::Duration::from_millis(30));
+                    }
+                    let mut out = [0u64];
+                    w.allreduce(&[w.rank() as u64 + round], &mut out, Op::Sum).unwrap();
+                    let n = n as u64;
+                    assert_eq!(out[0], n * (n - 1) / 2 + n * round);
+                    w.barrier().unwrap();
+                }
+            });
+        }
+    }
+
     /// A rank whose communicator ends (its thread unwinds) while the others wait in a
     /// shared-memory barrier: they get `PeerGone`, not a hang.
     #[test]
