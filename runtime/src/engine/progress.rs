@@ -63,7 +63,11 @@ impl Backoff {
                 std::thread::sleep(d);
                 true
             }
-            None => self.idle % 256 == 0 && self.idle > self.spin,
+            None if self.idle <= self.spin => {
+                std::hint::spin_loop();
+                false
+            }
+            None => self.idle % 256 == 0,
         }
     }
 
@@ -73,10 +77,12 @@ impl Backoff {
         self.idle = self.idle.saturating_add(1);
         let i = self.idle;
         if i <= self.spin {
-            // No `spin_loop` (PAUSE) here: each step of the spin is a whole progress round
-            // (tens of ns), which already keeps the loop from hammering one line, and a
-            // PAUSE only delays noticing what arrived (a 2-rank barrier measured 0.14 us
-            // with it, 0.13 without; bench/results/shmcoll.md).
+            // No `spin_loop` (PAUSE) here, for the waits of [`Engine::idle`]: each of their
+            // steps is a whole progress round (tens of ns), which already keeps the loop from
+            // hammering one line, and a PAUSE only delays noticing what arrived (a 2-rank
+            // barrier measured 0.14 us with it, 0.13 without; bench/results/shmcoll.md).
+            // [`Backoff::snooze`] keeps it: at `Threading::Multiple` its spin lets go of the
+            // engine between steps, and the pause gives other threads a window to take it.
             None
         } else if i <= self.spin + self.yields {
             std::thread::yield_now();
