@@ -203,7 +203,7 @@ impl<'a> Call<'a> {
         let mut e = self.comm.eng()?;
         let desc = Desc::new(KIND_BARRIER, None, 0, 0, 0);
         if self.all_to_all() {
-            return self.arrive_all(&mut e, desc, None);
+            return self.arrive_all(&mut e, desc, None, |_| false);
         }
         self.exchange(&mut e, desc, None, |_| Ok(()))
     }
@@ -223,7 +223,7 @@ impl<'a> Call<'a> {
         let desc = Desc::new(KIND_BCAST, None, root, 1, buf.len());
         let (ctx, par) = (self.ctx, self.parity);
         if self.all_to_all() {
-            self.arrive_all(&mut e, desc, (rank == root).then_some(&buf[..]))?;
+            self.arrive_all(&mut e, desc, (rank == root).then_some(&buf[..]), |j| j == root && rank != root)?;
         } else {
             let data = (rank == root && rank != 0).then_some(&buf[..]);
             self.exchange(
@@ -259,7 +259,8 @@ impl<'a> Call<'a> {
             // Every rank that wants the result combines all operands itself, in rank order
             // (the same bits everywhere); the root of a reduce needs no slot of its own.
             let data = (all || rank != root).then_some(bytemuck::cast_slice::<T, u8>(send));
-            self.arrive_all(&mut e, desc(kind), data)?;
+            let wants = recv.is_some();
+            self.arrive_all(&mut e, desc(kind), data, |_| wants)?;
             if let Some(acc) = recv {
                 let seg = shm(&e)?;
                 for j in 0..n {
@@ -316,7 +317,8 @@ impl<'a> Call<'a> {
     pub(crate) fn refuse(&self) -> Result<()> {
         let mut e = self.comm.eng()?;
         let desc = Desc::new(KIND_BAD, None, 0, 0, 0);
-        let r = if self.all_to_all() { self.arrive_all(&mut e, desc, None) } else { self.exchange(&mut e, desc, None, |_| Ok(())) };
+        let r =
+            if self.all_to_all() { self.arrive_all(&mut e, desc, None, |_| false) } else { self.exchange(&mut e, desc, None, |_| Ok(())) };
         r.or_else(|err| match err {
             Error::InvalidBuffer(_) => Ok(()),
             other => Err(other),
@@ -328,13 +330,14 @@ impl<'a> Call<'a> {
     fn handshake(&self, desc: Desc) -> Result<()> {
         let mut e = self.comm.eng()?;
         if self.all_to_all() {
-            return self.arrive_all(&mut e, desc, None);
+            return self.arrive_all(&mut e, desc, None, |_| false);
         }
         self.exchange(&mut e, desc, None, |_| Ok(()))
     }
 
     /// The all-to-all arrival: publishes `data` and `desc`, then waits until every other rank
-    /// has arrived and checks that all described the same call. Every rank, once it saw all
+    /// has arrived and checks that all described the same call (`needs_data(j)`: this rank
+    /// reads rank `j`'s slot afterwards). Every rank, once it saw all
     /// arrivals, wakes the ranks that sleep on their doorbells (see [`Engine::shm_wake_all`]:
     /// one fence and a load of each doorbell when none sleeps). That cannot miss a sleeper: a
     /// rank sleeps only after it announced it and, after a fence, still missed the arrival of
@@ -344,14 +347,14 @@ impl<'a> Call<'a> {
     /// arrival of the ranks that announced before it, so not every rank can sleep at once.
     /// The fence comes after the wait rather than right after the arrival, so that the
     /// arrival's store drains while the rank reads the others' flags.
-    fn arrive_all(&self, e: &mut EngineGuard<'_>, desc: Desc, data: Option<&[u8]>) -> Result<()> {
+    fn arrive_all(&self, e: &mut EngineGuard<'_>, desc: Desc, data: Option<&[u8]>, needs_data: impl Fn(usize) -> bool) -> Result<()> {
         let (ctx, par, flag) = (self.ctx, self.parity, self.flag);
         let n = self.comm.size();
         let rank = self.comm.rank();
         // The first rank (in rank order) whose arrival this rank has not seen yet.
         let mut next = usize::from(rank == 0);
         let mut missing = |seg: &Segment| {
-            while next < n && (next == rank || seg.coll_slot(ctx, next, par).flag.load(Acquire) == flag) {
+            while next < n && (next == rank || released(seg.coll_slot(ctx, next, par).flag.load(Acquire), flag)) {
                 next += 1;
             }
             (next < n).then_some(next)
@@ -371,14 +374,29 @@ impl<'a> Call<'a> {
         }
         e.shm_wake_all((0..n).filter(|&j| j != rank).map(|j| self.comm.world_rank(j)));
         let seg = shm(e)?;
-        let same = (0..n).filter(|&j| j != rank).all(|j| {
+        // A flag of a later call (same parity, so `seq + 2` on): that rank got through this
+        // call, then failed the next one (a member departed; it cannot have ended `seq + 1`
+        // without this rank) and went on. It did arrive here, but its description and data
+        // for this call are overwritten: a call that needs its data fails as the next one did.
+        let mut overtaken = None;
+        let mut same = true;
+        for j in (0..n).filter(|&j| j != rank) {
             let s = seg.coll_slot(ctx, j, par);
-            s.meta[0].load(Relaxed) == desc.word && s.meta[1].load(Relaxed) == desc.len
-        });
-        if same {
-            Ok(())
-        } else {
-            Err(mismatch())
+            if s.flag.load(Acquire) != flag {
+                overtaken.get_or_insert(j);
+                continue;
+            }
+            same &= s.meta[0].load(Relaxed) == desc.word && s.meta[1].load(Relaxed) == desc.len;
+        }
+        if !same {
+            return Err(mismatch());
+        }
+        match overtaken {
+            Some(j) if needs_data(j) => {
+                let gone = (0..n).map(|k| self.comm.world_rank(k)).find(|&w| e.departed(w));
+                Err(Error::PeerGone { rank: gone.unwrap_or_else(|| self.comm.world_rank(j)) })
+            }
+            _ => Ok(()),
         }
     }
 
