@@ -15,18 +15,29 @@
 //! # One call
 //!
 //! Every call has the communicator's collective sequence number `s` (the same one its tags
-//! carry) and uses the slots of parity `s % 2`. Each rank but the leader (rank 0) writes its
-//! data (a reduction operand, or the broadcast root's buffer) and a description of the call
-//! (kind, operator, root, length) into its slot, then stores `gen << 32 | s` into its arrival
-//! word. The leader waits until every rank has arrived, checks that all described the same
-//! call, combines the operands in rank order (its own on the left, so every rank gets the same
-//! bits), writes the result into its own slot, a status word, and stores `gen << 32 | s` into
-//! the context's release word. The others wait for the release and copy what they need out of
-//! the leader's (or the root's) slot.
+//! carry) and uses the slots of parity `s % 2`. A rank writes its data (a reduction operand,
+//! or the broadcast root's buffer) and a description of the call (kind, operator, root,
+//! length) into its slot, then stores `gen << 32 | s` into its arrival word. Then, in one of
+//! two ways:
+//!
+//! - **All-to-all** (communicators of up to [`ALL_TO_ALL_MAX_RANKS`] ranks): every rank waits
+//!   until every other rank has arrived, checks that all described the same call, and reads
+//!   what it needs out of the others' slots itself; a rank that wants a reduction's result
+//!   combines all operands in rank order (rank 0's on the left, so every rank gets the same
+//!   bits). One cache-line transfer is on the critical path instead of two (arrival, then
+//!   release), and when ranks outnumber cores, no rank waits for a leader that waits for its
+//!   turn on a core to combine and release. Each rank reads `n - 1` arrival words, hence the
+//!   limit.
+//! - **Through a leader** (larger communicators): rank 0 does not write its data; it waits
+//!   until every rank has arrived, checks that all described the same call, combines the
+//!   operands in rank order (its own on the left), writes the result into its own slot, a
+//!   status word, and stores `gen << 32 | s` into the context's release word. The others wait
+//!   for the release and copy what they need out of the leader's (or the root's) slot.
 //!
 //! Reuse is safe without acknowledgements: a rank writes its slot of parity `s % 2` again only
-//! in call `s + 2`, after the release of call `s + 1`, which the leader gives only after every
-//! rank arrived in `s + 1`, that is after every rank finished reading in call `s`.
+//! in call `s + 2`, after it saw every rank arrive in call `s + 1` (all-to-all) or the release
+//! of call `s + 1`, which the leader gives only after that; and every rank arrives in `s + 1`
+//! only after it finished reading in call `s`.
 //!
 //! Messages larger than a slot, or above the measured crossover, use the point-to-point
 //! algorithms after the same arrival and release without data (a handshake): ranks that pass
@@ -36,11 +47,14 @@
 //! # Waiting and failures
 //!
 //! A waiting rank keeps driving point-to-point progress, backs off as any wait does and sleeps
-//! on its doorbell; every store another rank waits for is followed by a wake of that rank. In
+//! on its doorbell; every store another rank waits for is followed by a wake of that rank (in
+//! the all-to-all calls, by every rank once it saw all arrivals: an earlier wake would only
+//! rouse a rank that still has someone to wait for). In
 //! the slow phase it checks liveness: a rank it waits for that departed, a failed peer, or an
 //! abort notice for this call ([`crate::engine`]'s `CTL_COLL_ABORT`) ends the wait with
-//! [`Error::PeerGone`]. The leader that finds a rank departed releases the others with that
-//! news in the status word.
+//! [`Error::PeerGone`]. In an all-to-all call every rank that waits for the departed one finds
+//! that out itself; through a leader, the leader that finds a rank departed releases the
+//! others with that news in the status word.
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
@@ -55,6 +69,10 @@ use crate::sync::EngineGuard;
 /// Largest payload (bytes) that goes through the slots; larger calls use point-to-point after
 /// a handshake. Measured on 2 to 32 ranks (bench/results/shmcoll.md); at most a slot.
 pub(crate) const SHM_MAX_BYTES: usize = COLL_SLOT_BYTES;
+
+/// Largest communicator whose calls go all-to-all (every rank waits for every other rank's
+/// arrival and reads the slots itself, see the module docs); larger ones gather at a leader.
+pub(crate) const ALL_TO_ALL_MAX_RANKS: usize = 8;
 
 /// A communicator's collective context in the segment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -183,7 +201,16 @@ impl<'a> Call<'a> {
     /// Blocks until every rank has called it.
     pub(crate) fn barrier(&self) -> Result<()> {
         let mut e = self.comm.eng()?;
-        self.exchange(&mut e, Desc::new(KIND_BARRIER, None, 0, 0, 0), None, |_| Ok(()))
+        let desc = Desc::new(KIND_BARRIER, None, 0, 0, 0);
+        if self.all_to_all() {
+            return self.arrive_all(&mut e, desc, None, |_| false);
+        }
+        self.exchange(&mut e, desc, None, |_| Ok(()))
+    }
+
+    /// Whether this call goes all-to-all rather than through the leader.
+    fn all_to_all(&self) -> bool {
+        self.comm.size() <= ALL_TO_ALL_MAX_RANKS
     }
 
     /// Broadcast of `buf` from `root` (checked by the caller).
@@ -194,9 +221,18 @@ impl<'a> Call<'a> {
         let rank = self.comm.rank();
         let mut e = self.comm.eng()?;
         let desc = Desc::new(KIND_BCAST, None, root, 1, buf.len());
-        let data = (rank == root && rank != 0).then_some(&buf[..]);
         let (ctx, par) = (self.ctx, self.parity);
-        self.exchange(&mut e, desc, data, |seg| if root == 0 { seg.coll_write(ctx, 0, par, buf).map_err(Error::from) } else { Ok(()) })?;
+        if self.all_to_all() {
+            self.arrive_all(&mut e, desc, (rank == root).then_some(&buf[..]), |j| j == root && rank != root)?;
+        } else {
+            let data = (rank == root && rank != 0).then_some(&buf[..]);
+            self.exchange(
+                &mut e,
+                desc,
+                data,
+                |seg| if root == 0 { seg.coll_write(ctx, 0, par, buf).map_err(Error::from) } else { Ok(()) },
+            )?;
+        }
         if rank != root {
             let seg = shm(&e)?;
             // SAFETY: the root writes this slot again only in call seq + 2, after every rank
@@ -219,6 +255,32 @@ impl<'a> Call<'a> {
         let (ctx, par, n) = (self.ctx, self.parity, self.comm.size());
         let mut e = self.comm.eng()?;
         let mut recv = recv;
+        if self.all_to_all() {
+            // Every rank that wants the result combines all operands itself, in rank order
+            // (the same bits everywhere); the root of a reduce needs no slot of its own.
+            let data = (all || rank != root).then_some(bytemuck::cast_slice::<T, u8>(send));
+            let wants = recv.is_some();
+            self.arrive_all(&mut e, desc(kind), data, |_| wants)?;
+            if let Some(acc) = recv {
+                let seg = shm(&e)?;
+                for j in 0..n {
+                    let other: &[T] = if j == rank {
+                        send
+                    } else {
+                        // SAFETY: rank j wrote this slot before its arrival, which this rank
+                        // saw, and writes it again only in call seq + 2, after this rank
+                        // arrived in seq + 1.
+                        bytemuck::cast_slice(unsafe { seg.coll_data(ctx, j, par, bytes) })
+                    };
+                    if j == 0 {
+                        acc.copy_from_slice(other);
+                    } else {
+                        T::reduce_into(op, acc, other)?;
+                    }
+                }
+            }
+            return Ok(());
+        }
         let data = (rank != 0).then_some(bytemuck::cast_slice::<T, u8>(send));
         self.exchange(&mut e, desc(kind), data, |seg| {
             let mut scratch;
@@ -254,7 +316,10 @@ impl<'a> Call<'a> {
     /// get an error rather than wait for this rank.
     pub(crate) fn refuse(&self) -> Result<()> {
         let mut e = self.comm.eng()?;
-        self.exchange(&mut e, Desc::new(KIND_BAD, None, 0, 0, 0), None, |_| Ok(())).or_else(|err| match err {
+        let desc = Desc::new(KIND_BAD, None, 0, 0, 0);
+        let r =
+            if self.all_to_all() { self.arrive_all(&mut e, desc, None, |_| false) } else { self.exchange(&mut e, desc, None, |_| Ok(())) };
+        r.or_else(|err| match err {
             Error::InvalidBuffer(_) => Ok(()),
             other => Err(other),
         })
@@ -264,7 +329,75 @@ impl<'a> Call<'a> {
     /// goes point-to-point).
     fn handshake(&self, desc: Desc) -> Result<()> {
         let mut e = self.comm.eng()?;
+        if self.all_to_all() {
+            return self.arrive_all(&mut e, desc, None, |_| false);
+        }
         self.exchange(&mut e, desc, None, |_| Ok(()))
+    }
+
+    /// The all-to-all arrival: publishes `data` and `desc`, then waits until every other rank
+    /// has arrived and checks that all described the same call (`needs_data(j)`: this rank
+    /// reads rank `j`'s slot afterwards). Every rank, once it saw all
+    /// arrivals, wakes the ranks that sleep on their doorbells (see [`Engine::shm_wake_all`]:
+    /// one fence and a load of each doorbell when none sleeps). That cannot miss a sleeper: a
+    /// rank sleeps only after it announced it and, after a fence, still missed the arrival of
+    /// some rank `m`; `m`'s fence comes after its own arrival, so if it came before the
+    /// sleeper's, the sleeper would have seen that arrival, and if it came after, `m` sees the
+    /// announcement. And `m` gets through: the last rank to announce a sleep sees every
+    /// arrival of the ranks that announced before it, so not every rank can sleep at once.
+    /// The fence comes after the wait rather than right after the arrival, so that the
+    /// arrival's store drains while the rank reads the others' flags.
+    fn arrive_all(&self, e: &mut EngineGuard<'_>, desc: Desc, data: Option<&[u8]>, needs_data: impl Fn(usize) -> bool) -> Result<()> {
+        let (ctx, par, flag) = (self.ctx, self.parity, self.flag);
+        let n = self.comm.size();
+        let rank = self.comm.rank();
+        // The first rank (in rank order) whose arrival this rank has not seen yet.
+        let mut next = usize::from(rank == 0);
+        let mut missing = |seg: &Segment| {
+            while next < n && (next == rank || released(seg.coll_slot(ctx, next, par).flag.load(Acquire), flag)) {
+                next += 1;
+            }
+            (next < n).then_some(next)
+        };
+        {
+            let seg = shm(e)?;
+            if let Some(d) = data {
+                seg.coll_write(ctx, rank, par, d)?;
+            }
+            let slot = seg.coll_slot(ctx, rank, par);
+            slot.meta[0].store(desc.word, Relaxed);
+            slot.meta[1].store(desc.len, Relaxed);
+            slot.flag.store(flag, Release);
+        }
+        if missing(shm(e)?).is_some() {
+            self.wait(e, &mut missing)?;
+        }
+        e.shm_wake_all((0..n).filter(|&j| j != rank).map(|j| self.comm.world_rank(j)));
+        let seg = shm(e)?;
+        // A flag of a later call (same parity, so `seq + 2` on): that rank got through this
+        // call, then failed the next one (a member departed; it cannot have ended `seq + 1`
+        // without this rank) and went on. It did arrive here, but its description and data
+        // for this call are overwritten: a call that needs its data fails as the next one did.
+        let mut overtaken = None;
+        let mut same = true;
+        for j in (0..n).filter(|&j| j != rank) {
+            let s = seg.coll_slot(ctx, j, par);
+            if s.flag.load(Acquire) != flag {
+                overtaken.get_or_insert(j);
+                continue;
+            }
+            same &= s.meta[0].load(Relaxed) == desc.word && s.meta[1].load(Relaxed) == desc.len;
+        }
+        if !same {
+            return Err(mismatch());
+        }
+        match overtaken {
+            Some(j) if needs_data(j) => {
+                let gone = (0..n).map(|k| self.comm.world_rank(k)).find(|&w| e.departed(w));
+                Err(Error::PeerGone { rank: gone.unwrap_or_else(|| self.comm.world_rank(j)) })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// One arrival and release. Ranks other than the leader publish `data` and `desc` and wait
@@ -538,6 +671,26 @@ mod tests {
         for (a, b, c, ok) in res {
             assert!(a && b && c, "{a} {b} {c}");
             assert_eq!(ok, 4);
+        }
+    }
+
+    /// A rank that comes late, after the others went to sleep on their doorbells, in the
+    /// all-to-all calls and through the leader: every call still ends with the right result.
+    #[test]
+    fn a_late_rank_ends_the_sleep_of_the_others() {
+        for n in [4, ALL_TO_ALL_MAX_RANKS + 1] {
+            run_shm_threads(n, cfg(), |w| {
+                for round in 0..3u64 {
+                    if w.rank() == (round as usize) % n {
+                        std::thread::sleep(std::time::Duration::from_millis(30));
+                    }
+                    let mut out = [0u64];
+                    w.allreduce(&[w.rank() as u64 + round], &mut out, Op::Sum).unwrap();
+                    let n = n as u64;
+                    assert_eq!(out[0], n * (n - 1) / 2 + n * round);
+                    w.barrier().unwrap();
+                }
+            });
         }
     }
 

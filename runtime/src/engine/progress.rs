@@ -23,6 +23,15 @@ pub(crate) struct Backoff {
     yields: u32,
 }
 
+/// Empty polls before a waiting rank yields, when it has a core to itself.
+const SPIN: u32 = 20_000;
+/// Empty polls before a waiting rank yields, when ranks outnumber cores: none. A rank that
+/// polls in vain holds a core that a rank sharing it needs to make the progress it waits
+/// for; each poll of the rings costs about as much as a `sched_yield` that finds no other
+/// rank to run, and much less than one the other rank then needs (bench/results/shmcoll.md:
+/// 64 polls made a 4-rank barrier on 2 cores 2-3x slower). Open MPI yields likewise after
+/// every empty progress round when oversubscribed.
+const SPIN_OVERSUBSCRIBED: u32 = 0;
 /// Yields before sleeping, in general.
 const YIELDS: u32 = 2000;
 /// Yields before sleeping on a doorbell when ranks outnumber cores: a yielding rank takes
@@ -54,7 +63,11 @@ impl Backoff {
                 std::thread::sleep(d);
                 true
             }
-            None => self.idle % 256 == 0 && self.idle > self.spin,
+            None if self.idle <= self.spin => {
+                std::hint::spin_loop();
+                false
+            }
+            None => self.idle % 256 == 0,
         }
     }
 
@@ -64,7 +77,12 @@ impl Backoff {
         self.idle = self.idle.saturating_add(1);
         let i = self.idle;
         if i <= self.spin {
-            std::hint::spin_loop();
+            // No `spin_loop` (PAUSE) here, for the waits of [`Engine::idle`]: each of their
+            // steps is a whole progress round (tens of ns), which already keeps the loop from
+            // hammering one line, and a PAUSE only delays noticing what arrived (a 2-rank
+            // barrier measured 0.14 us with it, 0.13 without; bench/results/shmcoll.md).
+            // [`Backoff::snooze`] keeps it: at `Threading::Multiple` its spin lets go of the
+            // engine between steps, and the pause gives other threads a window to take it.
             None
         } else if i <= self.spin + self.yields {
             std::thread::yield_now();
@@ -80,10 +98,10 @@ impl Backoff {
 /// outnumber cores. With TCP peers, [`TCP_SPIN_RECVS`] divided among the connections (at
 /// least one round, at most the budget it would have otherwise).
 pub(crate) fn auto_spin(fabric: &Fabric, oversubscribed: bool) -> u32 {
-    let spin = if oversubscribed { 64 } else { 20_000 };
     match fabric.tcp_peers() {
-        0 => spin,
-        n => (TCP_SPIN_RECVS / u32::try_from(n).unwrap_or(u32::MAX)).clamp(1, spin),
+        0 if oversubscribed => SPIN_OVERSUBSCRIBED,
+        0 => SPIN,
+        n => (TCP_SPIN_RECVS / u32::try_from(n).unwrap_or(u32::MAX)).clamp(1, if oversubscribed { 64 } else { SPIN }),
     }
 }
 

@@ -21,6 +21,22 @@ impl Engine {
         }
     }
 
+    /// Wakes those of world ranks `ranks` that sleep on their doorbells, after stores they
+    /// may wait for: one fence (the stores are visible before any `sleeping` word is read,
+    /// so no wake-up is lost), then a load of each rank's `sleeping` word, which stays in
+    /// this core's cache while that rank does not sleep.
+    pub(crate) fn shm_wake_all(&self, ranks: impl Iterator<Item = usize>) {
+        if let Fabric::Shm(f) = &self.fabric {
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            let seg = f.segment();
+            for r in ranks.filter(|&r| r < self.size) {
+                if seg.doorbell(r).0.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+                    f.wake(r);
+                }
+            }
+        }
+    }
+
     /// Whether a sleep now is one that what the rank waits for ends: on the doorbell when the
     /// fabric is shared memory and nothing waits to go out (a rank with queued work waits for
     /// ring space, which no bell announces); in `ppoll` on the sockets whenever the rank has
