@@ -10,7 +10,7 @@
 //!
 //! A collective context serves the shared-memory collectives of one communicator at a time:
 //! a `CollHdr` (allocation generation and reference count on one cache line; the leader's
-//! release word and two status words on the next), then for each of `min(nranks, COLL_MAX_RANKS)`
+//! release word (used when a leader combines) and two status words on the next), then for each of `min(nranks, COLL_MAX_RANKS)`
 //! communicator ranks two slots (used by alternate collective calls), each a cache line of
 //! header ([`SlotHdr`]: the rank's arrival word and three words of call description) and
 //! [`COLL_SLOT_BYTES`] of data. Context 0 belongs to the world communicator for the whole job;
@@ -481,8 +481,9 @@ impl Segment {
     ///
     /// # Safety
     /// No process may write the slot's data while the returned slice lives: the caller holds
-    /// the protocol's guarantee that the owner does not (it waits for the leader's release of
-    /// this call before it writes this slot again).
+    /// the protocol's guarantee that the owner does not (before it writes this slot again it
+    /// waits until every reader is done with this call: the leader's release of it, or, where
+    /// every rank reads every slot, every rank's arrival in the next call).
     pub unsafe fn coll_data(&self, ctx: usize, rank: usize, parity: usize, len: usize) -> &[u8] {
         let p = self.slot_ptr(ctx, rank, parity);
         // SAFETY: in bounds (len clamped to the data area); not written while the slice lives
