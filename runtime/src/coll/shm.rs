@@ -359,16 +359,7 @@ impl<'a> Call<'a> {
             }
             (next < n).then_some(next)
         };
-        {
-            let seg = shm(e)?;
-            if let Some(d) = data {
-                seg.coll_write(ctx, rank, par, d)?;
-            }
-            let slot = seg.coll_slot(ctx, rank, par);
-            slot.meta[0].store(desc.word, Relaxed);
-            slot.meta[1].store(desc.len, Relaxed);
-            slot.flag.store(flag, Release);
-        }
+        self.publish(e, desc, data)?;
         if missing(shm(e)?).is_some() {
             self.wait(e, &mut missing)?;
         }
@@ -400,6 +391,21 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// This rank's arrival in the call: its data (if any) and description into its slot, then
+    /// its flag (release), so whoever sees the flag sees both.
+    fn publish(&self, e: &mut EngineGuard<'_>, desc: Desc, data: Option<&[u8]>) -> Result<()> {
+        let (ctx, par, rank) = (self.ctx, self.parity, self.comm.rank());
+        let seg = shm(e)?;
+        if let Some(d) = data {
+            seg.coll_write(ctx, rank, par, d)?;
+        }
+        let slot = seg.coll_slot(ctx, rank, par);
+        slot.meta[0].store(desc.word, Relaxed);
+        slot.meta[1].store(desc.len, Relaxed);
+        slot.flag.store(self.flag, Release);
+        Ok(())
+    }
+
     /// One arrival and release. Ranks other than the leader publish `data` and `desc` and wait
     /// for the release; the leader waits for all of them, checks their descriptions against
     /// its own, runs `combine` and releases.
@@ -414,16 +420,7 @@ impl<'a> Call<'a> {
         let n = self.comm.size();
         let rank = self.comm.rank();
         if rank != 0 {
-            {
-                let seg = shm(e)?;
-                if let Some(d) = data {
-                    seg.coll_write(ctx, rank, par, d)?;
-                }
-                let slot = seg.coll_slot(ctx, rank, par);
-                slot.meta[0].store(desc.word, Relaxed);
-                slot.meta[1].store(desc.len, Relaxed);
-                slot.flag.store(flag, Release);
-            }
+            self.publish(e, desc, data)?;
             e.shm_wake(self.comm.world_rank(0));
             self.wait(e, |seg| (!released(seg.coll_release(ctx).0.load(Acquire), flag)).then_some(0))?;
             let word = shm(e)?.coll_release(ctx).1[par].load(Relaxed);
