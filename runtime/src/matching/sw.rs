@@ -224,7 +224,7 @@ impl<T> Queues<T> {
     /// Removes the entry with seq `seq` from the queue at `key` (binary search).
     fn remove(&mut self, key: u64, seq: u64, floor: usize) -> Option<T> {
         let q = self.map.get_mut(&key)?;
-        let j = q.binary_search_by_key(&seq, |e| e.0).ok()?;
+        let j = seq_position(q, seq, |e| e.0)?;
         let (_, v) = q.remove(j)?;
         let emptied = q.is_empty();
         self.removed(1, emptied, floor);
@@ -235,6 +235,17 @@ impl<T> Queues<T> {
     #[inline]
     fn holds(&self, key: u64, seq: u64) -> bool {
         self.map.get(&key).is_some_and(|q| q.binary_search_by_key(&seq, |e| e.0).is_ok())
+    }
+}
+
+/// Where the entry with seq `seq` sits in `q` (seqs increasing): the front is checked first,
+/// since receives mostly leave in the order they were posted (the TM-SRQ completes them so),
+/// then a binary search.
+#[inline]
+fn seq_position<T>(q: &VecDeque<T>, seq: u64, seq_of: impl Fn(&T) -> u64) -> Option<usize> {
+    match q.front() {
+        Some(e) if seq_of(e) == seq => Some(0),
+        _ => q.binary_search_by_key(&seq, seq_of).ok(),
     }
 }
 
@@ -893,13 +904,13 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
         if id >= self.next_seq {
             return None;
         }
-        if let Ok(i) = self.raw.binary_search_by_key(&id, |w| w.seq) {
+        if let Some(i) = seq_position(&self.raw, id, |w| w.seq) {
             let r = self.raw.get_mut(i)?.r.take()?;
             self.raw_live -= 1;
             self.tidy_raw();
             return Some(r);
         }
-        let i = self.posted_index.binary_search_by_key(&id, |e| e.0).ok()?;
+        let i = seq_position(&self.posted_index, id, |e| e.0)?;
         let &(_, class, key) = self.posted_index.get(i)?;
         let floor = self.tuning.empty_floor;
         let r = match self.wild.get_mut(usize::from(class)) {
@@ -910,7 +921,7 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
             }
             None => {
                 let b = self.buckets.get_mut(&key)?;
-                let j = b.posted.binary_search_by_key(&id, |p| p.0).ok()?;
+                let j = seq_position(&b.posted, id, |p| p.0)?;
                 let (_, r) = b.posted.remove(j)?;
                 let emptied = b.is_empty();
                 self.exact_live -= 1;
