@@ -3,6 +3,7 @@
 
 use super::*;
 
+use tmpi_transport::tm::{Placement, Polled};
 use tmpi_transport::wire::Message;
 
 impl State {
@@ -30,16 +31,27 @@ impl State {
                 return true;
             }
         }
-        // The common case costs no queued completion: a whole eager message while no tagged
-        // buffer is listed lands unexpected in an SRQ buffer, and its completion is handled at
-        // once (what `drain_cq` would do with it next).
+        // The common cases cost no queued completion: a whole eager message while no
+        // completion is queued matches a tagged buffer or lands unexpected in an SRQ buffer,
+        // and its completion is handled at once (what `drain_cq` would do with it next).
         if p.flags & PKT_WHOLE == PKT_WHOLE {
-            if let Some(wc) = self.tm.arrive_unexpected_polled(p.src as u32, p.data) {
-                let r = self.on_unexpected_wc(&wc).and_then(|()| self.on_software(p)).and_then(|()| self.settle_cq());
-                if let Err(e) = r {
-                    self.error = Some(e);
+            match self.tm.arrive_whole_polled(p.src as u32, p.data) {
+                Some(Polled::Unexpected(wc)) => {
+                    let r = self.on_unexpected_wc(&wc).and_then(|()| self.on_software(p)).and_then(|()| self.settle_cq());
+                    if let Err(e) = r {
+                        self.error = Some(e);
+                    }
+                    return true;
                 }
-                return true;
+                Some(Polled::Matched(pl, wc)) => {
+                    self.on_tagged(p, &pl, wc.wr_id);
+                    self.on_hw_completion(&wc);
+                    if let Err(e) = self.settle_cq() {
+                        self.error = Some(e);
+                    }
+                    return true;
+                }
+                None => {}
             }
         }
         let arrival = if p.flags & PKT_FIRST != 0 {
@@ -52,26 +64,7 @@ impl State {
             Ok(Arrival::Rnr) => return false,
             Ok(Arrival::Place(pl)) => match pl.buffer {
                 Buffer::Tagged { recv_wr_id, .. } => {
-                    let rid = wr_to_rid(recv_wr_id);
-                    if p.flags & PKT_FIRST != 0 {
-                        match p.data.first() {
-                            Some(&op) if op == TmOp::Rndv as u8 => self.tm_took(rid, p.src, Some(p.data)),
-                            // An expected eager message: consumed, its credit goes back.
-                            _ => {
-                                self.tm_took(rid, p.src, None);
-                                self.give_credit(p.src, (p.total_len as usize).saturating_sub(TMH_LEN));
-                            }
-                        }
-                        // A message under another rank's name writes nothing (it completes
-                        // with an error, see `on_hw_completion`).
-                        let tag64 = Tmh::decode(p.data).map_or(0, |t| t.tag);
-                        if !self.admits(rid, tag64, p.src) {
-                            if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-                                r.refused = Some(p.src);
-                            }
-                        }
-                    }
-                    self.place_tagged(rid, pl.dst_off, pl.bytes(p.data));
+                    self.on_tagged(p, &pl, recv_wr_id);
                     Ok(())
                 }
                 Buffer::Srq { .. } => self.on_software(p),
@@ -99,6 +92,33 @@ impl State {
             self.error = Some(e);
         }
         true
+    }
+
+    /// The TM-SRQ placed packet `p` as `pl` says in the tagged buffer of receive `recv_wr_id`
+    /// (the NIC's copy); a first packet also takes the receive out of the software queue and,
+    /// for an eager message, gives the sender its credit back.
+    #[inline]
+    fn on_tagged(&mut self, p: Packet<'_>, pl: &Placement, recv_wr_id: u64) {
+        let rid = wr_to_rid(recv_wr_id);
+        if p.flags & PKT_FIRST != 0 {
+            match p.data.first() {
+                Some(&op) if op == TmOp::Rndv as u8 => self.tm_took(rid, p.src, Some(p.data)),
+                // An expected eager message: consumed, its credit goes back.
+                _ => {
+                    self.tm_took(rid, p.src, None);
+                    self.give_credit(p.src, (p.total_len as usize).saturating_sub(TMH_LEN));
+                }
+            }
+            // A message under another rank's name writes nothing (it completes with an
+            // error, see `on_hw_completion`).
+            let tag64 = Tmh::decode(p.data).map_or(0, |t| t.tag);
+            if !self.admits(rid, tag64, p.src) {
+                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                    r.refused = Some(p.src);
+                }
+            }
+        }
+        self.place_tagged(rid, pl.dst_off, pl.bytes(p.data));
     }
 
     /// The TM-SRQ placed a packet in an SRQ buffer: software handles the message.

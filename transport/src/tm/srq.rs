@@ -148,6 +148,18 @@ impl Placement {
     }
 }
 
+/// What [`TmSrq::arrive_whole_polled`] did with a whole eager message: each variant carries
+/// the completion that [`TmSrq::poll_cq`] would have returned next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Polled {
+    /// It matched a tagged buffer: copy as the placement says; the completion is its MATCH
+    /// and DATA_VALID.
+    Matched(Placement, Wc),
+    /// It matched nothing and landed, whole, in the oldest SRQ buffer (the completion's
+    /// `wr_id`), counted unexpected.
+    Unexpected(Wc),
+}
+
 /// Identifies a requested rendezvous read when reporting its outcome. Stale ids (of an entry
 /// since freed and re-added) are rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -666,31 +678,33 @@ impl TmSrq {
     }
 
     /// [`TmSrq::arrive`] of a whole eager message followed by [`TmSrq::poll_cq`] of its
-    /// completion, fused, for the common case where the result is known in advance: no tagged
-    /// buffer is listed (so nothing can match), no message is in progress, and no completion
-    /// is queued (so this one would be the next polled). The message takes the oldest SRQ
-    /// buffer and is counted unexpected, exactly as through `arrive`; the completion that
-    /// `poll_cq` would return is returned instead of queued.
+    /// completion, fused, for the common case where the result is known in advance: no
+    /// message is in progress and no completion is queued, so this message's completion
+    /// would be the next polled. The message matches the first eligible tagged buffer, or
+    /// takes the oldest SRQ buffer and is counted unexpected, exactly as through `arrive`;
+    /// the completion that `poll_cq` would return is returned instead of queued, and what
+    /// polling it would release (the consumed entry's handle) is released.
     ///
-    /// `None` (nothing changed) when any of those conditions does not hold, or the message
-    /// is not a well-formed eager one, or no SRQ buffer is posted: the caller then takes the
-    /// general path, which reports every such case.
+    /// `None` (nothing changed) when either condition does not hold, or the message is not
+    /// a well-formed eager one, or it matches nothing and no SRQ buffer is posted: the caller
+    /// then takes the general path, which reports every such case.
     #[inline]
-    pub fn arrive_unexpected_polled(&mut self, src: u32, msg: &[u8]) -> Option<Wc> {
-        if msg.first() != Some(&(TmOp::Eager as u8))
-            || msg.len() < TMH_LEN
-            || self.list.listed() != 0
-            || !self.inflight.is_empty()
-            || !self.cq.is_empty()
-        {
+    pub fn arrive_whole_polled(&mut self, src: u32, msg: &[u8]) -> Option<Polled> {
+        if msg.first() != Some(&(TmOp::Eager as u8)) || msg.len() < TMH_LEN || !self.inflight.is_empty() || !self.cq.is_empty() {
             return None;
+        }
+        if self.list.listed() != 0 {
+            let tmh = parse_tmh(msg)?;
+            if let Some(h) = self.list.lookup(tmh.tag) {
+                return Some(self.match_whole_polled(h, src, &tmh, msg.len()));
+            }
         }
         let (wr_id, len) = self.srq.pop_front()?;
         self.hw_cnt = self.hw_cnt.wrapping_add(1);
         self.counters.unexpected += 1;
         self.unexp_polled = self.unexp_polled.wrapping_add(1);
         let sync = self.unexp_polled.wrapping_sub(self.sw_cnt) > MAX_SYNC_DIFF;
-        Some(Wc {
+        Some(Polled::Unexpected(Wc {
             wr_id,
             opcode: WcOpcode::TmRecv,
             status: len_status(msg.len() as u64, len),
@@ -700,7 +714,38 @@ impl TmSrq {
             src,
             tag: 0,
             app_ctx: 0,
-        })
+        }))
+    }
+
+    /// [`TmSrq::arrive_whole_polled`] of a message that matched entry `h`: `match_eager`
+    /// of a whole message, then what `poll_cq` does with its completion.
+    #[inline]
+    fn match_whole_polled(&mut self, h: u32, src: u32, tmh: &Tmh, msg_len: usize) -> Polled {
+        let s = self.consume(h, src, tmh);
+        let payload = (msg_len - TMH_LEN) as u64;
+        let slot = &mut self.list.slots[h as usize];
+        slot.payload = payload;
+        slot.state = SlotState::Done;
+        // Polling the completion drops the hardware's hold on the handle.
+        self.list.unref(h);
+        let wc = Wc {
+            wr_id: s.recv_wr_id,
+            opcode: WcOpcode::TmRecv,
+            status: len_status(payload, s.len),
+            flags: WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID,
+            byte_len: payload,
+            handle: h,
+            src,
+            tag: tmh.tag,
+            app_ctx: tmh.app_ctx,
+        };
+        let placement = Placement {
+            buffer: Buffer::Tagged { recv_wr_id: s.recv_wr_id, handle: h },
+            src_off: TMH_LEN,
+            dst_off: 0,
+            len: clip(0, msg_len - TMH_LEN, s.len),
+        };
+        Polled::Matched(placement, wc)
     }
 
     /// A whole message (one packet) arrives from `src`, exactly as it came off the wire:
@@ -930,9 +975,10 @@ impl TmSrq {
         self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false, pending: false });
     }
 
-    /// Takes `h` out of the list for a message from `src`.
+    /// Takes `h` out of the list for a message from `src`; returns the entry's
+    /// `(recv_wr_id, buffer length)`.
     #[inline]
-    fn consume(&mut self, h: u32, src: u32, tmh: &Tmh) -> super::list::Slot {
+    fn consume(&mut self, h: u32, src: u32, tmh: &Tmh) -> Consumed {
         self.list.unlink(h);
         self.counters.hw_matched += 1;
         let s = &mut self.list.slots[h as usize];
@@ -940,7 +986,7 @@ impl TmSrq {
         s.src = src;
         s.msg_tag = tmh.tag;
         s.app_ctx = tmh.app_ctx;
-        *s
+        Consumed { recv_wr_id: s.recv_wr_id, len: s.len }
     }
 
     fn match_eager(&mut self, h: u32, src: u32, tmh: &Tmh, first_len: usize, total_len: usize) -> Arrival {
@@ -1077,3 +1123,10 @@ impl TmSrq {
 }
 
 const _: () = assert!(std::mem::size_of::<CqEntry>() <= 64);
+
+/// What a match needs of the entry it consumed.
+#[derive(Clone, Copy)]
+struct Consumed {
+    recv_wr_id: u64,
+    len: usize,
+}

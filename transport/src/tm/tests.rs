@@ -1190,6 +1190,14 @@ mod prop {
     }
 }
 
+/// The completion of the fused call if it landed unexpected.
+fn fused_unexpected(s: &mut TmSrq, src: u32, m: &[u8]) -> Option<Wc> {
+    match s.arrive_whole_polled(src, m)? {
+        Polled::Unexpected(wc) => Some(wc),
+        other => panic!("expected an unexpected arrival, got {other:?}"),
+    }
+}
+
 #[test]
 fn fused_unexpected_arrival_equals_arrive_then_poll() {
     // Two SRQs in the same state; one takes every message through `arrive` + `poll_cq`, the
@@ -1203,7 +1211,7 @@ fn fused_unexpected_arrival_equals_arrive_then_poll() {
     for i in 0..u64::from(MAX_SYNC_DIFF) + 20 {
         let m = eager(i, 7, &i.to_le_bytes()[..(i % 9) as usize]);
         let src = (i % 3) as u32;
-        let got = b.arrive_unexpected_polled(src, &m).expect("the fused path applies");
+        let got = fused_unexpected(&mut b, src, &m).expect("the fused path applies");
         assert_eq!(srq_wr(a.arrive(src, &m).unwrap()), got.wr_id);
         let want = a.poll_cq().expect("a completion");
         assert_eq!(want, got, "message {i}");
@@ -1212,26 +1220,74 @@ fn fused_unexpected_arrival_equals_arrive_then_poll() {
         a.post_srq_recv(100 + i, 64).unwrap();
         b.post_srq_recv(100 + i, 64).unwrap();
     }
-    assert!(b.arrive_unexpected_polled(0, &eager(1, 0, b"x")).unwrap().flags.contains(WcFlags::TM_SYNC_REQ));
+    assert!(fused_unexpected(&mut b, 0, &eager(1, 0, b"x")).unwrap().flags.contains(WcFlags::TM_SYNC_REQ));
+}
+
+#[test]
+fn fused_matched_arrival_equals_arrive_then_poll() {
+    // Tagged buffers of two sizes (one too small for some messages), a wildcard entry, and
+    // messages that match nothing while entries are listed: the fused call must place,
+    // complete, count and free handles exactly as `arrive` + `poll_cq`.
+    let (mut a, mut b) = (srq(8, 8, 64), srq(8, 8, 64));
+    for s in [&mut a, &mut b] {
+        for wr in 0..4 {
+            s.post_srq_recv(wr, 64).unwrap();
+        }
+    }
+    for i in 0..200u64 {
+        let tag = i % 5;
+        for s in [&mut a, &mut b] {
+            if s.tags_listed() < 6 {
+                let (t, mask) = if i % 7 == 0 { (0, 0) } else { (tag, ALL) };
+                // Software has handled every unexpected message: the entry is in phase.
+                let cnt = u32::from(s.hw_unexpected_cnt());
+                add(s, t, mask, 1000 + i, if i % 3 == 0 { 4 } else { 32 }, cnt);
+            }
+        }
+        let m = eager(tag + (i % 11 == 0) as u64 * 100, 9, &i.to_le_bytes()[..(i % 9) as usize]);
+        let src = (i % 3) as u32;
+        let got = b.arrive_whole_polled(src, &m).expect("the fused path applies");
+        let want_arrival = a.arrive(src, &m).unwrap();
+        let want = a.poll_cq().expect("a completion");
+        match got {
+            Polled::Matched(pl, wc) => {
+                assert_eq!(place(want_arrival), pl, "message {i}");
+                assert_eq!(want, wc, "message {i}");
+            }
+            Polled::Unexpected(wc) => {
+                assert_eq!(srq_wr(want_arrival), wc.wr_id, "message {i}");
+                assert_eq!(want, wc, "message {i}");
+                a.post_srq_recv(100 + i, 64).unwrap();
+                b.post_srq_recv(100 + i, 64).unwrap();
+            }
+        }
+        assert!(a.quiet() && b.quiet());
+        assert_eq!(a.counters(), b.counters(), "message {i}");
+        assert_eq!((a.tags_listed(), a.hw_unexpected_cnt()), (b.tags_listed(), b.hw_unexpected_cnt()));
+    }
+    assert!(b.counters().hw_matched > 50 && b.counters().unexpected > 5, "{:?}", b.counters());
 }
 
 #[test]
 fn fused_unexpected_arrival_declines_what_it_cannot_decide() {
     let mut s = srq(4, 4, 8);
     // No SRQ buffer: declined, nothing counted (the general path reports RNR).
-    assert!(s.arrive_unexpected_polled(0, &eager(1, 0, b"x")).is_none());
+    assert!(s.arrive_whole_polled(0, &eager(1, 0, b"x")).is_none());
     s.post_srq_recv(1, 64).unwrap();
     s.post_srq_recv(2, 64).unwrap();
     // Not eager, or shorter than a TMH.
-    assert!(s.arrive_unexpected_polled(0, &rndv(1, 0, 0, 0, 8)).is_none());
-    assert!(s.arrive_unexpected_polled(0, &[TmOp::Eager as u8; 4]).is_none());
+    assert!(s.arrive_whole_polled(0, &rndv(1, 0, 0, 0, 8)).is_none());
+    assert!(s.arrive_whole_polled(0, &[TmOp::Eager as u8; 4]).is_none());
     // A completion is queued: this one would not be the next polled.
     assert!(matches!(s.arrive(0, &eager(1, 0, b"x")).unwrap(), Arrival::Place(_)));
-    assert!(s.arrive_unexpected_polled(0, &eager(2, 0, b"y")).is_none());
+    assert!(s.arrive_whole_polled(0, &eager(2, 0, b"y")).is_none());
     drain(&mut s);
-    // A listed tagged buffer might match.
+    // A listed tagged buffer that matches takes it; one that does not lets it land
+    // unexpected.
     s.post_srq_recv(3, 64).unwrap();
     add(&mut s, 5, ALL, 50, 64, 1);
-    assert!(s.arrive_unexpected_polled(0, &eager(9, 0, b"z")).is_none());
-    assert_eq!(s.counters().unexpected, 1);
+    assert!(matches!(s.arrive_whole_polled(0, &eager(9, 0, b"z")), Some(Polled::Unexpected(_))));
+    assert!(matches!(s.arrive_whole_polled(0, &eager(5, 0, b"z")), Some(Polled::Matched(..))));
+    assert_eq!(s.counters().unexpected, 2);
+    assert_eq!(s.tags_listed(), 0);
 }
