@@ -55,8 +55,12 @@ impl State {
         if let Some(h) = hw {
             self.op_wr += 1;
             // The entry is still listed (a consumed entry would have completed already), so
-            // the DEL succeeds; a TM_ERR completion is tolerated in `drain_cq` regardless.
-            let _ = self.tm.post_srq_op(&OpsWr::del(self.op_wr, h, self.sw_unexp, true));
+            // the DEL succeeds; a TM_ERR completion is tolerated regardless (`on_op_wc`).
+            if let Ok((_, Some(wc))) = self.tm.post_srq_op_polled(&OpsWr::del(self.op_wr, h, self.sw_unexp, true)) {
+                if let Err(e) = self.on_op_wc(&wc) {
+                    self.error.get_or_insert(e);
+                }
+            }
         } else {
             self.sw_only_posted -= 1;
         }
@@ -98,17 +102,7 @@ impl State {
                     WcOpcode::TmRecv if wc.is_unexpected() => self.on_unexpected_wc(&wc)?,
                     WcOpcode::TmNoTag => self.repost_srq()?,
                     WcOpcode::TmRecv => self.on_hw_completion(&wc),
-                    WcOpcode::TmAdd | WcOpcode::TmDel | WcOpcode::TmSync => {
-                        if wc.flags.contains(WcFlags::TM_SYNC_REQ) {
-                            self.need_sync = true;
-                        }
-                        match wc.status {
-                            WcStatus::Success => {}
-                            // A DEL that raced a consumption: the receive completes on its own.
-                            WcStatus::TmErr if wc.opcode == WcOpcode::TmDel => {}
-                            st => return Err(Error::State(format!("TM-SRQ op failed: {st:?}"))),
-                        }
-                    }
+                    WcOpcode::TmAdd | WcOpcode::TmDel | WcOpcode::TmSync => self.on_op_wc(&wc)?,
                 }
             }
             // Sync once software has caught up with every unexpected message the TM-SRQ
@@ -124,6 +118,20 @@ impl State {
                 continue;
             }
             return Ok(());
+        }
+    }
+
+    /// The completion of a list operation (ADD, DEL, SYNC).
+    #[inline]
+    pub(super) fn on_op_wc(&mut self, wc: &Wc) -> Result<()> {
+        if wc.flags.contains(WcFlags::TM_SYNC_REQ) {
+            self.need_sync = true;
+        }
+        match wc.status {
+            WcStatus::Success => Ok(()),
+            // A DEL that raced a consumption: the receive completes on its own.
+            WcStatus::TmErr if wc.opcode == WcOpcode::TmDel => Ok(()),
+            st => Err(Error::State(format!("TM-SRQ op failed: {st:?}"))),
         }
     }
 

@@ -514,7 +514,29 @@ impl TmSrq {
     ///
     /// # Errors
     /// As [`TmSrq::post_srq_ops`]; nothing changed.
+    #[inline]
     pub fn post_srq_op(&mut self, wr: &OpsWr) -> Result<Option<u32>, TmErrno> {
+        self.post_op(wr, false).map(|(h, _)| h)
+    }
+
+    /// [`TmSrq::post_srq_op`] followed by [`TmSrq::poll_cq`] of its completion, fused, when
+    /// that completion would be the next polled (no completion is queued): the completion
+    /// is returned instead of queued, and what polling it releases is released. With
+    /// completions queued, or for an op without a completion, it is `post_srq_op` and the
+    /// completion (if any) is queued as usual: `(handle of an ADD, completion polled here)`.
+    ///
+    /// # Errors
+    /// As [`TmSrq::post_srq_op`]; nothing changed.
+    #[inline]
+    pub fn post_srq_op_polled(&mut self, wr: &OpsWr) -> Result<(Option<u32>, Option<Wc>), TmErrno> {
+        let polled = self.cq.is_empty();
+        self.post_op(wr, polled)
+    }
+
+    /// [`TmSrq::post_srq_op`]; with `polled` (only when the CQ is empty), its completion is
+    /// reaped and returned instead of queued.
+    #[inline(always)]
+    fn post_op(&mut self, wr: &OpsWr, polled: bool) -> Result<(Option<u32>, Option<Wc>), TmErrno> {
         if !OpsFlags::ALL.contains(wr.flags) {
             return Err(TmErrno::Inval);
         }
@@ -565,12 +587,13 @@ impl TmSrq {
                 self.list.insert(h, tag, mask, !level);
                 self.counters.adds += 1;
                 self.counters.list_hwm = self.counters.list_hwm.max(self.list.listed() as u64);
+                let mut done = None;
                 if signaled {
                     wc.opcode = WcOpcode::TmAdd;
                     wc.handle = h;
-                    self.push(CqEntry { wc, release: h, op_seq: seq, unexpected: false, pending: false });
+                    done = self.complete(CqEntry { wc, release: h, op_seq: seq, unexpected: false, pending: false }, polled);
                 }
-                Ok(Some(h))
+                Ok((Some(h), done))
             }
             OpsOp::Del { handle } => {
                 wc.opcode = WcOpcode::TmDel;
@@ -582,16 +605,16 @@ impl TmSrq {
                     s.state = SlotState::Done;
                     if signaled {
                         // The completion takes over the hardware's hold on the handle.
-                        self.push(CqEntry { wc, release: handle, op_seq: seq, unexpected: false, pending: false });
+                        Ok((None, self.complete(CqEntry { wc, release: handle, op_seq: seq, unexpected: false, pending: false }, polled)))
                     } else {
                         self.list.unref(handle);
+                        Ok((None, None))
                     }
                 } else {
                     self.counters.del_failed += 1;
                     wc.status = WcStatus::TmErr;
-                    self.push(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false, pending: false });
+                    Ok((None, self.complete(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false, pending: false }, polled)))
                 }
-                Ok(None)
             }
             OpsOp::Sync => {
                 self.counters.syncs += 1;
@@ -599,10 +622,11 @@ impl TmSrq {
                 // phase counts only for ops that carry a tag (APPEND, REMOVE): a SYNC's own
                 // completion never asks for another SYNC.
                 wc.flags = WcFlags::NONE;
+                let mut done = None;
                 if signaled {
-                    self.push(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false, pending: false });
+                    done = self.complete(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false, pending: false }, polled);
                 }
-                Ok(None)
+                Ok((None, done))
             }
         }
     }
@@ -616,6 +640,27 @@ impl TmSrq {
     #[inline]
     pub fn poll_cq(&mut self) -> Option<Wc> {
         let e = if self.cq_pending == 0 { self.cq.pop_front()? } else { self.pop_past_pending()? };
+        Some(self.reap(e))
+    }
+
+    /// A new completion: queued, or with `polled` (the CQ is empty, so it would be the next
+    /// polled) reaped and returned at once.
+    #[inline]
+    fn complete(&mut self, e: CqEntry, polled: bool) -> Option<Wc> {
+        if polled {
+            debug_assert!(self.cq.is_empty());
+            Some(self.reap(e))
+        } else {
+            self.push(e);
+            None
+        }
+    }
+
+    /// What polling completion `e` does: releases what it held, returns its work completion.
+    /// Always inlined: built just before in registers, a completion copied through memory
+    /// stalls on its own narrow stores (store forwarding).
+    #[inline(always)]
+    fn reap(&mut self, e: CqEntry) -> Wc {
         let mut wc = e.wc;
         if e.release != NIL {
             self.list.unref(e.release);
@@ -629,7 +674,7 @@ impl TmSrq {
                 wc.flags |= WcFlags::TM_SYNC_REQ;
             }
         }
-        Some(wc)
+        wc
     }
 
     /// The oldest completion that may be polled while a multi-packet unexpected message is

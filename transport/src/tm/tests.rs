@@ -1291,3 +1291,62 @@ fn fused_unexpected_arrival_declines_what_it_cannot_decide() {
     assert_eq!(s.counters().unexpected, 2);
     assert_eq!(s.tags_listed(), 0);
 }
+
+#[test]
+fn fused_op_equals_post_then_poll() {
+    // ADDs, DELs (of listed, consumed and already deleted entries) and SYNCs, signaled or
+    // not, with and without completions queued ahead: the fused call must leave the SRQ as
+    // `post_srq_op` + `poll_cq` of its completion does, and return that completion.
+    let (mut a, mut b) = (srq(8, 16, 16), srq(8, 16, 16));
+    for s in [&mut a, &mut b] {
+        for wr in 0..16 {
+            s.post_srq_recv(wr, 64).unwrap();
+        }
+    }
+    let mut handles = Vec::new();
+    for i in 0..300u64 {
+        let signaled = i % 5 != 3;
+        let cnt = u32::from(a.hw_unexpected_cnt());
+        let wr = match i % 6 {
+            0..=2 if a.tags_listed() < 6 => OpsWr::add(i, i % 4, ALL, 500 + i, 32, cnt, signaled),
+            3 | 4 if !handles.is_empty() => OpsWr::del(i, handles.remove((i as usize * 7) % handles.len()), cnt, signaled),
+            _ => OpsWr::sync(i, cnt, signaled),
+        };
+        // Now and then a completion is queued ahead (an arrival), so the fused call queues.
+        if i % 9 == 0 {
+            let m = eager(i % 4, 0, b"m");
+            for s in [&mut a, &mut b] {
+                s.arrive(0, &m).unwrap();
+            }
+        }
+        let queued_ahead = a.cq_len() > 0;
+        let want_h = a.post_srq_op(&wr);
+        let got = b.post_srq_op_polled(&wr);
+        match (want_h, got) {
+            (Ok(h), Ok((gh, gwc))) => {
+                assert_eq!(h, gh, "op {i}");
+                if let Some(h) = h {
+                    handles.push(h);
+                }
+                if queued_ahead {
+                    assert!(gwc.is_none(), "op {i}: a completion is queued ahead, the new one must queue");
+                } else if let Some(wc) = gwc {
+                    assert_eq!(a.poll_cq(), Some(wc), "op {i}");
+                }
+            }
+            (Err(e), Err(g)) => assert_eq!(e, g, "op {i}"),
+            (w, g) => panic!("op {i}: {w:?} vs {g:?}"),
+        }
+        assert_eq!((a.cq_len(), a.tags_listed(), a.ops_outstanding()), (b.cq_len(), b.tags_listed(), b.ops_outstanding()), "op {i}");
+        assert_eq!(a.counters(), b.counters(), "op {i}");
+        if i % 13 == 0 {
+            assert_eq!(drain(&mut a), drain(&mut b), "op {i}");
+            for s in [&mut a, &mut b] {
+                while s.srq_posted() < 16 {
+                    s.post_srq_recv(1000 + i, 64).unwrap();
+                }
+            }
+        }
+    }
+    assert!(b.counters().adds > 50 && b.counters().dels > 20, "{:?}", b.counters());
+}
