@@ -60,6 +60,20 @@ fn key_fields_truncate_and_checked_form_refuses() {
 }
 
 #[test]
+fn recv_id_packs_seq_and_form_in_one_word() {
+    // `RecvPhase::Posted` in every engine request slot holds one: it must stay a `u64`.
+    assert_eq!(std::mem::size_of::<RecvId>(), 8);
+    let id = RecvId::new(123_456, FORM_RAW);
+    assert_eq!((id.seq(), id.form()), (123_456, FORM_RAW));
+    assert!(RecvId::new(5, FORM_RAW) < RecvId::new(6, 0), "post order first");
+    assert_eq!(RecvId::of_mask(9, FULL_MASK).form(), FORM_EXACT);
+    for (c, mask) in CLASS_MASKS.into_iter().enumerate() {
+        assert_eq!(RecvId::of_mask(9, mask).form(), c as u64);
+    }
+    assert_eq!(RecvId::of_mask(9, !1).form(), FORM_RAW);
+}
+
+#[test]
 fn recv_key_masks() {
     assert_eq!(recv_key(3, Some(4), Some(5)), (encode_tag(3, 4, 5), FULL_MASK));
     assert_eq!(recv_key(3, None, Some(5)), (encode_tag(3, 0, 5), CTX_FIELD | TAG_FIELD));
