@@ -284,7 +284,7 @@ fn reference(p: &Program) -> Outcomes {
     let specs = p.recvs();
     let mut m: RefMatcher<usize, u64> = RefMatcher::new();
     let mut recvs: Vec<Option<Outcome>> = Vec::new();
-    let mut queued: Vec<Option<RecvId>> = Vec::new();
+    let mut queued: Vec<Option<(RecvId, u64)>> = Vec::new();
     let mut next_id = 0u64;
     for ph in &p.phases {
         match ph {
@@ -299,7 +299,7 @@ fn reference(p: &Program) -> Outcomes {
                         }
                         Posted::Queued(q) => {
                             recvs.push(None);
-                            queued.push(Some(q));
+                            queued.push(Some((q, t)));
                         }
                     }
                 }
@@ -316,8 +316,8 @@ fn reference(p: &Program) -> Outcomes {
             }
             Phase::Cancel(ix) => {
                 for &i in ix {
-                    if let Some(q) = queued[i].take() {
-                        if m.cancel(q).is_some() {
+                    if let Some((q, t)) = queued[i].take() {
+                        if m.cancel(q, t).is_some() {
                             recvs[i] = Some(Outcome::Cancelled);
                         }
                     }
@@ -327,8 +327,8 @@ fn reference(p: &Program) -> Outcomes {
     }
     // The end: cancel what is pending, in post order, then drain the unexpected messages.
     for (i, q) in queued.iter_mut().enumerate() {
-        if let Some(q) = q.take() {
-            if m.cancel(q).is_some() {
+        if let Some((q, t)) = q.take() {
+            if m.cancel(q, t).is_some() {
                 recvs[i] = Some(Outcome::Cancelled);
             }
         }

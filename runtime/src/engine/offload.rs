@@ -30,7 +30,7 @@ impl State {
         });
         r.src_world = src;
         if let RecvPhase::Posted { match_id, .. } = std::mem::replace(&mut r.phase, RecvPhase::Tagged { rndv }) {
-            self.matcher.cancel(match_id);
+            self.matcher.cancel(match_id, r.key);
         }
     }
 
@@ -154,11 +154,11 @@ impl State {
                 // `tm_took`); a rendezvous the TM-SRQ reads is `Reading`.
                 if let RecvPhase::Posted { match_id, .. } = r.phase {
                     r.phase = RecvPhase::Tagged { rndv: None };
-                    cancel = Some(match_id);
+                    cancel = Some((match_id, r.key));
                 }
             }
-            if let Some(id) = cancel {
-                self.matcher.cancel(id);
+            if let Some((id, key)) = cancel {
+                self.matcher.cancel(id, key);
             }
             self.stats.msgs_recv += 1;
             if app_ctx & SYNC_FLAG != 0 && admitted {

@@ -24,7 +24,7 @@ pub(super) enum RecvPhase {
     /// Waiting for a message: queued in the software matcher, and possibly listed in the
     /// TM-SRQ's tag list.
     Posted {
-        /// The receive's entry in the software matcher.
+        /// The receive's entry in the software matcher (cancelled with `RecvState::key`).
         match_id: RecvId,
         /// Handle of its entry in the TM-SRQ tag list; `None`: software only (counted in
         /// `State::sw_only_posted`).
@@ -244,10 +244,10 @@ impl Engine {
         if req.result.is_some() {
             return;
         }
-        let ReqKind::Recv(RecvState { phase: RecvPhase::Posted { match_id, .. }, .. }) = req.kind else {
+        let ReqKind::Recv(RecvState { phase: RecvPhase::Posted { match_id, .. }, key, .. }) = req.kind else {
             return;
         };
-        if self.st.matcher.cancel(match_id).is_some() {
+        if self.st.matcher.cancel(match_id, key).is_some() {
             req.result = Some(Ok(Status::cancelled_recv()));
             self.st.leave_queues(rid);
         }

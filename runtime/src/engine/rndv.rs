@@ -128,7 +128,7 @@ impl State {
         // (its MATCH completion is handled after this): take it out there too, or a later
         // message would match it. Its tag-list entry is consumed.
         if let RecvPhase::Posted { match_id, .. } = std::mem::replace(&mut r.phase, RecvPhase::Reading(key)) {
-            self.matcher.cancel(match_id);
+            self.matcher.cancel(match_id, r.key);
         }
         r.src_world = src;
         r.source = src_of(info.tmh.tag);

@@ -39,7 +39,7 @@
 //!
 //! - A posted receive takes the *oldest* stored (unexpected) message that matches it.
 //! - An arriving message goes to the *earliest posted* queued receive that matches it; receives
-//!   are ordered by their [`RecvId`], the post sequence number, across exact and wildcard ones.
+//!   are ordered by their [`RecvId`] (post order), across exact and wildcard ones.
 //! - Together these give non-overtaking: two messages from one source on one communicator that
 //!   both match a receive are matched in arrival order (the transport delivers each source's
 //!   messages in send order).
@@ -144,10 +144,67 @@ pub const fn recv_key(ctx: u32, src: Option<u32>, tag: Option<u32>) -> (u64, u64
     (encode_tag(ctx, s, t), mask)
 }
 
-/// Identifies a queued receive: its post sequence number. Every call to [`Matcher::post`] takes
-/// the next number (0, 1, 2, ...), whether or not it matched at once, so ids are unique, and a
-/// smaller id means an earlier post.
-pub type RecvId = u64;
+/// Number of MPI's wildcard receive forms (the wildcard classes).
+const CLASSES: usize = 3;
+
+/// The masks of MPI's three wildcard receive forms, by class: `ANY_SOURCE` with a tag, a source
+/// with `ANY_TAG`, `ANY_SOURCE` with `ANY_TAG` (what [`recv_key`] builds).
+const CLASS_MASKS: [u64; CLASSES] = [CTX_FIELD | TAG_FIELD, CTX_FIELD | SRC_FIELD, CTX_FIELD];
+
+/// The form of an exact receive (`mask == FULL_MASK`) in a [`RecvId`]; the wildcard classes are
+/// forms `0..CLASSES`.
+const FORM_EXACT: u64 = CLASSES as u64;
+/// The form of a receive with any other mask (not an MPI receive) in a [`RecvId`].
+const FORM_RAW: u64 = FORM_EXACT + 1;
+
+/// The wildcard class of `mask`, if it is one of MPI's forms.
+#[inline]
+fn class_of(mask: u64) -> Option<usize> {
+    CLASS_MASKS.iter().position(|&m| m == mask)
+}
+
+/// Identifies a queued receive: its post sequence number and its form (exact, one of MPI's
+/// three wildcard forms, or another mask), packed in one `u64`.
+///
+/// Every call to [`Matcher::post`] takes the next sequence number (0, 1, 2, ...), whether or not
+/// it matched at once, so ids are unique, and ids compare in post order: a smaller id means an
+/// earlier post. The form is what lets [`Matcher::cancel`] go straight to the receive's queue,
+/// given the tag the receive was posted with; no index from ids to queues is kept. Two matchers
+/// given the same operations issue the same ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RecvId(u64);
+
+impl RecvId {
+    /// Low bits that hold the form; the sequence number is above them (2^61 posts before it
+    /// would overflow: centuries at a post per nanosecond).
+    const FORM_BITS: u32 = 3;
+
+    /// The id of post number `seq` of form `form` (a class, [`FORM_EXACT`] or [`FORM_RAW`]).
+    #[inline]
+    const fn new(seq: u64, form: u64) -> Self {
+        RecvId(seq << Self::FORM_BITS | form)
+    }
+
+    /// The id of post number `seq` of a receive with mask `mask`.
+    #[inline]
+    fn of_mask(seq: u64, mask: u64) -> Self {
+        let form = if mask == FULL_MASK { FORM_EXACT } else { class_of(mask).map_or(FORM_RAW, |c| c as u64) };
+        Self::new(seq, form)
+    }
+
+    /// The post sequence number: 0 for the first call to [`Matcher::post`], then 1, 2, ...
+    #[inline]
+    pub const fn seq(self) -> u64 {
+        self.0 >> Self::FORM_BITS
+    }
+
+    /// The form: a wildcard class (`0..CLASSES`), [`FORM_EXACT`] or [`FORM_RAW`]; larger values
+    /// are never issued.
+    #[inline]
+    const fn form(self) -> u64 {
+        self.0 & ((1 << Self::FORM_BITS) - 1)
+    }
+}
 
 /// Outcome of [`Matcher::post`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,9 +249,11 @@ pub trait Matcher<R, M> {
     /// receive, else it is stored as unexpected (after every message that arrived before it).
     fn arrive(&mut self, tag: u64, m: M) -> Arrived<R, M>;
 
-    /// Removes a queued receive and gives its handle back; `None` if `id` is not queued (already
-    /// matched, already cancelled, or never issued).
-    fn cancel(&mut self, id: RecvId) -> Option<R>;
+    /// Removes a queued receive and gives its handle back. `tag` is the tag the receive was
+    /// posted with (bits outside its mask do not matter): with the form in `id` it names the
+    /// queue the receive sits in. `None` if `id` is not queued (already matched, already
+    /// cancelled, or never issued) or `tag` is not its receive's; nothing changes then.
+    fn cancel(&mut self, id: RecvId, tag: u64) -> Option<R>;
 
     /// The oldest unexpected message matching `(tag, mask)`, with its match key; not removed.
     fn probe(&self, tag: u64, mask: u64) -> Option<(u64, &M)>;

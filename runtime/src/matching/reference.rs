@@ -22,12 +22,13 @@ struct RefRecv<R> {
 pub struct RefMatcher<R, M> {
     posted: Vec<RefRecv<R>>,
     unexpected: Vec<(u64, M)>,
-    next_id: RecvId,
+    /// Sequence number of the next post.
+    next_seq: u64,
 }
 
 impl<R, M> Default for RefMatcher<R, M> {
     fn default() -> Self {
-        RefMatcher { posted: Vec::new(), unexpected: Vec::new(), next_id: 0 }
+        RefMatcher { posted: Vec::new(), unexpected: Vec::new(), next_seq: 0 }
     }
 }
 
@@ -44,8 +45,8 @@ impl<R, M> RefMatcher<R, M> {
 
 impl<R, M> Matcher<R, M> for RefMatcher<R, M> {
     fn post(&mut self, tag: u64, mask: u64, r: R) -> Posted<R, M> {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = RecvId::of_mask(self.next_seq, mask);
+        self.next_seq += 1;
         match self.first_unexpected(tag, mask) {
             Some(i) => {
                 let (_, m) = self.unexpected.remove(i);
@@ -71,8 +72,8 @@ impl<R, M> Matcher<R, M> for RefMatcher<R, M> {
         }
     }
 
-    fn cancel(&mut self, id: RecvId) -> Option<R> {
-        let i = self.posted.iter().position(|p| p.id == id)?;
+    fn cancel(&mut self, id: RecvId, tag: u64) -> Option<R> {
+        let i = self.posted.iter().position(|p| p.id == id && (p.tag ^ tag) & p.mask == 0)?;
         Some(self.posted.remove(i).r)
     }
 

@@ -60,6 +60,20 @@ fn key_fields_truncate_and_checked_form_refuses() {
 }
 
 #[test]
+fn recv_id_packs_seq_and_form_in_one_word() {
+    // `RecvPhase::Posted` in every engine request slot holds one: it must stay a `u64`.
+    assert_eq!(std::mem::size_of::<RecvId>(), 8);
+    let id = RecvId::new(123_456, FORM_RAW);
+    assert_eq!((id.seq(), id.form()), (123_456, FORM_RAW));
+    assert!(RecvId::new(5, FORM_RAW) < RecvId::new(6, 0), "post order first");
+    assert_eq!(RecvId::of_mask(9, FULL_MASK).form(), FORM_EXACT);
+    for (c, mask) in CLASS_MASKS.into_iter().enumerate() {
+        assert_eq!(RecvId::of_mask(9, mask).form(), c as u64);
+    }
+    assert_eq!(RecvId::of_mask(9, !1).form(), FORM_RAW);
+}
+
+#[test]
 fn recv_key_masks() {
     assert_eq!(recv_key(3, Some(4), Some(5)), (encode_tag(3, 4, 5), FULL_MASK));
     assert_eq!(recv_key(3, None, Some(5)), (encode_tag(3, 0, 5), CTX_FIELD | TAG_FIELD));
@@ -196,22 +210,61 @@ fn cancel_rules<T: Matcher<u32, u32>>(mut m: T) {
     let w = queued(m.post(tw, kw, 1));
     let b = queued(m.post(t, k, 2));
     let w2 = queued(m.post(tw, kw, 3));
-    assert_eq!(m.cancel(a), Some(0));
-    assert_eq!(m.cancel(a), None);
-    assert_eq!(m.cancel(w), Some(1));
-    assert_eq!(m.cancel(w), None);
-    assert_eq!(m.cancel(w2 + 1), None, "never issued");
-    assert_eq!(m.cancel(RecvId::MAX), None);
+    // The tag must be the receive's (bits outside its mask do not matter).
+    assert_eq!(m.cancel(a, tw), None, "wrong tag");
+    assert_eq!(m.cancel(a, t ^ 1), None, "wrong tag");
+    assert_eq!(m.cancel(w, encode_tag(1, 0, 4)), None, "wrong tag");
+    assert_eq!(m.cancel(w, encode_tag(2, 0, 3)), None, "wrong context");
+    assert_eq!(m.posted_len(), 4);
+    assert_eq!(m.cancel(a, t), Some(0));
+    assert_eq!(m.cancel(a, t), None);
+    assert_eq!(m.cancel(w, tw | SRC_FIELD), Some(1));
+    assert_eq!(m.cancel(w, tw), None);
+    assert_eq!(m.cancel(RecvId::new(w2.seq() + 1, FORM_EXACT), t), None, "never issued");
+    assert_eq!(m.cancel(RecvId::new(b.seq(), 0), t), None, "not its form");
+    assert_eq!(m.cancel(RecvId(u64::MAX), t), None);
+    assert_eq!(m.cancel(RecvId(u64::MAX), tw), None);
     assert_eq!(m.posted_len(), 2);
     // The cancelled receives no longer match; the rest keep their order.
     assert_eq!(m.arrive(encode_tag(1, 2, 3), 100), Arrived::Matched(b, 2, 100));
-    assert_eq!(m.cancel(b), None, "already matched");
+    assert_eq!(m.cancel(b, t), None, "already matched");
     assert_eq!(m.arrive(encode_tag(1, 2, 3), 101), Arrived::Matched(w2, 3, 101));
     assert_eq!(m.arrive(encode_tag(1, 2, 3), 102), Arrived::Unexpected);
     assert_eq!(m.posted_len(), 0);
     // A receive that matched at once has an id too, but it is not queued.
     assert_eq!(m.post(t, k, 4), Posted::Matched(4, 102));
-    assert_eq!(m.cancel(w2 + 1), None);
+    assert_eq!(m.cancel(RecvId::new(w2.seq() + 1, FORM_EXACT), t), None);
+    // A raw receive is cancelled by its tag too.
+    let r = queued(m.post(encode_tag(1, 2, 0b100), !1, 5));
+    assert_eq!(m.cancel(r, encode_tag(1, 2, 0b110)), None, "wrong tag");
+    assert_eq!(m.cancel(r, encode_tag(1, 2, 0b101)), Some(5));
+    assert_eq!(m.cancel(r, encode_tag(1, 2, 0b100)), None);
+    assert_eq!(m.posted_len(), 0);
+}
+
+/// Receives cancelled from the middle of their queues, of every form, in an order that is
+/// neither the post order nor its reverse; the others still match in post order.
+fn cancel_from_the_middle<T: Matcher<u32, u32>>(mut m: T) {
+    let forms = [recv_key(1, Some(2), Some(3)), recv_key(1, None, Some(3)), recv_key(1, Some(2), None), recv_key(1, None, None)];
+    let raw = (encode_tag(1, 2, 2), !1);
+    let mut ids = Vec::new();
+    for i in 0..40u32 {
+        let (t, k) = if i % 5 == 4 { raw } else { forms[(i % 5) as usize] };
+        ids.push((queued(m.post(t, k, i)), t, i));
+    }
+    // Every third one, from the middle outwards.
+    let mut gone: Vec<_> = ids.iter().copied().filter(|&(_, _, i)| i % 3 == 1).collect();
+    gone.sort_by_key(|&(_, _, i)| (i as i32 - 20).abs());
+    for &(id, t, i) in &gone {
+        assert_eq!(m.cancel(id, t), Some(i));
+        assert_eq!(m.cancel(id, t), None);
+    }
+    assert_eq!(m.posted_len(), 40 - gone.len());
+    for &(_, _, i) in ids.iter().filter(|&&(_, _, i)| i % 3 != 1) {
+        let got = m.arrive(encode_tag(1, 2, 3), 100 + i);
+        assert!(matches!(got, Arrived::Matched(_, r, _) if r == i), "receive {i}: {got:?}");
+    }
+    assert_eq!(m.posted_len(), 0);
 }
 
 fn probe_family<T: Matcher<u32, u32>>(mut m: T) {
@@ -259,7 +312,7 @@ fn posted_queries<T: Matcher<u32, u32>>(mut m: T) {
     assert!(!m.earlier_posted_overlaps(tx, kx));
     let (to, ko) = recv_key(2, Some(2), Some(3));
     assert!(!m.earlier_posted_overlaps(to, ko));
-    assert_eq!(m.cancel(e), Some(0));
+    assert_eq!(m.cancel(e, te), Some(0));
     let (tw, kw) = recv_key(1, Some(5), None);
     queued(m.post(tw, kw, 1));
     assert!(m.has_posted_match(encode_tag(1, 5, 77)));
@@ -272,12 +325,24 @@ fn posted_queries<T: Matcher<u32, u32>>(mut m: T) {
 
 fn ids_are_post_sequence_numbers<T: Matcher<u32, u32>>(mut m: T) {
     let (t, k) = recv_key(1, Some(1), Some(1));
-    assert_eq!(m.post(t, k, 0), Posted::Queued(0));
+    let a = queued(m.post(t, k, 0));
+    assert_eq!((a.seq(), a.form()), (0, FORM_EXACT));
     assert_eq!(m.arrive(encode_tag(1, 2, 2), 100), Arrived::Unexpected);
     let (t2, k2) = recv_key(1, None, Some(2));
     assert_eq!(m.post(t2, k2, 1), Posted::Matched(1, 100));
-    assert_eq!(m.post(t2, k2, 2), Posted::Queued(2));
-    assert_eq!(m.post(t, k, 3), Posted::Queued(3));
+    let b = queued(m.post(t2, k2, 2));
+    assert_eq!((b.seq(), b.form()), (2, 0));
+    let c = queued(m.post(t, k, 3));
+    assert_eq!((c.seq(), c.form()), (3, FORM_EXACT));
+    let (t3, k3) = recv_key(1, Some(1), None);
+    let d = queued(m.post(t3, k3, 4));
+    assert_eq!((d.seq(), d.form()), (4, 1));
+    let (t4, k4) = recv_key(1, None, None);
+    let e = queued(m.post(t4, k4, 5));
+    assert_eq!((e.seq(), e.form()), (5, 2));
+    let f = queued(m.post(t4, 1, 6));
+    assert_eq!((f.seq(), f.form()), (6, FORM_RAW));
+    assert!(a < b && b < c && c < d && d < e && e < f, "ids compare in post order");
 }
 
 fn raw_masks<T: Matcher<u32, u32>>(mut m: T) {
@@ -299,8 +364,8 @@ fn deep_unrelated_queues<T: Matcher<u32, u32>>(mut fresh: T, mut loaded: T) {
         queued(loaded.post(encode_tag(9, i % 1000, i / 1000), FULL_MASK, 1_000_000 + i));
         assert_eq!(loaded.arrive(encode_tag(8, i % 1000, i / 1000), 1_000_000 + i), Arrived::Unexpected);
     }
-    let offset = RecvId::from(N);
-    let script = |m: &mut T, off: RecvId| {
+    let offset = u64::from(N);
+    let script = |m: &mut T, off: u64| {
         let mut out = Vec::new();
         let (t, k) = recv_key(1, Some(2), Some(3));
         out.push(format!("{:?}", m.post(t, k, 1).map_id(off)));
@@ -324,24 +389,29 @@ fn deep_unrelated_queues<T: Matcher<u32, u32>>(mut fresh: T, mut loaded: T) {
     assert_eq!(fresh.unexpected_len() + N as usize, loaded.unexpected_len());
 }
 
-/// Ids relative to a base, so runs with different numbers of earlier posts compare equal.
+/// Ids relative to a base (`off` earlier posts), so runs with different numbers of earlier
+/// posts compare equal.
 trait MapId {
-    fn map_id(self, off: RecvId) -> Self;
+    fn map_id(self, off: u64) -> Self;
+}
+
+fn id_minus(id: RecvId, off: u64) -> RecvId {
+    RecvId::new(id.seq() - off, id.form())
 }
 
 impl MapId for Posted<u32, u32> {
-    fn map_id(self, off: RecvId) -> Self {
+    fn map_id(self, off: u64) -> Self {
         match self {
-            Posted::Queued(id) => Posted::Queued(id - off),
+            Posted::Queued(id) => Posted::Queued(id_minus(id, off)),
             p => p,
         }
     }
 }
 
 impl MapId for Arrived<u32, u32> {
-    fn map_id(self, off: RecvId) -> Self {
+    fn map_id(self, off: u64) -> Self {
         match self {
-            Arrived::Matched(id, r, m) => Arrived::Matched(id - off, r, m),
+            Arrived::Matched(id, r, m) => Arrived::Matched(id_minus(id, off), r, m),
             a => a,
         }
     }
@@ -375,6 +445,7 @@ suite!(
     earliest_posted_wins,
     contexts_are_isolated,
     cancel_rules,
+    cancel_from_the_middle,
     probe_family,
     posted_queries,
     ids_are_post_sequence_numbers,
@@ -389,8 +460,10 @@ suite!(
 #[test]
 fn exact_path_is_o1() {
     let mut m = sw();
+    let mut ids = Vec::new();
     for i in 0..10_000u32 {
-        queued(m.post(encode_tag(9, i % 1000, i / 1000), FULL_MASK, i));
+        let t = encode_tag(9, i % 1000, i / 1000);
+        ids.push((queued(m.post(t, FULL_MASK, i)), t));
         assert_eq!(m.arrive(encode_tag(8, i % 1000, i / 1000), i), Arrived::Unexpected);
     }
     m.take_steps();
@@ -401,7 +474,7 @@ fn exact_path_is_o1() {
     assert_eq!(m.post(k, FULL_MASK, 4), Posted::Matched(4, 3));
     assert!(m.probe(encode_tag(8, 5, 5), FULL_MASK).is_some());
     assert_eq!(m.take_probed(encode_tag(8, 5, 5), FULL_MASK), Some((encode_tag(8, 5, 5), 5005)));
-    assert_eq!(m.cancel(7), Some(7));
+    assert_eq!(m.cancel(ids[7].0, ids[7].1), Some(7));
     assert_eq!(m.take_steps(), 0);
 
     m.check_invariants();
@@ -426,15 +499,16 @@ fn exact_path_is_o1() {
 fn wildcard_posts_are_indexed() {
     const N: u32 = 4096;
     let mut m = sw();
+    let mut ids = Vec::new();
     for i in 0..N {
         // ANY_SOURCE with tags never sent, a source never sending with ANY_TAG, ANY_SOURCE with
         // ANY_TAG on another communicator.
         let (t, k) = recv_key(1, None, Some(1000 + i));
-        queued(m.post(t, k, i));
+        ids.push((queued(m.post(t, k, i)), t));
         let (t, k) = recv_key(1, Some(500 + i), None);
-        queued(m.post(t, k, i));
+        ids.push((queued(m.post(t, k, i)), t));
         let (t, k) = recv_key(2 + i, None, None);
-        queued(m.post(t, k, i));
+        ids.push((queued(m.post(t, k, i)), t));
     }
     m.take_steps();
     let key = encode_tag(1, 2, 3);
@@ -463,10 +537,12 @@ fn wildcard_posts_are_indexed() {
     assert_eq!(m.take_steps(), 0);
     // Cancelling from the middle of a class queue keeps the others in order.
     let t = encode_tag(1, 9, 1000 + N / 2);
-    assert_eq!(m.arrive(t, 24), Arrived::Matched(3 * RecvId::from(N / 2), N / 2, 24));
-    assert_eq!(m.cancel(3 * RecvId::from(N / 2) + 1), Some(N / 2));
-    assert_eq!(m.cancel(3 * RecvId::from(N / 2) + 1), None);
-    assert_eq!(m.posted_len(), 3 * N as usize - 2);
+    let mid = 3 * (N / 2) as usize;
+    assert_eq!(m.arrive(t, 24), Arrived::Matched(ids[mid].0, N / 2, 24));
+    assert_eq!(m.cancel(ids[mid + 1].0, ids[mid + 1].1), Some(N / 2));
+    assert_eq!(m.cancel(ids[mid + 1].0, ids[mid + 1].1), None);
+    assert_eq!(m.cancel(ids[mid + 2].0, ids[mid + 2].1), Some(N / 2));
+    assert_eq!(m.posted_len(), 3 * N as usize - 3);
     m.check_invariants();
 }
 
@@ -654,8 +730,15 @@ enum Op {
         mask: u64,
     },
     Arrive(Sel),
-    /// Cancel the n-th id issued so far (modulo), or a never-issued id when none was.
-    Cancel(usize),
+    /// Cancel the n-th id issued so far (modulo), with its receive's tag XOR `skew` (a wrong
+    /// tag unless the skew is outside the receive's mask), or a never-issued id when none was.
+    Cancel {
+        n: usize,
+        skew: u64,
+    },
+    /// Cancel the n-th (modulo) of the receives still queued, with its tag: mostly from the
+    /// middle of its queue.
+    CancelLive(usize),
     Probe(Sel),
     ProbeMut(Sel),
     TakeProbed(Sel),
@@ -663,6 +746,15 @@ enum Op {
 }
 
 const RAW_MASKS: [u64; 7] = [FULL_MASK, !SRC_FIELD, !TAG_FIELD, CTX_FIELD, !1, 0, CTX_FIELD | (1 << SRC_SHIFT)];
+
+/// Tag skews of a cancel: mostly none (the right tag), else one bit of each field.
+fn skew() -> impl Strategy<Value = u64> {
+    prop_oneof![8 => Just(0u64), 1 => Just(1u64), 1 => Just(1 << SRC_SHIFT), 1 => Just(1 << CTX_SHIFT)]
+}
+
+fn cancel() -> impl Strategy<Value = Op> {
+    (any::<usize>(), skew()).prop_map(|(n, skew)| Op::Cancel { n, skew })
+}
 
 fn sel(wild: bool) -> impl Strategy<Value = Sel> {
     let opt = move |s: std::ops::Range<u32>| {
@@ -681,7 +773,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => ((0..2u32, 0..3u32, 0..4u32), 0..RAW_MASKS.len())
             .prop_map(|((c, s, t), i)| Op::PostRaw { tag: encode_tag(c, s, t), mask: RAW_MASKS[i] }),
         7 => sel(false).prop_map(Op::Arrive),
-        2 => any::<usize>().prop_map(Op::Cancel),
+        2 => cancel(),
+        1 => any::<usize>().prop_map(Op::CancelLive),
         1 => sel(true).prop_map(Op::Probe),
         1 => sel(true).prop_map(Op::ProbeMut),
         1 => sel(true).prop_map(Op::TakeProbed),
@@ -705,7 +798,8 @@ fn wild_op() -> impl Strategy<Value = Op> {
         1 => ((0..2u32, 0..5u32, 0..5u32), 0..RAW_MASKS.len())
             .prop_map(|((c, s, t), i)| Op::PostRaw { tag: encode_tag(c, s, t), mask: RAW_MASKS[i] }),
         6 => full.prop_map(Op::Arrive),
-        3 => any::<usize>().prop_map(Op::Cancel),
+        3 => cancel(),
+        1 => any::<usize>().prop_map(Op::CancelLive),
         2 => sel(0.5).prop_map(Op::Probe),
         1 => sel(0.5).prop_map(Op::ProbeMut),
         2 => sel(0.5).prop_map(Op::TakeProbed),
@@ -713,11 +807,35 @@ fn wild_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Operations heavy in cancels of queued receives, of every form, on few keys, so queues are
+/// deep and most cancels take a receive from the middle of one.
+fn cancel_op() -> impl Strategy<Value = Op> {
+    // One context and two sources and tags: each form's queues hold few keys.
+    let sel = (proptest::option::weighted(0.5, 0..2u32), proptest::option::weighted(0.5, 0..2u32)).prop_map(|(src, tag)| Sel {
+        ctx: 0,
+        src,
+        tag,
+    });
+    let full = (0..2u32, 0..2u32).prop_map(|(s, t)| Sel { ctx: 0, src: Some(s), tag: Some(t) });
+    prop_oneof![
+        8 => sel.clone().prop_map(Op::Post),
+        1 => ((0..2u32, 0..2u32), 0..RAW_MASKS.len())
+            .prop_map(|((s, t), i)| Op::PostRaw { tag: encode_tag(0, s, t), mask: RAW_MASKS[i] }),
+        2 => full.prop_map(Op::Arrive),
+        5 => any::<usize>().prop_map(Op::CancelLive),
+        2 => cancel(),
+        1 => sel.clone().prop_map(Op::TakeProbed),
+        1 => sel.prop_map(Op::Query),
+    ]
+}
+
 /// Runs `ops` on the reference and on `fast`, comparing every outcome and the queue lengths
 /// after every step, and checking the fast matcher's invariants.
 fn differential(ops: &[Op], mut fast: SwMatcher<u32, u32>, check_every: usize) -> Result<(), TestCaseError> {
     let mut model = reference();
-    let mut issued: Vec<RecvId> = Vec::new();
+    // Every id issued with its receive's tag, and those still queued (per the model).
+    let mut issued: Vec<(RecvId, u64)> = Vec::new();
+    let mut live: Vec<(RecvId, u64)> = Vec::new();
     for (i, &op) in ops.iter().enumerate() {
         let label = i as u32;
         match op {
@@ -726,23 +844,41 @@ fn differential(ops: &[Op], mut fast: SwMatcher<u32, u32>, check_every: usize) -
                 let a = model.post(t, k, label);
                 prop_assert_eq!(&a, &fast.post(t, k, label), "step {} {:?}", i, op);
                 if let Posted::Queued(id) = a {
-                    issued.push(id);
+                    issued.push((id, t));
+                    live.push((id, t));
                 }
             }
             Op::PostRaw { tag, mask } => {
                 let a = model.post(tag, mask, label);
                 prop_assert_eq!(&a, &fast.post(tag, mask, label), "step {} {:?}", i, op);
                 if let Posted::Queued(id) = a {
-                    issued.push(id);
+                    issued.push((id, tag));
+                    live.push((id, tag));
                 }
             }
             Op::Arrive(s) => {
                 let m = 1_000_000 + label;
-                prop_assert_eq!(model.arrive(s.msg(), m), fast.arrive(s.msg(), m), "step {} {:?}", i, op);
+                let a = model.arrive(s.msg(), m);
+                prop_assert_eq!(&a, &fast.arrive(s.msg(), m), "step {} {:?}", i, op);
+                if let Arrived::Matched(id, ..) = a {
+                    live.retain(|e| e.0 != id);
+                }
             }
-            Op::Cancel(n) => {
-                let id = if issued.is_empty() { n as RecvId } else { issued[n % issued.len()] };
-                prop_assert_eq!(model.cancel(id), fast.cancel(id), "step {} {:?}", i, op);
+            Op::Cancel { n, skew } => {
+                let (id, t) = if issued.is_empty() { (RecvId(n as u64), n as u64) } else { issued[n % issued.len()] };
+                let a = model.cancel(id, t ^ skew);
+                prop_assert_eq!(a, fast.cancel(id, t ^ skew), "step {} {:?}", i, op);
+                if a.is_some() {
+                    live.retain(|e| e.0 != id);
+                }
+            }
+            Op::CancelLive(n) => {
+                if !live.is_empty() {
+                    let (id, t) = live.remove(n % live.len());
+                    let a = model.cancel(id, t);
+                    prop_assert!(a.is_some(), "step {}: the model lost {:?}", i, id);
+                    prop_assert_eq!(a, fast.cancel(id, t), "step {} {:?}", i, op);
+                }
             }
             Op::Probe(s) => {
                 let (t, k) = s.key();
@@ -808,6 +944,16 @@ proptest! {
     fn differential_wildcard_mix_tiny_tuning(ops in proptest::collection::vec(wild_op(), 0..400)) {
         differential(&ops, sw_tiny(), 1)?;
     }
+
+    #[test]
+    fn differential_cancel_mix(ops in proptest::collection::vec(cancel_op(), 0..400)) {
+        differential(&ops, sw(), 1)?;
+    }
+
+    #[test]
+    fn differential_cancel_mix_tiny_tuning(ops in proptest::collection::vec(cancel_op(), 0..400)) {
+        differential(&ops, sw_tiny(), 1)?;
+    }
 }
 
 /// A long deterministic run with bursts that build deep queues, to reach the compaction and
@@ -839,7 +985,11 @@ fn differential_long_run() {
             } else if pick < posts + arrivals {
                 Op::Arrive(full)
             } else if pick == 13 {
-                Op::Cancel((r >> 44) as usize)
+                if (r >> 43) & 1 == 0 {
+                    Op::Cancel { n: (r >> 44) as usize, skew: 0 }
+                } else {
+                    Op::CancelLive((r >> 44) as usize)
+                }
             } else if pick == 14 {
                 Op::TakeProbed(s)
             } else {
