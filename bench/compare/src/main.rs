@@ -99,6 +99,12 @@ struct Cli {
     /// Time limit of one benchmark invocation, in seconds.
     #[arg(long, default_value_t = 900)]
     timeout: u64,
+    /// Time limit, in seconds, of an invocation with more ranks than the machine has cores
+    /// (the collectives at 4 ranks on 2 cores). MPICH's ch4 busy-polls without yielding
+    /// there, so its collectives can run for many minutes; such a run is stopped at this
+    /// limit and listed under failed runs, as the peer's figure rather than a missing one.
+    #[arg(long, default_value_t = 60)]
+    oversubscribed_timeout: u64,
     /// Cache-line one-way time (ns) above which the machine is called noisy.
     #[arg(long, default_value_t = 90.0)]
     cacheline_warn: f64,
@@ -244,6 +250,25 @@ fn selected_benches(names: &[String]) -> Result<Vec<Bench>, Error> {
     Ok(Bench::ALL.into_iter().filter(|b| v.contains(b)).collect())
 }
 
+/// Time limits of one benchmark invocation.
+struct Limits {
+    normal: Duration,
+    /// When ranks outnumber `cores` (0: unknown, never applies).
+    oversubscribed: Duration,
+    cores: usize,
+}
+
+impl Limits {
+    /// The limit of an invocation with `np` ranks.
+    fn for_ranks(&self, np: usize) -> Duration {
+        if self.cores > 0 && np > self.cores {
+            self.oversubscribed
+        } else {
+            self.normal
+        }
+    }
+}
+
 /// The point-to-point comparison: `reps` rounds, each running every benchmark under every
 /// configuration (rotated order). Failures are collected, not fatal.
 fn run_benches(
@@ -251,7 +276,7 @@ fn run_benches(
     libs: &[Lib],
     plan: &[(Bench, Vec<Segment>)],
     reps: usize,
-    timeout: Duration,
+    limits: &Limits,
     failures: &mut Vec<String>,
 ) -> Samples {
     let mut samples = Samples::default();
@@ -261,7 +286,7 @@ fn run_benches(
                 let t0 = Instant::now();
                 let mut headline = String::new();
                 for seg in segs {
-                    match run_segment(paths, lib, *bench, seg, timeout) {
+                    match run_segment(paths, lib, *bench, seg, limits.for_ranks(seg.np)) {
                         Ok(rows) => {
                             for &(size, v) in &rows {
                                 samples.add(*bench, lib, size, v);
@@ -458,10 +483,14 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     }
 
     // 3. The runs, interleaved.
-    let timeout = Duration::from_secs(cli.timeout.max(1));
+    let limits = Limits {
+        normal: Duration::from_secs(cli.timeout.max(1)),
+        oversubscribed: Duration::from_secs(cli.oversubscribed_timeout.clamp(1, cli.timeout.max(1))),
+        cores: machine.cores,
+    };
     let mut failures = Vec::new();
     let plan: Vec<(Bench, Vec<Segment>)> = benches.iter().map(|&b| (b, segments(b, max_size, cli.quick))).collect();
-    let samples = run_benches(&paths, &libs, &plan, reps, timeout, &mut failures);
+    let samples = run_benches(&paths, &libs, &plan, reps, &limits, &mut failures);
     let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, launch_reps, &mut failures));
     cl.after = cacheline(probe.as_deref(), rounds, "after");
     machine.load_after = load_average();
@@ -522,6 +551,16 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oversubscribed_runs_get_their_own_limit() {
+        let l = Limits { normal: Duration::from_secs(900), oversubscribed: Duration::from_secs(60), cores: 2 };
+        assert_eq!(l.for_ranks(2), Duration::from_secs(900));
+        assert_eq!(l.for_ranks(4), Duration::from_secs(60));
+        // An unknown core count never shortens a run.
+        let l = Limits { cores: 0, ..l };
+        assert_eq!(l.for_ranks(64), Duration::from_secs(900));
+    }
 
     #[test]
     fn sizes_parse_with_binary_suffixes() {
