@@ -85,7 +85,7 @@ use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg};
 pub(crate) use fabric::Fabric;
 use fabric::ProcessAlive;
 pub(crate) use leave::Need;
-use offload::{rid_to_wr, wr_to_rid};
+use offload::wr_to_rid;
 pub(crate) use progress::Backoff;
 use requests::{wire_name, OwnedRecv, PlacedRndv, RecvPhase, RecvState, Req, ReqKind, SendPhase, SendState};
 use stats::Stats;

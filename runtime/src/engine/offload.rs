@@ -34,6 +34,26 @@ impl State {
         }
     }
 
+    /// Lists receive `rid` (tag `t`, mask `m`, a buffer of `cap` bytes) in the TM-SRQ: an ADD,
+    /// whose completion, when it is the next to poll, is handled here at once. Returns the
+    /// entry's handle, or `None` when the list or the op queue is full (ENOMEM): the receive
+    /// then stays with software alone. Out of line, so that the posting of a receive too small
+    /// to offload stays short enough to inline into `irecv`.
+    #[inline(never)]
+    pub(super) fn offload_recv(&mut self, t: u64, m: u64, rid: ReqId, cap: usize) -> Result<Option<u32>> {
+        self.op_wr += 1;
+        let wr = OpsWr::add(self.op_wr, t, m, rid_to_wr(rid), cap, self.sw_unexp, true);
+        match self.tm.post_srq_op_polled(&wr) {
+            Ok((h, wc)) => {
+                if let Some(wc) = wc {
+                    self.on_op_wc(&wc)?;
+                }
+                Ok(h)
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
     /// The TM-SRQ matched a packet to a tagged buffer: the NIC's copy into the user buffer.
     pub(super) fn place_tagged(&mut self, rid: ReqId, off: usize, bytes: &[u8]) {
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {

@@ -47,19 +47,7 @@ impl Engine {
                 self.flush_ctl()?;
             }
             Posted::Queued(id) => {
-                let mut handle = None;
-                if eligible && !overlaps {
-                    st.op_wr += 1;
-                    let wr = OpsWr::add(st.op_wr, t, m, rid_to_wr(rid), cap, st.sw_unexp, true);
-                    // A full list or op queue (ENOMEM) leaves the receive to software. The
-                    // ADD's completion, when it is the next to poll, is handled here at once.
-                    if let Ok((h, wc)) = st.tm.post_srq_op_polled(&wr) {
-                        handle = h;
-                        if let Some(wc) = wc {
-                            st.on_op_wc(&wc)?;
-                        }
-                    }
-                }
+                let handle = if eligible && !overlaps { st.offload_recv(t, m, rid, cap)? } else { None };
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = st.reqs.get_mut(rid) {
                     r.phase = RecvPhase::Posted { match_id: id, hw: handle };
                 }
