@@ -492,7 +492,11 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     let plan: Vec<(Bench, Vec<Segment>)> = benches.iter().map(|&b| (b, segments(b, max_size, cli.quick))).collect();
     let samples = run_benches(&paths, &libs, &plan, reps, &limits, &mut failures);
     let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, launch_reps, &mut failures));
+    let warned = cl.warning().is_some();
     cl.after = cacheline(probe.as_deref(), rounds, "after");
+    if let Some(w) = cl.warning().filter(|_| !warned) {
+        eprintln!("tmpi-compare: WARNING: {w}");
+    }
     machine.load_after = load_average();
 
     // 4. Report, data and plots.

@@ -19,13 +19,18 @@ pub struct Cacheline {
 }
 
 impl Cacheline {
-    /// The warning to print when the figure before the run is far above a quiet machine's.
+    /// The warning to print when the figure before or after the runs is far above a quiet
+    /// machine's: either way some of the runs shared the cores with other work.
     pub fn warning(&self) -> Option<String> {
-        let (m, _) = self.before?;
-        (m > self.warn_ns).then(|| {
+        let noisy: Vec<String> = [("before", self.before), ("after", self.after)]
+            .into_iter()
+            .filter_map(|(when, f)| f.filter(|&(m, _)| m > self.warn_ns).map(|(m, _)| format!("{m:.1} ns {when} the runs")))
+            .collect();
+        (!noisy.is_empty()).then(|| {
             format!(
-                "cache-line ping-pong is {m:.1} ns, far above the ~30 ns of a quiet machine \
-                 (threshold {:.0} ns): machine is noisy; comparison not valid",
+                "cache-line ping-pong is {}, far above the ~30 ns of a quiet machine (threshold {:.0} ns): \
+                 machine is noisy; comparison not valid",
+                noisy.join(" and "),
                 self.warn_ns
             )
         })
@@ -479,6 +484,13 @@ mod tests {
         r.cacheline.before = Some((250.0, 200.0));
         assert!(r.markdown().contains("machine is noisy; comparison not valid"));
         r.cacheline.before = None;
+        assert_eq!(r.cacheline.warning(), None);
+        // Quiet before, noisy after: the later runs shared the cores, so it warns too.
+        r.cacheline.before = Some((40.0, 38.0));
+        r.cacheline.after = Some((220.0, 212.0));
+        let w = r.cacheline.warning().expect("a noisy end warns");
+        assert!(w.contains("220.0 ns after the runs") && !w.contains("before"), "{w}");
+        r.cacheline.after = Some((45.0, 44.0));
         assert_eq!(r.cacheline.warning(), None);
     }
 
