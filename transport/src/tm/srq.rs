@@ -738,59 +738,20 @@ impl TmSrq {
         if msg.first() != Some(&(TmOp::Eager as u8)) || msg.len() < TMH_LEN || !self.inflight.is_empty() || !self.cq.is_empty() {
             return None;
         }
+        let len = msg.len();
         if self.list.listed() != 0 {
             let tmh = parse_tmh(msg)?;
             if let Some(h) = self.list.lookup(tmh.tag) {
-                return Some(self.match_whole_polled(h, src, &tmh, msg.len()));
+                let (pl, wc) = self.match_eager(h, src, &tmh, len, len, true);
+                return Some(Polled::Matched(pl, wc?));
             }
         }
-        let (wr_id, len) = self.srq.pop_front()?;
-        self.hw_cnt = self.hw_cnt.wrapping_add(1);
-        self.counters.unexpected += 1;
-        self.unexp_polled = self.unexp_polled.wrapping_add(1);
-        let sync = self.unexp_polled.wrapping_sub(self.sw_cnt) > MAX_SYNC_DIFF;
-        Some(Polled::Unexpected(Wc {
-            wr_id,
-            opcode: WcOpcode::TmRecv,
-            status: len_status(msg.len() as u64, len),
-            flags: if sync { WcFlags::TM_SYNC_REQ } else { WcFlags::NONE },
-            byte_len: msg.len() as u64,
-            handle: 0,
-            src,
-            tag: 0,
-            app_ctx: 0,
-        }))
-    }
-
-    /// [`TmSrq::arrive_whole_polled`] of a message that matched entry `h`: `match_eager`
-    /// of a whole message, then what `poll_cq` does with its completion.
-    #[inline]
-    fn match_whole_polled(&mut self, h: u32, src: u32, tmh: &Tmh, msg_len: usize) -> Polled {
-        let s = self.consume(h, src, tmh);
-        let payload = (msg_len - TMH_LEN) as u64;
-        let slot = &mut self.list.slots[h as usize];
-        slot.payload = payload;
-        slot.state = SlotState::Done;
-        // Polling the completion drops the hardware's hold on the handle.
-        self.list.unref(h);
-        let wc = Wc {
-            wr_id: s.recv_wr_id,
-            opcode: WcOpcode::TmRecv,
-            status: len_status(payload, s.len),
-            flags: WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID,
-            byte_len: payload,
-            handle: h,
-            src,
-            tag: tmh.tag,
-            app_ctx: tmh.app_ctx,
-        };
-        let placement = Placement {
-            buffer: Buffer::Tagged { recv_wr_id: s.recv_wr_id, handle: h },
-            src_off: TMH_LEN,
-            dst_off: 0,
-            len: clip(0, msg_len - TMH_LEN, s.len),
-        };
-        Polled::Matched(placement, wc)
+        // Without an SRQ buffer the general path reports the RNR (and counts it).
+        if self.srq.is_empty() {
+            return None;
+        }
+        let (_, wc) = self.deliver_to_srq(src, len, len, WcOpcode::TmRecv, true, true);
+        Some(Polled::Unexpected(wc?))
     }
 
     /// A whole message (one packet) arrives from `src`, exactly as it came off the wire:
@@ -830,8 +791,8 @@ impl TmSrq {
             Ok(TmOp::Eager) => {
                 let tmh = parse_tmh(first).ok_or(TmErrno::BadMsg)?;
                 match self.list.lookup(tmh.tag) {
-                    Some(h) => Ok(self.match_eager(h, src, &tmh, first.len(), total_len)),
-                    None => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmRecv, true)),
+                    Some(h) => Ok(Arrival::Place(self.match_eager(h, src, &tmh, first.len(), total_len, false).0)),
+                    None => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmRecv, true, false).0),
                 }
             }
             Ok(TmOp::Rndv) => {
@@ -842,14 +803,14 @@ impl TmSrq {
                 let rvh = parse_rvh(&first[TMH_LEN..]).ok_or(TmErrno::BadMsg)?;
                 match self.list.lookup(tmh.tag) {
                     Some(h) => Ok(self.match_rndv(h, src, &tmh, rvh, first)),
-                    None => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmRecv, true)),
+                    None => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmRecv, true, false).0),
                 }
             }
             // The hardware looks at nothing but the opcode of these: delivered whole, as
             // NO_TAG (mlx5 reports FIN with the NO_TAG CQE opcode), never counted (mlx5 counts
             // only TM_UNEXPECTED CQEs; rdma-core's tests/test_tag_matching.py, test_tm_no_tag,
             // checks the count stays put).
-            Ok(TmOp::NoTag) | Ok(TmOp::Fin) => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmNoTag, false)),
+            Ok(TmOp::NoTag) | Ok(TmOp::Fin) => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmNoTag, false, false).0),
             Err(_) => Err(TmErrno::BadMsg),
         }
     }
@@ -905,7 +866,7 @@ impl TmSrq {
                 if done && unexpected {
                     self.settle_pending(src, None);
                 } else if done {
-                    self.push_srq_completion(src, wr_id, len, f.total, opcode, false, false);
+                    self.push_srq_completion(src, wr_id, len, f.total, opcode, false, false, false);
                 }
                 Placement { buffer: Buffer::Srq { wr_id }, src_off: 0, dst_off: off, len: clip(off, bytes.len(), len) }
             }
@@ -1034,7 +995,11 @@ impl TmSrq {
         Consumed { recv_wr_id: s.recv_wr_id, len: s.len }
     }
 
-    fn match_eager(&mut self, h: u32, src: u32, tmh: &Tmh, first_len: usize, total_len: usize) -> Arrival {
+    /// Entry `h` matched an eager message: its placement, and with `polled` (a whole message
+    /// while the CQ is empty) its completion, reaped instead of queued. Always inlined: the
+    /// completion then reaches the fused caller in registers (store forwarding, see `reap`).
+    #[inline(always)]
+    fn match_eager(&mut self, h: u32, src: u32, tmh: &Tmh, first_len: usize, total_len: usize, polled: bool) -> (Placement, Option<Wc>) {
         let s = self.consume(h, src, tmh);
         let payload = (total_len - TMH_LEN) as u64;
         self.list.slots[h as usize].payload = payload;
@@ -1049,22 +1014,24 @@ impl TmSrq {
             tag: tmh.tag,
             app_ctx: tmh.app_ctx,
         };
+        let mut done = None;
         if first_len == total_len {
             self.list.slots[h as usize].state = SlotState::Done;
             wc.status = len_status(payload, s.len);
-            self.push(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false, pending: false });
+            done = self.complete(CqEntry { wc, release: h, op_seq: NO_OP, unexpected: false, pending: false }, polled);
         } else {
             wc.flags = WcFlags::TM_MATCH;
             wc.byte_len = 0;
             self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected: false, pending: false });
             self.inflight.push(Inflight { src, target: InTarget::Tagged(h), received: first_len, total: total_len });
         }
-        Arrival::Place(Placement {
+        let placement = Placement {
             buffer: Buffer::Tagged { recv_wr_id: s.recv_wr_id, handle: h },
             src_off: TMH_LEN,
             dst_off: 0,
             len: clip(0, first_len - TMH_LEN, s.len),
-        })
+        };
+        (placement, done)
     }
 
     fn match_rndv(&mut self, h: u32, src: u32, tmh: &Tmh, rvh: Rvh, msg: &[u8]) -> Arrival {
@@ -1118,10 +1085,19 @@ impl TmSrq {
     }
 
     /// Delivers a message whole to the next SRQ buffer (or refuses it: RNR).
-    fn deliver_to_srq(&mut self, src: u32, first_len: usize, total_len: usize, opcode: WcOpcode, unexpected: bool) -> Arrival {
+    #[inline]
+    fn deliver_to_srq(
+        &mut self,
+        src: u32,
+        first_len: usize,
+        total_len: usize,
+        opcode: WcOpcode,
+        unexpected: bool,
+        polled: bool,
+    ) -> (Arrival, Option<Wc>) {
         let Some((wr_id, len)) = self.srq.pop_front() else {
             self.counters.rnr += 1;
-            return Arrival::Rnr;
+            return (Arrival::Rnr, None);
         };
         if unexpected {
             // Completes as TmRecv with neither MATCH nor DATA_VALID, as mlx5 does and
@@ -1135,8 +1111,9 @@ impl TmSrq {
         // A multi-packet unexpected message is counted now, so its completion takes its place
         // in the queue now (pending until the last packet): the seed serializes the matching
         // completions with the completions of unexpected messages.
+        let mut done = None;
         if !multi || unexpected {
-            self.push_srq_completion(src, wr_id, len, total_len, opcode, unexpected, multi);
+            done = self.push_srq_completion(src, wr_id, len, total_len, opcode, unexpected, multi, polled && !multi);
         }
         if multi {
             self.inflight.push(Inflight {
@@ -1146,11 +1123,24 @@ impl TmSrq {
                 total: total_len,
             });
         }
-        Arrival::Place(Placement { buffer: Buffer::Srq { wr_id }, src_off: 0, dst_off: 0, len: clip(0, first_len, len) })
+        (Arrival::Place(Placement { buffer: Buffer::Srq { wr_id }, src_off: 0, dst_off: 0, len: clip(0, first_len, len) }), done)
     }
 
+    /// Queues the completion of a message delivered to SRQ buffer `wr_id`, or with `polled`
+    /// (never for a pending one) reaps and returns it.
     #[allow(clippy::too_many_arguments)]
-    fn push_srq_completion(&mut self, src: u32, wr_id: u64, len: usize, total: usize, opcode: WcOpcode, unexpected: bool, pending: bool) {
+    #[inline]
+    fn push_srq_completion(
+        &mut self,
+        src: u32,
+        wr_id: u64,
+        len: usize,
+        total: usize,
+        opcode: WcOpcode,
+        unexpected: bool,
+        pending: bool,
+        polled: bool,
+    ) -> Option<Wc> {
         let wc = Wc {
             wr_id,
             opcode,
@@ -1163,7 +1153,7 @@ impl TmSrq {
             app_ctx: 0,
         };
         self.cq_pending += usize::from(pending);
-        self.push(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected, pending });
+        self.complete(CqEntry { wc, release: NIL, op_seq: NO_OP, unexpected, pending }, polled)
     }
 }
 

@@ -1190,6 +1190,18 @@ mod prop {
     }
 }
 
+/// Two SRQs in the same state, for comparing a fused call with the calls it fuses: `bufs`
+/// SRQ buffers posted to each, buffer `wr` of `len(wr)` bytes.
+fn twins(tags: u32, ops: u32, wr: u32, bufs: u64, len: impl Fn(u64) -> usize) -> (TmSrq, TmSrq) {
+    let (mut a, mut b) = (srq(tags, ops, wr), srq(tags, ops, wr));
+    for s in [&mut a, &mut b] {
+        for wr in 0..bufs {
+            s.post_srq_recv(wr, len(wr)).unwrap();
+        }
+    }
+    (a, b)
+}
+
 /// The completion of the fused call if it landed unexpected.
 fn fused_unexpected(s: &mut TmSrq, src: u32, m: &[u8]) -> Option<Wc> {
     match s.arrive_whole_polled(src, m)? {
@@ -1202,12 +1214,7 @@ fn fused_unexpected(s: &mut TmSrq, src: u32, m: &[u8]) -> Option<Wc> {
 fn fused_unexpected_arrival_equals_arrive_then_poll() {
     // Two SRQs in the same state; one takes every message through `arrive` + `poll_cq`, the
     // other through the fused call. Past MAX_SYNC_DIFF arrivals both must ask for a sync.
-    let (mut a, mut b) = (srq(4, 4, 64), srq(4, 4, 64));
-    for s in [&mut a, &mut b] {
-        for wr in 0..8 {
-            s.post_srq_recv(wr, if wr % 2 == 0 { 64 } else { 8 }).unwrap();
-        }
-    }
+    let (mut a, mut b) = twins(4, 4, 64, 8, |wr| if wr % 2 == 0 { 64 } else { 8 });
     for i in 0..u64::from(MAX_SYNC_DIFF) + 20 {
         let m = eager(i, 7, &i.to_le_bytes()[..(i % 9) as usize]);
         let src = (i % 3) as u32;
@@ -1228,12 +1235,7 @@ fn fused_matched_arrival_equals_arrive_then_poll() {
     // Tagged buffers of two sizes (one too small for some messages), a wildcard entry, and
     // messages that match nothing while entries are listed: the fused call must place,
     // complete, count and free handles exactly as `arrive` + `poll_cq`.
-    let (mut a, mut b) = (srq(8, 8, 64), srq(8, 8, 64));
-    for s in [&mut a, &mut b] {
-        for wr in 0..4 {
-            s.post_srq_recv(wr, 64).unwrap();
-        }
-    }
+    let (mut a, mut b) = twins(8, 8, 64, 4, |_| 64);
     for i in 0..200u64 {
         let tag = i % 5;
         for s in [&mut a, &mut b] {
@@ -1297,12 +1299,7 @@ fn fused_op_equals_post_then_poll() {
     // ADDs, DELs (of listed, consumed and already deleted entries) and SYNCs, signaled or
     // not, with and without completions queued ahead: the fused call must leave the SRQ as
     // `post_srq_op` + `poll_cq` of its completion does, and return that completion.
-    let (mut a, mut b) = (srq(8, 16, 16), srq(8, 16, 16));
-    for s in [&mut a, &mut b] {
-        for wr in 0..16 {
-            s.post_srq_recv(wr, 64).unwrap();
-        }
-    }
+    let (mut a, mut b) = twins(8, 16, 16, 16, |_| 64);
     let mut handles = Vec::new();
     for i in 0..300u64 {
         let signaled = i % 5 != 3;
