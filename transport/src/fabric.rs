@@ -280,6 +280,16 @@ impl Fabric {
         }
     }
 
+    /// Whether `dest`, a shared-memory peer, has taken every packet sent to it so far
+    /// ([`ShmFabric::drained`]); false for any other peer.
+    pub fn drained(&mut self, dest: usize) -> bool {
+        match self {
+            Fabric::Shm(f) => f.drained(dest),
+            Fabric::Hybrid(h) => h.local(dest).is_some_and(|i| h.shm.drained(i)),
+            _ => false,
+        }
+    }
+
     /// Peers reached over TCP (none for the other fabrics).
     pub fn tcp_peers(&self) -> usize {
         match self {

@@ -112,11 +112,40 @@ pub(super) fn ctl_msg(c: Control) -> Ctl {
 /// Measurements: bench/results/large-pipeline.md.
 pub(super) const CHUNK_MIN: usize = 16 << 10;
 
+/// Eager messages from this size on are sent as a pipelined stream on shared memory, even
+/// when they would fit one packet, if the receiver has taken everything sent before (it is
+/// keeping up, or waiting for this message): cut into pieces ([`stream_piece`]), they let
+/// it copy out the first piece while the sender copies in the next, where one packet would
+/// make it wait for the whole copy-in (`osu_latency` 64-128 KiB: 0.84x the time). Below this
+/// size the fixed cost of each packet is larger than what the overlap saves; and a receiver
+/// with packets still to take is busy anyway (`osu_bibw` 32-64 KiB measured 0.93x with every
+/// message cut). bench/results/p2p-2026-11-25.md.
+pub(super) const PIPELINE_MIN: usize = 32 << 10;
+
 /// Payload bytes per packet of a pipelined stream of `total` bytes (see [`CHUNK_MIN`]): a
 /// multiple of 4 KiB from `CHUNK_MIN`, at most `max` (and at least 1).
 pub(super) fn stream_chunk(total: usize, max: usize) -> usize {
     let c = total.saturating_mul(CHUNK_MIN).isqrt().next_multiple_of(4096);
     c.max(CHUNK_MIN).min(max).max(1)
+}
+
+/// Payload bytes of the packet at `off` of a pipelined stream of `total` bytes cut into
+/// `chunk`-byte packets ([`stream_chunk`]): the first packet and the last are a quarter of
+/// `chunk` (at least 4 KiB), so that the receiver starts copying out sooner and has less
+/// left to copy once the sender's last packet is in. A ping-pong's time is about the copy of
+/// the whole message plus the copy of the larger of those two packets.
+pub(super) fn stream_piece(total: usize, off: usize, chunk: usize) -> usize {
+    let rem = total.saturating_sub(off);
+    let edge = (chunk / 4).max(4096).min(chunk);
+    if off == 0 {
+        rem.min(edge)
+    } else if rem > chunk + edge {
+        chunk
+    } else if rem > 2 * edge {
+        rem - edge
+    } else {
+        rem.min(chunk)
+    }
 }
 
 /// Eager credit of each peer: `TMPI_UNEXPECTED_MAX` shared out over the peers (at most
@@ -155,7 +184,10 @@ impl Engine {
             self.flush_ctl()?;
             return Ok(self.mark_pushed(req));
         }
-        if self.out[dest].is_empty() && TMH_LEN + len <= self.max_packet {
+        if self.out[dest].is_empty()
+            && TMH_LEN + len <= self.max_packet
+            && !(self.pipelined && len >= PIPELINE_MIN && self.fabric.drained(dest))
+        {
             let total = (TMH_LEN + len) as u64;
             if self.fabric.try_send(dest, PKT_WHOLE, total, &[&tmh, data.slice(0, len)])? {
                 return Ok(self.mark_pushed(req));
@@ -230,10 +262,11 @@ impl Engine {
             let Some(m) = self.out[dest].front_mut() else { break };
             let len = m.data.len();
             let total = (m.hdr_len + len) as u64;
-            let chunk = if self.pipelined && alone { stream_chunk(len, maxp) } else { maxp };
+            let taper = self.pipelined && alone;
+            let chunk = if taper { stream_chunk(len, maxp) } else { maxp };
             loop {
                 let ok = if !m.started {
-                    let n = len.min(chunk).min(maxp - m.hdr_len);
+                    let n = if taper { stream_piece(len, 0, chunk) } else { len.min(chunk) }.min(maxp - m.hdr_len);
                     let flags = if n == len { PKT_WHOLE } else { PKT_FIRST };
                     let ok = self.fabric.try_send(dest, flags, total, &[&m.hdr[..m.hdr_len], m.data.slice(0, n)])?;
                     if ok {
@@ -242,7 +275,7 @@ impl Engine {
                     }
                     ok
                 } else {
-                    let n = (len - m.off).min(chunk);
+                    let n = if taper { stream_piece(len, m.off, chunk) } else { (len - m.off).min(chunk) };
                     let flags = if m.off + n == len { PKT_LAST } else { 0 };
                     let ok = self.fabric.try_send(dest, flags, total, &[m.data.slice(m.off, m.off + n)])?;
                     if ok {
@@ -647,6 +680,35 @@ mod tests {
             let c = stream_chunk(total, usize::MAX);
             assert!(c >= last && c % 4096 == 0 && c >= CHUNK_MIN, "{total}: {c}");
             last = c;
+        }
+    }
+
+    #[test]
+    fn a_pipelined_stream_starts_and_ends_with_small_packets() {
+        let pieces = |total: usize, chunk: usize| {
+            let mut v = Vec::new();
+            let mut off = 0;
+            while off < total {
+                let n = stream_piece(total, off, chunk);
+                assert!(n > 0 && n <= chunk, "{total}/{chunk}: piece {n} at {off}");
+                v.push(n);
+                off += n;
+            }
+            assert_eq!(off, total);
+            v
+        };
+        let k = 1 << 10;
+        assert_eq!(pieces(1 << 20, 128 * k), [32 * k, 128 * k, 128 * k, 128 * k, 128 * k, 128 * k, 128 * k, 128 * k, 64 * k, 32 * k]);
+        assert_eq!(pieces(256 * k, 64 * k), [16 * k, 64 * k, 64 * k, 64 * k, 32 * k, 16 * k]);
+        assert_eq!(pieces(20 * k, 16 * k), [4 * k, 12 * k, 4 * k]);
+        assert_eq!(pieces(100, 1), vec![1; 100], "a one-byte limit is kept");
+        assert_eq!(pieces(5000, 100), vec![100; 50]);
+        for total in [1, 4095, 4096, 70_000, 1_000_003, 64 << 20] {
+            for chunk in [1, 4096, 16 * k, 100_000, 262_128] {
+                let v = pieces(total, chunk);
+                let edge = (chunk / 4).max(4096).min(chunk);
+                assert!(v[0] <= edge && v[v.len() - 1] <= 2 * edge, "{total}/{chunk}: {v:?}");
+            }
         }
     }
 

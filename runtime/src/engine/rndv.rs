@@ -63,9 +63,10 @@ impl Engine {
         loop {
             let alone = self.st.rma_out.len() == 1;
             let Some(r) = self.st.rma_out.front_mut() else { break };
-            let chunk = if self.pipelined && alone { eager::stream_chunk(r.buf.len(), room) } else { room };
+            let taper = self.pipelined && alone;
+            let chunk = if taper { eager::stream_chunk(r.buf.len(), room) } else { room };
             while r.off < r.buf.len() {
-                let k = (r.buf.len() - r.off).min(chunk);
+                let k = if taper { eager::stream_piece(r.buf.len(), r.off, chunk) } else { (r.buf.len() - r.off).min(chunk) };
                 let m = Rma::ReadResp { read: r.read, offset: (r.base + r.off) as u64, data: r.buf.slice(r.off, r.off + k) };
                 let mut h = [0u8; RMA_MAX_LEN];
                 let hlen = m.encode(&mut h)?;

@@ -144,6 +144,12 @@ impl ShmFabric {
         self.seg.set_gone(self.rank, segment::GONE_FINALIZED);
     }
 
+    /// Whether `dest` has taken everything this rank put into its ring (false for a bad
+    /// `dest`): a sender that finds it so knows the receiver is keeping up, or waiting.
+    pub fn drained(&mut self, dest: usize) -> bool {
+        self.tx.get_mut(dest).and_then(Option::as_mut).is_some_and(Producer::is_drained)
+    }
+
     /// Tries to put one packet (the concatenation of `parts`) into `dest`'s ring. Returns
     /// `Ok(false)` when the ring has no room now (back-pressure: make progress and retry).
     ///

@@ -138,6 +138,14 @@ impl Producer {
         }
     }
 
+    /// Whether the consumer has taken every record published so far (one read of its
+    /// `tail`, a line the consumer writes).
+    pub fn is_drained(&mut self) -> bool {
+        // SAFETY: ctl valid for the producer's life (constructor contract).
+        self.tail_cache = unsafe { self.ctl.as_ref() }.tail.load(Ordering::Acquire);
+        self.tail_cache == self.head
+    }
+
     /// Appends one record whose payload is the concatenation of `parts`. `Ok(false)` when the
     /// ring is full.
     ///
@@ -347,6 +355,12 @@ mod tests {
         c.release(len);
         assert!(p.try_push(1, 100, &[&[7u8; 100]]).unwrap());
         assert!(p.try_push(1, 0, &[&[0u8; 2000]]).is_err(), "oversized packet is refused");
+        assert!(!p.is_drained());
+        while let Some(rec) = c.peek().unwrap() {
+            let len = rec.data.len();
+            c.release(len);
+        }
+        assert!(p.is_drained());
     }
 
     /// The payload of an old record can hold, where a later lap's record will start, exactly
