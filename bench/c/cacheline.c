@@ -21,6 +21,9 @@ struct line {
 };
 
 static struct line flag;
+/* Set by the responder once it runs, pinned: the timing starts after it, so thread start-up
+ * and migration are not counted (they dominated short runs). */
+static struct line ready;
 static uint64_t rounds = 2000000;
 
 static int pin(int cpu)
@@ -36,6 +39,7 @@ static void *responder(void *arg)
     uint64_t i;
     (void)arg;
     if (pin(1)) fprintf(stderr, "warning: could not pin responder to core 1\n");
+    atomic_store_explicit(&ready.v, 1, memory_order_release);
     for (i = 0; i < rounds; i++) {
         uint64_t want = 2 * i + 1;
         while (atomic_load_explicit(&flag.v, memory_order_acquire) != want) {
@@ -59,9 +63,12 @@ static double run(uint64_t n)
     double t0, t1;
     rounds = n;
     atomic_store(&flag.v, 0);
+    atomic_store(&ready.v, 0);
     if (pthread_create(&t, NULL, responder, NULL)) {
         perror("pthread_create");
         exit(1);
+    }
+    while (atomic_load_explicit(&ready.v, memory_order_acquire) == 0) {
     }
     t0 = now_ns();
     for (i = 0; i < n; i++) {
