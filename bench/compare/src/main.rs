@@ -35,7 +35,7 @@ use crate::error::Error;
 use crate::machine::{first_line, load_average, Machine};
 use crate::peers::{build_cacheline, build_peer, Paths};
 use crate::plot::{plot, Legend, Series};
-use crate::report::{csv, Cacheline, Launch, Report};
+use crate::report::{csv, Cacheline, HostChecks, Launch, Report};
 use crate::run::run;
 use crate::spec::{command_line, segments, Bench, Lib, Peer, Rows, Segment, DEPTHS, GROUPS};
 use crate::stats::Samples;
@@ -108,6 +108,18 @@ struct Cli {
     /// Cache-line one-way time (ns) above which the machine is called noisy.
     #[arg(long, default_value_t = 90.0)]
     cacheline_warn: f64,
+    /// How many times an invocation that ran while the host was slow is run again. Around
+    /// every invocation (all the segments of one benchmark for one configuration) a short
+    /// cache-line probe reads the host's state; above `--cacheline-warn` before or after it,
+    /// its samples are thrown away and it runs again, after waiting up to `--settle` seconds
+    /// for the host to turn quiet. After the last retry the samples are kept and the report
+    /// lists them. 0 turns the probes around invocations off.
+    #[arg(long, default_value_t = 2)]
+    retries: usize,
+    /// Longest wait, in seconds, for the host to turn quiet before an invocation (probing
+    /// every 2 s); the invocation then runs anyway.
+    #[arg(long, default_value_t = 60)]
+    settle: u64,
     /// Run every benchmark process at normal priority. By default each runs in a session of
     /// its own at autogroup nice -20 and nice -20 where permitted (root), so other work on a
     /// shared host stays off the cores during a run (it still shares the caches); every
@@ -188,11 +200,15 @@ fn require_tmpi(bin_dir: &Path, names: &[&str]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Runs the cache-line probe once: (median, best) ns per one-way transfer.
+fn probe_cacheline(probe: &Path, rounds: u64) -> Result<(f64, f64), Error> {
+    let argv = vec![probe.display().to_string(), rounds.to_string()];
+    run(&argv, Duration::from_secs(300)).and_then(|o| o.check("cacheline")).and_then(|o| parse::parse_cacheline(&o.stdout))
+}
+
 /// Runs the cache-line probe once; prints and returns (median, best).
 fn cacheline(probe: Option<&Path>, rounds: u64, when: &str) -> Option<(f64, f64)> {
-    let probe = probe?;
-    let argv = vec![probe.display().to_string(), rounds.to_string()];
-    let r = run(&argv, Duration::from_secs(300)).and_then(|o| o.check("cacheline")).and_then(|o| parse::parse_cacheline(&o.stdout));
+    let r = probe_cacheline(probe?, rounds);
     match r {
         Ok((m, b)) => {
             println!("cache-line ping-pong {when}: {m:.1} ns one way (median), best {b:.1} ns");
@@ -271,52 +287,108 @@ impl Limits {
 
 /// The point-to-point comparison: `reps` rounds, each running every benchmark under every
 /// configuration (rotated order). Failures are collected, not fatal.
+/// The host-state checks around each invocation (see `--retries`).
+struct Guard<'a> {
+    probe: &'a Path,
+    /// Round trips of one probe run (the probe makes 5 runs).
+    rounds: u64,
+    warn_ns: f64,
+    retries: usize,
+    settle: Duration,
+}
+
+impl Guard<'_> {
+    /// The probe's median, `None` when it failed (then nothing is called slow).
+    fn read(&self) -> Option<f64> {
+        probe_cacheline(self.probe, self.rounds).ok().map(|(m, _)| m)
+    }
+
+    /// Waits up to `settle` for a quiet reading; returns the last one.
+    fn settle(&self) -> Option<f64> {
+        let t0 = Instant::now();
+        loop {
+            let m = self.read();
+            if m.is_none_or(|m| m <= self.warn_ns) || t0.elapsed() >= self.settle {
+                return m;
+            }
+            std::thread::sleep(Duration::from_secs(2).min(self.settle.saturating_sub(t0.elapsed())));
+        }
+    }
+}
+
+/// The two probe readings around an invocation, for the log and the report.
+fn slow_label(before: Option<f64>, after: Option<f64>) -> String {
+    let f = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |m| format!("{m:.0}"));
+    format!("cache-line {} ns before, {} ns after", f(before), f(after))
+}
+
 fn run_benches(
     paths: &Paths,
     libs: &[Lib],
     plan: &[(Bench, Vec<Segment>)],
     reps: usize,
     limits: &Limits,
+    guard: Option<&Guard<'_>>,
     failures: &mut Vec<String>,
-) -> Samples {
+) -> (Samples, HostChecks) {
     let mut samples = Samples::default();
+    let mut host = HostChecks { on: guard.is_some(), warn_ns: guard.map_or(0.0, |g| g.warn_ns), ..HostChecks::default() };
     for rep in 0..reps {
         for (bench, segs) in plan {
             for lib in rotated(libs, rep).into_iter().filter(|l| l.runs(*bench)) {
-                let t0 = Instant::now();
-                let mut headline = String::new();
-                for seg in segs {
-                    match run_segment(paths, lib, *bench, seg, limits.for_ranks(seg.np)) {
-                        Ok(rows) => {
-                            for &(size, v) in &rows {
-                                samples.add(*bench, lib, size, v);
-                            }
-                            let first = if bench.rows() == Rows::Sizes { rows.iter().find(|r| r.0 >= 8) } else { rows.first() };
-                            if let Some(&(key, v)) = first {
-                                if headline.is_empty() {
-                                    headline = format!("{} {}", bench.row_label(key), report::value_label(*bench, v));
+                let mut attempt = 0;
+                loop {
+                    let t0 = Instant::now();
+                    let before = guard.and_then(Guard::settle);
+                    let mut headline = String::new();
+                    let mut rows_all = Vec::new();
+                    let mut failed = Vec::new();
+                    for seg in segs {
+                        match run_segment(paths, lib, *bench, seg, limits.for_ranks(seg.np)) {
+                            Ok(rows) => {
+                                let first = if bench.rows() == Rows::Sizes { rows.iter().find(|r| r.0 >= 8) } else { rows.first() };
+                                if let Some(&(key, v)) = first {
+                                    if headline.is_empty() {
+                                        headline = format!("{} {}", bench.row_label(key), report::value_label(*bench, v));
+                                    }
                                 }
+                                rows_all.extend(rows);
                             }
-                        }
-                        Err(e) => {
-                            let msg = format!("rep {} {} {} sizes {}..{}: {e}", rep + 1, bench, lib, seg.min, seg.max);
-                            eprintln!("tmpi-compare: FAILED {msg}");
-                            failures.push(msg);
+                            Err(e) => failed.push(format!("rep {} {} {} sizes {}..{}: {e}", rep + 1, bench, lib, seg.min, seg.max)),
                         }
                     }
+                    let after = guard.and_then(Guard::read);
+                    let slow = guard.is_some_and(|g| [before, after].iter().flatten().any(|&m| m > g.warn_ns));
+                    println!(
+                        "[rep {}/{reps}] {:<8} {:<10} {:>6.1} s   {headline} {}{}",
+                        rep + 1,
+                        bench.key(),
+                        lib.key(),
+                        t0.elapsed().as_secs_f64(),
+                        bench.unit(),
+                        if slow { format!("   (host slow: {})", slow_label(before, after)) } else { String::new() }
+                    );
+                    if slow && attempt < guard.map_or(0, |g| g.retries) {
+                        attempt += 1;
+                        host.redone += 1;
+                        continue;
+                    }
+                    if slow {
+                        host.kept_slow.push(format!("rep {} {} {} ({})", rep + 1, bench, lib, slow_label(before, after)));
+                    }
+                    for msg in failed {
+                        eprintln!("tmpi-compare: FAILED {msg}");
+                        failures.push(msg);
+                    }
+                    for (size, v) in rows_all {
+                        samples.add(*bench, lib, size, v);
+                    }
+                    break;
                 }
-                println!(
-                    "[rep {}/{reps}] {:<8} {:<10} {:>6.1} s   {headline} {}",
-                    rep + 1,
-                    bench.key(),
-                    lib.key(),
-                    t0.elapsed().as_secs_f64(),
-                    bench.unit()
-                );
             }
         }
     }
-    samples
+    (samples, host)
 }
 
 /// The launch comparison: wall time of `hello` on each rank count under tmpirun and each
@@ -490,7 +562,14 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     };
     let mut failures = Vec::new();
     let plan: Vec<(Bench, Vec<Segment>)> = benches.iter().map(|&b| (b, segments(b, max_size, cli.quick))).collect();
-    let samples = run_benches(&paths, &libs, &plan, reps, &limits, &mut failures);
+    let guard = probe.as_deref().filter(|_| cli.retries > 0).map(|p| Guard {
+        probe: p,
+        rounds: if cli.quick { 20_000 } else { 50_000 },
+        warn_ns: cli.cacheline_warn,
+        retries: cli.retries,
+        settle: Duration::from_secs(cli.settle),
+    });
+    let (samples, host) = run_benches(&paths, &libs, &plan, reps, &limits, guard.as_ref(), &mut failures);
     let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, launch_reps, &mut failures));
     let warned = cl.warning().is_some();
     cl.after = cacheline(probe.as_deref(), rounds, "after");
@@ -530,6 +609,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     let rep = Report {
         machine: &machine,
         cacheline: cl,
+        host,
         libs: libs.clone(),
         skipped,
         reps,

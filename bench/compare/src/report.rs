@@ -37,6 +37,19 @@ impl Cacheline {
     }
 }
 
+/// What the cache-line probes around each invocation found (`--retries`).
+#[derive(Debug, Clone, Default)]
+pub struct HostChecks {
+    /// Whether the probes ran.
+    pub on: bool,
+    /// The threshold they used (ns).
+    pub warn_ns: f64,
+    /// Invocations thrown away and run again because the host was slow around them.
+    pub redone: usize,
+    /// Invocations kept although the host was still slow after the last retry, one line each.
+    pub kept_slow: Vec<String>,
+}
+
 /// Launch times: milliseconds per (configuration, ranks), one value per repetition.
 #[derive(Debug, Clone, Default)]
 pub struct Launch {
@@ -55,6 +68,8 @@ pub struct Report<'a> {
     pub machine: &'a Machine,
     /// The cache-line figures.
     pub cacheline: Cacheline,
+    /// The checks around each invocation.
+    pub host: HostChecks,
     /// Configurations that ran, tmpi first.
     pub libs: Vec<Lib>,
     /// Why some configurations did not run.
@@ -268,6 +283,20 @@ impl Report<'_> {
             cl(self.cacheline.before),
             cl(self.cacheline.after)
         );
+        if self.host.on {
+            let _ = writeln!(
+                s,
+                "- host state around every invocation (a short cache-line probe before and after; above {:.0} ns the host is slow): \
+                 {} invocation(s) thrown away and run again; {}",
+                self.host.warn_ns,
+                self.host.redone,
+                if self.host.kept_slow.is_empty() {
+                    "none kept from a slow host".to_string()
+                } else {
+                    format!("kept although the host stayed slow: {}", self.host.kept_slow.join("; "))
+                }
+            );
+        }
         if let Some(w) = self.cacheline.warning() {
             let _ = writeln!(s, "\n> **Warning:** {w}.\n");
         }
@@ -447,6 +476,7 @@ mod tests {
         Report {
             machine: m,
             cacheline: Cacheline { before: Some((31.0, 29.0)), after: None, warn_ns: 90.0 },
+            host: HostChecks::default(),
             libs: vec![Lib::Tmpi, Lib::Ompi],
             skipped: vec!["MPICH: mpicc.mpich not found".into()],
             reps: 3,
@@ -475,6 +505,18 @@ mod tests {
         assert!(md.contains("| measure | tmpi | Open MPI | tmpi/Open MPI |"));
         assert!(md.contains("skipped: MPICH"));
         assert!(!md.contains("Warning"));
+    }
+
+    #[test]
+    fn the_checks_around_invocations_are_reported() {
+        let (m, s) = (machine(), samples());
+        let mut r = report(&m, &s);
+        assert!(!r.markdown().contains("host state around every invocation"), "no line when the checks were off");
+        r.host = HostChecks { on: true, warn_ns: 90.0, redone: 2, kept_slow: vec![] };
+        let md = r.markdown();
+        assert!(md.contains("above 90 ns the host is slow): 2 invocation(s) thrown away and run again; none kept"), "{md}");
+        r.host.kept_slow.push("rep 1 bw tmpi (cache-line 40 ns before, 200 ns after)".into());
+        assert!(r.markdown().contains("kept although the host stayed slow: rep 1 bw tmpi (cache-line 40 ns before, 200 ns after)"));
     }
 
     #[test]
