@@ -368,7 +368,10 @@ fn run_benches(
                         bench.unit(),
                         if slow { format!("   (host slow: {})", slow_label(before, after)) } else { String::new() }
                     );
-                    if slow && attempt < guard.map_or(0, |g| g.retries) {
+                    // A failed invocation (most often one stopped at its time limit) is not
+                    // run again: its failure is the result, and running it again only repeats
+                    // the wait.
+                    if slow && failed.is_empty() && attempt < guard.map_or(0, |g| g.retries) {
                         attempt += 1;
                         host.redone += 1;
                         continue;
