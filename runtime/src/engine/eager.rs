@@ -116,7 +116,7 @@ pub(super) const CHUNK_MIN: usize = 16 << 10;
 /// when they would fit one packet, if the receiver has taken everything sent before (it is
 /// keeping up, or waiting for this message): cut into pieces ([`stream_piece`]), they let
 /// it copy out the first piece while the sender copies in the next, where one packet would
-/// make it wait for the whole copy-in (`osu_latency` 64-128 KiB: 0.84x the time). Below this
+/// make it wait for the whole copy-in (`osu_latency` 64-128 KiB: 0.87-0.93x the time). Below this
 /// size the fixed cost of each packet is larger than what the overlap saves; and a receiver
 /// with packets still to take is busy anyway (`osu_bibw` 32-64 KiB measured 0.93x with every
 /// message cut). bench/results/p2p-2026-11-25.md.
