@@ -285,8 +285,6 @@ impl Limits {
     }
 }
 
-/// The point-to-point comparison: `reps` rounds, each running every benchmark under every
-/// configuration (rotated order). Failures are collected, not fatal.
 /// The host-state checks around each invocation (see `--retries`).
 struct Guard<'a> {
     probe: &'a Path,
@@ -322,6 +320,34 @@ fn slow_label(before: Option<f64>, after: Option<f64>) -> String {
     format!("cache-line {} ns before, {} ns after", f(before), f(after))
 }
 
+/// What one invocation (every segment of `bench` under `lib`) measured: its rows, its
+/// failures (one line each) and the headline figure for the log.
+struct Invocation {
+    rows: Vec<(usize, f64)>,
+    failed: Vec<String>,
+    headline: String,
+}
+
+fn run_invocation(paths: &Paths, lib: Lib, bench: Bench, segs: &[Segment], limits: &Limits, rep: usize) -> Invocation {
+    let mut inv = Invocation { rows: Vec::new(), failed: Vec::new(), headline: String::new() };
+    for seg in segs {
+        match run_segment(paths, lib, bench, seg, limits.for_ranks(seg.np)) {
+            Ok(rows) => {
+                let first = if bench.rows() == Rows::Sizes { rows.iter().find(|r| r.0 >= 8) } else { rows.first() };
+                if let Some(&(key, v)) = first.filter(|_| inv.headline.is_empty()) {
+                    inv.headline = format!("{} {}", bench.row_label(key), report::value_label(bench, v));
+                }
+                inv.rows.extend(rows);
+            }
+            Err(e) => inv.failed.push(format!("rep {} {} {} sizes {}..{}: {e}", rep + 1, bench, lib, seg.min, seg.max)),
+        }
+    }
+    inv
+}
+
+/// The point-to-point comparison: `reps` rounds, each running every benchmark under every
+/// configuration (rotated order), each invocation checked by `guard` and run again while the
+/// host was slow around it. Failures are collected, not fatal.
 fn run_benches(
     paths: &Paths,
     libs: &[Lib],
@@ -332,58 +358,42 @@ fn run_benches(
     failures: &mut Vec<String>,
 ) -> (Samples, HostChecks) {
     let mut samples = Samples::default();
-    let mut host = HostChecks { on: guard.is_some(), warn_ns: guard.map_or(0.0, |g| g.warn_ns), ..HostChecks::default() };
+    let mut host = HostChecks { on: guard.is_some(), ..HostChecks::default() };
+    let retries = guard.map_or(0, |g| g.retries);
     for rep in 0..reps {
         for (bench, segs) in plan {
             for lib in rotated(libs, rep).into_iter().filter(|l| l.runs(*bench)) {
-                let mut attempt = 0;
-                loop {
+                for attempt in 0..=retries {
                     let t0 = Instant::now();
                     let before = guard.and_then(Guard::settle);
-                    let mut headline = String::new();
-                    let mut rows_all = Vec::new();
-                    let mut failed = Vec::new();
-                    for seg in segs {
-                        match run_segment(paths, lib, *bench, seg, limits.for_ranks(seg.np)) {
-                            Ok(rows) => {
-                                let first = if bench.rows() == Rows::Sizes { rows.iter().find(|r| r.0 >= 8) } else { rows.first() };
-                                if let Some(&(key, v)) = first {
-                                    if headline.is_empty() {
-                                        headline = format!("{} {}", bench.row_label(key), report::value_label(*bench, v));
-                                    }
-                                }
-                                rows_all.extend(rows);
-                            }
-                            Err(e) => failed.push(format!("rep {} {} {} sizes {}..{}: {e}", rep + 1, bench, lib, seg.min, seg.max)),
-                        }
-                    }
+                    let inv = run_invocation(paths, lib, *bench, segs, limits, rep);
                     let after = guard.and_then(Guard::read);
                     let slow = guard.is_some_and(|g| [before, after].iter().flatten().any(|&m| m > g.warn_ns));
                     println!(
-                        "[rep {}/{reps}] {:<8} {:<10} {:>6.1} s   {headline} {}{}",
+                        "[rep {}/{reps}] {:<8} {:<10} {:>6.1} s   {} {}{}",
                         rep + 1,
                         bench.key(),
                         lib.key(),
                         t0.elapsed().as_secs_f64(),
+                        inv.headline,
                         bench.unit(),
                         if slow { format!("   (host slow: {})", slow_label(before, after)) } else { String::new() }
                     );
                     // A failed invocation (most often one stopped at its time limit) is not
                     // run again: its failure is the result, and running it again only repeats
                     // the wait.
-                    if slow && failed.is_empty() && attempt < guard.map_or(0, |g| g.retries) {
-                        attempt += 1;
+                    if slow && inv.failed.is_empty() && attempt < retries {
                         host.redone += 1;
                         continue;
                     }
                     if slow {
                         host.kept_slow.push(format!("rep {} {} {} ({})", rep + 1, bench, lib, slow_label(before, after)));
                     }
-                    for msg in failed {
+                    for msg in inv.failed {
                         eprintln!("tmpi-compare: FAILED {msg}");
                         failures.push(msg);
                     }
-                    for (size, v) in rows_all {
+                    for (size, v) in inv.rows {
                         samples.add(*bench, lib, size, v);
                     }
                     break;

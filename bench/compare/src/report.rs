@@ -40,10 +40,8 @@ impl Cacheline {
 /// What the cache-line probes around each invocation found (`--retries`).
 #[derive(Debug, Clone, Default)]
 pub struct HostChecks {
-    /// Whether the probes ran.
+    /// Whether the probes ran (their threshold is [`Cacheline::warn_ns`]).
     pub on: bool,
-    /// The threshold they used (ns).
-    pub warn_ns: f64,
     /// Invocations thrown away and run again because the host was slow around them.
     pub redone: usize,
     /// Invocations kept although the host was still slow after the last retry, one line each.
@@ -288,7 +286,7 @@ impl Report<'_> {
                 s,
                 "- host state around every invocation (a short cache-line probe before and after; above {:.0} ns the host is slow): \
                  {} invocation(s) thrown away and run again; {}",
-                self.host.warn_ns,
+                self.cacheline.warn_ns,
                 self.host.redone,
                 if self.host.kept_slow.is_empty() {
                     "none kept from a slow host".to_string()
@@ -305,7 +303,7 @@ impl Report<'_> {
                     "{} invocation(s) kept although the cache-line probe around them stayed above {:.0} ns: \
                      their figures are not valid",
                     self.host.kept_slow.len(),
-                    self.host.warn_ns
+                    self.cacheline.warn_ns
                 )
             })
         } else {
@@ -526,7 +524,7 @@ mod tests {
         let (m, s) = (machine(), samples());
         let mut r = report(&m, &s);
         assert!(!r.markdown().contains("host state around every invocation"), "no line when the checks were off");
-        r.host = HostChecks { on: true, warn_ns: 90.0, redone: 2, kept_slow: vec![] };
+        r.host = HostChecks { on: true, redone: 2, kept_slow: vec![] };
         let md = r.markdown();
         assert!(md.contains("above 90 ns the host is slow): 2 invocation(s) thrown away and run again; none kept"), "{md}");
         // A slow figure before the whole run does not warn when every invocation was checked.

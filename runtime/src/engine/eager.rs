@@ -148,6 +148,35 @@ pub(super) fn stream_piece(total: usize, off: usize, chunk: usize) -> usize {
     }
 }
 
+/// How a multi-packet stream is cut into packets: a stream alone in its queue on shared
+/// memory (`lone`) goes in pipelined, tapered pieces ([`stream_chunk`], [`stream_piece`]),
+/// any other in packets of `max` bytes.
+#[derive(Clone, Copy)]
+pub(super) struct Cut {
+    chunk: usize,
+    taper: bool,
+}
+
+impl Cut {
+    /// The cut of a stream of `total` bytes in packets of at most `max` payload bytes.
+    pub(super) fn new(lone: bool, total: usize, max: usize) -> Self {
+        if lone {
+            Cut { chunk: stream_chunk(total, max), taper: true }
+        } else {
+            Cut { chunk: max, taper: false }
+        }
+    }
+
+    /// Payload bytes of the packet at `off` of the stream of `total` bytes.
+    pub(super) fn piece(self, total: usize, off: usize) -> usize {
+        if self.taper {
+            stream_piece(total, off, self.chunk)
+        } else {
+            total.saturating_sub(off).min(self.chunk)
+        }
+    }
+}
+
 /// Eager credit of each peer: `TMPI_UNEXPECTED_MAX` shared out over the peers (at most
 /// 2^31, so a return fits its 32-bit field).
 pub(super) fn credit_per_peer(budget: usize, size: usize) -> usize {
@@ -262,11 +291,10 @@ impl Engine {
             let Some(m) = self.out[dest].front_mut() else { break };
             let len = m.data.len();
             let total = (m.hdr_len + len) as u64;
-            let taper = self.pipelined && alone;
-            let chunk = if taper { stream_chunk(len, maxp) } else { maxp };
+            let cut = Cut::new(self.pipelined && alone, len, maxp);
             loop {
                 let ok = if !m.started {
-                    let n = if taper { stream_piece(len, 0, chunk) } else { len.min(chunk) }.min(maxp - m.hdr_len);
+                    let n = cut.piece(len, 0).min(maxp - m.hdr_len);
                     let flags = if n == len { PKT_WHOLE } else { PKT_FIRST };
                     let ok = self.fabric.try_send(dest, flags, total, &[&m.hdr[..m.hdr_len], m.data.slice(0, n)])?;
                     if ok {
@@ -275,7 +303,7 @@ impl Engine {
                     }
                     ok
                 } else {
-                    let n = if taper { stream_piece(len, m.off, chunk) } else { (len - m.off).min(chunk) };
+                    let n = cut.piece(len, m.off);
                     let flags = if m.off + n == len { PKT_LAST } else { 0 };
                     let ok = self.fabric.try_send(dest, flags, total, &[m.data.slice(m.off, m.off + n)])?;
                     if ok {

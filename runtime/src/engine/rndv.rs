@@ -63,10 +63,9 @@ impl Engine {
         loop {
             let alone = self.st.rma_out.len() == 1;
             let Some(r) = self.st.rma_out.front_mut() else { break };
-            let taper = self.pipelined && alone;
-            let chunk = if taper { eager::stream_chunk(r.buf.len(), room) } else { room };
+            let cut = eager::Cut::new(self.pipelined && alone, r.buf.len(), room);
             while r.off < r.buf.len() {
-                let k = if taper { eager::stream_piece(r.buf.len(), r.off, chunk) } else { (r.buf.len() - r.off).min(chunk) };
+                let k = cut.piece(r.buf.len(), r.off);
                 let m = Rma::ReadResp { read: r.read, offset: (r.base + r.off) as u64, data: r.buf.slice(r.off, r.off + k) };
                 let mut h = [0u8; RMA_MAX_LEN];
                 let hlen = m.encode(&mut h)?;
