@@ -19,7 +19,9 @@
 
 #define FIELD_WIDTH 20
 #define SIZE_WIDTH 10
+#ifndef FLOAT_PRECISION
 #define FLOAT_PRECISION 2
+#endif
 #define LARGE_MESSAGE_SIZE 8192
 #define MAX_MESSAGE_SIZE (1 << 22)
 

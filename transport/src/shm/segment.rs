@@ -47,7 +47,7 @@ use crate::error::{Error, Result};
 /// "TMPISHM\0" as a big-endian integer.
 pub const MAGIC: u64 = u64::from_be_bytes(*b"TMPISHM\0");
 /// Layout version; bump on any change of this file's layout or of the ring format.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// `gone` value of a rank that detached without finalizing.
 pub const GONE_DETACHED: u32 = 1;
 /// `gone` value of a rank that finalized cleanly.
