@@ -458,7 +458,19 @@ mod tests {
     #[test]
     #[ignore = "a measurement, not a test"]
     fn comm_window_cost() {
-        for size in [8, 1024, 4096] {
+        window_cost_report(&[8, 1024, 4096]);
+    }
+
+    /// [`comm_window_cost`] at 8 B alone: the run to count instructions per message with
+    /// `valgrind --tool=callgrind` (a count that no other tenant of the machine disturbs).
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn comm_window_cost_8b() {
+        window_cost_report(&[8]);
+    }
+
+    fn window_cost_report(sizes: &[usize]) {
+        for &size in sizes {
             let (expected, unexpected, post) = window_cost(size);
             println!(
                 "comm_window_cost {size} B: expected {expected:.1} ns/msg (of which posting the receive {post:.1}), unexpected {unexpected:.1} ns/msg (send + receive, best of 5500 windows of 64)"

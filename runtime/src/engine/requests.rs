@@ -522,7 +522,7 @@ impl RecvState {
     }
 
     /// What this receive reports once its message (`total` bytes) is in.
-    fn outcome(&self) -> Result<Status> {
+    pub(super) fn outcome(&self) -> Result<Status> {
         if let Some(o) = &self.owned {
             if o.failed {
                 return Err(Error::NoMemory { bytes: self.total, rank: self.source });
