@@ -52,6 +52,9 @@ pub struct ShmFabric {
 
 /// Most packets [`ShmFabric::poll`] takes from one streaming source in one call.
 const BURST: usize = 32;
+/// Ring bytes after which [`ShmFabric::poll`] ends a burst (the packet that crosses it is the
+/// last): 32 records of small messages, or one packet of 8 KiB or more.
+const BURST_BYTES: u64 = 8 << 10;
 
 impl ShmFabric {
     /// Creates the segment `/dev/shm/<name>` for `size` ranks (rank 0 does this, before the
@@ -217,7 +220,8 @@ impl ShmFabric {
     }
 
     /// Delivers packets to `f`, round-robin over the sources: one from each source that has
-    /// one, or up to [`BURST`] from a source that had one in the last poll too. Returns how
+    /// one, or up to [`BURST`] (and [`BURST_BYTES`]) from a source that had one in the last
+    /// poll too. Returns how
     /// many were delivered. A packet's bytes are valid only during the call.
     ///
     /// `f` returns `false` to leave a packet in its ring (flow control); it is offered again
@@ -240,9 +244,11 @@ impl ShmFabric {
             // packets. One that had none gets one look: a lone packet (a ping-pong) is handed
             // over at once, without a look at the next slot (a cache line the sender owns, ~50
             // ns) before the caller can answer it.
+            // A burst ends after BURST_BYTES too: a rank copying in a long run of large
+            // packets would leave its own sends waiting (`osu_bibw` at 16-128 KiB halved).
             let burst = if self.streak[src] { BURST } else { 1 };
-            let mut k = 0;
-            while k < burst {
+            let (mut k, mut bytes) = (0, 0);
+            while k < burst && bytes < BURST_BYTES {
                 let Some(rec) = c.peek()? else { break };
                 let pkt = Packet { src, flags: rec.flags, total_len: rec.total_len, data: rec.data };
                 if !f(pkt) {
@@ -251,6 +257,7 @@ impl ShmFabric {
                 let span = rec.span;
                 c.release(span);
                 k += 1;
+                bytes += span;
             }
             self.streak[src] = k > 0;
             delivered += k;
@@ -382,6 +389,15 @@ mod tests {
         assert_eq!(take(&mut b), 1, "quiet again: one look");
         assert_eq!(take(&mut b), 1);
         assert_eq!(got, (0..n + 2).collect::<Vec<_>>());
+        // A burst also ends once it has taken BURST_BYTES of the ring (the packet that
+        // crosses the limit is its last).
+        let big = vec![7u8; 5000];
+        for _ in 0..4 {
+            assert!(a.try_send(1, PKT_WHOLE, 5000, &[&big]).expect("send"));
+        }
+        assert_eq!(b.poll(|_| true).expect("poll"), 2, "streaming: 5 KiB, then 10 KiB > BURST_BYTES");
+        assert_eq!(b.poll(|_| true).expect("poll"), 2);
+        assert_eq!(b.poll(|_| true).expect("poll"), 0);
         // A packet the caller leaves stays first in its ring.
         assert!(a.try_send(1, PKT_WHOLE, 2, &[b"hi"]).expect("send"));
         assert_eq!(b.poll(|_| false).expect("poll"), 0);
