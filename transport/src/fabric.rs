@@ -174,7 +174,7 @@ impl Fabric {
     ///
     /// # Errors
     /// Bad destination, oversized packet; [`Error::PeerGone`] from the in-process fabric.
-    #[inline]
+    #[inline(always)]
     pub fn try_send(&mut self, dest: usize, flags: u8, total: u64, parts: &[&[u8]]) -> Result<bool> {
         match self {
             Fabric::Shm(f) => f.try_send(dest, flags, total, parts),

@@ -37,7 +37,7 @@ impl State {
         if p.flags & PKT_WHOLE == PKT_WHOLE {
             match self.tm.arrive_whole_polled(p.src as u32, p.data) {
                 Some(Polled::Unexpected(wc)) => {
-                    let r = self.on_unexpected_wc(&wc).and_then(|()| self.on_software(p)).and_then(|()| self.settle_cq());
+                    let r = self.on_unexpected_wc(&wc).and_then(|()| self.on_whole_eager(p)).and_then(|()| self.settle_cq());
                     if let Err(e) = r {
                         self.error = Some(e);
                     }
@@ -119,6 +119,16 @@ impl State {
             }
         }
         self.place_tagged(rid, pl.dst_off, pl.bytes(p.data));
+    }
+
+    /// [`State::on_software`] for a whole eager message (what `arrive_whole_polled` returns
+    /// as unexpected: its opcode is EAGER, its length checked against the packet's): straight
+    /// to [`State::on_first`], without the general parse and its dispatch.
+    #[inline]
+    fn on_whole_eager(&mut self, p: Packet<'_>) -> Result<()> {
+        let tmh = Tmh::decode(p.data).map_err(|_| malformed_from(p.src, "a message with a malformed header"))?;
+        let payload = &p.data[TMH_LEN..];
+        self.on_first(p.src, tmh, payload, payload.len(), true)
     }
 
     /// The TM-SRQ placed a packet in an SRQ buffer: software handles the message.

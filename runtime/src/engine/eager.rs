@@ -440,9 +440,8 @@ impl State {
             b.write_at(0, data);
         }
         r.received = data.len();
-        if req.result.is_none() {
-            req.result = Some(r.outcome().map_err(Box::new));
-        }
+        // (Not `= Some(..)` after a check: that drops the old `None` through the glue.)
+        req.result.get_or_insert_with(|| r.outcome().map_err(Box::new));
         if req.detached {
             self.reqs.remove(rid);
         }

@@ -483,12 +483,10 @@ impl State {
             return;
         };
         if let ReqKind::Recv(r) = &req.kind {
-            if req.result.is_none() {
-                req.result = Some(match failure {
-                    Some(e) => Err(Box::new(e)),
-                    None => r.outcome().map_err(Box::new),
-                });
-            }
+            req.result.get_or_insert_with(|| match failure {
+                Some(e) => Err(Box::new(e)),
+                None => r.outcome().map_err(Box::new),
+            });
         }
         if req.detached {
             self.reqs.remove(rid);
