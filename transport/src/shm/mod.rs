@@ -220,8 +220,8 @@ impl ShmFabric {
     }
 
     /// Delivers packets to `f`, round-robin over the sources: one from each source that has
-    /// one, or up to [`BURST`] (and [`BURST_BYTES`]) from a source that had one in the last
-    /// poll too. Returns how
+    /// one, or a burst of up to 32 packets (ending after 8 KiB of ring) from a source that had
+    /// one in the last poll too. Returns how
     /// many were delivered. A packet's bytes are valid only during the call.
     ///
     /// `f` returns `false` to leave a packet in its ring (flow control); it is offered again
