@@ -62,7 +62,7 @@ impl RawBufMut {
         // SAFETY: [off, off + n) lies inside the buffer, which is alive and exclusively ours
         // (constructor contract); `data` never aliases a user receive buffer because it comes
         // from the fabric or from runtime-owned memory.
-        unsafe { copy_bytes(data.as_ptr(), self.ptr.add(off), n) };
+        unsafe { tmpi_transport::shm::copy_bytes(data.as_ptr(), self.ptr.add(off), n) };
         n
     }
     /// Lends `[off, off + len)` of the buffer (clamped to its capacity) to `f` as a slice, for
@@ -197,44 +197,9 @@ impl Drop for OwnedBuf {
     }
 }
 
-/// Copies `n` bytes from `src` to `dst`; messages of a few bytes are copied inline (two
-/// overlapping unaligned words) instead of through a call to `memcpy`.
-///
-/// # Safety
-/// As [`std::ptr::copy_nonoverlapping`]: `src` readable and `dst` writable for `n` bytes, the
-/// two ranges disjoint.
-#[inline(always)]
-pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
-    // SAFETY: (every arm) each access lies in [0, n) of `src` or `dst` (the second word of an
-    // arm starts at n - width >= 0 and ends at n), which the caller made valid and disjoint;
-    // unaligned reads and writes need no alignment.
-    unsafe {
-        match n {
-            0 => {}
-            1 => *dst = *src,
-            2..=3 => {
-                let (a, b) = (src.cast::<u16>().read_unaligned(), src.add(n - 2).cast::<u16>().read_unaligned());
-                dst.cast::<u16>().write_unaligned(a);
-                dst.add(n - 2).cast::<u16>().write_unaligned(b);
-            }
-            4..=7 => {
-                let (a, b) = (src.cast::<u32>().read_unaligned(), src.add(n - 4).cast::<u32>().read_unaligned());
-                dst.cast::<u32>().write_unaligned(a);
-                dst.add(n - 4).cast::<u32>().write_unaligned(b);
-            }
-            8..=16 => {
-                let (a, b) = (src.cast::<u64>().read_unaligned(), src.add(n - 8).cast::<u64>().read_unaligned());
-                dst.cast::<u64>().write_unaligned(a);
-                dst.add(n - 8).cast::<u64>().write_unaligned(b);
-            }
-            _ => std::ptr::copy_nonoverlapping(src, dst, n),
-        }
-    }
-}
-
 #[cfg(test)]
-mod copy_tests {
-    use super::{copy_bytes, OwnedBuf};
+mod tests {
+    use super::OwnedBuf;
 
     #[test]
     fn an_owned_buffer_becomes_a_vec_of_its_type_only() {
@@ -250,17 +215,5 @@ mod copy_tests {
         let b = OwnedBuf::alloc(0, 4).expect("empty");
         assert_eq!(b.into_vec::<u32>(), Some(Vec::new()));
         assert!(OwnedBuf::alloc(8, 3).is_none(), "not a power of two");
-    }
-
-    #[test]
-    fn copy_bytes_copies_every_length_exactly() {
-        let src: Vec<u8> = (1..=40).collect();
-        for n in 0..=33 {
-            let mut dst = vec![0u8; 40];
-            // SAFETY: both buffers hold 40 >= n bytes and are distinct allocations.
-            unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
-            assert_eq!(&dst[..n], &src[..n], "n = {n}");
-            assert!(dst[n..].iter().all(|&b| b == 0), "n = {n} wrote past its end");
-        }
     }
 }

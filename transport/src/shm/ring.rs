@@ -86,45 +86,6 @@ pub fn max_payload(size: usize) -> usize {
     (size / 4 - REC_HDR).min(MAX_LEN_FIELD)
 }
 
-/// Copies `len` bytes from `src` to `dst` (not overlapping): the sizes of headers and small
-/// payloads in a few moves, without a call to `memcpy` (whose dispatch costs more than such a
-/// copy).
-///
-/// # Safety
-/// As [`std::ptr::copy_nonoverlapping`].
-#[inline(always)]
-unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
-    // SAFETY: in every arm, the two moves cover [0, len) of both ranges, in bounds
-    // by the caller's contract (a move at len - k with len >= k starts inside); unaligned
-    // reads and writes are allowed for these integer types.
-    unsafe {
-        match len {
-            16..=32 => {
-                let (a, b) = (src.cast::<u128>().read_unaligned(), src.add(len - 16).cast::<u128>().read_unaligned());
-                dst.cast::<u128>().write_unaligned(a);
-                dst.add(len - 16).cast::<u128>().write_unaligned(b);
-            }
-            8..=15 => {
-                let (a, b) = (src.cast::<u64>().read_unaligned(), src.add(len - 8).cast::<u64>().read_unaligned());
-                dst.cast::<u64>().write_unaligned(a);
-                dst.add(len - 8).cast::<u64>().write_unaligned(b);
-            }
-            4..=7 => {
-                let (a, b) = (src.cast::<u32>().read_unaligned(), src.add(len - 4).cast::<u32>().read_unaligned());
-                dst.cast::<u32>().write_unaligned(a);
-                dst.add(len - 4).cast::<u32>().write_unaligned(b);
-            }
-            1..=3 => {
-                *dst = *src;
-                *dst.add(len / 2) = *src.add(len / 2);
-                *dst.add(len - 1) = *src.add(len - 1);
-            }
-            0 => {}
-            _ => std::ptr::copy_nonoverlapping(src, dst, len),
-        }
-    }
-}
-
 /// The producing end of a ring.
 pub struct Producer {
     ctl: NonNull<RingCtl>,
@@ -242,7 +203,7 @@ impl Producer {
                 base.add(REC_HDR_SHORT)
             };
             for p in parts {
-                copy_small(p.as_ptr(), dst, p.len());
+                super::copy_bytes(p.as_ptr(), dst, p.len());
                 dst = dst.add(p.len());
             }
             self.header((off + rec) & (self.size - 1)).store(0, Ordering::Relaxed);
