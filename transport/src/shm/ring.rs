@@ -29,6 +29,16 @@
 //! next write. A record never wraps around the end: the producer writes the record at offset 0
 //! (and zeroes ahead of it) before it publishes a skip record at the end.
 //!
+//! How far ahead the producer may run: a record that needs more than [`STREAM_SMALL`] bytes
+//! (header and the slot zeroed ahead included) and less than a quarter of the ring is started
+//! only while fewer than [`STREAM_WINDOW`] bytes are in flight. Without that, a window of
+//! messages of 4-128 KiB fills the whole ring before the consumer catches up; the likely cost
+//! (a reading, not a measurement of caches) is that the consumer then reads lines that have
+//! left the producer's L2 (1 MiB per core here). `osu_bw` and `osu_bibw` at 32-128 KiB measured
+//! 1.1-1.4x with the limit (bench/results/p2p-2026-11-25c.md). Small records (every small
+//! message, every control packet) and the largest (streamed rendezvous data, whose pipelining
+//! needs two of them in flight) are limited by the ring's size alone.
+//!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
 //! writing `word1` and the payload; the consumer reads them after an acquire load of `word0`,
@@ -53,6 +63,11 @@ const FLAG_TOTAL: u8 = 0x40;
 const FLAGS_RESERVED: u8 = FLAG_SKIP | FLAG_TOTAL;
 /// Largest payload expressible in the header.
 const MAX_LEN_FIELD: usize = (1 << 24) - 1;
+/// Records of at most this many bytes are limited by the ring's size alone (see the module
+/// docs on how far ahead the producer may run).
+pub const STREAM_SMALL: u64 = 4096;
+/// Bytes in flight (published, not yet released) below which a mid-size record may start.
+pub const STREAM_WINDOW: u64 = 384 << 10;
 
 /// Control block of one ring.
 #[repr(C, align(128))]
@@ -133,14 +148,18 @@ impl Producer {
         }
     }
 
+    /// Whether `need` bytes at `head` may be written now: they fit in the released space, and
+    /// a mid-size record also waits until fewer than [`STREAM_WINDOW`] bytes are in flight.
     #[inline]
     fn room_for(&mut self, need: u64) -> bool {
-        if self.head + need - self.tail_cache <= self.size {
+        let window = if need > STREAM_SMALL && need < self.size / 4 { STREAM_WINDOW } else { u64::MAX };
+        let fits = |head: u64, tail: u64| head + need - tail <= self.size && head - tail < window;
+        if fits(self.head, self.tail_cache) {
             return true;
         }
         // SAFETY: ctl valid for the producer's life (constructor contract).
         self.tail_cache = unsafe { self.ctl.as_ref() }.tail.load(Ordering::Acquire);
-        self.head + need - self.tail_cache <= self.size
+        fits(self.head, self.tail_cache)
     }
 
     /// Whether a record of `payload` bytes fits now.
@@ -400,6 +419,43 @@ mod tests {
         assert!(p.is_drained());
     }
 
+    #[test]
+    fn mid_size_records_stop_at_the_stream_window_and_others_at_the_ring_size() {
+        let size = 4 << 20;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        let mid = vec![5u8; 64 << 10];
+        let mut in_flight = 0u64;
+        while p.try_push(1, mid.len() as u64, &[&mid]).unwrap() {
+            in_flight += rec_len(mid.len(), false);
+        }
+        // Started while fewer than STREAM_WINDOW bytes were in flight, so the last one ends
+        // at most one record past it, far below the ring's size.
+        assert!(in_flight >= STREAM_WINDOW && in_flight < STREAM_WINDOW + rec_len(mid.len(), false), "{in_flight}");
+        assert!(!p.has_room(mid.len()));
+        // Small records (messages, control packets) still go in, up to the ring's size.
+        assert!(p.try_push(1, 100, &[&[1u8; 100]]).unwrap());
+        assert!(p.has_room(STREAM_SMALL as usize / 2));
+        // So does one of the largest records (streamed rendezvous data).
+        let big = vec![9u8; max_payload(size)];
+        assert!(p.try_push(1, big.len() as u64 + 1, &[&big]).unwrap());
+        // Once the consumer has taken the mid-size records, the window opens again.
+        let mut taken = 0u64;
+        while taken < in_flight {
+            let rec = c.peek().unwrap().expect("record");
+            let span = rec.span;
+            taken += span;
+            c.release(span);
+        }
+        assert!(!p.has_room(mid.len()), "the large record is still in flight");
+        while let Some(rec) = c.peek().unwrap() {
+            let span = rec.span;
+            c.release(span);
+        }
+        assert!(p.try_push(1, mid.len() as u64, &[&mid]).unwrap());
+        let rec = c.peek().unwrap().expect("record");
+        assert_eq!(rec.data, &mid[..]);
+    }
     /// The payload of an old record can hold, where a later lap's record will start, exactly
     /// the header that record's stamp makes valid (data of counters often does). The consumer
     /// must not take it for a record before the producer wrote one there.
