@@ -469,6 +469,14 @@ mod tests {
         window_cost_report(&[8]);
     }
 
+    /// [`comm_window_cost_8b`] at 1 KiB, a size whose receives the soft TM-SRQ takes (compare
+    /// with `TMPI_TM_MAX_TAGS=0`).
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn comm_window_cost_1k() {
+        window_cost_report(&[1024]);
+    }
+
     fn window_cost_report(sizes: &[usize]) {
         for &size in sizes {
             let (expected, unexpected, post) = window_cost(size);
