@@ -60,7 +60,7 @@ impl Default for Config {
             rndv_threshold: 262_144,
             unexpected_max: 64 << 20,
             tm_max_tags: 1023,
-            tm_thresh: 1024,
+            tm_thresh: 16384,
             shm_ring_size: 0,
             poll_spin: None,
             mr_cache_max_count: 1024,

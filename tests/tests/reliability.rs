@@ -11,7 +11,13 @@ use tmpi_tests::Job;
 fn early_finalize_delivers_then_peer_gone() {
     for n in [3, 4] {
         for tags in ["1023", "0"] {
-            let out = Job::tmpirun(n, "reliability").arg("leave").env("TMPI_TM_MAX_TAGS", tags).timeout(Duration::from_secs(60)).run();
+            // TMPI_TM_THRESH=1024: the 4 KiB receives go to the TM-SRQ when offload is on.
+            let out = Job::tmpirun(n, "reliability")
+                .arg("leave")
+                .env("TMPI_TM_MAX_TAGS", tags)
+                .env("TMPI_TM_THRESH", "1024")
+                .timeout(Duration::from_secs(60))
+                .run();
             out.assert_success();
             out.assert_ok_line("reliability: leave: ");
             out.assert_no_leak();
@@ -49,7 +55,14 @@ fn flow_control_with_a_tiny_budget() {
 #[test]
 fn hostile_peer_is_an_error() {
     for tags in ["1023", "0"] {
-        let out = Job::tmpirun(3, "reliability").arg("hostile").env("TMPI_TM_MAX_TAGS", tags).timeout(Duration::from_secs(60)).run();
+        // TMPI_TM_THRESH=1024: the forged 4 KiB message meets a receive in the TM-SRQ when
+        // offload is on.
+        let out = Job::tmpirun(3, "reliability")
+            .arg("hostile")
+            .env("TMPI_TM_MAX_TAGS", tags)
+            .env("TMPI_TM_THRESH", "1024")
+            .timeout(Duration::from_secs(60))
+            .run();
         out.assert_success();
         out.assert_ok_line("reliability: hostile: ");
     }

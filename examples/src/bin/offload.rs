@@ -1,6 +1,6 @@
 //! Pre-posted receives, the pattern tag-matching offload accelerates.
 //!
-//! Rank 0 posts, before anything is sent, `SPECIFIC` source-specific receives of 4 KiB per
+//! Rank 0 posts, before anything is sent, `SPECIFIC` source-specific receives of 16 KiB per
 //! peer (distinct tags) and `ANY` wildcard-source receives of 1 KiB per peer (one shared
 //! tag); a barrier then releases the peers, which send. Rank 0 checks every payload, that
 //! the source-specific receives got their own sender's messages, and that the wildcard
@@ -13,7 +13,7 @@ use tmpi_examples::check;
 
 const SPECIFIC: usize = 4;
 const ANY: usize = 2;
-const BIG: usize = 512; // u64 words = 4 KiB
+const BIG: usize = 2048; // u64 words = 16 KiB: offloaded at the default TMPI_TM_THRESH
 const SMALL: usize = 128; // u64 words = 1 KiB
 const SPECIFIC_TAG: tmpi::Tag = 100;
 const ANY_TAG_VALUE: tmpi::Tag = 200;
@@ -70,7 +70,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         check(seen.iter().skip(1).all(|&c| c == ANY), || format!("wildcard matches per sender: {seen:?}"))?;
         println!(
-            "offload: {} pre-posted source-specific 4 KiB receives and {} ANY_SOURCE 1 KiB receives from {peers} peers matched and verified: OK",
+            "offload: {} pre-posted source-specific 16 KiB receives and {} ANY_SOURCE 1 KiB receives from {peers} peers matched and verified: OK",
             peers * SPECIFIC,
             peers * ANY
         );
