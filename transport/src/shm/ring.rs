@@ -456,6 +456,7 @@ mod tests {
         let rec = c.peek().unwrap().expect("record");
         assert_eq!(rec.data, &mid[..]);
     }
+
     /// The payload of an old record can hold, where a later lap's record will start, exactly
     /// the header that record's stamp makes valid (data of counters often does). The consumer
     /// must not take it for a record before the producer wrote one there.
