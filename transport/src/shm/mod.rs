@@ -220,9 +220,9 @@ impl ShmFabric {
     }
 
     /// Delivers packets to `f`, round-robin over the sources: one from each source that has
-    /// one, or a burst of up to 32 packets (ending after 8 KiB of ring) from a source that had
-    /// one in the last poll too. Returns how
-    /// many were delivered. A packet's bytes are valid only during the call.
+    /// one, or a burst of up to `BURST` packets (ending after `BURST_BYTES` of ring) from a
+    /// source that had one in the last poll too. Returns how many were delivered. A packet's
+    /// bytes are valid only during the call.
     ///
     /// `f` returns `false` to leave a packet in its ring (flow control); it is offered again
     /// on the next poll.
@@ -301,35 +301,35 @@ fn parse_cache_size(s: &str) -> Option<usize> {
 /// two ranges disjoint.
 #[inline(always)]
 pub unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
-    // SAFETY: (every arm) each access lies in [0, n) of `src` or `dst` (the second word of an
-    // arm starts at n - width >= 0 and ends at n), which the caller made valid and disjoint;
-    // unaligned reads and writes need no alignment.
+    // SAFETY: (every arm) the width W of the arm's words satisfies W <= n <= 2 W, which is
+    // `two_words`' contract; `src` and `dst` are valid for n bytes and disjoint (ours).
     unsafe {
         match n {
-            16..=32 => {
-                let (a, b) = (src.cast::<u128>().read_unaligned(), src.add(n - 16).cast::<u128>().read_unaligned());
-                dst.cast::<u128>().write_unaligned(a);
-                dst.add(n - 16).cast::<u128>().write_unaligned(b);
-            }
-            8..=15 => {
-                let (a, b) = (src.cast::<u64>().read_unaligned(), src.add(n - 8).cast::<u64>().read_unaligned());
-                dst.cast::<u64>().write_unaligned(a);
-                dst.add(n - 8).cast::<u64>().write_unaligned(b);
-            }
-            4..=7 => {
-                let (a, b) = (src.cast::<u32>().read_unaligned(), src.add(n - 4).cast::<u32>().read_unaligned());
-                dst.cast::<u32>().write_unaligned(a);
-                dst.add(n - 4).cast::<u32>().write_unaligned(b);
-            }
-            2..=3 => {
-                let (a, b) = (src.cast::<u16>().read_unaligned(), src.add(n - 2).cast::<u16>().read_unaligned());
-                dst.cast::<u16>().write_unaligned(a);
-                dst.add(n - 2).cast::<u16>().write_unaligned(b);
-            }
+            16..=32 => two_words::<u128>(src, dst, n),
+            8..=15 => two_words::<u64>(src, dst, n),
+            4..=7 => two_words::<u32>(src, dst, n),
+            2..=3 => two_words::<u16>(src, dst, n),
             1 => *dst = *src,
             0 => {}
             _ => std::ptr::copy_nonoverlapping(src, dst, n),
         }
+    }
+}
+
+/// Copies `n` bytes as two unaligned words of type `W`, the first at 0 and the second ending
+/// at `n` (they overlap when `n < 2 * size_of::<W>()`).
+///
+/// # Safety
+/// As [`copy_bytes`], and `size_of::<W>() <= n <= 2 * size_of::<W>()`.
+#[inline(always)]
+unsafe fn two_words<W: Copy>(src: *const u8, dst: *mut u8, n: usize) {
+    let w = std::mem::size_of::<W>();
+    // SAFETY: both words lie in [0, n) of `src` and of `dst` (the second starts at n - w >= 0),
+    // which the caller made valid and disjoint; unaligned accesses need no alignment.
+    unsafe {
+        let (a, b) = (src.cast::<W>().read_unaligned(), src.add(n - w).cast::<W>().read_unaligned());
+        dst.cast::<W>().write_unaligned(a);
+        dst.add(n - w).cast::<W>().write_unaligned(b);
     }
 }
 
