@@ -152,14 +152,33 @@ impl Producer {
     /// a mid-size record also waits until fewer than [`STREAM_WINDOW`] bytes are in flight.
     #[inline]
     fn room_for(&mut self, need: u64) -> bool {
-        let window = if need > STREAM_SMALL && need < self.size / 4 { STREAM_WINDOW } else { u64::MAX };
-        let fits = |head: u64, tail: u64| head + need - tail <= self.size && head - tail < window;
-        if fits(self.head, self.tail_cache) {
-            return true;
+        if need > STREAM_SMALL {
+            return self.stream_room_for(need);
         }
+        // A small record (every small message): the ring's size is its only limit.
+        self.head + need - self.tail_cache <= self.size || {
+            self.refresh_tail();
+            self.head + need - self.tail_cache <= self.size
+        }
+    }
+
+    /// [`Producer::room_for`] of a record of more than [`STREAM_SMALL`] bytes, out of the small
+    /// records' way (its copy dwarfs the call).
+    #[inline(never)]
+    fn stream_room_for(&mut self, need: u64) -> bool {
+        let (size, window) = (self.size, if need < self.size / 4 { STREAM_WINDOW } else { u64::MAX });
+        let fits = |head: u64, tail: u64| head + need - tail <= size && head - tail < window;
+        fits(self.head, self.tail_cache) || {
+            self.refresh_tail();
+            fits(self.head, self.tail_cache)
+        }
+    }
+
+    /// Reads the consumer's `tail` again (a line the consumer writes).
+    #[inline]
+    fn refresh_tail(&mut self) {
         // SAFETY: ctl valid for the producer's life (constructor contract).
         self.tail_cache = unsafe { self.ctl.as_ref() }.tail.load(Ordering::Acquire);
-        fits(self.head, self.tail_cache)
     }
 
     /// Whether a record of `payload` bytes fits now.
@@ -173,8 +192,7 @@ impl Producer {
     /// Whether the consumer has taken every record published so far (one read of its
     /// `tail`, a line the consumer writes).
     pub fn is_drained(&mut self) -> bool {
-        // SAFETY: ctl valid for the producer's life (constructor contract).
-        self.tail_cache = unsafe { self.ctl.as_ref() }.tail.load(Ordering::Acquire);
+        self.refresh_tail();
         self.tail_cache == self.head
     }
 
