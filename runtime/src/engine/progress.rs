@@ -149,18 +149,31 @@ impl Engine {
     }
 
     /// Progresses until `rid` completes, or until it cannot: then [`Error::PeerGone`].
+    ///
+    /// A request that is already complete (most of a `wait_all` over a window: the first
+    /// wait's progress completed the rest) is collected without setting up the back-off.
+    #[inline]
     pub(crate) fn wait(&mut self, rid: ReqId) -> Result<Status> {
+        match self.take_if_done(rid) {
+            Some(r) => r,
+            None => self.wait_pending(rid),
+        }
+    }
+
+    /// [`Engine::wait`] for a request that was not complete at the first look.
+    #[inline(never)]
+    fn wait_pending(&mut self, rid: ReqId) -> Result<Status> {
         let mut b = self.backoff();
         loop {
-            if let Some(r) = self.take_if_done(rid) {
-                return r;
-            }
             if self.progress()? == 0 {
                 if self.idle(&mut b, |_| false) {
                     self.check_gone(&Need::Req(rid))?;
                 }
             } else {
                 b.reset();
+            }
+            if let Some(r) = self.take_if_done(rid) {
+                return r;
             }
         }
     }

@@ -193,7 +193,7 @@ pub(super) fn wire_name(k: ReqId) -> u32 {
 
 impl Engine {
     /// The result of `rid` if it has completed (the slot is freed).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_if_done(&mut self, rid: ReqId) -> Option<Result<Status>> {
         let Some(req) = self.st.reqs.get_mut(rid) else {
             return Some(Err(Error::State("request already completed and collected".into())));
