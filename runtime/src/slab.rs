@@ -145,7 +145,7 @@ impl<T> Slab<T> {
 
     /// Frees the slot of `k` in place (its value is dropped where it lies, never moved out);
     /// returns whether `k` named a full slot.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn free(&mut self, k: Key) -> bool {
         let Some(slot) = self.slots.get_mut(k.idx() as usize) else { return false };
         match slot {

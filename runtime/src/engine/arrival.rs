@@ -124,7 +124,7 @@ impl State {
     /// [`State::on_software`] for a whole eager message (what `arrive_whole_polled` returns
     /// as unexpected: its opcode is EAGER, its length checked against the packet's): straight
     /// to [`State::on_first`], without the general parse and its dispatch.
-    #[inline]
+    #[inline(always)]
     fn on_whole_eager(&mut self, p: Packet<'_>) -> Result<()> {
         let tmh = Tmh::decode(p.data).map_err(|_| malformed_from(p.src, "a message with a malformed header"))?;
         let payload = &p.data[TMH_LEN..];

@@ -223,11 +223,17 @@ impl Engine {
     }
 
     /// Frees the slot of a completed request nobody collected (the end of its scope); no
-    /// effect on a request already collected.
+    /// effect on a request already collected. Returns whether `rid` is done (collected
+    /// before, or freed now): false for a pending request, which keeps its slot.
     #[inline]
-    pub(crate) fn discard(&mut self, rid: ReqId) {
-        if self.is_done(rid) {
-            self.st.reqs.free(rid);
+    pub(crate) fn discard(&mut self, rid: ReqId) -> bool {
+        match self.st.reqs.get(rid) {
+            None => true,
+            Some(r) if r.result.is_some() => {
+                self.st.reqs.free(rid);
+                true
+            }
+            Some(_) => false,
         }
     }
 
@@ -520,6 +526,7 @@ impl RecvState {
     }
 
     /// What this receive reports once its message (`total` bytes) is in.
+    #[inline]
     pub(super) fn outcome(&self) -> Result<Status> {
         if let Some(o) = &self.owned {
             if o.failed {
