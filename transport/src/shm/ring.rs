@@ -155,22 +155,27 @@ impl Producer {
         if need > STREAM_SMALL {
             return self.stream_room_for(need);
         }
-        // A small record (every small message): the ring's size is its only limit.
-        self.head + need - self.tail_cache <= self.size || {
-            self.refresh_tail();
-            self.head + need - self.tail_cache <= self.size
-        }
+        // A small record (every small message): the ring's size is its only limit (a bound on
+        // the bytes in flight of `u64::MAX` is no bound, and the check folds away).
+        self.fits_now(need, u64::MAX)
     }
 
     /// [`Producer::room_for`] of a record of more than [`STREAM_SMALL`] bytes, out of the small
     /// records' way (its copy dwarfs the call).
     #[inline(never)]
     fn stream_room_for(&mut self, need: u64) -> bool {
-        let (size, window) = (self.size, if need < self.size / 4 { STREAM_WINDOW } else { u64::MAX });
-        let fits = |head: u64, tail: u64| head + need - tail <= size && head - tail < window;
-        fits(self.head, self.tail_cache) || {
+        let most_in_flight = if need < self.size / 4 { STREAM_WINDOW - 1 } else { u64::MAX };
+        self.fits_now(need, most_in_flight)
+    }
+
+    /// Whether `need` bytes fit in the released space with at most `most_in_flight` bytes in
+    /// flight before them, reading the consumer's `tail` again only if the cached one says no.
+    #[inline(always)]
+    fn fits_now(&mut self, need: u64, most_in_flight: u64) -> bool {
+        let fits = |p: &Self| p.head + need - p.tail_cache <= p.size && p.head - p.tail_cache <= most_in_flight;
+        fits(self) || {
             self.refresh_tail();
-            fits(self.head, self.tail_cache)
+            fits(self)
         }
     }
 
