@@ -143,6 +143,23 @@ impl<T> Slab<T> {
         }
     }
 
+    /// Looks `k` up once and hands its value to `f`; frees the slot (dropping the value in
+    /// place) when `f` returns `Some`. `None` when `k` names no full slot.
+    #[inline(always)]
+    pub(crate) fn take_if<R>(&mut self, k: Key, f: impl FnOnce(&mut T) -> Option<R>) -> Option<Option<R>> {
+        let slot = self.slots.get_mut(k.idx() as usize)?;
+        let r = match slot {
+            Slot::Full(g, v) if *g == k.gen() => f(v),
+            _ => return None,
+        };
+        if r.is_some() {
+            *slot = Slot::Empty(k.gen().wrapping_add(1), self.free);
+            self.free = k.idx();
+            self.len -= 1;
+        }
+        Some(r)
+    }
+
     /// Frees the slot of `k` in place (its value is dropped where it lies, never moved out);
     /// returns whether `k` named a full slot.
     #[inline(always)]

@@ -152,7 +152,7 @@ impl Engine {
     ///
     /// A request that is already complete (most of a `wait_all` over a window: the first
     /// wait's progress completed the rest) is collected without setting up the back-off.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn wait(&mut self, rid: ReqId) -> Result<Status> {
         match self.take_if_done(rid) {
             Some(r) => r,

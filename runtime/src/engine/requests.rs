@@ -195,12 +195,10 @@ impl Engine {
     /// The result of `rid` if it has completed (the slot is freed).
     #[inline(always)]
     pub(crate) fn take_if_done(&mut self, rid: ReqId) -> Option<Result<Status>> {
-        let Some(req) = self.st.reqs.get_mut(rid) else {
-            return Some(Err(Error::State("request already completed and collected".into())));
-        };
-        let r = req.result.take()?;
-        self.st.reqs.free(rid);
-        Some(r.map_err(|e| *e))
+        match self.st.reqs.take_if(rid, |req| req.result.take()) {
+            Some(r) => r.map(|r| r.map_err(|e| *e)),
+            None => Some(Err(Error::State("request already completed and collected".into()))),
+        }
     }
 
     /// As [`Engine::take_if_done`] for a receive of unknown size: also hands over the buffer
