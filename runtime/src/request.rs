@@ -284,6 +284,12 @@ pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
     // and the copy stalled on the stores that had just written it.
     for r in reqs.iter_mut() {
         let res = match (&r.done, r.rid, &r.eng) {
+            // Complete when it started (a send that went out at once): no engine needed, and
+            // the engine held for the run stays held.
+            (&Some(st), ..) => {
+                r.done = None;
+                Ok(st)
+            }
             (None, Some(rid), &EngRef::Scope(cell)) => {
                 let g = match held.take() {
                     Some(g) if g.holds(cell) => g,
