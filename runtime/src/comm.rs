@@ -135,7 +135,24 @@ impl std::fmt::Debug for Comm {
 }
 
 /// Waits for `rid`; on failure the engine forgets the caller's buffer before it is returned.
+///
+/// A request that is already complete (most of a `wait_all` over a window: the first wait's
+/// progress took in the rest) is collected inline, without the calls of a wait.
+#[inline(always)]
 pub(crate) fn finish(e: &mut EngineGuard<'_>, rid: ReqId) -> Result<crate::Status> {
+    match e.take_if_done(rid) {
+        Some(Ok(st)) => Ok(st),
+        Some(Err(err)) => {
+            e.abandon(rid);
+            Err(err)
+        }
+        None => finish_pending(e, rid),
+    }
+}
+
+/// [`finish`] for a request that was not complete at the first look.
+#[inline(never)]
+fn finish_pending(e: &mut EngineGuard<'_>, rid: ReqId) -> Result<crate::Status> {
     let r = e.wait(rid);
     if r.is_err() {
         e.abandon(rid);
