@@ -249,7 +249,7 @@ impl Comm {
     ///
     /// # Safety
     /// `bytes` must outlive the returned request (see [`crate::buffer`]).
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn start_send_bytes(
         &self,
         e: &mut Engine,
