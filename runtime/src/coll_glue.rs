@@ -147,6 +147,7 @@ impl Comm {
             inner: Arc::new(CommInner {
                 eng: self.inner.eng.clone(),
                 coll_seq: Default::default(),
+                shm_seq: Default::default(),
                 shm: Default::default(),
                 coll_busy: Default::default(),
                 id,

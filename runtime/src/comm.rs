@@ -95,6 +95,11 @@ pub(crate) struct CommInner {
     /// Collectives started on this communicator: their sequence number goes into every tag
     /// they use, so one collective's messages never match another's.
     pub(crate) coll_seq: SyncCell<u32>,
+    /// Calls on this communicator's shared-memory collective context so far: their own
+    /// counter, which picks the slots of a call (see [`crate::coll::shm`]). Collectives that
+    /// do not go through the slots (gather, scatter...) do not count here, since they do not
+    /// synchronise the ranks the way the slots' reuse needs.
+    pub(crate) shm_seq: SyncCell<u32>,
     /// The communicator's context for shared-memory collectives (see [`crate::coll::shm`]).
     pub(crate) shm: SyncCell<crate::coll::shm::Slot>,
     /// The thread inside a collective on this communicator (see [`CollBusy`]).

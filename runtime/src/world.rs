@@ -105,6 +105,7 @@ fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading)
         inner: Arc::new(CommInner {
             eng: Arc::new(EngineCell::new(eng, level)),
             coll_seq: Default::default(),
+            shm_seq: Default::default(),
             shm: Default::default(),
             coll_busy: Default::default(),
             id: 0,

@@ -1,8 +1,9 @@
 //! The shared-memory collectives through `tmpirun` (`shmcoll`): correct at 1 to 9 ranks on
 //! the world, dup and split communicators, with point-to-point traffic in flight, when ranks
-//! outnumber the cores, when communicators outnumber the pool of collective contexts; and a
-//! rank that finalizes while the others wait in a shared-memory barrier or allreduce ends
-//! their wait with `PeerGone`.
+//! outnumber the cores, when communicators outnumber the pool of collective contexts, and
+//! between collectives that never use the slots (gather, scatter...); and a rank that
+//! finalizes while the others wait in a shared-memory barrier or allreduce ends their wait
+//! with `PeerGone`.
 
 use std::time::Duration;
 
@@ -32,6 +33,17 @@ fn shm_collectives_at_6_to_9_ranks() {
 #[test]
 fn shm_collectives_oversubscribed() {
     check(16, 2);
+}
+
+/// Shared-memory collectives between collectives that do not synchronise the ranks (gather,
+/// scatter, zero-length allgather): all-to-all (3 to 5 ranks) and through the leader (9).
+#[test]
+fn shm_collectives_between_gathers_and_scatters() {
+    for (n, rounds) in [(3, 200), (4, 200), (5, 100), (9, 20)] {
+        let out = Job::tmpirun(n, "shmcoll").arg("mixed").arg(rounds.to_string()).timeout(Duration::from_secs(120)).run();
+        let line = out.assert_ok_line("shmcoll: mixed: ");
+        assert!(line.contains(&format!("{n} ranks")), "{line:?}");
+    }
 }
 
 /// The leader (rank 0), another rank, and the last rank finalize while the others wait.

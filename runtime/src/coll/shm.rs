@@ -14,8 +14,10 @@
 //!
 //! # One call
 //!
-//! Every call has the communicator's collective sequence number `s` (the same one its tags
-//! carry) and uses the slots of parity `s % 2`. A rank writes its data (a reduction operand,
+//! Every call has a number `s`: how many calls went through the communicator's slots
+//! before it (`CommInner::shm_seq`; the collectives that never use the slots, such as gather
+//! and scatter, are not counted, see the reuse rule below). It uses the slots of parity
+//! `s % 2`. A rank writes its data (a reduction operand,
 //! or the broadcast root's buffer) and a description of the call (kind, operator, root,
 //! length) into its slot, then stores `gen << 32 | s` into its arrival word. Then, in one of
 //! two ways:
@@ -37,7 +39,9 @@
 //! Reuse is safe without acknowledgements: a rank writes its slot of parity `s % 2` again only
 //! in call `s + 2`, after it saw every rank arrive in call `s + 1` (all-to-all) or the release
 //! of call `s + 1`, which the leader gives only after that; and every rank arrives in `s + 1`
-//! only after it finished reading in call `s`.
+//! only after it finished reading in call `s`. So `s + 1` must be a call through the slots:
+//! a gather or scatter in between synchronises nothing (a rank that only sends leaves at
+//! once), which is why those are not counted.
 //!
 //! Messages larger than a slot, or above the measured crossover, use the point-to-point
 //! algorithms after the same arrival and release without data (a handshake): ranks that pass
@@ -146,7 +150,8 @@ pub(crate) fn release(e: &Engine, slot: Slot) {
 pub(crate) struct Call<'a> {
     comm: &'a Comm,
     ctx: usize,
-    /// `gen << 32 | seq`: the value of this call's arrival and release words.
+    /// `gen << 32 | n`, `n` the call's number among the calls through the context's slots
+    /// (`CommInner::shm_seq`): the value of this call's arrival and release words.
     flag: u64,
     /// The call's sequence number, as its tags carry it (for abort notices).
     seq: u32,
@@ -195,7 +200,12 @@ impl<'a> Call<'a> {
                 }
             }
         };
-        Some(Call { comm, ctx, flag: u64::from(gen) << 32 | u64::from(seq), seq: seq & 0xffff, parity: (seq & 1) as usize })
+        // The slots go by the context's own count of calls, not by `seq`: a collective
+        // that does not pass through them (gather, scatter...) lets a rank leave before the
+        // others have read what it wrote in the call before, so it cannot stand for `s + 1`
+        // in the reuse rule (see the module docs).
+        let n = comm.inner.shm_seq.update(|s| s.wrapping_add(1));
+        Some(Call { comm, ctx, flag: u64::from(gen) << 32 | u64::from(n), seq: seq & 0xffff, parity: (n & 1) as usize })
     }
 
     /// Blocks until every rank has called it.
@@ -235,8 +245,8 @@ impl<'a> Call<'a> {
         }
         if rank != root {
             let seg = shm(&e)?;
-            // SAFETY: the root writes this slot again only in call seq + 2, after every rank
-            // (this one included) arrived in seq + 1; this rank copies before it arrives there.
+            // SAFETY: the root writes this slot again only in call s + 2, after every rank
+            // (this one included) arrived in s + 1; this rank copies before it arrives there.
             buf.copy_from_slice(unsafe { seg.coll_data(ctx, root, par, buf.len()) });
         }
         Ok(())
@@ -268,8 +278,8 @@ impl<'a> Call<'a> {
                         send
                     } else {
                         // SAFETY: rank j wrote this slot before its arrival, which this rank
-                        // saw, and writes it again only in call seq + 2, after this rank
-                        // arrived in seq + 1.
+                        // saw, and writes it again only in call s + 2, after this rank
+                        // arrived in s + 1.
                         bytemuck::cast_slice(unsafe { seg.coll_data(ctx, j, par, bytes) })
                     };
                     if j == 0 {
@@ -304,7 +314,7 @@ impl<'a> Call<'a> {
             if let Some(r) = recv {
                 let seg = shm(&e)?;
                 // SAFETY: the leader writes its slot of this parity again only in call
-                // seq + 2, after this rank arrived in seq + 1.
+                // s + 2, after this rank arrived in s + 1.
                 let res = unsafe { seg.coll_data(ctx, 0, par, bytes) };
                 bytemuck::cast_slice_mut::<T, u8>(r).copy_from_slice(res);
             }
@@ -365,8 +375,8 @@ impl<'a> Call<'a> {
         }
         e.shm_wake_all((0..n).filter(|&j| j != rank).map(|j| self.comm.world_rank(j)));
         let seg = shm(e)?;
-        // A flag of a later call (same parity, so `seq + 2` on): that rank got through this
-        // call, then failed the next one (a member departed; it cannot have ended `seq + 1`
+        // A flag of a later call (same parity, so `s + 2` on): that rank got through this
+        // call, then failed the next one (a member departed; it cannot have ended `s + 1`
         // without this rank) and went on. It did arrive here, but its description and data
         // for this call are overwritten: a call that needs its data fails as the next one did.
         let mut overtaken = None;

@@ -9,6 +9,13 @@
 //! contexts is recycled) and 20 live dups at once (more than the pool: the rest fall back to
 //! point-to-point). Rank 0 prints `shmcoll: N ranks: ... OK`.
 //!
+//! `shmcoll mixed [ROUNDS]` (default 200): on the world communicator and a `dup`, the
+//! shared-memory collectives interleaved with the collectives that never use the slots and
+//! let ranks leave at different times (gather, scatter, allgather and alltoall, some of zero
+//! elements), each result checked. Regression: a rank that left a gather early used to enter
+//! the next shared-memory call and overwrite a slot a slower rank was still reading (a false
+//! `PeerGone`). Rank 0 prints `shmcoll: mixed: N ranks: ... OK`.
+//!
 //! `shmcoll leave VICTIM`: after a first barrier, rank VICTIM finalizes and exits while the
 //! others enter a barrier and an allreduce it never joins; each must end with `PeerGone`
 //! (not hang). Every survivor prints `shmcoll: leave: rank R: PeerGone OK` and exits 0; one
@@ -90,6 +97,48 @@ fn check(rounds: u64) -> Result<(), Box<dyn StdError>> {
     Ok(())
 }
 
+fn mixed(rounds: u64) -> Result<(), Box<dyn StdError>> {
+    let world = tmpi::init()?;
+    let (me, p) = (world.rank(), world.size());
+    let mut v = Verdict::new("shmcoll: mixed", me);
+    let dup = world.dup()?;
+    for r in 0..rounds {
+        for (name, c) in [("world", &*world), ("dup", &dup)] {
+            let root = (r as usize) % p;
+            let mut s = [0u64];
+            c.allreduce(&[r + me as u64], &mut s, Op::Sum)?;
+            v.check(s[0] == r * p as u64 + (p * (p - 1) / 2) as u64, || format!("{name}: allreduce in round {r}: {}", s[0]));
+            let mut g = vec![0u64; p];
+            c.gather(&[me as u64 + r], (me == root).then_some(&mut g[..]), root)?;
+            if me == root {
+                v.check(g.iter().enumerate().all(|(j, &x)| x == j as u64 + r), || format!("{name}: gather in round {r}"));
+            }
+            let mut b = [if me == root { r } else { 0 }];
+            c.bcast(&mut b, root)?;
+            v.check(b[0] == r, || format!("{name}: bcast in round {r}"));
+            let all: Vec<u64> = (0..p as u64).map(|j| j * 10 + r).collect();
+            let mut one = [0u64];
+            c.scatter((me == root).then_some(&all[..]), &mut one, root)?;
+            v.check(one[0] == me as u64 * 10 + r, || format!("{name}: scatter in round {r}"));
+            c.barrier()?;
+            c.allgather::<u64>(&[], &mut [])?;
+            let mut m = [0u64];
+            c.reduce(&[me as u64], (me == root).then_some(&mut m[..]), Op::Max, root)?;
+            if me == root {
+                v.check(m[0] == p as u64 - 1, || format!("{name}: reduce in round {r}"));
+            }
+            let send: Vec<u64> = (0..p as u64).map(|j| me as u64 * 100 + j).collect();
+            let mut recv = vec![0u64; p];
+            c.alltoall(&send, &mut recv)?;
+            v.check(recv.iter().enumerate().all(|(j, &x)| x == j as u64 * 100 + me as u64), || format!("{name}: alltoall in round {r}"));
+        }
+    }
+    v.finish(&world, &format!("{p} ranks: {rounds} rounds on world and a dup"))?;
+    drop(dup);
+    world.finalize()?;
+    Ok(())
+}
+
 fn leave(victim: usize) -> Result<(), Box<dyn StdError>> {
     let world = tmpi::init()?;
     let me = world.rank();
@@ -120,10 +169,14 @@ fn main() -> Result<(), Box<dyn StdError>> {
             let rounds = args.next().map(|a| a.parse()).transpose().map_err(|_| "shmcoll check: bad ROUNDS")?.unwrap_or(20);
             check(rounds)
         }
+        Some("mixed") => {
+            let rounds = args.next().map(|a| a.parse()).transpose().map_err(|_| "shmcoll mixed: bad ROUNDS")?.unwrap_or(200);
+            mixed(rounds)
+        }
         Some("leave") => {
             let victim = args.next().ok_or("shmcoll leave VICTIM")?.parse().map_err(|_| "shmcoll leave: bad VICTIM")?;
             leave(victim)
         }
-        _ => Err("usage: shmcoll check [ROUNDS] | shmcoll leave VICTIM".into()),
+        _ => Err("usage: shmcoll check [ROUNDS] | shmcoll mixed [ROUNDS] | shmcoll leave VICTIM".into()),
     }
 }
