@@ -98,8 +98,10 @@ pub(crate) struct CommInner {
     /// Calls on this communicator's shared-memory collective context so far: their own
     /// counter, which picks the slots of a call (see [`crate::coll::shm`]). Collectives that
     /// do not go through the slots (gather, scatter...) do not count here, since they do not
-    /// synchronise the ranks the way the slots' reuse needs.
-    pub(crate) shm_seq: SyncCell<u32>,
+    /// synchronise the ranks the way the slots' reuse needs. One thread at a time is inside
+    /// a collective on a communicator ([`CollBusy`], whose enter and leave order the calls of
+    /// different threads), so a plain load and store count it, without a read-modify-write.
+    pub(crate) shm_seq: std::sync::atomic::AtomicU32,
     /// The communicator's context for shared-memory collectives (see [`crate::coll::shm`]).
     pub(crate) shm: SyncCell<crate::coll::shm::Slot>,
     /// The thread inside a collective on this communicator (see [`CollBusy`]).

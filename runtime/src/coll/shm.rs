@@ -204,7 +204,8 @@ impl<'a> Call<'a> {
         // that does not pass through them (gather, scatter...) lets a rank leave before the
         // others have read what it wrote in the call before, so it cannot stand for `s + 1`
         // in the reuse rule (see the module docs).
-        let n = comm.inner.shm_seq.update(|s| s.wrapping_add(1));
+        let n = comm.inner.shm_seq.load(Relaxed);
+        comm.inner.shm_seq.store(n.wrapping_add(1), Relaxed);
         Some(Call { comm, ctx, flag: u64::from(gen) << 32 | u64::from(n), seq: seq & 0xffff, parity: (n & 1) as usize })
     }
 
