@@ -236,4 +236,19 @@ mod tests {
         assert!(s.is_empty());
         assert_eq!(s.vacant_key(), Key::new(b.idx(), b.gen() + 1));
     }
+
+    #[test]
+    fn take_if_frees_only_when_asked_and_never_through_a_stale_key() {
+        let mut s = Slab::new();
+        let a = s.insert(Some(5));
+        assert_eq!(s.take_if(a, |v: &mut Option<i32>| if *v == Some(6) { v.take() } else { None }), Some(None), "kept");
+        assert_eq!(s.get(a), Some(&Some(5)));
+        assert_eq!(s.take_if(a, Option::take), Some(Some(5)), "taken and freed");
+        assert!(s.is_empty() && s.get(a).is_none());
+        assert_eq!(s.take_if(a, Option::take), None, "stale key");
+        let b = s.insert(Some(7));
+        assert_eq!(b.idx(), a.idx());
+        assert_eq!(s.take_if(a, Option::take), None, "a stale key does not reach the slot's new value");
+        assert_eq!(s.get(b), Some(&Some(7)));
+    }
 }
