@@ -160,22 +160,6 @@ impl<T> Slab<T> {
         Some(r)
     }
 
-    /// Frees the slot of `k` in place (its value is dropped where it lies, never moved out);
-    /// returns whether `k` named a full slot.
-    #[inline(always)]
-    pub(crate) fn free(&mut self, k: Key) -> bool {
-        let Some(slot) = self.slots.get_mut(k.idx() as usize) else { return false };
-        match slot {
-            Slot::Full(g, _) if *g == k.gen() => {
-                *slot = Slot::Empty(k.gen().wrapping_add(1), self.free);
-                self.free = k.idx();
-                self.len -= 1;
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// Number of full slots.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -230,8 +214,8 @@ mod tests {
         assert_eq!(s.get(b), Some(&2));
         assert_eq!(s.len(), 1);
         assert_eq!(s.key_of(b.idx()), Some(b));
-        assert!(!s.free(a));
-        assert!(s.free(b));
+        assert!(s.take_if(a, |_| Some(())).is_none(), "a stale key frees nothing");
+        assert!(s.take_if(b, |_| Some(())).is_some());
         assert!(s.get(b).is_none());
         assert!(s.is_empty());
         assert_eq!(s.vacant_key(), Key::new(b.idx(), b.gen() + 1));

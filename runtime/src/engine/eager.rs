@@ -197,26 +197,37 @@ impl Engine {
     #[inline(always)]
     pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
         let len = data.len();
-        // `len < rndv_threshold` (at most 2^32) keeps `len + UX_OVERHEAD` from overflowing.
-        if !sync
-            && dest != self.st.rank
-            && len < self.cfg.rndv_threshold
-            && len <= self.cfg.eager_limit
-            && TMH_LEN + len <= self.max_packet
-            && (len < PIPELINE_MIN || !self.pipelined)
-            && self.st.credits.get(dest).is_some_and(|&c| c >= len + UX_OVERHEAD)
-            && self.out[dest].is_empty()
-        {
+        if !sync && (len < PIPELINE_MIN || !self.pipelined) && self.may_send_whole(dest, len) {
             let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
             if self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &[&tmh, data.slice(0, len)])? {
-                self.st.credits[dest] -= len + UX_OVERHEAD;
-                self.st.stats.msgs_sent += 1;
-                self.st.stats.bytes_sent += len as u64;
-                self.st.stats.eager += 1;
+                self.sent_whole(dest, len);
                 return Ok(None);
             }
         }
         self.start_send_general(dest, tag64, data, sync)
+    }
+
+    /// Whether a standard eager message of `len` bytes to `dest` may go out whole, as one ring
+    /// record, right now: to another rank, nothing queued before it, one packet, eager size,
+    /// enough credit (the ring's room is the fabric's to say).
+    #[inline(always)]
+    fn may_send_whole(&self, dest: usize, len: usize) -> bool {
+        // `len < rndv_threshold` (at most 2^32) keeps `len + UX_OVERHEAD` from overflowing.
+        dest != self.st.rank
+            && len < self.cfg.rndv_threshold
+            && len <= self.cfg.eager_limit
+            && TMH_LEN + len <= self.max_packet
+            && self.st.credits.get(dest).is_some_and(|&c| c >= len + UX_OVERHEAD)
+            && self.out[dest].is_empty()
+    }
+
+    /// Accounts for a message that [`Engine::may_send_whole`] allowed and the fabric took.
+    #[inline(always)]
+    fn sent_whole(&mut self, dest: usize, len: usize) {
+        self.st.credits[dest] -= len + UX_OVERHEAD;
+        self.st.stats.msgs_sent += 1;
+        self.st.stats.bytes_sent += len as u64;
+        self.st.stats.eager += 1;
     }
 
     /// [`Engine::start_send`] in every case: rendezvous, synchronous, to itself, behind queued
@@ -275,15 +286,7 @@ impl Engine {
     pub(crate) fn try_send_gather(&mut self, dest: usize, tag64: u64, parts: &[&[u8]]) -> Result<bool> {
         const MAX_PARTS: usize = 16;
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let cost = len.saturating_add(UX_OVERHEAD);
-        if dest == self.st.rank
-            || parts.len() >= MAX_PARTS
-            || !self.out[dest].is_empty()
-            || TMH_LEN + len > self.max_packet
-            || len >= self.cfg.rndv_threshold
-            || len > self.cfg.eager_limit
-            || self.st.credits[dest] < cost
-        {
+        if parts.len() >= MAX_PARTS || !self.may_send_whole(dest, len) {
             return Ok(false);
         }
         let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
@@ -293,10 +296,7 @@ impl Engine {
         if !self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &all[..=parts.len()])? {
             return Ok(false);
         }
-        self.st.credits[dest] -= cost;
-        self.st.stats.msgs_sent += 1;
-        self.st.stats.bytes_sent += len as u64;
-        self.st.stats.eager += 1;
+        self.sent_whole(dest, len);
         Ok(true)
     }
 

@@ -184,6 +184,11 @@ pub(super) struct Req {
     pub(super) detached: bool,
 }
 
+/// The error of a request collected twice (or never started: its key names no request).
+fn collected_twice() -> Error {
+    Error::State("request already completed and collected".into())
+}
+
 /// How a request is named on the wire (in `app_ctx`, ACKs and read requests): its slot index
 /// and the low bits of its generation.
 #[inline]
@@ -197,42 +202,37 @@ impl Engine {
     pub(crate) fn take_if_done(&mut self, rid: ReqId) -> Option<Result<Status>> {
         match self.st.reqs.take_if(rid, |req| req.result.take()) {
             Some(r) => r.map(|r| r.map_err(|e| *e)),
-            None => Some(Err(Error::State("request already completed and collected".into()))),
+            None => Some(Err(collected_twice())),
         }
     }
 
     /// As [`Engine::take_if_done`] for a receive of unknown size: also hands over the buffer
     /// the runtime allocated for it (`None` for an empty or failed message).
     pub(crate) fn take_vec_if_done(&mut self, rid: ReqId) -> Option<Result<(Status, Option<OwnedBuf>)>> {
-        let Some(req) = self.st.reqs.get_mut(rid) else {
-            return Some(Err(Error::State("request already completed and collected".into())));
-        };
-        let r = req.result.take()?;
-        let buf = match &mut req.kind {
-            ReqKind::Recv(RecvState { owned: Some(o), buf, .. }) => {
-                // The view goes first: nothing may write through it once the memory is gone.
-                *buf = None;
-                o.buf.take()
-            }
-            _ => None,
-        };
-        self.st.reqs.free(rid);
-        Some(r.map(|st| (st, buf)).map_err(|e| *e))
+        let taken = self.st.reqs.take_if(rid, |req| {
+            let r = req.result.take()?;
+            let buf = match &mut req.kind {
+                ReqKind::Recv(RecvState { owned: Some(o), buf, .. }) => {
+                    // The view goes first: nothing may write through it once the memory is gone.
+                    *buf = None;
+                    o.buf.take()
+                }
+                _ => None,
+            };
+            Some((r, buf))
+        });
+        match taken {
+            Some(t) => t.map(|(r, buf)| r.map(|st| (st, buf)).map_err(|e| *e)),
+            None => Some(Err(collected_twice())),
+        }
     }
 
     /// Frees the slot of a completed request nobody collected (the end of its scope); no
     /// effect on a request already collected. Returns whether `rid` is done (collected
     /// before, or freed now): false for a pending request, which keeps its slot.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn discard(&mut self, rid: ReqId) -> bool {
-        match self.st.reqs.get(rid) {
-            None => true,
-            Some(r) if r.result.is_some() => {
-                self.st.reqs.free(rid);
-                true
-            }
-            Some(_) => false,
-        }
+        !matches!(self.st.reqs.take_if(rid, |req| req.result.take()), Some(None))
     }
 
     /// Whether `rid` has completed (without collecting it).
