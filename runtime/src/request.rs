@@ -110,12 +110,14 @@ where
             // by one.
             if let Some(eng) = self.0.engine.get() {
                 let mut e = cleanup_lock(eng);
+                let forget = panicking || eng.is_closed();
                 for rid in started.drain(..) {
-                    settle(&mut e, rid, panicking);
+                    settle(&mut e, rid, forget);
                 }
             }
             for (eng, rid) in std::mem::take(&mut *self.0.others.borrow_mut()) {
-                settle(&mut cleanup_lock(&eng), rid, panicking);
+                let forget = panicking || eng.is_closed();
+                settle(&mut cleanup_lock(&eng), rid, forget);
             }
             // Keep the (now empty) list for the next scope; not while unwinding (the pool's
             // borrow may be what panicked) and not an unusually large one.
@@ -140,11 +142,12 @@ where
             std::process::abort();
         })
     }
-    /// Ends request `rid` at the end of its scope: forgets its buffer when unwinding, else
-    /// waits for it (unless it is done).
+    /// Ends request `rid` at the end of its scope: forgets its buffer when unwinding or when
+    /// the world was finalized (no wait could be answered by a call of this rank any more),
+    /// else waits for it (unless it is done).
     #[inline(always)]
-    fn settle(e: &mut EngineGuard<'_>, rid: ReqId, panicking: bool) {
-        if panicking {
+    fn settle(e: &mut EngineGuard<'_>, rid: ReqId, forget: bool) {
+        if forget {
             e.abandon(rid);
         } else if !e.discard(rid) {
             let _ = finish(e, rid);

@@ -25,7 +25,7 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Mutex, PoisonError};
 
 use tmpi_transport::shm::futex;
@@ -120,8 +120,14 @@ const HANDOFF_YIELDS: u32 = 64;
 /// A rank's engine and who may use it; see the module docs.
 pub(crate) struct EngineCell {
     level: Threading,
-    /// Token of the thread that started the runtime (`Single`, `Funneled`).
-    owner: u64,
+    /// Token of the thread that started the runtime.
+    started_by: u64,
+    /// `Single`, `Funneled`: the token [`EngineCell::lock`]'s fast path admits; `started_by`
+    /// until [`EngineCell::close`], then 0 (no thread's), so that every later call takes the
+    /// slow path, which reports the closing.
+    owner: AtomicU64,
+    /// Set by [`EngineCell::close`] (the world was finalized): calls fail, clean-up still runs.
+    closed: AtomicBool,
     /// Token of the thread holding a guard, 0 when none. Written only by the holder (set on
     /// taking, cleared before giving back), so a thread that reads its own token holds it.
     holder: AtomicU64,
@@ -138,7 +144,7 @@ pub(crate) struct EngineCell {
 
 // SAFETY: the engine (the only field that is not `Sync` by itself) is reached only through an
 // `EngineGuard`, and a guard exists only where `lock` admitted the calling thread: at
-// `Single`/`Funneled` that thread is the owner (tokens are never reused, so no other thread
+// `Single`/`Funneled` that thread is `started_by` (tokens are never reused, so no other thread
 // can pass for it, not even after it ended) and `holder` is zero, so there is one guard at a
 // time, on one thread; at `Serialized`/`Multiple` the guard holds `lock`, so one guard at a
 // time in the process, and the mutex orders each guard's accesses before the next one's.
@@ -150,7 +156,9 @@ impl EngineCell {
     pub(crate) fn new(eng: Engine, level: Threading) -> Self {
         EngineCell {
             level,
-            owner: thread_token(),
+            started_by: thread_token(),
+            owner: AtomicU64::new(thread_token()),
+            closed: AtomicBool::new(false),
             holder: AtomicU64::new(0),
             lock: RawLock(AtomicU32::new(0)),
             waiting: AtomicU64::new(0),
@@ -175,31 +183,52 @@ impl EngineCell {
     /// [`Error::Thread`]: at `Single`/`Funneled` from a thread other than the one that
     /// started the runtime; at `Serialized` while another thread is inside a call; at any
     /// level from inside another call on the same thread (a user operation calling tmpi).
+    /// [`Error::State`]: the world was finalized ([`EngineCell::close`]).
     #[inline]
     pub(crate) fn lock(&self) -> Result<EngineGuard<'_>> {
         let me = thread_token();
-        if !self.level.any_thread() && me == self.owner && self.holder.load(Relaxed) == 0 {
+        if self.admits_fast(me) {
             self.holder.store(me, Relaxed);
             return Ok(EngineGuard { cell: self });
         }
-        self.lock_slow(me)
+        self.lock_slow(me, false)
     }
 
-    /// [`EngineCell::lock`] at `Serialized`/`Multiple`, and its errors at the other levels.
+    /// Whether `me` may take the engine without further checks: at `Single`/`Funneled`, the
+    /// starting thread while the world is open and no guard is out.
+    #[inline(always)]
+    fn admits_fast(&self, me: u64) -> bool {
+        !self.level.any_thread() && me == self.owner.load(Relaxed) && self.holder.load(Relaxed) == 0
+    }
+
+    /// [`EngineCell::lock`] at `Serialized`/`Multiple`, its errors at the other levels, and
+    /// (with `cleanup`) the engine after [`EngineCell::close`].
     #[cold]
     #[inline(never)]
-    fn lock_slow(&self, me: u64) -> Result<EngineGuard<'_>> {
+    fn lock_slow(&self, me: u64, cleanup: bool) -> Result<EngineGuard<'_>> {
+        if !cleanup && self.closed.load(Acquire) {
+            return Err(Error::State("a tmpi call after the world was finalized (a communicator, request or message outlived it)".into()));
+        }
+        let nested = || self.error("a tmpi call from inside another (a user operation calling tmpi?)");
         if !self.level.any_thread() {
-            if me != self.owner {
+            if me != self.started_by {
                 return Err(self.error("a call from a thread other than the one that started the runtime"));
             }
-            return Err(self.error("a tmpi call from inside another (a user operation calling tmpi?)"));
+            if self.holder.load(Relaxed) != 0 {
+                return Err(nested());
+            }
+            // The starting thread, no guard out: the closed engine, for clean-up.
+            self.holder.store(me, Relaxed);
+            return Ok(EngineGuard { cell: self });
         }
         if self.holder.load(Relaxed) == me {
-            return Err(self.error("a tmpi call from inside another (a user operation calling tmpi?)"));
+            return Err(nested());
         }
         if self.level == Threading::Multiple {
             self.acquire(me);
+        } else if cleanup {
+            // Clean-up must happen: wait for the engine instead of failing.
+            self.lock.lock();
         } else if !self.lock.try_lock() {
             return Err(self.error("two threads called at once"));
         }
@@ -208,23 +237,33 @@ impl EngineCell {
     }
 
     /// [`EngineCell::lock`] for clean-up paths (the end of a scope, a dropped communicator or
-    /// message): at `Serialized` it waits for the engine instead of failing, since the
-    /// clean-up must happen.
+    /// message, finalize itself): at `Serialized` it waits for the engine instead of failing,
+    /// since the clean-up must happen, and it still admits calls after [`EngineCell::close`].
     ///
     /// # Errors
-    /// As [`EngineCell::lock`], except the `Serialized` case.
+    /// As [`EngineCell::lock`], except the `Serialized` case and the closing.
     #[inline]
     pub(crate) fn lock_for_cleanup(&self) -> Result<EngineGuard<'_>> {
-        if self.level != Threading::Serialized {
-            return self.lock();
-        }
         let me = thread_token();
-        if self.holder.load(Relaxed) == me {
-            return Err(self.error("a tmpi call from inside another (a user operation calling tmpi?)"));
+        if self.admits_fast(me) {
+            self.holder.store(me, Relaxed);
+            return Ok(EngineGuard { cell: self });
         }
-        self.lock.lock();
-        self.holder.store(me, Relaxed);
-        Ok(EngineGuard { cell: self })
+        self.lock_slow(me, true)
+    }
+
+    /// Marks the world finalized: from now on [`EngineCell::lock`] fails with
+    /// [`Error::State`] (MPI calls any call after `MPI_Finalize` erroneous; here it is a clear
+    /// error), while [`EngineCell::lock_for_cleanup`] still admits the clean-up of whatever
+    /// outlived the world.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Release);
+        self.owner.store(0, Relaxed);
+    }
+
+    /// Whether [`EngineCell::close`] was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Acquire)
     }
 
     /// Takes the mutex (`Multiple`), first letting a waiting thread in if this thread had it

@@ -32,7 +32,8 @@ pub fn wtime() -> f64 {
 /// `Send + Sync`, like [`Comm`]: at [`Threading::Multiple`] its threads share it by reference
 /// (`&World`, or clones of the [`Comm`] it derefs to). Finalize it on a thread the level
 /// admits (at `Single`/`Funneled`, the one that started the runtime), after the other threads
-/// are done with it.
+/// are done with it. A clone of its communicator (or a `dup`) that outlives it answers every
+/// call with [`Error::State`].
 pub struct World {
     // Dropped first: when a rank unwinds, tmpirun must see its bootstrap connection go before
     // the peers see it leave the fabric, so that the failing rank is the one reported.
@@ -221,6 +222,9 @@ impl World {
             eprintln!("{}", e.stats_line());
         }
         drop(e);
+        // Every later call through a communicator, request or message that outlived the
+        // world fails with `Error::State`; their clean-up on drop still runs.
+        self.comm.inner.eng.close();
         r?;
         if let Some(bc) = self.bootstrap.get_mut().unwrap_or_else(PoisonError::into_inner).as_mut() {
             let _ = bc.finalize();
@@ -447,6 +451,49 @@ mod tests {
         let w0 = world_from_engine(Engine::new(Fabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
         let w1 = world_from_engine(Engine::new(Fabric::Shm(bf), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
         (w0, w1)
+    }
+
+    /// Communicators that outlive their world (a clone, a dup): every call fails with
+    /// `Error::State`, a request pending across the finalize fails its wait, and the end of
+    /// its scope, the drops and a second finalize of nothing still run (no hang, no abort).
+    #[test]
+    fn calls_after_finalize_fail_with_a_state_error_and_clean_up() {
+        for level in [Threading::Single, Threading::Serialized, Threading::Multiple] {
+            calls_after_finalize(level);
+        }
+    }
+
+    fn calls_after_finalize(level: Threading) {
+        let out = run_local_threaded(2, level, |w| {
+            let c: Comm = (*w).clone();
+            let d = w.dup().expect("dup");
+            let peer = 1 - w.rank();
+            let mut never = [0u32; 1];
+            let waited = crate::scope(|s| {
+                // Nothing is ever sent with this tag: pending across the finalize, forgotten
+                // at the scope's end.
+                let r = c.irecv(s, &mut never, peer, 77).expect("irecv");
+                w.finalize().expect("finalize");
+                r.wait().expect_err("a wait after finalize")
+            });
+            let mut x = [0u32];
+            let errs = [
+                waited,
+                c.send(&[1u32], peer, 1).expect_err("send"),
+                c.recv(&mut x, peer, 1).expect_err("recv"),
+                c.iprobe(peer, 1).expect_err("iprobe"),
+                c.barrier().expect_err("barrier"),
+                d.allreduce(&[1u32], &mut x, crate::Op::Sum).expect_err("allreduce"),
+                d.dup().expect_err("dup"),
+            ];
+            // What needs no engine still answers.
+            assert_eq!((c.rank(), d.size()), (1 - peer, 2));
+            drop((c, d));
+            errs.iter().map(|e| matches!(e, Error::State(_))).collect::<Vec<_>>()
+        });
+        for (rank, r) in out.iter().enumerate() {
+            assert!(r.iter().all(|&ok| ok), "{level:?}, rank {rank}: {r:?}");
+        }
     }
 
     /// CPU cost per message of `osu_mbw_mr`'s inner loop through the public API (scope,
