@@ -56,7 +56,8 @@
 //! - Environment: [`wtime`], [`wtick`], [`processor_name`], [`library_version`],
 //!   [`is_initialized`], [`is_finalized`], [`World::abort`], [`Comm::stats`] ([`Stats`]),
 //!   [`Comm::split_type`].
-//! - With the `serde` feature: [`Comm::send_serialized`] and [`Comm::recv_serialized`] for any
+#![cfg_attr(feature = "serde", doc = "- With the `serde` feature: [`Comm::send_serialized`] and [`Comm::recv_serialized`] for any")]
+#![cfg_attr(not(feature = "serde"), doc = "- With the `serde` feature: `Comm::send_serialized` and `Comm::recv_serialized` for any")]
 //!   `serde` type (variable size, sized on arrival); [`Stats`] is `Serialize`/`Deserialize`.
 //! - Threads: [`init_thread`] with a [`Threading`] level (MPI's `SINGLE`, `FUNNELED`,
 //!   `SERIALIZED`, `MULTIPLE`); see [Threads](#threads) below.
