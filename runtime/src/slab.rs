@@ -143,17 +143,37 @@ impl<T> Slab<T> {
         }
     }
 
-    /// Looks `k` up once and hands its value to `f`; frees the slot (dropping the value in
-    /// place) when `f` returns `Some`. `None` when `k` names no full slot.
+    /// Looks `k` up once and hands its value to `f`; frees the slot when `f` returns `Some`.
+    /// `None` when `k` names no full slot.
+    ///
+    /// The freed value is dropped, unless `owns_nothing` says that what `f` left of it owns
+    /// no memory: it is then forgotten, which skips a call of its drop glue (for a request,
+    /// about 28 instructions per message, callgrind). A wrong `true` would leak, never more.
     #[inline(always)]
-    pub(crate) fn take_if<R>(&mut self, k: Key, f: impl FnOnce(&mut T) -> Option<R>) -> Option<Option<R>> {
+    pub(crate) fn take_if<R>(
+        &mut self,
+        k: Key,
+        f: impl FnOnce(&mut T) -> Option<R>,
+        owns_nothing: impl FnOnce(&T) -> bool,
+    ) -> Option<Option<R>> {
         let slot = self.slots.get_mut(k.idx() as usize)?;
-        let r = match slot {
-            Slot::Full(g, v) if *g == k.gen() => f(v),
+        let (r, plain) = match slot {
+            Slot::Full(g, v) if *g == k.gen() => {
+                let r = f(v);
+                let plain = r.is_some() && owns_nothing(v);
+                (r, plain)
+            }
             _ => return None,
         };
         if r.is_some() {
-            *slot = Slot::Empty(k.gen().wrapping_add(1), self.free);
+            let empty = Slot::Empty(k.gen().wrapping_add(1), self.free);
+            if plain {
+                // Never read: the move out compiles to nothing (a `replace` whose result may
+                // be dropped copied the whole slot out first).
+                std::mem::forget(std::mem::replace(slot, empty));
+            } else {
+                *slot = empty;
+            }
             self.free = k.idx();
             self.len -= 1;
         }
@@ -214,8 +234,8 @@ mod tests {
         assert_eq!(s.get(b), Some(&2));
         assert_eq!(s.len(), 1);
         assert_eq!(s.key_of(b.idx()), Some(b));
-        assert!(s.take_if(a, |_| Some(())).is_none(), "a stale key frees nothing");
-        assert!(s.take_if(b, |_| Some(())).is_some());
+        assert!(s.take_if(a, |_| Some(()), |_| true).is_none(), "a stale key frees nothing");
+        assert!(s.take_if(b, |_| Some(()), |_| true).is_some());
         assert!(s.get(b).is_none());
         assert!(s.is_empty());
         assert_eq!(s.vacant_key(), Key::new(b.idx(), b.gen() + 1));
@@ -225,14 +245,35 @@ mod tests {
     fn take_if_frees_only_when_asked_and_never_through_a_stale_key() {
         let mut s = Slab::new();
         let a = s.insert(Some(5));
-        assert_eq!(s.take_if(a, |v: &mut Option<i32>| if *v == Some(6) { v.take() } else { None }), Some(None), "kept");
+        assert_eq!(s.take_if(a, |v: &mut Option<i32>| if *v == Some(6) { v.take() } else { None }, |_| true), Some(None), "kept");
         assert_eq!(s.get(a), Some(&Some(5)));
-        assert_eq!(s.take_if(a, Option::take), Some(Some(5)), "taken and freed");
+        assert_eq!(s.take_if(a, Option::take, |_| true), Some(Some(5)), "taken and freed");
         assert!(s.is_empty() && s.get(a).is_none());
-        assert_eq!(s.take_if(a, Option::take), None, "stale key");
+        assert_eq!(s.take_if(a, Option::take, |_| true), None, "stale key");
         let b = s.insert(Some(7));
         assert_eq!(b.idx(), a.idx());
-        assert_eq!(s.take_if(a, Option::take), None, "a stale key does not reach the slot's new value");
+        assert_eq!(s.take_if(a, Option::take, |_| true), None, "a stale key does not reach the slot's new value");
         assert_eq!(s.get(b), Some(&Some(7)));
+    }
+
+    /// A freed value that owns something is dropped; one said to own nothing is not (and
+    /// `owns_nothing` is asked only when the slot is freed, after `f`).
+    #[test]
+    fn take_if_drops_what_owns_something() {
+        let owner = std::rc::Rc::new(());
+        let mut s = Slab::new();
+        let a = s.insert(Some(owner.clone()));
+        let asked = std::cell::Cell::new(0);
+        let owns_nothing = |v: &Option<std::rc::Rc<()>>| {
+            asked.set(asked.get() + 1);
+            v.is_none()
+        };
+        assert_eq!(s.take_if(a, |_| None::<()>, owns_nothing), Some(None));
+        assert_eq!((asked.get(), std::rc::Rc::strong_count(&owner)), (0, 2), "kept: not asked, not dropped");
+        assert_eq!(s.take_if(a, |_| Some(()), owns_nothing), Some(Some(())));
+        assert_eq!((asked.get(), std::rc::Rc::strong_count(&owner)), (1, 1), "still owning: dropped");
+        let b = s.insert(Some(owner.clone()));
+        assert_eq!(s.take_if(b, |v| v.take().map(drop), owns_nothing), Some(Some(())));
+        assert_eq!((asked.get(), std::rc::Rc::strong_count(&owner), s.len()), (2, 1, 0), "taken out first: nothing left to drop");
     }
 }

@@ -184,6 +184,40 @@ pub(super) struct Req {
     pub(super) detached: bool,
 }
 
+impl Req {
+    /// Whether the request owns no memory (nothing its drop would free), so that a freed slot
+    /// may forget it instead of running its drop glue (see `Slab::take_if`). Every field is
+    /// named, so a new one must be considered here; those not checked own nothing.
+    #[inline(always)]
+    pub(super) fn owns_nothing(&self) -> bool {
+        const _: () = assert!(!std::mem::needs_drop::<RawBufMut>() && !std::mem::needs_drop::<Status>());
+        let Req { kind, result, detached: _ } = self;
+        result.is_none()
+            && match kind {
+                ReqKind::Recv(RecvState {
+                    buf: _,
+                    from,
+                    src_world: _,
+                    key: _,
+                    refused: _,
+                    cap: _,
+                    phase,
+                    received: _,
+                    total: _,
+                    source: _,
+                    tag: _,
+                    owned,
+                }) => {
+                    matches!(from, Peers::Rank(_) | Peers::Any(None))
+                        && !matches!(phase, RecvPhase::Tagged { rndv: Some(_) })
+                        && owned.is_none()
+                }
+                ReqKind::Send(SendState { dest: _, key: _, phase: _, rndv }) => rndv.is_none(),
+                ReqKind::Coll(_) => true,
+            }
+    }
+}
+
 /// The error of a request collected twice (or never started: its key names no request).
 fn collected_twice() -> Error {
     Error::State("request already completed and collected".into())
@@ -200,7 +234,7 @@ impl Engine {
     /// The result of `rid` if it has completed (the slot is freed).
     #[inline(always)]
     pub(crate) fn take_if_done(&mut self, rid: ReqId) -> Option<Result<Status>> {
-        match self.st.reqs.take_if(rid, |req| req.result.take()) {
+        match self.st.reqs.take_if(rid, |req| req.result.take(), Req::owns_nothing) {
             Some(r) => r.map(|r| r.map_err(|e| *e)),
             None => Some(Err(collected_twice())),
         }
@@ -209,18 +243,22 @@ impl Engine {
     /// As [`Engine::take_if_done`] for a receive of unknown size: also hands over the buffer
     /// the runtime allocated for it (`None` for an empty or failed message).
     pub(crate) fn take_vec_if_done(&mut self, rid: ReqId) -> Option<Result<(Status, Option<OwnedBuf>)>> {
-        let taken = self.st.reqs.take_if(rid, |req| {
-            let r = req.result.take()?;
-            let buf = match &mut req.kind {
-                ReqKind::Recv(RecvState { owned: Some(o), buf, .. }) => {
-                    // The view goes first: nothing may write through it once the memory is gone.
-                    *buf = None;
-                    o.buf.take()
-                }
-                _ => None,
-            };
-            Some((r, buf))
-        });
+        let taken = self.st.reqs.take_if(
+            rid,
+            |req| {
+                let r = req.result.take()?;
+                let buf = match &mut req.kind {
+                    ReqKind::Recv(RecvState { owned: Some(o), buf, .. }) => {
+                        // The view goes first: nothing may write through it once the memory is gone.
+                        *buf = None;
+                        o.buf.take()
+                    }
+                    _ => None,
+                };
+                Some((r, buf))
+            },
+            Req::owns_nothing,
+        );
         match taken {
             Some(t) => t.map(|(r, buf)| r.map(|st| (st, buf)).map_err(|e| *e)),
             None => Some(Err(collected_twice())),
@@ -232,7 +270,7 @@ impl Engine {
     /// before, or freed now): false for a pending request, which keeps its slot.
     #[inline(always)]
     pub(crate) fn discard(&mut self, rid: ReqId) -> bool {
-        !matches!(self.st.reqs.take_if(rid, |req| req.result.take()), Some(None))
+        !matches!(self.st.reqs.take_if(rid, |req| req.result.take(), Req::owns_nothing), Some(None))
     }
 
     /// Whether `rid` has completed (without collecting it).
