@@ -147,11 +147,11 @@ impl std::fmt::Debug for Comm {
 /// progress took in the rest) is collected inline, without the calls of a wait.
 #[inline(always)]
 pub(crate) fn finish(e: &mut EngineGuard<'_>, rid: ReqId) -> Result<crate::Status> {
-    match e.take_if_done(rid) {
+    match e.take_if_done_boxed(rid) {
         Some(Ok(st)) => Ok(st),
         Some(Err(err)) => {
             e.abandon(rid);
-            Err(err)
+            Err(*err)
         }
         None => finish_pending(e, rid),
     }

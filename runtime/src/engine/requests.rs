@@ -234,9 +234,16 @@ impl Engine {
     /// The result of `rid` if it has completed (the slot is freed).
     #[inline(always)]
     pub(crate) fn take_if_done(&mut self, rid: ReqId) -> Option<Result<Status>> {
+        self.take_if_done_boxed(rid).map(|r| r.map_err(|e| *e))
+    }
+
+    /// [`Engine::take_if_done`] with the error still boxed: two words, not a whole `Error`,
+    /// for the completion of every request (`comm::finish`).
+    #[inline(always)]
+    pub(crate) fn take_if_done_boxed(&mut self, rid: ReqId) -> Option<std::result::Result<Status, Box<Error>>> {
         match self.st.reqs.take_if(rid, |req| req.result.take(), Req::owns_nothing) {
-            Some(r) => r.map(|r| r.map_err(|e| *e)),
-            None => Some(Err(collected_twice())),
+            Some(r) => r,
+            None => Some(Err(Box::new(collected_twice()))),
         }
     }
 
