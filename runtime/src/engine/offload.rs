@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// The error of an SRQ receive that could not be posted.
+#[cold]
+#[inline(never)]
+fn srq_error(e: tmpi_transport::tm::TmErrno) -> Error {
+    Error::Transport(e.into())
+}
+
 /// A request handle as a verbs `recv_wr_id`.
 #[inline]
 pub(super) fn rid_to_wr(k: ReqId) -> u64 {
@@ -86,15 +93,21 @@ impl State {
         }
     }
 
+    /// Gives the SRQ a fresh buffer for the one a message took (inline: once per message
+    /// the TM-SRQ delivers unexpected; the error, which needs the whole `Error`, out of line).
+    #[inline(always)]
     pub(super) fn repost_srq(&mut self) -> Result<()> {
         self.srq_wr += 1;
-        self.tm.post_srq_recv(self.srq_wr, SRQ_BUF_LEN).map_err(|e| Error::Transport(e.into()))
+        match self.tm.post_srq_recv(self.srq_wr, SRQ_BUF_LEN) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(srq_error(e)),
+        }
     }
 
     /// The completion of a message the TM-SRQ delivered unexpected: software counts it
     /// (asking for a sync when the hardware wants one, or every [`FORCED_SYNC_EVERY`]) and
     /// gives the SRQ a fresh buffer.
-    #[inline]
+    #[inline(always)]
     pub(super) fn on_unexpected_wc(&mut self, wc: &Wc) -> Result<()> {
         self.sw_unexp = self.sw_unexp.wrapping_add(1);
         if self.sw_unexp % FORCED_SYNC_EVERY == 0 || wc.flags.contains(WcFlags::TM_SYNC_REQ) {
