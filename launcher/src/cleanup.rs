@@ -211,7 +211,7 @@ pub fn install_panic_hook() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        eprintln!("tmpirun: internal error; killing the job");
+        crate::output::write_own("tmpirun: internal error; killing the job\n");
         cleanup();
         std::process::exit(1);
     }));

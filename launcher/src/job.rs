@@ -357,7 +357,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
             lines.push_str(&p.describe(r));
             lines.push('\n');
         }
-        output::write_to(Sink::Stderr, lines.as_bytes());
+        output::write_own(&lines);
     }
 
     let (ranks, streams, links) = spawn_all(spec, binder, &jobid, &shm_name, server.path(), tcp_addr.as_ref(), &secret)?;
@@ -403,7 +403,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
 
 /// Prints a launcher message on stderr.
 fn say(msg: &str) {
-    output::write_to(Sink::Stderr, format!("tmpirun: {msg}\n").as_bytes());
+    output::write_own(&format!("tmpirun: {msg}\n"));
 }
 
 /// Spawns every rank; returns them, their output streams and the stdin pipes of the remote

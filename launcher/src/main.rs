@@ -30,10 +30,12 @@ fn main() {
     let code = match real_main() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("tmpirun: {e}");
+            output::write_own(&format!("tmpirun: {e}\n"));
             e.exit_code()
         }
     };
+    // A rank's unfinished last line on stderr (one ended while printing) gets its newline.
+    output::write_own("");
     std::process::exit(code);
 }
 

@@ -4,9 +4,12 @@
 //! complete lines of one read in a single write, so lines of different ranks never mix.
 //! A partial last line is written when the stream ends (tagged: with a newline added, so the
 //! next tagged line starts on its own line; untagged: exactly as the rank wrote it). A line
-//! longer than [`MAX_LINE`] is written in pieces of that size.
+//! longer than [`MAX_LINE`] is written in pieces of that size. `tmpirun`'s own messages go
+//! through [`write_own`], which starts them on a line of their own after such a fragment on
+//! stderr.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Longest partial line kept before it is written anyway.
 pub const MAX_LINE: usize = 1 << 20;
@@ -94,6 +97,9 @@ impl LineBuf {
     }
 }
 
+/// Whether the last byte written to `tmpirun`'s stderr ended a line (or nothing was written).
+static STDERR_AT_LINE_START: AtomicBool = AtomicBool::new(true);
+
 /// Writes `data` to a sink in one call. Errors (a closed pipe) are ignored: the ranks'
 /// output keeps being drained so that they never block on a full pipe.
 pub fn write_to(sink: Sink, data: &[u8]) {
@@ -105,13 +111,43 @@ pub fn write_to(sink: Sink, data: &[u8]) {
             let mut o = std::io::stdout().lock();
             o.write_all(data).and_then(|()| o.flush())
         }
-        Sink::Stderr => std::io::stderr().lock().write_all(data),
+        Sink::Stderr => {
+            let mut e = std::io::stderr().lock();
+            STDERR_AT_LINE_START.store(data.ends_with(b"\n"), Ordering::Relaxed);
+            e.write_all(data)
+        }
     };
+}
+
+/// Writes `tmpirun`'s own `text` (whole lines) to its stderr, starting on a line of its own:
+/// after a rank's unfinished last line (a rank ended while it was printing, say), a newline
+/// comes first, so the message is never glued to the end of the rank's text. An empty `text`
+/// ends such a line and writes nothing else.
+pub fn write_own(text: &str) {
+    write_to(Sink::Stderr, &own_line(text, STDERR_AT_LINE_START.load(Ordering::Relaxed)));
+}
+
+/// `text` as [`write_own`] writes it, after output that ended a line (`at_line_start`) or not.
+fn own_line(text: &str, at_line_start: bool) -> Vec<u8> {
+    let mut data = Vec::with_capacity(text.len() + 1);
+    if !at_line_start {
+        data.push(b'\n');
+    }
+    data.extend_from_slice(text.as_bytes());
+    data
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_lines_start_on_a_line_of_their_own() {
+        assert_eq!(own_line("tmpirun: x\n", true), b"tmpirun: x\n");
+        assert_eq!(own_line("tmpirun: x\n", false), b"\ntmpirun: x\n");
+        assert_eq!(own_line("", true), b"");
+        assert_eq!(own_line("", false), b"\n");
+    }
 
     #[test]
     fn untagged_keeps_bytes_and_holds_partial_lines() {

@@ -274,6 +274,21 @@ fn untagged_output_is_exact_and_the_last_partial_line_is_kept() {
     assert_eq!(out.stdout, b"a\nb");
 }
 
+/// A rank stopped while it prints (here: rank 1 has written half a line when rank 0 fails):
+/// tmpirun's own message starts on a line of its own, and the half line gets its newline
+/// before tmpirun exits, on stderr only.
+#[test]
+fn half_a_stderr_line_never_swallows_tmpiruns_message() {
+    let script = "if [ $TMPI_RANK = 1 ]; then printf 'Error: ' >&2; printf 'out' ; sleep 30; else sleep 0.5; exit 3; fi";
+    let out = run(&["-n", "2", "sh", "-c", script]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.stdout, b"out", "stdout byte for byte");
+    let err = text(&out.stderr);
+    assert!(err.ends_with('\n'), "{err:?}");
+    assert!(err.lines().any(|l| l == "Error: "), "the half line on its own: {err:?}");
+    assert!(err.lines().any(|l| l.starts_with("tmpirun: rank 0")), "tmpirun's message on its own line: {err:?}");
+}
+
 #[test]
 fn lines_of_different_ranks_never_mix() {
     let line = "x".repeat(300);
