@@ -110,6 +110,10 @@ where
             // by one.
             if let Some(eng) = self.0.engine.get() {
                 let mut e = cleanup_lock(eng);
+                if e.no_requests() {
+                    // All collected (a window waited for whole): nothing to look up.
+                    started.clear();
+                }
                 let forget = panicking || eng.is_closed();
                 for rid in started.drain(..) {
                     settle(&mut e, rid, forget);

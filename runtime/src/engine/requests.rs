@@ -280,6 +280,13 @@ impl Engine {
         !matches!(self.st.reqs.take_if(rid, |req| req.result.take(), Req::owns_nothing), Some(None))
     }
 
+    /// Whether no request has a slot: every request ever started was collected or freed, so
+    /// every handle is stale (the end of a scope then has nothing to settle).
+    #[inline]
+    pub(crate) fn no_requests(&self) -> bool {
+        self.st.reqs.is_empty()
+    }
+
     /// Whether `rid` has completed (without collecting it).
     pub(crate) fn is_done(&self, rid: ReqId) -> bool {
         self.st.reqs.get(rid).is_none_or(|r| r.result.is_some())
