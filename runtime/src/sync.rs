@@ -186,19 +186,20 @@ impl EngineCell {
     /// [`Error::State`]: the world was finalized ([`EngineCell::close`]).
     #[inline]
     pub(crate) fn lock(&self) -> Result<EngineGuard<'_>> {
+        self.take(false)
+    }
+
+    /// [`EngineCell::lock`] and [`EngineCell::lock_for_cleanup`]: inline, the case that needs
+    /// no further check (at `Single`/`Funneled`, the starting thread while the world is open
+    /// and no guard is out); the rest in [`EngineCell::lock_slow`].
+    #[inline(always)]
+    fn take(&self, cleanup: bool) -> Result<EngineGuard<'_>> {
         let me = thread_token();
-        if self.admits_fast(me) {
+        if !self.level.any_thread() && me == self.owner.load(Relaxed) && self.holder.load(Relaxed) == 0 {
             self.holder.store(me, Relaxed);
             return Ok(EngineGuard { cell: self });
         }
-        self.lock_slow(me, false)
-    }
-
-    /// Whether `me` may take the engine without further checks: at `Single`/`Funneled`, the
-    /// starting thread while the world is open and no guard is out.
-    #[inline(always)]
-    fn admits_fast(&self, me: u64) -> bool {
-        !self.level.any_thread() && me == self.owner.load(Relaxed) && self.holder.load(Relaxed) == 0
+        self.lock_slow(me, cleanup)
     }
 
     /// [`EngineCell::lock`] at `Serialized`/`Multiple`, its errors at the other levels, and
@@ -244,12 +245,7 @@ impl EngineCell {
     /// As [`EngineCell::lock`], except the `Serialized` case and the closing.
     #[inline]
     pub(crate) fn lock_for_cleanup(&self) -> Result<EngineGuard<'_>> {
-        let me = thread_token();
-        if self.admits_fast(me) {
-            self.holder.store(me, Relaxed);
-            return Ok(EngineGuard { cell: self });
-        }
-        self.lock_slow(me, true)
+        self.take(true)
     }
 
     /// Marks the world finalized: from now on [`EngineCell::lock`] fails with
