@@ -17,8 +17,9 @@ pub struct Config {
     pub stats: bool,
     /// `TMPI_EAGER_LIMIT`.
     pub eager_limit: usize,
-    /// `TMPI_RNDV_THRESHOLD`.
-    pub rndv_threshold: usize,
+    /// `TMPI_RNDV_THRESHOLD`; `None` = auto: 262144, and [`RNDV_AUTO`]'s adaptive start
+    /// between ranks of one host (see `engine::adapt`).
+    pub rndv_threshold: Option<usize>,
     /// `TMPI_UNEXPECTED_MAX`.
     pub unexpected_max: usize,
     /// `TMPI_TM_MAX_TAGS`.
@@ -39,8 +40,9 @@ pub struct Config {
     pub mr_cache_monitor_uffd: bool,
     /// `TMPI_SINGLE_COPY` is `cma` (else `none`: rendezvous data always goes through the rings).
     pub single_copy: bool,
-    /// `TMPI_SINGLE_COPY_MIN`.
-    pub single_copy_min: usize,
+    /// `TMPI_SINGLE_COPY_MIN`; `None` = auto: each receiver measures single copy against the
+    /// rings per size class and uses the faster (see `engine::adapt`).
+    pub single_copy_min: Option<usize>,
     /// `TMPI_FABRIC`.
     pub fabric: FabricChoice,
     /// `TMPI_TCP_IF`; `None` = auto.
@@ -57,7 +59,7 @@ impl Default for Config {
         Config {
             stats: false,
             eager_limit: 262_144,
-            rndv_threshold: 262_144,
+            rndv_threshold: None,
             unexpected_max: 64 << 20,
             tm_max_tags: 1023,
             tm_thresh: 16384,
@@ -69,9 +71,9 @@ impl Default for Config {
             single_copy: true,
             fabric: FabricChoice::Auto,
             tcp_if: None,
-            // The rings measured faster than CMA at every size up to 64 MiB (issue 14,
-            // bench/results/large-2026-11-24.md): single copy only beyond.
-            single_copy_min: 128 << 20,
+            // Which copy wins depends on the host, by 2x either way
+            // (bench/results/adaptive-copy.md): measured per receiver.
+            single_copy_min: None,
             shared_heap: 1 << 30,
             shm_coll: true,
         }
@@ -91,7 +93,23 @@ fn num(var: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
     Ok(n)
 }
 
+/// `TMPI_RNDV_THRESHOLD=auto`: messages of at least this many bytes always use rendezvous.
+pub const RNDV_AUTO: usize = 262_144;
+
 impl Config {
+    /// Messages of at least this many bytes always use rendezvous (`TMPI_RNDV_THRESHOLD`, or
+    /// [`RNDV_AUTO`]).
+    pub fn rndv_ceiling(&self) -> usize {
+        self.rndv_threshold.unwrap_or(RNDV_AUTO)
+    }
+
+    /// Whether rendezvous starts low between ranks of one host and receivers advise senders
+    /// where eager pays (both `TMPI_RNDV_THRESHOLD` and `TMPI_SINGLE_COPY_MIN` auto, single
+    /// copy on).
+    pub fn rndv_adaptive(&self) -> bool {
+        self.rndv_threshold.is_none() && self.single_copy_min.is_none() && self.single_copy
+    }
+
     /// Bytes of each shared-memory ring for a job of `ranks` ranks: the configured size, or
     /// (auto) 1 MiB up to 8 ranks, 256 KiB up to 32 and 64 KiB beyond, so that the segment
     /// (one ring per ordered pair) stays near or below 64 MiB while small jobs get deep
@@ -129,8 +147,8 @@ impl Config {
         if let Some(v) = get("TMPI_EAGER_LIMIT") {
             c.eager_limit = num("TMPI_EAGER_LIMIT", &v, 64, 16 << 20)? as usize;
         }
-        if let Some(v) = get("TMPI_RNDV_THRESHOLD") {
-            c.rndv_threshold = num("TMPI_RNDV_THRESHOLD", &v, 1, u64::from(u32::MAX))? as usize;
+        if let Some(v) = get("TMPI_RNDV_THRESHOLD").filter(|v| !matches!(v.trim(), "auto" | "")) {
+            c.rndv_threshold = Some(num("TMPI_RNDV_THRESHOLD", &v, 1, u64::from(u32::MAX))? as usize);
         }
         if let Some(v) = get("TMPI_UNEXPECTED_MAX") {
             c.unexpected_max = num("TMPI_UNEXPECTED_MAX", &v, 4096, 1 << 40)? as usize;
@@ -167,8 +185,8 @@ impl Config {
                 _ => return Err(bad("TMPI_SINGLE_COPY", &v, "cma or none")),
             };
         }
-        if let Some(v) = get("TMPI_SINGLE_COPY_MIN") {
-            c.single_copy_min = num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize;
+        if let Some(v) = get("TMPI_SINGLE_COPY_MIN").filter(|v| !matches!(v.trim(), "auto" | "")) {
+            c.single_copy_min = Some(num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize);
         }
         if let Some(v) = get("TMPI_FABRIC") {
             c.fabric = FabricChoice::parse(&v).map_err(|_| bad("TMPI_FABRIC", &v, "auto, shm or tcp"))?;
@@ -212,6 +230,24 @@ mod tests {
         assert!(c.stats);
         assert_eq!(c.shm_ring_size, 65536);
         assert_eq!(c.poll_spin, Some(10));
+    }
+
+    #[test]
+    fn auto_thresholds() {
+        let c = parse(&[]).unwrap();
+        assert_eq!((c.rndv_threshold, c.single_copy_min, c.rndv_ceiling()), (None, None, RNDV_AUTO));
+        assert!(c.rndv_adaptive());
+        let c = parse(&[("TMPI_RNDV_THRESHOLD", "auto"), ("TMPI_SINGLE_COPY_MIN", "auto")]).unwrap();
+        assert!(c.rndv_adaptive());
+        // Any fixed value, or single copy off, fixes where rendezvous starts.
+        let c = parse(&[("TMPI_RNDV_THRESHOLD", "100000")]).unwrap();
+        assert_eq!((c.rndv_ceiling(), c.rndv_adaptive()), (100_000, false));
+        let c = parse(&[("TMPI_SINGLE_COPY_MIN", "0")]).unwrap();
+        assert_eq!((c.single_copy_min, c.rndv_adaptive()), (Some(0), false));
+        assert!(!parse(&[("TMPI_SINGLE_COPY", "none")]).unwrap().rndv_adaptive());
+        for (k, v) in [("TMPI_RNDV_THRESHOLD", "0"), ("TMPI_RNDV_THRESHOLD", "lots"), ("TMPI_SINGLE_COPY_MIN", "-1")] {
+            assert!(parse(&[(k, v)]).unwrap_err().to_string().contains(k));
+        }
     }
 
     #[test]

@@ -105,6 +105,9 @@ stats! {
     cma_bytes,
     /// Times the kernel refused CMA.
     cma_fallbacks,
+    /// Times a receiver's measurements moved where this rank's rendezvous to it starts (see
+    /// `TMPI_RNDV_THRESHOLD=auto`).
+    eager_advice,
     /// Shared-heap reads and writes this rank granted or made (one `memcpy` each).
     heap_grants,
     /// Bytes moved through shared heaps.

@@ -490,7 +490,7 @@ fn run_engine(p: &Program, setup: Setup) -> Result<Run, String> {
         tm_thresh: TM_THRESH,
         poll_spin: Some(64),
         shm_ring_size: SHM_RING,
-        rndv_threshold: RNDV_MIN,
+        rndv_threshold: Some(RNDV_MIN),
         eager_limit: RNDV_MIN,
         ..Config::default()
     };

@@ -9,18 +9,18 @@ struct Setup {
     shm: bool,
     tm_tags: Option<u32>,
     /// Rendezvous data by single copy (CMA) at every size (`Some(true)`), never
-    /// (`Some(false)`), or per the defaults (`None`: from 1 MiB).
+    /// (`Some(false)`), or per the defaults (`None`: chosen by measurement).
     cma: Option<bool>,
 }
 
 fn run<R: Send>(setup: Setup, n: usize, f: impl Fn(World) -> R + Sync) -> Vec<R> {
     // Sizes in these tests were chosen around a 64 KiB eager/rendezvous switch.
-    let mut cfg = Config { poll_spin: Some(50), tm_thresh: 64, rndv_threshold: 65_536, eager_limit: 65_536, ..Config::default() };
+    let mut cfg = Config { poll_spin: Some(50), tm_thresh: 64, rndv_threshold: Some(65_536), eager_limit: 65_536, ..Config::default() };
     if let Some(t) = setup.tm_tags {
         cfg.tm_max_tags = t;
     }
     match setup.cma {
-        Some(true) => cfg.single_copy_min = 0,
+        Some(true) => cfg.single_copy_min = Some(0),
         Some(false) => cfg.single_copy = false,
         None => {}
     }

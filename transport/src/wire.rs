@@ -191,6 +191,7 @@ pub const CONTROL_MAX_LEN: usize = 16;
 const CTL_SSEND_ACK: u8 = 1;
 const CTL_CREDIT: u8 = 2;
 const CTL_COLL_ABORT: u8 = 3;
+const CTL_EAGER_BELOW: u8 = 4;
 
 /// A control message between two runtimes, sent as a `NO_TAG` message (always unexpected at
 /// the receiver's TM-SRQ, never counted, as a NIC treats `NO_TAG`):
@@ -222,6 +223,13 @@ pub enum Control {
         /// World rank of the departed member.
         gone: u32,
     },
+    /// The receiver measured that messages below `bytes` go at least as fast eagerly as by
+    /// rendezvous: the sender sends them eagerly from now on (it never lowers its threshold
+    /// for this, nor raises it above its configured one). Kind 4, one field.
+    EagerBelow {
+        /// Messages shorter than this go eagerly.
+        bytes: u32,
+    },
 }
 
 impl Control {
@@ -232,6 +240,7 @@ impl Control {
         let (kind, fields): (u8, &[u32]) = match self {
             Control::SsendAck { name } => (CTL_SSEND_ACK, std::slice::from_ref(name)),
             Control::Credit { bytes } => (CTL_CREDIT, std::slice::from_ref(bytes)),
+            Control::EagerBelow { bytes } => (CTL_EAGER_BELOW, std::slice::from_ref(bytes)),
             Control::CollAbort { ctx, seq, gone } => {
                 out[1] = CTL_COLL_ABORT;
                 out[4..8].copy_from_slice(&ctx.to_be_bytes());
@@ -259,6 +268,7 @@ impl Control {
             Some(&CTL_SSEND_ACK) => (CTL_SSEND_ACK, 1),
             Some(&CTL_CREDIT) => (CTL_CREDIT, 1),
             Some(&CTL_COLL_ABORT) => (CTL_COLL_ABORT, 3),
+            Some(&CTL_EAGER_BELOW) => (CTL_EAGER_BELOW, 1),
             _ => return Err(Error::Malformed { what: "unknown control message" }),
         };
         if body.len() != 3 + 4 * n {
@@ -270,6 +280,7 @@ impl Control {
         Ok(match kind {
             CTL_SSEND_ACK => Control::SsendAck { name: field(0) },
             CTL_CREDIT => Control::Credit { bytes: field(0) },
+            CTL_EAGER_BELOW => Control::EagerBelow { bytes: field(0) },
             _ => Control::CollAbort { ctx: field(0), seq: field(1), gone: field(2) },
         })
     }
@@ -280,6 +291,7 @@ impl std::fmt::Display for Control {
         match self {
             Control::SsendAck { name } => write!(f, "SSEND_ACK(send {name:#x})"),
             Control::Credit { bytes } => write!(f, "CREDIT({bytes} bytes)"),
+            Control::EagerBelow { bytes } => write!(f, "EAGER_BELOW({bytes} bytes)"),
             Control::CollAbort { ctx, seq, gone } => write!(f, "COLL_ABORT(context {ctx}, call {seq}, rank {gone} departed)"),
         }
     }
@@ -686,6 +698,9 @@ mod tests {
         let n = Control::CollAbort { ctx: 1, seq: 2, gone: 3 }.encode(&mut b);
         assert_eq!(&b[..n], &[0, 3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]);
         assert_eq!(Control::SsendAck { name: 7 }.to_string(), "SSEND_ACK(send 0x7)");
+        let n = Control::EagerBelow { bytes: 65536 }.encode(&mut b);
+        assert_eq!(&b[..n], &[0, 4, 0, 0, 0, 1, 0, 0]);
+        assert_eq!(Control::EagerBelow { bytes: 65536 }.to_string(), "EAGER_BELOW(65536 bytes)");
         // Wrong length, unknown kind, reserved bytes set.
         assert!(Control::decode(&[2, 0, 0, 1, 2, 3]).is_err());
         assert!(Control::decode(&[9, 0, 0, 1, 2, 3, 4]).is_err());
@@ -838,10 +853,11 @@ mod tests {
 
     proptest! {
         #[test]
-        fn control_roundtrip(kind in 0u8..3, a: u32, b: u32, c: u32) {
+        fn control_roundtrip(kind in 0u8..4, a: u32, b: u32, c: u32) {
             let m = match kind {
                 0 => Control::SsendAck { name: a },
                 1 => Control::Credit { bytes: a },
+                2 => Control::EagerBelow { bytes: a },
                 _ => Control::CollAbort { ctx: a, seq: b, gone: c },
             };
             let mut buf = [0u8; CONTROL_MAX_LEN];

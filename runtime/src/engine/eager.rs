@@ -212,9 +212,9 @@ impl Engine {
     /// enough credit (the ring's room is the fabric's to say).
     #[inline(always)]
     fn may_send_whole(&self, dest: usize, len: usize) -> bool {
-        // `len < rndv_threshold` (at most 2^32) keeps `len + UX_OVERHEAD` from overflowing.
+        // `len < rndv_from` (at most 2^32) keeps `len + UX_OVERHEAD` from overflowing.
         dest != self.st.rank
-            && len < self.cfg.rndv_threshold
+            && self.st.rndv_from.get(dest).is_some_and(|&t| len < t)
             && len <= self.cfg.eager_limit
             && TMH_LEN + len <= self.max_packet
             && self.st.credits.get(dest).is_some_and(|&c| c >= len + UX_OVERHEAD)
@@ -239,8 +239,9 @@ impl Engine {
         self.st.stats.bytes_sent += len as u64;
         if dest != self.st.rank {
             let cost = len.saturating_add(UX_OVERHEAD);
-            if len >= self.cfg.rndv_threshold || len > self.cfg.eager_limit || self.st.credits[dest] < cost {
-                if len <= self.cfg.eager_limit && len < self.cfg.rndv_threshold {
+            let rndv_from = self.st.rndv_from[dest];
+            if len >= rndv_from || len > self.cfg.eager_limit || self.st.credits[dest] < cost {
+                if len <= self.cfg.eager_limit && len < rndv_from {
                     self.st.stats.credit_rndv += 1;
                 }
                 return self.start_rndv(dest, tag64, data).map(Some);
@@ -503,6 +504,14 @@ impl State {
                 if let Some(c) = self.credits.get_mut(src) {
                     *c = c.saturating_add(bytes as usize);
                 }
+            }
+            Control::EagerBelow { bytes } => {
+                // Only ever raised, never above the configured threshold.
+                let ceiling = self.rndv_ceiling;
+                if let Some(t) = self.rndv_from.get_mut(src) {
+                    *t = (*t).max((bytes as usize).min(ceiling));
+                }
+                self.stats.eager_advice += 1;
             }
         }
         Ok(())

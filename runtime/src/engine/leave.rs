@@ -175,7 +175,11 @@ impl Engine {
             self.st.cma_w.retain(|w| w.dest != peer);
             let gone: Vec<Key> = self.st.reads.keys().filter(|&k| self.st.reads.get(k).is_some_and(|op| op.src == peer)).collect();
             for k in gone {
-                self.st.reads.remove(k);
+                if let Some(op) = self.st.reads.remove(k) {
+                    if let Some(p) = op.placed {
+                        self.st.copy.finish(op.n, p, false, std::time::Instant::now());
+                    }
+                }
             }
         }
         self.st.cma_q.retain(|k| self.st.reads.get(*k).is_some());

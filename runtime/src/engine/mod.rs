@@ -11,6 +11,7 @@
 //! | [`eager`] | eager send and receive, credit flow control, control packets |
 //! | [`rndv`] | rendezvous: request, RDMA read served after the key check, FIN |
 //! | [`single_copy`] | CMA reads and split writes of rendezvous data |
+//! | [`adapt`] | single copy or the rings, and where rendezvous starts, by measurement |
 //! | [`offload`] | the soft TM-SRQ's tagged buffers, completions and sync |
 //! | [`requests`] | request naming, completion, cancel and abandon |
 //! | [`leave`] | finalize, departed peers (`PeerGone`), collective aborts |
@@ -65,6 +66,7 @@
 //!   When all bytes are in, the receiver (or its TM-SRQ) sends `FIN` (the request's TMH and
 //!   RVH), which completes the send and releases the registration.
 
+mod adapt;
 mod arrival;
 mod eager;
 mod fabric;
@@ -208,6 +210,9 @@ struct ReadOp {
     /// This rank's share failed; the read completes with an error once the target's share is
     /// done (it may still be writing into the buffer).
     failed: bool,
+    /// How [`adapt::Epochs`] placed the read (`TMPI_SINGLE_COPY_MIN=auto`); it must hear of
+    /// its end.
+    placed: Option<adapt::Placed>,
 }
 
 /// A range of a rendezvous send buffer being streamed to a reader.
@@ -284,8 +289,20 @@ struct State {
     rma_out: VecDeque<RmaOut>,
     /// Single-copy reads may be tried (`TMPI_SINGLE_COPY=cma` and the kernel has not refused).
     cma: bool,
-    /// `TMPI_SINGLE_COPY_MIN`: smaller reads stream through the ring.
-    cma_min: usize,
+    /// `TMPI_SINGLE_COPY_MIN`: smaller reads stream through the ring; `None`: `copy` chooses.
+    cma_min: Option<usize>,
+    /// Single copy or the rings, by measurement (`TMPI_SINGLE_COPY_MIN=auto`).
+    copy: adapt::Epochs,
+    /// Sender side, per destination: messages of at least this many bytes go by rendezvous
+    /// (`TMPI_RNDV_THRESHOLD`, or with auto the adaptive start a receiver's
+    /// `Control::EagerBelow` raises; see [`adapt`]).
+    rndv_from: Vec<usize>,
+    /// Receiver side: `TMPI_RNDV_THRESHOLD` is auto (senders of this host may start low and
+    /// are advised), and the highest `Control::EagerBelow` sent to each peer.
+    rndv_adaptive: bool,
+    advised: Vec<usize>,
+    /// Messages of at least this many bytes always go by rendezvous.
+    rndv_ceiling: usize,
     /// Per world rank: its memory is reachable by single copy (same host; not over TCP).
     cma_peers: Vec<bool>,
     /// Reads granted by their target, waiting for this rank to copy the data (CMA).
@@ -366,9 +383,21 @@ impl Engine {
     pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
         let max_packet = fabric.max_packet();
         let pipelined = matches!(fabric, Fabric::Shm(_));
-        let cma_peers = (0..size).map(|r| fabric.single_copy_to(r)).collect();
+        let cma_peers: Vec<bool> = (0..size).map(|r| fabric.single_copy_to(r)).collect();
         let oversubscribed = size > crate::sys::usable_cpus();
         let spin = cfg.poll_spin.unwrap_or_else(|| progress::auto_spin(&fabric, oversubscribed));
+        // Rendezvous starts low towards the peers of this host while it is not oversubscribed
+        // (a rank that must wait its turn for a core to serve a read is better sent eagerly).
+        let rndv_from = (0..size)
+            .map(|d| {
+                let low = cfg.rndv_adaptive() && d != rank && !oversubscribed && cma_peers[d];
+                if low {
+                    adapt::RNDV_LOW.min(cfg.rndv_ceiling())
+                } else {
+                    cfg.rndv_ceiling()
+                }
+            })
+            .collect();
         let tags = cfg.tm_max_tags.max(1);
         let caps = TmCaps { max_num_tags: tags.max(TmCaps::default().max_num_tags), ..TmCaps::default() };
         let mut tm = TmSrq::with_caps(caps, TmCap { max_num_tags: tags, max_ops: 1024, max_wr: SRQ_DEPTH as u32 })
@@ -411,6 +440,11 @@ impl Engine {
                 rma_out: VecDeque::new(),
                 cma: cfg.single_copy,
                 cma_min: cfg.single_copy_min,
+                copy: adapt::Epochs::default(),
+                rndv_from,
+                rndv_adaptive: cfg.rndv_adaptive(),
+                advised: vec![0; size],
+                rndv_ceiling: cfg.rndv_ceiling(),
                 cma_peers,
                 cma_q: VecDeque::new(),
                 cma_w: VecDeque::new(),

@@ -135,15 +135,58 @@ impl State {
         r.tag = tag_of(info.tmh.tag);
         r.total = info.len;
         let n = if hw.is_some() { info.len } else { info.len.min(r.cap) };
+        let buf = r.buf;
         // Single copy needs the buffer (an abandoned receive streams and discards).
-        let cma = self.cma && self.cma_peers.get(src).copied().unwrap_or(false) && r.buf.is_some() && n >= self.cma_min;
-        let k = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false });
+        let cma_ok = self.cma && self.cma_peers.get(src).copied().unwrap_or(false) && buf.is_some();
+        let (cma, placed) = match self.cma_min {
+            Some(min) => (cma_ok && n >= min, None),
+            None if cma_ok && n > 0 => {
+                let p = self.copy.start(n, std::time::Instant::now());
+                // A receive buffer in this rank's shared heap is written by the target with a
+                // memcpy whichever way is asked: nothing to learn from it.
+                if buf.is_some_and(|b| self.heaps.locate(b.addr(), n).is_some()) {
+                    self.copy.spoil(p);
+                }
+                (p.arm == adapt::Arm::Cma, Some(p))
+            }
+            None => (false, None),
+        };
+        let k = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false, placed });
         debug_assert_eq!(k, key);
+        self.advise(src, n);
         if n == 0 {
             return self.finish_read(key, true);
         }
         self.request_read(key, cma, n, true);
         Ok(())
+    }
+
+    /// `TMPI_RNDV_THRESHOLD=auto`: a rendezvous of `n` bytes from `src` arrived; if this rank
+    /// has found that eager pays for messages of that size (or single copy is impossible,
+    /// which leaves the rings either way), it tells `src` to send them eagerly
+    /// ([`Control::EagerBelow`], once per size).
+    pub(super) fn advise(&mut self, src: usize, n: usize) {
+        if !self.rndv_adaptive || n >= self.rndv_ceiling {
+            return;
+        }
+        let below = adapt::class_end(n).min(self.rndv_ceiling);
+        if self.advised.get(src).is_none_or(|&a| a >= below) {
+            return;
+        }
+        let eager = if self.cma && self.cma_peers.get(src).copied().unwrap_or(false) { self.copy.eager_pays(n) } else { Some(true) };
+        if eager == Some(true) {
+            self.advised[src] = below;
+            self.ctlq.push_back((src, ctl_msg(Control::EagerBelow { bytes: below as u32 })));
+        }
+    }
+
+    /// Asks again, through the ring, for the first `len` bytes of read `key` (its single copy
+    /// failed or its heap could not be mapped): it is no longer a measurement.
+    pub(super) fn request_streamed(&mut self, key: Key, len: usize) {
+        if let Some(p) = self.reads.get(key).and_then(|op| op.placed) {
+            self.copy.spoil(p);
+        }
+        self.request_read(key, false, len, false);
     }
 
     /// Queues RMA packet `m` (anything but a read response) for `dest`.
@@ -242,6 +285,14 @@ impl State {
                 }
                 op.split = split;
                 op.remote_write = split < op.n;
+                if let Some(p) = op.placed {
+                    if heap.is_some() {
+                        // Served from the target's shared heap: neither way was measured.
+                        self.copy.spoil(p);
+                    } else {
+                        self.copy.granted(p, std::time::Instant::now());
+                    }
+                }
                 if let Some(h) = heap {
                     if self.heaps.grants.len() > self.cma_q.len() + 64 {
                         // Grants of reads dropped because their target left: forget them.
@@ -373,6 +424,10 @@ impl State {
     /// All bytes of a read are in (or it was refused): complete the receive and send FIN.
     pub(super) fn finish_read(&mut self, read: Key, ok: bool) -> Result<()> {
         let Some(op) = self.reads.remove(read) else { return Ok(()) };
+        if let Some(p) = op.placed {
+            self.copy.finish(op.n, p, ok, std::time::Instant::now());
+            self.advise(op.src, op.n);
+        }
         if let Some(id) = op.hw {
             // The TM-SRQ completes DATA_VALID and queues the FIN itself.
             let r = if ok { self.tm.read_complete(id) } else { self.tm.read_failed(id, WcStatus::RemAccessErr) };
@@ -545,17 +600,106 @@ mod tests {
         std::mem::take(&mut b.st.stats)
     }
 
+    /// Teaches `e`'s chooser that reads of `n` bytes are `stream_us` microseconds through the
+    /// rings and `cma_us` by single copy (six timed periods, as a real run would give).
+    fn teach(e: &mut Engine, n: usize, stream_us: u64, cma_us: u64) {
+        let mut t = std::time::Instant::now();
+        for _ in 0..6 {
+            let p = e.st.copy.start(n, t);
+            t += std::time::Duration::from_micros(if p.arm == adapt::Arm::Cma { cma_us } else { stream_us });
+            e.st.copy.finish(n, p, true, t);
+        }
+    }
+
+    /// `TMPI_RNDV_THRESHOLD=auto`: between ranks of one host a 64 KiB message starts as a
+    /// rendezvous; a receiver that found the rings faster for that size tells the sender
+    /// (`EAGER_BELOW`), and the next one goes eagerly. One that found single copy faster
+    /// says nothing, and rendezvous goes on.
+    #[test]
+    fn a_receiver_advises_its_sender_where_eager_pays() {
+        if crate::sys::usable_cpus() < 2 {
+            eprintln!("one CPU: two ranks outnumber it, and rendezvous does not start low");
+            return;
+        }
+        for (stream_us, cma_us, advised) in [(10, 30, true), (30, 10, false)] {
+            let mut v = super::super::testkit::job(2, Config::default());
+            let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
+            assert_eq!(a.st.rndv_from[1], adapt::RNDV_LOW, "rendezvous starts low between ranks of one host");
+            let n = 64 << 10;
+            teach(b, n, stream_us, cma_us);
+            let data = vec![5u8; n];
+            let mut buf = vec![0u8; n];
+            for round in 0..2 {
+                let r = recv(b, Some(0), Some(round), &mut buf);
+                let s = send(a, 1, round, &data, false);
+                settle(&mut [&mut *a, &mut *b]);
+                assert!(b.take_if_done(r).expect("received").is_ok());
+                if let Some(s) = s {
+                    assert!(a.take_if_done(s).expect("sent").is_ok());
+                }
+                assert!(buf == data);
+            }
+            let (sa, sb) = (std::mem::take(&mut a.st.stats), std::mem::take(&mut b.st.stats));
+            if advised {
+                assert_eq!((sa.rndv, sa.eager, sa.eager_advice), (1, 1, 1), "{sa:?}");
+                assert_eq!(a.st.rndv_from[1], 128 << 10);
+                assert_eq!(b.st.advised[0], 128 << 10);
+            } else {
+                assert_eq!((sa.rndv, sa.eager, sa.eager_advice), (2, 0, 0), "{sa:?}");
+                assert_eq!(sb.cma_reads, 2, "single copy chosen: {sb:?}");
+            }
+            // Advice never lowers a threshold, nor raises it past the configured one.
+            a.st.on_control(1, &ctl_body(Control::EagerBelow { bytes: 1024 })).expect("advice");
+            a.st.on_control(1, &ctl_body(Control::EagerBelow { bytes: u32::MAX })).expect("advice");
+            assert_eq!(a.st.rndv_from[1], crate::config::RNDV_AUTO);
+        }
+    }
+
+    /// The body of control message `c`, as `on_control` takes it.
+    fn ctl_body(c: Control) -> Vec<u8> {
+        let mut b = [0u8; CONTROL_MAX_LEN];
+        let n = c.encode(&mut b);
+        b[1..n].to_vec()
+    }
+
+    /// A fixed `TMPI_RNDV_THRESHOLD`, or single copy off, keeps rendezvous where configured,
+    /// and a rank that cannot single-copy advises eager at once.
+    #[test]
+    fn fixed_thresholds_are_kept() {
+        if crate::sys::usable_cpus() < 2 {
+            eprintln!("one CPU: two ranks outnumber it, and rendezvous does not start low");
+            return;
+        }
+        let v = super::super::testkit::job(2, Config { rndv_threshold: Some(100_000), ..Config::default() });
+        assert!(v[0].st.rndv_from.iter().all(|&t| t == 100_000));
+        let v = super::super::testkit::job(2, Config { single_copy: false, ..Config::default() });
+        assert!(v[0].st.rndv_from.iter().all(|&t| t == crate::config::RNDV_AUTO));
+        // A receiver whose kernel refused single copy, sent to by a sender that starts low.
+        let mut v = super::super::testkit::job(2, Config::default());
+        let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
+        b.st.cma = false;
+        let n = 40_000;
+        let data = vec![1u8; n];
+        let mut buf = vec![0u8; n];
+        let r = recv(b, Some(0), Some(1), &mut buf);
+        let s = send(a, 1, 1, &data, false);
+        settle(&mut [&mut *a, &mut *b]);
+        assert!(b.take_if_done(r).expect("received").is_ok());
+        assert!(s.is_none_or(|s| a.take_if_done(s).expect("sent").is_ok()));
+        assert_eq!(a.st.rndv_from[1], 64 << 10, "advised at the first rendezvous");
+    }
+
     #[test]
     fn a_rendezvous_is_read_through_typed_rma_packets() {
         // Streamed: read request, responses through the ring, FIN.
         let st = rendezvous(Config { single_copy: false, ..Config::default() }, 300_000);
         assert_eq!(st.cma_reads, 0);
         // Single copy: read request, grant, the reader copies it all.
-        let st = rendezvous(Config { single_copy_min: 0, ..Config::default() }, 300_000);
+        let st = rendezvous(Config { single_copy_min: Some(0), ..Config::default() }, 300_000);
         assert_eq!(st.cma_reads, 1);
         // Split single copy: the target's share (streamed back, as ranks that are threads of
         // one process cannot write into each other with CMA) completes the read with it.
-        let st = rendezvous(Config { single_copy_min: 0, ..Config::default() }, 2 << 20);
+        let st = rendezvous(Config { single_copy_min: Some(0), ..Config::default() }, 2 << 20);
         assert_eq!(st.cma_reads, 1);
         assert!(st.cma_bytes < 2 << 20, "the reader copied only its share");
     }

@@ -41,7 +41,7 @@ impl Engine {
                     None => {
                         // Its heap cannot be mapped here: ask for our share through the ring.
                         self.st.heaps.fallbacks += 1;
-                        self.st.request_read(key, false, len, false);
+                        self.st.request_streamed(key, len);
                     }
                     Some(Err(_)) => {
                         if let Some(op) = self.st.reads.get_mut(key) {
@@ -73,7 +73,7 @@ impl Engine {
                     // Ask for our share through the ring (the target's share comes its own way).
                     self.st.cma = false;
                     self.st.stats.cma_fallbacks += 1;
-                    self.st.request_read(key, false, len, false);
+                    self.st.request_streamed(key, len);
                 }
                 Err(_) => {
                     if let Some(op) = self.st.reads.get_mut(key) {

@@ -24,6 +24,8 @@ pub(crate) struct Stats {
     pub cma_bytes: u64,
     /// Times the kernel refused CMA and reads fell back to the pipelined copy.
     pub cma_fallbacks: u64,
+    /// Advice (`Control::EagerBelow`) that raised where rendezvous starts, received.
+    pub eager_advice: u64,
 }
 
 impl Engine {
@@ -66,6 +68,7 @@ impl Engine {
             cma_reads: s.cma_reads,
             cma_bytes: s.cma_bytes,
             cma_fallbacks: s.cma_fallbacks,
+            eager_advice: s.eager_advice,
             heap_grants: self.st.heaps.grants_served,
             heap_bytes: self.st.heaps.bytes,
             heap_fallbacks: self.st.heaps.fallbacks,

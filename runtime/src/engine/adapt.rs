@@ -1,0 +1,592 @@
+//! How rendezvous data moves, chosen by measurement (`TMPI_SINGLE_COPY_MIN=auto`, the
+//! default), and where rendezvous starts (`TMPI_RNDV_THRESHOLD=auto`).
+//!
+//! Which of the two copies of a rendezvous read is faster depends on the machine, and by a
+//! factor of two either way: on one 2-core AMD EPYC host the pipelined copy through the rings
+//! beat `process_vm_readv` at every size up to 64 MiB, while on a 2-core Intel Xeon host
+//! single copy took half the time from 32 KiB up, because a line the sender just wrote into
+//! a ring crosses between the cores at about 13 GB/s there (`bench/results/adaptive-copy.md`).
+//! No fixed threshold suits both, so each receiver measures.
+//!
+//! [`CopyChooser`] keeps, per power-of-two size class, recent timings of reads done each way
+//! (stream through the rings, or single copy). The unit timed is a busy period ([`Epochs`]):
+//! from a read that starts while none is in flight until none is in flight again, every read
+//! in it moves the same way, and its sample is its duration per byte. A ping-pong times one
+//! read at a time, an `osu_bw` window its 64 reads together: what it gives is the latency of
+//! the first and the throughput of the second (timing the lone first read of a window instead
+//! chose the rings at 256 KiB, where single copy moved twice the bytes per second). A period
+//! whose reads are of several classes, or that a shared heap served, is not timed.
+//!
+//! How a class chooses:
+//! - the first class of the rank to see reads alternates its periods (single copy first)
+//!   until it has two samples each way, not counting the rank's first period each way (a
+//!   cold start: 29 us, then 6 us, then 2.4 us for the same 32 KiB read);
+//! - a later class takes over the choice of the nearest class whose ways were at least 25%
+//!   apart (a close race says nothing of the next size; with none, it learns as the first
+//!   did) and tries the other way after 8 periods: clearly slower (25%) confirms the choice,
+//!   else it tries again until it can compare;
+//! - with samples both ways, the faster by the best of the last four serves the class (a
+//!   change needs a 5% margin, so close ways do not flap), and one period in `probe_every`
+//!   (16, doubling to 256 while the choice holds) tries the other way, so that a change of
+//!   conditions is noticed.
+//!
+//! Reads outside a timed period follow their class's choice, or the nearest class's.
+//!
+//! The same samples decide where rendezvous should start. Between ranks of one host that do
+//! not outnumber its cores, a sender starts rendezvous at [`RNDV_LOW`] (32 KiB) instead of
+//! the configured threshold. For a rendezvous below that threshold, the receiver finds that
+//! eager pays when its class streams through the rings (the same copies, without the read
+//! request), or when the streamed read less its request's one-way trip is no slower than the
+//! single copy (its grant round trip included). Then (or when single copy is not possible at
+//! all) it tells the sender [`Control::EagerBelow`] the top of that size class, and the
+//! sender sends that class eagerly from then on. Advice only ever raises a sender's
+//! threshold, never above the configured one.
+//!
+//! [`Control::EagerBelow`]: tmpi_transport::wire::Control::EagerBelow
+//!
+//! Pure state, no clock: times come in as arguments, so the tests drive it step by step.
+
+/// Rendezvous starts here between ranks of one host where single copy may win (see the
+/// module docs): below 32 KiB the eager protocol's `osu_bw` measured faster on the host where
+/// single copy wins above it.
+pub(crate) const RNDV_LOW: usize = 32 << 10;
+
+/// The two ways a rendezvous read moves its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arm {
+    /// Pipelined through the rings: the target copies in, the reader copies out.
+    Stream = 0,
+    /// One kernel copy (`process_vm_readv`, split with the target's `process_vm_writev` from
+    /// 128 KiB).
+    Cma = 1,
+}
+
+impl Arm {
+    fn other(self) -> Arm {
+        match self {
+            Arm::Stream => Arm::Cma,
+            Arm::Cma => Arm::Stream,
+        }
+    }
+}
+
+/// Size classes: class `b` holds reads of `2^b ..= 2^(b+1) - 1` bytes.
+const CLASSES: usize = 64;
+/// Samples kept per way and class.
+const KEPT: usize = 4;
+/// Samples of each way a class needs before it compares the two.
+const LEARN: u32 = 2;
+/// Intervals, in timed periods, between tries of the way not chosen: after a comparison,
+/// after a choice taken over from another class, and the longest.
+const PROBE_FIRST: u32 = 16;
+const PROBE_INHERITED: u32 = 8;
+const PROBE_LONGEST: u32 = 256;
+/// How much faster (in 1/100) one way must have been for other classes to take a choice
+/// over: a close race says nothing of the next size (single copy of 32 KiB ran level with
+/// the rings in `osu_bw` on the host where it moved twice their bytes per second from 128
+/// KiB, where the target writes half).
+const CLEAR: u64 = 125;
+
+/// The last [`KEPT`] samples of one way in one class.
+#[derive(Debug, Clone, Copy, Default)]
+struct Samples {
+    ns: [u64; KEPT],
+    n: u32,
+}
+
+impl Samples {
+    fn push(&mut self, ns: u64) {
+        self.ns[self.n as usize % KEPT] = ns;
+        self.n = self.n.saturating_add(1);
+    }
+
+    /// The best (smallest) kept sample: noise only ever makes a copy slower.
+    fn best(&self) -> Option<u64> {
+        self.ns[..(self.n as usize).min(KEPT)].iter().copied().min()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Class {
+    /// Times per byte by [`Arm`].
+    arms: [Samples; 2],
+    /// Round trips of single-copy reads (request to grant) alone in their period.
+    rtt: Samples,
+    chosen: Option<Arm>,
+    /// Its last comparison found one way [`CLEAR`] faster than the other: other classes may
+    /// take its choice over.
+    clear: bool,
+    /// Timed periods each way, counted or not (learning alternates by them).
+    tries: [u32; 2],
+    /// Timed periods since the way not chosen was last tried, and the interval between tries.
+    since_probe: u32,
+    probe_every: u32,
+}
+
+impl Default for Class {
+    fn default() -> Self {
+        Class {
+            arms: [Samples::default(); 2],
+            rtt: Samples::default(),
+            chosen: None,
+            clear: false,
+            tries: [0; 2],
+            since_probe: 0,
+            probe_every: PROBE_FIRST,
+        }
+    }
+}
+
+/// What [`CopyChooser::choose`] decided for one read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Choice {
+    /// How the read moves its data.
+    pub arm: Arm,
+    /// Whether its time is to be measured and given to [`CopyChooser::record`].
+    pub measure: bool,
+}
+
+/// The measurements and choices of one receiving rank (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct CopyChooser {
+    classes: Box<[Class; CLASSES]>,
+    /// The first timed period each way of this rank was seen (and not counted).
+    warm: [bool; 2],
+}
+
+impl Default for CopyChooser {
+    fn default() -> Self {
+        CopyChooser { classes: Box::new([Class::default(); CLASSES]), warm: [false; 2] }
+    }
+}
+
+/// The busy period being timed.
+#[derive(Debug, Clone, Copy)]
+struct Epoch {
+    class: usize,
+    arm: Arm,
+    /// Whether it is timed (a try of a learning class, or of the way not chosen, or a sample
+    /// of the chosen way): reads of another class or a shared heap clear it.
+    measure: bool,
+    t0: std::time::Instant,
+    /// Reads of the period in flight, and bytes of those done.
+    in_flight: u32,
+    bytes: u64,
+    /// Reads that joined it: past [`EPOCH_READS`] it takes no more.
+    joined: u32,
+    rtt: Option<u64>,
+}
+
+/// Most reads one timed period takes (a rank that always has reads in flight still decides
+/// anew now and then).
+const EPOCH_READS: u32 = 1024;
+
+/// The timing of busy periods of reads, and the [`CopyChooser`] it feeds (see the module
+/// docs).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Epochs {
+    chooser: CopyChooser,
+    cur: Option<Epoch>,
+    /// Reads in flight outside `cur` (while a full or mixed period drains).
+    others: u32,
+}
+
+/// How one read was placed by [`Epochs::start`]; give it back to [`Epochs::finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
+    /// How the read moves its data.
+    pub arm: Arm,
+    in_epoch: bool,
+}
+
+impl Epochs {
+    /// A read of `n` bytes that single copy could serve starts at `now`: how it moves.
+    pub(crate) fn start(&mut self, n: usize, now: std::time::Instant) -> Placed {
+        let class = class_of(n);
+        match &mut self.cur {
+            None if self.others == 0 => {
+                let c = self.chooser.choose(n, true);
+                self.cur = Some(Epoch { class, arm: c.arm, measure: c.measure, t0: now, in_flight: 1, bytes: 0, joined: 1, rtt: None });
+                Placed { arm: c.arm, in_epoch: true }
+            }
+            Some(e) if e.class == class && e.joined < EPOCH_READS => {
+                e.in_flight += 1;
+                e.joined += 1;
+                Placed { arm: e.arm, in_epoch: true }
+            }
+            cur => {
+                if let Some(e) = cur {
+                    // Reads of another class: the period's time says nothing of either.
+                    e.measure = e.measure && e.class == class;
+                    e.joined = EPOCH_READS;
+                }
+                self.others += 1;
+                Placed { arm: self.chooser.choose(n, false).arm, in_epoch: false }
+            }
+        }
+    }
+
+    /// The first grant of a single-copy read of the period arrived at `now`.
+    pub(crate) fn granted(&mut self, p: Placed, now: std::time::Instant) {
+        if let (Some(e), true) = (&mut self.cur, p.in_epoch) {
+            if e.rtt.is_none() {
+                e.rtt = Some(now.saturating_duration_since(e.t0).as_nanos() as u64);
+            }
+        }
+    }
+
+    /// A read of the period was served some other way (a shared heap) or failed: the
+    /// period is not timed.
+    pub(crate) fn spoil(&mut self, p: Placed) {
+        if let (Some(e), true) = (&mut self.cur, p.in_epoch) {
+            e.measure = false;
+        }
+    }
+
+    /// A read of `n` bytes placed as `p` ended at `now` (`ok`: all its bytes are in).
+    pub(crate) fn finish(&mut self, n: usize, p: Placed, ok: bool, now: std::time::Instant) {
+        if !p.in_epoch {
+            self.others = self.others.saturating_sub(1);
+            return;
+        }
+        let Some(e) = &mut self.cur else { return };
+        e.in_flight = e.in_flight.saturating_sub(1);
+        e.bytes += n as u64;
+        e.measure &= ok;
+        if e.in_flight == 0 {
+            let e = *e;
+            self.cur = None;
+            if e.measure {
+                let ns = now.saturating_duration_since(e.t0).as_nanos() as u64;
+                // A round trip is one only for a read alone in its period: in a crowd the
+                // first grant waits behind the target's work for the others (120 us against
+                // 0.5 us, in an `osu_bw` window of 32 KiB reads).
+                let rtt = e.rtt.filter(|_| e.joined == 1);
+                self.chooser.record(1 << e.class, e.arm, e.bytes, ns, rtt);
+            }
+        }
+    }
+
+    /// See [`CopyChooser::eager_pays`].
+    pub(crate) fn eager_pays(&self, n: usize) -> Option<bool> {
+        self.chooser.eager_pays(n)
+    }
+
+    /// The chooser, for tests.
+    #[cfg(test)]
+    pub(crate) fn chooser(&self) -> &CopyChooser {
+        &self.chooser
+    }
+}
+
+/// The size class of a read of `n` bytes.
+fn class_of(n: usize) -> usize {
+    (usize::BITS - 1 - n.max(1).leading_zeros()) as usize
+}
+
+/// The first size above `n`'s class.
+pub(crate) fn class_end(n: usize) -> usize {
+    1usize.checked_shl(class_of(n) as u32 + 1).unwrap_or(usize::MAX)
+}
+
+impl CopyChooser {
+    /// How to move the reads of a period that starts with a read of `n` bytes (`lone`), or
+    /// a read outside any timed period (not `lone`).
+    pub(crate) fn choose(&mut self, n: usize, lone: bool) -> Choice {
+        let b = class_of(n);
+        if self.classes[b].chosen.is_none() {
+            if let Some(arm) = self.nearest_choice(b) {
+                // Take over the choice of the nearest class that has one, and check it soon.
+                let c = &mut self.classes[b];
+                c.chosen = Some(arm);
+                c.probe_every = PROBE_INHERITED;
+            }
+        }
+        let c = &mut self.classes[b];
+        match c.chosen {
+            // No class has chosen yet: try both, single copy first.
+            None => {
+                let arm = if c.tries[Arm::Cma as usize] <= c.tries[Arm::Stream as usize] { Arm::Cma } else { Arm::Stream };
+                Choice { arm, measure: lone }
+            }
+            Some(arm) if lone => {
+                c.since_probe += 1;
+                if c.since_probe >= c.probe_every {
+                    c.since_probe = 0;
+                    Choice { arm: arm.other(), measure: true }
+                } else {
+                    Choice { arm, measure: true }
+                }
+            }
+            Some(arm) => Choice { arm, measure: false },
+        }
+    }
+
+    /// The choice of the nearest other class that made one clearly (the smaller on a tie).
+    fn nearest_choice(&self, b: usize) -> Option<Arm> {
+        (1..CLASSES)
+            .flat_map(|d| [b.checked_sub(d), Some(b + d)])
+            .flatten()
+            .filter(|&i| i < CLASSES && self.classes[i].clear)
+            .find_map(|i| self.classes[i].chosen)
+    }
+
+    /// A timed period of reads of `n`'s class done `arm`'s way moved `bytes` in `ns`
+    /// nanoseconds (from its first request to its last byte); `rtt`, for single copy, is the
+    /// round trip to the grant of a read alone in its period.
+    ///
+    /// The first period each way of the rank is not counted: it pays for what only a first
+    /// transfer does (cold caches, first-touch page faults, the sender's registration): 29 us
+    /// against 6 us and then 2.4 us, in one run at 32 KiB.
+    pub(crate) fn record(&mut self, n: usize, arm: Arm, bytes: u64, ns: u64, rtt: Option<u64>) {
+        let c = &mut self.classes[class_of(n)];
+        c.tries[arm as usize] += 1;
+        if !std::mem::replace(&mut self.warm[arm as usize], true) {
+            return;
+        }
+        // Picoseconds per byte: sizes within a class differ by up to 2x.
+        c.arms[arm as usize].push(ns.saturating_mul(1000) / bytes.max(1));
+        if let Some(r) = rtt {
+            c.rtt.push(r);
+        }
+        let [s, m] = [&c.arms[Arm::Stream as usize], &c.arms[Arm::Cma as usize]];
+        if s.n < LEARN || m.n < LEARN {
+            // A first try of the other way in a class that took its choice over: clearly
+            // slower confirms the choice (try less often), else try again soon.
+            if let (Some(cur), true) = (c.chosen, c.chosen != Some(arm)) {
+                let (tried, kept) = (c.arms[arm as usize].best(), c.arms[cur as usize].best());
+                if let (Some(t), Some(k)) = (tried, kept) {
+                    if t.saturating_mul(100) >= k.saturating_mul(CLEAR) {
+                        c.probe_every = (c.probe_every.max(PROBE_FIRST / 2) * 2).min(PROBE_LONGEST);
+                    }
+                }
+            }
+            return;
+        }
+        let (Some(s), Some(m)) = (s.best(), m.best()) else { return };
+        let faster = if m < s { Arm::Cma } else { Arm::Stream };
+        c.clear = s.max(m).saturating_mul(100) >= s.min(m).saturating_mul(CLEAR);
+        match c.chosen {
+            None => c.chosen = Some(faster),
+            Some(cur) if cur != faster => {
+                // Change only for a clear margin (5%), so two close ways do not flap.
+                let (cur_ns, new_ns) = if cur == Arm::Cma { (m, s) } else { (s, m) };
+                if new_ns.saturating_mul(20) < cur_ns.saturating_mul(19) {
+                    c.chosen = Some(faster);
+                    c.probe_every = PROBE_FIRST;
+                    c.since_probe = 0;
+                }
+            }
+            Some(cur) if arm != cur => {
+                // A try of the other way confirmed the choice: try less often.
+                c.probe_every = (c.probe_every.max(PROBE_FIRST / 2) * 2).min(PROBE_LONGEST);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Whether a message of `n` bytes goes at least as fast eagerly as by a rendezvous (see
+    /// the module docs); `None` while that is not known. A class whose reads stream through
+    /// the rings is better sent eagerly (the same copies without the read request); one that
+    /// reads by single copy is compared once it has samples both ways.
+    pub(crate) fn eager_pays(&self, n: usize) -> Option<bool> {
+        let c = &self.classes[class_of(n)];
+        if c.chosen? == Arm::Stream {
+            return Some(true);
+        }
+        let per_read = |ps_per_byte: u64| ps_per_byte.saturating_mul(n as u64) / 1000;
+        let s = per_read(c.arms[Arm::Stream as usize].best()?);
+        let m = per_read(c.arms[Arm::Cma as usize].best()?);
+        let one_way = c.rtt.best().unwrap_or(0) / 2;
+        Some(s <= m.saturating_add(one_way))
+    }
+
+    /// The way chosen for reads of `n` bytes, if their class has chosen.
+    #[cfg(test)]
+    pub(crate) fn chosen(&self, n: usize) -> Option<Arm> {
+        self.classes[class_of(n)].chosen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// One timed read of `n` bytes that took `ns`.
+    fn rec(c: &mut CopyChooser, n: usize, arm: Arm, ns: u64, rtt: Option<u64>) {
+        c.record(n, arm, n as u64, ns, rtt);
+    }
+
+    /// Drives `c` through lone reads of `n` bytes where a stream takes `stream` ns and a single
+    /// copy `cma` ns (round trip `rtt`) for `reads` reads; returns the ways taken.
+    fn drive(c: &mut CopyChooser, n: usize, stream: u64, cma: u64, rtt: u64, reads: usize) -> Vec<Arm> {
+        (0..reads)
+            .map(|_| {
+                let ch = c.choose(n, true);
+                assert!(ch.measure);
+                match ch.arm {
+                    Arm::Stream => rec(c, n, Arm::Stream, stream, None),
+                    Arm::Cma => rec(c, n, Arm::Cma, cma, Some(rtt)),
+                }
+                ch.arm
+            })
+            .collect()
+    }
+
+    use Arm::{Cma, Stream};
+
+    #[test]
+    fn classes_are_powers_of_two() {
+        assert_eq!(class_of(0), 0);
+        assert_eq!(class_of(1), 0);
+        assert_eq!(class_of(32768), 15);
+        assert_eq!(class_of(65535), 15);
+        assert_eq!(class_of(65536), 16);
+        assert_eq!(class_end(40000), 65536);
+        assert_eq!(class_end(usize::MAX), usize::MAX);
+    }
+
+    /// The first class alternates (its first read each way uncounted, a cold start) and
+    /// chooses the faster way; other classes take that choice over and check it after a few
+    /// periods, following the other way where it is clearly faster.
+    #[test]
+    fn the_first_class_learns_and_the_others_take_its_choice_over() {
+        let mut c = CopyChooser::default();
+        assert_eq!(drive(&mut c, 100_000, 9_000, 5_000, 500, 6), [Cma, Stream, Cma, Stream, Cma, Stream]);
+        assert_eq!(c.chosen(100_000), Some(Cma));
+        assert_eq!(c.chosen(70_000), Some(Cma), "the same class");
+        assert_eq!(c.chosen(200_000), None, "another class has not been asked yet");
+        // Single copy is faster at 200 KB too: its reads go that way, the rings are tried
+        // after 8 periods, clearly slower, so next after 16, and the choice holds.
+        let ways = drive(&mut c, 200_000, 18_000, 10_000, 500, 30);
+        let tries: Vec<usize> = ways.iter().enumerate().filter(|(_, &a)| a == Stream).map(|(i, _)| i).collect();
+        assert_eq!(tries, [7, 23]);
+        assert_eq!(c.chosen(200_000), Some(Cma));
+        // At 1 MB the rings are faster: the choice taken over changes at the second try.
+        let ways = drive(&mut c, 1 << 20, 40_000, 90_000, 500, 16);
+        assert_eq!(c.chosen(1 << 20), Some(Stream));
+        assert_eq!(ways.iter().filter(|&&a| a == Stream).count(), 2);
+    }
+
+    /// The first read each way of the rank is a cold start and does not count.
+    #[test]
+    fn the_first_read_each_way_is_not_counted() {
+        let mut c = CopyChooser::default();
+        let n = 40_000;
+        for (arm, ns) in [(Cma, 29_000), (Stream, 25_000), (Cma, 2_500), (Stream, 7_000), (Cma, 2_400)] {
+            assert_eq!(c.choose(n, true).arm, arm);
+            rec(&mut c, n, arm, ns, (arm == Cma).then_some(600));
+            assert_eq!(c.chosen(n), None);
+        }
+        assert_eq!(c.choose(n, true).arm, Stream);
+        rec(&mut c, n, Stream, 6_900, None);
+        assert_eq!(c.chosen(n), Some(Cma));
+        assert_eq!(c.eager_pays(n), Some(false), "the cold 25 us stream would have said otherwise");
+    }
+
+    #[test]
+    fn reads_in_a_crowd_are_not_measured_and_follow_the_nearest_choice() {
+        let mut c = CopyChooser::default();
+        assert_eq!(c.choose(1 << 20, false), Choice { arm: Cma, measure: false }, "nothing known: single copy");
+        drive(&mut c, 1 << 18, 1_000, 9_000, 500, 6);
+        assert_eq!(c.chosen(1 << 18), Some(Stream));
+        assert_eq!(c.choose(1 << 20, false), Choice { arm: Stream, measure: false });
+        assert_eq!(c.choose(1 << 16, false), Choice { arm: Stream, measure: false });
+    }
+
+    #[test]
+    fn the_other_way_is_tried_now_and_then_and_a_clear_change_is_followed() {
+        let mut c = CopyChooser::default();
+        let n = 1 << 20;
+        drive(&mut c, n, 40_000, 20_000, 500, 6);
+        assert_eq!(c.chosen(n), Some(Cma));
+        let ways = drive(&mut c, n, 40_000, 20_000, 500, 1000);
+        let tries: Vec<usize> = ways.iter().enumerate().filter(|(_, &a)| a == Stream).map(|(i, _)| i).collect();
+        let gaps: Vec<usize> = tries.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(tries[0], 15);
+        assert_eq!(&gaps[..5], &[32, 64, 128, 256, 256], "tries back off while the choice holds");
+        // Now single copy slows down for good: the choice follows at once (its own recent
+        // samples show it).
+        let ways = drive(&mut c, n, 40_000, 60_000, 500, 8);
+        assert_eq!(c.chosen(n), Some(Stream));
+        assert!(ways.iter().filter(|&&a| a == Cma).count() <= 4, "{ways:?}");
+    }
+
+    /// A window of reads in flight together is one period, timed as a whole and moved one
+    /// way; a ping-pong is a period per read.
+    #[test]
+    fn a_busy_period_is_timed_as_a_whole() {
+        let mut e = Epochs::default();
+        let t = Instant::now();
+        let at = |us: u64| t + Duration::from_micros(us);
+        let n = 256 << 10;
+        // Six windows of 8 reads: single copy moves a window in 100 us, the rings in 200 us.
+        let mut ways = Vec::new();
+        for w in 0..6u64 {
+            let start = w * 1000;
+            let placed: Vec<Placed> = (0..8).map(|_| e.start(n, at(start))).collect();
+            assert!(placed.iter().all(|p| p.arm == placed[0].arm && p.in_epoch), "one way for the whole window");
+            let took = if placed[0].arm == Cma { 100 } else { 200 };
+            for p in placed.iter().skip(1) {
+                e.finish(n, *p, true, at(start + took / 2));
+            }
+            assert_eq!(e.chooser().chosen(n), None, "a period ends with its last read");
+            e.finish(n, placed[0], true, at(start + took));
+            ways.push(placed[0].arm);
+        }
+        assert_eq!(ways, [Cma, Stream, Cma, Stream, Cma, Stream]);
+        assert_eq!(e.chooser().chosen(n), Some(Cma));
+        // The next window goes single copy; a read of another class joining it is not part of
+        // it (it follows its own class's, here the nearest, choice) and spoils its timing.
+        let a = e.start(n, at(9000));
+        assert_eq!(a.arm, Cma);
+        let b = e.start(4 << 20, at(9001));
+        assert!(!b.in_epoch);
+        assert_eq!(b.arm, Cma);
+        e.finish(4 << 20, b, true, at(9500));
+        e.finish(n, a, true, at(9600));
+        // Heap-served or failed reads spoil their period too, and a new one starts after.
+        let a = e.start(n, at(10_000));
+        e.spoil(a);
+        e.finish(n, a, true, at(10_010));
+        assert!(e.start(n, at(11_000)).in_epoch);
+    }
+
+    #[test]
+    fn a_close_race_does_not_flap() {
+        let mut c = CopyChooser::default();
+        let n = 1 << 17;
+        drive(&mut c, n, 10_100, 10_000, 500, 6);
+        assert_eq!(c.chosen(n), Some(Cma));
+        // The stream is now 2% faster than single copy's best: not enough to change.
+        drive(&mut c, n, 9_800, 10_000, 500, 100);
+        assert_eq!(c.chosen(n), Some(Cma));
+        // And a close race is not taken over by other classes: they learn for themselves.
+        c.choose(n * 4, true);
+        assert_eq!(c.chosen(n * 4), None);
+    }
+
+    #[test]
+    fn eager_pays_where_the_stream_less_its_request_beats_single_copy() {
+        let mut c = CopyChooser::default();
+        assert_eq!(c.eager_pays(40_000), None, "still learning");
+        // Stream 5.0 us, single copy 3.4 us with a 0.5 us round trip: rendezvous pays.
+        drive(&mut c, 40_000, 5_000, 3_400, 500, 6);
+        assert_eq!(c.eager_pays(40_000), Some(false));
+        // A class that took the choice over is not compared until it tried the rings.
+        assert_eq!(c.choose(80_000, true).arm, Cma);
+        assert_eq!(c.eager_pays(80_000), None);
+        // Stream 3.6 us, single copy 3.4 us: the eager copy (3.6 - 0.25) is no slower.
+        let mut c = CopyChooser::default();
+        drive(&mut c, 80_000, 3_600, 3_400, 500, 6);
+        assert_eq!(c.chosen(80_000), Some(Cma));
+        assert_eq!(c.eager_pays(80_000), Some(true));
+        // Reads through the rings: eager pays, in that class and in those that take it over.
+        let mut c = CopyChooser::default();
+        drive(&mut c, 140_000, 3_000, 6_000, 500, 6);
+        assert_eq!(c.eager_pays(140_000), Some(true));
+        c.choose(40_000, false);
+        assert_eq!(c.eager_pays(40_000), Some(true));
+    }
+}
