@@ -108,6 +108,9 @@ stats! {
     /// Times a receiver's measurements moved where this rank's rendezvous to it starts (see
     /// `TMPI_RNDV_THRESHOLD=auto`).
     eager_advice,
+    /// Single-copy reads this rank made at once, without a read request, because the sender
+    /// had checked the range with its rendezvous request.
+    pregranted_reads,
     /// Shared-heap reads and writes this rank granted or made (one `memcpy` each).
     heap_grants,
     /// Bytes moved through shared heaps.

@@ -68,6 +68,22 @@ fn hostile_peer_is_an_error() {
     }
 }
 
+/// A rendezvous send abandoned before its receive is posted neither waits for that receive
+/// nor lets it copy freed memory: pre-granted for single copy (the copy chosen by measurement,
+/// or fixed), and through the rings. 64 KiB is a rendezvous in all three.
+#[test]
+fn abandoned_send_before_its_receive() {
+    for env in [vec![], vec![("TMPI_SINGLE_COPY_MIN", "0")], vec![("TMPI_SINGLE_COPY", "none")]] {
+        let mut job = Job::tmpirun(2, "reliability").arg("revoke").env("TMPI_RNDV_THRESHOLD", "32768").timeout(Duration::from_secs(60));
+        for (k, val) in &env {
+            job = job.env(k, val);
+        }
+        let out = job.run();
+        out.assert_success();
+        out.assert_ok_line("reliability: revoke: ");
+    }
+}
+
 /// A single-copy receive abandoned while a third rank sends garbage: no byte lands in memory
 /// allocated after the buffer was freed.
 #[test]

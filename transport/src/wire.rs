@@ -192,6 +192,8 @@ const CTL_SSEND_ACK: u8 = 1;
 const CTL_CREDIT: u8 = 2;
 const CTL_COLL_ABORT: u8 = 3;
 const CTL_EAGER_BELOW: u8 = 4;
+const CTL_REVOKE: u8 = 5;
+const CTL_REVOKE_ACK: u8 = 6;
 
 /// A control message between two runtimes, sent as a `NO_TAG` message (always unexpected at
 /// the receiver's TM-SRQ, never counted, as a NIC treats `NO_TAG`):
@@ -230,6 +232,19 @@ pub enum Control {
         /// Messages shorter than this go eagerly.
         bytes: u32,
     },
+    /// The sender of a pre-granted rendezvous (see `tm::RndvRequest::pregranted`) abandons it:
+    /// the receiver must not copy its buffer any more (a later read asks, and is refused), and
+    /// answers [`Control::RevokeAck`] unless its FIN went first. Kind 5, one field.
+    Revoke {
+        /// The send's wire name (its `app_ctx`).
+        name: u32,
+    },
+    /// Answer to [`Control::Revoke`]: the receiver will not touch the send's buffer. Kind 6,
+    /// one field.
+    RevokeAck {
+        /// The send's wire name.
+        name: u32,
+    },
 }
 
 impl Control {
@@ -241,6 +256,8 @@ impl Control {
             Control::SsendAck { name } => (CTL_SSEND_ACK, std::slice::from_ref(name)),
             Control::Credit { bytes } => (CTL_CREDIT, std::slice::from_ref(bytes)),
             Control::EagerBelow { bytes } => (CTL_EAGER_BELOW, std::slice::from_ref(bytes)),
+            Control::Revoke { name } => (CTL_REVOKE, std::slice::from_ref(name)),
+            Control::RevokeAck { name } => (CTL_REVOKE_ACK, std::slice::from_ref(name)),
             Control::CollAbort { ctx, seq, gone } => {
                 out[1] = CTL_COLL_ABORT;
                 out[4..8].copy_from_slice(&ctx.to_be_bytes());
@@ -269,6 +286,8 @@ impl Control {
             Some(&CTL_CREDIT) => (CTL_CREDIT, 1),
             Some(&CTL_COLL_ABORT) => (CTL_COLL_ABORT, 3),
             Some(&CTL_EAGER_BELOW) => (CTL_EAGER_BELOW, 1),
+            Some(&CTL_REVOKE) => (CTL_REVOKE, 1),
+            Some(&CTL_REVOKE_ACK) => (CTL_REVOKE_ACK, 1),
             _ => return Err(Error::Malformed { what: "unknown control message" }),
         };
         if body.len() != 3 + 4 * n {
@@ -281,6 +300,8 @@ impl Control {
             CTL_SSEND_ACK => Control::SsendAck { name: field(0) },
             CTL_CREDIT => Control::Credit { bytes: field(0) },
             CTL_EAGER_BELOW => Control::EagerBelow { bytes: field(0) },
+            CTL_REVOKE => Control::Revoke { name: field(0) },
+            CTL_REVOKE_ACK => Control::RevokeAck { name: field(0) },
             _ => Control::CollAbort { ctx: field(0), seq: field(1), gone: field(2) },
         })
     }
@@ -292,6 +313,8 @@ impl std::fmt::Display for Control {
             Control::SsendAck { name } => write!(f, "SSEND_ACK(send {name:#x})"),
             Control::Credit { bytes } => write!(f, "CREDIT({bytes} bytes)"),
             Control::EagerBelow { bytes } => write!(f, "EAGER_BELOW({bytes} bytes)"),
+            Control::Revoke { name } => write!(f, "REVOKE(send {name:#x})"),
+            Control::RevokeAck { name } => write!(f, "REVOKE_ACK(send {name:#x})"),
             Control::CollAbort { ctx, seq, gone } => write!(f, "COLL_ABORT(context {ctx}, call {seq}, rank {gone} departed)"),
         }
     }
@@ -853,11 +876,13 @@ mod tests {
 
     proptest! {
         #[test]
-        fn control_roundtrip(kind in 0u8..4, a: u32, b: u32, c: u32) {
+        fn control_roundtrip(kind in 0u8..6, a: u32, b: u32, c: u32) {
             let m = match kind {
                 0 => Control::SsendAck { name: a },
                 1 => Control::Credit { bytes: a },
                 2 => Control::EagerBelow { bytes: a },
+                3 => Control::Revoke { name: a },
+                4 => Control::RevokeAck { name: a },
                 _ => Control::CollAbort { ctx: a, seq: b, gone: c },
             };
             let mut buf = [0u8; CONTROL_MAX_LEN];

@@ -505,6 +505,18 @@ impl State {
                     *c = c.saturating_add(bytes as usize);
                 }
             }
+            Control::Revoke { name } => self.on_revoke(src, name),
+            Control::RevokeAck { name } => {
+                // The reader will not touch the buffer: the abandoned send waits no more (a
+                // stale answer, after the FIN completed the send, names nothing).
+                if let Some(k) = self.named_send(name, src) {
+                    if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(k) {
+                        if r.pregranted && r.granted == Some(src) {
+                            r.granted = None;
+                        }
+                    }
+                }
+            }
             Control::EagerBelow { bytes } => {
                 // Only ever raised, never above the configured threshold.
                 let ceiling = self.rndv_ceiling;

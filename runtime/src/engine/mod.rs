@@ -168,6 +168,9 @@ struct RndvSend {
     /// A reader that was granted a single-copy read of `buf` (it copies the memory itself
     /// until its FIN): abandoning the send must wait for that FIN.
     granted: Option<usize>,
+    /// The grant went with the request itself ([`RndvRequest::pregranted`]): the reader may
+    /// copy without asking, so abandoning the send revokes it first ([`Control::Revoke`]).
+    pregranted: bool,
 }
 
 /// What a rendezvous request announces.
@@ -177,6 +180,9 @@ struct RndvInfo {
     rvh: Rvh,
     key: u64,
     len: usize,
+    /// The sender checked the range for our single-copy read already
+    /// ([`RndvRequest::pregranted`]).
+    pregranted: bool,
 }
 
 impl RndvInfo {
@@ -187,7 +193,7 @@ impl RndvInfo {
         // of a payload the RVH cannot hold (`RVH_LEN_IN_META`), which is in the meta-data.
         let len = RndvRequest::payload_len(req).ok_or_else(|| malformed("rendezvous request of 4 GiB or more without its length"))?;
         let len = usize::try_from(len).map_err(|_| malformed("rendezvous length overflows"))?;
-        Ok(RndvInfo { tmh, rvh, key: u64::from(rvh.rkey), len })
+        Ok(RndvInfo { tmh, rvh, key: u64::from(rvh.rkey), len, pregranted: RndvRequest::pregranted(req) })
     }
 }
 
@@ -210,6 +216,9 @@ struct ReadOp {
     /// This rank's share failed; the read completes with an error once the target's share is
     /// done (it may still be writing into the buffer).
     failed: bool,
+    /// A pre-granted single copy started without a request: nothing was asked of the target,
+    /// which may revoke the grant ([`Control::Revoke`]) until the copy is done.
+    at_once: bool,
     /// How [`adapt::Epochs`] placed the read (`TMPI_SINGLE_COPY_MIN=auto`); it must hear of
     /// its end.
     placed: Option<adapt::Placed>,

@@ -360,9 +360,18 @@ impl Engine {
                 }
                 // A reader granted a single copy is copying the buffer now, and this rank may
                 // owe it a share (`cma_w`, written during the wait): the memory must stay
-                // until its FIN (or until the reader is gone).
+                // until its FIN (or until the reader is gone). A grant that went with the
+                // request may not be used yet (the receive may never be posted): it is revoked,
+                // and the reader's answer (or its FIN, if it copied first) ends the wait.
                 if let Some(reader) = granted {
-                    self.progress_while(reader, |e| e.st.reqs.get(rid).is_some_and(|r| r.result.is_none()));
+                    if s.rndv.as_ref().is_some_and(|r| r.pregranted) {
+                        self.st.ctlq.push_back((reader, ctl_msg(Control::Revoke { name: wire_name(rid) })));
+                    }
+                    let still_granted = |e: &Engine| match e.st.reqs.get(rid) {
+                        Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), result: None, .. }) => r.granted.is_some(),
+                        _ => false,
+                    };
+                    self.progress_while(reader, still_granted);
                 }
                 // From now on every read of the buffer is refused, and reads being served
                 // from it stop.

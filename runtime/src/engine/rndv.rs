@@ -50,8 +50,10 @@ impl Engine {
             (Some(mr), key, va)
         };
         let rkey = u32::try_from(key).map_err(|_| Error::State("memory key wider than the RVH's 32-bit rkey".into()))?;
-        let req = self.st.new_send(dest, tag64, true, Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted: None }))?;
-        let hdr = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64 }.encode();
+        let pregranted = self.st.may_pregrant(dest, addr, len) && self.st.domain.check_remote(key, va, len as u64, RemoteOp::Read).is_ok();
+        let granted = pregranted.then_some(dest);
+        let req = self.st.new_send(dest, tag64, true, Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted, pregranted }))?;
+        let hdr = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64, pregranted }.encode();
         self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
         Ok(req)
     }
@@ -83,6 +85,46 @@ impl Engine {
 }
 
 impl State {
+    /// Whether a rendezvous of `len` bytes at `addr` to `dest` goes out pre-granted for single
+    /// copy: the target's key check done with the request, so that the reader may copy at
+    /// once instead of asking (one round trip fewer; the send holds its buffer until FIN as
+    /// for any grant). Only where the reader would be granted a plain single copy anyway:
+    /// single copy on and possible to `dest`, the whole read below [`CMA_SPLIT_MIN`] (above it
+    /// the grant splits the copy, which needs the reader's address), not from this rank's
+    /// shared heap (a heap grant is one memcpy), and allowed by `TMPI_SINGLE_COPY_MIN`.
+    fn may_pregrant(&self, dest: usize, addr: usize, len: usize) -> bool {
+        self.cma
+            && self.cma_peers.get(dest).copied().unwrap_or(false)
+            && len > 0
+            && len < CMA_SPLIT_MIN
+            && self.cma_min.is_none_or(|m| len >= m)
+            && self.heaps.locate(addr, len).is_none()
+    }
+
+    /// `src` abandoned its pre-granted send `name`: this rank must no longer copy its buffer.
+    /// A request still unexpected loses its grant (a later match asks, and is refused); a copy
+    /// started without asking that has not run yet fails (one that asked is the target's to
+    /// refuse, as for any abandoned send). Then the answer goes back, after any FIN already
+    /// queued (a read that copied first completed the send with it).
+    pub(super) fn on_revoke(&mut self, src: usize, name: u32) {
+        let names = |i: &RndvInfo| i.pregranted && i.tmh.app_ctx == name;
+        let ux: Vec<Key> =
+            self.ux.keys().filter(|&k| self.ux.get(k).is_some_and(|u| u.src_world == src && u.rndv.as_ref().is_some_and(names))).collect();
+        for k in ux {
+            if let Some(info) = self.ux.get_mut(k).and_then(|u| u.rndv.as_mut()) {
+                info.pregranted = false;
+            }
+        }
+        let reads: Vec<Key> =
+            self.reads.keys().filter(|&k| self.reads.get(k).is_some_and(|op| op.at_once && op.src == src && names(&op.info))).collect();
+        for k in reads {
+            if let Err(e) = self.finish_read(k, false) {
+                self.error.get_or_insert(e);
+            }
+        }
+        self.ctlq.push_back((src, ctl_msg(Control::RevokeAck { name })));
+    }
+
     /// A rendezvous request handled by software (unexpected in the TM-SRQ).
     pub(super) fn on_rndv(&mut self, src: usize, req: &[u8]) -> Result<()> {
         let info = RndvInfo::parse(req)?;
@@ -138,26 +180,38 @@ impl State {
         let buf = r.buf;
         // Single copy needs the buffer (an abandoned receive streams and discards).
         let cma_ok = self.cma && self.cma_peers.get(src).copied().unwrap_or(false) && buf.is_some();
+        // A receive buffer in this rank's shared heap is written by the target with a memcpy
+        // whichever way is asked: nothing to learn from it, and the target must be asked.
+        let in_heap = buf.is_some_and(|b| self.heaps.locate(b.addr(), n).is_some());
         let (cma, placed) = match self.cma_min {
             Some(min) => (cma_ok && n >= min, None),
             None if cma_ok && n > 0 => {
                 let p = self.copy.start(n, std::time::Instant::now());
-                // A receive buffer in this rank's shared heap is written by the target with a
-                // memcpy whichever way is asked: nothing to learn from it.
-                if buf.is_some_and(|b| self.heaps.locate(b.addr(), n).is_some()) {
+                if in_heap {
                     self.copy.spoil(p);
                 }
                 (p.arm == adapt::Arm::Cma, Some(p))
             }
             None => (false, None),
         };
-        let k = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write: cma, failed: false, placed });
+        // Pre-granted by the sender: copy at once, no request (the target writes no share).
+        let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_SPLIT_MIN;
+        let remote_write = cma && !at_once;
+        let k = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write, failed: false, at_once, placed });
         debug_assert_eq!(k, key);
         self.advise(src, n);
         if n == 0 {
             return self.finish_read(key, true);
         }
-        self.request_read(key, cma, n, true);
+        if at_once {
+            if let Some(p) = placed {
+                self.copy.granted(p, std::time::Instant::now());
+            }
+            self.stats.pregranted += 1;
+            self.cma_q.push_back(key);
+        } else {
+            self.request_read(key, cma, n, true);
+        }
         Ok(())
     }
 
@@ -183,8 +237,12 @@ impl State {
     /// Asks again, through the ring, for the first `len` bytes of read `key` (its single copy
     /// failed or its heap could not be mapped): it is no longer a measurement.
     pub(super) fn request_streamed(&mut self, key: Key, len: usize) {
-        if let Some(p) = self.reads.get(key).and_then(|op| op.placed) {
-            self.copy.spoil(p);
+        if let Some(op) = self.reads.get_mut(key) {
+            // Asked now: the target refuses it if it abandons the send.
+            op.at_once = false;
+            if let Some(p) = op.placed {
+                self.copy.spoil(p);
+            }
         }
         self.request_read(key, false, len, false);
     }
@@ -647,12 +705,84 @@ mod tests {
             } else {
                 assert_eq!((sa.rndv, sa.eager, sa.eager_advice), (2, 0, 0), "{sa:?}");
                 assert_eq!(sb.cma_reads, 2, "single copy chosen: {sb:?}");
+                assert_eq!(sb.pregranted, 2, "copied at once, the sender's key check done with its request: {sb:?}");
             }
             // Advice never lowers a threshold, nor raises it past the configured one.
             a.st.on_control(1, &ctl_body(Control::EagerBelow { bytes: 1024 })).expect("advice");
             a.st.on_control(1, &ctl_body(Control::EagerBelow { bytes: u32::MAX })).expect("advice");
             assert_eq!(a.st.rndv_from[1], crate::config::RNDV_AUTO);
         }
+    }
+
+    /// A pre-granted rendezvous whose sender abandons it (its scope unwinds) before the
+    /// receive is posted: the sender revokes the grant and waits for the answer (the receive
+    /// might never come: it must not wait for a FIN), and a receive posted afterwards asks
+    /// for the data and is refused, never copying memory the sender may have reused.
+    #[test]
+    fn an_abandoned_pregranted_send_is_revoked_before_its_buffer_goes() {
+        if crate::sys::usable_cpus() < 2 {
+            return;
+        }
+        let mut v = super::super::testkit::job(2, Config::default());
+        let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
+        let n = 64 << 10;
+        let data = vec![9u8; n];
+        let s = send(&mut a, 1, 3, &data, false).expect("a rendezvous is pending");
+        assert!(matches!(a.st.reqs.get(s), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) if r.pregranted));
+        // The receiver takes the request in, unexpected, then keeps making progress (as a rank
+        // blocked in some other call does) while the sender abandons.
+        b.progress().expect("progress");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let peer = std::thread::spawn(move || {
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                b.progress().expect("progress");
+                std::thread::yield_now();
+            }
+            b
+        });
+        a.abandon(s);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut b = peer.join().expect("peer thread");
+        drop(data);
+        assert!(b.st.ux.keys().all(|k| b.st.ux.get(k).and_then(|u| u.rndv.as_ref()).is_none_or(|i| !i.pregranted)));
+        // Posted now: it asks, the sender refuses.
+        let mut buf = vec![0u8; n];
+        let r = recv(&mut b, Some(0), Some(3), &mut buf);
+        settle(&mut [&mut a, &mut b]);
+        assert!(matches!(b.take_if_done(r), Some(Err(Error::RemoteAccess { .. }))));
+        assert!(buf.iter().all(|&x| x == 0), "nothing copied");
+        assert_eq!(b.st.stats.pregranted, 0);
+    }
+
+    /// A revoke that finds a pre-granted copy queued but not run yet fails it, and answers.
+    #[test]
+    fn a_revoke_stops_a_copy_not_yet_run() {
+        if crate::sys::usable_cpus() < 2 {
+            return;
+        }
+        let mut v = super::super::testkit::job(2, Config::default());
+        let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
+        teach(b, 64 << 10, 30, 10);
+        let n = 64 << 10;
+        let data = vec![9u8; n];
+        let mut buf = vec![0u8; n];
+        let r = recv(b, Some(0), Some(3), &mut buf);
+        let s = send(a, 1, 3, &data, false).expect("a rendezvous is pending");
+        b.progress().expect("progress");
+        assert_eq!(b.st.cma_q.len(), 1, "queued to copy at once");
+        // (As `on_packet` does after a control message: the TM-SRQ's completions are taken.)
+        b.st.on_revoke(0, wire_name(s));
+        b.st.settle_cq().expect("completions");
+        assert!(b.st.reads.is_empty());
+        let (_, c) = b.st.ctlq.back().expect("an answer");
+        assert_eq!(Control::decode(&c.bytes[1..c.len as usize]).expect("control"), Control::RevokeAck { name: wire_name(s) });
+        // The answer releases the sender's wait; the receive (offloaded: its failure is a
+        // TM-SRQ completion) fails.
+        settle(&mut [&mut *a, &mut *b]);
+        assert!(matches!(b.take_if_done(r), Some(Err(_))));
+        assert!(buf.iter().all(|&x| x == 0), "nothing copied");
+        assert!(matches!(a.st.reqs.get(s), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) if r.granted.is_none()));
     }
 
     /// The body of control message `c`, as `on_control` takes it.
@@ -696,7 +826,13 @@ mod tests {
         assert_eq!(st.cma_reads, 0);
         // Single copy: read request, grant, the reader copies it all.
         let st = rendezvous(Config { single_copy_min: Some(0), ..Config::default() }, 300_000);
-        assert_eq!(st.cma_reads, 1);
+        assert_eq!((st.cma_reads, st.pregranted), (1, 0));
+        // Below the split, the sender's request carries the grant: no read request at all.
+        let at_64k = Config { rndv_threshold: Some(65536), ..Config::default() };
+        let st = rendezvous(Config { single_copy_min: Some(0), ..at_64k.clone() }, 100_000);
+        assert_eq!((st.cma_reads, st.pregranted), (1, 1));
+        let st = rendezvous(Config { single_copy_min: Some(200_000), ..at_64k }, 100_000);
+        assert_eq!((st.cma_reads, st.pregranted), (0, 0), "below TMPI_SINGLE_COPY_MIN: streamed, not pre-granted");
         // Split single copy: the target's share (streamed back, as ranks that are threads of
         // one process cannot write into each other with CMA) completes the read with it.
         let st = rendezvous(Config { single_copy_min: Some(0), ..Config::default() }, 2 << 20);

@@ -26,6 +26,8 @@ pub(crate) struct Stats {
     pub cma_fallbacks: u64,
     /// Advice (`Control::EagerBelow`) that raised where rendezvous starts, received.
     pub eager_advice: u64,
+    /// Single-copy reads started without a request, pre-granted by their sender.
+    pub pregranted: u64,
 }
 
 impl Engine {
@@ -69,6 +71,7 @@ impl Engine {
             cma_bytes: s.cma_bytes,
             cma_fallbacks: s.cma_fallbacks,
             eager_advice: s.eager_advice,
+            pregranted_reads: s.pregranted,
             heap_grants: self.st.heaps.grants_served,
             heap_bytes: self.st.heaps.bytes,
             heap_fallbacks: self.st.heaps.fallbacks,

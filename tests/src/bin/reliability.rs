@@ -17,6 +17,13 @@
 //!   rendezvous, and rendezvous and eager headers announcing 2^62 bytes. Rank 0 must get
 //!   errors naming rank 2 (never a panic, an abort or a message reported as from rank 1), and
 //!   the real messages from rank 1 must still arrive intact.
+//! - `revoke` (N = 2): rank 0 unwinds out of a scope (a caught panic) with a rendezvous
+//!   `isend` of 64 KiB pending to rank 1, which is waiting for another message and has not
+//!   posted that receive. Giving the send up must not wait for a receive that may never come
+//!   (the request went out pre-granted for single copy: the grant is revoked, and rank 1
+//!   answers from inside its wait); the buffer is then freed and reused. When rank 1 posts
+//!   the receive afterwards, it fails with `RemoteAccess` (the sender refuses the read) and
+//!   never copies reused memory; the ranks go on.
 
 use std::time::{Duration, Instant};
 
@@ -363,6 +370,45 @@ fn abandon(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     Ok(())
 }
 
+fn revoke(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    const N: usize = 64 << 10;
+    for round in 0..3u32 {
+        world.barrier()?;
+        if world.rank() == 0 {
+            let data = vec![7u8; N];
+            let t = Instant::now();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tmpi::scope(|s| {
+                    let _w = world.isend(s, &data, 1, 30 + round).expect("isend");
+                    panic!("abandoning the send on purpose");
+                })
+            }));
+            let took = t.elapsed();
+            v.check(r.is_err(), || "the scope did not unwind".into());
+            v.check(took < Duration::from_secs(5), || format!("round {round}: giving up the send took {took:?}"));
+            drop(data);
+            let reused = vec![0xEEu8; N];
+            world.send(&[1u8], 1, 29)?;
+            // Rank 1 tells what its receive got.
+            let mut got = [0u8; 1];
+            world.recv(&mut got, 1, 28)?;
+            v.check(got[0] == 1, || format!("round {round}: rank 1's receive of the abandoned send did not fail cleanly ({})", got[0]));
+            v.check(reused.iter().all(|&b| b == 0xEE), || "reused memory changed".into());
+        } else {
+            world.recv(&mut [0u8; 1], 0, 29)?;
+            let mut buf = vec![0u8; N];
+            let verdict = match world.recv(&mut buf, 0, 30 + round) {
+                Err(Error::RemoteAccess { .. }) => 1u8,
+                Ok(_) if buf.iter().all(|&b| b == 7) => 2,
+                Ok(_) => 3,
+                Err(_) => 4,
+            };
+            world.send(&[verdict], 0, 28)?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "leave".into());
     let world = tmpi::init()?;
@@ -388,6 +434,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "flow-rndv-first" => flow(&world, &mut v, true)?,
         "hostile" => hostile(&world, &mut v)?,
         "abandon" => abandon(&world, &mut v)?,
+        "revoke" => revoke(&world, &mut v)?,
         m => return Err(format!("unknown mode {m}").into()),
     }
     v.finish(&world, &mode)?;

@@ -116,7 +116,7 @@ pub use cq::{Wc, WcFlags, WcOpcode, WcStatus};
 pub use ops::{OpsFlags, OpsOp, OpsWr};
 pub use srq::{
     Arrival, Buffer, Placement, Polled, ReadId, ReadRequest, RndvRequest, TmCounters, TmSrq, Transmit, FIN_LEN, MAX_SYNC_DIFF,
-    MAX_TAGGED_LEN, RNDV_META_LEN, RNDV_REQ_LEN, RVH_LEN_IN_META,
+    MAX_TAGGED_LEN, RNDV_FLAG_PREGRANTED, RNDV_META_LEN, RNDV_REQ_LEN, RVH_LEN_IN_META,
 };
 
 /// Errno-like failures of the TM-SRQ verbs. Per-message outcomes are completion statuses

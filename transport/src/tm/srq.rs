@@ -9,9 +9,12 @@ use super::ops::{OpsFlags, OpsOp, OpsWr};
 use super::TmErrno;
 use crate::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
 
-/// Length of the rendezvous meta-data this crate defines after the RVH: the payload length as
-/// a big-endian `u64` (see [`RndvRequest`]).
-pub const RNDV_META_LEN: usize = 8;
+/// Length of the rendezvous meta-data this crate defines after the RVH: the payload length and
+/// flags, each a big-endian `u64` (see [`RndvRequest`]).
+pub const RNDV_META_LEN: usize = 16;
+/// Meta-data flag: the sender has checked the RVH's range for a single-copy read by the
+/// destination (see [`RndvRequest::pregranted`]).
+pub const RNDV_FLAG_PREGRANTED: u64 = 1;
 /// Length of a rendezvous request built by [`RndvRequest::encode`]: TMH, RVH, meta-data.
 pub const RNDV_REQ_LEN: usize = TMH_LEN + RVH_LEN + RNDV_META_LEN;
 /// Length of a FIN message: the request's TMH (opcode FIN) and RVH.
@@ -31,7 +34,8 @@ pub const MAX_TAGGED_LEN: usize = u32::MAX as usize;
 pub const MAX_SYNC_DIFF: u16 = 0x3fff;
 
 /// A rendezvous request as tmpi's senders build it: `TMH | RVH | meta-data`, where the
-/// meta-data is the payload length as a big-endian `u64`.
+/// meta-data is the payload length and a word of flags ([`RNDV_FLAG_PREGRANTED`]), each a
+/// big-endian `u64`: 48 bytes, within the 64 of `max_rndv_hdr_size`.
 ///
 /// # What the hardware path reads, and the two software extensions
 ///
@@ -70,6 +74,11 @@ pub struct RndvRequest {
     pub rkey: u32,
     /// Payload length.
     pub len: u64,
+    /// The sender (the read's target) has already checked `(rkey, va, len, read)` in its
+    /// fi_mr domain for a single-copy read by the destination, and holds the buffer until
+    /// FIN: the receiver may copy it without asking (one round trip fewer). Only software
+    /// reads it; the hardware path serves the RVH as always.
+    pub pregranted: bool,
 }
 
 impl RndvRequest {
@@ -80,7 +89,9 @@ impl RndvRequest {
         let rvh = Rvh { va: self.va, rkey: self.rkey, len: u32::try_from(self.len).unwrap_or(RVH_LEN_IN_META) };
         b[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
         b[TMH_LEN..TMH_LEN + RVH_LEN].copy_from_slice(&rvh.to_bytes());
-        b[TMH_LEN + RVH_LEN..].copy_from_slice(&self.len.to_be_bytes());
+        b[TMH_LEN + RVH_LEN..TMH_LEN + RVH_LEN + 8].copy_from_slice(&self.len.to_be_bytes());
+        let flags = if self.pregranted { RNDV_FLAG_PREGRANTED } else { 0 };
+        b[TMH_LEN + RVH_LEN + 8..].copy_from_slice(&flags.to_be_bytes());
         b
     }
 
@@ -93,7 +104,7 @@ impl RndvRequest {
         if rvh.len != RVH_LEN_IN_META {
             return Some(u64::from(rvh.len));
         }
-        let m: [u8; RNDV_META_LEN] = req.get(TMH_LEN + RVH_LEN..RNDV_REQ_LEN)?.try_into().ok()?;
+        let m: [u8; 8] = req.get(TMH_LEN + RVH_LEN..TMH_LEN + RVH_LEN + 8)?.try_into().ok()?;
         let len = u64::from_be_bytes(m);
         (len >= u64::from(RVH_LEN_IN_META)).then_some(len)
     }
@@ -104,7 +115,15 @@ impl RndvRequest {
         let tmh = parse_tmh(req).filter(|t| t.op == TmOp::Rndv)?;
         let rvh = parse_rvh(req.get(TMH_LEN..)?)?;
         let len = Self::payload_len(req)?;
-        Some(RndvRequest { app_ctx: tmh.app_ctx, tag: tmh.tag, va: rvh.va, rkey: rvh.rkey, len })
+        Some(RndvRequest { app_ctx: tmh.app_ctx, tag: tmh.tag, va: rvh.va, rkey: rvh.rkey, len, pregranted: Self::pregranted(req) })
+    }
+
+    /// Whether a whole request `req` says [`RndvRequest::pregranted`] (false when its
+    /// meta-data is short or absent).
+    pub fn pregranted(req: &[u8]) -> bool {
+        req.get(TMH_LEN + RVH_LEN + 8..RNDV_REQ_LEN)
+            .and_then(|f| <[u8; 8]>::try_from(f).ok())
+            .is_some_and(|f| u64::from_be_bytes(f) & RNDV_FLAG_PREGRANTED != 0)
     }
 }
 

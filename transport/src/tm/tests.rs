@@ -272,7 +272,7 @@ fn unexpected_lands_whole_in_an_srq_buffer() {
     assert!(!s.in_sync());
     assert_eq!(s.counters().unexpected, 1);
     // Unexpected rendezvous requests land whole too, RVH and meta-data included.
-    let req = RndvRequest { app_ctx: 3, tag: 4, va: 0x1000, rkey: 0xab, len: 9 }.encode();
+    let req = RndvRequest { app_ctx: 3, tag: 4, va: 0x1000, rkey: 0xab, len: 9, pregranted: false }.encode();
     let p = place(s.arrive(9, &req).unwrap());
     assert_eq!((p.buffer, p.len), (Buffer::Srq { wr_id: 101 }, RNDV_REQ_LEN));
     assert!(s.poll_cq().unwrap().is_unexpected());
@@ -682,13 +682,20 @@ fn hardware_path_reads_the_rvh_alone_whatever_follows_it() {
 
 #[test]
 fn rendezvous_request_encoding_and_the_long_message_software_path() {
-    let r = RndvRequest { app_ctx: 1, tag: 0x66, va: 0x4000, rkey: 0xcccc_dddd, len: 5000 };
+    let r = RndvRequest { app_ctx: 1, tag: 0x66, va: 0x4000, rkey: 0xcccc_dddd, len: 5000, pregranted: false };
     let req = r.encode();
     assert_eq!(req.len(), RNDV_REQ_LEN);
+    assert!(RNDV_REQ_LEN <= TmCaps::default().max_rndv_hdr_size as usize);
     let Message::Rndv(tmh, rvh, rest) = Message::parse(&req).unwrap() else { panic!() };
     assert_eq!((tmh.tag, tmh.app_ctx, rvh.va, rvh.rkey, rvh.len), (0x66, 1, 0x4000, 0xcccc_dddd, 5000));
-    assert_eq!(rest, &5000u64.to_be_bytes());
+    assert_eq!(rest, &[5000u64.to_be_bytes(), 0u64.to_be_bytes()].concat()[..]);
     assert_eq!(RndvRequest::parse(&req), Some(r));
+    // The pre-grant flag is the meta-data's second word.
+    let pre = RndvRequest { pregranted: true, ..r };
+    let req2 = pre.encode();
+    assert_eq!(&req2[TMH_LEN + RVH_LEN + 8..], &1u64.to_be_bytes());
+    assert_eq!(RndvRequest::parse(&req2), Some(pre));
+    assert!(RndvRequest::pregranted(&req2) && !RndvRequest::pregranted(&req) && !RndvRequest::pregranted(&req2[..RNDV_REQ_LEN - 1]));
     // 2^32 + 5 bytes: the RVH says "in the meta-data", software reads it there.
     let long = RndvRequest { len: (1 << 32) + 5, ..r };
     let req = long.encode();
@@ -701,7 +708,7 @@ fn rendezvous_request_encoding_and_the_long_message_software_path() {
     // The marker without its meta-data, or with a length the RVH could have held, is refused.
     assert_eq!(RndvRequest::payload_len(&req[..TMH_LEN + RVH_LEN]), None);
     let mut bad = req;
-    bad[TMH_LEN + RVH_LEN..].copy_from_slice(&7u64.to_be_bytes());
+    bad[TMH_LEN + RVH_LEN..TMH_LEN + RVH_LEN + 8].copy_from_slice(&7u64.to_be_bytes());
     assert_eq!(RndvRequest::payload_len(&bad), None);
     assert_eq!(RndvRequest::parse(&eager(1, 0, b"0123456789abcdef0123456789abcdef")), None);
 
@@ -721,7 +728,7 @@ fn rendezvous_request_encoding_and_the_long_message_software_path() {
 fn rendezvous_into_a_smaller_buffer_is_rndv_incomplete() {
     let mut s = srq(4, 8, 1);
     let h = add(&mut s, 0x55, ALL, 7, 100, 0);
-    let req = RndvRequest { app_ctx: 2, tag: 0x55, va: 0x10, rkey: 9, len: 101 }.encode();
+    let req = RndvRequest { app_ctx: 2, tag: 0x55, va: 0x10, rkey: 9, len: 101, pregranted: false }.encode();
     let p = place(s.arrive(1, &req).unwrap());
     assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: 7, handle: h });
     assert_eq!(p.bytes(&req), &req[..], "TMH, RVH and meta-data land in the tagged buffer");
