@@ -131,6 +131,9 @@ const SRQ_BUF_LEN: usize = usize::MAX / 4;
 /// Single-copy reads of at least this many bytes are split: the reader copies the first half,
 /// the target (otherwise idle until FIN) writes the second half, so both cores copy.
 const CMA_SPLIT_MIN: usize = 128 * 1024;
+/// ...but below this size not while the target has reads of its own in flight (see
+/// `State::serve_read`).
+const CMA_SPLIT_BUSY_MAX: usize = 1 << 20;
 /// Software syncs the TM-SRQ at least once every this many unexpected messages.
 const FORCED_SYNC_EVERY: u32 = 1 << 14;
 
