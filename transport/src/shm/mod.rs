@@ -249,6 +249,9 @@ impl ShmFabric {
             let burst = if self.streak[src] { BURST } else { 1 };
             let (mut k, mut bytes) = (0, 0);
             while k < burst && bytes < BURST_BYTES {
+                if burst > 1 {
+                    c.prefetch_ahead();
+                }
                 let Some(rec) = c.peek()? else { break };
                 let pkt = Packet { src, flags: rec.flags, total_len: rec.total_len, data: rec.data };
                 if !f(pkt) {
