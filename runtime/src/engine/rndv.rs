@@ -85,6 +85,12 @@ impl Engine {
 }
 
 impl State {
+    /// Whether single copy may move data between this rank and world rank `r` (on, not refused
+    /// by the kernel, and `r` on this host).
+    fn cma_to(&self, r: usize) -> bool {
+        self.cma && self.cma_peers.get(r).copied().unwrap_or(false)
+    }
+
     /// Whether a rendezvous of `len` bytes at `addr` to `dest` goes out pre-granted for single
     /// copy: the target's key check done with the request, so that the reader may copy at
     /// once instead of asking (one round trip fewer; the send holds its buffer until FIN as
@@ -93,8 +99,7 @@ impl State {
     /// the grant splits the copy, which needs the reader's address), not from this rank's
     /// shared heap (a heap grant is one memcpy), and allowed by `TMPI_SINGLE_COPY_MIN`.
     fn may_pregrant(&self, dest: usize, addr: usize, len: usize) -> bool {
-        self.cma
-            && self.cma_peers.get(dest).copied().unwrap_or(false)
+        self.cma_to(dest)
             && len > 0
             && len < CMA_SPLIT_MIN
             && self.cma_min.is_none_or(|m| len >= m)
@@ -179,33 +184,35 @@ impl State {
         let n = if hw.is_some() { info.len } else { info.len.min(r.cap) };
         let buf = r.buf;
         // Single copy needs the buffer (an abandoned receive streams and discards).
-        let cma_ok = self.cma && self.cma_peers.get(src).copied().unwrap_or(false) && buf.is_some();
+        let cma_ok = self.cma_to(src) && buf.is_some();
         // A receive buffer in this rank's shared heap is written by the target with a memcpy
         // whichever way is asked: nothing to learn from it, and the target must be asked.
         let in_heap = buf.is_some_and(|b| self.heaps.locate(b.addr(), n).is_some());
-        let (cma, placed) = match self.cma_min {
+        let (cma, placed_at) = match self.cma_min {
             Some(min) => (cma_ok && n >= min, None),
             None if cma_ok && n > 0 => {
-                let p = self.copy.start(n, std::time::Instant::now());
+                let now = std::time::Instant::now();
+                let p = self.copy.start(n, now);
                 if in_heap {
                     self.copy.spoil(p);
                 }
-                (p.arm == adapt::Arm::Cma, Some(p))
+                (p.arm == adapt::Arm::Cma, Some((p, now)))
             }
             None => (false, None),
         };
+        let placed = placed_at.map(|(p, _)| p);
         // Pre-granted by the sender: copy at once, no request (the target writes no share).
         let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_SPLIT_MIN;
         let remote_write = cma && !at_once;
         let k = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write, failed: false, at_once, placed });
         debug_assert_eq!(k, key);
-        self.advise(src, n);
         if n == 0 {
             return self.finish_read(key, true);
         }
         if at_once {
-            if let Some(p) = placed {
-                self.copy.granted(p, std::time::Instant::now());
+            if let Some((p, now)) = placed_at {
+                // Granted with the request itself: no round trip.
+                self.copy.granted(p, now);
             }
             self.stats.pregranted += 1;
             self.cma_q.push_back(key);
@@ -215,11 +222,11 @@ impl State {
         Ok(())
     }
 
-    /// `TMPI_RNDV_THRESHOLD=auto`: a rendezvous of `n` bytes from `src` arrived; if this rank
+    /// `TMPI_RNDV_THRESHOLD=auto`: a rendezvous read of `n` bytes from `src` ended; if this rank
     /// has found that eager pays for messages of that size (or single copy is impossible,
     /// which leaves the rings either way), it tells `src` to send them eagerly
     /// ([`Control::EagerBelow`], once per size).
-    pub(super) fn advise(&mut self, src: usize, n: usize) {
+    fn advise(&mut self, src: usize, n: usize) {
         if !self.rndv_adaptive || n >= self.rndv_ceiling {
             return;
         }
@@ -227,7 +234,7 @@ impl State {
         if self.advised.get(src).is_none_or(|&a| a >= below) {
             return;
         }
-        let eager = if self.cma && self.cma_peers.get(src).copied().unwrap_or(false) { self.copy.eager_pays(n) } else { Some(true) };
+        let eager = if self.cma_to(src) { self.copy.eager_pays(n) } else { Some(true) };
         if eager == Some(true) {
             self.advised[src] = below;
             self.ctlq.push_back((src, ctl_msg(Control::EagerBelow { bytes: below as u32 })));
@@ -489,8 +496,8 @@ impl State {
         let Some(op) = self.reads.remove(read) else { return Ok(()) };
         if let Some(p) = op.placed {
             self.copy.finish(op.n, p, ok, std::time::Instant::now());
-            self.advise(op.src, op.n);
         }
+        self.advise(op.src, op.n);
         if let Some(id) = op.hw {
             // The TM-SRQ completes DATA_VALID and queues the FIN itself.
             let r = if ok { self.tm.read_complete(id) } else { self.tm.read_failed(id, WcStatus::RemAccessErr) };

@@ -19,6 +19,9 @@ pub const RNDV_FLAG_PREGRANTED: u64 = 1;
 pub const RNDV_REQ_LEN: usize = TMH_LEN + RVH_LEN + RNDV_META_LEN;
 /// Length of a FIN message: the request's TMH (opcode FIN) and RVH.
 pub const FIN_LEN: usize = TMH_LEN + RVH_LEN;
+/// Where the meta-data's two words start in a rendezvous request: the length, then the flags.
+const META_LEN_AT: usize = TMH_LEN + RVH_LEN;
+const META_FLAGS_AT: usize = META_LEN_AT + 8;
 
 /// The RVH `len` that tmpi's senders write for a payload of `u32::MAX` bytes or more: "the
 /// length does not fit the RVH; read it from the meta-data". Hardware gives it no meaning
@@ -89,9 +92,9 @@ impl RndvRequest {
         let rvh = Rvh { va: self.va, rkey: self.rkey, len: u32::try_from(self.len).unwrap_or(RVH_LEN_IN_META) };
         b[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
         b[TMH_LEN..TMH_LEN + RVH_LEN].copy_from_slice(&rvh.to_bytes());
-        b[TMH_LEN + RVH_LEN..TMH_LEN + RVH_LEN + 8].copy_from_slice(&self.len.to_be_bytes());
+        b[META_LEN_AT..META_FLAGS_AT].copy_from_slice(&self.len.to_be_bytes());
         let flags = if self.pregranted { RNDV_FLAG_PREGRANTED } else { 0 };
-        b[TMH_LEN + RVH_LEN + 8..].copy_from_slice(&flags.to_be_bytes());
+        b[META_FLAGS_AT..].copy_from_slice(&flags.to_be_bytes());
         b
     }
 
@@ -104,7 +107,7 @@ impl RndvRequest {
         if rvh.len != RVH_LEN_IN_META {
             return Some(u64::from(rvh.len));
         }
-        let m: [u8; 8] = req.get(TMH_LEN + RVH_LEN..TMH_LEN + RVH_LEN + 8)?.try_into().ok()?;
+        let m: [u8; 8] = req.get(META_LEN_AT..META_FLAGS_AT)?.try_into().ok()?;
         let len = u64::from_be_bytes(m);
         (len >= u64::from(RVH_LEN_IN_META)).then_some(len)
     }
@@ -121,7 +124,7 @@ impl RndvRequest {
     /// Whether a whole request `req` says [`RndvRequest::pregranted`] (false when its
     /// meta-data is short or absent).
     pub fn pregranted(req: &[u8]) -> bool {
-        req.get(TMH_LEN + RVH_LEN + 8..RNDV_REQ_LEN)
+        req.get(META_FLAGS_AT..RNDV_REQ_LEN)
             .and_then(|f| <[u8; 8]>::try_from(f).ok())
             .is_some_and(|f| u64::from_be_bytes(f) & RNDV_FLAG_PREGRANTED != 0)
     }
