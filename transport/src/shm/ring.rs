@@ -71,6 +71,40 @@ const PREFETCH_AHEAD: u64 = 256;
 /// Bytes in flight (published, not yet released) below which a mid-size record may start.
 pub const STREAM_WINDOW: u64 = 384 << 10;
 
+/// Records of at most this many bytes are fetched whole as soon as their header is seen, and
+/// make their producer claim the lines of the next one (see [`Producer::claim_ahead`]).
+const PREFETCH_RECORD_MAX: u64 = 1024;
+/// How far past the next header slot [`Producer::claim_ahead`] claims lines.
+const CLAIM_AHEAD: u64 = 256;
+
+/// Whether this CPU has `prefetchw` (CPUID 0x8000_0001, ECX bit 8); read once.
+fn has_prefetchw() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Leaf 0x8000_0000 gives the highest extended leaf: 0x8000_0001 only where it exists.
+            std::arch::x86_64::__cpuid(0x8000_0000).eax >= 0x8000_0001 && std::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// Asks the CPU to fetch the cache line at `p` for reading.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and changes nothing but the caches, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Control block of one ring.
 #[repr(C, align(128))]
 pub struct RingCtl {
@@ -113,6 +147,10 @@ pub struct Producer {
     /// Last `tail` read from the consumer; refreshed only when the ring looks full.
     tail_cache: u64,
     max_payload: usize,
+    /// Whether [`Producer::claim_ahead`] runs (the CPU has `prefetchw`).
+    claim: bool,
+    /// Ring position up to which lines have been claimed.
+    claimed_to: u64,
 }
 
 // SAFETY: a Producer is the only writer of its ring's head and records; the pointers stay
@@ -132,7 +170,16 @@ impl Producer {
             let c = ctl.as_ref();
             (c.head.load(Ordering::Relaxed), c.tail.load(Ordering::Acquire))
         };
-        Producer { ctl, data, size: size as u64, head, tail_cache: tail, max_payload: max_payload(size) }
+        Producer {
+            ctl,
+            data,
+            size: size as u64,
+            head,
+            tail_cache: tail,
+            max_payload: max_payload(size),
+            claim: has_prefetchw(),
+            claimed_to: 0,
+        }
     }
 
     /// Bytes needed at `head` for a record of `payload` bytes (`long`: with the total length):
@@ -261,7 +308,38 @@ impl Producer {
         self.head += rec;
         // SAFETY: ctl valid for the producer's life.
         unsafe { self.ctl.as_ref() }.head.store(self.head, Ordering::Release);
+        if self.claim && rec > 64 && rec <= PREFETCH_RECORD_MAX {
+            self.claim_ahead();
+        }
         Ok(true)
+    }
+
+    /// Claims (`prefetchw`: fetch for writing) the lines of the ring from the line after the
+    /// next header slot to [`CLAIM_AHEAD`] bytes past it, each line once, so that the next
+    /// record's stores do not each wait for the consumer's copy of their line to be
+    /// invalidated (it read them a lap ago) before its header can be published. Only after
+    /// records of more than one line (up to [`PREFETCH_RECORD_MAX`]): the next header slot's
+    /// own line is the one the consumer polls, and claiming lines ahead of a stream of small
+    /// records only fights the consumer's [`Consumer::prefetch_ahead`]. `osu_latency`
+    /// 64-256 B: about 0.94x the time alone, 0.70-0.76x with the consumer's
+    /// [`Consumer::peek`] fetching the whole record.
+    #[inline(always)]
+    fn claim_ahead(&mut self) {
+        let next = self.head & (self.size - 1);
+        let lap = self.head - next;
+        let from = ((next & !63) + 64).max(self.claimed_to.saturating_sub(lap));
+        let to = (next + CLAIM_AHEAD).min(self.size);
+        self.claimed_to = lap + to;
+        let mut a = from;
+        while a < to {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `a` lies inside the data area (below `size`); `prefetchw` exists on this
+            // CPU (`claim` is set only then), never faults and changes nothing but the caches.
+            unsafe {
+                std::arch::asm!("prefetchw [{0}]", in(reg) self.data.as_ptr().add(a as usize), options(nostack, preserves_flags, readonly))
+            };
+            a += 64;
+        }
     }
 
     /// Why [`Producer::try_push`] refuses a packet of `payload` bytes with `flags`.
@@ -356,6 +434,17 @@ impl Consumer {
         if len > self.max_payload || off + span > self.size || flags & FLAG_SKIP != 0 {
             return Err(Error::Malformed { what: "shm record header out of bounds" });
         }
+        if span <= PREFETCH_RECORD_MAX {
+            // Fetch the record's other lines at once, while the caller matches its header:
+            // they cross from the producer's core together, not one after another.
+            // (`osu_latency` 64-256 B: 0.76-0.93x the time.)
+            let mut a = (off & !63) + 64;
+            while a < off + span {
+                // Inside the record, checked above.
+                prefetch(self.data.as_ptr().wrapping_add(a as usize));
+                a += 64;
+            }
+        }
         // SAFETY: the record lies inside the data area (checked above); the acquire load of
         // word0 made the producer's writes of word1 and the payload visible, and the producer
         // does not touch the record again until we advance tail in `release`.
@@ -371,13 +460,8 @@ impl Consumer {
     /// small records crosses a cache line the producer wrote every one or two records).
     #[inline(always)]
     pub fn prefetch_ahead(&self) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let ahead = (self.pos + PREFETCH_AHEAD) & (self.size - 1);
-            // SAFETY: the address lies inside the data area (masked offset); a prefetch has no
-            // effect but on the caches.
-            unsafe { std::arch::x86_64::_mm_prefetch(self.data.as_ptr().add(ahead as usize).cast::<i8>(), std::arch::x86_64::_MM_HINT_T0) };
-        }
+        let ahead = (self.pos + PREFETCH_AHEAD) & (self.size - 1);
+        prefetch(self.data.as_ptr().wrapping_add(ahead as usize));
     }
 
     /// Consumes the record just peeked, whose [`Record::span`] was `span`.
@@ -432,6 +516,44 @@ mod tests {
             let span = rec.span;
             c.release(span);
         }
+    }
+
+    /// Lines ahead are claimed once each, up to [`CLAIM_AHEAD`] past the next header slot,
+    /// and only after records of more than one line; a lap starts claiming again from its
+    /// beginning. The records themselves are untouched by it.
+    #[test]
+    fn lines_ahead_are_claimed_once_and_records_stay_intact() {
+        let size = 4096;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        p.claim = true;
+        assert!(p.try_push(1, 8, &[&[7u8; 8]]).unwrap());
+        assert_eq!(p.claimed_to, 0, "a one-line record claims nothing");
+        let payload: Vec<u8> = (0..100u8).collect();
+        let mut pushed = 0;
+        for i in 0..100u64 {
+            if !p.try_push(2, 100, &[&payload]).unwrap() {
+                break;
+            }
+            pushed += 1;
+            let next = p.head & (p.size - 1);
+            assert_eq!(p.claimed_to, p.head - next + (next + CLAIM_AHEAD).min(p.size), "record {i}");
+            let rec = c.peek().unwrap().unwrap();
+            if rec.flags == 1 {
+                assert_eq!(rec.data, [7u8; 8]);
+                let span = rec.span;
+                c.release(span);
+                let rec = c.peek().unwrap().unwrap();
+                assert_eq!((rec.flags, rec.data), (2, &payload[..]));
+                let span = rec.span;
+                c.release(span);
+            } else {
+                assert_eq!((rec.flags, rec.data), (2, &payload[..]));
+                let span = rec.span;
+                c.release(span);
+            }
+        }
+        assert!(pushed > size / 128, "the ring wrapped: {pushed} records of 128 bytes");
     }
 
     #[test]
