@@ -71,10 +71,12 @@ const PREFETCH_AHEAD: u64 = 256;
 /// Bytes in flight (published, not yet released) below which a mid-size record may start.
 pub const STREAM_WINDOW: u64 = 384 << 10;
 
-/// Records of at most this many bytes are fetched whole as soon as their header is seen, and
-/// make their producer claim the lines of the next one (see [`Producer::claim_ahead`]).
-const PREFETCH_RECORD_MAX: u64 = 1024;
-/// How far past the next header slot [`Producer::claim_ahead`] claims lines.
+/// Records of at most this many bytes (a 16 KiB eager message with its headers) are fetched
+/// whole as soon as their header is seen, and make their producer claim the lines of the next
+/// one (see [`Producer::claim_ahead`]).
+const PREFETCH_RECORD_MAX: u64 = 16448;
+/// How far past the next header slot [`Producer::claim_ahead`] claims lines at least (at most
+/// a record's length).
 const CLAIM_AHEAD: u64 = 256;
 
 /// Whether this CPU has `prefetchw` (CPUID 0x8000_0001, ECX bit 8); read once.
@@ -309,26 +311,29 @@ impl Producer {
         // SAFETY: ctl valid for the producer's life.
         unsafe { self.ctl.as_ref() }.head.store(self.head, Ordering::Release);
         if self.claim && rec > 64 && rec <= PREFETCH_RECORD_MAX {
-            self.claim_ahead();
+            self.claim_ahead(rec);
         }
         Ok(true)
     }
 
     /// Claims (`prefetchw`: fetch for writing) the lines of the ring from the line after the
-    /// next header slot to [`CLAIM_AHEAD`] bytes past it, each line once, so that the next
-    /// record's stores do not each wait for the consumer's copy of their line to be
-    /// invalidated (it read them a lap ago) before its header can be published. Only after
-    /// records of more than one line (up to [`PREFETCH_RECORD_MAX`]): the next header slot's
-    /// own line is the one the consumer polls, and claiming lines ahead of a stream of small
-    /// records only fights the consumer's [`Consumer::prefetch_ahead`]. `osu_latency`
-    /// 64-256 B: about 0.94x the time alone, 0.70-0.76x with the consumer's
-    /// [`Consumer::peek`] fetching the whole record.
+    /// next header slot to `rec` bytes past it ([`CLAIM_AHEAD`] at least: the next record is
+    /// likely as long as this one), each line once, so that the next record's stores do not
+    /// each wait for the consumer's copy of their line to be invalidated (it read them a lap
+    /// ago) before its header can be published. Only after records of more than one line
+    /// (up to [`PREFETCH_RECORD_MAX`]): the next header slot's own line is the one the
+    /// consumer polls, and claiming lines ahead of a stream of small records only fights the
+    /// consumer's [`Consumer::prefetch_ahead`]. With the consumer fetching a whole record at
+    /// once (in [`Consumer::peek`]), 5 interleaved runs each against neither:
+    /// `osu_latency` 64-512 B 0.68-0.87x the time, 1-4 KiB 0.94-0.95x, 8 KiB 0.85x; `osu_bw`
+    /// and `osu_bibw` 1-4 KiB 1.10-1.33x, `osu_bibw` 64-128 B 1.35-1.64x; `osu_bw` 64-128 B
+    /// 0.93-0.98x.
     #[inline(always)]
-    fn claim_ahead(&mut self) {
+    fn claim_ahead(&mut self, rec: u64) {
         let next = self.head & (self.size - 1);
         let lap = self.head - next;
         let from = ((next & !63) + 64).max(self.claimed_to.saturating_sub(lap));
-        let to = (next + CLAIM_AHEAD).min(self.size);
+        let to = (next + CLAIM_AHEAD.max(rec)).min(self.size);
         self.claimed_to = lap + to;
         let mut a = from;
         while a < to {
@@ -436,8 +441,8 @@ impl Consumer {
         }
         if span <= PREFETCH_RECORD_MAX {
             // Fetch the record's other lines at once, while the caller matches its header:
-            // they cross from the producer's core together, not one after another.
-            // (`osu_latency` 64-256 B: 0.76-0.93x the time.)
+            // they cross from the producer's core together, not one after another (see
+            // `Producer::claim_ahead` for what both measured).
             let mut a = (off & !63) + 64;
             while a < off + span {
                 // Inside the record, checked above.
@@ -518,7 +523,7 @@ mod tests {
         }
     }
 
-    /// Lines ahead are claimed once each, up to [`CLAIM_AHEAD`] past the next header slot,
+    /// Lines ahead are claimed once each, up to [`CLAIM_AHEAD`] (or a record) past the next header slot,
     /// and only after records of more than one line; a lap starts claiming again from its
     /// beginning. The records themselves are untouched by it.
     #[test]
@@ -537,7 +542,7 @@ mod tests {
             }
             pushed += 1;
             let next = p.head & (p.size - 1);
-            assert_eq!(p.claimed_to, p.head - next + (next + CLAIM_AHEAD).min(p.size), "record {i}");
+            assert_eq!(p.claimed_to, p.head - next + (next + CLAIM_AHEAD.max(128)).min(p.size), "record {i}");
             let rec = c.peek().unwrap().unwrap();
             if rec.flags == 1 {
                 assert_eq!(rec.data, [7u8; 8]);
