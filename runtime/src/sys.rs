@@ -59,6 +59,26 @@ pub(crate) fn usable_cpus() -> usize {
     }
 }
 
+/// A reading of a cheap clock that is only ever compared with itself: the time-stamp counter
+/// where the kernel keeps time by it (`clocksource0` is `tsc`: constant rate, in step across
+/// CPUs), in ticks; else `None`. One `rdtsc` costs about a third of `Instant::now` on the KVM
+/// host (about 10 against 30 ns).
+#[inline]
+pub(crate) fn tsc() -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static TSC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let ok = *TSC.get_or_init(|| {
+            std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource").is_ok_and(|s| s.trim() == "tsc")
+        });
+        if ok {
+            // SAFETY: `rdtsc` exists on every x86-64 CPU and only reads the counter.
+            return Some(unsafe { std::arch::x86_64::_rdtsc() });
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

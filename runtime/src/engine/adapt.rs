@@ -75,6 +75,49 @@ impl Arm {
     }
 }
 
+/// A time of the chooser's measurements. Its unit is a clock tick that only ever meets its
+/// own kind: TSC ticks where the kernel keeps time by the TSC (two reads per rendezvous read,
+/// each a third of an `Instant::now`), else nanoseconds since the first reading. Every
+/// comparison the chooser makes is between two of them (times per byte, a round trip against
+/// a copy), so the unit never matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Stamp(u64);
+
+impl Stamp {
+    /// Now.
+    #[inline]
+    pub(crate) fn now() -> Stamp {
+        match crate::sys::tsc() {
+            Some(t) => Stamp(t),
+            None => {
+                static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+                Stamp(ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64)
+            }
+        }
+    }
+
+    /// Ticks from `earlier` to `self` (0 if `earlier` is later).
+    fn since(self, earlier: Stamp) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+/// Tests count ticks as nanoseconds.
+#[cfg(test)]
+impl std::ops::Add<std::time::Duration> for Stamp {
+    type Output = Stamp;
+    fn add(self, d: std::time::Duration) -> Stamp {
+        Stamp(self.0 + d.as_nanos() as u64)
+    }
+}
+
+#[cfg(test)]
+impl std::ops::AddAssign<std::time::Duration> for Stamp {
+    fn add_assign(&mut self, d: std::time::Duration) {
+        *self = *self + d;
+    }
+}
+
 /// Size classes: class `b` holds reads of `2^b ..= 2^(b+1) - 1` bytes.
 const CLASSES: usize = 64;
 /// Samples kept per way and class.
@@ -171,7 +214,7 @@ struct Epoch {
     /// Whether it is timed (a try of a learning class, or of the way not chosen, or a sample
     /// of the chosen way): reads of another class or a shared heap clear it.
     measure: bool,
-    t0: std::time::Instant,
+    t0: Stamp,
     /// Reads of the period in flight, and bytes of those done.
     in_flight: u32,
     bytes: u64,
@@ -204,7 +247,7 @@ pub(crate) struct Placed {
 
 impl Epochs {
     /// A read of `n` bytes that single copy could serve starts at `now`: how it moves.
-    pub(crate) fn start(&mut self, n: usize, now: std::time::Instant) -> Placed {
+    pub(crate) fn start(&mut self, n: usize, now: Stamp) -> Placed {
         let class = class_of(n);
         match &mut self.cur {
             None if self.others == 0 => {
@@ -230,10 +273,10 @@ impl Epochs {
     }
 
     /// The first grant of a single-copy read of the period arrived at `now`.
-    pub(crate) fn granted(&mut self, p: Placed, now: std::time::Instant) {
+    pub(crate) fn granted(&mut self, p: Placed, now: Stamp) {
         if let (Some(e), true) = (&mut self.cur, p.in_epoch) {
             if e.rtt.is_none() {
-                e.rtt = Some(now.saturating_duration_since(e.t0).as_nanos() as u64);
+                e.rtt = Some(now.since(e.t0));
             }
         }
     }
@@ -247,7 +290,7 @@ impl Epochs {
     }
 
     /// A read of `n` bytes placed as `p` ended at `now` (`ok`: all its bytes are in).
-    pub(crate) fn finish(&mut self, n: usize, p: Placed, ok: bool, now: std::time::Instant) {
+    pub(crate) fn finish(&mut self, n: usize, p: Placed, ok: bool, now: Stamp) {
         if !p.in_epoch {
             self.others = self.others.saturating_sub(1);
             return;
@@ -260,7 +303,7 @@ impl Epochs {
             let e = *e;
             self.cur = None;
             if e.measure {
-                let ns = now.saturating_duration_since(e.t0).as_nanos() as u64;
+                let ns = now.since(e.t0);
                 // A round trip is one only for a read alone in its period: in a crowd the
                 // first grant waits behind the target's work for the others (120 us against
                 // 0.5 us, in an `osu_bw` window of 32 KiB reads).
@@ -345,8 +388,8 @@ impl CopyChooser {
         )
     }
 
-    /// A timed period of reads of `n`'s class done `arm`'s way moved `bytes` in `ns`
-    /// nanoseconds (from its first request to its last byte); `rtt`, for single copy, is the
+    /// A timed period of reads of `n`'s class done `arm`'s way moved `bytes` in `ns` ticks of
+    /// [`Stamp`] (from its first request to its last byte); `rtt`, for single copy, is the
     /// round trip to the grant of a read alone in its period.
     ///
     /// The first period each way of a class is not counted (unless it tries the way the
@@ -364,7 +407,7 @@ impl CopyChooser {
         if !std::mem::replace(&mut c.warm[arm as usize], true) && !probe {
             return;
         }
-        // Picoseconds per byte: sizes within a class differ by up to 2x.
+        // Thousandths of a tick per byte: sizes within a class differ by up to 2x.
         c.arms[arm as usize].push(ns.saturating_mul(1000) / bytes.max(1));
         if let Some(r) = rtt {
             c.rtt.push(r);
@@ -431,7 +474,7 @@ impl CopyChooser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     /// One timed read of `n` bytes that took `ns`.
     fn rec(c: &mut CopyChooser, n: usize, arm: Arm, ns: u64, rtt: Option<u64>) {
@@ -549,7 +592,7 @@ mod tests {
     #[test]
     fn a_busy_period_is_timed_as_a_whole() {
         let mut e = Epochs::default();
-        let t = Instant::now();
+        let t = Stamp::now();
         let at = |us: u64| t + Duration::from_micros(us);
         let n = 256 << 10;
         // Six windows of 8 reads: single copy moves a window in 100 us, the rings in 200 us.

@@ -191,7 +191,7 @@ impl State {
         let (cma, placed_at) = match self.cma_min {
             Some(min) => (cma_ok && n >= min, None),
             None if cma_ok && n > 0 => {
-                let now = std::time::Instant::now();
+                let now = adapt::Stamp::now();
                 let p = self.copy.start(n, now);
                 if in_heap {
                     self.copy.spoil(p);
@@ -355,7 +355,7 @@ impl State {
                         // Served from the target's shared heap: neither way was measured.
                         self.copy.spoil(p);
                     } else {
-                        self.copy.granted(p, std::time::Instant::now());
+                        self.copy.granted(p, adapt::Stamp::now());
                     }
                 }
                 if let Some(h) = heap {
@@ -495,7 +495,7 @@ impl State {
     pub(super) fn finish_read(&mut self, read: Key, ok: bool) -> Result<()> {
         let Some(op) = self.reads.remove(read) else { return Ok(()) };
         if let Some(p) = op.placed {
-            self.copy.finish(op.n, p, ok, std::time::Instant::now());
+            self.copy.finish(op.n, p, ok, adapt::Stamp::now());
         }
         self.advise(op.src, op.n);
         if let Some(id) = op.hw {
@@ -721,7 +721,7 @@ mod tests {
     /// Teaches `e`'s chooser that reads of `n` bytes are `stream_us` microseconds through the
     /// rings and `cma_us` by single copy (six timed periods, as a real run would give).
     fn teach(e: &mut Engine, n: usize, stream_us: u64, cma_us: u64) {
-        let mut t = std::time::Instant::now();
+        let mut t = adapt::Stamp::now();
         for _ in 0..6 {
             let p = e.st.copy.start(n, t);
             t += std::time::Duration::from_micros(if p.arm == adapt::Arm::Cma { cma_us } else { stream_us });

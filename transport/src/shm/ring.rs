@@ -39,6 +39,11 @@
 //! message, every control packet) and the largest (streamed rendezvous data, whose pipelining
 //! needs two of them in flight) are limited by the ring's size alone.
 //!
+//! Records longer than a line: the consumer fetches all of a record's lines (up to 16 KiB) as
+//! soon as it has read the header, and the producer, after such a record, claims the lines
+//! the next one will take (`prefetchw`), so that neither side waits for one line transfer
+//! after another (`bench/results/p2p-2026-11-26.md`).
+//!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
 //! writing `word1` and the payload; the consumer reads them after an acquire load of `word0`,
