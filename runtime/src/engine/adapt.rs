@@ -80,7 +80,7 @@ impl Arm {
 /// each a third of an `Instant::now`), else nanoseconds since the first reading. Every
 /// comparison the chooser makes is between two of them (times per byte, a round trip against
 /// a copy), so the unit never matters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stamp(u64);
 
 impl Stamp {
@@ -182,6 +182,14 @@ impl Default for Class {
             probe_every: PROBE_FIRST,
             warm: [false; 2],
         }
+    }
+}
+
+impl Class {
+    /// A try of the way not chosen confirmed the choice: the next comes twice as late (from
+    /// [`PROBE_FIRST`] on, up to [`PROBE_LONGEST`]).
+    fn try_less_often(&mut self) {
+        self.probe_every = (self.probe_every.max(PROBE_FIRST / 2) * 2).min(PROBE_LONGEST);
     }
 }
 
@@ -420,7 +428,7 @@ impl CopyChooser {
                 let (tried, kept) = (c.arms[arm as usize].best(), c.arms[cur as usize].best());
                 if let (Some(t), Some(k)) = (tried, kept) {
                     if t.saturating_mul(100) >= k.saturating_mul(CLEAR) {
-                        c.probe_every = (c.probe_every.max(PROBE_FIRST / 2) * 2).min(PROBE_LONGEST);
+                        c.try_less_often();
                     }
                 }
             }
@@ -442,7 +450,7 @@ impl CopyChooser {
             }
             Some(cur) if arm != cur => {
                 // A try of the other way confirmed the choice: try less often.
-                c.probe_every = (c.probe_every.max(PROBE_FIRST / 2) * 2).min(PROBE_LONGEST);
+                c.try_less_often();
             }
             Some(_) => {}
         }
