@@ -39,25 +39,6 @@ type Eng = Arc<EngineCell>;
 /// The requests a scope started on its engine (the engine of its first request).
 type Started = Vec<ReqId>;
 
-/// A request's engine: borrowed from its scope, which holds one reference for all of its
-/// requests (no reference counting per request), or, for a request on another engine than
-/// the scope's first one, a reference of its own.
-#[derive(Clone)]
-enum EngRef<'s> {
-    Scope(&'s EngineCell),
-    Own(Eng),
-}
-
-impl std::ops::Deref for EngRef<'_> {
-    type Target = EngineCell;
-    fn deref(&self) -> &EngineCell {
-        match self {
-            EngRef::Scope(e) => e,
-            EngRef::Own(e) => e,
-        }
-    }
-}
-
 thread_local! {
     /// Lists of started requests from scopes that ended, kept for the next scopes of this
     /// thread so that a scope in a loop does not allocate.
@@ -74,7 +55,8 @@ pub struct Scope<'scope, 'env: 'scope> {
     /// Requests started on `engine` (a plain list of handles: pushing one is one store).
     started: RefCell<Started>,
     /// Requests started on another engine (rare: communicators of two runtimes in one
-    /// thread, as in tests), each with its engine.
+    /// thread, as in tests), each with its engine. The scope keeps each such engine alive
+    /// here until its end, which is what lets their requests borrow it for `'scope`.
     others: RefCell<Vec<(Eng, ReqId)>>,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
@@ -166,15 +148,33 @@ where
 /// A pending non-blocking operation. Dropping it leaves the operation to its scope.
 #[must_use = "a request completes at the end of its scope at the latest; wait on it to see its result"]
 pub struct Request<'scope> {
-    eng: EngRef<'scope>,
+    /// The request's engine: the scope's first engine, or another one that the scope keeps
+    /// alive in `Scope::others` (no reference counting per request).
+    eng: &'scope EngineCell,
+    /// The request in `eng`; [`SENT`]: complete when it started (a send that went out at
+    /// once, whose status is `Status::sent()`); `None`: collected.
+    ///
+    /// Two words in all, with `eng`: a request is built in two registers and stored where the
+    /// caller keeps it with two plain stores. At five words (an engine enum and a cached
+    /// `Option<Status>`), `reqs.push(world.irecv(..)?)` built it on the stack and copied it
+    /// into the vector with 16-byte loads that straddled its 8-byte stores: a store-forwarding
+    /// stall on every request.
     rid: Option<ReqId>,
-    done: Option<Status>,
     _p: PhantomData<&'scope mut ()>,
 }
 
+/// [`Request::rid`] of a request complete when it started: a key of no slot (index
+/// `u32::MAX`, the slab's free-list end), so no engine request ever has it.
+const SENT: ReqId = ReqId::new(u32::MAX, 1);
+
 impl std::fmt::Debug for Request<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request").field("done", &self.done).finish()
+        let state = match self.rid {
+            None => "collected",
+            Some(SENT) => "done",
+            Some(_) => "started",
+        };
+        f.debug_struct("Request").field("state", &state).finish()
     }
 }
 
@@ -182,21 +182,24 @@ impl<'scope> Request<'scope> {
     // Always inlined: as a call, two thirds of its cost were the call's register saves.
     #[inline(always)]
     pub(crate) fn new(eng: &Eng, rid: Option<ReqId>, s: &'scope Scope<'scope, '_>) -> Self {
-        let first = s.engine.get_or_init(|| eng.clone());
-        let same = Arc::ptr_eq(first, eng);
-        let done = match rid {
-            Some(r) if same => {
-                s.started.borrow_mut().push(r);
-                None
-            }
-            Some(r) => {
-                s.others.borrow_mut().push((eng.clone(), r));
-                None
-            }
-            None => Some(Status::sent()),
+        let first: &'scope EngineCell = s.engine.get_or_init(|| eng.clone());
+        let Some(r) = rid else {
+            // Never locked (a SENT request needs no engine): the scope's will do.
+            return Request { eng: first, rid: Some(SENT), _p: PhantomData };
         };
-        let eng = if same { EngRef::Scope(first) } else { EngRef::Own(eng.clone()) };
-        Request { eng, rid, done, _p: PhantomData }
+        let eng = if std::ptr::eq(first, &**eng) {
+            s.started.borrow_mut().push(r);
+            first
+        } else {
+            s.others.borrow_mut().push((eng.clone(), r));
+            // SAFETY: the clone just pushed to `s.others` keeps this engine alive (an `Arc`'s
+            // pointee never moves) until the scope's end (`End::drop`), and no
+            // `Request<'scope>` can be used after that: the scope's closure returns nothing
+            // that names `'scope`, so every request is gone (or leaked, never to be used) by
+            // then. Nothing removes an entry from `others` before the end.
+            unsafe { &*Arc::as_ptr(eng) }
+        };
+        Request { eng, rid: Some(r), _p: PhantomData }
     }
 
     /// Waits for completion.
@@ -209,34 +212,37 @@ impl<'scope> Request<'scope> {
 
     /// [`Request::wait`] in place: the request is collected (a second call is an error).
     fn wait_mut(&mut self) -> Result<Status> {
-        if let Some(st) = self.done.take() {
-            return Ok(st);
-        }
         let rid = self.rid.take().ok_or_else(|| Error::State("request already collected".into()))?;
+        if rid == SENT {
+            return Ok(Status::sent());
+        }
         let mut e = self.eng.lock()?;
         finish(&mut e, rid)
     }
 
     /// Completes the request if it can be completed now.
     ///
+    /// A request found complete stays in the engine with its status until it is waited for
+    /// (or its scope ends), so a later [`Request::wait`] returns the same status at once; one
+    /// that failed is collected here, with its error.
+    ///
     /// # Errors
     /// As [`Request::wait`].
     pub fn test(&mut self) -> Result<Option<Status>> {
-        if let Some(st) = self.done {
-            return Ok(Some(st));
-        }
         let Some(rid) = self.rid else {
             return Err(Error::State("request already collected".into()));
         };
+        if rid == SENT {
+            return Ok(Some(Status::sent()));
+        }
         let mut e = self.eng.lock()?;
         e.test_step(rid)?;
-        match e.take_if_done(rid) {
+        match e.done_status(rid) {
             None => Ok(None),
-            Some(r) => {
+            Some(Ok(st)) => Ok(Some(st)),
+            Some(Err(())) => {
                 self.rid = None;
-                let st = r?;
-                self.done = Some(st);
-                Ok(Some(st))
+                finish(&mut e, rid).map(Some)
             }
         }
     }
@@ -247,7 +253,7 @@ impl<'scope> Request<'scope> {
     /// # Errors
     /// None today; the signature leaves room for fabrics where cancel can fail.
     pub fn cancel(&mut self) -> Result<()> {
-        if let Some(rid) = self.rid {
+        if let Some(rid) = self.rid.filter(|&r| r != SENT) {
             self.eng.lock()?.cancel(rid);
         }
         Ok(())
@@ -255,7 +261,7 @@ impl<'scope> Request<'scope> {
 
     /// Abandons a request that can no longer complete and returns why.
     fn fail_gone(mut self) -> Error {
-        let Some(rid) = self.rid.take() else {
+        let Some(rid) = self.rid.take().filter(|&r| r != SENT) else {
             return Error::State("request already collected".into());
         };
         let mut e = match self.eng.lock() {
@@ -269,7 +275,7 @@ impl<'scope> Request<'scope> {
 
     fn is_done(&self) -> bool {
         match self.rid {
-            None => true,
+            None | Some(SENT) => true,
             Some(r) => self.eng.lock().is_ok_and(|e| e.is_done(r)),
         }
     }
@@ -290,14 +296,15 @@ pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
     // Taken by reference: moving each request out of the vector copied it through the stack,
     // and the copy stalled on the stores that had just written it.
     for r in reqs.iter_mut() {
-        let res = match (&r.done, r.rid, &r.eng) {
+        let res = match r.rid {
             // Complete when it started (a send that went out at once): no engine needed, and
             // the engine held for the run stays held.
-            (&Some(st), ..) => {
-                r.done = None;
-                Ok(st)
+            Some(SENT) => {
+                r.rid = None;
+                Ok(Status::sent())
             }
-            (None, Some(rid), &EngRef::Scope(cell)) => {
+            Some(rid) => {
+                let cell = r.eng;
                 let g = match held.take() {
                     Some(g) if g.holds(cell) => g,
                     other => {
@@ -314,10 +321,7 @@ pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
                 r.rid = None;
                 finish(held.insert(g), rid)
             }
-            _ => {
-                held = None;
-                r.wait_mut()
-            }
+            None => r.wait_mut(),
         };
         match res {
             Ok(s) => out.push(s),
@@ -347,14 +351,14 @@ pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
             let st = reqs.remove(i).wait()?;
             return Ok((i, st));
         }
-        let eng = reqs[0].eng.clone();
+        let eng = reqs[0].eng;
         let mut e = eng.lock()?;
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
             if e.idle(b, |_| false) {
                 // A request that can no longer complete is the one that "completes" (with
                 // its error).
-                let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
+                let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| rid != SENT && e.check_gone(&Need::Req(rid)).is_err()));
                 if let Some(i) = gone {
                     drop(e);
                     let r = reqs.remove(i);
@@ -386,7 +390,7 @@ fn take_done(reqs: &mut Vec<Request<'_>>) -> Vec<(usize, Result<Status>)> {
 
 /// One round of progress on the engine of `reqs` (every request of a thread shares it).
 fn poke(reqs: &[Request<'_>]) -> Result<()> {
-    if let Some(r) = reqs.iter().find(|r| r.rid.is_some()) {
+    if let Some(r) = reqs.iter().find(|r| r.rid.is_some_and(|rid| rid != SENT)) {
         let mut e = r.eng.lock()?;
         if e.progress()? == 0 {
             if let Some(rid) = r.rid {
@@ -431,12 +435,12 @@ pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Statu
         if !done.is_empty() {
             return Ok(done);
         }
-        let eng = reqs[0].eng.clone();
+        let eng = reqs[0].eng;
         let mut e = eng.lock()?;
         if e.progress()? == 0 {
             let b = backoff.get_or_insert_with(|| e.backoff());
             if e.idle(b, |_| false) {
-                let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| e.check_gone(&Need::Req(rid)).is_err()));
+                let gone = reqs.iter().position(|r| r.rid.is_some_and(|rid| rid != SENT && e.check_gone(&Need::Req(rid)).is_err()));
                 if let Some(i) = gone {
                     drop(e);
                     let r = reqs.remove(i);
@@ -495,6 +499,7 @@ impl Comm {
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
+    #[inline]
     pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
         let eng = &self.inner.eng;
         let rid = {
@@ -524,6 +529,7 @@ impl Comm {
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`].
+    #[inline]
     pub fn irecv<'scope, T: Pod>(
         &self,
         s: &'scope Scope<'scope, '_>,
@@ -540,5 +546,59 @@ impl Comm {
             unsafe { self.post_recv_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice_mut(buf), sr, t)? }
         };
         Ok(Request::new(eng, Some(rid), s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Two words, so that a request is passed and stored in registers (see `Request::rid`).
+    const _: () = assert!(std::mem::size_of::<Request<'static>>() == 16);
+
+    /// `test` leaves a complete request's status for `wait`; a failed one is collected by the
+    /// `test` that reports it; a send complete at once is complete to both.
+    #[test]
+    fn test_then_wait_sees_one_outcome() {
+        let out = crate::run_local(2, |w| {
+            let peer = 1 - w.rank();
+            if w.rank() == 0 {
+                w.send(&[1u32, 2, 3], peer, 5).expect("send");
+                w.send(&[4u32, 5, 6], peer, 6).expect("send");
+                return Vec::new();
+            }
+            let (mut fits, mut short) = ([0u32; 4], [0u32; 1]);
+            crate::scope(|s| {
+                let mut r = w.irecv(s, &mut fits, peer, 5).expect("irecv");
+                let st = loop {
+                    if let Some(st) = r.test().expect("test") {
+                        break st;
+                    }
+                };
+                assert_eq!(r.test().expect("test again"), Some(st), "a second test sees the same status");
+                let waited = r.wait().expect("wait after test");
+                let mut t = w.irecv(s, &mut short, peer, 6).expect("irecv");
+                let err = loop {
+                    match t.test() {
+                        Ok(None) => continue,
+                        Ok(Some(st)) => panic!("a truncated receive completed: {st:?}"),
+                        Err(e) => break e,
+                    }
+                };
+                let again = t.wait().expect_err("the failure was collected by test");
+                let mut sent = w.isend(s, &[9u8], peer, 7).expect("isend");
+                let sent_test = sent.test().expect("test of a send").is_some();
+                vec![
+                    (waited.count::<u32>(), waited.tag()) == (3, 5),
+                    matches!(err, Error::Truncated { .. }),
+                    matches!(again, Error::State(_)),
+                    sent_test,
+                    sent.wait().is_ok(),
+                ]
+            })
+        });
+        // Rank 1's last send is never received: the run ends with it unreceived.
+        let got = &out[1];
+        assert!(got.len() == 5 && got.iter().all(|&ok| ok), "{got:?}");
     }
 }

@@ -18,11 +18,14 @@ const NOWHERE: std::num::NonZeroU64 = match std::num::NonZeroU64::new(!(u32::MAX
 impl Key {
     /// The key of slot `idx` at generation `gen`.
     #[inline]
-    pub(crate) fn new(idx: u32, gen: u32) -> Key {
-        let v = !(u64::from(gen) << 32 | u64::from(idx));
+    pub(crate) const fn new(idx: u32, gen: u32) -> Key {
+        let v = !((gen as u64) << 32 | idx as u64);
         // Zero is `idx == u32::MAX` at generation `u32::MAX`; no slot has index `u32::MAX`
         // (it is the free list's end), so generation 0 names the same nothing.
-        Key(std::num::NonZeroU64::new(v).unwrap_or(NOWHERE))
+        match std::num::NonZeroU64::new(v) {
+            Some(v) => Key(v),
+            None => Key(NOWHERE),
+        }
     }
 
     /// The slot's index.

@@ -5,6 +5,7 @@ use super::*;
 impl Engine {
     /// Posts a receive into `buf` on context `ctx`; `from` says whom it waits for in world
     /// ranks (`src` is the same source in the communicator's numbering).
+    #[inline]
     pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
         let cap = buf.cap();
         let key = matching::recv_key(ctx, src, tag);

@@ -287,6 +287,16 @@ impl Engine {
         self.st.reqs.is_empty()
     }
 
+    /// How request `rid` completed, leaving it in place: `Ok` with its status, `Err(())` when
+    /// it failed or is not there (what [`Engine::take_if_done`] then hands over); `None` while
+    /// it is under way.
+    pub(crate) fn done_status(&self, rid: ReqId) -> Option<std::result::Result<Status, ()>> {
+        match self.st.reqs.get(rid) {
+            None => Some(Err(())),
+            Some(r) => r.result.as_ref().map(|res| res.as_ref().map(|st| *st).map_err(|_| ())),
+        }
+    }
+
     /// Whether `rid` has completed (without collecting it).
     pub(crate) fn is_done(&self, rid: ReqId) -> bool {
         self.st.reqs.get(rid).is_none_or(|r| r.result.is_some())
