@@ -687,6 +687,7 @@ mod tests {
                                 let r = w.irecv(s, &mut rbuf, peer, t).expect("irecv");
                                 let l = w.irecv(s, &mut leaked, peer, 100 + t).expect("irecv leaked");
                                 // The scope still completes it before `leaked` is read.
+                                #[allow(clippy::forget_non_drop)]
                                 std::mem::forget(l);
                                 let a = w.isend(s, &sbuf, peer, t).expect("isend");
                                 let b = w.isend(s, &sbuf, peer, 100 + t).expect("isend 2");
