@@ -67,10 +67,12 @@ impl Tmh {
     /// Writes the header into `out`.
     #[inline]
     pub fn encode(&self, out: &mut [u8; TMH_LEN]) {
-        out[0] = self.op as u8;
-        out[1..4].fill(0);
-        out[4..8].copy_from_slice(&self.app_ctx.to_be_bytes());
-        out[8..16].copy_from_slice(&self.tag.to_be_bytes());
+        // Two whole words (opcode, three zero bytes, the context; the tag), each one store:
+        // the header is copied into the ring right after, and a copy that read bytes written
+        // piecemeal would wait for those stores to reach the cache.
+        let w0 = u64::from(self.op as u8) | u64::from(u32::from_le_bytes(self.app_ctx.to_be_bytes())) << 32;
+        out[..8].copy_from_slice(&w0.to_le_bytes());
+        out[8..].copy_from_slice(&self.tag.to_be_bytes());
     }
 
     /// Returns the encoded header.

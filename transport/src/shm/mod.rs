@@ -304,11 +304,18 @@ fn parse_cache_size(s: &str) -> Option<usize> {
 /// two ranges disjoint.
 #[inline(always)]
 pub unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
-    // SAFETY: (every arm) the width W of the arm's words satisfies W <= n <= 2 W, which is
-    // `two_words`' contract; `src` and `dst` are valid for n bytes and disjoint (ours).
+    // SAFETY: (every arm) each `two_words` call copies m bytes with words of width W,
+    // W <= m <= 2 W (its contract), inside [0, n) of `src` and `dst` (the 16..=32 arm's
+    // second call starts at n - 16 >= 0), which are valid for n bytes and disjoint (ours).
     unsafe {
         match n {
-            16..=32 => two_words::<u128>(src, dst, n),
+            // Words of 8 bytes, not 16: what is copied at these lengths is mostly a header
+            // the caller has just written in 8-byte words, and a 16-byte load across two
+            // such stores waits for them to reach the cache (a store-forwarding stall).
+            16..=32 => {
+                two_words::<u64>(src, dst, 16);
+                two_words::<u64>(src.add(n - 16), dst.add(n - 16), 16);
+            }
             8..=15 => two_words::<u64>(src, dst, n),
             4..=7 => two_words::<u32>(src, dst, n),
             2..=3 => two_words::<u16>(src, dst, n),
