@@ -304,17 +304,21 @@ fn parse_cache_size(s: &str) -> Option<usize> {
 /// two ranges disjoint.
 #[inline(always)]
 pub unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
-    // SAFETY: (every arm) each `two_words` call copies m bytes with words of width W,
-    // W <= m <= 2 W (its contract), inside [0, n) of `src` and `dst` (the 16..=32 arm's
-    // second call starts at n - 16 >= 0), which are valid for n bytes and disjoint (ours).
+    // SAFETY: (every arm) each word read or written lies inside [0, n) of `src` and `dst`
+    // (the 16..=32 arm's last two start at n - 16 >= 0 and n - 8), which are valid for n
+    // bytes and disjoint (ours); `two_words` gets W <= n <= 2 W, its contract.
     unsafe {
         match n {
             // Words of 8 bytes, not 16: what is copied at these lengths is mostly a header
             // the caller has just written in 8-byte words, and a 16-byte load across two
             // such stores waits for them to reach the cache (a store-forwarding stall).
             16..=32 => {
-                two_words::<u64>(src, dst, 16);
-                two_words::<u64>(src.add(n - 16), dst.add(n - 16), 16);
+                let (a, b) = (load8(src), load8(src.add(8)));
+                let (c, d) = (load8(src.add(n - 16)), load8(src.add(n - 8)));
+                dst.cast::<u64>().write_unaligned(a);
+                dst.add(8).cast::<u64>().write_unaligned(b);
+                dst.add(n - 16).cast::<u64>().write_unaligned(c);
+                dst.add(n - 8).cast::<u64>().write_unaligned(d);
             }
             8..=15 => two_words::<u64>(src, dst, n),
             4..=7 => two_words::<u32>(src, dst, n),
@@ -323,6 +327,30 @@ pub unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
             0 => {}
             _ => std::ptr::copy_nonoverlapping(src, dst, n),
         }
+    }
+}
+
+/// Reads the 8 bytes at `p` (any alignment) with one 8-byte load. Written in assembly so
+/// that the compiler cannot merge two neighbouring reads into one 16-byte load: the headers
+/// [`copy_bytes`] copies were just written in 8-byte words, and a 16-byte load across two
+/// such stores waits until both reach the cache (a store-forwarding stall, about 15 cycles,
+/// longer while older stores wait for their lines).
+///
+/// # Safety
+/// `p` must be readable for 8 bytes.
+#[inline(always)]
+unsafe fn load8(p: *const u8) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let v: u64;
+        // SAFETY: the caller makes `p` readable for 8 bytes; x86-64 loads need no alignment.
+        unsafe { std::arch::asm!("mov {v}, qword ptr [{p}]", p = in(reg) p, v = out(reg) v, options(nostack, preserves_flags, readonly, pure)) };
+        v
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: as above.
+    unsafe {
+        p.cast::<u64>().read_unaligned()
     }
 }
 
