@@ -344,7 +344,9 @@ unsafe fn load8(p: *const u8) -> u64 {
     {
         let v: u64;
         // SAFETY: the caller makes `p` readable for 8 bytes; x86-64 loads need no alignment.
-        unsafe { std::arch::asm!("mov {v}, qword ptr [{p}]", p = in(reg) p, v = out(reg) v, options(nostack, preserves_flags, readonly, pure)) };
+        unsafe {
+            std::arch::asm!("mov {v}, qword ptr [{p}]", p = in(reg) p, v = out(reg) v, options(nostack, preserves_flags, readonly, pure))
+        };
         v
     }
     #[cfg(not(target_arch = "x86_64"))]
