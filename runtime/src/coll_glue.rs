@@ -141,7 +141,7 @@ impl Comm {
     }
 
     /// Builds a communicator on agreed id `id` (and takes the id on this rank).
-    fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<Arc<[usize]>>) -> Result<Comm> {
+    fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<crate::engine::WorldRanks>) -> Result<Comm> {
         self.eng()?.comm_ids.take(id);
         Ok(Comm {
             inner: Arc::new(CommInner {
@@ -186,7 +186,7 @@ impl Comm {
             (0..n).filter(|&r| all[3 * r] == 1 && all[3 * r + 1] == color).map(|r| (all[3 * r + 2] as i32, r)).collect();
         group.sort_unstable();
         let rank = group.iter().position(|&(_, r)| r == self.rank()).ok_or_else(|| Error::State("split lost this rank".into()))?;
-        let members: Arc<[usize]> = group.iter().map(|&(_, r)| self.world_rank(r)).collect();
+        let members = Arc::new(group.iter().map(|&(_, r)| self.world_rank(r)).collect::<Vec<_>>());
         let size = members.len();
         let c = self.with_id(id, rank, size, Some(members))?;
         shm::assign(&c)?;

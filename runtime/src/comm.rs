@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 
 use crate::buffer::{RawBuf, RawBufMut};
-use crate::engine::{Engine, Need, Peers, ReqId};
+use crate::engine::{Engine, Need, Peers, ReqId, WorldRanks};
 use crate::error::{Error, Result};
 use crate::matching;
 use crate::sync::{CollBusy, EngineCell, EngineGuard, SyncCell};
@@ -111,7 +111,7 @@ pub(crate) struct CommInner {
     pub(crate) rank: Rank,
     pub(crate) size: usize,
     /// World rank of each member; `None` for the identity (the world communicator).
-    pub(crate) members: Option<Arc<[usize]>>,
+    pub(crate) members: Option<WorldRanks>,
 }
 
 impl Drop for CommInner {
@@ -295,8 +295,8 @@ impl Comm {
     /// Whom a receive from `src` (`None`: any source) waits for, in world ranks.
     pub(crate) fn peers(&self, src: Option<u32>) -> Peers {
         match src {
-            Some(r) => Peers::Rank(self.world_rank(r as Rank)),
-            None => Peers::Any(self.inner.members.clone()),
+            Some(r) => Peers::rank(self.world_rank(r as Rank)),
+            None => Peers::any(self.inner.members.clone()),
         }
     }
 

@@ -83,20 +83,36 @@ impl<T> Slab<T> {
     /// large value can be written in place rather than built elsewhere and moved.
     #[inline]
     pub(crate) fn insert_with(&mut self, f: impl FnOnce() -> T) -> Key {
+        self.insert_mut(f).0
+    }
+
+    /// As [`Slab::insert_with`], also lending the value just inserted (so that a caller
+    /// that changes it at once does not look the slot up again).
+    #[inline(always)]
+    pub(crate) fn insert_mut(&mut self, f: impl FnOnce() -> T) -> (Key, &mut T) {
         self.len += 1;
-        if self.free == NIL {
+        let (slot, key) = if self.free == NIL {
             self.slots.push(Slot::Full(0, f()));
-            return Key::new(self.slots.len() as u32 - 1, 0);
-        }
-        let idx = self.free;
-        let slot = &mut self.slots[idx as usize];
-        let (gen, next) = match slot {
-            Slot::Empty(g, n) => (*g, *n),
-            Slot::Full(..) => unreachable!("free list points at a full slot"),
+            let idx = self.slots.len() - 1;
+            (&mut self.slots[idx], Key::new(idx as u32, 0))
+        } else {
+            let idx = self.free;
+            let slot = &mut self.slots[idx as usize];
+            let (gen, next) = match slot {
+                Slot::Empty(g, n) => (*g, *n),
+                Slot::Full(..) => unreachable!("free list points at a full slot"),
+            };
+            self.free = next;
+            // The slot is empty (two integers): nothing to drop, and not calling the drop
+            // glue lets the value be written in place rather than built on the stack and
+            // copied in with wide loads over its narrow stores (a store-forwarding stall).
+            std::mem::forget(std::mem::replace(slot, Slot::Full(gen, f())));
+            (slot, Key::new(idx, gen))
         };
-        self.free = next;
-        *slot = Slot::Full(gen, f());
-        Key::new(idx, gen)
+        match slot {
+            Slot::Full(_, v) => (key, v),
+            Slot::Empty(..) => unreachable!("the slot was just filled"),
+        }
     }
 
     #[inline]

@@ -509,7 +509,7 @@ impl<'a> Call<'a> {
                     return Err(Error::PeerGone { rank: gone });
                 }
                 let w = self.comm.world_rank(who);
-                let gone = match e.check_gone(&Need::Peers(Peers::Rank(w))) {
+                let gone = match e.check_gone(&Need::Peers(Peers::rank(w))) {
                     Err(err) => Some(err),
                     Ok(()) => e.departed(w).then_some(Error::PeerGone { rank: w }),
                 };

@@ -15,10 +15,10 @@ pub(crate) enum Need {
 impl Peers {
     /// Appends the world ranks a message may come from.
     pub(super) fn world_ranks(&self, size: usize, out: &mut Vec<usize>) {
-        match self {
-            Peers::Rank(w) => out.push(*w),
-            Peers::Any(None) => out.extend(0..size),
-            Peers::Any(Some(m)) => out.extend(m.iter().copied()),
+        match (self.one(), &self.members) {
+            (Some(w), _) => out.push(w),
+            (None, None) => out.extend(0..size),
+            (None, Some(m)) => out.extend(m.iter().copied()),
         }
     }
 }

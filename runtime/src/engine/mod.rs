@@ -139,24 +139,55 @@ const FORCED_SYNC_EVERY: u32 = 1 << 14;
 
 pub(crate) type ReqId = Key;
 
+/// The world ranks of a communicator's members, by rank in the communicator (one word, so
+/// that [`Peers`] is two).
+pub(crate) type WorldRanks = Arc<Vec<usize>>;
+
 /// Whom a receive or probe waits for, in world ranks: one rank, or any member of a
-/// communicator (`None`: of the world).
+/// communicator.
+///
+/// Two scalars, so that it travels in registers: as an enum of a rank and a
+/// slice's `Arc` it was three words, copied on every posted receive through the stack
+/// with 16-byte loads over 8-byte stores, which stall (a third of the time of posting a
+/// receive, `comm_window_cost`).
 #[derive(Clone, Debug)]
-pub(crate) enum Peers {
-    /// One world rank.
-    Rank(usize),
-    /// Any member of the communicator with these world ranks (`None`: the world).
-    Any(Option<Arc<[usize]>>),
+pub(crate) struct Peers {
+    /// The one world rank, or [`Peers::ANY`].
+    one: usize,
+    /// With [`Peers::ANY`], the members' world ranks (`None`: the world's ranks).
+    members: Option<WorldRanks>,
 }
 
 impl Peers {
+    /// `one` of a receive from any member.
+    const ANY: usize = usize::MAX;
+
+    /// World rank `w` alone.
+    #[inline]
+    pub(crate) fn rank(w: usize) -> Peers {
+        Peers { one: w, members: None }
+    }
+
+    /// Any member of the communicator whose world ranks are `members` (`None`: the world).
+    #[inline]
+    pub(crate) fn any(members: Option<WorldRanks>) -> Peers {
+        Peers { one: Peers::ANY, members }
+    }
+
+    /// The one rank waited for, `None` for any member.
+    #[inline]
+    pub(crate) fn one(&self) -> Option<usize> {
+        (self.one != Peers::ANY).then_some(self.one)
+    }
+
     /// Whether a message whose match key names comm-local rank `local` may come from world
     /// rank `world` (the fabric's sender): a peer cannot speak for another.
+    #[inline]
     fn admits(&self, local: usize, world: usize) -> bool {
-        match self {
-            Peers::Rank(w) => *w == world,
-            Peers::Any(None) => local == world,
-            Peers::Any(Some(m)) => m.get(local) == Some(&world),
+        match (self.one(), &self.members) {
+            (Some(w), _) => w == world,
+            (None, None) => local == world,
+            (None, Some(m)) => m.get(local) == Some(&world),
         }
     }
 }
@@ -534,13 +565,14 @@ mod tests {
 
     #[test]
     fn peers_admit_only_their_own_rank() {
-        assert!(Peers::Rank(3).admits(0, 3));
-        assert!(!Peers::Rank(3).admits(3, 2));
-        assert!(Peers::Any(None).admits(2, 2));
-        assert!(!Peers::Any(None).admits(1, 2));
-        let m: Arc<[usize]> = vec![4, 7].into();
-        assert!(Peers::Any(Some(m.clone())).admits(1, 7));
-        assert!(!Peers::Any(Some(m.clone())).admits(1, 4));
-        assert!(!Peers::Any(Some(m)).admits(2, 4));
+        assert!(Peers::rank(3).admits(0, 3));
+        assert!(!Peers::rank(3).admits(3, 2));
+        assert!(Peers::any(None).admits(2, 2));
+        assert!(!Peers::any(None).admits(1, 2));
+        let m: WorldRanks = Arc::new(vec![4, 7]);
+        assert!(Peers::any(Some(m.clone())).admits(1, 7));
+        assert!(!Peers::any(Some(m.clone())).admits(1, 4));
+        assert!(!Peers::any(Some(m)).admits(2, 4));
+        assert_eq!((Peers::rank(5).one(), Peers::any(None).one()), (Some(5), None));
     }
 }

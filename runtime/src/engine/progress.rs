@@ -262,7 +262,7 @@ impl Engine {
         while !self.fabric.try_send(dest, flags, total_len, &[bytes])? {
             self.progress()?;
             if b.snooze() {
-                self.check_gone(&Need::Peers(Peers::Rank(dest)))?;
+                self.check_gone(&Need::Peers(Peers::rank(dest)))?;
             }
         }
         Ok(())

@@ -9,8 +9,15 @@ impl Engine {
     pub(crate) fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: RawBufMut, from: Peers) -> Result<ReqId> {
         let cap = buf.cap();
         let key = matching::recv_key(ctx, src, tag);
-        let rid = self.st.reqs.insert_with(|| Req { kind: ReqKind::Recv(RecvState::new(buf, key.0, from)), result: None, detached: false });
-        self.posted(src.is_some(), key, rid, cap, false)
+        let st = &mut self.st;
+        let offload = st.may_offload(src.is_some(), key, cap, false);
+        let (rid, req) =
+            st.reqs.insert_mut(|| Req { kind: ReqKind::Recv(RecvState::new(buf, key.0, from)), result: None, detached: false });
+        let posted = st.matcher.post(key.0, key.1, rid);
+        if let (Posted::Queued(id), ReqKind::Recv(r)) = (&posted, &mut req.kind) {
+            r.phase = RecvPhase::Posted { match_id: *id, hw: None };
+        }
+        self.posted(posted, key, rid, cap, offload)
     }
 
     /// Posts a receive of unknown size for elements of `elem` bytes aligned to `align`: its
@@ -28,32 +35,37 @@ impl Engine {
         let key = matching::recv_key(ctx, src, tag);
         let mut r = RecvState::new(RawBufMut::empty(), key.0, from);
         r.owned = Some(Box::new(OwnedRecv { elem, align, buf: None, failed: false }));
-        let rid = self.st.reqs.insert(Req { kind: ReqKind::Recv(r), result: None, detached: false });
-        self.posted(src.is_some(), key, rid, 0, true)
+        let st = &mut self.st;
+        let offload = st.may_offload(src.is_some(), key, 0, true);
+        let (rid, req) = st.reqs.insert_mut(|| Req { kind: ReqKind::Recv(r), result: None, detached: false });
+        let posted = st.matcher.post(key.0, key.1, rid);
+        if let (Posted::Queued(id), ReqKind::Recv(r)) = (&posted, &mut req.kind) {
+            r.phase = RecvPhase::Posted { match_id: *id, hw: None };
+        }
+        self.posted(posted, key, rid, 0, offload)
     }
 
-    /// Queues the receive just put in slot `rid` (or matches it with an unexpected message),
-    /// offloading it to the TM-SRQ where the policy allows.
+    /// Finishes posting the receive in slot `rid` that the software matcher just took
+    /// (`posted`; when queued, the caller has set its phase to `Posted` through the reference
+    /// the insertion lent, rather than by a second lookup): hands it the unexpected message it
+    /// matched, or lists it in the TM-SRQ too when `offload` (see [`State::may_offload`]).
     #[inline(always)]
-    fn posted(&mut self, from_one: bool, (t, m): (u64, u64), rid: ReqId, cap: usize, owned: bool) -> Result<ReqId> {
+    fn posted(&mut self, posted: Posted<ReqId, Key>, (t, m): (u64, u64), rid: ReqId, cap: usize, offload: bool) -> Result<ReqId> {
         let st = &mut self.st;
-        // A receive of `RVH_LEN_IN_META` bytes or more stays in software: the RVH cannot say
-        // how long a message that size is, so the hardware must never serve one.
-        let eligible =
-            st.offload && !owned && from_one && cap >= st.tm_thresh && cap < RVH_LEN_IN_META as usize && st.tm.tags_listed() < st.max_tags;
-        let overlaps = eligible && st.sw_only_posted > 0 && st.matcher.earlier_posted_overlaps(t, m);
-        match st.matcher.post(t, m, rid) {
+        match posted {
             Posted::Matched(rid, ux) => {
                 st.take_unexpected(rid, ux);
                 self.flush_ctl()?;
             }
             Posted::Queued(id) => {
-                let handle = if eligible && !overlaps { st.offload_recv(t, m, rid, cap)? } else { None };
-                if let Some(Req { kind: ReqKind::Recv(r), .. }) = st.reqs.get_mut(rid) {
-                    r.phase = RecvPhase::Posted { match_id: id, hw: handle };
-                }
-                if handle.is_none() {
-                    st.sw_only_posted += 1;
+                let handle = if offload { st.offload_recv(t, m, rid, cap)? } else { None };
+                match handle {
+                    Some(h) => {
+                        if let Some(Req { kind: ReqKind::Recv(r), .. }) = st.reqs.get_mut(rid) {
+                            r.phase = RecvPhase::Posted { match_id: id, hw: Some(h) };
+                        }
+                    }
+                    None => st.sw_only_posted += 1,
                 }
                 st.settle_cq()?;
             }
@@ -93,5 +105,23 @@ impl Engine {
             let len = self.st.ux.get(k).map_or(0, |u| u.total);
             Status::received(src_of(tag64), tag_of(tag64), len)
         })
+    }
+}
+
+impl State {
+    /// Whether a receive about to be posted (not yet in the matcher) goes to the TM-SRQ too:
+    /// the policy allows it, and no earlier software-only receive overlaps it (the hardware
+    /// would serve it first). A receive of `RVH_LEN_IN_META` bytes or more stays in software:
+    /// the RVH cannot say how long a message that size is, so the hardware must never serve
+    /// one.
+    #[inline(always)]
+    fn may_offload(&self, from_one: bool, (t, m): (u64, u64), cap: usize, owned: bool) -> bool {
+        let eligible = self.offload
+            && !owned
+            && from_one
+            && cap >= self.tm_thresh
+            && cap < RVH_LEN_IN_META as usize
+            && self.tm.tags_listed() < self.max_tags;
+        eligible && !(self.sw_only_posted > 0 && self.matcher.earlier_posted_overlaps(t, m))
     }
 }

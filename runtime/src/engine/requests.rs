@@ -207,11 +207,7 @@ impl Req {
                     source: _,
                     tag: _,
                     owned,
-                }) => {
-                    matches!(from, Peers::Rank(_) | Peers::Any(None))
-                        && !matches!(phase, RecvPhase::Tagged { rndv: Some(_) })
-                        && owned.is_none()
-                }
+                }) => from.members.is_none() && !matches!(phase, RecvPhase::Tagged { rndv: Some(_) }) && owned.is_none(),
                 ReqKind::Send(SendState { dest: _, key: _, phase: _, rndv }) => rndv.is_none(),
                 ReqKind::Coll(_) => true,
             }

@@ -46,8 +46,8 @@ pub(super) fn recv(e: &mut Engine, src: Option<usize>, tag: Option<u32>, buf: &m
     // SAFETY: every test keeps `buf` alive (and untouched) until the receive has completed.
     let raw = unsafe { RawBufMut::new(buf) };
     let from = match src {
-        Some(s) => Peers::Rank(s),
-        None => Peers::Any(None),
+        Some(s) => Peers::rank(s),
+        None => Peers::any(None),
     };
     e.post_recv(0, src.map(|s| s as u32), tag, raw, from).expect("post")
 }

@@ -14,8 +14,6 @@
 //! the borrow ends, and abandoning abandons every transfer first (the engine forgets their
 //! pointers) and then drops the schedule.
 
-use std::sync::Arc;
-
 use crate::buffer::{RawBuf, RawBufMut};
 use crate::engine::{Engine, Peers, ReqId};
 use crate::error::{Error, Result};
@@ -134,7 +132,7 @@ pub(crate) struct Members {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     /// World rank of each member (`None`: the identity).
-    pub(crate) world: Option<Arc<[usize]>>,
+    pub(crate) world: Option<crate::engine::WorldRanks>,
     /// The collective's sequence number (the tag's upper 16 bits).
     pub(crate) seq: u32,
 }
@@ -306,7 +304,7 @@ impl Sched {
                 // receive has completed, and abandoning abandons it first.
                 let raw = unsafe { RawBufMut::new(std::slice::from_raw_parts_mut(p, s.len)) };
                 let world = w.world_rank(src)?;
-                let rid = e.post_recv(w.ctx, Some(src as u32), Some(w.tag(tag)), raw, Peers::Rank(world))?;
+                let rid = e.post_recv(w.ctx, Some(src as u32), Some(w.tag(tag)), raw, Peers::rank(world))?;
                 self.pending.push((rid, Some((s.len, src))));
             }
             Action::Copy { from, to } => {
