@@ -201,8 +201,10 @@ impl State {
             None => (false, None),
         };
         let placed = placed_at.map(|(p, _)| p);
-        // Pre-granted by the sender: copy at once, no request (the target writes no share).
-        let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_SPLIT_MIN;
+        // Pre-granted by the sender: copy at once, no request (the target writes no share),
+        // unless other reads are in flight and a split pays (see `CMA_SPLIT_WINDOW_MIN`).
+        let windowed = !self.reads.is_empty() && n >= CMA_SPLIT_WINDOW_MIN;
+        let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_SPLIT_MIN && !windowed;
         let remote_write = cma && !at_once;
         let k = self.reads.insert(ReadOp { rid, src, n, got: 0, hw, info, split: n, remote_write, failed: false, at_once, placed });
         debug_assert_eq!(k, key);
@@ -413,7 +415,9 @@ impl State {
                 // split only adds its system calls: 1.12-1.18x at 128-256 KiB; at 1 MiB the
                 // split still paid, 0.90x without it).
                 let busy = !self.reads.is_empty() && n < CMA_SPLIT_BUSY_MAX;
-                let split = if dst != 0 && n >= CMA_SPLIT_MIN && !busy { (n / 2) & !4095 } else { n };
+                // From `CMA_SPLIT_WINDOW_MIN` a reader asks for a read below `CMA_SPLIT_MIN`
+                // only when it has others in flight (or the sender could not pre-grant it).
+                let split = if dst != 0 && n >= CMA_SPLIT_WINDOW_MIN && !busy { (n / 2) & !4095 } else { n };
                 self.send_rma(src, Rma::Grant { read: id, split: split as u64, heap: None });
                 if split < n {
                     self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst, base: split });
@@ -625,7 +629,7 @@ mod tests {
         drop(b);
     }
 
-    /// A single-copy read of 128 KiB to 1 MiB is split between reader and target unless the
+    /// A single-copy read of 32 KiB to 1 MiB is split between reader and target unless the
     /// target is busy reading too (then each copies its own); from 1 MiB it is split anyway.
     #[test]
     fn a_busy_target_splits_only_the_largest_reads() {
@@ -646,6 +650,9 @@ mod tests {
             split as usize
         };
         assert_eq!(split_of(&mut e, 256 << 10), 128 << 10, "idle: split");
+        // Below CMA_SPLIT_MIN a reader asks only with other reads in flight (a window).
+        assert_eq!(split_of(&mut e, 64 << 10), 32 << 10, "a window's 64 KiB read: split");
+        assert_eq!(split_of(&mut e, 16 << 10), 16 << 10, "below CMA_SPLIT_WINDOW_MIN: the reader copies it all");
         // This rank reads something itself.
         let info = RndvInfo {
             tmh: Tmh { op: TmOp::Rndv, app_ctx: 0, tag: 0 },
