@@ -79,15 +79,9 @@ impl<T> Slab<T> {
         }
     }
 
-    /// As [`Slab::insert`], with the value made by `f` once its slot is chosen, so that a
-    /// large value can be written in place rather than built elsewhere and moved.
-    #[inline]
-    pub(crate) fn insert_with(&mut self, f: impl FnOnce() -> T) -> Key {
-        self.insert_mut(f).0
-    }
-
-    /// As [`Slab::insert_with`], also lending the value just inserted (so that a caller
-    /// that changes it at once does not look the slot up again).
+    /// As [`Slab::insert`], with the value made by `f` once its slot is chosen (so that a
+    /// large value can be written in place rather than built elsewhere and moved), and lent
+    /// back (so that a caller that changes it at once does not look the slot up again).
     #[inline(always)]
     pub(crate) fn insert_mut(&mut self, f: impl FnOnce() -> T) -> (Key, &mut T) {
         self.len += 1;
@@ -117,7 +111,7 @@ impl<T> Slab<T> {
 
     #[inline]
     pub(crate) fn insert(&mut self, v: T) -> Key {
-        self.insert_with(|| v)
+        self.insert_mut(|| v).0
     }
 
     #[inline]
