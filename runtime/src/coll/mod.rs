@@ -64,6 +64,7 @@ mod barrier;
 mod bcast;
 mod gather;
 mod reduce;
+mod scratch;
 pub(crate) mod shm;
 pub mod vcoll;
 

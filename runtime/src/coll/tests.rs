@@ -153,10 +153,15 @@ fn allreduce_with<T: Reducible>(c: &ThreadP2p, send: &[T], out: &mut [T], op: Op
     if a == RAlgo::Dispatch {
         return allreduce(c, send, out, op);
     }
+    // Rabenseifner reads the contribution from `send` (odd lengths; `out` stays as it was)
+    // or from `out` (even lengths).
+    if a == RAlgo::Rabenseifner && send.len() % 2 == 1 {
+        return reduce::allreduce_rabenseifner(c, Some(send), out, op);
+    }
     out.copy_from_slice(send);
     match a {
         RAlgo::Binomial => reduce::allreduce_recursive_doubling(c, out, op),
-        RAlgo::Rabenseifner => reduce::allreduce_rabenseifner(c, out, op),
+        RAlgo::Rabenseifner => reduce::allreduce_rabenseifner(c, None, out, op),
         _ => reduce::allreduce_ring(c, out, op),
     }
 }
