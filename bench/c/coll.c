@@ -5,9 +5,12 @@
  *                                                 skipped); each timed call is followed by an
  *                                                 untimed barrier; 1000/100 iterations up to
  *                                                 8 KiB, 100/10 above; sizes 1..1 MiB by default
+ *   coll bcast [-m [MIN:]MAX] [-i N] [-x N]       bytes from rank 0 (as osu_bcast); each timed
+ *                                                 call is followed by an untimed barrier;
+ *                                                 iterations as allreduce
  *   coll barrier [-i N] [-x N]                    1000 barriers after 100 warm-up
  * The figure is each rank's mean time per call, averaged over the ranks; rows as tmpi prints
- * them ("SIZE AVG" for allreduce, a lone "AVG" for barrier).
+ * them ("SIZE AVG" for allreduce and bcast, a lone "AVG" for barrier).
  */
 #include "common.h"
 
@@ -51,6 +54,33 @@ static void allreduce(const struct opts *o, int rank)
     free(r);
 }
 
+static void bcast(const struct opts *o, int rank)
+{
+    char *b = alloc_buf(o->max_size ? o->max_size : 1, 'a');
+    if (rank == 0) {
+        print_preamble("tmpi OSU-style Broadcast Latency Test");
+        print_header1("Avg Latency(us)");
+    }
+    for (size_t size = o->min_size; size <= o->max_size; size = next_size(size)) {
+        size_t iters, skip;
+        double timer = 0.0, avg;
+        if (size == 0) continue;
+        opts_loops(o, size, &iters, &skip);
+        CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+        for (size_t i = 0; i < iters + skip; i++) {
+            double t0 = MPI_Wtime(), t1;
+            CHECK_MPI(MPI_Bcast(b, (int)size, MPI_CHAR, 0, MPI_COMM_WORLD));
+            t1 = MPI_Wtime();
+            CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+            if (i >= skip) timer += t1 - t0;
+        }
+        avg = avg_over_ranks(timer * 1e6 / (double)iters);
+        if (rank == 0) print_row1(size, avg);
+        CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+    }
+    free(b);
+}
+
 static void barrier(const struct opts *o, int rank)
 {
     size_t iters, skip;
@@ -81,14 +111,19 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nprocs);
-    which = argc < 2 ? -1 : strcmp(argv[1], "allreduce") == 0 ? 0 : strcmp(argv[1], "barrier") == 0 ? 1 : -1;
+    which = argc < 2                            ? -1
+            : strcmp(argv[1], "allreduce") == 0 ? 0
+            : strcmp(argv[1], "barrier") == 0   ? 1
+            : strcmp(argv[1], "bcast") == 0     ? 2
+                                                : -1;
     if (which < 0) {
-        if (rank == 0) fprintf(stderr, "Usage: mpirun -np N coll allreduce|barrier [-m [MIN:]MAX] [-i ITERS] [-x WARMUP] [-h]\n");
+        if (rank == 0) fprintf(stderr, "Usage: mpirun -np N coll allreduce|bcast|barrier [-m [MIN:]MAX] [-i ITERS] [-x WARMUP] [-h]\n");
         MPI_Finalize();
         return EXIT_FAILURE;
     }
     /* getopt sees the benchmark name as the program name. */
-    opts_or_exit(&o, FAMILY_COLLECTIVE, argc - 1, argv + 1, rank, which == 0 ? "coll allreduce" : "coll barrier");
+    opts_or_exit(&o, FAMILY_COLLECTIVE, argc - 1, argv + 1, rank,
+                 which == 0 ? "coll allreduce" : which == 1 ? "coll barrier" : "coll bcast");
     if (nprocs < 2) {
         if (rank == 0) fprintf(stderr, "This test requires at least two processes\n");
         MPI_Finalize();
@@ -96,6 +131,8 @@ int main(int argc, char **argv)
     }
     if (which == 0)
         allreduce(&o, rank);
+    else if (which == 2)
+        bcast(&o, rank);
     else
         barrier(&o, rank);
     MPI_Finalize();
