@@ -41,9 +41,9 @@
 //! in call `s + 2`, after it saw every rank arrive in call `s + 1` (all-to-all: every arrival
 //! first waits for that, which after any call but a broadcast from this rank holds at once) or
 //! the release of call `s + 1`, which the leader gives only after that; and every rank
-//! arrives in `s + 1` only after it finished reading in call `s`. So `s + 1` must be a call through the slots:
-//! a gather or scatter in between synchronises nothing (a rank that only sends leaves at
-//! once), which is why those are not counted.
+//! arrives in `s + 1` only after it finished reading in call `s`. So `s + 1` must be a call
+//! through the slots: a gather or scatter in between synchronises nothing (a rank that only
+//! sends leaves at once), which is why those are not counted.
 //!
 //! Messages larger than a slot, or above the measured crossover, use the point-to-point
 //! algorithms after the same arrival and release without data (a handshake): ranks that pass
