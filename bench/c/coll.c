@@ -23,25 +23,34 @@ static double avg_over_ranks(double local)
     return sum / n;
 }
 
-static void allreduce(const struct opts *o, int rank)
+enum sized { ALLREDUCE, BCAST };
+
+/* allreduce (f32 sums of size/4 elements; sizes below 4 skipped) or bcast (size bytes from
+ * rank 0): each timed call is followed by an untimed barrier; one row per size. */
+static void sized(const struct opts *o, int rank, enum sized which)
 {
-    size_t max_count = o->max_size / sizeof(float);
-    float *s = (float *)alloc_buf(max_count * sizeof(float), 0);
-    float *r = (float *)alloc_buf(max_count * sizeof(float), 0);
+    char *s = alloc_buf(o->max_size, 0), *r = alloc_buf(o->max_size, 0);
     if (rank == 0) {
-        print_preamble("tmpi OSU-style Allreduce Latency Test");
+        print_preamble(which == ALLREDUCE ? "tmpi OSU-style Allreduce Latency Test"
+                                          : "tmpi OSU-style Broadcast Latency Test");
         print_header1("Avg Latency(us)");
     }
     for (size_t size = o->min_size; size <= o->max_size; size = next_size(size)) {
-        size_t count = size / sizeof(float), iters, skip;
+        size_t count = which == ALLREDUCE ? size / sizeof(float) : size, iters, skip;
         double timer = 0.0, avg;
         if (count == 0) continue;
         opts_loops(o, size, &iters, &skip);
-        for (size_t i = 0; i < count; i++) s[i] = 1.0f;
+        if (which == ALLREDUCE)
+            for (size_t i = 0; i < count; i++) ((float *)s)[i] = 1.0f;
+        else
+            memset(s, 'a', size);
         CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
         for (size_t i = 0; i < iters + skip; i++) {
             double t0 = MPI_Wtime(), t1;
-            CHECK_MPI(MPI_Allreduce(s, r, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+            if (which == ALLREDUCE)
+                CHECK_MPI(MPI_Allreduce(s, r, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+            else
+                CHECK_MPI(MPI_Bcast(s, (int)count, MPI_CHAR, 0, MPI_COMM_WORLD));
             t1 = MPI_Wtime();
             CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
             if (i >= skip) timer += t1 - t0;
@@ -52,33 +61,6 @@ static void allreduce(const struct opts *o, int rank)
     }
     free(s);
     free(r);
-}
-
-static void bcast(const struct opts *o, int rank)
-{
-    char *b = alloc_buf(o->max_size ? o->max_size : 1, 'a');
-    if (rank == 0) {
-        print_preamble("tmpi OSU-style Broadcast Latency Test");
-        print_header1("Avg Latency(us)");
-    }
-    for (size_t size = o->min_size; size <= o->max_size; size = next_size(size)) {
-        size_t iters, skip;
-        double timer = 0.0, avg;
-        if (size == 0) continue;
-        opts_loops(o, size, &iters, &skip);
-        CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
-        for (size_t i = 0; i < iters + skip; i++) {
-            double t0 = MPI_Wtime(), t1;
-            CHECK_MPI(MPI_Bcast(b, (int)size, MPI_CHAR, 0, MPI_COMM_WORLD));
-            t1 = MPI_Wtime();
-            CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
-            if (i >= skip) timer += t1 - t0;
-        }
-        avg = avg_over_ranks(timer * 1e6 / (double)iters);
-        if (rank == 0) print_row1(size, avg);
-        CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
-    }
-    free(b);
 }
 
 static void barrier(const struct opts *o, int rank)
@@ -129,12 +111,10 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return EXIT_FAILURE;
     }
-    if (which == 0)
-        allreduce(&o, rank);
-    else if (which == 2)
-        bcast(&o, rank);
-    else
+    if (which == 1)
         barrier(&o, rank);
+    else
+        sized(&o, rank, which == 0 ? ALLREDUCE : BCAST);
     MPI_Finalize();
     return EXIT_SUCCESS;
 }

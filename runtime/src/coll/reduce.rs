@@ -168,6 +168,9 @@ fn unfold<T: Reducible, C: CollP2p + ?Sized>(c: &C, acc: &mut [T], rem: usize) -
 /// Step `m = pof2/2, ..., 1`: the partner is `nr ^ m`; the rank with bit `m` clear keeps the
 /// lower half of its current block range and sends the upper half, the other the reverse; the
 /// half received is combined with the clear-bit side's data on the left.
+///
+/// With `from`, this rank's contribution is there rather than in `acc` (no fold ran): the
+/// first step sends the half it gives away from `from` and copies in only the half it keeps.
 #[allow(clippy::too_many_arguments)]
 fn reduce_scatter_halving<T: Reducible, C: CollP2p + ?Sized>(
     c: &C,
@@ -210,6 +213,26 @@ fn reduce_scatter_halving<T: Reducible, C: CollP2p + ?Sized>(
     Ok(())
 }
 
+/// The first half of Rabenseifner's reduce and allreduce: the fold, then the reduce-scatter by
+/// recursive halving (see [`reduce_scatter_halving`], which also says what `from` is), with
+/// the scratch they receive into. Returns this rank's new rank (`None`: folded away).
+fn fold_and_halve<T: Reducible, C: CollP2p + ?Sized>(
+    c: &C,
+    from: Option<&[T]>,
+    acc: &mut [T],
+    pof2: usize,
+    rem: usize,
+    op: Op,
+) -> Result<Option<usize>> {
+    with_scratch(acc.len(), |tmp: &mut [T]| {
+        let newrank = fold(c, acc, tmp, op, rem)?;
+        if let Some(nr) = newrank {
+            reduce_scatter_halving(c, from, acc, tmp, nr, pof2, rem, op)?;
+        }
+        Ok(newrank)
+    })
+}
+
 /// Rabenseifner reduce: fold, reduce-scatter by recursive halving, then every new rank sends
 /// its block to the root, which receives them in block order.
 pub(crate) fn reduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
@@ -224,13 +247,7 @@ pub(crate) fn reduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
     let pof2 = pof2_floor(size);
     let rem = size - pof2;
     let mut acc = send.to_vec();
-    let newrank = with_scratch(n, |tmp: &mut [T]| -> Result<Option<usize>> {
-        let newrank = fold(c, &mut acc, tmp, op, rem)?;
-        if let Some(nr) = newrank {
-            reduce_scatter_halving(c, None, &mut acc, tmp, nr, pof2, rem, op)?;
-        }
-        Ok(newrank)
-    })?;
+    let newrank = fold_and_halve(c, None, &mut acc, pof2, rem, op)?;
     match recv {
         Some(out) if rank == root => {
             for b in 0..pof2 {
@@ -272,18 +289,18 @@ pub fn allreduce<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mu
         return Err(Error::InvalidBuffer(format!("allreduce: receive buffer has {} elements, send buffer {}", recv.len(), send.len())));
     }
     let size = c.size();
-    if size == 1 || send.is_empty() {
-        recv.copy_from_slice(send);
-        return Ok(());
-    }
     let bytes = std::mem::size_of_val(send);
-    if bytes >= ALLREDUCE_RING_BYTES && !size.is_power_of_two() && send.len() >= size {
-        recv.copy_from_slice(send);
+    let ring = bytes >= ALLREDUCE_RING_BYTES && !size.is_power_of_two() && send.len() >= size;
+    if size > 1 && !ring && bytes > ALLREDUCE_LONG_BYTES && send.len() >= pof2_floor(size) {
+        // Reads the contribution from `send` itself.
+        return allreduce_rabenseifner(c, Some(send), recv, op);
+    }
+    recv.copy_from_slice(send);
+    if size == 1 || send.is_empty() {
+        Ok(())
+    } else if ring {
         allreduce_ring(c, recv, op)
-    } else if bytes > ALLREDUCE_LONG_BYTES && send.len() >= pof2_floor(size) {
-        allreduce_rabenseifner(c, Some(send), recv, op)
     } else {
-        recv.copy_from_slice(send);
         allreduce_recursive_doubling(c, recv, op)
     }
 }
@@ -336,13 +353,7 @@ pub(crate) fn allreduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(c: &C, f
         }
         f => f,
     };
-    let newrank = with_scratch(n, |tmp: &mut [T]| -> Result<Option<usize>> {
-        let newrank = fold(c, acc, tmp, op, rem)?;
-        if let Some(nr) = newrank {
-            reduce_scatter_halving(c, from, acc, tmp, nr, pof2, rem, op)?;
-        }
-        Ok(newrank)
-    })?;
+    let newrank = fold_and_halve(c, from, acc, pof2, rem, op)?;
     if let Some(nr) = newrank {
         let mut m = 1;
         while m < pof2 {
