@@ -111,6 +111,9 @@ stats! {
     /// Single-copy reads this rank made at once, without a read request, because the sender
     /// had checked the range with its rendezvous request.
     pregranted_reads,
+    /// Of those, reads split without a round trip: this rank copied the start and asked the
+    /// sender to write the rest into its buffer at the same time.
+    pregranted_splits,
     /// Shared-heap reads and writes this rank granted or made (one `memcpy` each).
     heap_grants,
     /// Bytes moved through shared heaps.

@@ -339,6 +339,7 @@ const RMA_WRITE_DONE: u8 = 5;
 const REQ_SINGLE_COPY: u8 = 1;
 const REQ_READER_MAPS: u8 = 2;
 const REQ_DST_HEAP: u8 = 4;
+const REQ_SHARE: u8 = 8;
 /// Grant flags.
 const GRANT_HEAP: u8 = 1;
 /// Body of a read request without its heap place: send be32, va, key, len, dst be64.
@@ -382,6 +383,14 @@ pub enum ReadMode {
         /// Reader's address of the read's first byte.
         dst: u64,
     },
+    /// The target's share of a pre-granted single copy ([`RndvRequest::pregranted`]): the
+    /// reader copies the part of the send before `va` itself, without asking, and the target
+    /// writes the requested range into the reader's buffer and answers [`Rma::WriteDone`]
+    /// (no grant). The range's offset in the read is its offset in the send.
+    Share {
+        /// Reader's address of the read's first byte (not of the share's).
+        dst: u64,
+    },
 }
 
 /// An RDMA read request: the reader asks the target (the rendezvous sender) for `len` bytes
@@ -415,7 +424,8 @@ pub struct ReadRequest {
 /// kind u8 | flags u8 | 0 0 | body length be32 | read be64 | body
 ///
 /// READ_REQ   (1)  send be32 | va be64 | key be64 | len be64 | dst be64 [| heap place]
-///                 flags: 1 single copy, 2 reader maps our heap, 4 heap place follows
+///                 flags: 1 single copy, 2 reader maps our heap, 4 heap place follows,
+///                 8 the target's share of a pre-granted single copy (not with 1)
 /// READ_RESP  (2)  offset be64 | data
 /// READ_ERR   (3)  (empty)
 /// READ_GRANT (4)  split be64 [| heap place]    flags: 1 heap place follows
@@ -501,6 +511,7 @@ impl<'a> Rma<'a> {
                 let (mut flags, dst) = match r.mode {
                     ReadMode::Stream => (0, 0),
                     ReadMode::SingleCopy { dst } => (REQ_SINGLE_COPY, dst),
+                    ReadMode::Share { dst } => (REQ_SHARE, dst),
                 };
                 b[28..36].copy_from_slice(&dst.to_be_bytes());
                 if r.reader_maps_heap {
@@ -564,7 +575,7 @@ impl<'a> Rma<'a> {
         let place = |b: &[u8]| b.first_chunk::<HEAP_PLACE_LEN>().map(HeapPlace::decode);
         match kind {
             RMA_READ_REQ => {
-                if flags & !(REQ_SINGLE_COPY | REQ_READER_MAPS | REQ_DST_HEAP) != 0 {
+                if flags & !(REQ_SINGLE_COPY | REQ_READER_MAPS | REQ_DST_HEAP | REQ_SHARE) != 0 {
                     return Err(Error::Malformed { what: "unknown read request flag" });
                 }
                 let want = READ_REQ_BODY + if flags & REQ_DST_HEAP != 0 { HEAP_PLACE_LEN } else { 0 };
@@ -572,7 +583,12 @@ impl<'a> Rma<'a> {
                     return Err(bad_len);
                 }
                 let dst = be64_at(body, 28);
-                let mode = if flags & REQ_SINGLE_COPY != 0 {
+                let mode = if flags & REQ_SHARE != 0 {
+                    if flags & REQ_SINGLE_COPY != 0 || dst == 0 {
+                        return Err(Error::Malformed { what: "share request without a single destination" });
+                    }
+                    ReadMode::Share { dst }
+                } else if flags & REQ_SINGLE_COPY != 0 {
                     ReadMode::SingleCopy { dst }
                 } else if dst == 0 {
                     ReadMode::Stream
@@ -648,6 +664,7 @@ impl std::fmt::Display for Rma<'_> {
                 match r.mode {
                     ReadMode::Stream => write!(f, "streamed")?,
                     ReadMode::SingleCopy { dst } => write!(f, "single copy into {dst:#x}")?,
+                    ReadMode::Share { dst } => write!(f, "target's share into the read at {dst:#x}")?,
                 }
                 if r.reader_maps_heap {
                     write!(f, ", reader maps the target's heap")?;
@@ -754,6 +771,7 @@ mod tests {
             Rma::ReadReq(ReadRequest { mode: ReadMode::SingleCopy { dst: 0x7e00_0000_2000 }, reader_maps_heap: true, ..req }),
             Rma::ReadReq(ReadRequest { mode: ReadMode::SingleCopy { dst: 0 }, ..req }),
             Rma::ReadReq(ReadRequest { dst_heap: Some(place(8192, 11, 3)), ..req }),
+            Rma::ReadReq(ReadRequest { mode: ReadMode::Share { dst: 0x7e00_0000_2000 }, ..req }),
             Rma::ReadResp { read: 9, offset: 4096, data },
             Rma::ReadResp { read: 9, offset: 0, data: &[] },
             Rma::ReadErr { read: u64::MAX },
@@ -838,18 +856,26 @@ mod tests {
         let mut x = rma_bytes(&every_rma(&[])[0]);
         x[RMA_HDR_LEN + 35] = 1;
         assert!(Rma::parse(&x).is_err());
+        // A share request without a destination, or also asking for a grant.
+        let mut x = rma_bytes(&every_rma(&[])[0]);
+        x[1] = REQ_SHARE;
+        assert!(Rma::parse(&x).is_err());
+        let mut x = rma_bytes(&every_rma(&[])[4]);
+        assert!(Rma::parse(&x).is_ok());
+        x[1] |= REQ_SINGLE_COPY;
+        assert!(Rma::parse(&x).is_err());
         assert!(Rma::parse(&[]).is_err());
     }
 
     proptest! {
         #[test]
-        fn rma_roundtrip(kind in 0u8..5, read: u64, a: u64, b: u64, c: u64, d: u64, send: u32, flags in 0u8..8, fd: u32,
+        fn rma_roundtrip(kind in 0u8..5, read: u64, a: u64, b: u64, c: u64, d in 1u64.., send: u32, flags in 0u8..16, fd: u32,
                          data in proptest::collection::vec(any::<u8>(), 0..64)) {
             let heap = (flags & 4 != 0).then(|| place(c, d, fd));
             let m = match kind {
                 0 => Rma::ReadReq(ReadRequest {
                     read,
-                    mode: if flags & 1 != 0 { ReadMode::SingleCopy { dst: d } } else { ReadMode::Stream },
+                    mode: match flags & 9 { 0 => ReadMode::Stream, 8 => ReadMode::Share { dst: d }, _ => ReadMode::SingleCopy { dst: d } },
                     send, va: a, key: b, len: c,
                     reader_maps_heap: flags & 2 != 0,
                     dst_heap: heap,

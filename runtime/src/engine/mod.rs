@@ -58,7 +58,10 @@
 //!   - single copy (CMA): the sender answers with a grant, and the reader copies the range
 //!     with `process_vm_readv`; from 128 KiB on the grant splits it, and the sender writes
 //!     the second half into the reader's buffer with `process_vm_writev` at the same time and
-//!     says so (`WRITE_DONE`), so both cores copy. A kernel refusal (EPERM/ENOSYS) turns single
+//!     says so (`WRITE_DONE`), so both cores copy. A pre-granted read (below 128 KiB) needs
+//!     no grant: the reader copies at once, and from 32 KiB, alone in flight, it asks the
+//!     sender for the end of the range (`READ_REQ` of the target's share) and copies the
+//!     start meanwhile. A kernel refusal (EPERM/ENOSYS) turns single
 //!     copy off for good and the affected part is streamed instead. Abandoning (scope unwind)
 //!     a send whose buffer a reader was granted, or a receive a sender may be writing into,
 //!     waits for that copy to end, so no process ever touches freed memory.
@@ -141,6 +144,11 @@ const CMA_SPLIT_WINDOW_MIN: usize = 32 * 1024;
 /// ...but below this size not while the target has reads of its own in flight (see
 /// `State::serve_read`).
 const CMA_SPLIT_BUSY_MAX: usize = 1 << 20;
+/// A pre-granted read alone in flight (a ping-pong) of at least this many bytes, below
+/// [`CMA_SPLIT_MIN`], is split without a round trip: the reader asks the target for its
+/// share ([`ReadMode::Share`]) and starts copying its own at once, while the target (waiting
+/// for FIN) writes the rest.
+const CMA_SHARE_MIN: usize = 32 * 1024;
 /// Software syncs the TM-SRQ at least once every this many unexpected messages.
 const FORCED_SYNC_EVERY: u32 = 1 << 14;
 
@@ -258,8 +266,12 @@ struct ReadOp {
     /// done (it may still be writing into the buffer).
     failed: bool,
     /// A pre-granted single copy started without a request: nothing was asked of the target,
-    /// which may revoke the grant ([`Control::Revoke`]) until the copy is done.
+    /// which may revoke the grant ([`Control::Revoke`]) until the copy is done (except its
+    /// share, when `split < n`: asked with [`ReadMode::Share`], and the target's to refuse).
     at_once: bool,
+    /// The target revoked its pre-grant while its share was asked for: the answer goes back
+    /// when the read ends, after its FIN.
+    revoke_ack: bool,
     /// How [`adapt::Epochs`] placed the read (`TMPI_SINGLE_COPY_MIN=auto`); it must hear of
     /// its end.
     placed: Option<adapt::Placed>,

@@ -28,6 +28,8 @@ pub(crate) struct Stats {
     pub eager_advice: u64,
     /// Single-copy reads started without a request, pre-granted by their sender.
     pub pregranted: u64,
+    /// Of those, split with the sender without a round trip ([`ReadMode::Share`]).
+    pub pregranted_splits: u64,
 }
 
 impl Engine {
@@ -72,6 +74,7 @@ impl Engine {
             cma_fallbacks: s.cma_fallbacks,
             eager_advice: s.eager_advice,
             pregranted_reads: s.pregranted,
+            pregranted_splits: s.pregranted_splits,
             heap_grants: self.st.heaps.grants_served,
             heap_bytes: self.st.heaps.bytes,
             heap_fallbacks: self.st.heaps.fallbacks,
