@@ -268,6 +268,19 @@ pub struct TmCounters {
 /// [`CqEntry::op_seq`] of a completion that is not an op's.
 const NO_OP: u64 = u64::MAX;
 
+/// An empty queue of `cap` entries whose memory is written now. A queue cycles through its
+/// whole capacity before it wraps, so untouched memory would page-fault a page at a time
+/// over its first lap: about 75 faults in the first few thousand messages at the default
+/// caps, 2-3% of the time of an `osu_latency` 16 KiB run of OSU's default 1000 iterations.
+fn touched<T>(cap: usize) -> VecDeque<T> {
+    let mut v = Vec::with_capacity(cap);
+    // Opaque, so that the compiler cannot fold allocation and zeroing into `calloc` (whose
+    // large blocks are fresh pages, left untouched).
+    std::hint::black_box(v.spare_capacity_mut()).fill_with(std::mem::MaybeUninit::zeroed);
+    // O(1), the buffer kept (std's guarantee for this conversion).
+    VecDeque::from(v)
+}
+
 /// A queued completion plus what polling it releases (64 bytes).
 #[derive(Debug, Clone, Copy)]
 struct CqEntry {
@@ -475,8 +488,8 @@ impl TmSrq {
             cap,
             list: TagList::new(cap.max_num_tags),
             srq: WrRing::new(cap.max_wr as usize),
-            cq: VecDeque::with_capacity(cq_cap),
-            tx: VecDeque::with_capacity(tags),
+            cq: touched(cq_cap),
+            tx: touched(tags),
             inflight: Vec::with_capacity(8),
             hw_cnt: 0,
             sw_cnt: 0,
