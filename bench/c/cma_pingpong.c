@@ -10,7 +10,13 @@
  * two flag transfers and the system call. Also prints the system call alone, back to back,
  * for the same size.
  *
- * Build: cc -O2 cma_pingpong.c -o cma_pingpong; run: ./cma_pingpong [SIZE ...]
+ * With --split LEAD, the floor of tmpi's split without a round trip (a pre-granted read alone
+ * in flight, runtime/src/engine/rndv.rs): the receiver raises a share flag and copies the first
+ * half and LEAD bytes (in whole pages) with process_vm_readv, while the sender, waiting for
+ * its completion, sees the flag and writes the rest into the receiver's buffer with
+ * process_vm_writev; the receiver waits for that too.
+ *
+ * Build: cc -O2 cma_pingpong.c -o cma_pingpong; run: ./cma_pingpong [--split LEAD] [SIZE ...]
  * (default 16384 32768 65536). Needs the rights process_vm_readv needs (same user, Yama
  * ptrace_scope 0 or 1 with the reader the parent, or root).
  */
@@ -33,7 +39,10 @@
 struct shared {
     _Alignas(64) _Atomic long request[2]; /* request[x]: round that rank x sends in */
     _Alignas(64) _Atomic long done[2];    /* done[x]: round whose message from x was copied */
+    _Alignas(64) _Atomic long share[2]; /* share[x]: round whose end x must write (--split) */
+    _Alignas(64) _Atomic long wrote[2]; /* wrote[x]: round whose end x has written */
     _Alignas(64) char *sbuf[2];
+    char *rbuf[2];
     pid_t pid[2];
     _Atomic int ready;
     _Atomic int failed;
@@ -66,6 +75,17 @@ static int pull(struct shared *s, int from, char *dst, size_t n)
     return -1;
 }
 
+/* Writes bytes [off, n) of this rank's send buffer `src` into rank `to`'s receive buffer. */
+static int push(struct shared *s, int to, char *src, size_t off, size_t n)
+{
+    struct iovec local = {src + off, n - off}, remote = {s->rbuf[to] + off, n - off};
+    if (process_vm_writev(s->pid[to], &local, 1, &remote, 1, 0) == (ssize_t)(n - off))
+        return 0;
+    perror("process_vm_writev");
+    atomic_store(&s->failed, 1);
+    return -1;
+}
+
 /* Waits until `*flag` is `want`, or the other rank failed; 0 when it came. */
 static int await(struct shared *s, _Atomic long *flag, long want)
 {
@@ -75,8 +95,41 @@ static int await(struct shared *s, _Atomic long *flag, long want)
     return 0;
 }
 
+/* With --split: bytes of an n-byte message the receiver copies itself (n: no split). */
+static long split_lead = -1;
+static size_t split_at(size_t n)
+{
+    size_t h = split_lead < 0 ? n : (n / 2 + (size_t)split_lead) & ~(size_t)4095;
+    return h < n ? h : n;
+}
+
+/* Receives round i's message from `from` into rbuf: all of it, or with --split its start
+ * while the sender writes the rest. */
+static int take(struct shared *s, int from, char *rbuf, size_t n, long i)
+{
+    size_t h = split_at(n);
+    if (h < n)
+        atomic_store_explicit(&s->share[from], i, memory_order_release);
+    if (pull(s, from, rbuf, h))
+        return -1;
+    return h < n ? await(s, &s->wrote[from], i) : 0;
+}
+
+/* Waits until round i's message from `me` was received, writing its share first with
+ * --split. */
+static int sent(struct shared *s, int me, char *sbuf, size_t n, long i)
+{
+    size_t h = split_at(n);
+    if (h < n) {
+        if (await(s, &s->share[me], i) || push(s, 1 - me, sbuf, h, n))
+            return -1;
+        atomic_store_explicit(&s->wrote[me], i, memory_order_release);
+    }
+    return await(s, &s->done[me], i);
+}
+
 /* One ping-pong of ROUNDS round trips of `n` bytes; rank 0 returns the one-way time (s). */
-static double pingpong(struct shared *s, int me, size_t n, long base, char *rbuf)
+static double pingpong(struct shared *s, int me, size_t n, long base, char *sbuf, char *rbuf)
 {
     double t0 = 0;
     for (long i = base + 1; i <= base + WARMUP + ROUNDS; i++) {
@@ -84,15 +137,15 @@ static double pingpong(struct shared *s, int me, size_t n, long base, char *rbuf
             t0 = now();
         if (me == 0) {
             atomic_store_explicit(&s->request[0], i, memory_order_release);
-            if (await(s, &s->done[0], i) || await(s, &s->request[1], i) || pull(s, 1, rbuf, n))
+            if (sent(s, 0, sbuf, n, i) || await(s, &s->request[1], i) || take(s, 1, rbuf, n, i))
                 return -1;
             atomic_store_explicit(&s->done[1], i, memory_order_release);
         } else {
-            if (await(s, &s->request[0], i) || pull(s, 0, rbuf, n))
+            if (await(s, &s->request[0], i) || take(s, 0, rbuf, n, i))
                 return -1;
             atomic_store_explicit(&s->done[0], i, memory_order_release);
             atomic_store_explicit(&s->request[1], i, memory_order_release);
-            if (await(s, &s->done[1], i))
+            if (sent(s, 1, sbuf, n, i))
                 return -1;
         }
     }
@@ -110,9 +163,17 @@ int main(int argc, char **argv)
 
     for (int a = 1; a < argc && nsizes < 64; a++) {
         char *end;
+        if (!strcmp(argv[a], "--split") && a + 1 < argc) {
+            split_lead = strtol(argv[++a], &end, 10);
+            if (*end || split_lead < 0) {
+                fprintf(stderr, "--split LEAD: bytes >= 0\n");
+                return 2;
+            }
+            continue;
+        }
         unsigned long v = strtoul(argv[a], &end, 10);
         if (*end || v == 0) {
-            fprintf(stderr, "usage: %s [SIZE ...]  (sizes in bytes, > 0)\n", argv[0]);
+            fprintf(stderr, "usage: %s [--split LEAD] [SIZE ...]  (sizes in bytes, > 0)\n", argv[0]);
             return 2;
         }
         sizes[nsizes++] = v;
@@ -146,15 +207,17 @@ int main(int argc, char **argv)
     memset(sbuf, 'a' + me, max);
     memset(rbuf, 0, max);
     s->sbuf[me] = sbuf;
+    s->rbuf[me] = rbuf;
     s->pid[me] = getpid();
     atomic_fetch_add(&s->ready, 1);
     while (atomic_load(&s->ready) < 2)
         ;
     if (me == 0)
-        printf("# CMA rendezvous floor, cores 0 <-> 1: flag + process_vm_readv ping-pong\n"
-               "# %-10s %14s %16s\n", "size", "one-way us", "readv alone us");
+        printf("# CMA rendezvous floor, cores 0 <-> 1: flag + process_vm_readv ping-pong%s\n"
+               "# %-10s %14s %16s\n", split_lead < 0 ? "" : ", split with the sender's process_vm_writev",
+               "size", "one-way us", "readv alone us");
     for (size_t k = 0; k < nsizes; k++) {
-        double t = pingpong(s, me, sizes[k], (long)k * (WARMUP + ROUNDS), rbuf);
+        double t = pingpong(s, me, sizes[k], (long)k * (WARMUP + ROUNDS), sbuf, rbuf);
         if (t < 0) {
             rc = 1;
             break;
