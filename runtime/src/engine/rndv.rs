@@ -256,9 +256,9 @@ impl State {
                 self.copy.granted(p, now);
             }
             self.stats.pregranted += 1;
-            if split < n {
+            if let (true, Some(b)) = (split < n, buf) {
                 self.stats.pregranted_splits += 1;
-                self.request_share(key);
+                self.request_share(key, b.addr() as u64);
             }
             self.cma_q.push_back(key);
         } else {
@@ -300,13 +300,9 @@ impl State {
     }
 
     /// Asks the target of pre-granted read `key` to write its share, `[split, n)`, into the
-    /// receive buffer ([`ReadMode::Share`]) while this rank copies `[0, split)`.
-    fn request_share(&mut self, key: Key) {
+    /// receive buffer at `dst` ([`ReadMode::Share`]) while this rank copies `[0, split)`.
+    fn request_share(&mut self, key: Key, dst: u64) {
         let Some(op) = self.reads.get(key) else { return };
-        let dst = match self.reqs.get(op.rid) {
-            Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) => b.addr() as u64,
-            _ => return,
-        };
         let q = ReadRequest {
             read: read_name(key),
             mode: ReadMode::Share { dst },
