@@ -383,7 +383,7 @@ pub enum ReadMode {
         /// Reader's address of the read's first byte.
         dst: u64,
     },
-    /// The target's share of a pre-granted single copy ([`RndvRequest::pregranted`]): the
+    /// The target's share of a pre-granted single copy ([`crate::tm::RndvRequest::pregranted`]): the
     /// reader copies the part of the send before `va` itself, without asking, and the target
     /// writes the requested range into the reader's buffer and answers [`Rma::WriteDone`]
     /// (no grant). The range's offset in the read is its offset in the send.
