@@ -1067,6 +1067,32 @@ mod tests {
         assert!(buf == data);
     }
 
+    /// A sender that departs after a receiver asked for its share, without writing it: the
+    /// receiver's wait ends with `PeerGone`, it does not wait for the share for ever.
+    #[test]
+    fn a_share_whose_sender_departs_ends_the_wait() {
+        if crate::sys::usable_cpus() < 2 {
+            return;
+        }
+        let mut v = super::super::testkit::job(2, Config::default());
+        let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
+        let n = 64 << 10;
+        teach(&mut b, n, 30, 10);
+        let data = vec![3u8; n];
+        let mut buf = vec![0u8; n];
+        let r = recv(&mut b, Some(0), Some(3), &mut buf);
+        let _s = send(&mut a, 1, 3, &data, false).expect("a rendezvous is pending");
+        b.progress().expect("progress");
+        assert_eq!(b.st.stats.pregranted_splits, 1, "the share was asked for");
+        // The sender leaves without ever looking at the request.
+        a.fabric.mark_finalized();
+        match b.wait(r) {
+            Err(Error::PeerGone { rank: 0 }) => {}
+            other => panic!("{other:?}"),
+        }
+        drop(a);
+    }
+
     /// The body of control message `c`, as `on_control` takes it.
     fn ctl_body(c: Control) -> Vec<u8> {
         let mut b = [0u8; CONTROL_MAX_LEN];
