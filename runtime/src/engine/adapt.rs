@@ -20,7 +20,9 @@
 //! How a class chooses:
 //! - the first class of the rank to see reads alternates its periods (single copy first)
 //!   until it has two samples each way, not counting the class's first period each way (a
-//!   cold start: 29 us, then 6 us, then 2.4 us for the same 32 KiB read);
+//!   cold start: 29 us, then 6 us, then 2.4 us for the same 32 KiB read). A class of reads
+//!   of [`WARM_COUNTED_MIN`] or more counts a first period of [`CROWD_READS`] reads or more,
+//!   and decides after one sample each way when one is clearly (25%) faster;
 //! - a later class takes over the choice of the nearest class that compared both ways itself
 //!   and for which it carries over: single copy from a smaller class, the rings from a larger
 //!   one (single copy's fixed cost weighs less the larger the read, so even a close win
@@ -129,6 +131,11 @@ const LEARN: u32 = 2;
 const PROBE_FIRST: u32 = 16;
 const PROBE_INHERITED: u32 = 32;
 const PROBE_LONGEST: u32 = 256;
+/// From this read size the first period each way counts if it moved [`CROWD_READS`] reads or
+/// more: its cold start is small beside the period. (A lone read's is not: counted, a cold
+/// first 2 MiB read made `osu_latency` 2 MiB choose the rings, 1.21x the time.)
+const WARM_COUNTED_MIN: usize = 1 << 20;
+const CROWD_READS: u64 = 4;
 /// How much slower (in 1/100) a try of the way not chosen must be to confirm a choice taken
 /// over from another class.
 const CLEAR: u64 = 125;
@@ -412,7 +419,7 @@ impl CopyChooser {
         // look slower than it is, which confirms the choice (and the next try, a while later,
         // is warm), and one slow period fewer matters in OSU's short default runs.
         let probe = c.chosen.is_some_and(|ch| ch != arm);
-        if !std::mem::replace(&mut c.warm[arm as usize], true) && !probe {
+        if !std::mem::replace(&mut c.warm[arm as usize], true) && !probe && (n < WARM_COUNTED_MIN || bytes < CROWD_READS * n as u64) {
             return;
         }
         // Thousandths of a tick per byte: sizes within a class differ by up to 2x.
@@ -421,7 +428,13 @@ impl CopyChooser {
             c.rtt.push(r);
         }
         let [s, m] = [&c.arms[Arm::Stream as usize], &c.arms[Arm::Cma as usize]];
-        if s.n < LEARN || m.n < LEARN {
+        // A class of large reads learning from scratch decides after one sample each way when
+        // one way is clearly (25%) faster: each further try of the slower way costs a whole
+        // period, a large share of a short run. (Below, the periods are short, and deciding
+        // early measured 0.91-1.16x in `osu_bw` 16 KiB-2 MiB: noise, no gain.)
+        let clear = |a: u64, b: u64| a.max(b).saturating_mul(100) >= a.min(b).saturating_mul(CLEAR);
+        let decisive = n >= WARM_COUNTED_MIN && c.chosen.is_none() && matches!((s.best(), m.best()), (Some(a), Some(b)) if clear(a, b));
+        if (s.n < LEARN || m.n < LEARN) && !decisive {
             // A first try of the other way in a class that took its choice over: clearly
             // slower confirms the choice (try less often), else try again soon.
             if let (Some(cur), true) = (c.chosen, c.chosen != Some(arm)) {
@@ -577,10 +590,53 @@ mod tests {
         assert_eq!(c.chosen(1 << 14), None);
     }
 
+    /// From 1 MiB a crowded first period counts, and a clear difference (25%) decides after
+    /// one sample each way; a lone first read does not count, and a close race learns on.
+    #[test]
+    fn a_large_class_decides_after_one_crowded_period_each_way() {
+        let n = 8 << 20;
+        let crowd = |c: &mut CopyChooser, arm: Arm, ns: u64| c.record(n, arm, 8 * n as u64, ns, None);
+        let mut c = CopyChooser::default();
+        crowd(&mut c, Cma, 8_000_000);
+        crowd(&mut c, Stream, 14_000_000);
+        assert_eq!(c.chosen(n), Some(Cma));
+        let mut c = CopyChooser::default();
+        crowd(&mut c, Cma, 14_000_000);
+        crowd(&mut c, Stream, 8_000_000);
+        assert_eq!(c.chosen(n), Some(Stream));
+        // Close: two samples each way, as any class.
+        let mut c = CopyChooser::default();
+        crowd(&mut c, Cma, 10_000_000);
+        crowd(&mut c, Stream, 11_000_000);
+        assert_eq!(c.chosen(n), None);
+        crowd(&mut c, Cma, 10_000_000);
+        crowd(&mut c, Stream, 11_000_000);
+        assert_eq!(c.chosen(n), Some(Cma));
+        // Lone reads (a ping-pong): the cold first one each way is not counted.
+        let mut c = CopyChooser::default();
+        rec(&mut c, n, Cma, 90_000, None);
+        rec(&mut c, n, Stream, 20_000, None);
+        assert_eq!(c.chosen(n), None, "nothing counted yet");
+        rec(&mut c, n, Cma, 10_000, None);
+        rec(&mut c, n, Stream, 20_000, None);
+        assert_eq!(c.chosen(n), Some(Cma), "one counted sample each way, clearly apart");
+        // Below 1 MiB nothing changes: two counted samples each way.
+        let mut c = CopyChooser::default();
+        let small = |c: &mut CopyChooser, arm: Arm, ns: u64| c.record(1 << 19, arm, 8 << 19, ns, None);
+        for _ in 0..2 {
+            small(&mut c, Cma, 8_000_000);
+            small(&mut c, Stream, 14_000_000);
+        }
+        assert_eq!(c.chosen(1 << 19), None);
+        small(&mut c, Cma, 8_000_000);
+        small(&mut c, Stream, 14_000_000);
+        assert_eq!(c.chosen(1 << 19), Some(Cma));
+    }
+
     #[test]
     fn the_other_way_is_tried_now_and_then_and_a_clear_change_is_followed() {
         let mut c = CopyChooser::default();
-        let n = 1 << 20;
+        let n = 1 << 19;
         drive(&mut c, n, 40_000, 20_000, 500, 6);
         assert_eq!(c.chosen(n), Some(Cma));
         let ways = drive(&mut c, n, 40_000, 20_000, 500, 1000);
