@@ -140,9 +140,7 @@ impl State {
             }
             // Sync once software has caught up with every unexpected message the TM-SRQ
             // delivered, so that the SYNC brings the counts level.
-            while let Some(t) = self.tm.poll_transmit() {
-                self.ctlq.push_back((t.dst as usize, Ctl::new(PKT_WHOLE, &t.msg)));
-            }
+            self.take_transmits();
             if self.need_sync && self.tm.hw_unexpected_cnt() == self.sw_unexp as u16 {
                 self.need_sync = false;
                 self.stats.tm_syncs += 1;
@@ -151,6 +149,13 @@ impl State {
                 continue;
             }
             return Ok(());
+        }
+    }
+
+    /// Queues what the TM-SRQ has to transmit (the FINs of the reads it completed).
+    pub(super) fn take_transmits(&mut self) {
+        while let Some(t) = self.tm.poll_transmit() {
+            self.ctlq.push_back((t.dst as usize, Ctl::new(PKT_WHOLE, &t.msg)));
         }
     }
 

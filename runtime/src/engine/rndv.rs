@@ -605,9 +605,7 @@ impl State {
     fn ack_revoke(&mut self, op: &ReadOp) {
         if op.revoke_ack {
             // A FIN the TM-SRQ queued goes first.
-            while let Some(t) = self.tm.poll_transmit() {
-                self.ctlq.push_back((t.dst as usize, Ctl::new(PKT_WHOLE, &t.msg)));
-            }
+            self.take_transmits();
             self.ctlq.push_back((op.src, ctl_msg(Control::RevokeAck { name: op.info.tmh.app_ctx })));
         }
     }
@@ -826,6 +824,18 @@ mod tests {
         }
     }
 
+    /// Two engines of a two-rank job, `(a, b)`, the receiver `b` taught that single copy is
+    /// the faster way for `n` bytes; `None` on one CPU (rendezvous does not start low there).
+    fn taught_pair(n: usize) -> Option<(Engine, Engine)> {
+        if crate::sys::usable_cpus() < 2 {
+            return None;
+        }
+        let mut v = super::super::testkit::job(2, Config::default());
+        let mut b = v.pop().expect("b");
+        teach(&mut b, n, 30, 10);
+        Some((v.pop().expect("a"), b))
+    }
+
     /// `TMPI_RNDV_THRESHOLD=auto`: between ranks of one host a 64 KiB message starts as a
     /// rendezvous; a receiver that found the rings faster for that size tells the sender
     /// (`EAGER_BELOW`), and the next one goes eagerly. One that found single copy faster
@@ -915,14 +925,10 @@ mod tests {
     /// A revoke that finds a pre-granted copy queued but not run yet fails it, and answers.
     #[test]
     fn a_revoke_stops_a_copy_not_yet_run() {
-        if crate::sys::usable_cpus() < 2 {
-            return;
-        }
-        let mut v = super::super::testkit::job(2, Config::default());
-        let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
         // Below CMA_SHARE_MIN: the reader copies it all, nothing asked of the sender.
         let n = 24 << 10;
-        teach(b, n, 30, 10);
+        let Some((mut a, mut b)) = taught_pair(n) else { return };
+        let (a, b) = (&mut a, &mut b);
         let data = vec![9u8; n];
         let mut buf = vec![0u8; n];
         let r = recv(b, Some(0), Some(3), &mut buf);
@@ -958,13 +964,9 @@ mod tests {
     /// nothing.
     #[test]
     fn a_lone_pregranted_read_asks_the_sender_for_its_share() {
-        if crate::sys::usable_cpus() < 2 {
-            return;
-        }
         for (n, shared) in [(24 << 10, false), (32 << 10, true), (64 << 10, true), (100_000, true)] {
-            let mut v = super::super::testkit::job(2, Config::default());
-            let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
-            teach(b, n, 30, 10);
+            let Some((mut a, mut b)) = taught_pair(n) else { return };
+            let (a, b) = (&mut a, &mut b);
             let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
             let mut buf = vec![0u8; n];
             let r = recv(b, Some(0), Some(3), &mut buf);
@@ -1022,13 +1024,9 @@ mod tests {
     /// the answer goes after the FIN, and the message arrives whole.
     #[test]
     fn a_revoke_of_a_shared_copy_is_answered_after_its_fin() {
-        if crate::sys::usable_cpus() < 2 {
-            return;
-        }
-        let mut v = super::super::testkit::job(2, Config::default());
-        let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
         let n = 64 << 10;
-        teach(b, n, 30, 10);
+        let Some((mut a, mut b)) = taught_pair(n) else { return };
+        let (a, b) = (&mut a, &mut b);
         let data: Vec<u8> = (0..n).map(|i| (i % 253) as u8).collect();
         let mut buf = vec![0u8; n];
         let r = recv(b, Some(0), Some(3), &mut buf);
@@ -1071,13 +1069,8 @@ mod tests {
     /// receiver's wait ends with `PeerGone`, it does not wait for the share for ever.
     #[test]
     fn a_share_whose_sender_departs_ends_the_wait() {
-        if crate::sys::usable_cpus() < 2 {
-            return;
-        }
-        let mut v = super::super::testkit::job(2, Config::default());
-        let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
         let n = 64 << 10;
-        teach(&mut b, n, 30, 10);
+        let Some((mut a, mut b)) = taught_pair(n) else { return };
         let data = vec![3u8; n];
         let mut buf = vec![0u8; n];
         let r = recv(&mut b, Some(0), Some(3), &mut buf);
