@@ -32,7 +32,9 @@
 //! - with samples both ways, the faster by the best of the last four serves the class (a
 //!   change needs a 5% margin, so close ways do not flap), and one period in `probe_every`
 //!   (16, doubling to 256 while the choice holds) tries the other way, so that a change of
-//!   conditions is noticed.
+//!   conditions is noticed. The chosen way is timed one period in [`SAMPLE_EVERY`] (4) and in
+//!   each of the four before a try, so that the try meets fresh samples; an untimed period
+//!   reads no clock.
 //!
 //! Reads outside a timed period follow their class's choice, or the nearest class's.
 //!
@@ -136,6 +138,9 @@ const PROBE_LONGEST: u32 = 256;
 /// first 2 MiB read made `osu_latency` 2 MiB choose the rings, 1.21x the time.)
 const WARM_COUNTED_MIN: usize = 1 << 20;
 const CROWD_READS: u64 = 4;
+/// A class that has chosen times one period of its way in this many (and the [`KEPT`] before
+/// each try of the other way).
+const SAMPLE_EVERY: u32 = 4;
 /// How much slower (in 1/100) a try of the way not chosen must be to confirm a choice taken
 /// over from another class.
 const CLEAR: u64 = 125;
@@ -145,17 +150,21 @@ const CLEAR: u64 = 125;
 struct Samples {
     ns: [u64; KEPT],
     n: u32,
+    /// The smallest of `ns` (once `n > 0`): read at the end of every read (see
+    /// [`CopyChooser::eager_pays`]), written only with a sample.
+    min: u64,
 }
 
 impl Samples {
     fn push(&mut self, ns: u64) {
         self.ns[self.n as usize % KEPT] = ns;
         self.n = self.n.saturating_add(1);
+        self.min = self.ns[..(self.n as usize).min(KEPT)].iter().copied().min().unwrap_or(ns);
     }
 
     /// The best (smallest) kept sample: noise only ever makes a copy slower.
     fn best(&self) -> Option<u64> {
-        self.ns[..(self.n as usize).min(KEPT)].iter().copied().min()
+        (self.n > 0).then_some(self.min)
     }
 }
 
@@ -261,13 +270,15 @@ pub(crate) struct Placed {
 }
 
 impl Epochs {
-    /// A read of `n` bytes that single copy could serve starts at `now`: how it moves.
-    pub(crate) fn start(&mut self, n: usize, now: Stamp) -> Placed {
+    /// A read of `n` bytes that single copy could serve starts `now` (read only if the period
+    /// it starts is timed): how it moves.
+    pub(crate) fn start(&mut self, n: usize, now: impl FnOnce() -> Stamp) -> Placed {
         let class = class_of(n);
         match &mut self.cur {
             None if self.others == 0 => {
                 let c = self.chooser.choose(n, true);
-                self.cur = Some(Epoch { class, arm: c.arm, measure: c.measure, t0: now, in_flight: 1, bytes: 0, joined: 1, rtt: None });
+                let t0 = if c.measure { now() } else { Stamp(0) };
+                self.cur = Some(Epoch { class, arm: c.arm, measure: c.measure, t0, in_flight: 1, bytes: 0, joined: 1, rtt: None });
                 Placed { arm: c.arm, in_epoch: true }
             }
             Some(e) if e.class == class && e.joined < EPOCH_READS => {
@@ -287,11 +298,12 @@ impl Epochs {
         }
     }
 
-    /// The first grant of a single-copy read of the period arrived at `now`.
-    pub(crate) fn granted(&mut self, p: Placed, now: Stamp) {
+    /// The first grant of a single-copy read of the period arrived `now` (read only if the
+    /// period is timed); `None`: with the request itself (pre-granted), no round trip.
+    pub(crate) fn granted(&mut self, p: Placed, now: Option<impl FnOnce() -> Stamp>) {
         if let (Some(e), true) = (&mut self.cur, p.in_epoch) {
-            if e.rtt.is_none() {
-                e.rtt = Some(now.since(e.t0));
+            if e.measure && e.rtt.is_none() {
+                e.rtt = Some(now.map_or(0, |now| now().since(e.t0)));
             }
         }
     }
@@ -304,8 +316,9 @@ impl Epochs {
         }
     }
 
-    /// A read of `n` bytes placed as `p` ended at `now` (`ok`: all its bytes are in).
-    pub(crate) fn finish(&mut self, n: usize, p: Placed, ok: bool, now: Stamp) {
+    /// A read of `n` bytes placed as `p` ended `now` (read only if it ends a timed period;
+    /// `ok`: all its bytes are in).
+    pub(crate) fn finish(&mut self, n: usize, p: Placed, ok: bool, now: impl FnOnce() -> Stamp) {
         if !p.in_epoch {
             self.others = self.others.saturating_sub(1);
             return;
@@ -318,7 +331,7 @@ impl Epochs {
             let e = *e;
             self.cur = None;
             if e.measure {
-                let ns = now.since(e.t0);
+                let ns = now().since(e.t0);
                 // A round trip is one only for a read alone in its period: in a crowd the
                 // first grant waits behind the target's work for the others (120 us against
                 // 0.5 us, in an `osu_bw` window of 32 KiB reads).
@@ -376,7 +389,12 @@ impl CopyChooser {
                     c.since_probe = 0;
                     Choice { arm: arm.other(), measure: true }
                 } else {
-                    Choice { arm, measure: true }
+                    // The chosen way is timed one period in [`SAMPLE_EVERY`], and in each of
+                    // the [`KEPT`] before a try of the other way, which then meets fresh
+                    // samples. (Timing every period cost 1-3% of a 16-64 KiB ping-pong: two clock reads
+                    // and a sample per read.)
+                    let measure = c.since_probe % SAMPLE_EVERY == 0 || c.since_probe + KEPT as u32 >= c.probe_every;
+                    Choice { arm, measure }
                 }
             }
             Some(arm) => Choice { arm, measure: false },
@@ -503,15 +521,17 @@ mod tests {
     }
 
     /// Drives `c` through lone reads of `n` bytes where a stream takes `stream` ns and a single
-    /// copy `cma` ns (round trip `rtt`) for `reads` reads; returns the ways taken.
+    /// copy `cma` ns (round trip `rtt`) for `reads` reads, recording those it times; returns
+    /// the ways taken.
     fn drive(c: &mut CopyChooser, n: usize, stream: u64, cma: u64, rtt: u64, reads: usize) -> Vec<Arm> {
         (0..reads)
             .map(|_| {
                 let ch = c.choose(n, true);
-                assert!(ch.measure);
-                match ch.arm {
-                    Arm::Stream => rec(c, n, Arm::Stream, stream, None),
-                    Arm::Cma => rec(c, n, Arm::Cma, cma, Some(rtt)),
+                assert!(ch.measure || c.chosen(n) == Some(ch.arm), "learning and tries are timed");
+                match (ch.measure, ch.arm) {
+                    (false, _) => {}
+                    (true, Arm::Stream) => rec(c, n, Arm::Stream, stream, None),
+                    (true, Arm::Cma) => rec(c, n, Arm::Cma, cma, Some(rtt)),
                 }
                 ch.arm
             })
@@ -644,11 +664,40 @@ mod tests {
         let gaps: Vec<usize> = tries.windows(2).map(|w| w[1] - w[0]).collect();
         assert_eq!(tries[0], 15);
         assert_eq!(&gaps[..5], &[32, 64, 128, 256, 256], "tries back off while the choice holds");
-        // Now single copy slows down for good: the choice follows at once (its own recent
-        // samples show it).
-        let ways = drive(&mut c, n, 40_000, 60_000, 500, 8);
+        // Now single copy slows down for good: the choice follows once its kept samples,
+        // one period in `SAMPLE_EVERY`, all show it.
+        let ways = drive(&mut c, n, 40_000, 60_000, 500, 40);
         assert_eq!(c.chosen(n), Some(Stream));
-        assert!(ways.iter().filter(|&&a| a == Cma).count() <= 4, "{ways:?}");
+        let switched = ways.iter().position(|&a| a == Stream).expect("switched");
+        assert!(switched <= KEPT * SAMPLE_EVERY as usize, "{ways:?}");
+        assert_eq!(ways[switched..].iter().filter(|&&a| a == Cma).count(), 1, "one try back, {ways:?}");
+    }
+
+    /// A class that has chosen times its way one period in [`SAMPLE_EVERY`] and in the
+    /// [`KEPT`] periods before each try of the other way; an untimed period reads no clock.
+    #[test]
+    fn a_chosen_way_is_timed_now_and_then() {
+        let mut c = CopyChooser::default();
+        let n = 1 << 16;
+        drive(&mut c, n, 40_000, 20_000, 500, 6);
+        assert_eq!(c.chosen(n), Some(Cma));
+        let timed: Vec<(usize, Arm)> = (1..=PROBE_FIRST as usize)
+            .filter_map(|i| {
+                let ch = c.choose(n, true);
+                ch.measure.then_some((i, ch.arm))
+            })
+            .collect();
+        assert_eq!(timed, [(4, Cma), (8, Cma), (12, Cma), (13, Cma), (14, Cma), (15, Cma), (16, Stream)]);
+        let mut e = Epochs::default();
+        let t = Stamp::now();
+        for i in 0..6 {
+            let p = e.start(n, || t);
+            e.finish(n, p, true, || t + Duration::from_micros(if p.arm == Cma { 2 } else { 4 } + i));
+        }
+        assert_eq!(e.chooser().chosen(n), Some(Cma));
+        let p = e.start(n, || panic!("an untimed period read the clock"));
+        e.granted(p, Some(|| panic!("an untimed grant read the clock")));
+        e.finish(n, p, true, || panic!("an untimed end read the clock"));
     }
 
     /// A window of reads in flight together is one period, timed as a whole and moved one
@@ -663,32 +712,32 @@ mod tests {
         let mut ways = Vec::new();
         for w in 0..6u64 {
             let start = w * 1000;
-            let placed: Vec<Placed> = (0..8).map(|_| e.start(n, at(start))).collect();
+            let placed: Vec<Placed> = (0..8).map(|_| e.start(n, || at(start))).collect();
             assert!(placed.iter().all(|p| p.arm == placed[0].arm && p.in_epoch), "one way for the whole window");
             let took = if placed[0].arm == Cma { 100 } else { 200 };
             for p in placed.iter().skip(1) {
-                e.finish(n, *p, true, at(start + took / 2));
+                e.finish(n, *p, true, || at(start + took / 2));
             }
             assert_eq!(e.chooser().chosen(n), None, "a period ends with its last read");
-            e.finish(n, placed[0], true, at(start + took));
+            e.finish(n, placed[0], true, || at(start + took));
             ways.push(placed[0].arm);
         }
         assert_eq!(ways, [Cma, Stream, Cma, Stream, Cma, Stream]);
         assert_eq!(e.chooser().chosen(n), Some(Cma));
         // The next window goes single copy; a read of another class joining it is not part of
         // it (it follows its own class's, here the nearest, choice) and spoils its timing.
-        let a = e.start(n, at(9000));
+        let a = e.start(n, || at(9000));
         assert_eq!(a.arm, Cma);
-        let b = e.start(4 << 20, at(9001));
+        let b = e.start(4 << 20, || at(9001));
         assert!(!b.in_epoch);
         assert_eq!(b.arm, Cma);
-        e.finish(4 << 20, b, true, at(9500));
-        e.finish(n, a, true, at(9600));
+        e.finish(4 << 20, b, true, || at(9500));
+        e.finish(n, a, true, || at(9600));
         // Heap-served or failed reads spoil their period too, and a new one starts after.
-        let a = e.start(n, at(10_000));
+        let a = e.start(n, || at(10_000));
         e.spoil(a);
-        e.finish(n, a, true, at(10_010));
-        assert!(e.start(n, at(11_000)).in_epoch);
+        e.finish(n, a, true, || at(10_010));
+        assert!(e.start(n, || at(11_000)).in_epoch);
     }
 
     #[test]

@@ -177,7 +177,7 @@ impl Engine {
             for k in gone {
                 if let Some(op) = self.st.reads.remove(k) {
                     if let Some(p) = op.placed {
-                        self.st.copy.finish(op.n, p, false, adapt::Stamp::now());
+                        self.st.copy.finish(op.n, p, false, adapt::Stamp::now);
                     }
                 }
             }

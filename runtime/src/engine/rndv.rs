@@ -212,19 +212,17 @@ impl State {
         // A receive buffer in this rank's shared heap is written by the target with a memcpy
         // whichever way is asked: nothing to learn from it, and the target must be asked.
         let in_heap = buf.is_some_and(|b| self.heaps.locate(b.addr(), n).is_some());
-        let (cma, placed_at) = match self.cma_min {
+        let (cma, placed) = match self.cma_min {
             Some(min) => (cma_ok && n >= min, None),
             None if cma_ok && n > 0 => {
-                let now = adapt::Stamp::now();
-                let p = self.copy.start(n, now);
+                let p = self.copy.start(n, adapt::Stamp::now);
                 if in_heap {
                     self.copy.spoil(p);
                 }
-                (p.arm == adapt::Arm::Cma, Some((p, now)))
+                (p.arm == adapt::Arm::Cma, Some(p))
             }
             None => (false, None),
         };
-        let placed = placed_at.map(|(p, _)| p);
         // Pre-granted by the sender: copy at once, no request (the target writes no share),
         // unless other reads are in flight and a split pays (see `CMA_SPLIT_WINDOW_MIN`).
         let windowed = !self.reads.is_empty() && n >= CMA_SPLIT_WINDOW_MIN;
@@ -251,9 +249,9 @@ impl State {
             return self.finish_read(key, true);
         }
         if at_once {
-            if let Some((p, now)) = placed_at {
+            if let Some(p) = placed {
                 // Granted with the request itself: no round trip.
-                self.copy.granted(p, now);
+                self.copy.granted(p, None::<fn() -> adapt::Stamp>);
             }
             self.stats.pregranted += 1;
             if let (true, Some(b)) = (split < n, buf) {
@@ -418,7 +416,7 @@ impl State {
                         // Served from the target's shared heap: neither way was measured.
                         self.copy.spoil(p);
                     } else {
-                        self.copy.granted(p, adapt::Stamp::now());
+                        self.copy.granted(p, Some(adapt::Stamp::now));
                     }
                 }
                 if let Some(h) = heap {
@@ -575,7 +573,7 @@ impl State {
     pub(super) fn finish_read(&mut self, read: Key, ok: bool) -> Result<()> {
         let Some(op) = self.reads.remove(read) else { return Ok(()) };
         if let Some(p) = op.placed {
-            self.copy.finish(op.n, p, ok, adapt::Stamp::now());
+            self.copy.finish(op.n, p, ok, adapt::Stamp::now);
         }
         self.advise(op.src, op.n);
         if let Some(id) = op.hw {
@@ -818,9 +816,9 @@ mod tests {
     fn teach(e: &mut Engine, n: usize, stream_us: u64, cma_us: u64) {
         let mut t = adapt::Stamp::now();
         for _ in 0..6 {
-            let p = e.st.copy.start(n, t);
+            let p = e.st.copy.start(n, || t);
             t += std::time::Duration::from_micros(if p.arm == adapt::Arm::Cma { cma_us } else { stream_us });
-            e.st.copy.finish(n, p, true, t);
+            e.st.copy.finish(n, p, true, || t);
         }
     }
 
