@@ -83,6 +83,37 @@ impl RawBufMut {
     }
 }
 
+/// Most reads [`cma_read_many`] takes at once.
+pub(crate) const CMA_MANY: usize = 16;
+
+/// Fills `[0, len)` of each receive buffer (clamped to its capacity) from address `va` of
+/// process `pid`, with one system call ([`cma::read_many`]): `reads` are `(buffer, len, va)`.
+/// Returns the bytes moved (fewer than asked when the kernel stopped at a bad range), or
+/// `None`, nothing done, when two of the ranges overlap or there are more than [`CMA_MANY`].
+///
+/// [`cma::read_many`]: tmpi_transport::shm::cma::read_many
+pub(crate) fn cma_read_many(pid: u32, reads: &[(RawBufMut, usize, u64)]) -> Option<Result<usize, tmpi_transport::shm::cma::CmaError>> {
+    if reads.len() > CMA_MANY {
+        return None;
+    }
+    let range = |&(b, len, _): &(RawBufMut, usize, u64)| (b.addr(), b.addr() + len.min(b.cap));
+    for (i, x) in reads.iter().enumerate() {
+        let (a0, a1) = range(x);
+        if reads[..i].iter().map(range).any(|(b0, b1)| a0 < b1 && b0 < a1) {
+            return None;
+        }
+    }
+    let mut parts: [(u64, &mut [u8]); CMA_MANY] = std::array::from_fn(|_| (0, &mut [][..]));
+    for (part, &(b, len, va)) in parts.iter_mut().zip(reads) {
+        // SAFETY: each buffer is alive and exclusively ours (constructor contract), the range
+        // `[0, min(len, cap))` lies inside it, and no two ranges overlap (checked above), so
+        // the slices are disjoint; they do not outlive this call, and nothing else touches the
+        // buffers meanwhile (the engine is single-threaded).
+        *part = (va, unsafe { std::slice::from_raw_parts_mut(b.ptr.as_ptr(), len.min(b.cap)) });
+    }
+    Some(tmpi_transport::shm::cma::read_many(pid, &mut parts[..reads.len()]))
+}
+
 /// A readable user buffer of a pending send.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawBuf {

@@ -101,6 +101,8 @@ fn thresholds_move_the_protocol_switch() {
         assert!(s["cma_reads"] >= 4 * 8 || s["cma_fallbacks"] > 0, "rank {rank}: {s:?}");
         // 64 KiB and 64 KiB - 1 alone in flight: split with the sender, without a round trip.
         assert!(s["pregranted_splits"] > 0 || s["cma_fallbacks"] > 0, "rank {rank}: {s:?}");
+        // The window of 16 KiB requests, all in before the receives: copied together.
+        assert!(s["cma_batched"] >= 2 || s["cma_fallbacks"] > 0, "rank {rank}: {s:?}");
     }
 }
 

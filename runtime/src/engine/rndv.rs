@@ -1065,6 +1065,52 @@ mod tests {
 
     /// A sender that departs after a receiver asked for its share, without writing it: the
     /// receiver's wait ends with `PeerGone`, it does not wait for the share for ever.
+    /// Pre-granted reads queued together from one rank are copied with one system call; when
+    /// that call stops at a bad range, each read is copied alone, and only the bad one fails.
+    #[test]
+    fn reads_queued_together_share_one_system_call() {
+        let (n, k) = (16 << 10, 6);
+        for bad in [None, Some(2)] {
+            let Some((mut a, mut b)) = taught_pair(n) else { return };
+            let (a, b) = (&mut a, &mut b);
+            let data: Vec<Vec<u8>> = (0..k).map(|m| (0..n).map(|i| ((i + 31 * m) % 249) as u8).collect()).collect();
+            let mut bufs = vec![vec![0u8; n]; k];
+            let rs: Vec<ReqId> = bufs.iter_mut().enumerate().map(|(m, buf)| recv(b, Some(0), Some(m as u32), buf)).collect();
+            let ss: Vec<ReqId> = data.iter().enumerate().map(|(m, d)| send(a, 1, m as u32, d, false).expect("a rendezvous")).collect();
+            for _ in 0..1000 {
+                if b.st.cma_q.len() == k {
+                    break;
+                }
+                a.progress().expect("progress");
+                let st = &mut b.st;
+                b.fabric.poll(|p| st.on_packet(p)).expect("poll");
+                b.st.settle_cq().expect("completions");
+            }
+            assert_eq!(b.st.cma_q.len(), k, "all queued to copy at once");
+            if let Some(m) = bad {
+                let key = b.st.cma_q[m];
+                b.st.reads.get_mut(key).expect("the read").info.rvh.va = 8;
+            }
+            b.run_cma().expect("copy");
+            assert!(b.st.cma_q.is_empty());
+            let batched = if bad.is_some() { 0 } else { k as u64 };
+            assert_eq!((b.st.stats.cma_batched, b.st.stats.cma_reads), (batched, k as u64 - u64::from(bad.is_some())));
+            for _ in 0..100 {
+                a.progress().expect("progress");
+                b.progress().expect("progress");
+            }
+            for (m, r) in rs.into_iter().enumerate() {
+                let got = b.take_if_done(r).expect("done");
+                if bad == Some(m) {
+                    assert!(got.is_err(), "the bad read fails");
+                } else {
+                    assert!(got.is_ok() && bufs[m] == data[m], "message {m} arrives whole");
+                    assert!(a.take_if_done(ss[m]).expect("sent").is_ok());
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_share_whose_sender_departs_ends_the_wait() {
         let n = 64 << 10;

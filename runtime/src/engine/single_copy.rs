@@ -8,6 +8,14 @@
 //! the ring for that peer.
 
 use super::*;
+use crate::buffer::{RawBufMut, CMA_MANY};
+
+/// Single-copy reads of at most this many bytes queued together from one rank are copied with
+/// one `process_vm_readv` (up to [`CMA_MANY`] reads and [`CMA_BATCH_BYTES`] in all): the
+/// call's fixed cost (about 0.3 us here) is a quarter of a 16 KiB copy, 3% of 64 KiB.
+const CMA_BATCH_READ_MAX: usize = 64 << 10;
+/// ...and at most this many bytes per call: the first read's FIN waits for the whole copy.
+const CMA_BATCH_BYTES: usize = 256 << 10;
 
 impl Engine {
     /// Copies the data of granted reads straight from the target's memory (one kernel copy).
@@ -61,32 +69,88 @@ impl Engine {
                 n += 1;
                 continue;
             }
-            // An abandoned receive has no buffer: nothing to copy, the send still gets its FIN.
-            let r = buf.map_or(Ok(()), |b| b.fill_with(0, len, |dst| cma::read(pid, va, dst)));
-            match r {
-                Ok(()) => {
-                    self.st.stats.cma_reads += 1;
-                    self.st.stats.cma_bytes += len as u64;
-                    self.st.read_progress(key, len)?;
-                }
-                Err(e) if e.is_unsupported() => {
-                    // Ask for our share through the ring (the target's share comes its own way).
-                    self.st.cma = false;
-                    self.st.stats.cma_fallbacks += 1;
-                    self.st.request_streamed(key, len);
-                }
-                Err(_) => {
-                    if let Some(op) = self.st.reads.get_mut(key) {
-                        op.failed = true;
-                    }
-                    self.st.read_progress(key, len)?;
+            if let (Some(b), true) = (buf, len <= CMA_BATCH_READ_MAX) {
+                if let Some(k) = self.cma_batch(key, src, pid, (b, len, va))? {
+                    n += k;
+                    continue;
                 }
             }
-            // A read the TM-SRQ issued completes there: collect its completion and FIN.
-            self.st.drain_cq()?;
+            self.cma_one(key, pid, buf, len, va)?;
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Copies plain single-copy read `first` with the reads queued behind it from the same
+    /// rank, in one system call (see [`CMA_BATCH_READ_MAX`]); `None` when none can join it
+    /// (the caller copies it alone). Reads the batch could not fill (a bad range, a refusal)
+    /// are copied one by one, as alone.
+    fn cma_batch(&mut self, key: Key, src: usize, pid: u32, first: (RawBufMut, usize, u64)) -> Result<Option<usize>> {
+        let mut keys = [key; CMA_MANY];
+        let mut reads = [(RawBufMut::empty(), 0, 0); CMA_MANY];
+        reads[0] = first;
+        let (mut k, mut total) = (1, first.1);
+        while k < CMA_MANY {
+            let Some(&next) = self.st.cma_q.front() else { break };
+            let Some(op) = self.st.reads.get(next) else { break };
+            let len = op.split;
+            if op.src != src || len == 0 || len > CMA_BATCH_READ_MAX || total + len > CMA_BATCH_BYTES {
+                break;
+            }
+            if !self.st.heaps.grants.is_empty() && self.st.heaps.grants.contains_key(&(next.idx(), next.gen())) {
+                break;
+            }
+            let Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) = self.st.reqs.get(op.rid) else { break };
+            (keys[k], reads[k]) = (next, (*b, len, op.info.rvh.va));
+            self.st.cma_q.pop_front();
+            (k, total) = (k + 1, total + len);
+        }
+        if k == 1 {
+            return Ok(None);
+        }
+        let want: usize = reads[..k].iter().map(|(b, len, _)| (*len).min(b.cap())).sum();
+        if matches!(crate::buffer::cma_read_many(pid, &reads[..k]), Some(Ok(moved)) if moved == want) {
+            self.st.stats.cma_batched += k as u64;
+            for (&key, &(_, len, _)) in keys[..k].iter().zip(&reads[..k]) {
+                self.st.stats.cma_reads += 1;
+                self.st.stats.cma_bytes += len as u64;
+                self.st.read_progress(key, len)?;
+                self.st.drain_cq()?;
+            }
+        } else {
+            for (&key, &(b, len, va)) in keys[..k].iter().zip(&reads[..k]) {
+                self.cma_one(key, pid, Some(b), len, va)?;
+            }
+        }
+        Ok(Some(k))
+    }
+
+    /// Copies `len` bytes of single-copy read `key` from address `va` of process `pid` into
+    /// `buf`, with a system call of its own.
+    fn cma_one(&mut self, key: Key, pid: u32, buf: Option<RawBufMut>, len: usize, va: u64) -> Result<()> {
+        // An abandoned receive has no buffer: nothing to copy, the send still gets its FIN.
+        let r = buf.map_or(Ok(()), |b| b.fill_with(0, len, |dst| cma::read(pid, va, dst)));
+        match r {
+            Ok(()) => {
+                self.st.stats.cma_reads += 1;
+                self.st.stats.cma_bytes += len as u64;
+                self.st.read_progress(key, len)?;
+            }
+            Err(e) if e.is_unsupported() => {
+                // Ask for our share through the ring (the target's share comes its own way).
+                self.st.cma = false;
+                self.st.stats.cma_fallbacks += 1;
+                self.st.request_streamed(key, len);
+            }
+            Err(_) => {
+                if let Some(op) = self.st.reads.get_mut(key) {
+                    op.failed = true;
+                }
+                self.st.read_progress(key, len)?;
+            }
+        }
+        // A read the TM-SRQ issued completes there: collect its completion and FIN.
+        self.st.drain_cq()
     }
 
     /// Writes this rank's shares of split single-copy reads into the readers' buffers, then

@@ -30,6 +30,8 @@ pub(crate) struct Stats {
     pub pregranted: u64,
     /// Of those, split with the sender without a round trip ([`ReadMode::Share`]).
     pub pregranted_splits: u64,
+    /// Single-copy reads that shared their system call with others ([`crate::buffer::cma_read_many`]).
+    pub cma_batched: u64,
 }
 
 impl Engine {
@@ -75,6 +77,7 @@ impl Engine {
             eager_advice: s.eager_advice,
             pregranted_reads: s.pregranted,
             pregranted_splits: s.pregranted_splits,
+            cma_batched: s.cma_batched,
             heap_grants: self.st.heaps.grants_served,
             heap_bytes: self.st.heaps.bytes,
             heap_fallbacks: self.st.heaps.fallbacks,

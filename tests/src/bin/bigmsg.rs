@@ -6,6 +6,8 @@
 //! (half the buffer: `Truncated`, the message consumed, the next one intact). Then a 2 MiB
 //! message goes out 12 times from the same buffer and the rank's own `mr_cache_hits` must grow
 //! by at least 11 (the sender's registration cache, unless `TMPI_MR_CACHE_MAX_COUNT=0`).
+//! Last, a window of 8 messages of 16 KiB whose requests are all in before any receive is
+//! posted.
 //! Every payload is checked.
 //!
 //! `bigmsg [--deny-cma] [--deny-open] [--shared send|recv|both] [MAX_BYTES]` stops at MAX_BYTES (default
@@ -46,6 +48,8 @@ const SIZES: [usize; 20] = [
     64 * MIB,
 ];
 const REPEATS: usize = 12;
+/// Messages of the window phase.
+const WINDOW: usize = 8;
 
 /// A payload nobody else sends: derived from the sender, the size and the variant.
 fn fill(buf: &mut [u8], sender: usize, size: usize, variant: u64) {
@@ -272,6 +276,41 @@ fn main() -> Result<(), Box<dyn StdError>> {
     }
     if rank == 0 {
         println!("bigmsg: repeated {size} B sends: rndv {rndvs}, mr_cache_hits {hits}");
+    }
+    // A window of rendezvous requests, all in before any receive is posted: the receiver
+    // finds them together (and, by single copy, copies them with one system call:
+    // `cma_batched`).
+    let each = (16 * KIB).min(max);
+    if each > 0 {
+        c.prepare(WINDOW * each, 7);
+        let sts = tmpi::scope(|s| -> tmpi::Result<Vec<tmpi::Result<tmpi::Status>>> {
+            let mut qs = Vec::with_capacity(WINDOW);
+            for (m, d) in c.out.chunks(each).enumerate() {
+                qs.push(w.isend(s, d, c.next, 100 + m as tmpi::Tag)?);
+            }
+            w.barrier()?;
+            let mut rs = Vec::with_capacity(WINDOW);
+            for (m, b) in c.got.chunks_mut(each).enumerate() {
+                rs.push(w.irecv(s, b, c.prev, 100 + m as tmpi::Tag)?);
+            }
+            let sts = rs.into_iter().map(|r| r.wait()).collect();
+            for q in qs {
+                q.wait()?;
+            }
+            Ok(sts)
+        });
+        match sts {
+            Ok(sts) => {
+                for (m, st) in sts.into_iter().enumerate() {
+                    let part = m * each..(m + 1) * each;
+                    v.check(
+                        matches!(&st, Ok(st) if st.source() == c.prev && st.len() == each) && c.got[part.clone()] == c.want[part],
+                        || format!("window message {m} of {each} B: {st:?} or payload wrong"),
+                    );
+                }
+            }
+            Err(e) => v.check(false, || format!("window of {WINDOW} x {each} B: {e}")),
+        }
     }
     v.finish(w, &format!("{} sizes up to {max} B at {n} ranks", sizes.len()))?;
     world.finalize()?;

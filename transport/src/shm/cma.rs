@@ -66,6 +66,41 @@ pub fn read(pid: u32, remote: u64, dst: &mut [u8]) -> Result<(), CmaError> {
     Ok(())
 }
 
+/// Most ranges [`read_many`] takes (the kernel's limit, `UIO_MAXIOV`, is 1024).
+pub const MANY_MAX: usize = 64;
+
+/// Copies several ranges of process `pid` with one system call: each `(remote, dst)` part
+/// fills `dst` from address `remote`. Each call has a fixed cost (finding and checking the
+/// process, pinning), about 0.3 us on a 2-core Xeon under KVM: a quarter of the copy of
+/// 16 KiB, which batching saves (`bench/c/cma_batch.c`).
+///
+/// Returns the bytes moved, in order: fewer than the parts hold when the kernel stopped at a
+/// bad range (the parts before it, and possibly a prefix of it, are filled).
+///
+/// # Errors
+/// No byte moved: the kernel's refusal (see [`CmaError::is_unsupported`]), a vanished process
+/// ([`CmaError::peer_gone`]), a bad first range, or more than [`MANY_MAX`] parts or
+/// [`CHUNK`] bytes (`EINVAL`, nothing tried).
+pub fn read_many(pid: u32, parts: &mut [(u64, &mut [u8])]) -> Result<usize, CmaError> {
+    let total: usize = parts.iter().map(|(_, d)| d.len()).sum();
+    if parts.len() > MANY_MAX || total > CHUNK {
+        return Err(CmaError(io::Error::from_raw_os_error(libc::EINVAL)));
+    }
+    let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+    let (mut local, mut far) = ([empty; MANY_MAX], [empty; MANY_MAX]);
+    for (i, (remote, dst)) in parts.iter_mut().enumerate() {
+        local[i] = libc::iovec { iov_base: dst.as_mut_ptr().cast(), iov_len: dst.len() };
+        far[i] = libc::iovec { iov_base: *remote as usize as *mut libc::c_void, iov_len: dst.len() };
+    }
+    let n = parts.len() as libc::c_ulong;
+    // SAFETY: the kernel writes at most `local[i].iov_len` bytes at each `local[i]`, each a
+    // live slice of `parts`, exclusively borrowed for this call (distinct `&mut` borrows, so
+    // they do not overlap); `far` names memory of another process, only read by the kernel,
+    // which checks it (EFAULT) and never dereferenced here.
+    let r = unsafe { libc::process_vm_readv(pid as libc::pid_t, local.as_ptr(), n, far.as_ptr(), n, 0) };
+    moved(r)
+}
+
 /// Copies `src` to address `remote` of process `pid`, which must be another process: a write
 /// into this process is refused (`EINVAL`), as it could change memory behind a live borrow.
 ///
@@ -116,6 +151,35 @@ mod tests {
         let e = unsafe { write(pid, back.as_mut_ptr() as u64, &src[..1000]) }.unwrap_err();
         assert_eq!(e.0.raw_os_error(), Some(libc::EINVAL));
         assert!(back.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn many_ranges_in_one_call_and_a_bad_one_stops_it() {
+        let pid = std::process::id();
+        let src: Vec<u8> = (0..40_000).map(|i| (i % 253) as u8).collect();
+        let (mut a, mut b, mut c) = (vec![0u8; 16_384], vec![0u8; 100], vec![0u8; 20_000]);
+        let at = |off: usize| src.as_ptr() as u64 + off as u64;
+        let r = read_many(pid, &mut [(at(0), &mut a), (at(30_000), &mut b), (at(20_000), &mut c)]);
+        match r {
+            Err(e) => {
+                assert!(e.is_unsupported(), "{e}");
+                return;
+            }
+            Ok(n) => assert_eq!(n, 16_384 + 100 + 20_000),
+        }
+        assert!(a == src[..16_384] && b == src[30_000..30_100] && c == src[20_000..]);
+        // A bad second range: the first is filled, the count says where it stopped.
+        let (mut a, mut b) = (vec![0u8; 5000], vec![0u8; 5000]);
+        assert_eq!(read_many(pid, &mut [(at(0), &mut a), (8, &mut b)]).expect("partial"), 5000);
+        assert!(a == src[..5000] && b.iter().all(|&x| x == 0));
+        // A bad first range moves nothing.
+        assert!(read_many(pid, &mut [(8, &mut a)]).is_err());
+        // Too many parts, or too many bytes: refused before the kernel is asked.
+        let mut small: Vec<Vec<u8>> = (0..=MANY_MAX).map(|_| vec![0u8; 1]).collect();
+        let mut parts: Vec<(u64, &mut [u8])> = small.iter_mut().map(|d| (at(0), d.as_mut_slice())).collect();
+        assert_eq!(read_many(pid, &mut parts).unwrap_err().0.raw_os_error(), Some(libc::EINVAL));
+        let mut big = vec![0u8; CHUNK + 1];
+        assert_eq!(read_many(pid, &mut [(at(0), &mut big)]).unwrap_err().0.raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]
