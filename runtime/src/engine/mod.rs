@@ -134,21 +134,24 @@ const SRQ_BUF_LEN: usize = usize::MAX / 4;
 /// Single-copy reads of at least this many bytes are split: the reader copies the first half,
 /// the target (otherwise idle until FIN) writes the second half, so both cores copy.
 const CMA_SPLIT_MIN: usize = 128 * 1024;
-/// ...and from this many bytes when the reader has other reads in flight (a window, as in
-/// `osu_bw`): it then asks even for a pre-granted read, since the request's round trip hides
-/// behind the other reads, and the target splits it. A read alone in flight (a ping-pong)
-/// below [`CMA_SPLIT_MIN`] is copied at once instead: the round trip would cost more than
-/// half the copy saves (`osu_latency` took 1.40x the time at 16 KiB, 1.09x at 32 KiB, when
-/// every read asked and was split).
+/// ...and from this many bytes, a read the target was asked for (not pre-granted) when it
+/// has no reads of its own in flight. A pre-granted read below [`CMA_SPLIT_MIN`] is not
+/// asked for: asking and then splitting cost `osu_latency` 1.40x the time at 16 KiB, 1.09x at
+/// 32 KiB; from [`CMA_SHARE_MIN`] it is shared instead, without a round trip.
 const CMA_SPLIT_WINDOW_MIN: usize = 32 * 1024;
 /// ...but below this size not while the target has reads of its own in flight (see
 /// `State::serve_read`).
 const CMA_SPLIT_BUSY_MAX: usize = 1 << 20;
-/// A pre-granted read alone in flight (a ping-pong) of at least this many bytes, below
-/// [`CMA_SPLIT_MIN`], is split without a round trip: the reader asks the target for its
-/// share ([`ReadMode::Share`]) and starts copying its own at once, while the target (waiting
-/// for FIN) writes the rest.
+/// A pre-granted read of at least this many bytes, below [`CMA_SPLIT_MIN`], is split without
+/// a round trip: the reader asks the target for its share ([`ReadMode::Share`]) and starts
+/// copying its own at once, while the target (waiting for FIN) writes the rest. So is one
+/// behind other reads (a window), unless the target is reading from this rank too
+/// (`State::peer_reading`): `osu_bw` 32/64 KiB 1.15/1.16x the bytes of asking for a split,
+/// `osu_bibw` level, where a share in both directions took 0.72-0.80x.
 const CMA_SHARE_MIN: usize = 32 * 1024;
+/// A peer that sent a FIN within this many of our reads is reading from us (see
+/// `State::peer_reading`).
+const PEER_READING_WITHIN: u64 = 64;
 /// Software syncs the TM-SRQ at least once every this many unexpected messages.
 const FORCED_SYNC_EVERY: u32 = 1 << 14;
 
@@ -344,6 +347,11 @@ struct State {
     sw_only_posted: usize,
     /// Rendezvous reads in progress.
     reads: Slab<ReadOp>,
+    /// Rendezvous reads this rank has started, and per world rank their count when that rank
+    /// last sent a FIN for a send of ours (0: never): whether it is reading from us (see
+    /// `State::peer_reading`).
+    reads_begun: u64,
+    fin_seen: Vec<u64>,
     /// Registration cache (sender side of rendezvous) and its domain (target key checks).
     mr: MrCache,
     domain: Domain,
@@ -497,6 +505,8 @@ impl Engine {
                 op_wr: 0,
                 sw_only_posted: 0,
                 reads: Slab::new(),
+                reads_begun: 0,
+                fin_seen: vec![0; size],
                 mr,
                 domain,
                 rma_out: VecDeque::new(),

@@ -223,12 +223,16 @@ impl State {
             }
             None => (false, None),
         };
-        // Pre-granted by the sender: copy at once, no request (the target writes no share),
-        // unless other reads are in flight and a split pays (see `CMA_SPLIT_WINDOW_MIN`).
+        // Pre-granted by the sender: copy at once, no request.
+        self.reads_begun += 1;
         let windowed = !self.reads.is_empty() && n >= CMA_SPLIT_WINDOW_MIN;
-        let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_SPLIT_MIN && !windowed;
-        // Alone in flight from `CMA_SHARE_MIN`: the target writes a share, asked now.
-        let split = if at_once && buf.is_some() && n >= CMA_SHARE_MIN { share_split(n) } else { n };
+        let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_SPLIT_MIN;
+        // From `CMA_SHARE_MIN` the target writes a share, asked now: alone in flight (it waits
+        // for our FIN), or in a window while it is not reading from us itself (`osu_bw`: it
+        // waits too; in `osu_bibw` each core has its own reads to copy, and a share only
+        // adds its system call).
+        let share = at_once && buf.is_some() && n >= CMA_SHARE_MIN && !(windowed && self.peer_reading(src));
+        let split = if share { share_split(n) } else { n };
         let remote_write = cma && (!at_once || split < n);
         let k = self.reads.insert(ReadOp {
             rid,
@@ -616,8 +620,17 @@ impl State {
                 if r.tag64 == tmh.tag && r.va == rvh.va)
         });
         let k = k.ok_or_else(|| malformed_from(src, "FIN for no rendezvous send"))?;
+        if let Some(at) = self.fin_seen.get_mut(src) {
+            *at = self.reads_begun.max(1);
+        }
         self.send_progress(k, false, true);
         Ok(())
+    }
+
+    /// Whether `src` has lately been reading from this rank: it sent a FIN within our last
+    /// [`PEER_READING_WITHIN`] reads. Then both cores have copies of their own (`osu_bibw`).
+    fn peer_reading(&self, src: usize) -> bool {
+        self.fin_seen.get(src).is_some_and(|&at| at != 0 && self.reads_begun - at < PEER_READING_WITHIN)
     }
 }
 
@@ -1065,6 +1078,48 @@ mod tests {
 
     /// A sender that departs after a receiver asked for its share, without writing it: the
     /// receiver's wait ends with `PeerGone`, it does not wait for the share for ever.
+    /// A pre-granted read behind others (a window) asks its target for a share too, unless
+    /// that target has lately been reading from this rank (a FIN came): then both cores have
+    /// their own copies to make, and the reader copies it all.
+    #[test]
+    fn a_window_shares_with_a_target_that_is_not_reading_from_us() {
+        let n = 32 << 10;
+        let Some((mut a, mut b)) = taught_pair(n) else { return };
+        let (a, b) = (&mut a, &mut b);
+        let data = [vec![3u8; n], vec![4u8; n]];
+        for round in 0..2u32 {
+            if round == 1 {
+                // `b` sends `a` a rendezvous; `a` reads it and its FIN comes back.
+                let (back, mut into) = (vec![5u8; n], vec![0u8; n]);
+                let r = recv(a, Some(1), Some(99), &mut into);
+                let s = send(b, 0, 99, &back, false).expect("a rendezvous");
+                settle(&mut [&mut *a, &mut *b]);
+                assert!(a.take_if_done(r).expect("received").is_ok() && b.take_if_done(s).expect("sent").is_ok());
+                assert!(b.st.peer_reading(0));
+            }
+            let mut bufs = vec![vec![0u8; n]; 2];
+            let rs: Vec<ReqId> = bufs.iter_mut().enumerate().map(|(m, buf)| recv(b, Some(0), Some(10 * round + m as u32), buf)).collect();
+            let ss: Vec<ReqId> = data.iter().enumerate().map(|(m, d)| send(a, 1, 10 * round + m as u32, d, false).expect("rndv")).collect();
+            for _ in 0..1000 {
+                if b.st.cma_q.len() == 2 {
+                    break;
+                }
+                a.progress().expect("progress");
+                let st = &mut b.st;
+                b.fabric.poll(|p| st.on_packet(p)).expect("poll");
+                b.st.settle_cq().expect("completions");
+            }
+            let splits: Vec<usize> = b.st.cma_q.iter().map(|&k| b.st.reads.get(k).expect("read").split).collect();
+            let want = if round == 0 { [share_split(n); 2] } else { [share_split(n), n] };
+            assert_eq!(splits, want, "round {round}: the lone read shares; the second only while `a` is not reading");
+            settle(&mut [&mut *a, &mut *b]);
+            for (m, (r, s)) in rs.into_iter().zip(ss).enumerate() {
+                assert!(b.take_if_done(r).expect("received").is_ok() && a.take_if_done(s).expect("sent").is_ok());
+                assert!(bufs[m] == data[m], "round {round}: message {m} arrives whole");
+            }
+        }
+    }
+
     /// Pre-granted reads queued together from one rank are copied with one system call; when
     /// that call stops at a bad range, each read is copied alone, and only the bad one fails.
     #[test]
