@@ -185,7 +185,11 @@ fn shared_heap_that_cannot_be_mapped_falls_back() {
         }
         for (rank, s) in &st {
             assert_eq!(s["heap_bytes"], 0, "rank {rank} {side}: {s:?}\n{}", out.report());
-            assert_eq!(s["heap_fallbacks"], 1, "one failed mapping per peer, not retried: rank {rank} {side}: {s:?}");
+            // One failed mapping per peer, not retried: the transfers that fall back are the
+            // first and those that named the heap before its failure was known (at most the
+            // 8 of `bigmsg`'s first window); dozens follow, and would fall back if retried.
+            let f = s["heap_fallbacks"];
+            assert!((1..=8).contains(&f), "rank {rank} {side}: {s:?}");
         }
     }
 }

@@ -292,6 +292,7 @@ struct RmaOut {
 }
 
 /// The target's share of a split single-copy read: `buf` goes to `dst` in the reader.
+#[derive(Clone, Copy)]
 struct CmaWrite {
     dest: usize,
     /// The reader's name for the read ([`Rma::read`]).

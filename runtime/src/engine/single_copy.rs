@@ -192,27 +192,81 @@ impl Engine {
                 n += 1;
                 continue;
             }
-            // SAFETY: `dst` is the receive buffer the reader named in its single-copy read
-            // request, and `[base, base + len)` is the share its grant left to us (checked
-            // against the read's length when the grant was made). The reader keeps that
-            // buffer alive and untouched until our WRITE_DONE or READ_ERR arrives, even if
-            // its receive is abandoned (it waits for the share while we are alive).
-            match unsafe { cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) } {
-                Ok(()) => {
-                    self.st.stats.cma_bytes += whole.len() as u64;
-                    self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
-                }
-                Err(e) if e.is_unsupported() => {
-                    self.st.cma = false;
-                    self.st.stats.cma_fallbacks += 1;
-                    self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
-                }
-                Err(_) => {
-                    self.st.send_rma(w.dest, Rma::ReadErr { read: w.read });
-                }
+            if whole.len() <= CMA_BATCH_READ_MAX {
+                n += self.cma_write_batch(w, pid);
+                continue;
             }
+            self.cma_write_one(w, pid);
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Writes share `first` with the shares queued behind it for the same reader, in one
+    /// system call (the limits of [`Engine::cma_batch`]); shares the call could not write (a
+    /// bad range, a refusal) are written one by one, as alone. Returns the shares written.
+    fn cma_write_batch(&mut self, first: CmaWrite, pid: u32) -> usize {
+        let mut ws = [first; CMA_MANY];
+        let (mut k, mut total) = (1, first.buf.len());
+        while k < CMA_MANY {
+            let Some(w) = self.st.cma_w.front() else { break };
+            let len = w.buf.len();
+            if w.dest != first.dest || len > CMA_BATCH_READ_MAX || total + len > CMA_BATCH_BYTES {
+                break;
+            }
+            if !self.st.heaps.writes.is_empty() && self.st.heaps.writes.contains_key(&(w.dest, w.read)) {
+                break;
+            }
+            ws[k] = *w;
+            self.st.cma_w.pop_front();
+            (k, total) = (k + 1, total + len);
+        }
+        let ws = &ws[..k];
+        let mut parts: [(u64, &[u8]); CMA_MANY] = [(0, &[]); CMA_MANY];
+        for (p, w) in parts.iter_mut().zip(ws) {
+            *p = (w.dst.wrapping_add(w.base as u64), w.buf.slice(0, w.buf.len()));
+        }
+        // SAFETY: as for one share (`cma_write_one`), for each: `dst` is the receive buffer
+        // its reader named in its read request and `[base, base + len)` the share its grant
+        // left to us; each reader keeps its buffer alive and untouched until our WRITE_DONE
+        // or READ_ERR arrives. `pid` is not this process (checked by the caller).
+        let batched = k > 1 && matches!(unsafe { cma::write_many(pid, &parts[..k]) }, Ok(moved) if moved == total);
+        for &w in ws {
+            if batched {
+                self.st.stats.cma_bytes += w.buf.len() as u64;
+                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
+            } else {
+                self.cma_write_one(w, pid);
+            }
+        }
+        if batched {
+            self.st.stats.cma_batched += k as u64;
+        }
+        k
+    }
+
+    /// Writes share `w` into its reader (process `pid`, not this one) with a system call of
+    /// its own, and tells the reader.
+    fn cma_write_one(&mut self, w: CmaWrite, pid: u32) {
+        let whole = w.buf.slice(0, w.buf.len());
+        // SAFETY: `dst` is the receive buffer the reader named in its single-copy read
+        // request, and `[base, base + len)` is the share its grant left to us (checked
+        // against the read's length when the grant was made). The reader keeps that
+        // buffer alive and untouched until our WRITE_DONE or READ_ERR arrives, even if
+        // its receive is abandoned (it waits for the share while we are alive).
+        match unsafe { cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) } {
+            Ok(()) => {
+                self.st.stats.cma_bytes += whole.len() as u64;
+                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
+            }
+            Err(e) if e.is_unsupported() => {
+                self.st.cma = false;
+                self.st.stats.cma_fallbacks += 1;
+                self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+            }
+            Err(_) => {
+                self.st.send_rma(w.dest, Rma::ReadErr { read: w.read });
+            }
+        }
     }
 }

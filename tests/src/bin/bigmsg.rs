@@ -6,8 +6,8 @@
 //! (half the buffer: `Truncated`, the message consumed, the next one intact). Then a 2 MiB
 //! message goes out 12 times from the same buffer and the rank's own `mr_cache_hits` must grow
 //! by at least 11 (the sender's registration cache, unless `TMPI_MR_CACHE_MAX_COUNT=0`).
-//! Last, a window of 8 messages of 16 KiB whose requests are all in before any receive is
-//! posted.
+//! First, one way only (rank 0 to rank 1), and last, around the ring, a window of 8 messages
+//! (32 and 16 KiB) whose requests are all in before any receive is posted.
 //! Every payload is checked.
 //!
 //! `bigmsg [--deny-cma] [--deny-open] [--shared send|recv|both] [MAX_BYTES]` stops at MAX_BYTES (default
@@ -154,6 +154,22 @@ impl Ctx<'_> {
     }
 }
 
+/// Checks the receives of a window of messages of `each` bytes from `from` (none on a rank
+/// that only sent).
+fn check_window(v: &mut Verdict, c: &Ctx<'_>, each: usize, from: usize, sts: tmpi::Result<Vec<tmpi::Result<tmpi::Status>>>) {
+    match sts {
+        Ok(sts) => {
+            for (m, st) in sts.into_iter().enumerate() {
+                let part = m * each..(m + 1) * each;
+                v.check(matches!(&st, Ok(st) if st.source() == from && st.len() == each) && c.got[part.clone()] == c.want[part], || {
+                    format!("window message {m} of {each} B: {st:?} or payload wrong")
+                });
+            }
+        }
+        Err(e) => v.check(false, || format!("window of {WINDOW} x {each} B: {e}")),
+    }
+}
+
 fn main() -> Result<(), Box<dyn StdError>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let deny = args.iter().any(|a| a == "--deny-cma");
@@ -191,6 +207,37 @@ fn main() -> Result<(), Box<dyn StdError>> {
         deny_open_calls().map_err(|e| format!("bigmsg: cannot install the seccomp filter: {e}"))?;
     }
     let mut c = Ctx { w, next: (rank + 1) % n, prev: (rank + n - 1) % n, out, want: Vec::new(), got };
+    // First, one way only (rank 0 to rank 1, as in `osu_bw`): a window of 32 KiB requests, all
+    // in before the receives. By single copy the sender writes a share of each read.
+    let each = (32 * KIB).min(max);
+    if n >= 2 && each > 0 && rank < 2 {
+        c.prepare(WINDOW * each, 8);
+        // (Rank 1's `prev` is rank 0, so `want` holds what rank 0 sends.)
+        let peer = 1 - rank;
+        let sts = tmpi::scope(|s| -> tmpi::Result<Vec<tmpi::Result<tmpi::Status>>> {
+            let mut qs = Vec::with_capacity(WINDOW);
+            if rank == 0 {
+                for (m, d) in c.out.chunks(each).enumerate() {
+                    qs.push(w.isend(s, d, peer, 200 + m as tmpi::Tag)?);
+                }
+            }
+            w.barrier()?;
+            let mut rs = Vec::with_capacity(WINDOW);
+            if rank == 1 {
+                for (m, b) in c.got.chunks_mut(each).enumerate() {
+                    rs.push(w.irecv(s, b, peer, 200 + m as tmpi::Tag)?);
+                }
+            }
+            let sts = rs.into_iter().map(|r| r.wait()).collect();
+            for q in qs {
+                q.wait()?;
+            }
+            Ok(sts)
+        });
+        check_window(&mut v, &c, each, peer, sts);
+    } else if n >= 2 && each > 0 {
+        w.barrier()?;
+    }
     for &size in &sizes {
         // Expected: the receive is posted before anyone sends.
         c.prepare(size, 1);
@@ -299,18 +346,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
             }
             Ok(sts)
         });
-        match sts {
-            Ok(sts) => {
-                for (m, st) in sts.into_iter().enumerate() {
-                    let part = m * each..(m + 1) * each;
-                    v.check(
-                        matches!(&st, Ok(st) if st.source() == c.prev && st.len() == each) && c.got[part.clone()] == c.want[part],
-                        || format!("window message {m} of {each} B: {st:?} or payload wrong"),
-                    );
-                }
-            }
-            Err(e) => v.check(false, || format!("window of {WINDOW} x {each} B: {e}")),
-        }
+        check_window(&mut v, &c, each, c.prev, sts);
     }
     v.finish(w, &format!("{} sizes up to {max} B at {n} ranks", sizes.len()))?;
     world.finalize()?;

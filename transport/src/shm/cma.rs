@@ -101,6 +101,36 @@ pub fn read_many(pid: u32, parts: &mut [(u64, &mut [u8])]) -> Result<usize, CmaE
     moved(r)
 }
 
+/// Copies several slices into process `pid`, which must be another process, with one system
+/// call: each `(remote, src)` part writes `src` at address `remote`. Returns the bytes moved,
+/// in order: fewer than the parts hold when the kernel stopped at a bad range.
+///
+/// # Safety
+/// As for [`write`](fn@write), for every part: each remote range is memory of process `pid`
+/// that nothing there reads or writes meanwhile and that it has lent for this write.
+///
+/// # Errors
+/// No byte moved (see [`write`](fn@write)), or more than [`MANY_MAX`] parts or [`CHUNK`]
+/// bytes (`EINVAL`, nothing tried).
+pub unsafe fn write_many(pid: u32, parts: &[(u64, &[u8])]) -> Result<usize, CmaError> {
+    let total: usize = parts.iter().map(|(_, d)| d.len()).sum();
+    if pid == std::process::id() || parts.len() > MANY_MAX || total > CHUNK {
+        return Err(CmaError(io::Error::from_raw_os_error(libc::EINVAL)));
+    }
+    let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+    let (mut local, mut far) = ([empty; MANY_MAX], [empty; MANY_MAX]);
+    for (i, (remote, src)) in parts.iter().enumerate() {
+        local[i] = libc::iovec { iov_base: src.as_ptr() as *mut libc::c_void, iov_len: src.len() };
+        far[i] = libc::iovec { iov_base: *remote as usize as *mut libc::c_void, iov_len: src.len() };
+    }
+    let n = parts.len() as libc::c_ulong;
+    // SAFETY: the kernel only reads the `local` ranges (live slices of `parts`). The `far`
+    // ranges are memory of another process (this one is refused above) that the caller
+    // guarantees is lent for this write; the kernel checks that they are mapped.
+    let r = unsafe { libc::process_vm_writev(pid as libc::pid_t, local.as_ptr(), n, far.as_ptr(), n, 0) };
+    moved(r)
+}
+
 /// Copies `src` to address `remote` of process `pid`, which must be another process: a write
 /// into this process is refused (`EINVAL`), as it could change memory behind a live borrow.
 ///
@@ -180,6 +210,65 @@ mod tests {
         assert_eq!(read_many(pid, &mut parts).unwrap_err().0.raw_os_error(), Some(libc::EINVAL));
         let mut big = vec![0u8; CHUNK + 1];
         assert_eq!(read_many(pid, &mut [(at(0), &mut big)]).unwrap_err().0.raw_os_error(), Some(libc::EINVAL));
+        // Writes into this process are refused before anything moves.
+        let mut back = vec![0u8; 100];
+        // SAFETY: refused before anything is written (own pid).
+        let e = unsafe { write_many(pid, &[(back.as_mut_ptr() as u64, &src[..100])]) }.unwrap_err();
+        assert_eq!(e.0.raw_os_error(), Some(libc::EINVAL));
+        assert!(back.iter().all(|&b| b == 0));
+    }
+
+    /// `write_many` into another process: a forked child whose pages the parent fills, and
+    /// which sends back what it holds through a pipe once told to.
+    #[test]
+    fn many_writes_into_another_process() {
+        let dst = vec![0u8; 3 * 4096];
+        let (mut go, mut back) = ([0; 2], [0; 2]);
+        // SAFETY: each array has room for the two descriptors.
+        assert!(unsafe { libc::pipe(go.as_mut_ptr()) } == 0 && unsafe { libc::pipe(back.as_mut_ptr()) } == 0);
+        let (a, b) = (vec![7u8; 5000], vec![9u8; 3000]);
+        let at = dst.as_ptr() as u64;
+        // SAFETY: the child only makes system calls (no allocation, no lock) and leaves with
+        // `_exit`.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            let mut byte = 0u8;
+            // SAFETY: the descriptors are open; the buffers outlive the calls.
+            unsafe {
+                libc::read(go[0], (&mut byte as *mut u8).cast(), 1);
+                libc::write(back[1], dst.as_ptr().cast(), dst.len());
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the child's `dst` (at the same address after the fork) is written by no one
+        // else, and the child reads it only after the byte below.
+        let r = unsafe { write_many(child as u32, &[(at, &a), (at + 8192, &b)]) };
+        let mut got = vec![0u8; dst.len()];
+        let mut filled = 0;
+        // SAFETY: the descriptors are open; at most the rest of `got` is written.
+        unsafe {
+            libc::write(go[1], [1u8].as_ptr().cast(), 1);
+            while filled < got.len() {
+                let k = libc::read(back[0], got[filled..].as_mut_ptr().cast(), got.len() - filled);
+                if k <= 0 {
+                    break;
+                }
+                filled += k as usize;
+            }
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+            for fd in go.into_iter().chain(back) {
+                libc::close(fd);
+            }
+        }
+        match r {
+            Err(e) => assert!(e.is_unsupported(), "{e}"),
+            Ok(n) => {
+                assert_eq!((n, filled), (8000, got.len()));
+                assert!(got[..5000].iter().all(|&x| x == 7) && got[5000..8192].iter().all(|&x| x == 0));
+                assert!(got[8192..11_192].iter().all(|&x| x == 9) && got[11_192..].iter().all(|&x| x == 0));
+            }
+        }
     }
 
     #[test]
