@@ -109,17 +109,25 @@ impl Engine {
             return Ok(None);
         }
         let want: usize = reads[..k].iter().map(|(b, len, _)| (*len).min(b.cap())).sum();
-        if matches!(crate::buffer::cma_read_many(pid, &reads[..k]), Some(Ok(moved)) if moved == want) {
+        let batched = matches!(crate::buffer::cma_read_many(pid, &reads[..k]), Some(Ok(moved)) if moved == want);
+        if batched {
             self.st.stats.cma_batched += k as u64;
-            for (&key, &(_, len, _)) in keys[..k].iter().zip(&reads[..k]) {
+        }
+        for (i, (&key, &(b, len, va))) in keys[..k].iter().zip(&reads[..k]).enumerate() {
+            let r = if batched {
                 self.st.stats.cma_reads += 1;
                 self.st.stats.cma_bytes += len as u64;
-                self.st.read_progress(key, len)?;
-                self.st.drain_cq()?;
-            }
-        } else {
-            for (&key, &(b, len, va)) in keys[..k].iter().zip(&reads[..k]) {
-                self.cma_one(key, pid, Some(b), len, va)?;
+                self.st.read_progress(key, len).and_then(|()| self.st.drain_cq())
+            } else {
+                self.cma_one(key, pid, Some(b), len, va)
+            };
+            if let Err(e) = r {
+                // The reads not yet done go back to the front of the queue, in order (a
+                // batched one is copied again): none is lost.
+                for &rest in keys[i + 1..k].iter().rev() {
+                    self.st.cma_q.push_front(rest);
+                }
+                return Err(e);
             }
         }
         Ok(Some(k))
