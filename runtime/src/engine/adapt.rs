@@ -299,11 +299,21 @@ impl Epochs {
     }
 
     /// The first grant of a single-copy read of the period arrived `now` (read only if the
-    /// period is timed); `None`: with the request itself (pre-granted), no round trip.
-    pub(crate) fn granted(&mut self, p: Placed, now: Option<impl FnOnce() -> Stamp>) {
+    /// period is timed).
+    pub(crate) fn granted(&mut self, p: Placed, now: impl FnOnce() -> Stamp) {
         if let (Some(e), true) = (&mut self.cur, p.in_epoch) {
             if e.measure && e.rtt.is_none() {
-                e.rtt = Some(now.map_or(0, |now| now().since(e.t0)));
+                e.rtt = Some(now().since(e.t0));
+            }
+        }
+    }
+
+    /// A single-copy read of the period was granted with its request (pre-granted): a round
+    /// trip of none.
+    pub(crate) fn pregranted(&mut self, p: Placed) {
+        if let (Some(e), true) = (&mut self.cur, p.in_epoch) {
+            if e.measure && e.rtt.is_none() {
+                e.rtt = Some(0);
             }
         }
     }
@@ -696,7 +706,7 @@ mod tests {
         }
         assert_eq!(e.chooser().chosen(n), Some(Cma));
         let p = e.start(n, || panic!("an untimed period read the clock"));
-        e.granted(p, Some(|| panic!("an untimed grant read the clock")));
+        e.granted(p, || panic!("an untimed grant read the clock"));
         e.finish(n, p, true, || panic!("an untimed end read the clock"));
     }
 

@@ -255,7 +255,7 @@ impl State {
         if at_once {
             if let Some(p) = placed {
                 // Granted with the request itself: no round trip.
-                self.copy.granted(p, None::<fn() -> adapt::Stamp>);
+                self.copy.pregranted(p);
             }
             self.stats.pregranted += 1;
             if let (true, Some(b)) = (split < n, buf) {
@@ -420,7 +420,7 @@ impl State {
                         // Served from the target's shared heap: neither way was measured.
                         self.copy.spoil(p);
                     } else {
-                        self.copy.granted(p, Some(adapt::Stamp::now));
+                        self.copy.granted(p, adapt::Stamp::now);
                     }
                 }
                 if let Some(h) = heap {

@@ -229,6 +229,10 @@ impl Engine {
             self.st.cma_w.pop_front();
             (k, total) = (k + 1, total + len);
         }
+        if k == 1 {
+            self.cma_write_one(first, pid);
+            return 1;
+        }
         let ws = &ws[..k];
         let mut parts: [(u64, &[u8]); CMA_MANY] = [(0, &[]); CMA_MANY];
         for (p, w) in parts.iter_mut().zip(ws) {
@@ -238,7 +242,7 @@ impl Engine {
         // its reader named in its read request and `[base, base + len)` the share its grant
         // left to us; each reader keeps its buffer alive and untouched until our WRITE_DONE
         // or READ_ERR arrives. `pid` is not this process (checked by the caller).
-        let batched = k > 1 && matches!(unsafe { cma::write_many(pid, &parts[..k]) }, Ok(moved) if moved == total);
+        let batched = matches!(unsafe { cma::write_many(pid, &parts[..k]) }, Ok(moved) if moved == total);
         for &w in ws {
             if batched {
                 self.st.stats.cma_bytes += w.buf.len() as u64;

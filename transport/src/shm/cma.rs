@@ -82,23 +82,34 @@ pub const MANY_MAX: usize = 64;
 /// ([`CmaError::peer_gone`]), a bad first range, or more than [`MANY_MAX`] parts or
 /// [`CHUNK`] bytes (`EINVAL`, nothing tried).
 pub fn read_many(pid: u32, parts: &mut [(u64, &mut [u8])]) -> Result<usize, CmaError> {
-    let total: usize = parts.iter().map(|(_, d)| d.len()).sum();
-    if parts.len() > MANY_MAX || total > CHUNK {
-        return Err(CmaError(io::Error::from_raw_os_error(libc::EINVAL)));
-    }
-    let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
-    let (mut local, mut far) = ([empty; MANY_MAX], [empty; MANY_MAX]);
-    for (i, (remote, dst)) in parts.iter_mut().enumerate() {
-        local[i] = libc::iovec { iov_base: dst.as_mut_ptr().cast(), iov_len: dst.len() };
-        far[i] = libc::iovec { iov_base: *remote as usize as *mut libc::c_void, iov_len: dst.len() };
-    }
-    let n = parts.len() as libc::c_ulong;
+    let (local, far, n) = iovecs(parts.iter_mut().map(|(remote, dst)| (*remote, dst.as_mut_ptr(), dst.len())))?;
     // SAFETY: the kernel writes at most `local[i].iov_len` bytes at each `local[i]`, each a
     // live slice of `parts`, exclusively borrowed for this call (distinct `&mut` borrows, so
     // they do not overlap); `far` names memory of another process, only read by the kernel,
     // which checks it (EFAULT) and never dereferenced here.
     let r = unsafe { libc::process_vm_readv(pid as libc::pid_t, local.as_ptr(), n, far.as_ptr(), n, 0) };
     moved(r)
+}
+
+/// The local and remote `iovec`s of [`read_many`] / [`write_many`], from `(remote address,
+/// local pointer, length)` parts, and their count; `EINVAL` for more than [`MANY_MAX`] parts
+/// or [`CHUNK`] bytes. Builds descriptors only: nothing is dereferenced.
+fn iovecs(
+    parts: impl Iterator<Item = (u64, *mut u8, usize)>,
+) -> Result<([libc::iovec; MANY_MAX], [libc::iovec; MANY_MAX], libc::c_ulong), CmaError> {
+    let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+    let (mut local, mut far) = ([empty; MANY_MAX], [empty; MANY_MAX]);
+    let (mut n, mut total) = (0, 0usize);
+    for (remote, ptr, len) in parts {
+        total = total.saturating_add(len);
+        if n == MANY_MAX || total > CHUNK {
+            return Err(CmaError(io::Error::from_raw_os_error(libc::EINVAL)));
+        }
+        local[n] = libc::iovec { iov_base: ptr.cast(), iov_len: len };
+        far[n] = libc::iovec { iov_base: remote as usize as *mut libc::c_void, iov_len: len };
+        n += 1;
+    }
+    Ok((local, far, n as libc::c_ulong))
 }
 
 /// Copies several slices into process `pid`, which must be another process, with one system
@@ -113,17 +124,10 @@ pub fn read_many(pid: u32, parts: &mut [(u64, &mut [u8])]) -> Result<usize, CmaE
 /// No byte moved (see [`write`](fn@write)), or more than [`MANY_MAX`] parts or [`CHUNK`]
 /// bytes (`EINVAL`, nothing tried).
 pub unsafe fn write_many(pid: u32, parts: &[(u64, &[u8])]) -> Result<usize, CmaError> {
-    let total: usize = parts.iter().map(|(_, d)| d.len()).sum();
-    if pid == std::process::id() || parts.len() > MANY_MAX || total > CHUNK {
+    if pid == std::process::id() {
         return Err(CmaError(io::Error::from_raw_os_error(libc::EINVAL)));
     }
-    let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
-    let (mut local, mut far) = ([empty; MANY_MAX], [empty; MANY_MAX]);
-    for (i, (remote, src)) in parts.iter().enumerate() {
-        local[i] = libc::iovec { iov_base: src.as_ptr() as *mut libc::c_void, iov_len: src.len() };
-        far[i] = libc::iovec { iov_base: *remote as usize as *mut libc::c_void, iov_len: src.len() };
-    }
-    let n = parts.len() as libc::c_ulong;
+    let (local, far, n) = iovecs(parts.iter().map(|(remote, src)| (*remote, src.as_ptr().cast_mut(), src.len())))?;
     // SAFETY: the kernel only reads the `local` ranges (live slices of `parts`). The `far`
     // ranges are memory of another process (this one is refused above) that the caller
     // guarantees is lent for this write; the kernel checks that they are mapped.
