@@ -105,14 +105,14 @@ impl State {
     /// Whether a rendezvous of `len` bytes at `addr` to `dest` goes out pre-granted for single
     /// copy: the target's key check done with the request, so that the reader may copy at
     /// once instead of asking (one round trip fewer; the send holds its buffer until FIN as
-    /// for any grant). Only where the reader would be granted a plain single copy anyway:
-    /// single copy on and possible to `dest`, the whole read below [`CMA_SPLIT_MIN`] (above it
-    /// the grant splits the copy, which needs the reader's address), not from this rank's
+    /// for any grant). Only where the reader may copy it straight from this rank's memory:
+    /// single copy on and possible to `dest`, below [`CMA_PREGRANT_MAX`] (a split the reader
+    /// wants is asked for without a round trip, [`ReadMode::Share`]), not from this rank's
     /// shared heap (a heap grant is one memcpy), and allowed by `TMPI_SINGLE_COPY_MIN`.
     fn may_pregrant(&self, dest: usize, addr: usize, len: usize) -> bool {
         self.cma_to(dest)
             && len > 0
-            && len < CMA_SPLIT_MIN
+            && len < CMA_PREGRANT_MAX
             && self.cma_min.is_none_or(|m| len >= m)
             && self.heaps.locate(addr, len).is_none()
     }
@@ -226,7 +226,7 @@ impl State {
         // Pre-granted by the sender: copy at once, no request.
         self.reads_begun += 1;
         let windowed = !self.reads.is_empty() && n >= CMA_SPLIT_WINDOW_MIN;
-        let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_SPLIT_MIN;
+        let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_PREGRANT_MAX;
         // From `CMA_SHARE_MIN` the target writes a share, asked now: alone in flight (it waits
         // for our FIN), or in a window while it is not reading from us itself (`osu_bw`: it
         // waits too; in `osu_bibw` each core has its own reads to copy, and a share only
@@ -975,7 +975,7 @@ mod tests {
     /// nothing.
     #[test]
     fn a_lone_pregranted_read_asks_the_sender_for_its_share() {
-        for (n, shared) in [(24 << 10, false), (32 << 10, true), (64 << 10, true), (100_000, true)] {
+        for (n, shared) in [(24 << 10, false), (32 << 10, true), (64 << 10, true), (100_000, true), (256 << 10, true)] {
             let Some((mut a, mut b)) = taught_pair(n) else { return };
             let (a, b) = (&mut a, &mut b);
             let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
@@ -1224,19 +1224,21 @@ mod tests {
         // Streamed: read request, responses through the ring, FIN.
         let st = rendezvous(Config { single_copy: false, ..Config::default() }, 300_000);
         assert_eq!(st.cma_reads, 0);
-        // Single copy: read request, grant, the reader copies it all.
+        // Below `CMA_PREGRANT_MAX` the sender's request carries the grant: no read request
+        // at all, but a share asked of the sender (streamed back, as ranks that are threads
+        // of one process cannot write into each other with CMA).
         let st = rendezvous(Config { single_copy_min: Some(0), ..Config::default() }, 300_000);
-        assert_eq!((st.cma_reads, st.pregranted), (1, 0));
-        // Below the split, the sender's request carries the grant: no read request at all.
+        assert_eq!((st.cma_reads, st.pregranted, st.pregranted_splits), (1, 1, 1));
+        assert_eq!(st.cma_bytes as usize, share_split(300_000), "the reader copied only its part");
         let at_64k = Config { rndv_threshold: Some(65536), ..Config::default() };
         let st = rendezvous(Config { single_copy_min: Some(0), ..at_64k.clone() }, 100_000);
         assert_eq!((st.cma_reads, st.pregranted), (1, 1));
         let st = rendezvous(Config { single_copy_min: Some(200_000), ..at_64k }, 100_000);
         assert_eq!((st.cma_reads, st.pregranted), (0, 0), "below TMPI_SINGLE_COPY_MIN: streamed, not pre-granted");
-        // Split single copy: the target's share (streamed back, as ranks that are threads of
-        // one process cannot write into each other with CMA) completes the read with it.
+        // From it: read request, grant that splits the copy; the target's share (streamed
+        // back) completes the read with it.
         let st = rendezvous(Config { single_copy_min: Some(0), ..Config::default() }, 2 << 20);
-        assert_eq!(st.cma_reads, 1);
+        assert_eq!((st.cma_reads, st.pregranted), (1, 0));
         assert!(st.cma_bytes < 2 << 20, "the reader copied only its share");
     }
 
