@@ -1124,8 +1124,8 @@ mod tests {
     /// that call stops at a bad range, each read is copied alone, and only the bad one fails.
     #[test]
     fn reads_queued_together_share_one_system_call() {
-        let (n, k) = (16 << 10, 6);
-        for bad in [None, Some(2)] {
+        let k = 6;
+        for (n, bad) in [(16 << 10, None), (16 << 10, Some(2)), (128 << 10, None), (128 << 10, Some(4))] {
             let Some((mut a, mut b)) = taught_pair(n) else { return };
             let (a, b) = (&mut a, &mut b);
             let data: Vec<Vec<u8>> = (0..k).map(|m| (0..n).map(|i| ((i + 31 * m) % 249) as u8).collect()).collect();
