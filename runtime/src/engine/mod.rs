@@ -60,9 +60,9 @@
 //!     the second half into the reader's buffer with `process_vm_writev` at the same time and
 //!     says so (`WRITE_DONE`), so both cores copy. A pre-granted read (below 1 MiB) needs
 //!     no grant: the reader copies at once, and from 32 KiB, unless the sender is reading
-//!     from it too, it asks the sender for the end of the range (`READ_REQ` of the target's share) and copies the
-//!     start meanwhile. A kernel refusal (EPERM/ENOSYS) turns single
-//!     copy off for good and the affected part is streamed instead. Abandoning (scope unwind)
+//!     from it too, it asks the sender for the end of the range (`READ_REQ` of the
+//!     target's share) and copies the start meanwhile. A kernel refusal (EPERM/ENOSYS)
+//!     turns single copy off for good and the affected part is streamed instead. Abandoning (scope unwind)
 //!     a send whose buffer a reader was granted, or a receive a sender may be writing into,
 //!     waits for that copy to end, so no process ever touches freed memory.
 //!
@@ -142,18 +142,17 @@ const CMA_SPLIT_WINDOW_MIN: usize = 32 * 1024;
 /// ...but below this size not while the target has reads of its own in flight (see
 /// `State::serve_read`).
 const CMA_SPLIT_BUSY_MAX: usize = 1 << 20;
-/// A pre-granted read of at least this many bytes is split without
-/// a round trip: the reader asks the target for its share ([`ReadMode::Share`]) and starts
-/// copying its own at once, while the target (waiting for FIN) writes the rest. So is one
-/// behind other reads (a window), unless the target is reading from this rank too
-/// (`State::peer_reading`): `osu_bw` 32/64 KiB 1.15/1.16x the bytes of asking for a split,
+/// A pre-granted read of at least this many bytes is split without a round trip: the
+/// reader asks the target for its share ([`ReadMode::Share`]) and starts copying its own at
+/// once, while the target (waiting for FIN) writes the rest. So is one behind other reads
+/// (a window), unless the target is reading from this rank too (`State::peer_reading`): `osu_bw` 32/64 KiB 1.15/1.16x the bytes of asking for a split,
 /// `osu_bibw` level, where a share in both directions took 0.72-0.80x.
 const CMA_SHARE_MIN: usize = 32 * 1024;
 /// A rendezvous below this many bytes goes out pre-granted for single copy (see
-/// `State::may_pregrant`), shared by [`CMA_SHARE_MIN`]'s rules. From it on, asking pays: the target starts its half as it grants, and the halves are even (`osu_latency`
-/// 2/4 MiB 1.06/1.04x the time pre-granted); below it the round trip is the larger cost
-/// (128/256/512 KiB 0.92/0.95/0.97x the time pre-granted, 9 runs; `osu_bw` and `osu_bibw`
-/// level).
+/// `State::may_pregrant`), shared by [`CMA_SHARE_MIN`]'s rules. From it on, asking pays:
+/// the target starts its half as it grants, and the halves are even (`osu_latency` 2/4 MiB
+/// 1.06/1.04x the time pre-granted); below it the round trip is the larger cost (128/256/512
+/// KiB 0.92/0.95/0.97x the time pre-granted, 9 runs; `osu_bw` and `osu_bibw` level).
 const CMA_PREGRANT_MAX: usize = 1 << 20;
 /// A peer that sent a FIN within this many of our reads is reading from us (see
 /// `State::peer_reading`).
