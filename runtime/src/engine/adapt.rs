@@ -311,19 +311,21 @@ impl Epochs {
     /// The first grant of a single-copy read of the period arrived `now` (read only if the
     /// period is timed).
     pub(crate) fn granted(&mut self, p: Placed, now: impl FnOnce() -> Stamp) {
-        if let (Some(e), true) = (&mut self.cur, p.in_epoch) {
-            if e.measure && e.rtt.is_none() {
-                e.rtt = Some(now().since(e.t0));
-            }
-        }
+        self.first_grant(p, |t0| now().since(t0));
     }
 
     /// A single-copy read of the period was granted with its request (pre-granted): a round
     /// trip of none.
     pub(crate) fn pregranted(&mut self, p: Placed) {
+        self.first_grant(p, |_| 0);
+    }
+
+    /// Records the round trip of a timed period's first grant, `rtt` of the period's start
+    /// (called only then).
+    fn first_grant(&mut self, p: Placed, rtt: impl FnOnce(Stamp) -> u64) {
         if let (Some(e), true) = (&mut self.cur, p.in_epoch) {
             if e.measure && e.rtt.is_none() {
-                e.rtt = Some(0);
+                e.rtt = Some(rtt(e.t0));
             }
         }
     }
