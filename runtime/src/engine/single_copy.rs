@@ -32,7 +32,7 @@ impl Engine {
                 self.st.heaps.grants.remove(&(key.idx(), key.gen()));
                 continue;
             };
-            let (src, rid, len, va) = (op.src, op.rid, op.split, op.info.rvh.va);
+            let (src, rid, len, va, total) = (op.src, op.rid, op.split, op.info.rvh.va, op.n);
             let pid = self.fabric.peer_pid(src);
             let buf = match self.st.reqs.get(rid) {
                 Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
@@ -42,7 +42,10 @@ impl Engine {
                 // The range is in the target's shared heap: one memcpy from our mapping of it.
                 let copied = match buf {
                     None => Some(Ok(())),
-                    Some(b) => self.st.heaps.peer(src, pid, h.desc).map(|p| b.fill_with(0, len, |dst| p.read(h.off, dst))),
+                    Some(b) => {
+                        let streaming = total >= tmpi_transport::shm::streaming_copy_min();
+                        self.st.heaps.peer(src, pid, h.desc).map(|p| b.fill_with(0, len, |dst| p.read(h.off, dst, streaming)))
+                    }
                 };
                 match copied {
                     Some(Ok(())) => {
@@ -175,12 +178,14 @@ impl Engine {
             if let Some(h) = self.st.heaps.writes.remove(&(w.dest, w.read)) {
                 match self.st.heaps.peer(w.dest, pid, h.desc) {
                     Some(p) => {
+                        // The read's whole length decides, as for the reader's part.
+                        let streaming = w.base + whole.len() >= tmpi_transport::shm::streaming_copy_min();
                         // SAFETY: `h` names the reader's receive buffer in its shared heap, as
                         // its read request did, and `[base, base + len)` is the share our grant
                         // left to us (inside the read, checked when it was made); the reader
                         // keeps that buffer lent until our WRITE_DONE or READ_ERR arrives, even
                         // if its receive is abandoned. `write` checks the range is in the heap.
-                        match unsafe { p.write(h.off.wrapping_add(w.base as u64), whole) } {
+                        match unsafe { p.write(h.off.wrapping_add(w.base as u64), whole, streaming) } {
                             Ok(()) => {
                                 self.st.heaps.bytes += whole.len() as u64;
                                 self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });

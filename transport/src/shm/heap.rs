@@ -340,20 +340,30 @@ impl PeerHeap {
         off.ok_or_else(|| Error::InvalidArgument("range outside the peer's shared heap".into()))
     }
 
-    /// Copies `dst.len()` bytes at offset `off` of the peer's heap into `dst`.
+    /// Copies `dst.len()` bytes at offset `off` of the peer's heap into `dst`; with
+    /// `streaming`, with non-temporal stores ([`super::copy_streaming`], for transfers far
+    /// larger than the cache).
     ///
     /// # Errors
     /// The range is not inside the heap's blocks area (nothing is copied).
-    pub fn read(&self, off: u64, dst: &mut [u8]) -> Result<()> {
+    pub fn read(&self, off: u64, dst: &mut [u8], streaming: bool) -> Result<()> {
         let off = self.range(off, dst.len())?;
         // SAFETY: [off, off + len) is inside the mapping (checked) of a file that cannot
         // shrink, so it is readable; `dst` is a live exclusive slice of this process, which
         // cannot overlap a peer's heap mapping handed out only here.
-        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+        unsafe {
+            let from = self.map.as_ptr().add(off);
+            if streaming {
+                super::copy_streaming_raw(dst.as_mut_ptr(), from, dst.len());
+            } else {
+                std::ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), dst.len());
+            }
+        }
         Ok(())
     }
 
-    /// Copies `src` to offset `off` of the peer's heap.
+    /// Copies `src` to offset `off` of the peer's heap; with `streaming`, with non-temporal
+    /// stores, as [`PeerHeap::read`].
     ///
     /// # Safety
     /// The peer must have lent `[off, off + src.len())` for this write (for tmpi: the
@@ -362,11 +372,18 @@ impl PeerHeap {
     ///
     /// # Errors
     /// The range is not inside the heap's blocks area (nothing is copied).
-    pub unsafe fn write(&self, off: u64, src: &[u8]) -> Result<()> {
+    pub unsafe fn write(&self, off: u64, src: &[u8], streaming: bool) -> Result<()> {
         let off = self.range(off, src.len())?;
         // SAFETY: the range is inside the mapping (checked) and lent by the peer (caller);
         // `src` is memory of this process outside that mapping's blocks lent to us.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.as_mut_ptr().add(off), src.len()) };
+        unsafe {
+            let to = self.map.as_mut_ptr().add(off);
+            if streaming {
+                super::copy_streaming_raw(to, src.as_ptr(), src.len());
+            } else {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), to, src.len());
+            }
+        }
         Ok(())
     }
 }
@@ -413,11 +430,23 @@ mod tests {
                 return;
             }
         };
-        let mut got = vec![0u8; 10000];
-        p.read(off as u64, &mut got).unwrap();
-        assert!(got.iter().all(|&x| x == 7));
-        assert!(p.read(0, &mut got).is_err(), "the header is not a block");
-        assert!(p.read((1 << 20) - 10, &mut got).is_err());
+        for streaming in [false, true] {
+            let mut got = vec![0u8; 10000];
+            p.read(off as u64, &mut got, streaming).unwrap();
+            assert!(got.iter().all(|&x| x == 7));
+            assert!(p.read(0, &mut got, streaming).is_err(), "the header is not a block");
+            assert!(p.read((1 << 20) - 10, &mut got, streaming).is_err());
+        }
+        // Writes through the peer's mapping, plain and streaming, at odd offsets and lengths
+        // (head, body and tail of the streaming copy).
+        let pattern: Vec<u8> = (0..9999u32).map(|i| (i % 251) as u8).collect();
+        for (streaming, at) in [(false, 1usize), (true, 3)] {
+            // SAFETY: the block is ours, and nothing reads or writes it meanwhile.
+            unsafe { p.write(off as u64 + at as u64, &pattern[..9990], streaming).unwrap() };
+            assert_eq!(&b.as_bytes()[at..at + 9990], &pattern[..9990]);
+            // SAFETY: as above; the range is refused before anything is copied.
+            assert!(unsafe { p.write((1 << 20) - 10, &pattern, streaming) }.is_err());
+        }
         drop(b);
         // The same range again, zeroed.
         let b = h.alloc(10000, 8).unwrap();

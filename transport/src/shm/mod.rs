@@ -379,20 +379,40 @@ unsafe fn two_words<W: Copy>(src: *const u8, dst: *mut u8, n: usize) {
 /// last-level cache. Smaller copies are faster with a plain `memcpy`. Returns the bytes copied.
 pub fn copy_streaming(dst: &mut [u8], src: &[u8]) -> usize {
     let n = dst.len().min(src.len());
+    // SAFETY: both slices hold at least `n` bytes, and a `&mut` slice cannot overlap a `&`
+    // one.
+    unsafe { copy_streaming_raw(dst.as_mut_ptr(), src.as_ptr(), n) };
+    n
+}
+
+/// [`copy_streaming`] between raw pointers, for memory no slice may cover (a peer's shared
+/// heap, which the peer may touch outside the range copied).
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `n` bytes, the two ranges must not overlap,
+/// and nothing may write `[src, src + n)` or access `[dst, dst + n)` meanwhile.
+pub(crate) unsafe fn copy_streaming_raw(dst: *mut u8, src: *const u8, n: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        // Head: plain copy up to the first 16-byte aligned destination byte.
-        let head = dst.as_ptr().align_offset(16).min(n);
-        dst[..head].copy_from_slice(&src[..head]);
+        // Head: plain copy up to the first 16-byte aligned destination byte; tail: the rest
+        // after the last whole 64 bytes.
+        let head = dst.align_offset(16).min(n);
         let body = (n - head) & !63;
-        let (d, s) = (dst[head..head + body].as_mut_ptr(), src[head..head + body].as_ptr());
+        let done = head + body;
+        // SAFETY: [0, head) and [done, n) lie inside both ranges, which the caller vouches
+        // for (readable, writable, not overlapping, untouched meanwhile).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, head);
+            std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n - done);
+        }
+        let (d, s) = (dst.wrapping_add(head), src.wrapping_add(head));
         let mut i = 0;
         while i < body {
-            // SAFETY: SSE2 is part of x86_64. [i, i + 64) lies inside both sub-slices taken
-            // above (`body` is a multiple of 64); `d + i` is 16-byte aligned (`head` aligned
-            // it and `i` is a multiple of 16), as `_mm_stream_si128` requires; the loads are
-            // unaligned loads.
+            // SAFETY: SSE2 is part of x86_64. [head + i, head + i + 64) lies inside both
+            // ranges (`body` is a multiple of 64 and `head + body <= n`); `d + i` is 16-byte
+            // aligned (`head` aligned it and `i` is a multiple of 16), as `_mm_stream_si128`
+            // requires; the loads are unaligned loads.
             unsafe {
                 let a = _mm_loadu_si128(s.add(i).cast::<__m128i>());
                 let b = _mm_loadu_si128(s.add(i + 16).cast::<__m128i>());
@@ -408,12 +428,12 @@ pub fn copy_streaming(dst: &mut [u8], src: &[u8]) -> usize {
         // SAFETY: a store fence has no memory-safety requirement; it orders the streaming
         // stores before whatever this rank publishes next.
         unsafe { _mm_sfence() };
-        let done = head + body;
-        dst[done..n].copy_from_slice(&src[done..n]);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    dst[..n].copy_from_slice(&src[..n]);
-    n
+    // SAFETY: the caller vouches for both ranges.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, n)
+    };
 }
 
 /// Wakes the sleeper on `bell`.
