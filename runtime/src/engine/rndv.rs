@@ -19,6 +19,9 @@ fn share_split(n: usize) -> usize {
 /// share a message later (`osu_latency` 32/64 KiB, 5 runs: 0.93/0.86x the time of no split
 /// with 8 KiB, 0.98/0.89x with 12 KiB, 1.04/0.93x with none).
 const SHARE_LEAD: usize = 8 << 10;
+/// The smallest read that goes around the cache because of the reads in flight with it
+/// (`State::around_cache`).
+const AROUND_CACHE_MIN: usize = 64 << 10;
 
 /// How a read is named on the wire ([`Rma::read`]): its slot in `State::reads`, index and
 /// generation, so an answer to a read that is gone never reaches the one reusing the slot.
@@ -389,7 +392,9 @@ impl State {
                 if off.checked_add(data.len()).is_none_or(|end| end > op.n) {
                     return Err(malformed("read response outside the read"));
                 }
-                // A read far larger than the cache goes around it (see `copy_streaming`).
+                // A read far larger than the cache goes around it (see `copy_streaming`); not
+                // for a window of smaller ones, as a heap read does (`around_cache`): from the
+                // ring, that took `osu_bw` 0.83-0.95x the bytes at 512 KiB-4 MiB.
                 let stream = op.n >= tmpi_transport::shm::streaming_copy_min();
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get(op.rid) {
                     if let Some(b) = &r.buf {
@@ -627,6 +632,23 @@ impl State {
         Ok(())
     }
 
+    /// Whether this rank should copy (part of) a read of `n` bytes from a peer's shared heap
+    /// into its receive buffer around the cache, with non-temporal stores
+    /// ([`copy_streaming`]): when the read alone
+    /// is at least [`streaming_copy_min`] (half the L3), or when it is at least
+    /// [`AROUND_CACHE_MIN`] and the reads in flight together are (a window, as in `osu_bw`:
+    /// its receive buffers are distinct, so they cannot all stay in the cache, whereas a
+    /// ping-pong reuses one buffer that does). `osu_bw -d shared` 256/512 KiB 1.75/1.66x the
+    /// bytes, and a ping-pong of the same sizes 1.5x the time if it went around the cache too
+    /// (`bench/results/p2p-2026-11-27b.md`).
+    ///
+    /// [`copy_streaming`]: tmpi_transport::shm::copy_streaming
+    /// [`streaming_copy_min`]: tmpi_transport::shm::streaming_copy_min
+    pub(super) fn around_cache(&self, n: usize) -> bool {
+        let min = tmpi_transport::shm::streaming_copy_min();
+        n >= min || (n >= AROUND_CACHE_MIN && self.reads.keys().filter_map(|k| self.reads.get(k)).map(|op| op.n).sum::<usize>() >= min)
+    }
+
     /// Whether `src` has lately been reading from this rank: it sent a FIN within our last
     /// [`PEER_READING_WITHIN`] reads. Then both cores have copies of their own (`osu_bibw`).
     fn peer_reading(&self, src: usize) -> bool {
@@ -776,6 +798,56 @@ mod tests {
         });
         assert_eq!(split_of(&mut e, 256 << 10), 256 << 10, "busy: the reader copies it all");
         assert_eq!(split_of(&mut e, 2 << 20), 1 << 20, "busy, but large: split");
+        drop(e);
+    }
+
+    /// A heap read goes around the cache when it alone is at least half the L3, or when it
+    /// is not small and the reads in flight together are (a window): never for a ping-pong's
+    /// lone read below that.
+    #[test]
+    fn heap_reads_go_around_the_cache_for_large_reads_and_large_windows() {
+        let (mut e, _peer) = engine();
+        let min = tmpi_transport::shm::streaming_copy_min();
+        let each = (min / 16).max(AROUND_CACHE_MIN);
+        assert!(e.st.around_cache(min), "alone at the threshold");
+        assert!(!e.st.around_cache(each), "a lone read below it");
+        let info = RndvInfo {
+            tmh: Tmh { op: TmOp::Rndv, app_ctx: 0, tag: 0 },
+            rvh: Rvh { va: 0, rkey: 0, len: 1 },
+            key: 0,
+            len: 1,
+            pregranted: false,
+        };
+        let read = |n: usize| ReadOp {
+            rid: Key::new(0, 0),
+            src: 1,
+            n,
+            got: 0,
+            hw: None,
+            info,
+            split: n,
+            remote_write: false,
+            failed: false,
+            at_once: false,
+            revoke_ack: false,
+            placed: None,
+        };
+        // A window of small reads never makes any read go around.
+        for _ in 0..(min / (AROUND_CACHE_MIN / 2)) {
+            e.st.reads.insert(read(AROUND_CACHE_MIN / 2));
+        }
+        assert!(!e.st.around_cache(AROUND_CACHE_MIN / 2), "small reads stay in the cache");
+        e.st.reads = Slab::new();
+        let mut keys = Vec::new();
+        for i in 0..16 {
+            assert!(!e.st.around_cache(each) || i * each >= min, "{i} reads in flight");
+            keys.push(e.st.reads.insert(read(each)));
+        }
+        assert!(e.st.around_cache(each), "a window of {} bytes", 16 * each);
+        for k in keys {
+            e.st.reads.remove(k);
+        }
+        assert!(!e.st.around_cache(each), "the window drained");
         drop(e);
     }
 

@@ -43,7 +43,7 @@ impl Engine {
                 let copied = match buf {
                     None => Some(Ok(())),
                     Some(b) => {
-                        let streaming = total >= tmpi_transport::shm::streaming_copy_min();
+                        let streaming = self.st.around_cache(total);
                         self.st.heaps.peer(src, pid, h.desc).map(|p| b.fill_with(0, len, |dst| p.read(h.off, dst, streaming)))
                     }
                 };
