@@ -215,4 +215,14 @@ impl Heaps {
             _ => None,
         }
     }
+
+    /// Where `peer`'s address range `[va, va + len)` lies in its heap, if this rank has that
+    /// heap mapped already (a grant named it before) and the range is inside it: a read
+    /// pre-granted by `peer` can then be copied at once.
+    pub(crate) fn mapped_place(&self, peer: usize, va: u64, len: usize) -> Option<HeapSrc> {
+        match self.peers.get(peer) {
+            Some(PeerSlot::Mapped(p)) => Some(HeapSrc { off: p.offset_of(va, len)?, desc: p.desc() }),
+            _ => None,
+        }
+    }
 }

@@ -165,8 +165,10 @@ fn shared_heap_buffers_at_every_size() {
             assert!(s["heap_bytes"] > 0 && s["heap_grants"] > 0, "rank {rank} {side} {copy}: {s:?}\n{}", out.report());
             assert_eq!(s["heap_fallbacks"], 0, "rank {rank} {side} {copy}: {s:?}");
             if side != "recv" {
-                // The reader copies from the sender's heap itself: no CMA read.
+                // The reader copies from the sender's heap itself: no CMA read; once a grant
+                // has named that heap, reads below 1 MiB go at once (pre-granted).
                 assert_eq!(s["cma_reads"], 0, "rank {rank} {side} {copy}: {s:?}");
+                assert!(s["pregranted_reads"] > 0, "rank {rank} {side} {copy}: {s:?}");
             }
             assert!(s["mr_cache_hits"] >= 11, "rank {rank}: {s:?}");
         }

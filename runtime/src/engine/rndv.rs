@@ -64,7 +64,8 @@ impl Engine {
             (Some(mr), key, va)
         };
         let rkey = u32::try_from(key).map_err(|_| Error::State("memory key wider than the RVH's 32-bit rkey".into()))?;
-        let pregranted = self.st.may_pregrant(dest, addr, len) && self.st.domain.check_remote(key, va, len as u64, RemoteOp::Read).is_ok();
+        let pregranted =
+            self.st.may_pregrant(dest, addr, va, len) && self.st.domain.check_remote(key, va, len as u64, RemoteOp::Read).is_ok();
         let granted = pregranted.then_some(dest);
         let req = self.st.new_send(dest, tag64, true, Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted, pregranted }))?;
         let hdr = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64, pregranted }.encode();
@@ -105,19 +106,24 @@ impl State {
         self.cma && self.cma_peers.get(r).copied().unwrap_or(false)
     }
 
-    /// Whether a rendezvous of `len` bytes at `addr` to `dest` goes out pre-granted for single
-    /// copy: the target's key check done with the request, so that the reader may copy at
-    /// once instead of asking (one round trip fewer; the send holds its buffer until FIN as
-    /// for any grant). Only where the reader may copy it straight from this rank's memory:
-    /// single copy on and possible to `dest`, below [`CMA_PREGRANT_MAX`] (a split the reader
-    /// wants is asked for without a round trip, [`ReadMode::Share`]), not from this rank's
-    /// shared heap (a heap grant is one memcpy), and allowed by `TMPI_SINGLE_COPY_MIN`.
-    fn may_pregrant(&self, dest: usize, addr: usize, len: usize) -> bool {
-        self.cma_to(dest)
-            && len > 0
-            && len < CMA_PREGRANT_MAX
-            && self.cma_min.is_none_or(|m| len >= m)
-            && self.heaps.locate(addr, len).is_none()
+    /// Whether a rendezvous of `len` bytes at `addr` (`va` in its registration) to `dest` goes
+    /// out pre-granted: the target's key check done with the request, so that the reader may
+    /// copy at once instead of asking (one round trip fewer; the send holds its buffer until
+    /// FIN as for any grant). Only where the reader may copy it straight from this rank's
+    /// memory, below [`CMA_PREGRANT_MAX`]: from this rank's shared heap to a rank of this host
+    /// that may map it (the reader copies at once once a grant has named the heap to it, and
+    /// asks before), else by single copy, on and possible to `dest` and allowed by
+    /// `TMPI_SINGLE_COPY_MIN` (a split the reader wants is asked for without a round trip,
+    /// [`ReadMode::Share`]).
+    fn may_pregrant(&self, dest: usize, addr: usize, va: u64, len: usize) -> bool {
+        if len == 0 || len >= CMA_PREGRANT_MAX {
+            return false;
+        }
+        if self.heaps.locate(addr, len).is_some() {
+            // The reader finds the range in our heap by its address.
+            return va == addr as u64 && self.cma_peers.get(dest).copied().unwrap_or(false) && self.heaps.may_map(dest);
+        }
+        self.cma_to(dest) && self.cma_min.is_none_or(|m| len >= m)
     }
 
     /// `src` abandoned its pre-granted send `name`: this rank must no longer copy its buffer.
@@ -226,6 +232,38 @@ impl State {
             }
             None => (false, None),
         };
+        // Pre-granted by the sender from its shared heap, which this rank maps already: one
+        // memcpy at once, no request (the range is found by its address in the sender's heap).
+        let heap_at_once = match buf {
+            Some(_) if info.pregranted && n > 0 && n <= info.len && n < CMA_PREGRANT_MAX => self.heaps.mapped_place(src, info.rvh.va, n),
+            _ => None,
+        };
+        if let Some(place) = heap_at_once {
+            // Nothing to learn from a heap copy (its period is not timed).
+            if let Some(p) = placed {
+                self.copy.spoil(p);
+            }
+            self.reads_begun += 1;
+            let k = self.reads.insert(ReadOp {
+                rid,
+                src,
+                n,
+                got: 0,
+                hw,
+                info,
+                split: n,
+                remote_write: false,
+                failed: false,
+                at_once: true,
+                revoke_ack: false,
+                placed,
+            });
+            debug_assert_eq!(k, key);
+            self.stats.pregranted += 1;
+            self.heaps.grants.insert((k.idx(), k.gen()), place);
+            self.cma_q.push_back(k);
+            return Ok(());
+        }
         // Pre-granted by the sender: copy at once, no request.
         self.reads_begun += 1;
         let windowed = !self.reads.is_empty() && n >= CMA_SPLIT_WINDOW_MIN;

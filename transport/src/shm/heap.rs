@@ -7,7 +7,7 @@
 //! memory, and works where Yama forbids `process_vm_readv`).
 //!
 //! ```text
-//! offset 0      HeapHeader (magic, version, nonce, capacity), one page
+//! offset 0      HeapHeader (magic, version, nonce, capacity, the owner's address of the heap), one page
 //! offset 4096   blocks handed out by [`Heap::alloc`]
 //! ```
 //!
@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 /// "TMPIHEAP" as a big-endian integer.
 pub const MAGIC: u64 = u64::from_be_bytes(*b"TMPIHEAP");
 /// Layout version of the header.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 /// Bytes before the first block (the header page).
 pub const HEADER: usize = 4096;
 /// Smallest alignment of a block; blocks of at least a page are page-aligned.
@@ -161,6 +161,7 @@ impl Heap {
             h.add(1).write(VERSION);
             h.add(2).write(nonce);
             h.add(3).write(cap as u64);
+            h.add(4).write(map.as_ptr() as u64);
         }
         Ok(Arc::new(Heap { map, file, cap, nonce, arena: Mutex::new(Arena::new(cap)) }))
     }
@@ -280,7 +281,9 @@ impl Drop for Block {
 /// A peer's heap, mapped into this process.
 pub struct PeerHeap {
     map: MmapRaw,
-    nonce: u64,
+    desc: HeapDesc,
+    /// Where the owner mapped the heap in its own address space (from the header).
+    owner_base: u64,
 }
 
 impl std::fmt::Debug for PeerHeap {
@@ -320,19 +323,34 @@ impl PeerHeap {
         // SAFETY: the mapping is at least one page long (checked), and the file cannot shrink
         // below its current size (sealed), so the header words are readable; the owner wrote
         // them before the descriptor was ever named to a peer.
-        let (magic, version, nonce, cap) = unsafe { (h.read(), h.add(1).read(), h.add(2).read(), h.add(3).read()) };
+        let (magic, version, nonce, cap, owner_base) =
+            unsafe { (h.read(), h.add(1).read(), h.add(2).read(), h.add(3).read(), h.add(4).read()) };
         if magic != MAGIC || version != VERSION {
             return Err(bad("not a tmpi shared heap"));
         }
         if nonce != desc.nonce || cap != len as u64 {
             return Err(bad("another heap than the one granted"));
         }
-        Ok(PeerHeap { map, nonce })
+        Ok(PeerHeap { map, desc, owner_base })
+    }
+
+    /// The offset in this heap of the owner's address range `[va, va + len)`, if it lies
+    /// inside the blocks area (the owner wrote where it mapped the heap in the header; an
+    /// owner that lied only names other offsets of its own heap, which [`PeerHeap::read`]
+    /// checks like any other).
+    pub fn offset_of(&self, va: u64, len: usize) -> Option<u64> {
+        let off = va.checked_sub(self.owner_base)?;
+        (off >= HEADER as u64 && off.checked_add(len as u64)? <= self.map.len() as u64).then_some(off)
+    }
+
+    /// The descriptor this heap was mapped by.
+    pub fn desc(&self) -> HeapDesc {
+        self.desc
     }
 
     /// The nonce of the mapped heap.
     pub fn nonce(&self) -> u64 {
-        self.nonce
+        self.desc.nonce
     }
 
     fn range(&self, off: u64, len: usize) -> Result<usize> {
@@ -430,6 +448,11 @@ mod tests {
                 return;
             }
         };
+        // The owner's addresses translate to offsets of the mapping.
+        assert_eq!(p.offset_of(addr as u64, 10000), Some(off as u64));
+        assert_eq!(p.offset_of(addr as u64 - off as u64, 10), None, "the header is not a block");
+        assert_eq!(p.offset_of(addr as u64, 1 << 20), None, "past the end");
+        assert_eq!(p.offset_of(0, 10), None);
         for streaming in [false, true] {
             let mut got = vec![0u8; 10000];
             p.read(off as u64, &mut got, streaming).unwrap();
