@@ -140,6 +140,9 @@ pub(crate) struct Heaps {
     /// Creating the heap failed: allocations are private from now on.
     own_failed: bool,
     peers: Vec<PeerSlot>,
+    /// Per peer: a grant of ours has named our heap to it, so it maps the heap (or found it
+    /// cannot): from then on our heap sends to it go out pre-granted.
+    pub(crate) named_to: Vec<bool>,
     /// Granted reads whose data this rank copies from the target's heap, by read key.
     pub(crate) grants: HashMap<(u32, u32), HeapSrc>,
     /// Target's shares to write into a reader's heap, by (reader, read id): where.
@@ -158,6 +161,7 @@ impl Heaps {
             own: None,
             own_failed: false,
             peers: (0..size).map(|_| PeerSlot::Unknown).collect(),
+            named_to: vec![false; size],
             grants: HashMap::new(),
             writes: HashMap::new(),
             grants_served: 0,

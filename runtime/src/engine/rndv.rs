@@ -19,6 +19,13 @@ fn share_split(n: usize) -> usize {
 /// share a message later (`osu_latency` 32/64 KiB, 5 runs: 0.93/0.86x the time of no split
 /// with 8 KiB, 0.98/0.89x with 12 KiB, 1.04/0.93x with none).
 const SHARE_LEAD: usize = 8 << 10;
+/// A rendezvous from this rank's shared heap is pre-granted below this many bytes (see
+/// `State::may_pregrant`): `osu_latency -d shared` 16-256 KiB 0.78-0.90x the time of asking.
+/// Not from here: a window of reads copied at once as they arrive has fewer in flight, so
+/// fewer may go around the cache (`State::around_cache`); `osu_bw -d shared` measured
+/// 0.88/0.75x at 256/512 KiB pre-granted (5 runs, not in rotated order, on a noisy host:
+/// `bench/results/p2p-2026-11-27b.md`), so those sizes still ask.
+const HEAP_PREGRANT_MAX: usize = 256 << 10;
 /// The smallest read that goes around the cache because of the reads in flight with it
 /// (`State::around_cache`).
 const AROUND_CACHE_MIN: usize = 64 << 10;
@@ -110,18 +117,19 @@ impl State {
     /// out pre-granted: the target's key check done with the request, so that the reader may
     /// copy at once instead of asking (one round trip fewer; the send holds its buffer until
     /// FIN as for any grant). Only where the reader may copy it straight from this rank's
-    /// memory, below [`CMA_PREGRANT_MAX`]: from this rank's shared heap to a rank of this host
-    /// that may map it (the reader copies at once once a grant has named the heap to it, and
-    /// asks before), else by single copy, on and possible to `dest` and allowed by
-    /// `TMPI_SINGLE_COPY_MIN` (a split the reader wants is asked for without a round trip,
-    /// [`ReadMode::Share`]).
+    /// memory, below [`CMA_PREGRANT_MAX`]: from this rank's shared heap (below
+    /// [`HEAP_PREGRANT_MAX`]) to a rank a grant of
+    /// ours has named the heap to already (so it maps it, and finds the range by its address;
+    /// before, it asks, and the grant names the heap), else by single copy, on and possible to
+    /// `dest` and allowed by `TMPI_SINGLE_COPY_MIN` (a split the reader wants is asked for
+    /// without a round trip, [`ReadMode::Share`]).
     fn may_pregrant(&self, dest: usize, addr: usize, va: u64, len: usize) -> bool {
         if len == 0 || len >= CMA_PREGRANT_MAX {
             return false;
         }
         if self.heaps.locate(addr, len).is_some() {
             // The reader finds the range in our heap by its address.
-            return va == addr as u64 && self.cma_peers.get(dest).copied().unwrap_or(false) && self.heaps.may_map(dest);
+            return len < HEAP_PREGRANT_MAX && va == addr as u64 && self.heaps.named_to.get(dest).copied().unwrap_or(false);
         }
         self.cma_to(dest) && self.cma_min.is_none_or(|m| len >= m)
     }
@@ -602,6 +610,11 @@ impl State {
         if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(sk) {
             r.granted = Some(src);
         }
+        if from.is_some() {
+            if let Some(named) = self.heaps.named_to.get_mut(src) {
+                *named = true;
+            }
+        }
         self.send_rma(src, Rma::Grant { read: id, split: split as u64, heap: from.map(HeapPlace::from) });
         if let (Some(h), true) = (into, split < n) {
             if self.heaps.writes.len() > self.cma_w.len() + 64 {
@@ -1068,6 +1081,51 @@ mod tests {
         assert!(matches!(b.take_if_done(r), Some(Err(_))));
         assert!(buf.iter().all(|&x| x == 0), "nothing copied");
         assert!(matches!(a.st.reqs.get(s), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) if r.granted.is_none()));
+    }
+
+    /// A rendezvous from the sender's shared heap below 1 MiB goes out pre-granted: the first
+    /// is asked for (its grant names the heap, which the reader maps), later ones are copied
+    /// at once by address; a revoke stops such a copy not yet run, and nothing is copied.
+    #[test]
+    fn heap_sends_are_pregranted_once_the_reader_maps_the_heap() {
+        // Below HEAP_PREGRANT_MAX, and a rendezvous on any number of CPUs.
+        let n = 250_000;
+        let mut v = super::super::testkit::job(2, Config { rndv_threshold: Some(16 << 10), ..Config::default() });
+        let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
+        let (a, b) = (&mut a, &mut b);
+        let Some(heap) = a.shared_heap() else {
+            eprintln!("no shared heap here");
+            return;
+        };
+        let mut block = heap.alloc(n, 64).expect("a block");
+        block.as_bytes_mut().iter_mut().enumerate().for_each(|(i, x)| *x = (i % 253) as u8);
+        for round in 0..2 {
+            let mut buf = vec![0u8; n];
+            let r = recv(b, Some(0), Some(3), &mut buf);
+            let s = send(a, 1, 3, block.as_bytes(), false).expect("a rendezvous is pending");
+            settle(&mut [&mut *a, &mut *b]);
+            assert_eq!(b.take_if_done(r).expect("received").expect("ok").len(), n);
+            assert!(a.take_if_done(s).expect("FIN").is_ok());
+            assert!(buf == block.as_bytes(), "round {round}: the data arrived intact");
+            if b.st.heaps.fallbacks > 0 {
+                eprintln!("this process cannot map its own heap through /proc: nothing more to test");
+                return;
+            }
+            assert_eq!((b.st.stats.pregranted, a.st.heaps.grants_served), (round, 1), "round {round}");
+        }
+        let mut buf = vec![0u8; n];
+        let r = recv(b, Some(0), Some(4), &mut buf);
+        let s = send(a, 1, 4, block.as_bytes(), false).expect("a rendezvous is pending");
+        b.progress().expect("progress");
+        assert_eq!((b.st.cma_q.len(), b.st.heaps.grants.len()), (1, 1), "queued to copy at once");
+        b.st.on_revoke(0, wire_name(s));
+        b.st.settle_cq().expect("completions");
+        assert!(b.st.reads.is_empty());
+        settle(&mut [&mut *a, &mut *b]);
+        assert!(matches!(b.take_if_done(r), Some(Err(_))));
+        assert!(buf.iter().all(|&x| x == 0), "nothing copied");
+        assert!(b.st.heaps.grants.is_empty(), "the place was dropped with its read");
+        drop(block);
     }
 
     /// The control messages `e` has queued, decoded (RMA packets skipped).
