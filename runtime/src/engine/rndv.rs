@@ -118,11 +118,11 @@ impl State {
     /// copy at once instead of asking (one round trip fewer; the send holds its buffer until
     /// FIN as for any grant). Only where the reader may copy it straight from this rank's
     /// memory, below [`CMA_PREGRANT_MAX`]: from this rank's shared heap (below
-    /// [`HEAP_PREGRANT_MAX`]) to a rank a grant of
-    /// ours has named the heap to already (so it maps it, and finds the range by its address;
-    /// before, it asks, and the grant names the heap), else by single copy, on and possible to
-    /// `dest` and allowed by `TMPI_SINGLE_COPY_MIN` (a split the reader wants is asked for
-    /// without a round trip, [`ReadMode::Share`]).
+    /// [`HEAP_PREGRANT_MAX`]) to a rank a grant of ours has named the heap to already (so it
+    /// maps it, and finds the range by its address; before, it asks, and the grant names the
+    /// heap), else by single copy, on and possible to `dest` and allowed by
+    /// `TMPI_SINGLE_COPY_MIN` (a split the reader wants is asked for without a round trip,
+    /// [`ReadMode::Share`]).
     fn may_pregrant(&self, dest: usize, addr: usize, va: u64, len: usize) -> bool {
         if len == 0 || len >= CMA_PREGRANT_MAX {
             return false;
@@ -685,8 +685,8 @@ impl State {
 
     /// Whether this rank should copy (part of) a read of `n` bytes from a peer's shared heap
     /// into its receive buffer around the cache, with non-temporal stores
-    /// ([`copy_streaming`]): when the read alone
-    /// is at least [`streaming_copy_min`] (half the L3), or when it is at least
+    /// ([`copy_streaming`]): when the read alone is at least [`streaming_copy_min`] (half
+    /// the L3), or when it is at least
     /// [`AROUND_CACHE_MIN`] and the reads in flight together are (a window, as in `osu_bw`:
     /// its receive buffers are distinct, so they cannot all stay in the cache, whereas a
     /// ping-pong reuses one buffer that does). `osu_bw -d shared` 256/512 KiB 1.75/1.66x the
@@ -1083,7 +1083,7 @@ mod tests {
         assert!(matches!(a.st.reqs.get(s), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) if r.granted.is_none()));
     }
 
-    /// A rendezvous from the sender's shared heap below 1 MiB goes out pre-granted: the first
+    /// A rendezvous from the sender's shared heap below 256 KiB goes out pre-granted: the first
     /// is asked for (its grant names the heap, which the reader maps), later ones are copied
     /// at once by address; a revoke stops such a copy not yet run, and nothing is copied.
     #[test]
