@@ -150,13 +150,24 @@ fn shared_run(n: usize, args: &[&str], env: &[(&str, &str)]) -> (Outcome, BTreeM
 /// Issue 14 item 3: buffers from `World::alloc_shared` on the send side, the receive side or
 /// both, every size from 0 B to 64 MiB, expected, unexpected, ssend, truncated, with single
 /// copy on and off, 2 and 3 ranks: every rendezvous is a memcpy through a shared heap (no
-/// ring, no CMA where both sides are in heaps) and every payload is right.
+/// ring, no CMA where both sides are in heaps) and every payload is right. With rendezvous
+/// from 16 KiB (`low`), heap sends below 256 KiB are pre-granted once a grant has named the
+/// heap to the reader.
 #[test]
 fn shared_heap_buffers_at_every_size() {
-    for (n, side, copy) in
-        [(2, "send", "none"), (2, "recv", "none"), (2, "both", "cma"), (3, "both", "none"), (3, "recv", "cma"), (3, "send", "cma")]
-    {
-        let env = [("TMPI_SINGLE_COPY", copy)];
+    for (n, side, copy, low) in [
+        (2, "send", "none", false),
+        (2, "recv", "none", false),
+        (2, "both", "cma", false),
+        (3, "both", "none", false),
+        (3, "recv", "cma", false),
+        (3, "send", "cma", false),
+        (2, "send", "cma", true),
+    ] {
+        let mut env = vec![("TMPI_SINGLE_COPY", copy)];
+        if low {
+            env.push(("TMPI_RNDV_THRESHOLD", "16384"));
+        }
         let (out, st, shared) = shared_run(n, &["--shared", side], &env);
         if !shared {
             continue;
@@ -166,9 +177,9 @@ fn shared_heap_buffers_at_every_size() {
             assert_eq!(s["heap_fallbacks"], 0, "rank {rank} {side} {copy}: {s:?}");
             if side != "recv" {
                 // The reader copies from the sender's heap itself: no CMA read; once a grant
-                // has named that heap, reads below 1 MiB go at once (pre-granted).
+                // has named that heap, reads below 256 KiB go at once (pre-granted).
                 assert_eq!(s["cma_reads"], 0, "rank {rank} {side} {copy}: {s:?}");
-                assert!(s["pregranted_reads"] > 0, "rank {rank} {side} {copy}: {s:?}");
+                assert!(!low || s["pregranted_reads"] > 0, "rank {rank} {side} {copy}: {s:?}");
             }
             assert!(s["mr_cache_hits"] >= 11, "rank {rank}: {s:?}");
         }
