@@ -246,41 +246,19 @@ impl State {
             Some(_) if info.pregranted && n > 0 && n <= info.len && n < CMA_PREGRANT_MAX => self.heaps.mapped_place(src, info.rvh.va, n),
             _ => None,
         };
-        if let Some(place) = heap_at_once {
+        if let (Some(_), Some(p)) = (heap_at_once, placed) {
             // Nothing to learn from a heap copy (its period is not timed).
-            if let Some(p) = placed {
-                self.copy.spoil(p);
-            }
-            self.reads_begun += 1;
-            let k = self.reads.insert(ReadOp {
-                rid,
-                src,
-                n,
-                got: 0,
-                hw,
-                info,
-                split: n,
-                remote_write: false,
-                failed: false,
-                at_once: true,
-                revoke_ack: false,
-                placed,
-            });
-            debug_assert_eq!(k, key);
-            self.stats.pregranted += 1;
-            self.heaps.grants.insert((k.idx(), k.gen()), place);
-            self.cma_q.push_back(k);
-            return Ok(());
+            self.copy.spoil(p);
         }
-        // Pre-granted by the sender: copy at once, no request.
         self.reads_begun += 1;
         let windowed = !self.reads.is_empty() && n >= CMA_SPLIT_WINDOW_MIN;
-        let at_once = cma && info.pregranted && !in_heap && n <= info.len && n < CMA_PREGRANT_MAX;
+        // Pre-granted by the sender (from its heap, or for single copy): copy at once, no request.
+        let at_once = heap_at_once.is_some() || (cma && info.pregranted && !in_heap && n <= info.len && n < CMA_PREGRANT_MAX);
         // From `CMA_SHARE_MIN` the target writes a share, asked now: alone in flight (it waits
         // for our FIN), or in a window while it is not reading from us itself (`osu_bw`: it
         // waits too; in `osu_bibw` each core has its own reads to copy, and a share only
         // adds its system call).
-        let share = at_once && buf.is_some() && n >= CMA_SHARE_MIN && !(windowed && self.peer_reading(src));
+        let share = at_once && heap_at_once.is_none() && buf.is_some() && n >= CMA_SHARE_MIN && !(windowed && self.peer_reading(src));
         let split = if share { share_split(n) } else { n };
         let remote_write = cma && (!at_once || split < n);
         let k = self.reads.insert(ReadOp {
@@ -301,7 +279,11 @@ impl State {
         if n == 0 {
             return self.finish_read(key, true);
         }
-        if at_once {
+        if let Some(place) = heap_at_once {
+            self.stats.pregranted += 1;
+            self.heaps.grants.insert((key.idx(), key.gen()), place);
+            self.cma_q.push_back(key);
+        } else if at_once {
             if let Some(p) = placed {
                 // Granted with the request itself: no round trip.
                 self.copy.pregranted(p);
