@@ -2,7 +2,9 @@
  * model of the two-copy ring pipeline (bench/results/large-pipeline.md).
  * Build: gcc -O2 -mavx512f -pthread memcpy_pipe.c -o memcpy_pipe
  * Run:   ./memcpy_pipe memcpy            (rates per size)
- *        ./memcpy_pipe MSG CHUNK RING [NT] (osu_bw pattern: windows of 64 messages) */
+ *        ./memcpy_pipe MSG CHUNK RING [NT] (osu_bw pattern: windows of 64 messages)
+ *        ./memcpy_pipe single MSG [NT]  (the shared-heap floor: core 1 copies a buffer core 0
+ *                                        wrote into 64 distinct buffers, window after window) */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -25,6 +27,11 @@ int main(int c,char**v){
   for(size_t s=16384;s<=(64u<<20);s*=2){char*a=aligned_alloc(4096,s),*b=aligned_alloc(4096,s);memset(a,1,s);memset(b,2,s);size_t it=(1u<<31)/s+2;double best=1e9;for(int r=0;r<5;r++){double t0=now();for(size_t i=0;i<it;i++)memcpy(b,a,s);double t=(now()-t0)/it;if(t<best)best=t;}
   double bn=1e9;for(int r=0;r<3;r++){double t0=now();for(size_t i=0;i<it;i++)ntcopy(b,a,s);double t=(now()-t0)/it;if(t<bn)bn=t;}
   printf("%9zu memcpy %6.1f GB/s  nt %6.1f GB/s\n",s,s/best/1e9,s/bn/1e9);free(a);free(b);}return 0;}
+ if(c>2&&!strcmp(v[1],"single")){ /* one memcpy per message, source written by the other core */
+  MSG=atol(v[2]);nt=c>3?atoi(v[3]):0;ITERS=((size_t)4<<30)/(MSG*WIN);if(ITERS<3)ITERS=3;
+  src=aligned_alloc(4096,MSG);dst=aligned_alloc(4096,MSG*WIN);pin(0);memset(src,1,MSG);memset(dst,2,MSG*WIN);pin(1);
+  double t0=now();for(size_t it=0;it<ITERS;it++)for(size_t w=0;w<WIN;w++){if(nt)ntcopy(dst+w*MSG,src,MSG);else memcpy(dst+w*MSG,src,MSG);}
+  double t=now()-t0;printf("single msg %zu nt %d: %.1f GB/s\n",MSG,nt,(double)MSG*WIN*ITERS/t/1e9);return 0;}
  MSG=atol(v[1]);CHUNK=atol(v[2]);RING=atol(v[3]);nt=c>4?atoi(v[4]):0;
  size_t tot=(size_t)4<<30; ITERS=tot/(MSG*WIN); if(ITERS<3)ITERS=3;
  src=aligned_alloc(4096,MSG);dst=aligned_alloc(4096,MSG*WIN);ring=aligned_alloc(4096,RING);memset(src,1,MSG);memset(dst,2,MSG*WIN);memset(ring,0,RING);

@@ -194,7 +194,6 @@ impl<T> Slab<T> {
     }
 
     /// Number of full slots.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }

@@ -523,9 +523,13 @@ impl State {
                 // Split a large read: our half goes out once the grant is on its way. Below
                 // 1 MiB, not while this rank has reads of its own in flight (both directions
                 // busy, as in `osu_bibw`: each core already copies what it receives, and the
-                // split only adds its system calls: 1.12-1.18x at 128-256 KiB; at 1 MiB the
-                // split still paid, 0.90x without it).
-                let busy = !self.reads.is_empty() && n < CMA_SPLIT_BUSY_MAX;
+                // split only adds its system calls: 1.12-1.18x at 128-256 KiB). From 1 MiB
+                // the split evens out the tail of a short window (`osu_bibw -W 8`: 0.62-0.83x
+                // without it), but below 4 MiB not while this rank has `CMA_SPLIT_DEEP` reads
+                // of its own (`osu_bibw`'s default window of 64: 1.17/1.23x at 1/2 MiB
+                // without it; 1.04x at 4 MiB, and 0.60-0.77x at 8-64 MiB).
+                let busy =
+                    !self.reads.is_empty() && (n < CMA_SPLIT_BUSY_MAX || (n < CMA_SPLIT_DEEP_MAX && self.reads.len() >= CMA_SPLIT_DEEP));
                 // From `CMA_SPLIT_WINDOW_MIN` a reader asks for a read below `CMA_SPLIT_MIN`
                 // only when it has others in flight (or the sender could not pre-grant it).
                 let split = if dst != 0 && n >= CMA_SPLIT_WINDOW_MIN && !busy { (n / 2) & !4095 } else { n };
@@ -783,11 +787,12 @@ mod tests {
     }
 
     /// A single-copy read of 32 KiB to 1 MiB is split between reader and target unless the
-    /// target is busy reading too (then each copies its own); from 1 MiB it is split anyway.
+    /// target is busy reading too (then each copies its own); from 1 MiB it is split anyway,
+    /// unless the target's own reads in flight are many and the read is below 4 MiB.
     #[test]
     fn a_busy_target_splits_only_the_largest_reads() {
         let (mut e, _peer) = engine();
-        let src = vec![3u8; 2 << 20];
+        let src = vec![3u8; 8 << 20];
         let split_of = |e: &mut Engine, len: usize| {
             // SAFETY: `src` outlives the engine.
             let raw = unsafe { RawBuf::new(&src[..len]) };
@@ -815,7 +820,7 @@ mod tests {
             pregranted: false,
         };
         let rid = Key::new(0, 0);
-        e.st.reads.insert(ReadOp {
+        let read = || ReadOp {
             rid,
             src: 1,
             n: 1,
@@ -828,9 +833,18 @@ mod tests {
             at_once: false,
             revoke_ack: false,
             placed: None,
-        });
+        };
+        e.st.reads.insert(read());
         assert_eq!(split_of(&mut e, 256 << 10), 256 << 10, "busy: the reader copies it all");
         assert_eq!(split_of(&mut e, 2 << 20), 1 << 20, "busy, but large: split");
+        // A deep queue of its own reads (`osu_bibw`'s window): no split at any size.
+        while e.st.reads.len() < CMA_SPLIT_DEEP - 1 {
+            e.st.reads.insert(read());
+        }
+        assert_eq!(split_of(&mut e, 2 << 20), 1 << 20, "one read short of deep: split");
+        e.st.reads.insert(read());
+        assert_eq!(split_of(&mut e, 2 << 20), 2 << 20, "deep: the reader copies it all");
+        assert_eq!(split_of(&mut e, 8 << 20), 4 << 20, "deep, but from CMA_SPLIT_DEEP_MAX: split");
         drop(e);
     }
 
