@@ -837,7 +837,7 @@ mod tests {
         e.st.reads.insert(read());
         assert_eq!(split_of(&mut e, 256 << 10), 256 << 10, "busy: the reader copies it all");
         assert_eq!(split_of(&mut e, 2 << 20), 1 << 20, "busy, but large: split");
-        // A deep queue of its own reads (`osu_bibw`'s window): no split at any size.
+        // A deep queue of its own reads (`osu_bibw`'s window): no split below 4 MiB.
         while e.st.reads.len() < CMA_SPLIT_DEEP - 1 {
             e.st.reads.insert(read());
         }
