@@ -242,10 +242,8 @@ impl State {
         };
         // Pre-granted by the sender from its shared heap, which this rank maps already: one
         // memcpy at once, no request (the range is found by its address in the sender's heap).
-        let heap_at_once = match buf {
-            Some(_) if info.pregranted && n > 0 && n <= info.len && n < CMA_PREGRANT_MAX => self.heaps.mapped_place(src, info.rvh.va, n),
-            _ => None,
-        };
+        let pregranted = info.pregranted && n <= info.len && n < CMA_PREGRANT_MAX;
+        let heap_at_once = (pregranted && n > 0 && buf.is_some()).then(|| self.heaps.mapped_place(src, info.rvh.va, n)).flatten();
         if let (Some(_), Some(p)) = (heap_at_once, placed) {
             // Nothing to learn from a heap copy (its period is not timed).
             self.copy.spoil(p);
@@ -253,7 +251,7 @@ impl State {
         self.reads_begun += 1;
         let windowed = !self.reads.is_empty() && n >= CMA_SPLIT_WINDOW_MIN;
         // Pre-granted by the sender (from its heap, or for single copy): copy at once, no request.
-        let at_once = heap_at_once.is_some() || (cma && info.pregranted && !in_heap && n <= info.len && n < CMA_PREGRANT_MAX);
+        let at_once = heap_at_once.is_some() || (cma && pregranted && !in_heap);
         // From `CMA_SHARE_MIN` the target writes a share, asked now: alone in flight (it waits
         // for our FIN), or in a window while it is not reading from us itself (`osu_bw`: it
         // waits too; in `osu_bibw` each core has its own reads to copy, and a share only
