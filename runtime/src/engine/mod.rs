@@ -234,6 +234,9 @@ struct RndvSend {
     /// The grant went with the request itself ([`RndvRequest::pregranted`]): the reader may
     /// copy without asking, so abandoning the send revokes it first ([`Control::Revoke`]).
     pregranted: bool,
+    /// This rank streamed (some of) it to the reader through the rings: its FIN ends a read
+    /// that went that way (see `adapt::Epochs::peer_read`).
+    streamed: bool,
 }
 
 /// What a rendezvous request announces.
@@ -524,7 +527,7 @@ impl Engine {
                 rma_out: VecDeque::new(),
                 cma: cfg.single_copy,
                 cma_min: cfg.single_copy_min,
-                copy: adapt::Epochs::default(),
+                copy: adapt::Epochs::in_step(),
                 rndv_from,
                 rndv_adaptive: cfg.rndv_adaptive(),
                 advised: vec![0; size],

@@ -74,7 +74,12 @@ impl Engine {
         let pregranted =
             self.st.may_pregrant(dest, addr, va, len) && self.st.domain.check_remote(key, va, len as u64, RemoteOp::Read).is_ok();
         let granted = pregranted.then_some(dest);
-        let req = self.st.new_send(dest, tag64, true, Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted, pregranted }))?;
+        let req = self.st.new_send(
+            dest,
+            tag64,
+            true,
+            Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted, pregranted, streamed: false }),
+        )?;
         let hdr = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64, pregranted }.encode();
         self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
         Ok(req)
@@ -494,8 +499,13 @@ impl State {
         });
         if let (Some(b), Some(k)) = (buf, sk) {
             if self.serve_heap(src, id, k, b, mode, reader_maps_heap, dst_heap.map(HeapSrc::from)) {
+                // The reader's core (or a memcpy of ours in its stead) does the copy.
+                self.copy.peer_read(adapt::Arm::Cma, b.len());
                 return;
             }
+        }
+        if let Some(b) = buf {
+            self.copy.peer_read(if mode == ReadMode::Stream { adapt::Arm::Stream } else { adapt::Arm::Cma }, b.len());
         }
         match (buf, mode) {
             (Some(b), ReadMode::Share { dst }) => {
@@ -536,7 +546,12 @@ impl State {
                     self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst, base: split });
                 }
             }
-            (Some(b), ReadMode::Stream) => self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 }),
+            (Some(b), ReadMode::Stream) => {
+                if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
+                    r.streamed = true;
+                }
+                self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 })
+            }
             (None, _) => {
                 // Refused: the reader gets an error, and so does the send it was reading for
                 // (no FIN will come for it).
@@ -660,6 +675,12 @@ impl State {
                 if r.tag64 == tmh.tag && r.va == rvh.va)
         });
         let k = k.ok_or_else(|| malformed_from(src, "FIN for no rendezvous send"))?;
+        if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get(k) {
+            // A read this rank did not stream was copied by the reader's core (single copy, a
+            // shared heap).
+            let n = r.buf.map_or(0, |b| b.len());
+            self.copy.peer_read(if r.streamed { adapt::Arm::Stream } else { adapt::Arm::Cma }, n);
+        }
         if let Some(at) = self.fin_seen.get_mut(src) {
             *at = self.reads_begun.max(1);
         }
