@@ -166,6 +166,8 @@ const STREAM_MARGIN: u64 = 120;
 /// bytes of single copy (with the margin there, single copy was chosen and eager advised
 /// for 16 KiB only).
 const STREAM_MARGIN_SMALL: u64 = 105;
+/// From this read size a tie goes to single copy ([`STREAM_MARGIN_SMALL`]); below it the
+/// rings get [`EAGER_CREDIT`].
 const TIE_TO_SINGLE_MIN: usize = 256 << 10;
 /// Below [`TIE_TO_SINGLE_MIN`] a rings sample counts at `EAGER_CREDIT`/100 of its time when
 /// set against single copy (in the choice and in [`CopyChooser::eager_pays`]): there the
@@ -183,6 +185,7 @@ fn eager_credit(n: usize, s: u64) -> u64 {
         s
     }
 }
+
 /// A class that has chosen times one period of its way in this many (and the [`KEPT`] before
 /// each try of the other way).
 const SAMPLE_EVERY: u32 = 4;
@@ -345,7 +348,8 @@ impl Epochs {
     /// other ranks of the host where they read from each other at the same time (a peer read
     /// the class from this rank while a period of it ran here, as in `osu_bibw`): the way a
     /// learning period tries is then the parity of the time (the host's TSC, which every
-    /// process reads alike) in slots of `2^`[`SLOT_SHIFT`] ticks per byte of the class's
+    /// process reads alike; where time is not kept by the TSC, each process's own clock,
+    /// which is no longer in step but no worse than taking turns) in slots of `2^`[`SLOT_SHIFT`] ticks per byte of the class's
     /// smallest read, so the two ranks try the same way at the same time however their
     /// periods fall (in `osu_bibw` a window of 64 reads made one period on one rank and two
     /// on the other, so taking turns by periods ran the two out of step). A period that a
