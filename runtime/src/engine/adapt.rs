@@ -395,14 +395,15 @@ impl Epochs {
     /// it starts is timed): how it moves.
     pub(crate) fn start(&mut self, n: usize, now: impl FnOnce() -> Stamp) -> Placed {
         let class = class_of(n);
-        if class >= IN_STEP_BELOW && self.both_ways[class] && self.chooser.learning(n) {
+        let learns_paired = self.both_ways[class] && self.chooser.learning(n);
+        if learns_paired && class >= IN_STEP_BELOW {
             // From 256 KiB, two ranks reading a class from each other start on single copy
             // (see `Epochs::in_step`).
             self.chooser.assume(n, Arm::Cma);
         }
         match &mut self.cur {
             None if self.others == 0 => {
-                let (c, t0) = if class < IN_STEP_BELOW && self.both_ways[class] && self.chooser.learning(n) {
+                let (c, t0) = if learns_paired && class < IN_STEP_BELOW {
                     let t = now();
                     // Slots of 2^SLOT_SHIFT ticks per byte of the class's smallest read.
                     let arm = if (t.0 >> (class as u32 + SLOT_SHIFT)) & 1 == 0 { Arm::Cma } else { Arm::Stream };
@@ -525,7 +526,10 @@ impl CopyChooser {
         let c = &mut self.classes[b];
         match c.chosen {
             // No class has chosen yet: try both, single copy first.
-            None => Choice { arm: Self::learning_arm(c), measure: lone },
+            None => {
+                let arm = if c.tries[Arm::Cma as usize] <= c.tries[Arm::Stream as usize] { Arm::Cma } else { Arm::Stream };
+                Choice { arm, measure: lone }
+            }
             Some(arm) if lone => {
                 c.since_probe += 1;
                 if c.since_probe >= c.probe_every {
@@ -661,15 +665,6 @@ impl CopyChooser {
     fn learning(&self, n: usize) -> bool {
         let b = class_of(n);
         self.classes[b].chosen.is_none() && self.nearest_choice(b).is_none()
-    }
-
-    /// The way a class that has not chosen tries next: single copy first, then by turns.
-    fn learning_arm(c: &Class) -> Arm {
-        if c.tries[Arm::Cma as usize] <= c.tries[Arm::Stream as usize] {
-            Arm::Cma
-        } else {
-            Arm::Stream
-        }
     }
 
     /// Whether a message of `n` bytes goes at least as fast eagerly as by a rendezvous (see

@@ -112,6 +112,14 @@ impl Engine {
 }
 
 impl State {
+    /// The rendezvous state of send `k`, if it is a live rendezvous send.
+    fn rndv_send(&mut self, k: Option<ReqId>) -> Option<&mut RndvSend> {
+        match self.reqs.get_mut(k?) {
+            Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => Some(r),
+            _ => None,
+        }
+    }
+
     /// Whether single copy may move data between this rank and world rank `r` (on, not refused
     /// by the kernel, and `r` on this host).
     fn cma_to(&self, r: usize) -> bool {
@@ -497,15 +505,15 @@ impl State {
             let end = start.checked_add(seg.len)?;
             (end <= b.len() && seg.len as u64 == len).then(|| b.sub(start, end))
         });
-        if let (Some(b), Some(k)) = (buf, sk) {
-            if self.serve_heap(src, id, k, b, mode, reader_maps_heap, dst_heap.map(HeapSrc::from)) {
-                // The reader's core (or a memcpy of ours in its stead) does the copy.
-                self.copy.peer_read(adapt::Arm::Cma, b.len());
-                return;
-            }
-        }
+        let by_heap = matches!((buf, sk), (Some(b), Some(k))
+            if self.serve_heap(src, id, k, b, mode, reader_maps_heap, dst_heap.map(HeapSrc::from)));
         if let Some(b) = buf {
-            self.copy.peer_read(if mode == ReadMode::Stream { adapt::Arm::Stream } else { adapt::Arm::Cma }, b.len());
+            // Through a heap the reader's core (or a memcpy of ours in its stead) copies.
+            let arm = if mode == ReadMode::Stream && !by_heap { adapt::Arm::Stream } else { adapt::Arm::Cma };
+            self.copy.peer_read(arm, b.len());
+        }
+        if by_heap {
+            return;
         }
         match (buf, mode) {
             (Some(b), ReadMode::Share { dst }) => {
@@ -524,7 +532,7 @@ impl State {
                 }
             }
             (Some(b), ReadMode::SingleCopy { dst }) => {
-                if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
+                if let Some(r) = self.rndv_send(sk) {
                     r.granted = Some(src);
                 }
                 let n = b.len();
@@ -547,7 +555,7 @@ impl State {
                 }
             }
             (Some(b), ReadMode::Stream) => {
-                if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
+                if let Some(r) = self.rndv_send(sk) {
                     r.streamed = true;
                 }
                 self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 })
@@ -675,11 +683,10 @@ impl State {
                 if r.tag64 == tmh.tag && r.va == rvh.va)
         });
         let k = k.ok_or_else(|| malformed_from(src, "FIN for no rendezvous send"))?;
-        if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get(k) {
+        if let Some((streamed, n)) = self.rndv_send(Some(k)).map(|r| (r.streamed, r.buf.map_or(0, |b| b.len()))) {
             // A read this rank did not stream was copied by the reader's core (single copy, a
             // shared heap).
-            let n = r.buf.map_or(0, |b| b.len());
-            self.copy.peer_read(if r.streamed { adapt::Arm::Stream } else { adapt::Arm::Cma }, n);
+            self.copy.peer_read(if streamed { adapt::Arm::Stream } else { adapt::Arm::Cma }, n);
         }
         if let Some(at) = self.fin_seen.get_mut(src) {
             *at = self.reads_begun.max(1);
