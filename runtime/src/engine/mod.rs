@@ -146,8 +146,9 @@ const CMA_SPLIT_BUSY_MAX: usize = 1 << 20;
 /// flight: with a queue that deep on both sides there is no idle tail for the split to fill.
 const CMA_SPLIT_DEEP: usize = 16;
 /// See [`CMA_SPLIT_DEEP`]: from this size the split pays even then (`osu_bibw` 8-64 MiB
-/// took 1.3-1.7x the time without it).
-const CMA_SPLIT_DEEP_MAX: usize = 4 << 20;
+/// took 1.3-1.7x the time without it). Was 4 MiB: not splitting 4 MiB either moved 1.17-1.18x
+/// the bytes in `osu_bibw` (two runs of 5, `bench/results/p2p-2026-11-27e.md`).
+const CMA_SPLIT_DEEP_MAX: usize = 8 << 20;
 /// A pre-granted read of at least this many bytes is split without a round trip: the
 /// reader asks the target for its share ([`ReadMode::Share`]) and starts copying its own at
 /// once, while the target (waiting for FIN) writes the rest. So is one behind other reads

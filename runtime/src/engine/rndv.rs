@@ -541,9 +541,9 @@ impl State {
                 // busy, as in `osu_bibw`: each core already copies what it receives, and the
                 // split only adds its system calls: 1.12-1.18x at 128-256 KiB). From 1 MiB
                 // the split evens out the tail of a short window (`osu_bibw -W 8`: 0.62-0.83x
-                // without it), but below 4 MiB not while this rank has `CMA_SPLIT_DEEP` reads
-                // of its own (`osu_bibw`'s default window of 64: 1.17/1.23x at 1/2 MiB
-                // without it; 1.04x at 4 MiB, and 0.60-0.77x at 8-64 MiB).
+                // without it), but below 8 MiB not while this rank has `CMA_SPLIT_DEEP` reads
+                // of its own (`osu_bibw`'s default window of 64: 1.17/1.23/1.17x at 1/2/4 MiB
+                // without it, and 0.60-0.77x at 8-64 MiB).
                 let busy =
                     !self.reads.is_empty() && (n < CMA_SPLIT_BUSY_MAX || (n < CMA_SPLIT_DEEP_MAX && self.reads.len() >= CMA_SPLIT_DEEP));
                 // From `CMA_SPLIT_WINDOW_MIN` a reader asks for a read below `CMA_SPLIT_MIN`
@@ -814,7 +814,7 @@ mod tests {
 
     /// A single-copy read of 32 KiB to 1 MiB is split between reader and target unless the
     /// target is busy reading too (then each copies its own); from 1 MiB it is split anyway,
-    /// unless the target's own reads in flight are many and the read is below 4 MiB.
+    /// unless the target's own reads in flight are many and the read is below 8 MiB.
     #[test]
     fn a_busy_target_splits_only_the_largest_reads() {
         let (mut e, _peer) = engine();
@@ -863,13 +863,14 @@ mod tests {
         e.st.reads.insert(read());
         assert_eq!(split_of(&mut e, 256 << 10), 256 << 10, "busy: the reader copies it all");
         assert_eq!(split_of(&mut e, 2 << 20), 1 << 20, "busy, but large: split");
-        // A deep queue of its own reads (`osu_bibw`'s window): no split below 4 MiB.
+        // A deep queue of its own reads (`osu_bibw`'s window): no split below 8 MiB.
         while e.st.reads.len() < CMA_SPLIT_DEEP - 1 {
             e.st.reads.insert(read());
         }
         assert_eq!(split_of(&mut e, 2 << 20), 1 << 20, "one read short of deep: split");
         e.st.reads.insert(read());
         assert_eq!(split_of(&mut e, 2 << 20), 2 << 20, "deep: the reader copies it all");
+        assert_eq!(split_of(&mut e, 4 << 20), 4 << 20, "deep, 4 MiB: the reader copies it all");
         assert_eq!(split_of(&mut e, 8 << 20), 4 << 20, "deep, but from CMA_SPLIT_DEEP_MAX: split");
         drop(e);
     }
