@@ -75,6 +75,15 @@ pub const STREAM_SMALL: u64 = 4096;
 const PREFETCH_AHEAD: u64 = 256;
 /// Bytes in flight (published, not yet released) below which a mid-size record may start.
 pub const STREAM_WINDOW: u64 = 384 << 10;
+/// In a ring larger than this, a record shorter than a quarter of the ring that would start
+/// at or past this offset goes to offset 0 instead (behind a skip record, as at the end of
+/// the ring) when few bytes are in flight (`Producer::rewinds`): small and mid-size records
+/// cycle through the first [`HOT_SPAN`] bytes, which stay in the caches, and only the
+/// largest (streamed rendezvous data) use the rest. A 4 MiB
+/// ring (the default up to 4 ranks, for its 1 MiB packets) used whole by 16 KiB eager
+/// messages took `osu_bibw` 16 KiB 0.77x the bytes of a 1 MiB ring
+/// (`bench/results/p2p-2026-11-27e.md`).
+pub const HOT_SPAN: u64 = 1 << 20;
 
 /// Records of at most this many bytes (a 16 KiB eager message with its headers) are fetched
 /// whole as soon as their header is seen, and make their producer claim the lines of the next
@@ -191,25 +200,37 @@ impl Producer {
 
     /// Bytes needed at `head` for a record of `payload` bytes (`long`: with the total length):
     /// the record, the header slot after it (zeroed ahead, see the module docs), and a skip
-    /// record if the record does not fit before the end of the data area.
+    /// record if the record does not fit before the end of the data area, or if it is not
+    /// one of the largest and would start past [`HOT_SPAN`].
     #[inline]
     fn needed(&self, payload: usize, long: bool) -> (u64, bool) {
         let rec = rec_len(payload, long) + REC_ALIGN;
         let off = self.head & (self.size - 1);
         let contiguous = self.size - off;
-        if rec - REC_ALIGN > contiguous {
+        if rec - REC_ALIGN > contiguous || (off >= HOT_SPAN && self.rewinds(payload)) {
             (contiguous + rec, true)
         } else {
             (rec, false)
         }
     }
 
+    /// Whether a record of `payload` bytes that would start past [`HOT_SPAN`] goes back to
+    /// offset 0: one shorter than a quarter of the ring, while at most [`STREAM_WINDOW`]
+    /// bytes are in flight by the cached `tail` (a stale one only makes it wait for a later
+    /// record). Not behind one of the largest records still in flight: the tail packet of a
+    /// stream (a few bytes after each 1 MiB packet) would then leave the rest of the ring
+    /// unused, and `osu_bw` 1 MiB through the rings moved 0.27x the bytes.
+    #[inline]
+    fn rewinds(&self, payload: usize) -> bool {
+        rec_len(payload, true) + REC_ALIGN < self.size / 4 && self.head - self.tail_cache <= STREAM_WINDOW
+    }
+
     /// Whether `need` bytes at `head` may be written now: they fit in the released space, and
     /// a mid-size record also waits until fewer than [`STREAM_WINDOW`] bytes are in flight.
     #[inline]
-    fn room_for(&mut self, need: u64) -> bool {
+    fn room_for(&mut self, need: u64, payload: usize) -> bool {
         if need > STREAM_SMALL {
-            return self.stream_room_for(need);
+            return self.stream_room_for(need, payload);
         }
         // A small record (every small message): the ring's size is its only limit (a bound on
         // the bytes in flight of `u64::MAX` is no bound, and the check folds away).
@@ -219,8 +240,9 @@ impl Producer {
     /// [`Producer::room_for`] of a record of more than [`STREAM_SMALL`] bytes, out of the small
     /// records' way (its copy dwarfs the call).
     #[inline(never)]
-    fn stream_room_for(&mut self, need: u64) -> bool {
-        let most_in_flight = if need < self.size / 4 { STREAM_WINDOW - 1 } else { u64::MAX };
+    fn stream_room_for(&mut self, need: u64, payload: usize) -> bool {
+        // Mid-size by the record alone (a skip in `need` does not make it large).
+        let most_in_flight = if rec_len(payload, true) + REC_ALIGN < self.size / 4 { STREAM_WINDOW - 1 } else { u64::MAX };
         self.fits_now(need, most_in_flight)
     }
 
@@ -246,7 +268,7 @@ impl Producer {
     pub fn has_room(&mut self, payload: usize) -> bool {
         payload <= self.max_payload && {
             let (need, _) = self.needed(payload, true);
-            self.room_for(need)
+            self.room_for(need, payload)
         }
     }
 
@@ -274,7 +296,7 @@ impl Producer {
         }
         let long = total_len != payload as u64;
         let (need, skip) = self.needed(payload, long);
-        if !self.room_for(need) {
+        if !self.room_for(need, payload) {
             return Ok(false);
         }
         // A record that does not fit before the end goes to offset 0, behind a skip record
@@ -505,6 +527,52 @@ mod tests {
             // test, and we create exactly one of each end.
             unsafe { (Producer::new(ctl, size), Consumer::new(ctl, size)) }
         }
+    }
+
+    /// In a ring larger than [`HOT_SPAN`], records shorter than a quarter of the ring start
+    /// below it while few bytes are in flight (they go back to offset 0 behind a skip), but
+    /// not behind one of the largest still in flight (a stream's tail packet); every record
+    /// arrives whole and in order.
+    #[test]
+    fn small_records_stay_in_the_hot_span_and_large_ones_use_the_ring() {
+        let size = 4 << 20;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        let mask = size as u64 - 1;
+        let push = |p: &mut Producer, len: usize, i: u32| {
+            let payload: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
+            let before = p.head & mask;
+            assert!(p.try_push(1, len as u64, &[&payload]).unwrap());
+            (payload, before, (p.head - rec_len(len, false)) & mask)
+        };
+        let take = |c: &mut Consumer, payload: &[u8]| {
+            let rec = c.peek().unwrap().expect("record");
+            assert_eq!(rec.data, payload);
+            let span = rec.span;
+            c.release(span);
+        };
+        let (mut rewound, mut tails_past) = (0, 0);
+        for i in 0..2_000u32 {
+            if i % 50 == 49 {
+                // One of the largest, and a stream's tail packet behind it while it is in
+                // flight: that one stays where it is.
+                let (big, _, at) = push(&mut p, max_payload(size), i);
+                let (tail, _, tail_at) = push(&mut p, 16, i);
+                assert_eq!(tail_at, (at + rec_len(big.len(), false)) & mask);
+                tails_past += usize::from(tail_at >= HOT_SPAN);
+                take(&mut c, &big);
+                take(&mut c, &tail);
+            } else {
+                let (payload, before, at) = push(&mut p, 16 << 10, i);
+                assert!(at < HOT_SPAN || before < HOT_SPAN, "a 16 KiB record started at {at}");
+                rewound += usize::from(before >= HOT_SPAN && at == 0);
+                take(&mut c, &payload);
+            }
+            // The producer sees the consumer's progress (as it does once it runs short).
+            p.refresh_tail();
+        }
+        assert!(rewound > 0, "records went back to offset 0");
+        assert!(tails_past > 0, "a tail packet behind a large record stayed past the hot span");
     }
 
     #[test]
