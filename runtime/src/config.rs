@@ -111,12 +111,17 @@ impl Config {
     }
 
     /// Bytes of each shared-memory ring for a job of `ranks` ranks: the configured size, or
-    /// (auto) 1 MiB up to 8 ranks, 256 KiB up to 32 and 64 KiB beyond, so that the segment
-    /// (one ring per ordered pair) stays near or below 64 MiB while small jobs get deep
-    /// pipelines (eager messages up to 256 KiB and streamed rendezvous reads).
+    /// (auto) 4 MiB up to 4 ranks, 1 MiB up to 8, 256 KiB up to 32 and 64 KiB beyond, so
+    /// that the segment (one ring per ordered pair) stays near or below 64 MiB while small
+    /// jobs get deep pipelines (eager messages up to 256 KiB and streamed rendezvous reads).
+    /// A 4 MiB ring carries 1 MiB packets, which a receiver copies out with non-temporal
+    /// stores (a window of streamed reads of 1 MiB or more): with the defaults, `osu_bw` 1-8
+    /// MiB moved 1.7-2.0x the bytes of 1 MiB rings and `osu_bibw` 1-64 MiB 1.2-1.9x
+    /// (`bench/results/p2p-2026-11-27e.md`).
     pub fn ring_size_for(&self, ranks: usize) -> usize {
         match (self.shm_ring_size, ranks) {
-            (0, 0..=8) => 1 << 20,
+            (0, 0..=4) => 4 << 20,
+            (0, 5..=8) => 1 << 20,
             (0, 9..=32) => 256 << 10,
             (0, _) => 64 << 10,
             (n, _) => n,

@@ -28,7 +28,9 @@
 //!   one (single copy's fixed cost weighs less the larger the read, so even a close win
 //!   points the right way). With none, it learns as the first did; with one, it tries the
 //!   other way after 32 periods: clearly slower (25%) confirms the choice, else it tries
-//!   again until it can compare;
+//!   again until it can compare. Nothing carries over the class from which the receiver
+//!   copies a window of streamed reads out of the rings with non-temporal stores (1 MiB
+//!   with 4 MiB rings, [`Epochs::streaming_from`]): the rings' cost per byte drops there;
 //! - with samples both ways, the faster by the best of the last four serves the class (a
 //!   change needs a 5% margin, so close ways do not flap; from 1 MiB the rings must be 20%
 //!   faster, [`STREAM_MARGIN`]), and one period in `probe_every`
@@ -41,7 +43,8 @@
 //! - below 256 KiB, where two ranks read a class from each other at the same time, learning
 //!   tries the way of the current time slot instead of taking turns, so that both try the
 //!   same way at the same time, and a period crossed by the peer's reads of the other way
-//!   is not counted ([`Epochs::in_step`]).
+//!   is not counted ([`Epochs::in_step`]); from 256 KiB up to the non-temporal class such
+//!   ranks start on single copy, and from that class they learn by turns.
 //!
 //! Reads outside a timed period follow their class's choice, or the nearest class's.
 //!
@@ -273,11 +276,15 @@ pub(crate) struct Choice {
 #[derive(Debug, Clone)]
 pub(crate) struct CopyChooser {
     classes: Box<[Class; CLASSES]>,
+    /// The first class whose streamed reads the receiver copies out with non-temporal
+    /// stores ([`Epochs::streaming_from`]; [`CLASSES`]: none): no choice carries over
+    /// between the classes below it and those from it.
+    regime: usize,
 }
 
 impl Default for CopyChooser {
     fn default() -> Self {
-        CopyChooser { classes: Box::new([Class::default(); CLASSES]) }
+        CopyChooser { classes: Box::new([Class::default(); CLASSES]), regime: CLASSES }
     }
 }
 
@@ -368,6 +375,15 @@ impl Epochs {
         Epochs { in_step: true, ..Epochs::default() }
     }
 
+    /// Streamed reads of `n` bytes or more are copied out of the rings with non-temporal
+    /// stores, which changes what the rings cost per byte: from there a class learns for
+    /// itself instead of taking over a smaller class's choice (see
+    /// [`CopyChooser::nearest_choice`]).
+    pub(crate) fn streaming_from(mut self, n: usize) -> Epochs {
+        self.chooser.regime = class_of(n);
+        self
+    }
+
     /// Peer asked this rank for a read of `n` bytes `arm`'s way, or told it (FIN) that a
     /// read of `n` bytes that went `arm`'s way ended (a read from a shared heap counts as
     /// single copy: the peer's core copies by itself).
@@ -396,9 +412,12 @@ impl Epochs {
     pub(crate) fn start(&mut self, n: usize, now: impl FnOnce() -> Stamp) -> Placed {
         let class = class_of(n);
         let learns_paired = self.both_ways[class] && self.chooser.learning(n);
-        if learns_paired && class >= IN_STEP_BELOW {
+        if learns_paired && (IN_STEP_BELOW..self.chooser.regime).contains(&class) {
             // From 256 KiB, two ranks reading a class from each other start on single copy
-            // (see `Epochs::in_step`).
+            // (see `Epochs::in_step`), up to the class where the rings' copy-out turns to
+            // non-temporal stores: from there they learn by turns (`osu_bibw` 1-4 MiB
+            // through 4 MiB rings moved 1.3-1.4x the bytes of single copy, which a class
+            // that starts on it tries again only after 32 periods, past OSU's 22 windows).
             self.chooser.assume(n, Arm::Cma);
         }
         match &mut self.cur {
@@ -558,14 +577,21 @@ impl CopyChooser {
     /// Requiring a clear win, 25%, to carry single copy over made `osu_bw` 16 KiB-4 MiB
     /// relearn in classes after a close race at 16 KiB: 0.88-0.96x the bytes of fixed single
     /// copy in OSU's short default runs.)
+    ///
+    /// Nothing carries over the class where the rings' copy-out turns to non-temporal stores
+    /// (`regime`): there the rings' cost per byte drops (`osu_bw` 1-8 MiB, 4 MiB rings: 2x
+    /// the bytes of single copy, which had won at 256-512 KiB and passed single copy on).
     fn nearest_choice(&self, b: usize) -> Option<Arm> {
-        (1..CLASSES).flat_map(|d| [b.checked_sub(d), Some(b + d)]).flatten().filter(|&i| i < CLASSES && self.classes[i].compared).find_map(
-            |i| match self.classes[i].chosen {
+        let side = |i: usize| i >= self.regime;
+        (1..CLASSES)
+            .flat_map(|d| [b.checked_sub(d), Some(b + d)])
+            .flatten()
+            .filter(|&i| i < CLASSES && self.classes[i].compared && side(i) == side(b))
+            .find_map(|i| match self.classes[i].chosen {
                 Some(Arm::Cma) if i < b => Some(Arm::Cma),
                 Some(Arm::Stream) if i > b => Some(Arm::Stream),
                 _ => None,
-            },
-        )
+            })
     }
 
     /// A timed period of reads of `n`'s class done `arm`'s way moved `bytes` in `ns` ticks of
@@ -752,6 +778,21 @@ mod tests {
         let ways = drive(&mut c, 1 << 20, 40_000, 90_000, 500, 64);
         assert_eq!(c.chosen(1 << 20), Some(Stream));
         assert_eq!(ways.iter().filter(|&&a| a == Stream).count(), 2);
+    }
+
+    /// No choice carries over the class where the rings' copy-out changes (`regime`): a
+    /// class from it learns for itself, a class below it takes over a smaller class's choice.
+    #[test]
+    fn no_choice_carries_over_the_streaming_class() {
+        let mut e = Epochs::default().streaming_from(1 << 20);
+        let c = &mut e.chooser;
+        assert_eq!(drive(c, 100_000, 9_000, 5_000, 500, 6), [Cma, Stream, Cma, Stream, Cma, Stream]);
+        assert_eq!(c.chosen(100_000), Some(Cma));
+        assert_eq!(c.choose(300_000, true).arm, Cma);
+        assert_eq!(c.chosen(300_000), Some(Cma), "below the streaming class: taken over");
+        assert_eq!(c.chosen(2 << 20), None, "from the streaming class: not taken over");
+        assert!(c.learning(2 << 20));
+        assert_eq!(drive(c, 2 << 20, 40_000, 90_000, 500, 4), [Cma, Stream, Cma, Stream]);
     }
 
     /// The first read each way of a class is a cold start and does not count.
@@ -963,13 +1004,16 @@ mod tests {
         }
         assert_eq!(e.chooser().chosen(n), Some(Stream), "learned: the rings were faster");
         // No peer reading the class back (`osu_bw`), or a rank not in step: by turns, all in
-        // one slot; reads of 256 KiB and up read back: single copy once that is seen.
+        // one slot; reads of 256 KiB and up read back: single copy once that is seen, but
+        // by turns from the class where the rings' copy-out turns to streaming stores.
         let big = 256 << 10;
         for (mut e, n, peer, want) in [
             (Epochs::in_step(), n, false, [Cma, Stream, Cma, Stream]),
             (Epochs::default(), n, true, [Cma, Stream, Cma, Stream]),
             (Epochs::in_step(), big, false, [Cma, Stream, Cma, Stream]),
             (Epochs::in_step(), big, true, [Cma, Cma, Cma, Cma]),
+            (Epochs::in_step().streaming_from(big), big, true, [Cma, Stream, Cma, Stream]),
+            (Epochs::in_step().streaming_from(2 * big), big, true, [Cma, Cma, Cma, Cma]),
         ] {
             let ways: Vec<Arm> = (0..4u64)
                 .map(|k| {

@@ -161,6 +161,27 @@ const CMA_SHARE_MIN: usize = 32 * 1024;
 /// 1.06/1.04x the time pre-granted); below it the round trip is the larger cost (128/256/512
 /// KiB 0.92/0.95/0.97x the time pre-granted, 9 runs; `osu_bw` and `osu_bibw` level).
 const CMA_PREGRANT_MAX: usize = 1 << 20;
+/// A streamed read of at least this many bytes, among other reads in flight, is copied out
+/// of the rings with non-temporal stores ([`tmpi_transport::shm::copy_streaming`]) where the
+/// rings carry packets larger than [`STREAM_NT_PACKET_OVER`] (4 MiB rings, the default up
+/// to 4 ranks, carry 1 MiB packets less a record header): `osu_bw` 1-8 MiB moved 1.4-2.0x
+/// the bytes of plain copies out of the same rings (`bench/results/p2p-2026-11-27e.md`).
+/// Out of smaller packets (1 MiB rings) the same stores moved 0.56-0.72x the bytes (`osu_bibw
+/// -W 8` 1-8 MiB), so there, and for a lone read, they start at half the L3 as before
+/// ([`tmpi_transport::shm::streaming_copy_min`]).
+const STREAM_NT_MIN: usize = 1 << 20;
+/// See [`STREAM_NT_MIN`].
+const STREAM_NT_PACKET_OVER: usize = 512 << 10;
+
+/// The smallest streamed read copied out with non-temporal stores when the fabric's largest
+/// packet is `max_packet` bytes (see [`STREAM_NT_MIN`]).
+fn stream_nt_min(max_packet: usize) -> usize {
+    if max_packet > STREAM_NT_PACKET_OVER {
+        STREAM_NT_MIN
+    } else {
+        tmpi_transport::shm::streaming_copy_min()
+    }
+}
 /// A peer that sent a FIN within this many of our reads is reading from us (see
 /// `State::peer_reading`).
 const PEER_READING_WITHIN: u64 = 64;
@@ -379,6 +400,9 @@ struct State {
     cma_min: Option<usize>,
     /// Single copy or the rings, by measurement (`TMPI_SINGLE_COPY_MIN=auto`).
     copy: adapt::Epochs,
+    /// Streamed reads of at least this many bytes are copied out with non-temporal stores
+    /// ([`stream_nt_min`]).
+    stream_nt_min: usize,
     /// Sender side, per destination: messages of at least this many bytes go by rendezvous
     /// (`TMPI_RNDV_THRESHOLD`, or with auto the adaptive start a receiver's
     /// `Control::EagerBelow` raises; see [`adapt`]).
@@ -528,7 +552,8 @@ impl Engine {
                 rma_out: VecDeque::new(),
                 cma: cfg.single_copy,
                 cma_min: cfg.single_copy_min,
-                copy: adapt::Epochs::in_step(),
+                copy: adapt::Epochs::in_step().streaming_from(stream_nt_min(max_packet)),
+                stream_nt_min: stream_nt_min(max_packet),
                 rndv_from,
                 rndv_adaptive: cfg.rndv_adaptive(),
                 advised: vec![0; size],
