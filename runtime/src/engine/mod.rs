@@ -492,6 +492,7 @@ fn tag_of(tag64: u64) -> Tag {
 impl Engine {
     pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
         let max_packet = fabric.max_packet();
+        let nt_min = stream_nt_min(max_packet);
         let pipelined = matches!(fabric, Fabric::Shm(_));
         let cma_peers: Vec<bool> = (0..size).map(|r| fabric.single_copy_to(r)).collect();
         let oversubscribed = size > crate::sys::usable_cpus();
@@ -552,8 +553,8 @@ impl Engine {
                 rma_out: VecDeque::new(),
                 cma: cfg.single_copy,
                 cma_min: cfg.single_copy_min,
-                copy: adapt::Epochs::in_step().streaming_from(stream_nt_min(max_packet)),
-                stream_nt_min: stream_nt_min(max_packet),
+                copy: adapt::Epochs::in_step().streaming_from(nt_min),
+                stream_nt_min: nt_min,
                 rndv_from,
                 rndv_adaptive: cfg.rndv_adaptive(),
                 advised: vec![0; size],

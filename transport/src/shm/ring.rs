@@ -222,7 +222,15 @@ impl Producer {
     /// unused, and `osu_bw` 1 MiB through the rings moved 0.27x the bytes.
     #[inline]
     fn rewinds(&self, payload: usize) -> bool {
-        rec_len(payload, true) + REC_ALIGN < self.size / 4 && self.head - self.tail_cache <= STREAM_WINDOW
+        !self.is_largest(payload) && self.head - self.tail_cache <= STREAM_WINDOW
+    }
+
+    /// Whether a record of `payload` bytes (with the header slot zeroed after it) takes a
+    /// quarter of the ring or more: one of the largest, which streamed rendezvous data uses,
+    /// limited by the ring's size alone and never sent back to offset 0 early.
+    #[inline]
+    fn is_largest(&self, payload: usize) -> bool {
+        rec_len(payload, true) + REC_ALIGN >= self.size / 4
     }
 
     /// Whether `need` bytes at `head` may be written now: they fit in the released space, and
@@ -242,7 +250,7 @@ impl Producer {
     #[inline(never)]
     fn stream_room_for(&mut self, need: u64, payload: usize) -> bool {
         // Mid-size by the record alone (a skip in `need` does not make it large).
-        let most_in_flight = if rec_len(payload, true) + REC_ALIGN < self.size / 4 { STREAM_WINDOW - 1 } else { u64::MAX };
+        let most_in_flight = if self.is_largest(payload) { u64::MAX } else { STREAM_WINDOW - 1 };
         self.fits_now(need, most_in_flight)
     }
 
