@@ -509,11 +509,10 @@ impl State {
             Control::RevokeAck { name } => {
                 // The reader will not touch the buffer: the abandoned send waits no more (a
                 // stale answer, after the FIN completed the send, names nothing).
-                if let Some(k) = self.named_send(name, src) {
-                    if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(k) {
-                        if r.pregranted && r.granted == Some(src) {
-                            r.granted = None;
-                        }
+                let k = self.named_send(name, src);
+                if let Some(r) = self.rndv_send(k) {
+                    if r.pregranted && r.granted == Some(src) {
+                        r.granted = None;
                     }
                 }
             }

@@ -382,7 +382,7 @@ impl Engine {
                 // From now on every read of the buffer is refused, and reads being served
                 // from it stop.
                 if let Some((lo, hi)) = range {
-                    if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.st.reqs.get_mut(rid) {
+                    if let Some(r) = self.st.rndv_send(Some(rid)) {
                         r.buf = None;
                     }
                     let inside = |a: usize| a >= lo && a < hi.max(lo + 1);

@@ -113,8 +113,16 @@ impl Engine {
 
 impl State {
     /// The rendezvous state of send `k`, if it is a live rendezvous send.
-    fn rndv_send(&mut self, k: Option<ReqId>) -> Option<&mut RndvSend> {
+    pub(super) fn rndv_send(&mut self, k: Option<ReqId>) -> Option<&mut RndvSend> {
         match self.reqs.get_mut(k?) {
+            Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// [`State::rndv_send`], to read.
+    pub(super) fn rndv_send_ref(&self, k: ReqId) -> Option<&RndvSend> {
+        match self.reqs.get(k) {
             Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => Some(r),
             _ => None,
         }
@@ -525,10 +533,8 @@ impl State {
                 // Only a send pre-granted to this reader (which holds its buffer until FIN or
                 // the revoke's answer) has its share written unasked; `b` is the rest of the
                 // read, from its offset in the send.
-                let base = match sk.and_then(|k| self.reqs.get(k)) {
-                    Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) if r.pregranted && r.granted == Some(src) => {
-                        r.buf.map(|sb| b.addr() - sb.addr())
-                    }
+                let base = match sk.and_then(|k| self.rndv_send_ref(k)) {
+                    Some(r) if r.pregranted && r.granted == Some(src) => r.buf.map(|sb| b.addr() - sb.addr()),
                     _ => None,
                 };
                 match base {
@@ -619,7 +625,7 @@ impl State {
             (None, Some(_)) => 0,
             (None, None) => return false,
         };
-        if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = self.reqs.get_mut(sk) {
+        if let Some(r) = self.rndv_send(Some(sk)) {
             r.granted = Some(src);
         }
         if from.is_some() {
@@ -683,10 +689,7 @@ impl State {
     /// A FIN: the receiver has the data of our rendezvous send. It must name a rendezvous
     /// send to that peer and repeat its match key and RVH address.
     pub(super) fn on_fin(&mut self, src: usize, tmh: Tmh, rvh: Rvh) -> Result<()> {
-        let k = self.named_send(tmh.app_ctx, src).filter(|&k| {
-            matches!(self.reqs.get(k), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. })
-                if r.tag64 == tmh.tag && r.va == rvh.va)
-        });
+        let k = self.named_send(tmh.app_ctx, src).filter(|&k| self.rndv_send_ref(k).is_some_and(|r| r.tag64 == tmh.tag && r.va == rvh.va));
         let k = k.ok_or_else(|| malformed_from(src, "FIN for no rendezvous send"))?;
         if let Some((streamed, n)) = self.rndv_send(Some(k)).map(|r| (r.streamed, r.buf.map_or(0, |b| b.len()))) {
             // A read this rank did not stream was copied by the reader's core (single copy, a
@@ -782,8 +785,8 @@ mod tests {
         // SAFETY: `a` outlives the send, which completes below before `a` is dropped.
         let raw = unsafe { RawBuf::new(a.as_bytes()) };
         let rid = e.start_rndv(1, 77, raw).unwrap();
-        let (key, va) = match e.st.reqs.get(rid) {
-            Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
+        let (key, va) = match e.st.rndv_send_ref(rid) {
+            Some(r) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
             _ => panic!("no rendezvous send"),
         };
         let name = wire_name(rid);
@@ -828,8 +831,8 @@ mod tests {
             // SAFETY: `src` outlives the engine.
             let raw = unsafe { RawBuf::new(&src[..len]) };
             let rid = e.start_rndv(1, 5, raw).unwrap();
-            let (key, va) = match e.st.reqs.get(rid) {
-                Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
+            let (key, va) = match e.st.rndv_send_ref(rid) {
+                Some(r) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
                 _ => panic!("no rendezvous send"),
             };
             let q = ReadRequest { mode: ReadMode::SingleCopy { dst: 0x10_0000 }, ..read_req(7, wire_name(rid), va, key, len, false, None) };
@@ -940,8 +943,8 @@ mod tests {
         // SAFETY: `src` outlives the engine.
         let raw = unsafe { RawBuf::new(&src) };
         let rid = e.start_rndv(1, 5, raw).unwrap();
-        let (key, va) = match e.st.reqs.get(rid) {
-            Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
+        let (key, va) = match e.st.rndv_send_ref(rid) {
+            Some(r) => (r._mr.as_ref().unwrap().key().unwrap(), r.va),
             _ => panic!("no rendezvous send"),
         };
         let dst = HeapSrc { off: 8192, desc: HeapDesc { fd: 3, nonce: 11 } };
@@ -1057,7 +1060,7 @@ mod tests {
         let n = 64 << 10;
         let data = vec![9u8; n];
         let s = send(&mut a, 1, 3, &data, false).expect("a rendezvous is pending");
-        assert!(matches!(a.st.reqs.get(s), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) if r.pregranted));
+        assert!(a.st.rndv_send_ref(s).is_some_and(|r| r.pregranted));
         // The receiver takes the request in, unexpected, then keeps making progress (as a rank
         // blocked in some other call does) while the sender abandons.
         b.progress().expect("progress");
@@ -1108,7 +1111,7 @@ mod tests {
         settle(&mut [&mut *a, &mut *b]);
         assert!(matches!(b.take_if_done(r), Some(Err(_))));
         assert!(buf.iter().all(|&x| x == 0), "nothing copied");
-        assert!(matches!(a.st.reqs.get(s), Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) if r.granted.is_none()));
+        assert!(a.st.rndv_send_ref(s).is_some_and(|r| r.granted.is_none()));
     }
 
     /// A rendezvous from the sender's shared heap below 256 KiB goes out pre-granted: the first
@@ -1178,8 +1181,8 @@ mod tests {
             let mut buf = vec![0u8; n];
             let r = recv(b, Some(0), Some(3), &mut buf);
             let s = send(a, 1, 3, &data, false).expect("a rendezvous is pending");
-            let va = match a.st.reqs.get(s) {
-                Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) => r.va,
+            let va = match a.st.rndv_send_ref(s) {
+                Some(r) => r.va,
                 _ => panic!("no rendezvous send"),
             };
             // Take the request in, but keep what the receiver sends (as `flush_ctl` would).
@@ -1205,14 +1208,14 @@ mod tests {
                 assert_eq!((w.base, w.buf.len(), w.dst), (split, n - split, buf.as_ptr() as u64));
                 a.st.cma_w.pop_back();
                 // The same request for a send not pre-granted to this reader is refused.
-                if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = a.st.reqs.get_mut(s) {
+                if let Some(r) = a.st.rndv_send(Some(s)) {
                     r.granted = None;
                 }
                 a.st.serve_read(1, q);
                 assert_eq!(last_rma(a), Rma::ReadErr { read: q.read });
                 assert!(a.st.cma_w.is_empty());
                 a.st.ctlq.pop_back();
-                if let Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), .. }) = a.st.reqs.get_mut(s) {
+                if let Some(r) = a.st.rndv_send(Some(s)) {
                     r.granted = Some(1);
                 }
             }
