@@ -35,9 +35,14 @@
 //! messages of 4-128 KiB fills the whole ring before the consumer catches up; the likely cost
 //! (a reading, not a measurement of caches) is that the consumer then reads lines that have
 //! left the producer's L2 (1 MiB per core here). `osu_bw` and `osu_bibw` at 32-128 KiB measured
-//! 1.1-1.4x with the limit (bench/results/p2p-2026-11-25c.md). Small records (every small
-//! message, every control packet) and the largest (streamed rendezvous data, whose pipelining
-//! needs two of them in flight) are limited by the ring's size alone.
+//! 1.1-1.4x with the limit (bench/results/p2p-2026-11-25c.md). A mid-size record longer than
+//! the window (in rings over 1.5 MiB) may still start behind one record of its length in
+//! flight, so that two such records, like the largest, overlap the producer's copy-in with the
+//! consumer's copy-out (a lone 16-32 MiB stream in 512 KiB pieces through a 4 MiB ring took
+//! 0.59-0.62x the time of `osu_latency` with the two taking turns,
+//! bench/results/p2p-2026-11-27f.md). Small records (every small message, every control
+//! packet) and the largest (streamed rendezvous data, whose pipelining needs two of them in
+//! flight) are limited by the ring's size alone.
 //!
 //! Records longer than a line: the consumer fetches all of a record's lines (up to 16 KiB) as
 //! soon as it has read the header, and the producer, after such a record, claims the lines
@@ -234,7 +239,8 @@ impl Producer {
     }
 
     /// Whether `need` bytes at `head` may be written now: they fit in the released space, and
-    /// a mid-size record also waits until fewer than [`STREAM_WINDOW`] bytes are in flight.
+    /// a mid-size record also waits until fewer than [`STREAM_WINDOW`] bytes (or no more than
+    /// its own length) are in flight.
     #[inline]
     fn room_for(&mut self, need: u64, payload: usize) -> bool {
         if need > STREAM_SMALL {
@@ -249,8 +255,10 @@ impl Producer {
     /// records' way (its copy dwarfs the call).
     #[inline(never)]
     fn stream_room_for(&mut self, need: u64, payload: usize) -> bool {
-        // Mid-size by the record alone (a skip in `need` does not make it large).
-        let most_in_flight = if self.is_largest(payload) { u64::MAX } else { STREAM_WINDOW - 1 };
+        // Mid-size by the record alone (a skip in `need` does not make it large). One larger
+        // than the window may still start behind one record of its size: else each would
+        // wait for the one before to be taken whole, and producer and consumer take turns.
+        let most_in_flight = if self.is_largest(payload) { u64::MAX } else { (STREAM_WINDOW - 1).max(rec_len(payload, true)) };
         self.fits_now(need, most_in_flight)
     }
 
@@ -695,6 +703,30 @@ mod tests {
         assert!(p.try_push(1, mid.len() as u64, &[&mid]).unwrap());
         let rec = c.peek().unwrap().expect("record");
         assert_eq!(rec.data, &mid[..]);
+    }
+
+    #[test]
+    fn mid_size_records_longer_than_the_window_go_two_at_a_time() {
+        let size = 4 << 20;
+        let mut r = HeapRing::new(size);
+        let (mut p, mut c) = r.ends(size);
+        let long = vec![6u8; 512 << 10];
+        assert!(rec_len(long.len(), true) + REC_ALIGN < size as u64 / 4, "mid-size");
+        // The second starts behind the first; the third waits for the consumer.
+        assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
+        assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
+        assert!(!p.has_room(long.len()));
+        assert!(!p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
+        let span = c.peek().unwrap().expect("record").span;
+        c.release(span);
+        assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
+        for _ in 0..2 {
+            let rec = c.peek().unwrap().expect("record");
+            assert_eq!(rec.data, &long[..]);
+            let span = rec.span;
+            c.release(span);
+        }
+        assert!(p.is_drained());
     }
 
     /// The payload of an old record can hold, where a later lap's record will start, exactly
