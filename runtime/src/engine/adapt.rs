@@ -29,7 +29,7 @@
 //!   points the right way). With none, it learns as the first did; with one, it tries the
 //!   other way after 32 periods: clearly slower (25%) confirms the choice, else it tries
 //!   again until it can compare. Nothing carries over the class from which the receiver
-//!   copies a window of streamed reads out of the rings with non-temporal stores (1 MiB
+//!   copies a window of streamed reads out of the rings with non-temporal stores (256 KiB
 //!   with 4 MiB rings, [`Epochs::streaming_from`]): the rings' cost per byte drops there;
 //! - with samples both ways, the faster by the best of the last four serves the class (a
 //!   change needs a 5% margin, so close ways do not flap; from 1 MiB the rings must be 20%
@@ -415,7 +415,8 @@ impl Epochs {
         if learns_paired && (IN_STEP_BELOW..self.chooser.regime).contains(&class) {
             // From 256 KiB, two ranks reading a class from each other start on single copy
             // (see `Epochs::in_step`), up to the class where the rings' copy-out turns to
-            // non-temporal stores: from there they learn by turns (`osu_bibw` 1-4 MiB
+            // non-temporal stores (256 KiB with 4 MiB rings, so no class there): from there
+            // they learn by turns (`osu_bibw` 1-4 MiB
             // through 4 MiB rings moved 1.3-1.4x the bytes of single copy, which a class
             // that starts on it tries again only after 32 periods, past OSU's 22 windows).
             self.chooser.assume(n, Arm::Cma);

@@ -161,15 +161,17 @@ const CMA_SHARE_MIN: usize = 32 * 1024;
 /// 1.06/1.04x the time pre-granted); below it the round trip is the larger cost (128/256/512
 /// KiB 0.92/0.95/0.97x the time pre-granted, 9 runs; `osu_bw` and `osu_bibw` level).
 const CMA_PREGRANT_MAX: usize = 1 << 20;
-/// A streamed read of at least this many bytes, among other reads in flight, is copied out
-/// of the rings with non-temporal stores ([`tmpi_transport::shm::copy_streaming`]) where the
-/// rings carry packets larger than [`STREAM_NT_PACKET_OVER`] (4 MiB rings, the default up
-/// to 4 ranks, carry 1 MiB packets less a record header): `osu_bw` 1-8 MiB moved 1.4-2.0x
-/// the bytes of plain copies out of the same rings (`bench/results/p2p-2026-11-27e.md`).
-/// Out of smaller packets (1 MiB rings) the same stores moved 0.56-0.72x the bytes (`osu_bibw
-/// -W 8` 1-8 MiB), so there, and for a lone read, they start at half the L3 as before
+/// A streamed read of at least this many bytes (every rendezvous at the default threshold),
+/// among other reads in flight, is copied out of the rings with non-temporal stores
+/// ([`tmpi_transport::shm::copy_streaming`]) where the rings carry packets larger than
+/// [`STREAM_NT_PACKET_OVER`] (4 MiB rings, the default up to 4 ranks, carry 1 MiB packets
+/// less a record header): `osu_bw` 1-8 MiB moved 1.4-2.0x the bytes of plain copies out of
+/// the same rings (`bench/results/p2p-2026-11-27e.md`), and from 256 KiB rather than 1 MiB,
+/// `osu_bw` 256/512 KiB 1.50/1.59x and `osu_bibw` 1.13/1.20x (`p2p-2026-11-27f.md`). Out of
+/// smaller packets (1 MiB rings) the same stores moved 0.56-0.72x the bytes (`osu_bibw -W 8`
+/// 1-8 MiB), so there, and for a lone read, they start at half the L3 as before
 /// ([`tmpi_transport::shm::streaming_copy_min`]).
-const STREAM_NT_MIN: usize = 1 << 20;
+const STREAM_NT_MIN: usize = 256 << 10;
 /// See [`STREAM_NT_MIN`].
 const STREAM_NT_PACKET_OVER: usize = 512 << 10;
 
