@@ -115,7 +115,7 @@ impl Config {
     /// that the segment (one ring per ordered pair) stays near or below 64 MiB while small
     /// jobs get deep pipelines (eager messages up to 256 KiB and streamed rendezvous reads).
     /// A 4 MiB ring carries 1 MiB packets, which a receiver copies out with non-temporal
-    /// stores (a window of streamed reads of 1 MiB or more): with the defaults, `osu_bw` 1-8
+    /// stores (a window of streamed reads of 256 KiB or more): with the defaults, `osu_bw` 1-8
     /// MiB moved 1.7-2.0x the bytes of 1 MiB rings and `osu_bibw` 1-64 MiB 1.2-1.9x
     /// (`bench/results/p2p-2026-11-27e.md`).
     pub fn ring_size_for(&self, ranks: usize) -> usize {
