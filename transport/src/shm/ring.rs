@@ -38,8 +38,8 @@
 //! 1.1-1.4x with the limit (bench/results/p2p-2026-11-25c.md). A mid-size record longer than
 //! the window (in rings over 1.5 MiB) may still start behind one record of its length in
 //! flight, so that two such records, like the largest, overlap the producer's copy-in with the
-//! consumer's copy-out (a lone 16-32 MiB stream in 512 KiB pieces through a 4 MiB ring took
-//! 0.59-0.62x the time of `osu_latency` with the two taking turns,
+//! consumer's copy-out (`osu_latency` 16-32 MiB, a lone stream in 512 KiB pieces through a
+//! 4 MiB ring, took 0.59-0.62x the time it took with the two taking turns,
 //! bench/results/p2p-2026-11-27f.md). Small records (every small message, every control
 //! packet) and the largest (streamed rendezvous data, whose pipelining needs two of them in
 //! flight) are limited by the ring's size alone.
