@@ -545,6 +545,21 @@ mod tests {
         }
     }
 
+    /// Takes the next record, which must be there, and returns its span.
+    fn take_next(c: &mut Consumer) -> u64 {
+        let span = c.peek().unwrap().expect("record").span;
+        c.release(span);
+        span
+    }
+
+    /// Takes the next record, which must be there and carry `payload`.
+    fn take_payload(c: &mut Consumer, payload: &[u8]) {
+        let rec = c.peek().unwrap().expect("record");
+        assert_eq!(rec.data, payload);
+        let span = rec.span;
+        c.release(span);
+    }
+
     /// In a ring larger than [`HOT_SPAN`], records shorter than a quarter of the ring start
     /// below it while few bytes are in flight (they go back to offset 0 behind a skip), but
     /// not behind one of the largest still in flight (a stream's tail packet); every record
@@ -561,12 +576,6 @@ mod tests {
             assert!(p.try_push(1, len as u64, &[&payload]).unwrap());
             (payload, before, (p.head - rec_len(len, false)) & mask)
         };
-        let take = |c: &mut Consumer, payload: &[u8]| {
-            let rec = c.peek().unwrap().expect("record");
-            assert_eq!(rec.data, payload);
-            let span = rec.span;
-            c.release(span);
-        };
         let (mut rewound, mut tails_past) = (0, 0);
         for i in 0..2_000u32 {
             if i % 50 == 49 {
@@ -576,13 +585,13 @@ mod tests {
                 let (tail, _, tail_at) = push(&mut p, 16, i);
                 assert_eq!(tail_at, (at + rec_len(big.len(), false)) & mask);
                 tails_past += usize::from(tail_at >= HOT_SPAN);
-                take(&mut c, &big);
-                take(&mut c, &tail);
+                take_payload(&mut c, &big);
+                take_payload(&mut c, &tail);
             } else {
                 let (payload, before, at) = push(&mut p, 16 << 10, i);
                 assert!(at < HOT_SPAN || before < HOT_SPAN, "a 16 KiB record started at {at}");
                 rewound += usize::from(before >= HOT_SPAN && at == 0);
-                take(&mut c, &payload);
+                take_payload(&mut c, &payload);
             }
             // The producer sees the consumer's progress (as it does once it runs short).
             p.refresh_tail();
@@ -690,10 +699,7 @@ mod tests {
         // Once the consumer has taken the mid-size records, the window opens again.
         let mut taken = 0u64;
         while taken < in_flight {
-            let rec = c.peek().unwrap().expect("record");
-            let span = rec.span;
-            taken += span;
-            c.release(span);
+            taken += take_next(&mut c);
         }
         assert!(!p.has_room(mid.len()), "the large record is still in flight");
         while let Some(rec) = c.peek().unwrap() {
@@ -717,14 +723,10 @@ mod tests {
         assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
         assert!(!p.has_room(long.len()));
         assert!(!p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
-        let span = c.peek().unwrap().expect("record").span;
-        c.release(span);
+        take_next(&mut c);
         assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
         for _ in 0..2 {
-            let rec = c.peek().unwrap().expect("record");
-            assert_eq!(rec.data, &long[..]);
-            let span = rec.span;
-            c.release(span);
+            take_payload(&mut c, &long);
         }
         assert!(p.is_drained());
     }
@@ -744,13 +746,11 @@ mod tests {
         payload[128 - REC_HDR_SHORT..128 - REC_HDR_SHORT + 8].copy_from_slice(&fake.to_le_bytes());
         for _ in 0..4 {
             assert!(p.try_push(1, 1008, &[&payload]).unwrap());
-            let span = c.peek().unwrap().expect("record").span;
-            c.release(span);
+            take_next(&mut c);
         }
         // Lap 1: one 128-byte record, consumed; nothing else was pushed.
         assert!(p.try_push(2, 112, &[&[9u8; 112]]).unwrap());
-        let span = c.peek().unwrap().expect("record").span;
-        c.release(span);
+        take_next(&mut c);
         assert!(c.peek().unwrap().is_none(), "a stale payload was read as a record");
         // The ring goes on normally.
         assert!(p.try_push(3, 4, &[b"next"]).unwrap());
