@@ -54,7 +54,8 @@
 //!     reads below `TMPI_SINGLE_COPY_MIN`, or `TMPI_SINGLE_COPY=none`);
 //!   - one memcpy through a shared heap (`World::alloc_shared`, see `rndv.rs` and
 //!     `crate::heap`): a grant naming the sender's heap, or the sender's share written into
-//!     the reader's heap, whatever the mode;
+//!     the reader's heap, whatever the mode (a read pre-granted from the sender's heap into
+//!     the reader's asks for that share from 64 KiB, as a pre-granted CMA read does);
 //!   - single copy (CMA): the sender answers with a grant, and the reader copies the range
 //!     with `process_vm_readv`; from 128 KiB on the grant splits it, and the sender writes
 //!     the second half into the reader's buffer with `process_vm_writev` at the same time and

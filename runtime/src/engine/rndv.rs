@@ -5,9 +5,18 @@
 use super::*;
 use crate::heap::HeapSrc;
 
-/// Shared-heap reads of at least this many bytes are split when both buffers lie in shared
-/// heaps: the reader copies the first half, the target the second, both with memcpy.
-const HEAP_SPLIT_MIN: usize = 1 << 20;
+/// Shared-heap reads the target was asked for are split from this many bytes when both
+/// buffers lie in shared heaps: the reader copies the first half, the target the second,
+/// both with memcpy. Below [`HEAP_SPLIT_BUSY_MAX`], not while the target has reads of its
+/// own in flight (each core has its own copies then, as in `osu_bibw`).
+const HEAP_SPLIT_MIN: usize = 256 << 10;
+/// See [`HEAP_SPLIT_MIN`]: from here a heap read is split even while the target reads too.
+const HEAP_SPLIT_BUSY_MAX: usize = 1 << 20;
+/// A read pre-granted from the target's shared heap into a buffer in this rank's heap is
+/// split without a round trip from this many bytes, by [`CMA_SHARE_MIN`]'s rules: the reader
+/// asks the target for its share ([`ReadMode::Share`], naming the buffer's place in its heap)
+/// and copies its own part at once, while the target memcpys the rest into our heap.
+const HEAP_SHARE_MIN: usize = 64 << 10;
 
 /// Bytes a reader copies itself of a pre-granted read of `n` bytes split without a round trip
 /// ([`CMA_SHARE_MIN`]): half and [`SHARE_LEAD`], in whole pages; the target writes the rest.
@@ -277,9 +286,23 @@ impl State {
         // for our FIN), or in a window while it is not reading from us itself (`osu_bw`: it
         // waits too; in `osu_bibw` each core has its own reads to copy, and a share only
         // adds its system call).
-        let share = at_once && heap_at_once.is_none() && buf.is_some() && n >= CMA_SHARE_MIN && !(windowed && self.peer_reading(src));
-        let split = if share { share_split(n) } else { n };
-        let remote_write = cma && (!at_once || split < n);
+        // A heap copy shares likewise from `HEAP_SHARE_MIN`, into a buffer in our heap.
+        let share_min = match heap_at_once {
+            Some(_) if in_heap => HEAP_SHARE_MIN,
+            Some(_) => usize::MAX,
+            None => CMA_SHARE_MIN,
+        };
+        let share = at_once && buf.is_some() && n >= share_min && !(windowed && self.peer_reading(src));
+        // A heap share in a window is an even half: the target's memcpy starts as soon as it
+        // is asked, and the lead only helps a lone read (`osu_bw -d shared` 64/128 KiB
+        // 1.07/1.07x the bytes of the lead, `osu_latency` 128 KiB 0.85x the time with it).
+        let split = match share {
+            true if heap_at_once.is_some() && windowed => (n / 2) & !4095,
+            true => share_split(n),
+            false => n,
+        };
+        // The target writes a share into the buffer (by CMA or into our heap), or may once asked.
+        let remote_write = (cma && !at_once) || split < n;
         let k = self.reads.insert(ReadOp {
             rid,
             src,
@@ -298,19 +321,17 @@ impl State {
         if n == 0 {
             return self.finish_read(key, true);
         }
-        if let Some(place) = heap_at_once {
-            self.stats.pregranted += 1;
-            self.heaps.grants.insert((key.idx(), key.gen()), place);
-            self.cma_q.push_back(key);
-        } else if at_once {
-            if let Some(p) = placed {
+        if at_once {
+            if let Some(place) = heap_at_once {
+                self.heaps.grants.insert((key.idx(), key.gen()), place);
+            } else if let Some(p) = placed {
                 // Granted with the request itself: no round trip.
                 self.copy.pregranted(p);
             }
             self.stats.pregranted += 1;
             if let (true, Some(b)) = (split < n, buf) {
                 self.stats.pregranted_splits += 1;
-                self.request_share(key, b.addr() as u64);
+                self.request_share(key, b.addr());
             }
             self.cma_q.push_back(key);
         } else {
@@ -352,18 +373,19 @@ impl State {
     }
 
     /// Asks the target of pre-granted read `key` to write its share, `[split, n)`, into the
-    /// receive buffer at `dst` ([`ReadMode::Share`]) while this rank copies `[0, split)`.
-    fn request_share(&mut self, key: Key, dst: u64) {
+    /// receive buffer at `dst` ([`ReadMode::Share`]) while this rank copies `[0, split)`;
+    /// with a buffer in this rank's shared heap, the request names its place there.
+    fn request_share(&mut self, key: Key, dst: usize) {
         let Some(op) = self.reads.get(key) else { return };
         let q = ReadRequest {
             read: read_name(key),
-            mode: ReadMode::Share { dst },
+            mode: ReadMode::Share { dst: dst as u64 },
             send: op.info.tmh.app_ctx,
             va: op.info.rvh.va.wrapping_add(op.split as u64),
             key: op.info.key,
             len: (op.n - op.split) as u64,
             reader_maps_heap: false,
-            dst_heap: None,
+            dst_heap: self.heaps.locate(dst, op.n).map(HeapPlace::from),
         };
         let src = op.src;
         self.send_rma(src, Rma::ReadReq(q));
@@ -518,7 +540,10 @@ impl State {
             let end = start.checked_add(seg.len)?;
             (end <= b.len() && seg.len as u64 == len).then(|| b.sub(start, end))
         });
-        let by_heap = matches!((buf, sk), (Some(b), Some(k))
+        // A share is no grant: it is written below, into the reader's heap if it names one.
+        let share = matches!(mode, ReadMode::Share { .. });
+        let by_heap = !share
+            && matches!((buf, sk), (Some(b), Some(k))
             if self.serve_heap(src, id, k, b, mode, reader_maps_heap, dst_heap.map(HeapSrc::from)));
         if let Some(b) = buf {
             // Through a heap the reader's core (or a memcpy of ours in its stead) copies.
@@ -538,7 +563,12 @@ impl State {
                     _ => None,
                 };
                 match base {
-                    Some(base) => self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b, dst, base }),
+                    Some(base) => {
+                        if let Some(h) = dst_heap.map(HeapSrc::from).filter(|_| self.heaps.may_map(src)) {
+                            self.owe_heap_write(src, id, h);
+                        }
+                        self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b, dst, base })
+                    }
                     None => self.send_rma(src, Rma::ReadErr { read: id }),
                 }
             }
@@ -618,8 +648,9 @@ impl State {
         }
         let from = if reader_maps { self.heaps.locate(b.addr(), n) } else { None };
         let into = dst_heap.filter(|_| self.heaps.may_map(src));
+        let busy = !self.reads.is_empty() && n < HEAP_SPLIT_BUSY_MAX;
         let split = match (from, into) {
-            (Some(_), Some(_)) if n >= HEAP_SPLIT_MIN => (n / 2) & !4095,
+            (Some(_), Some(_)) if n >= HEAP_SPLIT_MIN && !busy => (n / 2) & !4095,
             (Some(_), _) => n,
             (None, Some(_)) if matches!(mode, ReadMode::SingleCopy { .. }) && self.cma && n >= CMA_SPLIT_MIN => (n / 2) & !4095,
             (None, Some(_)) => 0,
@@ -635,16 +666,22 @@ impl State {
         }
         self.send_rma(src, Rma::Grant { read: id, split: split as u64, heap: from.map(HeapPlace::from) });
         if let (Some(h), true) = (into, split < n) {
-            if self.heaps.writes.len() > self.cma_w.len() + 64 {
-                // Shares dropped because their reader left (see `leave`): forget them.
-                let live: std::collections::HashSet<(usize, u64)> = self.cma_w.iter().map(|w| (w.dest, w.read)).collect();
-                self.heaps.writes.retain(|k, _| live.contains(k));
-            }
-            self.heaps.writes.insert((src, id), h);
+            self.owe_heap_write(src, id, h);
             self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst: 0, base: split });
         }
         self.heaps.grants_served += 1;
         true
+    }
+
+    /// The share of read `id` owed to `src` goes with a memcpy into its heap at `h` (its
+    /// `CmaWrite` is queued next).
+    fn owe_heap_write(&mut self, src: usize, id: u64, h: HeapSrc) {
+        if self.heaps.writes.len() > self.cma_w.len() + 64 {
+            // Shares dropped because their reader left (see `leave`): forget them.
+            let live: std::collections::HashSet<(usize, u64)> = self.cma_w.iter().map(|w| (w.dest, w.read)).collect();
+            self.heaps.writes.retain(|k, _| live.contains(k));
+        }
+        self.heaps.writes.insert((src, id), h);
     }
 
     /// All bytes of a read are in (or it was refused): complete the receive and send FIN.
@@ -1157,6 +1194,52 @@ mod tests {
         assert!(buf.iter().all(|&x| x == 0), "nothing copied");
         assert!(b.st.heaps.grants.is_empty(), "the place was dropped with its read");
         drop(block);
+    }
+
+    /// A read pre-granted from the sender's heap into a buffer in the reader's heap asks the
+    /// sender for its share from `HEAP_SHARE_MIN`, naming the buffer's place in the reader's
+    /// heap, and copies its own part at once; the sender memcpys the rest into that heap.
+    #[test]
+    fn a_pregranted_heap_read_into_a_heap_is_shared_without_a_round_trip() {
+        let n = 128 << 10;
+        assert!((HEAP_SHARE_MIN..HEAP_PREGRANT_MAX).contains(&n));
+        let mut v = super::super::testkit::job(2, Config { rndv_threshold: Some(16 << 10), ..Config::default() });
+        let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
+        let (a, b) = (&mut a, &mut b);
+        let (Some(ha), Some(hb)) = (a.shared_heap(), b.shared_heap()) else {
+            eprintln!("no shared heap here");
+            return;
+        };
+        let mut block = ha.alloc(n, 64).expect("a block");
+        block.as_bytes_mut().iter_mut().enumerate().for_each(|(i, x)| *x = (i % 251) as u8);
+        let mut dst = hb.alloc(n, 64).expect("a block");
+        let at = dst.as_bytes().as_ptr() as u64;
+        for round in 0..2 {
+            dst.as_bytes_mut().fill(0);
+            let r = recv(b, Some(0), Some(3), dst.as_bytes_mut());
+            let s = send(a, 1, 3, block.as_bytes(), false).expect("a rendezvous is pending");
+            if round == 1 {
+                // Take the request in, but keep what the receiver sends.
+                let st = &mut b.st;
+                b.fabric.poll(|p| st.on_packet(p)).expect("poll");
+                let k = b.st.cma_q.front().copied().expect("queued to copy at once");
+                assert_eq!(b.st.reads.get(k).map(|op| (op.split, op.remote_write)), Some((share_split(n), true)));
+                let Rma::ReadReq(q) = last_rma(b) else { panic!("a share request") };
+                assert_eq!(q.mode, ReadMode::Share { dst: at });
+                assert!(q.dst_heap.is_some(), "the request names the buffer's place in the reader's heap");
+            }
+            settle(&mut [&mut *a, &mut *b]);
+            assert_eq!(b.take_if_done(r).expect("received").expect("ok").len(), n);
+            assert!(a.take_if_done(s).expect("FIN").is_ok());
+            assert!(dst.as_bytes() == block.as_bytes(), "round {round}: the data arrived intact");
+            if a.st.heaps.fallbacks + b.st.heaps.fallbacks > 0 {
+                eprintln!("this process cannot map its own heap through /proc: nothing more to test");
+                return;
+            }
+        }
+        assert_eq!((b.st.stats.pregranted, b.st.stats.pregranted_splits), (1, 1));
+        assert_eq!(a.st.heaps.bytes as usize, n - share_split(n), "the sender wrote its share into the heap");
+        assert_eq!(b.st.heaps.bytes as usize, n + share_split(n), "the reader copied the first read whole, then its part");
     }
 
     /// The control messages `e` has queued, decoded (RMA packets skipped).
