@@ -34,7 +34,8 @@
 //! - with samples both ways, the faster by the best of the last four serves the class (a
 //!   change needs a 5% margin, so close ways do not flap; from 1 MiB the rings must be 20%
 //!   faster, [`STREAM_MARGIN`]), and one period in `probe_every`
-//!   (16, doubling to 256 while the choice holds) tries the other way, so that a change of
+//!   (16, doubling to 256 while the choice holds; below 256 KiB a class on single copy
+//!   starts at 4, [`PROBE_SINGLE_SMALL`]) tries the other way, so that a change of
 //!   conditions is noticed. (Below 256 KiB a rings sample counts at 0.87 of its time there,
 //!   [`EAGER_CREDIT`]; from 256 KiB to 1 MiB a tie goes to single copy,
 //!   [`STREAM_MARGIN_SMALL`].)
@@ -143,6 +144,25 @@ const LEARN: u32 = 2;
 const PROBE_FIRST: u32 = 16;
 const PROBE_INHERITED: u32 = 32;
 const PROBE_LONGEST: u32 = 256;
+/// ...but below [`TIE_TO_SINGLE_MIN`] a class on single copy tries the rings after this many
+/// periods, however it came to single copy, and then twice as late each time the try confirms
+/// it. There the rings' win makes the sender go eager, and their samples suffer most from a
+/// host whose cache lines cross slowly for a while (this host, for seconds at a time: 155-180
+/// ns a line against 27-31): `osu_bw` 16 KiB that learned in such a spell timed the rings at
+/// 854-922 against single copy's 355-459 (133-210 against 239-341 otherwise), chose single
+/// copy, passed it on to 32-128 KiB, and ran the whole OSU run at 7.7-17 GB/s against 22-31
+/// with eager, in 2 of 5 `tmpi-compare` runs (`bench/results/p2p-2026-11-27g.md`).
+const PROBE_SINGLE_SMALL: u32 = 4;
+
+/// The first interval between tries of the way not chosen for a class of reads of `n` bytes
+/// that chose `arm`, or took it over (`inherited`).
+fn probe_first(n: usize, arm: Arm, inherited: bool) -> u32 {
+    match (arm, inherited) {
+        (Arm::Cma, _) if n < TIE_TO_SINGLE_MIN => PROBE_SINGLE_SMALL,
+        (_, true) => PROBE_INHERITED,
+        (_, false) => PROBE_FIRST,
+    }
+}
 /// From this read size the first period each way counts if it moved [`CROWD_READS`] reads or
 /// more: its cold start is small beside the period. (A lone read's is not: counted, a cold
 /// first 2 MiB read made `osu_latency` 2 MiB choose the rings, 1.21x the time.)
@@ -256,10 +276,10 @@ impl Default for Class {
 }
 
 impl Class {
-    /// A try of the way not chosen confirmed the choice: the next comes twice as late (from
-    /// [`PROBE_FIRST`] on, up to [`PROBE_LONGEST`]).
+    /// A try of the way not chosen confirmed the choice: the next comes twice as late (up to
+    /// [`PROBE_LONGEST`]).
     fn try_less_often(&mut self) {
-        self.probe_every = (self.probe_every.max(PROBE_FIRST / 2) * 2).min(PROBE_LONGEST);
+        self.probe_every = (self.probe_every.max(1) * 2).min(PROBE_LONGEST);
     }
 }
 
@@ -540,7 +560,7 @@ impl CopyChooser {
                 // Take over the choice of the nearest class that has one, and check it soon.
                 let c = &mut self.classes[b];
                 c.chosen = Some(arm);
-                c.probe_every = PROBE_INHERITED;
+                c.probe_every = probe_first(n, arm, true);
             }
         }
         let c = &mut self.classes[b];
@@ -651,13 +671,16 @@ impl CopyChooser {
         let faster = if s.saturating_mul(margin) < m.saturating_mul(100) { Arm::Stream } else { Arm::Cma };
         c.compared = true;
         match c.chosen {
-            None => c.chosen = Some(faster),
+            None => {
+                c.chosen = Some(faster);
+                c.probe_every = probe_first(n, faster, false);
+            }
             Some(cur) if cur != faster => {
                 // Change only for a clear margin (5%), so two close ways do not flap.
                 let (cur_ns, new_ns) = if cur == Arm::Cma { (m, s) } else { (s, m) };
                 if new_ns.saturating_mul(20) < cur_ns.saturating_mul(19) {
                     c.chosen = Some(faster);
-                    c.probe_every = PROBE_FIRST;
+                    c.probe_every = probe_first(n, faster, false);
                     c.since_probe = 0;
                 }
             }
@@ -769,11 +792,14 @@ mod tests {
         assert_eq!(c.chosen(70_000), Some(Cma), "the same class");
         assert_eq!(c.chosen(200_000), None, "another class has not been asked yet");
         // Single copy is faster at 200 KB too: its reads go that way, the rings are tried
-        // after 32 periods (counted though cold: it can only confirm), clearly slower, so next
-        // after 64, and the choice holds.
+        // after 4 periods (below `TIE_TO_SINGLE_MIN`; counted though cold: it can only
+        // confirm), clearly slower, so next after 8, 16 and 32, and the choice holds.
         let ways = drive(&mut c, 200_000, 18_000, 10_000, 500, 100);
         let tries: Vec<usize> = ways.iter().enumerate().filter(|(_, &a)| a == Stream).map(|(i, _)| i).collect();
-        assert_eq!(tries, [31, 95]);
+        assert_eq!(tries, [3, 11, 27, 59]);
+        // From `TIE_TO_SINGLE_MIN` a class that takes single copy over tries after 32.
+        let ways = drive(&mut c, 300_000, 27_000, 15_000, 500, 40);
+        assert_eq!(ways.iter().position(|&a| a == Stream), Some(31));
         assert_eq!(c.chosen(200_000), Some(Cma));
         // At 1 MB the rings are faster: the choice taken over changes at their second try.
         let ways = drive(&mut c, 1 << 20, 40_000, 90_000, 500, 64);
@@ -917,12 +943,27 @@ mod tests {
         assert_eq!(ways[switched..].iter().filter(|&&a| a == Cma).count(), 1, "one try back, {ways:?}");
     }
 
+    /// Below `TIE_TO_SINGLE_MIN` a class that chose single copy while the rings ran slow (a
+    /// spell of slow cache lines) tries them again after [`PROBE_SINGLE_SMALL`] periods: once
+    /// they run fast it follows them within a few periods, and finds that eager pays.
+    #[test]
+    fn a_small_class_on_single_copy_tries_the_rings_again_soon() {
+        let mut c = CopyChooser::default();
+        let n = 16 << 10;
+        drive(&mut c, n, 9_000, 4_000, 500, 6);
+        assert_eq!((c.chosen(n), c.eager_pays(n)), (Some(Cma), Some(false)));
+        let ways = drive(&mut c, n, 1_500, 3_000, 500, 3 * PROBE_SINGLE_SMALL as usize);
+        assert_eq!(ways.iter().position(|&a| a == Stream), Some(PROBE_SINGLE_SMALL as usize - 1), "{ways:?}");
+        assert_eq!((c.chosen(n), c.eager_pays(n)), (Some(Stream), Some(true)), "{ways:?}");
+    }
+
     /// A class that has chosen times its way one period in [`SAMPLE_EVERY`] and in the
     /// [`KEPT`] periods before each try of the other way; an untimed period reads no clock.
     #[test]
     fn a_chosen_way_is_timed_now_and_then() {
         let mut c = CopyChooser::default();
-        let n = 1 << 16;
+        // From `TIE_TO_SINGLE_MIN`: below, single copy tries the rings sooner.
+        let n = TIE_TO_SINGLE_MIN;
         drive(&mut c, n, 40_000, 20_000, 500, 6);
         assert_eq!(c.chosen(n), Some(Cma));
         let timed: Vec<(usize, Arm)> = (1..=PROBE_FIRST as usize)
