@@ -20,9 +20,12 @@
 //! How a class chooses:
 //! - the first class of the rank to see reads alternates its periods (single copy first)
 //!   until it has two samples each way, not counting the class's first period each way (a
-//!   cold start: 29 us, then 6 us, then 2.4 us for the same 32 KiB read). A class of reads
-//!   of [`WARM_COUNTED_MIN`] or more counts a first period of [`CROWD_READS`] reads or more,
-//!   and decides after one sample each way when one is clearly (25%) faster;
+//!   cold start: 29 us, then 6 us, then 2.4 us for the same 32 KiB read). A period of
+//!   [`CROWD_READS`] reads or more (a window) counts though first in its class where its
+//!   cold start is small beside it: for reads of [`WARM_COUNTED_MIN`] or more, or once
+//!   another class of the rank has been through that way's first period; and a class decides
+//!   after one sample each way, when one is clearly (25%) faster, from such periods (or from
+//!   any, from [`WARM_COUNTED_MIN`]);
 //! - a later class takes over the choice of the nearest class that compared both ways itself
 //!   and for which it carries over: single copy from a smaller class, the rings from a larger
 //!   one (single copy's fixed cost weighs less the larger the read, so even a close win
@@ -300,11 +303,14 @@ pub(crate) struct CopyChooser {
     /// stores ([`Epochs::streaming_from`]; [`CLASSES`]: none): no choice carries over
     /// between the classes below it and those from it.
     regime: usize,
+    /// A class has timed a first period of this [`Arm`] (rank-wide: the cold start a
+    /// class's first period pays is mostly the rank's first use of that way).
+    warmed: [bool; 2],
 }
 
 impl Default for CopyChooser {
     fn default() -> Self {
-        CopyChooser { classes: Box::new([Class::default(); CLASSES]), regime: CLASSES }
+        CopyChooser { classes: Box::new([Class::default(); CLASSES]), regime: CLASSES, warmed: [false; 2] }
     }
 }
 
@@ -625,13 +631,20 @@ impl CopyChooser {
     /// registration): 29 us against 6 us and then 2.4 us, in one run at 32 KiB; and 595
     /// against 107 ps per byte in an `osu_bw` window of 32 KiB that followed 16 KiB.
     pub(crate) fn record(&mut self, n: usize, arm: Arm, bytes: u64, ns: u64, rtt: Option<u64>) {
+        let warmed = std::mem::replace(&mut self.warmed[arm as usize], true);
         let c = &mut self.classes[class_of(n)];
         c.tries[arm as usize] += 1;
         // A cold first try of the way a class did not choose counts all the same: it can only
         // look slower than it is, which confirms the choice (and the next try, a while later,
         // is warm), and one slow period fewer matters in OSU's short default runs.
         let probe = c.chosen.is_some_and(|ch| ch != arm);
-        if !std::mem::replace(&mut c.warm[arm as usize], true) && !probe && (n < WARM_COUNTED_MIN || bytes < CROWD_READS * n as u64) {
+        // A crowded period (a window) counts though first in its class where its cold start
+        // is small beside it: from `WARM_COUNTED_MIN`, or once another class has been
+        // through that way's cold start (`osu_bw` 32-128 KiB after 16 KiB: first periods
+        // 214-281 against 185-223 later by single copy, 114-131 against 98-116 by the rings,
+        // where the rank's very first ones took 2 353-9 115 and 245-547).
+        let crowded = bytes >= CROWD_READS * n as u64;
+        if !std::mem::replace(&mut c.warm[arm as usize], true) && !probe && !(crowded && (n >= WARM_COUNTED_MIN || warmed)) {
             return;
         }
         // Thousandths of a tick per byte: sizes within a class differ by up to 2x.
@@ -640,12 +653,15 @@ impl CopyChooser {
             c.rtt.push(r);
         }
         let [s, m] = [&c.arms[Arm::Stream as usize], &c.arms[Arm::Cma as usize]];
-        // A class of large reads learning from scratch decides after one sample each way when
-        // one way is clearly (25%) faster: each further try of the slower way costs a whole
-        // period, a large share of a short run. (Below, the periods are short, and deciding
-        // early measured 0.91-1.16x in `osu_bw` 16 KiB-2 MiB: noise, no gain.)
+        // A class learning from scratch decides after one sample each way when one way is
+        // clearly (25%) faster, for large reads or in a window once the rank is past its cold
+        // starts: each further try of the slower way costs a whole period, a large share of a
+        // short run (`osu_bw` 32/64/128 KiB 1.20/1.07/1.08x the bytes, 9 runs; deciding so
+        // from lone reads below 1 MiB, a ping-pong's, was measured before as noise).
         let clear = |a: u64, b: u64| a.max(b).saturating_mul(100) >= a.min(b).saturating_mul(CLEAR);
-        let decisive = n >= WARM_COUNTED_MIN && c.chosen.is_none() && matches!((s.best(), m.best()), (Some(a), Some(b)) if clear(a, b));
+        let decisive = (n >= WARM_COUNTED_MIN || (crowded && warmed))
+            && c.chosen.is_none()
+            && matches!((s.best(), m.best()), (Some(a), Some(b)) if clear(a, b));
         if (s.n < LEARN || m.n < LEARN) && !decisive {
             // A first try of the other way in a class that took its choice over: clearly
             // slower confirms the choice (try less often), else try again soon.
@@ -888,17 +904,29 @@ mod tests {
         rec(&mut c, n, Cma, 10_000, None);
         rec(&mut c, n, Stream, 20_000, None);
         assert_eq!(c.chosen(n), Some(Cma), "one counted sample each way, clearly apart");
-        // Below 1 MiB nothing changes: two counted samples each way.
+        // Below 1 MiB the rank's first period each way is not counted; then a crowded
+        // period decides after one sample each way when clearly apart, and a later class
+        // counts its first crowded periods.
         let mut c = CopyChooser::default();
-        let small = |c: &mut CopyChooser, arm: Arm, ns: u64| c.record(1 << 19, arm, 8 << 19, ns, None);
-        for _ in 0..2 {
-            small(&mut c, Cma, 8_000_000);
-            small(&mut c, Stream, 14_000_000);
-        }
-        assert_eq!(c.chosen(1 << 19), None);
-        small(&mut c, Cma, 8_000_000);
-        small(&mut c, Stream, 14_000_000);
+        let crowd_of = |c: &mut CopyChooser, n: usize, arm: Arm, ns: u64| c.record(n, arm, 8 * n as u64, ns, None);
+        crowd_of(&mut c, 1 << 19, Cma, 8_000_000);
+        crowd_of(&mut c, 1 << 19, Stream, 14_000_000);
+        assert_eq!(c.chosen(1 << 19), None, "cold starts");
+        crowd_of(&mut c, 1 << 19, Cma, 8_000_000);
+        crowd_of(&mut c, 1 << 19, Stream, 14_000_000);
         assert_eq!(c.chosen(1 << 19), Some(Cma));
+        crowd_of(&mut c, 1 << 16, Cma, 2_000_000);
+        crowd_of(&mut c, 1 << 16, Stream, 1_000_000);
+        assert_eq!(c.chosen(1 << 16), Some(Stream), "a later class, clearly apart");
+        crowd_of(&mut c, 1 << 17, Cma, 2_000_000);
+        crowd_of(&mut c, 1 << 17, Stream, 2_100_000);
+        assert_eq!(c.chosen(1 << 17), None, "close: two samples each way, as any class");
+        // Lone reads below 1 MiB: the class's cold first one is not counted, and two
+        // samples each way decide.
+        drive(&mut c, 1 << 18, 9_000, 5_000, 500, 5);
+        assert_eq!(c.chosen(1 << 18), None);
+        drive(&mut c, 1 << 18, 9_000, 5_000, 500, 1);
+        assert_eq!(c.chosen(1 << 18), Some(Cma));
     }
 
     /// From 1 MiB the rings are chosen only when clearly faster ([`STREAM_MARGIN`]); below,
@@ -993,9 +1021,10 @@ mod tests {
         let t = Stamp::now();
         let at = |us: u64| t + Duration::from_micros(us);
         let n = 256 << 10;
-        // Six windows of 8 reads: single copy moves a window in 100 us, the rings in 200 us.
+        // Four windows of 8 reads: single copy moves a window in 100 us, the rings in 200 us
+        // (the first each way a cold start, then one sample each way, clearly apart).
         let mut ways = Vec::new();
-        for w in 0..6u64 {
+        for w in 0..4u64 {
             let start = w * 1000;
             let placed: Vec<Placed> = (0..8).map(|_| e.start(n, || at(start))).collect();
             assert!(placed.iter().all(|p| p.arm == placed[0].arm && p.in_epoch), "one way for the whole window");
@@ -1007,7 +1036,7 @@ mod tests {
             e.finish(n, placed[0], true, || at(start + took));
             ways.push(placed[0].arm);
         }
-        assert_eq!(ways, [Cma, Stream, Cma, Stream, Cma, Stream]);
+        assert_eq!(ways, [Cma, Stream, Cma, Stream]);
         assert_eq!(e.chooser().chosen(n), Some(Cma));
         // The next window goes single copy; a read of another class joining it is not part of
         // it (it follows its own class's, here the nearest, choice) and spoils its timing.
