@@ -641,7 +641,7 @@ impl CopyChooser {
         // A crowded period (a window) counts though first in its class where its cold start
         // is small beside it: from `WARM_COUNTED_MIN`, or once another class has been
         // through that way's cold start (`osu_bw` 32-128 KiB after 16 KiB: first periods
-        // 214-281 against 185-223 later by single copy, 114-131 against 98-116 by the rings,
+        // 214-281 against 137-337 later by single copy, 106-174 against 98-208 by the rings,
         // where the rank's very first ones took 2 353-9 115 and 245-547).
         let crowded = bytes >= CROWD_READS * n as u64;
         if !std::mem::replace(&mut c.warm[arm as usize], true) && !probe && !(crowded && (n >= WARM_COUNTED_MIN || warmed)) {
