@@ -303,14 +303,11 @@ pub(crate) struct CopyChooser {
     /// stores ([`Epochs::streaming_from`]; [`CLASSES`]: none): no choice carries over
     /// between the classes below it and those from it.
     regime: usize,
-    /// A class has timed a first period of this [`Arm`] (rank-wide: the cold start a
-    /// class's first period pays is mostly the rank's first use of that way).
-    warmed: [bool; 2],
 }
 
 impl Default for CopyChooser {
     fn default() -> Self {
-        CopyChooser { classes: Box::new([Class::default(); CLASSES]), regime: CLASSES, warmed: [false; 2] }
+        CopyChooser { classes: Box::new([Class::default(); CLASSES]), regime: CLASSES }
     }
 }
 
@@ -631,7 +628,9 @@ impl CopyChooser {
     /// registration): 29 us against 6 us and then 2.4 us, in one run at 32 KiB; and 595
     /// against 107 ps per byte in an `osu_bw` window of 32 KiB that followed 16 KiB.
     pub(crate) fn record(&mut self, n: usize, arm: Arm, bytes: u64, ns: u64, rtt: Option<u64>) {
-        let warmed = std::mem::replace(&mut self.warmed[arm as usize], true);
+        // Some class has timed a first period of this way (rank-wide: the cold start a
+        // class's first period pays is mostly the rank's first use of that way).
+        let warmed = self.classes.iter().any(|c| c.warm[arm as usize]);
         let c = &mut self.classes[class_of(n)];
         c.tries[arm as usize] += 1;
         // A cold first try of the way a class did not choose counts all the same: it can only

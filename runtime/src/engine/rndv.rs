@@ -258,7 +258,8 @@ impl State {
         let cma_ok = self.cma_to(src) && buf.is_some();
         // A receive buffer in this rank's shared heap is written by the target with a memcpy
         // whichever way is asked: nothing to learn from it, and the target must be asked.
-        let in_heap = buf.is_some_and(|b| self.heaps.locate(b.addr(), n).is_some());
+        let own_place = buf.and_then(|b| self.heaps.locate(b.addr(), n));
+        let in_heap = own_place.is_some();
         let (cma, placed) = match self.cma_min {
             Some(min) => (cma_ok && n >= min, None),
             None if cma_ok && n > 0 => {
@@ -331,7 +332,7 @@ impl State {
             self.stats.pregranted += 1;
             if let (true, Some(b)) = (split < n, buf) {
                 self.stats.pregranted_splits += 1;
-                self.request_share(key, b.addr());
+                self.request_share(key, b.addr(), own_place);
             }
             self.cma_q.push_back(key);
         } else {
@@ -374,8 +375,8 @@ impl State {
 
     /// Asks the target of pre-granted read `key` to write its share, `[split, n)`, into the
     /// receive buffer at `dst` ([`ReadMode::Share`]) while this rank copies `[0, split)`;
-    /// with a buffer in this rank's shared heap, the request names its place there.
-    fn request_share(&mut self, key: Key, dst: usize) {
+    /// with a buffer in this rank's shared heap, the request names its place there (`heap`).
+    fn request_share(&mut self, key: Key, dst: usize, heap: Option<HeapSrc>) {
         let Some(op) = self.reads.get(key) else { return };
         let q = ReadRequest {
             read: read_name(key),
@@ -385,7 +386,7 @@ impl State {
             key: op.info.key,
             len: (op.n - op.split) as u64,
             reader_maps_heap: false,
-            dst_heap: self.heaps.locate(dst, op.n).map(HeapPlace::from),
+            dst_heap: heap.map(HeapPlace::from),
         };
         let src = op.src;
         self.send_rma(src, Rma::ReadReq(q));
