@@ -196,6 +196,7 @@ const CTL_COLL_ABORT: u8 = 3;
 const CTL_EAGER_BELOW: u8 = 4;
 const CTL_REVOKE: u8 = 5;
 const CTL_REVOKE_ACK: u8 = 6;
+const CTL_READ_WAY: u8 = 7;
 
 /// A control message between two runtimes, sent as a `NO_TAG` message (always unexpected at
 /// the receiver's TM-SRQ, never counted, as a NIC treats `NO_TAG`):
@@ -247,6 +248,15 @@ pub enum Control {
         /// The send's wire name.
         name: u32,
     },
+    /// The sender (the lower rank of two that read the same sizes from each other) will do
+    /// its next rendezvous reads of `2^class ..= 2^(class+1) - 1` bytes `way`'s way; the
+    /// receiver reads its own of that class the same way. Kind 7, two fields.
+    ReadWay {
+        /// The size class: log2 of its smallest read (below 64).
+        class: u32,
+        /// 0: pipelined through the rings; 1: single copy.
+        way: u32,
+    },
 }
 
 impl Control {
@@ -260,6 +270,12 @@ impl Control {
             Control::EagerBelow { bytes } => (CTL_EAGER_BELOW, std::slice::from_ref(bytes)),
             Control::Revoke { name } => (CTL_REVOKE, std::slice::from_ref(name)),
             Control::RevokeAck { name } => (CTL_REVOKE_ACK, std::slice::from_ref(name)),
+            Control::ReadWay { class, way } => {
+                out[1] = CTL_READ_WAY;
+                out[4..8].copy_from_slice(&class.to_be_bytes());
+                out[8..12].copy_from_slice(&way.to_be_bytes());
+                return 12;
+            }
             Control::CollAbort { ctx, seq, gone } => {
                 out[1] = CTL_COLL_ABORT;
                 out[4..8].copy_from_slice(&ctx.to_be_bytes());
@@ -290,6 +306,7 @@ impl Control {
             Some(&CTL_EAGER_BELOW) => (CTL_EAGER_BELOW, 1),
             Some(&CTL_REVOKE) => (CTL_REVOKE, 1),
             Some(&CTL_REVOKE_ACK) => (CTL_REVOKE_ACK, 1),
+            Some(&CTL_READ_WAY) => (CTL_READ_WAY, 2),
             _ => return Err(Error::Malformed { what: "unknown control message" }),
         };
         if body.len() != 3 + 4 * n {
@@ -304,6 +321,7 @@ impl Control {
             CTL_EAGER_BELOW => Control::EagerBelow { bytes: field(0) },
             CTL_REVOKE => Control::Revoke { name: field(0) },
             CTL_REVOKE_ACK => Control::RevokeAck { name: field(0) },
+            CTL_READ_WAY => Control::ReadWay { class: field(0), way: field(1) },
             _ => Control::CollAbort { ctx: field(0), seq: field(1), gone: field(2) },
         })
     }
@@ -317,6 +335,7 @@ impl std::fmt::Display for Control {
             Control::EagerBelow { bytes } => write!(f, "EAGER_BELOW({bytes} bytes)"),
             Control::Revoke { name } => write!(f, "REVOKE(send {name:#x})"),
             Control::RevokeAck { name } => write!(f, "REVOKE_ACK(send {name:#x})"),
+            Control::ReadWay { class, way } => write!(f, "READ_WAY(class {class}, way {way})"),
             Control::CollAbort { ctx, seq, gone } => write!(f, "COLL_ABORT(context {ctx}, call {seq}, rank {gone} departed)"),
         }
     }
@@ -904,13 +923,14 @@ mod tests {
 
     proptest! {
         #[test]
-        fn control_roundtrip(kind in 0u8..6, a: u32, b: u32, c: u32) {
+        fn control_roundtrip(kind in 0u8..7, a: u32, b: u32, c: u32) {
             let m = match kind {
                 0 => Control::SsendAck { name: a },
                 1 => Control::Credit { bytes: a },
                 2 => Control::EagerBelow { bytes: a },
                 3 => Control::Revoke { name: a },
                 4 => Control::RevokeAck { name: a },
+                5 => Control::ReadWay { class: a, way: b },
                 _ => Control::CollAbort { ctx: a, seq: b, gone: c },
             };
             let mut buf = [0u8; CONTROL_MAX_LEN];

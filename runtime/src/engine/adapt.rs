@@ -48,7 +48,11 @@
 //!   tries the way of the current time slot instead of taking turns, so that both try the
 //!   same way at the same time, and a period crossed by the peer's reads of the other way
 //!   is not counted ([`Epochs::in_step`]); from 256 KiB up to the non-temporal class such
-//!   ranks start on single copy, and from that class they learn by turns.
+//!   ranks start on single copy, and from that class the lower-ranked one leads: it learns
+//!   and chooses as above, tells the other the way of its next period as each one ends
+//!   ([`Control::ReadWay`]), and the other reads that way, untimed ([`Epochs::peer_read`]).
+//!
+//! [`Control::ReadWay`]: tmpi_transport::wire::Control::ReadWay
 //!
 //! Reads outside a timed period follow their class's choice, or the nearest class's.
 //!
@@ -328,6 +332,9 @@ struct Epoch {
     rtt: Option<u64>,
     /// A peer read its class from this rank the other way while it ran ([`Epochs::peer_read`]).
     crossed: bool,
+    /// A higher-ranked peer read its class from this rank while it ran: this rank leads it
+    /// ([`Epochs::peer_read`]).
+    led: bool,
 }
 
 /// Most reads one timed period takes (a rank that always has reads in flight still decides
@@ -346,11 +353,28 @@ pub(crate) struct Epochs {
     in_step: bool,
     /// Per class: a peer read it from this rank while this rank read it too.
     both_ways: [bool; CLASSES],
+    /// Per class: the way a lower-ranked peer said it reads the class next
+    /// ([`Epochs::lead`]).
+    lead: [Option<Arm>; CLASSES],
+    /// Per class: the choice for the next period, made when the last one ended and told to
+    /// the peer that follows this rank ([`Epochs::take_told`]).
+    planned: [Option<Choice>; CLASSES],
+    /// The class and way of such a choice, for the engine to tell.
+    told: Option<(usize, Arm)>,
 }
 
 impl Default for Epochs {
     fn default() -> Self {
-        Epochs { chooser: CopyChooser::default(), cur: None, others: 0, in_step: false, both_ways: [false; CLASSES] }
+        Epochs {
+            chooser: CopyChooser::default(),
+            cur: None,
+            others: 0,
+            in_step: false,
+            both_ways: [false; CLASSES],
+            lead: [None; CLASSES],
+            planned: [None; CLASSES],
+            told: None,
+        }
     }
 }
 
@@ -421,18 +445,54 @@ impl Epochs {
     /// such a crossed period is not counted, up to [`CROSSED_MAX`] of them (a peer that
     /// chose already and reads the other way all the time must not keep it learning for
     /// good).
-    pub(crate) fn peer_read(&mut self, arm: Arm, n: usize) {
+    ///
+    /// From [`IN_STEP_BELOW`] a time slot would be a large share of a short run, so there
+    /// the lower-ranked of two such ranks leads (`lower`: the peer has the lower rank). When
+    /// a period of such a class ends that a higher-ranked peer's reads of the class crossed,
+    /// the leader chooses the way of its next period of the class at once and tells the
+    /// peer ([`Epochs::take_told`]); the peer reads the class that way, untimed
+    /// ([`Epochs::lead`]). Each rank learning by turns for itself let the two choose
+    /// differently, the worst mix: in `osu_bibw` one rank timed single copy fast in periods
+    /// where the peer streamed (the peer's core busy with its own copies in, not this
+    /// rank's), chose it while the other chose the rings, and moved 15.1 GB/s at 16 MiB and
+    /// 11.5 at 32 MiB, against 14.7-17.3 where both streamed. Following, the leader's
+    /// periods of each way meet the peer's reads of the same way, so it compares what the
+    /// pair does together. It is told before the period, not seen in it: a window's reads
+    /// are placed at once, when their requests arrive, before the leader's reads of it are
+    /// seen (following what it saw, the follower ran a window behind, and the leader's
+    /// rings periods met its single copy: `osu_bibw` 256 KiB-8 MiB chose single copy, 0.81-0.91x the bytes).
+    pub(crate) fn peer_read(&mut self, arm: Arm, n: usize, lower: bool) {
+        let class = class_of(n);
         if let Some(e) = &mut self.cur {
-            if e.class == class_of(n) && self.in_step {
+            if e.class == class && self.in_step {
                 self.both_ways[e.class] = true;
                 e.crossed |= e.arm != arm && e.class < IN_STEP_BELOW;
+                e.led |= !lower;
             }
         }
     }
 
-    /// A read of `n` bytes that single copy could serve starts `now` (read only if the period
-    /// it starts is timed): how it moves.
-    pub(crate) fn start(&mut self, n: usize, now: impl FnOnce() -> Stamp) -> Placed {
+    /// A lower-ranked peer that reads reads of `class` from this rank while this rank reads
+    /// them from it said it reads its next ones `arm`'s way: this rank's go that way too
+    /// (see [`Epochs::peer_read`]). Ignored by a rank not in step and below
+    /// [`IN_STEP_BELOW`].
+    pub(crate) fn lead(&mut self, class: usize, arm: Arm) {
+        if self.in_step && (IN_STEP_BELOW..CLASSES).contains(&class) {
+            self.lead[class] = Some(arm);
+        }
+    }
+
+    /// The class and way this rank chose for its next period of the class of a period that
+    /// just ended, to tell the higher-ranked peer that reads it too (see
+    /// [`Epochs::peer_read`]); once.
+    pub(crate) fn take_told(&mut self) -> Option<(usize, Arm)> {
+        self.told.take()
+    }
+
+    /// Whether reads of `n` bytes learn while a peer reads them from this rank too; from 256
+    /// KiB up to the non-temporal class such a class starts on single copy instead (see
+    /// [`Epochs::in_step`]).
+    fn starts_paired(&mut self, n: usize) -> bool {
         let class = class_of(n);
         let learns_paired = self.both_ways[class] && self.chooser.learning(n);
         if learns_paired && (IN_STEP_BELOW..self.chooser.regime).contains(&class) {
@@ -444,9 +504,34 @@ impl Epochs {
             // that starts on it tries again only after 32 periods, past OSU's 22 windows).
             self.chooser.assume(n, Arm::Cma);
         }
+        learns_paired
+    }
+
+    /// The way a read of `class` follows a lower-ranked peer's ([`Epochs::lead`]), if it does.
+    fn follows(&self, class: usize) -> Option<Arm> {
+        self.lead[class]
+    }
+
+    /// A read of `n` bytes that single copy could serve starts `now` (read only if the period
+    /// it starts is timed): how it moves.
+    pub(crate) fn start(&mut self, n: usize, now: impl FnOnce() -> Stamp) -> Placed {
+        let class = class_of(n);
+        if let Some(arm) = self.follows(class) {
+            // Untimed, and whatever period runs is not timed either: its reads are mixed.
+            if let Some(e) = &mut self.cur {
+                e.measure = false;
+                e.joined = EPOCH_READS;
+            }
+            self.others += 1;
+            return Placed { arm, in_epoch: false };
+        }
+        let learns_paired = self.starts_paired(n);
         match &mut self.cur {
             None if self.others == 0 => {
-                let (c, t0) = if learns_paired && class < IN_STEP_BELOW {
+                let (c, t0) = if let Some(c) = self.planned[class].take() {
+                    // Chosen when the last period ended, and told to the follower.
+                    (c, if c.measure { now() } else { Stamp(0) })
+                } else if learns_paired && class < IN_STEP_BELOW {
                     let t = now();
                     // Slots of 2^SLOT_SHIFT ticks per byte of the class's smallest read.
                     let arm = if (t.0 >> (class as u32 + SLOT_SHIFT)) & 1 == 0 { Arm::Cma } else { Arm::Stream };
@@ -455,8 +540,18 @@ impl Epochs {
                     let c = self.chooser.choose(n, true);
                     (c, if c.measure { now() } else { Stamp(0) })
                 };
-                self.cur =
-                    Some(Epoch { class, arm: c.arm, measure: c.measure, t0, in_flight: 1, bytes: 0, joined: 1, rtt: None, crossed: false });
+                self.cur = Some(Epoch {
+                    class,
+                    arm: c.arm,
+                    measure: c.measure,
+                    t0,
+                    in_flight: 1,
+                    bytes: 0,
+                    joined: 1,
+                    rtt: None,
+                    crossed: false,
+                    led: false,
+                });
                 Placed { arm: c.arm, in_epoch: true }
             }
             Some(e) if e.class == class && e.joined < EPOCH_READS => {
@@ -527,6 +622,12 @@ impl Epochs {
                 // 0.5 us, in an `osu_bw` window of 32 KiB reads).
                 let rtt = e.rtt.filter(|_| e.joined == 1);
                 self.chooser.record(1 << e.class, e.arm, e.bytes, ns, rtt);
+            }
+            if e.led && self.in_step && e.class >= IN_STEP_BELOW {
+                self.starts_paired(1 << e.class);
+                let c = self.chooser.choose(1 << e.class, true);
+                self.planned[e.class] = Some(c);
+                self.told = Some((e.class, c.arm));
             }
         }
     }
@@ -1068,7 +1169,7 @@ mod tests {
                 let at = Stamp(k * slot(14) + half);
                 let p = e.start(n, || at);
                 assert_eq!(p.arm, way, "slot {k}");
-                e.peer_read(way, n);
+                e.peer_read(way, n, false);
                 e.finish(n, p, true, || Stamp(at.0 + 100 * if way == Cma { 4 } else { 3 } * n as u64 / 1000));
             }
         }
@@ -1090,7 +1191,7 @@ mod tests {
                     let at = Stamp(k * 10);
                     let p = e.start(n, || at);
                     if peer {
-                        e.peer_read(p.arm, n);
+                        e.peer_read(p.arm, n, false);
                     }
                     e.finish(n, p, true, || Stamp(at.0 + 5));
                     p.arm
@@ -1100,10 +1201,58 @@ mod tests {
         }
         let mut e = Epochs::in_step();
         let p = e.start(big, || Stamp(0));
-        e.peer_read(Stream, big);
+        e.peer_read(Stream, big, false);
         e.finish(big, p, true, || Stamp(5));
         e.start(big, || Stamp(10));
         assert_eq!(e.chooser().chosen(big), Some(Cma), "taken as if from another class");
+    }
+
+    /// From `IN_STEP_BELOW`, a period that a higher-ranked peer's reads of its class crossed
+    /// chooses the next period's way when it ends, and that is what is told; the follower
+    /// reads the class the way it was told, untimed. Nothing is told for a lower peer, a
+    /// smaller class, or by a rank not in step; nothing is followed by them either.
+    #[test]
+    fn the_lower_rank_tells_its_next_way_and_the_higher_follows() {
+        let big = 32 << 20;
+        let nt = || Epochs::in_step().streaming_from(256 << 10);
+        let period = |e: &mut Epochs, n: usize, k: u64, lower: bool| {
+            let p = e.start(n, || Stamp(k * 10));
+            e.peer_read(p.arm, n, lower);
+            e.finish(n, p, true, || Stamp(k * 10 + 5));
+            p
+        };
+        // The leader learns by turns, single copy first, and tells each next way in turn.
+        let mut e = nt();
+        for (k, (now, next)) in [(Cma, Stream), (Stream, Cma), (Cma, Stream)].into_iter().enumerate() {
+            let p = period(&mut e, big, k as u64, false);
+            assert_eq!((p.arm, p.in_epoch), (now, true));
+            assert_eq!(e.take_told(), Some((class_of(big), next)), "period {k}");
+            assert_eq!(e.take_told(), None, "told once");
+        }
+        // ...and its next period goes the way it told.
+        assert_eq!(e.start(big, || Stamp(100)).arm, Stream);
+        // A lower peer, a class below IN_STEP_BELOW, or a rank not in step: nothing told.
+        for (mut e, n, lower) in [(nt(), big, true), (nt(), 16 << 10, false), (Epochs::default(), big, false)] {
+            period(&mut e, n, 0, lower);
+            assert_eq!(e.take_told(), None, "{n} bytes, lower: {lower}");
+        }
+        // The follower reads the way it was told, untimed, and spoils a period that runs.
+        let mut e = nt();
+        let a = e.start(big, || Stamp(0));
+        e.lead(class_of(big), Stream);
+        let b = e.start(big, || Stamp(1));
+        assert_eq!((b.arm, b.in_epoch), (Stream, false));
+        e.finish(big, b, true, || Stamp(2));
+        e.finish(big, a, true, || Stamp(3));
+        assert_eq!(e.chooser().classes[class_of(big)].tries, [0, 0], "not timed");
+        e.lead(class_of(big), Cma);
+        assert_eq!(e.start(big, || Stamp(4)).arm, Cma);
+        // Told for a class below IN_STEP_BELOW, or to a rank not in step: its own way.
+        for (mut e, n) in [(nt(), 16 << 10), (Epochs::default(), big)] {
+            e.lead(class_of(n), Stream);
+            let p = e.start(n, || Stamp(0));
+            assert_eq!((p.arm, p.in_epoch), (Cma, true), "{n} bytes");
+        }
     }
 
     /// While a class learns in step, a period that a peer's reads of its class the other way
@@ -1119,7 +1268,7 @@ mod tests {
                 let at = Stamp(k * slot);
                 let p = e.start(n, || at);
                 if let Some((arm, m)) = peer(p.arm) {
-                    e.peer_read(arm, m);
+                    e.peer_read(arm, m, false);
                 }
                 e.finish(n, p, true, || Stamp(at.0 + if p.arm == Cma { 4000 } else { 3000 }));
             }

@@ -516,6 +516,18 @@ impl State {
                     }
                 }
             }
+            Control::ReadWay { class, way } => {
+                // Only a lower rank leads, a class names a size, and a way is one of two.
+                let arm = match way {
+                    0 => adapt::Arm::Stream,
+                    1 => adapt::Arm::Cma,
+                    _ => return Err(malformed_from(src, "READ_WAY names no way")),
+                };
+                if src >= self.rank || class >= usize::BITS {
+                    return Err(malformed_from(src, "READ_WAY from a higher rank or for no size class"));
+                }
+                self.copy.lead(class as usize, arm);
+            }
             Control::EagerBelow { bytes } => {
                 // Only ever raised, never above the configured threshold.
                 let ceiling = self.rndv_ceiling;

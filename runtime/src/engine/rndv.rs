@@ -549,7 +549,7 @@ impl State {
         if let Some(b) = buf {
             // Through a heap the reader's core (or a memcpy of ours in its stead) copies.
             let arm = if mode == ReadMode::Stream && !by_heap { adapt::Arm::Stream } else { adapt::Arm::Cma };
-            self.copy.peer_read(arm, b.len());
+            self.copy.peer_read(arm, b.len(), src < self.rank);
         }
         if by_heap {
             return;
@@ -690,6 +690,13 @@ impl State {
         let Some(op) = self.reads.remove(read) else { return Ok(()) };
         if let Some(p) = op.placed {
             self.copy.finish(op.n, p, ok, adapt::Stamp::now);
+            // The way of this rank's next period of the class, for the peer that follows it
+            // (ahead of the FIN below, so before the peer's next window starts).
+            if let Some((class, arm)) = self.copy.take_told() {
+                if op.src > self.rank {
+                    self.ctlq.push_back((op.src, ctl_msg(Control::ReadWay { class: class as u32, way: arm as u32 })));
+                }
+            }
         }
         self.advise(op.src, op.n);
         if let Some(id) = op.hw {
@@ -732,7 +739,7 @@ impl State {
         if let Some((streamed, n)) = self.rndv_send(Some(k)).map(|r| (r.streamed, r.buf.map_or(0, |b| b.len()))) {
             // A read this rank did not stream was copied by the reader's core (single copy, a
             // shared heap).
-            self.copy.peer_read(if streamed { adapt::Arm::Stream } else { adapt::Arm::Cma }, n);
+            self.copy.peer_read(if streamed { adapt::Arm::Stream } else { adapt::Arm::Cma }, n, src < self.rank);
         }
         if let Some(at) = self.fin_seen.get_mut(src) {
             *at = self.reads_begun.max(1);
@@ -1081,6 +1088,23 @@ mod tests {
             a.st.on_control(1, &ctl_body(Control::EagerBelow { bytes: 1024 })).expect("advice");
             a.st.on_control(1, &ctl_body(Control::EagerBelow { bytes: u32::MAX })).expect("advice");
             assert_eq!(a.st.rndv_from[1], crate::config::RNDV_AUTO);
+        }
+    }
+
+    /// `READ_WAY` from the lower rank sets the way this rank reads that class; from a higher
+    /// rank, naming no way, or no size class, it is a malformed message that names the peer.
+    #[test]
+    fn read_way_is_followed_from_the_lower_rank_only() {
+        let mut v = super::super::testkit::job(2, Config::default());
+        let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
+        let big = 32 << 20;
+        let way = |class: u32, way: u32| ctl_body(Control::ReadWay { class, way });
+        b.st.on_control(0, &way(25, 0)).expect("from the lower rank");
+        assert_eq!(b.st.copy.start(big, adapt::Stamp::now).arm, adapt::Arm::Stream, "learning alone would try single copy first");
+        let errs = [a.st.on_control(1, &way(25, 1)), b.st.on_control(0, &way(25, 2)), b.st.on_control(0, &way(64, 0))];
+        for (src, r) in [1, 0, 0].into_iter().zip(errs) {
+            let err = r.expect_err("malformed").to_string();
+            assert!(err.contains("READ_WAY") && err.contains(&format!("rank {src}")), "{err}");
         }
     }
 
