@@ -357,10 +357,8 @@ pub(crate) struct Epochs {
     /// ([`Epochs::lead`]).
     lead: [Option<Arm>; CLASSES],
     /// Per class: the choice for the next period, made when the last one ended and told to
-    /// the peer that follows this rank ([`Epochs::take_told`]).
+    /// the peer that follows this rank ([`Epochs::finish`]).
     planned: [Option<Choice>; CLASSES],
-    /// The class and way of such a choice, for the engine to tell.
-    told: Option<(usize, Arm)>,
 }
 
 impl Default for Epochs {
@@ -373,7 +371,6 @@ impl Default for Epochs {
             both_ways: [false; CLASSES],
             lead: [None; CLASSES],
             planned: [None; CLASSES],
-            told: None,
         }
     }
 }
@@ -450,7 +447,7 @@ impl Epochs {
     /// the lower-ranked of two such ranks leads (`lower`: the peer has the lower rank). When
     /// a period of such a class ends that a higher-ranked peer's reads of the class crossed,
     /// the leader chooses the way of its next period of the class at once and tells the
-    /// peer ([`Epochs::take_told`]); the peer reads the class that way, untimed
+    /// peer ([`Epochs::finish`]); the peer reads the class that way, untimed
     /// ([`Epochs::lead`]). Each rank learning by turns for itself let the two choose
     /// differently, the worst mix: in `osu_bibw` one rank timed single copy fast in periods
     /// where the peer streamed (the peer's core busy with its own copies in, not this
@@ -482,13 +479,6 @@ impl Epochs {
         }
     }
 
-    /// The class and way this rank chose for its next period of the class of a period that
-    /// just ended, to tell the higher-ranked peer that reads it too (see
-    /// [`Epochs::peer_read`]); once.
-    pub(crate) fn take_told(&mut self) -> Option<(usize, Arm)> {
-        self.told.take()
-    }
-
     /// Whether reads of `n` bytes learn while a peer reads them from this rank too; from 256
     /// KiB up to the non-temporal class such a class starts on single copy instead (see
     /// [`Epochs::in_step`]).
@@ -507,17 +497,12 @@ impl Epochs {
         learns_paired
     }
 
-    /// The way a read of `class` follows a lower-ranked peer's ([`Epochs::lead`]), if it does.
-    fn follows(&self, class: usize) -> Option<Arm> {
-        self.lead[class]
-    }
-
     /// A read of `n` bytes that single copy could serve starts `now` (read only if the period
     /// it starts is timed): how it moves.
     pub(crate) fn start(&mut self, n: usize, now: impl FnOnce() -> Stamp) -> Placed {
         let class = class_of(n);
-        if let Some(arm) = self.follows(class) {
-            // Untimed, and whatever period runs is not timed either: its reads are mixed.
+        if let Some(arm) = self.lead[class] {
+            // Following a lower-ranked peer ([`Epochs::lead`]): untimed, and whatever period runs is not timed either: its reads are mixed.
             if let Some(e) = &mut self.cur {
                 e.measure = false;
                 e.joined = EPOCH_READS;
@@ -602,13 +587,15 @@ impl Epochs {
     }
 
     /// A read of `n` bytes placed as `p` ended `now` (read only if it ends a timed period;
-    /// `ok`: all its bytes are in).
-    pub(crate) fn finish(&mut self, n: usize, p: Placed, ok: bool, now: impl FnOnce() -> Stamp) {
+    /// `ok`: all its bytes are in). Returns the class and way this rank chose for its next
+    /// period of the class, when the period this read ended is one it leads: to tell the
+    /// higher-ranked peer that reads the class too (see [`Epochs::peer_read`]).
+    pub(crate) fn finish(&mut self, n: usize, p: Placed, ok: bool, now: impl FnOnce() -> Stamp) -> Option<(usize, Arm)> {
         if !p.in_epoch {
             self.others = self.others.saturating_sub(1);
-            return;
+            return None;
         }
-        let Some(e) = &mut self.cur else { return };
+        let e = self.cur.as_mut()?;
         e.in_flight = e.in_flight.saturating_sub(1);
         e.bytes += n as u64;
         e.measure &= ok;
@@ -627,9 +614,10 @@ impl Epochs {
                 self.starts_paired(1 << e.class);
                 let c = self.chooser.choose(1 << e.class, true);
                 self.planned[e.class] = Some(c);
-                self.told = Some((e.class, c.arm));
+                return Some((e.class, c.arm));
             }
         }
+        None
     }
 
     /// See [`CopyChooser::eager_pays`].
@@ -1218,23 +1206,21 @@ mod tests {
         let period = |e: &mut Epochs, n: usize, k: u64, lower: bool| {
             let p = e.start(n, || Stamp(k * 10));
             e.peer_read(p.arm, n, lower);
-            e.finish(n, p, true, || Stamp(k * 10 + 5));
-            p
+            let told = e.finish(n, p, true, || Stamp(k * 10 + 5));
+            (p, told)
         };
         // The leader learns by turns, single copy first, and tells each next way in turn.
         let mut e = nt();
         for (k, (now, next)) in [(Cma, Stream), (Stream, Cma), (Cma, Stream)].into_iter().enumerate() {
-            let p = period(&mut e, big, k as u64, false);
+            let (p, told) = period(&mut e, big, k as u64, false);
             assert_eq!((p.arm, p.in_epoch), (now, true));
-            assert_eq!(e.take_told(), Some((class_of(big), next)), "period {k}");
-            assert_eq!(e.take_told(), None, "told once");
+            assert_eq!(told, Some((class_of(big), next)), "period {k}");
         }
         // ...and its next period goes the way it told.
         assert_eq!(e.start(big, || Stamp(100)).arm, Stream);
         // A lower peer, a class below IN_STEP_BELOW, or a rank not in step: nothing told.
         for (mut e, n, lower) in [(nt(), big, true), (nt(), 16 << 10, false), (Epochs::default(), big, false)] {
-            period(&mut e, n, 0, lower);
-            assert_eq!(e.take_told(), None, "{n} bytes, lower: {lower}");
+            assert_eq!(period(&mut e, n, 0, lower).1, None, "{n} bytes, lower: {lower}");
         }
         // The follower reads the way it was told, untimed, and spoils a period that runs.
         let mut e = nt();

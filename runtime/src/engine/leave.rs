@@ -177,9 +177,8 @@ impl Engine {
             for k in gone {
                 if let Some(op) = self.st.reads.remove(k) {
                     if let Some(p) = op.placed {
-                        self.st.copy.finish(op.n, p, false, adapt::Stamp::now);
                         // A way chosen for the departed peer's next window is told to no one.
-                        let _ = self.st.copy.take_told();
+                        let _ = self.st.copy.finish(op.n, p, false, adapt::Stamp::now);
                     }
                 }
             }

@@ -689,10 +689,9 @@ impl State {
     pub(super) fn finish_read(&mut self, read: Key, ok: bool) -> Result<()> {
         let Some(op) = self.reads.remove(read) else { return Ok(()) };
         if let Some(p) = op.placed {
-            self.copy.finish(op.n, p, ok, adapt::Stamp::now);
             // The way of this rank's next period of the class, for the peer that follows it
             // (ahead of the FIN below, so before the peer's next window starts).
-            if let Some((class, arm)) = self.copy.take_told() {
+            if let Some((class, arm)) = self.copy.finish(op.n, p, ok, adapt::Stamp::now) {
                 if op.src > self.rank {
                     self.ctlq.push_back((op.src, ctl_msg(Control::ReadWay { class: class as u32, way: arm as u32 })));
                 }
