@@ -34,6 +34,8 @@
 //!   again until it can compare. Nothing carries over the class from which the receiver
 //!   copies a window of streamed reads out of the rings with non-temporal stores (256 KiB
 //!   with 4 MiB rings, [`Epochs::streaming_from`]): the rings' cost per byte drops there;
+//!   nor to or from a class of 8 MiB or more ([`OWN_CHOICE_MIN`]): each of those learns for
+//!   itself;
 //! - with samples both ways, the faster by the best of the last four serves the class (a
 //!   change needs a 5% margin, so close ways do not flap; from 1 MiB the rings must be 20%
 //!   faster, [`STREAM_MARGIN`]), and one period in `probe_every`
@@ -170,6 +172,16 @@ fn probe_first(n: usize, arm: Arm, inherited: bool) -> u32 {
         (_, false) => PROBE_FIRST,
     }
 }
+/// Classes of reads of this many bytes or more neither take another class's choice over nor
+/// pass theirs on ([`CopyChooser::nearest_choice`]): each learns for itself. There a window
+/// of reads is far larger than the last-level cache, so what wins depends on the moment's
+/// memory traffic more than on the size, and a choice taken over was checked only after
+/// [`PROBE_INHERITED`] periods, past OSU's 22 windows. In `osu_bibw` 16-64 MiB a close race
+/// at 16 MiB (the rings' best period 236 thousandths of a tick per byte, single copy's
+/// 244) chose single copy, which 32 and 64 MiB took over for the whole run: 15.2 GB/s at
+/// 32 MiB, where the rings move 22-27. Learning for itself, a class decides after one
+/// period each way when one is clearly faster, within OSU's two warm-up windows.
+const OWN_CHOICE_MIN: usize = 8 << 20;
 /// From this read size the first period each way counts if it moved [`CROWD_READS`] reads or
 /// more: its cold start is small beside the period. (A lone read's is not: counted, a cold
 /// first 2 MiB read made `osu_latency` 2 MiB choose the rings, 1.21x the time.)
@@ -694,12 +706,19 @@ impl CopyChooser {
     /// Nothing carries over the class where the rings' copy-out turns to non-temporal stores
     /// (`regime`): there the rings' cost per byte drops (`osu_bw` 1-8 MiB, 4 MiB rings: 2x
     /// the bytes of single copy, which had won at 256-512 KiB and passed single copy on).
+    ///
+    /// Nor does anything carry over to or from a class of [`OWN_CHOICE_MIN`] or more: each
+    /// learns for itself.
     fn nearest_choice(&self, b: usize) -> Option<Arm> {
+        let own = class_of(OWN_CHOICE_MIN);
+        if b >= own {
+            return None;
+        }
         let side = |i: usize| i >= self.regime;
         (1..CLASSES)
             .flat_map(|d| [b.checked_sub(d), Some(b + d)])
             .flatten()
-            .filter(|&i| i < CLASSES && self.classes[i].compared && side(i) == side(b))
+            .filter(|&i| i < own && self.classes[i].compared && side(i) == side(b))
             .find_map(|i| match self.classes[i].chosen {
                 Some(Arm::Cma) if i < b => Some(Arm::Cma),
                 Some(Arm::Stream) if i > b => Some(Arm::Stream),
@@ -924,6 +943,30 @@ mod tests {
         assert_eq!(c.chosen(2 << 20), None, "from the streaming class: not taken over");
         assert!(c.learning(2 << 20));
         assert_eq!(drive(c, 2 << 20, 40_000, 90_000, 500, 4), [Cma, Stream, Cma, Stream]);
+    }
+
+    /// From 8 MiB a class learns for itself: single copy chosen at 4 MiB does not carry up to
+    /// it, nor does its choice carry to another class, either way.
+    #[test]
+    fn classes_from_8_mib_learn_for_themselves() {
+        let mut c = CopyChooser::default();
+        let crowd = |c: &mut CopyChooser, n: usize, arm: Arm, ns: u64| c.record(n, arm, 8 * n as u64, ns, None);
+        crowd(&mut c, 4 << 20, Cma, 8_000_000);
+        crowd(&mut c, 4 << 20, Stream, 14_000_000);
+        assert_eq!(c.chosen(4 << 20), Some(Cma));
+        assert_eq!(c.choose(5 << 20, true).arm, Cma, "below 8 MiB single copy still carries up");
+        for n in [8 << 20, 16 << 20, 64 << 20] {
+            assert!(c.learning(n), "{n}");
+            assert_eq!(c.choose(n, true), Choice { arm: Cma, measure: true });
+            assert_eq!(c.chosen(n), None, "{n}: nothing taken over");
+        }
+        // 16 MiB learns the rings; they carry neither down to 4-8 MiB nor up to 32 MiB.
+        crowd(&mut c, 16 << 20, Cma, 40_000_000);
+        crowd(&mut c, 16 << 20, Stream, 20_000_000);
+        assert_eq!(c.chosen(16 << 20), Some(Stream));
+        assert_eq!(c.choose(2 << 20, true).arm, Cma, "2 MiB takes 4 MiB's choice, not 16 MiB's");
+        assert!(c.learning(8 << 20) && c.learning(32 << 20));
+        assert_eq!(c.chosen(12 << 20), None);
     }
 
     /// The first read each way of a class is a cold start and does not count.
