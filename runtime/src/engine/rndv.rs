@@ -94,7 +94,16 @@ impl Engine {
         Ok(req)
     }
 
-    /// Streams queued read responses into the fabric.
+    /// Streams queued read responses into the fabric, one packet of each queued read in
+    /// turn.
+    ///
+    /// Taking turns, the reads of a window that name the same send buffer (`osu_bw` and
+    /// `osu_bibw` send one buffer a window's times over) copy each piece of it into the ring
+    /// one after another, so the source is read from memory once per window instead of once
+    /// per read; a read queued behind a large one no longer waits for all of it either.
+    /// Read one after the other, a window of 64 MiB reads re-read their 64 MiB source, twice
+    /// the last-level cache, from memory for each: `osu_bibw` 64 MiB moved 23.6 GB/s against
+    /// 29.5 at 16 MiB, whose source stays in the cache.
     pub(super) fn push_rma(&mut self) -> Result<usize> {
         let mut n = 0;
         let room = self.max_packet.min(1 << 20) - RMA_RESP_HDR_LEN;
@@ -102,7 +111,7 @@ impl Engine {
             let alone = self.st.rma_out.len() == 1;
             let Some(r) = self.st.rma_out.front_mut() else { break };
             let cut = eager::Cut::new(self.pipelined && alone, r.buf.len(), room);
-            while r.off < r.buf.len() {
+            if r.off < r.buf.len() {
                 let k = cut.piece(r.buf.len(), r.off);
                 let m = Rma::ReadResp { read: r.read, offset: (r.base + r.off) as u64, data: r.buf.slice(r.off, r.off + k) };
                 let mut h = [0u8; RMA_MAX_LEN];
@@ -114,7 +123,9 @@ impl Engine {
                 r.off += k;
                 n += 1;
             }
-            self.st.rma_out.pop_front();
+            if let Some(r) = self.st.rma_out.pop_front().filter(|r| r.off < r.buf.len()) {
+                self.st.rma_out.push_back(r);
+            }
         }
         Ok(n)
     }
@@ -1523,6 +1534,42 @@ mod tests {
         assert!(b.take_if_done(r).expect("received").is_ok());
         assert!(s.is_none_or(|s| a.take_if_done(s).expect("sent").is_ok()));
         assert_eq!(a.st.rndv_from[1], 64 << 10, "advised at the first rendezvous");
+    }
+
+    /// Queued streamed reads go out one packet of each in turn, each packet at its own
+    /// offset, and a read leaves the queue with its last packet.
+    #[test]
+    fn queued_streamed_reads_take_turns_packet_by_packet() {
+        let (mut e, mut peer) = engine();
+        let src = vec![9u8; 150 << 10];
+        for (read, len) in [(1u64, 150 << 10), (2, 70 << 10), (3, 10)] {
+            // SAFETY: `src` outlives the engine's use of it: the queue is drained below.
+            let buf = unsafe { RawBuf::new(&src[..len]) };
+            e.st.rma_out.push_back(RmaOut { dest: 1, read, buf, off: 0, base: 0 });
+        }
+        let sent = e.push_rma().expect("push");
+        assert!(e.st.rma_out.is_empty(), "all sent");
+        let mut seen = Vec::new();
+        while peer
+            .poll(|p| {
+                let Ok(Rma::ReadResp { read, offset, data }) = Rma::parse(p.data) else { panic!("a read response") };
+                seen.push((read, offset, data.len()));
+                true
+            })
+            .expect("poll")
+            > 0
+        {}
+        assert_eq!(seen.len(), sent);
+        let reads: Vec<u64> = seen.iter().map(|&(r, ..)| r).collect();
+        assert_eq!(&reads[..4], [1, 2, 3, 1], "one packet of each in turn");
+        for read in [1u64, 2, 3] {
+            let mut next = 0;
+            for &(_, off, len) in seen.iter().filter(|&&(r, ..)| r == read) {
+                assert_eq!(off, next, "read {read}'s packets in order, none lost");
+                next += len as u64;
+            }
+            assert_eq!(next, [150 << 10, 70 << 10, 10][read as usize - 1]);
+        }
     }
 
     #[test]
