@@ -171,10 +171,20 @@ const CMA_PREGRANT_MAX: usize = 1 << 20;
 /// `osu_bw` 256/512 KiB 1.50/1.59x and `osu_bibw` 1.13/1.20x (`p2p-2026-11-27f.md`). Out of
 /// smaller packets (1 MiB rings) the same stores moved 0.56-0.72x the bytes (`osu_bibw -W 8`
 /// 1-8 MiB), so there, and for a lone read, they start at half the L3 as before
-/// ([`tmpi_transport::shm::streaming_copy_min`]).
+/// ([`tmpi_transport::shm::streaming_copy_min`]). Where only one rank of the pair reads
+/// (`osu_bw`), a quiet host later measured the opposite from 256 KiB to 1 MiB, so there
+/// windows go around the cache from [`STREAM_NT_ONE_WAY_MIN`].
 const STREAM_NT_MIN: usize = 256 << 10;
 /// See [`STREAM_NT_MIN`].
 const STREAM_NT_PACKET_OVER: usize = 512 << 10;
+/// Where the reading rank does not serve reads of its peer at the same time (`osu_bw`, not
+/// `osu_bibw`), streamed reads in a window go around the cache only from this size: on a
+/// quiet host (cache line 43 ns) `osu_bw` 256/512 KiB moved 1.34/1.18x the bytes with plain
+/// stores (48.6/44.8 against 36.4/37.8 GB/s, 3 interleaved runs; 1 MiB level, 2-8 MiB
+/// 0.74-0.78x), while `osu_bibw` needs them from [`STREAM_NT_MIN`] (256 KiB-1 MiB 1.41-1.86x
+/// the bytes with them). A window's receive buffers in OSU are one buffer, which stays in
+/// the cache; the earlier measurement of the one-way case from 256 KiB was on a noisy host.
+const STREAM_NT_ONE_WAY_MIN: usize = 1 << 20;
 
 /// The smallest streamed read copied out with non-temporal stores when the fabric's largest
 /// packet is `max_packet` bytes (see [`STREAM_NT_MIN`]).
@@ -184,6 +194,14 @@ fn stream_nt_min(max_packet: usize) -> usize {
     } else {
         tmpi_transport::shm::streaming_copy_min()
     }
+}
+/// Whether a streamed read of `n` bytes is copied out of the rings with non-temporal stores
+/// ([`tmpi_transport::shm::copy_streaming`]): from half the L3 always, and from `nt_min`
+/// ([`stream_nt_min`]) among other reads in flight (`windowed`), where the peer reads from
+/// this rank at the same time (`both_ways`), else from [`STREAM_NT_ONE_WAY_MIN`].
+fn copies_out_around_cache(n: usize, windowed: bool, both_ways: bool, nt_min: usize) -> bool {
+    let window_min = if both_ways { nt_min } else { nt_min.max(STREAM_NT_ONE_WAY_MIN) };
+    n >= tmpi_transport::shm::streaming_copy_min() || (windowed && n >= window_min)
 }
 /// A peer that sent a FIN within this many of our reads is reading from us (see
 /// `State::peer_reading`).
@@ -627,6 +645,33 @@ mod tests {
         assert_eq!(n & SYNC_FLAG, 0);
         let k2 = Key::new(WIRE_IDX_MASK, u32::MAX);
         assert_eq!(wire_name(k2) & SYNC_FLAG, 0);
+    }
+
+    /// Windows of streamed reads go around the cache from 256 KiB where both ranks read
+    /// (`osu_bibw`), from 1 MiB where one does (`osu_bw`), and a lone read only from half the
+    /// L3; out of small packets (1 MiB rings), only from half the L3.
+    #[test]
+    fn windows_go_around_the_cache_from_a_size_that_depends_on_the_direction() {
+        let big = tmpi_transport::shm::streaming_copy_min();
+        let nt = stream_nt_min(1 << 20);
+        assert_eq!(nt, STREAM_NT_MIN);
+        for (n, windowed, both, around) in [
+            (256 << 10, true, true, true),
+            (256 << 10, true, false, false),
+            (512 << 10, true, false, false),
+            (1 << 20, true, false, true),
+            (1 << 20, false, true, false),
+            ((128 << 10) - 1, true, true, false),
+            (big - 1, false, true, false),
+            (big, false, false, true),
+        ] {
+            // (Half the L3 is at least 512 KiB; a read of that size always goes around.)
+            let around = around || n >= big;
+            assert_eq!(copies_out_around_cache(n, windowed, both, nt), around, "{n} windowed {windowed} both {both}");
+        }
+        let small = stream_nt_min(256 << 10);
+        assert!(!copies_out_around_cache(big - 1, true, true, small));
+        assert!(copies_out_around_cache(big, true, false, small));
     }
 
     #[test]

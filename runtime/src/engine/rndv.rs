@@ -478,18 +478,21 @@ impl State {
             Rma::ReadResp { offset, data, .. } => {
                 let off = usize::try_from(offset).unwrap_or(usize::MAX);
                 let windowed = self.reads.len() > 1;
+                let both_ways = self.peer_reading(p.src);
                 let op = self.reads.get_mut(read).ok_or_else(|| malformed("read response for no read"))?;
                 if off.checked_add(data.len()).is_none_or(|end| end > op.n) {
                     return Err(malformed("read response outside the read"));
                 }
                 // A read far larger than the cache goes around it (see `copy_streaming`), and
                 // so does one of `stream_nt_min` or more among others in flight (a window,
-                // whose destinations together outgrow the cache); a lone one below half the
+                // whose destinations together outgrow the cache), from
+                // `STREAM_NT_ONE_WAY_MIN` where the peer does not read from this rank at the
+                // same time (`osu_bw`: its one receive buffer stays in the cache); a lone one below half the
                 // L3 does not (a ping-pong's buffers stay in the cache: `osu_latency` 1/2 MiB
                 // took 1.20/1.27x the time with those stores). Not for a window of smaller
                 // reads, as a heap read does (`around_cache`): from 1 MiB rings, that took
                 // `osu_bw` 0.83-0.95x the bytes at 512 KiB-4 MiB.
-                let stream = op.n >= tmpi_transport::shm::streaming_copy_min() || (windowed && op.n >= self.stream_nt_min);
+                let stream = copies_out_around_cache(op.n, windowed, both_ways, self.stream_nt_min);
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get(op.rid) {
                     if let Some(b) = &r.buf {
                         if stream {
