@@ -535,7 +535,6 @@ impl State {
                     *t = (*t).max((bytes as usize).min(ceiling));
                 }
                 self.stats.eager_advice += 1;
-                self.advise_as_led(src, bytes as usize);
             }
         }
         Ok(())
