@@ -58,7 +58,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             stats: false,
-            eager_limit: 262_144,
+            eager_limit: 524_288,
             rndv_threshold: None,
             unexpected_max: 64 << 20,
             tm_max_tags: 1023,
@@ -95,12 +95,24 @@ fn num(var: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
 
 /// `TMPI_RNDV_THRESHOLD=auto`: messages of at least this many bytes always use rendezvous.
 pub const RNDV_AUTO: usize = 262_144;
+/// `TMPI_RNDV_THRESHOLD=auto`: advice from a receiver of this host (`EAGER_BELOW`, see
+/// `engine::adapt`) raises where rendezvous starts up to this many bytes, one size class
+/// above [`RNDV_AUTO`]: on a quiet 2-core AMD EPYC host, 256 KiB messages moved 1.1x the
+/// bytes eagerly in `osu_bw` (52.6-54.8 against 48-50 GB/s by a streamed rendezvous) and
+/// 1.3-1.4x in `osu_bibw` (46-52 against 33-36).
+pub const RNDV_ADVISED_MAX: usize = 524_288;
 
 impl Config {
     /// Messages of at least this many bytes always use rendezvous (`TMPI_RNDV_THRESHOLD`, or
     /// [`RNDV_AUTO`]).
     pub fn rndv_ceiling(&self) -> usize {
         self.rndv_threshold.unwrap_or(RNDV_AUTO)
+    }
+
+    /// The highest start of rendezvous that a receiver's advice may set: the configured
+    /// threshold, or with auto [`RNDV_ADVISED_MAX`].
+    pub fn advice_ceiling(&self) -> usize {
+        self.rndv_threshold.unwrap_or(RNDV_ADVISED_MAX)
     }
 
     /// Whether rendezvous starts low between ranks of one host and receivers advise senders

@@ -67,7 +67,10 @@
 //! through the rings without the read request. Then (or when single copy is not possible at
 //! all) it tells the sender [`Control::EagerBelow`] the top of that size class, and the
 //! sender sends that class eagerly from then on. Advice only ever raises a sender's
-//! threshold, never above the configured one.
+//! threshold, never above the configured one (with auto, never above 512 KiB,
+//! `RNDV_ADVISED_MAX`: the 256 KiB class may go eager). A rank that follows a leader's
+//! reads of a class ([`Epochs::lead`]) times none of them, so when the leader advises it
+//! eager for the class it advises the leader the same.
 //!
 //! [`Control::EagerBelow`]: tmpi_transport::wire::Control::EagerBelow
 //!
@@ -489,6 +492,12 @@ impl Epochs {
         if self.in_step && (IN_STEP_BELOW..CLASSES).contains(&class) {
             self.lead[class] = Some(arm);
         }
+    }
+
+    /// Whether a lower-ranked peer leads this rank's reads of `n` bytes (see
+    /// [`Epochs::lead`]).
+    pub(crate) fn follows(&self, n: usize) -> bool {
+        self.lead[class_of(n)].is_some()
     }
 
     /// Whether reads of `n` bytes learn while a peer reads them from this rank too; from 256

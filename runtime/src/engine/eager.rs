@@ -535,6 +535,7 @@ impl State {
                     *t = (*t).max((bytes as usize).min(ceiling));
                 }
                 self.stats.eager_advice += 1;
+                self.advise_as_led(src, bytes as usize);
             }
         }
         Ok(())

@@ -432,7 +432,8 @@ struct State {
     /// are advised), and the highest `Control::EagerBelow` sent to each peer.
     rndv_adaptive: bool,
     advised: Vec<usize>,
-    /// Messages of at least this many bytes always go by rendezvous.
+    /// Messages of at least this many bytes always go by rendezvous, whatever a receiver
+    /// advises (`Config::advice_ceiling`).
     rndv_ceiling: usize,
     /// Per world rank: its memory is reachable by single copy (same host; not over TCP).
     cma_peers: Vec<bool>,
@@ -579,7 +580,7 @@ impl Engine {
                 rndv_from,
                 rndv_adaptive: cfg.rndv_adaptive(),
                 advised: vec![0; size],
-                rndv_ceiling: cfg.rndv_ceiling(),
+                rndv_ceiling: cfg.advice_ceiling(),
                 cma_peers,
                 cma_q: VecDeque::new(),
                 cma_w: VecDeque::new(),

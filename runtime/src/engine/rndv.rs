@@ -379,6 +379,24 @@ impl State {
         }
     }
 
+    /// `TMPI_RNDV_THRESHOLD=auto`: lower-ranked `src`, which leads this rank's reads of a
+    /// size class (both read it from each other, see [`adapt::Epochs::lead`]), found that
+    /// eager pays for messages below `below`. A follower times none of its reads, so it
+    /// would never find that itself: it advises `src` the same, for the pair's two
+    /// directions move alike (`osu_bibw` 256 KiB: 51-53 GB/s with one direction eager, 33-36
+    /// with both by rendezvous).
+    pub(super) fn advise_as_led(&mut self, src: usize, below: usize) {
+        let below = below.min(self.rndv_ceiling);
+        if !self.rndv_adaptive || src >= self.rank || below == 0 || !self.copy.follows(below - 1) {
+            return;
+        }
+        if self.advised.get(src).is_none_or(|&a| a >= below) {
+            return;
+        }
+        self.advised[src] = below;
+        self.ctlq.push_back((src, ctl_msg(Control::EagerBelow { bytes: below as u32 })));
+    }
+
     /// Asks again, through the ring, for the first `len` bytes of read `key` (its single copy
     /// failed or its heap could not be mapped): it is no longer a measurement.
     pub(super) fn request_streamed(&mut self, key: Key, len: usize) {
@@ -1105,10 +1123,11 @@ mod tests {
                 assert_eq!(sb.cma_reads, 2, "single copy chosen: {sb:?}");
                 assert_eq!(sb.pregranted, 2, "copied at once, the sender's key check done with its request: {sb:?}");
             }
-            // Advice never lowers a threshold, nor raises it past the configured one.
+            // Advice never lowers a threshold, nor raises it past the ceiling (auto: one size
+            // class above the fixed start).
             a.st.on_control(1, &ctl_body(Control::EagerBelow { bytes: 1024 })).expect("advice");
             a.st.on_control(1, &ctl_body(Control::EagerBelow { bytes: u32::MAX })).expect("advice");
-            assert_eq!(a.st.rndv_from[1], crate::config::RNDV_AUTO);
+            assert_eq!(a.st.rndv_from[1], crate::config::RNDV_ADVISED_MAX);
         }
     }
 
@@ -1127,6 +1146,29 @@ mod tests {
             let err = r.expect_err("malformed").to_string();
             assert!(err.contains("READ_WAY") && err.contains(&format!("rank {src}")), "{err}");
         }
+    }
+
+    /// A follower times none of its reads of the class it follows: when its leader advises
+    /// eager for that class, it advises the leader the same; not for a class it does not
+    /// follow, nor to a higher rank, and only once.
+    #[test]
+    fn a_follower_advises_its_leader_as_it_was_advised() {
+        let mut v = super::super::testkit::job(2, Config::default());
+        let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
+        if !b.st.rndv_adaptive {
+            return;
+        }
+        let eager_below = |bytes: u32| ctl_body(Control::EagerBelow { bytes });
+        let queued = |e: &Engine| e.st.ctlq.len();
+        b.st.on_control(0, &eager_below(128 << 10)).expect("advice");
+        assert_eq!((b.st.rndv_from[0], b.st.advised[0], queued(&b)), (128 << 10, 0, 0), "the 64 KiB class is not followed");
+        b.st.on_control(0, &ctl_body(Control::ReadWay { class: 18, way: 0 })).expect("from the lower rank");
+        b.st.on_control(0, &eager_below(512 << 10)).expect("advice");
+        assert_eq!((b.st.rndv_from[0], b.st.advised[0], queued(&b)), (512 << 10, 512 << 10, 1), "advised back");
+        b.st.on_control(0, &eager_below(512 << 10)).expect("advice");
+        assert_eq!(queued(&b), 1, "once");
+        a.st.on_control(1, &eager_below(512 << 10)).expect("advice");
+        assert_eq!((a.st.rndv_from[1], a.st.advised[1], queued(&a)), (512 << 10, 0, 0), "a leader does not follow");
     }
 
     /// A pre-granted rendezvous whose sender abandons it (its scope unwinds) before the
