@@ -369,14 +369,24 @@ impl State {
             return;
         }
         let below = adapt::class_end(n).min(self.rndv_ceiling);
-        if self.advised.get(src).is_none_or(|&a| a >= below) {
+        if self.advised_up_to(src, below) {
             return;
         }
         let eager = if self.cma_to(src) { self.copy.eager_pays(n) } else { Some(true) };
         if eager == Some(true) {
-            self.advised[src] = below;
-            self.ctlq.push_back((src, ctl_msg(Control::EagerBelow { bytes: below as u32 })));
+            self.tell_eager_below(src, below);
         }
+    }
+
+    /// Whether `src` was told to send eagerly below `below` or more already (or is no rank).
+    fn advised_up_to(&self, src: usize, below: usize) -> bool {
+        self.advised.get(src).is_none_or(|&a| a >= below)
+    }
+
+    /// Tells `src` to send messages below `below` eagerly ([`Control::EagerBelow`]).
+    fn tell_eager_below(&mut self, src: usize, below: usize) {
+        self.advised[src] = below;
+        self.ctlq.push_back((src, ctl_msg(Control::EagerBelow { bytes: below as u32 })));
     }
 
     /// `TMPI_RNDV_THRESHOLD=auto`: lower-ranked `src`, which leads this rank's reads of a
@@ -387,14 +397,10 @@ impl State {
     /// with both by rendezvous).
     pub(super) fn advise_as_led(&mut self, src: usize, below: usize) {
         let below = below.min(self.rndv_ceiling);
-        if !self.rndv_adaptive || src >= self.rank || below == 0 || !self.copy.follows(below - 1) {
+        if !self.rndv_adaptive || src >= self.rank || below == 0 || !self.copy.follows(below - 1) || self.advised_up_to(src, below) {
             return;
         }
-        if self.advised.get(src).is_none_or(|&a| a >= below) {
-            return;
-        }
-        self.advised[src] = below;
-        self.ctlq.push_back((src, ctl_msg(Control::EagerBelow { bytes: below as u32 })));
+        self.tell_eager_below(src, below);
     }
 
     /// Asks again, through the ring, for the first `len` bytes of read `key` (its single copy
