@@ -116,11 +116,15 @@ pub(super) const CHUNK_MIN: usize = 16 << 10;
 /// when they would fit one packet, if the receiver has taken everything sent before (it is
 /// keeping up, or waiting for this message): cut into pieces ([`stream_piece`]), they let
 /// it copy out the first piece while the sender copies in the next, where one packet would
-/// make it wait for the whole copy-in (`osu_latency` 64-128 KiB: 0.87-0.93x the time). Below this
-/// size the fixed cost of each packet is larger than what the overlap saves; and a receiver
-/// with packets still to take is busy anyway (`osu_bibw` 32-64 KiB measured 0.93x with every
-/// message cut). bench/results/p2p-2026-11-25.md.
-pub(super) const PIPELINE_MIN: usize = 32 << 10;
+/// make it wait for the whole copy-in (`osu_latency` 64-128 KiB: 0.87-0.93x the time). A
+/// receiver with packets still to take is busy anyway (`osu_bibw` 32-64 KiB measured 0.93x
+/// with every message cut), bench/results/p2p-2026-11-25.md. This was 32 KiB while copies of
+/// 4-8 KiB went through `rep movsb`; with the vector copies of
+/// `tmpi_transport::shm::copy_bytes` a 16 KiB message in pieces of 4, 8 and 4 KiB measured
+/// `osu_latency` 0.66-0.69 against 0.76-0.89 us whole (4 interleaved runs), and `osu_bw` and
+/// `osu_bibw` 16 KiB no slower (bench/results/p2p-2026-11-28.md, session 30). Below 16 KiB
+/// the fixed cost of each packet is larger than what the overlap saves.
+pub(super) const PIPELINE_MIN: usize = 16 << 10;
 
 /// Payload bytes per packet of a pipelined stream of `total` bytes (see [`CHUNK_MIN`]): a
 /// multiple of 4 KiB from `CHUNK_MIN`, at most `max` (and at least 1).
