@@ -103,14 +103,21 @@ pub(super) fn ctl_msg(c: Control) -> Ctl {
 
 /// Pipelining of a multi-packet stream on shared memory (eager data longer than one packet,
 /// a streamed rendezvous read) that is alone in its queue, i.e. a receiver waiting for this one
-/// message: the sender cuts `total` bytes into chunks of about `sqrt(total * CHUNK_MIN)`
-/// bytes, so that the receiver starts copying out after the first chunk while the sender
-/// copies in the next (both cores busy), and the fixed cost of a packet stays small against
-/// its copy (64 KiB chunks for 256 KiB, 128 KiB for 1 MiB, the ring's largest packet from 4
-/// MiB). Streams queued behind each other (a window of messages) go in the largest packets:
-/// the receiver is kept busy by the queue, and there smaller packets measured slower.
-/// Measurements: bench/results/large-pipeline.md.
-pub(super) const CHUNK_MIN: usize = 16 << 10;
+/// message: the sender cuts `total` bytes into chunks of about `sqrt(total * CHUNK_SCALE)`
+/// bytes (at least [`CHUNK_MIN`]), so that the receiver starts copying out after the first
+/// chunk while the sender copies in the next (both cores busy), and the fixed cost of a packet
+/// stays small against its copy (32 KiB chunks for 256 KiB, 64 KiB for 1 MiB, 128 KiB for 4
+/// MiB, the ring's largest packet from 256 MiB). Streams queued behind each other (a window of
+/// messages) go in the largest packets: the receiver is kept busy by the queue, and there
+/// smaller packets measured slower. Measurements: bench/results/large-pipeline.md; the scale
+/// was 16 KiB (chunks twice as long) until the ring stopped claiming and prefetching the
+/// lines of stream packets (`tmpi_transport::shm::ring`), after which `osu_latency`
+/// measured (5 interleaved runs, medians) 32 KiB 0.93 against 1.00 us, 64 KiB 1.44 against
+/// 1.60, 4 MiB 85.9 against 94.4 (bench/results/p2p-2026-11-28.md, session 30).
+pub(super) const CHUNK_SCALE: usize = 4 << 10;
+
+/// The shortest chunk of a pipelined stream (see [`CHUNK_SCALE`]).
+pub(super) const CHUNK_MIN: usize = 8 << 10;
 
 /// Eager messages from this size on are sent as a pipelined stream on shared memory, even
 /// when they would fit one packet, if the receiver has taken everything sent before (it is
@@ -126,10 +133,10 @@ pub(super) const CHUNK_MIN: usize = 16 << 10;
 /// the fixed cost of each packet is larger than what the overlap saves.
 pub(super) const PIPELINE_MIN: usize = 16 << 10;
 
-/// Payload bytes per packet of a pipelined stream of `total` bytes (see [`CHUNK_MIN`]): a
-/// multiple of 4 KiB from `CHUNK_MIN`, at most `max` (and at least 1).
+/// Payload bytes per packet of a pipelined stream of `total` bytes (see [`CHUNK_SCALE`]): a
+/// multiple of 4 KiB from [`CHUNK_MIN`], at most `max` (and at least 1).
 pub(super) fn stream_chunk(total: usize, max: usize) -> usize {
-    let c = total.saturating_mul(CHUNK_MIN).isqrt().next_multiple_of(4096);
+    let c = total.saturating_mul(CHUNK_SCALE).isqrt().next_multiple_of(4096);
     c.max(CHUNK_MIN).min(max).max(1)
 }
 
@@ -835,8 +842,10 @@ mod tests {
     fn pipelined_chunks_grow_with_the_message_and_respect_the_packet_limit() {
         let max = 262_128;
         assert_eq!(stream_chunk(0, max), CHUNK_MIN);
-        assert_eq!(stream_chunk(64 << 10, max), 32 << 10);
-        assert_eq!(stream_chunk(1 << 20, max), 128 << 10);
+        assert_eq!(stream_chunk(64 << 10, max), 16 << 10);
+        assert_eq!(stream_chunk(256 << 10, max), 32 << 10);
+        assert_eq!(stream_chunk(1 << 20, max), 64 << 10);
+        assert_eq!(stream_chunk(4 << 20, max), 128 << 10);
         assert_eq!(stream_chunk(64 << 20, max), max, "capped by the ring's packet limit");
         assert_eq!(stream_chunk(usize::MAX, max), max);
         assert_eq!(stream_chunk(1 << 20, 100), 100, "a small packet limit wins over the minimum");

@@ -47,7 +47,13 @@
 //! Records longer than a line: the consumer fetches all of a record's lines (up to 16 KiB) as
 //! soon as it has read the header, and the producer, after such a record, claims the lines
 //! the next one will take (`prefetchw`), so that neither side waits for one line transfer
-//! after another (`bench/results/p2p-2026-11-26.md`).
+//! after another (`bench/results/p2p-2026-11-26.md`). Only for whole messages: a packet of
+//! a longer message (a piece of a pipelined stream, the record that carries the total
+//! length) gets neither. There the consumer copies out one piece while the producer copies
+//! in the next, and the hardware prefetchers keep up with both; the claims and the fetch of
+//! a whole piece at once only competed with those copies for the line transfers between
+//! the cores (`osu_latency` 64-256 KiB in 16 KiB pieces: 1.48-2.5 against 2.1-6.9 us with
+//! them, bench/results/p2p-2026-11-28.md, session 30).
 //!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
@@ -90,9 +96,10 @@ pub const STREAM_WINDOW: u64 = 384 << 10;
 /// (`bench/results/p2p-2026-11-27e.md`).
 pub const HOT_SPAN: u64 = 1 << 20;
 
-/// Records of at most this many bytes (a 16 KiB eager message with its headers) are fetched
-/// whole as soon as their header is seen, and make their producer claim the lines of the next
-/// one (see [`Producer::claim_ahead`]).
+/// Records of whole messages of at most this many bytes (a 16 KiB eager message with its
+/// headers) are fetched whole as soon as their header is seen, and make their producer claim
+/// the lines of the next one (see [`Producer::claim_ahead`]; not packets of longer messages,
+/// see the module docs).
 const PREFETCH_RECORD_MAX: u64 = 16448;
 /// How far past the next header slot [`Producer::claim_ahead`] claims lines at least (at most
 /// a record's length).
@@ -353,7 +360,7 @@ impl Producer {
         self.head += rec;
         // SAFETY: ctl valid for the producer's life.
         unsafe { self.ctl.as_ref() }.head.store(self.head, Ordering::Release);
-        if self.claim && rec > 64 && rec <= PREFETCH_RECORD_MAX {
+        if self.claim && rec > 64 && rec <= PREFETCH_RECORD_MAX && !long {
             self.claim_ahead(rec);
         }
         Ok(true)
@@ -364,9 +371,9 @@ impl Producer {
     /// likely as long as this one), each line once, so that the next record's stores do not
     /// each wait for the consumer's copy of their line to be invalidated (it read them a lap
     /// ago) before its header can be published. Only after records of more than one line
-    /// (up to [`PREFETCH_RECORD_MAX`]): the next header slot's own line is the one the
-    /// consumer polls, and claiming lines ahead of a stream of small records only fights the
-    /// consumer's [`Consumer::prefetch_ahead`]. With the consumer fetching a whole record at
+    /// (up to [`PREFETCH_RECORD_MAX`]) of whole messages: the next header slot's own line is
+    /// the one the consumer polls, and claiming lines ahead of a stream of small records only
+    /// fights the consumer's [`Consumer::prefetch_ahead`]. With the consumer fetching a whole record at
     /// once (in [`Consumer::peek`]), 5 interleaved runs each against neither:
     /// `osu_latency` 64-512 B 0.68-0.87x the time, 1-4 KiB 0.94-0.95x, 8 KiB 0.85x; `osu_bw`
     /// and `osu_bibw` 1-4 KiB 1.10-1.33x, `osu_bibw` 64-128 B 1.35-1.64x; `osu_bw` 64-128 B
@@ -482,10 +489,11 @@ impl Consumer {
         if len > self.max_payload || off + span > self.size || flags & FLAG_SKIP != 0 {
             return Err(Error::Malformed { what: "shm record header out of bounds" });
         }
-        if span <= PREFETCH_RECORD_MAX {
+        if span <= PREFETCH_RECORD_MAX && !long {
             // Fetch the record's other lines at once, while the caller matches its header:
             // they cross from the producer's core together, not one after another (see
-            // `Producer::claim_ahead` for what both measured).
+            // `Producer::claim_ahead` for what both measured). Not a packet of a longer
+            // message (module docs).
             let mut a = (off & !63) + 64;
             while a < off + span {
                 // Inside the record, checked above.
@@ -651,6 +659,12 @@ mod tests {
             c.release(span);
         }
         assert!(pushed > size / 128, "the ring wrapped: {pushed} records of 128 bytes");
+        // A packet of a longer message (its header carries the total) claims nothing.
+        let before = p.claimed_to;
+        assert!(p.try_push(3, 1000, &[&payload]).unwrap());
+        assert_eq!(p.claimed_to, before, "a stream packet claims no lines");
+        let rec = c.peek().unwrap().unwrap();
+        assert_eq!((rec.flags, rec.total_len, rec.data), (3, 1000, &payload[..]));
     }
 
     #[test]
