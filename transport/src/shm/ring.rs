@@ -44,12 +44,12 @@
 //! packet) and the largest (streamed rendezvous data, whose pipelining needs two of them in
 //! flight) are limited by the ring's size alone.
 //!
-//! Records longer than a line: the consumer fetches all of a record's lines (up to 16 KiB) as
-//! soon as it has read the header, and the producer, after such a record, claims the lines
-//! the next one will take (`prefetchw`), so that neither side waits for one line transfer
-//! after another (`bench/results/p2p-2026-11-26.md`). Only for whole messages: a packet of
-//! a longer message (a piece of a pipelined stream, the record that carries the total
-//! length) gets neither. There the consumer copies out one piece while the producer copies
+//! Records longer than a line: the consumer fetches all of a record's lines (up to 4 KiB) as
+//! soon as it has read the header, and the producer, after such a record (up to 16 KiB),
+//! claims the lines the next one will take (`prefetchw`), so that neither side waits for one
+//! line transfer after another (`bench/results/p2p-2026-11-26.md`). Only for whole
+//! messages: a packet of a longer message (a piece of a pipelined stream, the record that
+//! carries the total length) gets neither. There the consumer copies out one piece while the producer copies
 //! in the next, and the hardware prefetchers keep up with both; the claims and the fetch of
 //! a whole piece at once only competed with those copies for the line transfers between
 //! the cores (`osu_latency` 64-256 KiB in 16 KiB pieces: 1.48-2.5 against 2.1-6.9 us with
@@ -96,11 +96,19 @@ pub const STREAM_WINDOW: u64 = 384 << 10;
 /// (`bench/results/p2p-2026-11-27e.md`).
 pub const HOT_SPAN: u64 = 1 << 20;
 
+/// Records of whole messages of at most this many bytes (a 4 KiB eager message with its
+/// headers) are fetched whole as soon as their header is seen (not packets of longer
+/// messages, see the module docs). It was 16 KiB until the copies of 2-8 KiB went to vector
+/// loops (`super::copy_bytes`); then the fetch of an 8 KiB message's 129 lines at once
+/// measured slower than none: `osu_latency` 8 KiB 0.39-0.40 against 0.45-0.46 us, with
+/// `osu_bw` and `osu_bibw` 8-16 KiB level (3 interleaved runs; without the fetch at 4 KiB
+/// and below, `osu_bibw` 2 KiB ran 19-28 against 33-36 GB/s), bench/results/p2p-2026-11-28.md,
+/// session 30.
+const PREFETCH_RECORD_MAX: u64 = 4160;
 /// Records of whole messages of at most this many bytes (a 16 KiB eager message with its
-/// headers) are fetched whole as soon as their header is seen, and make their producer claim
-/// the lines of the next one (see [`Producer::claim_ahead`]; not packets of longer messages,
-/// see the module docs).
-const PREFETCH_RECORD_MAX: u64 = 16448;
+/// headers) make their producer claim the lines of the next one (see
+/// [`Producer::claim_ahead`]; not packets of longer messages, see the module docs).
+const CLAIM_RECORD_MAX: u64 = 16448;
 /// How far past the next header slot [`Producer::claim_ahead`] claims lines at least (at most
 /// a record's length).
 const CLAIM_AHEAD: u64 = 256;
@@ -360,7 +368,7 @@ impl Producer {
         self.head += rec;
         // SAFETY: ctl valid for the producer's life.
         unsafe { self.ctl.as_ref() }.head.store(self.head, Ordering::Release);
-        if self.claim && rec > 64 && rec <= PREFETCH_RECORD_MAX && !long {
+        if self.claim && rec > 64 && rec <= CLAIM_RECORD_MAX && !long {
             self.claim_ahead(rec);
         }
         Ok(true)
@@ -371,7 +379,7 @@ impl Producer {
     /// likely as long as this one), each line once, so that the next record's stores do not
     /// each wait for the consumer's copy of their line to be invalidated (it read them a lap
     /// ago) before its header can be published. Only after records of more than one line
-    /// (up to [`PREFETCH_RECORD_MAX`]) of whole messages: the next header slot's own line is
+    /// (up to [`CLAIM_RECORD_MAX`]) of whole messages: the next header slot's own line is
     /// the one the consumer polls, and claiming lines ahead of a stream of small records only
     /// fights the consumer's [`Consumer::prefetch_ahead`]. With the consumer fetching a whole record at
     /// once (in [`Consumer::peek`]), 5 interleaved runs each against neither:
