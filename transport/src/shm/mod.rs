@@ -344,8 +344,8 @@ const VECTOR_COPY_ABOVE: usize = 2048;
 /// 32-35 against 17.5-18.4 GB/s, 8 KiB 33-39 against 27.5-30; `osu_bibw` 4 KiB 40-42
 /// against 28-30. Longer copies were no faster (16 KiB messages) or slower: the 12 KiB
 /// first piece of a pipelined 128 KiB stream, whose ring lines nobody has claimed for
-/// writing, took `osu_latency` 128 KiB from 2.7 to 3.0 us (`rep movsb` writes whole lines
-/// without fetching them first; a vector loop fetches each line it writes).
+/// writing, took `osu_latency` 128 KiB from 2.7 to 3.0 us (likely because a vector loop
+/// fetches each line it writes, where `rep movsb` may write whole lines without the fetch).
 const VECTOR_COPY_MAX: usize = 8192;
 
 /// Whether this CPU has AVX (32-byte vector loads and stores); read once by the standard

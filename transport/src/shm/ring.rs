@@ -45,15 +45,15 @@
 //! flight) are limited by the ring's size alone.
 //!
 //! Records longer than a line: the consumer fetches all of a record's lines (up to 4 KiB) as
-//! soon as it has read the header, and the producer, after such a record (up to 16 KiB),
-//! claims the lines the next one will take (`prefetchw`), so that neither side waits for one
-//! line transfer after another (`bench/results/p2p-2026-11-26.md`). Only for whole
-//! messages: a packet of a longer message (a piece of a pipelined stream, the record that
-//! carries the total length) gets neither. There the consumer copies out one piece while the producer copies
-//! in the next, and the hardware prefetchers keep up with both; the claims and the fetch of
-//! a whole piece at once only competed with those copies for the line transfers between
-//! the cores (`osu_latency` 64-256 KiB in 16 KiB pieces: 1.48-2.5 against 2.1-6.9 us with
-//! them, bench/results/p2p-2026-11-28.md, session 30).
+//! soon as it has read the header, and the producer, after such a record (up to 16 KiB), claims
+//! the lines the next one will take (`prefetchw`), so that neither side waits for one line
+//! transfer after another (`bench/results/p2p-2026-11-26.md`). Only for whole messages: a
+//! packet of a longer message (a piece of a pipelined stream, the record that carries the total
+//! length) gets neither. There the consumer copies out one piece while the producer copies in
+//! the next, and the hardware prefetchers keep up with both; the claims and the fetch of a
+//! whole piece at once only competed with those copies for the line transfers between the cores
+//! (`osu_latency` 64-256 KiB in 16 KiB pieces: 1.48-2.5 against 2.1-6.9 us with them,
+//! bench/results/p2p-2026-11-28.md, session 30).
 //!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
@@ -378,14 +378,13 @@ impl Producer {
     /// next header slot to `rec` bytes past it ([`CLAIM_AHEAD`] at least: the next record is
     /// likely as long as this one), each line once, so that the next record's stores do not
     /// each wait for the consumer's copy of their line to be invalidated (it read them a lap
-    /// ago) before its header can be published. Only after records of more than one line
-    /// (up to [`CLAIM_RECORD_MAX`]) of whole messages: the next header slot's own line is
-    /// the one the consumer polls, and claiming lines ahead of a stream of small records only
-    /// fights the consumer's [`Consumer::prefetch_ahead`]. With the consumer fetching a whole record at
-    /// once (in [`Consumer::peek`]), 5 interleaved runs each against neither:
-    /// `osu_latency` 64-512 B 0.68-0.87x the time, 1-4 KiB 0.94-0.95x, 8 KiB 0.85x; `osu_bw`
-    /// and `osu_bibw` 1-4 KiB 1.10-1.33x, `osu_bibw` 64-128 B 1.35-1.64x; `osu_bw` 64-128 B
-    /// 0.93-0.98x.
+    /// ago) before its header can be published. Only after records of more than one line (up to
+    /// [`CLAIM_RECORD_MAX`]) of whole messages: the next header slot's own line is the one the
+    /// consumer polls, and claiming lines ahead of a stream of small records only fights the
+    /// consumer's [`Consumer::prefetch_ahead`]. With the consumer fetching a whole record at
+    /// once (in [`Consumer::peek`]), 5 interleaved runs each against neither: `osu_latency`
+    /// 64-512 B 0.68-0.87x the time, 1-4 KiB 0.94-0.95x, 8 KiB 0.85x; `osu_bw` and `osu_bibw`
+    /// 1-4 KiB 1.10-1.33x, `osu_bibw` 64-128 B 1.35-1.64x; `osu_bw` 64-128 B 0.93-0.98x.
     #[inline(always)]
     fn claim_ahead(&mut self, rec: u64) {
         let next = self.head & (self.size - 1);
