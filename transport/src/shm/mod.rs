@@ -297,7 +297,7 @@ fn parse_cache_size(s: &str) -> Option<usize> {
 /// Copies `n` bytes from `src` to `dst`; up to 32 bytes (packet headers, small messages) are
 /// copied inline (two overlapping unaligned words) instead of through a call to `memcpy`,
 /// whose dispatch costs more than such a copy; from 2 KiB to 8 KiB in AVX vectors
-/// ([`VECTOR_COPY_MAX`] says why). The ring's producer and the runtime's receive buffers both
+/// (`VECTOR_COPY_MAX` says why). The ring's producer and the runtime's receive buffers both
 /// copy with it.
 ///
 /// # Safety
