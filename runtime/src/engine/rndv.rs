@@ -512,10 +512,10 @@ impl State {
                 // whose destinations together outgrow the cache), from
                 // `STREAM_NT_ONE_WAY_MIN` where the peer does not read from this rank at the
                 // same time (`osu_bw`: its one receive buffer stays in the cache); a lone one
-                // below half the L3 does not (a ping-pong's buffers stay in the cache: `osu_latency` 1/2 MiB
-                // took 1.20/1.27x the time with those stores). Not for a window of smaller
-                // reads, as a heap read does (`around_cache`): from 1 MiB rings, that took
-                // `osu_bw` 0.83-0.95x the bytes at 512 KiB-4 MiB.
+                // below half the L3 does not (a ping-pong's buffers stay in the cache:
+                // `osu_latency` 1/2 MiB took 1.20/1.27x the time with those stores). Not for a
+                // window of smaller reads, as a heap read does (`around_cache`): from 1 MiB
+                // rings, that took `osu_bw` 0.83-0.95x the bytes at 512 KiB-4 MiB.
                 let stream = copies_out_around_cache(op.n, windowed, both_ways, self.stream_nt_min);
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get(op.rid) {
                     if let Some(b) = &r.buf {

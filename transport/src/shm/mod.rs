@@ -538,14 +538,8 @@ mod tests {
 
     #[test]
     fn copy_bytes_copies_every_length_exactly() {
-        let src: Vec<u8> = (1..=40).collect();
-        for n in 0..=40 {
-            let mut dst = vec![0u8; 40];
-            // SAFETY: both buffers hold 40 >= n bytes and are distinct allocations.
-            unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
-            assert_eq!(&dst[..n], &src[..n], "n = {n}");
-            assert!(dst[n..].iter().all(|&b| b == 0), "n = {n} wrote past its end");
-        }
+        let lens: Vec<usize> = (0..=40).collect();
+        check_copies(&[0], &[0], &lens, copy_with_copy_bytes);
     }
 
     /// Rank 0 and rank 1 of a fresh 2-rank segment, in this process.
@@ -600,16 +594,16 @@ mod tests {
         assert_eq!(b.poll(|p| p.data == b"hi").expect("poll"), 1);
     }
 
-    #[test]
-    fn copy_bytes_copies_vector_lengths_at_every_alignment() {
+    /// Runs `copy(dst, src)` at every offset pair and length given, from a patterned source
+    /// into a destination filled with 0xee, and checks the copy and that nothing outside it
+    /// was written.
+    fn check_copies(dst_offs: &[usize], src_offs: &[usize], lens: &[usize], copy: impl Fn(&mut [u8], &[u8])) {
         let src: Vec<u8> = (0..9000u32).map(|i| (i * 13 + 5) as u8).collect();
-        for dst_off in [0, 1, 8, 24, 31, 32, 33] {
-            for src_off in [0, 3, 16] {
-                for len in [2047, 2048, 2049, 2111, 2112, 3000, 4096, 4097, 8191, 8192, 8193] {
+        for &dst_off in dst_offs {
+            for &src_off in src_offs {
+                for &len in lens {
                     let mut dst = vec![0xeeu8; dst_off + len + 8];
-                    // SAFETY: `dst` holds dst_off + len bytes and more, `src` src_off + len;
-                    // distinct allocations.
-                    unsafe { copy_bytes(src.as_ptr().add(src_off), dst.as_mut_ptr().add(dst_off), len) };
+                    copy(&mut dst[dst_off..dst_off + len], &src[src_off..src_off + len]);
                     assert_eq!(&dst[dst_off..dst_off + len], &src[src_off..src_off + len], "{dst_off} {src_off} {len}");
                     assert!(dst[..dst_off].iter().chain(&dst[dst_off + len..]).all(|&b| b == 0xee), "wrote outside");
                 }
@@ -617,20 +611,24 @@ mod tests {
         }
     }
 
+    /// [`copy_bytes`] between two slices of one length.
+    fn copy_with_copy_bytes(dst: &mut [u8], src: &[u8]) {
+        assert_eq!(dst.len(), src.len());
+        // SAFETY: `dst` and `src` hold `src.len()` bytes each and cannot overlap (`&mut`).
+        unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+    }
+
+    #[test]
+    fn copy_bytes_copies_vector_lengths_at_every_alignment() {
+        let lens = [2047, 2048, 2049, 2111, 2112, 3000, 4096, 4097, 8191, 8192, 8193];
+        check_copies(&[0, 1, 8, 24, 31, 32, 33], &[0, 3, 16], &lens, copy_with_copy_bytes);
+    }
+
     #[test]
     fn streaming_copy_is_a_copy_at_every_alignment_and_length() {
+        let lens = [0, 1, 15, 16, 63, 64, 65, 127, 128, 1000, 4096 + 17];
+        check_copies(&[0, 1, 8, 15, 16, 33], &[0, 1, 5, 16], &lens, |dst, src| assert_eq!(copy_streaming(dst, src), src.len()));
         let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
-        for dst_off in [0, 1, 8, 15, 16, 33] {
-            for src_off in [0, 1, 5, 16] {
-                for len in [0, 1, 15, 16, 63, 64, 65, 127, 128, 1000, 4096 + 17] {
-                    let mut dst = vec![0xeeu8; dst_off + len + 8];
-                    let n = copy_streaming(&mut dst[dst_off..dst_off + len], &src[src_off..src_off + len]);
-                    assert_eq!(n, len);
-                    assert_eq!(&dst[dst_off..dst_off + len], &src[src_off..src_off + len], "{dst_off} {src_off} {len}");
-                    assert!(dst[..dst_off].iter().chain(&dst[dst_off + len..]).all(|&b| b == 0xee), "wrote outside");
-                }
-            }
-        }
         // Unequal lengths: the shorter one counts.
         let mut dst = [0u8; 100];
         assert_eq!(copy_streaming(&mut dst, &src[..70]), 70);
