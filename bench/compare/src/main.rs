@@ -108,12 +108,20 @@ struct Cli {
     /// Cache-line one-way time (ns) above which the machine is called noisy.
     #[arg(long, default_value_t = 90.0)]
     cacheline_warn: f64,
+    /// Copy bandwidth, as a fraction of the session's best, below which the host is called
+    /// slow. The probe also streams 128 KiB messages through a two-copy ring between the two
+    /// cores (`bench/c/cacheline.c`, 1 GiB per run); on a shared host that figure can halve
+    /// for seconds while the cache-line time stays level, and every transfer from 32 KiB up
+    /// halves with it. 0 turns this probe off.
+    #[arg(long, default_value_t = 0.75)]
+    copy_warn: f64,
     /// How many times an invocation that ran while the host was slow is run again. Around
     /// every invocation (all the segments of one benchmark for one configuration) a short
-    /// cache-line probe reads the host's state; above `--cacheline-warn` before or after it,
-    /// its samples are thrown away and it runs again, after waiting up to `--settle` seconds
-    /// for the host to turn quiet. After the last retry the samples are kept and the report
-    /// lists them. 0 turns the probes around invocations off.
+    /// probe reads the host's state; when the cache-line time is above `--cacheline-warn` or
+    /// the copy bandwidth below `--copy-warn` before or after it, its samples are thrown away
+    /// and it runs again, after waiting up to `--settle` seconds for the host to turn quiet.
+    /// After the last retry the samples are kept and the report lists them. 0 turns the
+    /// probes around invocations off.
     #[arg(long, default_value_t = 2)]
     retries: usize,
     /// Longest wait, in seconds, for the host to turn quiet before an invocation (probing
@@ -200,22 +208,40 @@ fn require_tmpi(bin_dir: &Path, names: &[&str]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Runs the cache-line probe once: (median, best) ns per one-way transfer.
-fn probe_cacheline(probe: &Path, rounds: u64) -> Result<(f64, f64), Error> {
-    let argv = vec![probe.display().to_string(), rounds.to_string()];
-    run(&argv, Duration::from_secs(300)).and_then(|o| o.check("cacheline")).and_then(|o| parse::parse_cacheline(&o.stdout))
+/// MiB per run of the copy-bandwidth probe (5 runs; about 0.1 s on a quiet host).
+const PIPE_MIB: u64 = 1024;
+
+/// One reading of the host probe: the cache line's (median, best) ns per one-way transfer,
+/// and, when asked for, the copy pipeline's (median, best) GB/s.
+#[derive(Debug, Clone, Copy)]
+struct HostFigure {
+    line: (f64, f64),
+    pipe: Option<(f64, f64)>,
 }
 
-/// Runs the cache-line probe once; prints and returns (median, best).
-fn cacheline(probe: Option<&Path>, rounds: u64, when: &str) -> Option<(f64, f64)> {
-    let r = probe_cacheline(probe?, rounds);
-    match r {
-        Ok((m, b)) => {
+/// Runs the host probe once, with the copy-bandwidth part when `pipe` is set.
+fn probe_host(probe: &Path, rounds: u64, pipe: bool) -> Result<HostFigure, Error> {
+    let mut argv = vec![probe.display().to_string(), rounds.to_string()];
+    if pipe {
+        argv.push(PIPE_MIB.to_string());
+    }
+    let out = run(&argv, Duration::from_secs(300)).and_then(|o| o.check("cacheline"))?;
+    Ok(HostFigure { line: parse::parse_cacheline(&out.stdout)?, pipe: if pipe { Some(parse::parse_pipe(&out.stdout)?) } else { None } })
+}
+
+/// Runs the host probe once; prints and returns its figures.
+fn host_figure(probe: Option<&Path>, rounds: u64, pipe: bool, when: &str) -> Option<HostFigure> {
+    match probe_host(probe?, rounds, pipe) {
+        Ok(f) => {
+            let (m, b) = f.line;
             println!("cache-line ping-pong {when}: {m:.1} ns one way (median), best {b:.1} ns");
-            Some((m, b))
+            if let Some((m, b)) = f.pipe {
+                println!("pipe copy {when}: {m:.1} GB/s (median), best {b:.1} GB/s");
+            }
+            Some(f)
         }
         Err(e) => {
-            eprintln!("tmpi-compare: cache-line probe failed: {e}");
+            eprintln!("tmpi-compare: host probe failed: {e}");
             None
         }
     }
@@ -285,29 +311,64 @@ impl Limits {
     }
 }
 
+/// One reading of the guard's probe: the medians of the cache-line time (ns) and of the copy
+/// bandwidth (GB/s, when that probe is on).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Reading {
+    ns: f64,
+    gbs: Option<f64>,
+}
+
+/// When the host counts as slow: the cache-line time above `warn_ns`, or the copy bandwidth
+/// below `copy_warn` times the best seen this session (the session's quiet figure).
+#[derive(Debug, Clone, Copy)]
+struct SlowRule {
+    warn_ns: f64,
+    copy_warn: f64,
+}
+
+impl SlowRule {
+    fn slow(&self, r: &Reading, best_gbs: f64) -> bool {
+        r.ns > self.warn_ns || r.gbs.is_some_and(|g| g < self.copy_warn * best_gbs)
+    }
+}
+
 /// The host-state checks around each invocation (see `--retries`).
 struct Guard<'a> {
     probe: &'a Path,
     /// Round trips of one probe run (the probe makes 5 runs).
     rounds: u64,
-    warn_ns: f64,
+    rule: SlowRule,
     retries: usize,
     settle: Duration,
+    /// The best copy-bandwidth median so far (0 until one is read; with the copy probe off it
+    /// stays 0 and never calls anything slow).
+    best_gbs: std::cell::Cell<f64>,
 }
 
 impl Guard<'_> {
-    /// The probe's median, `None` when it failed (then nothing is called slow).
-    fn read(&self) -> Option<f64> {
-        probe_cacheline(self.probe, self.rounds).ok().map(|(m, _)| m)
+    /// One reading, `None` when the probe failed (then nothing is called slow).
+    fn read(&self) -> Option<Reading> {
+        let f = probe_host(self.probe, self.rounds, self.rule.copy_warn > 0.0).ok()?;
+        let r = Reading { ns: f.line.0, gbs: f.pipe.map(|p| p.0) };
+        if let Some(g) = r.gbs {
+            self.best_gbs.set(self.best_gbs.get().max(g));
+        }
+        Some(r)
+    }
+
+    /// Whether `r` reads slow against the session's best so far.
+    fn slow(&self, r: &Reading) -> bool {
+        self.rule.slow(r, self.best_gbs.get())
     }
 
     /// Waits up to `settle` for a quiet reading; returns the last one.
-    fn settle(&self) -> Option<f64> {
+    fn settle(&self) -> Option<Reading> {
         let t0 = Instant::now();
         loop {
-            let m = self.read();
-            if m.is_none_or(|m| m <= self.warn_ns) || t0.elapsed() >= self.settle {
-                return m;
+            let r = self.read();
+            if r.is_none_or(|r| !self.slow(&r)) || t0.elapsed() >= self.settle {
+                return r;
             }
             std::thread::sleep(Duration::from_secs(2).min(self.settle.saturating_sub(t0.elapsed())));
         }
@@ -315,9 +376,13 @@ impl Guard<'_> {
 }
 
 /// The two probe readings around an invocation, for the log and the report.
-fn slow_label(before: Option<f64>, after: Option<f64>) -> String {
-    let f = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |m| format!("{m:.0}"));
-    format!("cache-line {} ns before, {} ns after", f(before), f(after))
+fn slow_label(before: Option<Reading>, after: Option<Reading>) -> String {
+    let f = |v: Option<Reading>| match v {
+        None => "–".to_string(),
+        Some(Reading { ns, gbs: None }) => format!("{ns:.0} ns"),
+        Some(Reading { ns, gbs: Some(g) }) => format!("{ns:.0} ns / {g:.1} GB/s"),
+    };
+    format!("probe {} before, {} after", f(before), f(after))
 }
 
 /// What one invocation (every segment of `bench` under `lib`) measured: its rows, its
@@ -368,7 +433,7 @@ fn run_benches(
                     let before = guard.and_then(Guard::settle);
                     let inv = run_invocation(paths, lib, *bench, segs, limits, rep);
                     let after = guard.and_then(Guard::read);
-                    let slow = guard.is_some_and(|g| [before, after].iter().flatten().any(|&m| m > g.warn_ns));
+                    let slow = guard.is_some_and(|g| [before, after].iter().flatten().any(|r| g.slow(r)));
                     println!(
                         "[rep {}/{reps}] {:<8} {:<10} {:>6.1} s   {} {}{}",
                         rep + 1,
@@ -468,6 +533,9 @@ fn main() -> ExitCode {
 fn real_main(cli: &Cli) -> Result<bool, Error> {
     let reps = cli.reps.unwrap_or(if cli.quick { 1 } else { 5 });
     let launch_reps = cli.launch_reps.unwrap_or(if cli.quick { 3 } else { 10 });
+    if !(0.0..=1.0).contains(&cli.copy_warn) {
+        return Err(Error::Usage("--copy-warn must be between 0 and 1".into()));
+    }
     if reps == 0 || launch_reps == 0 {
         return Err(Error::Usage("--reps and --launch-reps must be at least 1".into()));
     }
@@ -553,7 +621,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         return Err(Error::Usage("no configuration can run".into()));
     }
 
-    // 2. The cache-line figure, just before the runs.
+    // 2. The host figures, just before the runs.
     let probe = match build_cacheline(&paths) {
         Ok(p) => Some(p),
         Err(e) => {
@@ -562,7 +630,15 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         }
     };
     let rounds = if cli.quick { 100_000 } else { 300_000 };
-    let mut cl = Cacheline { before: cacheline(probe.as_deref(), rounds, "before"), after: None, warn_ns: cli.cacheline_warn };
+    let pipe = cli.copy_warn > 0.0;
+    let first = host_figure(probe.as_deref(), rounds, pipe, "before");
+    let mut cl = Cacheline {
+        before: first.map(|f| f.line),
+        pipe_before: first.and_then(|f| f.pipe),
+        warn_ns: cli.cacheline_warn,
+        copy_warn: cli.copy_warn,
+        ..Cacheline::default()
+    };
     // With probes around every invocation (below), a slow host only delays the runs.
     let guarded = probe.is_some() && cli.retries > 0;
     if let Some(w) = cl.warning().filter(|_| !guarded) {
@@ -580,14 +656,18 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     let guard = probe.as_deref().filter(|_| guarded).map(|p| Guard {
         probe: p,
         rounds: if cli.quick { 20_000 } else { 50_000 },
-        warn_ns: cli.cacheline_warn,
+        rule: SlowRule { warn_ns: cli.cacheline_warn, copy_warn: cli.copy_warn },
         retries: cli.retries,
         settle: Duration::from_secs(cli.settle),
+        best_gbs: std::cell::Cell::new(first.and_then(|f| f.pipe).map_or(0.0, |p| p.0)),
     });
     let (samples, host) = run_benches(&paths, &libs, &plan, reps, &limits, guard.as_ref(), &mut failures);
     let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, launch_reps, &mut failures));
     let warned = cl.warning().is_some();
-    cl.after = cacheline(probe.as_deref(), rounds, "after");
+    let last = host_figure(probe.as_deref(), rounds, pipe, "after");
+    cl.after = last.map(|f| f.line);
+    cl.pipe_after = last.and_then(|f| f.pipe);
+    cl.pipe_best = guard.as_ref().map(|g| g.best_gbs.get()).filter(|&b| b > 0.0);
     if let Some(w) = cl.warning().filter(|_| !warned && !guarded) {
         eprintln!("tmpi-compare: WARNING: {w}");
     }
@@ -662,6 +742,23 @@ mod tests {
         // An unknown core count never shortens a run.
         let l = Limits { cores: 0, ..l };
         assert_eq!(l.for_ranks(64), Duration::from_secs(900));
+    }
+
+    #[test]
+    fn the_host_is_slow_by_cache_line_or_by_copy_bandwidth() {
+        let rule = SlowRule { warn_ns: 90.0, copy_warn: 0.75 };
+        let quiet = Reading { ns: 40.0, gbs: Some(50.0) };
+        assert!(!rule.slow(&quiet, 52.0));
+        // A bandwidth spell: the cache line is level, the copies run at half speed.
+        assert!(rule.slow(&Reading { ns: 40.0, gbs: Some(25.0) }, 52.0));
+        assert!(rule.slow(&Reading { ns: 200.0, gbs: Some(50.0) }, 52.0));
+        // No copy figure (probe off) or no best yet: only the cache line counts.
+        assert!(!rule.slow(&Reading { ns: 40.0, gbs: None }, 52.0));
+        assert!(!rule.slow(&Reading { ns: 40.0, gbs: Some(1.0) }, 0.0));
+        let off = SlowRule { copy_warn: 0.0, ..rule };
+        assert!(!off.slow(&Reading { ns: 40.0, gbs: Some(1.0) }, 52.0));
+        assert_eq!(slow_label(Some(quiet), None), "probe 40 ns / 50.0 GB/s before, – after");
+        assert_eq!(slow_label(None, Some(Reading { ns: 210.0, gbs: None })), "probe – before, 210 ns after");
     }
 
     #[test]

@@ -100,8 +100,25 @@ pub fn parse_single(text: &str) -> Result<f64, Error> {
 /// # Errors
 /// [`Error::Parse`] when that line is missing or malformed.
 pub fn parse_cacheline(text: &str) -> Result<(f64, f64), Error> {
-    let bad = || Error::Parse(format!("no cache-line figure in {text:?}"));
-    let line = text.lines().find_map(|l| l.trim().strip_prefix("ns per one-way transfer:")).ok_or_else(bad)?;
+    parse_probe_line(text, "ns per one-way transfer", "cache-line")
+}
+
+/// The copy-bandwidth figure of `bench/c/cacheline.c ROUNDS MIB`: (median, best) GB/s through
+/// its two-copy pipeline, from its line `pipe copy GB/s (...): median M, best B`.
+///
+/// # Errors
+/// [`Error::Parse`] when that line is missing or malformed.
+pub fn parse_pipe(text: &str) -> Result<(f64, f64), Error> {
+    parse_probe_line(text, "pipe copy GB/s", "pipe-copy")
+}
+
+/// The `median M, best B` pair after the first `:` of the line starting with `prefix`.
+fn parse_probe_line(text: &str, prefix: &str, what: &str) -> Result<(f64, f64), Error> {
+    let bad = || Error::Parse(format!("no {what} figure in {text:?}"));
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix).and_then(|rest| rest.split_once(':')).map(|(_, figures)| figures))
+        .ok_or_else(bad)?;
     let mut median = None;
     let mut best = None;
     for part in line.split(',') {
@@ -183,5 +200,17 @@ mod tests {
         assert!(parse_cacheline("ns per one-way transfer: median x, best 1\n").is_err());
         assert!(parse_cacheline("ns per one-way transfer: best 1\n").is_err());
         assert!(parse_cacheline("nothing\n").is_err());
+    }
+
+    #[test]
+    fn pipe_figure_parses() {
+        let text = "# cache-line ping-pong, cores 0 <-> 1, 1000 round trips per run, 5 runs\n\
+                    ns per one-way transfer: median 31.4, best 29.9\n\
+                    pipe copy GB/s (128 KiB messages, 4 MiB ring, 1024 MiB per run, 5 runs): median 52.1, best 54.8\n";
+        assert_eq!(parse_pipe(text).ok(), Some((52.1, 54.8)));
+        assert_eq!(parse_cacheline(text).ok(), Some((31.4, 29.9)));
+        assert!(parse_pipe("ns per one-way transfer: median 31.4, best 29.9\n").is_err());
+        assert!(parse_pipe("pipe copy GB/s (x): median 0, best 1\n").is_err());
+        assert!(parse_pipe("pipe copy GB/s median 1, best 1\n").is_err());
     }
 }

@@ -16,6 +16,15 @@ pub struct Cacheline {
     pub after: Option<(f64, f64)>,
     /// Above this median the machine is called noisy.
     pub warn_ns: f64,
+    /// The copy-bandwidth probe's (median, best) GB/s just before the benchmarks.
+    pub pipe_before: Option<(f64, f64)>,
+    /// The same just after them.
+    pub pipe_after: Option<(f64, f64)>,
+    /// The best copy-bandwidth median of all the probes of the session.
+    pub pipe_best: Option<f64>,
+    /// Below this fraction of [`Cacheline::pipe_best`] the host is called slow (0: no copy
+    /// probe).
+    pub copy_warn: f64,
 }
 
 impl Cacheline {
@@ -281,11 +290,28 @@ impl Report<'_> {
             cl(self.cacheline.before),
             cl(self.cacheline.after)
         );
-        if self.host.on {
+        if self.cacheline.pipe_before.is_some() || self.cacheline.pipe_after.is_some() {
+            let gb = |v: Option<(f64, f64)>| {
+                v.map_or_else(|| "not measured".to_string(), |(med, best)| format!("{med:.1} GB/s median, {best:.1} GB/s best"))
+            };
             let _ = writeln!(
                 s,
-                "- host state around every invocation (a short cache-line probe before and after; above {:.0} ns the host is slow): \
-                 {} invocation(s) thrown away and run again; {}",
+                "- copy bandwidth, 128 KiB messages through a 4 MiB ring, core 0 -> core 1: {} before the runs, {} after{}",
+                gb(self.cacheline.pipe_before),
+                gb(self.cacheline.pipe_after),
+                self.cacheline.pipe_best.map_or_else(String::new, |b| format!("; best probe median of the session {b:.1} GB/s"))
+            );
+        }
+        if self.host.on {
+            let copy = if self.cacheline.copy_warn > 0.0 {
+                format!(", or copy bandwidth below {:.2}x the session's best probe", self.cacheline.copy_warn)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                s,
+                "- host state around every invocation (a short probe before and after; cache line above {:.0} ns{copy}: \
+                 the host is slow): {} invocation(s) thrown away and run again; {}",
                 self.cacheline.warn_ns,
                 self.host.redone,
                 if self.host.kept_slow.is_empty() {
@@ -300,10 +326,9 @@ impl Report<'_> {
         let warning = if self.host.on {
             (!self.host.kept_slow.is_empty()).then(|| {
                 format!(
-                    "{} invocation(s) kept although the cache-line probe around them stayed above {:.0} ns: \
+                    "{} invocation(s) kept although the probe around them read the host slow: \
                      their figures are not valid",
-                    self.host.kept_slow.len(),
-                    self.cacheline.warn_ns
+                    self.host.kept_slow.len()
                 )
             })
         } else {
@@ -487,7 +512,7 @@ mod tests {
     fn report<'a>(m: &'a Machine, s: &'a Samples) -> Report<'a> {
         Report {
             machine: m,
-            cacheline: Cacheline { before: Some((31.0, 29.0)), after: None, warn_ns: 90.0 },
+            cacheline: Cacheline { before: Some((31.0, 29.0)), warn_ns: 90.0, ..Cacheline::default() },
             host: HostChecks::default(),
             libs: vec![Lib::Tmpi, Lib::Ompi],
             skipped: vec!["MPICH: mpicc.mpich not found".into()],
@@ -526,7 +551,14 @@ mod tests {
         assert!(!r.markdown().contains("host state around every invocation"), "no line when the checks were off");
         r.host = HostChecks { on: true, redone: 2, kept_slow: vec![] };
         let md = r.markdown();
-        assert!(md.contains("above 90 ns the host is slow): 2 invocation(s) thrown away and run again; none kept"), "{md}");
+        assert!(md.contains("cache line above 90 ns: the host is slow): 2 invocation(s) thrown away and run again; none kept"), "{md}");
+        assert!(!md.contains("copy bandwidth"), "{md}");
+        r.cacheline.copy_warn = 0.75;
+        r.cacheline.pipe_before = Some((50.0, 53.0));
+        r.cacheline.pipe_best = Some(52.5);
+        let md = r.markdown();
+        assert!(md.contains("cache line above 90 ns, or copy bandwidth below 0.75x the session's best probe: the host is slow)"), "{md}");
+        assert!(md.contains("core 0 -> core 1: 50.0 GB/s median, 53.0 GB/s best before the runs, not measured after; best probe median of the session 52.5 GB/s"), "{md}");
         // A slow figure before the whole run does not warn when every invocation was checked.
         r.cacheline.before = Some((200.0, 190.0));
         assert!(!r.markdown().contains("Warning"));
