@@ -53,7 +53,8 @@
 //! the next, and the hardware prefetchers keep up with both; the claims and the fetch of a
 //! whole piece at once only competed with those copies for the line transfers between the cores
 //! (`osu_latency` 64-256 KiB in 16 KiB pieces: 1.48-2.5 against 2.1-6.9 us with them,
-//! bench/results/p2p-2026-11-28.md, session 30).
+//! bench/results/p2p-2026-11-28.md, session 30). Unclaimed, a packet's lines are written by
+//! `memcpy` (`super::copy_unclaimed`), not by the vector loop of small messages.
 //!
 //! Who writes what: `head` and records are written by the producer only; `tail` by the
 //! consumer only. The producer publishes a record with a release store of `word0` after
@@ -354,7 +355,13 @@ impl Producer {
                 base.add(REC_HDR_SHORT)
             };
             for p in parts {
-                super::copy_bytes(p.as_ptr(), dst, p.len());
+                // A stream's packet finds its lines unclaimed (`claim_ahead` is for whole
+                // messages): `copy_unclaimed` writes them without fetching them first.
+                if long {
+                    super::copy_unclaimed(p.as_ptr(), dst, p.len());
+                } else {
+                    super::copy_bytes(p.as_ptr(), dst, p.len());
+                }
                 dst = dst.add(p.len());
             }
             self.header((off + rec) & (self.size - 1)).store(0, Ordering::Relaxed);
