@@ -46,13 +46,12 @@
 //!   [`STREAM_MARGIN_SMALL`].)
 //!   The chosen way is timed one period in [`SAMPLE_EVERY`] (4) and in each of the four
 //!   before a try, so that the try meets fresh samples; an untimed period reads no clock;
-//! - below 256 KiB, where two ranks read a class from each other at the same time, learning
-//!   tries the way of the current time slot instead of taking turns, so that both try the
-//!   same way at the same time, and a period crossed by the peer's reads of the other way
-//!   is not counted ([`Epochs::in_step`]); from 256 KiB up to the non-temporal class such
-//!   ranks start on single copy, and from that class the lower-ranked one leads: it learns
-//!   and chooses as above, tells the other the way of its next period as each one ends
-//!   ([`Control::ReadWay`]), and the other reads that way, untimed ([`Epochs::peer_read`]).
+//! - where two ranks read a class from each other at the same time (`osu_bibw`), the
+//!   lower-ranked one leads ([`Epochs::paired`]): it learns and chooses as above, tells the
+//!   other the way of its next period as each one ends ([`Control::ReadWay`]), and the other
+//!   reads that way, untimed ([`Epochs::peer_read`]); below 256 KiB a period crossed by the
+//!   peer's reads of the other way is not counted, and from 256 KiB up to the non-temporal
+//!   class such ranks start on single copy.
 //!
 //! [`Control::ReadWay`]: tmpi_transport::wire::Control::ReadWay
 //!
@@ -364,8 +363,9 @@ pub(crate) struct Epochs {
     cur: Option<Epoch>,
     /// Reads in flight outside `cur` (while a full or mixed period drains).
     others: u32,
-    /// Classes below [`IN_STEP_BELOW`] learn in step with the peers ([`Epochs::in_step`]).
-    in_step: bool,
+    /// A lower-ranked peer that reads a class from this rank while this rank reads it leads
+    /// this rank's reads of it ([`Epochs::paired`]).
+    paired: bool,
     /// Per class: a peer read it from this rank while this rank read it too.
     both_ways: [bool; CLASSES],
     /// Per class: the way a lower-ranked peer said it reads the class next
@@ -382,7 +382,7 @@ impl Default for Epochs {
             chooser: CopyChooser::default(),
             cur: None,
             others: 0,
-            in_step: false,
+            paired: false,
             both_ways: [false; CLASSES],
             lead: [None; CLASSES],
             planned: [None; CLASSES],
@@ -390,14 +390,10 @@ impl Default for Epochs {
     }
 }
 
-/// Classes below this one (reads under 256 KiB, the default rendezvous threshold, where
-/// what the chooser finds also decides whether eager pays) learn in step
-/// ([`Epochs::in_step`]). Above, the first period each way of a large class is a large share
-/// of a short run, and periods take turns as before.
-const IN_STEP_BELOW: usize = 18;
-/// The length of a learning slot ([`Epochs::in_step`]) is `2^SLOT_SHIFT` ticks per byte:
-/// about 0.6 ms for 16 KiB at 3.5 GHz, four periods of half an `osu_bibw` window.
-const SLOT_SHIFT: u32 = 7;
+/// From this class (reads of 256 KiB, [`TIE_TO_SINGLE_MIN`]) two ranks that read a class from
+/// each other start on single copy, and below it a crossed period is not counted
+/// ([`Epochs::peer_read`]).
+const PAIRED_SINGLE_FROM: usize = 18;
 /// Most crossed periods a class leaves uncounted ([`Epochs::peer_read`]).
 const CROSSED_MAX: u32 = 8;
 
@@ -410,28 +406,28 @@ pub(crate) struct Placed {
 }
 
 impl Epochs {
-    /// The periods of a rank whose classes below [`IN_STEP_BELOW`] learn in step with the
-    /// other ranks of the host where they read from each other at the same time (a peer read
-    /// the class from this rank while a period of it ran here, as in `osu_bibw`): the way a
-    /// learning period tries is then the parity of the time (the host's TSC, which every
-    /// process reads alike; where time is not kept by the TSC, each process's own clock,
-    /// which is no longer in step but no worse than taking turns) in slots of `2^`[`SLOT_SHIFT`] ticks per byte of the class's
-    /// smallest read, so the two ranks try the same way at the same time however their
-    /// periods fall (in `osu_bibw` a window of 64 reads made one period on one rank and two
-    /// on the other, so taking turns by periods ran the two out of step). A period that a
-    /// peer's reads of the other way crossed (at a slot's edge) is not counted
-    /// ([`Epochs::peer_read`]). Reads one way only (`osu_bw`), or by turns (a ping-pong),
-    /// take turns by periods as before: a slot holds a dozen of `osu_bw`'s 16 KiB windows,
-    /// and learning by slots took the whole of OSU's 16 KiB run there (0.57-0.77x the bytes).
+    /// The periods of a rank whose reads of a class a lower-ranked peer leads where the two
+    /// read it from each other at the same time (`osu_bibw`; see [`Epochs::peer_read`]): the
+    /// leader learns and chooses as a rank alone does, and tells the follower the way of each
+    /// next period, so that the two ranks always move a class the same way and each of the
+    /// leader's samples is of what the pair does together. Reads one way only (`osu_bw`), or
+    /// by turns (a ping-pong), lead nothing: each rank takes turns by its own periods.
     ///
-    /// From 256 KiB a slot would be a large share of a short run, so two ranks reading a
-    /// class from each other start on single copy instead, as if taken over from another
-    /// class (checked after 32 periods): they agree on it, and it waits for neither core.
-    /// Learning such a class by turns let the ranks choose differently on a close race
-    /// (`osu_bibw` 256 KiB 0.70x the bytes of a sweep whose 16 KiB had chosen single copy
-    /// and passed it on).
-    pub(crate) fn in_step() -> Epochs {
-        Epochs { in_step: true, ..Epochs::default() }
+    /// Below 256 KiB the ranks used to learn in step by the parity of the host's TSC in
+    /// slots of 128 ticks per byte of the class instead (0.6 ms at 16 KiB): a slot spanned
+    /// several of `osu_bibw`'s windows, so learning cost up to 12 single-copy windows of its
+    /// 22 at 32-64 KiB, and the two ranks' samples, each of its own periods, differed by up
+    /// to 2x, so the slower rank could choose single copy alone. Led, 16 KiB-1 MiB runs on 10
+    /// rendezvous windows in all and 3-4 of single copy (`TMPI_STATS=1`), and `osu_bibw`
+    /// 64/128 KiB moved 1.10/1.06x the bytes (8 paired runs; `bench/results/p2p-2026-11-28.md`).
+    ///
+    /// From 256 KiB up to the non-temporal class, two ranks reading a class from each other
+    /// start on single copy instead, as if taken over from another class (checked after 32
+    /// periods): they agree on it, and it waits for neither core. Learning such a class by
+    /// turns let the ranks choose differently on a close race (`osu_bibw` 256 KiB 0.70x the
+    /// bytes of a sweep whose 16 KiB had chosen single copy and passed it on).
+    pub(crate) fn paired() -> Epochs {
+        Epochs { paired: true, ..Epochs::default() }
     }
 
     /// Streamed reads of `n` bytes or more are copied out of the rings with non-temporal
@@ -453,13 +449,12 @@ impl Epochs {
     /// sample of neither: when the two ranks' learning alternations ran one period apart,
     /// every rings sample met the peer's single copy and read 2x slow, and `osu_bibw` 16-64
     /// KiB chose single copy in 5 of 8 runs (10-18 GB/s against 18-25 by eager). While a
-    /// class that learns in step ([`Epochs::in_step`]) has not compared the two ways itself,
-    /// such a crossed period is not counted, up to [`CROSSED_MAX`] of them (a peer that
-    /// chose already and reads the other way all the time must not keep it learning for
-    /// good).
+    /// class below [`PAIRED_SINGLE_FROM`] of a paired rank ([`Epochs::paired`]) has not
+    /// compared the two ways itself, such a crossed period is not counted, up to
+    /// [`CROSSED_MAX`] of them (a peer that chose already and reads the other way all the
+    /// time must not keep it learning for good).
     ///
-    /// From [`IN_STEP_BELOW`] a time slot would be a large share of a short run, so there
-    /// the lower-ranked of two such ranks leads (`lower`: the peer has the lower rank). When
+    /// So the lower-ranked of two such ranks leads (`lower`: the peer has the lower rank). When
     /// a period of such a class ends that a higher-ranked peer's reads of the class crossed,
     /// the leader chooses the way of its next period of the class at once and tells the
     /// peer ([`Epochs::finish`]); the peer reads the class that way, untimed
@@ -476,9 +471,9 @@ impl Epochs {
     pub(crate) fn peer_read(&mut self, arm: Arm, n: usize, lower: bool) {
         let class = class_of(n);
         if let Some(e) = &mut self.cur {
-            if e.class == class && self.in_step {
+            if e.class == class && self.paired {
                 self.both_ways[e.class] = true;
-                e.crossed |= e.arm != arm && e.class < IN_STEP_BELOW;
+                e.crossed |= e.arm != arm && e.class < PAIRED_SINGLE_FROM;
                 e.led |= !lower;
             }
         }
@@ -486,10 +481,9 @@ impl Epochs {
 
     /// A lower-ranked peer that reads reads of `class` from this rank while this rank reads
     /// them from it said it reads its next ones `arm`'s way: this rank's go that way too
-    /// (see [`Epochs::peer_read`]). Ignored by a rank not in step and below
-    /// [`IN_STEP_BELOW`].
+    /// (see [`Epochs::peer_read`]). Ignored by a rank not [`Epochs::paired`].
     pub(crate) fn lead(&mut self, class: usize, arm: Arm) {
-        if self.in_step && (IN_STEP_BELOW..CLASSES).contains(&class) {
+        if self.paired && class < CLASSES {
             self.lead[class] = Some(arm);
         }
     }
@@ -500,22 +494,21 @@ impl Epochs {
         self.lead[class_of(n)].is_some()
     }
 
-    /// Whether reads of `n` bytes learn while a peer reads them from this rank too; from 256
-    /// KiB up to the non-temporal class such a class starts on single copy instead (see
-    /// [`Epochs::in_step`]).
-    fn starts_paired(&mut self, n: usize) -> bool {
+    /// Reads of `n` bytes that would learn while a peer reads them from this rank too start
+    /// on single copy instead from 256 KiB up to the non-temporal class (see
+    /// [`Epochs::paired`]).
+    fn start_paired(&mut self, n: usize) {
         let class = class_of(n);
         let learns_paired = self.both_ways[class] && self.chooser.learning(n);
-        if learns_paired && (IN_STEP_BELOW..self.chooser.regime).contains(&class) {
+        if learns_paired && (PAIRED_SINGLE_FROM..self.chooser.regime).contains(&class) {
             // From 256 KiB, two ranks reading a class from each other start on single copy
-            // (see `Epochs::in_step`), up to the class where the rings' copy-out turns to
+            // (see `Epochs::paired`), up to the class where the rings' copy-out turns to
             // non-temporal stores (256 KiB with 4 MiB rings, so no class there): from there
             // they learn by turns (`osu_bibw` 1-4 MiB
             // through 4 MiB rings moved 1.3-1.4x the bytes of single copy, which a class
             // that starts on it tries again only after 32 periods, past OSU's 22 windows).
             self.chooser.assume(n, Arm::Cma);
         }
-        learns_paired
     }
 
     /// A read of `n` bytes that single copy could serve starts `now` (read only if the period
@@ -531,17 +524,12 @@ impl Epochs {
             self.others += 1;
             return Placed { arm, in_epoch: false };
         }
-        let learns_paired = self.starts_paired(n);
+        self.start_paired(n);
         match &mut self.cur {
             None if self.others == 0 => {
                 let (c, t0) = if let Some(c) = self.planned[class].take() {
                     // Chosen when the last period ended, and told to the follower.
                     (c, if c.measure { now() } else { Stamp(0) })
-                } else if learns_paired && class < IN_STEP_BELOW {
-                    let t = now();
-                    // Slots of 2^SLOT_SHIFT ticks per byte of the class's smallest read.
-                    let arm = if (t.0 >> (class as u32 + SLOT_SHIFT)) & 1 == 0 { Arm::Cma } else { Arm::Stream };
-                    (Choice { arm, measure: true }, t)
                 } else {
                     let c = self.chooser.choose(n, true);
                     (c, if c.measure { now() } else { Stamp(0) })
@@ -631,8 +619,8 @@ impl Epochs {
                 let rtt = e.rtt.filter(|_| e.joined == 1);
                 self.chooser.record(1 << e.class, e.arm, e.bytes, ns, rtt);
             }
-            if e.led && self.in_step && e.class >= IN_STEP_BELOW {
-                self.starts_paired(1 << e.class);
+            if e.led && self.paired {
+                self.start_paired(1 << e.class);
                 let c = self.chooser.choose(1 << e.class, true);
                 self.planned[e.class] = Some(c);
                 return Some((e.class, c.arm));
@@ -1194,37 +1182,23 @@ mod tests {
         assert!(e.start(n, || at(11_000)).in_epoch);
     }
 
-    /// A class below `IN_STEP_BELOW` that a peer reads from this rank while this rank reads
-    /// it too learns by the parity of the time slot, so the two try the same way at the same
-    /// time; one read one way only, a larger class, or a rank not in step, by turns.
+    /// A paired rank learns by turns whether or not a peer reads the class back, except from
+    /// 256 KiB up to the non-temporal class, where a class read both ways starts on single
+    /// copy.
     #[test]
-    fn learning_in_step_tries_the_way_of_the_time_slot() {
-        let slot = |class: u32| 1u64 << (class + SLOT_SHIFT);
+    fn paired_classes_from_256_kib_start_on_single_copy() {
         let n = 16 << 10;
-        let mut e = Epochs::in_step();
-        // Two periods in each slot: the same way, whatever the count of periods so far (the
-        // first, before the peer's read is seen, by turns: single copy first).
-        for (k, way) in [(0, Cma), (1, Stream), (2, Cma), (5, Stream)] {
-            for half in [0, slot(14) / 2] {
-                let at = Stamp(k * slot(14) + half);
-                let p = e.start(n, || at);
-                assert_eq!(p.arm, way, "slot {k}");
-                e.peer_read(way, n, false);
-                e.finish(n, p, true, || Stamp(at.0 + 100 * if way == Cma { 4 } else { 3 } * n as u64 / 1000));
-            }
-        }
-        assert_eq!(e.chooser().chosen(n), Some(Stream), "learned: the rings were faster");
-        // No peer reading the class back (`osu_bw`), or a rank not in step: by turns, all in
-        // one slot; reads of 256 KiB and up read back: single copy once that is seen, but
-        // by turns from the class where the rings' copy-out turns to streaming stores.
+        // Reads of 256 KiB and up read back: single copy once that is seen, but by turns from
+        // the class where the rings' copy-out turns to streaming stores.
         let big = 256 << 10;
         for (mut e, n, peer, want) in [
-            (Epochs::in_step(), n, false, [Cma, Stream, Cma, Stream]),
+            (Epochs::paired(), n, false, [Cma, Stream, Cma, Stream]),
+            (Epochs::paired(), n, true, [Cma, Stream, Cma, Stream]),
             (Epochs::default(), n, true, [Cma, Stream, Cma, Stream]),
-            (Epochs::in_step(), big, false, [Cma, Stream, Cma, Stream]),
-            (Epochs::in_step(), big, true, [Cma, Cma, Cma, Cma]),
-            (Epochs::in_step().streaming_from(big), big, true, [Cma, Stream, Cma, Stream]),
-            (Epochs::in_step().streaming_from(2 * big), big, true, [Cma, Cma, Cma, Cma]),
+            (Epochs::paired(), big, false, [Cma, Stream, Cma, Stream]),
+            (Epochs::paired(), big, true, [Cma, Cma, Cma, Cma]),
+            (Epochs::paired().streaming_from(big), big, true, [Cma, Stream, Cma, Stream]),
+            (Epochs::paired().streaming_from(2 * big), big, true, [Cma, Cma, Cma, Cma]),
         ] {
             let ways: Vec<Arm> = (0..4u64)
                 .map(|k| {
@@ -1239,7 +1213,7 @@ mod tests {
                 .collect();
             assert_eq!(ways, want, "{n} bytes, peer reading: {peer}");
         }
-        let mut e = Epochs::in_step();
+        let mut e = Epochs::paired();
         let p = e.start(big, || Stamp(0));
         e.peer_read(Stream, big, false);
         e.finish(big, p, true, || Stamp(5));
@@ -1247,14 +1221,14 @@ mod tests {
         assert_eq!(e.chooser().chosen(big), Some(Cma), "taken as if from another class");
     }
 
-    /// From `IN_STEP_BELOW`, a period that a higher-ranked peer's reads of its class crossed
-    /// chooses the next period's way when it ends, and that is what is told; the follower
-    /// reads the class the way it was told, untimed. Nothing is told for a lower peer, a
-    /// smaller class, or by a rank not in step; nothing is followed by them either.
+    /// A period that a higher-ranked peer's reads of its class crossed chooses the next
+    /// period's way when it ends, and that is what is told; the follower reads the class the
+    /// way it was told, untimed. Nothing is told for a lower peer or by a rank not paired;
+    /// nothing is followed by the latter either.
     #[test]
     fn the_lower_rank_tells_its_next_way_and_the_higher_follows() {
         let big = 32 << 20;
-        let nt = || Epochs::in_step().streaming_from(256 << 10);
+        let nt = || Epochs::paired().streaming_from(256 << 10);
         let period = |e: &mut Epochs, n: usize, k: u64, lower: bool| {
             let p = e.start(n, || Stamp(k * 10));
             e.peer_read(p.arm, n, lower);
@@ -1270,9 +1244,11 @@ mod tests {
         }
         // ...and its next period goes the way it told.
         assert_eq!(e.start(big, || Stamp(100)).arm, Stream);
-        // A lower peer, a class below IN_STEP_BELOW, or a rank not in step: nothing told.
-        for (mut e, n, lower) in [(nt(), big, true), (nt(), 16 << 10, false), (Epochs::default(), big, false)] {
-            assert_eq!(period(&mut e, n, 0, lower).1, None, "{n} bytes, lower: {lower}");
+        // Small classes lead too; a lower peer, or a rank not paired: nothing told.
+        let small = 16 << 10;
+        assert_eq!(period(&mut nt(), small, 0, false).1, Some((class_of(small), Stream)));
+        for (mut e, lower) in [(nt(), true), (Epochs::default(), false)] {
+            assert_eq!(period(&mut e, big, 0, lower).1, None, "lower: {lower}");
         }
         // The follower reads the way it was told, untimed, and spoils a period that runs.
         let mut e = nt();
@@ -1285,22 +1261,24 @@ mod tests {
         assert_eq!(e.chooser().classes[class_of(big)].tries, [0, 0], "not timed");
         e.lead(class_of(big), Cma);
         assert_eq!(e.start(big, || Stamp(4)).arm, Cma);
-        // Told for a class below IN_STEP_BELOW, or to a rank not in step: its own way.
-        for (mut e, n) in [(nt(), 16 << 10), (Epochs::default(), big)] {
-            e.lead(class_of(n), Stream);
-            let p = e.start(n, || Stamp(0));
-            assert_eq!((p.arm, p.in_epoch), (Cma, true), "{n} bytes");
-        }
+        // A small class follows too; a rank not paired goes its own way.
+        let mut e = nt();
+        e.lead(class_of(small), Stream);
+        assert_eq!(e.start(small, || Stamp(0)), Placed { arm: Stream, in_epoch: false });
+        let mut e = Epochs::default();
+        e.lead(class_of(big), Stream);
+        assert_eq!(e.start(big, || Stamp(0)), Placed { arm: Cma, in_epoch: true });
     }
 
-    /// While a class learns in step, a period that a peer's reads of its class the other way
-    /// crossed is not counted, at most `CROSSED_MAX` times; the peer's reads of the same way
-    /// or of another class do not cross it, and a rank not in step counts every period.
+    /// While a paired rank's class below 256 KiB learns, a period that a peer's reads of its
+    /// class the other way crossed is not counted, at most `CROSSED_MAX` times; the peer's
+    /// reads of the same way or of another class do not cross it, and a rank not paired
+    /// counts every period.
     #[test]
     fn a_crossed_learning_period_is_not_counted() {
         let n = 16 << 10;
-        let slot = 1u64 << (14 + SLOT_SHIFT);
-        // Periods in slots 0, 1, 2, ...: Cma, Stream, ...; the peer reads `peer` in each.
+        let slot = 1u64 << 20;
+        // Periods by turns, the way uncounted ones repeat; the peer reads `peer` in each.
         let run = |e: &mut Epochs, periods: u64, peer: &dyn Fn(Arm) -> Option<(Arm, usize)>| {
             for k in 0..periods {
                 let at = Stamp(k * slot);
@@ -1313,16 +1291,16 @@ mod tests {
         };
         let other = |a: Arm| a.other();
         // Six periods each crossed: none counted (two of each way would decide otherwise).
-        let mut e = Epochs::in_step();
+        let mut e = Epochs::paired();
         run(&mut e, 6, &|a| Some((other(a), n)));
         assert_eq!(e.chooser().chosen(n), None);
         // Past CROSSED_MAX they count (two more left out, then a first each way, then two).
         run(&mut e, 8, &|a| Some((other(a), n)));
         assert_eq!(e.chooser().chosen(n), Some(Stream));
-        // The peer reading the same way, another class, or a rank not in step: counted.
+        // The peer reading the same way, another class, or a rank not paired: counted.
         for (mut e, peer) in [
-            (Epochs::in_step(), Box::new(|a: Arm| Some((a, n))) as Box<dyn Fn(Arm) -> Option<(Arm, usize)>>),
-            (Epochs::in_step(), Box::new(|a: Arm| Some((other(a), 4 * n)))),
+            (Epochs::paired(), Box::new(|a: Arm| Some((a, n))) as Box<dyn Fn(Arm) -> Option<(Arm, usize)>>),
+            (Epochs::paired(), Box::new(|a: Arm| Some((other(a), 4 * n)))),
             (Epochs::default(), Box::new(|a: Arm| Some((other(a), n)))),
         ] {
             run(&mut e, 6, &*peer);

@@ -579,7 +579,7 @@ impl Engine {
                 rma_out: VecDeque::new(),
                 cma: cfg.single_copy,
                 cma_min: cfg.single_copy_min,
-                copy: adapt::Epochs::in_step().streaming_from(nt_min),
+                copy: adapt::Epochs::paired().streaming_from(nt_min),
                 stream_nt_min: nt_min,
                 rndv_from,
                 rndv_adaptive: cfg.rndv_adaptive(),
