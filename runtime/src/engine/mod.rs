@@ -187,7 +187,14 @@ const STREAM_NT_PACKET_OVER: usize = 512 << 10;
 /// Not from 1 MiB though: with plain stores at 512 KiB the first period of the rings there
 /// timed slow now and then (235 against single copy's 163 thousandths of a tick per byte),
 /// single copy was chosen and carried up to 1-4 MiB (`tmpi-compare`'s short `osu_bw` run at
-/// 18-21 GB/s from 512 KiB; 2 of 12 runs with 1 MiB here, 0 of 8 with 512 KiB).
+/// 18-21 GB/s from 512 KiB; 2 of 12 runs with 1 MiB here, 0 of 8 with 512 KiB). Plain stores
+/// at 512 KiB again, with no choice carried from 512 KiB to 1 MiB, moved `osu_bw` 512 KiB at
+/// 43.8-47.6 GB/s in 11 quiet runs and at 19.5-28.7 in 7 others (2 of those with exactly the
+/// fast runs' operations, the rings chosen; 2 chose single copy), where non-temporal stores
+/// move 32.8-37.0. Eager 512 KiB messages show the same two levels (17-21 against 41-49
+/// GB/s, same operations): likely where the pages of the receive buffer and of the rings
+/// fall in the 1 MiB L2, which changes from run to run (`bench/results/p2p-2026-11-28.md`,
+/// session 32).
 const STREAM_NT_ONE_WAY_MIN: usize = 512 << 10;
 
 /// The smallest streamed read copied out with non-temporal stores when the fabric's largest
