@@ -417,7 +417,7 @@ impl Epochs {
     /// slots of 128 ticks per byte of the class instead (0.6 ms at 16 KiB): a slot spanned
     /// several of `osu_bibw`'s windows, so learning cost up to 12 single-copy windows of its
     /// 22 at 32-64 KiB, and the two ranks' samples, each of its own periods, differed by up
-    /// to 2x, so the slower rank could choose single copy alone. Led, 16 KiB-1 MiB runs on 10
+    /// to 2x, so the slower rank could choose single copy alone. Led, 16-128 KiB run on 10
     /// rendezvous windows in all and 3-4 of single copy (`TMPI_STATS=1`), and `osu_bibw`
     /// 64/128 KiB moved 1.10/1.06x the bytes (8 paired runs; `bench/results/p2p-2026-11-28.md`).
     ///
@@ -454,7 +454,7 @@ impl Epochs {
     /// [`CROSSED_MAX`] of them (a peer that chose already and reads the other way all the
     /// time must not keep it learning for good).
     ///
-    /// So the lower-ranked of two such ranks leads (`lower`: the peer has the lower rank). When
+    /// The lower-ranked of two such ranks leads (`lower`: the peer has the lower rank). When
     /// a period of such a class ends that a higher-ranked peer's reads of the class crossed,
     /// the leader chooses the way of its next period of the class at once and tells the
     /// peer ([`Epochs::finish`]); the peer reads the class that way, untimed
