@@ -482,7 +482,8 @@ fn run_guarded(
 /// host was slow around it. The copy-bandwidth rule compares with the best reading so far,
 /// which the first invocations may not have seen yet (a run that starts in a slow spell): at
 /// the end, invocations whose readings fall below the rule against the session's best run
-/// again too. Failures are collected, not fatal.
+/// again too. Failures are collected, not fatal. Returns every sample, the samples of the
+/// invocations kept as quiet only, and the checks.
 fn run_benches(
     paths: &Paths,
     libs: &[Lib],
@@ -491,7 +492,7 @@ fn run_benches(
     limits: &Limits,
     guard: Option<&Guard<'_>>,
     failures: &mut Vec<String>,
-) -> (Samples, HostChecks) {
+) -> (Samples, Samples, HostChecks) {
     let mut host = HostChecks { on: guard.is_some(), ..HostChecks::default() };
     let mut kept = Vec::new();
     for rep in 0..reps {
@@ -517,13 +518,16 @@ fn run_benches(
             *k = run_guarded(paths, k.lib, k.bench, segs, limits, (k.rep, reps), guard, &mut host, failures);
         }
     }
-    let mut samples = Samples::default();
+    let (mut samples, mut quiet) = (Samples::default(), Samples::default());
     for k in kept {
         for (size, v) in k.rows {
             samples.add(k.bench, k.lib, size, v);
+            if !k.slow {
+                quiet.add(k.bench, k.lib, size, v);
+            }
         }
     }
-    (samples, host)
+    (samples, quiet, host)
 }
 
 /// The launch comparison: wall time of `hello` on each rank count under tmpirun and each
@@ -718,7 +722,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         settle: Duration::from_secs(cli.settle),
         best_gbs: std::cell::Cell::new(first.and_then(|f| f.pipe).map_or(0.0, |p| p.0)),
     });
-    let (samples, host) = run_benches(&paths, &libs, &plan, reps, &limits, guard.as_ref(), &mut failures);
+    let (samples, quiet, host) = run_benches(&paths, &libs, &plan, reps, &limits, guard.as_ref(), &mut failures);
     let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, launch_reps, &mut failures));
     let warned = cl.warning().is_some();
     let last = host_figure(probe.as_deref(), rounds, pipe, "after");
@@ -771,6 +775,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         quick: cli.quick,
         segments: plan,
         samples: &samples,
+        quiet: Some(&quiet),
         failures: failures.clone(),
         launch: launch.as_ref(),
         plots,

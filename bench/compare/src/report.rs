@@ -89,6 +89,9 @@ pub struct Report<'a> {
     pub segments: Vec<(Bench, Vec<Segment>)>,
     /// The measurements.
     pub samples: &'a Samples,
+    /// The measurements of the invocations the probes read quiet around (all of them when
+    /// none was kept slow; `None`: not told apart).
+    pub quiet: Option<&'a Samples>,
     /// Runs that failed, one line each.
     pub failures: Vec<String>,
     /// Launch times, when measured.
@@ -236,6 +239,49 @@ impl Report<'_> {
         } else {
             String::new()
         }
+    }
+
+    /// Where some invocations of `bench` were kept although the host read slow around them:
+    /// its ratio columns again, from the medians of the other invocations only (a slow spell
+    /// that caught one configuration's run moves a 5-run median).
+    fn quiet_ratios(&self, bench: Bench) -> Option<String> {
+        let q = self.quiet?;
+        let sizes = self.samples.sizes(bench);
+        let differs = |z: usize| self.libs.iter().any(|&l| q.get(bench, l, z).len() != self.samples.get(bench, l, z).len());
+        if !sizes.iter().any(|&z| differs(z)) {
+            return None;
+        }
+        let (mine, peers) = (self.mine(), self.peers());
+        let mut s = String::from(
+            "Ratios over the invocations the probe read quiet only (those kept slow left out; `(n=a/b)`: a and b \
+             values behind the two medians where fewer than the repetitions):\n\n| size |",
+        );
+        for m in &mine {
+            for p in &peers {
+                let _ = write!(s, " {}/{} |", m.key(), p.label());
+            }
+        }
+        s.push_str("\n|---|");
+        for _ in 0..mine.len() * peers.len() {
+            s.push_str("---:|");
+        }
+        s.push('\n');
+        for z in sizes {
+            let _ = write!(s, "| {} |", bench.row_label(z));
+            for &m in &mine {
+                for &p in &peers {
+                    let (a, b) = (q.get(bench, m, z), q.get(bench, p, z));
+                    let r = ratio(median(a), median(b)).map_or_else(|| "–".into(), |r| format!("{r:.2}"));
+                    if a.len().min(b.len()) < self.reps && !a.is_empty() && !b.is_empty() {
+                        let _ = write!(s, " {r} (n={}/{}) |", a.len(), b.len());
+                    } else {
+                        let _ = write!(s, " {r} |");
+                    }
+                }
+            }
+            s.push('\n');
+        }
+        Some(s)
     }
 
     /// For a depth benchmark: each configuration's median at the deepest depth over its median
@@ -397,6 +443,10 @@ impl Report<'_> {
                 s.push_str(&self.row(&bench.row_label(size), bench, size));
             }
             s.push('\n');
+            if let Some(t) = self.quiet_ratios(bench) {
+                s.push_str(&t);
+                s.push('\n');
+            }
             if bench.rows() == Rows::Depths {
                 if let Some(g) = self.depth_growth(bench) {
                     let _ = writeln!(s, "{g}\n");
@@ -520,6 +570,7 @@ mod tests {
             quick: false,
             segments: vec![],
             samples: s,
+            quiet: None,
             failures: vec![],
             launch: None,
             plots: vec![],
@@ -542,6 +593,35 @@ mod tests {
         assert!(md.contains("| measure | tmpi | Open MPI | tmpi/Open MPI |"));
         assert!(md.contains("skipped: MPICH"));
         assert!(!md.contains("Warning"));
+    }
+
+    /// Where invocations were kept slow, a benchmark's ratios come again from the quiet ones
+    /// only; a benchmark all of whose invocations were quiet gets no such table.
+    #[test]
+    fn ratios_over_quiet_invocations_where_some_were_kept_slow() {
+        let (m, s) = (machine(), samples());
+        let mut r = report(&m, &s);
+        assert!(!r.markdown().contains("read quiet only"), "none without the quiet samples");
+        let same = s.clone();
+        r.quiet = Some(&same);
+        assert!(!r.markdown().contains("read quiet only"), "none where nothing was left out");
+        // Open MPI's bandwidth run of 1600 was kept slow: quiet medians 3000 against 1450.
+        let mut q = Samples::default();
+        for (bench, lib, size, values) in s.iter() {
+            for &v in values {
+                if !(bench == Bench::Bw && lib == Lib::Ompi && v == 1600.0) {
+                    q.add(bench, lib, size, v);
+                }
+            }
+        }
+        r.quiet = Some(&q);
+        let md = r.markdown();
+        let bw = md.find("## Unidirectional bandwidth").expect("bw section");
+        let table = &md[bw..];
+        assert!(table.contains("read quiet only"), "{md}");
+        assert!(table.contains("| size | tmpi/Open MPI |\n|---|---:|\n| 1 MiB | 2.07 (n=3/2) |\n"), "{md}");
+        let lat = &md[md.find("## Ping-pong latency").expect("latency section")..bw];
+        assert!(!lat.contains("read quiet only"), "{md}");
     }
 
     #[test]
