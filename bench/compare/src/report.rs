@@ -170,24 +170,33 @@ impl Report<'_> {
             .map_or_else(|| "–".into(), |r| format!("{r:.2}"))
     }
 
-    fn table_head(&self, first: &str) -> String {
+    /// The (tmpi configuration, peer) pairs of the ratio columns, in column order.
+    fn pairs(&self) -> Vec<(Lib, Lib)> {
         let peers = self.peers();
+        self.mine().into_iter().flat_map(|m| peers.iter().map(move |&p| (m, p))).collect()
+    }
+
+    /// A table's heading: `first`, a column per configuration of `values`, then the ratio
+    /// columns ([`Report::pairs`]).
+    fn head_with(&self, first: &str, values: &[Lib]) -> String {
+        let pairs = self.pairs();
         let mut s = format!("| {first} |");
-        for l in &self.libs {
+        for l in values {
             let _ = write!(s, " {} |", l.label());
         }
-        let mine = self.mine();
-        for m in &mine {
-            for p in &peers {
-                let _ = write!(s, " {}/{} |", m.key(), p.label());
-            }
+        for (m, p) in &pairs {
+            let _ = write!(s, " {}/{} |", m.key(), p.label());
         }
         s.push_str("\n|---|");
-        for _ in 0..self.libs.len() + peers.len() * mine.len() {
+        for _ in 0..values.len() + pairs.len() {
             s.push_str("---:|");
         }
         s.push('\n');
         s
+    }
+
+    fn table_head(&self, first: &str) -> String {
+        self.head_with(first, &self.libs)
     }
 
     fn row(&self, label: &str, bench: Bench, size: usize) -> String {
@@ -195,10 +204,8 @@ impl Report<'_> {
         for &l in &self.libs {
             let _ = write!(s, " {} |", self.cell(bench, l, size));
         }
-        for m in self.mine() {
-            for p in self.peers() {
-                let _ = write!(s, " {} |", self.ratio_cell(bench, m, p, size));
-            }
+        for (m, p) in self.pairs() {
+            let _ = write!(s, " {} |", self.ratio_cell(bench, m, p, size));
         }
         s.push('\n');
         s
@@ -251,32 +258,20 @@ impl Report<'_> {
         if !sizes.iter().any(|&z| differs(z)) {
             return None;
         }
-        let (mine, peers) = (self.mine(), self.peers());
         let mut s = String::from(
             "Ratios over the invocations the probe read quiet only (those kept slow left out; `(n=a/b)`: a and b \
-             values behind the two medians where fewer than the repetitions):\n\n| size |",
+             values behind the two medians where fewer than the repetitions):\n\n",
         );
-        for m in &mine {
-            for p in &peers {
-                let _ = write!(s, " {}/{} |", m.key(), p.label());
-            }
-        }
-        s.push_str("\n|---|");
-        for _ in 0..mine.len() * peers.len() {
-            s.push_str("---:|");
-        }
-        s.push('\n');
+        s.push_str(&self.head_with("size", &[]));
         for z in sizes {
             let _ = write!(s, "| {} |", bench.row_label(z));
-            for &m in &mine {
-                for &p in &peers {
-                    let (a, b) = (q.get(bench, m, z), q.get(bench, p, z));
-                    let r = ratio(median(a), median(b)).map_or_else(|| "–".into(), |r| format!("{r:.2}"));
-                    if a.len().min(b.len()) < self.reps && !a.is_empty() && !b.is_empty() {
-                        let _ = write!(s, " {r} (n={}/{}) |", a.len(), b.len());
-                    } else {
-                        let _ = write!(s, " {r} |");
-                    }
+            for (m, p) in self.pairs() {
+                let (a, b) = (q.get(bench, m, z), q.get(bench, p, z));
+                let r = ratio(median(a), median(b)).map_or_else(|| "–".into(), |r| format!("{r:.2}"));
+                if a.len().min(b.len()) < self.reps && !a.is_empty() && !b.is_empty() {
+                    let _ = write!(s, " {r} (n={}/{}) |", a.len(), b.len());
+                } else {
+                    let _ = write!(s, " {r} |");
                 }
             }
             s.push('\n');

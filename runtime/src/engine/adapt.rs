@@ -393,7 +393,7 @@ impl Default for Epochs {
 /// From this class (reads of 256 KiB, [`TIE_TO_SINGLE_MIN`]) two ranks that read a class from
 /// each other start on single copy, and below it a crossed period is not counted
 /// ([`Epochs::peer_read`]).
-const PAIRED_SINGLE_FROM: usize = 18;
+const PAIRED_SINGLE_FROM: usize = class_of(TIE_TO_SINGLE_MIN);
 /// Most crossed periods a class leaves uncounted ([`Epochs::peer_read`]).
 const CROSSED_MAX: u32 = 8;
 
@@ -642,8 +642,9 @@ impl Epochs {
 }
 
 /// The size class of a read of `n` bytes.
-fn class_of(n: usize) -> usize {
-    (usize::BITS - 1 - n.max(1).leading_zeros()) as usize
+const fn class_of(n: usize) -> usize {
+    let n = if n == 0 { 1 } else { n };
+    (usize::BITS - 1 - n.leading_zeros()) as usize
 }
 
 /// The first size above `n`'s class.
