@@ -49,7 +49,8 @@
 //! - where two ranks read a class from each other at the same time (`osu_bibw`), the
 //!   lower-ranked one leads ([`Epochs::paired`]): it learns and chooses as above, tells the
 //!   other the way of its next period as each one ends ([`Control::ReadWay`]), and the other
-//!   reads that way, untimed ([`Epochs::peer_read`]); below 256 KiB a period crossed by the
+//!   reads that way, untimed ([`Epochs::peer_read`]): its reads of the class from that rank,
+//!   for as long as the two read it from each other ([`Epochs::lead`]); below 256 KiB a period crossed by the
 //!   peer's reads of the other way is not counted, and from 256 KiB up to the non-temporal
 //!   class such ranks start on single copy.
 //!
@@ -351,6 +352,24 @@ struct Epoch {
     led: bool,
 }
 
+/// What a lower-ranked peer told this rank of a class it leads ([`Epochs::lead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lead {
+    /// The leader's rank: only reads from it follow.
+    from: usize,
+    /// The way it reads the class next.
+    arm: Arm,
+    /// Reads of the class from the leader that this rank began since the leader last read
+    /// the class from this rank, or told its way.
+    unmet: u32,
+}
+
+/// A follower that began this many reads of a class from its leader while the leader read
+/// none of the class from it stops following ([`Epochs::lead`]): the two no longer read the
+/// class from each other (an `osu_bibw` window of 64 reads each way crosses at most 64 of one
+/// way before one of the other).
+const LEAD_UNMET_MAX: u32 = 256;
+
 /// Most reads one timed period takes (a rank that always has reads in flight still decides
 /// anew now and then).
 const EPOCH_READS: u32 = 1024;
@@ -370,7 +389,7 @@ pub(crate) struct Epochs {
     both_ways: [bool; CLASSES],
     /// Per class: the way a lower-ranked peer said it reads the class next
     /// ([`Epochs::lead`]).
-    lead: [Option<Arm>; CLASSES],
+    lead: [Option<Lead>; CLASSES],
     /// Per class: the choice for the next period, made when the last one ended and told to
     /// the peer that follows this rank ([`Epochs::finish`]).
     planned: [Option<Choice>; CLASSES],
@@ -468,8 +487,11 @@ impl Epochs {
     /// are placed at once, when their requests arrive, before the leader's reads of it are
     /// seen (following what it saw, the follower ran a window behind, and the leader's
     /// rings periods met its single copy: `osu_bibw` 256 KiB-8 MiB chose single copy, 0.81-0.91x the bytes).
-    pub(crate) fn peer_read(&mut self, arm: Arm, n: usize, lower: bool) {
+    pub(crate) fn peer_read(&mut self, arm: Arm, n: usize, src: usize, lower: bool) {
         let class = class_of(n);
+        if let Some(l) = self.lead.get_mut(class).and_then(Option::as_mut).filter(|l| l.from == src) {
+            l.unmet = 0;
+        }
         if let Some(e) = &mut self.cur {
             if e.class == class && self.paired {
                 self.both_ways[e.class] = true;
@@ -479,19 +501,38 @@ impl Epochs {
         }
     }
 
-    /// A lower-ranked peer that reads reads of `class` from this rank while this rank reads
-    /// them from it said it reads its next ones `arm`'s way: this rank's go that way too
-    /// (see [`Epochs::peer_read`]). Ignored by a rank not [`Epochs::paired`].
-    pub(crate) fn lead(&mut self, class: usize, arm: Arm) {
+    /// Lower-ranked peer `from`, which reads reads of `class` from this rank while this rank
+    /// reads them from it, said it reads its next ones `arm`'s way: this rank's reads of the
+    /// class from `from` go that way too (see [`Epochs::peer_read`]). Ignored by a rank not
+    /// [`Epochs::paired`].
+    ///
+    /// Reads of the class from any other peer take this rank's own periods. Once this rank
+    /// has begun [`LEAD_UNMET_MAX`] reads of the class from `from` while `from` read none of
+    /// it from this rank, the two no longer read the class from each other (`osu_bw` after
+    /// `osu_bibw`): this rank stops following, and learns and chooses for itself again.
+    pub(crate) fn lead(&mut self, class: usize, arm: Arm, from: usize) {
         if self.paired && class < CLASSES {
-            self.lead[class] = Some(arm);
+            self.lead[class] = Some(Lead { from, arm, unmet: 0 });
         }
     }
 
-    /// Whether a lower-ranked peer leads this rank's reads of `n` bytes (see
+    /// Whether peer `from` leads this rank's reads of `n` bytes from it (see
     /// [`Epochs::lead`]).
-    pub(crate) fn follows(&self, n: usize) -> bool {
-        self.lead[class_of(n)].is_some()
+    pub(crate) fn follows(&self, n: usize, from: usize) -> bool {
+        self.lead[class_of(n)].is_some_and(|l| l.from == from)
+    }
+
+    /// The way this rank's next read of `n` bytes from `src` goes, if `src` leads it (see
+    /// [`Epochs::lead`]); counts the read, and past [`LEAD_UNMET_MAX`] unmet ones leads no more.
+    fn follow(&mut self, n: usize, src: usize) -> Option<Arm> {
+        let slot = &mut self.lead[class_of(n)];
+        let l = slot.as_mut().filter(|l| l.from == src)?;
+        if l.unmet >= LEAD_UNMET_MAX {
+            *slot = None;
+            return None;
+        }
+        l.unmet += 1;
+        Some(l.arm)
     }
 
     /// Reads of `n` bytes that would learn while a peer reads them from this rank too start
@@ -511,11 +552,11 @@ impl Epochs {
         }
     }
 
-    /// A read of `n` bytes that single copy could serve starts `now` (read only if the period
-    /// it starts is timed): how it moves.
-    pub(crate) fn start(&mut self, n: usize, now: impl FnOnce() -> Stamp) -> Placed {
+    /// A read of `n` bytes from `src` that single copy could serve starts `now` (read only if
+    /// the period it starts is timed): how it moves.
+    pub(crate) fn start(&mut self, n: usize, src: usize, now: impl FnOnce() -> Stamp) -> Placed {
         let class = class_of(n);
-        if let Some(arm) = self.lead[class] {
+        if let Some(arm) = self.follow(n, src) {
             // Following a lower-ranked peer ([`Epochs::lead`]): untimed, and whatever period runs is not timed either: its reads are mixed.
             if let Some(e) = &mut self.cur {
                 e.measure = false;
@@ -1133,11 +1174,11 @@ mod tests {
         let mut e = Epochs::default();
         let t = Stamp::now();
         for i in 0..6 {
-            let p = e.start(n, || t);
+            let p = e.start(n, 0, || t);
             e.finish(n, p, true, || t + Duration::from_micros(if p.arm == Cma { 2 } else { 4 } + i));
         }
         assert_eq!(e.chooser().chosen(n), Some(Cma));
-        let p = e.start(n, || panic!("an untimed period read the clock"));
+        let p = e.start(n, 0, || panic!("an untimed period read the clock"));
         e.granted(p, || panic!("an untimed grant read the clock"));
         e.finish(n, p, true, || panic!("an untimed end read the clock"));
     }
@@ -1155,7 +1196,7 @@ mod tests {
         let mut ways = Vec::new();
         for w in 0..4u64 {
             let start = w * 1000;
-            let placed: Vec<Placed> = (0..8).map(|_| e.start(n, || at(start))).collect();
+            let placed: Vec<Placed> = (0..8).map(|_| e.start(n, 0, || at(start))).collect();
             assert!(placed.iter().all(|p| p.arm == placed[0].arm && p.in_epoch), "one way for the whole window");
             let took = if placed[0].arm == Cma { 100 } else { 200 };
             for p in placed.iter().skip(1) {
@@ -1169,18 +1210,18 @@ mod tests {
         assert_eq!(e.chooser().chosen(n), Some(Cma));
         // The next window goes single copy; a read of another class joining it is not part of
         // it (it follows its own class's, here the nearest, choice) and spoils its timing.
-        let a = e.start(n, || at(9000));
+        let a = e.start(n, 0, || at(9000));
         assert_eq!(a.arm, Cma);
-        let b = e.start(4 << 20, || at(9001));
+        let b = e.start(4 << 20, 0, || at(9001));
         assert!(!b.in_epoch);
         assert_eq!(b.arm, Cma);
         e.finish(4 << 20, b, true, || at(9500));
         e.finish(n, a, true, || at(9600));
         // Heap-served or failed reads spoil their period too, and a new one starts after.
-        let a = e.start(n, || at(10_000));
+        let a = e.start(n, 0, || at(10_000));
         e.spoil(a);
         e.finish(n, a, true, || at(10_010));
-        assert!(e.start(n, || at(11_000)).in_epoch);
+        assert!(e.start(n, 0, || at(11_000)).in_epoch);
     }
 
     /// A paired rank learns by turns whether or not a peer reads the class back, except from
@@ -1204,9 +1245,9 @@ mod tests {
             let ways: Vec<Arm> = (0..4u64)
                 .map(|k| {
                     let at = Stamp(k * 10);
-                    let p = e.start(n, || at);
+                    let p = e.start(n, 0, || at);
                     if peer {
-                        e.peer_read(p.arm, n, false);
+                        e.peer_read(p.arm, n, 0, false);
                     }
                     e.finish(n, p, true, || Stamp(at.0 + 5));
                     p.arm
@@ -1215,10 +1256,10 @@ mod tests {
             assert_eq!(ways, want, "{n} bytes, peer reading: {peer}");
         }
         let mut e = Epochs::paired();
-        let p = e.start(big, || Stamp(0));
-        e.peer_read(Stream, big, false);
+        let p = e.start(big, 0, || Stamp(0));
+        e.peer_read(Stream, big, 0, false);
         e.finish(big, p, true, || Stamp(5));
-        e.start(big, || Stamp(10));
+        e.start(big, 0, || Stamp(10));
         assert_eq!(e.chooser().chosen(big), Some(Cma), "taken as if from another class");
     }
 
@@ -1231,8 +1272,8 @@ mod tests {
         let big = 32 << 20;
         let nt = || Epochs::paired().streaming_from(256 << 10);
         let period = |e: &mut Epochs, n: usize, k: u64, lower: bool| {
-            let p = e.start(n, || Stamp(k * 10));
-            e.peer_read(p.arm, n, lower);
+            let p = e.start(n, 0, || Stamp(k * 10));
+            e.peer_read(p.arm, n, 0, lower);
             let told = e.finish(n, p, true, || Stamp(k * 10 + 5));
             (p, told)
         };
@@ -1244,7 +1285,7 @@ mod tests {
             assert_eq!(told, Some((class_of(big), next)), "period {k}");
         }
         // ...and its next period goes the way it told.
-        assert_eq!(e.start(big, || Stamp(100)).arm, Stream);
+        assert_eq!(e.start(big, 0, || Stamp(100)).arm, Stream);
         // Small classes lead too; a lower peer, or a rank not paired: nothing told.
         let small = 16 << 10;
         assert_eq!(period(&mut nt(), small, 0, false).1, Some((class_of(small), Stream)));
@@ -1253,22 +1294,65 @@ mod tests {
         }
         // The follower reads the way it was told, untimed, and spoils a period that runs.
         let mut e = nt();
-        let a = e.start(big, || Stamp(0));
-        e.lead(class_of(big), Stream);
-        let b = e.start(big, || Stamp(1));
+        let a = e.start(big, 0, || Stamp(0));
+        e.lead(class_of(big), Stream, 0);
+        let b = e.start(big, 0, || Stamp(1));
         assert_eq!((b.arm, b.in_epoch), (Stream, false));
         e.finish(big, b, true, || Stamp(2));
         e.finish(big, a, true, || Stamp(3));
         assert_eq!(e.chooser().classes[class_of(big)].tries, [0, 0], "not timed");
-        e.lead(class_of(big), Cma);
-        assert_eq!(e.start(big, || Stamp(4)).arm, Cma);
+        e.lead(class_of(big), Cma, 0);
+        assert_eq!(e.start(big, 0, || Stamp(4)).arm, Cma);
         // A small class follows too; a rank not paired goes its own way.
         let mut e = nt();
-        e.lead(class_of(small), Stream);
-        assert_eq!(e.start(small, || Stamp(0)), Placed { arm: Stream, in_epoch: false });
+        e.lead(class_of(small), Stream, 0);
+        assert_eq!(e.start(small, 0, || Stamp(0)), Placed { arm: Stream, in_epoch: false });
         let mut e = Epochs::default();
-        e.lead(class_of(big), Stream);
-        assert_eq!(e.start(big, || Stamp(0)), Placed { arm: Cma, in_epoch: true });
+        e.lead(class_of(big), Stream, 0);
+        assert_eq!(e.start(big, 0, || Stamp(0)), Placed { arm: Cma, in_epoch: true });
+    }
+
+    /// A follower follows its leader's way for reads of the class from the leader only; reads
+    /// from another peer take its own periods. Past `LEAD_UNMET_MAX` reads from the leader
+    /// that the leader's reads of the class from it did not meet, it learns for itself again;
+    /// while the leader keeps reading the class, it keeps following.
+    #[test]
+    fn a_follower_follows_its_leader_only_while_the_two_read_from_each_other() {
+        let big = 32 << 20;
+        let (leader, third) = (0, 2);
+        let mut e = Epochs::paired().streaming_from(256 << 10);
+        e.lead(class_of(big), Stream, leader);
+        assert!(e.follows(big, leader) && !e.follows(big, third) && !e.follows(16 << 10, leader));
+        // A read from the third rank is this rank's own: timed, single copy first.
+        let p = e.start(big, third, || Stamp(0));
+        assert_eq!(p, Placed { arm: Cma, in_epoch: true });
+        e.finish(big, p, true, || Stamp(5));
+        assert_eq!(e.chooser().classes[class_of(big)].tries, [0, 1], "timed");
+        // Reads from the leader met by its reads of the class keep following.
+        for k in 0..4 * LEAD_UNMET_MAX as u64 {
+            let p = e.start(big, leader, || Stamp(10 + k));
+            assert_eq!(p, Placed { arm: Stream, in_epoch: false }, "read {k}");
+            if k % 64 == 63 {
+                e.peer_read(Stream, big, leader, true);
+                e.peer_read(Stream, big, third, false);
+            }
+            e.finish(big, p, true, || Stamp(10 + k));
+        }
+        // The leader's reads of another class, or a third rank's, do not meet them.
+        e.peer_read(Stream, big, leader, true);
+        for k in 0..LEAD_UNMET_MAX as u64 {
+            e.peer_read(Stream, big, third, false);
+            e.peer_read(Stream, 16 << 10, leader, true);
+            let p = e.start(big, leader, || Stamp(10_000 + k));
+            assert_eq!(p, Placed { arm: Stream, in_epoch: false }, "read {k}");
+            e.finish(big, p, true, || Stamp(10_000 + k));
+        }
+        let p = e.start(big, leader, || Stamp(20_000));
+        assert!(p.in_epoch && !e.follows(big, leader), "learns for itself again");
+        e.finish(big, p, true, || Stamp(20_005));
+        // Told again, it follows again.
+        e.lead(class_of(big), Cma, leader);
+        assert_eq!(e.start(big, leader, || Stamp(30_000)), Placed { arm: Cma, in_epoch: false });
     }
 
     /// While a paired rank's class below 256 KiB learns, a period that a peer's reads of its
@@ -1283,9 +1367,9 @@ mod tests {
         let run = |e: &mut Epochs, periods: u64, peer: &dyn Fn(Arm) -> Option<(Arm, usize)>| {
             for k in 0..periods {
                 let at = Stamp(k * slot);
-                let p = e.start(n, || at);
+                let p = e.start(n, 0, || at);
                 if let Some((arm, m)) = peer(p.arm) {
-                    e.peer_read(arm, m, false);
+                    e.peer_read(arm, m, 0, false);
                 }
                 e.finish(n, p, true, || Stamp(at.0 + if p.arm == Cma { 4000 } else { 3000 }));
             }

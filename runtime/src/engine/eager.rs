@@ -537,7 +537,7 @@ impl State {
                 if src >= self.rank || class >= usize::BITS {
                     return Err(malformed_from(src, "READ_WAY from a higher rank or for no size class"));
                 }
-                self.copy.lead(class as usize, arm);
+                self.copy.lead(class as usize, arm, src);
             }
             Control::EagerBelow { bytes } => {
                 // Only ever raised, never above the configured threshold.

@@ -282,7 +282,7 @@ impl State {
         let (cma, placed) = match self.cma_min {
             Some(min) => (cma_ok && n >= min, None),
             None if cma_ok && n > 0 => {
-                let p = self.copy.start(n, adapt::Stamp::now);
+                let p = self.copy.start(n, src, adapt::Stamp::now);
                 if in_heap {
                     self.copy.spoil(p);
                 }
@@ -397,7 +397,7 @@ impl State {
     /// with both by rendezvous).
     pub(super) fn advise_as_led(&mut self, src: usize, below: usize) {
         let below = below.min(self.rndv_ceiling);
-        if !self.rndv_adaptive || src >= self.rank || below == 0 || !self.copy.follows(below - 1) || self.advised_up_to(src, below) {
+        if !self.rndv_adaptive || src >= self.rank || below == 0 || !self.copy.follows(below - 1, src) || self.advised_up_to(src, below) {
             return;
         }
         self.tell_eager_below(src, below);
@@ -595,7 +595,7 @@ impl State {
         if let Some(b) = buf {
             // Through a heap the reader's core (or a memcpy of ours in its stead) copies.
             let arm = if mode == ReadMode::Stream && !by_heap { adapt::Arm::Stream } else { adapt::Arm::Cma };
-            self.copy.peer_read(arm, b.len(), src < self.rank);
+            self.copy.peer_read(arm, b.len(), src, src < self.rank);
         }
         if by_heap {
             return;
@@ -784,7 +784,7 @@ impl State {
         if let Some((streamed, n)) = self.rndv_send(Some(k)).map(|r| (r.streamed, r.buf.map_or(0, |b| b.len()))) {
             // A read this rank did not stream was copied by the reader's core (single copy, a
             // shared heap).
-            self.copy.peer_read(if streamed { adapt::Arm::Stream } else { adapt::Arm::Cma }, n, src < self.rank);
+            self.copy.peer_read(if streamed { adapt::Arm::Stream } else { adapt::Arm::Cma }, n, src, src < self.rank);
         }
         if let Some(at) = self.fin_seen.get_mut(src) {
             *at = self.reads_begun.max(1);
@@ -1073,7 +1073,7 @@ mod tests {
     fn teach(e: &mut Engine, n: usize, stream_us: u64, cma_us: u64) {
         let mut t = adapt::Stamp::now();
         for _ in 0..6 {
-            let p = e.st.copy.start(n, || t);
+            let p = e.st.copy.start(n, 0, || t);
             t += std::time::Duration::from_micros(if p.arm == adapt::Arm::Cma { cma_us } else { stream_us });
             e.st.copy.finish(n, p, true, || t);
         }
@@ -1146,7 +1146,7 @@ mod tests {
         let big = 32 << 20;
         let way = |class: u32, way: u32| ctl_body(Control::ReadWay { class, way });
         b.st.on_control(0, &way(25, 0)).expect("from the lower rank");
-        assert_eq!(b.st.copy.start(big, adapt::Stamp::now).arm, adapt::Arm::Stream, "learning alone would try single copy first");
+        assert_eq!(b.st.copy.start(big, 0, adapt::Stamp::now).arm, adapt::Arm::Stream, "learning alone would try single copy first");
         let errs = [a.st.on_control(1, &way(25, 1)), b.st.on_control(0, &way(25, 2)), b.st.on_control(0, &way(64, 0))];
         for (src, r) in [1, 0, 0].into_iter().zip(errs) {
             let err = r.expect_err("malformed").to_string();
