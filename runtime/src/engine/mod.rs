@@ -182,8 +182,9 @@ const STREAM_NT_PACKET_OVER: usize = 512 << 10;
 /// quiet host (cache line 43 ns) `osu_bw` 256/512 KiB moved 1.34/1.18x the bytes with plain
 /// stores (48.6/44.8 against 36.4/37.8 GB/s, 3 interleaved runs; 1 MiB level, 2-8 MiB
 /// 0.74-0.78x), while `osu_bibw` needs them from [`STREAM_NT_MIN`] (256 KiB-1 MiB 1.41-1.86x
-/// the bytes with them). A window's receive buffers in OSU are one buffer, which stays in
-/// the cache; the earlier measurement of the one-way case from 256 KiB was on a noisy host.
+/// the bytes with them). A window's 64 receive slots (distinct, in tmpi's `osu_bw` and in
+/// the C peers' `bw` alike) take 16 MiB at 256 KiB, which the 32 MiB L3 holds; the earlier
+/// measurement of the one-way case from 256 KiB was on a noisy host.
 /// Not from 1 MiB though: with plain stores at 512 KiB the first period of the rings there
 /// timed slow now and then (235 against single copy's 163 thousandths of a tick per byte),
 /// single copy was chosen and carried up to 1-4 MiB (`tmpi-compare`'s short `osu_bw` run at
