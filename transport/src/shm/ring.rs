@@ -30,19 +30,20 @@
 //! (and zeroes ahead of it) before it publishes a skip record at the end.
 //!
 //! How far ahead the producer may run: a record that needs more than [`STREAM_SMALL`] bytes
-//! (header and the slot zeroed ahead included) and less than a quarter of the ring is started
+//! (header and the slot zeroed ahead included) and less than a quarter of the ring and
+//! [`LARGE_RECORD`] is started
 //! only while fewer than [`STREAM_WINDOW`] bytes are in flight. Without that, a window of
 //! messages of 4-128 KiB fills the whole ring before the consumer catches up; the likely cost
 //! (a reading, not a measurement of caches) is that the consumer then reads lines that have
 //! left the producer's L2 (1 MiB per core here). `osu_bw` and `osu_bibw` at 32-128 KiB measured
-//! 1.1-1.4x with the limit (bench/results/p2p-2026-11-25c.md). A mid-size record longer than
-//! the window (in rings over 1.5 MiB) may still start behind one record of its length in
-//! flight, so that two such records, like the largest, overlap the producer's copy-in with the
-//! consumer's copy-out (`osu_latency` 16-32 MiB, a lone stream in 512 KiB pieces through a
-//! 4 MiB ring, took 0.59-0.62x the time it took with the two taking turns,
-//! bench/results/p2p-2026-11-27f.md). Small records (every small message, every control
+//! 1.1-1.4x with the limit (bench/results/p2p-2026-11-25c.md). Records longer than the window
+//! are all of the largest ([`LARGE_RECORD`]): they once were mid-size in rings over 1.5 MiB,
+//! and each then waited for the one before it to be taken whole, producer and consumer taking
+//! turns (`osu_latency` 16-32 MiB, a lone stream in 512 KiB pieces through a 4 MiB ring, took
+//! 0.59-0.62x the time once one could start behind another, bench/results/p2p-2026-11-27f.md).
+//! Small records (every small message, every control
 //! packet) and the largest (streamed rendezvous data, whose pipelining needs two of them in
-//! flight) are limited by the ring's size alone.
+//! flight, and eager messages of [`LARGE_RECORD`] and up) are limited by the ring's size alone.
 //!
 //! Records longer than a line: the consumer fetches all of a record's lines (up to 4 KiB) as
 //! soon as it has read the header, and the producer, after such a record (up to 16 KiB), claims
@@ -87,7 +88,16 @@ pub const STREAM_SMALL: u64 = 4096;
 const PREFETCH_AHEAD: u64 = 256;
 /// Bytes in flight (published, not yet released) below which a mid-size record may start.
 pub const STREAM_WINDOW: u64 = 384 << 10;
-/// In a ring larger than this, a record shorter than a quarter of the ring that would start
+/// A record of this many bytes or more (header and the slot zeroed ahead included) is one of
+/// the largest even where that is less than a quarter of the ring: limited by the ring's size
+/// alone, it may start behind any number of records in flight. In a 4 MiB ring, records of
+/// 256-512 KiB limited to one in flight before them (a window of eager messages, as in
+/// `osu_bw`) ran at two levels from run to run, with the same operations: 512 KiB at 47-51
+/// or 15-21 GB/s, 256 KiB at 48-53 or 20-32; as the largest they moved 46-50 and 49-52 in
+/// every run the host was quiet (`bench/results/p2p-2026-11-28.md`, session 33).
+pub const LARGE_RECORD: u64 = 256 << 10;
+/// In a ring larger than this, a record shorter than a quarter of the ring and
+/// [`LARGE_RECORD`] that would start
 /// at or past this offset goes to offset 0 instead (behind a skip record, as at the end of
 /// the ring) when few bytes are in flight (`Producer::rewinds`): small and mid-size records
 /// cycle through the first [`HOT_SPAN`] bytes, which stay in the caches, and only the
@@ -236,7 +246,7 @@ impl Producer {
     }
 
     /// Whether a record of `payload` bytes that would start past [`HOT_SPAN`] goes back to
-    /// offset 0: one shorter than a quarter of the ring, while at most [`STREAM_WINDOW`]
+    /// offset 0: one not of the largest ([`Producer::is_largest`]), while at most [`STREAM_WINDOW`]
     /// bytes are in flight by the cached `tail` (a stale one only makes it wait for a later
     /// record). Not behind one of the largest records still in flight: the tail packet of a
     /// stream (a few bytes after each 1 MiB packet) would then leave the rest of the ring
@@ -247,16 +257,16 @@ impl Producer {
     }
 
     /// Whether a record of `payload` bytes (with the header slot zeroed after it) takes a
-    /// quarter of the ring or more: one of the largest, which streamed rendezvous data uses,
-    /// limited by the ring's size alone and never sent back to offset 0 early.
+    /// quarter of the ring or [`LARGE_RECORD`] bytes or more: one of the largest, which
+    /// streamed rendezvous data and a window's eager messages of 256 KiB and up use, limited
+    /// by the ring's size alone and never sent back to offset 0 early.
     #[inline]
     fn is_largest(&self, payload: usize) -> bool {
-        rec_len(payload, true) + REC_ALIGN >= self.size / 4
+        rec_len(payload, true) + REC_ALIGN >= (self.size / 4).min(LARGE_RECORD)
     }
 
     /// Whether `need` bytes at `head` may be written now: they fit in the released space, and
-    /// a mid-size record also waits until fewer than [`STREAM_WINDOW`] bytes (or no more than
-    /// its own length) are in flight.
+    /// a mid-size record also waits until fewer than [`STREAM_WINDOW`] bytes are in flight.
     #[inline]
     fn room_for(&mut self, need: u64, payload: usize) -> bool {
         if need > STREAM_SMALL {
@@ -271,10 +281,9 @@ impl Producer {
     /// records' way (its copy dwarfs the call).
     #[inline(never)]
     fn stream_room_for(&mut self, need: u64, payload: usize) -> bool {
-        // Mid-size by the record alone (a skip in `need` does not make it large). One larger
-        // than the window may still start behind one record of its size: else each would
-        // wait for the one before to be taken whole, and producer and consumer take turns.
-        let most_in_flight = if self.is_largest(payload) { u64::MAX } else { (STREAM_WINDOW - 1).max(rec_len(payload, true)) };
+        // Mid-size by the record alone (a skip in `need` does not make it large). Every
+        // mid-size record is shorter than the window (`LARGE_RECORD` < `STREAM_WINDOW`).
+        let most_in_flight = if self.is_largest(payload) { u64::MAX } else { STREAM_WINDOW - 1 };
         self.fits_now(need, most_in_flight)
     }
 
@@ -739,24 +748,36 @@ mod tests {
         assert_eq!(rec.data, &mid[..]);
     }
 
+    /// Records of `LARGE_RECORD` bytes and up are of the largest though shorter than a
+    /// quarter of the ring: they run ahead until the ring is full, not one behind another.
     #[test]
-    fn mid_size_records_longer_than_the_window_go_two_at_a_time() {
+    fn records_from_256_kib_fill_the_ring() {
         let size = 4 << 20;
         let mut r = HeapRing::new(size);
         let (mut p, mut c) = r.ends(size);
         let long = vec![6u8; 512 << 10];
-        assert!(rec_len(long.len(), true) + REC_ALIGN < size as u64 / 4, "mid-size");
-        // The second starts behind the first; the third waits for the consumer.
-        assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
-        assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
+        assert!(rec_len(long.len(), true) + REC_ALIGN < size as u64 / 4, "under a quarter");
+        // Seven fit (each a little over 512 KiB); the eighth waits for the consumer.
+        for k in 0..7 {
+            assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap(), "record {k}");
+        }
         assert!(!p.has_room(long.len()));
+        assert!(!p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
+        // The eighth goes back to offset 0 (the end has too little left), where the first two
+        // were.
+        take_next(&mut c);
         assert!(!p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
         take_next(&mut c);
         assert!(p.try_push(1, long.len() as u64 + 1, &[&long]).unwrap());
-        for _ in 0..2 {
+        for _ in 0..6 {
             take_payload(&mut c, &long);
         }
         assert!(p.is_drained());
+        // Just under `LARGE_RECORD`, a record is mid-size: it waits for the window.
+        let mid = vec![7u8; (LARGE_RECORD - 256) as usize];
+        assert!(p.try_push(1, mid.len() as u64 + 1, &[&mid]).unwrap());
+        assert!(p.try_push(1, mid.len() as u64 + 1, &[&mid]).unwrap());
+        assert!(!p.try_push(1, mid.len() as u64 + 1, &[&mid]).unwrap(), "past the window");
     }
 
     /// The payload of an old record can hold, where a later lap's record will start, exactly
