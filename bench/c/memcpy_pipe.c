@@ -6,7 +6,10 @@
  *        ./memcpy_pipe single MSG [NT]  (the shared-heap floor: core 1 copies a buffer core 0
  *                                        wrote into 64 distinct buffers, window after window)
  *        ./memcpy_pipe pingpong RING     (the two-copy latency floor: osu_latency's pattern,
- *                                        16 KiB-64 MiB, one-way us at the best chunk size) */
+ *                                        16 KiB-64 MiB, one-way us at the best chunk size)
+ *        ./memcpy_pipe split MSG [NT]   (the split shared-heap floor: both cores copy half of
+ *                                        each message into 64 distinct buffers, meeting at a
+ *                                        barrier after each window) */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -32,6 +35,10 @@ static void precv(int r,char*d,size_t n){size_t t=atomic_load_explicit(&pt[r],me
 static void *pside(void*a){int me=(int)(size_t)a;pin(me);for(size_t i=0;i<ITERS;i++){if(me==0){psend(0,ps[0],MSG);precv(1,pd[0],MSG);}else{precv(0,pd[1],MSG);psend(1,ps[1],MSG);}}return 0;}
 static double pingpong(size_t msg,size_t chunk){MSG=msg;CHUNK=chunk;ITERS=(((size_t)2<<30)/msg)/4+4;if(ITERS>20000)ITERS=20000;double best=1e9;
  for(int rep=0;rep<3;rep++){for(int r=0;r<2;r++){ph[r]=pt[r]=0;}pthread_t a,b;double t0=now();pthread_create(&a,0,pside,(void*)0);pthread_create(&b,0,pside,(void*)1);pthread_join(a,0);pthread_join(b,0);double t=(now()-t0)/ITERS/2;if(t<best)best=t;}return best;}
+/* split: thread `me` copies its half of each message of a window, then waits for the other. */
+static pthread_barrier_t bar;
+static void *half(void*a){int me=(int)(size_t)a;pin(me);size_t h=(MSG/2)&~(size_t)4095,o=me?h:0,n=me?MSG-h:h;
+ for(size_t it=0;it<ITERS;it++){for(size_t w=0;w<WIN;w++){if(nt)ntcopy(dst+w*MSG+o,src+o,n);else memcpy(dst+w*MSG+o,src+o,n);}pthread_barrier_wait(&bar);}return 0;}
 int main(int c,char**v){
  if(c>2&&!strcmp(v[1],"pingpong")){RING=atol(v[2]);for(int r=0;r<2;r++){pr[r]=aligned_alloc(4096,RING);memset(pr[r],0,RING);ps[r]=aligned_alloc(4096,64u<<20);pd[r]=aligned_alloc(4096,64u<<20);memset(ps[r],1,64u<<20);memset(pd[r],2,64u<<20);}
   for(size_t m=16384;m<=(64u<<20);m*=2){double best=1e9;size_t bc=0;for(size_t ch=8192;ch<=RING/2&&ch<=m;ch*=2){double t=pingpong(m,ch);if(t<best){best=t;bc=ch;}}
@@ -40,6 +47,11 @@ int main(int c,char**v){
   for(size_t s=16384;s<=(64u<<20);s*=2){char*a=aligned_alloc(4096,s),*b=aligned_alloc(4096,s);memset(a,1,s);memset(b,2,s);size_t it=(1u<<31)/s+2;double best=1e9;for(int r=0;r<5;r++){double t0=now();for(size_t i=0;i<it;i++)memcpy(b,a,s);double t=(now()-t0)/it;if(t<best)best=t;}
   double bn=1e9;for(int r=0;r<3;r++){double t0=now();for(size_t i=0;i<it;i++)ntcopy(b,a,s);double t=(now()-t0)/it;if(t<bn)bn=t;}
   printf("%9zu memcpy %6.1f GB/s  nt %6.1f GB/s\n",s,s/best/1e9,s/bn/1e9);free(a);free(b);}return 0;}
+ if(c>2&&!strcmp(v[1],"split")){ /* both cores copy half of every message, window by window */
+  MSG=atol(v[2]);nt=c>3?atoi(v[3]):0;ITERS=((size_t)4<<30)/(MSG*WIN);if(ITERS<3)ITERS=3;
+  src=aligned_alloc(4096,MSG);dst=aligned_alloc(4096,MSG*WIN);memset(src,1,MSG);memset(dst,2,MSG*WIN);
+  pthread_barrier_init(&bar,0,2);pthread_t a,b;double t0=now();pthread_create(&a,0,half,(void*)0);pthread_create(&b,0,half,(void*)1);
+  pthread_join(a,0);pthread_join(b,0);double t=now()-t0;printf("split msg %zu nt %d: %.1f GB/s\n",MSG,nt,(double)MSG*WIN*ITERS/t/1e9);return 0;}
  if(c>2&&!strcmp(v[1],"single")){ /* one memcpy per message, source written by the other core */
   MSG=atol(v[2]);nt=c>3?atoi(v[3]):0;ITERS=((size_t)4<<30)/(MSG*WIN);if(ITERS<3)ITERS=3;
   src=aligned_alloc(4096,MSG);dst=aligned_alloc(4096,MSG*WIN);pin(0);memset(src,1,MSG);memset(dst,2,MSG*WIN);pin(1);
