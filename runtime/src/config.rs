@@ -96,14 +96,14 @@ fn num(var: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
 /// `TMPI_RNDV_THRESHOLD=auto`: messages of at least this many bytes always use rendezvous.
 pub const RNDV_AUTO: usize = 262_144;
 /// `TMPI_RNDV_THRESHOLD=auto`: advice from a receiver of this host (`EAGER_BELOW`, see
-/// `engine::adapt`) raises where rendezvous starts up to this many bytes, two size classes
+/// `engine::adapt`) raises where rendezvous starts up to this many bytes, one size class
 /// above [`RNDV_AUTO`]: on a quiet 2-core AMD EPYC host, 256 KiB messages moved 1.1x the
 /// bytes eagerly in `osu_bw` (52.6-54.8 against 48-50 GB/s by a streamed rendezvous) and
-/// 1.3-1.4x in `osu_bibw` (46-52 against 33-36); 512 KiB messages, once a window's eager
-/// records of 256 KiB and up could run ahead in the ring
-/// (`tmpi_transport::shm::ring::LARGE_RECORD`), 45-49 against 34-37 in `osu_bw`, and level
-/// in `osu_bibw` (`bench/results/p2p-2026-11-28.md`, session 33).
-pub const RNDV_ADVISED_MAX: usize = 1 << 20;
+/// 1.3-1.4x in `osu_bibw` (46-52 against 33-36). At 1 MiB (the 512 KiB class eager too)
+/// `osu_bw` 512 KiB moved 1.30x the bytes, but `collcheck` at 4 ranks on two hosts (shared
+/// memory and TCP) then hung: not raised until that is understood
+/// (`bench/results/p2p-2026-11-28.md`, session 33).
+pub const RNDV_ADVISED_MAX: usize = 524_288;
 
 impl Config {
     /// Messages of at least this many bytes always use rendezvous (`TMPI_RNDV_THRESHOLD`, or
