@@ -489,7 +489,7 @@ impl Epochs {
     /// rings periods met its single copy: `osu_bibw` 256 KiB-8 MiB chose single copy, 0.81-0.91x the bytes).
     pub(crate) fn peer_read(&mut self, arm: Arm, n: usize, src: usize, lower: bool) {
         let class = class_of(n);
-        if let Some(l) = self.lead.get_mut(class).and_then(Option::as_mut).filter(|l| l.from == src) {
+        if let Some(l) = self.lead[class].as_mut().filter(|l| l.from == src) {
             l.unmet = 0;
         }
         if let Some(e) = &mut self.cur {

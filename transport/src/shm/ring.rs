@@ -31,8 +31,7 @@
 //!
 //! How far ahead the producer may run: a record that needs more than [`STREAM_SMALL`] bytes
 //! (header and the slot zeroed ahead included) and less than a quarter of the ring and
-//! [`LARGE_RECORD`] is started
-//! only while fewer than [`STREAM_WINDOW`] bytes are in flight. Without that, a window of
+//! [`LARGE_RECORD`] is started only while fewer than [`STREAM_WINDOW`] bytes are in flight. Without that, a window of
 //! messages of 4-128 KiB fills the whole ring before the consumer catches up; the likely cost
 //! (a reading, not a measurement of caches) is that the consumer then reads lines that have
 //! left the producer's L2 (1 MiB per core here). `osu_bw` and `osu_bibw` at 32-128 KiB measured
@@ -96,9 +95,10 @@ pub const STREAM_WINDOW: u64 = 384 << 10;
 /// or 15-21 GB/s, 256 KiB at 48-53 or 20-32; as the largest they moved 46-50 and 49-52 in
 /// every run the host was quiet (`bench/results/p2p-2026-11-28.md`, session 33).
 pub const LARGE_RECORD: u64 = 256 << 10;
+// Every mid-size record is then shorter than the window (`Producer::stream_room_for`).
+const _: () = assert!(LARGE_RECORD < STREAM_WINDOW);
 /// In a ring larger than this, a record shorter than a quarter of the ring and
-/// [`LARGE_RECORD`] that would start
-/// at or past this offset goes to offset 0 instead (behind a skip record, as at the end of
+/// [`LARGE_RECORD`] that would start at or past this offset goes to offset 0 instead (behind a skip record, as at the end of
 /// the ring) when few bytes are in flight (`Producer::rewinds`): small and mid-size records
 /// cycle through the first [`HOT_SPAN`] bytes, which stay in the caches, and only the
 /// largest (streamed rendezvous data) use the rest. A 4 MiB
