@@ -106,12 +106,18 @@ fn big_messages_over_tcp_stream_without_single_copy() {
 /// `tmpirun -n <n> sh -c 'TMPI_NODE_ID=node$((TMPI_RANK / per)) exec <program>'`: ranks on
 /// "nodes" of `per` ranks each, on this one machine.
 fn hybrid(n: usize, per: usize, program: &str) -> (std::process::ExitStatus, String, String) {
+    hybrid_env(n, per, program, &[])
+}
+
+/// [`hybrid`] with `env` set for tmpirun and the ranks.
+fn hybrid_env(n: usize, per: usize, program: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, String, String) {
     let prog = release_bin(program);
     let script = format!("TMPI_NODE_ID=node$((TMPI_RANK / {per})) exec \"$0\"");
     let out = Command::new(tmpi_tests::tmpirun())
         .args(["-n", &n.to_string(), "--timeout", "180", "sh", "-c", &script])
         .arg(&prog)
         .env("TMPI_STATS", "1")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run tmpirun");
@@ -136,6 +142,28 @@ fn hybrid_jobs_use_shm_within_a_node_and_tcp_between_nodes() {
     let (status, _, err) = hybrid(3, 3, "collcheck");
     assert!(status.success(), "{err}");
     assert_eq!(err.lines().filter(|l| l.starts_with("tmpi-fabric ") && l.contains(" kind=shm ")).count(), 3, "{err}");
+}
+
+/// With rendezvous from 1 MiB, eager messages of up to 1 MiB cross the connections in four
+/// or five packets: the ones between the first and the last carry no flag (the fabric
+/// contract's continuations), which the TCP fabric once refused as malformed, and a rank
+/// then hung in the clean-up of the failed call.
+#[test]
+fn eager_messages_of_many_packets_over_tcp() {
+    let _serial = serial();
+    let env = [("TMPI_RNDV_THRESHOLD", "1048576")];
+    for program in ["bigmsg", "collcheck"] {
+        let mut j = tcp_job(2, program);
+        for (k, v) in env {
+            j = j.env(k, v);
+        }
+        let out = j.run();
+        out.assert_ok_line(&format!("{program}: "));
+        assert_fabric(&out, 2, "tcp");
+        let (status, out, err) = hybrid_env(4, 2, program, &env);
+        assert!(status.success(), "{program} on 2 nodes x 2 ranks, TMPI_RNDV_THRESHOLD=1048576\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(out.lines().any(|l| l.starts_with(&format!("{program}: ")) && l.contains("OK")), "{program}\n{out}\n{err}");
+    }
 }
 
 #[test]

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Failed progress calls in a row after which [`Engine::progress_while`] stops waiting.
+const STUCK_ERRORS: u32 = 64;
+
 /// Where a pending receive stands. Completion is not a phase: it is [`Req::result`], set at
 /// the one completion point ([`State::end_recv`]); the phase then says how far it got.
 ///
@@ -349,7 +352,16 @@ impl Engine {
                 // stay until that write is done (or the target is gone).
                 if let RecvPhase::Reading(k) = r.phase {
                     if let Some(src) = self.st.reads.get(k).filter(|op| op.remote_write).map(|op| op.src) {
-                        self.progress_while(src, |e| e.st.reads.get(k).is_some_and(|op| op.remote_write));
+                        if !self.progress_while(src, |e| e.st.reads.get(k).is_some_and(|op| op.remote_write)) {
+                            // The buffer goes back to the caller, who may free it, while `src`
+                            // may still write into it: only ending this process is sound.
+                            let why = self.st.deferred.as_ref().map_or_else(String::new, |e| format!(" ({e})"));
+                            eprintln!(
+                                "tmpi: rank {}: progress keeps failing{why} while rank {src} may still write into a receive buffer; ending this rank so that nothing writes into freed memory",
+                                self.st.rank
+                            );
+                            std::process::exit(1);
+                        }
                     }
                 }
             }
@@ -377,7 +389,10 @@ impl Engine {
                         Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), result: None, .. }) => r.granted.is_some(),
                         _ => false,
                     };
-                    self.progress_while(reader, still_granted);
+                    // Given up on a stream that stays broken, the wait may end early: a reader's
+                    // late single copy reads this process's memory (never writes it), and what
+                    // this rank would still serve from the buffer is refused below.
+                    let _ = self.progress_while(reader, still_granted);
                 }
                 // From now on every read of the buffer is refused, and reads being served
                 // from it stop.
@@ -411,27 +426,46 @@ impl Engine {
     }
 
     /// Makes progress while `busy` holds and `peer` has not departed (abandon waits here for a
-    /// single copy in flight to end). Errors are kept for the next progress.
-    pub(super) fn progress_while(&mut self, peer: usize, busy: impl Fn(&Engine) -> bool) {
+    /// single copy in flight to end). The first error met is kept for the next progress (which
+    /// reports it); later ones are dropped. Returns `false`, with `busy` still holding, when
+    /// progress failed [`STUCK_ERRORS`] times in a row: a stream that stays broken (a
+    /// malformed record a fabric cannot step over) would otherwise keep this wait forever.
+    pub(super) fn progress_while(&mut self, peer: usize, busy: impl Fn(&Engine) -> bool) -> bool {
         let mut b = self.backoff();
+        let mut kept = None;
+        let mut errors = 0;
+        let mut ended = true;
         while busy(self) {
             match self.progress() {
-                Ok(0) => {
-                    if b.snooze() {
+                Ok(n) => {
+                    errors = 0;
+                    if n > 0 {
+                        b.reset();
+                    } else if b.snooze() {
                         if !self.dead[peer] && !self.fabric.process_alive(peer) {
                             self.dead[peer] = true;
                         }
                         if self.state_of(peer) != PeerState::Alive {
-                            return;
+                            break;
                         }
                     }
                 }
-                Ok(_) => b.reset(),
                 Err(e) => {
-                    self.st.deferred.get_or_insert(e);
+                    // Not put back as `deferred` here: progress would return it at once, doing
+                    // no work, and the wait would never end.
+                    kept.get_or_insert(e);
+                    errors += 1;
+                    if errors >= STUCK_ERRORS {
+                        ended = false;
+                        break;
+                    }
                 }
             }
         }
+        if let Some(e) = kept {
+            self.st.deferred.get_or_insert(e);
+        }
+        ended
     }
 }
 

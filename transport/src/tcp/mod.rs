@@ -34,7 +34,8 @@
 //! A `finalized` frame (no payload) is the last thing a rank sends that finalized cleanly;
 //! end of stream without it means the peer failed ([`PeerState::Failed`]). A frame with an
 //! unknown kind, flags or reserved bits, or longer than [`TcpFabric::max_packet`], is an
-//! [`Error::PeerProtocol`] naming the peer. Sends to a peer that is gone are dropped (as
+//! [`Error::PeerProtocol`] naming the peer, reported once: the connection is then shut and
+//! the peer counts as failed (the stream has lost its framing). Sends to a peer that is gone are dropped (as
 //! records in the ring of a dead process are): the engine learns of the failure from
 //! [`TcpFabric::peer_state`] and names the rank.
 
@@ -113,6 +114,18 @@ impl Conn {
         }
     }
 
+    /// The peer sent a malformed frame: the stream has lost its framing, so nothing after it
+    /// can be read. The connection is shut (the peer sees this rank leave) and the peer counts
+    /// as failed, so that waits on it end; `e` is returned to be reported once.
+    #[cold]
+    fn broken(&mut self, e: Error) -> Error {
+        let _ = self.sock.shutdown(Shutdown::Both);
+        self.rpos = 0;
+        self.rend = 0;
+        self.lost();
+        e
+    }
+
     /// Writes as much of `tx` as the kernel takes.
     fn flush(&mut self) {
         while !self.tx.is_empty() && !self.closed {
@@ -170,7 +183,9 @@ impl Conn {
             }
             match kind {
                 KIND_DATA => {
-                    if flags == 0 || flags & !(PKT_FIRST | PKT_LAST | PKT_RMA) != 0 {
+                    // No flag is a continuation: a packet between the first and the last of
+                    // a message of three or more packets.
+                    if flags & !(PKT_FIRST | PKT_LAST | PKT_RMA) != 0 {
                         return Err(Error::PeerProtocol { rank, what: "TCP frame with unknown packet flags" });
                     }
                     if len > MAX_PACKET {
@@ -498,15 +513,17 @@ impl TcpFabric {
             if !c.tx.is_empty() {
                 c.flush();
             }
-            let h = match c.head(src)? {
-                Some(h) => h,
-                None => {
+            let h = match c.head(src) {
+                Ok(Some(h)) => h,
+                Ok(None) => {
                     c.fill();
-                    match c.head(src)? {
-                        Some(h) => h,
-                        None => continue,
+                    match c.head(src) {
+                        Ok(Some(h)) => h,
+                        Ok(None) => continue,
+                        Err(e) => return Err(c.broken(e)),
                     }
                 }
+                Err(e) => return Err(c.broken(e)),
             };
             let start = c.rpos + FRAME_HDR;
             let pkt = Packet { src, flags: h.flags, total_len: h.total, data: &c.rx[start..start + h.len] };

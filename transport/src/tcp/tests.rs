@@ -1,7 +1,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::*;
-use crate::fabric::PKT_WHOLE;
+use crate::fabric::{PKT_FIRST, PKT_LAST, PKT_WHOLE};
 
 const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -85,6 +85,26 @@ fn packets_arrive_in_order_from_each_peer() {
         assert!(!f0.pending_from(1) && !f0.pending_from(2));
         assert!(t.elapsed() < Duration::from_secs(30));
     }
+}
+
+#[test]
+fn a_message_of_three_packets_keeps_its_continuation() {
+    // FIRST, a continuation (no flag), LAST: the fabric contract's sequence of a message
+    // longer than two packets.
+    let mut fabs = job(2);
+    let seq = [PKT_FIRST, 0, PKT_LAST];
+    for (i, &fl) in seq.iter().enumerate() {
+        while !fabs[1].try_send(0, fl, 3 * MAX_PACKET as u64, &[&vec![i as u8; MAX_PACKET]]).unwrap() {
+            fabs[1].poll(|_| true).unwrap();
+        }
+    }
+    let mut got = Vec::new();
+    recv_n(&mut fabs[0], 3, |p| {
+        assert!(p.data.iter().all(|&b| usize::from(b) == got.len()));
+        assert_eq!(p.total_len, 3 * MAX_PACKET as u64);
+        got.push(p.flags);
+    });
+    assert_eq!(got, seq);
 }
 
 #[test]
@@ -179,6 +199,17 @@ fn malformed_frames_name_the_peer() {
         };
         assert!(matches!(e, Error::PeerProtocol { rank: 1, .. }), "{e}");
         assert!(e.to_string().starts_with("peer rank 1:"), "{e}");
+        // Reported once: the stream lost its framing, so the peer counts as failed, and the
+        // peer sees this rank leave.
+        assert_eq!(fabs[0].peer_state(1), PeerState::Failed);
+        assert_eq!(fabs[0].poll(|_| true).unwrap(), 0);
+        assert!(!fabs[0].pending_from(1));
+        let t = Instant::now();
+        while fabs[1].peer_state(0) == PeerState::Alive {
+            fabs[1].poll(|_| true).unwrap();
+            assert!(t.elapsed() < Duration::from_secs(30));
+        }
+        assert_eq!(fabs[1].peer_state(0), PeerState::Failed);
     }
 }
 
