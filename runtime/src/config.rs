@@ -95,15 +95,15 @@ fn num(var: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
 
 /// `TMPI_RNDV_THRESHOLD=auto`: messages of at least this many bytes always use rendezvous.
 pub const RNDV_AUTO: usize = 262_144;
-/// `TMPI_RNDV_THRESHOLD=auto`: advice from a receiver of this host (`EAGER_BELOW`, see
-/// `engine::adapt`) raises where rendezvous starts up to this many bytes, one size class
-/// above [`RNDV_AUTO`]: on a quiet 2-core AMD EPYC host, 256 KiB messages moved 1.1x the
-/// bytes eagerly in `osu_bw` (52.6-54.8 against 48-50 GB/s by a streamed rendezvous) and
-/// 1.3-1.4x in `osu_bibw` (46-52 against 33-36). At 1 MiB (the 512 KiB class eager too)
-/// `osu_bw` 512 KiB moved 1.30x the bytes, but `collcheck` at 4 ranks on two hosts (shared
-/// memory and TCP) then hung: not raised until that is understood
-/// (`bench/results/p2p-2026-11-28.md`, session 33).
-pub const RNDV_ADVISED_MAX: usize = 524_288;
+/// `TMPI_RNDV_THRESHOLD=auto`: advice from a receiver (`EAGER_BELOW`, see `engine::adapt`)
+/// raises where rendezvous starts up to this many bytes, two size classes above
+/// [`RNDV_AUTO`]: on a quiet 2-core AMD EPYC host, 256 KiB messages moved 1.1x the bytes
+/// eagerly in `osu_bw` (52.6-54.8 against 48-50 GB/s by a streamed rendezvous) and 1.3-1.4x
+/// in `osu_bibw` (46-52 against 33-36), and 512 KiB messages 1.30x in `osu_bw` (47 against
+/// 36 GB/s; `bench/results/p2p-2026-11-28.md`, session 33). (Session 33 reverted this once:
+/// a hybrid job then hung, because the TCP fabric refused the middle packets of eager
+/// messages of three or more packets; session 34 fixed that.)
+pub const RNDV_ADVISED_MAX: usize = 1_048_576;
 
 impl Config {
     /// Messages of at least this many bytes always use rendezvous (`TMPI_RNDV_THRESHOLD`, or

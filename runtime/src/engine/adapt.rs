@@ -67,8 +67,8 @@
 //! through the rings without the read request. Then (or when single copy is not possible at
 //! all) it tells the sender [`Control::EagerBelow`] the top of that size class, and the
 //! sender sends that class eagerly from then on. Advice only ever raises a sender's
-//! threshold, never above the configured one (with auto, never above 512 KiB,
-//! `RNDV_ADVISED_MAX`: the 256 KiB class may go eager). A rank that follows a leader's
+//! threshold, never above the configured one (with auto, never above 1 MiB,
+//! `RNDV_ADVISED_MAX`: the 256 and 512 KiB classes may go eager). A rank that follows a leader's
 //! reads of a class ([`Epochs::lead`]) times none of them, so when the leader advises it
 //! eager for the class it advises the leader the same.
 //!

@@ -647,6 +647,26 @@ impl RecvState {
 mod tests {
     use super::super::testkit::{pair, recv, send, settle};
     use super::*;
+    use std::time::{Duration, Instant};
+
+    /// An error kept during a wait does not stop the wait's progress (it once went back as
+    /// `deferred`, which the next progress returned at once without polling: the wait spun
+    /// forever), and it is reported once afterwards.
+    #[test]
+    fn a_wait_keeps_progressing_past_an_error_and_reports_it_after() {
+        let (mut a, mut b) = pair();
+        let mut buf = [0u8; 4];
+        let r = recv(&mut b, Some(0), Some(1), &mut buf);
+        send(&mut a, 1, 1, b"ab", false);
+        b.st.deferred = Some(Error::State("kept".into()));
+        let t = Instant::now();
+        let ended = b.progress_while(0, |e| e.st.reqs.get(r).is_some_and(|q| q.result.is_none()) && t.elapsed() < Duration::from_secs(20));
+        assert!(ended);
+        assert!(t.elapsed() < Duration::from_secs(20), "the wait never polled");
+        assert!(b.take_if_done(r).expect("done").is_ok());
+        assert!(matches!(b.progress(), Err(Error::State(m)) if m == "kept"));
+        assert!(b.progress().is_ok(), "reported once");
+    }
 
     #[test]
     fn a_collected_request_is_gone_and_its_slot_reused_under_a_new_name() {
