@@ -21,8 +21,8 @@
 //! the fabric besides the two modules above.
 //!
 //! Trust model: ranks of one job trust each other (as with any MPI). A corrupt record header
-//! is still caught (length and position checks) and reported as [`crate::Error::Malformed`]
-//! rather than read out of bounds.
+//! is still caught (length and position checks) and reported as [`crate::Error::PeerProtocol`]
+//! naming the peer whose ring it is, rather than read out of bounds.
 
 pub mod cma;
 pub mod futex;
@@ -228,7 +228,8 @@ impl ShmFabric {
     /// on the next poll.
     ///
     /// # Errors
-    /// A corrupt record (bad length); the packet is not delivered.
+    /// A corrupt record (bad length): [`Error::PeerProtocol`] naming the ring's sender; the
+    /// packet is not delivered.
     #[inline]
     pub fn poll<F: FnMut(Packet<'_>) -> bool>(&mut self, mut f: F) -> Result<usize> {
         let n = self.sources.len();
@@ -252,7 +253,12 @@ impl ShmFabric {
                 if burst > 1 {
                     c.prefetch_ahead();
                 }
-                let Some(rec) = c.peek()? else { break };
+                let rec = match c.peek() {
+                    Ok(Some(rec)) => rec,
+                    Ok(None) => break,
+                    Err(Error::Malformed { what }) => return Err(Error::PeerProtocol { rank: src, what }),
+                    Err(e) => return Err(e),
+                };
                 let pkt = Packet { src, flags: rec.flags, total_len: rec.total_len, data: rec.data };
                 if !f(pkt) {
                     break;
@@ -613,6 +619,19 @@ mod tests {
         assert!(a.try_send(1, PKT_WHOLE, 2, &[b"hi"]).expect("send"));
         assert_eq!(b.poll(|_| false).expect("poll"), 0);
         assert_eq!(b.poll(|p| p.data == b"hi").expect("poll"), 1);
+    }
+
+    /// A corrupt record header in a peer's ring is an error naming that peer, at every poll
+    /// (the record is never read).
+    #[test]
+    fn a_corrupt_record_names_its_sender() {
+        let (mut a, mut b) = pair();
+        assert!(a.try_send(1, PKT_WHOLE, 4, &[b"ping"]).expect("send"));
+        a.segment().ring_first_word(0, 1).fetch_or(0xff_ffff, Ordering::AcqRel);
+        for _ in 0..2 {
+            let e = b.poll(|_| panic!("delivered")).expect_err("corrupt");
+            assert!(matches!(e, Error::PeerProtocol { rank: 0, .. }), "{e}");
+        }
     }
 
     /// Runs `copy(dst, src)` at every offset pair and length given, from a patterned source

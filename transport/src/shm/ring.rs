@@ -591,6 +591,22 @@ mod tests {
         c.release(span);
     }
 
+    /// A header whose length is past what a record may hold is refused, not read: the record
+    /// stays where it is and every look reports it.
+    #[test]
+    fn a_corrupt_header_is_malformed() {
+        let size = 4096;
+        let mut h = HeapRing::new(size);
+        let (mut p, mut c) = h.ends(size);
+        assert!(p.try_push(crate::fabric::PKT_WHOLE, 8, &[&[1u8; 8]]).unwrap());
+        // The record's first word is the data area's first 8 bytes: the `head` of the vector's
+        // second element. Its length field (low 24 bits) becomes the largest.
+        h.mem[1].head.fetch_or(0xff_ffff, Ordering::AcqRel);
+        for _ in 0..2 {
+            assert!(matches!(c.peek(), Err(Error::Malformed { .. })));
+        }
+    }
+
     /// In a ring larger than [`HOT_SPAN`], records shorter than a quarter of the ring start
     /// below it while few bytes are in flight (they go back to offset 0 behind a skip), but
     /// not behind one of the largest still in flight (a stream's tail packet); every record

@@ -340,6 +340,16 @@ impl Segment {
         unsafe { NonNull::new_unchecked(self.base.as_ptr().add(off).cast::<RingCtl>()) }
     }
 
+    /// The first word of the data area of the ring from `src` to `dst` (tests corrupt a
+    /// record header through it).
+    #[cfg(test)]
+    pub(crate) fn ring_first_word(&self, src: usize, dst: usize) -> &AtomicU64 {
+        // SAFETY: the ring's data area follows its RingCtl inside the mapping, which lives as
+        // long as `self`; it is 8-aligned (RingCtl is 128-aligned and 256 bytes), and record
+        // headers are only ever accessed atomically.
+        unsafe { &*self.ring_ctl(dst, src).as_ptr().add(1).cast::<AtomicU64>() }
+    }
+
     /// The producing end of the ring from `src` to `dst`. Call once per ring per job.
     pub(crate) fn producer(&self, src: usize, dst: usize) -> Producer {
         // SAFETY: ring_ctl points at a RingCtl followed by ring_size bytes inside the mapping,
