@@ -258,6 +258,9 @@ impl Engine {
                 return self.start_rndv(dest, tag64, data).map(Some);
             }
             self.st.credits[dest] -= cost;
+            if len >= EAGER_NT_MIN {
+                self.st.big_eager_out[dest] = self.st.big_eager_in + 1;
+            }
         }
         self.st.stats.eager += 1;
         let req = if sync { Some(self.st.new_send(dest, tag64, true, None)?) } else { None };

@@ -198,6 +198,19 @@ const STREAM_NT_PACKET_OVER: usize = 512 << 10;
 /// session 32).
 const STREAM_NT_ONE_WAY_MIN: usize = 512 << 10;
 
+/// An eager message of at least this many bytes that lands in a posted receive while others
+/// are posted (a window) is copied out of the ring with non-temporal stores where this rank
+/// sends its peer such messages too (`osu_bibw`), as streamed reads are from
+/// [`STREAM_NT_MIN`] there: `osu_bibw` 512 KiB (eager since the advice reaches the 512 KiB
+/// class) moved 38.4 against 30.2 GB/s with plain stores (4 interleaved runs, medians; Open
+/// MPI without CMA 33.1). Not one way: `osu_bw` 256/512 KiB moved 1.22/1.09x the bytes with
+/// plain stores, its receive buffers staying in the cache (`bench/results/p2p-2026-11-28.md`,
+/// session 34).
+const EAGER_NT_MIN: usize = 512 << 10;
+/// A peer that received such a message from this rank within this many of its arrivals here
+/// counts as sending both ways (see `State::eager_both_ways`).
+const EAGER_BOTH_WAYS_WITHIN: u64 = 64;
+
 /// The smallest streamed read copied out with non-temporal stores when the fabric's largest
 /// packet is `max_packet` bytes (see [`STREAM_NT_MIN`]).
 fn stream_nt_min(max_packet: usize) -> usize {
@@ -422,6 +435,12 @@ struct State {
     /// `State::peer_reading`).
     reads_begun: u64,
     fin_seen: Vec<u64>,
+    /// Eager messages of [`EAGER_NT_MIN`] or more that arrived into posted receives, and per
+    /// world rank their count (plus one; 0: never) when this rank last started one of that
+    /// size to it: whether the two send each other such messages (see
+    /// `State::eager_both_ways`).
+    big_eager_in: u64,
+    big_eager_out: Vec<u64>,
     /// Registration cache (sender side of rendezvous) and its domain (target key checks).
     mr: MrCache,
     domain: Domain,
@@ -582,6 +601,8 @@ impl Engine {
                 reads: Slab::new(),
                 reads_begun: 0,
                 fin_seen: vec![0; size],
+                big_eager_in: 0,
+                big_eager_out: vec![0; size],
                 mr,
                 domain,
                 rma_out: VecDeque::new(),

@@ -61,13 +61,25 @@ impl State {
         }
     }
 
-    /// The TM-SRQ matched a packet to a tagged buffer: the NIC's copy into the user buffer.
-    pub(super) fn place_tagged(&mut self, rid: ReqId, off: usize, bytes: &[u8]) {
+    /// The TM-SRQ matched a packet to a tagged buffer: the NIC's copy into the user buffer,
+    /// with non-temporal stores when `around_cache` (see [`EAGER_NT_MIN`]).
+    pub(super) fn place_tagged(&mut self, rid: ReqId, off: usize, bytes: &[u8], around_cache: bool) {
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             if let Some(b) = r.buf.as_ref().filter(|_| r.refused.is_none()) {
-                b.write_at(off, bytes);
+                if around_cache {
+                    b.fill_with(off, bytes.len(), |dst| tmpi_transport::shm::copy_streaming(dst, bytes));
+                } else {
+                    b.write_at(off, bytes);
+                }
             }
         }
+    }
+
+    /// Whether `src` and this rank send each other eager messages of [`EAGER_NT_MIN`] or
+    /// more: this rank started one to `src` within the last [`EAGER_BOTH_WAYS_WITHIN`] of
+    /// those that arrived here.
+    pub(super) fn eager_both_ways(&self, src: usize) -> bool {
+        self.big_eager_out.get(src).is_some_and(|&at| at != 0 && self.big_eager_in + 1 - at < EAGER_BOTH_WAYS_WITHIN)
     }
 
     /// A receive the software matcher no longer holds (it matched there, or was cancelled):
@@ -252,6 +264,48 @@ impl State {
 mod tests {
     use super::super::testkit::{job, pair, recv, send, settle};
     use super::*;
+
+    /// Large eager messages go around the cache only where both ranks send each other such
+    /// messages lately; the data arrives whole either way (here in 64 KiB packets, each
+    /// placed by itself).
+    #[test]
+    fn large_eager_messages_both_ways_are_told_apart() {
+        let cfg = Config { rndv_threshold: Some(1 << 20), ..Config::default() };
+        let mut v = super::super::testkit::job(2, cfg);
+        let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
+        let n = EAGER_NT_MIN;
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let mut bufs = vec![vec![0u8; n]; 3];
+        let mut back = vec![0u8; n];
+        let [b0, b1, b2] = &mut bufs[..] else { unreachable!() };
+        let r: Vec<ReqId> = [b0, b1, b2].into_iter().enumerate().map(|(t, buf)| recv(&mut b, Some(0), Some(t as u32), buf)).collect();
+        let s0 = send(&mut a, 1, 0, &data, false);
+        settle(&mut [&mut a, &mut b]);
+        assert_eq!((b.st.big_eager_in, b.st.eager_both_ways(0)), (1, false), "b has sent a nothing");
+        // b sends a one: from now on the two send each other large messages.
+        let rb = recv(&mut a, Some(1), Some(9), &mut back);
+        let sb = send(&mut b, 0, 9, &data, false);
+        assert!(b.st.eager_both_ways(0));
+        let s1 = send(&mut a, 1, 1, &data, false);
+        let s2 = send(&mut a, 1, 2, &data, false);
+        settle(&mut [&mut a, &mut b]);
+        assert!(a.st.eager_both_ways(1));
+        for (rid, s) in r.into_iter().zip([s0, s1, s2]) {
+            assert!(b.take_if_done(rid).expect("received").is_ok());
+            if let Some(s) = s {
+                assert!(a.take_if_done(s).expect("sent").is_ok());
+            }
+        }
+        assert!(a.take_if_done(rb).expect("received").is_ok());
+        if let Some(s) = sb {
+            assert!(b.take_if_done(s).expect("sent").is_ok());
+        }
+        assert_eq!(b.st.stats.eager, 1);
+        assert!(bufs.iter().chain([&back]).all(|x| *x == data), "every copy whole");
+        // Long after b's last one, it no longer counts.
+        b.st.big_eager_in += EAGER_BOTH_WAYS_WITHIN;
+        assert!(!b.st.eager_both_ways(0));
+    }
 
     #[test]
     fn a_large_enough_named_receive_is_matched_by_the_tm_srq() {
