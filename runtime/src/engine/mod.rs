@@ -202,10 +202,10 @@ const STREAM_NT_ONE_WAY_MIN: usize = 512 << 10;
 /// are posted (a window) is copied out of the ring with non-temporal stores where this rank
 /// sends its peer such messages too (`osu_bibw`), as streamed reads are from
 /// [`STREAM_NT_MIN`] there: `osu_bibw` 512 KiB (eager since the advice reaches the 512 KiB
-/// class) moved 38.4 against 30.2 GB/s with plain stores (4 interleaved runs, medians; Open
-/// MPI without CMA 33.1). Not one way: `osu_bw` 256/512 KiB moved 1.22/1.09x the bytes with
-/// plain stores, its receive buffers staying in the cache (`bench/results/p2p-2026-11-28.md`,
-/// session 34).
+/// class) moved 35.6 against 28.0 GB/s with plain stores (5 interleaved runs, medians; Open
+/// MPI without CMA 28.2). Not one way: copying every such packet so, `osu_bw` 256/512 KiB
+/// moved 0.82/0.92x the bytes, its receive buffers staying in the cache
+/// (`bench/results/p2p-2026-11-28.md`, session 34).
 const EAGER_NT_MIN: usize = 512 << 10;
 /// A peer that received such a message from this rank within this many of its arrivals here
 /// counts as sending both ways (see `State::eager_both_ways`).

@@ -271,7 +271,7 @@ mod tests {
     #[test]
     fn large_eager_messages_both_ways_are_told_apart() {
         let cfg = Config { rndv_threshold: Some(1 << 20), ..Config::default() };
-        let mut v = super::super::testkit::job(2, cfg);
+        let mut v = job(2, cfg);
         let (mut b, mut a) = (v.pop().expect("b"), v.pop().expect("a"));
         let n = EAGER_NT_MIN;
         let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
