@@ -120,12 +120,11 @@ impl State {
         }
         // A large eager message in a window, while this rank sends its peer such messages
         // too, goes around the cache (see `EAGER_NT_MIN`).
-        let around = p.total_len >= (TMH_LEN + EAGER_NT_MIN) as u64 && {
-            if p.flags & PKT_FIRST != 0 {
-                self.big_eager_in += 1;
-            }
-            self.tm.tags_listed() > 0 && self.eager_both_ways(p.src)
-        };
+        let big = p.total_len >= (TMH_LEN + EAGER_NT_MIN) as u64;
+        if big && p.flags & PKT_FIRST != 0 {
+            self.big_eager_in += 1;
+        }
+        let around = big && self.tm.tags_listed() > 0 && self.eager_both_ways(p.src);
         self.place_tagged(rid, pl.dst_off, pl.bytes(p.data), around);
     }
 

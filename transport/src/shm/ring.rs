@@ -29,20 +29,20 @@
 //! next write. A record never wraps around the end: the producer writes the record at offset 0
 //! (and zeroes ahead of it) before it publishes a skip record at the end.
 //!
-//! How far ahead the producer may run: a record that needs more than [`STREAM_SMALL`] bytes
-//! (header and the slot zeroed ahead included) and less than a quarter of the ring and
-//! [`LARGE_RECORD`] is started only while fewer than [`STREAM_WINDOW`] bytes are in flight. Without that, a window of
-//! messages of 4-128 KiB fills the whole ring before the consumer catches up; the likely cost
-//! (a reading, not a measurement of caches) is that the consumer then reads lines that have
-//! left the producer's L2 (1 MiB per core here). `osu_bw` and `osu_bibw` at 32-128 KiB measured
-//! 1.1-1.4x with the limit (bench/results/p2p-2026-11-25c.md). Records longer than the window
-//! are all of the largest ([`LARGE_RECORD`]): they once were mid-size in rings over 1.5 MiB,
-//! and each then waited for the one before it to be taken whole, producer and consumer taking
-//! turns (`osu_latency` 16-32 MiB, a lone stream in 512 KiB pieces through a 4 MiB ring, took
-//! 0.59-0.62x the time once one could start behind another, bench/results/p2p-2026-11-27f.md).
-//! Small records (every small message, every control
-//! packet) and the largest (streamed rendezvous data, whose pipelining needs two of them in
-//! flight, and eager messages of [`LARGE_RECORD`] and up) are limited by the ring's size alone.
+//! How far ahead the producer may run: a record that needs more than [`STREAM_SMALL`] bytes (header
+//! and the slot zeroed ahead included) and less than a quarter of the ring and [`LARGE_RECORD`] is
+//! started only while fewer than [`STREAM_WINDOW`] bytes are in flight. Without that, a window of
+//! messages of 4-128 KiB fills the whole ring before the consumer catches up; the likely cost (a
+//! reading, not a measurement of caches) is that the consumer then reads lines that have left the
+//! producer's L2 (1 MiB per core here). `osu_bw` and `osu_bibw` at 32-128 KiB measured 1.1-1.4x
+//! with the limit (bench/results/p2p-2026-11-25c.md). Records longer than the window are all of the
+//! largest ([`LARGE_RECORD`]): they once were mid-size in rings over 1.5 MiB, and each then waited
+//! for the one before it to be taken whole, producer and consumer taking turns (`osu_latency` 16-32
+//! MiB, a lone stream in 512 KiB pieces through a 4 MiB ring, took 0.59-0.62x the time once one
+//! could start behind another, bench/results/p2p-2026-11-27f.md). Small records (every small
+//! message, every control packet) and the largest (streamed rendezvous data, whose pipelining needs
+//! two of them in flight, and eager messages of [`LARGE_RECORD`] and up) are limited by the ring's
+//! size alone.
 //!
 //! Records longer than a line: the consumer fetches all of a record's lines (up to 4 KiB) as
 //! soon as it has read the header, and the producer, after such a record (up to 16 KiB), claims
@@ -97,14 +97,13 @@ pub const STREAM_WINDOW: u64 = 384 << 10;
 pub const LARGE_RECORD: u64 = 256 << 10;
 // Every mid-size record is then shorter than the window (`Producer::stream_room_for`).
 const _: () = assert!(LARGE_RECORD < STREAM_WINDOW);
-/// In a ring larger than this, a record shorter than a quarter of the ring and
-/// [`LARGE_RECORD`] that would start at or past this offset goes to offset 0 instead (behind a skip record, as at the end of
-/// the ring) when few bytes are in flight (`Producer::rewinds`): small and mid-size records
-/// cycle through the first [`HOT_SPAN`] bytes, which stay in the caches, and only the
-/// largest (streamed rendezvous data) use the rest. A 4 MiB
-/// ring (the default up to 4 ranks, for its 1 MiB packets) used whole by 16 KiB eager
-/// messages took `osu_bibw` 16 KiB 0.77x the bytes of a 1 MiB ring
-/// (`bench/results/p2p-2026-11-27e.md`).
+/// In a ring larger than this, a record shorter than a quarter of the ring and [`LARGE_RECORD`]
+/// that would start at or past this offset goes to offset 0 instead (behind a skip record, as at
+/// the end of the ring) when few bytes are in flight (`Producer::rewinds`): small and mid-size
+/// records cycle through the first [`HOT_SPAN`] bytes, which stay in the caches, and only the
+/// largest (streamed rendezvous data) use the rest. A 4 MiB ring (the default up to 4 ranks, for
+/// its 1 MiB packets) used whole by 16 KiB eager messages took `osu_bibw` 16 KiB 0.77x the bytes of
+/// a 1 MiB ring (`bench/results/p2p-2026-11-27e.md`).
 pub const HOT_SPAN: u64 = 1 << 20;
 
 /// Records of whole messages of at most this many bytes (a 4 KiB eager message with its
@@ -245,12 +244,12 @@ impl Producer {
         }
     }
 
-    /// Whether a record of `payload` bytes that would start past [`HOT_SPAN`] goes back to
-    /// offset 0: one not of the largest ([`Producer::is_largest`]), while at most [`STREAM_WINDOW`]
-    /// bytes are in flight by the cached `tail` (a stale one only makes it wait for a later
-    /// record). Not behind one of the largest records still in flight: the tail packet of a
-    /// stream (a few bytes after each 1 MiB packet) would then leave the rest of the ring
-    /// unused, and `osu_bw` 1 MiB through the rings moved 0.27x the bytes.
+    /// Whether a record of `payload` bytes that would start past [`HOT_SPAN`] goes back to offset
+    /// 0: one not of the largest ([`Producer::is_largest`]), while at most [`STREAM_WINDOW`] bytes
+    /// are in flight by the cached `tail` (a stale one only makes it wait for a later record). Not
+    /// behind one of the largest records still in flight: the tail packet of a stream (a few bytes
+    /// after each 1 MiB packet) would then leave the rest of the ring unused, and `osu_bw` 1 MiB
+    /// through the rings moved 0.27x the bytes.
     #[inline]
     fn rewinds(&self, payload: usize) -> bool {
         !self.is_largest(payload) && self.head - self.tail_cache <= STREAM_WINDOW

@@ -32,10 +32,10 @@
 //! ```
 //!
 //! A `finalized` frame (no payload) is the last thing a rank sends that finalized cleanly;
-//! end of stream without it means the peer failed ([`PeerState::Failed`]). A frame with an
-//! unknown kind, flags or reserved bits, or longer than [`TcpFabric::max_packet`], is an
-//! [`Error::PeerProtocol`] naming the peer, reported once: the connection is then shut and
-//! the peer counts as failed (the stream has lost its framing). Sends to a peer that is gone are dropped (as
+//! end of stream without it means the peer failed ([`PeerState::Failed`]). A frame with an unknown
+//! kind, flags or reserved bits, or longer than [`TcpFabric::max_packet`], is an
+//! [`Error::PeerProtocol`] naming the peer, reported once: the connection is then shut and the peer
+//! counts as failed (the stream has lost its framing). Sends to a peer that is gone are dropped (as
 //! records in the ring of a dead process are): the engine learns of the failure from
 //! [`TcpFabric::peer_state`] and names the rank.
 
