@@ -48,6 +48,9 @@ pub struct ShmFabric {
     next_src: usize,
     /// Per source rank: whether the last poll took a packet from it (see [`Self::poll`]).
     streak: Vec<bool>,
+    /// Per source rank: its ring held a corrupt record, so it is read no more and the rank
+    /// counts as failed ([`Self::peer_departed`]).
+    cut: Vec<bool>,
 }
 
 /// Most packets [`ShmFabric::poll`] takes from one streaming source in one call.
@@ -94,7 +97,7 @@ impl ShmFabric {
         }
         seg.set_pid(rank, std::process::id());
         let sources = (0..size).filter(|&p| p != rank).collect();
-        Ok(ShmFabric { seg, rank, size, tx, rx, sources, next_src: 0, streak: vec![false; size] })
+        Ok(ShmFabric { seg, rank, size, tx, rx, sources, next_src: 0, streak: vec![false; size], cut: vec![false; size] })
     }
 
     /// Removes the segment's name from `/dev/shm` (mappings stay valid). Called once every
@@ -127,14 +130,16 @@ impl ShmFabric {
     }
 
     /// Whether rank `peer` has detached from the segment (dropped its fabric: finished or
-    /// unwound). A process that died without detaching is found by its pid instead.
+    /// unwound), or wrote a corrupt record into this rank's ring ([`Self::poll`]). A process
+    /// that died without detaching is found by its pid instead.
     pub fn peer_departed(&self, peer: usize) -> bool {
-        peer < self.size && self.seg.gone(peer) != 0
+        peer < self.size && (self.seg.gone(peer) != 0 || self.cut[peer])
     }
 
-    /// Whether rank `peer` finalized cleanly (it will send nothing more, and that is fine).
+    /// Whether rank `peer` finalized cleanly (it will send nothing more, and that is fine);
+    /// never for a peer that wrote a corrupt record.
     pub fn peer_finalized(&self, peer: usize) -> bool {
-        peer < self.size && self.seg.gone(peer) == segment::GONE_FINALIZED
+        peer < self.size && self.seg.gone(peer) == segment::GONE_FINALIZED && !self.cut[peer]
     }
 
     /// Whether a packet from `src` waits in its ring. Read [`Self::peer_finalized`] first:
@@ -228,8 +233,10 @@ impl ShmFabric {
     /// on the next poll.
     ///
     /// # Errors
-    /// A corrupt record (bad length): [`Error::PeerProtocol`] naming the ring's sender; the
-    /// packet is not delivered.
+    /// A corrupt record (bad length): [`Error::PeerProtocol`] naming the ring's sender, once.
+    /// Nothing more is read from that ring (what follows a bad length cannot be framed), and
+    /// the sender counts as failed from then on ([`Self::peer_departed`]), as a TCP peer
+    /// that sends a malformed frame does: waits on it end with the usual peer failure.
     #[inline]
     pub fn poll<F: FnMut(Packet<'_>) -> bool>(&mut self, mut f: F) -> Result<usize> {
         let n = self.sources.len();
@@ -256,7 +263,12 @@ impl ShmFabric {
                 let rec = match c.peek() {
                     Ok(Some(rec)) => rec,
                     Ok(None) => break,
-                    Err(Error::Malformed { what }) => return Err(Error::PeerProtocol { rank: src, what }),
+                    Err(Error::Malformed { what }) => {
+                        self.rx[src] = None;
+                        self.cut[src] = true;
+                        self.streak[src] = false;
+                        return Err(Error::PeerProtocol { rank: src, what });
+                    }
                     Err(e) => return Err(e),
                 };
                 let pkt = Packet { src, flags: rec.flags, total_len: rec.total_len, data: rec.data };
@@ -621,17 +633,25 @@ mod tests {
         assert_eq!(b.poll(|p| p.data == b"hi").expect("poll"), 1);
     }
 
-    /// A corrupt record header in a peer's ring is an error naming that peer, at every poll
-    /// (the record is never read).
+    /// A corrupt record header in a peer's ring is an error naming that peer, reported once
+    /// (the record is never read); from then on that peer counts as failed, even once it
+    /// finalizes, and its ring is read no more.
     #[test]
     fn a_corrupt_record_names_its_sender() {
         let (mut a, mut b) = pair();
         assert!(a.try_send(1, PKT_WHOLE, 4, &[b"ping"]).expect("send"));
         a.segment().ring_first_word(0, 1).fetch_or(0xff_ffff, Ordering::AcqRel);
-        for _ in 0..2 {
-            let e = b.poll(|_| panic!("delivered")).expect_err("corrupt");
-            assert!(matches!(e, Error::PeerProtocol { rank: 0, .. }), "{e}");
-        }
+        assert!(!b.peer_departed(0));
+        let e = b.poll(|_| panic!("delivered")).expect_err("corrupt");
+        assert!(matches!(e, Error::PeerProtocol { rank: 0, .. }), "{e}");
+        assert!(b.peer_departed(0), "the corrupt ring's sender counts as failed");
+        assert_eq!(b.poll(|_| panic!("delivered")).expect("reported once"), 0);
+        assert!(!b.pending_from(0));
+        a.mark_finalized();
+        assert!(!b.peer_finalized(0) && b.peer_departed(0), "failed, not finalized");
+        // The other direction is untouched.
+        assert!(b.try_send(0, PKT_WHOLE, 4, &[b"pong"]).expect("send"));
+        assert_eq!(a.poll(|p| p.data == b"pong").expect("poll"), 1);
     }
 
     /// Runs `copy(dst, src)` at every offset pair and length given, from a patterned source
