@@ -155,12 +155,15 @@ pub(crate) struct Heaps {
 }
 
 impl Heaps {
-    pub(crate) fn new(cap: usize, size: usize) -> Self {
+    /// Heaps of `cap` bytes; `local(peer)`: `peer` runs on this host, so its heap may be
+    /// mapped here (a peer on another host never is: its pid names no process here, or
+    /// another one).
+    pub(crate) fn new(cap: usize, size: usize, local: impl Fn(usize) -> bool) -> Self {
         Heaps {
             cap,
             own: None,
             own_failed: false,
-            peers: (0..size).map(|_| PeerSlot::Unknown).collect(),
+            peers: (0..size).map(|r| if local(r) { PeerSlot::Unknown } else { PeerSlot::Failed }).collect(),
             named_to: vec![false; size],
             grants: HashMap::new(),
             writes: HashMap::new(),
@@ -228,5 +231,22 @@ impl Heaps {
             Some(PeerSlot::Mapped(p)) => Some(HeapSrc { off: p.offset_of(va, len)?, desc: p.desc() }),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer on another host is never mapped (its pid names no process here, or another
+    /// one); a peer of this host may be, until a failure; with the heap off, none is.
+    #[test]
+    fn only_the_heaps_of_peers_on_this_host_may_be_mapped() {
+        let h = Heaps::new(1 << 20, 4, |r| r < 2);
+        assert!(h.may_map(0) && h.may_map(1));
+        assert!(!h.may_map(2) && !h.may_map(3), "other hosts");
+        assert!(!h.may_map(4), "no such rank");
+        let off = Heaps::new(0, 4, |_| true);
+        assert!((0..4).all(|r| !off.may_map(r)));
     }
 }

@@ -390,10 +390,15 @@ impl Engine {
     pub(super) fn flush_ctl(&mut self) -> Result<usize> {
         let mut n = 0;
         let mut i = 0;
+        // A destination whose fabric refused a packet in this pass takes none after it.
+        let mut full: Option<usize> = None;
         while i < self.st.ctlq.len() {
             let (dest, c) = self.st.ctlq[i];
             let msg = &c.bytes[..c.len as usize];
-            if dest == self.st.rank {
+            if full == Some(dest) {
+                i += 1;
+                continue;
+            } else if dest == self.st.rank {
                 self.st.ctlq.remove(i);
                 let p = Packet { src: dest, flags: c.flags, total_len: msg.len() as u64, data: msg };
                 if !self.st.on_packet(p) {
@@ -408,6 +413,7 @@ impl Engine {
             } else if self.fabric.try_send(dest, c.flags, msg.len() as u64, &[msg])? {
                 self.st.ctlq.remove(i);
             } else {
+                full = Some(dest);
                 i += 1;
                 continue;
             }

@@ -548,6 +548,7 @@ impl Engine {
         let nt_min = stream_nt_min(max_packet);
         let pipelined = matches!(fabric, Fabric::Shm(_));
         let cma_peers: Vec<bool> = (0..size).map(|r| fabric.single_copy_to(r)).collect();
+        let heaps = crate::heap::Heaps::new(cfg.shared_heap, size, |r| cma_peers[r]);
         let oversubscribed = size > crate::sys::usable_cpus();
         let spin = cfg.poll_spin.unwrap_or_else(|| progress::auto_spin(&fabric, oversubscribed));
         // Rendezvous starts low towards the peers of this host while it is not oversubscribed
@@ -617,7 +618,7 @@ impl Engine {
                 cma_peers,
                 cma_q: VecDeque::new(),
                 cma_w: VecDeque::new(),
-                heaps: crate::heap::Heaps::new(cfg.shared_heap, size),
+                heaps,
                 ux_bytes: 0,
                 credits: vec![credit_per_peer(cfg.unexpected_max, size); size],
                 owed: vec![0; size],

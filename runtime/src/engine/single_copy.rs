@@ -169,12 +169,19 @@ impl Engine {
 
     /// Writes this rank's shares of split single-copy reads into the readers' buffers, then
     /// tells each reader. If the kernel refuses, the share is streamed through the ring.
+    ///
+    /// A share streamed instead of written waits until no control packet to its reader is
+    /// queued: the grant that told the reader its split goes first. (The grant of a heap write
+    /// leaves the whole read to this rank; streamed ahead of it, the data completed the read,
+    /// and the grant then named a read the reader no longer had: "read grant for no read".)
     #[cold]
     pub(super) fn run_cma_writes(&mut self) -> Result<usize> {
         let mut n = 0;
+        let mut later = Vec::new();
         while let Some(w) = self.st.cma_w.pop_front() {
             let pid = self.fabric.peer_pid(w.dest);
             let whole = w.buf.slice(0, w.buf.len());
+            let granting = |st: &State| st.ctlq.iter().any(|&(d, _)| d == w.dest);
             if let Some(h) = self.st.heaps.writes.remove(&(w.dest, w.read)) {
                 match self.st.heaps.peer(w.dest, pid, h.desc) {
                     Some(p) => {
@@ -194,6 +201,11 @@ impl Engine {
                         }
                     }
                     None => {
+                        if granting(&self.st) {
+                            self.st.heaps.writes.insert((w.dest, w.read), h);
+                            later.push(w);
+                            continue;
+                        }
                         // The reader's heap cannot be mapped here: stream the share.
                         self.st.heaps.fallbacks += 1;
                         self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
@@ -204,6 +216,10 @@ impl Engine {
             }
             if pid == std::process::id() {
                 // Ranks that are threads of this process: no cross-process write; stream it.
+                if granting(&self.st) {
+                    later.push(w);
+                    continue;
+                }
                 self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
                 n += 1;
                 continue;
@@ -215,6 +231,7 @@ impl Engine {
             self.cma_write_one(w, pid);
             n += 1;
         }
+        self.st.cma_w.extend(later);
         Ok(n)
     }
 
