@@ -117,6 +117,8 @@ pub struct Job {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     timeout: Duration,
+    /// Ranks per simulated node ([`Job::nodes_of`]).
+    per_node: Option<usize>,
 }
 
 impl Job {
@@ -133,6 +135,7 @@ impl Job {
             args: Vec::new(),
             env: Vec::new(),
             timeout: Duration::from_secs(60),
+            per_node: None,
         }
     }
 
@@ -148,6 +151,7 @@ impl Job {
             args: Vec::new(),
             env: Vec::new(),
             timeout: Duration::from_secs(60),
+            per_node: None,
         }
     }
 
@@ -169,6 +173,14 @@ impl Job {
         self
     }
 
+    /// Splits the ranks into simulated nodes of `per` ranks (`TMPI_NODE_ID=node<rank / per>`,
+    /// set by a `sh -c` wrapper around the program): shared memory within a node, TCP between
+    /// nodes, all on this host. Ignored for [`Job::alone`].
+    pub fn nodes_of(mut self, per: usize) -> Job {
+        self.per_node = Some(per.max(1));
+        self
+    }
+
     /// Sets the time limit. Through `tmpirun` it becomes `--timeout`; the harness kills the
     /// launcher itself only if it overruns that by 15 s.
     pub fn timeout(mut self, t: Duration) -> Job {
@@ -180,12 +192,11 @@ impl Job {
         let mut cmd = match self.np {
             Some(np) => {
                 let mut c = Command::new(tmpirun());
-                c.arg("-n")
-                    .arg(np.to_string())
-                    .arg("--timeout")
-                    .arg(format!("{}", self.timeout.as_secs_f64()))
-                    .args(&self.launcher_flags)
-                    .arg(&self.program);
+                c.arg("-n").arg(np.to_string()).arg("--timeout").arg(format!("{}", self.timeout.as_secs_f64())).args(&self.launcher_flags);
+                if let Some(per) = self.per_node {
+                    c.args(["sh", "-c", &format!("TMPI_NODE_ID=node$((TMPI_RANK / {per})) exec \"$0\" \"$@\"")]);
+                }
+                c.arg(&self.program);
                 c
             }
             None => Command::new(&self.program),

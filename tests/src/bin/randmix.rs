@@ -1,0 +1,307 @@
+//! Random mixes of point-to-point traffic, the same plan on every rank (from a seed), checked
+//! message by message.
+//!
+//! Each round draws messages between random pairs of ranks (a rank to itself too), of sizes
+//! around every protocol boundary (eager, pipelined eager, rendezvous, single copy, the 1 MiB
+//! packet) and random ones, each with a unique tag, a send buffer and a receive buffer each
+//! from a `Vec` or the shared heap, and one way of receiving it:
+//! - posted before the round's barrier (expected), or after this rank's sends (unexpected);
+//! - by its source, or by `ANY_SOURCE` (and `ANY_TAG` too where it is the only message to its
+//!   receiver in the round);
+//! - `probe` then `recv_vec`;
+//! - into a buffer half its size: `Truncated`, and the message consumed.
+//!
+//! Some sends wait a little first, so that arrivals interleave differently from run to run.
+//! Every payload, source, tag and length is checked; a failure names the seed and round.
+//!
+//! `randmix [--seed N] [--rounds R] [--max BYTES] [--show]` (defaults: seed 1, 40 rounds, 2 MiB
+//! + 5); `--show` prints the plan of each round on rank 0.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use tmpi::{Comm, Error, Source, Status, TagMatch};
+use tmpi_tests::Verdict;
+
+/// A small deterministic generator (xorshift64*): every rank draws the same plan.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+}
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+/// Sizes at the protocol boundaries (and one past each); those above `--max` are cut to it.
+const EDGES: [usize; 28] = [
+    0,
+    1,
+    8,
+    100,
+    4095,
+    4096,
+    8192,
+    16 * KIB - 1,
+    16 * KIB,
+    16 * KIB + 1,
+    32 * KIB,
+    64 * KIB,
+    128 * KIB + 3,
+    256 * KIB - 1,
+    256 * KIB,
+    256 * KIB + 1,
+    512 * KIB,
+    MIB - 1,
+    MIB,
+    MIB + 1,
+    MIB + 4 * KIB,
+    2 * MIB,
+    2 * MIB + 5,
+    4 * MIB + 1,
+    9 * MIB,
+    24,
+    40,
+    2 * KIB,
+];
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Way {
+    /// `irecv` from the source, posted before the barrier.
+    Early,
+    /// `irecv` from the source, posted after this rank's sends.
+    Late,
+    /// `irecv` from `ANY_SOURCE` (and `ANY_TAG` when `wild`), early or late.
+    Any { early: bool, wild: bool },
+    /// `probe`, then `recv_vec`.
+    Probe,
+    /// `irecv` into half the message's bytes: `Truncated`.
+    Truncate { early: bool },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Msg {
+    src: usize,
+    dst: usize,
+    tag: u32,
+    size: usize,
+    way: Way,
+    send_shared: bool,
+    recv_shared: bool,
+    delay_us: u64,
+}
+
+fn plan(rng: &mut Rng, n: usize, max: usize) -> Vec<Msg> {
+    let count = 1 + rng.below(3 * n);
+    let mut msgs: Vec<Msg> = (0..count)
+        .map(|k| {
+            let size = if rng.chance(70) { EDGES[rng.below(EDGES.len())] } else { rng.below(300 * KIB) };
+            let size = size.min(max);
+            let early = rng.chance(50);
+            let way = match rng.below(6) {
+                0 => Way::Early,
+                1 => Way::Late,
+                2 | 3 => Way::Any { early, wild: false },
+                4 => Way::Probe,
+                _ if size >= 2 => Way::Truncate { early },
+                _ => Way::Late,
+            };
+            Msg {
+                src: rng.below(n),
+                dst: rng.below(n),
+                tag: k as u32 + 1,
+                size,
+                way,
+                send_shared: rng.chance(20),
+                recv_shared: rng.chance(20),
+                delay_us: if rng.chance(15) { rng.below(300) as u64 } else { 0 },
+            }
+        })
+        .collect();
+    // ANY_TAG as well where the message is the only one to its receiver.
+    for i in 0..msgs.len() {
+        let alone = msgs.iter().filter(|m| m.dst == msgs[i].dst).count() == 1;
+        if let Way::Any { early, .. } = msgs[i].way {
+            msgs[i].way = Way::Any { early, wild: alone && rng.chance(50) };
+        }
+    }
+    msgs
+}
+
+/// The payload of message `tag` of round `round` (of `size` bytes).
+fn payload(seed: u64, round: usize, tag: u32, size: usize) -> Vec<u8> {
+    let mut r = Rng((seed << 20) ^ ((round as u64) << 12) ^ u64::from(tag) ^ 0x9e37_79b9_7f4a_7c15);
+    let mut v = Vec::with_capacity(size + 8);
+    while v.len() < size {
+        v.extend_from_slice(&r.next().to_le_bytes());
+    }
+    v.truncate(size);
+    v
+}
+
+/// What `recv_vec` gave a probed message.
+type Probed = tmpi::Result<(Vec<u8>, Status)>;
+
+/// Bytes from a `Vec` or from the shared heap.
+enum Buf {
+    Own(Vec<u8>),
+    Shared(tmpi::SharedBuf<u8>),
+}
+
+impl Buf {
+    fn new(world: &tmpi::World, shared: bool, len: usize) -> tmpi::Result<Buf> {
+        Ok(if shared { Buf::Shared(world.alloc_shared::<u8>(len)?) } else { Buf::Own(vec![0xa5; len]) })
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Buf::Own(v) => v,
+            Buf::Shared(b) => b,
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn StdError>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opt = |name: &str, default: u64| -> Result<u64, String> {
+        match args.iter().position(|a| a == name) {
+            None => Ok(default),
+            Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(|| format!("randmix: {name} takes a number")),
+        }
+    };
+    let seed = opt("--seed", 1)?.max(1);
+    let rounds = opt("--rounds", 40)? as usize;
+    let max = opt("--max", 2 * MIB as u64 + 5)? as usize;
+    let show = args.iter().any(|a| a == "--show");
+    let world = tmpi::init()?;
+    let w: &Comm = &world;
+    let (rank, n) = (w.rank(), w.size());
+    let mut v = Verdict::new("randmix", rank);
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut messages = 0usize;
+    for round in 0..rounds {
+        let msgs = plan(&mut rng, n, max);
+        messages += msgs.len();
+        if show && rank == 0 {
+            for m in &msgs {
+                eprintln!("randmix: round {round}: {m:?}");
+            }
+        }
+        round_of(&world, &mut v, seed, round, &msgs)?;
+        w.barrier()?;
+    }
+    v.finish(w, &format!("seed {seed}, {rounds} rounds, {messages} messages on {n} ranks"))
+}
+
+/// Posts the receive of `m` into `buf`, by its way.
+fn post<'s, 'e>(w: &Comm, s: &'s tmpi::Scope<'s, 'e>, m: &Msg, buf: &'s mut [u8]) -> tmpi::Result<tmpi::Request<'s>> {
+    let (src, tag): (Source, TagMatch) = match m.way {
+        Way::Any { wild: true, .. } => (tmpi::ANY_SOURCE, tmpi::ANY_TAG),
+        Way::Any { .. } => (tmpi::ANY_SOURCE, m.tag.into()),
+        _ => (m.src.into(), m.tag.into()),
+    };
+    w.irecv(s, buf, src, tag)
+}
+
+/// One round: this rank's part of `msgs`.
+fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, msgs: &[Msg]) -> Result<(), Box<dyn StdError>> {
+    let w: &Comm = world;
+    let rank = w.rank();
+    let mine_out: Vec<&Msg> = msgs.iter().filter(|m| m.src == rank).collect();
+    let mine_in: Vec<&Msg> = msgs.iter().filter(|m| m.dst == rank).collect();
+    let mut out: Vec<Buf> = Vec::new();
+    for m in &mine_out {
+        let mut b = Buf::new(world, m.send_shared, m.size)?;
+        b.bytes().copy_from_slice(&payload(seed, round, m.tag, m.size));
+        out.push(b);
+    }
+    let mut inb: Vec<Buf> = Vec::new();
+    for m in &mine_in {
+        let len = if matches!(m.way, Way::Truncate { .. }) { m.size / 2 } else { m.size };
+        inb.push(Buf::new(world, m.recv_shared, len)?);
+    }
+    let what = |m: &Msg| format!("seed {seed} round {round}: {} B {}->{} tag {} {:?}", m.size, m.src, m.dst, m.tag, m.way);
+    let mut results: Vec<(usize, tmpi::Result<Status>)> = Vec::new();
+    let mut probed: Vec<(usize, Probed)> = Vec::new();
+    tmpi::scope(|s| -> tmpi::Result<()> {
+        let mut slots: Vec<Option<&mut [u8]>> = inb.iter_mut().map(|b| Some(b.bytes())).collect();
+        let mut reqs = Vec::new();
+        let early = |m: &Msg| matches!(m.way, Way::Early | Way::Any { early: true, .. } | Way::Truncate { early: true });
+        for i in (0..mine_in.len()).filter(|&i| early(mine_in[i])) {
+            let buf = slots[i].take().expect("each receive is posted once");
+            reqs.push((i, post(w, s, mine_in[i], buf)?));
+        }
+        w.barrier()?;
+        let mut sends = Vec::new();
+        for (m, b) in mine_out.iter().zip(out.iter_mut()) {
+            if m.delay_us > 0 {
+                std::thread::sleep(Duration::from_micros(m.delay_us));
+            }
+            sends.push((*m, w.isend(s, &*b.bytes(), m.dst, m.tag)?));
+        }
+        for i in (0..mine_in.len()).filter(|&i| !early(mine_in[i]) && mine_in[i].way != Way::Probe) {
+            let buf = slots[i].take().expect("each receive is posted once");
+            reqs.push((i, post(w, s, mine_in[i], buf)?));
+        }
+        for (i, m) in mine_in.iter().enumerate() {
+            if m.way == Way::Probe {
+                match w.probe(m.src, m.tag) {
+                    Ok(st) => v.check(st.len() == m.size && st.source() == m.src && st.tag() == m.tag, || {
+                        format!("{}: probe said {st:?}", what(m))
+                    }),
+                    Err(e) => v.check(false, || format!("{}: probe: {e}", what(m))),
+                }
+                probed.push((i, w.recv_vec::<u8>(m.src, m.tag)));
+            }
+        }
+        for (i, r) in reqs {
+            results.push((i, r.wait()));
+        }
+        for (m, r) in sends {
+            if let Err(e) = r.wait() {
+                v.check(false, || format!("{}: send: {e}", what(m)));
+            }
+        }
+        Ok(())
+    })?;
+    for (i, r) in results {
+        let m = mine_in[i];
+        let want = payload(seed, round, m.tag, m.size);
+        match (m.way, r) {
+            (Way::Truncate { .. }, r) => {
+                v.check_err(r, |e| matches!(e, Error::Truncated { .. }), &what(m));
+            }
+            (_, Ok(st)) => {
+                let got = &inb[i].bytes()[..];
+                v.check(st.source() == m.src && st.tag() == m.tag && st.len() == m.size && got == &want[..], || {
+                    let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+                    format!("{}: status {st:?}, first wrong byte {bad:?}", what(m))
+                });
+            }
+            (_, Err(e)) => v.check(false, || format!("{}: {e}", what(m))),
+        }
+    }
+    for (i, r) in probed {
+        let m = mine_in[i];
+        let want = payload(seed, round, m.tag, m.size);
+        match r {
+            Ok((got, st)) => {
+                v.check(st.source() == m.src && st.tag() == m.tag && got == want, || format!("{}: status {st:?} or payload wrong", what(m)))
+            }
+            Err(e) => v.check(false, || format!("{}: {e}", what(m))),
+        }
+    }
+    Ok(())
+}

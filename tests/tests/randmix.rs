@@ -1,0 +1,56 @@
+//! Random mixes of point-to-point traffic (`randmix`): every size class, expected and
+//! unexpected, wildcards, probe, truncation, `Vec` and shared-heap buffers, on every fabric
+//! and with the settings that change the protocols. Each job prints its seed; a failure names
+//! the round and the message, and `randmix --seed N --show` prints the plan again.
+
+use std::time::Duration;
+
+use tmpi_tests::Job;
+
+fn mix(n: usize, seed: u64) -> Job {
+    Job::tmpirun(n, "randmix").arg("--seed").arg(seed.to_string()).timeout(Duration::from_secs(120))
+}
+
+fn run(j: Job, what: &str) {
+    let out = j.run();
+    let line = out.assert_ok_line("randmix: ");
+    assert!(line.contains("seed "), "{what}: {line:?}");
+    out.assert_no_leak();
+}
+
+#[test]
+fn random_mixes_on_shared_memory_at_2_3_and_5_ranks() {
+    for (n, seed) in [(2, 1), (2, 2), (3, 3), (3, 4), (5, 5)] {
+        run(mix(n, seed), &format!("{n} ranks, seed {seed}"));
+    }
+}
+
+#[test]
+fn random_mixes_over_tcp_and_across_simulated_nodes() {
+    for (n, seed) in [(2, 11), (3, 12)] {
+        run(mix(n, seed).env("TMPI_FABRIC", "tcp"), &format!("tcp, {n} ranks, seed {seed}"));
+    }
+    // Seed 228 with messages up to 9 MiB once failed one run in two: a receive buffer in the
+    // shared heap made the sender of another node grant a heap write it could not do, and
+    // the data it streamed instead overtook the grant ("read grant for no read").
+    for seed in [228, 229, 230] {
+        let j = mix(4, seed).nodes_of(2).arg("--rounds").arg("12").arg("--max").arg("9437184");
+        run(j, &format!("2 nodes of 2 ranks, seed {seed}"));
+    }
+}
+
+#[test]
+fn random_mixes_with_the_protocol_settings() {
+    let settings: [(&str, &str); 6] = [
+        ("TMPI_SINGLE_COPY", "none"),
+        ("TMPI_RNDV_THRESHOLD", "4096"),
+        ("TMPI_RNDV_THRESHOLD", "1048576"),
+        ("TMPI_SHM_RING_SIZE", "65536"),
+        ("TMPI_SHARED_HEAP", "0"),
+        ("TMPI_TM_MAX_TAGS", "2"),
+    ];
+    for (i, (k, v)) in settings.into_iter().enumerate() {
+        let seed = 20 + i as u64;
+        run(mix(3, seed).env(k, v), &format!("{k}={v}, seed {seed}"));
+    }
+}
