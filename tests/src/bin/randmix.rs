@@ -12,6 +12,8 @@
 //! - into a buffer half its size: `Truncated`, and the message consumed.
 //!
 //! Some sends wait a little first, so that arrivals interleave differently from run to run.
+//! Each round a rank completes its receives by `wait` on each, by `wait_some` or by polling
+//! with `test_some`, and may post a receive that nothing matches and cancel it.
 //! Every payload, source, tag and length is checked; a failure names the seed and round.
 //!
 //! `randmix [--seed N] [--rounds R] [--max BYTES] [--show]` (defaults: seed 1, 40 rounds, 2 MiB
@@ -103,6 +105,41 @@ struct Msg {
     delay_us: u64,
 }
 
+/// How a rank completes its receives in a round.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Completion {
+    /// `wait` on each, in posting order.
+    Each,
+    /// `wait_some` until none is left.
+    Some,
+    /// `test_some` (and a yield) until none is left.
+    Poll,
+}
+
+/// One round's plan: the messages, how receives complete, and per rank a receive that no
+/// message matches (from this source, with an unused tag), posted and then cancelled.
+struct Round {
+    msgs: Vec<Msg>,
+    completion: Completion,
+    cancelled: Vec<Option<usize>>,
+}
+
+/// The messages come from `rng`, how they complete from `how` (a stream of its own, so a
+/// seed's messages stay what they were before completions and cancels were drawn).
+fn round_plan(rng: &mut Rng, how: &mut Rng, n: usize, max: usize) -> Round {
+    let msgs = plan(rng, n, max);
+    let completion = match how.below(3) {
+        0 => Completion::Each,
+        1 => Completion::Some,
+        _ => Completion::Poll,
+    };
+    let cancelled = (0..n).map(|_| how.chance(20).then(|| how.below(n))).collect();
+    Round { msgs, completion, cancelled }
+}
+
+/// The tag of the receive that is cancelled (no message uses it).
+const UNUSED_TAG: u32 = 1 << 20;
+
 fn plan(rng: &mut Rng, n: usize, max: usize) -> Vec<Msg> {
     let count = 1 + rng.below(3 * n);
     let mut msgs: Vec<Msg> = (0..count)
@@ -190,16 +227,18 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let (rank, n) = (w.rank(), w.size());
     let mut v = Verdict::new("randmix", rank);
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut how = Rng(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
     let mut messages = 0usize;
     for round in 0..rounds {
-        let msgs = plan(&mut rng, n, max);
-        messages += msgs.len();
+        let plan = round_plan(&mut rng, &mut how, n, max);
+        messages += plan.msgs.len();
         if show && rank == 0 {
-            for m in &msgs {
+            eprintln!("randmix: round {round}: {:?}, cancelled receives (by rank, from) {:?}", plan.completion, plan.cancelled);
+            for m in &plan.msgs {
                 eprintln!("randmix: round {round}: {m:?}");
             }
         }
-        round_of(&world, &mut v, seed, round, &msgs)?;
+        round_of(&world, &mut v, seed, round, &plan)?;
         w.barrier()?;
     }
     v.finish(w, &format!("seed {seed}, {rounds} rounds, {messages} messages on {n} ranks"))
@@ -216,9 +255,11 @@ fn post<'s, 'e>(w: &Comm, s: &'s tmpi::Scope<'s, 'e>, m: &Msg, buf: &'s mut [u8]
 }
 
 /// One round: this rank's part of `msgs`.
-fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, msgs: &[Msg]) -> Result<(), Box<dyn StdError>> {
+fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, plan: &Round) -> Result<(), Box<dyn StdError>> {
     let w: &Comm = world;
     let rank = w.rank();
+    let msgs = &plan.msgs[..];
+    let mut never = [0u8; 16];
     let mine_out: Vec<&Msg> = msgs.iter().filter(|m| m.src == rank).collect();
     let mine_in: Vec<&Msg> = msgs.iter().filter(|m| m.dst == rank).collect();
     let mut out: Vec<Buf> = Vec::new();
@@ -243,6 +284,10 @@ fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, msgs:
             let buf = slots[i].take().expect("each receive is posted once");
             reqs.push((i, post(w, s, mine_in[i], buf)?));
         }
+        let mut cancel = match plan.cancelled[rank] {
+            Some(from) => Some((from, w.irecv(s, &mut never, from, UNUSED_TAG)?)),
+            None => None,
+        };
         w.barrier()?;
         let mut sends = Vec::new();
         for (m, b) in mine_out.iter().zip(out.iter_mut()) {
@@ -266,8 +311,34 @@ fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, msgs:
                 probed.push((i, w.recv_vec::<u8>(m.src, m.tag)));
             }
         }
-        for (i, r) in reqs {
-            results.push((i, r.wait()));
+        if let Some((from, mut r)) = cancel.take() {
+            r.cancel()?;
+            match r.wait() {
+                Ok(st) => v.check(st.cancelled(), || format!("seed {seed} round {round}: receive from {from} not cancelled: {st:?}")),
+                Err(e) => v.check(false, || format!("seed {seed} round {round}: cancelled receive from {from}: {e}")),
+            }
+        }
+        match plan.completion {
+            Completion::Each => {
+                for (i, r) in reqs {
+                    results.push((i, r.wait()));
+                }
+            }
+            Completion::Some | Completion::Poll => {
+                let (mut idx, mut rs): (Vec<usize>, Vec<tmpi::Request<'_>>) = reqs.into_iter().unzip();
+                while !rs.is_empty() {
+                    let done = if plan.completion == Completion::Some {
+                        tmpi::wait_some(&mut rs)?
+                    } else {
+                        std::thread::yield_now();
+                        tmpi::test_some(&mut rs)?
+                    };
+                    // Indices before removal, in order: remove from the back.
+                    for (k, r) in done.into_iter().rev() {
+                        results.push((idx.remove(k), r));
+                    }
+                }
+            }
         }
         for (m, r) in sends {
             if let Err(e) = r.wait() {
