@@ -1,7 +1,8 @@
 //! Random mixes of point-to-point traffic (`randmix`): every size class, expected and
 //! unexpected, wildcards, probe, truncation, `Vec` and shared-heap buffers, on every fabric
 //! and with the settings that change the protocols. Each job prints its seed; a failure names
-//! the round and the message, and `randmix --seed N --show` prints the plan again.
+//! the round and the message, and `randmix --seed N --show` prints the plan again. And random
+//! sequences of collectives on the world, a dup and a split (`randcoll`), likewise.
 
 use std::time::Duration;
 
@@ -12,8 +13,12 @@ fn mix(n: usize, seed: u64) -> Job {
 }
 
 fn run(j: Job, what: &str) {
+    run_program(j, "randmix", what);
+}
+
+fn run_program(j: Job, program: &str, what: &str) {
     let out = j.run();
-    let line = out.assert_ok_line("randmix: ");
+    let line = out.assert_ok_line(&format!("{program}: "));
     assert!(line.contains("seed "), "{what}: {line:?}");
     out.assert_no_leak();
 }
@@ -53,4 +58,18 @@ fn random_mixes_with_the_protocol_settings() {
         let seed = 20 + i as u64;
         run(mix(3, seed).env(k, v), &format!("{k}={v}, seed {seed}"));
     }
+}
+
+fn coll(n: usize, seed: u64) -> Job {
+    Job::tmpirun(n, "randcoll").arg("--seed").arg(seed.to_string()).timeout(Duration::from_secs(120))
+}
+
+#[test]
+fn random_collective_sequences_on_every_fabric() {
+    for (n, seed) in [(1, 1), (2, 2), (3, 3), (5, 4), (7, 5)] {
+        run_program(coll(n, seed), "randcoll", &format!("{n} ranks, seed {seed}"));
+    }
+    run_program(coll(3, 6).env("TMPI_FABRIC", "tcp"), "randcoll", "tcp, 3 ranks");
+    run_program(coll(5, 7).nodes_of(2), "randcoll", "3 nodes of 2, 2 and 1 ranks");
+    run_program(coll(4, 8).env("TMPI_SHM_COLL", "off"), "randcoll", "TMPI_SHM_COLL=off, 4 ranks");
 }

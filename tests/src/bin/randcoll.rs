@@ -1,0 +1,204 @@
+//! Random sequences of collectives, the same on every rank (from a seed), each checked against
+//! values the rank computes itself.
+//!
+//! Each step draws a communicator (the world, a `dup`, or one of two halves of a split with
+//! reversed keys), a collective (`bcast`, `reduce`, `allreduce`, `gather`, `scatter`,
+//! `allgather`, `alltoall`, `barrier`), an element type (`u8`, `i32`, `f64`), an operator, a
+//! root and a count: small, at the sizes where algorithms change, or random up to 600 000
+//! elements, often not a multiple of the communicator's size. Element values are small
+//! integers, so float sums are exact in any order.
+//!
+//! `randcoll [--seed N] [--steps S] [--show]` (defaults: seed 1, 60 steps); `--show` prints
+//! each step on rank 0.
+
+use std::error::Error as StdError;
+
+use tmpi::{Comm, Op, Reducible};
+use tmpi_tests::Verdict;
+
+/// A small deterministic generator (xorshift64*): every rank draws the same steps.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// An element type with its reference operators.
+trait Elem: Reducible + PartialEq + std::fmt::Debug + Copy + Default {
+    fn of(v: i64) -> Self;
+    fn combine(op: Op, a: Self, b: Self) -> Self;
+}
+
+impl Elem for u8 {
+    fn of(v: i64) -> Self {
+        v as u8
+    }
+    fn combine(op: Op, a: Self, b: Self) -> Self {
+        match op {
+            Op::Sum => a.wrapping_add(b),
+            Op::Min => a.min(b),
+            Op::Max => a.max(b),
+            _ => a ^ b,
+        }
+    }
+}
+
+impl Elem for i32 {
+    fn of(v: i64) -> Self {
+        v as i32
+    }
+    fn combine(op: Op, a: Self, b: Self) -> Self {
+        match op {
+            Op::Sum => a.wrapping_add(b),
+            Op::Min => a.min(b),
+            Op::Max => a.max(b),
+            _ => a ^ b,
+        }
+    }
+}
+
+impl Elem for f64 {
+    fn of(v: i64) -> Self {
+        v as f64
+    }
+    fn combine(op: Op, a: Self, b: Self) -> Self {
+        match op {
+            Op::Sum => a + b,
+            Op::Min => a.min(b),
+            Op::Max => a.max(b),
+            _ => unreachable!("f64 takes no bitwise operator"),
+        }
+    }
+}
+
+/// The value rank `r` contributes at element `i` of step `step`.
+fn val<T: Elem>(step: usize, r: usize, i: usize) -> T {
+    T::of(((step * 7 + r * 13 + i * 3) % 50) as i64)
+}
+
+const COUNTS: [usize; 14] = [0, 1, 3, 7, 1000, 4095, 8192, 16_385, 32_768, 65_537, 131_072, 262_147, 524_288, 600_001];
+
+#[derive(Debug, Clone, Copy)]
+enum Coll {
+    Barrier,
+    Bcast,
+    Reduce,
+    Allreduce,
+    Gather,
+    Scatter,
+    Allgather,
+    Alltoall,
+}
+
+const COLLS: [Coll; 8] =
+    [Coll::Barrier, Coll::Bcast, Coll::Reduce, Coll::Allreduce, Coll::Gather, Coll::Scatter, Coll::Allgather, Coll::Alltoall];
+
+fn main() -> Result<(), Box<dyn StdError>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opt = |name: &str, default: u64| -> Result<u64, String> {
+        match args.iter().position(|a| a == name) {
+            None => Ok(default),
+            Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(|| format!("randcoll: {name} takes a number")),
+        }
+    };
+    let seed = opt("--seed", 1)?.max(1);
+    let steps = opt("--steps", 60)? as usize;
+    let show = args.iter().any(|a| a == "--show");
+    let world = tmpi::init()?;
+    let w: &Comm = &world;
+    let rank = w.rank();
+    let mut v = Verdict::new("randcoll", rank);
+    let dup = w.dup()?;
+    let half = w.split(Some((rank % 2) as u32), -(rank as i32))?.ok_or("randcoll: a split with a color left this rank out")?;
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    for step in 0..steps {
+        let which = rng.below(3);
+        let c: &Comm = [w, &dup, &half][which];
+        let coll = COLLS[rng.below(COLLS.len())];
+        let ty = rng.below(3);
+        let op = [Op::Sum, Op::Min, Op::Max, Op::BitXor][rng.below(if ty == 2 { 3 } else { 4 })];
+        // The same draws on every rank: the root is taken modulo the size of this rank's
+        // communicator (both halves are drawn alike).
+        let root_draw = rng.below(1 << 16);
+        let count = if rng.below(3) == 0 { rng.below(600_001) } else { COUNTS[rng.below(COUNTS.len())] };
+        // Gather, scatter, allgather and alltoall move `count` per rank: keep their totals
+        // near the others'.
+        let count = match coll {
+            Coll::Gather | Coll::Scatter | Coll::Allgather | Coll::Alltoall => count / c.size().max(1),
+            _ => count,
+        };
+        let root = root_draw % c.size();
+        if show && rank == 0 {
+            eprintln!("randcoll: step {step}: {coll:?} on comm {which} ({} ranks) type {ty} {op:?} root {root} count {count}", c.size());
+        }
+        let what = format!("seed {seed} step {step}: {coll:?} on comm {which} type {ty} {op:?} root {root} count {count}");
+        match ty {
+            0 => one::<u8>(c, &mut v, step, coll, op, root, count, &what),
+            1 => one::<i32>(c, &mut v, step, coll, op, root, count, &what),
+            _ => one::<f64>(c, &mut v, step, coll, op, root, count, &what),
+        }
+    }
+    v.finish(w, &format!("seed {seed}, {steps} steps"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one<T: Elem>(c: &Comm, v: &mut Verdict, step: usize, coll: Coll, op: Op, root: usize, count: usize, what: &str) {
+    let (me, n) = (c.rank(), c.size());
+    let mine: Vec<T> = (0..count).map(|i| val(step, me, i)).collect();
+    let reduced =
+        || -> Vec<T> { (0..count).map(|i| (1..n).fold(val::<T>(step, 0, i), |a, r| T::combine(op, a, val(step, r, i)))).collect() };
+    let mut check = |r: tmpi::Result<()>, ok: bool| match r {
+        Ok(()) => v.check(ok, || format!("{what}: wrong result")),
+        Err(e) => v.check(false, || format!("{what}: {e}")),
+    };
+    match coll {
+        Coll::Barrier => check(c.barrier(), true),
+        Coll::Bcast => {
+            let mut buf: Vec<T> = if me == root { (0..count).map(|i| val(step, root, i)).collect() } else { vec![T::default(); count] };
+            let r = c.bcast(&mut buf, root);
+            check(r, buf.iter().enumerate().all(|(i, &x)| x == val(step, root, i)));
+        }
+        Coll::Reduce => {
+            let mut out = vec![T::default(); count];
+            let r = c.reduce(&mine, (me == root).then_some(&mut out[..]), op, root);
+            check(r, me != root || out == reduced());
+        }
+        Coll::Allreduce => {
+            let mut out = vec![T::default(); count];
+            let r = c.allreduce(&mine, &mut out, op);
+            check(r, out == reduced());
+        }
+        Coll::Gather => {
+            let mut out = vec![T::default(); count * n];
+            let r = c.gather(&mine, (me == root).then_some(&mut out[..]), root);
+            check(r, me != root || (0..n).all(|p| (0..count).all(|i| out[p * count + i] == val(step, p, i))));
+        }
+        Coll::Scatter => {
+            let all: Vec<T> = (0..n * count).map(|k| val(step, k / count.max(1), k % count.max(1) + 1000)).collect();
+            let mut out = vec![T::default(); count];
+            let r = c.scatter((me == root).then_some(&all[..]), &mut out, root);
+            check(r, (0..count).all(|i| out[i] == val(step, me, i + 1000)));
+        }
+        Coll::Allgather => {
+            let mut out = vec![T::default(); count * n];
+            let r = c.allgather(&mine, &mut out);
+            check(r, (0..n).all(|p| (0..count).all(|i| out[p * count + i] == val(step, p, i))));
+        }
+        Coll::Alltoall => {
+            // Block `d` of rank `s`'s send buffer goes to rank `d`: values of (s, d, i).
+            let send: Vec<T> = (0..n * count).map(|k| val(step, me * 64 + k / count.max(1), k % count.max(1))).collect();
+            let mut out = vec![T::default(); count * n];
+            let r = c.alltoall(&send, &mut out);
+            check(r, (0..n).all(|s| (0..count).all(|i| out[s * count + i] == val(step, s * 64 + me, i))));
+        }
+    }
+}
