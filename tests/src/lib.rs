@@ -565,3 +565,42 @@ pub fn deny_cma() -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// A small deterministic generator (xorshift64*) for the seeded test programs (`randmix`,
+/// `randcoll`): every rank seeded alike draws the same plan.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed` mixed with `salt` (distinct salts give independent streams).
+    pub fn new(seed: u64, salt: u64) -> Rng {
+        Rng(seed.wrapping_mul(salt) | 1)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
+    /// True `percent` times in 100.
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The number after flag `name` in `args` (`default` without the flag); `program` names the
+/// caller in the error.
+pub fn number_flag(program: &str, args: &[String], name: &str, default: u64) -> Result<u64, String> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(|| format!("{program}: {name} takes a number")),
+    }
+}

@@ -14,23 +14,7 @@
 use std::error::Error as StdError;
 
 use tmpi::{Comm, Op, Reducible};
-use tmpi_tests::Verdict;
-
-/// A small deterministic generator (xorshift64*): every rank draws the same steps.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use tmpi_tests::{Rng, Verdict};
 
 /// An element type with its reference operators.
 trait Elem: Reducible + PartialEq + std::fmt::Debug + Copy + Default {
@@ -38,33 +22,24 @@ trait Elem: Reducible + PartialEq + std::fmt::Debug + Copy + Default {
     fn combine(op: Op, a: Self, b: Self) -> Self;
 }
 
-impl Elem for u8 {
-    fn of(v: i64) -> Self {
-        v as u8
-    }
-    fn combine(op: Op, a: Self, b: Self) -> Self {
-        match op {
-            Op::Sum => a.wrapping_add(b),
-            Op::Min => a.min(b),
-            Op::Max => a.max(b),
-            _ => a ^ b,
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            fn of(v: i64) -> Self {
+                v as $t
+            }
+            fn combine(op: Op, a: Self, b: Self) -> Self {
+                match op {
+                    Op::Sum => a.wrapping_add(b),
+                    Op::Min => a.min(b),
+                    Op::Max => a.max(b),
+                    _ => a ^ b,
+                }
+            }
         }
-    }
+    )*};
 }
-
-impl Elem for i32 {
-    fn of(v: i64) -> Self {
-        v as i32
-    }
-    fn combine(op: Op, a: Self, b: Self) -> Self {
-        match op {
-            Op::Sum => a.wrapping_add(b),
-            Op::Min => a.min(b),
-            Op::Max => a.max(b),
-            _ => a ^ b,
-        }
-    }
-}
+int_elem!(u8, i32);
 
 impl Elem for f64 {
     fn of(v: i64) -> Self {
@@ -104,12 +79,7 @@ const COLLS: [Coll; 8] =
 
 fn main() -> Result<(), Box<dyn StdError>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let opt = |name: &str, default: u64| -> Result<u64, String> {
-        match args.iter().position(|a| a == name) {
-            None => Ok(default),
-            Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(|| format!("randcoll: {name} takes a number")),
-        }
-    };
+    let opt = |name: &str, default: u64| tmpi_tests::number_flag("randcoll", &args, name, default);
     let seed = opt("--seed", 1)?.max(1);
     let steps = opt("--steps", 60)? as usize;
     let show = args.iter().any(|a| a == "--show");
@@ -119,7 +89,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let mut v = Verdict::new("randcoll", rank);
     let dup = w.dup()?;
     let half = w.split(Some((rank % 2) as u32), -(rank as i32))?.ok_or("randcoll: a split with a color left this rank out")?;
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::new(seed, 0x9e37_79b9_7f4a_7c15);
     for step in 0..steps {
         let which = rng.below(3);
         let c: &Comm = [w, &dup, &half][which];

@@ -23,27 +23,7 @@ use std::error::Error as StdError;
 use std::time::Duration;
 
 use tmpi::{Comm, Error, Source, Status, TagMatch};
-use tmpi_tests::Verdict;
-
-/// A small deterministic generator (xorshift64*): every rank draws the same plan.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-}
+use tmpi_tests::{Rng, Verdict};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -179,10 +159,10 @@ fn plan(rng: &mut Rng, n: usize, max: usize) -> Vec<Msg> {
 
 /// The payload of message `tag` of round `round` (of `size` bytes).
 fn payload(seed: u64, round: usize, tag: u32, size: usize) -> Vec<u8> {
-    let mut r = Rng((seed << 20) ^ ((round as u64) << 12) ^ u64::from(tag) ^ 0x9e37_79b9_7f4a_7c15);
+    let mut r = Rng::new((seed << 20) ^ ((round as u64) << 12) ^ u64::from(tag) ^ 0x9e37_79b9_7f4a_7c15, 1);
     let mut v = Vec::with_capacity(size + 8);
     while v.len() < size {
-        v.extend_from_slice(&r.next().to_le_bytes());
+        v.extend_from_slice(&r.next_u64().to_le_bytes());
     }
     v.truncate(size);
     v
@@ -212,12 +192,7 @@ impl Buf {
 
 fn main() -> Result<(), Box<dyn StdError>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let opt = |name: &str, default: u64| -> Result<u64, String> {
-        match args.iter().position(|a| a == name) {
-            None => Ok(default),
-            Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(|| format!("randmix: {name} takes a number")),
-        }
-    };
+    let opt = |name: &str, default: u64| tmpi_tests::number_flag("randmix", &args, name, default);
     let seed = opt("--seed", 1)?.max(1);
     let rounds = opt("--rounds", 40)? as usize;
     let max = opt("--max", 2 * MIB as u64 + 5)? as usize;
@@ -226,8 +201,8 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let w: &Comm = &world;
     let (rank, n) = (w.rank(), w.size());
     let mut v = Verdict::new("randmix", rank);
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let mut how = Rng(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
+    let mut rng = Rng::new(seed, 0x9e37_79b9_7f4a_7c15);
+    let mut how = Rng::new(seed, 0xd1b5_4a32_d192_ed03);
     let mut messages = 0usize;
     for round in 0..rounds {
         let plan = round_plan(&mut rng, &mut how, n, max);

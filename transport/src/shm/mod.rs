@@ -48,9 +48,6 @@ pub struct ShmFabric {
     next_src: usize,
     /// Per source rank: whether the last poll took a packet from it (see [`Self::poll`]).
     streak: Vec<bool>,
-    /// Per source rank: its ring held a corrupt record, so it is read no more and the rank
-    /// counts as failed ([`Self::peer_departed`]).
-    cut: Vec<bool>,
 }
 
 /// Most packets [`ShmFabric::poll`] takes from one streaming source in one call.
@@ -97,7 +94,7 @@ impl ShmFabric {
         }
         seg.set_pid(rank, std::process::id());
         let sources = (0..size).filter(|&p| p != rank).collect();
-        Ok(ShmFabric { seg, rank, size, tx, rx, sources, next_src: 0, streak: vec![false; size], cut: vec![false; size] })
+        Ok(ShmFabric { seg, rank, size, tx, rx, sources, next_src: 0, streak: vec![false; size] })
     }
 
     /// Removes the segment's name from `/dev/shm` (mappings stay valid). Called once every
@@ -133,13 +130,19 @@ impl ShmFabric {
     /// unwound), or wrote a corrupt record into this rank's ring ([`Self::poll`]). A process
     /// that died without detaching is found by its pid instead.
     pub fn peer_departed(&self, peer: usize) -> bool {
-        peer < self.size && (self.seg.gone(peer) != 0 || self.cut[peer])
+        peer < self.size && (self.seg.gone(peer) != 0 || self.cut_off(peer))
+    }
+
+    /// Whether `peer`'s ring was dropped for a corrupt record ([`Self::poll`]): every other
+    /// rank has one.
+    fn cut_off(&self, peer: usize) -> bool {
+        peer != self.rank && self.rx[peer].is_none()
     }
 
     /// Whether rank `peer` finalized cleanly (it will send nothing more, and that is fine);
     /// never for a peer that wrote a corrupt record.
     pub fn peer_finalized(&self, peer: usize) -> bool {
-        peer < self.size && self.seg.gone(peer) == segment::GONE_FINALIZED && !self.cut[peer]
+        peer < self.size && self.seg.gone(peer) == segment::GONE_FINALIZED && !self.cut_off(peer)
     }
 
     /// Whether a packet from `src` waits in its ring. Read [`Self::peer_finalized`] first:
@@ -265,7 +268,6 @@ impl ShmFabric {
                     Ok(None) => break,
                     Err(Error::Malformed { what }) => {
                         self.rx[src] = None;
-                        self.cut[src] = true;
                         self.streak[src] = false;
                         return Err(Error::PeerProtocol { rank: src, what });
                     }
