@@ -123,7 +123,9 @@ pub struct Offer {
     pub inject_size: usize,
     /// Tag bits the provider matches (`mem_tag_format`).
     pub mem_tag_format: u64,
-    /// Transmit and receive queue depths.
+    /// `addr_format` (`FI_SOCKADDR_IN` = 2, `FI_ADDR_STR` = 9...).
+    pub addr_format: u64,
+    /// Transmit queue depth.
     pub tx_size: usize,
     /// Receive queue depth.
     pub rx_size: usize,
@@ -191,9 +193,37 @@ impl Offer {
             max_msg_size: a.max_msg_size,
             inject_size: a.inject_size as usize,
             mem_tag_format: a.mem_tag_format,
+            addr_format: a.addr_format,
             tx_size: a.tx_size as usize,
             rx_size: a.rx_size as usize,
         })
+    }
+
+    /// Whether endpoints are addressed by IP (`FI_SOCKADDR*`): a source node binds them.
+    pub fn ip_addressed(&self) -> bool {
+        (1..=3).contains(&self.addr_format)
+    }
+
+    /// Whether `FI_PEEK` works as `fi_tagged(3)` says. libfabric 1.17's `shm` posts a peek
+    /// as a receive of no bytes: it waits for a message, consumes it and completes with
+    /// `FI_ETRUNC` (tested in `ofi/tests.rs`); probes must then stay in software.
+    pub fn peek_works(&self) -> bool {
+        self.provider != "shm"
+    }
+
+    /// Whether the provider checks the key of a remote read. libfabric 1.17's `shm` does not
+    /// (it copies with `process_vm_readv` whatever the key; tested in `ofi/tests.rs`), so a
+    /// rendezvous over it must not rely on the key to protect memory.
+    pub fn checks_remote_keys(&self) -> bool {
+        self.provider != "shm"
+    }
+
+    /// Whether the provider refuses a remote read of a region registered without
+    /// `REMOTE_READ`. Neither software provider of libfabric 1.17 does (`tcp` checks the key
+    /// and the range only; tested in `ofi/tests.rs`); hardware providers are taken to (the
+    /// NIC checks the key's rights), which this machine cannot test.
+    pub fn checks_remote_access(&self) -> bool {
+        self.is_hardware()
     }
 
     /// Whether receives can name their source (`FI_DIRECTED_RECV`).
@@ -216,7 +246,31 @@ impl Offer {
 ///
 /// # Errors
 /// [`Error::Ofi`] naming `fi_getinfo` (`-FI_ENODATA`: no provider offers it).
+///
+/// `hints.node` binds IP providers only: a provider with addresses of its own (`shm` names
+/// its region after the source address it is given, so two processes given one address
+/// would collide) is offered as it is without a node.
 pub fn getinfo(hints: &Hints) -> Result<Vec<Offer>> {
+    let mut offers = getinfo_any(hints)?;
+    if hints.node.is_none() || offers.iter().all(Offer::ip_addressed) {
+        return Ok(offers);
+    }
+    let plain = getinfo_any(&Hints { node: None, ..hints.clone() })?;
+    for o in offers.iter_mut().filter(|o| !o.ip_addressed()) {
+        if let Some(i) = plain.iter().position(|p| p.provider == o.provider && p.domain == o.domain) {
+            *o = plain_take(&plain, i)?;
+        }
+    }
+    Ok(offers)
+}
+
+/// An owned copy of `plain[i]`.
+fn plain_take(plain: &[Offer], i: usize) -> Result<Offer> {
+    // SAFETY: `plain[i].info` is a live fi_info owned by that offer.
+    unsafe { Offer::from_entry(plain[i].info) }
+}
+
+fn getinfo_any(hints: &Hints) -> Result<Vec<Offer>> {
     match getinfo_caps(hints, BASE_CAPS | ffi::FI_DIRECTED_RECV) {
         Err(Error::Ofi { code: ffi::FI_ENODATA, .. }) => getinfo_caps(hints, BASE_CAPS),
         r => r,
@@ -356,7 +410,14 @@ impl OfiDomain {
     /// # Safety
     /// With `REMOTE_WRITE` or `RECV`, the provider may write the ranges while the region is
     /// open: they must stay allocated and no Rust reference may read them across such a write.
-    pub unsafe fn reg_unchecked(&self, iov: &[Segment], access: Access, requested_key: u64, flags: RegFlags, context: u64) -> Result<OfiMr> {
+    pub unsafe fn reg_unchecked(
+        &self,
+        iov: &[Segment],
+        access: Access,
+        requested_key: u64,
+        flags: RegFlags,
+        context: u64,
+    ) -> Result<OfiMr> {
         let v: Vec<ffi::IoVec> = iov.iter().map(|s| ffi::IoVec { base: s.addr as *const c_void, len: s.len }).collect();
         let mut mr = ptr::null_mut();
         // SAFETY: the iov array lives across the call; what the provider may do with the
@@ -369,7 +430,17 @@ impl OfiDomain {
         // SAFETY: `mr` is a live region until closed by OfiMr's Drop.
         let (key, desc) = unsafe { (if raw { ffi::FI_KEY_NOTAVAIL } else { ffi::tofi_mr_key(mr) }, ffi::tofi_mr_desc(mr)) };
         let total = iov.iter().map(|s| s.len).sum();
-        Ok(OfiMr { dom: Arc::clone(&self.inner), mr, key, desc, iov: iov.into(), total, access, bound: false, enabled: !self.mr_mode().contains(MrMode::ENDPOINT) })
+        Ok(OfiMr {
+            dom: Arc::clone(&self.inner),
+            mr,
+            key,
+            desc,
+            iov: iov.into(),
+            total,
+            access,
+            bound: false,
+            enabled: !self.mr_mode().contains(MrMode::ENDPOINT),
+        })
     }
 
     /// `fi_mr_map_raw`: the 64-bit key to use at this side for a peer's raw key.
@@ -641,6 +712,9 @@ pub struct Endpoint {
     av: *mut ffi::FidAv,
     pub(crate) ep: *mut ffi::FidEp,
     wait_fd: Option<i32>,
+    /// Boxed: a slot's address is its operation's context and must not move when the
+    /// vector grows.
+    #[allow(clippy::vec_box)]
     slots: Vec<Box<Slot>>,
     free: Vec<u32>,
     outstanding: usize,
@@ -709,7 +783,17 @@ impl Endpoint {
             }
             return Err(ofi_error("fi_endpoint", i64::from(ret)));
         }
-        Ok(Endpoint { dom: Arc::clone(d), cq, av, ep, wait_fd, slots: Vec::new(), free: Vec::new(), outstanding: 0, stats: EpStats::default() })
+        Ok(Endpoint {
+            dom: Arc::clone(d),
+            cq,
+            av,
+            ep,
+            wait_fd,
+            slots: Vec::new(),
+            free: Vec::new(),
+            outstanding: 0,
+            stats: EpStats::default(),
+        })
     }
 
     /// This endpoint's address (`fi_getname`), to publish to peers.
@@ -925,7 +1009,13 @@ impl Endpoint {
     /// # Errors
     /// [`Error::InvalidArgument`] for a claim of another endpoint; [`Error::Ofi`] naming
     /// `fi_trecvmsg`. On `Busy` the claim is still held: retry.
-    pub fn recv_claimed(&mut self, c: Claimed, buf: Vec<u8>, desc: Desc, user: u64) -> Result<std::result::Result<OpId, (Claimed, Vec<u8>)>> {
+    pub fn recv_claimed(
+        &mut self,
+        c: Claimed,
+        buf: Vec<u8>,
+        desc: Desc,
+        user: u64,
+    ) -> Result<std::result::Result<OpId, (Claimed, Vec<u8>)>> {
         self.claimed_op(c, buf, desc, user, ffi::FI_CLAIM)
     }
 
@@ -938,7 +1028,14 @@ impl Endpoint {
         self.claimed_op(c, Vec::new(), Desc::NONE, user, ffi::FI_CLAIM | ffi::FI_DISCARD)
     }
 
-    fn claimed_op(&mut self, c: Claimed, buf: Vec<u8>, desc: Desc, user: u64, flags: u64) -> Result<std::result::Result<OpId, (Claimed, Vec<u8>)>> {
+    fn claimed_op(
+        &mut self,
+        c: Claimed,
+        buf: Vec<u8>,
+        desc: Desc,
+        user: u64,
+        flags: u64,
+    ) -> Result<std::result::Result<OpId, (Claimed, Vec<u8>)>> {
         let (p, n) = (buf.as_ptr(), buf.len() as u64);
         let i = self.claim_slot(&c, OpKind::ClaimRecv, user, buf)?;
         let ctx = self.ctx(i);
@@ -1047,7 +1144,8 @@ impl Endpoint {
         let (kind, user, claim, generation) = (s.kind, s.user, s.claim, s.generation);
         self.outstanding -= 1;
         self.stats.completed += 1;
-        let error = (c.err != 0).then_some(c.err);
+        // Positive FI_E* (libfabric 1.17's shm reports some negated).
+        let error = (c.err != 0).then_some(c.err.saturating_abs());
         if error.is_some() {
             self.stats.errors += 1;
         }

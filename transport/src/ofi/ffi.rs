@@ -119,7 +119,16 @@ extern "C" {
     pub fn tofi_close_mr(m: *mut FidMr) -> c_int;
     pub fn tofi_tsend(ep: *mut FidEp, buf: *const c_void, len: u64, desc: *mut c_void, dest: u64, tag: u64, ctx: *mut c_void) -> i64;
     pub fn tofi_tinject(ep: *mut FidEp, buf: *const c_void, len: u64, dest: u64, tag: u64) -> i64;
-    pub fn tofi_trecv(ep: *mut FidEp, buf: *mut c_void, len: u64, desc: *mut c_void, src: u64, tag: u64, ignore: u64, ctx: *mut c_void) -> i64;
+    pub fn tofi_trecv(
+        ep: *mut FidEp,
+        buf: *mut c_void,
+        len: u64,
+        desc: *mut c_void,
+        src: u64,
+        tag: u64,
+        ignore: u64,
+        ctx: *mut c_void,
+    ) -> i64;
     pub fn tofi_trecvmsg(
         ep: *mut FidEp,
         buf: *mut c_void,
@@ -132,7 +141,8 @@ extern "C" {
         flags: u64,
     ) -> i64;
     pub fn tofi_cancel(ep: *mut FidEp, ctx: *mut c_void) -> i64;
-    pub fn tofi_read(ep: *mut FidEp, buf: *mut c_void, len: u64, desc: *mut c_void, src: u64, addr: u64, key: u64, ctx: *mut c_void) -> i64;
+    pub fn tofi_read(ep: *mut FidEp, buf: *mut c_void, len: u64, desc: *mut c_void, src: u64, addr: u64, key: u64, ctx: *mut c_void)
+        -> i64;
     pub fn tofi_cq_read(cq: *mut FidCq, out: *mut Comp, count: u64) -> i64;
     pub fn tofi_mr_regv(
         domain: *mut FidDomain,

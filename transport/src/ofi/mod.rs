@@ -35,7 +35,7 @@ mod tests;
 pub mod wake;
 
 pub use self::core::{
-    getinfo, mr_errno, strerror, version, Claimed, Completion, Desc, EpStats, Endpoint, Hints, Offer, OfiDomain, OfiMr, OpId, OpKind, Post,
+    getinfo, mr_errno, strerror, version, Claimed, Completion, Desc, Endpoint, EpStats, Hints, Offer, OfiDomain, OfiMr, OpId, OpKind, Post,
     OFFERED_MR_MODE,
 };
 pub use self::packet::OfiFabric;
@@ -84,7 +84,9 @@ impl OfiConfig {
             Some(v) => {
                 let ok = !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_;-.".contains(&b));
                 if !ok {
-                    return Err(Error::InvalidArgument(format!("{ENV_PROVIDER}={v:?}: expected a libfabric provider name (fi_info -l) or auto")));
+                    return Err(Error::InvalidArgument(format!(
+                        "{ENV_PROVIDER}={v:?}: expected a libfabric provider name (fi_info -l) or auto"
+                    )));
                 }
                 Some(v)
             }

@@ -101,9 +101,47 @@ impl OfiFabric {
             .collect();
         let inject = ep.offer().inject_size.min(MAX_PACKET + HDR);
         let waker = super::wake::Waker::new().ok();
-        let mut f = OfiFabric { rank, ep, peers, next: 0, rx_posted: 0, rx_held: 0, tx_inflight: 0, pool: Vec::new(), inject, finalized: false, fault: None, waker };
+        let mut f = OfiFabric {
+            rank,
+            ep,
+            peers,
+            next: 0,
+            rx_posted: 0,
+            rx_held: 0,
+            tx_inflight: 0,
+            pool: Vec::new(),
+            inject,
+            finalized: false,
+            fault: None,
+            waker,
+        };
         f.post_receives()?;
         Ok(f)
+    }
+
+    /// A line describing the receive side, for test failures.
+    #[cfg(test)]
+    pub(crate) fn debug_state(&self) -> String {
+        let peers: Vec<String> = self
+            .peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "next_in={} next_out={} early={:?} ready={}",
+                    p.next_in,
+                    p.next_out,
+                    p.early.keys().take(5).collect::<Vec<_>>(),
+                    p.ready.len()
+                )
+            })
+            .collect();
+        format!(
+            "rx_posted={} rx_held={} tx_inflight={} stats={:?} peers={peers:?}",
+            self.rx_posted,
+            self.rx_held,
+            self.tx_inflight,
+            self.ep.stats()
+        )
     }
 
     /// This rank.

@@ -43,7 +43,7 @@ pub const PROTO_SHIFT: u32 = CTX_SHIFT + CTX_BITS;
 const _: () = assert!(PROTO_SHIFT + PROTO_BITS == 64);
 
 /// The MPI tag bits.
-pub const TAG_FIELD: u64 = ((1 << TAG_BITS) - 1) << 0;
+pub const TAG_FIELD: u64 = (1 << TAG_BITS) - 1;
 /// The source bits.
 pub const SRC_FIELD: u64 = ((1 << SRC_BITS) - 1) << SRC_SHIFT;
 /// The context bits.
@@ -88,12 +88,7 @@ pub const fn recv(proto: u64, ctx: u32, src: Option<u32>, tag: Option<u32>) -> O
 
 /// The fields of a tag: `(proto, context, source, tag)`.
 pub const fn fields(bits: u64) -> (u64, u32, u32, u32) {
-    (
-        bits >> PROTO_SHIFT,
-        ((bits & CTX_FIELD) >> CTX_SHIFT) as u32,
-        ((bits & SRC_FIELD) >> SRC_SHIFT) as u32,
-        (bits & TAG_FIELD) as u32,
-    )
+    (bits >> PROTO_SHIFT, ((bits & CTX_FIELD) >> CTX_SHIFT) as u32, ((bits & SRC_FIELD) >> SRC_SHIFT) as u32, (bits & TAG_FIELD) as u32)
 }
 
 /// Whether a message tagged `bits` matches a receive `(tag, ignore)`, as a provider decides
