@@ -51,7 +51,7 @@ mod region;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_libfabric;
+pub(crate) mod tests_libfabric;
 
 pub use cache::{CacheConfig, CacheStats, CachedMr, KnobError, Monitor, MonitorStatus, MrCache};
 pub use domain::{Domain, DomainAttr, MappedKey, RemoteOp, ResolvedRange, Segment, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE};

@@ -438,6 +438,7 @@ impl OfiDomain {
             iov: iov.into(),
             total,
             access,
+            context,
             bound: false,
             enabled: !self.mr_mode().contains(MrMode::ENDPOINT),
         })
@@ -474,6 +475,7 @@ pub struct OfiMr {
     iov: Box<[Segment]>,
     total: usize,
     access: Access,
+    context: u64,
     bound: bool,
     enabled: bool,
 }
@@ -547,6 +549,11 @@ impl OfiMr {
     /// The access the region was registered with.
     pub fn access(&self) -> Access {
         self.access
+    }
+
+    /// The context given at registration.
+    pub fn context(&self) -> u64 {
+        self.context
     }
 
     /// Whether the region can be used (under `FI_MR_ENDPOINT`: bound and enabled).

@@ -32,6 +32,8 @@ pub mod packet;
 pub mod tag;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_mr;
 pub mod wake;
 
 pub use self::core::{
