@@ -209,22 +209,8 @@ struct DomainShared {
     requested_mode: MrMode,
     state: Mutex<DomainState>,
     /// Number of invalidation batches a cache monitor is applying right now (see
-    /// [`InvalidationGuard`]). Shared with every region of the domain.
+    /// [`Domain::begin_invalidation_batch`]). Shared with every region of the domain.
     in_flight: Arc<AtomicUsize>,
-}
-
-/// Marks an invalidation batch in progress: from before the monitor reads events (which is
-/// when the kernel lets the `munmap` that caused them return) until it has revoked the
-/// regions. Access checks and validity queries wait while one is in progress, so after a
-/// `munmap` returns no check can see a region of the unmapped memory as usable.
-pub(crate) struct InvalidationGuard {
-    in_flight: Arc<AtomicUsize>,
-}
-
-impl Drop for InvalidationGuard {
-    fn drop(&mut self) {
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// Waits until no invalidation batch is in progress (returns at once almost always; a batch
@@ -365,10 +351,19 @@ impl Domain {
         }
     }
 
-    /// Starts an invalidation batch (see [`InvalidationGuard`]).
-    pub(crate) fn begin_invalidation(&self) -> InvalidationGuard {
+    /// Marks an invalidation batch in progress (the registration cache's
+    /// `CacheDomain::begin_invalidation`): from before the monitor reads events (which is when
+    /// the kernel lets the `munmap` that caused them return) until it has revoked the
+    /// regions. Access checks and validity queries wait while one is in progress, so after a
+    /// `munmap` returns no check can see a region of the unmapped memory as usable.
+    /// [`Domain::end_invalidation_batch`] ends it.
+    pub(crate) fn begin_invalidation_batch(&self) {
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
-        InvalidationGuard { in_flight: Arc::clone(&self.shared.in_flight) }
+    }
+
+    /// Ends a batch begun by [`Domain::begin_invalidation_batch`].
+    pub(crate) fn end_invalidation_batch(&self) {
+        self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Waits for invalidation batches in progress to finish.

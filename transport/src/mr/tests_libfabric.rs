@@ -198,17 +198,16 @@ fn fabtests_mr_test_mr_reg_free_then_alloc() {
 /// fabtests `unit/mr_cache_evict.c`, `MMAP` allocator: a second registration of a buffer hits
 /// the cache; after the buffer is unmapped (registrations still open) and mapped again at the
 /// same address, a third registration is a miss with a new key, and the stale ones are dead.
-#[test]
-fn fabtests_mr_cache_evict_mmap() {
+/// Generic over the cache's domain (`key` reads a handle's key).
+pub(crate) fn mr_cache_evict<D: CacheDomain>(d: D, key: impl Fn(&CachedMr<D>) -> u64) {
     let size = 16384usize.max(page_size());
-    let d = Domain::open(DomainAttr { mr_mode: MrMode::PROV_KEY | MrMode::VIRT_ADDR, ..DomainAttr::default() }).unwrap();
     let cache = MrCache::new(d, CacheConfig::default()).unwrap();
     if !cache.is_caching() {
         // mr_cache_evict.c skips (-FI_ENOSYS) when the provider does not cache.
         eprintln!("skipped: registrations are not cached here ({:?})", cache.monitor_status());
         return;
     }
-    let access = mr_access();
+    let access = Access::SEND | Access::READ | Access::REMOTE_READ;
     // The priming registration (of heap memory, not timed) the test starts with.
     let prime = vec![0u8; size];
     let _prime_mr = cache.get(prime.as_ptr() as usize, size, access).unwrap();
@@ -222,19 +221,25 @@ fn fabtests_mr_cache_evict_mmap() {
         let cached_mr = cache.get(addr, size, access).unwrap();
         let after = cache.stats();
         assert_eq!((after.misses - before.misses, after.hits - before.hits), (1, 1), "the second registration is a cache hit");
-        assert_eq!(mr.key().unwrap(), cached_mr.key().unwrap());
+        assert_eq!(key(&mr), key(&cached_mr));
         buf.unmap();
         let Ok(mut again) = Mapping::at(addr, size) else { continue };
         again.fill(1);
         let realloc_mr = cache.get(addr, size, access).unwrap();
         let last = cache.stats();
         assert_eq!((last.misses - after.misses, last.hits - after.hits), (1, 0), "the reallocated buffer is not a hit");
-        assert_ne!(realloc_mr.key().unwrap(), mr.key().unwrap());
+        assert_ne!(key(&realloc_mr), key(&mr));
         assert!(realloc_mr.is_valid() && !mr.is_valid() && !cached_mr.is_valid());
         assert!(last.invalidations > before.invalidations);
         return;
     }
     panic!("could not map the same address again in 16 tries");
+}
+
+#[test]
+fn fabtests_mr_cache_evict_mmap() {
+    let d = Domain::open(DomainAttr { mr_mode: MrMode::PROV_KEY | MrMode::VIRT_ADDR, ..DomainAttr::default() }).unwrap();
+    mr_cache_evict(d, |m| m.key().unwrap());
 }
 
 /// The registration errors of `fi_mr(3)`, case by case: `(case, outcome)`. Used to compare the

@@ -551,6 +551,11 @@ impl OfiMr {
         self.access
     }
 
+    /// Whether peers address the region by virtual address (`FI_MR_VIRT_ADDR`).
+    pub fn virt_addr(&self) -> bool {
+        self.dom.offer.mr_mode.contains(MrMode::VIRT_ADDR)
+    }
+
     /// The context given at registration.
     pub fn context(&self) -> u64 {
         self.context

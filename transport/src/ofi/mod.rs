@@ -12,6 +12,7 @@
 //!   provider's `mr_mode`). Buffers of outstanding operations are owned by the endpoint and
 //!   come back in their [`Completion`]; `-FI_EAGAIN` is [`Post::Busy`], not an error; a failed
 //!   call is [`crate::Error::Ofi`] naming the call and libfabric's text.
+//! - [`cache`]: [`OfiDomain`] behind tmpi's registration cache (`MrCache<OfiDomain>`).
 //! - [`tag`]: the 64-bit tag layout (protocol, context, source, MPI tag).
 //! - [`OfiFabric`]: the packets of `crate::fabric` over one endpoint, with the peer states,
 //!   finalize mark and wait of the other fabrics.
@@ -26,6 +27,7 @@
 //! Provider choice: [`ENV_PROVIDER`] (`TMPI_OFI_PROVIDER`) names one; by default the first
 //! offer of `fi_getinfo` for an RDM endpoint with `FI_TAGGED | FI_RMA` is used.
 
+pub mod cache;
 pub mod core;
 mod ffi;
 pub mod packet;
@@ -36,6 +38,7 @@ mod tests;
 mod tests_mr;
 pub mod wake;
 
+pub use self::cache::OfiCacheMr;
 pub use self::core::{
     getinfo, mr_errno, strerror, version, Claimed, Completion, Desc, Endpoint, EpStats, Hints, Offer, OfiDomain, OfiMr, OpId, OpKind, Post,
     OFFERED_MR_MODE,
