@@ -47,6 +47,9 @@ pub struct Config {
     pub fabric: FabricChoice,
     /// `TMPI_TCP_IF`; `None` = auto.
     pub tcp_if: Option<String>,
+    /// `TMPI_OFI_PROVIDER`; `None` = auto (libfabric's first offer). Read by builds with the
+    /// `ofi` feature's OFI fabric, which `TMPI_FABRIC` does not select yet.
+    pub ofi_provider: Option<String>,
     /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
     /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
     pub shared_heap: usize,
@@ -71,6 +74,7 @@ impl Default for Config {
             single_copy: true,
             fabric: FabricChoice::Auto,
             tcp_if: None,
+            ofi_provider: None,
             // Which copy wins depends on the host, by 2x either way
             // (bench/results/adaptive-copy.md): measured per receiver.
             single_copy_min: None,
@@ -216,6 +220,11 @@ impl Config {
             tmpi_transport::tcp::iface::listen_ip(Some(&v), true)
                 .map_err(|_| bad("TMPI_TCP_IF", &v, "an interface of this host (name or address)"))?;
             c.tcp_if = Some(v.trim().to_string());
+        }
+        if let Some(v) = get("TMPI_OFI_PROVIDER") {
+            c.ofi_provider = tmpi_transport::bootstrap::parse_ofi_provider(&v).ok_or_else(|| {
+                bad("TMPI_OFI_PROVIDER", &v, "a libfabric provider name as fi_info -l prints it (tcp, shm, tcp;ofi_rxm), or auto")
+            })?;
         }
         if let Some(v) = get("TMPI_SHARED_HEAP") {
             let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;

@@ -162,8 +162,25 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "auto", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings; auto = each receiver times reads both ways per power-of-two size class and uses the faster, trying the other now and then (which wins depends on the host, by 2x either way: bench/results/adaptive-copy.md) (>= 0 or auto)" },
     Knob { name: "TMPI_SHARED_HEAP", default: "1073741824", meaning: "bytes of address space of each rank's shared heap (World::alloc_shared), a memory file that peers map on first use so a rendezvous from or into it is one plain memcpy; pages are taken only as blocks are written; 0 turns it off (allocations are then private memory) (0..=2^40; at least 65536 when not 0)" },
     Knob { name: "TMPI_SHM_COLL", default: "on", meaning: "on: barrier, bcast, reduce and allreduce of communicators of 2 to 64 ranks go through flags and slots in the shared-memory segment (up to 4 KiB of data; larger calls agree there, then use point-to-point); off: point-to-point algorithms only; must be the same on every rank (on or off)" },
+    Knob { name: "TMPI_OFI_PROVIDER", default: "auto", meaning: "builds with the cargo feature ofi: the libfabric provider of the OFI fabric, as fi_info -l names it (tcp, shm, verbs, efa, cxi, psm3; layered ones as tcp;ofi_rxm), or auto = the first that fi_getinfo offers for an RDM endpoint with FI_TAGGED | FI_RMA; the OFI fabric is built and tested in the transport but TMPI_FABRIC does not select it yet (lowercase letters, digits, _ and ;, or auto)" },
     Knob { name: "TMPI_RSH", default: "ssh", meaning: "read by tmpirun, not by the ranks: the command that starts ranks on other hosts (--host/--hostfile), split on whitespace, given the host then a shell command; plain ssh gets -x -o BatchMode=yes; --launch-agent overrides it" },
 ];
+
+/// `TMPI_OFI_PROVIDER`: the libfabric provider of the OFI fabric.
+pub const ENV_OFI_PROVIDER: &str = "TMPI_OFI_PROVIDER";
+
+/// Reads a `TMPI_OFI_PROVIDER` value: `Some(None)` for `auto` (or empty), `Some(Some(name))`
+/// for a provider name (lowercase letters, digits, `_`, and `;` between layered providers,
+/// as `fi_info -l` prints them), `None` for anything else. Whether libfabric has the provider
+/// is known only when the OFI fabric asks it.
+pub fn parse_ofi_provider(v: &str) -> Option<Option<String>> {
+    let v = v.trim();
+    if v.is_empty() || v == "auto" {
+        return Some(None);
+    }
+    let ok = v.split(';').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+    ok.then(|| Some(v.to_string()))
+}
 
 /// Knobs of [`KNOBS`] that `tmpirun` reads itself and the ranks ignore: the runtime does not
 /// parse them, and `tmpirun` does not pass them on to the ranks of other hosts.

@@ -552,3 +552,21 @@ fn a_service_without_the_secret_is_not_trusted() {
     assert!(e.contains("bad challenge"), "{e}");
     other.join().unwrap();
 }
+
+#[test]
+fn ofi_provider_values() {
+    let table: &[(&str, Option<Option<&str>>)] = &[
+        ("auto", Some(None)),
+        ("", Some(None)),
+        (" tcp ", Some(Some("tcp"))),
+        ("tcp;ofi_rxm", Some(Some("tcp;ofi_rxm"))),
+        ("psm3", Some(Some("psm3"))),
+        ("not-a-value", None),
+        ("TCP", None),
+        ("tcp;", None),
+        ("tcp ofi", None),
+    ];
+    for &(v, want) in table {
+        assert_eq!(super::parse_ofi_provider(v), want.map(|o| o.map(String::from)), "{v:?}");
+    }
+}

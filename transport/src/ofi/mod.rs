@@ -65,7 +65,7 @@ pub mod errno {
 }
 
 /// `TMPI_OFI_PROVIDER`: the libfabric provider to use.
-pub const ENV_PROVIDER: &str = "TMPI_OFI_PROVIDER";
+pub const ENV_PROVIDER: &str = crate::bootstrap::ENV_OFI_PROVIDER;
 
 /// How to open the OFI fabric.
 #[derive(Debug, Clone, Default)]
@@ -80,21 +80,14 @@ impl OfiConfig {
     /// Reads `TMPI_OFI_PROVIDER` through `get`; binds to `node`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the variable for an empty name or one with
-    /// characters no provider name has.
+    /// [`Error::InvalidArgument`] naming the variable for a value no provider name has
+    /// ([`crate::bootstrap::parse_ofi_provider`]).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>, node: Option<String>) -> Result<Self> {
         let provider = match get(ENV_PROVIDER) {
             None => None,
-            Some(v) if v.trim() == "auto" => None,
-            Some(v) => {
-                let ok = !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_;-.".contains(&b));
-                if !ok {
-                    return Err(Error::InvalidArgument(format!(
-                        "{ENV_PROVIDER}={v:?}: expected a libfabric provider name (fi_info -l) or auto"
-                    )));
-                }
-                Some(v)
-            }
+            Some(v) => crate::bootstrap::parse_ofi_provider(&v).ok_or_else(|| {
+                Error::InvalidArgument(format!("{ENV_PROVIDER}={v:?}: expected a libfabric provider name as fi_info -l prints it, or auto"))
+            })?,
         };
         Ok(OfiConfig { provider, node })
     }

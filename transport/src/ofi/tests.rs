@@ -115,7 +115,8 @@ fn provider_knob_is_checked() {
     assert_eq!(OfiConfig::from_lookup(get("tcp;ofi_rxm"), None).unwrap().provider.as_deref(), Some("tcp;ofi_rxm"));
     assert_eq!(OfiConfig::from_lookup(get("auto"), None).unwrap().provider, None);
     assert_eq!(OfiConfig::from_lookup(|_| None, None).unwrap().provider, None);
-    for bad in ["", "tcp x", "shm\n"] {
+    assert_eq!(OfiConfig::from_lookup(get(""), None).unwrap().provider, None);
+    for bad in ["tcp x", "Shm", "not-a-value", "tcp;", ";shm"] {
         let e = OfiConfig::from_lookup(get(bad), None).unwrap_err();
         assert!(e.to_string().contains(ENV_PROVIDER), "{e}");
     }
