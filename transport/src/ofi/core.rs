@@ -1059,14 +1059,16 @@ impl Endpoint {
             self.stats.posted += 1;
             return Ok(Ok(OpId { index: i, generation: c.generation }));
         }
-        let s = &mut self.slots[i as usize];
-        s.busy = false;
-        s.claim = true;
-        let buf = std::mem::take(&mut s.buf);
         if ret == -i64::from(ffi::FI_EAGAIN) {
+            let s = &mut self.slots[i as usize];
+            s.busy = false;
+            s.claim = true;
             self.stats.eagain += 1;
+            let buf = std::mem::take(&mut s.buf);
             return Ok(Err((c, buf)));
         }
+        // The claim is lost with the error; its slot is free again.
+        self.release(i);
         Err(ofi_error("fi_trecvmsg", ret))
     }
 

@@ -73,6 +73,8 @@ pub struct OfiFabric {
     /// A malformed packet seen in a completion, reported by the next poll.
     fault: Option<Error>,
     waker: Option<super::wake::Waker>,
+    /// Completions of one progress call (kept to reuse its allocation).
+    done: Vec<Completion>,
 }
 
 fn hdr(flags: u8, kind: u8, seq: u32, total: u64) -> [u8; HDR] {
@@ -114,6 +116,7 @@ impl OfiFabric {
             finalized: false,
             fault: None,
             waker,
+            done: Vec::new(),
         };
         f.post_receives()?;
         Ok(f)
@@ -184,15 +187,17 @@ impl OfiFabric {
     /// Reads completions: sends free their buffers (an error marks the peer failed),
     /// receives are sorted into their source's order.
     fn progress(&mut self) -> Result<()> {
-        let mut done: Vec<Completion> = Vec::new();
-        self.ep.progress(|c| done.push(c))?;
-        for c in done {
+        let mut done = std::mem::take(&mut self.done);
+        let read = self.ep.progress(|c| done.push(c));
+        for c in done.drain(..) {
             match c.kind {
                 OpKind::Send => self.sent(c),
                 OpKind::Recv => self.received(c)?,
                 _ => {}
             }
         }
+        self.done = done;
+        read?;
         self.post_receives()
     }
 
