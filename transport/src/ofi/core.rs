@@ -492,7 +492,9 @@ impl std::fmt::Debug for OfiMr {
     }
 }
 
-/// A local descriptor (`fi_mr_desc`) to pass with a buffer under `FI_MR_LOCAL`.
+/// A local descriptor (`fi_mr_desc`) to pass with a buffer under `FI_MR_LOCAL`: only
+/// [`Desc::NONE`] is safe to make (see [`OfiMr::desc`]); the endpoint refuses it for a
+/// buffer when the provider requires `FI_MR_LOCAL`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Desc(pub(crate) *mut c_void);
 
@@ -526,8 +528,13 @@ impl OfiMr {
         Ok((base, buf))
     }
 
-    /// The local descriptor.
-    pub fn desc(&self) -> Desc {
+    /// The local descriptor, to pass with a buffer inside this region under `FI_MR_LOCAL`.
+    ///
+    /// # Safety
+    /// Providers that need descriptors may read the region's state through it while an
+    /// operation is outstanding: the region must stay open until every operation given this
+    /// descriptor has completed, and the buffer must lie inside the region.
+    pub unsafe fn desc(&self) -> Desc {
         Desc(self.desc)
     }
 
@@ -870,6 +877,17 @@ impl Endpoint {
         self.wait_fd.is_some() && unsafe { ffi::tofi_trywait(self.dom.fabric, self.cq) } == 0
     }
 
+    /// Refuses a buffer without a descriptor where the provider needs one (`FI_MR_LOCAL`),
+    /// which it would otherwise read through a null pointer.
+    fn check_desc(&self, call: &'static str, desc: Desc, len: usize) -> Result<()> {
+        if desc == Desc::NONE && len > 0 && self.dom.offer.mr_mode.contains(MrMode::LOCAL) {
+            return Err(Error::InvalidArgument(format!(
+                "{call}: the provider requires FI_MR_LOCAL: pass the buffer's registered descriptor"
+            )));
+        }
+        Ok(())
+    }
+
     fn take_slot(&mut self, kind: OpKind, user: u64, buf: Vec<u8>) -> u32 {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -933,6 +951,7 @@ impl Endpoint {
     /// # Errors
     /// [`Error::Ofi`] naming `fi_tsend`.
     pub fn tsend(&mut self, buf: Vec<u8>, desc: Desc, dest: u64, tag: u64, user: u64) -> Result<Post> {
+        self.check_desc("fi_tsend", desc, buf.len())?;
         let (p, n) = (buf.as_ptr(), buf.len() as u64);
         let i = self.take_slot(OpKind::Send, user, buf);
         let ctx = self.ctx(i);
@@ -968,6 +987,7 @@ impl Endpoint {
     /// # Errors
     /// [`Error::Ofi`] naming `fi_trecv`.
     pub fn trecv(&mut self, buf: Vec<u8>, desc: Desc, src: u64, tag: u64, ignore: u64, user: u64) -> Result<Post> {
+        self.check_desc("fi_trecv", desc, buf.len())?;
         let src = self.source(src);
         let (p, n) = (buf.as_ptr(), buf.len() as u64);
         let i = self.take_slot(OpKind::Recv, user, buf);
@@ -1028,6 +1048,8 @@ impl Endpoint {
         desc: Desc,
         user: u64,
     ) -> Result<std::result::Result<OpId, (Claimed, Vec<u8>)>> {
+        // A refusal drops the claim (the provider keeps the message claimed).
+        self.check_desc("fi_trecvmsg", desc, buf.len())?;
         self.claimed_op(c, buf, desc, user, ffi::FI_CLAIM)
     }
 
@@ -1079,6 +1101,7 @@ impl Endpoint {
     /// # Errors
     /// [`Error::Ofi`] naming `fi_read`.
     pub fn read(&mut self, buf: Vec<u8>, desc: Desc, src: u64, addr: u64, key: u64, user: u64) -> Result<Post> {
+        self.check_desc("fi_read", desc, buf.len())?;
         let (p, n) = (buf.as_ptr(), buf.len() as u64);
         let i = self.take_slot(OpKind::Read, user, buf);
         let ctx = self.ctx(i);

@@ -92,10 +92,18 @@ impl OfiFabric {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a rank out of range or beyond the tag's source field;
-    /// [`Error::Ofi`] from posting.
+    /// [`Error::Fabric`] for a provider that requires `FI_MR_LOCAL`; [`Error::Ofi`] from
+    /// posting.
     pub fn new(rank: usize, ep: Endpoint, addrs: Vec<u64>) -> Result<Self> {
         if rank >= addrs.len() || addrs.len() > 1 << tag::SRC_BITS {
             return Err(Error::InvalidArgument(format!("OFI fabric: rank {rank} of {}", addrs.len())));
+        }
+        if ep.offer().mr_mode.contains(crate::mr::MrMode::LOCAL) {
+            // Its pooled buffers would each need a registration (phase 2).
+            return Err(Error::Fabric(format!(
+                "OFI provider {} requires FI_MR_LOCAL, which the packet fabric does not register for yet",
+                ep.offer().provider
+            )));
         }
         let peers = addrs
             .iter()
