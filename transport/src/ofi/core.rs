@@ -997,6 +997,43 @@ impl Endpoint {
         self.posted("fi_trecv", i, ret)
     }
 
+    /// [`Endpoint::trecv`] into memory the caller owns (the engine's receive buffers): the
+    /// completion's `buf` is empty.
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `len` bytes, by nobody else, until the receive's
+    /// completion has been read (after a cancel too) or the endpoint is dropped.
+    ///
+    /// # Errors
+    /// As [`Endpoint::trecv`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn trecv_raw(&mut self, buf: *mut u8, len: usize, desc: Desc, src: u64, tag: u64, ignore: u64, user: u64) -> Result<Post> {
+        self.check_desc("fi_trecv", desc, len)?;
+        let src = self.source(src);
+        let i = self.take_slot(OpKind::Recv, user, Vec::new());
+        let ctx = self.ctx(i);
+        // SAFETY: the caller's promise covers the buffer; the context is the slot.
+        let ret = unsafe { ffi::tofi_trecv(self.ep, buf.cast(), len as u64, desc.0, src, tag, ignore, ctx) };
+        self.posted("fi_trecv", i, ret)
+    }
+
+    /// [`Endpoint::read`] into memory the caller owns: the completion's `buf` is empty.
+    ///
+    /// # Safety
+    /// As [`Endpoint::trecv_raw`], for the read's destination.
+    ///
+    /// # Errors
+    /// As [`Endpoint::read`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn read_raw(&mut self, buf: *mut u8, len: usize, desc: Desc, src: u64, addr: u64, key: u64, user: u64) -> Result<Post> {
+        self.check_desc("fi_read", desc, len)?;
+        let i = self.take_slot(OpKind::Read, user, Vec::new());
+        let ctx = self.ctx(i);
+        // SAFETY: as in `trecv_raw`.
+        let ret = unsafe { ffi::tofi_read(self.ep, buf.cast(), len as u64, desc.0, src, addr, key, ctx) };
+        self.posted("fi_read", i, ret)
+    }
+
     /// A source the provider can take: without `FI_DIRECTED_RECV` every receive is from any
     /// source (the tag's source bits then select).
     fn source(&self, src: u64) -> u64 {

@@ -502,3 +502,31 @@ fn two_processes_exchange_packets_tcp() {
 fn two_processes_exchange_packets_shm() {
     two_processes("ofi::tests::two_processes_exchange_packets_shm", "shm");
 }
+
+/// The raw variants receive and read into caller-owned memory.
+#[test]
+fn raw_receive_and_read() {
+    for p in PROVIDERS {
+        let (mut a, mut b, b_at_a, a_at_b) = pair(p);
+        let mut dst = vec![0u8; 32];
+        // SAFETY: `dst` outlives the receive, whose completion is read below before it is used.
+        let id = retry(&mut b, &mut a, |b| unsafe { b.trecv_raw(dst.as_mut_ptr(), dst.len(), Desc::NONE, FI_ADDR_UNSPEC, 3, 0, 1) });
+        send(&mut a, &mut b, b"raw bytes", b_at_a, 3);
+        let c = completions(&mut a, &mut b, 1).pop().unwrap();
+        assert_eq!((c.id, c.len, c.buf.len(), c.error), (id, 9, 0, None), "{p}");
+        assert_eq!(&dst[..9], b"raw bytes");
+        let src: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
+        let d = &a.dom;
+        let mr = OfiDomain { inner: std::sync::Arc::clone(d) }
+            .reg(&[Segment { addr: src.as_ptr() as usize, len: 256 }], Access::REMOTE_READ, 0x77, RegFlags::empty())
+            .unwrap();
+        let key = mr.key().unwrap();
+        let addr = mr.remote_addr(src.as_ptr() as usize + 16).unwrap();
+        let mut out = vec![0u8; 64];
+        // SAFETY: as above.
+        retry(&mut b, &mut a, |b| unsafe { b.read_raw(out.as_mut_ptr(), 64, Desc::NONE, a_at_b, addr, key, 2) });
+        let c = completions(&mut a, &mut b, 1).pop().unwrap();
+        assert_eq!(c.error, None, "{p}");
+        assert_eq!(&out[..], &src[16..80], "{p}");
+    }
+}
