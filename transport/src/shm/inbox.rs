@@ -281,15 +281,18 @@ impl Queues {
     /// fits is in use (or no more memory can be had and some are in use).
     fn take_frag(&mut self, seg: &Segment, len: usize) -> Result<Option<usize>> {
         let small = len <= SMALL_FRAG;
-        let (first, have, next) =
-            if small { (0, self.small, self.next_small) } else { (SMALL_FRAGS, self.large, self.next_large) };
+        let (first, have, next) = if small { (0, self.small, self.next_small) } else { (SMALL_FRAGS, self.large, self.next_large) };
         for k in 0..have {
             let i = (next + k) % have;
             let busy = self.busy_word(self.me, first + i);
             if busy.load(Ordering::Acquire) == 0 {
                 busy.store(1, Ordering::Relaxed);
                 let nx = (i + 1) % have;
-                if small { self.next_small = nx } else { self.next_large = nx }
+                if small {
+                    self.next_small = nx
+                } else {
+                    self.next_large = nx
+                }
                 return Ok(Some(first + i));
             }
         }
@@ -299,7 +302,11 @@ impl Queues {
             let (off, cap) = frag_place(f);
             match seg.allocate_pool_range(self.me, off, cap) {
                 Ok(()) => {
-                    if small { self.small += 1 } else { self.large += 1 }
+                    if small {
+                        self.small += 1
+                    } else {
+                        self.large += 1
+                    }
                     self.busy_word(self.me, f).store(1, Ordering::Relaxed);
                     return Ok(Some(f));
                 }

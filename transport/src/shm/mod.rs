@@ -92,7 +92,17 @@ impl ShmFabric {
         seg.set_pid(rank, std::process::id());
         if seg.queued() {
             let queues = Some(Box::new(Queues::new(&seg, rank)));
-            return Ok(ShmFabric { seg, rank, size, tx: Vec::new(), rx: Vec::new(), sources: Vec::new(), next_src: 0, streak: Vec::new(), queues });
+            return Ok(ShmFabric {
+                seg,
+                rank,
+                size,
+                tx: Vec::new(),
+                rx: Vec::new(),
+                sources: Vec::new(),
+                next_src: 0,
+                streak: Vec::new(),
+                queues,
+            });
         }
         let mut tx = Vec::with_capacity(size);
         let mut rx = Vec::with_capacity(size);
@@ -700,11 +710,12 @@ mod tests {
     /// Takes every packet that waits at `f` as (source, flags, total, payload).
     fn drain(f: &mut ShmFabric) -> Vec<(usize, u8, u64, Vec<u8>)> {
         let mut got = Vec::new();
-        while f.poll(|p| {
-            got.push((p.src, p.flags, p.total_len, p.data.to_vec()));
-            true
-        })
-        .expect("poll")
+        while f
+            .poll(|p| {
+                got.push((p.src, p.flags, p.total_len, p.data.to_vec()));
+                true
+            })
+            .expect("poll")
             > 0
         {}
         got

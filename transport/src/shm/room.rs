@@ -167,7 +167,9 @@ mod tests {
 
     #[test]
     fn limits_parse() {
-        for (v, want) in [("auto", Some(None)), ("", Some(None)), ("1m", Some(Some(1 << 20))), ("4096", Some(Some(4096))), ("2G", Some(Some(2 << 30)))] {
+        for (v, want) in
+            [("auto", Some(None)), ("", Some(None)), ("1m", Some(Some(1 << 20))), ("4096", Some(Some(4096))), ("2G", Some(Some(2 << 30)))]
+        {
             assert_eq!(parse_shm_limit(v).ok(), want, "{v}");
         }
         for v in ["x", "1q", "-1", "unlimited"] {

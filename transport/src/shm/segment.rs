@@ -413,7 +413,9 @@ impl Segment {
     pub(crate) fn queue_areas(&self) -> (NonNull<u8>, NonNull<u8>) {
         debug_assert!(self.queued());
         // SAFETY: both offsets lie inside the mapping (geometry), which is not null.
-        unsafe { (NonNull::new_unchecked(self.base.as_ptr().add(self.rings_off)), NonNull::new_unchecked(self.base.as_ptr().add(self.pool_off))) }
+        unsafe {
+            (NonNull::new_unchecked(self.base.as_ptr().add(self.rings_off)), NonNull::new_unchecked(self.base.as_ptr().add(self.pool_off)))
+        }
     }
 
     /// Gives memory to bytes `off..off + len` of `rank`'s pool (queued layout).
