@@ -34,7 +34,7 @@ fn a_memory_cgroup_too_small_for_the_segment_fails_at_init_naming_it() {
     let tmpirun = tmpi_tests::tmpirun();
     let hello = tmpi_tests::release_bin("hello");
     let script = format!("echo $$ > {} && exec {} -n 4 --timeout 60 {}", cg.procs(), tmpirun.display(), hello.display());
-    let out = std::process::Command::new("sh").arg("-c").arg(&script).env("TMPI_SHM_RING_SIZE", "16m").output().expect("sh");
+    let out = std::process::Command::new("sh").arg("-c").arg(&script).env("TMPI_SHM_RING_SIZE", "16777216").output().expect("sh");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("needs ") && err.contains("can be had") && err.contains("the memory cgroup /tmpi-test-"), "{err}");
