@@ -342,11 +342,7 @@ impl Queues {
                     let _ = head.compare_exchange(pos, pos + 1, Ordering::AcqRel, Ordering::Relaxed);
                 }
                 // The cell still holds the previous lap: full, unless `head` moved meanwhile.
-                d if d < 0 => {
-                    if head.load(Ordering::Acquire) == pos {
-                        return None;
-                    }
-                }
+                d if d < 0 && head.load(Ordering::Acquire) == pos => return None,
                 // A stale `head`: read it again.
                 _ => {}
             }

@@ -58,7 +58,7 @@ pub fn bounds(dir: &str) -> Result<Vec<Bound>> {
     if let Some((path, room)) = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|c| cgroup_room(&c, read_cgroup_file)) {
         b.push(Bound { what: format!("the memory cgroup {path} leaves {room}"), bytes: room });
     }
-    if let Some(v) = std::env::var(ENV_SHM_LIMIT).ok() {
+    if let Ok(v) = std::env::var(ENV_SHM_LIMIT) {
         if let Some(l) = parse_shm_limit(&v)? {
             b.push(Bound { what: format!("{ENV_SHM_LIMIT} is {l}"), bytes: l });
         }
