@@ -89,7 +89,16 @@ fn real_main() -> Result<i32> {
             _ => local_places.next().unwrap_or_else(|| unbound.clone()),
         })
         .collect();
-    sys::raise_nofile_limit();
+    // Checked before any rank starts: past the limit, a job of hundreds of ranks used to fail
+    // in the middle of its start ("start rank 505: Too many open files").
+    if let Some(limit) = sys::raise_nofile_limit().filter(|&l| !sys::fds_suffice(nlocal, l)) {
+        return Err(Error::Usage(format!(
+            "{nlocal} ranks on this host need about {} open files in tmpirun ({} each: two output pipes and a \
+             bootstrap connection) but its limit is {limit} (`ulimit -n`, hard limit included): raise it or start fewer ranks",
+            nlocal as u64 * sys::FDS_PER_RANK + sys::FDS_RESERVE,
+            sys::FDS_PER_RANK
+        )));
+    }
     let spec = job::JobSpec {
         program,
         argv0: prog.clone(),

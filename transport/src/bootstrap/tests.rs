@@ -350,6 +350,8 @@ fn knob_table_is_complete() {
         "TMPI_TM_MAX_TAGS",
         "TMPI_TM_THRESH",
         "TMPI_SHM_RING_SIZE",
+        "TMPI_SHM_PAIRS_MAX",
+        "TMPI_SHM_LIMIT",
         "TMPI_MR_CACHE_MAX_COUNT",
         "TMPI_MR_CACHE_MAX_SIZE",
         "TMPI_MR_CACHE_MONITOR",

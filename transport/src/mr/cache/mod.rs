@@ -333,7 +333,7 @@ impl CacheConfig {
     }
 }
 
-fn parse_size(v: &str) -> Option<usize> {
+pub(crate) fn parse_size(v: &str) -> Option<usize> {
     let v = v.trim().to_ascii_lowercase();
     if v == "unlimited" || v.is_empty() {
         return Some(usize::MAX);
