@@ -125,16 +125,19 @@
 //! ```
 
 mod buffer;
+mod cartmap;
 pub mod coll;
 mod coll_glue;
 mod comm;
 pub mod config;
 pub mod datatype;
+mod detached;
 mod engine;
 pub mod error;
 mod group;
 mod heap;
 pub mod matching;
+mod modes;
 mod mprobe;
 mod nbc;
 mod node;
@@ -149,9 +152,11 @@ mod sync;
 mod sys;
 mod topo;
 pub mod vecrecv;
+mod version;
 mod world;
 
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
+pub use detached::Detached;
 pub use error::{Error, Result};
 pub use group::{CommCmp, Group, GroupCmp};
 pub use heap::SharedBuf;
@@ -163,6 +168,7 @@ pub use stats::Stats;
 pub use sync::Threading;
 pub use topo::{dims_create, CartComm};
 pub use vecrecv::VecRequest;
+pub use version::{mpi_version, MPI_VERSION};
 pub use world::{
     init, init_thread, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_threaded, run_local_with,
     run_shm_threads, wtick, wtime, World,

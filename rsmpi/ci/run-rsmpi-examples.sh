@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Builds rsmpi's own examples (and tests/derive_tests.rs), unchanged, against tmpi-rsmpi and
+# runs each example at 2 and 3 ranks under target/release/tmpirun.
+#
+# The `mpi` 0.8 package is fetched from crates.io at run time (nothing of it is committed):
+# a scratch cargo project under target/rsmpi-examples depends on `mpi = "=0.8.x"` only to
+# have cargo download its source, then a second scratch project copies its examples/ and
+# tests/derive_tests.rs and builds them with `mpi = { package = "tmpi-rsmpi", path = ... }`.
+#
+# Usage: rsmpi/ci/run-rsmpi-examples.sh [--build-only]
+# Env: RSMPI_VERSION (default 0.8.2), TMPIRUN (default target/release/tmpirun).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+ver="${RSMPI_VERSION:-0.8.2}"
+work="$root/target/rsmpi-examples"
+tmpirun="${TMPIRUN:-$root/target/release/tmpirun}"
+# Examples that cannot pass here, with the reason (see rsmpi/README.md).
+declare -A EXCLUDED=(
+  [spawn]="dynamic processes (MPI_Comm_spawn) are not implemented by tmpi yet"
+  [spawn_multiple]="dynamic processes (MPI_Comm_spawn_multiple) are not implemented by tmpi yet"
+)
+
+mkdir -p "$work/fetch/src" "$work/build"
+cat >"$work/fetch/Cargo.toml" <<TOML
+[package]
+name = "rsmpi-fetch"
+version = "0.0.0"
+edition = "2021"
+publish = false
+[dependencies]
+mpi = { version = "=$ver", default-features = false }
+[workspace]
+TOML
+echo 'fn main() {}' >"$work/fetch/src/main.rs"
+# `cargo fetch` downloads the package's source into cargo's registry cache (no build: the
+# real crate needs a C MPI to build).
+(cd "$work/fetch" && cargo fetch --quiet)
+src="$(find "${CARGO_HOME:-$HOME/.cargo}/registry/src" -maxdepth 2 -type d -name "mpi-$ver" | head -n1)"
+if [ -z "$src" ] || [ ! -d "$src/examples" ]; then
+  echo "rsmpi examples: mpi-$ver's source (with examples/) not found after cargo fetch" >&2
+  exit 1
+fi
+
+b="$work/build"
+rm -rf "$b/examples" "$b/tests"
+mkdir -p "$b/src" "$b/examples" "$b/tests"
+cp "$src"/examples/*.rs "$b/examples/"
+cp "$src/tests/derive_tests.rs" "$b/tests/"
+echo '' >"$b/src/lib.rs"
+{
+  cat <<TOML
+[package]
+name = "rsmpi-examples"
+version = "0.0.0"
+edition = "2021"
+publish = false
+autoexamples = false
+[dependencies]
+mpi = { package = "tmpi-rsmpi", path = "$root/rsmpi" }
+num-complex = "0.4"
+# rsmpi's examples test these features as the mpi package's own: the same names here, on.
+[features]
+default = ["derive", "complex", "user-operations"]
+derive = ["mpi/derive"]
+complex = ["mpi/complex"]
+user-operations = ["mpi/user-operations"]
+# rsmpi's build script declares cfg(msmpi) (Microsoft MPI); never set here.
+[lints.rust]
+unexpected_cfgs = { level = "warn", check-cfg = ['cfg(msmpi)'] }
+[[test]]
+name = "derive_tests"
+path = "tests/derive_tests.rs"
+[workspace]
+[profile.release]
+debug = 0
+TOML
+  for f in "$b"/examples/*.rs; do
+    n="$(basename "$f" .rs)"
+    printf '[[example]]\nname = "%s"\npath = "examples/%s.rs"\n' "$n" "$n"
+  done
+} >"$b/Cargo.toml"
+
+export CARGO_TARGET_DIR="$work/target"
+(cd "$b" && cargo build --release --examples --quiet)
+(cd "$b" && cargo test --release --test derive_tests --quiet)
+[ "${1:-}" = "--build-only" ] && exit 0
+
+pass=0 fail=0 skip=0 failed=()
+for f in "$b"/examples/*.rs; do
+  n="$(basename "$f" .rs)"
+  if [ -n "${EXCLUDED[$n]:-}" ]; then
+    echo "skip $n: ${EXCLUDED[$n]}"
+    skip=$((skip + 2))
+    continue
+  fi
+  for np in 2 3; do
+    if "$tmpirun" -n "$np" --timeout 120 "$work/target/release/examples/$n" >"$work/$n.$np.log" 2>&1; then
+      pass=$((pass + 1))
+    else
+      fail=$((fail + 1))
+      failed+=("$n@$np")
+      echo "FAIL $n at $np ranks:" >&2
+      tail -n 20 "$work/$n.$np.log" >&2
+    fi
+  done
+done
+echo "rsmpi examples: $pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ] || { echo "failed: ${failed[*]}" >&2; exit 1; }
