@@ -16,6 +16,7 @@ work="$root/target/rsmpi-examples"
 tmpirun="${TMPIRUN:-$root/target/release/tmpirun}"
 # Examples that cannot pass here, with the reason (see rsmpi/README.md).
 declare -A EXCLUDED=(
+  [split]="split_by_subgroup needs tmpi's Comm::create_group (MPI_Comm_create_group), which lands with the reliability branch"
   [spawn]="dynamic processes (MPI_Comm_spawn) are not implemented by tmpi yet"
   [spawn_multiple]="dynamic processes (MPI_Comm_spawn_multiple) are not implemented by tmpi yet"
 )
@@ -57,7 +58,7 @@ publish = false
 autoexamples = false
 [dependencies]
 mpi = { package = "tmpi-rsmpi", path = "$root/rsmpi" }
-num-complex = "0.4"
+num-complex = { version = "0.4", default-features = false }
 # rsmpi's examples test these features as the mpi package's own: the same names here, on.
 [features]
 default = ["derive", "complex", "user-operations"]
@@ -71,8 +72,13 @@ unexpected_cfgs = { level = "warn", check-cfg = ['cfg(msmpi)'] }
 name = "derive_tests"
 path = "tests/derive_tests.rs"
 [workspace]
-[profile.release]
+# Optimized like the workspace's release build, without its link-time optimization and debug
+# information: 56 programs link in seconds instead of minutes.
+[profile.rsmpi-examples]
+inherits = "release"
 debug = 0
+lto = false
+codegen-units = 16
 TOML
   for f in "$b"/examples/*.rs; do
     n="$(basename "$f" .rs)"
@@ -80,9 +86,11 @@ TOML
   done
 } >"$b/Cargo.toml"
 
+# The workspace's lock file pins the versions the workspace builds with.
+cp "$root/Cargo.lock" "$b/Cargo.lock"
 export CARGO_TARGET_DIR="$work/target"
-(cd "$b" && cargo build --release --examples --quiet)
-(cd "$b" && cargo test --release --test derive_tests --quiet)
+(cd "$b" && cargo build --profile rsmpi-examples --examples --quiet)
+(cd "$b" && cargo test --profile rsmpi-examples --test derive_tests --quiet)
 [ "${1:-}" = "--build-only" ] && exit 0
 
 pass=0 fail=0 skip=0 failed=()
@@ -94,7 +102,7 @@ for f in "$b"/examples/*.rs; do
     continue
   fi
   for np in 2 3; do
-    if "$tmpirun" -n "$np" --timeout 120 "$work/target/release/examples/$n" >"$work/$n.$np.log" 2>&1; then
+    if "$tmpirun" -n "$np" --timeout 120 "$CARGO_TARGET_DIR/rsmpi-examples/examples/$n" >"$work/$n.$np.log" 2>&1; then
       pass=$((pass + 1))
     else
       fail=$((fail + 1))

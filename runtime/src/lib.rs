@@ -142,6 +142,7 @@ mod mprobe;
 mod nbc;
 mod node;
 pub mod op;
+mod reqset;
 mod request;
 #[cfg(feature = "serde")]
 mod serialized;
@@ -163,6 +164,7 @@ pub use heap::SharedBuf;
 pub use mprobe::Message;
 pub use node::SplitType;
 pub use op::{Loc, Op, Reducible, UserOp};
+pub use reqset::{Completion, Done, RequestSet};
 pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
 pub use stats::Stats;
 pub use sync::Threading;
