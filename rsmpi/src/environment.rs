@@ -1,6 +1,6 @@
 //! Starting and stopping: the [`Universe`], threading levels, time and version queries.
 
-use std::sync::{Mutex, RwLock};
+use std::sync::RwLock;
 use std::thread::ThreadId;
 
 use crate::topology::SimpleCommunicator;
@@ -48,13 +48,11 @@ struct State {
 /// the universe was dropped (finalized).
 static STATE: RwLock<Option<State>> = RwLock::new(None);
 
-/// The buffer `buffered_send` may use, in bytes (0: none attached).
-static BSEND_CAPACITY: Mutex<usize> = Mutex::new(0);
-
 /// The MPI environment; finalizes when dropped.
 #[derive(Debug)]
 pub struct Universe {
-    buffer: Option<Vec<u8>>,
+    /// The size of the buffer attached for buffered sends (tmpi's `buffer_attach`).
+    buffer: Option<usize>,
 }
 
 impl Universe {
@@ -76,23 +74,23 @@ impl Universe {
 
     /// The size of the attached buffer for buffered sends.
     pub fn buffer_size(&self) -> usize {
-        self.buffer.as_ref().map_or(0, Vec::len)
+        self.buffer.unwrap_or(0)
     }
 
     /// Attaches a buffer of `size` bytes for buffered sends (detaching any previous one).
     pub fn set_buffer_size(&mut self, size: usize) {
         self.detach_buffer();
         if size > 0 {
-            self.buffer = Some(vec![0; size]);
-            *BSEND_CAPACITY.lock().unwrap_or_else(|p| p.into_inner()) = size;
+            crate::ok(tmpi::buffer_attach(size), "set_buffer_size");
+            self.buffer = Some(size);
         }
     }
 
     /// Detaches the buffer, first waiting until every buffered send has been handed over.
     pub fn detach_buffer(&mut self) {
-        crate::point_to_point::bsend_drain();
-        *BSEND_CAPACITY.lock().unwrap_or_else(|p| p.into_inner()) = 0;
-        self.buffer = None;
+        if self.buffer.take().is_some() {
+            tmpi::buffer_detach();
+        }
     }
 
     /// Disconnects from a parent job (this process has none: tmpirun does not spawn).
@@ -112,11 +110,6 @@ impl Drop for Universe {
             }
         }
     }
-}
-
-/// The capacity of the attached buffered-send buffer.
-pub(crate) fn bsend_capacity() -> usize {
-    *BSEND_CAPACITY.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether `initialize` has been called.

@@ -1,7 +1,6 @@
 //! Point-to-point communication: sources, destinations, statuses, matched messages.
 
 use std::mem::MaybeUninit;
-use std::sync::Mutex;
 
 use crate::datatype::traits::*;
 use crate::datatype::{pack, TypeDesc};
@@ -287,47 +286,9 @@ unsafe impl Source for Process<'_> {
     }
 }
 
-/// Buffered sends in flight: each owns its packed copy until tmpi has handed it over.
-struct Bsent {
-    req: tmpi::Detached,
-    _data: Vec<u8>,
-}
-
-static BSENDS: Mutex<Vec<Bsent>> = Mutex::new(Vec::new());
-
 /// Bytes of the attached buffer one buffered send takes beyond its data (MPI's
 /// `MPI_BSEND_OVERHEAD`).
-pub const BSEND_OVERHEAD: usize = 96;
-
-fn bsend_reap(list: &mut Vec<Bsent>) {
-    list.retain_mut(|b| !matches!(b.req.test(), Ok(Some(_)) | Err(_)));
-}
-
-/// Waits until every buffered send has been handed over (buffer detach, finalize).
-pub(crate) fn bsend_drain() {
-    let mut list = BSENDS.lock().unwrap_or_else(|p| p.into_inner());
-    for mut b in list.drain(..) {
-        let _ = b.req.wait();
-    }
-}
-
-fn buffered_send_bytes(c: &tmpi::Comm, bytes: Vec<u8>, dest: usize, tag: u32, call: &str) {
-    let mut list = BSENDS.lock().unwrap_or_else(|p| p.into_inner());
-    bsend_reap(&mut list);
-    let used: usize = list.iter().map(|b| b._data.len() + BSEND_OVERHEAD).sum();
-    let cap = crate::environment::bsend_capacity();
-    let need = bytes.len() + BSEND_OVERHEAD;
-    assert!(
-        used + need <= cap,
-        "mpi: {call}: a message of {} bytes does not fit the attached buffer ({used} of {cap} bytes in use, {BSEND_OVERHEAD} more per message); attach a larger one with Universe::set_buffer_size",
-        bytes.len()
-    );
-    let slice: &[u8] = &bytes;
-    // SAFETY: `bytes` moves into the list below with the request (a Vec's heap storage does
-    // not move), and the list drops the request before the data.
-    let req = unsafe { detached(|s| c.isend(s, std::slice::from_raw_parts(slice.as_ptr(), slice.len()), dest, tag), call) };
-    list.push(Bsent { req, _data: bytes });
-}
+pub const BSEND_OVERHEAD: usize = tmpi::BSEND_OVERHEAD;
 
 /// Something that can be sent to.
 pub trait Destination: AsCommunicator {
@@ -351,7 +312,7 @@ pub trait Destination: AsCommunicator {
     fn buffered_send_with_tag<Buf: ?Sized + Buffer>(&self, buf: &Buf, tag: Tag) {
         let c = &self.as_communicator().as_handle().comm;
         let dest = uidx(self.destination_rank(), "buffered_send");
-        buffered_send_bytes(c, owned_bytes(buf), dest, ttag(tag), "buffered_send");
+        send_bytes(buf, |b| ok(c.bsend(b, dest, ttag(tag)), "buffered_send"));
     }
 
     /// [`Destination::buffered_send_with_tag`] with tag 0.

@@ -2,7 +2,6 @@
 
 use std::any::TypeId;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use crate::attribute::{AttrEntry, CommAttribute};
 use crate::datatype::traits::*;
@@ -22,14 +21,13 @@ pub type Key = std::os::raw::c_int;
 #[doc(hidden)]
 pub struct CommHandle {
     pub(crate) comm: tmpi::Comm,
-    name: Mutex<String>,
     attrs: HashMap<TypeId, Box<dyn AttrEntry>>,
     pub(crate) cart: Option<tmpi::CartComm>,
 }
 
 impl CommHandle {
-    pub(crate) fn new(comm: tmpi::Comm, name: &str) -> CommHandle {
-        CommHandle { comm, name: Mutex::new(name.to_string()), attrs: HashMap::new(), cart: None }
+    pub(crate) fn new(comm: tmpi::Comm) -> CommHandle {
+        CommHandle { comm, attrs: HashMap::new(), cart: None }
     }
 }
 
@@ -59,18 +57,20 @@ pub struct SimpleCommunicator(pub(crate) CommHandle);
 impl SimpleCommunicator {
     /// The world communicator (`MPI_COMM_WORLD`).
     pub fn world() -> SimpleCommunicator {
-        SimpleCommunicator(CommHandle::new(crate::environment::world_comm("SimpleCommunicator::world"), "MPI_COMM_WORLD"))
+        SimpleCommunicator(CommHandle::new(crate::environment::world_comm("SimpleCommunicator::world")))
     }
 
     /// A communicator of this process alone (`MPI_COMM_SELF`).
     pub fn self_comm() -> SimpleCommunicator {
         let w = crate::environment::world_comm("SimpleCommunicator::self_comm");
         let c = ok(w.split(Some(w.rank() as u32), 0), "SimpleCommunicator::self_comm");
-        SimpleCommunicator(CommHandle::new(c.expect("a split with a color returns a communicator"), "MPI_COMM_SELF"))
+        let c = c.expect("a split with a color returns a communicator");
+        c.set_name("MPI_COMM_SELF");
+        SimpleCommunicator(CommHandle::new(c))
     }
 
     pub(crate) fn from_tmpi(comm: tmpi::Comm) -> SimpleCommunicator {
-        SimpleCommunicator(CommHandle::new(comm, ""))
+        SimpleCommunicator(CommHandle::new(comm))
     }
 
     pub(crate) fn handle_size(&self) -> usize {
@@ -341,19 +341,19 @@ pub trait Communicator: sealed::AsHandle {
 
     /// Names the communicator.
     fn set_name(&self, name: &str) {
-        *self.as_handle().name.lock().unwrap_or_else(|p| p.into_inner()) = name.to_string();
+        self.as_handle().comm.set_name(name);
     }
 
     /// The communicator's name.
     fn get_name(&self) -> String {
-        self.as_handle().name.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.as_handle().comm.name()
     }
 
     /// A communicator with a Cartesian grid (collective); `None` on ranks outside the grid.
     fn create_cartesian_communicator(&self, dims: &[Count], periods: &[bool], reorder: bool) -> Option<CartesianCommunicator> {
         let d: Vec<usize> = dims.iter().map(|&x| to_u32(x, "create_cartesian_communicator")).collect();
         let cart = ok(self.as_handle().comm.cart_create(&d, periods, reorder), "create_cartesian_communicator")?;
-        let mut h = CommHandle::new(cart.comm().clone(), "");
+        let mut h = CommHandle::new(cart.comm().clone());
         h.cart = Some(cart);
         Some(CartesianCommunicator(SimpleCommunicator(h)))
     }
@@ -690,7 +690,7 @@ impl CartesianCommunicator {
     /// The sub-grid keeping the dimensions marked `true` (collective).
     pub fn subgroup(&self, retain: &[bool]) -> CartesianCommunicator {
         let sub = ok(self.cart().sub(retain), "subgroup");
-        let mut h = CommHandle::new(sub.comm().clone(), "");
+        let mut h = CommHandle::new(sub.comm().clone());
         h.cart = Some(sub);
         CartesianCommunicator(SimpleCommunicator(h))
     }

@@ -116,6 +116,7 @@ pub(crate) struct CommInner {
 
 impl Drop for CommInner {
     fn drop(&mut self) {
+        crate::names::comm_dropped(self);
         // The engine is held only inside tmpi calls, which never drop a communicator while
         // they hold it; if it ever were (or if this is a thread the level does not admit), the
         // id would merely stay taken.

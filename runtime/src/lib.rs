@@ -124,6 +124,7 @@
 //! assert_eq!(ok, vec![true, true]);
 //! ```
 
+pub mod bsend;
 mod buffer;
 mod cartmap;
 pub mod coll;
@@ -139,6 +140,7 @@ mod heap;
 pub mod matching;
 mod modes;
 mod mprobe;
+pub mod names;
 mod nbc;
 mod node;
 pub mod op;
@@ -156,12 +158,14 @@ pub mod vecrecv;
 mod version;
 mod world;
 
+pub use bsend::{buffer_attach, buffer_detach, buffer_size, BSEND_OVERHEAD};
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
 pub use detached::Detached;
 pub use error::{Error, Result};
 pub use group::{CommCmp, Group, GroupCmp};
 pub use heap::SharedBuf;
 pub use mprobe::Message;
+pub use names::Attribute;
 pub use node::SplitType;
 pub use op::{Loc, Op, Reducible, UserOp};
 pub use reqset::{Completion, Done, RequestSet};
