@@ -209,10 +209,10 @@ pub trait CommunicatorCollectives: Communicator {
     }
 
     /// Starts [`CommunicatorCollectives::all_gather_into`].
-    fn immediate_all_gather_into<'a, S: ?Sized, R: ?Sized, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
+    fn immediate_all_gather_into<'a, S, R, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_handle());
@@ -225,15 +225,10 @@ pub trait CommunicatorCollectives: Communicator {
     }
 
     /// Starts [`CommunicatorCollectives::all_gather_varcount_into`].
-    fn immediate_all_gather_varcount_into<'a, S: ?Sized, R: ?Sized, Sc>(
-        &self,
-        scope: Sc,
-        sendbuf: &'a S,
-        recvbuf: &'a mut R,
-    ) -> Request<'a, R, Sc>
+    fn immediate_all_gather_varcount_into<'a, S, R, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + PartitionedBufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + PartitionedBufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_handle());
@@ -246,10 +241,10 @@ pub trait CommunicatorCollectives: Communicator {
     }
 
     /// Starts [`CommunicatorCollectives::all_to_all_into`].
-    fn immediate_all_to_all_into<'a, S: ?Sized, R: ?Sized, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
+    fn immediate_all_to_all_into<'a, S, R, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_handle());
@@ -261,15 +256,10 @@ pub trait CommunicatorCollectives: Communicator {
     }
 
     /// Starts [`CommunicatorCollectives::all_to_all_varcount_into`].
-    fn immediate_all_to_all_varcount_into<'a, S: ?Sized, R: ?Sized, Sc>(
-        &self,
-        scope: Sc,
-        sendbuf: &'a S,
-        recvbuf: &'a mut R,
-    ) -> Request<'a, R, Sc>
+    fn immediate_all_to_all_varcount_into<'a, S, R, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        S: 'a + PartitionedBuffer,
-        R: 'a + PartitionedBufferMut,
+        S: 'a + PartitionedBuffer + ?Sized,
+        R: 'a + PartitionedBufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_handle());
@@ -282,16 +272,10 @@ pub trait CommunicatorCollectives: Communicator {
     }
 
     /// Starts [`CommunicatorCollectives::all_reduce_into`].
-    fn immediate_all_reduce_into<'a, S: ?Sized, R: ?Sized, O, Sc>(
-        &self,
-        scope: Sc,
-        sendbuf: &'a S,
-        recvbuf: &'a mut R,
-        op: O,
-    ) -> Request<'a, R, Sc>
+    fn immediate_all_reduce_into<'a, S, R, O, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R, op: O) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
@@ -299,7 +283,7 @@ pub trait CommunicatorCollectives: Communicator {
     }
 
     /// Starts [`CommunicatorCollectives::reduce_scatter_block_into`].
-    fn immediate_reduce_scatter_block_into<'a, S: ?Sized, R: ?Sized, O, Sc>(
+    fn immediate_reduce_scatter_block_into<'a, S, R, O, Sc>(
         &self,
         scope: Sc,
         sendbuf: &'a S,
@@ -307,8 +291,8 @@ pub trait CommunicatorCollectives: Communicator {
         op: O,
     ) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
@@ -316,16 +300,10 @@ pub trait CommunicatorCollectives: Communicator {
     }
 
     /// Starts [`CommunicatorCollectives::scan_into`].
-    fn immediate_scan_into<'a, S: ?Sized, R: ?Sized, O, Sc>(
-        &self,
-        scope: Sc,
-        sendbuf: &'a S,
-        recvbuf: &'a mut R,
-        op: O,
-    ) -> Request<'a, R, Sc>
+    fn immediate_scan_into<'a, S, R, O, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R, op: O) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
@@ -333,16 +311,10 @@ pub trait CommunicatorCollectives: Communicator {
     }
 
     /// Starts [`CommunicatorCollectives::exclusive_scan_into`].
-    fn immediate_exclusive_scan_into<'a, S: ?Sized, R: ?Sized, O, Sc>(
-        &self,
-        scope: Sc,
-        sendbuf: &'a S,
-        recvbuf: &'a mut R,
-        op: O,
-    ) -> Request<'a, R, Sc>
+    fn immediate_exclusive_scan_into<'a, S, R, O, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R, op: O) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
@@ -444,9 +416,9 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::broadcast_into`].
-    fn immediate_broadcast_into<'a, Buf: ?Sized, Sc>(&self, scope: Sc, buf: &'a mut Buf) -> Request<'a, Buf, Sc>
+    fn immediate_broadcast_into<'a, Buf, Sc>(&self, scope: Sc, buf: &'a mut Buf) -> Request<'a, Buf, Sc>
     where
-        Buf: 'a + BufferMut,
+        Buf: 'a + BufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -458,9 +430,9 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::gather_into`].
-    fn immediate_gather_into<'a, S: ?Sized, Sc>(&self, scope: Sc, sendbuf: &'a S) -> Request<'a, S, Sc>
+    fn immediate_gather_into<'a, S, Sc>(&self, scope: Sc, sendbuf: &'a S) -> Request<'a, S, Sc>
     where
-        S: 'a + Buffer,
+        S: 'a + Buffer + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -472,10 +444,10 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::gather_into_root`].
-    fn immediate_gather_into_root<'a, S: ?Sized, R: ?Sized, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
+    fn immediate_gather_into_root<'a, S, R, Sc>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -488,9 +460,9 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::gather_varcount_into`].
-    fn immediate_gather_varcount_into<'a, Sc, S: ?Sized>(&self, scope: Sc, sendbuf: &'a S) -> Request<'a, S, Sc>
+    fn immediate_gather_varcount_into<'a, Sc, S>(&self, scope: Sc, sendbuf: &'a S) -> Request<'a, S, Sc>
     where
-        S: 'a + Buffer,
+        S: 'a + Buffer + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -502,15 +474,10 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::gather_varcount_into_root`].
-    fn immediate_gather_varcount_into_root<'a, Sc, S: ?Sized, R: ?Sized>(
-        &self,
-        scope: Sc,
-        sendbuf: &'a S,
-        recvbuf: &'a mut R,
-    ) -> Request<'a, R, Sc>
+    fn immediate_gather_varcount_into_root<'a, Sc, S, R>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + PartitionedBufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + PartitionedBufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -525,9 +492,9 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::scatter_into`].
-    fn immediate_scatter_into<'a, Sc, R: ?Sized>(&self, scope: Sc, recvbuf: &'a mut R) -> Request<'a, R, Sc>
+    fn immediate_scatter_into<'a, Sc, R>(&self, scope: Sc, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        R: 'a + BufferMut,
+        R: 'a + BufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -539,10 +506,10 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::scatter_into_root`].
-    fn immediate_scatter_into_root<'a, Sc, S: ?Sized, R: ?Sized>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
+    fn immediate_scatter_into_root<'a, Sc, S, R>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -555,9 +522,9 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::scatter_varcount_into`].
-    fn immediate_scatter_varcount_into<'a, Sc, R: ?Sized>(&self, scope: Sc, recvbuf: &'a mut R) -> Request<'a, R, Sc>
+    fn immediate_scatter_varcount_into<'a, Sc, R>(&self, scope: Sc, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        R: 'a + BufferMut,
+        R: 'a + BufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -569,15 +536,10 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::scatter_varcount_into_root`].
-    fn immediate_scatter_varcount_into_root<'a, Sc, S: ?Sized, R: ?Sized>(
-        &self,
-        scope: Sc,
-        sendbuf: &'a S,
-        recvbuf: &'a mut R,
-    ) -> Request<'a, R, Sc>
+    fn immediate_scatter_varcount_into_root<'a, Sc, S, R>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R) -> Request<'a, R, Sc>
     where
-        S: 'a + PartitionedBuffer,
-        R: 'a + BufferMut,
+        S: 'a + PartitionedBuffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_communicator().as_handle());
@@ -592,9 +554,9 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::reduce_into`].
-    fn immediate_reduce_into<'a, Sc, S: ?Sized, O>(&self, scope: Sc, sendbuf: &'a S, op: O) -> Request<'a, S, Sc>
+    fn immediate_reduce_into<'a, Sc, S, O>(&self, scope: Sc, sendbuf: &'a S, op: O) -> Request<'a, S, Sc>
     where
-        S: 'a + Buffer,
+        S: 'a + Buffer + ?Sized,
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
@@ -608,16 +570,10 @@ pub trait Root: AsCommunicator {
     }
 
     /// Starts [`Root::reduce_into_root`].
-    fn immediate_reduce_into_root<'a, Sc, S: ?Sized, R: ?Sized, O>(
-        &self,
-        scope: Sc,
-        sendbuf: &'a S,
-        recvbuf: &'a mut R,
-        op: O,
-    ) -> Request<'a, R, Sc>
+    fn immediate_reduce_into_root<'a, Sc, S, R, O>(&self, scope: Sc, sendbuf: &'a S, recvbuf: &'a mut R, op: O) -> Request<'a, R, Sc>
     where
-        S: 'a + Buffer,
-        R: 'a + BufferMut,
+        S: 'a + Buffer + ?Sized,
+        R: 'a + BufferMut + ?Sized,
         O: 'a + Operation,
         Sc: Scope<'a>,
     {

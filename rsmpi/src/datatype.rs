@@ -387,7 +387,7 @@ impl UncommittedUserDatatype {
         let mut b = Builder::new();
         let bl = count_of(blocklength, "vector");
         for i in 0..count_of(count, "vector") {
-            b.place(oldtype.type_desc(), i as isize * stride as isize, bl);
+            b.place(oldtype.type_desc(), i as isize * stride, bl);
         }
         Self::from_builder(b, false)
     }
@@ -404,7 +404,7 @@ impl UncommittedUserDatatype {
         check_same_len(blocklengths.len(), displacements.len(), "indexed");
         let mut b = Builder::new();
         for (&bl, &d) in blocklengths.iter().zip(displacements) {
-            b.place(oldtype.type_desc(), d as isize, count_of(bl, "indexed"));
+            b.place(oldtype.type_desc(), d, count_of(bl, "indexed"));
         }
         Self::from_builder(b, false)
     }
@@ -428,7 +428,7 @@ impl UncommittedUserDatatype {
         assert!(types.len() == blocklengths.len(), "mpi: structured: {} block lengths but {} types", blocklengths.len(), types.len());
         let mut b = Builder::new();
         for ((&bl, &d), t) in blocklengths.iter().zip(displacements).zip(types) {
-            b.place(t.type_desc(), d as isize, count_of(bl, "structured"));
+            b.place(t.type_desc(), d, count_of(bl, "structured"));
         }
         Self::from_builder(b, true)
     }
@@ -1115,7 +1115,7 @@ pub(crate) mod pack {
     pub(crate) unsafe fn unpack(packed: &[u8], base: *mut u8, count: usize, d: &TypeDesc, call: &str) {
         check_bools(packed, d, call);
         let ext = d.extent();
-        let n = if d.size == 0 { 0 } else { (packed.len() / d.size).min(count) };
+        let n = packed.len().checked_div(d.size).unwrap_or(0).min(count);
         let mut pos = 0;
         for i in 0..n {
             let el = base.wrapping_offset(i as isize * ext);
@@ -1126,5 +1126,76 @@ pub(crate) mod pack {
                 pos += len;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Size, lower and upper bound, runs, bool positions, primitive.
+    type Shape = (usize, isize, isize, Vec<(isize, usize)>, Vec<usize>, Option<Prim>);
+
+    fn shape(d: &TypeDesc) -> Shape {
+        (d.size, d.lb, d.ub, d.runs.to_vec(), d.bools.to_vec(), d.prim)
+    }
+
+    /// Type maps of the constructors: size, bounds, byte runs (merged when adjacent), bool
+    /// positions in the packed element, the common primitive.
+    #[test]
+    fn type_maps() {
+        let i32t = i32::equivalent_datatype();
+        let cases: Vec<(&str, UserDatatype, Shape)> = vec![
+            ("contiguous(3, i32)", UserDatatype::contiguous(3, &i32t), (12, 0, 12, vec![(0, 12)], vec![], Some(Prim::I32))),
+            ("vector(2, 2, 3, i32)", UserDatatype::vector(2, 2, 3, &i32t), (16, 0, 20, vec![(0, 8), (12, 8)], vec![], Some(Prim::I32))),
+            (
+                "indexed([1, 2], [3, 0], i32)",
+                UserDatatype::indexed(&[1, 2], &[3, 0], &i32t),
+                (12, 0, 16, vec![(12, 4), (0, 8)], vec![], Some(Prim::I32)),
+            ),
+            (
+                "structured(bool@0, f64@8)",
+                UserDatatype::structured(&[1, 1], &[0, 8], &[bool::equivalent_datatype(), f64::equivalent_datatype()]),
+                (9, 0, 16, vec![(0, 1), (8, 8)], vec![0], None),
+            ),
+            (
+                "structured(u16@8, bool@0): packed in map order",
+                UserDatatype::structured(&[1, 1], &[8, 0], &[u16::equivalent_datatype(), bool::equivalent_datatype()]),
+                (3, 0, 10, vec![(8, 2), (0, 1)], vec![2], None),
+            ),
+            ("contiguous(0, i32)", UserDatatype::contiguous(0, &i32t), (0, 0, 0, vec![], vec![], None)),
+        ];
+        for (what, t, want) in cases {
+            assert_eq!(shape(t.type_desc()), want, "{what}");
+        }
+    }
+
+    /// Dense types go to tmpi as they are; types with gaps or bools do not receive in place.
+    #[test]
+    fn dense_and_direct() {
+        let i32t = i32::equivalent_datatype();
+        assert!(i32t.type_desc().is_dense() && i32t.type_desc().direct_recv());
+        assert!(UserDatatype::contiguous(4, &i32t).type_desc().is_dense());
+        assert!(!UserDatatype::vector(2, 1, 2, &i32t).type_desc().is_dense());
+        let b = bool::equivalent_datatype();
+        assert!(b.type_desc().is_dense() && !b.type_desc().direct_recv());
+    }
+
+    /// Pack then unpack restores the runs and leaves the gaps alone; a bad bool is refused
+    /// before anything is written.
+    #[test]
+    fn pack_unpack_and_bool_check() {
+        let t = UserDatatype::vector(2, 1, 2, &i32::equivalent_datatype());
+        let src = [1i32, -1, 2, -1, 3, -1, 4];
+        // SAFETY: two elements of `t` (extent 12 bytes, data at 0 and 8) lie within `src`.
+        let packed = unsafe { pack::pack(src.as_ptr() as *const u8, 2, t.type_desc()) };
+        assert_eq!(packed.len(), 16);
+        let mut dst = [9i32; 7];
+        // SAFETY: as above, for `dst`.
+        unsafe { pack::unpack(&packed, dst.as_mut_ptr() as *mut u8, 2, t.type_desc(), "test") };
+        assert_eq!(dst, [1, 9, 2, 3, 9, 4, 9]);
+        let bad = std::panic::catch_unwind(|| pack::check_bools(&[1, 0, 2], bool::equivalent_datatype().type_desc(), "test"));
+        assert!(bad.is_err());
+        pack::check_bools(&[1, 0, 1], bool::equivalent_datatype().type_desc(), "test");
     }
 }

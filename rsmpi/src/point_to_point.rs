@@ -229,7 +229,7 @@ pub unsafe trait Source: AsCommunicator {
         // request and is not touched until it completes.
         let req = unsafe { detached(|s| c.irecv(s, space.bytes(), src, t), "immediate_receive") };
         let p = Pending { reqs: vec![req], unpack: space.unpack, ..Pending::default() };
-        ReceiveFuture { req: Some(p), val }
+        ReceiveFuture { req: Some(Box::new(p)), val }
     }
 
     /// Starts receiving one value, any tag.
@@ -633,10 +633,10 @@ impl MatchedReceiveVec for (Message, Status) {
         let (m, st) = self;
         let dt = Msg::equivalent_datatype();
         let size = dt.type_desc().size;
-        let n = if size == 0 { 0 } else { st.bytes() / size };
+        let n = st.bytes().checked_div(size).unwrap_or(0);
         let mut v: Vec<MaybeUninit<Msg>> = (0..n).map(|_| MaybeUninit::uninit()).collect();
         let got = m.recv_raw(v.as_mut_ptr() as *mut u8, n, dt.type_desc(), "receive_vec");
-        let k = if size == 0 { 0 } else { got.bytes() / size };
+        let k = got.bytes().checked_div(size).unwrap_or(0);
         v.truncate(k);
         // SAFETY: the first `k` elements were received whole; MaybeUninit<Msg> has Msg's layout.
         let v = unsafe {
@@ -650,7 +650,7 @@ impl MatchedReceiveVec for (Message, Status) {
 /// A value being received by [`Source::immediate_receive`].
 #[must_use]
 pub struct ReceiveFuture<T> {
-    req: Option<Pending>,
+    req: Option<Box<Pending>>,
     val: Box<MaybeUninit<T>>,
 }
 

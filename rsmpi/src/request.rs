@@ -195,7 +195,7 @@ where
 /// A pending non-blocking operation on a buffer of type `D`.
 #[must_use]
 pub struct Request<'a, D: ?Sized, S: Scope<'a> = StaticScope> {
-    inner: Option<Pending>,
+    inner: Option<Box<Pending>>,
     data: &'a D,
     scope: S,
     phantom: PhantomData<Cell<&'a ()>>,
@@ -218,10 +218,10 @@ impl<'a, D: ?Sized, S: Scope<'a>> Drop for Request<'a, D, S> {
 impl<'a, D: ?Sized, S: Scope<'a>> Request<'a, D, S> {
     pub(crate) fn new(p: Pending, data: &'a D, scope: S) -> Self {
         scope.register();
-        Request { inner: Some(p), data, scope, phantom: PhantomData }
+        Request { inner: Some(Box::new(p)), data, scope, phantom: PhantomData }
     }
 
-    fn take(mut self) -> (Pending, &'a D) {
+    fn take(mut self) -> (Box<Pending>, &'a D) {
         let p = self.inner.take().expect("a request holds its operation until completed");
         // SAFETY: registered in `new`; leaves the scope once, here (inner is now None).
         unsafe { self.scope.unregister() };
@@ -277,7 +277,7 @@ impl<'a, D: ?Sized, S: Scope<'a>> Request<'a, D, S> {
         S2: Scope<'b>,
     {
         let (p, d) = self.take();
-        Request::new(p, d, scope)
+        Request::new(*p, d, scope)
     }
 }
 
@@ -359,7 +359,7 @@ impl<'a, D: ?Sized, S: Scope<'a>> From<Request<'a, D, S>> for CancelGuard<'a, D,
 }
 
 enum Slot<'a, D: ?Sized> {
-    Pending(Pending, &'a D),
+    Pending(Box<Pending>, &'a D),
     Done(Status, &'a D),
     Taken,
 }

@@ -112,6 +112,7 @@ fn gaps_and_bools(world: &impl Communicator, c: &mut Checks) {
     {
         // SAFETY: both buffers hold 8 i32, which one element of `t` spans.
         let sv = unsafe { View::with_count_and_datatype(&send[..], 1, &t) };
+        // SAFETY: as above.
         let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], 1, &t) };
         mpi::point_to_point::send_receive_into(&sv, &next, &mut rv, &prev);
     }
@@ -181,6 +182,7 @@ fn reductions(world: &impl Communicator, c: &mut Checks) {
     {
         // SAFETY: four i32 hold one element of `t`.
         let sv = unsafe { View::with_count_and_datatype(&src[..], 1, &t) };
+        // SAFETY: as above.
         let mut dv = unsafe { MutView::with_count_and_datatype(&mut dst[..], 1, &t) };
         world.all_reduce_into(&sv, &mut dv, SystemOperation::sum());
     }
@@ -196,7 +198,7 @@ fn reductions(world: &impl Communicator, c: &mut Checks) {
     world.all_reduce_into(&(rank as u16), &mut m, SystemOperation::max());
     c.ok(m == size as u16 - 1, "max on the native path");
     let mut ex = -1i32;
-    world.exclusive_scan_into(&1i32, &mut ex, &op_sum());
+    world.exclusive_scan_into(&1i32, &mut ex, op_sum());
     if rank > 0 {
         c.ok(ex == rank, "exclusive scan with a user op");
     }
