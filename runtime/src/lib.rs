@@ -144,7 +144,7 @@ pub mod names;
 mod nbc;
 mod node;
 pub mod op;
-mod reqset;
+pub mod reqset;
 mod request;
 #[cfg(feature = "serde")]
 mod serialized;
