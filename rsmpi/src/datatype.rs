@@ -1186,7 +1186,7 @@ mod tests {
     #[test]
     fn pack_unpack_and_bool_check() {
         let t = UserDatatype::vector(2, 1, 2, &i32::equivalent_datatype());
-        let src = [1i32, -1, 2, -1, 3, -1, 4];
+        let src = [1i32, -1, 2, 3, -1, 4, -1];
         // SAFETY: two elements of `t` (extent 12 bytes, data at 0 and 8) lie within `src`.
         let packed = unsafe { pack::pack(src.as_ptr() as *const u8, 2, t.type_desc()) };
         assert_eq!(packed.len(), 16);
