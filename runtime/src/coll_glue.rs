@@ -166,6 +166,7 @@ impl Comm {
         let id = self.agree_comm_id()?;
         let c = self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone())?;
         shm::assign(&c)?;
+        crate::names::copy_on_dup(self, &c);
         Ok(c)
     }
 

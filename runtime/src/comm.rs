@@ -74,6 +74,7 @@ pub(crate) struct CommInner {
 
 impl Drop for CommInner {
     fn drop(&mut self) {
+        crate::names::comm_dropped(self);
         // The engine is held only inside tmpi calls, which never drop a communicator while
         // they hold it; if it ever were (or if this is a thread the level does not admit), the
         // id would merely stay taken. The id is freed once nothing on this rank uses it.
