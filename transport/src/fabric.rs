@@ -169,8 +169,22 @@ impl Fabric {
         }
     }
 
-    /// Tries to send one packet (the concatenation of `parts`, at most three) to world rank
-    /// `dest`. `Ok(false)`: no room now (make progress and retry).
+    /// Most parts one packet to world rank `dest` may be gathered from in
+    /// [`Fabric::try_send`]: three to a TCP peer ([`crate::tcp::MAX_PARTS`]), any number to
+    /// a shared-memory or in-process one (their copy into the ring or the channel takes part
+    /// after part).
+    #[inline]
+    pub fn max_parts(&self, dest: usize) -> usize {
+        match self {
+            Fabric::Tcp(_) => crate::tcp::MAX_PARTS,
+            Fabric::Hybrid(h) if h.local(dest).is_none() => crate::tcp::MAX_PARTS,
+            _ => usize::MAX,
+        }
+    }
+
+    /// Tries to send one packet (the concatenation of `parts`, at most
+    /// [`Fabric::max_parts`]) to world rank `dest`. `Ok(false)`: no room now (make progress
+    /// and retry).
     ///
     /// # Errors
     /// Bad destination, oversized packet; [`Error::PeerGone`] from the in-process fabric.

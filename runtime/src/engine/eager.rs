@@ -296,12 +296,14 @@ impl Engine {
 
     /// A standard eager send of the concatenation of `parts`, gathered straight into one ring
     /// record (no packing copy), if it can go out whole right now: to another rank, nothing
-    /// queued before it, one packet, eager size, enough credit, ring space. Returns false
-    /// (nothing changed, nothing counted) otherwise, and the caller packs and sends.
+    /// queued before it, one packet of at most the fabric's parts to `dest` (the header is
+    /// one), eager size, enough credit, ring space. Returns false (nothing changed, nothing
+    /// counted) otherwise, and the caller packs and sends.
     pub(crate) fn try_send_gather(&mut self, dest: usize, tag64: u64, parts: &[&[u8]]) -> Result<bool> {
         const MAX_PARTS: usize = 16;
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if parts.len() >= MAX_PARTS || !self.may_send_whole(dest, len) {
+        let fits = parts.len() < MAX_PARTS && parts.len() < self.fabric.max_parts(dest);
+        if !fits || !self.may_send_whole(dest, len) {
             return Ok(false);
         }
         let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
