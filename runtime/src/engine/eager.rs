@@ -208,7 +208,7 @@ impl Engine {
     #[inline(always)]
     pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
         let len = data.len();
-        if !sync && (len < PIPELINE_MIN || !self.pipelined) && self.may_send_whole(dest, len) {
+        if !sync && (len < PIPELINE_MIN || !self.peers[dest].pipelined) && self.may_send_whole(dest, len) {
             let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
             if self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &[&tmh, data.slice(0, len)])? {
                 self.sent_whole(dest, len);
@@ -271,9 +271,10 @@ impl Engine {
             self.flush_ctl()?;
             return Ok(self.mark_pushed(req));
         }
+        let to = self.peers[dest];
         if self.out[dest].is_empty()
-            && TMH_LEN + len <= self.max_packet
-            && !(self.pipelined && len >= PIPELINE_MIN && self.fabric.drained(dest))
+            && TMH_LEN + len <= to.max_packet
+            && !(to.pipelined && len >= PIPELINE_MIN && self.fabric.drained(dest))
         {
             let total = (TMH_LEN + len) as u64;
             if self.fabric.try_send(dest, PKT_WHOLE, total, &[&tmh, data.slice(0, len)])? {
@@ -302,7 +303,7 @@ impl Engine {
     pub(crate) fn try_send_gather(&mut self, dest: usize, tag64: u64, parts: &[&[u8]]) -> Result<bool> {
         const MAX_PARTS: usize = 16;
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let fits = parts.len() < MAX_PARTS && parts.len() < self.fabric.max_parts(dest);
+        let fits = parts.len() < MAX_PARTS && self.peers.get(dest).is_some_and(|c| parts.len() < c.max_parts);
         if !fits || !self.may_send_whole(dest, len) {
             return Ok(false);
         }
@@ -334,13 +335,13 @@ impl Engine {
     /// Pushes as much as fits of the messages queued for `dest`.
     pub(super) fn push_out_to(&mut self, dest: usize) -> Result<usize> {
         let mut pushed = 0;
-        let maxp = self.max_packet;
+        let PeerCaps { max_packet: maxp, pipelined, .. } = self.peers[dest];
         loop {
             let alone = self.out[dest].len() == 1;
             let Some(m) = self.out[dest].front_mut() else { break };
             let len = m.data.len();
             let total = (m.hdr_len + len) as u64;
-            let cut = Cut::new(self.pipelined && alone, len, maxp);
+            let cut = Cut::new(pipelined && alone, len, maxp);
             loop {
                 let ok = if !m.started {
                     let n = cut.piece(len, 0).min(maxp - m.hdr_len);
@@ -802,8 +803,8 @@ mod tests {
         let fa = tmpi_transport::shm::ShmFabric::create(&name, 0, 2, 4096).expect("segment");
         let fb = tmpi_transport::shm::ShmFabric::open(&name, 1, 2).expect("segment");
         fa.unlink().expect("unlink");
-        let mut a = Engine::new(Fabric::Shm(fa), 0, 2, Config::default()).expect("engine");
-        let mut b = Engine::new(Fabric::Shm(fb), 1, 2, Config::default()).expect("engine");
+        let mut a = Engine::new(AnyFabric::Shm(fa), 0, 2, Config::default()).expect("engine");
+        let mut b = Engine::new(AnyFabric::Shm(fb), 1, 2, Config::default()).expect("engine");
         const N: usize = 300;
         let data: Vec<[u8; 40]> = (0..N).map(|i| [i as u8; 40]).collect();
         let sends: Vec<ReqId> = data.iter().filter_map(|d| send(&mut a, 1, 5, d, false)).collect();

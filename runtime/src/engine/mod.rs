@@ -90,8 +90,8 @@ mod stats;
 mod testkit;
 
 use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg};
-pub(crate) use fabric::Fabric;
-use fabric::ProcessAlive;
+pub(crate) use fabric::AnyFabric;
+use fabric::{Fabric, PeerCaps, ProcessAlive, Wakeup};
 pub(crate) use leave::Need;
 use offload::wr_to_rid;
 pub(crate) use progress::Backoff;
@@ -454,9 +454,9 @@ struct State {
     cma_min: Option<usize>,
     /// Single copy or the rings, by measurement (`TMPI_SINGLE_COPY_MIN=auto`).
     copy: adapt::Epochs,
-    /// Streamed reads of at least this many bytes are copied out with non-temporal stores
-    /// ([`stream_nt_min`]).
-    stream_nt_min: usize,
+    /// Per world rank: streamed reads from it of at least this many bytes are copied out with
+    /// non-temporal stores ([`stream_nt_min`] of its largest packet).
+    stream_nt_min: Vec<usize>,
     /// Sender side, per destination: messages of at least this many bytes go by rendezvous
     /// (`TMPI_RNDV_THRESHOLD`, or with auto the adaptive start a receiver's
     /// `Control::EagerBelow` raises; see [`adapt`]).
@@ -510,16 +510,19 @@ const UX_OVERHEAD: usize = 128;
 
 /// One rank's engine.
 pub(crate) struct Engine {
-    fabric: Fabric,
+    fabric: AnyFabric,
     st: State,
     /// Per destination: data messages waiting for ring space, in order.
     out: Vec<VecDeque<OutMsg>>,
     /// Messages in `out`, all destinations together.
     out_pending: usize,
+    /// The largest packet to every peer (the small-message path's bound; the other paths
+    /// take each peer's own, [`PeerCaps::max_packet`]).
     max_packet: usize,
-    /// Whether a multi-packet stream that is alone in its queue is cut into pipelined chunks
-    /// (shared memory; see [`eager::stream_chunk`]).
-    pipelined: bool,
+    /// What the fabric offers towards each world rank: its largest packet and parts, single
+    /// copy, and whether a multi-packet stream alone in its queue is cut into pipelined
+    /// chunks (see [`eager::stream_chunk`]).
+    peers: Vec<PeerCaps>,
     size: usize,
     spin: u32,
     pub(crate) cfg: Config,
@@ -545,11 +548,15 @@ fn tag_of(tag64: u64) -> Tag {
 }
 
 impl Engine {
-    pub(crate) fn new(fabric: Fabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
+    pub(crate) fn new(fabric: AnyFabric, rank: usize, size: usize, cfg: Config) -> Result<Self> {
         let max_packet = fabric.max_packet();
-        let nt_min = stream_nt_min(max_packet);
-        let pipelined = matches!(fabric, Fabric::Shm(_));
-        let cma_peers: Vec<bool> = (0..size).map(|r| fabric.single_copy_to(r)).collect();
+        let peers: Vec<PeerCaps> = (0..size).map(|r| fabric.peer_caps(r)).collect();
+        // Streamed reads come out of the packets of the peers single copy reaches (the
+        // measurements behind `STREAM_NT_MIN` are of shared-memory rings).
+        let local_packet = peers.iter().enumerate().filter(|&(r, c)| r != rank && c.single_copy).map(|(_, c)| c.max_packet).max();
+        let nt_min = stream_nt_min(local_packet.unwrap_or(max_packet));
+        let stream_nt_mins: Vec<usize> = peers.iter().map(|c| stream_nt_min(c.max_packet)).collect();
+        let cma_peers: Vec<bool> = peers.iter().map(|c| c.single_copy).collect();
         let heaps = crate::heap::Heaps::new(cfg.shared_heap, size, |r| cma_peers[r]);
         let oversubscribed = size > crate::sys::usable_cpus();
         let spin = cfg.poll_spin.unwrap_or_else(|| progress::auto_spin(&fabric, oversubscribed));
@@ -612,7 +619,7 @@ impl Engine {
                 cma: cfg.single_copy,
                 cma_min: cfg.single_copy_min,
                 copy: adapt::Epochs::paired().streaming_from(nt_min),
-                stream_nt_min: nt_min,
+                stream_nt_min: stream_nt_mins,
                 rndv_from,
                 rndv_adaptive: cfg.rndv_adaptive(),
                 advised: vec![0; size],
@@ -632,7 +639,7 @@ impl Engine {
             out: (0..size).map(|_| VecDeque::new()).collect(),
             out_pending: 0,
             max_packet,
-            pipelined,
+            peers,
             size,
             spin,
             cfg,

@@ -110,12 +110,13 @@ impl Engine {
     /// [`streaming_copy_min`]: tmpi_transport::shm::streaming_copy_min
     pub(super) fn push_rma(&mut self) -> Result<usize> {
         let mut n = 0;
-        let room = self.max_packet.min(1 << 20) - RMA_RESP_HDR_LEN;
         let turns_min = tmpi_transport::shm::streaming_copy_min();
         loop {
             let alone = self.st.rma_out.len() == 1;
             let Some(r) = self.st.rma_out.front_mut() else { break };
-            let cut = eager::Cut::new(self.pipelined && alone, r.buf.len(), room);
+            let to = self.peers[r.dest];
+            let room = to.max_packet.min(1 << 20) - RMA_RESP_HDR_LEN;
+            let cut = eager::Cut::new(to.pipelined && alone, r.buf.len(), room);
             if r.off < r.buf.len() {
                 let k = cut.piece(r.buf.len(), r.off);
                 let m = Rma::ReadResp { read: r.read, offset: (r.base + r.off) as u64, data: r.buf.slice(r.off, r.off + k) };
@@ -516,7 +517,8 @@ impl State {
                 // `osu_latency` 1/2 MiB took 1.20/1.27x the time with those stores). Not for a
                 // window of smaller reads, as a heap read does (`around_cache`): from 1 MiB
                 // rings, that took `osu_bw` 0.83-0.95x the bytes at 512 KiB-4 MiB.
-                let stream = copies_out_around_cache(op.n, windowed, both_ways, self.stream_nt_min);
+                let stream =
+                    copies_out_around_cache(op.n, windowed, both_ways, self.stream_nt_min.get(p.src).copied().unwrap_or(usize::MAX));
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get(op.rid) {
                     if let Some(b) = &r.buf {
                         if stream {
@@ -841,7 +843,7 @@ mod tests {
     fn engine() -> (Engine, tmpi_transport::local::LocalFabric) {
         let mut f = tmpi_transport::local::LocalFabric::create(2, 64 * 1024);
         let peer = f.swap_remove(1);
-        (Engine::new(Fabric::Local(f.swap_remove(0)), 0, 2, Config::default()).unwrap(), peer)
+        (Engine::new(AnyFabric::Local(f.swap_remove(0)), 0, 2, Config::default()).unwrap(), peer)
     }
 
     /// A streamed read request of `len` bytes, named `read`, of send `send`.
