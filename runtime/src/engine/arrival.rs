@@ -10,12 +10,12 @@ impl State {
     /// Handles one packet from the fabric; returns whether it was consumed.
     #[inline]
     pub(super) fn on_packet(&mut self, p: Packet<'_>) -> bool {
-        if self.error.is_some() {
+        if self.outbox.failed() {
             return false;
         }
         if p.flags & PKT_RMA != 0 {
             if let Err(e) = self.on_rma(p).and_then(|()| self.drain_cq()) {
-                self.error = Some(e);
+                self.outbox.fail(e);
             }
             return true;
         }
@@ -27,7 +27,7 @@ impl State {
             let (len, total) = (p.data.len() as u64, p.total_len);
             let whole = p.flags & PKT_LAST != 0;
             if (whole && total != len) || (!whole && (total <= len || total > (MAX_EAGER_LEN + TMH_LEN) as u64)) {
-                self.error = Some(malformed_from(p.src, "a packet whose length disagrees with its message"));
+                self.outbox.fail(malformed_from(p.src, "a packet whose length disagrees with its message"));
                 return true;
             }
         }
@@ -39,7 +39,7 @@ impl State {
                 Some(Polled::Unexpected(wc)) => {
                     let r = self.on_unexpected_wc(&wc).and_then(|()| self.on_whole_eager(p)).and_then(|()| self.settle_cq());
                     if let Err(e) = r {
-                        self.error = Some(e);
+                        self.outbox.fail(e);
                     }
                     return true;
                 }
@@ -47,7 +47,7 @@ impl State {
                     self.on_tagged(p, &pl, wc.wr_id);
                     self.on_hw_completion(&wc);
                     if let Err(e) = self.settle_cq() {
-                        self.error = Some(e);
+                        self.outbox.fail(e);
                     }
                     return true;
                 }
@@ -89,7 +89,7 @@ impl State {
             Err(e) => Err(Error::Transport(e.into())),
         };
         if let Err(e) = r.and_then(|()| self.settle_cq()) {
-            self.error = Some(e);
+            self.outbox.fail(e);
         }
         true
     }

@@ -6,34 +6,6 @@
 
 use super::*;
 
-/// A small packet queued for sending (control, FIN, RMA requests).
-#[derive(Clone, Copy)]
-pub(super) struct Ctl {
-    pub(super) flags: u8,
-    pub(super) len: u8,
-    pub(super) bytes: [u8; CTL_MAX],
-}
-
-/// Largest control packet (an RDMA read request naming a shared-heap destination).
-pub(super) const CTL_MAX: usize = RMA_MAX_LEN;
-
-impl Ctl {
-    pub(super) fn new(flags: u8, b: &[u8]) -> Self {
-        let mut bytes = [0u8; CTL_MAX];
-        bytes[..b.len()].copy_from_slice(b);
-        Ctl { flags, len: b.len() as u8, bytes }
-    }
-
-    /// An RMA packet other than a read response (whose data does not fit here), encoded in
-    /// place.
-    pub(super) fn rma(m: &Rma<'_>) -> Result<Self> {
-        debug_assert!(m.data().is_empty(), "read responses are streamed, not queued");
-        let mut bytes = [0u8; CTL_MAX];
-        let n = m.encode(&mut bytes)?;
-        Ok(Ctl { flags: PKT_RMA | PKT_WHOLE, len: n as u8, bytes })
-    }
-}
-
 /// A message that arrived before its receive was posted.
 pub(super) struct UxMsg {
     pub(super) src_world: usize,
@@ -92,13 +64,6 @@ pub(super) struct OutMsg {
     /// Payload bytes already pushed.
     pub(super) off: usize,
     pub(super) started: bool,
-}
-
-/// A control message as a packet to queue.
-pub(super) fn ctl_msg(c: Control) -> Ctl {
-    let mut b = [0u8; CONTROL_MAX_LEN];
-    let n = c.encode(&mut b);
-    Ctl::new(PKT_WHOLE, &b[..n])
 }
 
 /// Pipelining of a multi-packet stream on shared memory (eager data longer than one packet,
@@ -386,44 +351,6 @@ impl Engine {
         }
         Ok(n)
     }
-
-    /// Sends queued control packets. A packet that goes through the peer's TM-SRQ (ACK, FIN)
-    /// waits while a multi-packet message to that peer is half sent: a connection delivers
-    /// messages whole and in order. RMA packets bypass the TM-SRQ and go at once.
-    pub(super) fn flush_ctl(&mut self) -> Result<usize> {
-        let mut n = 0;
-        let mut i = 0;
-        // A destination whose fabric refused a packet in this pass takes none after it.
-        let mut full: Option<usize> = None;
-        while i < self.st.ctlq.len() {
-            let (dest, c) = self.st.ctlq[i];
-            let msg = &c.bytes[..c.len as usize];
-            if full == Some(dest) {
-                i += 1;
-                continue;
-            } else if dest == self.st.rank {
-                self.st.ctlq.remove(i);
-                let p = Packet { src: dest, flags: c.flags, total_len: msg.len() as u64, data: msg };
-                if !self.st.on_packet(p) {
-                    return Err(Error::State("loopback control packet refused".into()));
-                }
-                if let Some(e) = self.st.error.take() {
-                    return Err(e);
-                }
-            } else if c.flags & PKT_RMA == 0 && self.out[dest].front().is_some_and(|m| m.started) {
-                i += 1;
-                continue;
-            } else if self.fabric.try_send(dest, c.flags, msg.len() as u64, &[msg])? {
-                self.st.ctlq.remove(i);
-            } else {
-                full = Some(dest);
-                i += 1;
-                continue;
-            }
-            n += 1;
-        }
-        Ok(n)
-    }
 }
 
 impl State {
@@ -439,7 +366,7 @@ impl State {
         if *o >= self.credit_batch {
             let v = u32::try_from(*o).unwrap_or(u32::MAX);
             *o -= v as usize;
-            self.ctlq.push_back((src, ctl_msg(Control::Credit { bytes: v })));
+            self.outbox.control(src, Control::Credit { bytes: v });
         }
     }
 
@@ -455,6 +382,9 @@ impl State {
 
     /// Self-delivery: the message passes through the TM-SRQ as two packets (header, payload).
     pub(super) fn deliver_self(&mut self, hdr: &[u8; TMH_LEN], payload: &[u8]) -> Result<()> {
+        if let Some(e) = self.outbox.take_failure() {
+            return Err(e);
+        }
         let src = self.rank;
         let total = (TMH_LEN + payload.len()) as u64;
         let flags = if payload.is_empty() { PKT_WHOLE } else { PKT_FIRST };
@@ -462,7 +392,7 @@ impl State {
         if !payload.is_empty() {
             self.on_packet(Packet { src, flags: PKT_LAST, total_len: total, data: payload });
         }
-        self.error.take().map_or(Ok(()), Err)
+        self.outbox.take_failure().map_or(Ok(()), Err)
     }
 
     /// The first packet of an eager message from `src`: its TMH, the payload it carries, and
@@ -598,7 +528,7 @@ impl State {
                     return Ok(());
                 }
                 if let Some((dest, idx)) = ack {
-                    self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
+                    self.outbox.control(dest, Control::SsendAck { name: idx });
                 }
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                     if !last {
@@ -701,12 +631,12 @@ impl State {
         }
         if let Some(info) = u.rndv {
             if let Err(e) = self.start_read(rid, u.src_world, info, None) {
-                self.error.get_or_insert(e);
+                self.outbox.fail(e);
             }
             return;
         }
         if let Some((dest, idx)) = u.ack {
-            self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
+            self.outbox.control(dest, Control::SsendAck { name: idx });
         }
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             if !u.complete {

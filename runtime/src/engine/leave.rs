@@ -134,12 +134,7 @@ impl Engine {
     pub(crate) fn finalize(&mut self) -> Result<()> {
         let mut b = self.backoff();
         loop {
-            let busy = self.out_pending > 0
-                || !self.st.ctlq.is_empty()
-                || !self.st.rma_out.is_empty()
-                || !self.st.cma_w.is_empty()
-                || !self.st.cma_q.is_empty()
-                || !self.st.reads.is_empty();
+            let busy = self.out_pending > 0 || !self.st.outbox.is_empty() || !self.st.reads.is_empty();
             if !busy {
                 break;
             }
@@ -170,9 +165,7 @@ impl Engine {
             let dropped = self.out[peer].len();
             self.out[peer].clear();
             self.out_pending -= dropped;
-            self.st.ctlq.retain(|(d, _)| *d != peer);
-            self.st.rma_out.retain(|r| r.dest != peer);
-            self.st.cma_w.retain(|w| w.dest != peer);
+            self.st.outbox.drop_for(peer);
             let gone: Vec<Key> = self.st.reads.keys().filter(|&k| self.st.reads.get(k).is_some_and(|op| op.src == peer)).collect();
             for k in gone {
                 if let Some(op) = self.st.reads.remove(k) {
@@ -183,7 +176,8 @@ impl Engine {
                 }
             }
         }
-        self.st.cma_q.retain(|k| self.st.reads.get(*k).is_some());
+        let reads = &self.st.reads;
+        self.st.outbox.retain_reads(|k| reads.get(*k).is_some());
     }
 
     /// A collective call (context `ctx`, sequence number `seq`) failed here because world rank
@@ -191,15 +185,14 @@ impl Engine {
     /// waiting on this rank rather than on the departed one give up too, instead of waiting
     /// for messages this rank will not send.
     pub(crate) fn abort_collective(&mut self, ctx: u32, seq: u32, gone: usize, members: impl Iterator<Item = usize>) {
-        let c = ctl_msg(Control::CollAbort { ctx, seq, gone: gone as u32 });
         for w in members {
             if w != self.st.rank && w != gone && self.state_of(w) == PeerState::Alive {
-                self.st.ctlq.push_back((w, c));
+                self.st.outbox.control(w, Control::CollAbort { ctx, seq, gone: gone as u32 });
             }
         }
         // Best effort: the notices go out with this and later progress.
         if let Err(e) = self.flush_ctl() {
-            self.st.deferred.get_or_insert(e);
+            self.st.outbox.fail(e);
         }
     }
 }

@@ -79,6 +79,7 @@ mod fabric;
 mod leave;
 mod nbc;
 mod offload;
+mod outbox;
 mod progress;
 mod recv;
 mod requests;
@@ -89,11 +90,12 @@ mod stats;
 #[cfg(test)]
 mod testkit;
 
-use eager::{credit_per_peer, ctl_msg, Ctl, Incoming, OutData, OutMsg, UxMsg};
+use eager::{credit_per_peer, Incoming, OutData, OutMsg, UxMsg};
 pub(crate) use fabric::AnyFabric;
 use fabric::{Fabric, PeerCaps, ProcessAlive, Wakeup};
 pub(crate) use leave::Need;
 use offload::wr_to_rid;
+use outbox::Outbox;
 pub(crate) use progress::Backoff;
 use requests::{wire_name, OwnedRecv, PlacedRndv, RecvPhase, RecvState, Req, ReqKind, SendPhase, SendState};
 use stats::Stats;
@@ -407,11 +409,10 @@ struct State {
     ux: Slab<UxMsg>,
     /// Per source: where the continuation packets of its current message go.
     incoming: Vec<Incoming>,
-    /// Small packets to send, filled by the arrival side, drained by [`Engine::flush_ctl`].
-    ctlq: VecDeque<(usize, Ctl)>,
     stats: Stats,
-    /// The first error the poll callback met; [`Engine::progress`] returns it.
-    error: Option<Error>,
+    /// What leaves the engine other than data messages, and the first failure not reported
+    /// yet (see [`outbox`]).
+    outbox: Outbox,
     /// This rank's soft TM-SRQ: every arriving packet passes through it.
     tm: TmSrq,
     /// Offload is on (`TMPI_TM_MAX_TAGS > 0`).
@@ -446,8 +447,6 @@ struct State {
     /// Registration cache (sender side of rendezvous) and its domain (target key checks).
     mr: MrCache,
     domain: Domain,
-    /// Read responses to stream.
-    rma_out: VecDeque<RmaOut>,
     /// Single-copy reads may be tried (`TMPI_SINGLE_COPY=cma` and the kernel has not refused).
     cma: bool,
     /// `TMPI_SINGLE_COPY_MIN`: smaller reads stream through the ring; `None`: `copy` chooses.
@@ -470,10 +469,6 @@ struct State {
     rndv_ceiling: usize,
     /// Per world rank: its memory is reachable by single copy (same host; not over TCP).
     cma_peers: Vec<bool>,
-    /// Reads granted by their target, waiting for this rank to copy the data (CMA).
-    cma_q: VecDeque<Key>,
-    /// This rank's shares of split single-copy reads, to write into the readers.
-    cma_w: VecDeque<CmaWrite>,
     /// The shared heap: this rank's, the peers' it mapped, and grants in flight through them.
     heaps: crate::heap::Heaps,
     /// Bytes held by unexpected messages (payload plus bookkeeping), and the budget
@@ -487,9 +482,6 @@ struct State {
     owed: Vec<usize>,
     /// Batch size of credit returns.
     credit_batch: usize,
-    /// An error met while the engine could not report it (abandon waits): reported by the
-    /// next progress.
-    deferred: Option<Error>,
     /// Buffers of [`UX_POOL_LEN`] bytes for small unexpected messages, kept for reuse.
     ux_pool: Vec<Vec<u8>>,
     /// Collective calls that failed elsewhere because a rank departed: (collective context,
@@ -596,9 +588,8 @@ impl Engine {
                 reqs: Slab::new(),
                 ux: Slab::new(),
                 incoming: vec![Incoming::Idle; size],
-                ctlq: VecDeque::new(),
                 stats: Stats::default(),
-                error: None,
+                outbox: Outbox::default(),
                 tm,
                 offload: cfg.tm_max_tags > 0,
                 max_tags: cfg.tm_max_tags as usize,
@@ -615,7 +606,6 @@ impl Engine {
                 big_eager_out: vec![0; size],
                 mr,
                 domain,
-                rma_out: VecDeque::new(),
                 cma: cfg.single_copy,
                 cma_min: cfg.single_copy_min,
                 copy: adapt::Epochs::paired().streaming_from(nt_min),
@@ -625,14 +615,11 @@ impl Engine {
                 advised: vec![0; size],
                 rndv_ceiling: cfg.advice_ceiling(),
                 cma_peers,
-                cma_q: VecDeque::new(),
-                cma_w: VecDeque::new(),
                 heaps,
                 ux_bytes: 0,
                 credits: vec![credit_per_peer(cfg.unexpected_max, size); size],
                 owed: vec![0; size],
                 credit_batch: (credit_per_peer(cfg.unexpected_max, size) / 4).max(1),
-                deferred: None,
                 ux_pool: Vec::new(),
                 aborts: VecDeque::new(),
             },

@@ -97,7 +97,7 @@ impl State {
             // the DEL succeeds; a TM_ERR completion is tolerated regardless (`on_op_wc`).
             if let Ok((_, Some(wc))) = self.tm.post_srq_op_polled(&OpsWr::del(self.op_wr, h, self.sw_unexp, true)) {
                 if let Err(e) = self.on_op_wc(&wc) {
-                    self.error.get_or_insert(e);
+                    self.outbox.fail(e);
                 }
             }
         } else {
@@ -167,7 +167,7 @@ impl State {
     /// Queues what the TM-SRQ has to transmit (the FINs of the reads it completed).
     pub(super) fn take_transmits(&mut self) {
         while let Some(t) = self.tm.poll_transmit() {
-            self.ctlq.push_back((t.dst as usize, Ctl::new(PKT_WHOLE, &t.msg)));
+            self.outbox.fin(t.dst as usize, &t.msg);
         }
     }
 
@@ -212,7 +212,7 @@ impl State {
             }
             self.stats.msgs_recv += 1;
             if app_ctx & SYNC_FLAG != 0 && admitted {
-                self.ctlq.push_back((wc.src as usize, ctl_msg(Control::SsendAck { name: app_ctx & !SYNC_FLAG })));
+                self.outbox.control(wc.src as usize, Control::SsendAck { name: app_ctx & !SYNC_FLAG });
             }
         }
         if wc.flags.contains(WcFlags::TM_DATA_VALID) && wc.status == WcStatus::TmRndvIncomplete {
@@ -233,7 +233,7 @@ impl State {
                 None => Err(malformed("RNDV_INCOMPLETE without the request")),
             };
             if let Err(e) = r {
-                self.error.get_or_insert(e);
+                self.outbox.fail(e);
             }
             return;
         }

@@ -119,28 +119,20 @@ impl Engine {
     /// One round of progress; returns how many events happened.
     #[inline]
     pub(crate) fn progress(&mut self) -> Result<usize> {
-        if let Some(e) = self.st.deferred.take() {
+        if let Some(e) = self.st.outbox.take_failure() {
             return Err(e);
         }
         let mut n = 0;
         if self.out_pending > 0 {
             n += self.push_out()?;
         }
-        if !self.st.rma_out.is_empty() {
-            n += self.push_rma()?;
-        }
-        if !self.st.cma_w.is_empty() {
-            n += self.run_cma_writes()?;
-        }
-        if !self.st.cma_q.is_empty() {
-            n += self.run_cma()?;
-        }
+        n += self.drain_before_poll()?;
         let st = &mut self.st;
         n += self.fabric.poll(|p| st.on_packet(p))?;
-        if let Some(e) = self.st.error.take() {
+        if let Some(e) = self.st.outbox.take_failure() {
             return Err(e);
         }
-        if !self.st.ctlq.is_empty() {
+        if self.ctl_queued() {
             n += self.flush_ctl()?;
         }
         if !self.nbc.is_empty() {

@@ -317,7 +317,7 @@ impl Engine {
             self.st.leave_queues(rid);
         }
         if let Err(e) = self.st.drain_cq() {
-            self.st.error.get_or_insert(e);
+            self.st.outbox.fail(e);
         }
     }
 
@@ -355,7 +355,7 @@ impl Engine {
                         if !self.progress_while(src, |e| e.st.reads.get(k).is_some_and(|op| op.remote_write)) {
                             // The buffer goes back to the caller, who may free it, while `src`
                             // may still write into it: only ending this process is sound.
-                            let why = self.st.deferred.as_ref().map_or_else(String::new, |e| format!(" ({e})"));
+                            let why = self.st.outbox.failure().map_or_else(String::new, |e| format!(" ({e})"));
                             eprintln!(
                                 "tmpi: rank {}: progress keeps failing{why} while rank {src} may still write into a receive buffer; ending this rank so that nothing writes into freed memory",
                                 self.st.rank
@@ -383,7 +383,7 @@ impl Engine {
                 // and the reader's answer (or its FIN, if it copied first) ends the wait.
                 if let Some(reader) = granted {
                     if s.rndv.as_ref().is_some_and(|r| r.pregranted) {
-                        self.st.ctlq.push_back((reader, ctl_msg(Control::Revoke { name: wire_name(rid) })));
+                        self.st.outbox.control(reader, Control::Revoke { name: wire_name(rid) });
                     }
                     let still_granted = |e: &Engine| match e.st.reqs.get(rid) {
                         Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), result: None, .. }) => r.granted.is_some(),
@@ -400,26 +400,7 @@ impl Engine {
                     if let Some(r) = self.st.rndv_send(Some(rid)) {
                         r.buf = None;
                     }
-                    let inside = |a: usize| a >= lo && a < hi.max(lo + 1);
-                    let st = &mut self.st;
-                    let mut refused = Vec::new();
-                    st.rma_out.retain(|r| {
-                        let keep = !inside(r.buf.addr());
-                        if !keep {
-                            refused.push((r.dest, r.read));
-                        }
-                        keep
-                    });
-                    st.cma_w.retain(|w| {
-                        let keep = !inside(w.buf.addr());
-                        if !keep {
-                            refused.push((w.dest, w.read));
-                        }
-                        keep
-                    });
-                    for (dest, read) in refused {
-                        st.send_rma(dest, Rma::ReadErr { read });
-                    }
+                    self.st.outbox.refuse_range(lo, hi);
                 }
             }
         }
@@ -463,7 +444,7 @@ impl Engine {
             }
         }
         if let Some(e) = kept {
-            self.st.deferred.get_or_insert(e);
+            self.st.outbox.fail(e);
         }
         ended
     }
@@ -658,7 +639,7 @@ mod tests {
         let mut buf = [0u8; 4];
         let r = recv(&mut b, Some(0), Some(1), &mut buf);
         send(&mut a, 1, 1, b"ab", false);
-        b.st.deferred = Some(Error::State("kept".into()));
+        b.st.outbox.fail(Error::State("kept".into()));
         let t = Instant::now();
         let ended = b.progress_while(0, |e| e.st.reqs.get(r).is_some_and(|q| q.result.is_none()) && t.elapsed() < Duration::from_secs(20));
         assert!(ended);

@@ -93,51 +93,6 @@ impl Engine {
         self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
         Ok(req)
     }
-
-    /// Streams queued read responses into the fabric: one read after another, except that
-    /// reads of half the last-level cache or more ([`streaming_copy_min`]) take turns, one
-    /// packet of each in turn.
-    ///
-    /// Taking turns, the reads of a window that name the same send buffer (`osu_bw` and
-    /// `osu_bibw` send one buffer a window's times over) copy each piece of it into the ring
-    /// one after another, so the source is read from memory once per window instead of once
-    /// per read. Read one after the other, a window of 64 MiB reads re-read their 64 MiB
-    /// source, twice the last-level cache, from memory for each: `osu_bibw` 64 MiB moved
-    /// 23.0 GB/s against 27.8 taking turns, and `osu_bw` 24.2 against 35.0. Smaller sources
-    /// stay in the cache, and there turns made `osu_bw` 32-128 KiB move 0.45-0.51x the bytes
-    /// in 2 of 3 runs.
-    ///
-    /// [`streaming_copy_min`]: tmpi_transport::shm::streaming_copy_min
-    pub(super) fn push_rma(&mut self) -> Result<usize> {
-        let mut n = 0;
-        let turns_min = tmpi_transport::shm::streaming_copy_min();
-        loop {
-            let alone = self.st.rma_out.len() == 1;
-            let Some(r) = self.st.rma_out.front_mut() else { break };
-            let to = self.peers[r.dest];
-            let room = to.max_packet.min(1 << 20) - RMA_RESP_HDR_LEN;
-            let cut = eager::Cut::new(to.pipelined && alone, r.buf.len(), room);
-            if r.off < r.buf.len() {
-                let k = cut.piece(r.buf.len(), r.off);
-                let m = Rma::ReadResp { read: r.read, offset: (r.base + r.off) as u64, data: r.buf.slice(r.off, r.off + k) };
-                let mut h = [0u8; RMA_MAX_LEN];
-                let hlen = m.encode(&mut h)?;
-                let total = (hlen + k) as u64;
-                if !self.fabric.try_send(r.dest, PKT_RMA, total, &[&h[..hlen], m.data()])? {
-                    return Ok(n);
-                }
-                r.off += k;
-                n += 1;
-            }
-            if r.off < r.buf.len() && r.buf.len() < turns_min {
-                continue;
-            }
-            if let Some(r) = self.st.rma_out.pop_front().filter(|r| r.off < r.buf.len()) {
-                self.st.rma_out.push_back(r);
-            }
-        }
-        Ok(n)
-    }
 }
 
 impl State {
@@ -211,13 +166,13 @@ impl State {
                 }
                 _ => {
                     if let Err(e) = self.finish_read(k, false) {
-                        self.error.get_or_insert(e);
+                        self.outbox.fail(e);
                     }
                 }
             }
         }
         if !shared {
-            self.ctlq.push_back((src, ctl_msg(Control::RevokeAck { name })));
+            self.outbox.control(src, Control::RevokeAck { name });
         }
     }
 
@@ -354,7 +309,7 @@ impl State {
                 self.stats.pregranted_splits += 1;
                 self.request_share(key, b.addr(), own_place);
             }
-            self.cma_q.push_back(key);
+            self.outbox.copy_read(key);
         } else {
             self.request_read(key, cma, n, true);
         }
@@ -387,7 +342,7 @@ impl State {
     /// Tells `src` to send messages below `below` eagerly ([`Control::EagerBelow`]).
     fn tell_eager_below(&mut self, src: usize, below: usize) {
         self.advised[src] = below;
-        self.ctlq.push_back((src, ctl_msg(Control::EagerBelow { bytes: below as u32 })));
+        self.outbox.control(src, Control::EagerBelow { bytes: below as u32 });
     }
 
     /// `TMPI_RNDV_THRESHOLD=auto`: lower-ranked `src`, which leads this rank's reads of a
@@ -433,17 +388,7 @@ impl State {
             dst_heap: heap.map(HeapPlace::from),
         };
         let src = op.src;
-        self.send_rma(src, Rma::ReadReq(q));
-    }
-
-    /// Queues RMA packet `m` (anything but a read response) for `dest`.
-    pub(super) fn send_rma(&mut self, dest: usize, m: Rma<'_>) {
-        match Ctl::rma(&m) {
-            Ok(c) => self.ctlq.push_back((dest, c)),
-            Err(e) => {
-                self.error.get_or_insert(e);
-            }
-        }
+        self.outbox.rma(src, Rma::ReadReq(q));
     }
 
     /// `k` more bytes of read `key` are in place; completes it when all are.
@@ -487,7 +432,7 @@ impl State {
             dst_heap: rbuf.filter(|_| heap).and_then(|b| self.heaps.locate(b.addr(), len)).map(HeapPlace::from),
         };
         let src = op.src;
-        self.send_rma(src, Rma::ReadReq(q));
+        self.outbox.rma(src, Rma::ReadReq(q));
     }
 
     /// An RMA packet: a read request to serve, or data, a grant, a refusal or a write done
@@ -552,14 +497,14 @@ impl State {
                     }
                 }
                 if let Some(h) = heap {
-                    if self.heaps.grants.len() > self.cma_q.len() + 64 {
+                    if self.heaps.grants.len() > self.outbox.reads_queued().count() + 64 {
                         // Grants of reads dropped because their target left: forget them.
-                        let live: std::collections::HashSet<(u32, u32)> = self.cma_q.iter().map(|k| (k.idx(), k.gen())).collect();
+                        let live: std::collections::HashSet<(u32, u32)> = self.outbox.reads_queued().map(|k| (k.idx(), k.gen())).collect();
                         self.heaps.grants.retain(|k, _| live.contains(k));
                     }
                     self.heaps.grants.insert((read.idx(), read.gen()), h.into());
                 }
-                self.cma_q.push_back(read);
+                self.outbox.copy_read(read);
                 Ok(())
             }
             Rma::ReadErr { .. } => self.finish_read(read, false),
@@ -616,9 +561,9 @@ impl State {
                         if let Some(h) = dst_heap.map(HeapSrc::from).filter(|_| self.heaps.may_map(src)) {
                             self.owe_heap_write(src, id, h);
                         }
-                        self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b, dst, base })
+                        self.outbox.copy_write(CmaWrite { dest: src, read: id, buf: b, dst, base })
                     }
-                    None => self.send_rma(src, Rma::ReadErr { read: id }),
+                    None => self.outbox.rma(src, Rma::ReadErr { read: id }),
                 }
             }
             (Some(b), ReadMode::SingleCopy { dst }) => {
@@ -639,16 +584,16 @@ impl State {
                 // From `CMA_SPLIT_WINDOW_MIN` a reader asks for a read below `CMA_SPLIT_MIN`
                 // only when it has others in flight (or the sender could not pre-grant it).
                 let split = if dst != 0 && n >= CMA_SPLIT_WINDOW_MIN && !busy { (n / 2) & !4095 } else { n };
-                self.send_rma(src, Rma::Grant { read: id, split: split as u64, heap: None });
+                self.outbox.rma(src, Rma::Grant { read: id, split: split as u64, heap: None });
                 if split < n {
-                    self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst, base: split });
+                    self.outbox.copy_write(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst, base: split });
                 }
             }
             (Some(b), ReadMode::Stream) => {
                 if let Some(r) = self.rndv_send(sk) {
                     r.streamed = true;
                 }
-                self.rma_out.push_back(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 })
+                self.outbox.stream(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 })
             }
             (None, _) => {
                 // Refused: the reader gets an error, and so does the send it was reading for
@@ -664,7 +609,7 @@ impl State {
                         }
                     }
                 }
-                self.send_rma(src, Rma::ReadErr { read: id });
+                self.outbox.rma(src, Rma::ReadErr { read: id });
             }
         }
     }
@@ -713,10 +658,10 @@ impl State {
                 *named = true;
             }
         }
-        self.send_rma(src, Rma::Grant { read: id, split: split as u64, heap: from.map(HeapPlace::from) });
+        self.outbox.rma(src, Rma::Grant { read: id, split: split as u64, heap: from.map(HeapPlace::from) });
         if let (Some(h), true) = (into, split < n) {
             self.owe_heap_write(src, id, h);
-            self.cma_w.push_back(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst: 0, base: split });
+            self.outbox.copy_write(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst: 0, base: split });
         }
         self.heaps.grants_served += 1;
         true
@@ -725,9 +670,9 @@ impl State {
     /// The share of read `id` owed to `src` goes with a memcpy into its heap at `h` (its
     /// `CmaWrite` is queued next).
     fn owe_heap_write(&mut self, src: usize, id: u64, h: HeapSrc) {
-        if self.heaps.writes.len() > self.cma_w.len() + 64 {
+        if self.heaps.writes.len() > self.outbox.writes_queued().count() + 64 {
             // Shares dropped because their reader left (see `leave`): forget them.
-            let live: std::collections::HashSet<(usize, u64)> = self.cma_w.iter().map(|w| (w.dest, w.read)).collect();
+            let live: std::collections::HashSet<(usize, u64)> = self.outbox.writes_queued().map(|w| (w.dest, w.read)).collect();
             self.heaps.writes.retain(|k, _| live.contains(k));
         }
         self.heaps.writes.insert((src, id), h);
@@ -741,7 +686,7 @@ impl State {
             // (ahead of the FIN below, so before the peer's next window starts).
             if let Some((class, arm)) = self.copy.finish(op.n, p, ok, adapt::Stamp::now) {
                 if op.src > self.rank {
-                    self.ctlq.push_back((op.src, ctl_msg(Control::ReadWay { class: class as u32, way: arm as u32 })));
+                    self.outbox.control(op.src, Control::ReadWay { class: class as u32, way: arm as u32 });
                 }
             }
         }
@@ -756,7 +701,7 @@ impl State {
             let mut fin = [0u8; TMH_LEN + RVH_LEN];
             fin[..TMH_LEN].copy_from_slice(&Tmh { op: TmOp::Fin, ..op.info.tmh }.to_bytes());
             fin[TMH_LEN..].copy_from_slice(&op.info.rvh.to_bytes());
-            self.ctlq.push_back((op.src, Ctl::new(PKT_WHOLE, &fin)));
+            self.outbox.fin(op.src, &fin);
         }
         self.ack_revoke(&op);
         let failure = match self.reqs.get(op.rid) {
@@ -774,7 +719,7 @@ impl State {
         if op.revoke_ack {
             // A FIN the TM-SRQ queued goes first.
             self.take_transmits();
-            self.ctlq.push_back((op.src, ctl_msg(Control::RevokeAck { name: op.info.tmh.app_ctx })));
+            self.outbox.control(op.src, Control::RevokeAck { name: op.info.tmh.app_ctx });
         }
     }
 
@@ -834,7 +779,7 @@ mod tests {
 
     /// The last control packet queued, which must be an RMA packet, decoded.
     fn last_rma(e: &Engine) -> Rma<'_> {
-        let (_, c) = e.st.ctlq.back().expect("a control packet");
+        let (_, c) = e.st.outbox.ctl().back().expect("a control packet");
         assert_ne!(c.flags & PKT_RMA, 0, "an RMA packet");
         Rma::parse(&c.bytes[..c.len as usize]).expect("a well-formed RMA packet")
     }
@@ -890,7 +835,7 @@ mod tests {
         assert_eq!(split, len as u64, "the reader copies it all");
         // A reader that does not map our heap gets the data streamed.
         e.st.serve_read(1, read_req(id, name, va, key, len, false, None));
-        assert_eq!(e.st.rma_out.pop_back().map(|r| r.buf.len()), Some(len));
+        assert_eq!(e.st.outbox.streams_mut().pop_back().map(|r| r.buf.len()), Some(len));
         // The FIN completes the send; the user collects it and frees the buffer.
         e.st.send_progress(rid, true, true);
         assert!(e.take_if_done(rid).unwrap().is_ok());
@@ -903,11 +848,11 @@ mod tests {
         let raw = unsafe { RawBuf::new(b.as_bytes()) };
         let rid2 = e.start_rndv(1, 78, raw).unwrap();
         assert_ne!(wire_name(rid2), name);
-        let before = e.st.ctlq.len();
+        let before = e.st.outbox.ctl().len();
         e.st.serve_read(1, read_req(id, name, va, key, len, true, None));
-        assert_eq!(e.st.ctlq.len(), before + 1);
+        assert_eq!(e.st.outbox.ctl().len(), before + 1);
         assert_eq!(last_rma(&e), Rma::ReadErr { read: id }, "a stale read request is refused");
-        assert!(e.st.rma_out.is_empty());
+        assert!(e.st.outbox.streams().is_empty());
         drop(e);
         drop(b);
     }
@@ -930,7 +875,7 @@ mod tests {
             let q = ReadRequest { mode: ReadMode::SingleCopy { dst: 0x10_0000 }, ..read_req(7, wire_name(rid), va, key, len, false, None) };
             e.st.serve_read(1, q);
             let Rma::Grant { split, .. } = last_rma(e) else { panic!("a grant") };
-            e.st.cma_w.clear();
+            e.st.outbox.writes_mut().clear();
             split as usize
         };
         assert_eq!(split_of(&mut e, 256 << 10), 128 << 10, "idle: split");
@@ -1045,11 +990,11 @@ mod tests {
         let Rma::Grant { split, heap: None, .. } = last_rma(&e) else { panic!("a grant of no heap range") };
         assert_eq!(split, 0, "the target writes it all");
         assert_eq!(e.st.heaps.writes.get(&(1, id)).map(|h| h.off), Some(8192));
-        assert_eq!(e.st.cma_w.back().map(|w| (w.base, w.buf.len())), Some((0, len)));
-        let before = e.st.cma_w.len();
+        assert_eq!(e.st.outbox.writes().back().map(|w| (w.base, w.buf.len())), Some((0, len)));
+        let before = e.st.outbox.writes().len();
         e.st.serve_read(1, read_req(0x0505_0505_0505_0505, wire_name(rid), va, key, len, true, None));
-        assert_eq!(e.st.cma_w.len(), before);
-        assert_eq!(e.st.rma_out.len(), 1);
+        assert_eq!(e.st.outbox.writes().len(), before);
+        assert_eq!(e.st.outbox.streams().len(), 1);
         drop(e);
     }
 
@@ -1066,7 +1011,7 @@ mod tests {
         assert_eq!(b.take_if_done(r).expect("received").expect("ok").len(), len);
         assert!(a.take_if_done(s).expect("FIN").is_ok());
         assert!(buf == data, "the data arrived intact");
-        assert!(b.st.reads.is_empty() && a.st.rma_out.is_empty() && a.st.cma_w.is_empty());
+        assert!(b.st.reads.is_empty() && a.st.outbox.streams().is_empty() && a.st.outbox.writes().is_empty());
         std::mem::take(&mut b.st.stats)
     }
 
@@ -1167,7 +1112,7 @@ mod tests {
             return;
         }
         let eager_below = |bytes: u32| ctl_body(Control::EagerBelow { bytes });
-        let queued = |e: &Engine| e.st.ctlq.len();
+        let queued = |e: &Engine| e.st.outbox.ctl().len();
         b.st.on_control(0, &eager_below(128 << 10)).expect("advice");
         assert_eq!((b.st.rndv_from[0], b.st.advised[0], queued(&b)), (128 << 10, 0, 0), "the 64 KiB class is not followed");
         b.st.on_control(0, &ctl_body(Control::ReadWay { class: 18, way: 0 })).expect("from the lower rank");
@@ -1232,12 +1177,12 @@ mod tests {
         let r = recv(b, Some(0), Some(3), &mut buf);
         let s = send(a, 1, 3, &data, false).expect("a rendezvous is pending");
         b.progress().expect("progress");
-        assert_eq!(b.st.cma_q.len(), 1, "queued to copy at once");
+        assert_eq!(b.st.outbox.reads().len(), 1, "queued to copy at once");
         // (As `on_packet` does after a control message: the TM-SRQ's completions are taken.)
         b.st.on_revoke(0, wire_name(s));
         b.st.settle_cq().expect("completions");
         assert!(b.st.reads.is_empty());
-        let (_, c) = b.st.ctlq.back().expect("an answer");
+        let (_, c) = b.st.outbox.ctl().back().expect("an answer");
         assert_eq!(Control::decode(&c.bytes[1..c.len as usize]).expect("control"), Control::RevokeAck { name: wire_name(s) });
         // The answer releases the sender's wait; the receive (offloaded: its failure is a
         // TM-SRQ completion) fails.
@@ -1281,7 +1226,7 @@ mod tests {
         let r = recv(b, Some(0), Some(4), &mut buf);
         let s = send(a, 1, 4, block.as_bytes(), false).expect("a rendezvous is pending");
         b.progress().expect("progress");
-        assert_eq!((b.st.cma_q.len(), b.st.heaps.grants.len()), (1, 1), "queued to copy at once");
+        assert_eq!((b.st.outbox.reads().len(), b.st.heaps.grants.len()), (1, 1), "queued to copy at once");
         b.st.on_revoke(0, wire_name(s));
         b.st.settle_cq().expect("completions");
         assert!(b.st.reads.is_empty());
@@ -1318,7 +1263,7 @@ mod tests {
                 // Take the request in, but keep what the receiver sends.
                 let st = &mut b.st;
                 b.fabric.poll(|p| st.on_packet(p)).expect("poll");
-                let k = b.st.cma_q.front().copied().expect("queued to copy at once");
+                let k = b.st.outbox.reads().front().copied().expect("queued to copy at once");
                 assert_eq!(b.st.reads.get(k).map(|op| (op.split, op.remote_write)), Some((share_split(n), true)));
                 let Rma::ReadReq(q) = last_rma(b) else { panic!("a share request") };
                 assert_eq!(q.mode, ReadMode::Share { dst: at });
@@ -1340,7 +1285,8 @@ mod tests {
 
     /// The control messages `e` has queued, decoded (RMA packets skipped).
     fn queued_controls(e: &Engine) -> Vec<Control> {
-        e.st.ctlq
+        e.st.outbox
+            .ctl()
             .iter()
             .filter(|(_, c)| c.flags & PKT_RMA == 0)
             .filter_map(|(_, c)| Control::decode(&c.bytes[1..c.len as usize]).ok())
@@ -1367,11 +1313,11 @@ mod tests {
             // Take the request in, but keep what the receiver sends (as `flush_ctl` would).
             let st = &mut b.st;
             b.fabric.poll(|p| st.on_packet(p)).expect("poll");
-            let k = b.st.cma_q.front().copied().expect("queued to copy at once");
+            let k = b.st.outbox.reads().front().copied().expect("queued to copy at once");
             let split = b.st.reads.get(k).map(|op| op.split).expect("the read");
             if !shared {
                 assert_eq!(split, n);
-                assert!(b.st.ctlq.iter().all(|(_, c)| c.flags & PKT_RMA == 0), "nothing asked");
+                assert!(b.st.outbox.ctl().iter().all(|(_, c)| c.flags & PKT_RMA == 0), "nothing asked");
             } else {
                 assert_eq!(split, share_split(n));
                 assert!(split > n / 2 && split < n && split % 4096 == 0, "{split} of {n}");
@@ -1380,20 +1326,20 @@ mod tests {
                 assert_eq!((q.va, q.len), (va + split as u64, (n - split) as u64));
                 assert_eq!(q.send, wire_name(s));
                 // Served: the share is queued to write at its offset in the read.
-                let before = a.st.ctlq.len();
+                let before = a.st.outbox.ctl().len();
                 a.st.serve_read(1, q);
-                assert_eq!(a.st.ctlq.len(), before, "no grant, no refusal");
-                let w = a.st.cma_w.back().expect("the share queued");
+                assert_eq!(a.st.outbox.ctl().len(), before, "no grant, no refusal");
+                let w = a.st.outbox.writes().back().expect("the share queued");
                 assert_eq!((w.base, w.buf.len(), w.dst), (split, n - split, buf.as_ptr() as u64));
-                a.st.cma_w.pop_back();
+                a.st.outbox.writes_mut().pop_back();
                 // The same request for a send not pre-granted to this reader is refused.
                 if let Some(r) = a.st.rndv_send(Some(s)) {
                     r.granted = None;
                 }
                 a.st.serve_read(1, q);
                 assert_eq!(last_rma(a), Rma::ReadErr { read: q.read });
-                assert!(a.st.cma_w.is_empty());
-                a.st.ctlq.pop_back();
+                assert!(a.st.outbox.writes().is_empty());
+                a.st.outbox.ctl_mut().pop_back();
                 if let Some(r) = a.st.rndv_send(Some(s)) {
                     r.granted = Some(1);
                 }
@@ -1421,7 +1367,7 @@ mod tests {
         let r = recv(b, Some(0), Some(3), &mut buf);
         let s = send(a, 1, 3, &data, false).expect("a rendezvous is pending");
         b.progress().expect("progress");
-        assert_eq!(b.st.cma_q.len(), 1, "queued to copy at once");
+        assert_eq!(b.st.outbox.reads().len(), 1, "queued to copy at once");
         b.st.on_revoke(0, wire_name(s));
         b.st.settle_cq().expect("completions");
         assert_eq!(b.st.reads.len(), 1, "the read goes on");
@@ -1440,11 +1386,12 @@ mod tests {
         }
         assert!(b.st.reads.is_empty(), "the read ended");
         let queued: Vec<(bool, Option<Control>)> =
-            b.st.ctlq.iter().map(|(_, c)| (c.flags & PKT_RMA == 0, Control::decode(&c.bytes[1..c.len as usize]).ok())).collect();
+            b.st.outbox.ctl().iter().map(|(_, c)| (c.flags & PKT_RMA == 0, Control::decode(&c.bytes[1..c.len as usize]).ok())).collect();
         let ack = queued.iter().position(|(_, c)| *c == Some(Control::RevokeAck { name: wire_name(s) })).expect("answered");
         assert_eq!(ack, queued.len() - 1, "the answer goes last: {queued:?}");
         let fin =
-            b.st.ctlq
+            b.st.outbox
+                .ctl()
                 .iter()
                 .position(|(_, c)| c.flags & PKT_RMA == 0 && Tmh::decode(&c.bytes[..c.len as usize]).is_ok_and(|t| t.op == TmOp::Fin));
         assert!(fin.is_some_and(|f| f < ack), "after the FIN: {queued:?}");
@@ -1479,7 +1426,7 @@ mod tests {
             let rs: Vec<ReqId> = bufs.iter_mut().enumerate().map(|(m, buf)| recv(b, Some(0), Some(10 * round + m as u32), buf)).collect();
             let ss: Vec<ReqId> = data.iter().enumerate().map(|(m, d)| send(a, 1, 10 * round + m as u32, d, false).expect("rndv")).collect();
             for _ in 0..1000 {
-                if b.st.cma_q.len() == 2 {
+                if b.st.outbox.reads().len() == 2 {
                     break;
                 }
                 a.progress().expect("progress");
@@ -1487,7 +1434,7 @@ mod tests {
                 b.fabric.poll(|p| st.on_packet(p)).expect("poll");
                 b.st.settle_cq().expect("completions");
             }
-            let splits: Vec<usize> = b.st.cma_q.iter().map(|&k| b.st.reads.get(k).expect("read").split).collect();
+            let splits: Vec<usize> = b.st.outbox.reads().iter().map(|&k| b.st.reads.get(k).expect("read").split).collect();
             let want = if round == 0 { [share_split(n); 2] } else { [share_split(n), n] };
             assert_eq!(splits, want, "round {round}: the lone read shares; the second only while `a` is not reading");
             settle(&mut [&mut *a, &mut *b]);
@@ -1511,7 +1458,7 @@ mod tests {
             let rs: Vec<ReqId> = bufs.iter_mut().enumerate().map(|(m, buf)| recv(b, Some(0), Some(m as u32), buf)).collect();
             let ss: Vec<ReqId> = data.iter().enumerate().map(|(m, d)| send(a, 1, m as u32, d, false).expect("a rendezvous")).collect();
             for _ in 0..1000 {
-                if b.st.cma_q.len() == k {
+                if b.st.outbox.reads().len() == k {
                     break;
                 }
                 a.progress().expect("progress");
@@ -1519,13 +1466,13 @@ mod tests {
                 b.fabric.poll(|p| st.on_packet(p)).expect("poll");
                 b.st.settle_cq().expect("completions");
             }
-            assert_eq!(b.st.cma_q.len(), k, "all queued to copy at once");
+            assert_eq!(b.st.outbox.reads().len(), k, "all queued to copy at once");
             if let Some(m) = bad {
-                let key = b.st.cma_q[m];
+                let key = b.st.outbox.reads()[m];
                 b.st.reads.get_mut(key).expect("the read").info.rvh.va = 8;
             }
             b.run_cma().expect("copy");
-            assert!(b.st.cma_q.is_empty());
+            assert!(b.st.outbox.reads().is_empty());
             let batched = if bad.is_some() { 0 } else { k as u64 };
             assert_eq!((b.st.stats.cma_batched, b.st.stats.cma_reads), (batched, k as u64 - u64::from(bad.is_some())));
             for _ in 0..100 {
@@ -1611,10 +1558,10 @@ mod tests {
         for (read, &len) in (1u64..).zip(&lens) {
             // SAFETY: `src` outlives the engine's use of it: the queue is drained below.
             let buf = unsafe { RawBuf::new(&src[..len]) };
-            e.st.rma_out.push_back(RmaOut { dest: 1, read, buf, off: 0, base: 0 });
+            e.st.outbox.streams_mut().push_back(RmaOut { dest: 1, read, buf, off: 0, base: 0 });
         }
-        let sent = e.push_rma().expect("push");
-        assert!(e.st.rma_out.is_empty(), "all sent");
+        let sent = e.push_streams().expect("push");
+        assert!(e.st.outbox.streams().is_empty(), "all sent");
         let mut seen = Vec::new();
         while peer
             .poll(|p| {

@@ -31,13 +31,7 @@ impl Engine {
     /// plain sleeps it would take instead); never where nothing wakes a sleeper.
     pub(super) fn can_doze(&self) -> bool {
         match self.fabric.wakeup() {
-            Wakeup::Doorbell => {
-                self.out_pending == 0
-                    && self.st.ctlq.is_empty()
-                    && self.st.rma_out.is_empty()
-                    && self.st.cma_w.is_empty()
-                    && self.st.cma_q.is_empty()
-            }
+            Wakeup::Doorbell => self.out_pending == 0 && self.st.outbox.is_empty(),
             Wakeup::Sockets { .. } => true,
             Wakeup::Nothing => false,
         }

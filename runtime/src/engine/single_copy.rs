@@ -27,7 +27,7 @@ impl Engine {
     #[cold]
     pub(super) fn run_cma(&mut self) -> Result<usize> {
         let mut n = 0;
-        while let Some(key) = self.st.cma_q.pop_front() {
+        while let Some(key) = self.st.outbox.next_read() {
             let Some(op) = self.st.reads.get(key) else {
                 self.st.heaps.grants.remove(&(key.idx(), key.gen()));
                 continue;
@@ -97,7 +97,7 @@ impl Engine {
         reads[0] = first;
         let (mut k, mut total) = (1, first.1);
         while k < CMA_MANY {
-            let Some(&next) = self.st.cma_q.front() else { break };
+            let Some(next) = self.st.outbox.peek_read() else { break };
             let Some(op) = self.st.reads.get(next) else { break };
             let len = op.split;
             if op.src != src || len == 0 || len > CMA_BATCH_READ_MAX || total + len > CMA_BATCH_BYTES {
@@ -108,7 +108,7 @@ impl Engine {
             }
             let Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) = self.st.reqs.get(op.rid) else { break };
             (keys[k], reads[k]) = (next, (*b, len, op.info.rvh.va));
-            self.st.cma_q.pop_front();
+            self.st.outbox.next_read();
             (k, total) = (k + 1, total + len);
         }
         if k == 1 {
@@ -131,7 +131,7 @@ impl Engine {
                 // The reads not yet done go back to the front of the queue, in order (a
                 // batched one is copied again): none is lost.
                 for &rest in keys[i + 1..k].iter().rev() {
-                    self.st.cma_q.push_front(rest);
+                    self.st.outbox.unread(rest);
                 }
                 return Err(e);
             }
@@ -178,10 +178,10 @@ impl Engine {
     pub(super) fn run_cma_writes(&mut self) -> Result<usize> {
         let mut n = 0;
         let mut later = Vec::new();
-        while let Some(w) = self.st.cma_w.pop_front() {
+        while let Some(w) = self.st.outbox.next_write() {
             let pid = self.fabric.peer_pid(w.dest);
             let whole = w.buf.slice(0, w.buf.len());
-            let granting = |st: &State| st.ctlq.iter().any(|&(d, _)| d == w.dest);
+            let granting = |st: &State| st.outbox.has_ctl_for(w.dest);
             if let Some(h) = self.st.heaps.writes.remove(&(w.dest, w.read)) {
                 match self.st.heaps.peer(w.dest, pid, h.desc) {
                     Some(p) => {
@@ -195,9 +195,9 @@ impl Engine {
                         match unsafe { p.write(h.off.wrapping_add(w.base as u64), whole, streaming) } {
                             Ok(()) => {
                                 self.st.heaps.bytes += whole.len() as u64;
-                                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
+                                self.st.outbox.rma(w.dest, Rma::WriteDone { read: w.read });
                             }
-                            Err(_) => self.st.send_rma(w.dest, Rma::ReadErr { read: w.read }),
+                            Err(_) => self.st.outbox.rma(w.dest, Rma::ReadErr { read: w.read }),
                         }
                     }
                     None => {
@@ -208,7 +208,7 @@ impl Engine {
                         }
                         // The reader's heap cannot be mapped here: stream the share.
                         self.st.heaps.fallbacks += 1;
-                        self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                        self.st.outbox.stream(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
                     }
                 }
                 n += 1;
@@ -220,7 +220,7 @@ impl Engine {
                     later.push(w);
                     continue;
                 }
-                self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                self.st.outbox.stream(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
                 n += 1;
                 continue;
             }
@@ -231,7 +231,7 @@ impl Engine {
             self.cma_write_one(w, pid);
             n += 1;
         }
-        self.st.cma_w.extend(later);
+        self.st.outbox.requeue_writes(later);
         Ok(n)
     }
 
@@ -242,7 +242,7 @@ impl Engine {
         let mut ws = [first; CMA_MANY];
         let (mut k, mut total) = (1, first.buf.len());
         while k < CMA_MANY {
-            let Some(w) = self.st.cma_w.front() else { break };
+            let Some(w) = self.st.outbox.peek_write() else { break };
             let len = w.buf.len();
             if w.dest != first.dest || len > CMA_BATCH_READ_MAX || total + len > CMA_BATCH_BYTES {
                 break;
@@ -251,7 +251,7 @@ impl Engine {
                 break;
             }
             ws[k] = *w;
-            self.st.cma_w.pop_front();
+            self.st.outbox.next_write();
             (k, total) = (k + 1, total + len);
         }
         if k == 1 {
@@ -271,7 +271,7 @@ impl Engine {
         for &w in ws {
             if batched {
                 self.st.stats.cma_bytes += w.buf.len() as u64;
-                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
+                self.st.outbox.rma(w.dest, Rma::WriteDone { read: w.read });
             } else {
                 self.cma_write_one(w, pid);
             }
@@ -294,15 +294,15 @@ impl Engine {
         match unsafe { cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) } {
             Ok(()) => {
                 self.st.stats.cma_bytes += whole.len() as u64;
-                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
+                self.st.outbox.rma(w.dest, Rma::WriteDone { read: w.read });
             }
             Err(e) if e.is_unsupported() => {
                 self.st.cma = false;
                 self.st.stats.cma_fallbacks += 1;
-                self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                self.st.outbox.stream(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
             }
             Err(_) => {
-                self.st.send_rma(w.dest, Rma::ReadErr { read: w.read });
+                self.st.outbox.rma(w.dest, Rma::ReadErr { read: w.read });
             }
         }
     }
