@@ -6,33 +6,6 @@
 
 use super::*;
 
-/// A message that arrived before its receive was posted.
-pub(super) struct UxMsg {
-    pub(super) src_world: usize,
-    pub(super) tag64: u64,
-    pub(super) total: usize,
-    pub(super) data: Vec<u8>,
-    pub(super) complete: bool,
-    /// (sender world rank, sender request index) to acknowledge on match.
-    pub(super) ack: Option<(usize, u32)>,
-    /// A rendezvous request: the data is still at the sender.
-    pub(super) rndv: Option<RndvInfo>,
-}
-
-/// Where the continuation packets of a source's current message go.
-#[derive(Clone, Copy)]
-pub(super) enum Incoming {
-    Idle,
-    /// The rest of a message that was refused (forged source, no memory): read and dropped.
-    Discard,
-    Expected {
-        req: ReqId,
-    },
-    Unexpected {
-        ux: Key,
-    },
-}
-
 /// The bytes of a queued data message: the user's buffer, or a copy once the user's request
 /// was abandoned.
 pub(super) enum OutData {
@@ -153,12 +126,6 @@ impl Cut {
     }
 }
 
-/// Eager credit of each peer: `TMPI_UNEXPECTED_MAX` shared out over the peers (at most
-/// 2^31, so a return fits its 32-bit field).
-pub(super) fn credit_per_peer(budget: usize, size: usize) -> usize {
-    (budget / size.saturating_sub(1).max(1)).min(1 << 31)
-}
-
 impl Engine {
     /// Starts a data message to `dest` (a world rank). Returns `None` when it is already
     /// complete (locally, for a standard send), or the request to wait on.
@@ -190,17 +157,17 @@ impl Engine {
     fn may_send_whole(&self, dest: usize, len: usize) -> bool {
         // `len < rndv_from` (at most 2^32) keeps `len + UX_OVERHEAD` from overflowing.
         dest != self.st.rank
-            && self.st.rndv_from.get(dest).is_some_and(|&t| len < t)
+            && self.st.threshold.eager_below(dest, len)
             && len <= self.cfg.eager_limit
             && TMH_LEN + len <= self.max_packet
-            && self.st.credits.get(dest).is_some_and(|&c| c >= len + UX_OVERHEAD)
+            && self.st.credit.covers(dest, len + UX_OVERHEAD)
             && self.out[dest].is_empty()
     }
 
     /// Accounts for a message that [`Engine::may_send_whole`] allowed and the fabric took.
     #[inline(always)]
     fn sent_whole(&mut self, dest: usize, len: usize) {
-        self.st.credits[dest] -= len + UX_OVERHEAD;
+        self.st.credit.spend(dest, len + UX_OVERHEAD);
         self.st.stats.msgs_sent += 1;
         self.st.stats.bytes_sent += len as u64;
         self.st.stats.eager += 1;
@@ -215,16 +182,16 @@ impl Engine {
         self.st.stats.bytes_sent += len as u64;
         if dest != self.st.rank {
             let cost = len.saturating_add(UX_OVERHEAD);
-            let rndv_from = self.st.rndv_from[dest];
-            if len >= rndv_from || len > self.cfg.eager_limit || self.st.credits[dest] < cost {
+            let rndv_from = self.st.threshold.rndv_from(dest);
+            if len >= rndv_from || len > self.cfg.eager_limit || !self.st.credit.covers(dest, cost) {
                 if len <= self.cfg.eager_limit && len < rndv_from {
                     self.st.stats.credit_rndv += 1;
                 }
                 return self.start_rndv(dest, tag64, data).map(Some);
             }
-            self.st.credits[dest] -= cost;
+            self.st.credit.spend(dest, cost);
             if len >= EAGER_NT_MIN {
-                self.st.big_eager_out[dest] = self.st.big_eager_in + 1;
+                self.st.ways.big_eager_sent(dest);
             }
         }
         self.st.stats.eager += 1;
@@ -354,32 +321,6 @@ impl Engine {
 }
 
 impl State {
-    /// This rank consumed an eager message of `len` payload bytes from `src`: the credit it
-    /// cost the sender goes back, in batches of `credit_batch` bytes.
-    #[inline]
-    pub(super) fn give_credit(&mut self, src: usize, len: usize) {
-        if src == self.rank {
-            return;
-        }
-        let Some(o) = self.owed.get_mut(src) else { return };
-        *o = o.saturating_add(len.saturating_add(UX_OVERHEAD));
-        if *o >= self.credit_batch {
-            let v = u32::try_from(*o).unwrap_or(u32::MAX);
-            *o -= v as usize;
-            self.outbox.control(src, Control::Credit { bytes: v });
-        }
-    }
-
-    /// Keeps the buffer of a consumed small unexpected message for the next one, so that the
-    /// unexpected path does not allocate in steady state.
-    #[inline]
-    pub(super) fn recycle_ux(&mut self, mut v: Vec<u8>) {
-        if v.capacity() == UX_POOL_LEN && self.ux_pool.len() < UX_POOL_KEEP {
-            v.clear();
-            self.ux_pool.push(v);
-        }
-    }
-
     /// Self-delivery: the message passes through the TM-SRQ as two packets (header, payload).
     pub(super) fn deliver_self(&mut self, hdr: &[u8; TMH_LEN], payload: &[u8]) -> Result<()> {
         if let Some(e) = self.outbox.take_failure() {
@@ -417,7 +358,7 @@ impl State {
             return false;
         }
         r.phase = RecvPhase::Idle;
-        self.sw_only_posted -= 1;
+        self.offload.left_sw_only();
         r.src_world = src;
         r.source = src_of(tag64);
         r.tag = tag_of(tag64);
@@ -438,60 +379,6 @@ impl State {
             self.reqs.remove(rid);
         }
         true
-    }
-
-    pub(super) fn on_control(&mut self, src: usize, body: &[u8]) -> Result<()> {
-        let c = Control::decode(body).map_err(|_| malformed_from(src, "a malformed control message"))?;
-        match c {
-            Control::SsendAck { name } => {
-                let k = self.named_send(name, src).ok_or_else(|| malformed_from(src, "acknowledgement of no synchronous send"))?;
-                self.send_progress(k, false, true);
-            }
-            Control::CollAbort { ctx, seq, gone } => {
-                if self.aborts.len() >= ABORTS_KEPT {
-                    self.aborts.pop_front();
-                }
-                self.aborts.push_back((ctx, seq, gone as usize));
-            }
-            Control::Credit { bytes } => {
-                if let Some(c) = self.credits.get_mut(src) {
-                    *c = c.saturating_add(bytes as usize);
-                }
-            }
-            Control::Revoke { name } => self.on_revoke(src, name),
-            Control::RevokeAck { name } => {
-                // The reader will not touch the buffer: the abandoned send waits no more (a
-                // stale answer, after the FIN completed the send, names nothing).
-                let k = self.named_send(name, src);
-                if let Some(r) = self.rndv_send(k) {
-                    if r.pregranted && r.granted == Some(src) {
-                        r.granted = None;
-                    }
-                }
-            }
-            Control::ReadWay { class, way } => {
-                // Only a lower rank leads, a class names a size, and a way is one of two.
-                let arm = match way {
-                    0 => adapt::Arm::Stream,
-                    1 => adapt::Arm::Cma,
-                    _ => return Err(malformed_from(src, "READ_WAY names no way")),
-                };
-                if src >= self.rank || class >= usize::BITS {
-                    return Err(malformed_from(src, "READ_WAY from a higher rank or for no size class"));
-                }
-                self.copy.lead(class as usize, arm, src);
-            }
-            Control::EagerBelow { bytes } => {
-                // Only ever raised, never above the configured threshold.
-                let ceiling = self.rndv_ceiling;
-                if let Some(t) = self.rndv_from.get_mut(src) {
-                    *t = (*t).max((bytes as usize).min(ceiling));
-                }
-                self.stats.eager_advice += 1;
-                self.advise_as_led(src, bytes as usize);
-            }
-        }
-        Ok(())
     }
 
     /// The first packet of a data message: `hdr` is its TMH, `data` the payload it carries,
@@ -523,7 +410,7 @@ impl State {
                 if !self.admits(rid, tmh.tag, src) {
                     self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
                     if !last {
-                        self.incoming[src] = Incoming::Discard;
+                        self.ux.set_incoming(src, Incoming::Discard);
                     }
                     return Ok(());
                 }
@@ -546,25 +433,23 @@ impl State {
                 if last {
                     self.complete_recv(rid);
                 } else {
-                    self.incoming[src] = Incoming::Expected { req: rid };
+                    self.ux.set_incoming(src, Incoming::Expected { req: rid });
                 }
             }
             Arrived::Unexpected => {
                 self.stats.unexpected += 1;
-                let mut v = if total <= UX_POOL_LEN { self.ux_pool.pop().unwrap_or_default() } else { Vec::new() };
-                if v.try_reserve_exact(if total <= UX_POOL_LEN { UX_POOL_LEN } else { total }).is_err() {
+                let Some(mut v) = self.ux.buffer(total) else {
                     if !last {
-                        self.incoming[src] = Incoming::Discard;
+                        self.ux.set_incoming(src, Incoming::Discard);
                     }
                     return Err(Error::NoMemory { bytes: total, rank: src });
-                }
+                };
                 v.extend_from_slice(data);
-                self.ux_bytes += total + UX_OVERHEAD;
-                self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux_bytes as u64);
                 let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack, rndv: None });
+                self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux.bytes() as u64);
                 debug_assert_eq!(k, key);
                 if !last {
-                    self.incoming[src] = Incoming::Unexpected { ux: k };
+                    self.ux.set_incoming(src, Incoming::Unexpected { ux: k });
                 }
             }
         }
@@ -573,11 +458,11 @@ impl State {
 
     pub(super) fn on_cont(&mut self, src: usize, data: &[u8], last: bool) -> Result<()> {
         let malformed = || Error::Transport(tmpi_transport::Error::Malformed { what: "continuation packet without a message" });
-        match self.incoming.get(src).copied().ok_or_else(malformed)? {
+        match self.ux.incoming(src).ok_or_else(malformed)? {
             Incoming::Idle => return Err(malformed()),
             Incoming::Discard => {
                 if last {
-                    self.incoming[src] = Incoming::Idle;
+                    self.ux.set_incoming(src, Incoming::Idle);
                 }
             }
             Incoming::Expected { req } => {
@@ -591,7 +476,7 @@ impl State {
                     }
                 }
                 if last {
-                    self.incoming[src] = Incoming::Idle;
+                    self.ux.set_incoming(src, Incoming::Idle);
                     self.complete_recv(req);
                 }
             }
@@ -606,7 +491,7 @@ impl State {
                     }
                 }
                 if last {
-                    self.incoming[src] = Incoming::Idle;
+                    self.ux.set_incoming(src, Incoming::Idle);
                 }
             }
         }
@@ -617,7 +502,6 @@ impl State {
     pub(super) fn take_unexpected(&mut self, rid: ReqId, ux: Key) {
         let Some(u) = self.ux.remove(ux) else { return };
         self.size_owned(rid, u.total);
-        self.ux_bytes -= if u.rndv.is_some() { UX_OVERHEAD } else { u.total + UX_OVERHEAD };
         self.stats.sw_matched += 1;
         if u.rndv.is_none() {
             self.give_credit(u.src_world, u.total);
@@ -625,7 +509,7 @@ impl State {
         if !self.admits(rid, u.tag64, u.src_world) {
             self.fail_recv(rid, malformed_from(u.src_world, "a message under another rank's name"));
             if !u.complete {
-                self.incoming[u.src_world] = Incoming::Discard;
+                self.ux.set_incoming(u.src_world, Incoming::Discard);
             }
             return;
         }
@@ -651,11 +535,11 @@ impl State {
             }
             r.received = u.data.len();
         }
-        self.recycle_ux(u.data);
+        self.ux.recycle(u.data);
         if u.complete {
             self.complete_recv(rid);
         } else {
-            self.incoming[u.src_world] = Incoming::Expected { req: rid };
+            self.ux.set_incoming(u.src_world, Incoming::Expected { req: rid });
         }
     }
 }
@@ -678,8 +562,8 @@ mod tests {
         // Below TMPI_TM_THRESH the receive stays in software: the TM-SRQ delivers the message
         // to an SRQ buffer (unexpected for the hardware), software matches it.
         assert_eq!((b.st.stats.sw_matched, b.st.stats.unexpected), (1, 0));
-        assert_eq!(b.st.tm.counters().unexpected, 1);
-        assert_eq!(b.st.tm.counters().hw_matched, 0);
+        assert_eq!(b.st.offload.tm().counters().unexpected, 1);
+        assert_eq!(b.st.offload.tm().counters().hw_matched, 0);
     }
 
     #[test]
@@ -694,8 +578,8 @@ mod tests {
         let st = b.take_if_done(r).expect("matched at post").expect("ok");
         assert_eq!(st.len(), 5);
         assert_eq!(&buf, b"hello");
-        assert_eq!(b.st.ux_pool.len(), 1, "the small buffer is kept for the next unexpected message");
-        assert_eq!(b.st.ux_bytes, 0);
+        assert_eq!(b.st.ux.pool_len(), 1, "the small buffer is kept for the next unexpected message");
+        assert_eq!(b.st.ux.bytes(), 0);
     }
 
     #[test]
@@ -758,7 +642,7 @@ mod tests {
         let cfg = Config { unexpected_max: 4 * (100 + UX_OVERHEAD), ..Config::default() };
         let mut v = job(2, cfg);
         let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
-        let full = a.st.credits[1];
+        let full = a.st.credit.left(1);
         let data = [7u8; 100];
         let mut sends = Vec::new();
         for _ in 0..6 {
@@ -777,7 +661,7 @@ mod tests {
             assert!(a.take_if_done(s).expect("done").is_ok());
         }
         assert!(bufs.iter().all(|b| b == &data));
-        assert_eq!(a.st.credits[1] + b.st.owed[0], full, "consumed credit is returned (or owed in the next batch)");
+        assert_eq!(a.st.credit.left(1) + b.st.credit.owed(0), full, "consumed credit is returned (or owed in the next batch)");
     }
 
     #[test]
