@@ -8,12 +8,13 @@ use std::time::Instant;
 use tmpi_transport::bootstrap::pmi2::Pmi2Client;
 use tmpi_transport::bootstrap::wireup::{wire_up, WireUp};
 use tmpi_transport::bootstrap::{BootstrapClient, BootstrapEnv, KeyValue};
+use tmpi_transport::fabric::Fabric as _;
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::shm::ShmFabric;
 
 use crate::comm::{Comm, CommInner};
 use crate::config::Config;
-use crate::engine::{Engine, Fabric};
+use crate::engine::{AnyFabric, Engine};
 use crate::error::{Error, Result};
 use crate::sync::{EngineCell, Threading};
 
@@ -178,17 +179,17 @@ fn init_world(level: Threading) -> Result<World> {
     let _ = wtime();
     let cfg = Config::from_env()?;
     let Some((mut bc, env)) = launcher()? else {
-        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, None, level));
+        return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, None, level));
     };
     let (rank, size) = (env.rank, env.size);
     if size == 1 {
-        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, Some(bc), level));
+        return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, Some(bc), level));
     }
     let ring_size = |n: usize| cfg.ring_size_for(n);
     let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size };
     let fabric = wire_up(bc.kv(), &env, &how)?;
     if cfg.stats {
-        eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.kind(), fabric.bad_connections());
+        eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.name(), fabric.bad_connections());
     }
     Ok(world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level))
 }
@@ -308,7 +309,7 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
                 let f = &f;
                 let cfg = cfg.clone();
                 s.spawn(move || {
-                    f(world_from_engine(Engine::new(Fabric::Shm(fab), rank, n, cfg).expect("create engine"), None, Threading::Single))
+                    f(world_from_engine(Engine::new(AnyFabric::Shm(fab), rank, n, cfg).expect("create engine"), None, Threading::Single))
                 })
             })
             .collect();
@@ -360,7 +361,7 @@ fn run_local_at<R: Send>(n: usize, cfg: Config, level: Threading, f: impl Fn(Wor
                 let f = &f;
                 let cfg = cfg.clone();
                 s.spawn(move || {
-                    let fabric = if n <= 1 { Fabric::Single } else { Fabric::Local(fab) };
+                    let fabric = if n <= 1 { AnyFabric::Single } else { AnyFabric::Local(fab) };
                     f(world_from_engine(Engine::new(fabric, rank, n.max(1), cfg).expect("create engine"), None, level))
                 })
             })
@@ -448,8 +449,8 @@ mod tests {
         let cfg = Config::from_env().expect("TMPI_* knobs");
         let mut fabs = shm_fabrics_in_process(2, &cfg).into_iter();
         let (a, bf) = (fabs.next().expect("rank 0"), fabs.next().expect("rank 1"));
-        let w0 = world_from_engine(Engine::new(Fabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
-        let w1 = world_from_engine(Engine::new(Fabric::Shm(bf), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
+        let w0 = world_from_engine(Engine::new(AnyFabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
+        let w1 = world_from_engine(Engine::new(AnyFabric::Shm(bf), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
         (w0, w1)
     }
 

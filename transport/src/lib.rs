@@ -11,8 +11,9 @@
 //! - [`tcp`]: the TCP fabric between hosts (one connection per pair of ranks).
 //! - `ofi` (cargo feature `ofi`): libfabric's providers: safe wrappers, the tag layout and
 //!   the OFI packet fabric.
-//! - [`fabric`]: the packet interface every fabric implements, and [`fabric::Fabric`], the
-//!   one the runtime drives (shared memory, TCP, or both in one job).
+//! - [`fabric`]: packets, the [`fabric::Fabric`] trait every fabric implements, and
+//!   [`fabric::AnyFabric`], the one the runtime drives (shared memory, TCP, or both in one
+//!   job).
 //! - [`bootstrap`]: the key-value service that `tmpirun` serves and ranks use to meet.
 //!
 //! This crate never depends on the runtime (`tmpi`); the runtime and the launcher use it.

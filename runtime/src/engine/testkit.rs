@@ -10,7 +10,7 @@ pub(super) fn job(n: usize, cfg: Config) -> Vec<Engine> {
     LocalFabric::create(n, 64 << 10)
         .into_iter()
         .enumerate()
-        .map(|(r, f)| Engine::new(Fabric::Local(f), r, n, cfg.clone()).expect("engine"))
+        .map(|(r, f)| Engine::new(AnyFabric::Local(f), r, n, cfg.clone()).expect("engine"))
         .collect()
 }
 
@@ -87,8 +87,8 @@ fn window_cost_with(cfg: Config) -> [f64; 2] {
     let fa = tmpi_transport::shm::ShmFabric::create(&name, 0, 2, cfg.ring_size_for(2)).expect("segment");
     let fb = tmpi_transport::shm::ShmFabric::open(&name, 1, 2).expect("segment");
     fa.unlink().expect("unlink");
-    let mut a = Engine::new(Fabric::Shm(fa), 0, 2, cfg.clone()).expect("engine");
-    let mut b = Engine::new(Fabric::Shm(fb), 1, 2, cfg).expect("engine");
+    let mut a = Engine::new(AnyFabric::Shm(fa), 0, 2, cfg.clone()).expect("engine");
+    let mut b = Engine::new(AnyFabric::Shm(fb), 1, 2, cfg).expect("engine");
     let payload = [7u8; 8];
     let mut bufs = vec![[0u8; 8]; W];
     let mut best = [f64::MAX; 2];
@@ -124,7 +124,7 @@ fn pingpong_cost() {
     let fb = tmpi_transport::shm::ShmFabric::open(&name, 1, 2).expect("segment");
     fa.unlink().expect("unlink");
     let mut e =
-        [Engine::new(Fabric::Shm(fa), 0, 2, cfg.clone()).expect("engine"), Engine::new(Fabric::Shm(fb), 1, 2, cfg).expect("engine")];
+        [Engine::new(AnyFabric::Shm(fa), 0, 2, cfg.clone()).expect("engine"), Engine::new(AnyFabric::Shm(fb), 1, 2, cfg).expect("engine")];
     let payload = [7u8; 8];
     let mut bufs = [[0u8; 8]; 2];
     let mut best = f64::MAX;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::{BootstrapEnv, KeyValue};
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, FabricChoice, HybridFabric};
+use crate::fabric::{AnyFabric, FabricChoice, HybridFabric};
 use crate::shm::ShmFabric;
 use crate::tcp::{self, TcpFabric};
 
@@ -66,7 +66,7 @@ fn tcp_key(r: usize) -> String {
 /// # Errors
 /// Bootstrap failures, a segment that cannot be created or opened, `TMPI_FABRIC=shm` across
 /// hosts, TCP peers that cannot be reached or do not prove the job secret.
-pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<Fabric> {
+pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<AnyFabric> {
     let (rank, size) = (env.rank, env.size);
     let me = host_id();
     // When the launcher says every rank runs on this host, rank 0 creates the job's segment
@@ -145,9 +145,9 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
         }
     }
     Ok(match (shm, tcp) {
-        (Some(s), None) => Fabric::Shm(s),
-        (None, Some(t)) => Fabric::Tcp(t),
-        (Some(s), Some(t)) => Fabric::Hybrid(Box::new(HybridFabric::new(s, t, size, group)?)),
+        (Some(s), None) => AnyFabric::Shm(s),
+        (None, Some(t)) => AnyFabric::Tcp(t),
+        (Some(s), Some(t)) => AnyFabric::Hybrid(Box::new(HybridFabric::new(s, t, size, group)?)),
         (None, None) => return Err(Error::Fabric(format!("rank {rank}: no fabric links it to the other {} ranks", size - 1))),
     })
 }

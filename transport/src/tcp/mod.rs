@@ -55,6 +55,9 @@ use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
 
 /// Largest packet payload of one frame.
 pub const MAX_PACKET: usize = 256 * 1024;
+/// Most parts one packet may be gathered from ([`TcpFabric::try_send`]): with the frame
+/// header, one `sendmsg` of at most four iovecs.
+pub const MAX_PARTS: usize = 3;
 /// Bytes of a frame header.
 pub const FRAME_HDR: usize = 16;
 /// Bytes of each peer's receive buffer (several frames: fewer `recv` calls).
@@ -447,7 +450,7 @@ impl TcpFabric {
             return Err(Error::InvalidArgument(format!("no TCP connection from rank {rank} to {dest}")));
         };
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if len > MAX_PACKET || parts.len() > 3 {
+        if len > MAX_PACKET || parts.len() > MAX_PARTS {
             return Err(Error::InvalidArgument(format!("packet of {len} bytes in {} parts exceeds the TCP fabric's limit", parts.len())));
         }
         if c.closed {
