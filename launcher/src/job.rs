@@ -30,10 +30,12 @@
 //!
 //! Ending: the first failure (a rank exiting non-zero or killed by a signal, a rank that
 //! connected to the bootstrap service exiting 0 without finalizing, an abort through
-//! the bootstrap service, the timeout, or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
+//! the bootstrap service, the timeout, a remote host that stopped answering (its rank's
+//! bootstrap connection timed out: `TMPI_PEER_TIMEOUT`), or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
 //! (or the received signal) to every rank's group, and SIGKILL [`GRACE`] later to whatever is
 //! left. Which rank failed first is decided with the bootstrap service's help (see
-//! `Running::scan_ranks`): a rank that fails because a peer died is not blamed for it. When
+//! `Running::scan_ranks`): a rank that fails because a peer died is not blamed for it, nor one
+//! that fails while a remote host owes tmpirun an answer (that host is then waited for). When
 //! every rank has ended, the groups get SIGKILL (stray children) and the pipes are drained
 //! for at most [`DRAIN`]. The report of a failed rank quotes the last meaningful line it wrote
 //! on stderr (its pipe is drained first).

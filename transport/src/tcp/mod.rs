@@ -13,6 +13,10 @@
 //! collective, and because the handshake is the only blocking step, so it belongs before the
 //! program runs. The cost, `n - 1` sockets per rank, is what MPI jobs of this size afford.
 //!
+//! **Silence**: a peer whose host vanished sends nothing, not even an end of stream; with a
+//! peer timeout ([`TcpFabric::set_peer_timeout`], `TMPI_PEER_TIMEOUT`) it is taken for failed
+//! once its kernel has left keepalive probes or data unanswered that long ([`alive`]).
+//!
 //! **Progress** is the engine's: sockets are non-blocking, written by [`TcpFabric::try_send`]
 //! and read by [`TcpFabric::poll`] from the engine's one progress loop, with no thread per
 //! peer. It uses `std::net` and `libc` only (`sendmsg` for gathered writes with
@@ -308,7 +312,9 @@ impl TcpFabric {
     /// its listener): to the peers below `rank` by connecting, to those above by accepting on
     /// `listener`, which is closed afterwards. Every connection proves `secret` both ways
     /// ([`auth`]); an accepted connection that does not is closed and counted
-    /// ([`Self::bad_connections`]).
+    /// ([`Self::bad_connections`]). Accepted connections prove themselves side by side, each
+    /// within 5 s of its accept (`handshake`): a stranger that trickles bytes, or a crowd of
+    /// them, holds up only itself.
     ///
     /// # Errors
     /// A peer cannot be reached or does not prove the secret, or not every peer connected
