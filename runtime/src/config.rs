@@ -11,6 +11,7 @@ use tmpi_transport::fabric::FabricChoice;
 use tmpi_transport::mr::{CacheConfig, Monitor};
 use tmpi_transport::shm::room::{parse_shm_limit, ENV_SHM_LIMIT, EXPECT_SHM_LIMIT};
 use tmpi_transport::shm::segment::{MAX_RANKS, QUEUED};
+use tmpi_transport::tcp::alive;
 
 /// Parsed configuration.
 #[derive(Debug, Clone)]
@@ -63,6 +64,9 @@ pub struct Config {
     pub shared_heap: usize,
     /// `TMPI_SHM_COLL`: shared-memory collectives on.
     pub shm_coll: bool,
+    /// `TMPI_PEER_TIMEOUT`: how long a peer on another host may leave its TCP connection
+    /// unanswered before it counts as gone; `None`: no limit (`0`).
+    pub peer_timeout: Option<std::time::Duration>,
 }
 
 impl Default for Config {
@@ -90,6 +94,7 @@ impl Default for Config {
             single_copy_min: None,
             shared_heap: 1 << 30,
             shm_coll: true,
+            peer_timeout: Some(alive::DEFAULT_PEER_TIMEOUT),
         }
     }
 }
@@ -252,6 +257,9 @@ impl Config {
         if let Some(v) = get("TMPI_SHARED_HEAP") {
             let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
             c.shared_heap = if n == 0 { 0 } else { n.max(1 << 16) };
+        }
+        if let Some(v) = get(alive::ENV_PEER_TIMEOUT) {
+            c.peer_timeout = alive::parse_peer_timeout(&v).ok_or_else(|| bad(alive::ENV_PEER_TIMEOUT, &v, alive::PEER_TIMEOUT_EXPECTED))?;
         }
         if let Some(v) = get("TMPI_SHM_COLL") {
             c.shm_coll = match v.trim() {

@@ -161,11 +161,12 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_SINGLE_COPY", default: "cma", meaning: "how rendezvous data moves once the sender's key check passed: cma = one kernel copy where the kernel permits it (the reader process_vm_readv's the first half, the sender process_vm_writev's the second half from 128 KiB on), else (and with none) a pipelined copy through the shared-memory rings" },
     Knob { name: "TMPI_FABRIC", default: "auto", meaning: "which fabric links ranks: auto = shared memory between ranks of one host and TCP between hosts, shm = shared memory only (all ranks on one host), tcp = TCP between every pair of ranks, even on one host (for testing)" },
     Knob { name: "TMPI_TCP_IF", default: "auto", meaning: "interface name (eth0) or IP address the TCP fabric listens on; auto = loopback when all ranks run on one host, else the first IPv4 address of an interface that is up and not loopback (never the wildcard address); tmpirun also listens there for the bootstrap of ranks on other hosts (default there: the address that routes to the first remote host)" },
+    Knob { name: "TMPI_PEER_TIMEOUT", default: "20", meaning: "seconds a peer on another host may leave its TCP connections unanswered (data or the kernel's keepalive probes unacknowledged) before it counts as gone: waits on it fail with PeerGone, and tmpirun ends the job naming a host whose connection to it stays silent as long (plain ssh gets ServerAliveInterval/ServerAliveCountMax to match); a rank busy computing is never taken for gone, its kernel answers; 0 = no limit (1..=86400, or 0)" },
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "auto", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings; auto = each receiver times reads both ways per power-of-two size class and uses the faster, trying the other now and then (which wins depends on the host, by 2x either way: bench/results/adaptive-copy.md) (>= 0 or auto)" },
     Knob { name: "TMPI_SHARED_HEAP", default: "1073741824", meaning: "bytes of address space of each rank's shared heap (World::alloc_shared), a memory file that peers map on first use so a rendezvous from or into it is one plain memcpy; pages are taken only as blocks are written; 0 turns it off (allocations are then private memory) (0..=2^40; at least 65536 when not 0)" },
     Knob { name: "TMPI_SHM_COLL", default: "on", meaning: "on: barrier, bcast, reduce and allreduce of communicators of 2 to 64 ranks go through flags and slots in the shared-memory segment (up to 4 KiB of data; larger calls agree there, then use point-to-point); off: point-to-point algorithms only; must be the same on every rank (on or off)" },
     Knob { name: "TMPI_OFI_PROVIDER", default: "auto", meaning: "builds with the cargo feature ofi: the libfabric provider of the OFI fabric, as fi_info -l names it (tcp, shm, verbs, efa, cxi, psm3; layered ones as tcp;ofi_rxm), or auto = the first that fi_getinfo offers for an RDM endpoint with FI_TAGGED | FI_RMA; the OFI fabric is built and tested in the transport but TMPI_FABRIC does not select it yet (lowercase letters, digits, _ and ;, or auto)" },
-    Knob { name: "TMPI_RSH", default: "ssh", meaning: "read by tmpirun, not by the ranks: the command that starts ranks on other hosts (--host/--hostfile), split on whitespace, given the host then a shell command; plain ssh gets -x -o BatchMode=yes; --launch-agent overrides it" },
+    Knob { name: "TMPI_RSH", default: "ssh", meaning: "read by tmpirun, not by the ranks: the command that starts ranks on other hosts (--host/--hostfile), split on whitespace, given the host then a shell command; plain ssh gets -x -o BatchMode=yes and, unless TMPI_PEER_TIMEOUT is 0, ServerAliveInterval and ServerAliveCountMax; --launch-agent overrides it" },
 ];
 
 /// `TMPI_OFI_PROVIDER`: the libfabric provider of the OFI fabric.
@@ -441,6 +442,12 @@ impl BootstrapClient {
                 let s = TcpStream::connect_timeout(a, TCP_CONNECT_TIMEOUT)
                     .map_err(|source| Error::Io { op: format!("connect to the bootstrap service at {a}"), source })?;
                 let _ = s.set_nodelay(true);
+                // A host of tmpirun that vanishes ends this connection within the peer timeout
+                // (the runtime has refused a bad value before this; the default stands in).
+                if let Some(t) = crate::tcp::alive::peer_timeout_from_env().unwrap_or(Some(crate::tcp::alive::DEFAULT_PEER_TIMEOUT)) {
+                    let _ = crate::tcp::alive::set_keepalive(s.as_raw_fd(), t);
+                    let _ = crate::tcp::alive::set_user_timeout(s.as_raw_fd(), t);
+                }
                 ClientStream::Tcp(s)
             }
         };

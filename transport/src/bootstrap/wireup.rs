@@ -32,6 +32,9 @@ pub struct WireUp<'a> {
     pub tcp_if: Option<&'a str>,
     /// Bytes of each shared-memory ring for a segment of `n` ranks.
     pub ring_size: &'a dyn Fn(usize) -> usize,
+    /// `TMPI_PEER_TIMEOUT`: how long a TCP peer may stay silent ([`crate::tcp::alive`]);
+    /// `None`: no limit.
+    pub peer_timeout: Option<Duration>,
 }
 
 /// `TMPI_NODE_ID`: the launcher's name for the host a rank runs on (optional).
@@ -130,7 +133,9 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
                     .ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed TCP address")))?;
                 peers.push((r, a));
             }
-            tcp = Some(TcpFabric::establish(rank, size, l, &peers, &env.secret, CONNECT_TIMEOUT)?);
+            let mut t = TcpFabric::establish(rank, size, l, &peers, &env.secret, CONNECT_TIMEOUT)?;
+            t.set_peer_timeout(how.peer_timeout)?;
+            tcp = Some(t);
         }
     }
     bc.fence()?;
