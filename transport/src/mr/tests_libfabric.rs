@@ -64,6 +64,8 @@ fn bit_combos(access: Access) -> Vec<Access> {
 
 /// fabtests `unit/mr_test.c::mr_reg`: `fi_mr_reg` then `fi_close`, for every size and every
 /// access combination.
+///
+/// CONFORMANCE.md: M1, M36.
 #[test]
 fn fabtests_mr_test_mr_reg() {
     let sizes = test_sizes();
@@ -83,6 +85,8 @@ fn fabtests_mr_test_mr_reg() {
 
 /// fabtests `unit/mr_test.c::mr_regv`: `n` contiguous pieces of the buffer (for each test size
 /// `n` up to `mr_iov_limit`), registered as one region, then closed.
+///
+/// CONFORMANCE.md: M2, M44.
 #[test]
 fn fabtests_mr_test_mr_regv() {
     let sizes = test_sizes();
@@ -101,6 +105,8 @@ fn fabtests_mr_test_mr_regv() {
 
 /// fabtests `unit/mr_test.c::mr_regattr`: as `mr_regv`, through `fi_mr_regattr` with the
 /// system `iface` (`ft_fill_mr_attr`).
+///
+/// CONFORMANCE.md: M3, M54.
 #[test]
 fn fabtests_mr_test_mr_regattr() {
     let sizes = test_sizes();
@@ -121,6 +127,8 @@ fn fabtests_mr_test_mr_regattr() {
 
 /// fabtests `unit/mr_test.c::mr_reg_free_then_alloc`: five times, register the buffer, close
 /// the registration, allocate a new buffer, free the old one, and carry on with the new one.
+///
+/// CONFORMANCE.md: M5.
 #[test]
 fn fabtests_mr_test_mr_reg_free_then_alloc() {
     let size = *test_sizes().last().unwrap();
@@ -140,6 +148,8 @@ fn fabtests_mr_test_mr_reg_free_then_alloc() {
 /// fabtests `unit/mr_cache_evict.c`, `MMAP` allocator: a second registration of a buffer hits
 /// the cache; after the buffer is unmapped (registrations still open) and mapped again at the
 /// same address, a third registration is a miss with a new key, and the stale ones are dead.
+///
+/// CONFORMANCE.md: M70.
 #[test]
 fn fabtests_mr_cache_evict_mmap() {
     let size = 16384usize.max(page_size());
