@@ -124,6 +124,7 @@
 //! assert_eq!(ok, vec![true, true]);
 //! ```
 
+mod alloc;
 mod buffer;
 pub mod coll;
 mod coll_glue;
