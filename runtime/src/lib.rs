@@ -35,8 +35,8 @@
 //! - Matched probes and more: [`Comm::mprobe`], [`Comm::improbe`], [`Message`],
 //!   [`Comm::sendrecv_replace`]; non-contiguous data with [`datatype::Layout`]
 //!   ([`Comm::send_layout`], [`Comm::recv_layout`], [`datatype::pack`], [`datatype::unpack`]).
-//! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`],
-//!   [`Comm::compare`].
+//! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`] (disjoint
+//!   groups at once), [`Comm::create_group`] by the group's members alone, [`Comm::compare`].
 //! - Cartesian topologies: [`dims_create`], [`Comm::cart_create`], [`CartComm`] (coordinates,
 //!   shifts, sub-grids, [`CartComm::neighbor_allgather`], [`CartComm::neighbor_alltoall`]).
 //! - Collectives: [`Comm::barrier`], [`Comm::bcast`], [`Comm::reduce`], [`Comm::allreduce`],
