@@ -166,7 +166,7 @@ pub use topo::{dims_create, CartComm};
 pub use vecrecv::VecRequest;
 pub use world::{
     init, init_thread, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_threaded, run_local_with,
-    run_shm_threads, wtick, wtime, World,
+    run_shm_threads, shm_pair_one_thread, wtick, wtime, World,
 };
 
 /// A rank in a communicator.
