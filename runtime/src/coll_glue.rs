@@ -118,7 +118,7 @@ impl Comm {
     fn agree_comm_id(&self) -> Result<u32> {
         let mut from = 0usize;
         loop {
-            let mine = self.eng()?.comm_ids.first_free_word(from) as u64;
+            let mine = self.eng()?.comm_id_first_free_word(from) as u64;
             let mut w = [0u64];
             let c = CollCtx::new(self);
             c.finish(coll::allreduce(&c, &[mine], &mut w, Op::Max))?;
@@ -126,7 +126,7 @@ impl Comm {
             if w * 64 > MAX_COMM_ID as usize {
                 return Err(Error::State(format!("out of communicator ids ({} in use at once at most)", MAX_COMM_ID)));
             }
-            let free = self.eng()?.comm_ids.free_word(w);
+            let free = self.eng()?.comm_id_free_word(w);
             let mut all = [0u64];
             let c = CollCtx::new(self);
             c.finish(coll::allreduce(&c, &[free], &mut all, Op::BitAnd))?;
@@ -143,7 +143,7 @@ impl Comm {
 
     /// Builds a communicator on agreed id `id` (and takes the id on this rank).
     pub(crate) fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<crate::engine::WorldRanks>) -> Result<Comm> {
-        self.eng()?.comm_ids.take(id);
+        self.eng()?.comm_id_take(id);
         Ok(Comm {
             inner: Arc::new(CommInner {
                 eng: self.inner.eng.clone(),

@@ -370,7 +370,7 @@ impl GroupChan<'_> {
     fn agree_id(&self, fp: u64) -> Result<u32> {
         let mut from = 0usize;
         loop {
-            let first = self.comm.eng()?.comm_ids.first_free_word(from) as u64;
+            let first = self.comm.eng()?.comm_id_first_free_word(from) as u64;
             let mut max = [0u64; 3];
             crate::coll::allreduce(self, &[first, fp, !fp], &mut max, crate::Op::Max)?;
             if max[1] != !max[2] {
@@ -382,7 +382,7 @@ impl GroupChan<'_> {
             if w * 64 > crate::coll_glue::MAX_COMM_ID as usize {
                 return Err(out_of_ids());
             }
-            let free = self.comm.eng()?.comm_ids.free_word(w);
+            let free = self.comm.eng()?.comm_id_free_word(w);
             let mut all = [0u64];
             crate::coll::allreduce(self, &[free], &mut all, crate::Op::BitAnd)?;
             if all[0] != 0 {

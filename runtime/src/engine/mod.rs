@@ -15,6 +15,7 @@
 //! | [`offload`] | the soft TM-SRQ's tagged buffers, completions and sync |
 //! | [`requests`] | request naming, completion, cancel and abandon |
 //! | [`leave`] | finalize, departed peers (`PeerGone`), collective aborts |
+//! | [`comm_ids`] | communicator ids in use, freed once their last user ends |
 //! | [`fabric`] | the fabric and how its peers stand |
 //! | [`shmcoll`] | hooks of the shared-memory collectives and the doorbell |
 //! | [`stats`] | `TMPI_STATS=1` counters |
@@ -72,6 +73,7 @@
 
 mod adapt;
 mod arrival;
+mod comm_ids;
 mod eager;
 mod fabric;
 mod leave;
@@ -521,8 +523,8 @@ pub(crate) struct Engine {
     size: usize,
     spin: u32,
     pub(crate) cfg: Config,
-    /// Communicator ids this rank uses (see `Comm::dup`).
-    pub(crate) comm_ids: crate::comm::CommIds,
+    /// Communicator ids this rank uses (see [`comm_ids`]).
+    comm_ids: comm_ids::CommIds,
     /// Non-blocking polls since the last liveness check (see [`Engine::idle_check`]).
     idle_calls: u32,
     /// Peers whose process was found dead (sticky), and the next peer to look at.
@@ -634,7 +636,7 @@ impl Engine {
             size,
             spin,
             cfg,
-            comm_ids: crate::comm::CommIds::new(),
+            comm_ids: comm_ids::CommIds::new(),
             idle_calls: 0,
             dead: vec![false; size],
             next_probe: 0,
