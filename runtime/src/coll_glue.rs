@@ -106,8 +106,9 @@ impl CollP2p for CollCtx<'_> {
     }
 }
 
-/// Largest communicator id: contexts `2 * id` and `2 * id + 1` must fit the tag's 20 bits.
-const MAX_COMM_ID: u32 = (1 << 19) - 1;
+/// Largest communicator id: contexts `2 * id` and `2 * id + 1` stay below `2^19`, and the
+/// context of `Comm::create_group`'s exchanges, `2^19 + id`, within the tag's 20 bits.
+pub(crate) const MAX_COMM_ID: u32 = (1 << 18) - 1;
 
 impl Comm {
     /// Agrees on a communicator id that every member of `self` has free, and takes it
@@ -141,7 +142,7 @@ impl Comm {
     }
 
     /// Builds a communicator on agreed id `id` (and takes the id on this rank).
-    fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<crate::engine::WorldRanks>) -> Result<Comm> {
+    pub(crate) fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<crate::engine::WorldRanks>) -> Result<Comm> {
         self.eng()?.comm_id_take(id);
         Ok(Comm {
             inner: Arc::new(CommInner {

@@ -35,8 +35,8 @@
 //! - Matched probes and more: [`Comm::mprobe`], [`Comm::improbe`], [`Message`],
 //!   [`Comm::sendrecv_replace`]; non-contiguous data with [`datatype::Layout`]
 //!   ([`Comm::send_layout`], [`Comm::recv_layout`], [`datatype::pack`], [`datatype::unpack`]).
-//! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`],
-//!   [`Comm::compare`].
+//! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`] (disjoint
+//!   groups at once), [`Comm::create_group`] by the group's members alone, [`Comm::compare`].
 //! - Cartesian topologies: [`dims_create`], [`Comm::cart_create`], [`CartComm`] (coordinates,
 //!   shifts, sub-grids, [`CartComm::neighbor_allgather`], [`CartComm::neighbor_alltoall`]).
 //! - Collectives: [`Comm::barrier`], [`Comm::bcast`], [`Comm::reduce`], [`Comm::allreduce`],
@@ -125,6 +125,7 @@
 //! ```
 
 pub mod bsend;
+mod alloc;
 mod buffer;
 mod cartmap;
 pub mod coll;
@@ -177,7 +178,7 @@ pub use vecrecv::VecRequest;
 pub use version::{mpi_version, MPI_VERSION};
 pub use world::{
     init, init_thread, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_threaded, run_local_with,
-    run_shm_threads, wtick, wtime, World,
+    run_shm_threads, shm_pair_one_thread, wtick, wtime, World,
 };
 
 /// A rank in a communicator.

@@ -54,7 +54,9 @@ mod tests;
 pub(crate) mod tests_libfabric;
 
 pub use cache::{CacheConfig, CacheDomain, CacheRegion, CacheStats, CachedMr, KnobError, Monitor, MonitorStatus, MrCache};
-pub use domain::{Domain, DomainAttr, MappedKey, RemoteOp, ResolvedRange, Segment, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE};
+pub use domain::{
+    Domain, DomainAttr, MappedKey, RawKey, RemoteOp, ResolvedRange, Segment, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE,
+};
 pub use flags::{Access, BindFlags, MrMode, RegFlags, FI_RMA_PMEM};
 pub use region::{CloseError, Counter, Endpoint, HmemIface, MemoryRegion, MrAttr, MrDesc, RawAttr};
 

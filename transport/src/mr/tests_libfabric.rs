@@ -117,6 +117,8 @@ impl FabtestDomain for Domain {
 
 /// fabtests `unit/mr_test.c::mr_reg`: `fi_mr_reg` then `fi_close`, for every size and every
 /// access combination.
+///
+/// CONFORMANCE.md: M1, M36.
 pub(crate) fn mr_reg<D: FabtestDomain>(d: &D) {
     let sizes = test_sizes();
     let buf = Mapping::new(*sizes.last().unwrap()).unwrap();
@@ -134,6 +136,8 @@ pub(crate) fn mr_reg<D: FabtestDomain>(d: &D) {
 
 /// fabtests `unit/mr_test.c::mr_regv`: `n` contiguous pieces of the buffer (for each test size
 /// `n` up to `mr_iov_limit`), registered as one region, then closed.
+///
+/// CONFORMANCE.md: M2, M44.
 pub(crate) fn mr_regv<D: FabtestDomain>(d: &D) {
     let sizes = test_sizes();
     let largest = *sizes.last().unwrap();
@@ -148,6 +152,8 @@ pub(crate) fn mr_regv<D: FabtestDomain>(d: &D) {
 
 /// fabtests `unit/mr_test.c::mr_regattr`: as `mr_regv`, through `fi_mr_regattr` with the
 /// system `iface` (`ft_fill_mr_attr`), and a context that comes back.
+///
+/// CONFORMANCE.md: M3, M54.
 pub(crate) fn mr_regattr<D: FabtestDomain>(d: &D) {
     let sizes = test_sizes();
     let largest = *sizes.last().unwrap();
@@ -162,6 +168,8 @@ pub(crate) fn mr_regattr<D: FabtestDomain>(d: &D) {
 
 /// fabtests `unit/mr_test.c::mr_reg_free_then_alloc`: five times, register the buffer, close
 /// the registration, allocate a new buffer, free the old one, and carry on with the new one.
+///
+/// CONFORMANCE.md: M5.
 pub(crate) fn mr_reg_free_then_alloc<D: FabtestDomain>(d: &D) {
     let size = *test_sizes().last().unwrap();
     let mut buf = Mapping::new(size).unwrap();
@@ -175,21 +183,25 @@ pub(crate) fn mr_reg_free_then_alloc<D: FabtestDomain>(d: &D) {
     assert!(d.open_regions().is_none_or(|n| n == 0), "{}", d.label());
 }
 
+/// CONFORMANCE.md: M1, M36.
 #[test]
 fn fabtests_mr_test_mr_reg() {
     domains().iter().for_each(mr_reg);
 }
 
+/// CONFORMANCE.md: M2, M44.
 #[test]
 fn fabtests_mr_test_mr_regv() {
     domains().iter().for_each(mr_regv);
 }
 
+/// CONFORMANCE.md: M3, M54.
 #[test]
 fn fabtests_mr_test_mr_regattr() {
     domains().iter().for_each(mr_regattr);
 }
 
+/// CONFORMANCE.md: M5.
 #[test]
 fn fabtests_mr_test_mr_reg_free_then_alloc() {
     domains().iter().for_each(mr_reg_free_then_alloc);
@@ -199,6 +211,8 @@ fn fabtests_mr_test_mr_reg_free_then_alloc() {
 /// the cache; after the buffer is unmapped (registrations still open) and mapped again at the
 /// same address, a third registration is a miss with a new key, and the stale ones are dead.
 /// Generic over the cache's domain (`key` reads a handle's key).
+///
+/// CONFORMANCE.md: M70.
 pub(crate) fn mr_cache_evict<D: CacheDomain>(d: D, key: impl Fn(&CachedMr<D>) -> u64) {
     let size = 16384usize.max(page_size());
     let cache = MrCache::new(d, CacheConfig::default()).unwrap();
@@ -236,6 +250,7 @@ pub(crate) fn mr_cache_evict<D: CacheDomain>(d: D, key: impl Fn(&CachedMr<D>) ->
     panic!("could not map the same address again in 16 tries");
 }
 
+/// CONFORMANCE.md: M70.
 #[test]
 fn fabtests_mr_cache_evict_mmap() {
     let d = Domain::open(DomainAttr { mr_mode: MrMode::PROV_KEY | MrMode::VIRT_ADDR, ..DomainAttr::default() }).unwrap();
