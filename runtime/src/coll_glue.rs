@@ -20,50 +20,46 @@ pub(crate) struct CollCtx<'a> {
     seq: u32,
     /// The whole sequence number (shared-memory collectives use all 32 bits).
     full: u32,
-    /// `Ok(true)`: this call marked the communicator busy and clears it when dropped; an
-    /// error: another thread is in a collective on it, so every step of this one fails.
-    busy: Result<bool>,
+    /// This call marked the communicator busy and clears it when dropped.
+    busy: bool,
 }
 
 impl Drop for CollCtx<'_> {
     fn drop(&mut self) {
-        if matches!(self.busy, Ok(true)) {
+        if self.busy {
             self.comm.inner.coll_busy.leave();
         }
     }
 }
 
 impl<'a> CollCtx<'a> {
-    /// Starts a collective call on `comm`. Every rank of the communicator calls it once per
-    /// collective, first thing, whatever happens next, so the numbers agree.
+    /// Starts a collective call on `comm`: the one check every collective makes before
+    /// anything else, its shortcuts (one rank, empty buffers) included. Every rank of the
+    /// communicator calls it once per collective, first thing, so the numbers agree.
     ///
-    /// At the thread levels where several threads may call, a call that overlaps a collective
-    /// of another thread on the same communicator (erroneous, as in MPI) takes no part: each of
-    /// its steps, and [`CollCtx::finish`], fails with [`Error::Thread`].
-    pub(crate) fn new(comm: &'a Comm) -> Self {
-        let busy = comm.inner.coll_busy.enter(comm.threading());
-        let seq = if busy.is_ok() { comm.inner.coll_seq.update(|s| s.wrapping_add(1)) } else { 0 };
-        CollCtx { comm, seq: seq & 0xffff, full: seq, busy }
-    }
-
-    /// Fails when another thread is in a collective on the communicator (see [`CollCtx::new`]).
-    pub(crate) fn check(&self) -> Result<()> {
-        match &self.busy {
-            Ok(_) => Ok(()),
-            Err(_) => Err(Error::Thread { level: self.comm.threading(), what: "two collectives on one communicator at once" }),
+    /// # Errors
+    /// [`Error::State`] when the world was finalized (the communicator outlived it);
+    /// [`Error::Thread`] at the thread levels where several threads may call, when the call
+    /// overlaps a collective of another thread on the same communicator (erroneous, as in
+    /// MPI): it then takes no part.
+    pub(crate) fn new(comm: &'a Comm) -> Result<Self> {
+        if comm.inner.eng.is_closed() {
+            // The engine's own refusal: `Error::State`, worded as every other call's.
+            comm.eng()?;
         }
+        let busy = comm.inner.coll_busy.enter(comm.threading())?;
+        let seq = comm.inner.coll_seq.update(|s| s.wrapping_add(1));
+        Ok(CollCtx { comm, seq: seq & 0xffff, full: seq, busy })
     }
 
     /// The call on the communicator's shared-memory collective context, if it has one.
     fn shm(&self) -> Option<shm::Call<'a>> {
-        self.busy.as_ref().ok()?;
         shm::Call::new(self.comm, self.full)
     }
 
     /// Ends the call with `r`: if it failed because a rank departed, the other members are
     /// told, so that none of them waits for this rank's part of the call.
     pub(crate) fn finish<T>(&self, r: Result<T>) -> Result<T> {
-        self.check()?;
         if let Err(Error::PeerGone { rank }) = &r {
             let c = self.comm;
             let members: Vec<usize> = (0..c.size()).map(|i| c.world_rank(i)).collect();
@@ -89,16 +85,13 @@ impl CollP2p for CollCtx<'_> {
         self.comm.size()
     }
     fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
-        self.check()?;
         self.comm.send_ctx(self.comm.coll_ctx(), buf, dest, self.tag(tag), false)
     }
     fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
-        self.check()?;
         self.comm.check_rank(src)?;
         self.comm.recv_ctx(self.comm.coll_ctx(), buf, Some(src as u32), Some(self.tag(tag))).map(|s| s.len())
     }
     fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize> {
-        self.check()?;
         self.comm.check_rank(src)?;
         self.comm
             .sendrecv_ctx(self.comm.coll_ctx(), sbuf, dest, self.tag(stag), rbuf, Some(src as u32), Some(self.tag(rtag)))
@@ -120,7 +113,7 @@ impl Comm {
         loop {
             let mine = self.eng()?.comm_id_first_free_word(from) as u64;
             let mut w = [0u64];
-            let c = CollCtx::new(self);
+            let c = CollCtx::new(self)?;
             c.finish(coll::allreduce(&c, &[mine], &mut w, Op::Max))?;
             let w = w[0] as usize;
             if w * 64 > MAX_COMM_ID as usize {
@@ -128,7 +121,7 @@ impl Comm {
             }
             let free = self.eng()?.comm_id_free_word(w);
             let mut all = [0u64];
-            let c = CollCtx::new(self);
+            let c = CollCtx::new(self)?;
             c.finish(coll::allreduce(&c, &[free], &mut all, Op::BitAnd))?;
             if all[0] != 0 {
                 let id = (w * 64) as u32 + all[0].trailing_zeros();
@@ -180,7 +173,7 @@ impl Comm {
         let n = self.size();
         let mine = [u32::from(color.is_some()), color.unwrap_or(0), key as u32];
         let mut all = vec![0u32; 3 * n];
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::allgather(&c, bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut all)))?;
         let id = self.agree_comm_id()?;
         let Some(color) = color else { return Ok(None) };
@@ -200,7 +193,7 @@ impl Comm {
     /// # Errors
     /// [`Error::PeerGone`].
     pub fn barrier(&self) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             return c.finish(s.barrier());
         }
@@ -212,7 +205,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`]; [`Error::Truncated`] when ranks pass different lengths.
     pub fn bcast<T: Pod>(&self, buf: &mut [T], root: Rank) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let buf: &mut [u8] = bytemuck::cast_slice_mut(buf);
         if let Some(s) = c.shm() {
             if let Err(e) = coll::check_root(root, self.size()) {
@@ -232,7 +225,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn reduce<T: Pod + Reducible>(&self, send: &[T], recv: Option<&mut [T]>, op: Op, root: Rank) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             let is_root = self.rank() == root;
             if let Err(e) = shm::check_reduce(send, recv.as_deref(), op, root, self.size(), is_root) {
@@ -254,7 +247,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn allreduce<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             if let Err(e) = shm::check_reduce(send, Some(recv), op, 0, self.size(), true) {
                 s.refuse()?;
@@ -273,7 +266,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn gather<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, root: Rank) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::gather(&c, bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root))
     }
 
@@ -282,7 +275,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn scatter<T: Pod>(&self, send: Option<&[T]>, recv: &mut [T], root: Rank) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::scatter(&c, send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root))
     }
 
@@ -291,7 +284,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::allgather(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
 
@@ -300,7 +293,7 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::alltoall(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
 }
@@ -331,7 +324,7 @@ impl Comm {
     /// rank's block has another length than its count (the root still takes every rank's
     /// block, so no rank waits for it); [`Error::PeerGone`].
     pub fn gatherv<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, counts: &[usize], displs: &[usize], root: Rank) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::gatherv(&c, send, recv, counts, displs, root))
     }
 
@@ -357,7 +350,7 @@ impl Comm {
     /// every rank an empty block); elsewhere [`Error::InvalidBuffer`] when the block received
     /// has another length than `recv`; [`Error::PeerGone`].
     pub fn scatterv<T: Pod>(&self, send: Option<&[T]>, counts: &[usize], displs: &[usize], recv: &mut [T], root: Rank) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::scatterv(&c, send, counts, displs, recv, root))
     }
 
@@ -379,7 +372,7 @@ impl Comm {
     /// count is not `send.len()`, or a block arrives with another length than its count (the rank
     /// still completes its part, so no rank waits for it); [`Error::PeerGone`].
     pub fn allgatherv<T: Pod>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::allgatherv(&c, send, recv, counts, displs))
     }
 
@@ -416,7 +409,7 @@ impl Comm {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::alltoallv(&c, send, scounts, sdispls, recv, rcounts, rdispls))
     }
 
@@ -440,7 +433,7 @@ impl Comm {
     /// does not sum to `send.len()`, or `recv.len() != counts[rank]`; mismatched lengths
     /// between ranks; [`Error::PeerGone`].
     pub fn reduce_scatter<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: Op) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::reduce_scatter(&c, send, recv, counts, op))
     }
 
@@ -461,7 +454,7 @@ impl Comm {
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when the lengths do not fit; mismatched
     /// lengths between ranks; [`Error::PeerGone`].
     pub fn reduce_scatter_block<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::reduce_scatter_block(&c, send, recv, op))
     }
 
@@ -481,7 +474,7 @@ impl Comm {
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `recv.len() != send.len()` or ranks
     /// pass different lengths; [`Error::PeerGone`].
     pub fn scan<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::scan(&c, send, recv, op))
     }
 
@@ -500,7 +493,7 @@ impl Comm {
     /// # Errors
     /// As [`Comm::scan`].
     pub fn exscan<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::exscan(&c, send, recv, op))
     }
 }
@@ -516,6 +509,43 @@ impl CollCtx<'_> {
 #[cfg(test)]
 mod tests {
     use crate::run_local;
+
+    /// Instructions per blocking call of the small collectives that go through the shared-memory
+    /// slots (barrier and an 8 B allreduce at 2 ranks, as `osu_barrier` and `osu_allreduce`
+    /// time them), counted with callgrind: `COLL_COST_CALL=barrier COLL_COST_ITERS=N valgrind
+    /// --tool=callgrind --separate-threads=yes <test binary> --ignored --exact
+    /// coll_glue::tests::shm_small_call_cost` (or `COLL_COST_CALL=allreduce`), once with N =
+    /// 500 and once with 1000: the difference of rank 1's thread (the fourth) over 500 is the
+    /// cost of one call. Rank 1 starts each call only once rank 0 has started it and had 5 ms
+    /// to arrive, so rank 1 arrives second and does not wait: its count holds no spinning and
+    /// does not depend on the host's load.
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn shm_small_call_cost() {
+        let iters: usize = std::env::var("COLL_COST_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+        let barrier = std::env::var("COLL_COST_CALL").map_or(true, |v| v == "barrier");
+        let cfg = crate::config::Config { shm_ring_size: 64 << 10, ..crate::config::Config::default() };
+        let started = std::sync::atomic::AtomicUsize::new(0);
+        crate::world::run_shm_threads(2, cfg, |w| {
+            let mut out = [0u64];
+            for i in 0..iters {
+                if w.rank() == 0 {
+                    started.store(i + 1, std::sync::atomic::Ordering::SeqCst);
+                } else {
+                    while started.load(std::sync::atomic::Ordering::SeqCst) <= i {
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                if barrier {
+                    w.barrier().unwrap();
+                } else {
+                    w.allreduce(&[i as u64], &mut out, crate::Op::Sum).unwrap();
+                    assert_eq!(out[0], 2 * i as u64);
+                }
+            }
+        });
+    }
 
     /// Communicator ids come back when communicators are dropped: a million dup/drop cycles
     /// would run out of ids otherwise (the limit is 2^19 at once); here the id of a fresh dup

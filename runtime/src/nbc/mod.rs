@@ -201,7 +201,6 @@ impl Comm {
         input: Option<&'s [u8]>,
         output: Option<&'s mut [u8]>,
     ) -> Result<Request<'s>> {
-        c.check()?;
         let who = Members { ctx: self.coll_ctx(), rank: self.rank(), size: self.size(), world: self.inner.members.clone(), seq: c.seq() };
         // SAFETY: `input` and `output` are borrowed for 's; the request is registered in the
         // scope (`Request::new`), which finishes or abandons it before 's ends, and
@@ -227,7 +226,7 @@ impl Comm {
     /// # Errors
     /// [`Error::PeerGone`] (from the request).
     pub fn ibarrier<'s>(&self, s: &'s Scope<'s, '_>) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let mut plan = Plan::new();
         plan_barrier(&mut plan, self.rank(), self.size());
         self.start_plan(s, &c, plan, None, None)
@@ -248,7 +247,7 @@ impl Comm {
     /// [`Error::InvalidRoot`]; from the request, [`Error::Truncated`] or
     /// [`Error::InvalidBuffer`] when ranks pass different lengths, [`Error::PeerGone`].
     pub fn ibcast<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, buf: &'s mut [T], root: Rank) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         check_root(root, self.size())?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let mut plan = Plan::new();
@@ -336,7 +335,7 @@ impl Comm {
         if self.rank() == root {
             if let Some(b) = &recv {
                 if Some(b.len()) != send.len().checked_mul(n) {
-                    let _ = CollCtx::new(self);
+                    CollCtx::new(self)?;
                     return Err(len_err("igather", "receive", b.len(), send.len().saturating_mul(n)));
                 }
             }
@@ -389,7 +388,7 @@ impl Comm {
         displs: &[usize],
         root: Rank,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let (r, n) = (self.rank(), self.size());
         check_root(root, n)?;
         let es = std::mem::size_of::<T>();
@@ -445,7 +444,7 @@ impl Comm {
         if self.rank() == root {
             if let Some(b) = &send {
                 if Some(b.len()) != recv.len().checked_mul(n) {
-                    let _ = CollCtx::new(self);
+                    CollCtx::new(self)?;
                     return Err(len_err("iscatter", "send", b.len(), recv.len().saturating_mul(n)));
                 }
             }
@@ -497,7 +496,7 @@ impl Comm {
         recv: &'s mut [T],
         root: Rank,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let (r, n) = (self.rank(), self.size());
         check_root(root, n)?;
         let es = std::mem::size_of::<T>();
@@ -545,7 +544,7 @@ impl Comm {
     pub fn iallgather<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T]) -> Result<Request<'s>> {
         let n = self.size();
         if Some(recv.len()) != send.len().checked_mul(n) {
-            let _ = CollCtx::new(self);
+            CollCtx::new(self)?;
             return Err(len_err("iallgather", "receive", recv.len(), send.len().saturating_mul(n)));
         }
         let counts = vec![send.len(); n];
@@ -591,7 +590,7 @@ impl Comm {
         counts: &[usize],
         displs: &[usize],
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let (r, n) = (self.rank(), self.size());
         check_layout(what, "receive", counts, displs, n, recv.len(), true)?;
         if counts[r] != send.len() {
@@ -634,7 +633,7 @@ impl Comm {
     pub fn ialltoall<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T]) -> Result<Request<'s>> {
         let n = self.size();
         if send.len() != recv.len() || send.len() % n != 0 {
-            let _ = CollCtx::new(self);
+            CollCtx::new(self)?;
             return Err(Error::InvalidBuffer(format!(
                 "ialltoall: send ({}) and receive ({}) buffers must have the same length, a multiple of {n}",
                 send.len(),
@@ -678,7 +677,7 @@ impl Comm {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let (r, n) = (self.rank(), self.size());
         check_layout("ialltoallv", "send", scounts, sdispls, n, send.len(), false)?;
         check_layout("ialltoallv", "receive", rcounts, rdispls, n, recv.len(), true)?;
@@ -803,7 +802,7 @@ impl Comm {
         op_ok: Result<()>,
         root: Rank,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         check_root(root, self.size())?;
         op_ok?;
         let (r, n) = (self.rank(), self.size());
@@ -842,7 +841,7 @@ impl Comm {
         f: ReduceFn,
         op_ok: Result<()>,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         op_ok?;
         if recv.len() != send.len() {
             return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
@@ -868,7 +867,7 @@ impl Comm {
         f: ReduceFn,
         op_ok: Result<()>,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         op_ok?;
         let (r, n) = (self.rank(), self.size());
         if counts.len() != n {
@@ -922,7 +921,7 @@ impl Comm {
         op_ok: Result<()>,
         inclusive: bool,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         op_ok?;
         if recv.len() != send.len() {
             return Err(len_err(what, "receive", recv.len(), send.len()));
