@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::seen::{self, Kind, What};
 use crate::Rank;
 
 /// How two groups relate ([`Group::compare`]).
@@ -189,6 +190,9 @@ impl Comm {
     /// [`Error::InvalidGroup`] (before any communication) when `group` has a process that is
     /// not a member of `self`; as [`Comm::split`].
     pub fn create(&self, group: &Group) -> Result<Option<Comm>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Create).on(self), || self.create(group));
+        }
         let mine = self.group();
         if group.members.iter().any(|m| !mine.members.contains(m)) {
             return Err(Error::InvalidGroup("create: the group has processes outside the communicator".into()));

@@ -140,6 +140,7 @@ mod nbc;
 mod node;
 pub mod op;
 mod request;
+mod seen;
 #[cfg(feature = "serde")]
 mod serialized;
 mod slab;

@@ -199,12 +199,20 @@ fn args(ev: &Event, kind: Kind) -> String {
             let _ = write!(a, ",\"step\":{}", ev.aux);
             peer_arg(&mut a, "peer", ev.peer);
         }
-        _ => {
-            if kind.class() == Class::Coll || kind.class() == Class::Nbc {
-                peer_arg(&mut a, "root", ev.peer);
-            } else {
-                peer_arg(&mut a, "peer", ev.peer);
-                peer_arg(&mut a, "tag", ev.tag);
+        Class::Life => {}
+        class => {
+            match class {
+                Class::Coll | Class::Nbc if ev.peer != NONE => peer_arg(&mut a, "root", ev.peer),
+                Class::Coll | Class::Nbc | Class::Comm => {}
+                Class::Complete => {
+                    if ev.tag != NONE {
+                        peer_arg(&mut a, "tag", ev.tag);
+                    }
+                }
+                _ => {
+                    peer_arg(&mut a, "peer", ev.peer);
+                    peer_arg(&mut a, "tag", ev.tag);
+                }
             }
             let _ = write!(a, ",\"comm\":{}", ev.aux & aux::COMM_MASK);
             if ev.aux & aux::FAILED != 0 {

@@ -379,8 +379,9 @@ impl Report {
         for (i, (r, w)) in all.iter().take(10).enumerate() {
             let whom = match (w.peer, w.tag) {
                 (NONE, NONE) => String::new(),
-                (p, NONE) => format!(" (rank {})", opt(p)),
-                (p, t) => format!(" (rank {}, tag {})", opt(p), t),
+                (NONE, t) => format!(" (tag {t})"),
+                (p, NONE) => format!(" (rank {p})"),
+                (p, t) => format!(" (rank {p}, tag {t})"),
             };
             let _ = writeln!(s, "  {:>2}. rank {r} {}{whom}: {} at {} after init", i + 1, w.kind.name(), human_ns(w.ns), human_ns(w.at_ns));
         }
