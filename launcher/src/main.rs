@@ -19,6 +19,7 @@ mod error;
 mod hosts;
 mod job;
 mod output;
+mod seen;
 mod sys;
 
 use clap::Parser;
@@ -114,7 +115,10 @@ fn real_main() -> Result<i32> {
         report_pids: cli.report_pids,
         peer_timeout,
     };
-    job::run(&spec, &sigs, &binder)
+    let seeing = seen::Seeing::prepare(&cli, np)?;
+    let status = job::run(&spec, &sigs, &binder)?;
+    seeing.finish();
+    Ok(status)
 }
 
 /// The job's layout over several hosts, or `None` when every host given is this machine

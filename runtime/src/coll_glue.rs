@@ -9,6 +9,7 @@ use crate::coll::{self, shm, CollP2p};
 use crate::comm::{Comm, CommInner};
 use crate::error::{Error, Result};
 use crate::op::{Op, Reducible};
+use crate::seen::{self, Kind, What};
 use crate::Rank;
 
 /// Point-to-point on a communicator's collective context, for one collective call: every
@@ -157,6 +158,9 @@ impl Comm {
     /// # Errors
     /// [`Error::PeerGone`]; [`Error::State`] when communicator ids run out.
     pub fn dup(&self) -> Result<Comm> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Dup).on(self), || self.dup());
+        }
         let id = self.agree_comm_id()?;
         let c = self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone())?;
         shm::assign(&c)?;
@@ -170,6 +174,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::dup`].
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Split).on(self), || self.split(color, key));
+        }
         let n = self.size();
         let mine = [u32::from(color.is_some()), color.unwrap_or(0), key as u32];
         let mut all = vec![0u32; 3 * n];
@@ -193,6 +200,9 @@ impl Comm {
     /// # Errors
     /// [`Error::PeerGone`].
     pub fn barrier(&self) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Barrier).on(self), || self.barrier());
+        }
         let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             return c.finish(s.barrier());
@@ -205,6 +215,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`]; [`Error::Truncated`] when ranks pass different lengths.
     pub fn bcast<T: Pod>(&self, buf: &mut [T], root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Bcast).to(self, root).bytes(size_of_val(buf)), || self.bcast(buf, root));
+        }
         let c = CollCtx::new(self)?;
         let buf: &mut [u8] = bytemuck::cast_slice_mut(buf);
         if let Some(s) = c.shm() {
@@ -225,6 +238,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn reduce<T: Pod + Reducible>(&self, send: &[T], recv: Option<&mut [T]>, op: Op, root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Reduce).to(self, root).bytes(size_of_val(send)), || self.reduce(send, recv, op, root));
+        }
         let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             let is_root = self.rank() == root;
@@ -247,6 +263,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn allreduce<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Allreduce).on(self).bytes(size_of_val(send)), || self.allreduce(send, recv, op));
+        }
         let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             if let Err(e) = shm::check_reduce(send, Some(recv), op, 0, self.size(), true) {
@@ -266,6 +285,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn gather<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Gather).to(self, root).bytes(size_of_val(send)), || self.gather(send, recv, root));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::gather(&c, bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root))
     }
@@ -275,6 +297,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn scatter<T: Pod>(&self, send: Option<&[T]>, recv: &mut [T], root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Scatter).to(self, root).bytes(size_of_val(recv)), || self.scatter(send, recv, root));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::scatter(&c, send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root))
     }
@@ -284,6 +309,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Allgather).on(self).bytes(size_of_val(send)), || self.allgather(send, recv));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::allgather(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
@@ -293,6 +321,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Alltoall).on(self).bytes(size_of_val(send)), || self.alltoall(send, recv));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::alltoall(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
@@ -324,6 +355,11 @@ impl Comm {
     /// rank's block has another length than its count (the root still takes every rank's
     /// block, so no rank waits for it); [`Error::PeerGone`].
     pub fn gatherv<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, counts: &[usize], displs: &[usize], root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Gatherv).to(self, root).bytes(size_of_val(send)), || {
+                self.gatherv(send, recv, counts, displs, root)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::gatherv(&c, send, recv, counts, displs, root))
     }
@@ -350,6 +386,11 @@ impl Comm {
     /// every rank an empty block); elsewhere [`Error::InvalidBuffer`] when the block received
     /// has another length than `recv`; [`Error::PeerGone`].
     pub fn scatterv<T: Pod>(&self, send: Option<&[T]>, counts: &[usize], displs: &[usize], recv: &mut [T], root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Scatterv).to(self, root).bytes(size_of_val(recv)), || {
+                self.scatterv(send, counts, displs, recv, root)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::scatterv(&c, send, counts, displs, recv, root))
     }
@@ -372,6 +413,11 @@ impl Comm {
     /// count is not `send.len()`, or a block arrives with another length than its count (the rank
     /// still completes its part, so no rank waits for it); [`Error::PeerGone`].
     pub fn allgatherv<T: Pod>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Allgatherv).on(self).bytes(size_of_val(send)), || {
+                self.allgatherv(send, recv, counts, displs)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::allgatherv(&c, send, recv, counts, displs))
     }
@@ -409,6 +455,11 @@ impl Comm {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Alltoallv).on(self).bytes(size_of_val(send)), || {
+                self.alltoallv(send, scounts, sdispls, recv, rcounts, rdispls)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::alltoallv(&c, send, scounts, sdispls, recv, rcounts, rdispls))
     }
@@ -433,6 +484,11 @@ impl Comm {
     /// does not sum to `send.len()`, or `recv.len() != counts[rank]`; mismatched lengths
     /// between ranks; [`Error::PeerGone`].
     pub fn reduce_scatter<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::ReduceScatter).on(self).bytes(size_of_val(send)), || {
+                self.reduce_scatter(send, recv, counts, op)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::reduce_scatter(&c, send, recv, counts, op))
     }
@@ -454,6 +510,11 @@ impl Comm {
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when the lengths do not fit; mismatched
     /// lengths between ranks; [`Error::PeerGone`].
     pub fn reduce_scatter_block<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::ReduceScatterBlock).on(self).bytes(size_of_val(send)), || {
+                self.reduce_scatter_block(send, recv, op)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::reduce_scatter_block(&c, send, recv, op))
     }
@@ -474,6 +535,9 @@ impl Comm {
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `recv.len() != send.len()` or ranks
     /// pass different lengths; [`Error::PeerGone`].
     pub fn scan<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Scan).on(self).bytes(size_of_val(send)), || self.scan(send, recv, op));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::scan(&c, send, recv, op))
     }
@@ -493,6 +557,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::scan`].
     pub fn exscan<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Exscan).on(self).bytes(size_of_val(send)), || self.exscan(send, recv, op));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::exscan(&c, send, recv, op))
     }

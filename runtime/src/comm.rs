@@ -8,6 +8,7 @@ use crate::buffer::{RawBuf, RawBufMut};
 use crate::engine::{Engine, Need, Peers, ReqId, WorldRanks};
 use crate::error::{Error, Result};
 use crate::matching;
+use crate::seen::{self, Kind, What};
 use crate::sync::{CollBusy, EngineCell, EngineGuard, SyncCell};
 use crate::{Rank, Tag, TAG_UB};
 
@@ -230,6 +231,9 @@ impl Comm {
         let tag64 = matching::encode_tag(ctx, self.inner.rank as u32, tag);
         // SAFETY: forwarded to the caller.
         let raw = unsafe { RawBuf::new(bytes) };
+        if seen::counting() {
+            seen::message_out(self.world_rank(dest), bytes.len());
+        }
         e.start_send(self.world_rank(dest), tag64, raw, sync)
     }
 
@@ -333,6 +337,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn send<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Send).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.send(buf, dest, tag));
+        }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)
     }
 
@@ -341,6 +348,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::send`].
     pub fn ssend<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Ssend).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.ssend(buf, dest, tag));
+        }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)
     }
 
@@ -351,7 +361,11 @@ impl Comm {
     /// `buf` holds its first bytes); [`Error::InvalidRank`], [`Error::InvalidTag`],
     /// [`Error::PeerGone`].
     pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::Recv).from(self, src).tag_match(tag), src, |s| self.recv(buf, s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         self.recv_ctx(self.user_ctx(), bytemuck::cast_slice_mut(buf), s, t)
     }
 
@@ -360,6 +374,10 @@ impl Comm {
     /// # Errors
     /// [`Error::TypeMismatch`] if the message is not a whole number of `T`; as [`Comm::recv`].
     pub fn recv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<(Vec<T>, Status)> {
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::RecvVec).from(self, src).tag_match(tag), src, |s| self.recv_vec(s, tag));
+        }
         // Probe, then receive exactly that message: it is the oldest from its source with its
         // tag, so a receive naming both takes it (non-overtaking), whatever path it came by.
         let st = self.probe(src, tag)?;
@@ -397,7 +415,12 @@ impl Comm {
         src: impl Into<Source>,
         rtag: impl Into<TagMatch>,
     ) -> Result<Status> {
-        let (s, t) = self.recv_args(src.into(), rtag.into())?;
+        let (src, rtag) = (src.into(), rtag.into());
+        if seen::on() {
+            let w = What::new(Kind::Sendrecv).from(self, src).tag_match(rtag);
+            return seen::matched(w, src, |s| self.sendrecv(sbuf, dest, stag, rbuf, s, rtag));
+        }
+        let (s, t) = self.recv_args(src, rtag)?;
         self.check_rank(dest)?;
         Self::check_tag(stag)?;
         self.sendrecv_ctx(self.user_ctx(), bytemuck::cast_slice(sbuf), dest, stag, bytemuck::cast_slice_mut(rbuf), s, t)
@@ -408,7 +431,11 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn probe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::Probe).from(self, src).tag_match(tag), src, |s| self.probe(s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         let ctx = self.user_ctx();
         let need = Need::Peers(self.peers(s));
         let mut e = self.eng()?;
@@ -425,7 +452,11 @@ impl Comm {
     /// # Errors
     /// As [`Comm::probe`].
     pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::answered(What::new(Kind::Iprobe).from(self, src).tag_match(tag), src, |s| self.iprobe(s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         let mut e = self.eng()?;
         if e.progress()? == 0 {
             e.idle_check(&Need::Peers(self.peers(s)))?;

@@ -4,6 +4,8 @@
 //! [`Error::Config`] naming the variable and what it accepts. `tmpirun --info` prints the same
 //! table ([`KNOBS`]).
 
+use std::path::{Path, PathBuf};
+
 use crate::error::{Error, Result};
 
 pub use tmpi_transport::bootstrap::{Knob, KNOBS};
@@ -67,6 +69,16 @@ pub struct Config {
     /// `TMPI_PEER_TIMEOUT`: how long a peer on another host may leave its TCP connection
     /// unanswered before it counts as gone; `None`: no limit (`0`).
     pub peer_timeout: Option<std::time::Duration>,
+    /// `TMPI_TRACE`: the merged trace's path (the rank's ring file is beside it); `None` = off.
+    pub trace: Option<PathBuf>,
+    /// `TMPI_TRACE_EVENTS`: events the trace ring holds.
+    pub trace_events: u64,
+    /// `TMPI_PROFILE`: the directory of the profile files; `None` = off.
+    pub profile: Option<PathBuf>,
+    /// `TMPI_RECORD`: the directory of the decision records; `None` = off.
+    pub record: Option<PathBuf>,
+    /// `TMPI_REPLAY`: the directory of the records to replay; `None` = off.
+    pub replay: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -95,6 +107,11 @@ impl Default for Config {
             shared_heap: 1 << 30,
             shm_coll: true,
             peer_timeout: Some(alive::DEFAULT_PEER_TIMEOUT),
+            trace: None,
+            trace_events: 1 << 20,
+            profile: None,
+            record: None,
+            replay: None,
         }
     }
 }
@@ -268,8 +285,61 @@ impl Config {
                 _ => return Err(bad("TMPI_SHM_COLL", &v, "on or off")),
             };
         }
+        seen_knobs(&mut c, &get)?;
         Ok(c)
     }
+}
+
+/// Whether `v` turns a knob off.
+fn is_off(v: &str) -> bool {
+    matches!(v.trim(), "" | "0" | "off" | "no" | "false")
+}
+
+/// An existing directory named by `var`, or `None` when the knob is off.
+fn dir_knob(var: &str, v: &str, expected: &str) -> Result<Option<PathBuf>> {
+    if is_off(v) {
+        return Ok(None);
+    }
+    let p = Path::new(v.trim());
+    if !p.is_dir() {
+        return Err(bad(var, v, expected));
+    }
+    Ok(Some(p.to_path_buf()))
+}
+
+/// The knobs of tracing, profiling and record/replay (see `crate::seen`).
+fn seen_knobs(c: &mut Config, get: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    if let Some(v) = get("TMPI_TRACE").filter(|v| !is_off(v)) {
+        let p = PathBuf::from(v.trim());
+        let dir_ok = p.parent().is_none_or(|d| d.as_os_str().is_empty() || d.is_dir());
+        if p.extension().and_then(|e| e.to_str()) != Some("json") || !dir_ok {
+            return Err(bad("TMPI_TRACE", &v, "a path ending in .json in an existing directory, or off"));
+        }
+        c.trace = Some(p);
+    }
+    if let Some(v) = get("TMPI_TRACE_EVENTS") {
+        c.trace_events = num("TMPI_TRACE_EVENTS", &v, 1024, 1 << 30)?;
+    }
+    if let Some(v) = get("TMPI_PROFILE") {
+        c.profile = match v.trim() {
+            "1" | "on" | "yes" | "true" => Some(PathBuf::from(".")),
+            _ => dir_knob("TMPI_PROFILE", &v, "on, off or an existing directory")?,
+        };
+    }
+    if let Some(v) = get("TMPI_RECORD") {
+        c.record = dir_knob("TMPI_RECORD", &v, "an existing directory, or off")?;
+    }
+    if let Some(v) = get("TMPI_REPLAY") {
+        c.replay = dir_knob("TMPI_REPLAY", &v, "a directory written by TMPI_RECORD, or off")?;
+    }
+    if c.record.is_some() && c.replay.is_some() {
+        return Err(bad(
+            "TMPI_REPLAY",
+            &get("TMPI_REPLAY").unwrap_or_default(),
+            "off while TMPI_RECORD is set (record or replay, not both)",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -378,6 +448,33 @@ mod tests {
         let d = parse(&[]).unwrap();
         let cd = CacheConfig::default();
         assert_eq!((d.mr_cache_max_count, d.mr_cache_max_size, d.mr_cache_monitor_uffd), (cd.max_count, None, true));
+    }
+
+    #[test]
+    fn seeing_knobs() {
+        let dir = std::env::temp_dir();
+        let d = dir.to_str().unwrap();
+        let json = dir.join("t.json");
+        let c = parse(&[("TMPI_TRACE", json.to_str().unwrap()), ("TMPI_PROFILE", "on"), ("TMPI_RECORD", d), ("TMPI_TRACE_EVENTS", "4096")])
+            .unwrap();
+        assert_eq!(
+            (c.trace.as_deref(), c.profile.as_deref(), c.record.as_deref()),
+            (Some(json.as_path()), Some(Path::new(".")), Some(dir.as_path()))
+        );
+        assert_eq!(c.trace_events, 4096);
+        let c = parse(&[("TMPI_TRACE", "off"), ("TMPI_PROFILE", "0"), ("TMPI_REPLAY", d)]).unwrap();
+        assert_eq!((c.trace, c.profile, c.replay.as_deref()), (None, None, Some(dir.as_path())));
+        assert!(parse(&[("TMPI_TRACE", "out.json")]).is_ok(), "a relative path in the current directory");
+        for (k, v) in [
+            ("TMPI_TRACE", "out.txt"),
+            ("TMPI_TRACE", "/no/such/dir/out.json"),
+            ("TMPI_TRACE_EVENTS", "10"),
+            ("TMPI_PROFILE", "/no/such/dir"),
+            ("TMPI_RECORD", "/no/such/dir"),
+        ] {
+            assert!(parse(&[(k, v)]).unwrap_err().to_string().contains(k), "{k}={v}");
+        }
+        assert!(parse(&[("TMPI_RECORD", d), ("TMPI_REPLAY", d)]).unwrap_err().to_string().contains("TMPI_REPLAY"));
     }
 
     #[test]

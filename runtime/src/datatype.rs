@@ -31,6 +31,7 @@ use bytemuck::Pod;
 
 use crate::comm::{Comm, Source, Status, TagMatch};
 use crate::error::{Error, Result};
+use crate::seen::{self, Kind, What};
 use crate::{Rank, Tag};
 
 /// Which elements of a buffer a message carries, in order: blocks `(start, len)` in elements.
@@ -260,6 +261,11 @@ impl Comm {
     /// [`Error::InvalidBuffer`] when the layout does not fit `buf`, or when it selects more
     /// elements (blocks may overlap or repeat) than this process can pack; as [`Comm::send`].
     pub fn send_layout<T: Pod>(&self, buf: &[T], layout: &Layout, dest: Rank, tag: Tag) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::SendLayout).to(self, dest).tag(tag).bytes(layout.len() * size_of::<T>()), || {
+                self.send_layout(buf, layout, dest, tag)
+            });
+        }
         layout.check(buf.len())?;
         // A small message of a few blocks is gathered straight into the ring: no packed copy.
         if layout.block_count() <= GATHER_BLOCKS {
@@ -287,6 +293,12 @@ impl Comm {
     /// than `buf` has; [`Error::Truncated`] when the message has more elements than the
     /// layout; as [`Comm::recv`].
     pub fn recv_layout<T: Pod>(&self, buf: &mut [T], layout: &Layout, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::RecvLayout).from(self, src).tag_match(tag), src, |s| {
+                self.recv_layout(buf, layout, s, tag)
+            });
+        }
         layout.check(buf.len())?;
         if layout.len() > buf.len() {
             return Err(Error::InvalidBuffer(format!(

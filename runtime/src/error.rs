@@ -138,6 +138,11 @@ pub enum Error {
         /// What was wrong.
         what: &'static str,
     },
+    /// A replay (`TMPI_REPLAY`) met a call the record does not have at that point: the
+    /// program departed from the recorded run. The message names the rank, the decision's
+    /// number and both calls; every later decision of the rank fails alike.
+    #[error("{0}")]
+    Replay(String),
 }
 
 impl std::fmt::Debug for Error {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::seen::{self, Kind, What};
 use crate::Rank;
 
 /// How two groups relate ([`Group::compare`]).
@@ -202,6 +203,9 @@ impl Comm {
     /// members of one group that passed it in different orders or passed another); as
     /// [`Comm::split`].
     pub fn create(&self, group: &Group) -> Result<Option<Comm>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Create).on(self), || self.create(group));
+        }
         let n = self.size();
         let in_parent = self.parent_ranks(group);
         let mine = match (&in_parent, group.rank()) {

@@ -147,6 +147,7 @@ mod node;
 pub mod op;
 pub mod reqset;
 mod request;
+mod seen;
 #[cfg(feature = "serde")]
 mod serialized;
 mod slab;

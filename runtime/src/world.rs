@@ -169,10 +169,11 @@ pub fn init_thread(required: Threading) -> Result<(World, Threading)> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(Error::State("tmpi::init called more than once in this process".into()));
     }
-    init_world(required).map(|mut w| {
-        w.from_init = true;
-        (w, required)
-    })
+    let t0 = tmpi_trace::clock::now_ns();
+    let mut w = init_world(required)?;
+    w.from_init = true;
+    w.start_seeing(t0, required)?;
+    Ok((w, required))
 }
 
 fn init_world(level: Threading) -> Result<World> {
@@ -212,6 +213,7 @@ impl World {
         if self.finalized {
             return Ok(());
         }
+        let t0 = tmpi_trace::clock::now_ns();
         self.finalized = true;
         if self.from_init {
             FINALIZED.store(true, Ordering::SeqCst);
@@ -226,11 +228,31 @@ impl World {
         // Every later call through a communicator, request or message that outlived the
         // world fails with `Error::State`; their clean-up on drop still runs.
         self.comm.inner.eng.close();
+        if self.from_init {
+            crate::seen::finish(t0, &mut || self.launcher_clock());
+        }
         r?;
         if let Some(bc) = self.bootstrap.get_mut().unwrap_or_else(PoisonError::into_inner).as_mut() {
             let _ = bc.finalize();
         }
         Ok(())
+    }
+
+    /// Starts tracing, profiling, recording or replaying as `TMPI_*` say (see
+    /// [`crate::seen`]); `t0` is when init began.
+    fn start_seeing(&self, t0: u64, level: Threading) -> Result<()> {
+        let cfg = self.comm.eng()?.cfg.clone();
+        let launched = self.bootstrap.lock().unwrap_or_else(PoisonError::into_inner).is_some();
+        let multiple = level == Threading::Multiple;
+        crate::seen::start(&cfg, self.comm.rank(), self.comm.size(), launched, multiple, t0, &mut || self.launcher_clock())
+    }
+
+    /// One round trip to `tmpirun`'s clock (none under another launcher, or alone).
+    fn launcher_clock(&self) -> Option<(u64, u64, u64)> {
+        match self.bootstrap.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+            Some(Launcher::Tmpirun(c)) => c.clock(tmpi_trace::clock::now_ns).ok(),
+            _ => None,
+        }
     }
 
     /// Ends the whole job: prints a message naming this rank, tells `tmpirun`, and exits the

@@ -165,6 +165,11 @@ pub const KNOBS: &[Knob] = &[
     Knob { name: "TMPI_SINGLE_COPY_MIN", default: "auto", meaning: "smallest rendezvous read (bytes) that uses single copy; smaller ones stream through the rings; auto = each receiver times reads both ways per power-of-two size class and uses the faster, trying the other now and then (which wins depends on the host, by 2x either way: bench/results/adaptive-copy.md) (>= 0 or auto)" },
     Knob { name: "TMPI_SHARED_HEAP", default: "1073741824", meaning: "bytes of address space of each rank's shared heap (World::alloc_shared), a memory file that peers map on first use so a rendezvous from or into it is one plain memcpy; pages are taken only as blocks are written; 0 turns it off (allocations are then private memory) (0..=2^40; at least 65536 when not 0)" },
     Knob { name: "TMPI_SHM_COLL", default: "on", meaning: "on: barrier, bcast, reduce and allreduce of communicators of 2 to 64 ranks go through flags and slots in the shared-memory segment (up to 4 KiB of data; larger calls agree there, then use point-to-point); off: point-to-point algorithms only; must be the same on every rank (on or off)" },
+    Knob { name: "TMPI_TRACE", default: "off", meaning: "a path ending in .json: record a timeline of every tmpi call and message of this rank in a ring file PATH.rankR (tmpirun --trace PATH merges them into PATH; a rank started alone writes PATH itself; tmpi-trace merge PATH merges the files of a job started otherwise), or off" },
+    Knob { name: "TMPI_TRACE_EVENTS", default: "1048576", meaning: "events the trace ring of each rank holds (48 bytes each); when full the oldest are overwritten and the trace notes how many were dropped (1024..=1073741824)" },
+    Knob { name: "TMPI_PROFILE", default: "off", meaning: "on: count time, calls and bytes per call kind and messages and bytes per destination; at finalize a rank started alone prints the report on stderr, a rank of a larger job writes tmpi-profile.rankR in the current directory (tmpirun --profile collects them); a directory: write the files there; off" },
+    Knob { name: "TMPI_RECORD", default: "off", meaning: "an existing directory: record this rank's nondeterministic decisions (what each wildcard receive and probe matched, what each test answered, which request wait_any/wait_some/test_* reported) in DIR/rankR.tmpirec for TMPI_REPLAY (tmpirun --record DIR), or off" },
+    Knob { name: "TMPI_REPLAY", default: "off", meaning: "a directory written by TMPI_RECORD: force the recorded decisions (a wildcard receive waits for the recorded message, a test answers as recorded) and fail with Error::Replay naming the rank and the call where the program departs from the record (tmpirun --replay DIR), or off" },
     Knob { name: "TMPI_OFI_PROVIDER", default: "auto", meaning: "builds with the cargo feature ofi: the libfabric provider of the OFI fabric, as fi_info -l names it (tcp, shm, verbs, efa, cxi, psm3; layered ones as tcp;ofi_rxm), or auto = the first that fi_getinfo offers for an RDM endpoint with FI_TAGGED | FI_RMA; the OFI fabric is built and tested in the transport but TMPI_FABRIC does not select it yet (lowercase letters, digits, _ and ;, or auto)" },
     Knob { name: "TMPI_RSH", default: "ssh", meaning: "read by tmpirun, not by the ranks: the command that starts ranks on other hosts (--host/--hostfile), split on whitespace, given the host then a shell command; plain ssh gets -x -o BatchMode=yes and, unless TMPI_PEER_TIMEOUT is 0, ServerAliveInterval and ServerAliveCountMax; --launch-agent overrides it" },
 ];
@@ -563,6 +568,22 @@ impl BootstrapClient {
         self.call_ok(&Request::Finalize, "finalize")?;
         self.finalized = true;
         Ok(())
+    }
+
+    /// One round trip to the server's clock: (this host's `CLOCK_MONOTONIC` before the
+    /// request, the server's in its answer, this host's after), in nanoseconds.
+    ///
+    /// # Errors
+    /// The server is gone, or answered something else than its clock.
+    pub fn clock(&mut self, now: impl Fn() -> u64) -> Result<(u64, u64, u64)> {
+        let t0 = now();
+        let reply = self.call(&Request::Clock)?;
+        let t3 = now();
+        match reply {
+            Reply::Value(v) if v.len() == 8 => Ok((t0, u64::from_le_bytes(v.as_slice().try_into().unwrap_or([0; 8])), t3)),
+            Reply::Err(m) => Err(Error::Bootstrap(format!("clock: {m}"))),
+            _ => Err(Error::Bootstrap("clock: the server's answer is no clock".into())),
+        }
     }
 
     fn call_ok(&mut self, req: &Request, what: &str) -> Result<()> {

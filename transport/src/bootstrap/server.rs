@@ -256,6 +256,14 @@ pub struct BootstrapServer {
     events: Vec<ServerEvent>,
 }
 
+/// This host's `CLOCK_MONOTONIC` in nanoseconds (the answer to [`Request::Clock`]).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the call; on failure it stays zeroed.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
 fn io_err(op: impl Into<String>, source: io::Error) -> Error {
     Error::Io { op: op.into(), source }
 }
@@ -771,6 +779,7 @@ impl BootstrapServer {
                 }
                 self.flush(token);
             }
+            Request::Clock => self.reply(token, Reply::Value(monotonic_ns().to_le_bytes().to_vec())),
         }
     }
 

@@ -665,3 +665,23 @@ fn a_live_tcp_rank_owes_no_answer_and_strangers_set_a_wake_up() {
     }
     drop(c);
 }
+
+/// The clock request answers with the server's `CLOCK_MONOTONIC`: on one host the answer lies
+/// between the client's readings before and after (the same clock; no timing is assumed).
+#[test]
+fn clock_answers_inside_the_round_trip() {
+    let (sock, _srv) = serve(1);
+    let mut c = BootstrapClient::connect(&sock.path, 0, 1, &secret()).unwrap();
+    let now = || {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid, writable timespec for the call.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    for _ in 0..3 {
+        let (t0, server, t3) = c.clock(now).unwrap();
+        assert!(t0 <= server && server <= t3, "{t0} {server} {t3}");
+    }
+    c.finalize().unwrap();
+    assert!(c.clock(now).is_err(), "no clock after finalize");
+}
