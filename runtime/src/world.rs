@@ -350,8 +350,8 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
 pub fn shm_pair_one_thread(cfg: Config) -> (World, World) {
     let mut fabs = shm_fabrics_in_process(2, &cfg).into_iter();
     let (a, b) = (fabs.next().expect("rank 0"), fabs.next().expect("rank 1"));
-    let w0 = world_from_engine(Engine::new(Fabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
-    let w1 = world_from_engine(Engine::new(Fabric::Shm(b), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
+    let w0 = world_from_engine(Engine::new(AnyFabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
+    let w1 = world_from_engine(Engine::new(AnyFabric::Shm(b), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
     (w0, w1)
 }
 

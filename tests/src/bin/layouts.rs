@@ -68,7 +68,7 @@ fn recv_all(w: &Comm, src: usize, v: &mut Verdict) -> tmpi::Result<()> {
 
 /// `l` with each block one element further on than the one before.
 fn spread(l: &Layout) -> Layout {
-    let (lens, displs): (Vec<usize>, Vec<usize>) = l.blocks().iter().enumerate().map(|(i, &(start, len))| (len, start + i)).unzip();
+    let (lens, displs): (Vec<usize>, Vec<usize>) = l.blocks().enumerate().map(|(i, (start, len))| (len, start + i)).unzip();
     Layout::indexed(&lens, &displs)
 }
 
