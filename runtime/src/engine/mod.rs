@@ -95,6 +95,7 @@ use eager::{OutData, OutMsg};
 pub(crate) use fabric::AnyFabric;
 use fabric::{Fabric, PeerCaps, ProcessAlive, Wakeup};
 pub(crate) use leave::Need;
+pub(crate) use nbc::Schedule;
 use offload::{wr_to_rid, Offload};
 use outbox::Outbox;
 pub(crate) use progress::Backoff;
@@ -113,11 +114,10 @@ use std::sync::Arc;
 use tmpi_transport::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
 use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
 use tmpi_transport::shm::cma;
-use tmpi_transport::tm::{
-    Arrival, Buffer, OpsWr, ReadId, RndvRequest, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN, RVH_LEN_IN_META,
-};
+use tmpi_transport::tm::{Arrival, Buffer, OpsWr, ReadId, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus};
 use tmpi_transport::wire::{
-    Control, HeapPlace, ReadMode, ReadRequest, Rma, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RMA_MAX_LEN, RMA_RESP_HDR_LEN, RVH_LEN, TMH_LEN,
+    Control, Fin, HeapPlace, ReadMode, ReadRequest, Rma, RndvRequest, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RMA_MAX_LEN, RMA_RESP_HDR_LEN,
+    RNDV_REQ_LEN, RVH_LEN_IN_META, TMH_LEN,
 };
 
 use crate::buffer::{OwnedBuf, RawBuf, RawBufMut};
@@ -264,7 +264,7 @@ pub(crate) struct Engine {
     dead: Vec<bool>,
     next_probe: usize,
     /// Non-blocking collectives in flight (progressed by `Engine::progress` while any is).
-    nbc: Slab<crate::nbc::Sched>,
+    nbc: Slab<Box<dyn Schedule>>,
 }
 
 #[inline]

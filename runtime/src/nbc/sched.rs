@@ -363,6 +363,31 @@ impl Sched {
     }
 }
 
+/// How the engine holds a schedule (its methods above).
+impl crate::engine::Schedule for Sched {
+    fn set_request(&mut self, rid: ReqId) {
+        Sched::set_request(self, rid)
+    }
+    fn advance(&mut self, e: &mut Engine) -> usize {
+        Sched::advance(self, e)
+    }
+    fn is_finished(&self) -> bool {
+        Sched::is_finished(self)
+    }
+    fn ctx(&self) -> u32 {
+        Sched::ctx(self)
+    }
+    fn pending(&self) -> Vec<ReqId> {
+        Sched::pending(self)
+    }
+    fn fail(&mut self, e: &mut Engine, err: Error) {
+        Sched::fail(self, e, err)
+    }
+    fn abandon(&mut self, e: &mut Engine) {
+        Sched::abandon(self, e)
+    }
+}
+
 #[cold]
 fn internal(what: &str) -> Error {
     Error::State(format!("non-blocking collective internal error: {what}"))
