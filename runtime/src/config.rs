@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-pub use tmpi_transport::bootstrap::{Knob, KNOBS};
 use tmpi_transport::fabric::FabricChoice;
+pub use tmpi_transport::knobs::{Knob, KNOBS};
 use tmpi_transport::mr::{CacheConfig, Monitor};
 use tmpi_transport::shm::room::{parse_shm_limit, ENV_SHM_LIMIT, EXPECT_SHM_LIMIT};
 use tmpi_transport::shm::segment::{MAX_RANKS, QUEUED};
