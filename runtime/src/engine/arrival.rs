@@ -58,9 +58,7 @@ impl State {
     #[inline(always)]
     fn on_whole_polled(&mut self, p: Packet<'_>) -> bool {
         let r = match self.offload.tm_mut().arrive_whole_polled(p.src as u32, p.data) {
-            Some(Polled::Unexpected(wc)) => {
-                self.on_unexpected_wc(&wc).and_then(|()| self.on_whole_eager(p)).and_then(|()| self.settle_cq())
-            }
+            Some(Polled::Unexpected(wc)) => self.whole_unexpected(p, &wc),
             Some(Polled::Matched(pl, wc)) => {
                 self.on_tagged(p, &pl, wc.wr_id);
                 self.on_hw_completion(&wc);
@@ -72,6 +70,15 @@ impl State {
             self.outbox.fail(e);
         }
         true
+    }
+
+    /// A whole eager message that completed unexpected in the TM-SRQ (`wc`): software
+    /// matches it.
+    #[inline(always)]
+    fn whole_unexpected(&mut self, p: Packet<'_>, wc: &Wc) -> Result<()> {
+        self.on_unexpected_wc(wc)?;
+        self.on_whole_eager(p)?;
+        self.settle_cq()
     }
 
     /// An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue, described by
