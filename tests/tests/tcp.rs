@@ -398,6 +398,16 @@ mod ofi {
         }
     }
 
+    /// `tmpirun --info` (built with the feature) lists the providers libfabric offers: here
+    /// the software ones (`tcp;ofi_rxm`, `shm`), none marked as hardware.
+    #[test]
+    fn ofi_tmpirun_info_lists_the_providers() {
+        let out = Command::new(tmpi_tests::tmpirun()).arg("--info").output().expect("run tmpirun --info");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with("OFI (libfabric) providers: ")).unwrap_or_default();
+        assert!(line.contains("tcp;ofi_rxm") && line.contains("shm") && !line.contains("(hardware)"), "{text}");
+    }
+
     /// The same seeded random mix over shared memory and over OFI: both pass every check of
     /// every message (payload, source, tag, length, truncation, wildcards, probes, cancels),
     /// and report the same summary (seed, rounds, messages, checks) on rank 0.

@@ -121,7 +121,9 @@ enum Net {
 ///
 /// # Errors
 /// Bootstrap failures, a segment that cannot be created or opened, `TMPI_FABRIC=shm` across
-/// hosts, TCP peers that cannot be reached or do not prove the job secret.
+/// hosts, TCP peers that cannot be reached or do not prove the job secret; `TMPI_FABRIC=ofi`
+/// in a build without the feature ([`NO_OFI`]), no libfabric provider, a libfabric call
+/// failing, ranks on different providers.
 pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<AnyFabric> {
     if how.choice == FabricChoice::Ofi {
         return ofi_only(bc, env, how);
