@@ -189,6 +189,31 @@ fn print_info(binder: &binding::Binder) {
     out.push_str(&LAUNCHER_VARS.join(", "));
     out.push_str("\n\nBinding: ");
     out.push_str(&binder.describe());
+    out.push_str("\n\nOFI (libfabric) providers: ");
+    out.push_str(&ofi_providers());
     out.push('\n');
     output::write_to(output::Sink::Stdout, out.as_bytes());
+}
+
+/// `--info`'s line on libfabric: the providers `fi_getinfo` offers an RDM endpoint with
+/// `FI_TAGGED | FI_RMA` on, each marked `(hardware)` when `TMPI_FABRIC=auto` would take it
+/// between hosts.
+#[cfg(feature = "ofi")]
+fn ofi_providers() -> String {
+    use tmpi_transport::ofi;
+    let (major, minor) = ofi::version();
+    match ofi::providers() {
+        Ok(v) if v.is_empty() => format!("none found (libfabric {major}.{minor})"),
+        Ok(v) => {
+            let names: Vec<String> = v.iter().map(|p| if ofi::is_hardware(p) { format!("{p} (hardware)") } else { p.clone() }).collect();
+            format!("{} (libfabric {major}.{minor}; TMPI_FABRIC=ofi takes the first, or TMPI_OFI_PROVIDER)", names.join(", "))
+        }
+        Err(e) => format!("fi_getinfo failed: {e}"),
+    }
+}
+
+/// Without the feature, says how to get it.
+#[cfg(not(feature = "ofi"))]
+fn ofi_providers() -> String {
+    "not built (cargo build --release --features ofi)".into()
 }

@@ -187,10 +187,17 @@ fn init_world(level: Threading) -> Result<World> {
         return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, Some(bc), level));
     }
     let ring_size = |n: usize| cfg.ring_size_for(n);
-    let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size, peer_timeout: cfg.peer_timeout };
+    let how = WireUp {
+        choice: cfg.fabric,
+        tcp_if: cfg.tcp_if.as_deref(),
+        ring_size: &ring_size,
+        peer_timeout: cfg.peer_timeout,
+        ofi_provider: cfg.ofi_provider.as_deref(),
+    };
     let fabric = wire_up(bc.kv(), &env, &how)?;
     if cfg.stats {
-        eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.name(), fabric.bad_connections());
+        let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
+        eprintln!("tmpi-fabric rank={rank} kind={}{provider} bad_connections={}", fabric.name(), fabric.bad_connections());
     }
     Ok(world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level))
 }
