@@ -140,7 +140,7 @@ impl Comm {
     /// [`Error::InvalidBuffer`] when the layout does not fit `buf`; as [`Comm::send`].
     pub fn send_layout<T: Pod>(&self, buf: &[T], layout: &Layout, dest: Rank, tag: Tag) -> Result<()> {
         if seen::on() {
-            return seen::call(What::new(Kind::SendLayout).to(self, dest).tag(tag).bytes(layout.len() * size_of::<T>()), || {
+            return seen::call(What::new(Kind::SendLayout).to(self, dest).tag(tag).bytes(layout.len() * size_of::<T>()).sends(self, dest, layout.len() * size_of::<T>()), || {
                 self.send_layout(buf, layout, dest, tag)
             });
         }

@@ -234,8 +234,6 @@ kinds! {
     SendLayout = 21, "send_layout", P2p;
     /// `Comm::recv_layout`.
     RecvLayout = 22, "recv_layout", P2p;
-    /// `Comm::send_serialized`.
-    SendSerialized = 23, "send_serialized", P2p;
     /// `Comm::recv_serialized`.
     RecvSerialized = 24, "recv_serialized", P2p;
     /// `Comm::isend`.
@@ -350,8 +348,9 @@ kinds! {
     MsgOut = 120, "msg out", Message;
     /// A message matched by a receive of this rank (its protocol and how it matched in `aux`).
     MsgIn = 121, "msg in", Message;
-    /// A phase of a collective (its algorithm's name in `aux`, see [`Proto`]).
-    CollPhase = 130, "coll phase", Phase;
+    /// A step of a collective's point-to-point algorithm (`aux`: 1 send, 2 receive, 3 both;
+    /// `peer`: the rank it exchanged with).
+    CollPhase = 130, "coll step", Phase;
     /// Events of this rank were dropped: `bytes` of them, the oldest first (the ring was full).
     Dropped = 140, "events dropped", Note;
 }

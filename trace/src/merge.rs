@@ -183,6 +183,24 @@ fn peer_arg(out: &mut String, key: &str, v: u32) {
     }
 }
 
+/// The name an event shows: the call's, or for a collective's step what it did.
+fn event_name(ev: &Event, kind: Kind) -> String {
+    if kind != Kind::CollPhase {
+        return kind.name().to_string();
+    }
+    let what = match ev.aux & 0xff {
+        1 => "send",
+        2 => "recv",
+        3 => "sendrecv",
+        _ => "step",
+    };
+    if ev.peer == NONE {
+        format!("coll {what}")
+    } else {
+        format!("coll {what} {}", ev.peer)
+    }
+}
+
 /// The `args` of an event.
 fn args(ev: &Event, kind: Kind) -> String {
     let mut a = String::from("{");
@@ -196,8 +214,10 @@ fn args(ev: &Event, kind: Kind) -> String {
         }
         Class::Note => {}
         Class::Phase => {
-            let _ = write!(a, ",\"step\":{}", ev.aux);
             peer_arg(&mut a, "peer", ev.peer);
+            if ev.aux & aux::FAILED != 0 {
+                a.push_str(",\"failed\":true");
+            }
         }
         Class::Life => {}
         class => {
@@ -235,7 +255,7 @@ fn event_json(out: &mut String, p: &Placed) {
     let (pid, tid) = (u64::from(p.rank) + 1, tid_of(p.rank, p.ev.thread));
     sep(out);
     out.push_str("{\"name\":");
-    push_json_str(out, kind.name());
+    push_json_str(out, &event_name(&p.ev, kind));
     let _ = write!(out, ",\"cat\":\"{}\"", kind.class().name());
     if kind.class() == Class::Note {
         let _ = write!(out, ",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{pid},\"tid\":{tid}", us(p.start));

@@ -173,6 +173,7 @@ pub(crate) fn start(
         return Err(Error::State("tmpi: seeing started twice".into()));
     }
     FLAGS.store(flags, Relaxed);
+    super::refresh_this_thread();
     span(&What::new(Kind::Init), t0, now_ns());
     Ok(())
 }
@@ -190,6 +191,18 @@ pub(super) fn span(w: &What<'_>, t0: u64, t1: u64) {
         let mut p = lock(p);
         let at = t0.saturating_sub(s.init_ns);
         p.call(w.kind, t1.saturating_sub(t0), w.bytes, at, w.peer, w.tag);
+        if w.out.0 != tmpi_trace::event::NONE && w.aux & tmpi_trace::event::aux::FAILED == 0 {
+            p.sent(w.out.0 as usize, w.out.1);
+        }
+    }
+}
+
+/// Records an event in the trace ring only (not a call: the profile does not count it).
+pub(super) fn event_only(w: &What<'_>, t0: u64, t1: u64) {
+    let Some(s) = get().filter(|_| super::is(TRACE)) else { return };
+    let e = super::event(w, t0, t1);
+    if let Some(f) = lock(&s.ring).as_mut() {
+        f.push(&e);
     }
 }
 
@@ -210,6 +223,7 @@ pub(crate) fn finish(t0: u64, clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>
     }
     span(&What::new(Kind::Finalize), t0, now_ns());
     FLAGS.store(0, Relaxed);
+    super::refresh_this_thread();
     let fini = now_ns();
     if let Some(mut f) = lock(&s.ring).take() {
         f.set_end_sample(samples(clock));
