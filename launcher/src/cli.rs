@@ -46,6 +46,7 @@ Exit status: 0 if every rank exited 0 (and finalized, if it started the runtime)
 status of the first rank that failed (its exit code, 128 + signal number, or 1 for a rank that
 exited 0 without finalizing), the code given to abort (1 if outside 1..=255),
 124 when --timeout expired, 128 + N when tmpirun got signal N (SIGINT, SIGTERM, SIGHUP),
+255 when a host stopped answering for TMPI_PEER_TIMEOUT seconds (tmpirun names it),
 2 for a bad command line, 1 when the job could not be started.";
 
 /// `tmpirun`: launches N ranks of a tmpi program on this node.

@@ -21,50 +21,46 @@ pub(crate) struct CollCtx<'a> {
     seq: u32,
     /// The whole sequence number (shared-memory collectives use all 32 bits).
     full: u32,
-    /// `Ok(true)`: this call marked the communicator busy and clears it when dropped; an
-    /// error: another thread is in a collective on it, so every step of this one fails.
-    busy: Result<bool>,
+    /// This call marked the communicator busy and clears it when dropped.
+    busy: bool,
 }
 
 impl Drop for CollCtx<'_> {
     fn drop(&mut self) {
-        if matches!(self.busy, Ok(true)) {
+        if self.busy {
             self.comm.inner.coll_busy.leave();
         }
     }
 }
 
 impl<'a> CollCtx<'a> {
-    /// Starts a collective call on `comm`. Every rank of the communicator calls it once per
-    /// collective, first thing, whatever happens next, so the numbers agree.
+    /// Starts a collective call on `comm`: the one check every collective makes before
+    /// anything else, its shortcuts (one rank, empty buffers) included. Every rank of the
+    /// communicator calls it once per collective, first thing, so the numbers agree.
     ///
-    /// At the thread levels where several threads may call, a call that overlaps a collective
-    /// of another thread on the same communicator (erroneous, as in MPI) takes no part: each of
-    /// its steps, and [`CollCtx::finish`], fails with [`Error::Thread`].
-    pub(crate) fn new(comm: &'a Comm) -> Self {
-        let busy = comm.inner.coll_busy.enter(comm.threading());
-        let seq = if busy.is_ok() { comm.inner.coll_seq.update(|s| s.wrapping_add(1)) } else { 0 };
-        CollCtx { comm, seq: seq & 0xffff, full: seq, busy }
-    }
-
-    /// Fails when another thread is in a collective on the communicator (see [`CollCtx::new`]).
-    pub(crate) fn check(&self) -> Result<()> {
-        match &self.busy {
-            Ok(_) => Ok(()),
-            Err(_) => Err(Error::Thread { level: self.comm.threading(), what: "two collectives on one communicator at once" }),
+    /// # Errors
+    /// [`Error::State`] when the world was finalized (the communicator outlived it);
+    /// [`Error::Thread`] at the thread levels where several threads may call, when the call
+    /// overlaps a collective of another thread on the same communicator (erroneous, as in
+    /// MPI): it then takes no part.
+    pub(crate) fn new(comm: &'a Comm) -> Result<Self> {
+        if comm.inner.eng.is_closed() {
+            // The engine's own refusal: `Error::State`, worded as every other call's.
+            comm.eng()?;
         }
+        let busy = comm.inner.coll_busy.enter(comm.threading())?;
+        let seq = comm.inner.coll_seq.update(|s| s.wrapping_add(1));
+        Ok(CollCtx { comm, seq: seq & 0xffff, full: seq, busy })
     }
 
     /// The call on the communicator's shared-memory collective context, if it has one.
     fn shm(&self) -> Option<shm::Call<'a>> {
-        self.busy.as_ref().ok()?;
         shm::Call::new(self.comm, self.full)
     }
 
     /// Ends the call with `r`: if it failed because a rank departed, the other members are
     /// told, so that none of them waits for this rank's part of the call.
     pub(crate) fn finish<T>(&self, r: Result<T>) -> Result<T> {
-        self.check()?;
         if let Err(Error::PeerGone { rank }) = &r {
             let c = self.comm;
             let members: Vec<usize> = (0..c.size()).map(|i| c.world_rank(i)).collect();
@@ -90,7 +86,6 @@ impl CollP2p for CollCtx<'_> {
         self.comm.size()
     }
     fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
-        self.check()?;
         let f = || self.comm.send_ctx(self.comm.coll_ctx(), buf, dest, self.tag(tag), false);
         if seen::counting() {
             seen::message_out(self.comm.world_rank(dest), buf.len());
@@ -101,7 +96,6 @@ impl CollP2p for CollCtx<'_> {
         f()
     }
     fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
-        self.check()?;
         self.comm.check_rank(src)?;
         let n = buf.len();
         let mut f = move || self.comm.recv_ctx(self.comm.coll_ctx(), buf, Some(src as u32), Some(self.tag(tag))).map(|s| s.len());
@@ -111,7 +105,6 @@ impl CollP2p for CollCtx<'_> {
         f()
     }
     fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize> {
-        self.check()?;
         self.comm.check_rank(src)?;
         let ctx = self.comm.coll_ctx();
         if seen::counting() {
@@ -125,8 +118,9 @@ impl CollP2p for CollCtx<'_> {
     }
 }
 
-/// Largest communicator id: contexts `2 * id` and `2 * id + 1` must fit the tag's 20 bits.
-const MAX_COMM_ID: u32 = (1 << 19) - 1;
+/// Largest communicator id: contexts `2 * id` and `2 * id + 1` stay below `2^19`, and the
+/// context of `Comm::create_group`'s exchanges, `2^19 + id`, within the tag's 20 bits.
+pub(crate) const MAX_COMM_ID: u32 = (1 << 18) - 1;
 
 impl Comm {
     /// Agrees on a communicator id that every member of `self` has free, and takes it
@@ -136,17 +130,17 @@ impl Comm {
     fn agree_comm_id(&self) -> Result<u32> {
         let mut from = 0usize;
         loop {
-            let mine = self.eng()?.comm_ids.first_free_word(from) as u64;
+            let mine = self.eng()?.comm_id_first_free_word(from) as u64;
             let mut w = [0u64];
-            let c = CollCtx::new(self);
+            let c = CollCtx::new(self)?;
             c.finish(coll::allreduce(&c, &[mine], &mut w, Op::Max))?;
             let w = w[0] as usize;
             if w * 64 > MAX_COMM_ID as usize {
                 return Err(Error::State(format!("out of communicator ids ({} in use at once at most)", MAX_COMM_ID)));
             }
-            let free = self.eng()?.comm_ids.free_word(w);
+            let free = self.eng()?.comm_id_free_word(w);
             let mut all = [0u64];
-            let c = CollCtx::new(self);
+            let c = CollCtx::new(self)?;
             c.finish(coll::allreduce(&c, &[free], &mut all, Op::BitAnd))?;
             if all[0] != 0 {
                 let id = (w * 64) as u32 + all[0].trailing_zeros();
@@ -160,8 +154,8 @@ impl Comm {
     }
 
     /// Builds a communicator on agreed id `id` (and takes the id on this rank).
-    fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<crate::engine::WorldRanks>) -> Result<Comm> {
-        self.eng()?.comm_ids.take(id);
+    pub(crate) fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<crate::engine::WorldRanks>) -> Result<Comm> {
+        self.eng()?.comm_id_take(id);
         Ok(Comm {
             inner: Arc::new(CommInner {
                 eng: self.inner.eng.clone(),
@@ -188,6 +182,7 @@ impl Comm {
         let id = self.agree_comm_id()?;
         let c = self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone())?;
         shm::assign(&c)?;
+        crate::names::copy_on_dup(self, &c);
         Ok(c)
     }
 
@@ -203,7 +198,7 @@ impl Comm {
         let n = self.size();
         let mine = [u32::from(color.is_some()), color.unwrap_or(0), key as u32];
         let mut all = vec![0u32; 3 * n];
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::allgather(&c, bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut all)))?;
         let id = self.agree_comm_id()?;
         let Some(color) = color else { return Ok(None) };
@@ -226,7 +221,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Barrier).on(self), || self.barrier());
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             return c.finish(s.barrier());
         }
@@ -241,7 +236,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Bcast).to(self, root).bytes(size_of_val(buf)), || self.bcast(buf, root));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let buf: &mut [u8] = bytemuck::cast_slice_mut(buf);
         if let Some(s) = c.shm() {
             if let Err(e) = coll::check_root(root, self.size()) {
@@ -264,7 +259,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Reduce).to(self, root).bytes(size_of_val(send)), || self.reduce(send, recv, op, root));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             let is_root = self.rank() == root;
             if let Err(e) = shm::check_reduce(send, recv.as_deref(), op, root, self.size(), is_root) {
@@ -289,7 +284,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Allreduce).on(self).bytes(size_of_val(send)), || self.allreduce(send, recv, op));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             if let Err(e) = shm::check_reduce(send, Some(recv), op, 0, self.size(), true) {
                 s.refuse()?;
@@ -311,7 +306,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Gather).to(self, root).bytes(size_of_val(send)), || self.gather(send, recv, root));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::gather(&c, bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root))
     }
 
@@ -323,7 +318,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Scatter).to(self, root).bytes(size_of_val(recv)), || self.scatter(send, recv, root));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::scatter(&c, send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root))
     }
 
@@ -335,7 +330,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Allgather).on(self).bytes(size_of_val(send)), || self.allgather(send, recv));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::allgather(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
 
@@ -347,7 +342,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Alltoall).on(self).bytes(size_of_val(send)), || self.alltoall(send, recv));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::alltoall(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
 }
@@ -383,7 +378,7 @@ impl Comm {
                 self.gatherv(send, recv, counts, displs, root)
             });
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::gatherv(&c, send, recv, counts, displs, root))
     }
 
@@ -414,7 +409,7 @@ impl Comm {
                 self.scatterv(send, counts, displs, recv, root)
             });
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::scatterv(&c, send, counts, displs, recv, root))
     }
 
@@ -441,7 +436,7 @@ impl Comm {
                 self.allgatherv(send, recv, counts, displs)
             });
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::allgatherv(&c, send, recv, counts, displs))
     }
 
@@ -483,7 +478,7 @@ impl Comm {
                 self.alltoallv(send, scounts, sdispls, recv, rcounts, rdispls)
             });
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::alltoallv(&c, send, scounts, sdispls, recv, rcounts, rdispls))
     }
 
@@ -512,7 +507,7 @@ impl Comm {
                 self.reduce_scatter(send, recv, counts, op)
             });
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::reduce_scatter(&c, send, recv, counts, op))
     }
 
@@ -538,7 +533,7 @@ impl Comm {
                 self.reduce_scatter_block(send, recv, op)
             });
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::reduce_scatter_block(&c, send, recv, op))
     }
 
@@ -561,7 +556,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Scan).on(self).bytes(size_of_val(send)), || self.scan(send, recv, op));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::scan(&c, send, recv, op))
     }
 
@@ -583,7 +578,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Exscan).on(self).bytes(size_of_val(send)), || self.exscan(send, recv, op));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         c.finish(coll::exscan(&c, send, recv, op))
     }
 }
@@ -599,6 +594,43 @@ impl CollCtx<'_> {
 #[cfg(test)]
 mod tests {
     use crate::run_local;
+
+    /// Instructions per blocking call of the small collectives that go through the shared-memory
+    /// slots (barrier and an 8 B allreduce at 2 ranks, as `osu_barrier` and `osu_allreduce`
+    /// time them), counted with callgrind: `COLL_COST_CALL=barrier COLL_COST_ITERS=N valgrind
+    /// --tool=callgrind --separate-threads=yes <test binary> --ignored --exact
+    /// coll_glue::tests::shm_small_call_cost` (or `COLL_COST_CALL=allreduce`), once with N =
+    /// 500 and once with 1000: the difference of rank 1's thread (the fourth) over 500 is the
+    /// cost of one call. Rank 1 starts each call only once rank 0 has started it and had 5 ms
+    /// to arrive, so rank 1 arrives second and does not wait: its count holds no spinning and
+    /// does not depend on the host's load.
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn shm_small_call_cost() {
+        let iters: usize = std::env::var("COLL_COST_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+        let barrier = std::env::var("COLL_COST_CALL").map_or(true, |v| v == "barrier");
+        let cfg = crate::config::Config { shm_ring_size: 64 << 10, ..crate::config::Config::default() };
+        let started = std::sync::atomic::AtomicUsize::new(0);
+        crate::world::run_shm_threads(2, cfg, |w| {
+            let mut out = [0u64];
+            for i in 0..iters {
+                if w.rank() == 0 {
+                    started.store(i + 1, std::sync::atomic::Ordering::SeqCst);
+                } else {
+                    while started.load(std::sync::atomic::Ordering::SeqCst) <= i {
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                if barrier {
+                    w.barrier().unwrap();
+                } else {
+                    w.allreduce(&[i as u64], &mut out, crate::Op::Sum).unwrap();
+                    assert_eq!(out[0], 2 * i as u64);
+                }
+            }
+        });
+    }
 
     /// Communicator ids come back when communicators are dropped: a million dup/drop cycles
     /// would run out of ids otherwise (the limit is 2^19 at once); here the id of a fresh dup

@@ -49,48 +49,6 @@ pub const ANY_SOURCE: Source = Source::Any;
 /// Receive any tag.
 pub const ANY_TAG: TagMatch = TagMatch::Any;
 
-/// The communicator ids one rank has in use: a bit per id (id 0, the world, always).
-///
-/// A new communicator's id is agreed by its members (`Comm::agree_comm_id`): an id is
-/// taken only where every member has it free, and a dropped communicator frees its id on
-/// this rank, so ids are recycled (MPICH's context-id mask, agreed one 64-bit word at a
-/// time).
-pub(crate) struct CommIds {
-    used: Vec<u64>,
-}
-
-impl CommIds {
-    pub(crate) fn new() -> Self {
-        CommIds { used: vec![1] }
-    }
-
-    /// The free bits of word `w` (ids `64 w ..= 64 w + 63`).
-    pub(crate) fn free_word(&self, w: usize) -> u64 {
-        !self.used.get(w).copied().unwrap_or(0)
-    }
-
-    /// The lowest word at or after `from` with a free id.
-    pub(crate) fn first_free_word(&self, from: usize) -> usize {
-        (from..).find(|&w| self.free_word(w) != 0).unwrap_or(from)
-    }
-
-    pub(crate) fn take(&mut self, id: u32) {
-        let w = id as usize / 64;
-        if self.used.len() <= w {
-            self.used.resize(w + 1, 0);
-        }
-        self.used[w] |= 1 << (id % 64);
-    }
-
-    pub(crate) fn free(&mut self, id: u32) {
-        if id != 0 {
-            if let Some(w) = self.used.get_mut(id as usize / 64) {
-                *w &= !(1 << (id % 64));
-            }
-        }
-    }
-}
-
 pub(crate) struct CommInner {
     pub(crate) eng: Arc<EngineCell>,
     /// Collectives started on this communicator: their sequence number goes into every tag
@@ -117,11 +75,12 @@ pub(crate) struct CommInner {
 
 impl Drop for CommInner {
     fn drop(&mut self) {
+        crate::names::comm_dropped(self);
         // The engine is held only inside tmpi calls, which never drop a communicator while
         // they hold it; if it ever were (or if this is a thread the level does not admit), the
-        // id would merely stay taken.
+        // id would merely stay taken. The id is freed once nothing on this rank uses it.
         if let Ok(mut e) = self.eng.lock_for_cleanup() {
-            e.comm_ids.free(self.id);
+            e.comm_id_release(self.id);
             crate::coll::shm::release(&e, self.shm.get());
         }
     }

@@ -11,6 +11,9 @@ use crate::error::{Error, Result};
 pub use tmpi_transport::bootstrap::{Knob, KNOBS};
 use tmpi_transport::fabric::FabricChoice;
 use tmpi_transport::mr::{CacheConfig, Monitor};
+use tmpi_transport::shm::room::{parse_shm_limit, ENV_SHM_LIMIT, EXPECT_SHM_LIMIT};
+use tmpi_transport::shm::segment::{MAX_RANKS, QUEUED};
+use tmpi_transport::tcp::alive;
 
 /// Parsed configuration.
 #[derive(Debug, Clone)]
@@ -30,6 +33,12 @@ pub struct Config {
     pub tm_thresh: usize,
     /// `TMPI_SHM_RING_SIZE`; 0 = auto (see [`Config::ring_size_for`]).
     pub shm_ring_size: usize,
+    /// `TMPI_SHM_PAIRS_MAX`: largest job (ranks on one host) with a ring per ordered pair;
+    /// larger ones use a queue per rank (see [`Config::ring_size_for`]).
+    pub shm_pairs_max: usize,
+    /// `TMPI_SHM_LIMIT`: most bytes the shared-memory segment may take; `None` = auto (what
+    /// the tmpfs, the host and the memory cgroup can give, which is checked in any case).
+    pub shm_limit: Option<u64>,
     /// `TMPI_POLL_SPIN`; `None` = auto.
     pub poll_spin: Option<u32>,
     /// `TMPI_MR_CACHE_MAX_COUNT` (or `FI_MR_CACHE_MAX_COUNT`), as
@@ -49,11 +58,17 @@ pub struct Config {
     pub fabric: FabricChoice,
     /// `TMPI_TCP_IF`; `None` = auto.
     pub tcp_if: Option<String>,
+    /// `TMPI_OFI_PROVIDER`; `None` = auto (libfabric's first offer). Read by builds with the
+    /// `ofi` feature's OFI fabric, which `TMPI_FABRIC` does not select yet.
+    pub ofi_provider: Option<String>,
     /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
     /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
     pub shared_heap: usize,
     /// `TMPI_SHM_COLL`: shared-memory collectives on.
     pub shm_coll: bool,
+    /// `TMPI_PEER_TIMEOUT`: how long a peer on another host may leave its TCP connection
+    /// unanswered before it counts as gone; `None`: no limit (`0`).
+    pub peer_timeout: Option<std::time::Duration>,
     /// `TMPI_TRACE`: the merged trace's path (the rank's ring file is beside it); `None` = off.
     pub trace: Option<PathBuf>,
     /// `TMPI_TRACE_EVENTS`: events the trace ring holds.
@@ -76,6 +91,8 @@ impl Default for Config {
             tm_max_tags: 1023,
             tm_thresh: 16384,
             shm_ring_size: 0,
+            shm_pairs_max: 64,
+            shm_limit: None,
             poll_spin: None,
             mr_cache_max_count: 1024,
             mr_cache_max_size: None,
@@ -83,11 +100,13 @@ impl Default for Config {
             single_copy: true,
             fabric: FabricChoice::Auto,
             tcp_if: None,
+            ofi_provider: None,
             // Which copy wins depends on the host, by 2x either way
             // (bench/results/adaptive-copy.md): measured per receiver.
             single_copy_min: None,
             shared_heap: 1 << 30,
             shm_coll: true,
+            peer_timeout: Some(alive::DEFAULT_PEER_TIMEOUT),
             trace: None,
             trace_events: 1 << 20,
             profile: None,
@@ -150,7 +169,14 @@ impl Config {
     /// stores (a window of streamed reads of 256 KiB or more): with the defaults, `osu_bw` 1-8
     /// MiB moved 1.7-2.0x the bytes of 1 MiB rings and `osu_bibw` 1-64 MiB 1.2-1.9x
     /// (`bench/results/p2p-2026-11-27e.md`).
+    ///
+    /// A job of more than `TMPI_SHM_PAIRS_MAX` ranks (64 by default) gets no rings:
+    /// [`QUEUED`], a queue per rank and fragments per sender, whose memory grows with the
+    /// ranks, not their square (a ring per pair takes 1 GiB at 128 ranks, 17 GB at 512).
     pub fn ring_size_for(&self, ranks: usize) -> usize {
+        if ranks > self.shm_pairs_max {
+            return QUEUED;
+        }
         match (self.shm_ring_size, ranks) {
             (0, 0..=4) => 4 << 20,
             (0, 5..=8) => 1 << 20,
@@ -203,6 +229,12 @@ impl Config {
             }
             c.shm_ring_size = n as usize;
         }
+        if let Some(v) = get("TMPI_SHM_PAIRS_MAX") {
+            c.shm_pairs_max = num("TMPI_SHM_PAIRS_MAX", &v, 1, MAX_RANKS as u64)? as usize;
+        }
+        if let Some(v) = get(ENV_SHM_LIMIT) {
+            c.shm_limit = parse_shm_limit(&v).map_err(|_| bad(ENV_SHM_LIMIT, &v, EXPECT_SHM_LIMIT))?;
+        }
         if let Some(v) = get("TMPI_POLL_SPIN") {
             c.poll_spin = match v.trim() {
                 "auto" | "" => None,
@@ -234,9 +266,17 @@ impl Config {
                 .map_err(|_| bad("TMPI_TCP_IF", &v, "an interface of this host (name or address)"))?;
             c.tcp_if = Some(v.trim().to_string());
         }
+        if let Some(v) = get("TMPI_OFI_PROVIDER") {
+            c.ofi_provider = tmpi_transport::bootstrap::parse_ofi_provider(&v).ok_or_else(|| {
+                bad("TMPI_OFI_PROVIDER", &v, "a libfabric provider name as fi_info -l prints it (tcp, shm, tcp;ofi_rxm), or auto")
+            })?;
+        }
         if let Some(v) = get("TMPI_SHARED_HEAP") {
             let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
             c.shared_heap = if n == 0 { 0 } else { n.max(1 << 16) };
+        }
+        if let Some(v) = get(alive::ENV_PEER_TIMEOUT) {
+            c.peer_timeout = alive::parse_peer_timeout(&v).ok_or_else(|| bad(alive::ENV_PEER_TIMEOUT, &v, alive::PEER_TIMEOUT_EXPECTED))?;
         }
         if let Some(v) = get("TMPI_SHM_COLL") {
             c.shm_coll = match v.trim() {
@@ -310,6 +350,36 @@ mod tests {
     fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    /// Rings per pair up to `TMPI_SHM_PAIRS_MAX` ranks, sized by the rank count or the knob;
+    /// the queued layout beyond.
+    #[test]
+    fn ring_sizes_by_job_size() {
+        let auto = parse(&[]).unwrap();
+        let small = parse(&[("TMPI_SHM_PAIRS_MAX", "8")]).unwrap();
+        let fixed = parse(&[("TMPI_SHM_RING_SIZE", "65536"), ("TMPI_SHM_PAIRS_MAX", "1")]).unwrap();
+        for (c, ranks, want) in [
+            (&auto, 2, 4 << 20),
+            (&auto, 4, 4 << 20),
+            (&auto, 5, 1 << 20),
+            (&auto, 8, 1 << 20),
+            (&auto, 9, 256 << 10),
+            (&auto, 32, 256 << 10),
+            (&auto, 33, 64 << 10),
+            (&auto, 64, 64 << 10),
+            (&auto, 65, QUEUED),
+            (&auto, 1024, QUEUED),
+            (&small, 8, 1 << 20),
+            (&small, 9, QUEUED),
+            (&fixed, 1, 65536),
+            (&fixed, 2, QUEUED),
+        ] {
+            assert_eq!(c.ring_size_for(ranks), want, "{ranks} ranks, pairs up to {}", c.shm_pairs_max);
+        }
+        assert_eq!(parse(&[("TMPI_SHM_LIMIT", "1m")]).unwrap().shm_limit, Some(1 << 20));
+        assert_eq!(parse(&[("TMPI_SHM_LIMIT", "auto")]).unwrap().shm_limit, None);
+        assert!(parse(&[("TMPI_SHM_PAIRS_MAX", "0")]).is_err());
     }
 
     #[test]

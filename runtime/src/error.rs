@@ -91,7 +91,9 @@ pub enum Error {
         /// What the variable accepts.
         expected: String,
     },
-    /// Buffer lengths do not fit the operation (collectives, sendrecv, ...).
+    /// Buffer lengths do not fit the operation (collectives, sendrecv, layouts, ...), or a
+    /// size given by the caller is more than this process can allocate (`alloc_shared`, the
+    /// elements a layout selects).
     #[error("invalid buffer: {0}")]
     InvalidBuffer(String),
     /// A root argument is outside the communicator.

@@ -286,6 +286,34 @@ impl<'scope> Request<'scope> {
         err
     }
 
+    /// Takes the request out of its scope: the scope's end no longer waits for it, and the
+    /// returned [`crate::Detached`] owns it (waits, tests, cancels; abandons it when dropped
+    /// incomplete). For bindings whose requests outlive any closure (the rsmpi crate).
+    ///
+    /// # Safety
+    /// The buffer the request was started with must stay valid (and, for a receive, not be
+    /// read or written by anyone else) until the `Detached` reports completion or is dropped.
+    pub unsafe fn detach(mut self, s: &Scope<'scope, '_>) -> crate::Detached {
+        let rid = match self.rid.take() {
+            Some(r) if r != SENT => r,
+            _ => return crate::Detached::done(),
+        };
+        if let Some(first) = s.engine.get().filter(|f| std::ptr::eq(&***f, self.eng)) {
+            let mut started = s.started.borrow_mut();
+            if let Some(i) = started.iter().rposition(|&r| r == rid) {
+                started.swap_remove(i);
+            }
+            return crate::Detached::new(first.clone(), rid);
+        }
+        let mut others = s.others.borrow_mut();
+        let i = others.iter().rposition(|(e, r)| *r == rid && std::ptr::eq(&**e, self.eng));
+        match i {
+            Some(i) => crate::Detached::new(others.swap_remove(i).0, rid),
+            // Unreachable: every started request is listed in its scope.
+            None => crate::Detached::done(),
+        }
+    }
+
     /// The engine request, while one is pending (for [`crate::seen`]).
     pub(crate) fn key(&self) -> Option<ReqId> {
         self.rid.filter(|&r| r != SENT)

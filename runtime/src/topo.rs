@@ -315,7 +315,7 @@ impl CartComm {
             )));
         }
         let b = send.len();
-        let c = CollCtx::new(&self.comm);
+        let c = CollCtx::new(&self.comm)?;
         c.finish(self.exchange(&c, TAG_NEIGHBOR_ALLGATHER, |_| bytemuck::cast_slice(send), recv, b))
     }
 
@@ -352,7 +352,7 @@ impl CartComm {
             )));
         }
         let b = send.len().checked_div(k).unwrap_or(0);
-        let c = CollCtx::new(&self.comm);
+        let c = CollCtx::new(&self.comm)?;
         c.finish(self.exchange(&c, TAG_NEIGHBOR_ALLTOALL, |i| bytemuck::cast_slice(&send[i * b..(i + 1) * b]), recv, b))
     }
 

@@ -47,3 +47,14 @@ fn bad_collective_arguments_return_errors() {
         assert!(out.elapsed < Duration::from_secs(20), "badcoll at {n} ranks took {:.2?}: something waited", out.elapsed);
     }
 }
+
+/// A communicator that outlived the finalized world answers every collective with
+/// `Error::State`, also where a shortcut needs no communication (one rank, empty buffers).
+#[test]
+fn collectives_after_finalize_are_state_errors() {
+    for n in [1, 2, 3] {
+        let out = Job::tmpirun(n, "badcoll").arg("--after-finalize").timeout(Duration::from_secs(60)).run();
+        let line = out.assert_ok_line("badcoll: ");
+        assert!(line.contains(&format!("{n} ranks")), "{line:?}");
+    }
+}

@@ -202,7 +202,6 @@ impl Comm {
         input: Option<&'s [u8]>,
         output: Option<&'s mut [u8]>,
     ) -> Result<Request<'s>> {
-        c.check()?;
         let who = Members { ctx: self.coll_ctx(), rank: self.rank(), size: self.size(), world: self.inner.members.clone(), seq: c.seq() };
         // SAFETY: `input` and `output` are borrowed for 's; the request is registered in the
         // scope (`Request::new`), which finishes or abandons it before 's ends, and
@@ -231,7 +230,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Ibarrier).on(self), || self.ibarrier(s));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let mut plan = Plan::new();
         plan_barrier(&mut plan, self.rank(), self.size());
         self.start_plan(s, &c, plan, None, None)
@@ -255,7 +254,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Ibcast).to(self, root).bytes(size_of_val(buf)), || self.ibcast(s, buf, root));
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         check_root(root, self.size())?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let mut plan = Plan::new();
@@ -352,7 +351,7 @@ impl Comm {
         if self.rank() == root {
             if let Some(b) = &recv {
                 if Some(b.len()) != send.len().checked_mul(n) {
-                    let _ = CollCtx::new(self);
+                    CollCtx::new(self)?;
                     return Err(len_err("igather", "receive", b.len(), send.len().saturating_mul(n)));
                 }
             }
@@ -410,7 +409,7 @@ impl Comm {
         displs: &[usize],
         root: Rank,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let (r, n) = (self.rank(), self.size());
         check_root(root, n)?;
         let es = std::mem::size_of::<T>();
@@ -469,7 +468,7 @@ impl Comm {
         if self.rank() == root {
             if let Some(b) = &send {
                 if Some(b.len()) != recv.len().checked_mul(n) {
-                    let _ = CollCtx::new(self);
+                    CollCtx::new(self)?;
                     return Err(len_err("iscatter", "send", b.len(), recv.len().saturating_mul(n)));
                 }
             }
@@ -526,7 +525,7 @@ impl Comm {
         recv: &'s mut [T],
         root: Rank,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let (r, n) = (self.rank(), self.size());
         check_root(root, n)?;
         let es = std::mem::size_of::<T>();
@@ -577,7 +576,7 @@ impl Comm {
         }
         let n = self.size();
         if Some(recv.len()) != send.len().checked_mul(n) {
-            let _ = CollCtx::new(self);
+            CollCtx::new(self)?;
             return Err(len_err("iallgather", "receive", recv.len(), send.len().saturating_mul(n)));
         }
         let counts = vec![send.len(); n];
@@ -628,7 +627,7 @@ impl Comm {
         counts: &[usize],
         displs: &[usize],
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let (r, n) = (self.rank(), self.size());
         check_layout(what, "receive", counts, displs, n, recv.len(), true)?;
         if counts[r] != send.len() {
@@ -674,7 +673,7 @@ impl Comm {
         }
         let n = self.size();
         if send.len() != recv.len() || send.len() % n != 0 {
-            let _ = CollCtx::new(self);
+            CollCtx::new(self)?;
             return Err(Error::InvalidBuffer(format!(
                 "ialltoall: send ({}) and receive ({}) buffers must have the same length, a multiple of {n}",
                 send.len(),
@@ -723,7 +722,7 @@ impl Comm {
                 self.ialltoallv(s, send, scounts, sdispls, recv, rcounts, rdispls)
             });
         }
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         let (r, n) = (self.rank(), self.size());
         check_layout("ialltoallv", "send", scounts, sdispls, n, send.len(), false)?;
         check_layout("ialltoallv", "receive", rcounts, rdispls, n, recv.len(), true)?;
@@ -864,7 +863,7 @@ impl Comm {
         op_ok: Result<()>,
         root: Rank,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         check_root(root, self.size())?;
         op_ok?;
         let (r, n) = (self.rank(), self.size());
@@ -903,7 +902,7 @@ impl Comm {
         f: ReduceFn,
         op_ok: Result<()>,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         op_ok?;
         if recv.len() != send.len() {
             return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
@@ -929,7 +928,7 @@ impl Comm {
         f: ReduceFn,
         op_ok: Result<()>,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         op_ok?;
         let (r, n) = (self.rank(), self.size());
         if counts.len() != n {
@@ -983,7 +982,7 @@ impl Comm {
         op_ok: Result<()>,
         inclusive: bool,
     ) -> Result<Request<'s>> {
-        let c = CollCtx::new(self);
+        let c = CollCtx::new(self)?;
         op_ok?;
         if recv.len() != send.len() {
             return Err(len_err(what, "receive", recv.len(), send.len()));

@@ -197,6 +197,11 @@ impl Sched {
         self.finished
     }
 
+    /// The collective context of the communicator it runs on.
+    pub(crate) fn ctx(&self) -> u32 {
+        self.who.ctx
+    }
+
     /// The transfers in flight.
     pub(crate) fn pending(&self) -> Vec<ReqId> {
         self.pending.iter().map(|p| p.0).collect()

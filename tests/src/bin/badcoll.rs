@@ -8,10 +8,17 @@
 //! `gather`, no send buffer at the root of `scatter`, a root buffer of the wrong length) are
 //! made on a communicator of one rank (each rank's own, from `split`), where they cannot leave
 //! other ranks waiting.
+//!
+//! `badcoll --after-finalize`: every collective, blocking and non-blocking, and every
+//! communicator constructor, called through a clone of the world and a dup that outlived the
+//! finalized world, with empty and non-empty buffers (at one rank and with empty buffers the
+//! collectives have shortcuts that need no communication): each must be `Error::State`. Each
+//! rank checks its own calls (nothing can be combined after the finalize); a rank with a
+//! failure exits non-zero, and rank 0 prints the `OK` line.
 
 use std::error::Error as StdError;
 
-use tmpi::{Comm, Error, Op};
+use tmpi::{scope, Comm, Error, Op, UserOp};
 use tmpi_tests::Verdict;
 
 fn invalid_root(root: usize, size: usize) -> impl FnOnce(&Error) -> bool {
@@ -101,8 +108,91 @@ fn root_only(me: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     Ok(())
 }
 
+/// Every collective and constructor on `c` (whose world is finalized), with buffers of
+/// `k` elements per rank: each call's name and whether it gave `Error::State`.
+fn after_finalize(c: &Comm, k: usize) -> Vec<(String, bool)> {
+    let (p, me) = (c.size(), c.rank());
+    let mut got: Vec<(String, bool)> = Vec::new();
+    let mut note = |name: &str, r: tmpi::Result<()>| got.push((format!("{name} ({k} elements)"), matches!(r, Err(Error::State(_)))));
+    let send = vec![1u32; k];
+    let all = vec![1u32; k * p];
+    let (mut one, mut many) = (vec![0u32; k], vec![0u32; k * p]);
+    let counts = vec![k; p];
+    let displs: Vec<usize> = (0..p).map(|i| i * k).collect();
+    let sum = UserOp::new(true, |a: &u32, b: &u32| a.wrapping_add(*b));
+    note("barrier", c.barrier());
+    note("bcast", c.bcast(&mut one, 0));
+    note("reduce", c.reduce(&send, Some(&mut one), Op::Sum, 0));
+    note("allreduce", c.allreduce(&send, &mut one, Op::Sum));
+    note("gather", c.gather(&send, Some(&mut many), 0));
+    note("scatter", c.scatter(Some(&all), &mut one, 0));
+    note("allgather", c.allgather(&send, &mut many));
+    note("alltoall", c.alltoall(&all, &mut many));
+    note("gatherv", c.gatherv(&send, Some(&mut many), &counts, &displs, 0));
+    note("scatterv", c.scatterv(Some(&all), &counts, &displs, &mut one, 0));
+    note("allgatherv", c.allgatherv(&send, &mut many, &counts, &displs));
+    note("alltoallv", c.alltoallv(&all, &counts, &displs, &mut many, &counts, &displs));
+    note("reduce_scatter", c.reduce_scatter(&all, &mut one, &counts, Op::Sum));
+    note("reduce_scatter_block", c.reduce_scatter_block(&all, &mut one, Op::Sum));
+    note("scan", c.scan(&send, &mut one, Op::Sum));
+    note("exscan", c.exscan(&send, &mut one, Op::Sum));
+    note("reduce_with", c.reduce_with(&send, Some(&mut one), &sum, 0));
+    note("allreduce_with", c.allreduce_with(&send, &mut one, &sum));
+    note("reduce_scatter_with", c.reduce_scatter_with(&all, &mut one, &counts, &sum));
+    note("scan_with", c.scan_with(&send, &mut one, &sum));
+    note("exscan_with", c.exscan_with(&send, &mut one, &sum));
+    note("dup", c.dup().map(drop));
+    note("split", c.split(Some(0), me as i32).map(drop));
+    note("split_type", c.split_type(tmpi::SplitType::Shared, 0).map(drop));
+    note("create", c.create(&c.group()).map(drop));
+    scope(|s| {
+        note("ibarrier", c.ibarrier(s).map(drop));
+        note("ibcast", c.ibcast(s, &mut one, 0).map(drop));
+    });
+    scope(|s| note("iallreduce", c.iallreduce(s, &send, &mut one, Op::Sum).map(drop)));
+    scope(|s| note("iallgather", c.iallgather(s, &send, &mut many).map(drop)));
+    scope(|s| note("ialltoall", c.ialltoall(s, &all, &mut many).map(drop)));
+    scope(|s| note("iscan", c.iscan(s, &send, &mut one, Op::Sum).map(drop)));
+    got
+}
+
+/// `--after-finalize` (see the module docs).
+fn after_finalize_mode(world: tmpi::World) -> Result<(), Box<dyn StdError>> {
+    let (rank, size) = (world.rank(), world.size());
+    let kept: Comm = (*world).clone();
+    let dup = world.dup()?;
+    world.finalize()?;
+    let mut calls = 0;
+    let mut failed = Vec::new();
+    for (name, c) in [("world clone", &kept), ("dup", &dup)] {
+        for k in [0, 3] {
+            for (call, ok) in after_finalize(c, k) {
+                calls += 1;
+                if !ok {
+                    failed.push(format!("{name}: {call}"));
+                }
+            }
+        }
+    }
+    if !failed.is_empty() {
+        return Err(format!(
+            "badcoll: rank {rank}: {} of {calls} calls after finalize were not Error::State: {}",
+            failed.len(),
+            failed.join(", ")
+        )
+        .into());
+    }
+    if rank == 0 {
+        println!("badcoll: {size} ranks: {calls} calls after finalize, each Error::State: OK");
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn StdError>> {
     let world = tmpi::init()?;
+    if std::env::args().skip(1).any(|a| a == "--after-finalize") {
+        return after_finalize_mode(world);
+    }
     let mut v = Verdict::new("badcoll", world.rank());
     symmetric(&world, &mut v)?;
     let me = world.split(Some(world.rank() as u32), 0)?;
