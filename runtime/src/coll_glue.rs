@@ -110,7 +110,8 @@ impl CollP2p for CollCtx<'_> {
         if seen::counting() {
             seen::message_out(self.comm.world_rank(dest), sbuf.len());
         }
-        let mut f = move || self.comm.sendrecv_ctx(ctx, sbuf, dest, self.tag(stag), rbuf, Some(src as u32), Some(self.tag(rtag))).map(|s| s.len());
+        let mut f =
+            move || self.comm.sendrecv_ctx(ctx, sbuf, dest, self.tag(stag), rbuf, Some(src as u32), Some(self.tag(rtag))).map(|s| s.len());
         if seen::tracing() {
             return seen::step(seen::Step::Sendrecv, self.comm, dest, sbuf.len(), f);
         }

@@ -335,7 +335,10 @@ impl Comm {
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn send<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
         if seen::on() {
-            return seen::call(What::new(Kind::Send).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)), || self.send(buf, dest, tag));
+            return seen::call(
+                What::new(Kind::Send).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
+                || self.send(buf, dest, tag),
+            );
         }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)
     }
@@ -346,7 +349,10 @@ impl Comm {
     /// As [`Comm::send`].
     pub fn ssend<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
         if seen::on() {
-            return seen::call(What::new(Kind::Ssend).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)), || self.ssend(buf, dest, tag));
+            return seen::call(
+                What::new(Kind::Ssend).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
+                || self.ssend(buf, dest, tag),
+            );
         }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)
     }

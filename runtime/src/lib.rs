@@ -124,8 +124,8 @@
 //! assert_eq!(ok, vec![true, true]);
 //! ```
 
-pub mod bsend;
 mod alloc;
+pub mod bsend;
 mod buffer;
 mod cartmap;
 pub mod coll;

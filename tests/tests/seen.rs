@@ -31,25 +31,28 @@ fn result_of(out: &Outcome) -> String {
     lines[0].to_string()
 }
 
-/// Runs of the racy program give different results (the order of its wildcard receives and the
-/// number of empty polls change from run to run); the result of a recorded run comes back on
-/// every replay, whatever the senders' delays.
+/// Each of several recorded runs of the racy program (different seeds, so different orders
+/// where the scheduler allows) comes back on every replay, whatever the senders' delays then.
+/// The recorded results are printed, not compared with each other: two runs may well agree.
 #[test]
-fn a_racy_program_varies_and_every_replay_gives_the_recorded_result() {
-    let free: BTreeSet<String> = (1..=4).map(|seed| result_of(&racy(4, seed).run())).collect();
-    assert!(free.len() >= 2, "four runs of racy gave one result: {free:?}");
-    let dir = scratch("replay");
-    let rec = racy(4, 1).flag("--record").flag(&dir).run();
-    let recorded = result_of(&rec);
-    assert!(rec.stderr.contains("tmpirun: recorded "), "{}", rec.report());
-    for r in 0..4 {
-        assert!(dir.join(format!("rank{r}.tmpirec")).is_file(), "no record of rank {r}");
+fn every_replay_gives_the_result_of_its_record() {
+    let mut seen = BTreeSet::new();
+    for rec_seed in [1u64, 2, 3] {
+        let dir = scratch(&format!("replay{rec_seed}"));
+        let rec = racy(4, rec_seed).flag("--record").flag(&dir).run();
+        let recorded = result_of(&rec);
+        assert!(rec.stderr.contains("tmpirun: recorded "), "{}", rec.report());
+        for r in 0..4 {
+            assert!(dir.join(format!("rank{r}.tmpirec")).is_file(), "no record of rank {r}");
+        }
+        for seed in [rec_seed + 3, rec_seed + 7] {
+            let out = racy(4, seed).flag("--replay").flag(&dir).run();
+            assert_eq!(result_of(&out), recorded, "replay with seed {seed} of the record of seed {rec_seed}\n{}", out.report());
+        }
+        seen.insert(recorded);
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    for seed in 2..=6 {
-        let out = racy(4, seed).flag("--replay").flag(&dir).run();
-        assert_eq!(result_of(&out), recorded, "replay with seed {seed}\n{}", out.report());
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    println!("{} distinct results in 3 recorded runs: {seen:?}", seen.len());
 }
 
 /// A replay of a program that makes another decision than its record, or more decisions,
@@ -62,7 +65,9 @@ fn a_replay_that_departs_from_its_record_fails_naming_the_rank_and_the_call() {
     let other = racy(3, 5).arg("--rounds").arg("1").arg("--variant").flag("--replay").flag(&dir).run();
     assert!(!other.success(), "{}", other.report());
     assert!(
-        other.stderr.contains("replay diverged at rank 0") && other.stderr.contains("the program made wait_any") && other.stderr.contains("wait_some reported"),
+        other.stderr.contains("replay diverged at rank 0")
+            && other.stderr.contains("the program made wait_any")
+            && other.stderr.contains("wait_some reported"),
         "{}",
         other.report()
     );
@@ -100,6 +105,52 @@ fn the_merged_trace_checks_and_has_every_rank_and_call() {
     for r in 0..4 {
         assert!(!dir.join(format!("racy.json.rank{r}")).exists(), "ring file of rank {r} left");
     }
+    // Every message racy sends is received: one flow per message received, each from a message
+    // leaving its source to the receive that matched it.
+    let ins = t.slices.iter().filter(|s| s.name == "msg in").count();
+    assert!(ins >= 3 * 5 * 2, "{ins} messages received in the trace");
+    assert_eq!(t.flows.len(), ins, "flows against messages received");
+    for f in &t.flows {
+        assert_joins(f);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Flow `f` goes from a message leaving rank `from` for rank `to` to that message matched at
+/// rank `to`: the two ends agree on the ranks, the tag, the number and the bytes.
+fn assert_joins(f: &tmpi_trace::check::Flow) {
+    let (a, b) = (&f.from, &f.to);
+    assert_eq!((a.name.as_str(), b.name.as_str()), ("msg out", "msg in"), "{f:?}");
+    assert_eq!(a.args["to"].as_u64(), Some(b.pid - 1), "{f:?}");
+    assert_eq!(b.args["from"].as_u64(), Some(a.pid - 1), "{f:?}");
+    for k in ["tag", "seq", "context", "bytes"] {
+        assert_eq!(a.args[k], b.args[k], "{k}: {f:?}");
+    }
+}
+
+/// Each message's protocol is on its ends: at 2 ranks, `bigmsg` up to 256 KiB sends eager and
+/// rendezvous messages; each received one says how it matched, each rendezvous how its bytes
+/// moved, and a flow joins each to its send.
+#[test]
+fn the_trace_shows_each_messages_protocol() {
+    let dir = scratch("proto");
+    let path = dir.join("bigmsg.json");
+    let out = Job::tmpirun(2, "bigmsg").arg("262144").flag("--trace").flag(&path).timeout(Duration::from_secs(120)).run();
+    out.assert_success();
+    let t = read_trace(&path);
+    let ins: Vec<&str> = t.slices.iter().filter(|s| s.name == "msg in").map(|s| s.args["protocol"].as_str().unwrap_or("?")).collect();
+    assert!(ins.iter().any(|p| p.starts_with("eager")) && ins.iter().any(|p| p.starts_with("rendezvous")), "{ins:?}");
+    for p in &ins {
+        // How it matched, exactly one way; a rendezvous also says how its bytes moved.
+        assert!(p.contains("offloaded (TM-SRQ)") != p.contains("software matched"), "{p}");
+        let ways = ["single copy (cma)", "streamed", "shared heap"];
+        assert_eq!(p.starts_with("rendezvous"), ways.iter().any(|w| p.contains(w)), "{p}");
+    }
+    assert_eq!(t.flows.len(), ins.len(), "flows against messages received");
+    assert!(!t.flows.is_empty());
+    for f in &t.flows {
+        assert_joins(f);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -131,7 +182,8 @@ fn a_failed_job_still_leaves_a_trace_of_every_rank() {
 
 /// The `tmpi-stats` lines of a job, by rank.
 fn stats_of(out: &Outcome) -> Vec<Stats> {
-    let mut v: Vec<Stats> = out.stderr.lines().filter(|l| l.starts_with("tmpi-stats ")).map(|l| l.parse().expect("a tmpi-stats line")).collect();
+    let mut v: Vec<Stats> =
+        out.stderr.lines().filter(|l| l.starts_with("tmpi-stats ")).map(|l| l.parse().expect("a tmpi-stats line")).collect();
     v.sort_by_key(|s| s.rank);
     v
 }
@@ -168,12 +220,68 @@ fn profile_flag_writes_the_report_here() {
     let dir = scratch("profile-flag");
     let out = racy(3, 2).in_dir(&dir).flag("--profile").run();
     result_of(&out);
-    let mut files: Vec<String> = std::fs::read_dir(&dir).expect("read dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut files: Vec<String> =
+        std::fs::read_dir(&dir).expect("read dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     files.sort();
     assert_eq!(files, ["tmpi-profile.svg", "tmpi-profile.txt"], "{}", out.report());
     let txt = std::fs::read_to_string(dir.join("tmpi-profile.txt")).expect("the report");
-    for want in ["tmpi profile of 3 ranks", "time in communication per rank", "per rank and call", "messages (bytes) per pair", "longest waits"] {
+    for want in
+        ["tmpi profile of 3 ranks", "time in communication per rank", "per rank and call", "messages (bytes) per pair", "longest waits"]
+    {
         assert!(txt.contains(want), "{want:?} missing:\n{txt}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A trace path where a rank cannot write: the job fails at init with the knob named, and
+/// ends (no rank waits for the one that failed).
+#[test]
+fn an_unwritable_trace_path_fails_clearly() {
+    let out = racy(2, 1).flag("--trace").flag("/proc/self/trace.json").timeout(Duration::from_secs(60)).run();
+    assert!(!out.success(), "{}", out.report());
+    assert!(out.stderr.contains("TMPI_TRACE") && out.stderr.contains("a path where this rank can write its trace"), "{}", out.report());
+}
+
+/// A record of another program (the same size): the replay stops with `Error::Replay` at the
+/// first decision the program does not make as recorded, naming the rank.
+#[test]
+fn a_record_of_another_program_is_refused_by_the_replay() {
+    let dir = scratch("other-program");
+    result_of(&racy(2, 1).arg("--rounds").arg("1").flag("--record").flag(&dir).run());
+    let out = Job::tmpirun(2, "collcheck").flag("--replay").flag(&dir).timeout(Duration::from_secs(60)).run();
+    assert!(!out.success(), "{}", out.report());
+    assert!(out.stderr.contains("replay diverged at rank"), "{}", out.report());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A ring too small for the job keeps its newest events, counts the others, and says so: in
+/// tmpirun's line and in the trace, which still checks.
+#[test]
+fn a_full_ring_drops_the_oldest_events_and_counts_them() {
+    let dir = scratch("full");
+    let path = dir.join("racy.json");
+    let out = racy(3, 1).env("TMPI_TRACE_EVENTS", "1024").flag("--trace").flag(&path).run();
+    result_of(&out);
+    assert!(out.stderr.contains("events dropped: the oldest, see TMPI_TRACE_EVENTS"), "{}", out.report());
+    let t = read_trace(&path);
+    let dropped = t.other.as_ref().and_then(|o| o["dropped_events"].as_u64());
+    assert!(dropped.is_some_and(|d| d > 0), "{:?}", t.other);
+    assert!(t.instants.get("events dropped").is_some_and(|&n| n > 0), "{:?}", t.instants);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A rank that exits in the middle of the job, before finalize: tmpirun still merges every
+/// rank's trace, each up to where it ended, and says whose is cut short.
+#[test]
+fn a_rank_gone_mid_job_leaves_the_traces_merged() {
+    let dir = scratch("gone");
+    let path = dir.join("gone.json");
+    let out = Job::tmpirun(3, "fault_exit").arg("3").arg("run").flag("--trace").flag(&path).timeout(Duration::from_secs(60)).run();
+    assert!(!out.success(), "{}", out.report());
+    assert!(out.stderr.contains("tmpirun: trace of 3 ranks") && out.stderr.contains("stopped before finalize"), "{}", out.report());
+    let t = read_trace(&path);
+    for r in 0..3 {
+        assert!(t.processes.values().any(|n| n.starts_with(&format!("rank {r} ("))), "{:?}", t.processes);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

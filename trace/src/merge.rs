@@ -11,7 +11,8 @@
 //!   microseconds, to the nanosecond), nested properly on its thread;
 //! - a flow (`"ph":"s"` inside the sender's message event, `"ph":"f"` with `"bp":"e"` inside
 //!   the receiver's) from each message that left a rank to the receive that matched it, paired
-//!   by (source, destination, the message's sequence number on that pair);
+//!   by (source, destination, tag, the message's number: its context and its sequence number
+//!   among the messages of that envelope);
 //! - a process-scoped instant (`"ph":"i"`, `"s":"p"`) where a rank's ring dropped events;
 //! - `otherData`: the job's size, ranks whose file was missing, dropped events and the clock
 //!   correction's error bound.
@@ -32,6 +33,10 @@ use crate::ring::RankTrace;
 pub fn tid_of(rank: u32, thread: u16) -> u64 {
     (u64::from(rank) + 1) * 1000 + u64::from(thread.min(999))
 }
+
+/// Bits of a message event's `id` that number it on its envelope; the context id is above.
+pub const MSG_SEQ_BITS: u32 = 40;
+const MSG_SEQ_MASK: u64 = (1 << MSG_SEQ_BITS) - 1;
 
 /// Shortest message event written, so that a flow's end fits strictly inside it (ns).
 const MIN_MSG_DUR: u64 = 2;
@@ -209,7 +214,7 @@ fn args(ev: &Event, kind: Kind) -> String {
         Class::Message => {
             peer_arg(&mut a, if kind == Kind::MsgOut { "to" } else { "from" }, ev.peer);
             peer_arg(&mut a, "tag", ev.tag);
-            let _ = write!(a, ",\"seq\":{},\"protocol\":", ev.id);
+            let _ = write!(a, ",\"seq\":{},\"context\":{},\"protocol\":", ev.id & MSG_SEQ_MASK, ev.id >> MSG_SEQ_BITS);
             push_json_str(&mut a, &Proto(ev.aux).describe().join(", "));
         }
         Class::Note => {}
@@ -302,16 +307,16 @@ fn metadata(out: &mut String, traces: &[RankTrace], placed: &[Placed]) {
 }
 
 /// Flow events from each message out to the message in with the same (source, destination,
-/// sequence).
+/// tag, id).
 fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
-    let mut outs: HashMap<(u32, u32, u64), &Placed> = HashMap::new();
-    let mut ins: Vec<(&Placed, (u32, u32, u64))> = Vec::new();
+    let mut outs: HashMap<(u32, u32, u32, u64), &Placed> = HashMap::new();
+    let mut ins: Vec<(&Placed, (u32, u32, u32, u64))> = Vec::new();
     for p in placed.iter().filter(|p| p.ev.id != 0 && p.ev.peer != NONE) {
         match p.ev.kind() {
             Some(Kind::MsgOut) => {
-                outs.insert((p.rank, p.ev.peer, p.ev.id), p);
+                outs.insert((p.rank, p.ev.peer, p.ev.tag, p.ev.id), p);
             }
-            Some(Kind::MsgIn) => ins.push((p, (p.ev.peer, p.rank, p.ev.id))),
+            Some(Kind::MsgIn) => ins.push((p, (p.ev.peer, p.rank, p.ev.tag, p.ev.id))),
             _ => {}
         }
     }

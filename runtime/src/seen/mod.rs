@@ -123,6 +123,44 @@ pub(crate) fn step<R>(s: Step, c: &Comm, peer: crate::Rank, bytes: usize, f: imp
     r
 }
 
+/// One end of a message as the engine decided it, for [`message`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Msg {
+    /// It leaves this rank (true), or a receive of this rank matched it.
+    pub(crate) out: bool,
+    /// The other rank (world).
+    pub(crate) peer: usize,
+    /// Its match key.
+    pub(crate) tag64: u64,
+    /// Its payload bytes.
+    pub(crate) bytes: usize,
+    /// How it goes: [`tmpi_trace::event::Proto`] bits (protocol, way, how it matched).
+    pub(crate) proto: u32,
+}
+
+/// The engine's one hook into seeing (a flag read and a branch when tracing is off): one end of
+/// a message to or from world rank `peer` with match key `tag64`, going as `proto` says (see
+/// [`message`]).
+#[inline(always)]
+pub(crate) fn msg(out: bool, peer: usize, tag64: u64, bytes: usize, proto: u32) {
+    if tracing() {
+        message(Msg { out, peer, tag64, bytes, proto });
+    }
+}
+
+pub(crate) use tmpi_trace::event::Proto;
+
+/// What [`msg`] calls when tracing, where the engine decides how a
+/// message goes: when a message leaves this rank (eager or rendezvous) and when a receive of
+/// this rank matched one (offloaded or in software, expected or unexpected; for a rendezvous,
+/// when its read starts and its way is chosen). Writes the message's event, numbered per
+/// (direction, peer, match key) so that the merger can join the two ends.
+#[cold]
+#[inline(never)]
+pub(crate) fn message(m: Msg) {
+    state::message(m);
+}
+
 /// A message of `bytes` starts towards world rank `dest`.
 #[cold]
 #[inline(never)]

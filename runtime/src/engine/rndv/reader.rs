@@ -252,6 +252,15 @@ impl State {
             placed,
         });
         debug_assert_eq!(k, key);
+        let way = if heap_at_once.is_some() {
+            Proto::WAY_HEAP
+        } else if cma {
+            Proto::WAY_CMA
+        } else {
+            Proto::WAY_STREAM
+        };
+        let matched = if hw.is_some() { Proto::OFFLOADED } else { Proto::SOFTWARE };
+        crate::seen::msg(false, src, info.tmh.tag, info.len, Proto::RNDV | way | matched);
         if n == 0 {
             return self.finish_read(key, true);
         }
