@@ -116,6 +116,9 @@ impl State {
             // A message under another rank's name writes nothing (it completes with an
             // error, see `on_hw_completion`).
             let tag64 = Tmh::decode(p.data).map_or(0, |t| t.tag);
+            if p.data.first() != Some(&(TmOp::Rndv as u8)) {
+                crate::seen::msg(false, p.src, tag64, (p.total_len as usize).saturating_sub(TMH_LEN), Proto::EAGER | Proto::OFFLOADED);
+            }
             if !self.admits(rid, tag64, p.src) {
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                     r.refused = Some(p.src);

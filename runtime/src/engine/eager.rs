@@ -143,7 +143,7 @@ impl Engine {
         if !sync && (len < PIPELINE_MIN || !self.peers[dest].pipelined) && self.may_send_whole(dest, len) {
             let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
             if self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &[&tmh, data.slice(0, len)])? {
-                self.sent_whole(dest, len);
+                self.sent_whole(dest, tag64, len);
                 return Ok(None);
             }
         }
@@ -168,7 +168,8 @@ impl Engine {
 
     /// Accounts for a message that [`Engine::may_send_whole`] allowed and the fabric took.
     #[inline(always)]
-    fn sent_whole(&mut self, dest: usize, len: usize) {
+    fn sent_whole(&mut self, dest: usize, tag64: u64, len: usize) {
+        crate::seen::msg(true, dest, tag64, len, Proto::EAGER);
         self.st.credit.spend(dest, len + UX_OVERHEAD);
         self.st.stats.msgs_sent += 1;
         self.st.stats.bytes_sent += len as u64;
@@ -188,6 +189,7 @@ impl Engine {
                     // Eager but for the credit.
                     self.st.stats.credit_rndv += 1;
                 }
+                crate::seen::msg(true, dest, tag64, len, Proto::RNDV);
                 return self.start_rndv(dest, tag64, data).map(Some);
             }
             self.st.credit.spend(dest, len + UX_OVERHEAD);
@@ -196,6 +198,7 @@ impl Engine {
             }
         }
         self.st.stats.eager += 1;
+        crate::seen::msg(true, dest, tag64, len, if dest == self.st.rank { Proto::SELF } else { Proto::EAGER });
         let req = if sync { Some(self.st.new_send(dest, tag64, true, None)?) } else { None };
         let app_ctx = req.map_or(0, |r| SYNC_FLAG | wire_name(r));
         let tmh = Tmh { op: TmOp::Eager, app_ctx, tag: tag64 }.to_bytes();
@@ -247,7 +250,7 @@ impl Engine {
         if !self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &all[..=parts.len()])? {
             return Ok(false);
         }
-        self.sent_whole(dest, len);
+        self.sent_whole(dest, tag64, len);
         Ok(true)
     }
 
@@ -401,6 +404,7 @@ impl State {
         match self.matcher.arrive(tmh.tag, key) {
             Arrived::Matched(_, rid, _) => {
                 self.stats.sw_matched += 1;
+                crate::seen::msg(false, src, tmh.tag, total, Proto::EAGER | Proto::SOFTWARE);
                 if last && ack.is_none() && self.take_whole(rid, src, tmh.tag, data) {
                     self.give_credit(src, total);
                     return Ok(());
@@ -544,6 +548,8 @@ impl State {
             }
             return;
         }
+        let how = if u.rndv.is_some() { Proto::RNDV } else { Proto::EAGER };
+        crate::seen::msg(false, u.src_world, u.tag64, u.total, how | Proto::SOFTWARE | Proto::UNEXPECTED);
         if let Some(info) = u.rndv {
             if let Err(e) = self.start_read(rid, u.src_world, info, None) {
                 self.outbox.fail(e);

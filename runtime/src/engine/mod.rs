@@ -95,6 +95,7 @@ mod stats;
 mod testkit;
 mod unexpected;
 
+use crate::seen::Proto;
 use credit::Credit;
 use eager::{OutData, OutMsg};
 pub(crate) use fabric::AnyFabric;

@@ -299,6 +299,9 @@ impl Sched {
                 // never outlives the memory, and the plan writes no span while it is sent.
                 let raw = unsafe { RawBuf::new(std::slice::from_raw_parts(p, s.len)) };
                 let tag64 = matching::encode_tag(w.ctx, w.rank as u32, w.tag(tag));
+                if crate::seen::counting() {
+                    crate::seen::message_out(w.world_rank(dest)?, s.len);
+                }
                 if let Some(rid) = e.start_send(w.world_rank(dest)?, tag64, raw, false)? {
                     self.pending.push((rid, None));
                 }

@@ -200,6 +200,13 @@ impl State {
             // Nothing to learn from a heap copy (its period is not timed).
             self.ways.copy.spoil(p);
         }
+        let way = match (plan.start, cma) {
+            (ReadStart::AtOnce { heap: true, .. }, _) => Proto::WAY_HEAP,
+            (_, true) => Proto::WAY_CMA,
+            (_, false) => Proto::WAY_STREAM,
+        };
+        let matched = if hw.is_some() { Proto::OFFLOADED } else { Proto::SOFTWARE };
+        crate::seen::msg(false, src, info.tmh.tag, info.len, Proto::RNDV | way | matched);
         let op = ReadOp {
             rid,
             src,
