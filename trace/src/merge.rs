@@ -384,5 +384,5 @@ pub fn merge(traces: &[RankTrace], opts: &Options) -> (String, Summary) {
     (out, summary)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tools"))]
 mod tests;
