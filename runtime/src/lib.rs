@@ -124,8 +124,8 @@
 //! assert_eq!(ok, vec![true, true]);
 //! ```
 
-pub mod bsend;
 mod alloc;
+pub mod bsend;
 mod buffer;
 mod cartmap;
 pub mod coll;
@@ -144,6 +144,7 @@ mod mprobe;
 pub mod names;
 mod nbc;
 mod node;
+pub mod one;
 pub mod op;
 pub mod reqset;
 mod request;
