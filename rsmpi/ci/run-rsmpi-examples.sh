@@ -109,8 +109,8 @@ for f in "$b"/examples/*.rs; do
     skip=$((skip + 2))
     continue
   fi
-  exe="$CARGO_TARGET_DIR/release/examples/$n"
-  if ! grep -qxF "$exe" "$work/built.txt"; then
+  exe="$(grep -m1 "/examples/$n\$" "$work/built.txt" || true)"
+  if [ -z "$exe" ]; then
     fail=$((fail + 2))
     failed+=("$n(build)")
     echo "FAIL $n: it did not build (see the cargo output above)" >&2
