@@ -345,6 +345,8 @@ kinds! {
     CartCreate = 104, "cart_create", Comm;
     /// `CartComm::sub`.
     CartSub = 105, "cart_sub", Comm;
+    /// `Comm::dist_graph_create_adjacent`.
+    DistGraphCreate = 106, "dist_graph_create_adjacent", Comm;
     /// A message leaving this rank (its protocol in `aux`, see [`Proto`]).
     MsgOut = 120, "msg out", Message;
     /// A message matched by a receive of this rank (its protocol and how it matched in `aux`).
