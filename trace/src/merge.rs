@@ -306,11 +306,14 @@ fn metadata(out: &mut String, traces: &[RankTrace], placed: &[Placed]) {
     }
 }
 
+/// A message's (source, destination, tag, id), which its two ends share.
+type MsgKey = (u32, u32, u32, u64);
+
 /// Flow events from each message out to the message in with the same (source, destination,
 /// tag, id).
 fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
-    let mut outs: HashMap<(u32, u32, u32, u64), &Placed> = HashMap::new();
-    let mut ins: Vec<(&Placed, (u32, u32, u32, u64))> = Vec::new();
+    let mut outs: HashMap<MsgKey, &Placed> = HashMap::new();
+    let mut ins: Vec<(&Placed, MsgKey)> = Vec::new();
     for p in placed.iter().filter(|p| p.ev.id != 0 && p.ev.peer != NONE) {
         match p.ev.kind() {
             Some(Kind::MsgOut) => {

@@ -12,9 +12,9 @@
 //! shared-memory fabric, exactly as without TCP.
 //!
 //! libfabric's OFI fabric (cargo feature `ofi`): `TMPI_FABRIC=ofi` links every pair of ranks
-//! through it ([`crate::ofi::wire_up`], bound to the address TCP would listen on: loopback on
+//! through it (`ofi::wire_up`, bound to the address TCP would listen on: loopback on
 //! one host). With `auto`, a job across hosts takes it instead of TCP between hosts when every
-//! rank finds the same hardware provider ([`crate::ofi::auto_provider`]: `verbs`, `efa`,
+//! rank finds the same hardware provider (`ofi::auto_provider`: `verbs`, `efa`,
 //! `cxi`, `psm2`, `psm3`, `opx`; never a software one); each rank says in step 1 which one it
 //! found (`fab-net-<rank>`), so the ranks agree.
 
