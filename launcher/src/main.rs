@@ -93,11 +93,13 @@ fn real_main() -> Result<i32> {
         .collect();
     // Checked before any rank starts: past the limit, a job of hundreds of ranks used to fail
     // in the middle of its start ("start rank 505: Too many open files").
-    if let Some(limit) = sys::raise_nofile_limit().filter(|&l| !sys::fds_suffice(nlocal, l)) {
+    let need = sys::fds_needed(nlocal, np - nlocal);
+    if let Some(limit) = sys::raise_nofile_limit().filter(|&l| need > l) {
         return Err(Error::Usage(format!(
-            "{nlocal} ranks on this host need about {} open files in tmpirun ({} each: two output pipes and a \
-             bootstrap connection) but its limit is {limit} (`ulimit -n`, hard limit included): raise it or start fewer ranks",
-            nlocal as u64 * sys::FDS_PER_RANK + sys::FDS_RESERVE,
+            "{nlocal} ranks on this host and {} on others need about {need} open files in tmpirun ({} per local rank: \
+             two output pipes and a bootstrap connection; one per remote rank) but its limit is {limit} (`ulimit -n`, hard \
+             limit included): raise it or start fewer ranks",
+            np - nlocal,
             sys::FDS_PER_RANK
         )));
     }
