@@ -310,8 +310,8 @@ fn metadata(out: &mut String, traces: &[RankTrace], placed: &[Placed]) {
 type MsgKey = (u32, u32, u32, u64);
 
 /// The two ends of a message are stamped on different cores, so a receive may read a clock a
-/// little earlier than its send did: such a receive's slice is stretched past its send's start,
-/// so that its flow can end inside it, after it began.
+/// little earlier than its send did: such a receive is moved to its send's start, so that no
+/// message arrives before it left.
 fn causal(placed: &mut [Placed]) {
     let mut sent: HashMap<MsgKey, u64> = HashMap::new();
     for p in placed.iter().filter(|p| p.ev.id != 0 && p.ev.peer != NONE && p.ev.kind() == Some(Kind::MsgOut)) {
@@ -319,7 +319,7 @@ fn causal(placed: &mut [Placed]) {
     }
     for p in placed.iter_mut().filter(|p| p.ev.id != 0 && p.ev.peer != NONE && p.ev.kind() == Some(Kind::MsgIn)) {
         if let Some(&t) = sent.get(&(p.ev.peer, p.rank, p.ev.tag, p.ev.id)) {
-            p.dur = p.dur.max((t + MIN_MSG_DUR).saturating_sub(p.start));
+            p.start = p.start.max(t);
         }
     }
 }
@@ -346,7 +346,7 @@ fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
         if pout.dur < MIN_MSG_DUR || pin.dur < MIN_MSG_DUR {
             continue;
         }
-        // `causal` stretched each receive past its send's start; the end stays inside its slice.
+        // `causal` moved each receive to its send already; the end stays inside its slice.
         let s_ts = pout.start + 1;
         let f_ts = (pin.start + 1).max(s_ts).min(pin.start + pin.dur);
         id += 1;
