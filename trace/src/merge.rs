@@ -309,21 +309,6 @@ fn metadata(out: &mut String, traces: &[RankTrace], placed: &[Placed]) {
 /// A message's (source, destination, tag, id), which its two ends share.
 type MsgKey = (u32, u32, u32, u64);
 
-/// The two ends of a message are stamped on different cores, so a receive may read a clock a
-/// little earlier than its send did: such a receive is moved to its send's start, so that no
-/// message arrives before it left.
-fn causal(placed: &mut [Placed]) {
-    let mut sent: HashMap<MsgKey, u64> = HashMap::new();
-    for p in placed.iter().filter(|p| p.ev.id != 0 && p.ev.peer != NONE && p.ev.kind() == Some(Kind::MsgOut)) {
-        sent.insert((p.rank, p.ev.peer, p.ev.tag, p.ev.id), p.start);
-    }
-    for p in placed.iter_mut().filter(|p| p.ev.id != 0 && p.ev.peer != NONE && p.ev.kind() == Some(Kind::MsgIn)) {
-        if let Some(&t) = sent.get(&(p.ev.peer, p.rank, p.ev.tag, p.ev.id)) {
-            p.start = p.start.max(t);
-        }
-    }
-}
-
 /// Flow events from each message out to the message in with the same (source, destination,
 /// tag, id).
 fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
@@ -346,17 +331,14 @@ fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
         if pout.dur < MIN_MSG_DUR || pin.dur < MIN_MSG_DUR {
             continue;
         }
-        // `causal` moved each receive to its send already; the end stays inside its slice.
-        let s_ts = pout.start + 1;
-        let f_ts = (pin.start + 1).max(s_ts).min(pin.start + pin.dur);
         id += 1;
-        let ends = [("s", pout, s_ts, ""), ("f", pin, f_ts, ",\"bp\":\"e\"")];
-        for (ph, p, ts, bp) in ends {
+        let ends = [("s", pout, ""), ("f", pin, ",\"bp\":\"e\"")];
+        for (ph, p, bp) in ends {
             sep(out);
             let _ = write!(
                 out,
                 "{{\"name\":\"message\",\"cat\":\"msg\",\"ph\":\"{ph}\",\"id\":{id},\"ts\":{},\"pid\":{},\"tid\":{}{bp}}}",
-                us(ts),
+                us(p.start + 1),
                 u64::from(p.rank) + 1,
                 tid_of(p.rank, p.ev.thread)
             );
@@ -373,7 +355,6 @@ pub fn merge(traces: &[RankTrace], opts: &Options) -> (String, Summary) {
     summary.missing = (0..opts.size as u32).filter(|r| !have.contains(r)).collect();
     let doms = domains(traces, opts, &mut summary);
     let mut placed = place(traces, &doms);
-    causal(&mut placed);
     nest(&mut placed);
     let mut out = String::from("{\"traceEvents\":[");
     metadata(&mut out, traces, &placed);
