@@ -200,13 +200,7 @@ impl State {
             // Nothing to learn from a heap copy (its period is not timed).
             self.ways.copy.spoil(p);
         }
-        let way = match (plan.start, cma) {
-            (ReadStart::AtOnce { heap: true, .. }, _) => Proto::WAY_HEAP,
-            (_, true) => Proto::WAY_CMA,
-            (_, false) => Proto::WAY_STREAM,
-        };
-        let matched = if hw.is_some() { Proto::OFFLOADED } else { Proto::SOFTWARE };
-        crate::seen::msg(false, src, info.tmh.tag, info.len, Proto::RNDV | way | matched);
+        crate::seen::msg(false, src, info.tmh.tag, info.len, read_proto(&plan, cma, hw.is_some()));
         let op = ReadOp {
             rid,
             src,
@@ -528,4 +522,14 @@ impl Engine {
             std::process::exit(1);
         }
     }
+}
+
+/// How a rendezvous read moves its bytes and how it matched, for the trace.
+fn read_proto(plan: &ReadPlan, cma: bool, offloaded: bool) -> u32 {
+    let way = match (plan.start, cma) {
+        (ReadStart::AtOnce { heap: true, .. }, _) => Proto::WAY_HEAP,
+        (_, true) => Proto::WAY_CMA,
+        (_, false) => Proto::WAY_STREAM,
+    };
+    Proto::RNDV | way | if offloaded { Proto::OFFLOADED } else { Proto::SOFTWARE }
 }
