@@ -335,12 +335,18 @@ impl Comm {
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn send<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
         if seen::on() {
-            return seen::call(
-                What::new(Kind::Send).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
-                || self.send(buf, dest, tag),
-            );
+            return self.send_seen(Kind::Send, bytemuck::cast_slice(buf), dest, tag);
         }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)
+    }
+
+    /// [`Comm::send`] or [`Comm::ssend`] (`kind`) as a seen call: out of line, so that the
+    /// public calls keep no frame for it when nothing is seen.
+    #[cold]
+    #[inline(never)]
+    fn send_seen(&self, kind: Kind, buf: &[u8], dest: Rank, tag: Tag) -> Result<()> {
+        let w = What::new(kind).to(self, dest).tag(tag).bytes(buf.len()).sends(self, dest, buf.len());
+        seen::call(w, || if kind == Kind::Ssend { self.ssend(buf, dest, tag) } else { self.send(buf, dest, tag) })
     }
 
     /// Synchronous send: returns once the matching receive has started.
@@ -349,10 +355,7 @@ impl Comm {
     /// As [`Comm::send`].
     pub fn ssend<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
         if seen::on() {
-            return seen::call(
-                What::new(Kind::Ssend).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
-                || self.ssend(buf, dest, tag),
-            );
+            return self.send_seen(Kind::Ssend, bytemuck::cast_slice(buf), dest, tag);
         }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)
     }
@@ -366,10 +369,17 @@ impl Comm {
     pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::matched(What::new(Kind::Recv).from(self, src).tag_match(tag), src, |s| self.recv(buf, s, tag));
+            return self.recv_seen(bytemuck::cast_slice_mut(buf), src, tag);
         }
         let (s, t) = self.recv_args(src, tag)?;
         self.recv_ctx(self.user_ctx(), bytemuck::cast_slice_mut(buf), s, t)
+    }
+
+    /// [`Comm::recv`] as a seen call, out of line (see [`Comm::send_seen`]).
+    #[cold]
+    #[inline(never)]
+    fn recv_seen(&self, buf: &mut [u8], src: Source, tag: TagMatch) -> Result<Status> {
+        seen::matched(What::new(Kind::Recv).from(self, src).tag_match(tag), src, |s| self.recv(buf, s, tag))
     }
 
     /// Receives a message of any length into a new vector.

@@ -212,9 +212,17 @@ impl<'scope> Request<'scope> {
     /// The operation's error ([`Error::Truncated`], [`Error::PeerGone`], ...).
     pub fn wait(mut self) -> Result<Status> {
         if seen::on() {
-            return seen::calls::wait(What::new(Kind::Wait).reqs(1), self);
+            return self.wait_seen();
         }
         self.wait_mut()
+    }
+
+    /// [`Request::wait`] as a seen call: out of line, so that the public call stays small
+    /// enough to inline when nothing is seen.
+    #[cold]
+    #[inline(never)]
+    fn wait_seen(self) -> Result<Status> {
+        seen::calls::wait(What::new(Kind::Wait).reqs(1), self)
     }
 
     /// [`Request::wait`] in place: the request is collected (a second call is an error).
@@ -237,7 +245,7 @@ impl<'scope> Request<'scope> {
     /// As [`Request::wait`].
     pub fn test(&mut self) -> Result<Option<Status>> {
         if seen::on() {
-            return seen::calls::test(What::new(Kind::Test).reqs(1), self);
+            return self.test_seen();
         }
         let Some(rid) = self.rid else {
             return Err(Error::State("request already collected".into()));
@@ -255,6 +263,13 @@ impl<'scope> Request<'scope> {
                 finish(&mut e, rid).map(Some)
             }
         }
+    }
+
+    /// [`Request::test`] as a seen call, out of line (see [`Request::wait_seen`]).
+    #[cold]
+    #[inline(never)]
+    fn test_seen(&mut self) -> Result<Option<Status>> {
+        seen::calls::test(What::new(Kind::Test).reqs(1), self)
     }
 
     /// Cancels a receive that has not matched yet (its status then says cancelled); no effect
@@ -567,10 +582,7 @@ impl Comm {
     #[inline]
     pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
         if seen::on() {
-            return seen::call(
-                What::new(Kind::Isend).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
-                || self.isend(s, buf, dest, tag),
-            );
+            return self.isend_seen(s, bytemuck::cast_slice(buf), dest, tag);
         }
         let eng = &self.inner.eng;
         let rid = {
@@ -580,6 +592,15 @@ impl Comm {
             unsafe { self.start_send_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)? }
         };
         Ok(Request::new(eng, rid, s))
+    }
+
+    /// [`Comm::isend`] as a seen call: out of line, so that the public call keeps no frame
+    /// for it when nothing is seen.
+    #[cold]
+    #[inline(never)]
+    fn isend_seen<'scope>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [u8], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
+        let w = What::new(Kind::Isend).to(self, dest).tag(tag).bytes(buf.len()).sends(self, dest, buf.len());
+        seen::call(w, || self.isend(s, buf, dest, tag))
     }
 
     /// Starts a synchronous send (completes once matched).
@@ -616,9 +637,7 @@ impl Comm {
     ) -> Result<Request<'scope>> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::posted(What::new(Kind::Irecv).from(self, src).tag_match(tag).bytes(size_of_val(buf)), src, |from| {
-                self.irecv(s, buf, from, tag)
-            });
+            return self.irecv_seen(s, bytemuck::cast_slice_mut(buf), src, tag);
         }
         let (sr, t) = self.recv_args(src, tag)?;
         let eng = &self.inner.eng;
@@ -629,6 +648,19 @@ impl Comm {
             unsafe { self.post_recv_bytes(&mut e, self.user_ctx(), bytemuck::cast_slice_mut(buf), sr, t)? }
         };
         Ok(Request::new(eng, Some(rid), s))
+    }
+
+    /// [`Comm::irecv`] as a seen call, out of line (see [`Comm::isend_seen`]).
+    #[cold]
+    #[inline(never)]
+    fn irecv_seen<'scope>(
+        &self,
+        s: &'scope Scope<'scope, '_>,
+        buf: &'scope mut [u8],
+        src: Source,
+        tag: TagMatch,
+    ) -> Result<Request<'scope>> {
+        seen::posted(What::new(Kind::Irecv).from(self, src).tag_match(tag).bytes(buf.len()), src, |from| self.irecv(s, buf, from, tag))
     }
 }
 
