@@ -120,6 +120,22 @@ impl Layout {
         self
     }
 
+    /// The same blocks counted in units `by` times smaller (the layout of a buffer's bytes
+    /// when its elements are `by` bytes each); sizes saturate, so [`Layout::check`] refuses
+    /// what overflows.
+    pub(crate) fn scaled(&self, by: usize) -> Layout {
+        let shape = match &self.shape {
+            Shape::Vector { count, blocklen, stride, offset } => Shape::Vector {
+                count: *count,
+                blocklen: blocklen.saturating_mul(by),
+                stride: stride.saturating_mul(by),
+                offset: offset.saturating_mul(by),
+            },
+            Shape::Blocks(b) => Shape::Blocks(b.iter().map(|&(s, l)| (s.saturating_mul(by), l.saturating_mul(by))).collect()),
+        };
+        Layout { shape }
+    }
+
     /// The blocks, `(start, len)` in elements, in order.
     pub fn blocks(&self) -> Blocks<'_> {
         Blocks { layout: self, next: 0, end: self.block_count() }
