@@ -11,6 +11,10 @@
 //! bytemuck::Zeroable)]`), and every send, receive, collective and [`crate::UserOp`] accepts
 //! it. [`Layout`]s select elements of any such type.
 //!
+//! Structs with padding or `bool`s derive [`crate::Element`] instead, and go through the typed
+//! calls of [`crate::typed`], which also take a slice paired with a [`Layout`] in every
+//! point-to-point call and collective (`send_typed`, `irecv_typed`, `gather_typed`, ...).
+//!
 //! ```
 //! use tmpi::datatype::Layout;
 //! // Rank 0 sends column 1 of a 3x4 row-major matrix; rank 1 receives it into column 2.
