@@ -1,8 +1,9 @@
 //! Buffers of any [`Element`] type, whole or through a [`Layout`], in point-to-point calls and
 //! collectives: [`Comm::send_typed`], [`Comm::recv_typed`], [`Comm::sendrecv_typed`],
 //! [`Comm::isend_typed`], [`Comm::irecv_typed`], [`Comm::bcast_typed`],
-//! [`Comm::gather_typed`], [`Comm::scatter_typed`], [`Comm::allgather_typed`] and
-//! [`Comm::alltoall_typed`].
+//! [`Comm::gather_typed`], [`Comm::scatter_typed`], [`Comm::allgather_typed`],
+//! [`Comm::alltoall_typed`], and for reducible elements [`Comm::reduce_typed`] and
+//! [`Comm::allreduce_typed`].
 //!
 //! A buffer is a [`Buf`] (to read) or a [`BufMut`] (to write): a slice, or the elements of a
 //! slice that a [`Layout`] selects (`Buf::laid`, or a `(slice, &layout)` pair). Each call takes
@@ -50,6 +51,7 @@ use std::ptr::NonNull;
 use crate::comm::{Comm, Source, Status, TagMatch};
 use crate::datatype::Layout;
 use crate::error::{Error, Result};
+use crate::op::{Op, Reducible};
 use crate::request::{Request, Scope};
 use crate::typemap::Element;
 use crate::{Rank, Tag};
@@ -497,6 +499,68 @@ impl Comm {
     }
 }
 
+/// The reductions: elements of a reducible type (a primitive number) through layouts.
+impl Comm {
+    /// Combines the elements of `send` of every rank with `op` into the elements of `recv` on
+    /// every rank (as [`Comm::allreduce`], with either side through a [`Layout`]).
+    ///
+    /// # Errors
+    /// As [`Comm::allreduce`]; [`Error::InvalidBuffer`] when a layout does not fit.
+    pub fn allreduce_typed<'a, 'b, T: Reducible + Element>(
+        &self,
+        send: impl Into<Buf<'a, T>>,
+        recv: impl Into<BufMut<'b, T>>,
+        op: Op,
+    ) -> Result<()> {
+        let send = reducible(send.into())?;
+        let recv = recv.into();
+        match recv.layout {
+            None => self.allreduce(&send, recv.elems, op),
+            Some(l) => {
+                recv.check()?;
+                let mut out = send.to_vec();
+                self.allreduce(&send, &mut out, op)?;
+                crate::datatype::unpack(&out, recv.elems, l).map(drop)
+            }
+        }
+    }
+
+    /// Combines the elements of `send` of every rank with `op` into the elements of `recv` at
+    /// `root` (`None` elsewhere), either side through a [`Layout`] (as [`Comm::reduce`]).
+    ///
+    /// # Errors
+    /// As [`Comm::reduce`]; [`Error::InvalidBuffer`] when a layout does not fit.
+    pub fn reduce_typed<'a, T: Reducible + Element>(
+        &self,
+        send: impl Into<Buf<'a, T>>,
+        recv: Option<BufMut<'_, T>>,
+        op: Op,
+        root: Rank,
+    ) -> Result<()> {
+        let send = reducible(send.into())?;
+        let Some(recv) = recv.filter(|_| self.rank() == root) else {
+            return self.reduce(&send, None, op, root);
+        };
+        recv.check()?;
+        match recv.layout {
+            None => self.reduce(&send, Some(recv.elems), op, root),
+            Some(l) => {
+                let mut out = send.to_vec();
+                self.reduce(&send, Some(&mut out), op, root)?;
+                crate::datatype::unpack(&out, recv.elems, l).map(drop)
+            }
+        }
+    }
+}
+
+/// The selected elements of a reducible buffer, in order (borrowed when it is a whole slice).
+fn reducible<T: Reducible>(b: Buf<'_, T>) -> Result<Cow<'_, [T]>> {
+    match b.layout {
+        None => Ok(Cow::Borrowed(b.elems)),
+        Some(l) => crate::datatype::pack(b.elems, l).map(Cow::Owned),
+    }
+}
+
 /// A packed temporary owned by a [`TypedRequest`], kept as a raw pointer (not a `Vec`) because
 /// the request's operation reads or writes it through a slice that outlives each move of the
 /// request.
@@ -717,8 +781,18 @@ mod tests {
             let mut b = [Dense(w.rank() as u32, [1, 2])];
             w.bcast_typed(&mut b, 1).unwrap();
             out.push(b == [Dense(1, [1, 2])]);
+            // Sum a column of a 2x3 matrix into the last row of another, and at the root.
+            let m: Vec<i64> = (0..6).map(|i| i * (w.rank() as i64 + 1)).collect();
+            let col1 = Layout::vector(2, 1, 3).offset(1);
+            let mut sum = vec![0i64; 6];
+            let row = Layout::vector(1, 2, 0).offset(4);
+            w.allreduce_typed((&m, &col1), (&mut sum, &row), Op::Sum).unwrap();
+            out.push(sum == [0, 0, 0, 0, 3, 12]);
+            let mut at_root = [0i64; 2];
+            w.reduce_typed((&m, &col1), Some(BufMut::laid(&mut at_root, &Layout::indexed(&[1, 1], &[1, 0]))), Op::Max, 0).unwrap();
+            out.push(w.rank() == 1 || at_root == [8, 2]);
             out
         });
-        assert_eq!(got, vec![vec![true; 3], vec![true; 7]]);
+        assert_eq!(got, vec![vec![true; 5], vec![true; 9]]);
     }
 }
