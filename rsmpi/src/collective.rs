@@ -39,7 +39,7 @@ impl SendSide {
         let d = dt.type_desc();
         let count = uidx(b.count(), "collective");
         if d.is_dense() {
-            return SendSide { ptr: b.pointer() as *const u8, len: count * d.size, keep: Vec::new() };
+            return SendSide { ptr: b.pointer() as *const u8, len: count * d.size(), keep: Vec::new() };
         }
         // SAFETY: `Buffer` promises `count` readable elements.
         let v = unsafe { pack::pack(b.pointer() as *const u8, count, d) };
@@ -69,8 +69,8 @@ fn send_parts<P: PartitionedBuffer + ?Sized>(p: &P) -> (SendSide, Vec<usize>, Ve
     let displs: Vec<usize> = p.displs().iter().map(|&c| uidx(c, "varcount")).collect();
     if d.is_dense() {
         let end = counts.iter().zip(&displs).map(|(c, d)| c + d).max().unwrap_or(0);
-        let side = SendSide { ptr: p.pointer() as *const u8, len: end * d.size, keep: Vec::new() };
-        return (side, counts.iter().map(|c| c * d.size).collect(), displs.iter().map(|x| x * d.size).collect());
+        let side = SendSide { ptr: p.pointer() as *const u8, len: end * d.size(), keep: Vec::new() };
+        return (side, counts.iter().map(|c| c * d.size()).collect(), displs.iter().map(|x| x * d.size()).collect());
     }
     let mut v = Vec::new();
     let mut bd = Vec::new();
@@ -80,7 +80,7 @@ fn send_parts<P: PartitionedBuffer + ?Sized>(p: &P) -> (SendSide, Vec<usize>, Ve
         // SAFETY: the partition lies inside the buffer (checked by `Partition::new`).
         v.extend_from_slice(&unsafe { pack::pack(at, c, d) });
     }
-    (SendSide::from_vec(v), counts.iter().map(|c| c * d.size).collect(), bd)
+    (SendSide::from_vec(v), counts.iter().map(|c| c * d.size()).collect(), bd)
 }
 
 /// Where a partitioned receive goes, with byte counts and displacements.
@@ -92,22 +92,22 @@ fn recv_parts<P: PartitionedBufferMut + ?Sized>(p: &mut P, call: &'static str) -
     let base = p.pointer_mut() as *mut u8;
     if d.direct_recv() {
         let end = counts.iter().zip(&displs).map(|(c, d)| c + d).max().unwrap_or(0);
-        let space = RecvSpace { ptr: base, len: end * d.size, unpack: None };
-        return (space, counts.iter().map(|c| c * d.size).collect(), displs.iter().map(|x| x * d.size).collect());
+        let space = RecvSpace { ptr: base, len: end * d.size(), unpack: None };
+        return (space, counts.iter().map(|c| c * d.size()).collect(), displs.iter().map(|x| x * d.size()).collect());
     }
     let total: usize = counts.iter().sum();
-    let mut temp = vec![0u8; total * d.size];
+    let mut temp = vec![0u8; total * d.size()];
     let mut parts = Vec::new();
     let mut bd = Vec::new();
     let mut off = 0;
     for (&c, &x) in counts.iter().zip(&displs) {
         parts.push((x, c, off));
         bd.push(off);
-        off += c * d.size;
+        off += c * d.size();
     }
     let ptr = temp.as_mut_ptr();
     let unpack = Unpack { base, desc: d.clone(), temp, parts: Some(parts), count: 0, call };
-    (RecvSpace { ptr, len: total * d.size, unpack: Some(unpack) }, counts.iter().map(|c| c * d.size).collect(), bd)
+    (RecvSpace { ptr, len: total * d.size(), unpack: Some(unpack) }, counts.iter().map(|c| c * d.size()).collect(), bd)
 }
 
 fn comm_of(h: &CommHandle) -> tmpi::Comm {
@@ -866,7 +866,7 @@ fn with_layout(d: &TypeDesc, count: usize, inb: &[u8], io: &mut [u8], f: impl Fn
     let words = span.div_ceil(16) + 1;
     let mut a = vec![0u128; words];
     let mut b = vec![0u128; words];
-    let shift = (-d.lb).max(0) as usize;
+    let shift = (-d.lb()).max(0) as usize;
     let pa = (a.as_mut_ptr() as *mut u8).wrapping_add(shift);
     let pb = (b.as_mut_ptr() as *mut u8).wrapping_add(shift);
     // SAFETY: each temporary spans `count` elements of `d` starting `shift` bytes in (so runs
@@ -1117,7 +1117,7 @@ fn reduce_impl<S: Buffer + ?Sized>(h: &CommHandle, sendbuf: &S, recv: Option<RPa
         let done = send_bytes(sendbuf, |s| match &recv {
             Some((base, n, d)) => {
                 // SAFETY: the receive buffer holds `n` writable dense elements.
-                let r = unsafe { std::slice::from_raw_parts_mut(*base, n * d.size) };
+                let r = unsafe { std::slice::from_raw_parts_mut(*base, n * d.size()) };
                 native_reduce(c, op_t, p, s, Some(r), t, call)
             }
             None => native_reduce(c, op_t, p, s, None, t, call),
@@ -1165,7 +1165,7 @@ fn generic_reduce(c: &tmpi::Comm, op: &OpKind<'_>, d: &TypeDesc, count: usize, m
         Target::ScatterBlock => {
             assert!(count % n == 0, "mpi: {call}: {count} elements do not split into {n} equal blocks");
             let k = count / n;
-            Some(fold(n, k, me * k * d.size, k * d.size))
+            Some(fold(n, k, me * k * d.size(), k * d.size()))
         }
     }
 }
@@ -1199,11 +1199,11 @@ fn native_ireduce<S: Buffer + ?Sized>(h: &CommHandle, sendbuf: &S, recv: Option<
     let sd = sdt.type_desc();
     let (op_t, p) = native_plan(&kind, sd, recv.as_ref().map(|r| &r.2))?;
     let c = h.comm.clone();
-    let slen = uidx(sendbuf.count(), "reduction") * sd.size;
+    let slen = uidx(sendbuf.count(), "reduction") * sd.size();
     // SAFETY: the send buffer is dense with `slen` bytes, borrowed for the request's life.
     let s: &[u8] = unsafe { std::slice::from_raw_parts(sendbuf.pointer() as *const u8, slen) };
     // SAFETY: the receive buffer is dense (checked by `native_plan`) and borrowed likewise.
-    let r: Option<&mut [u8]> = recv.as_ref().map(|(b, n, d)| unsafe { std::slice::from_raw_parts_mut(*b, n * d.size) });
+    let r: Option<&mut [u8]> = recv.as_ref().map(|(b, n, d)| unsafe { std::slice::from_raw_parts_mut(*b, n * d.size()) });
     let req = with_num!(p, T => {
         let s = typed::<T>(s)?;
         let r = match r {

@@ -7,9 +7,11 @@
 //! receipt), and a received `bool` that is neither 0 nor 1 stops the program with a message
 //! instead of becoming an invalid value.
 
-use std::borrow::{Borrow, Cow};
+use std::borrow::Borrow;
 use std::os::raw::c_void;
 use std::sync::Arc;
+
+use tmpi::{TypeMap, TypeMapBuilder};
 
 use crate::ffi::MPI_Datatype;
 use crate::{Address, Count};
@@ -75,61 +77,28 @@ impl Prim {
     }
 }
 
-/// A type map: what a datatype handle points at.
+/// A type map: what a datatype handle points at. The map itself (byte runs in type-map
+/// order, bounds, where `bool`s sit) is tmpi's [`TypeMap`], built with tmpi's
+/// [`TypeMapBuilder`] as `#[derive(tmpi::Element)]` builds one; this adds the one primitive
+/// its bytes are made of, which predefined reductions need.
 #[doc(hidden)]
 #[derive(Debug, Clone)]
 pub struct TypeDesc {
-    /// Data bytes in one element.
-    pub(crate) size: usize,
-    /// Lower bound (bytes, relative to the element's address).
-    pub(crate) lb: isize,
-    /// Upper bound; the extent is `ub - lb`.
-    pub(crate) ub: isize,
-    /// Byte runs `(offset, len)` in type-map order (the packed order).
-    pub(crate) runs: Cow<'static, [(isize, usize)]>,
-    /// Positions of `bool` bytes in the packed element.
-    pub(crate) bools: Cow<'static, [usize]>,
+    map: TypeMap,
     /// The one primitive every byte belongs to, if there is one.
     pub(crate) prim: Option<Prim>,
-    /// Largest alignment of the primitives in the map (struct extents round up to it).
-    pub(crate) align: usize,
+}
+
+impl std::ops::Deref for TypeDesc {
+    type Target = TypeMap;
+    fn deref(&self) -> &TypeMap {
+        &self.map
+    }
 }
 
 impl TypeDesc {
     const fn primitive(p: Prim) -> TypeDesc {
-        let runs: &'static [(isize, usize)] = match p.size() {
-            1 => &[(0, 1)],
-            2 => &[(0, 2)],
-            4 => &[(0, 4)],
-            8 => &[(0, 8)],
-            _ => &[(0, 16)],
-        };
-        let bools: &'static [usize] = if matches!(p, Prim::Bool) { &[0] } else { &[] };
-        TypeDesc {
-            size: p.size(),
-            lb: 0,
-            ub: p.size() as isize,
-            runs: Cow::Borrowed(runs),
-            bools: Cow::Borrowed(bools),
-            prim: Some(p),
-            align: p.align(),
-        }
-    }
-
-    /// Bytes from one element to the next.
-    pub(crate) fn extent(&self) -> isize {
-        self.ub - self.lb
-    }
-
-    /// Whether `count` elements are exactly `count * size` bytes of data with no gaps (so the
-    /// memory can be handed to tmpi as it is).
-    pub(crate) fn is_dense(&self) -> bool {
-        self.lb == 0 && self.ub == self.size as isize && (self.size == 0 || self.runs.as_ref() == [(0, self.size)])
-    }
-
-    /// Whether received bytes may be written straight into user memory.
-    pub(crate) fn direct_recv(&self) -> bool {
-        self.is_dense() && self.bools.is_empty()
+        TypeDesc { map: TypeMap::primitive(p.size(), p.align(), matches!(p, Prim::Bool)), prim: Some(p) }
     }
 
     /// The raw handle of this type map.
@@ -138,77 +107,32 @@ impl TypeDesc {
     }
 }
 
-/// Builds a type map from copies of other type maps.
+/// Builds a type map from copies of other type maps (tmpi's builder, plus the common
+/// primitive).
 struct Builder {
-    runs: Vec<(isize, usize)>,
-    bools: Vec<usize>,
-    size: usize,
-    lb: Option<isize>,
-    ub: Option<isize>,
+    map: TypeMapBuilder,
     prim: Option<Option<Prim>>,
-    align: usize,
 }
 
 impl Builder {
     fn new() -> Builder {
-        Builder { runs: Vec::new(), bools: Vec::new(), size: 0, lb: None, ub: None, prim: None, align: 1 }
+        Builder { map: TypeMapBuilder::new(), prim: None }
     }
 
     /// Appends `copies` copies of `old`, the first at byte `disp`, each `old`'s extent apart.
     fn place(&mut self, old: &TypeDesc, disp: isize, copies: usize) {
-        let ext = old.extent();
-        for k in 0..copies {
-            let at = disp + k as isize * ext;
-            for &b in old.bools.iter() {
-                self.bools.push(self.size + b);
-            }
-            for &(off, len) in old.runs.iter() {
-                self.push_run(at + off, len);
-            }
-            self.lb = Some(self.lb.map_or(at + old.lb, |l| l.min(at + old.lb)));
-            self.ub = Some(self.ub.map_or(at + old.ub, |u| u.max(at + old.ub)));
-            self.size += old.size;
-        }
+        self.map.place(&old.map, disp, copies);
         if copies > 0 {
             self.prim = Some(match self.prim {
                 None => old.prim,
                 Some(p) if p == old.prim => p,
                 Some(_) => None,
             });
-            self.align = self.align.max(old.align);
         }
-    }
-
-    fn push_run(&mut self, off: isize, len: usize) {
-        if len == 0 {
-            return;
-        }
-        if let Some(last) = self.runs.last_mut() {
-            if last.0 + last.1 as isize == off {
-                last.1 += len;
-                return;
-            }
-        }
-        self.runs.push((off, len));
     }
 
     fn finish(self, round_to_align: bool) -> TypeDesc {
-        let lb = self.lb.unwrap_or(0);
-        let mut ub = self.ub.unwrap_or(0);
-        if round_to_align && self.align > 1 {
-            let a = self.align as isize;
-            let ext = ub - lb;
-            ub = lb + (ext + a - 1) / a * a;
-        }
-        TypeDesc {
-            size: self.size,
-            lb,
-            ub,
-            runs: Cow::Owned(self.runs),
-            bools: Cow::Owned(self.bools),
-            prim: self.prim.flatten(),
-            align: self.align,
-        }
+        TypeDesc { map: self.map.finish(round_to_align), prim: self.prim.flatten() }
     }
 }
 
@@ -679,7 +603,7 @@ unsafe impl Buffer for DynBuffer<'_> {}
 fn same_type<T: Equivalence>(d: &TypeDesc) -> bool {
     let t = T::equivalent_datatype();
     let td = t.type_desc();
-    std::ptr::eq(td, d) || (td.prim.is_some() && td.prim == d.prim && td.size == d.size && d.is_dense())
+    std::ptr::eq(td, d) || (td.prim.is_some() && td.prim == d.prim && td.size() == d.size() && d.is_dense())
 }
 
 impl<'a> DynBuffer<'a> {
@@ -735,7 +659,7 @@ impl<'a> DynBuffer<'a> {
 /// A fresh one is leaked here (once per call of `DynBuffer::new` on such a type; rare).
 fn extend(d: &TypeDesc) -> &'static TypeDesc {
     static PRIMS: [&TypeDesc; 13] = [&BOOL, &I8, &I16, &I32, &I64, &U8, &U16, &U32, &U64, &F32, &F64, &C32, &C64];
-    if let Some(p) = PRIMS.iter().find(|p| p.prim == d.prim && p.size == d.size && d.is_dense() && d.bools.len() == p.bools.len()) {
+    if let Some(p) = PRIMS.iter().find(|p| p.prim == d.prim && p.size() == d.size() && d.is_dense() && d.bools().len() == p.bools().len()) {
         return p;
     }
     Box::leak(Box::new(d.clone()))
@@ -1069,17 +993,8 @@ pub(crate) mod pack {
     /// # Safety
     /// `base` must point at `count` elements described by `d`, valid for reads.
     pub(crate) unsafe fn pack_into(base: *const u8, count: usize, d: &TypeDesc, out: &mut [u8]) {
-        let ext = d.extent();
-        let mut pos = 0;
-        for i in 0..count {
-            let el = base.wrapping_offset(i as isize * ext);
-            for &(off, len) in d.runs.iter() {
-                // SAFETY: the caller promises every run of every element is readable; `out`
-                // has `count * d.size` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(el.wrapping_offset(off), out.as_mut_ptr().add(pos), len) };
-                pos += len;
-            }
-        }
+        // SAFETY: forwarded (tmpi's `TypeMap::pack_into` has the same contract).
+        unsafe { d.pack_into(base, count, out) }
     }
 
     /// The packed bytes of `count` elements at `base`.
@@ -1087,7 +1002,7 @@ pub(crate) mod pack {
     /// # Safety
     /// As [`pack_into`].
     pub(crate) unsafe fn pack(base: *const u8, count: usize, d: &TypeDesc) -> Vec<u8> {
-        let mut out = vec![0u8; count * d.size];
+        let mut out = vec![0u8; count * d.size()];
         // SAFETY: forwarded.
         unsafe { pack_into(base, count, d, &mut out) };
         out
@@ -1095,15 +1010,8 @@ pub(crate) mod pack {
 
     /// Panics (naming `call`) when a `bool` position of `packed` holds neither 0 nor 1.
     pub(crate) fn check_bools(packed: &[u8], d: &TypeDesc, call: &str) {
-        if d.bools.is_empty() || d.size == 0 {
-            return;
-        }
-        for el in packed.chunks(d.size) {
-            for &b in d.bools.iter() {
-                if let Some(&v) = el.get(b) {
-                    assert!(v <= 1, "mpi: {call}: received byte {v:#04x} for a bool (only 0 and 1 are valid); nothing was written");
-                }
-            }
+        if let Err(tmpi::Error::InvalidValue { byte, .. }) = d.check_bools(packed, 0) {
+            panic!("mpi: {call}: received byte {byte:#04x} for a bool (only 0 and 1 are valid); nothing was written");
         }
     }
 
@@ -1114,18 +1022,10 @@ pub(crate) mod pack {
     /// `base` must point at `count` elements described by `d`, valid for writes.
     pub(crate) unsafe fn unpack(packed: &[u8], base: *mut u8, count: usize, d: &TypeDesc, call: &str) {
         check_bools(packed, d, call);
-        let ext = d.extent();
-        let n = packed.len().checked_div(d.size).unwrap_or(0).min(count);
-        let mut pos = 0;
-        for i in 0..n {
-            let el = base.wrapping_offset(i as isize * ext);
-            for &(off, len) in d.runs.iter() {
-                // SAFETY: the caller promises the runs of the first `count` elements are
-                // writable; `packed` holds `n * d.size` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(packed.as_ptr().add(pos), el.wrapping_offset(off), len) };
-                pos += len;
-            }
-        }
+        let n = packed.len().checked_div(d.size()).unwrap_or(0).min(count);
+        // SAFETY: the caller promises the first `count` elements are writable; `packed` holds
+        // at least `n * size` bytes and its bools were checked above.
+        unsafe { d.unpack_from(packed, base, n) }
     }
 }
 
@@ -1137,7 +1037,7 @@ mod tests {
     type Shape = (usize, isize, isize, Vec<(isize, usize)>, Vec<usize>, Option<Prim>);
 
     fn shape(d: &TypeDesc) -> Shape {
-        (d.size, d.lb, d.ub, d.runs.to_vec(), d.bools.to_vec(), d.prim)
+        (d.size(), d.lb(), d.ub(), d.runs().to_vec(), d.bools().to_vec(), d.prim)
     }
 
     /// Type maps of the constructors: size, bounds, byte runs (merged when adjacent), bool

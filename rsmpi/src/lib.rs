@@ -51,7 +51,7 @@ pub mod traits {
     pub use crate::raw::traits::*;
     pub use crate::topology::traits::*;
     #[cfg(feature = "derive")]
-    pub use tmpi_rsmpi_derive::Equivalence;
+    pub use tmpi_derive::Equivalence;
 }
 
 pub use crate::environment::{initialize, initialize_with_threading, is_finalized, is_initialized, time, time_resolution, Threading};

@@ -25,7 +25,7 @@ pub(crate) fn send_bytes<B: Buffer + ?Sized, R>(buf: &B, f: impl FnOnce(&[u8]) -
     if d.is_dense() {
         // SAFETY: `Buffer` promises `count` elements of a dense type: `count * size`
         // initialized bytes at the pointer.
-        f(unsafe { std::slice::from_raw_parts(base, count * d.size) })
+        f(unsafe { std::slice::from_raw_parts(base, count * d.size()) })
     } else {
         // SAFETY: `Buffer` promises `count` readable elements of its datatype.
         f(&unsafe { pack::pack(base, count, d) })
@@ -55,7 +55,7 @@ impl RecvSpace {
     }
 
     pub(crate) fn with(base: *mut u8, count: usize, d: &TypeDesc, call: &'static str) -> RecvSpace {
-        let len = count * d.size;
+        let len = count * d.size();
         if d.direct_recv() {
             return RecvSpace { ptr: base, len, unpack: None };
         }
@@ -159,7 +159,7 @@ pub unsafe trait Source: AsCommunicator {
     fn receive_with_tag<Msg: Equivalence>(&self, tag: Tag) -> (Msg, Status) {
         let mut v = MaybeUninit::<Msg>::uninit();
         let st = recv_raw(self, v.as_mut_ptr() as *mut u8, 1, &Msg::equivalent_datatype(), tag, "receive");
-        if st.bytes() == 0 && Msg::equivalent_datatype().type_desc().size > 0 {
+        if st.bytes() == 0 && Msg::equivalent_datatype().type_desc().size() > 0 {
             panic!("mpi: receive: received an empty message where one value was expected");
         }
         // SAFETY: one whole value was received into `v` (checked above).
@@ -455,7 +455,7 @@ where
     let count = uidx(buf.count(), "immediate_send");
     let mut keep = Vec::new();
     let (ptr, len) = if d.is_dense() {
-        (buf.pointer() as *const u8, count * d.size)
+        (buf.pointer() as *const u8, count * d.size())
     } else {
         // SAFETY: `Buffer` promises `count` readable elements.
         let v = unsafe { pack::pack(buf.pointer() as *const u8, count, d) };
@@ -536,7 +536,7 @@ impl Status {
 
     /// The number of elements of `d` received (`MPI_UNDEFINED` when not a whole number).
     pub fn count<D: Datatype>(&self, d: D) -> Count {
-        let size = d.type_desc().size;
+        let size = d.type_desc().size();
         let b = self.bytes();
         if size == 0 {
             return 0;
@@ -578,7 +578,7 @@ impl Message {
         let mut v = MaybeUninit::<Msg>::uninit();
         let dt = Msg::equivalent_datatype();
         let st = self.recv_raw(v.as_mut_ptr() as *mut u8, 1, dt.type_desc(), "matched_receive");
-        if st.bytes() == 0 && dt.type_desc().size > 0 {
+        if st.bytes() == 0 && dt.type_desc().size() > 0 {
             panic!("mpi: matched_receive: received an empty message where one value was expected");
         }
         // SAFETY: one whole value was received.
@@ -632,7 +632,7 @@ impl MatchedReceiveVec for (Message, Status) {
     fn matched_receive_vec<Msg: Equivalence>(self) -> (Vec<Msg>, Status) {
         let (m, st) = self;
         let dt = Msg::equivalent_datatype();
-        let size = dt.type_desc().size;
+        let size = dt.type_desc().size();
         let n = st.bytes().checked_div(size).unwrap_or(0);
         let mut v: Vec<MaybeUninit<Msg>> = (0..n).map(|_| MaybeUninit::uninit()).collect();
         let got = m.recv_raw(v.as_mut_ptr() as *mut u8, n, dt.type_desc(), "receive_vec");
@@ -700,7 +700,7 @@ where
     // SAFETY: `v` is one writable R.
     let mut view = unsafe { crate::datatype::MutView::with_count_and_datatype(&mut *(v.as_mut_ptr() as *mut RawBytes), 1, &dt) };
     let st = send_receive_into_with_tags(msg, destination, sendtag, &mut view, source, receivetag);
-    assert!(st.bytes() > 0 || dt.type_desc().size == 0, "mpi: send_receive: received an empty message where one value was expected");
+    assert!(st.bytes() > 0 || dt.type_desc().size() == 0, "mpi: send_receive: received an empty message where one value was expected");
     // SAFETY: one whole R was received.
     (unsafe { v.assume_init() }, st)
 }

@@ -38,7 +38,7 @@ impl Unpack {
             }
             Some(parts) => {
                 for (first, n, off) in parts {
-                    let bytes = &self.temp[off..off + n * self.desc.size];
+                    let bytes = &self.temp[off..off + n * self.desc.size()];
                     // SAFETY: as above, for the elements of this part.
                     unsafe { pack::unpack(bytes, self.base.wrapping_offset(first as isize * ext), n, &self.desc, self.call) }
                 }

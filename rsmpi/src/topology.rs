@@ -367,7 +367,7 @@ pub trait Communicator: sealed::AsHandle {
     where
         Self: Sized,
     {
-        iidx(uidx(incount, "pack_size") * datatype.type_desc().size)
+        iidx(uidx(incount, "pack_size") * datatype.type_desc().size())
     }
 
     /// The packed bytes of a buffer.
@@ -402,10 +402,10 @@ pub trait Communicator: sealed::AsHandle {
         let p = uidx(position, "unpack_into");
         let dt = outbuf.as_datatype();
         let d = dt.type_desc();
-        let n = uidx(outbuf.count(), "unpack_into") * d.size;
+        let n = uidx(outbuf.count(), "unpack_into") * d.size();
         let src = inbuf.get(p..p + n).unwrap_or_else(|| panic!("mpi: unpack_into: {n} bytes are not there at {p}"));
         // SAFETY: `outbuf` describes `count` writable elements of its datatype.
-        unsafe { crate::datatype::pack::unpack(src, outbuf.pointer_mut() as *mut u8, n / d.size.max(1), d, "unpack_into") };
+        unsafe { crate::datatype::pack::unpack(src, outbuf.pointer_mut() as *mut u8, n / d.size().max(1), d, "unpack_into") };
         iidx(p + n)
     }
 

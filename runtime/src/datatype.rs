@@ -11,6 +11,10 @@
 //! bytemuck::Zeroable)]`), and every send, receive, collective and [`crate::UserOp`] accepts
 //! it. [`Layout`]s select elements of any such type.
 //!
+//! Structs with padding or `bool`s derive [`crate::Element`] instead, and go through the typed
+//! calls of [`crate::typed`], which also take a slice paired with a [`Layout`] in every
+//! point-to-point call and collective (`send_typed`, `irecv_typed`, `gather_typed`, ...).
+//!
 //! ```
 //! use tmpi::datatype::Layout;
 //! // Rank 0 sends column 1 of a 3x4 row-major matrix; rank 1 receives it into column 2.
@@ -118,6 +122,22 @@ impl Layout {
             }
         }
         self
+    }
+
+    /// The same blocks counted in units `by` times smaller (the layout of a buffer's bytes
+    /// when its elements are `by` bytes each); sizes saturate, so [`Layout::check`] refuses
+    /// what overflows.
+    pub(crate) fn scaled(&self, by: usize) -> Layout {
+        let shape = match &self.shape {
+            Shape::Vector { count, blocklen, stride, offset } => Shape::Vector {
+                count: *count,
+                blocklen: blocklen.saturating_mul(by),
+                stride: stride.saturating_mul(by),
+                offset: offset.saturating_mul(by),
+            },
+            Shape::Blocks(b) => Shape::Blocks(b.iter().map(|&(s, l)| (s.saturating_mul(by), l.saturating_mul(by))).collect()),
+        };
+        Layout { shape }
     }
 
     /// The blocks, `(start, len)` in elements, in order.

@@ -49,6 +49,17 @@ pub enum Error {
         /// Element size in bytes.
         elem: usize,
     },
+    /// A received element has a bit pattern its type does not allow (a `bool` byte that is
+    /// neither 0 nor 1): nothing was written to the receive buffer.
+    #[error("message from rank {source_rank}: byte {byte:#04x} at offset {offset} is not a valid bool (only 0 and 1 are)")]
+    InvalidValue {
+        /// Sender of the message.
+        source_rank: Rank,
+        /// Offset of the byte in the packed message.
+        offset: usize,
+        /// The byte received.
+        byte: u8,
+    },
     /// The peer process died or closed its end; the operation cannot complete.
     #[error("peer rank {rank} is gone")]
     PeerGone {

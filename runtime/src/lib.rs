@@ -124,6 +124,10 @@
 //! assert_eq!(ok, vec![true, true]);
 //! ```
 
+// `#[derive(Element)]` names `::tmpi`; this lets the crate's own code and tests use it.
+#[allow(unused_extern_crates)]
+extern crate self as tmpi;
+
 mod alloc;
 pub mod bsend;
 mod buffer;
@@ -158,6 +162,8 @@ mod status;
 mod sync;
 mod sys;
 mod topo;
+pub mod typed;
+pub mod typemap;
 pub mod vecrecv;
 mod version;
 mod world;
@@ -177,7 +183,11 @@ pub use reqset::{Completion, Done, RequestSet};
 pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
 pub use stats::Stats;
 pub use sync::Threading;
+/// `#[derive(Element)]`: see [`Element`](trait@Element).
+pub use tmpi_derive::Element;
 pub use topo::{dims_create, CartComm};
+pub use typed::{Buf, BufMut, TypedRequest};
+pub use typemap::{Element, TypeMap, TypeMapBuilder};
 pub use vecrecv::VecRequest;
 pub use version::{mpi_version, MPI_VERSION};
 pub use world::{

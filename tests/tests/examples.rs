@@ -120,7 +120,7 @@ macro_rules! example_tests {
     )*};
 }
 
-example_tests!(hello, ring, pingpong, wildcard, pi, heat1d, split, offload, halo, overlap, exchange, rayon_hybrid, reqset);
+example_tests!(hello, ring, pingpong, wildcard, pi, heat1d, split, offload, halo, overlap, exchange, rayon_hybrid, reqset, particles);
 
 #[test]
 fn every_example_is_tested() {
@@ -145,6 +145,7 @@ fn every_example_is_tested() {
         "exchange",
         "rayon_hybrid",
         "reqset",
+        "particles",
     ];
     tested.sort_unstable();
     assert_eq!(found, tested, "examples/src/bin and this test's list differ");
