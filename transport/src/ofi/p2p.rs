@@ -1,0 +1,537 @@
+//! MPI point-to-point on one endpoint, behind one interface ([`TaggedP2p`]) with two
+//! matchers: the provider's ([`ProviderP2p`]: `fi_tsend`/`fi_trecv` with the [`super::tag`]
+//! layout, probes by `FI_PEEK`, matched probes by `FI_CLAIM`, cancel by `fi_cancel`) and
+//! software's ([`SoftP2p`]: every message goes to the provider untagged, into receive buffers
+//! kept posted, and software matches it by MPI's rules).
+//!
+//! Both keep MPI's rules, which the differential test in `ofi/tests_p2p.rs` holds them to:
+//!
+//! - **Order.** A receive takes the oldest matching unexpected message; an arriving message
+//!   goes to the earliest posted matching receive (MPI 3.1 §3.5). The provider keeps these
+//!   for its own matching (`fi_tagged(3)`: "posted receive operations are matched in the
+//!   order they were posted"; messages from one sender in send order with `FI_ORDER_SAS`,
+//!   which `getinfo` asks for).
+//! - **Truncation.** A message longer than its receive fills the receive and completes
+//!   [`Outcome::Received`] with `truncated` set (MPI's `MPI_ERR_TRUNCATE`); the status
+//!   counts the bytes received. The provider is never asked to truncate: its receives have
+//!   room for any eager message and software cuts (see `ProviderP2p::room` for why).
+//! - **Cancel.** A receive still posted completes [`Outcome::Cancelled`]; one already
+//!   matched completes as received.
+//!
+//! Eager messages only: a message longer than the endpoint can take eagerly is refused here
+//! (large messages stay with tmpi's rendezvous).
+
+use std::collections::VecDeque;
+
+use super::core::{Claimed, Completion, Desc, Endpoint, OpKind, Post};
+use super::{errno, tag, FI_ADDR_UNSPEC};
+use crate::error::{Error, Result};
+
+/// What a receive or probe learns of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Status {
+    /// The sending rank.
+    pub source: u32,
+    /// The MPI tag.
+    pub tag: u32,
+    /// Bytes: the message's length for a probe; the bytes received for a receive.
+    pub len: usize,
+}
+
+/// How a receive ended.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// It took a message.
+    Received {
+        /// The message's source and tag, and the bytes received.
+        status: Status,
+        /// The bytes received (at most the receive's capacity).
+        data: Vec<u8>,
+        /// The message was longer than the receive (`MPI_ERR_TRUNCATE`).
+        truncated: bool,
+    },
+    /// It was cancelled before a message matched it.
+    Cancelled,
+}
+
+/// A finished receive: the handle [`TaggedP2p::post_recv`] or [`TaggedP2p::mrecv`] gave,
+/// and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    /// The receive's handle.
+    pub handle: u64,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// A message taken out of matching by [`TaggedP2p::improbe`], to receive with
+/// [`TaggedP2p::mrecv`].
+#[derive(Debug)]
+pub struct Matched {
+    /// Its source, tag and length.
+    pub status: Status,
+    inner: MatchedInner,
+}
+
+#[derive(Debug)]
+enum MatchedInner {
+    /// Claimed in the provider (`FI_CLAIM`).
+    Claimed(Claimed),
+    /// Taken from software's unexpected queue.
+    Stored(Vec<u8>),
+}
+
+/// MPI point-to-point of one rank: eager sends, receives with wildcards, probes, matched
+/// probes, cancel. Ranks are indices into the address table the implementation was given.
+/// Handles of receives are issued in order (0, 1, 2, ...) by both implementations.
+pub trait TaggedP2p {
+    /// Sends `data` to rank `dest` on context `ctx` with `tag`. The data is copied; the send
+    /// is complete for MPI on return (queued in order if the provider is busy).
+    ///
+    /// # Errors
+    /// A field out of the tag layout's range, a message longer than the eager limit, or a
+    /// libfabric call failing.
+    fn send(&mut self, dest: u32, ctx: u32, tag: u32, data: &[u8]) -> Result<()>;
+
+    /// Posts a receive of at most `cap` bytes from `src` (`None`: any source) with `tag`
+    /// (`None`: any tag) on context `ctx`; its completion comes from [`TaggedP2p::progress`].
+    ///
+    /// # Errors
+    /// A field out of range, or a libfabric call failing.
+    fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, cap: usize) -> Result<u64>;
+
+    /// `MPI_Iprobe`: the oldest message a receive with these arguments would take now.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::post_recv`]; a provider whose `FI_PEEK` does not work.
+    fn iprobe(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Result<Option<Status>>;
+
+    /// `MPI_Improbe`: like [`TaggedP2p::iprobe`], and the message is taken out of matching.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::iprobe`].
+    fn improbe(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Result<Option<Matched>>;
+
+    /// `MPI_Imrecv`: receives a matched message into at most `cap` bytes.
+    ///
+    /// # Errors
+    /// A libfabric call failing.
+    fn mrecv(&mut self, m: Matched, cap: usize) -> Result<u64>;
+
+    /// Cancels a posted receive (it completes [`Outcome::Cancelled`] if nothing matched it).
+    ///
+    /// # Errors
+    /// A libfabric call failing.
+    fn cancel(&mut self, handle: u64) -> Result<()>;
+
+    /// Makes progress and appends the receives that finished to `done`.
+    ///
+    /// # Errors
+    /// A libfabric call failing, or a send completing with an error.
+    fn progress(&mut self, done: &mut Vec<Done>) -> Result<()>;
+}
+
+fn range(what: &str) -> Error {
+    Error::InvalidArgument(format!("{what} out of the OFI tag layout's range"))
+}
+
+/// The outcome of a receive of `cap` bytes that got `data` (already cut to `cap` by the
+/// provider, or not by software) from `source` with `tag`.
+fn received(source: u32, tag: u32, mut data: Vec<u8>, cap: usize, truncated: bool) -> Outcome {
+    let truncated = truncated || data.len() > cap;
+    data.truncate(cap);
+    Outcome::Received { status: Status { source, tag, len: data.len() }, data, truncated }
+}
+
+/// Sends in order: queued while the provider answers `-FI_EAGAIN`.
+struct SendQueue {
+    queue: VecDeque<(u64, u64, Vec<u8>)>,
+    eager_max: usize,
+}
+
+impl SendQueue {
+    fn new(ep: &Endpoint) -> Self {
+        let o = ep.offer();
+        // Eager: what the provider sends without a rendezvous of its own (ofi_rxm's default
+        // eager size is 16 KiB; the offer's inject size bounds it from below), less the
+        // software header, so both matchers take the same payloads.
+        let max = usize::try_from(o.max_msg_size).unwrap_or(usize::MAX);
+        SendQueue { queue: VecDeque::new(), eager_max: o.inject_size.max(16 << 10).min(max).saturating_sub(SOFT_HDR) }
+    }
+
+    /// Refuses a payload longer than the eager limit.
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.eager_max {
+            return Err(Error::InvalidArgument(format!("{len} bytes: more than the eager limit of {}", self.eager_max)));
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, ep: &mut Endpoint, dest: u64, bits: u64, msg: Vec<u8>) -> Result<()> {
+        self.queue.push_back((dest, bits, msg));
+        self.flush(ep)
+    }
+
+    fn flush(&mut self, ep: &mut Endpoint) -> Result<()> {
+        while let Some((dest, bits, buf)) = self.queue.pop_front() {
+            if let Post::Busy(buf) = ep.tsend(buf, Desc::NONE, dest, bits, u64::MAX)? {
+                self.queue.push_front((dest, bits, buf));
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A send's completion: only errors matter.
+fn check_send(c: &Completion) -> Result<()> {
+    match c.error {
+        Some(e) => Err(Error::Fabric(format!("fi_tsend completed with error {e} (provider {})", c.prov_errno))),
+        None => Ok(()),
+    }
+}
+
+/// Posts with `op` until the provider takes it, progressing meanwhile (stashing what
+/// completes). Receives and peeks need no peer to be posted, only local room.
+fn post_until(ep: &mut Endpoint, stash: &mut Vec<Completion>, mut op: impl FnMut(&mut Endpoint) -> Result<Post>) -> Result<super::OpId> {
+    for _ in 0..1_000_000 {
+        match op(ep)? {
+            Post::Posted(id) => return Ok(id),
+            Post::Busy(_) => {
+                ep.progress(|c| stash.push(c))?;
+            }
+        }
+    }
+    Err(Error::Fabric("the provider stayed busy for a million retries".into()))
+}
+
+/// Point-to-point matched by the provider.
+pub struct ProviderP2p {
+    ep: Endpoint,
+    rank: u32,
+    addrs: Vec<u64>,
+    sends: SendQueue,
+    next: u64,
+    /// Completions read while waiting for a peek's, handled at the next progress.
+    stash: Vec<Completion>,
+    /// Receives posted: handle to (op, cap).
+    live: Vec<(u64, super::OpId, usize)>,
+}
+
+impl ProviderP2p {
+    /// Point-to-point of rank `rank` on `ep`, whose peers are at `addrs` (`fi_addr_t` by rank).
+    pub fn new(ep: Endpoint, rank: u32, addrs: Vec<u64>) -> Self {
+        let sends = SendQueue::new(&ep);
+        ProviderP2p { ep, rank, addrs, sends, next: 0, stash: Vec::new(), live: Vec::new() }
+    }
+
+    fn keys(ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<(u64, u64)> {
+        tag::recv(tag::PROTO_MPI, ctx, src, tg).ok_or_else(|| range("context, source or tag"))
+    }
+
+    fn addr(&self, src: Option<u32>) -> Result<u64> {
+        match src {
+            None => Ok(FI_ADDR_UNSPEC),
+            Some(s) => self.addrs.get(s as usize).copied().ok_or_else(|| range("source rank")),
+        }
+    }
+
+    /// Peeks (with claim or not) and waits for the peek's own completion.
+    fn peek(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>, claim: bool) -> Result<Option<Completion>> {
+        if !self.ep.offer().peek_works() {
+            return Err(Error::Fabric(format!("provider {} cannot peek (FI_PEEK): probe in software", self.ep.offer().provider)));
+        }
+        let (bits, ignore) = Self::keys(ctx, src, tg)?;
+        let addr = self.addr(src)?;
+        let id = post_until(&mut self.ep, &mut self.stash, |ep| ep.peek(addr, bits, ignore, claim, u64::MAX))?;
+        for _ in 0..10_000_000 {
+            let mut found = None;
+            let stash = &mut self.stash;
+            self.ep.progress(|c| if c.id == id && c.kind == OpKind::Peek { found = Some(c) } else { stash.push(c) })?;
+            match found {
+                Some(c) if c.error == Some(errno::NOMSG) => return Ok(None),
+                Some(c) if c.error.is_some() => return Err(Error::Fabric(format!("FI_PEEK completed with error {:?}", c.error))),
+                Some(c) => return Ok(Some(c)),
+                None => std::thread::yield_now(),
+            }
+        }
+        Err(Error::Fabric("a peek never completed".into()))
+    }
+
+    fn finish(&mut self, c: Completion, done: &mut Vec<Done>) -> Result<()> {
+        if c.kind == OpKind::Send {
+            return check_send(&c);
+        }
+        let Some(i) = self.live.iter().position(|l| l.1 == c.id) else { return Ok(()) };
+        let (handle, _, cap) = self.live.swap_remove(i);
+        let (_, _, source, tg) = tag::fields(c.tag);
+        let outcome = match c.error {
+            Some(errno::CANCELED) => Outcome::Cancelled,
+            Some(errno::TRUNC) => received(source, tg, c.buf, cap, true),
+            Some(e) => return Err(Error::Fabric(format!("fi_trecv completed with error {e} (provider {})", c.prov_errno))),
+            None => {
+                let mut buf = c.buf;
+                buf.truncate(c.len);
+                received(source, tg, buf, cap, false)
+            }
+        };
+        done.push(Done { handle, outcome });
+        Ok(())
+    }
+
+    /// The buffer given to the provider for a receive of `cap` bytes: room for any eager
+    /// message, so the provider never truncates and software cuts to `cap`. libfabric 1.17's
+    /// `tcp` (`ofi_rxm`) stalls the connection after a truncated receive: later messages
+    /// from that peer never complete (ofiwg/libfabric#8274, fixed in a later release;
+    /// `ofi/tests_p2p.rs` shows it).
+    fn room(&self, cap: usize) -> usize {
+        cap.max(self.sends.eager_max)
+    }
+
+    fn issue(&mut self, id: super::OpId, cap: usize) -> u64 {
+        let h = self.next;
+        self.next += 1;
+        self.live.push((h, id, cap));
+        h
+    }
+}
+
+impl TaggedP2p for ProviderP2p {
+    fn send(&mut self, dest: u32, ctx: u32, tg: u32, data: &[u8]) -> Result<()> {
+        let bits = tag::send(tag::PROTO_MPI, ctx, self.rank, tg).ok_or_else(|| range("context or tag"))?;
+        let addr = self.addrs.get(dest as usize).copied().ok_or_else(|| range("destination rank"))?;
+        self.sends.check_len(data.len())?;
+        self.sends.push(&mut self.ep, addr, bits, data.to_vec())
+    }
+
+    fn post_recv(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>, cap: usize) -> Result<u64> {
+        let (bits, ignore) = Self::keys(ctx, src, tg)?;
+        let addr = self.addr(src)?;
+        let len = self.room(cap);
+        let id = post_until(&mut self.ep, &mut self.stash, |ep| ep.trecv(vec![0; len], Desc::NONE, addr, bits, ignore, 0))?;
+        Ok(self.issue(id, cap))
+    }
+
+    fn iprobe(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Status>> {
+        Ok(self.peek(ctx, src, tg, false)?.map(|c| {
+            let (_, _, source, tag) = tag::fields(c.tag);
+            Status { source, tag, len: c.len }
+        }))
+    }
+
+    fn improbe(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Matched>> {
+        let Some(c) = self.peek(ctx, src, tg, true)? else { return Ok(None) };
+        let claim = c.claimed.ok_or_else(|| Error::Fabric("FI_CLAIM peek completed without a claim".into()))?;
+        let (_, _, source, tag) = tag::fields(claim.tag);
+        Ok(Some(Matched { status: Status { source, tag, len: claim.len }, inner: MatchedInner::Claimed(claim) }))
+    }
+
+    fn mrecv(&mut self, m: Matched, cap: usize) -> Result<u64> {
+        let MatchedInner::Claimed(mut claim) = m.inner else {
+            return Err(Error::InvalidArgument("a matched message of software given to the provider".into()));
+        };
+        let mut buf = vec![0; self.room(cap)];
+        for _ in 0..1_000_000 {
+            match self.ep.recv_claimed(claim, buf, Desc::NONE, 0)? {
+                Ok(id) => return Ok(self.issue(id, cap)),
+                Err((c, b)) => (claim, buf) = (c, b),
+            }
+            let stash = &mut self.stash;
+            self.ep.progress(|c| stash.push(c))?;
+        }
+        Err(Error::Fabric("the provider stayed busy for a million retries".into()))
+    }
+
+    fn cancel(&mut self, handle: u64) -> Result<()> {
+        match self.live.iter().find(|l| l.0 == handle) {
+            Some(&(_, id, _)) => self.ep.cancel(id),
+            None => Ok(()),
+        }
+    }
+
+    fn progress(&mut self, done: &mut Vec<Done>) -> Result<()> {
+        self.sends.flush(&mut self.ep)?;
+        let mut comps = std::mem::take(&mut self.stash);
+        self.ep.progress(|c| comps.push(c))?;
+        for c in comps {
+            self.finish(c, done)?;
+        }
+        Ok(())
+    }
+}
+
+/// Receive buffers [`SoftP2p`] keeps posted to the provider.
+const SOFT_DEPTH: usize = 64;
+/// Header of a software-matched message: context, source, tag (little-endian `u32`s).
+const SOFT_HDR: usize = 12;
+/// The provider tag every software-matched message carries.
+const SOFT_BITS: u64 = tag::PROTO_SOFT << tag::PROTO_SHIFT;
+
+/// A receive queued in software: handle, context, source, tag, capacity.
+type Queued = (u64, u32, Option<u32>, Option<u32>, usize);
+/// A message stored unexpected in software: context, source, tag, payload.
+type Stored = (u32, u32, u32, Vec<u8>);
+
+fn soft_matches(q: &Queued, ctx: u32, src: u32, tg: u32) -> bool {
+    q.1 == ctx && q.2.is_none_or(|s| s == src) && q.3.is_none_or(|t| t == tg)
+}
+
+/// Point-to-point matched in software over untagged provider messages (one provider tag,
+/// receive buffers kept posted), as tmpi's packet channel does today.
+pub struct SoftP2p {
+    ep: Endpoint,
+    rank: u32,
+    addrs: Vec<u64>,
+    sends: SendQueue,
+    next: u64,
+    /// Receives queued, in post order.
+    posted: Vec<Queued>,
+    /// Unexpected messages, in arrival order.
+    unexpected: VecDeque<Stored>,
+    /// Finished at post time (an unexpected message matched), given at the next progress.
+    ready: Vec<Done>,
+}
+
+impl SoftP2p {
+    /// Point-to-point of rank `rank` on `ep`, whose peers are at `addrs`; posts the receive
+    /// buffers.
+    ///
+    /// # Errors
+    /// A libfabric call failing.
+    pub fn new(mut ep: Endpoint, rank: u32, addrs: Vec<u64>) -> Result<Self> {
+        let sends = SendQueue::new(&ep);
+        let len = sends.eager_max + SOFT_HDR;
+        let mut stash = Vec::new();
+        for _ in 0..SOFT_DEPTH {
+            post_until(&mut ep, &mut stash, |ep| ep.trecv(vec![0; len], Desc::NONE, FI_ADDR_UNSPEC, SOFT_BITS, 0, 0))?;
+        }
+        if !stash.is_empty() {
+            return Err(Error::Fabric("a fresh endpoint completed an operation it was not given".into()));
+        }
+        Ok(SoftP2p { ep, rank, addrs, sends, next: 0, posted: Vec::new(), unexpected: VecDeque::new(), ready: Vec::new() })
+    }
+
+    fn check(ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<()> {
+        tag::recv(tag::PROTO_MPI, ctx, src, tg).map(|_| ()).ok_or_else(|| range("context, source or tag"))
+    }
+
+    fn find(&self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Option<usize> {
+        let q = (0, ctx, src, tg, 0);
+        self.unexpected.iter().position(|m| soft_matches(&q, m.0, m.1, m.2))
+    }
+
+    fn handle(&mut self) -> u64 {
+        self.next += 1;
+        self.next - 1
+    }
+
+    /// One arrival: reposts its buffer, then matches it.
+    fn arrive(&mut self, c: Completion, done: &mut Vec<Done>) -> Result<()> {
+        if let Some(e) = c.error {
+            return Err(Error::Fabric(format!("a software-matched receive buffer completed with error {e}")));
+        }
+        let msg = c.buf[..c.len].to_vec();
+        let mut stash = Vec::new();
+        let mut buf = c.buf;
+        loop {
+            match self.ep.trecv(buf, Desc::NONE, FI_ADDR_UNSPEC, SOFT_BITS, 0, 0)? {
+                Post::Posted(_) => break,
+                Post::Busy(b) => buf = b,
+            }
+            self.ep.progress(|c| stash.push(c))?;
+        }
+        if msg.len() < SOFT_HDR {
+            return Err(Error::Fabric(format!("a software-matched message of {} bytes, shorter than its header", msg.len())));
+        }
+        let word = |i: usize| u32::from_le_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
+        let (ctx, src, tg) = (word(0), word(4), word(8));
+        let data = msg[SOFT_HDR..].to_vec();
+        match self.posted.iter().position(|q| soft_matches(q, ctx, src, tg)) {
+            Some(i) => {
+                let (handle, .., cap) = self.posted.remove(i);
+                done.push(Done { handle, outcome: received(src, tg, data, cap, false) });
+            }
+            None => self.unexpected.push_back((ctx, src, tg, data)),
+        }
+        for c in stash {
+            self.complete(c, done)?;
+        }
+        Ok(())
+    }
+
+    fn complete(&mut self, c: Completion, done: &mut Vec<Done>) -> Result<()> {
+        match c.kind {
+            OpKind::Send => check_send(&c),
+            OpKind::Recv => self.arrive(c, done),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl TaggedP2p for SoftP2p {
+    fn send(&mut self, dest: u32, ctx: u32, tg: u32, data: &[u8]) -> Result<()> {
+        Self::check(ctx, Some(self.rank), Some(tg))?;
+        let addr = self.addrs.get(dest as usize).copied().ok_or_else(|| range("destination rank"))?;
+        let mut msg = Vec::with_capacity(SOFT_HDR + data.len());
+        for w in [ctx, self.rank, tg] {
+            msg.extend_from_slice(&w.to_le_bytes());
+        }
+        msg.extend_from_slice(data);
+        self.sends.check_len(data.len())?;
+        self.sends.push(&mut self.ep, addr, SOFT_BITS, msg)
+    }
+
+    fn post_recv(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>, cap: usize) -> Result<u64> {
+        Self::check(ctx, src, tg)?;
+        let h = self.handle();
+        match self.find(ctx, src, tg).and_then(|i| self.unexpected.remove(i)) {
+            Some((_, s, t, data)) => self.ready.push(Done { handle: h, outcome: received(s, t, data, cap, false) }),
+            None => self.posted.push((h, ctx, src, tg, cap)),
+        }
+        Ok(h)
+    }
+
+    fn iprobe(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Status>> {
+        Self::check(ctx, src, tg)?;
+        Ok(self.find(ctx, src, tg).map(|i| {
+            let m = &self.unexpected[i];
+            Status { source: m.1, tag: m.2, len: m.3.len() }
+        }))
+    }
+
+    fn improbe(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Matched>> {
+        Self::check(ctx, src, tg)?;
+        Ok(self
+            .find(ctx, src, tg)
+            .and_then(|i| self.unexpected.remove(i))
+            .map(|(_, source, tag, data)| Matched { status: Status { source, tag, len: data.len() }, inner: MatchedInner::Stored(data) }))
+    }
+
+    fn mrecv(&mut self, m: Matched, cap: usize) -> Result<u64> {
+        let MatchedInner::Stored(data) = m.inner else {
+            return Err(Error::InvalidArgument("a message claimed in the provider given to software".into()));
+        };
+        let h = self.handle();
+        self.ready.push(Done { handle: h, outcome: received(m.status.source, m.status.tag, data, cap, false) });
+        Ok(h)
+    }
+
+    fn cancel(&mut self, handle: u64) -> Result<()> {
+        if let Some(i) = self.posted.iter().position(|q| q.0 == handle) {
+            self.posted.remove(i);
+            self.ready.push(Done { handle, outcome: Outcome::Cancelled });
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self, done: &mut Vec<Done>) -> Result<()> {
+        done.append(&mut self.ready);
+        self.sends.flush(&mut self.ep)?;
+        let mut comps = Vec::new();
+        self.ep.progress(|c| comps.push(c))?;
+        for c in comps {
+            self.complete(c, done)?;
+        }
+        Ok(())
+    }
+}
