@@ -2,7 +2,7 @@
 //! instruction counts under callgrind (wall time on a shared host means nothing):
 //!
 //! ```text
-//! ofi_p2p_rate <provider|soft> <tcp|shm> <messages> [bytes]
+//! ofi_p2p_rate <provider|soft|auto> <tcp|shm> <messages> [bytes]
 //! ```
 //!
 //! Two endpoints of one process: rank 1 sends `messages` messages of `bytes` bytes (8 by
@@ -10,7 +10,7 @@
 //! different counts under `valgrind --tool=callgrind`; the difference of the totals divided
 //! by the difference of the counts is the cost of one message, both sides together.
 
-use tmpi_transport::ofi::p2p::{ProviderP2p, SoftP2p, TaggedP2p};
+use tmpi_transport::ofi::p2p::{Matching, TaggedP2p};
 use tmpi_transport::ofi::{getinfo, Endpoint, Hints, OfiDomain, FI_ADDR_UNSPEC};
 
 const WINDOW: usize = 16;
@@ -53,22 +53,24 @@ fn drive(ps: &mut [Box<dyn TaggedP2p>], n: usize, bytes: usize) -> Res<()> {
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: ofi_p2p_rate <provider|soft> <tcp|shm> <messages> [bytes]";
+    let usage = "usage: ofi_p2p_rate <provider|soft|auto> <tcp|shm> <messages> [bytes]";
     let (matcher, provider) = (args.get(1).ok_or(usage)?, args.get(2).ok_or(usage)?);
     let n: usize = args.get(3).ok_or(usage)?.parse()?;
     let bytes: usize = args.get(4).map_or(Ok(8), |b| b.parse())?;
     let eps = endpoints(provider)?;
     let mut ps: Vec<Box<dyn TaggedP2p>> = Vec::new();
+    let matching = match matcher.as_str() {
+        "provider" => Matching::Provider,
+        "soft" => Matching::Software,
+        "auto" => Matching::default_for(provider),
+        _ => return Err(usage.into()),
+    };
     for (r, (e, a)) in eps.into_iter().enumerate() {
-        ps.push(match matcher.as_str() {
-            "provider" => Box::new(ProviderP2p::new(e, r as u32, a)),
-            "soft" => Box::new(SoftP2p::new(e, r as u32, a)?),
-            _ => return Err(usage.into()),
-        });
+        ps.push(matching.open(e, r as u32, a)?);
     }
     // Warm up (connections, first allocations), then the measured messages.
     drive(&mut ps, 64, bytes)?;
     drive(&mut ps, n, bytes)?;
-    println!("{matcher} {provider}: {n} messages of {bytes} bytes");
+    println!("{matching:?} matching over {provider}: {n} messages of {bytes} bytes");
     Ok(())
 }

@@ -131,6 +131,50 @@ pub trait TaggedP2p {
     fn progress(&mut self, done: &mut Vec<Done>) -> Result<()>;
 }
 
+/// Who matches point-to-point messages over an OFI provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Matching {
+    /// The provider, every receive posted to it ([`ProviderP2p`]).
+    Provider,
+    /// Software, over untagged provider messages ([`SoftP2p`]).
+    Software,
+}
+
+impl Matching {
+    /// The default for `provider` (as libfabric names it, a layered one as `tcp;ofi_rxm`),
+    /// following `bench/results/ofi-matching.md` (instructions per 8-byte message under
+    /// callgrind, both sides, user space):
+    ///
+    /// - `tcp`: the provider (about 4 750 against 5 100 in software).
+    /// - `shm`: software. The two cost the same within 3 % (about 3 000), and libfabric
+    ///   1.17's `shm` cannot peek ([`super::Offer::peek_works`]), so probes could not see a
+    ///   message the provider holds.
+    /// - Providers that drive hardware ([`super::is_hardware`]): the provider, whose matching
+    ///   runs in the NIC or its firmware (not measured here: no such hardware).
+    /// - Any other software provider (`udp`, `sockets`): software, what tmpi does today (not
+    ///   measured).
+    pub fn default_for(provider: &str) -> Matching {
+        let core = provider.split(';').next().unwrap_or("");
+        if core == "tcp" || super::is_hardware(provider) {
+            Matching::Provider
+        } else {
+            Matching::Software
+        }
+    }
+
+    /// Point-to-point of rank `rank` on `ep` with this matching.
+    ///
+    /// # Errors
+    /// As [`SoftP2p::new`].
+    pub fn open(self, ep: Endpoint, rank: u32, addrs: Vec<u64>) -> Result<Box<dyn TaggedP2p>> {
+        Ok(match self {
+            Matching::Provider => Box::new(ProviderP2p::new(ep, rank, addrs)),
+            Matching::Software => Box::new(SoftP2p::new(ep, rank, addrs)?),
+        })
+    }
+}
+
 fn range(what: &str) -> Error {
     Error::InvalidArgument(format!("{what} out of the OFI tag layout's range"))
 }
@@ -214,6 +258,8 @@ pub struct ProviderP2p {
     next: u64,
     /// Completions read while waiting for a peek's, handled at the next progress.
     stash: Vec<Completion>,
+    /// Receive buffers of [`ProviderP2p::room`] bytes, reused (not zeroed again).
+    pool: Vec<Vec<u8>>,
     /// Receives posted: handle to (op, cap).
     live: Vec<(u64, super::OpId, usize)>,
 }
@@ -222,7 +268,7 @@ impl ProviderP2p {
     /// Point-to-point of rank `rank` on `ep`, whose peers are at `addrs` (`fi_addr_t` by rank).
     pub fn new(ep: Endpoint, rank: u32, addrs: Vec<u64>) -> Self {
         let sends = SendQueue::new(&ep);
-        ProviderP2p { ep, rank, addrs, sends, next: 0, stash: Vec::new(), live: Vec::new() }
+        ProviderP2p { ep, rank, addrs, sends, next: 0, stash: Vec::new(), pool: Vec::new(), live: Vec::new() }
     }
 
     fn keys(ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<(u64, u64)> {
@@ -267,14 +313,14 @@ impl ProviderP2p {
         let (_, _, source, tg) = tag::fields(c.tag);
         let outcome = match c.error {
             Some(errno::CANCELED) => Outcome::Cancelled,
-            Some(errno::TRUNC) => received(source, tg, c.buf, cap, true),
+            Some(errno::TRUNC) => received(source, tg, c.buf[..cap.min(c.buf.len())].to_vec(), cap, true),
             Some(e) => return Err(Error::Fabric(format!("fi_trecv completed with error {e} (provider {})", c.prov_errno))),
             None => {
-                let mut buf = c.buf;
-                buf.truncate(c.len);
-                received(source, tg, buf, cap, false)
+                let n = c.len.min(c.buf.len());
+                received(source, tg, c.buf[..n.min(cap)].to_vec(), cap, n > cap)
             }
         };
+        self.give_back(c.buf);
         done.push(Done { handle, outcome });
         Ok(())
     }
@@ -286,6 +332,22 @@ impl ProviderP2p {
     /// `ofi/tests_p2p.rs` shows it).
     fn room(&self, cap: usize) -> usize {
         cap.max(self.sends.eager_max)
+    }
+
+    /// A receive buffer for `cap` bytes: from the pool when it has the usual size.
+    fn buffer(&mut self, cap: usize) -> Vec<u8> {
+        let len = self.room(cap);
+        match self.pool.pop() {
+            Some(b) if b.len() == len => b,
+            _ => vec![0; len],
+        }
+    }
+
+    /// Keeps a finished receive's buffer for the next (the pool holds at most 64).
+    fn give_back(&mut self, buf: Vec<u8>) {
+        if buf.len() == self.sends.eager_max && self.pool.len() < 64 {
+            self.pool.push(buf);
+        }
     }
 
     fn issue(&mut self, id: super::OpId, cap: usize) -> u64 {
@@ -307,8 +369,15 @@ impl TaggedP2p for ProviderP2p {
     fn post_recv(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>, cap: usize) -> Result<u64> {
         let (bits, ignore) = Self::keys(ctx, src, tg)?;
         let addr = self.addr(src)?;
-        let len = self.room(cap);
-        let id = post_until(&mut self.ep, &mut self.stash, |ep| ep.trecv(vec![0; len], Desc::NONE, addr, bits, ignore, 0))?;
+        let mut buf = self.buffer(cap);
+        let id = loop {
+            match self.ep.trecv(buf, Desc::NONE, addr, bits, ignore, 0)? {
+                Post::Posted(id) => break id,
+                Post::Busy(b) => buf = b,
+            }
+            let stash = &mut self.stash;
+            self.ep.progress(|c| stash.push(c))?;
+        };
         Ok(self.issue(id, cap))
     }
 
@@ -330,7 +399,7 @@ impl TaggedP2p for ProviderP2p {
         let MatchedInner::Claimed(mut claim) = m.inner else {
             return Err(Error::InvalidArgument("a matched message of software given to the provider".into()));
         };
-        let mut buf = vec![0; self.room(cap)];
+        let mut buf = self.buffer(cap);
         for _ in 0..1_000_000 {
             match self.ep.recv_claimed(claim, buf, Desc::NONE, 0)? {
                 Ok(id) => return Ok(self.issue(id, cap)),
@@ -430,7 +499,13 @@ impl SoftP2p {
         if let Some(e) = c.error {
             return Err(Error::Fabric(format!("a software-matched receive buffer completed with error {e}")));
         }
-        let msg = c.buf[..c.len].to_vec();
+        let msg = &c.buf[..c.len.min(c.buf.len())];
+        if msg.len() < SOFT_HDR {
+            return Err(Error::Fabric(format!("a software-matched message of {} bytes, shorter than its header", msg.len())));
+        }
+        let word = |i: usize| u32::from_le_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
+        let (ctx, src, tg) = (word(0), word(4), word(8));
+        let data = msg[SOFT_HDR..].to_vec();
         let mut stash = Vec::new();
         let mut buf = c.buf;
         loop {
@@ -440,12 +515,6 @@ impl SoftP2p {
             }
             self.ep.progress(|c| stash.push(c))?;
         }
-        if msg.len() < SOFT_HDR {
-            return Err(Error::Fabric(format!("a software-matched message of {} bytes, shorter than its header", msg.len())));
-        }
-        let word = |i: usize| u32::from_le_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
-        let (ctx, src, tg) = (word(0), word(4), word(8));
-        let data = msg[SOFT_HDR..].to_vec();
         match self.posted.iter().position(|q| soft_matches(q, ctx, src, tg)) {
             Some(i) => {
                 let (handle, .., cap) = self.posted.remove(i);

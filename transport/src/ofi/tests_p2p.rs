@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::p2p::{Done, Outcome, ProviderP2p, SoftP2p, Status, TaggedP2p};
+use super::p2p::{Done, Matching, Outcome, ProviderP2p, SoftP2p, Status, TaggedP2p};
 use super::tests::domain;
 use super::*;
 
@@ -246,4 +246,22 @@ fn tcp_truncation_stalls_the_connection() {
         }
     }
     assert_eq!(got, vec![(1, Some(errno::TRUNC))], "libfabric's tcp now delivers after a truncation: ProviderP2p::room can go");
+}
+
+#[test]
+fn default_matching_table() {
+    let table = [
+        ("tcp;ofi_rxm", Matching::Provider),
+        ("tcp", Matching::Provider),
+        ("shm", Matching::Software),
+        ("udp;ofi_rxd", Matching::Software),
+        ("sockets", Matching::Software),
+        ("verbs;ofi_rxm", Matching::Provider),
+        ("cxi", Matching::Provider),
+        ("psm3", Matching::Provider),
+        ("", Matching::Software),
+    ];
+    for (p, want) in table {
+        assert_eq!(Matching::default_for(p), want, "{p}");
+    }
 }
