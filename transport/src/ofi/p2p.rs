@@ -20,6 +20,19 @@
 //!
 //! Eager messages only: a message longer than the endpoint can take eagerly is refused here
 //! (large messages stay with tmpi's rendezvous).
+//!
+//! # For the engine (what driving this from `tmpi`'s engine must keep)
+//!
+//! - **One matcher per job, not per receive.** The soft TM-SRQ's policy lists some receives
+//!   in the offload and keeps the rest in software, because software sees every message the
+//!   hardware did not match (it lands in an SRQ buffer). A libfabric provider keeps its
+//!   unexpected messages to itself (only `FI_PEEK` sees them), so a receive kept in software
+//!   could not take a message the provider holds: with provider matching every receive goes
+//!   to the provider, and [`Matching`] is chosen per provider for the whole job.
+//! - **Every message through the same matcher.** Non-overtaking holds only among messages
+//!   one matcher orders: a rendezvous request must be a tagged message with the same tag as
+//!   an eager one (its data may then move by `fi_read` or tmpi's packet stream), never a
+//!   packet of tmpi's own channel beside provider-matched eager messages.
 
 use std::collections::VecDeque;
 
