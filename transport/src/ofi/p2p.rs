@@ -200,6 +200,11 @@ fn received(source: u32, tag: u32, mut data: Vec<u8>, cap: usize, truncated: boo
     Outcome::Received { status: Status { source, tag, len: data.len() }, data, truncated }
 }
 
+/// The `user` word of every operation point-to-point posts: the packet fabric posts with
+/// others, so completions on an endpoint both share go to their owner
+/// ([`ProviderCore::owns`]).
+pub const P2P_USER: u64 = u64::MAX - 1;
+
 /// Sends in order: queued while the provider answers `-FI_EAGAIN`.
 struct SendQueue {
     queue: VecDeque<(u64, u64, Vec<u8>)>,
@@ -231,7 +236,7 @@ impl SendQueue {
 
     fn flush(&mut self, ep: &mut Endpoint) -> Result<()> {
         while let Some((dest, bits, buf)) = self.queue.pop_front() {
-            if let Post::Busy(buf) = ep.tsend(buf, Desc::NONE, dest, bits, u64::MAX)? {
+            if let Post::Busy(buf) = ep.tsend(buf, Desc::NONE, dest, bits, P2P_USER)? {
                 self.queue.push_front((dest, bits, buf));
                 break;
             }
@@ -262,26 +267,92 @@ fn post_until(ep: &mut Endpoint, stash: &mut Vec<Completion>, mut op: impl FnMut
     Err(Error::Fabric("the provider stayed busy for a million retries".into()))
 }
 
-/// Point-to-point matched by the provider.
+/// Point-to-point matched by the provider, on an endpoint it owns.
 pub struct ProviderP2p {
     ep: Endpoint,
+    core: ProviderCore,
+}
+
+impl ProviderP2p {
+    /// Point-to-point of rank `rank` on `ep`, whose peers are at `addrs` (`fi_addr_t` by rank).
+    pub fn new(ep: Endpoint, rank: u32, addrs: Vec<u64>) -> Self {
+        let core = ProviderCore::new(&ep, rank, addrs);
+        ProviderP2p { ep, core }
+    }
+}
+
+impl TaggedP2p for ProviderP2p {
+    fn send(&mut self, dest: u32, ctx: u32, tg: u32, data: &[u8]) -> Result<()> {
+        self.core.send(&mut self.ep, dest, ctx, tg, data)
+    }
+
+    fn post_recv(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>, cap: usize) -> Result<u64> {
+        self.core.post_recv(&mut self.ep, ctx, src, tg, cap)
+    }
+
+    fn iprobe(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Status>> {
+        self.core.iprobe(&mut self.ep, ctx, src, tg)
+    }
+
+    fn improbe(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Matched>> {
+        self.core.improbe(&mut self.ep, ctx, src, tg)
+    }
+
+    fn mrecv(&mut self, m: Matched, cap: usize) -> Result<u64> {
+        self.core.mrecv(&mut self.ep, m, cap)
+    }
+
+    fn cancel(&mut self, handle: u64) -> Result<()> {
+        self.core.cancel(&mut self.ep, handle)
+    }
+
+    fn progress(&mut self, done: &mut Vec<Done>) -> Result<()> {
+        self.core.progress(&mut self.ep, done)?;
+        // Alone on its endpoint: every completion is its own.
+        self.core.foreign.clear();
+        Ok(())
+    }
+}
+
+/// The state of matching by the provider, on an endpoint it borrows for each call: alone
+/// ([`ProviderP2p`]) or beside the packet fabric ([`super::OfiFabric::enable_matching`]),
+/// whose completions it hands back ([`ProviderCore::take_foreign`]).
+pub struct ProviderCore {
     rank: u32,
     addrs: Vec<u64>,
     sends: SendQueue,
     next: u64,
     /// Completions read while waiting for a peek's, handled at the next progress.
     stash: Vec<Completion>,
-    /// Receive buffers of [`ProviderP2p::room`] bytes, reused (not zeroed again).
+    /// Completions of the endpoint's other user, read while waiting for a peek's.
+    foreign: Vec<Completion>,
+    /// Receive buffers of [`ProviderCore::room`] bytes, reused (not zeroed again).
     pool: Vec<Vec<u8>>,
     /// Receives posted: handle to (op, cap).
     live: Vec<(u64, super::OpId, usize)>,
 }
 
-impl ProviderP2p {
-    /// Point-to-point of rank `rank` on `ep`, whose peers are at `addrs` (`fi_addr_t` by rank).
-    pub fn new(ep: Endpoint, rank: u32, addrs: Vec<u64>) -> Self {
-        let sends = SendQueue::new(&ep);
-        ProviderP2p { ep, rank, addrs, sends, next: 0, stash: Vec::new(), pool: Vec::new(), live: Vec::new() }
+impl ProviderCore {
+    /// Point-to-point of rank `rank` over `ep`, whose peers are at `addrs`.
+    pub fn new(ep: &Endpoint, rank: u32, addrs: Vec<u64>) -> Self {
+        let sends = SendQueue::new(ep);
+        let (stash, foreign, pool, live) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        ProviderCore { rank, addrs, sends, next: 0, stash, foreign, pool, live }
+    }
+
+    /// Whether completion `c` is of an operation point-to-point posted.
+    pub fn owns(c: &Completion) -> bool {
+        c.user == P2P_USER
+    }
+
+    /// Completions of the endpoint's other user read during a call, for it to handle.
+    pub fn take_foreign(&mut self) -> Vec<Completion> {
+        std::mem::take(&mut self.foreign)
+    }
+
+    /// The eager limit: the longest payload [`ProviderCore::send`] takes.
+    pub fn eager_max(&self) -> usize {
+        self.sends.eager_max
     }
 
     fn keys(ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<(u64, u64)> {
@@ -295,18 +366,24 @@ impl ProviderP2p {
         }
     }
 
+    /// Reads completions into the stash (what [`ProviderCore::progress`] handles).
+    fn read(&mut self, ep: &mut Endpoint) -> Result<()> {
+        let stash = &mut self.stash;
+        ep.progress(|c| stash.push(c)).map(|_| ())
+    }
+
     /// Peeks (with claim or not) and waits for the peek's own completion.
-    fn peek(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>, claim: bool) -> Result<Option<Completion>> {
-        if !self.ep.offer().peek_works() {
-            return Err(Error::Fabric(format!("provider {} cannot peek (FI_PEEK): probe in software", self.ep.offer().provider)));
+    fn peek(&mut self, ep: &mut Endpoint, ctx: u32, src: Option<u32>, tg: Option<u32>, claim: bool) -> Result<Option<Completion>> {
+        if !ep.offer().peek_works() {
+            return Err(Error::Fabric(format!("provider {} cannot peek (FI_PEEK): probe in software", ep.offer().provider)));
         }
         let (bits, ignore) = Self::keys(ctx, src, tg)?;
         let addr = self.addr(src)?;
-        let id = post_until(&mut self.ep, &mut self.stash, |ep| ep.peek(addr, bits, ignore, claim, u64::MAX))?;
+        let id = post_until(ep, &mut self.stash, |ep| ep.peek(addr, bits, ignore, claim, P2P_USER))?;
         for _ in 0..10_000_000 {
             let mut found = None;
             let stash = &mut self.stash;
-            self.ep.progress(|c| if c.id == id && c.kind == OpKind::Peek { found = Some(c) } else { stash.push(c) })?;
+            ep.progress(|c| if c.id == id && c.kind == OpKind::Peek { found = Some(c) } else { stash.push(c) })?;
             match found {
                 Some(c) if c.error == Some(errno::NOMSG) => return Ok(None),
                 Some(c) if c.error.is_some() => return Err(Error::Fabric(format!("FI_PEEK completed with error {:?}", c.error))),
@@ -317,7 +394,12 @@ impl ProviderP2p {
         Err(Error::Fabric("a peek never completed".into()))
     }
 
-    fn finish(&mut self, c: Completion, done: &mut Vec<Done>) -> Result<()> {
+    /// Handles completion `c` of an operation point-to-point posted (see
+    /// [`ProviderCore::owns`]), appending a finished receive to `done`.
+    ///
+    /// # Errors
+    /// A send or receive completing with an error other than cancel and truncation.
+    pub fn finish(&mut self, c: Completion, done: &mut Vec<Done>) -> Result<()> {
         if c.kind == OpKind::Send {
             return check_send(&c);
         }
@@ -369,76 +451,115 @@ impl ProviderP2p {
         self.live.push((h, id, cap));
         h
     }
-}
 
-impl TaggedP2p for ProviderP2p {
-    fn send(&mut self, dest: u32, ctx: u32, tg: u32, data: &[u8]) -> Result<()> {
+    /// As [`TaggedP2p::send`], over `ep`.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::send`].
+    pub fn send(&mut self, ep: &mut Endpoint, dest: u32, ctx: u32, tg: u32, data: &[u8]) -> Result<()> {
         let bits = tag::send(tag::PROTO_MPI, ctx, self.rank, tg).ok_or_else(|| range("context or tag"))?;
         let addr = self.addrs.get(dest as usize).copied().ok_or_else(|| range("destination rank"))?;
         self.sends.check_len(data.len())?;
-        self.sends.push(&mut self.ep, addr, bits, data.to_vec())
+        self.sends.push(ep, addr, bits, data.to_vec())
     }
 
-    fn post_recv(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>, cap: usize) -> Result<u64> {
+    /// As [`TaggedP2p::post_recv`], over `ep`.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::post_recv`].
+    pub fn post_recv(&mut self, ep: &mut Endpoint, ctx: u32, src: Option<u32>, tg: Option<u32>, cap: usize) -> Result<u64> {
         let (bits, ignore) = Self::keys(ctx, src, tg)?;
         let addr = self.addr(src)?;
         let mut buf = self.buffer(cap);
         let id = loop {
-            match self.ep.trecv(buf, Desc::NONE, addr, bits, ignore, 0)? {
+            match ep.trecv(buf, Desc::NONE, addr, bits, ignore, P2P_USER)? {
                 Post::Posted(id) => break id,
                 Post::Busy(b) => buf = b,
             }
-            let stash = &mut self.stash;
-            self.ep.progress(|c| stash.push(c))?;
+            self.read(ep)?;
         };
         Ok(self.issue(id, cap))
     }
 
-    fn iprobe(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Status>> {
-        Ok(self.peek(ctx, src, tg, false)?.map(|c| {
+    /// As [`TaggedP2p::iprobe`], over `ep`.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::iprobe`].
+    pub fn iprobe(&mut self, ep: &mut Endpoint, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Status>> {
+        Ok(self.peek(ep, ctx, src, tg, false)?.map(|c| {
             let (_, _, source, tag) = tag::fields(c.tag);
             Status { source, tag, len: c.len }
         }))
     }
 
-    fn improbe(&mut self, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Matched>> {
-        let Some(c) = self.peek(ctx, src, tg, true)? else { return Ok(None) };
+    /// As [`TaggedP2p::improbe`], over `ep`.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::improbe`].
+    pub fn improbe(&mut self, ep: &mut Endpoint, ctx: u32, src: Option<u32>, tg: Option<u32>) -> Result<Option<Matched>> {
+        let Some(c) = self.peek(ep, ctx, src, tg, true)? else { return Ok(None) };
         let claim = c.claimed.ok_or_else(|| Error::Fabric("FI_CLAIM peek completed without a claim".into()))?;
         let (_, _, source, tag) = tag::fields(claim.tag);
         Ok(Some(Matched { status: Status { source, tag, len: claim.len }, inner: MatchedInner::Claimed(claim) }))
     }
 
-    fn mrecv(&mut self, m: Matched, cap: usize) -> Result<u64> {
+    /// As [`TaggedP2p::mrecv`], over `ep`.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::mrecv`].
+    pub fn mrecv(&mut self, ep: &mut Endpoint, m: Matched, cap: usize) -> Result<u64> {
         let MatchedInner::Claimed(mut claim) = m.inner else {
             return Err(Error::InvalidArgument("a matched message of software given to the provider".into()));
         };
         let mut buf = self.buffer(cap);
         for _ in 0..1_000_000 {
-            match self.ep.recv_claimed(claim, buf, Desc::NONE, 0)? {
+            match ep.recv_claimed(claim, buf, Desc::NONE, P2P_USER)? {
                 Ok(id) => return Ok(self.issue(id, cap)),
                 Err((c, b)) => (claim, buf) = (c, b),
             }
-            let stash = &mut self.stash;
-            self.ep.progress(|c| stash.push(c))?;
+            self.read(ep)?;
         }
         Err(Error::Fabric("the provider stayed busy for a million retries".into()))
     }
 
-    fn cancel(&mut self, handle: u64) -> Result<()> {
+    /// As [`TaggedP2p::cancel`], over `ep`.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::cancel`].
+    pub fn cancel(&mut self, ep: &mut Endpoint, handle: u64) -> Result<()> {
         match self.live.iter().find(|l| l.0 == handle) {
-            Some(&(_, id, _)) => self.ep.cancel(id),
+            Some(&(_, id, _)) => ep.cancel(id),
             None => Ok(()),
         }
     }
 
-    fn progress(&mut self, done: &mut Vec<Done>) -> Result<()> {
-        self.sends.flush(&mut self.ep)?;
-        let mut comps = std::mem::take(&mut self.stash);
-        self.ep.progress(|c| comps.push(c))?;
-        for c in comps {
-            self.finish(c, done)?;
+    /// Flushes queued sends and handles the completions read since the last call (those
+    /// of the endpoint's other user are kept for [`ProviderCore::take_foreign`]). The
+    /// endpoint's other user reads its own completions and hands this core its
+    /// ([`ProviderCore::finish`]).
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::progress`].
+    pub fn flush(&mut self, ep: &mut Endpoint, done: &mut Vec<Done>) -> Result<()> {
+        self.sends.flush(ep)?;
+        for c in std::mem::take(&mut self.stash) {
+            if Self::owns(&c) {
+                self.finish(c, done)?;
+            } else {
+                self.foreign.push(c);
+            }
         }
         Ok(())
+    }
+
+    /// As [`TaggedP2p::progress`], over `ep` (reads its completions too).
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::progress`].
+    pub fn progress(&mut self, ep: &mut Endpoint, done: &mut Vec<Done>) -> Result<()> {
+        self.sends.flush(ep)?;
+        self.read(ep)?;
+        self.flush(ep, done)
     }
 }
 
