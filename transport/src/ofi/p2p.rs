@@ -19,7 +19,13 @@
 //!   matched completes as received.
 //!
 //! Eager messages only: a message longer than the endpoint can take eagerly is refused here
-//! (large messages stay with tmpi's rendezvous).
+//! (large messages stay with tmpi's rendezvous). What the provider's own large-message path
+//! would offer instead, measured on libfabric 1.17's `tcp` (`tcp_large_message_peek_and_truncation`
+//! in `ofi/tests_p2p.rs`): `FI_PEEK` reports a 1 MiB message's full length (so `MPI_Probe`
+//! would see the true size without a header), and a receive too small for it completes
+//! `FI_ETRUNC` without stalling the connection (only an eager message's truncation does).
+//! So every message could go whole through the provider into receives of at least the eager
+//! size: one matcher, non-overtaking by the provider, truncation reported by it.
 //!
 //! # For the engine (what driving this from `tmpi`'s engine must keep)
 //!

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::p2p::{Done, Matching, Outcome, ProviderP2p, SoftP2p, Status, TaggedP2p};
-use super::tests::domain;
+use super::tests::{domain, posted};
 use super::*;
 
 /// Rank 0 receives; the others send.
@@ -349,4 +349,68 @@ fn fabric_matching_beside_packets_agrees_with_software() {
     let (seen_f, done_f) = run.run(&ops);
     assert_eq!(seen_s, seen_f, "probes differ");
     assert_eq!(done_s, done_f, "receives differ");
+}
+
+/// Drives `tx` and `rx` until `rx` completes an operation with user word `user`.
+fn until(tx: &mut Endpoint, rx: &mut Endpoint, user: u64, spins: usize) -> Option<Completion> {
+    let mut found = None;
+    for _ in 0..spins {
+        tx.progress(|_| {}).unwrap();
+        rx.progress(|c| {
+            if c.user == user {
+                found = Some(c)
+            }
+        })
+        .unwrap();
+        if found.is_some() {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    found
+}
+
+/// What the provider's own large-message path (a message far above the eager size, which
+/// `ofi_rxm` sends by its rendezvous) tells a probe and does on truncation, on libfabric
+/// 1.17's `tcp`: `FI_PEEK` reports the message's full length, and a receive too small for it
+/// completes `FI_ETRUNC` and, unlike an eager message's truncation
+/// (`tcp_truncation_stalls_the_connection`), the connection goes on: the next message from
+/// that peer arrives. So a receive buffer of at least the eager size never stalls a
+/// connection, whatever the message (see the module doc of `p2p`).
+#[test]
+fn tcp_large_message_peek_and_truncation() {
+    const BIG: usize = 1 << 20;
+    let mut w = world("tcp");
+    let (mut e0, a0) = w.remove(0);
+    let (mut e1, a1) = w.remove(0);
+    let t = |tg| tag::send(tag::PROTO_MPI, 0, 1, tg).unwrap();
+    let mut sends = vec![(t(3), vec![3u8; BIG]), (t(4), vec![4u8; 8])];
+    let end = Instant::now() + WAIT;
+    while !sends.is_empty() {
+        assert!(Instant::now() < end, "sends busy");
+        let (bits, buf) = sends[0].clone();
+        if let Post::Posted(_) = e1.tsend(buf, Desc::NONE, a1[0], bits, 0).unwrap() {
+            sends.remove(0);
+        }
+        e1.progress(|_| {}).unwrap();
+        e0.progress(|_| {}).unwrap();
+    }
+    let mut peeked = None;
+    while peeked.is_none() {
+        assert!(Instant::now() < end, "the large message was never seen by a peek");
+        let id = posted(e0.peek(a0[1], t(3), 0, false, 9).unwrap());
+        let c = until(&mut e1, &mut e0, 9, 1_000_000).expect("a peek completes");
+        assert_eq!(c.id, id);
+        if c.error.is_none() {
+            peeked = Some(c.len);
+        }
+    }
+    let small = posted(e0.trecv(vec![0; 1000], Desc::NONE, a0[1], t(3), 0, 10).unwrap());
+    let big = until(&mut e1, &mut e0, 10, 2_000_000).expect("the truncating receive completes");
+    assert_eq!(big.id, small);
+    let _ = posted(e0.trecv(vec![0; 64], Desc::NONE, a0[1], t(4), 0, 11).unwrap());
+    let next = until(&mut e1, &mut e0, 11, 200_000);
+    assert_eq!(peeked, Some(BIG), "FI_PEEK reports a large message's full length");
+    assert_eq!(big.error, Some(errno::TRUNC));
+    assert_eq!(next.map(|c| (c.error, c.len)), Some((None, 8)), "the next message arrives after a large message's truncation");
 }
