@@ -39,6 +39,23 @@
 //!   one matcher orders: a rendezvous request must be a tagged message with the same tag as
 //!   an eager one (its data may then move by `fi_read` or tmpi's packet stream), never a
 //!   packet of tmpi's own channel beside provider-matched eager messages.
+//! - **Where it plugs in.** [`super::OfiFabric::enable_matching`] runs this matching on the
+//!   packet fabric's own endpoint (packets keep their protocol field, completions go to their
+//!   owner by the operation's `user` word), so the engine keeps its packet channel for
+//!   control messages (synchronous-send acknowledgements, credits, aborts) and drives
+//!   point-to-point through `TaggedP2p` on the same fabric. In the engine, a receive the
+//!   provider completed is an unexpected message handed to the receive that was waiting for it:
+//!   `State::take_unexpected(rid, ux)` (`runtime/src/engine/eager.rs`) already does the rest
+//!   (copy, truncation, credit, acknowledgement, admission check, rendezvous read).
+//! - **What the engine must still map.** The provider's source field and directed receives
+//!   need world ranks (the receive's `Peers::one`), while tmpi's match key carries the rank in
+//!   the communicator: send the TMH (with the key) as the first bytes of each message and the
+//!   world rank in the provider's tag. Contexts must fit 16 bits (tmpi's key has 20). Messages
+//!   to itself must go through the provider too (its own address in the address vector), or
+//!   a wildcard receive posted there would never see them. Probes (`Engine::probe_now` takes
+//!   `&self` today) need `&mut` for `FI_PEEK`; a matched probe's handle is a
+//!   [`Matched`], not an unexpected-queue key; a receive waiting on a peer that died must be
+//!   cancelled in the provider (`engine/leave.rs` fails those of the software queue).
 
 use std::collections::VecDeque;
 
