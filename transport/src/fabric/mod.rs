@@ -140,9 +140,10 @@ pub enum Wakeup {
     },
 }
 
-/// What a fabric does itself beyond carrying packets ([`Fabric::caps`]). No fabric of this
-/// crate does either: the engine matches tags in the soft TM-SRQ and software, and serves
-/// rendezvous reads itself. A libfabric fabric can do both, through the extension traits.
+/// What a fabric does itself beyond carrying packets ([`Fabric::caps`]). Only the OFI
+/// fabric (cargo feature `ofi`) matches tags, once its `enable_matching` is called, through
+/// `ofi::p2p::TaggedP2p` (the engine does not drive it yet: it matches tags in the soft
+/// TM-SRQ and software); none serves rendezvous reads itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Caps {
     /// The fabric matches tagged receives itself ([`TagMatching`]: `fi_trecv` with tag and
@@ -272,8 +273,9 @@ pub trait Fabric {
 
 /// A fabric that matches tagged receives itself ([`Caps::tag_matching`]), as libfabric's
 /// `FI_TAGGED` providers do: the engine would hand it receives instead of keeping them in the
-/// soft TM-SRQ and the software matcher. No fabric of this crate implements it yet; it states
-/// what the engine will need of one.
+/// soft TM-SRQ and the software matcher. No fabric implements it: the OFI fabric's matching
+/// is `ofi::p2p::TaggedP2p` (owned buffers, copied out), and this raw-buffer shape is what a
+/// path receiving straight into the user's buffer would need.
 pub trait TagMatching: Fabric {
     /// A handle the fabric returns with a receive's completion (`fi_context`).
     type Context: Copy;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::packet::{OfiFabric, MAX_PACKET};
 use crate::error::Result;
-use crate::fabric::{Fabric, Packet, PeerCaps, PeerState, Wakeup};
+use crate::fabric::{Caps, Fabric, Packet, PeerCaps, PeerState, Wakeup};
 use crate::shm::segment::Segment;
 
 impl Fabric for OfiFabric {
@@ -68,6 +68,12 @@ impl Fabric for OfiFabric {
     /// such call serves every peer.
     fn polled_connections(&self) -> usize {
         usize::from(self.endpoint().offer().ip_addressed())
+    }
+
+    /// Tag matching once [`OfiFabric::enable_matching`] turned it on (driven through
+    /// [`super::p2p::TaggedP2p`]).
+    fn caps(&self) -> Caps {
+        Caps { tag_matching: self.matching(), rma_read: false }
     }
 
     fn name(&self) -> &'static str {

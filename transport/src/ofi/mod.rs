@@ -14,6 +14,9 @@
 //!   call is [`crate::Error::Ofi`] naming the call and libfabric's text.
 //! - [`cache`]: [`OfiDomain`] behind tmpi's registration cache (`MrCache<OfiDomain>`).
 //! - [`tag`]: the 64-bit tag layout (protocol, context, source, MPI tag).
+//! - [`p2p`]: MPI point-to-point over one endpoint behind one trait ([`p2p::TaggedP2p`]),
+//!   matched by the provider ([`p2p::ProviderP2p`]) or in software over untagged provider
+//!   messages ([`p2p::SoftP2p`]).
 //! - [`OfiFabric`]: the packets of `crate::fabric` over one endpoint, with the peer states,
 //!   finalize mark and wait of the other fabrics.
 //! - [`wire_up`]: endpoints' addresses (`fi_getname`) exchanged through the bootstrap
@@ -31,12 +34,15 @@ pub mod cache;
 pub mod core;
 mod fabric;
 mod ffi;
+pub mod p2p;
 pub mod packet;
 pub mod tag;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_mr;
+#[cfg(test)]
+mod tests_p2p;
 pub mod wake;
 
 pub use self::cache::OfiCacheMr;

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::core::{Completion, Desc, Endpoint, OpKind, Post};
+use super::p2p::{Done, Matched, ProviderCore, Status, TaggedP2p};
 use super::tag;
 use crate::error::{Error, Result};
 use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
@@ -77,6 +78,13 @@ pub struct OfiFabric {
     done: Vec<Completion>,
     /// Process ids of the peers on this host (0: on another host, or not known).
     pids: Vec<u32>,
+    /// Point-to-point matched by the provider on the same endpoint, once
+    /// [`OfiFabric::enable_matching`] turned it on.
+    mpi: Option<ProviderCore>,
+    /// Receives of `mpi` that finished, for the next [`TaggedP2p::progress`].
+    mpi_done: Vec<Done>,
+    /// The address vector, by rank (kept for `mpi`).
+    addrs: Vec<u64>,
 }
 
 fn hdr(flags: u8, kind: u8, seq: u32, total: u64) -> [u8; HDR] {
@@ -115,6 +123,9 @@ impl OfiFabric {
         let waker = super::wake::Waker::new().ok();
         let pids = vec![0; addrs.len()];
         let mut f = OfiFabric {
+            mpi: None,
+            mpi_done: Vec::new(),
+            addrs: addrs.clone(),
             rank,
             ep,
             peers,
@@ -213,17 +224,29 @@ impl OfiFabric {
     /// receives are sorted into their source's order.
     fn progress(&mut self) -> Result<()> {
         let mut done = std::mem::take(&mut self.done);
+        if let Some(m) = self.mpi.as_mut() {
+            done.append(&mut m.take_foreign());
+        }
         let read = self.ep.progress(|c| done.push(c));
         for c in done.drain(..) {
-            match c.kind {
-                OpKind::Send => self.sent(c),
-                OpKind::Recv => self.received(c)?,
-                _ => {}
-            }
+            self.handle(c)?;
         }
         self.done = done;
         read?;
         self.post_receives()
+    }
+
+    /// Hands completion `c` to its owner: matching by the provider, or the packets.
+    fn handle(&mut self, c: Completion) -> Result<()> {
+        if let (Some(m), true) = (self.mpi.as_mut(), ProviderCore::owns(&c)) {
+            return m.finish(c, &mut self.mpi_done);
+        }
+        match c.kind {
+            OpKind::Send => self.sent(c),
+            OpKind::Recv => self.received(c)?,
+            _ => {}
+        }
+        Ok(())
     }
 
     fn sent(&mut self, c: Completion) {
@@ -456,6 +479,78 @@ impl OfiFabric {
             Some(_) => true,
             None => super::wake::sleep_on(-1, self.waker.as_ref(), timeout),
         }
+    }
+}
+
+impl OfiFabric {
+    /// Turns on point-to-point matched by the provider beside the packets, on the same
+    /// endpoint ([`TaggedP2p`]): MPI-tagged messages ([`super::tag::PROTO_MPI`]) never match
+    /// the packet receives (which take only [`super::tag::PROTO_PACKET`]), and completions go
+    /// to their owner by the operation's `user` word ([`ProviderCore::owns`]).
+    pub fn enable_matching(&mut self) {
+        if self.mpi.is_none() {
+            self.mpi = Some(ProviderCore::new(&self.ep, self.rank as u32, self.addrs.clone()));
+        }
+    }
+
+    /// Whether [`OfiFabric::enable_matching`] turned matching by the provider on.
+    pub fn matching(&self) -> bool {
+        self.mpi.is_some()
+    }
+
+    /// The eager limit of matching by the provider (`None` while it is off).
+    pub fn eager_max(&self) -> Option<usize> {
+        self.mpi.as_ref().map(ProviderCore::eager_max)
+    }
+
+    /// The endpoint and the matching core, for one call; afterwards, the completions of
+    /// packets the core read go where they belong.
+    fn with_mpi<T>(&mut self, f: impl FnOnce(&mut ProviderCore, &mut Endpoint) -> Result<T>) -> Result<T> {
+        let Some(m) = self.mpi.as_mut() else {
+            return Err(Error::InvalidArgument("OFI fabric: matching by the provider is off".into()));
+        };
+        let out = f(m, &mut self.ep);
+        for c in m.take_foreign() {
+            self.handle(c)?;
+        }
+        out
+    }
+}
+
+/// MPI point-to-point matched by the provider on the fabric's endpoint, once
+/// [`OfiFabric::enable_matching`] turned it on (every call fails with
+/// [`Error::InvalidArgument`] before).
+impl TaggedP2p for OfiFabric {
+    fn send(&mut self, dest: u32, ctx: u32, tag: u32, data: &[u8]) -> Result<()> {
+        self.with_mpi(|m, ep| m.send(ep, dest, ctx, tag, data))
+    }
+
+    fn post_recv(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, cap: usize) -> Result<u64> {
+        self.with_mpi(|m, ep| m.post_recv(ep, ctx, src, tag, cap))
+    }
+
+    fn iprobe(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Result<Option<Status>> {
+        self.with_mpi(|m, ep| m.iprobe(ep, ctx, src, tag))
+    }
+
+    fn improbe(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Result<Option<Matched>> {
+        self.with_mpi(|m, ep| m.improbe(ep, ctx, src, tag))
+    }
+
+    fn mrecv(&mut self, msg: Matched, cap: usize) -> Result<u64> {
+        self.with_mpi(|m, ep| m.mrecv(ep, msg, cap))
+    }
+
+    fn cancel(&mut self, handle: u64) -> Result<()> {
+        self.with_mpi(|m, ep| m.cancel(ep, handle))
+    }
+
+    /// Progresses the packets too: one completion queue serves both.
+    fn progress(&mut self, done: &mut Vec<Done>) -> Result<()> {
+        self.with_mpi(|m, ep| m.flush(ep, done))?;
+        OfiFabric::progress(self)?;
+        done.append(&mut self.mpi_done);
+        Ok(())
     }
 }
 

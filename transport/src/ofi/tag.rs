@@ -10,7 +10,8 @@
 //!   phase 2), [`PROTO_PACKET`] (the packet channel of [`super::OfiFabric`], which matches
 //!   any source and context), [`PROTO_SYNC_ACK`] (the acknowledgement of a synchronous send,
 //!   phase 2; kept out of every MPI receive's reach, as MPICH keeps its `SSEND_ACK` bit
-//!   outside its protocol mask and Open MPI's `ANY_TAG` mask excludes its internal tags).
+//!   outside its protocol mask and Open MPI's `ANY_TAG` mask excludes its internal tags),
+//!   [`PROTO_SOFT`] (point-to-point matched in software, [`super::p2p::SoftP2p`]).
 //! - **context** is the communicator's context id. tmpi's software match key
 //!   (`tmpi::matching`) has 20 context bits; over OFI a job may use 2^16 of them (phase 2
 //!   checks this when it creates a communicator, as MPICH checks its 20 and Open MPI its
@@ -20,6 +21,12 @@
 //!   default where `FI_REMOTE_CQ_DATA` is offered), so the layout needs nothing beyond
 //!   `FI_TAGGED` and a receive can filter on the source in the provider either way.
 //! - **tag** is the MPI tag (`TAG_UB` = 2^24 - 1, as in the software matcher).
+//!
+//! For comparison (facts of their layouts, not their code): MPICH's OFI netmod of ch3 puts
+//! 16 source bits, 16 context bits, 4 protocol bits and 28 tag bits in the 64; its ch4
+//! netmod moves the source to remote CQ data where the provider offers it. Open MPI's
+//! `mtl/ofi` has modes `ofi_tag_1` (source in the tag), `ofi_tag_2` and `ofi_tag_full`
+//! (source in CQ data, more bits for the communicator and the tag), chosen at start-up.
 //!
 //! `ANY_TAG` ignores the tag field; `ANY_SOURCE` ignores the source field and posts with
 //! `FI_ADDR_UNSPEC`. A receive from one source sets the source field and, where the provider
@@ -57,6 +64,9 @@ pub const PROTO_MPI: u64 = 0;
 pub const PROTO_PACKET: u64 = 1;
 /// Synchronous-send acknowledgements (phase 2).
 pub const PROTO_SYNC_ACK: u64 = 2;
+/// Messages matched in software ([`super::p2p::SoftP2p`]): one tag for all, the context,
+/// source and MPI tag in a header the receiver matches.
+pub const PROTO_SOFT: u64 = 3;
 
 /// Wildcard source or tag in [`recv`].
 pub const ANY: Option<u32> = None;

@@ -77,7 +77,7 @@ fn retry(ep: &mut Endpoint, other: &mut Endpoint, mut op: impl FnMut(&mut Endpoi
     }
 }
 
-fn posted(p: Post) -> OpId {
+pub(crate) fn posted(p: Post) -> OpId {
     match p {
         Post::Posted(id) => id,
         Post::Busy(_) => panic!("busy on an idle endpoint"),
