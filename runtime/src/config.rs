@@ -52,6 +52,8 @@ pub struct Config {
     pub shared_heap: usize,
     /// `TMPI_SHM_COLL`: shared-memory collectives on.
     pub shm_coll: bool,
+    /// `TMPI_COLL_*`: the algorithm forced per collective (see [`crate::coll::select`]).
+    pub coll: crate::coll::select::Force,
 }
 
 impl Default for Config {
@@ -76,6 +78,7 @@ impl Default for Config {
             single_copy_min: None,
             shared_heap: 1 << 30,
             shm_coll: true,
+            coll: crate::coll::select::Force::AUTO,
         }
     }
 }
@@ -228,6 +231,7 @@ impl Config {
                 _ => return Err(bad("TMPI_SHM_COLL", &v, "on or off")),
             };
         }
+        c.coll = crate::coll::select::Force::parse(&get)?;
         Ok(c)
     }
 }

@@ -102,6 +102,7 @@ fn launcher() -> Result<Option<(Launcher, BootstrapEnv)>> {
 fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading) -> World {
     let rank = eng.rank();
     let size = eng.size();
+    let machine = crate::coll::Machine { force: eng.cfg.coll, hosts: Default::default() };
     let comm = Comm {
         inner: Arc::new(CommInner {
             eng: Arc::new(EngineCell::new(eng, level)),
@@ -109,6 +110,7 @@ fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading)
             shm_seq: Default::default(),
             shm: Default::default(),
             coll_busy: Default::default(),
+            machine,
             id: 0,
             rank,
             size,

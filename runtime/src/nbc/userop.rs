@@ -4,7 +4,8 @@
 
 use bytemuck::Pod;
 
-use super::{typed, ReduceFn};
+use crate::coll::plan::ReduceFn;
+use crate::coll::typed;
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::op::UserOp;
@@ -34,7 +35,7 @@ impl Comm {
     /// # Errors
     /// As [`Comm::ireduce`].
     pub fn reduce_with<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, op: &UserOp<T>, root: Rank) -> Result<()> {
-        scope(|s| self.ireduce_f(s, send, recv, user(op), Ok(()), root)?.wait()).map(drop)
+        scope(|s| self.ireduce_f(s, send, recv, user(op), Ok(()), op.is_commutative(), root)?.wait()).map(drop)
     }
 
     /// [`Comm::allreduce`] with a user operator, in rank order (the same result everywhere).
@@ -43,7 +44,7 @@ impl Comm {
     /// # Errors
     /// As [`Comm::iallreduce`].
     pub fn allreduce_with<T: Pod>(&self, send: &[T], recv: &mut [T], op: &UserOp<T>) -> Result<()> {
-        scope(|s| self.iallreduce_f(s, send, recv, user(op), Ok(()))?.wait()).map(drop)
+        scope(|s| self.iallreduce_f(s, send, recv, user(op), Ok(()), op.is_commutative())?.wait()).map(drop)
     }
 
     /// [`Comm::reduce_scatter`] with a user operator.
@@ -62,7 +63,7 @@ impl Comm {
     /// # Errors
     /// As [`Comm::ireduce_scatter`].
     pub fn reduce_scatter_with<T: Pod>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: &UserOp<T>) -> Result<()> {
-        scope(|s| self.ireduce_scatter_f(s, send, recv, counts, user(op), Ok(()))?.wait()).map(drop)
+        scope(|s| self.ireduce_scatter_f(s, send, recv, counts, user(op), Ok(()), op.is_commutative())?.wait()).map(drop)
     }
 
     /// [`Comm::scan`] with a user operator: rank `r` gets `send` of ranks `0..=r` combined in
@@ -105,7 +106,7 @@ impl Comm {
         op: &UserOp<T>,
         root: Rank,
     ) -> Result<Request<'s>> {
-        self.ireduce_f(s, send, recv, user(op), Ok(()), root)
+        self.ireduce_f(s, send, recv, user(op), Ok(()), op.is_commutative(), root)
     }
 
     /// Non-blocking [`Comm::allreduce_with`].
@@ -130,7 +131,7 @@ impl Comm {
         recv: &'s mut [T],
         op: &UserOp<T>,
     ) -> Result<Request<'s>> {
-        self.iallreduce_f(s, send, recv, user(op), Ok(()))
+        self.iallreduce_f(s, send, recv, user(op), Ok(()), op.is_commutative())
     }
 
     /// Non-blocking [`Comm::reduce_scatter_with`].
@@ -145,7 +146,7 @@ impl Comm {
         counts: &[usize],
         op: &UserOp<T>,
     ) -> Result<Request<'s>> {
-        self.ireduce_scatter_f(s, send, recv, counts, user(op), Ok(()))
+        self.ireduce_scatter_f(s, send, recv, counts, user(op), Ok(()), op.is_commutative())
     }
 
     /// Non-blocking [`Comm::scan_with`].
