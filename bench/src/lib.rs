@@ -552,6 +552,37 @@ pub fn reduce_stats(comm: &tmpi::Comm, value: f64) -> tmpi::Result<(f64, f64, f6
     Ok((sum[0] / comm.size() as f64, min[0], max[0]))
 }
 
+/// The arguments of the single-thread cost measurements (`comm_window_cost`, `window_cost`,
+/// `pingpong_cost`): `--rounds N` (default `default_rounds`; more than the `warm` rounds not
+/// counted) and the positional arguments, returned as they are.
+///
+/// ```
+/// let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+/// assert_eq!(tmpi_bench::cost_args(args(&["8", "--rounds", "700"]), 6000, 500), Ok((700, args(&["8"]))));
+/// assert_eq!(tmpi_bench::cost_args(args(&[]), 6000, 500), Ok((6000, vec![])));
+/// assert!(tmpi_bench::cost_args(args(&["--rounds", "400"]), 6000, 500).is_err());
+/// assert!(tmpi_bench::cost_args(args(&["--rounds"]), 6000, 500).is_err());
+/// ```
+///
+/// # Errors
+/// A message for a missing or bad number, or too few rounds.
+pub fn cost_args<I: IntoIterator<Item = String>>(args: I, default_rounds: usize, warm: usize) -> Result<(usize, Vec<String>), String> {
+    let mut it = args.into_iter();
+    let (mut rounds, mut rest) = (default_rounds, Vec::new());
+    while let Some(x) = it.next() {
+        if x == "--rounds" {
+            let v = it.next().ok_or("--rounds needs a number")?;
+            rounds = v.parse().map_err(|_| format!("--rounds {v:?}: not a number"))?;
+        } else {
+            rest.push(x);
+        }
+    }
+    if rounds <= warm {
+        return Err(format!("--rounds must exceed the {warm} warm-up rounds"));
+    }
+    Ok((rounds, rest))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,8 +14,19 @@
 //! `/dev/shm/tmpi-<jobid>-*` files, its `tmpirun-<jobid>` socket directory (in `$TMPDIR` and
 //! `/tmp`) and then the launcher file. Nothing else is touched: no file without a launcher
 //! file, none of a live launcher, no name outside these patterns.
+//!
+//! `/dev/shm` and `/tmp` are shared by every user, so the sweep touches only what this user
+//! owns and never goes through a link ([`Dir`]): a launcher file counts only when it is a
+//! regular file of this user (opened with `O_NOFOLLOW`, checked with `fstat`), a segment only
+//! when it is one too, and a socket directory only when it is a real directory of this user,
+//! opened without following a link; its socket is then removed relative to that directory,
+//! never through a path another user could redirect. Files planted by another user, or links
+//! to another job's files, are left alone.
 
-use std::path::PathBuf;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use crate::sys;
@@ -96,10 +107,10 @@ fn is_jobid(s: &str) -> bool {
 }
 
 /// Removes what jobs whose `tmpirun` died without cleaning up left behind (see the module
-/// docs); returns the job ids swept. Errors (a file of another user, a race with another
-/// sweeper) are skipped.
+/// docs); returns the job ids swept. Only this user's files are touched, never through a link.
+/// Errors (a race with another sweeper) are skipped.
 pub fn sweep_stale() -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
+    let (Some(shm), Ok(dir)) = (Dir::open(Path::new(SHM_DIR)), std::fs::read_dir(SHM_DIR)) else {
         return Vec::new();
     };
     let names: Vec<String> = dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
@@ -108,7 +119,8 @@ pub fn sweep_stale() -> Vec<String> {
         let Some(jobid) = n.strip_prefix("tmpi-").and_then(|r| r.strip_suffix(".launcher")).filter(|j| is_jobid(j)) else {
             continue;
         };
-        let Ok(text) = std::fs::read_to_string(format!("{SHM_DIR}/{n}")) else {
+        // Another user's launcher file, or a link, is not this user's job.
+        let Some(text) = shm.read_own_file(n, 256) else {
             continue;
         };
         let mut it = text.split_ascii_whitespace();
@@ -119,25 +131,120 @@ pub fn sweep_stale() -> Vec<String> {
             continue;
         }
         let seg_prefix = format!("tmpi-{jobid}-");
-        for m in &names {
-            if m.starts_with(&seg_prefix) {
-                let _ = std::fs::remove_file(format!("{SHM_DIR}/{m}"));
-            }
+        for m in names.iter().filter(|m| m.starts_with(&seg_prefix)) {
+            shm.remove_own(m, &[libc::S_IFREG]);
         }
         for base in [std::env::temp_dir(), PathBuf::from("/tmp")] {
-            remove_sockdir_at(&base.join(format!("tmpirun-{jobid}")));
+            if let Some(b) = Dir::open(&base) {
+                remove_sockdir_in(&b, &format!("tmpirun-{jobid}"));
+            }
         }
-        let _ = std::fs::remove_file(format!("{SHM_DIR}/{n}"));
+        shm.remove_own(n, &[libc::S_IFREG]);
         swept.push(jobid.to_string());
     }
     swept
 }
 
-/// Removes a socket directory that `tmpirun` made: its socket, then the directory (which
-/// must then be empty: nothing but what tmpirun put there is removed).
-fn remove_sockdir_at(d: &std::path::Path) {
-    let _ = std::fs::remove_file(d.join("kv.sock"));
-    let _ = std::fs::remove_dir(d);
+/// Removes a socket directory that `tmpirun` made, `name` in `base`: only a real directory of
+/// this user, its socket (a socket or regular file of this user) removed relative to it, then
+/// the directory, which must then be empty (nothing but what tmpirun put there is removed).
+fn remove_sockdir_in(base: &Dir, name: &str) {
+    let Some(d) = base.open_own_dir(name) else { return };
+    d.remove_own("kv.sock", &[libc::S_IFSOCK, libc::S_IFREG]);
+    base.remove_own_dir(name);
+}
+
+/// An open directory: names are looked up relative to it (`openat`, `fstatat`, `unlinkat`),
+/// never through a path that a link could redirect.
+struct Dir(OwnedFd);
+
+/// This process's effective user.
+fn me() -> libc::uid_t {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+impl Dir {
+    /// Opens the directory at `path` (a system directory: `/dev/shm`, `/tmp`, `$TMPDIR`).
+    fn open(path: &Path) -> Option<Dir> {
+        let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+        // SAFETY: `c` is a NUL-terminated path that outlives the call; the result is checked.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        // SAFETY: a non-negative result is a new descriptor that nothing else owns.
+        (fd >= 0).then(|| Dir(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// `openat` of `name` with `flags | O_NOFOLLOW | O_CLOEXEC`, kept only when `fstat` says it
+    /// is of a type in `kinds` and owned by this user.
+    fn open_own(&self, name: &str, flags: libc::c_int, kinds: &[libc::mode_t]) -> Option<(OwnedFd, libc::stat)> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: the directory descriptor is open (owned by `self`) and `c` is a NUL-terminated
+        // name that outlives the call; the result is checked.
+        let fd = unsafe { libc::openat(self.0.as_raw_fd(), c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: a non-negative result is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` is writable storage for one stat.
+        let ok = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0;
+        (ok && st.st_uid == me() && kinds.contains(&(st.st_mode & libc::S_IFMT))).then_some((fd, st))
+    }
+
+    /// The text of `name` when it is a regular file of this user of at most `max` bytes.
+    fn read_own_file(&self, name: &str, max: u64) -> Option<String> {
+        use std::io::Read as _;
+        // Non-blocking: a FIFO planted under the name must not stall the sweep (it is no
+        // regular file and is refused by the check anyway).
+        let (fd, st) = self.open_own(name, libc::O_RDONLY | libc::O_NONBLOCK, &[libc::S_IFREG])?;
+        if st.st_size < 0 || st.st_size as u64 > max {
+            return None;
+        }
+        let mut text = String::new();
+        std::fs::File::from(fd).take(max).read_to_string(&mut text).ok()?;
+        Some(text)
+    }
+
+    /// The directory `name` in this one, when it is a real directory (not a link) of this user.
+    fn open_own_dir(&self, name: &str) -> Option<Dir> {
+        self.open_own(name, libc::O_RDONLY | libc::O_DIRECTORY, &[libc::S_IFDIR]).map(|(fd, _)| Dir(fd))
+    }
+
+    /// The type bits and owner of `name` itself (a link is not followed).
+    fn lstat(&self, name: &str) -> Option<(libc::mode_t, libc::uid_t)> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: an all-zero stat is a valid value for fstatat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: the directory descriptor is open, `c` is NUL-terminated and `st` writable;
+        // all outlive the call.
+        let rc = unsafe { libc::fstatat(self.0.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        (rc == 0).then_some((st.st_mode & libc::S_IFMT, st.st_uid))
+    }
+
+    /// Unlinks `name` when it is of a type in `kinds` and owned by this user. (In a sticky
+    /// directory such as `/dev/shm` or `/tmp`, no other user can replace this user's entry
+    /// between the check and the unlink.)
+    fn remove_own(&self, name: &str, kinds: &[libc::mode_t]) {
+        if !self.lstat(name).is_some_and(|(kind, uid)| uid == me() && kinds.contains(&kind)) {
+            return;
+        }
+        let Ok(c) = CString::new(name) else { return };
+        // SAFETY: the directory descriptor is open and `c` is a NUL-terminated name; a failure
+        // (a race with another sweeper) changes nothing.
+        unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), 0) };
+    }
+
+    /// Removes the empty directory `name` when it is a real directory of this user.
+    fn remove_own_dir(&self, name: &str) {
+        if !self.lstat(name).is_some_and(|(kind, uid)| uid == me() && kind == libc::S_IFDIR) {
+            return;
+        }
+        let Ok(c) = CString::new(name) else { return };
+        // SAFETY: as in `remove_own`; only an empty directory is removed.
+        unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) };
+    }
 }
 
 /// Records a spawned rank (its pid is also its process group id).
@@ -152,25 +259,28 @@ pub fn reap_child(pid: i32) {
 }
 
 /// Removes `/dev/shm/tmpi-<jobid>*` (the segment rank 0 created, and any later ones), the
-/// launcher file last.
+/// launcher file last: regular files of this user only.
 pub fn remove_shm_files(jobid: &str) {
     let prefix = format!("tmpi-{jobid}");
-    let own = launcher_file(jobid);
-    if let Ok(dir) = std::fs::read_dir(SHM_DIR) {
-        for e in dir.flatten() {
-            if e.file_name().to_string_lossy().starts_with(&prefix) && e.path() != own {
-                let _ = std::fs::remove_file(e.path());
-            }
+    let own = format!("tmpi-{jobid}.launcher");
+    let (Some(shm), Ok(dir)) = (Dir::open(Path::new(SHM_DIR)), std::fs::read_dir(SHM_DIR)) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with(&prefix) && n != own {
+            shm.remove_own(&n, &[libc::S_IFREG]);
         }
     }
-    let _ = std::fs::remove_file(own);
+    shm.remove_own(&own, &[libc::S_IFREG]);
 }
 
 /// Removes the socket directory now: once every rank has connected nobody else may, and a
 /// `tmpirun` that is SIGKILLed later then leaves nothing in the temporary directory.
 pub fn remove_sockdir() {
     if let Some(d) = SOCKDIR.get() {
-        remove_sockdir_at(d);
+        let (Some(parent), Some(name)) = (d.parent().and_then(Dir::open), d.file_name().and_then(|n| n.to_str())) else { return };
+        remove_sockdir_in(&parent, name);
     }
 }
 
@@ -231,8 +341,13 @@ mod tests {
         assert!(is_jobid("0123456789abcdef") && !is_jobid("0123456789ABCDEF") && !is_jobid("threads-0123"));
     }
 
+    /// The tests that sweep run one at a time: a sweep removes every dead job it finds, the
+    /// other test's planted one too.
+    static SWEEPING: Mutex<()> = Mutex::new(());
+
     #[test]
     fn sweep_removes_only_dead_launchers_files() {
+        let _one_at_a_time = SWEEPING.lock().unwrap_or_else(|e| e.into_inner());
         // A dead launcher: a child that has exited and been reaped.
         let mut child = std::process::Command::new("true").spawn().expect("start true");
         let dead = child.id() as i32;
@@ -261,5 +376,85 @@ mod tests {
         assert!(!swept.contains(&live_job), "{swept:?}");
         assert!(live_left, "files of a live launcher were removed");
         assert!(!gone_left && !dir_left, "files of a dead launcher were left");
+    }
+
+    /// Issue 55 item 5: files another user planted (a launcher file naming a dead pid, a
+    /// segment, a socket directory) and links (a launcher file, a segment, a socket directory
+    /// that point at another job's files) are never swept, read through or removed.
+    #[test]
+    fn sweep_touches_only_own_files_and_follows_no_link() {
+        if me() != 0 {
+            eprintln!("sweep_touches_only_own_files_and_follows_no_link: SKIPPED: not root (cannot plant files as nobody)");
+            return;
+        }
+        let _one_at_a_time = SWEEPING.lock().unwrap_or_else(|e| e.into_inner());
+        let nobody = 65534;
+        let mut child = std::process::Command::new("true").spawn().expect("start true");
+        let dead = child.id() as i32;
+        child.wait().expect("wait");
+        let rnd = || tmpi_transport::bootstrap::new_jobid().expect("random job id");
+        let (theirs, linked, their_seg, link_launcher) = (rnd(), rnd(), rnd(), rnd());
+        let shm = |n: &str| PathBuf::from(format!("{SHM_DIR}/{n}"));
+        let tmp = std::env::temp_dir();
+        let own = |p: &Path, uid: u32| std::os::unix::fs::lchown(p, Some(uid), Some(uid)).expect("chown");
+        let planted = |p: &Path, text: &str, uid: u32| {
+            std::fs::write(p, text).expect("plant");
+            own(p, uid);
+        };
+        // A job "of nobody": launcher file, segment and socket directory all nobody's.
+        planted(&shm(&format!("tmpi-{theirs}.launcher")), &format!("{dead} 1\n"), nobody);
+        planted(&shm(&format!("tmpi-{theirs}-0123456789abcdef")), "segment", nobody);
+        let their_dir = tmp.join(format!("tmpirun-{theirs}"));
+        std::fs::create_dir_all(&their_dir).expect("mkdir");
+        planted(&their_dir.join("kv.sock"), "", nobody);
+        own(&their_dir, nobody);
+        // A victim job whose socket directory a link of a dead job of ours points at.
+        let victim = tmp.join(format!("tmpi-victim-{}", rnd()));
+        std::fs::create_dir_all(&victim).expect("mkdir");
+        std::fs::write(victim.join("kv.sock"), "").expect("sock");
+        planted(&shm(&format!("tmpi-{linked}.launcher")), &format!("{dead} 1\n"), 0);
+        let link_dir = tmp.join(format!("tmpirun-{linked}"));
+        std::os::unix::fs::symlink(&victim, &link_dir).expect("symlink");
+        // A dead job of ours whose "segment" is nobody's, and one whose "segment" is a link.
+        planted(&shm(&format!("tmpi-{their_seg}.launcher")), &format!("{dead} 1\n"), 0);
+        planted(&shm(&format!("tmpi-{their_seg}-0123456789abcdef")), "segment", nobody);
+        std::os::unix::fs::symlink(victim.join("kv.sock"), shm(&format!("tmpi-{their_seg}-fedcba9876543210"))).expect("symlink");
+        // A launcher "file" that is a link to a file naming a dead pid.
+        let target = victim.join("launcher");
+        std::fs::write(&target, format!("{dead} 1\n")).expect("write");
+        std::os::unix::fs::symlink(&target, shm(&format!("tmpi-{link_launcher}.launcher"))).expect("symlink");
+
+        let swept = sweep_stale();
+        let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+        let left_theirs = [
+            exists(&shm(&format!("tmpi-{theirs}.launcher"))),
+            exists(&shm(&format!("tmpi-{theirs}-0123456789abcdef"))),
+            exists(&their_dir.join("kv.sock")),
+        ];
+        let victim_left = exists(&victim.join("kv.sock")) && exists(&target);
+        let their_seg_left = exists(&shm(&format!("tmpi-{their_seg}-0123456789abcdef")));
+        let ours_swept = !exists(&shm(&format!("tmpi-{linked}.launcher"))) && !exists(&shm(&format!("tmpi-{their_seg}.launcher")));
+        // Clean up what the test planted, whatever the sweep did.
+        for n in [format!("tmpi-{theirs}.launcher"), format!("tmpi-{theirs}-0123456789abcdef"), format!("tmpi-{linked}.launcher")] {
+            let _ = std::fs::remove_file(shm(&n));
+        }
+        for n in [
+            format!("tmpi-{their_seg}.launcher"),
+            format!("tmpi-{their_seg}-0123456789abcdef"),
+            format!("tmpi-{their_seg}-fedcba9876543210"),
+        ] {
+            let _ = std::fs::remove_file(shm(&n));
+        }
+        let _ = std::fs::remove_file(shm(&format!("tmpi-{link_launcher}.launcher")));
+        let _ = std::fs::remove_file(&link_dir);
+        let _ = std::fs::remove_dir_all(&their_dir);
+        let _ = std::fs::remove_dir_all(&victim);
+
+        assert_eq!(left_theirs, [true; 3], "another user's files were swept");
+        assert!(!swept.contains(&theirs) && !swept.contains(&link_launcher), "{swept:?}");
+        assert!(victim_left, "the sweep went through a link and removed another job's file");
+        assert!(their_seg_left, "another user's segment under a dead job's name was removed");
+        // (Gone, by this sweep or another tmpirun's running beside the test.)
+        assert!(ours_swept, "our own dead jobs are still swept: {swept:?}");
     }
 }

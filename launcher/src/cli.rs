@@ -46,6 +46,7 @@ Exit status: 0 if every rank exited 0 (and finalized, if it started the runtime)
 status of the first rank that failed (its exit code, 128 + signal number, or 1 for a rank that
 exited 0 without finalizing), the code given to abort (1 if outside 1..=255),
 124 when --timeout expired, 128 + N when tmpirun got signal N (SIGINT, SIGTERM, SIGHUP),
+255 when a host stopped answering for TMPI_PEER_TIMEOUT seconds (tmpirun names it),
 2 for a bad command line, 1 when the job could not be started.";
 
 /// `tmpirun`: launches N ranks of a tmpi program on this node.
@@ -111,6 +112,28 @@ pub struct Cli {
     #[arg(long)]
     pub info: bool,
 
+    /// Record a timeline of every rank (each call, each message and its protocol, an arrow
+    /// from each send to the receive that matched it) and merge it into PATH, a JSON file for
+    /// the Perfetto UI or chrome://tracing (sets TMPI_TRACE).
+    #[arg(long, value_name = "PATH.json")]
+    pub trace: Option<PathBuf>,
+
+    /// When the job ends, print time in communication per rank and per call, messages and
+    /// bytes per pair of ranks and the longest waits; write them to tmpi-profile.txt and the
+    /// traffic matrix to tmpi-profile.svg (sets TMPI_PROFILE).
+    #[arg(long)]
+    pub profile: bool,
+
+    /// Record each rank's nondeterministic decisions (wildcard matches, test answers) in DIR,
+    /// for --replay (sets TMPI_RECORD).
+    #[arg(long, value_name = "DIR", conflicts_with = "replay")]
+    pub record: Option<PathBuf>,
+
+    /// Run the program again forcing the decisions recorded in DIR; a rank that departs from
+    /// the record fails naming the call (sets TMPI_REPLAY).
+    #[arg(long, value_name = "DIR")]
+    pub replay: Option<PathBuf>,
+
     /// The program to run, and its arguments (passed as they are, even ones starting with '-').
     #[arg(value_name = "PROGRAM", required_unless_present = "info", trailing_var_arg = true,
           num_args = 1..)]
@@ -126,7 +149,21 @@ fn parse_timeout(s: &str) -> std::result::Result<Duration, String> {
 }
 
 /// Options before the program that take a value as the next argument.
-const VALUE_OPTS: &[&str] = &["-n", "-np", "--np", "-x", "--timeout", "--bind-to", "--map-by", "--host", "--hostfile", "--launch-agent"];
+const VALUE_OPTS: &[&str] = &[
+    "-n",
+    "-np",
+    "--np",
+    "-x",
+    "--timeout",
+    "--bind-to",
+    "--map-by",
+    "--host",
+    "--hostfile",
+    "--launch-agent",
+    "--trace",
+    "--record",
+    "--replay",
+];
 
 /// Rewrites Open MPI's `-np N` (and `-np=N`) to `--np`, only before the program.
 pub fn normalize_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
@@ -277,6 +314,19 @@ mod tests {
         let cli = Cli::try_parse_from(["t", "-n", "1", "-x", "A=1", "-x", "B", "--timeout", "1.5", "p"]).unwrap();
         assert_eq!(cli.export, ["A=1", "B"]);
         assert_eq!(cli.timeout, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn seeing_flags_parse() {
+        let cli =
+            Cli::try_parse_from(norm(&["t", "-n", "2", "--trace", "t.json", "--profile", "--record", "rec", "p", "--trace"])).unwrap();
+        assert_eq!((cli.trace, cli.profile, cli.record, cli.replay), (Some("t.json".into()), true, Some("rec".into()), None));
+        assert_eq!(cli.command, ["p", "--trace"], "flags after the program are the program's");
+        assert!(
+            Cli::try_parse_from(["t", "-n", "2", "--record", "a", "--replay", "a", "p"]).is_err(),
+            "record and replay exclude each other"
+        );
+        assert_eq!(Cli::try_parse_from(["t", "-n", "1", "--replay", "d", "p"]).unwrap().replay, Some("d".into()));
     }
 
     #[test]

@@ -15,9 +15,13 @@
 //!    where that is missing by `dd bs=1`, which is slower but POSIX.)
 //!
 //! After that the link stays open, silent, for the whole job: it ends exactly when `tmpirun`
-//! or the agent (the ssh connection) goes away, and then the wrapper kills the rank's session.
-//! The rank runs in its own session with stdin from the FIFO (rank 0) or `/dev/null`. The
-//! wrapper exits with the rank's status, which the agent passes back.
+//! or the agent (the ssh connection) goes away, and then the wrapper's watchdog kills the
+//! rank's session. The rank runs in its own session with stdin from the FIFO (rank 0) or
+//! `/dev/null`; the watchdog runs in a session of its own too (and ignores SIGHUP, SIGINT and
+//! SIGTERM), so that when the agent runs the wrapper on this machine (`ip netns exec`,
+//! `nsenter`, a container's entry, `sh -c`) the signals `tmpirun` sends the agent's process
+//! group to end the job end the wrapper but never the watchdog, which then kills the rank.
+//! The wrapper exits with the rank's status, which the agent passes back.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -26,6 +30,7 @@ use std::path::Path;
 use std::process::ChildStdin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -90,6 +95,9 @@ pub fn parse_hostfile(path: &Path, text: &str) -> Result<Vec<Host>> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let at = format!("{}:{}", path.display(), i + 1);
+        if line.len() > MAX_HOSTFILE_LINE {
+            return Err(Error::Usage(format!("{at}: line longer than {MAX_HOSTFILE_LINE} bytes")));
+        }
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
@@ -193,6 +201,26 @@ pub fn source_ip_towards(host: &str) -> Result<IpAddr> {
     Ok(ip)
 }
 
+/// The agent command as [`agent`] makes it, and for plain `ssh` also ssh's own liveness
+/// options for a peer timeout of `peer_timeout` (`TMPI_PEER_TIMEOUT`; none when `None`):
+/// `-o ServerAliveInterval=I -o ServerAliveCountMax=3` with `I` half the timeout, so that ssh
+/// gives up on a host that stopped answering after about twice the timeout, when `tmpirun`'s
+/// own watch (the bootstrap connection of a rank, after one timeout) has not ended the job
+/// already: it covers the ranks that have no such connection (before `tmpi::init`, or not
+/// tmpi programs).
+///
+/// # Errors
+/// As [`agent`].
+pub fn agent_for(flag: Option<&str>, peer_timeout: Option<Duration>) -> Result<Vec<String>> {
+    let mut words = agent(flag)?;
+    let plain_ssh = words.iter().map(String::as_str).eq(["ssh", "-x", "-o", "BatchMode=yes"]);
+    if let (Some(t), true) = (peer_timeout, plain_ssh) {
+        let interval = t.as_secs().div_ceil(2).max(1);
+        words.extend(["-o".into(), format!("ServerAliveInterval={interval}"), "-o".into(), "ServerAliveCountMax=3".into()]);
+    }
+    Ok(words)
+}
+
 /// The agent command: `--launch-agent`, else `TMPI_RSH`, else `ssh`, split on whitespace.
 /// Plain `ssh` gets non-interactive options (`-x -o BatchMode=yes`): a password prompt
 /// would hang the job.
@@ -221,31 +249,67 @@ pub fn sh_quote(s: &str) -> String {
 
 /// The wrapper a remote rank runs under (see the module documentation). Its arguments are
 /// `env`'s: `VAR=VALUE...` then the program and its arguments.
+///
+/// The watchdog (`W`, its own `sh` under `setsid`) copies rank 0's stdin frames into the
+/// FIFO, then waits for the end of the link and SIGKILLs the rank's session. When the rank
+/// ends first, the wrapper SIGKILLs the watchdog's session and exits with the rank's status.
+/// Without `setsid` both stay in the wrapper's group; the watchdog still ignores the signals
+/// that end the job, which leaves it the grace before SIGKILL to act.
 pub const REMOTE_WRAPPER: &str = r#"IFS= read -r s || exit 126
 IFS= read -r m || exit 126
 TMPI_JOB_SECRET=$s; export TMPI_JOB_SECRET
 exec 3<&0
-i=/dev/null
+i=/dev/null d=
 if [ "$m" = 1 ]; then
 d=$(mktemp -d "${TMPDIR:-/tmp}/tmpi-stdin.XXXXXX") || exit 126
 i=$d/in
 mkfifo -m 600 "$i" || { rmdir "$d"; exit 126; }
 fi
-if command -v setsid >/dev/null 2>&1; then setsid env "$@" <"$i" 3<&- & else env "$@" <"$i" 3<&- & fi
+S=; if command -v setsid >/dev/null 2>&1; then S=setsid; fi
+$S env "$@" <"$i" 3<&- &
 p=$!
+W='trap "" HUP INT TERM
+p=$1 m=$2 i=$3 d=$4
 if [ "$m" = 1 ]; then
 if head --version 2>/dev/null | grep -q GNU; then c() { head -c "$1"; }; else c() { dd bs=1 count="$1" 2>/dev/null; }; fi
-{ exec 4>"$i"; rm -rf "$d"
+exec 4>"$i"; rm -rf "$d"
 while IFS= read -r h; do case $h in D*) c "${h#D}" >&4 || break;; *) break;; esac; done
-exec 4>&-; cat; kill -KILL -"$p"; kill -KILL "$p"; } <&3 >/dev/null 2>&1 &
-else
-{ cat <&3; kill -KILL -"$p"; kill -KILL "$p"; } >/dev/null 2>&1 &
+exec 4>&-
 fi
+cat
+kill -KILL -"$p"; kill -KILL "$p"'
+$S sh -c "$W" tmpi-watchdog "$p" "$m" "$i" "$d" <&3 >/dev/null 2>&1 &
 w=$!
 exec 3<&-
 wait "$p"; rc=$?
-kill "$w" 2>/dev/null
+kill -KILL -"$w" 2>/dev/null || kill -KILL "$w" 2>/dev/null
 exit "$rc""#;
+
+/// Largest hostfile `tmpirun` reads (bytes): far more than a hostfile of any cluster, and
+/// `--hostfile /dev/zero` is an error at once, not a read until memory runs out.
+pub const MAX_HOSTFILE_BYTES: u64 = 4 << 20;
+
+/// Longest line of a hostfile (bytes).
+pub const MAX_HOSTFILE_LINE: usize = 4096;
+
+/// Reads the hostfile at `path`, at most [`MAX_HOSTFILE_BYTES`].
+///
+/// # Errors
+/// [`Error::Usage`] naming the file when it cannot be read, is larger than that, or is no
+/// text (a NUL byte, or not UTF-8).
+pub fn read_hostfile(path: &Path) -> Result<String> {
+    let at = |why: String| Error::Usage(format!("--hostfile {}: {why}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| at(e.to_string()))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_HOSTFILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| at(e.to_string()))?;
+    if bytes.len() as u64 > MAX_HOSTFILE_BYTES {
+        return Err(at(format!("larger than {} MiB: not a hostfile", MAX_HOSTFILE_BYTES >> 20)));
+    }
+    if let Some(off) = bytes.iter().position(|&b| b == 0) {
+        return Err(at(format!("not a text file (a NUL byte at offset {off})")));
+    }
+    String::from_utf8(bytes).map_err(|e| at(format!("not UTF-8 text (at byte {})", e.utf8_error().valid_up_to())))
+}
 
 /// Largest frame of stdin data on a [`Link`].
 const STDIN_FRAME: usize = 64 * 1024;
@@ -481,5 +545,94 @@ mod tests {
         let got = rank0_reads(small.clone(), "cat; echo end", &format!("{}:{path}", dir.display()));
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(got, [&small[..], b"end\n"].concat());
+    }
+
+    #[test]
+    fn plain_ssh_gets_liveness_options_for_the_peer_timeout() {
+        let t = |s| Some(Duration::from_secs(s));
+        let alive = |i: &str| ["ssh", "-x", "-o", "BatchMode=yes", "-o", i, "-o", "ServerAliveCountMax=3"].map(String::from).to_vec();
+        assert_eq!(agent_for(Some("ssh"), t(20)).unwrap(), alive("ServerAliveInterval=10"));
+        assert_eq!(agent_for(Some("ssh"), t(3)).unwrap(), alive("ServerAliveInterval=2"));
+        assert_eq!(agent_for(Some("ssh"), t(1)).unwrap(), alive("ServerAliveInterval=1"));
+        assert_eq!(agent_for(Some("ssh"), None).unwrap(), ["ssh", "-x", "-o", "BatchMode=yes"]);
+        // An agent the user spelled out keeps exactly their words.
+        assert_eq!(agent_for(Some("ssh -p 2222"), t(20)).unwrap(), ["ssh", "-p", "2222"]);
+        assert_eq!(agent_for(Some("ip netns exec ns1"), t(20)).unwrap(), ["ip", "netns", "exec", "ns1"]);
+    }
+
+    #[test]
+    fn hostfiles_are_bounded() {
+        let e = read_hostfile(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("larger than 4 MiB"), "{e}");
+        let dir = std::env::temp_dir().join(format!("tmpi-hostfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("hf");
+        std::fs::write(&f, format!("h1 slots=2\n{}\n", "h".repeat(MAX_HOSTFILE_LINE + 1))).unwrap();
+        let text = read_hostfile(&f).unwrap();
+        let e = parse_hostfile(&f, &text).unwrap_err().to_string();
+        assert!(e.contains(":2: line longer than 4096 bytes") && e.len() < 300, "{e}");
+        std::fs::write(&f, b"h1\n\0\0\n").unwrap();
+        let e = read_hostfile(&f).unwrap_err().to_string();
+        assert!(e.contains("not a text file (a NUL byte at offset 3)"), "{e}");
+        std::fs::write(&f, b"h1 \xff\n").unwrap();
+        assert!(read_hostfile(&f).unwrap_err().to_string().contains("not UTF-8"));
+        std::fs::write(&f, "h1 slots=2\nh2\n").unwrap();
+        assert_eq!(parse_hostfile(&f, &read_hostfile(&f).unwrap()).unwrap().len(), 2);
+        let e = read_hostfile(&dir.join("missing")).unwrap_err().to_string();
+        assert!(e.starts_with("--hostfile ") && e.contains("missing"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 55 item 6: an agent that runs the wrapper on this machine puts it in the agent's
+    /// process group, which tmpirun signals (SIGTERM, then SIGKILL) as it closes the link: the
+    /// watchdog must survive that and kill the rank, which runs in a session of its own.
+    #[test]
+    fn the_watchdog_outlives_the_signals_to_the_agents_group() {
+        use std::os::unix::process::CommandExt;
+        use std::process::{Command, Stdio};
+        for rank0 in [false, true] {
+            let dir = std::env::temp_dir().join(format!("tmpi-watchdog-{}-{rank0}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let pidfile = dir.join("pid");
+            let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+            let mut c = Command::new("sh")
+                .args(["-c", REMOTE_WRAPPER, "w", "sh", "-c", &script])
+                .stdin(Stdio::piped())
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            let group = c.id() as i32;
+            let link = Link::new(c.stdin.take().unwrap(), "abc", rank0).unwrap();
+            let t = std::time::Instant::now();
+            let rank = loop {
+                if let Some(p) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+                    break p;
+                }
+                assert!(t.elapsed() < std::time::Duration::from_secs(20), "the rank never started");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            };
+            // As tmpirun ends a job: the link closes, the group gets SIGTERM, then SIGKILL.
+            drop(link);
+            // SAFETY: kill(2) has no memory effects; `group` is the wrapper's own new group.
+            unsafe { libc::kill(-group, libc::SIGTERM) };
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            // SAFETY: as above.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+            let _ = c.wait();
+            let t = std::time::Instant::now();
+            // The rank is not a child of this process: gone means no such pid (or a zombie no
+            // one reaps, which `kill` still finds: read its state).
+            let alive = || std::fs::read_to_string(format!("/proc/{rank}/stat")).is_ok_and(|s| !s.contains(") Z"));
+            while alive() && t.elapsed() < std::time::Duration::from_secs(20) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let left = alive();
+            if left {
+                // SAFETY: as above; the rank this test started.
+                unsafe { libc::kill(rank, libc::SIGKILL) };
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            assert!(!left, "rank 0: {rank0}: the rank (pid {rank}) outlived its job");
+        }
     }
 }

@@ -30,10 +30,12 @@
 //!
 //! Ending: the first failure (a rank exiting non-zero or killed by a signal, a rank that
 //! connected to the bootstrap service exiting 0 without finalizing, an abort through
-//! the bootstrap service, the timeout, or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
+//! the bootstrap service, the timeout, a remote host that stopped answering (its rank's
+//! bootstrap connection timed out: `TMPI_PEER_TIMEOUT`), or SIGINT/SIGTERM/SIGHUP to `tmpirun`) sends SIGTERM
 //! (or the received signal) to every rank's group, and SIGKILL [`GRACE`] later to whatever is
 //! left. Which rank failed first is decided with the bootstrap service's help (see
-//! `Running::scan_ranks`): a rank that fails because a peer died is not blamed for it. When
+//! `Running::scan_ranks`): a rank that fails because a peer died is not blamed for it, nor one
+//! that fails while a remote host owes tmpirun an answer (that host is then waited for). When
 //! every rank has ended, the groups get SIGKILL (stray children) and the pipes are drained
 //! for at most [`DRAIN`]. The report of a failed rank quotes the last meaningful line it wrote
 //! on stderr (its pipe is drained first).
@@ -78,6 +80,12 @@ pub const TIMEOUT_STATUS: i32 = 124;
 pub const UNFINALIZED_STATUS: i32 = 1;
 /// Longest last-error line quoted in a failure report (bytes; longer ones are cut).
 pub const MAX_QUOTED: usize = 300;
+/// Exit status when a host stopped answering (as `ssh`'s when it loses its connection).
+pub const HOST_LOST_STATUS: i32 = 255;
+/// Groups of ranks a summary line lists before it counts the rest.
+const SHOWN_GROUPS: usize = 8;
+/// Job ids the sweep's message lists before it counts the rest.
+const SHOWN_JOBS: usize = 64;
 
 /// Test hook: when this variable is set in `tmpirun`'s environment, `tmpirun` panics right
 /// after forwarding the first line of output, so tests can check that a panicking launcher
@@ -109,6 +117,9 @@ pub struct JobSpec {
     pub report_pids: bool,
     /// The hosts, when some rank runs on another one.
     pub multi: Option<MultiHost>,
+    /// `TMPI_PEER_TIMEOUT`: how long a remote rank's host may leave its bootstrap connection
+    /// unanswered before the job ends naming it.
+    pub peer_timeout: Option<Duration>,
 }
 
 /// A job over several hosts.
@@ -143,6 +154,7 @@ enum End {
     Abort { code: i32 },
     Timeout,
     Signal(i32),
+    HostLost,
 }
 
 impl End {
@@ -160,6 +172,7 @@ impl End {
             }
             End::Timeout => TIMEOUT_STATUS,
             End::Signal(s) => 128 + s,
+            End::HostLost => HOST_LOST_STATUS,
         }
     }
 }
@@ -333,7 +346,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     let _guard = cleanup::Guard;
     let swept = cleanup::sweep_stale();
     if !swept.is_empty() {
-        say(&format!("removed the files of {} earlier job(s) whose tmpirun died: {}", swept.len(), swept.join(", ")));
+        say(&format!("removed the files of {} earlier job(s) whose tmpirun died: {}", swept.len(), output::summarize(&swept, SHOWN_JOBS)));
     }
     let jobid = bootstrap::new_jobid()?;
     let shm_name = bootstrap::new_shm_name(&jobid)?;
@@ -346,6 +359,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     cleanup::register_sockdir(dir);
     let secret = JobSecret::new()?;
     let mut server = BootstrapServer::bind(&sock, spec.np, secret.clone())?;
+    server.set_peer_timeout(spec.peer_timeout);
     let tcp_addr = match &spec.multi {
         Some(m) => Some(BootstrapAddr::Tcp(server.listen_tcp(m.bootstrap_ip)?)),
         None => None,
@@ -380,6 +394,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         drain_until: None,
         deadline: spec.timeout.map(|t| Instant::now() + t),
         timeout: spec.timeout,
+        peer_timeout: spec.peer_timeout,
         panic_on_output: std::env::var_os(TEST_PANIC_VAR).is_some(),
     };
     let status = job.event_loop(sigs)?;
@@ -387,9 +402,9 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     // rank failed on its own, list them all (a rank failing because its peer went away
     // shows up here too).
     if job.failed_by_themselves.len() > 1 {
-        let list: Vec<String> =
-            job.failed_by_themselves.iter().filter_map(|&r| job.ranks[r].failure().map(|f| format!("rank {r} ({})", f.how))).collect();
-        say(&format!("{} ranks failed before the job was ended: {}", list.len(), list.join(", ")));
+        let failed: Vec<(usize, String)> =
+            job.failed_by_themselves.iter().filter_map(|&r| job.ranks[r].failure().map(|f| (r, f.how))).collect();
+        say(&format!("{} ranks failed before the job was ended: {}", failed.len(), failure_groups(&failed)));
     }
     if job.refused > 1 {
         say(&format!("bootstrap: refused {} connection(s) from processes that are not ranks of this job in all", job.refused));
@@ -401,9 +416,27 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     Ok(status)
 }
 
-/// Prints a launcher message on stderr.
+/// Prints a launcher message on stderr (one line, at most [`output::MAX_OWN_LINE`] bytes).
 fn say(msg: &str) {
-    output::write_own(&format!("tmpirun: {msg}\n"));
+    output::write_own(&format!("tmpirun: {}\n", output::bounded(msg, output::MAX_OWN_LINE)));
+}
+
+/// Failed ranks grouped by how they failed, in the order first seen, each group as ranges:
+/// `ranks 1-998 (exited with code 42), rank 999 (killed by signal SIGKILL (9))`, at most
+/// [`SHOWN_GROUPS`] groups and [`SHOWN_GROUPS`] ranges a group.
+fn failure_groups(failed: &[(usize, String)]) -> String {
+    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (r, how) in failed {
+        match groups.iter_mut().find(|(h, _)| h == how) {
+            Some((_, rs)) => rs.push(*r),
+            None => groups.push((how, vec![*r])),
+        }
+    }
+    let text: Vec<String> = groups
+        .iter()
+        .map(|(how, rs)| format!("rank{} {} ({how})", if rs.len() > 1 { "s" } else { "" }, output::rank_ranges(rs, SHOWN_GROUPS)))
+        .collect();
+    output::summarize(&text, SHOWN_GROUPS)
 }
 
 /// Spawns every rank; returns them, their output streams and the stdin pipes of the remote
@@ -634,6 +667,8 @@ struct Running {
     drain_until: Option<Instant>,
     deadline: Option<Instant>,
     timeout: Option<Duration>,
+    /// `TMPI_PEER_TIMEOUT` ([`JobSpec::peer_timeout`]).
+    peer_timeout: Option<Duration>,
     /// Test hook ([`TEST_PANIC_VAR`]).
     panic_on_output: bool,
 }
@@ -678,11 +713,16 @@ impl Running {
                 scan = true;
                 continue;
             }
-            let wake =
-                [if self.end.is_none() { self.deadline } else { None }, self.deferred.map(|d| d.wake), self.kill_at, self.drain_until]
-                    .into_iter()
-                    .flatten()
-                    .min();
+            let wake = [
+                if self.end.is_none() { self.deadline } else { None },
+                self.deferred.map(|d| d.wake),
+                self.kill_at,
+                self.drain_until,
+                self.server.next_wake(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             let timeout_ms = match wake {
                 None => -1,
                 Some(w) => {
@@ -799,6 +839,9 @@ impl Running {
                 }
             }
         }
+        if wait_until.is_none() {
+            wait_until = self.suspect_host_wait(since, now);
+        }
         // Nothing more can happen once every rank has ended.
         let all_ended = self.ranks.iter().all(|r| r.exit.is_some());
         if let Some(wake) = wait_until.filter(|&t| now < t && !all_ended) {
@@ -809,6 +852,21 @@ impl Running {
             self.rank_failed(candidate);
         }
         Ok(())
+    }
+
+    /// A rank failed (at `since`) while the host of a remote rank still running owes tmpirun an
+    /// answer on its bootstrap connection (keepalive probes unanswered): that host may have
+    /// vanished, and the failure be a peer's `PeerGone` because of it. Then the report waits,
+    /// looking again every 100 ms, until that connection answers or ends
+    /// ([`ServerEvent::Unreachable`] names the host), at most the peer timeout and a second.
+    fn suspect_host_wait(&self, since: Instant, now: Instant) -> Option<Instant> {
+        let limit = since + self.peer_timeout? + Duration::from_secs(1);
+        if now >= limit {
+            return None;
+        }
+        let suspect =
+            self.server.unanswered_ranks().into_iter().any(|r| self.ranks.get(r).is_some_and(|k| k.host.is_some() && k.exit.is_none()));
+        suspect.then(|| (now + Duration::from_millis(100)).min(limit))
     }
 
     /// Handles whatever the bootstrap service has to say, without blocking.
@@ -898,6 +956,14 @@ impl Running {
                     self.departed.push(rank);
                 }
             }
+            ServerEvent::Unreachable { rank, error } => {
+                if let Some(r) = self.ranks.get_mut(rank) {
+                    r.boot = Boot::Lost;
+                }
+                if self.end.is_none() {
+                    self.host_lost(rank, &error);
+                }
+            }
             ServerEvent::Finalized { rank } => {
                 if let Some(r) = self.ranks.get_mut(rank) {
                     r.boot = Boot::Finalized;
@@ -907,6 +973,20 @@ impl Running {
                 }
             }
         }
+    }
+
+    /// The host of rank `r` stopped answering (its bootstrap connection timed out): ends the
+    /// job naming the host and the ranks it ran.
+    fn host_lost(&mut self, r: usize, error: &str) {
+        let host = self.ranks.get(r).and_then(|k| k.host.clone()).unwrap_or_else(|| "?".into());
+        let on: Vec<usize> = (0..self.ranks.len()).filter(|&k| self.ranks[k].host.as_deref() == Some(host.as_str())).collect();
+        let quiet = self.peer_timeout.map_or(String::new(), |t| format!("; nothing heard for {} s, TMPI_PEER_TIMEOUT", t.as_secs()));
+        say(&format!(
+            "host {host} (rank{} {}) stopped answering: rank {r}'s connection to tmpirun failed ({error}{quiet}); ending the job",
+            if on.len() > 1 { "s" } else { "" },
+            output::rank_ranges(&on, SHOWN_GROUPS)
+        ));
+        self.begin_end(End::HostLost, libc::SIGTERM);
     }
 
     /// Starts ending the job: `sig` to every rank now, SIGKILL after [`GRACE`].

@@ -19,6 +19,7 @@ mod error;
 mod hosts;
 mod job;
 mod output;
+mod seen;
 mod sys;
 
 use clap::Parser;
@@ -30,7 +31,7 @@ fn main() {
     let code = match real_main() {
         Ok(code) => code,
         Err(e) => {
-            output::write_own(&format!("tmpirun: {e}\n"));
+            output::write_own(&format!("tmpirun: {}\n", output::bounded(&e.to_string(), output::MAX_OWN_LINE)));
             e.exit_code()
         }
     };
@@ -49,8 +50,9 @@ fn real_main() -> Result<i32> {
         print_info(&binder);
         return Ok(0);
     }
+    let peer_timeout = peer_timeout()?;
     let host_list = if let Some(f) = &cli.hostfile {
-        let text = std::fs::read_to_string(f).map_err(|e| Error::Usage(format!("--hostfile {}: {e}", f.display())))?;
+        let text = hosts::read_hostfile(f)?;
         Some(hosts::parse_hostfile(f, &text)?)
     } else if !cli.host.is_empty() {
         Some(hosts::parse_host_list(&cli.host)?)
@@ -62,7 +64,7 @@ fn real_main() -> Result<i32> {
         None => (np_flag.ok_or_else(|| Error::Usage("-n N is required (or --host/--hostfile)".into()))?, None),
         Some(list) => {
             let host_of = hosts::map_ranks(list, np_flag)?;
-            (host_of.len(), multi_host(list, &host_of, cli.launch_agent.as_deref())?)
+            (host_of.len(), multi_host(list, &host_of, cli.launch_agent.as_deref(), peer_timeout)?)
         }
     };
     let (prog, args) = cli.command.split_first().ok_or_else(|| Error::Usage("no program given".into()))?;
@@ -89,7 +91,16 @@ fn real_main() -> Result<i32> {
             _ => local_places.next().unwrap_or_else(|| unbound.clone()),
         })
         .collect();
-    sys::raise_nofile_limit();
+    // Checked before any rank starts: past the limit, a job of hundreds of ranks used to fail
+    // in the middle of its start ("start rank 505: Too many open files").
+    if let Some(limit) = sys::raise_nofile_limit().filter(|&l| !sys::fds_suffice(nlocal, l)) {
+        return Err(Error::Usage(format!(
+            "{nlocal} ranks on this host need about {} open files in tmpirun ({} each: two output pipes and a \
+             bootstrap connection) but its limit is {limit} (`ulimit -n`, hard limit included): raise it or start fewer ranks",
+            nlocal as u64 * sys::FDS_PER_RANK + sys::FDS_RESERVE,
+            sys::FDS_PER_RANK
+        )));
+    }
     let spec = job::JobSpec {
         program,
         argv0: prog.clone(),
@@ -102,13 +113,22 @@ fn real_main() -> Result<i32> {
         multi,
         report_bindings: cli.report_bindings,
         report_pids: cli.report_pids,
+        peer_timeout,
     };
-    job::run(&spec, &sigs, &binder)
+    let seeing = seen::Seeing::prepare(&cli, np)?;
+    let status = job::run(&spec, &sigs, &binder)?;
+    seeing.finish();
+    Ok(status)
 }
 
 /// The job's layout over several hosts, or `None` when every host given is this machine
 /// (the job then runs exactly as a one-host job).
-fn multi_host(list: &[hosts::Host], host_of: &[usize], agent: Option<&str>) -> Result<Option<job::MultiHost>> {
+fn multi_host(
+    list: &[hosts::Host],
+    host_of: &[usize],
+    agent: Option<&str>,
+    peer_timeout: Option<std::time::Duration>,
+) -> Result<Option<job::MultiHost>> {
     let ips = hosts::local_ips()?;
     let local: Vec<bool> = list.iter().map(|h| hosts::is_local(&h.name, &ips)).collect();
     if host_of.iter().all(|&h| local[h]) {
@@ -133,7 +153,24 @@ fn multi_host(list: &[hosts::Host], host_of: &[usize], agent: Option<&str>) -> R
         None => hosts::source_ip_towards(&first_remote)?,
     };
     let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
-    Ok(Some(job::MultiHost { names, remote, node_of, agent: hosts::agent(agent)?, bootstrap_ip, cwd }))
+    Ok(Some(job::MultiHost { names, remote, node_of, agent: hosts::agent_for(agent, peer_timeout)?, bootstrap_ip, cwd }))
+}
+
+/// `TMPI_PEER_TIMEOUT` from tmpirun's environment (the ranks get the same value).
+///
+/// # Errors
+/// [`Error::Usage`] naming the variable for a value it does not accept.
+fn peer_timeout() -> Result<Option<std::time::Duration>> {
+    use tmpi_transport::tcp::alive;
+    alive::peer_timeout_from_env().map_err(|_| {
+        let v = std::env::var(alive::ENV_PEER_TIMEOUT).unwrap_or_default();
+        Error::Usage(format!(
+            "{}={}: expected {}",
+            alive::ENV_PEER_TIMEOUT,
+            output::bounded(&format!("{v:?}"), 200),
+            alive::PEER_TIMEOUT_EXPECTED
+        ))
+    })
 }
 
 /// `--info`: every knob, its default, its value here if set, and what it does; how ranks

@@ -119,6 +119,61 @@ pub fn write_to(sink: Sink, data: &[u8]) {
     };
 }
 
+/// Longest line of `tmpirun`'s own (bytes, before the newline): lists are summarized long
+/// before it ([`summarize`], [`rank_ranges`]); what is longer still (a command-line value quoted
+/// in an error, say) is cut ([`bounded`]).
+pub const MAX_OWN_LINE: usize = 2000;
+
+/// `text`, or when it is longer than `max` bytes its start and end with what was cut between
+/// them said.
+pub fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let keep = max.saturating_sub(40) / 2;
+    let mut head = keep;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - keep;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{} [... {} bytes cut ...] {}", &text[..head], tail - head, &text[tail..])
+}
+
+/// The first `show` of `items` joined with `, `, then how many more there are.
+pub fn summarize(items: &[String], show: usize) -> String {
+    let mut out = items.iter().take(show).cloned().collect::<Vec<_>>().join(", ");
+    if items.len() > show {
+        out.push_str(&format!(" and {} more", items.len() - show));
+    }
+    out
+}
+
+/// `ranks` (any order) as ascending ranges, `0-3, 7, 9-10`, at most `show` of them, then how
+/// many ranks are left out.
+pub fn rank_ranges(ranks: &[usize], show: usize) -> String {
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    for r in sorted {
+        match ranges.last_mut() {
+            Some((_, hi)) if *hi + 1 == r => *hi = r,
+            _ => ranges.push((r, r)),
+        }
+    }
+    let text: Vec<String> =
+        ranges.iter().take(show).map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }).collect();
+    let mut out = text.join(", ");
+    let left: usize = ranges.iter().skip(show).map(|&(lo, hi)| hi - lo + 1).sum();
+    if left > 0 {
+        out.push_str(&format!(" and {left} more"));
+    }
+    out
+}
+
 /// Writes `tmpirun`'s own `text` (whole lines) to its stderr, starting on a line of its own:
 /// after a rank's unfinished last line (a rank ended while it was printing, say), a newline
 /// comes first, so the message is never glued to the end of the rank's text. An empty `text`
@@ -140,6 +195,29 @@ fn own_line(text: &str, at_line_start: bool) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_messages_are_summarized_and_bounded() {
+        let cases: [(&[usize], usize, &str); 6] = [
+            (&[], 4, ""),
+            (&[5], 4, "5"),
+            (&[3, 1, 2, 7, 9, 10, 2], 4, "1-3, 7, 9-10"),
+            (&[0, 2, 4, 6, 8], 2, "0, 2 and 3 more"),
+            (&[0, 1, 2, 10, 11, 20], 1, "0-2 and 3 more"),
+            (&[999, 0], 8, "0, 999"),
+        ];
+        for (ranks, show, want) in cases {
+            assert_eq!(rank_ranges(ranks, show), want, "{ranks:?}");
+        }
+        let ids: Vec<String> = (0..10).map(|i| format!("j{i}")).collect();
+        assert_eq!(summarize(&ids[..2], 3), "j0, j1");
+        assert_eq!(summarize(&ids, 3), "j0, j1, j2 and 7 more");
+        assert_eq!(bounded("short", 10), "short");
+        let long = "é".repeat(3000);
+        let b = bounded(&long, MAX_OWN_LINE);
+        assert!(b.len() <= MAX_OWN_LINE + 40 && b.contains("bytes cut"), "{}", b.len());
+        assert!(b.starts_with('é') && b.ends_with('é'));
+    }
 
     #[test]
     fn own_lines_start_on_a_line_of_their_own() {

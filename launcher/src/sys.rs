@@ -221,15 +221,33 @@ pub fn isatty(fd: RawFd) -> bool {
     unsafe { libc::isatty(fd) == 1 }
 }
 
-/// Raises the soft limit of open files to the hard limit (each rank needs two pipes).
-pub fn raise_nofile_limit() {
+/// Raises the soft limit of open files to the hard limit (each rank needs two pipes and a
+/// bootstrap connection); returns the limit in force then (`None` if it cannot be read).
+pub fn raise_nofile_limit() -> Option<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max {
-        lim.rlim_cur = lim.rlim_max;
-        // SAFETY: `lim` is a valid, initialized rlimit. Failure only keeps the old limit.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
     }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        // SAFETY: `raised` is a valid, initialized rlimit. Failure only keeps the old limit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Some(raised.rlim_cur);
+        }
+    }
+    Some(lim.rlim_cur)
+}
+
+/// Descriptors tmpirun holds per local rank: its stdout and stderr pipes and its bootstrap
+/// connection.
+pub const FDS_PER_RANK: u64 = 3;
+/// Descriptors tmpirun needs besides its ranks' (its own files, sockets and signals).
+pub const FDS_RESERVE: u64 = 64;
+
+/// Whether `nlocal` ranks fit an open-file limit of `limit` descriptors.
+pub fn fds_suffice(nlocal: usize, limit: u64) -> bool {
+    (nlocal as u64).saturating_mul(FDS_PER_RANK).saturating_add(FDS_RESERVE) <= limit
 }
 
 /// The CPUs the calling thread may run on, ascending.

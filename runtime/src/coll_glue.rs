@@ -9,12 +9,13 @@ use crate::buffer::{RawBuf, RawBufMut};
 use crate::coll::plan::Plan;
 use crate::coll::select::Setting;
 use crate::coll::{self, shm, CollP2p};
-use crate::engine::ReqId;
-use crate::nbc::{Members, Sched};
-use crate::sync::EngineGuard;
 use crate::comm::{Comm, CommInner};
+use crate::engine::ReqId;
 use crate::error::{Error, Result};
+use crate::nbc::{Members, Sched};
 use crate::op::{Op, Reducible};
+use crate::seen::{self, Kind, What};
+use crate::sync::EngineGuard;
 use crate::Rank;
 
 /// Point-to-point on a communicator's collective context, for one collective call: every
@@ -106,10 +107,29 @@ impl CollCtx<'_> {
     /// untouched by anyone else, until the schedule has finished or has been abandoned.
     pub(crate) unsafe fn sched(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<Sched> {
         let c = self.comm;
-        let who = Members { ctx: c.coll_ctx(), rank: c.rank(), size: c.size(), world: c.inner.members.clone(), seq: self.seq };
+        let who =
+            Members { ctx: c.coll_ctx(), rank: c.rank(), size: c.size(), world: c.inner.members.clone(), seq: self.seq, fixed_tag: None };
         // SAFETY: the caller's contract.
         unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b))) }
     }
+}
+
+/// Runs `plan` for `who` on `comm`'s engine to its end (a blocking collective).
+///
+/// # Errors
+/// The plan's first error; transport errors, [`Error::PeerGone`].
+pub(crate) fn run_plan(comm: &Comm, who: Members, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
+    // SAFETY: `input` and `output` are borrowed for this call, which returns only once the
+    // schedule has finished (it then holds no transfer), or has been abandoned: by
+    // `comm::finish` when it fails, by `Running` when the call unwinds. Abandoning abandons
+    // every transfer, so the engine forgets the buffers before the borrow ends.
+    let sched = unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b)))? };
+    let mut e = comm.eng()?;
+    let rid = e.start_nbc(sched);
+    let mut run = Running { e: &mut e, rid: Some(rid) };
+    let r = crate::comm::finish(run.e, rid);
+    run.rid = None;
+    r.map(drop)
 }
 
 impl CollP2p for CollCtx<'_> {
@@ -124,17 +144,10 @@ impl CollP2p for CollCtx<'_> {
         Setting { rank: self.comm.rank(), size: self.comm.size(), force: &m.force, topo: m.hosts.get().and_then(|h| h.topo.as_deref()) }
     }
     fn run(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
-        // SAFETY: `input` and `output` are borrowed for this call, which returns only once
-        // the schedule has finished (it then holds no transfer), or has been abandoned: by
-        // `comm::finish` when it fails, by `Running` when the call unwinds. Abandoning
-        // abandons every transfer, so the engine forgets the buffers before the borrow ends.
-        let sched = unsafe { self.sched(plan, input, output)? };
-        let mut e = self.comm.eng()?;
-        let rid = e.start_nbc(sched);
-        let mut run = Running { e: &mut e, rid: Some(rid) };
-        let r = crate::comm::finish(run.e, rid);
-        run.rid = None;
-        r.map(drop)
+        let c = self.comm;
+        let who =
+            Members { ctx: c.coll_ctx(), rank: c.rank(), size: c.size(), world: c.inner.members.clone(), seq: self.seq, fixed_tag: None };
+        run_plan(c, who, plan, input, output)
     }
     fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
         self.comm.send_ctx(self.comm.coll_ctx(), buf, dest, self.tag(tag), false)
@@ -160,8 +173,9 @@ fn out_of_line<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     f()
 }
 
-/// Largest communicator id: contexts `2 * id` and `2 * id + 1` must fit the tag's 20 bits.
-const MAX_COMM_ID: u32 = (1 << 19) - 1;
+/// Largest communicator id: contexts `2 * id` and `2 * id + 1` stay below `2^19`, and the
+/// context of `Comm::create_group`'s exchanges, `2^19 + id`, within the tag's 20 bits.
+pub(crate) const MAX_COMM_ID: u32 = (1 << 18) - 1;
 
 impl Comm {
     /// Agrees on a communicator id that every member of `self` has free, and takes it
@@ -171,7 +185,7 @@ impl Comm {
     fn agree_comm_id(&self) -> Result<u32> {
         let mut from = 0usize;
         loop {
-            let mine = self.eng()?.comm_ids.first_free_word(from) as u64;
+            let mine = self.eng()?.comm_id_first_free_word(from) as u64;
             let mut w = [0u64];
             let c = CollCtx::new(self)?;
             c.finish(coll::allreduce(&c, &[mine], &mut w, Op::Max))?;
@@ -179,7 +193,7 @@ impl Comm {
             if w * 64 > MAX_COMM_ID as usize {
                 return Err(Error::State(format!("out of communicator ids ({} in use at once at most)", MAX_COMM_ID)));
             }
-            let free = self.eng()?.comm_ids.free_word(w);
+            let free = self.eng()?.comm_id_free_word(w);
             let mut all = [0u64];
             let c = CollCtx::new(self)?;
             c.finish(coll::allreduce(&c, &[free], &mut all, Op::BitAnd))?;
@@ -195,8 +209,8 @@ impl Comm {
     }
 
     /// Builds a communicator on agreed id `id` (and takes the id on this rank).
-    fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<crate::engine::WorldRanks>) -> Result<Comm> {
-        self.eng()?.comm_ids.take(id);
+    pub(crate) fn with_id(&self, id: u32, rank: Rank, size: usize, members: Option<crate::engine::WorldRanks>) -> Result<Comm> {
+        self.eng()?.comm_id_take(id);
         Ok(Comm {
             inner: Arc::new(CommInner {
                 eng: self.inner.eng.clone(),
@@ -218,9 +232,13 @@ impl Comm {
     /// # Errors
     /// [`Error::PeerGone`]; [`Error::State`] when communicator ids run out.
     pub fn dup(&self) -> Result<Comm> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Dup).on(self), || self.dup());
+        }
         let id = self.agree_comm_id()?;
         let c = self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone())?;
         shm::assign(&c)?;
+        crate::names::copy_on_dup(self, &c);
         Ok(c)
     }
 
@@ -230,6 +248,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::dup`].
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Split).on(self), || self.split(color, key));
+        }
         let n = self.size();
         let mine = [u32::from(color.is_some()), color.unwrap_or(0), key as u32];
         let mut all = vec![0u32; 3 * n];
@@ -253,6 +274,9 @@ impl Comm {
     /// # Errors
     /// [`Error::PeerGone`].
     pub fn barrier(&self) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Barrier).on(self), || self.barrier());
+        }
         let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             return c.finish(s.barrier());
@@ -265,6 +289,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`]; [`Error::Truncated`] when ranks pass different lengths.
     pub fn bcast<T: Pod>(&self, buf: &mut [T], root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Bcast).to(self, root).bytes(size_of_val(buf)), || self.bcast(buf, root));
+        }
         let c = CollCtx::new(self)?;
         let buf: &mut [u8] = bytemuck::cast_slice_mut(buf);
         if let Some(s) = c.shm() {
@@ -285,6 +312,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn reduce<T: Pod + Reducible>(&self, send: &[T], recv: Option<&mut [T]>, op: Op, root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Reduce).to(self, root).bytes(size_of_val(send)), || self.reduce(send, recv, op, root));
+        }
         let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             let is_root = self.rank() == root;
@@ -307,6 +337,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`], [`Error::InvalidOp`].
     pub fn allreduce<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Allreduce).on(self).bytes(size_of_val(send)), || self.allreduce(send, recv, op));
+        }
         let c = CollCtx::new(self)?;
         if let Some(s) = c.shm() {
             if let Err(e) = shm::check_reduce(send, Some(recv), op, 0, self.size(), true) {
@@ -326,6 +359,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn gather<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Gather).to(self, root).bytes(size_of_val(send)), || self.gather(send, recv, root));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::gather(&c, bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root))
     }
@@ -335,6 +371,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRoot`], [`Error::InvalidBuffer`].
     pub fn scatter<T: Pod>(&self, send: Option<&[T]>, recv: &mut [T], root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Scatter).to(self, root).bytes(size_of_val(recv)), || self.scatter(send, recv, root));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::scatter(&c, send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root))
     }
@@ -344,6 +383,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Allgather).on(self).bytes(size_of_val(send)), || self.allgather(send, recv));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::allgather(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
@@ -353,6 +395,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidBuffer`].
     pub fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Alltoall).on(self).bytes(size_of_val(send)), || self.alltoall(send, recv));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::alltoall(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
@@ -384,6 +429,11 @@ impl Comm {
     /// rank's block has another length than its count (the root still takes every rank's
     /// block, so no rank waits for it); [`Error::PeerGone`].
     pub fn gatherv<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, counts: &[usize], displs: &[usize], root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Gatherv).to(self, root).bytes(size_of_val(send)), || {
+                self.gatherv(send, recv, counts, displs, root)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::gatherv(&c, send, recv, counts, displs, root))
     }
@@ -410,6 +460,11 @@ impl Comm {
     /// every rank an empty block); elsewhere [`Error::InvalidBuffer`] when the block received
     /// has another length than `recv`; [`Error::PeerGone`].
     pub fn scatterv<T: Pod>(&self, send: Option<&[T]>, counts: &[usize], displs: &[usize], recv: &mut [T], root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Scatterv).to(self, root).bytes(size_of_val(recv)), || {
+                self.scatterv(send, counts, displs, recv, root)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::scatterv(&c, send, counts, displs, recv, root))
     }
@@ -432,6 +487,11 @@ impl Comm {
     /// count is not `send.len()`, or a block arrives with another length than its count (the rank
     /// still completes its part, so no rank waits for it); [`Error::PeerGone`].
     pub fn allgatherv<T: Pod>(&self, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Allgatherv).on(self).bytes(size_of_val(send)), || {
+                self.allgatherv(send, recv, counts, displs)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::allgatherv(&c, send, recv, counts, displs))
     }
@@ -469,6 +529,11 @@ impl Comm {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Alltoallv).on(self).bytes(size_of_val(send)), || {
+                self.alltoallv(send, scounts, sdispls, recv, rcounts, rdispls)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::alltoallv(&c, send, scounts, sdispls, recv, rcounts, rdispls))
     }
@@ -493,6 +558,11 @@ impl Comm {
     /// does not sum to `send.len()`, or `recv.len() != counts[rank]`; mismatched lengths
     /// between ranks; [`Error::PeerGone`].
     pub fn reduce_scatter<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::ReduceScatter).on(self).bytes(size_of_val(send)), || {
+                self.reduce_scatter(send, recv, counts, op)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::reduce_scatter(&c, send, recv, counts, op))
     }
@@ -514,6 +584,11 @@ impl Comm {
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when the lengths do not fit; mismatched
     /// lengths between ranks; [`Error::PeerGone`].
     pub fn reduce_scatter_block<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::ReduceScatterBlock).on(self).bytes(size_of_val(send)), || {
+                self.reduce_scatter_block(send, recv, op)
+            });
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::reduce_scatter_block(&c, send, recv, op))
     }
@@ -534,6 +609,9 @@ impl Comm {
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `recv.len() != send.len()` or ranks
     /// pass different lengths; [`Error::PeerGone`].
     pub fn scan<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Scan).on(self).bytes(size_of_val(send)), || self.scan(send, recv, op));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::scan(&c, send, recv, op))
     }
@@ -553,6 +631,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::scan`].
     pub fn exscan<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Exscan).on(self).bytes(size_of_val(send)), || self.exscan(send, recv, op));
+        }
         let c = CollCtx::new(self)?;
         c.finish(coll::exscan(&c, send, recv, op))
     }

@@ -8,6 +8,7 @@ use crate::buffer::{RawBuf, RawBufMut};
 use crate::engine::{Engine, Need, Peers, ReqId, WorldRanks};
 use crate::error::{Error, Result};
 use crate::matching;
+use crate::seen::{self, Kind, What};
 use crate::sync::{CollBusy, EngineCell, EngineGuard, SyncCell};
 use crate::{Rank, Tag, TAG_UB};
 
@@ -48,48 +49,6 @@ pub const ANY_SOURCE: Source = Source::Any;
 /// Receive any tag.
 pub const ANY_TAG: TagMatch = TagMatch::Any;
 
-/// The communicator ids one rank has in use: a bit per id (id 0, the world, always).
-///
-/// A new communicator's id is agreed by its members (`Comm::agree_comm_id`): an id is
-/// taken only where every member has it free, and a dropped communicator frees its id on
-/// this rank, so ids are recycled (MPICH's context-id mask, agreed one 64-bit word at a
-/// time).
-pub(crate) struct CommIds {
-    used: Vec<u64>,
-}
-
-impl CommIds {
-    pub(crate) fn new() -> Self {
-        CommIds { used: vec![1] }
-    }
-
-    /// The free bits of word `w` (ids `64 w ..= 64 w + 63`).
-    pub(crate) fn free_word(&self, w: usize) -> u64 {
-        !self.used.get(w).copied().unwrap_or(0)
-    }
-
-    /// The lowest word at or after `from` with a free id.
-    pub(crate) fn first_free_word(&self, from: usize) -> usize {
-        (from..).find(|&w| self.free_word(w) != 0).unwrap_or(from)
-    }
-
-    pub(crate) fn take(&mut self, id: u32) {
-        let w = id as usize / 64;
-        if self.used.len() <= w {
-            self.used.resize(w + 1, 0);
-        }
-        self.used[w] |= 1 << (id % 64);
-    }
-
-    pub(crate) fn free(&mut self, id: u32) {
-        if id != 0 {
-            if let Some(w) = self.used.get_mut(id as usize / 64) {
-                *w &= !(1 << (id % 64));
-            }
-        }
-    }
-}
-
 pub(crate) struct CommInner {
     pub(crate) eng: Arc<EngineCell>,
     /// Collectives started on this communicator: their sequence number goes into every tag
@@ -118,11 +77,12 @@ pub(crate) struct CommInner {
 
 impl Drop for CommInner {
     fn drop(&mut self) {
+        crate::names::comm_dropped(self);
         // The engine is held only inside tmpi calls, which never drop a communicator while
         // they hold it; if it ever were (or if this is a thread the level does not admit), the
-        // id would merely stay taken.
+        // id would merely stay taken. The id is freed once nothing on this rank uses it.
         if let Ok(mut e) = self.eng.lock_for_cleanup() {
-            e.comm_ids.free(self.id);
+            e.comm_id_release(self.id);
             crate::coll::shm::release(&e, self.shm.get());
         }
     }
@@ -273,6 +233,9 @@ impl Comm {
         let tag64 = matching::encode_tag(ctx, self.inner.rank as u32, tag);
         // SAFETY: forwarded to the caller.
         let raw = unsafe { RawBuf::new(bytes) };
+        if seen::counting() {
+            seen::message_out(self.world_rank(dest), bytes.len());
+        }
         e.start_send(self.world_rank(dest), tag64, raw, sync)
     }
 
@@ -376,6 +339,9 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn send<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Send).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.send(buf, dest, tag));
+        }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)
     }
 
@@ -384,6 +350,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::send`].
     pub fn ssend<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Ssend).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.ssend(buf, dest, tag));
+        }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)
     }
 
@@ -394,7 +363,11 @@ impl Comm {
     /// `buf` holds its first bytes); [`Error::InvalidRank`], [`Error::InvalidTag`],
     /// [`Error::PeerGone`].
     pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::Recv).from(self, src).tag_match(tag), src, |s| self.recv(buf, s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         self.recv_ctx(self.user_ctx(), bytemuck::cast_slice_mut(buf), s, t)
     }
 
@@ -403,6 +376,10 @@ impl Comm {
     /// # Errors
     /// [`Error::TypeMismatch`] if the message is not a whole number of `T`; as [`Comm::recv`].
     pub fn recv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<(Vec<T>, Status)> {
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::RecvVec).from(self, src).tag_match(tag), src, |s| self.recv_vec(s, tag));
+        }
         // Probe, then receive exactly that message: it is the oldest from its source with its
         // tag, so a receive naming both takes it (non-overtaking), whatever path it came by.
         let st = self.probe(src, tag)?;
@@ -440,7 +417,12 @@ impl Comm {
         src: impl Into<Source>,
         rtag: impl Into<TagMatch>,
     ) -> Result<Status> {
-        let (s, t) = self.recv_args(src.into(), rtag.into())?;
+        let (src, rtag) = (src.into(), rtag.into());
+        if seen::on() {
+            let w = What::new(Kind::Sendrecv).from(self, src).tag_match(rtag);
+            return seen::matched(w, src, |s| self.sendrecv(sbuf, dest, stag, rbuf, s, rtag));
+        }
+        let (s, t) = self.recv_args(src, rtag)?;
         self.check_rank(dest)?;
         Self::check_tag(stag)?;
         self.sendrecv_ctx(self.user_ctx(), bytemuck::cast_slice(sbuf), dest, stag, bytemuck::cast_slice_mut(rbuf), s, t)
@@ -451,7 +433,11 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn probe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::Probe).from(self, src).tag_match(tag), src, |s| self.probe(s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         let ctx = self.user_ctx();
         let need = Need::Peers(self.peers(s));
         let mut e = self.eng()?;
@@ -468,7 +454,11 @@ impl Comm {
     /// # Errors
     /// As [`Comm::probe`].
     pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::answered(What::new(Kind::Iprobe).from(self, src).tag_match(tag), src, |s| self.iprobe(s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         let mut e = self.eng()?;
         if e.progress()? == 0 {
             e.idle_check(&Need::Peers(self.peers(s)))?;

@@ -4,11 +4,16 @@
 //! [`Error::Config`] naming the variable and what it accepts. `tmpirun --info` prints the same
 //! table ([`KNOBS`]).
 
+use std::path::{Path, PathBuf};
+
 use crate::error::{Error, Result};
 
 pub use tmpi_transport::bootstrap::{Knob, KNOBS};
 use tmpi_transport::fabric::FabricChoice;
 use tmpi_transport::mr::{CacheConfig, Monitor};
+use tmpi_transport::shm::room::{parse_shm_limit, ENV_SHM_LIMIT, EXPECT_SHM_LIMIT};
+use tmpi_transport::shm::segment::{MAX_RANKS, QUEUED};
+use tmpi_transport::tcp::alive;
 
 /// Parsed configuration.
 #[derive(Debug, Clone)]
@@ -28,6 +33,12 @@ pub struct Config {
     pub tm_thresh: usize,
     /// `TMPI_SHM_RING_SIZE`; 0 = auto (see [`Config::ring_size_for`]).
     pub shm_ring_size: usize,
+    /// `TMPI_SHM_PAIRS_MAX`: largest job (ranks on one host) with a ring per ordered pair;
+    /// larger ones use a queue per rank (see [`Config::ring_size_for`]).
+    pub shm_pairs_max: usize,
+    /// `TMPI_SHM_LIMIT`: most bytes the shared-memory segment may take; `None` = auto (what
+    /// the tmpfs, the host and the memory cgroup can give, which is checked in any case).
+    pub shm_limit: Option<u64>,
     /// `TMPI_POLL_SPIN`; `None` = auto.
     pub poll_spin: Option<u32>,
     /// `TMPI_MR_CACHE_MAX_COUNT` (or `FI_MR_CACHE_MAX_COUNT`), as
@@ -47,6 +58,9 @@ pub struct Config {
     pub fabric: FabricChoice,
     /// `TMPI_TCP_IF`; `None` = auto.
     pub tcp_if: Option<String>,
+    /// `TMPI_OFI_PROVIDER`; `None` = auto (libfabric's first offer). Read by builds with the
+    /// `ofi` feature's OFI fabric, which `TMPI_FABRIC` does not select yet.
+    pub ofi_provider: Option<String>,
     /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
     /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
     pub shared_heap: usize,
@@ -54,6 +68,19 @@ pub struct Config {
     pub shm_coll: bool,
     /// `TMPI_COLL_*`: the algorithm forced per collective (see [`crate::coll::select`]).
     pub coll: crate::coll::select::Force,
+    /// `TMPI_PEER_TIMEOUT`: how long a peer on another host may leave its TCP connection
+    /// unanswered before it counts as gone; `None`: no limit (`0`).
+    pub peer_timeout: Option<std::time::Duration>,
+    /// `TMPI_TRACE`: the merged trace's path (the rank's ring file is beside it); `None` = off.
+    pub trace: Option<PathBuf>,
+    /// `TMPI_TRACE_EVENTS`: events the trace ring holds.
+    pub trace_events: u64,
+    /// `TMPI_PROFILE`: the directory of the profile files; `None` = off.
+    pub profile: Option<PathBuf>,
+    /// `TMPI_RECORD`: the directory of the decision records; `None` = off.
+    pub record: Option<PathBuf>,
+    /// `TMPI_REPLAY`: the directory of the records to replay; `None` = off.
+    pub replay: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -66,6 +93,8 @@ impl Default for Config {
             tm_max_tags: 1023,
             tm_thresh: 16384,
             shm_ring_size: 0,
+            shm_pairs_max: 64,
+            shm_limit: None,
             poll_spin: None,
             mr_cache_max_count: 1024,
             mr_cache_max_size: None,
@@ -73,12 +102,19 @@ impl Default for Config {
             single_copy: true,
             fabric: FabricChoice::Auto,
             tcp_if: None,
+            ofi_provider: None,
             // Which copy wins depends on the host, by 2x either way
             // (bench/results/adaptive-copy.md): measured per receiver.
             single_copy_min: None,
             shared_heap: 1 << 30,
             shm_coll: true,
             coll: crate::coll::select::Force::AUTO,
+            peer_timeout: Some(alive::DEFAULT_PEER_TIMEOUT),
+            trace: None,
+            trace_events: 1 << 20,
+            profile: None,
+            record: None,
+            replay: None,
         }
     }
 }
@@ -136,7 +172,14 @@ impl Config {
     /// stores (a window of streamed reads of 256 KiB or more): with the defaults, `osu_bw` 1-8
     /// MiB moved 1.7-2.0x the bytes of 1 MiB rings and `osu_bibw` 1-64 MiB 1.2-1.9x
     /// (`bench/results/p2p-2026-11-27e.md`).
+    ///
+    /// A job of more than `TMPI_SHM_PAIRS_MAX` ranks (64 by default) gets no rings:
+    /// [`QUEUED`], a queue per rank and fragments per sender, whose memory grows with the
+    /// ranks, not their square (a ring per pair takes 1 GiB at 128 ranks, 17 GB at 512).
     pub fn ring_size_for(&self, ranks: usize) -> usize {
+        if ranks > self.shm_pairs_max {
+            return QUEUED;
+        }
         match (self.shm_ring_size, ranks) {
             (0, 0..=4) => 4 << 20,
             (0, 5..=8) => 1 << 20,
@@ -189,6 +232,12 @@ impl Config {
             }
             c.shm_ring_size = n as usize;
         }
+        if let Some(v) = get("TMPI_SHM_PAIRS_MAX") {
+            c.shm_pairs_max = num("TMPI_SHM_PAIRS_MAX", &v, 1, MAX_RANKS as u64)? as usize;
+        }
+        if let Some(v) = get(ENV_SHM_LIMIT) {
+            c.shm_limit = parse_shm_limit(&v).map_err(|_| bad(ENV_SHM_LIMIT, &v, EXPECT_SHM_LIMIT))?;
+        }
         if let Some(v) = get("TMPI_POLL_SPIN") {
             c.poll_spin = match v.trim() {
                 "auto" | "" => None,
@@ -220,9 +269,17 @@ impl Config {
                 .map_err(|_| bad("TMPI_TCP_IF", &v, "an interface of this host (name or address)"))?;
             c.tcp_if = Some(v.trim().to_string());
         }
+        if let Some(v) = get("TMPI_OFI_PROVIDER") {
+            c.ofi_provider = tmpi_transport::bootstrap::parse_ofi_provider(&v).ok_or_else(|| {
+                bad("TMPI_OFI_PROVIDER", &v, "a libfabric provider name as fi_info -l prints it (tcp, shm, tcp;ofi_rxm), or auto")
+            })?;
+        }
         if let Some(v) = get("TMPI_SHARED_HEAP") {
             let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
             c.shared_heap = if n == 0 { 0 } else { n.max(1 << 16) };
+        }
+        if let Some(v) = get(alive::ENV_PEER_TIMEOUT) {
+            c.peer_timeout = alive::parse_peer_timeout(&v).ok_or_else(|| bad(alive::ENV_PEER_TIMEOUT, &v, alive::PEER_TIMEOUT_EXPECTED))?;
         }
         if let Some(v) = get("TMPI_SHM_COLL") {
             c.shm_coll = match v.trim() {
@@ -232,8 +289,61 @@ impl Config {
             };
         }
         c.coll = crate::coll::select::Force::parse(&get)?;
+        seen_knobs(&mut c, &get)?;
         Ok(c)
     }
+}
+
+/// Whether `v` turns a knob off.
+fn is_off(v: &str) -> bool {
+    matches!(v.trim(), "" | "0" | "off" | "no" | "false")
+}
+
+/// An existing directory named by `var`, or `None` when the knob is off.
+fn dir_knob(var: &str, v: &str, expected: &str) -> Result<Option<PathBuf>> {
+    if is_off(v) {
+        return Ok(None);
+    }
+    let p = Path::new(v.trim());
+    if !p.is_dir() {
+        return Err(bad(var, v, expected));
+    }
+    Ok(Some(p.to_path_buf()))
+}
+
+/// The knobs of tracing, profiling and record/replay (see `crate::seen`).
+fn seen_knobs(c: &mut Config, get: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    if let Some(v) = get("TMPI_TRACE").filter(|v| !is_off(v)) {
+        let p = PathBuf::from(v.trim());
+        let dir_ok = p.parent().is_none_or(|d| d.as_os_str().is_empty() || d.is_dir());
+        if p.extension().and_then(|e| e.to_str()) != Some("json") || !dir_ok {
+            return Err(bad("TMPI_TRACE", &v, "a path ending in .json in an existing directory, or off"));
+        }
+        c.trace = Some(p);
+    }
+    if let Some(v) = get("TMPI_TRACE_EVENTS") {
+        c.trace_events = num("TMPI_TRACE_EVENTS", &v, 1024, 1 << 30)?;
+    }
+    if let Some(v) = get("TMPI_PROFILE") {
+        c.profile = match v.trim() {
+            "1" | "on" | "yes" | "true" => Some(PathBuf::from(".")),
+            _ => dir_knob("TMPI_PROFILE", &v, "on, off or an existing directory")?,
+        };
+    }
+    if let Some(v) = get("TMPI_RECORD") {
+        c.record = dir_knob("TMPI_RECORD", &v, "an existing directory, or off")?;
+    }
+    if let Some(v) = get("TMPI_REPLAY") {
+        c.replay = dir_knob("TMPI_REPLAY", &v, "a directory written by TMPI_RECORD, or off")?;
+    }
+    if c.record.is_some() && c.replay.is_some() {
+        return Err(bad(
+            "TMPI_REPLAY",
+            &get("TMPI_REPLAY").unwrap_or_default(),
+            "off while TMPI_RECORD is set (record or replay, not both)",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -244,6 +354,36 @@ mod tests {
     fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    /// Rings per pair up to `TMPI_SHM_PAIRS_MAX` ranks, sized by the rank count or the knob;
+    /// the queued layout beyond.
+    #[test]
+    fn ring_sizes_by_job_size() {
+        let auto = parse(&[]).unwrap();
+        let small = parse(&[("TMPI_SHM_PAIRS_MAX", "8")]).unwrap();
+        let fixed = parse(&[("TMPI_SHM_RING_SIZE", "65536"), ("TMPI_SHM_PAIRS_MAX", "1")]).unwrap();
+        for (c, ranks, want) in [
+            (&auto, 2, 4 << 20),
+            (&auto, 4, 4 << 20),
+            (&auto, 5, 1 << 20),
+            (&auto, 8, 1 << 20),
+            (&auto, 9, 256 << 10),
+            (&auto, 32, 256 << 10),
+            (&auto, 33, 64 << 10),
+            (&auto, 64, 64 << 10),
+            (&auto, 65, QUEUED),
+            (&auto, 1024, QUEUED),
+            (&small, 8, 1 << 20),
+            (&small, 9, QUEUED),
+            (&fixed, 1, 65536),
+            (&fixed, 2, QUEUED),
+        ] {
+            assert_eq!(c.ring_size_for(ranks), want, "{ranks} ranks, pairs up to {}", c.shm_pairs_max);
+        }
+        assert_eq!(parse(&[("TMPI_SHM_LIMIT", "1m")]).unwrap().shm_limit, Some(1 << 20));
+        assert_eq!(parse(&[("TMPI_SHM_LIMIT", "auto")]).unwrap().shm_limit, None);
+        assert!(parse(&[("TMPI_SHM_PAIRS_MAX", "0")]).is_err());
     }
 
     #[test]
@@ -312,6 +452,33 @@ mod tests {
         let d = parse(&[]).unwrap();
         let cd = CacheConfig::default();
         assert_eq!((d.mr_cache_max_count, d.mr_cache_max_size, d.mr_cache_monitor_uffd), (cd.max_count, None, true));
+    }
+
+    #[test]
+    fn seeing_knobs() {
+        let dir = std::env::temp_dir();
+        let d = dir.to_str().unwrap();
+        let json = dir.join("t.json");
+        let c = parse(&[("TMPI_TRACE", json.to_str().unwrap()), ("TMPI_PROFILE", "on"), ("TMPI_RECORD", d), ("TMPI_TRACE_EVENTS", "4096")])
+            .unwrap();
+        assert_eq!(
+            (c.trace.as_deref(), c.profile.as_deref(), c.record.as_deref()),
+            (Some(json.as_path()), Some(Path::new(".")), Some(dir.as_path()))
+        );
+        assert_eq!(c.trace_events, 4096);
+        let c = parse(&[("TMPI_TRACE", "off"), ("TMPI_PROFILE", "0"), ("TMPI_REPLAY", d)]).unwrap();
+        assert_eq!((c.trace, c.profile, c.replay.as_deref()), (None, None, Some(dir.as_path())));
+        assert!(parse(&[("TMPI_TRACE", "out.json")]).is_ok(), "a relative path in the current directory");
+        for (k, v) in [
+            ("TMPI_TRACE", "out.txt"),
+            ("TMPI_TRACE", "/no/such/dir/out.json"),
+            ("TMPI_TRACE_EVENTS", "10"),
+            ("TMPI_PROFILE", "/no/such/dir"),
+            ("TMPI_RECORD", "/no/such/dir"),
+        ] {
+            assert!(parse(&[(k, v)]).unwrap_err().to_string().contains(k), "{k}={v}");
+        }
+        assert!(parse(&[("TMPI_RECORD", d), ("TMPI_REPLAY", d)]).unwrap_err().to_string().contains("TMPI_REPLAY"));
     }
 
     #[test]

@@ -91,7 +91,9 @@ pub enum Error {
         /// What the variable accepts.
         expected: String,
     },
-    /// Buffer lengths do not fit the operation (collectives, sendrecv, ...).
+    /// Buffer lengths do not fit the operation (collectives, sendrecv, layouts, ...), or a
+    /// size given by the caller is more than this process can allocate (`alloc_shared`, the
+    /// elements a layout selects).
     #[error("invalid buffer: {0}")]
     InvalidBuffer(String),
     /// A root argument is outside the communicator.
@@ -136,6 +138,11 @@ pub enum Error {
         /// What was wrong.
         what: &'static str,
     },
+    /// A replay (`TMPI_REPLAY`) met a call the record does not have at that point: the
+    /// program departed from the recorded run. The message names the rank, the decision's
+    /// number and both calls; every later decision of the rank fails alike.
+    #[error("{0}")]
+    Replay(String),
 }
 
 impl std::fmt::Debug for Error {

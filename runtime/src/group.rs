@@ -1,5 +1,6 @@
-//! Process groups ([`Group`]) and communicators built from them ([`Comm::create`]), and
-//! communicator comparison ([`Comm::compare`]).
+//! Process groups ([`Group`]) and communicators built from them ([`Comm::create`],
+//! collective over the communicator, and [`Comm::create_group`], among the group's members
+//! alone), and communicator comparison ([`Comm::compare`]).
 //!
 //! A group is an ordered list of distinct processes (named by their world rank inside the
 //! runtime); its set operations follow MPI's ordering rules. Groups are local objects: making
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::seen::{self, Kind, What};
 use crate::Rank;
 
 /// How two groups relate ([`Group::compare`]).
@@ -174,30 +176,124 @@ impl Comm {
         Group { members: (0..self.size()).map(|r| self.world_rank(r)).collect(), me: self.world_rank(self.rank()) }
     }
 
-    /// A new communicator of the members of `group`, ranked in group order (collective over
-    /// `self`: every rank calls it with the same group). Ranks outside the group get `None`.
+    /// A new communicator of the members of `group`, ranked in group order (MPI's
+    /// `Comm_create`; collective over `self`: every rank of `self` calls it). Ranks outside
+    /// the group get `None`.
+    ///
+    /// Ranks may pass different groups, as MPI allows since MPI-2.2, as long as the groups of
+    /// the members are disjoint and every member of a group passes that same group (the same
+    /// processes in the same order); each group gets a communicator of its own. A rank that
+    /// belongs to no group passes any group it is not a member of (an empty one, say).
     ///
     /// ```
-    /// let sizes = tmpi::run_local(4, |w| {
-    ///     let g = w.group().incl(&[3, 1]).unwrap();
-    ///     w.create(&g).unwrap().map(|c| (c.rank(), c.size()))
+    /// // Ranks {0, 1} and {2, 3} build a communicator each, in one call.
+    /// let got = tmpi::run_local(4, |w| {
+    ///     let mine: Vec<usize> = if w.rank() < 2 { vec![0, 1] } else { vec![2, 3] };
+    ///     let c = w.create(&w.group().incl(&mine).unwrap()).unwrap().unwrap();
+    ///     let mut sum = [0usize];
+    ///     c.allreduce(&[w.rank()], &mut sum, tmpi::Op::Sum).unwrap();
+    ///     (c.rank(), c.size(), sum[0])
     /// });
-    /// assert_eq!(sizes, vec![None, Some((1, 2)), None, Some((0, 2))]);
+    /// assert_eq!(got, vec![(0, 2, 1), (1, 2, 1), (0, 2, 5), (1, 2, 5)]);
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidGroup`] (before any communication) when `group` has a process that is
-    /// not a member of `self`; as [`Comm::split`].
+    /// On every rank alike: [`Error::InvalidGroup`] when some rank's group has a process that
+    /// is not a member of `self`, or when the members disagree (groups that overlap, or
+    /// members of one group that passed it in different orders or passed another); as
+    /// [`Comm::split`].
     pub fn create(&self, group: &Group) -> Result<Option<Comm>> {
-        let mine = self.group();
-        if group.members.iter().any(|m| !mine.members.contains(m)) {
-            return Err(Error::InvalidGroup("create: the group has processes outside the communicator".into()));
+        if seen::on() {
+            return seen::call(What::new(Kind::Create).on(self), || self.create(group));
         }
-        let key = match group.rank() {
-            Some(i) => Some(i32::try_from(i).map_err(|_| Error::InvalidGroup("create: group too large".into()))?),
-            None => None,
+        let n = self.size();
+        let in_parent = self.parent_ranks(group);
+        let mine = match (&in_parent, group.rank()) {
+            (Some(_), Some(i)) => [fingerprint(&group.members), i as u64],
+            _ => [0, NOT_A_MEMBER],
         };
-        self.split(key.map(|_| 0), key.unwrap_or(0))
+        let mut all = vec![0u64; 2 * n];
+        self.allgather(&mine, &mut all)?;
+        // Each member checks that every member of its group passed the same group and sits
+        // where the group puts it; then every rank learns the worst verdict.
+        let verdict = match (&in_parent, group.rank()) {
+            (None, _) => BAD_OUTSIDE,
+            (Some(ranks), Some(_)) if ranks.iter().enumerate().any(|(i, &p)| all[2 * p..2 * p + 2] != [mine[0], i as u64]) => BAD_DISAGREE,
+            _ => 0,
+        };
+        let mut worst = [0u64];
+        self.allreduce(&[verdict], &mut worst, crate::Op::Max)?;
+        match worst[0] {
+            0 => {}
+            BAD_OUTSIDE => return Err(Error::InvalidGroup("create: a group has processes outside the communicator".into())),
+            _ => {
+                return Err(Error::InvalidGroup(
+                    "create: the members disagree about their group (groups overlap, or a member passed another group or order)".into(),
+                ))
+            }
+        }
+        match (in_parent, group.rank()) {
+            (Some(ranks), Some(i)) => {
+                // The group's first member names it: disjoint groups have different ones.
+                let key = i32::try_from(i).map_err(|_| Error::InvalidGroup("create: group too large".into()))?;
+                self.split(Some(ranks[0] as u32), key)
+            }
+            _ => self.split(None, 0),
+        }
+    }
+
+    /// A new communicator of the members of `group`, ranked in group order, made by the
+    /// members alone (MPI's `Comm_create_group`): only they call it, and it communicates only
+    /// among them, so the other ranks of `self` need not take part (they may be in another
+    /// `create_group`, or anything else, meanwhile).
+    ///
+    /// `tag` tells apart the calls that threads of one process make at the same time on
+    /// `self`; its messages never meet user messages or collectives, whatever the tag.
+    ///
+    /// ```
+    /// // Ranks 1 and 3 build a communicator while ranks 0 and 2 do something else.
+    /// let got = tmpi::run_local(4, |w| {
+    ///     if w.rank() % 2 == 0 {
+    ///         return None;
+    ///     }
+    ///     let odd = w.group().incl(&[3, 1]).unwrap();
+    ///     let c = w.create_group(&odd, 7).unwrap();
+    ///     Some((c.rank(), c.size()))
+    /// });
+    /// assert_eq!(got, vec![None, Some((1, 2)), None, Some((0, 2))]);
+    /// ```
+    ///
+    /// # Errors
+    /// Before any communication: [`Error::InvalidTag`] for a tag above [`crate::TAG_UB`];
+    /// [`Error::InvalidGroup`] when this process is not a member of `group` or the group has
+    /// a process outside `self`. [`Error::InvalidGroup`] on every member when the members
+    /// passed the same processes in different orders. Members that pass groups of different
+    /// processes are erroneous (as in MPI): they may fail so, or wait for each other. As
+    /// [`Comm::dup`].
+    pub fn create_group(&self, group: &Group, tag: crate::Tag) -> Result<Comm> {
+        if tag > crate::TAG_UB {
+            return Err(Error::InvalidTag { tag });
+        }
+        let me = group.rank().ok_or_else(|| Error::InvalidGroup("create_group: this process is not a member of the group".into()))?;
+        let ranks = self
+            .parent_ranks(group)
+            .ok_or_else(|| Error::InvalidGroup("create_group: the group has processes outside the communicator".into()))?;
+        // The members talk in the order of their ranks here, which members that agree on the
+        // processes agree on whatever order they passed; the order itself is checked below.
+        let mut sorted = ranks.clone();
+        sorted.sort_unstable();
+        let chan = GroupChan { comm: self, me: sorted.binary_search(&ranks[me]).unwrap_or(0), ranks: sorted, tag };
+        let id = chan.agree_id(fingerprint(&group.members))?;
+        let members = Arc::new(group.members.to_vec());
+        let c = self.with_id(id, me, members.len(), Some(members))?;
+        crate::coll::shm::assign(&c)?;
+        Ok(c)
+    }
+
+    /// The rank in `self` of each member of `group`, `None` if one is not in `self`.
+    fn parent_ranks(&self, group: &Group) -> Option<Vec<Rank>> {
+        let index: std::collections::HashMap<usize, Rank> = (0..self.size()).map(|r| (self.world_rank(r), r)).collect();
+        group.members.iter().map(|m| index.get(m).copied()).collect()
     }
 
     /// Compares two communicators (a local call): the same context, the same members in the
@@ -222,6 +318,115 @@ impl Comm {
             GroupCmp::Similar => CommCmp::Similar,
             GroupCmp::Unequal => CommCmp::Unequal,
         }
+    }
+}
+
+/// [`Comm::create`]'s position of a rank that is not a member of its group.
+const NOT_A_MEMBER: u64 = u64::MAX;
+/// [`Comm::create`]'s verdicts (0: agreed): a group with processes outside the communicator,
+/// members that disagree.
+const BAD_OUTSIDE: u64 = 2;
+const BAD_DISAGREE: u64 = 1;
+
+/// A 64-bit fingerprint of a group: its size and its members in order (FNV-1a over their
+/// world ranks). Members compare fingerprints to learn whether they passed the same group.
+fn fingerprint(members: &[usize]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for w in std::iter::once(members.len()).chain(members.iter().copied()) {
+        for b in (w as u64).to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Where [`Comm::create_group`] talks: its own context per communicator, beside the two every
+/// communicator has (user `2 id`, collectives `2 id + 1`, all below `2^19` because ids stay
+/// at most [`crate::coll_glue::MAX_COMM_ID`]), so that its messages never meet another kind.
+const GROUP_CTX_BASE: u32 = 1 << 19;
+const _: () = assert!(2 * crate::coll_glue::MAX_COMM_ID + 1 < GROUP_CTX_BASE);
+const _: () = assert!(GROUP_CTX_BASE + crate::coll_glue::MAX_COMM_ID <= crate::matching::MAX_CTX);
+
+/// Point-to-point among the members of a group on the group-creation context of a
+/// communicator: the collective algorithms of [`crate::coll`] run over it unchanged, with every
+/// message on the caller's tag (their own tags only label phases; within one call, messages
+/// pair one to one by source and order).
+struct GroupChan<'a> {
+    comm: &'a Comm,
+    /// The members' ranks in `comm`, ascending; `me` indexes this rank.
+    ranks: Vec<Rank>,
+    me: usize,
+    tag: crate::Tag,
+}
+
+impl GroupChan<'_> {
+    fn ctx(&self) -> u32 {
+        GROUP_CTX_BASE | self.comm.inner.id
+    }
+
+    fn peer(&self, r: usize) -> Result<Rank> {
+        self.ranks.get(r).copied().ok_or(Error::InvalidRank { rank: r, size: self.ranks.len() })
+    }
+
+    /// Agrees on a communicator id that every member has free, and checks that every member
+    /// passed the group of fingerprint `fp` (the same algorithm as the collective one of
+    /// `Comm::dup`, over the members only).
+    fn agree_id(&self, fp: u64) -> Result<u32> {
+        let mut from = 0usize;
+        loop {
+            let first = self.comm.eng()?.comm_id_first_free_word(from) as u64;
+            let mut max = [0u64; 3];
+            crate::coll::allreduce(self, &[first, fp, !fp], &mut max, crate::Op::Max)?;
+            if max[1] != !max[2] {
+                return Err(Error::InvalidGroup("create_group: the members passed the group in different orders".into()));
+            }
+            // Every member sees the same maxima, so all return alike.
+            let w = max[0] as usize;
+            let out_of_ids = || Error::State(format!("out of communicator ids ({} in use at once at most)", crate::coll_glue::MAX_COMM_ID));
+            if w * 64 > crate::coll_glue::MAX_COMM_ID as usize {
+                return Err(out_of_ids());
+            }
+            let free = self.comm.eng()?.comm_id_free_word(w);
+            let mut all = [0u64];
+            crate::coll::allreduce(self, &[free], &mut all, crate::Op::BitAnd)?;
+            if all[0] != 0 {
+                let id = (w * 64) as u32 + all[0].trailing_zeros();
+                return if id > crate::coll_glue::MAX_COMM_ID { Err(out_of_ids()) } else { Ok(id) };
+            }
+            from = w + 1;
+        }
+    }
+}
+
+impl crate::coll::CollP2p for GroupChan<'_> {
+    fn rank(&self) -> usize {
+        self.me
+    }
+    fn size(&self) -> usize {
+        self.ranks.len()
+    }
+    fn run(&self, plan: crate::coll::plan::Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
+        let world = Arc::new(self.ranks.iter().map(|&r| self.comm.world_rank(r)).collect::<Vec<_>>());
+        let who = crate::nbc::Members {
+            ctx: self.ctx(),
+            rank: self.me,
+            size: self.ranks.len(),
+            world: Some(world),
+            seq: 0,
+            fixed_tag: Some(self.tag),
+        };
+        crate::coll_glue::run_plan(self.comm, who, plan, input, output)
+    }
+    fn send(&self, buf: &[u8], dest: usize, _tag: u32) -> Result<()> {
+        self.comm.send_ctx(self.ctx(), buf, self.peer(dest)?, self.tag, false)
+    }
+    fn recv(&self, buf: &mut [u8], src: usize, _tag: u32) -> Result<usize> {
+        let from = self.peer(src)? as u32;
+        self.comm.recv_ctx(self.ctx(), buf, Some(from), Some(self.tag)).map(|s| s.len())
+    }
+    fn sendrecv(&self, sbuf: &[u8], dest: usize, _stag: u32, rbuf: &mut [u8], src: usize, _rtag: u32) -> Result<usize> {
+        let (to, from) = (self.peer(dest)?, self.peer(src)? as u32);
+        self.comm.sendrecv_ctx(self.ctx(), sbuf, to, self.tag, rbuf, Some(from), Some(self.tag)).map(|s| s.len())
     }
 }
 
@@ -292,6 +497,134 @@ mod tests {
                 let empty = w.create(&g.empty()).unwrap();
                 assert!(empty.is_none());
             });
+        }
+    }
+
+    /// Issue 55 item 9: ranks {0, 1} created from group {0, 1} and ranks {2, 3} from {2, 3};
+    /// every rank used to get one 4-rank communicator, with no error.
+    #[test]
+    fn create_with_disjoint_groups_gives_one_communicator_per_group() {
+        for n in [4, 5, 6] {
+            let got = run_local(n, |w| {
+                let r = w.rank();
+                // Pairs {0, 1}, {2, 3}, ... in reverse order; a last odd rank passes the empty group.
+                let pair: Vec<usize> = if r + 1 == n && n % 2 == 1 { vec![] } else { vec![r | 1, r & !1] };
+                let c = w.create(&w.group().incl(&pair).unwrap()).unwrap();
+                c.map(|c| {
+                    let mut sum = [0usize];
+                    c.allreduce(&[r], &mut sum, crate::Op::Sum).unwrap();
+                    let peer = 1 - c.rank();
+                    c.send(&[r], peer, 3).unwrap();
+                    let mut from = [0usize];
+                    c.recv(&mut from, peer, 3).unwrap();
+                    (c.rank(), c.size(), sum[0], from[0])
+                })
+            });
+            for (r, g) in got.iter().enumerate() {
+                if r + 1 == n && n % 2 == 1 {
+                    assert_eq!(*g, None, "{n} ranks, rank {r}");
+                } else {
+                    assert_eq!(*g, Some((1 - r % 2, 2, 2 * (r & !1) + 1, r ^ 1)), "{n} ranks, rank {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn create_refuses_overlapping_and_inconsistent_groups_on_every_rank() {
+        let cases: [fn(usize) -> Vec<usize>; 3] = [
+            // Overlapping: {0, 1}, {1, 2}, {2, 3}, {3, 0}.
+            |r| vec![r, (r + 1) % 4],
+            // One group, but rank 1 passes it in another order.
+            |r| if r == 1 { vec![1, 0, 2, 3] } else { vec![0, 1, 2, 3] },
+            // Rank 3 is a member of {2, 3} but passes the empty group.
+            |r| {
+                if r == 3 {
+                    vec![]
+                } else if r == 2 {
+                    vec![2, 3]
+                } else {
+                    vec![0, 1]
+                }
+            },
+        ];
+        for (i, case) in cases.iter().enumerate() {
+            let got = run_local(4, |w| {
+                let r = w.create(&w.group().incl(&case(w.rank())).unwrap());
+                // The world still works after the refusal.
+                let mut s = [0u32];
+                w.allreduce(&[1u32], &mut s, crate::Op::Sum).unwrap();
+                (matches!(r, Err(Error::InvalidGroup(_))), s[0])
+            });
+            assert_eq!(got, vec![(true, 4); 4], "case {i}");
+        }
+        // A group of processes outside the communicator, passed by one rank only.
+        let got = run_local(4, |w| {
+            let half = w.split(Some((w.rank() / 2) as u32), 0).unwrap().unwrap();
+            let g = if w.rank() == 0 { w.group().incl(&[0, 3]).unwrap() } else { half.group() };
+            matches!(half.create(&g), Err(Error::InvalidGroup(_)))
+        });
+        assert_eq!(got, vec![true, true, false, false], "only the half with the bad group fails");
+    }
+
+    #[test]
+    fn create_group_runs_among_the_members_alone() {
+        let got = run_local(5, |w| {
+            let r = w.rank();
+            // Evens and odds, each group in reverse order, at the same time with the same tag;
+            // rank 4 (an even) then makes a second communicator with rank 1 alone while ranks
+            // 0, 2 and 3 exchange user messages on the world with that same tag.
+            let mut g: Vec<usize> = (0..5).filter(|x| x % 2 == r % 2).collect();
+            g.reverse();
+            let c = w.create_group(&w.group().incl(&g).unwrap(), 9).unwrap();
+            let mut sum = [0usize];
+            c.allreduce(&[r], &mut sum, crate::Op::Sum).unwrap();
+            let pair = match r {
+                1 | 4 => {
+                    let p = w.create_group(&w.group().incl(&[4, 1]).unwrap(), 9).unwrap();
+                    let mut b = [r];
+                    p.bcast(&mut b, 0).unwrap();
+                    Some((p.rank(), b[0]))
+                }
+                0 | 2 => {
+                    w.send(&[r], 3, 9).unwrap();
+                    None
+                }
+                _ => {
+                    let (a, b) = (w.recv_vec::<usize>(0, 9).unwrap().0, w.recv_vec::<usize>(2, 9).unwrap().0);
+                    Some((a[0], b[0]))
+                }
+            };
+            (c.rank(), c.size(), sum[0], pair)
+        });
+        assert_eq!(got, vec![(2, 3, 6, None), (1, 2, 4, Some((1, 4))), (1, 3, 6, None), (0, 2, 4, Some((0, 2))), (0, 3, 6, Some((0, 4)))]);
+    }
+
+    #[test]
+    fn create_group_refusals() {
+        let got = run_local(4, |w| {
+            let r = w.rank();
+            let g = w.group();
+            let mut errs = vec![
+                matches!(w.create_group(&g, crate::TAG_UB + 1), Err(Error::InvalidTag { .. })),
+                matches!(w.create_group(&g.incl(&[(r + 1) % 4]).unwrap(), 1), Err(Error::InvalidGroup(_))),
+                matches!(w.create_group(&g.empty(), 1), Err(Error::InvalidGroup(_))),
+            ];
+            // On a half, a group with a process of the other half.
+            let half = w.split(Some((r / 2) as u32), 0).unwrap().unwrap();
+            errs.push(matches!(half.create_group(&g.incl(&[r, r ^ 2]).unwrap(), 1), Err(Error::InvalidGroup(_))));
+            // Members that pass their group in different orders: every member learns it.
+            let order = if r % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+            errs.push(matches!(w.create_group(&g.incl(&order).unwrap(), 4), Err(Error::InvalidGroup(_))));
+            // And then a good call on the half works (a parent other than the world).
+            let c = half.create_group(&half.group().incl(&[1, 0]).unwrap(), 4).unwrap();
+            let mut s = [0usize];
+            c.allreduce(&[r], &mut s, crate::Op::Sum).unwrap();
+            (errs, c.rank(), s[0])
+        });
+        for (r, (errs, rank, sum)) in got.iter().enumerate() {
+            assert!(errs.iter().all(|&e| e), "rank {r}: {errs:?}");
+            assert_eq!((*rank, *sum), (1 - r % 2, if r < 2 { 1 } else { 5 }), "rank {r}");
         }
     }
 }

@@ -100,7 +100,9 @@ impl World {
     /// (`TMPI_SHARED_HEAP=0`), full, or cannot be created here.
     ///
     /// # Errors
-    /// [`Error::InvalidBuffer`] if `len` values of `T` do not fit in the address space.
+    /// [`Error::InvalidBuffer`] if `len` values of `T` do not fit in the address space, or
+    /// (when the heap cannot serve them) are more than this process can allocate: more than
+    /// the machine's physical memory, or refused by the allocator.
     pub fn alloc_shared<T: Pod>(&self, len: usize) -> Result<SharedBuf<T>> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
@@ -110,7 +112,10 @@ impl World {
         let block = heap.and_then(|h| h.alloc(bytes, std::mem::align_of::<T>()));
         let mem = match block {
             Some(b) if b.len() == bytes => Mem::Shared(b),
-            _ => Mem::Private(vec![T::zeroed(); len]),
+            _ => Mem::Private(
+                crate::alloc::zeroed_vec(len)
+                    .ok_or_else(|| Error::InvalidBuffer(format!("alloc_shared: {bytes} bytes are more than this process can allocate")))?,
+            ),
         };
         Ok(SharedBuf { mem, _t: PhantomData })
     }
@@ -237,6 +242,22 @@ impl Heaps {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 55 item 7: a size the heap cannot serve fell back to `vec![0; len]`, which
+    /// aborted the process for `alloc_shared::<u8>(1 << 40)`; it is an error, and the heap
+    /// still serves later allocations.
+    #[test]
+    fn an_allocation_beyond_memory_is_an_error() {
+        let too_big = crate::sys::physical_memory().saturating_add(1).max(1 << 40);
+        let got = crate::run_local(1, |w| {
+            let e = w.alloc_shared::<u8>(too_big).unwrap_err();
+            let overflow = w.alloc_shared::<u64>(usize::MAX / 4).unwrap_err();
+            let mut ok = w.alloc_shared::<u64>(1000).unwrap();
+            ok[999] = 7;
+            (matches!(e, Error::InvalidBuffer(_)), matches!(overflow, Error::InvalidBuffer(_)), ok.iter().sum::<u64>())
+        });
+        assert_eq!(got, vec![(true, true, 7)]);
+    }
 
     /// A peer on another host is never mapped (its pid names no process here, or another
     /// one); a peer of this host may be, until a failure; with the heap off, none is.

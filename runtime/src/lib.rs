@@ -35,8 +35,8 @@
 //! - Matched probes and more: [`Comm::mprobe`], [`Comm::improbe`], [`Message`],
 //!   [`Comm::sendrecv_replace`]; non-contiguous data with [`datatype::Layout`]
 //!   ([`Comm::send_layout`], [`Comm::recv_layout`], [`datatype::pack`], [`datatype::unpack`]).
-//! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`],
-//!   [`Comm::compare`].
+//! - Communicators: [`Comm::dup`], [`Comm::split`], [`Comm::create`] from a [`Group`] (disjoint
+//!   groups at once), [`Comm::create_group`] by the group's members alone, [`Comm::compare`].
 //! - Cartesian topologies: [`dims_create`], [`Comm::cart_create`], [`CartComm`] (coordinates,
 //!   shifts, sub-grids, [`CartComm::neighbor_allgather`], [`CartComm::neighbor_alltoall`]).
 //! - Collectives: [`Comm::barrier`], [`Comm::bcast`], [`Comm::reduce`], [`Comm::allreduce`],
@@ -124,22 +124,30 @@
 //! assert_eq!(ok, vec![true, true]);
 //! ```
 
+mod alloc;
+pub mod bsend;
 mod buffer;
+mod cartmap;
 pub mod coll;
 mod coll_glue;
 mod comm;
 pub mod config;
 pub mod datatype;
+mod detached;
 mod engine;
 pub mod error;
 mod group;
 mod heap;
 pub mod matching;
+mod modes;
 mod mprobe;
+pub mod names;
 mod nbc;
 mod node;
 pub mod op;
+pub mod reqset;
 mod request;
+mod seen;
 #[cfg(feature = "serde")]
 mod serialized;
 mod slab;
@@ -149,23 +157,29 @@ mod sync;
 mod sys;
 mod topo;
 pub mod vecrecv;
+mod version;
 mod world;
 
+pub use bsend::{buffer_attach, buffer_detach, buffer_size, BSEND_OVERHEAD};
 pub use comm::{Comm, Source, Status, TagMatch, ANY_SOURCE, ANY_TAG};
+pub use detached::Detached;
 pub use error::{Error, Result};
 pub use group::{CommCmp, Group, GroupCmp};
 pub use heap::SharedBuf;
 pub use mprobe::Message;
+pub use names::Attribute;
 pub use node::SplitType;
 pub use op::{Loc, Op, Reducible, UserOp};
+pub use reqset::{Completion, Done, RequestSet};
 pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
 pub use stats::Stats;
 pub use sync::Threading;
 pub use topo::{dims_create, CartComm};
 pub use vecrecv::VecRequest;
+pub use version::{mpi_version, MPI_VERSION};
 pub use world::{
     init, init_thread, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_threaded, run_local_with,
-    run_shm_threads, wtick, wtime, World,
+    run_shm_threads, shm_pair_one_thread, wtick, wtime, World,
 };
 
 /// A rank in a communicator.

@@ -14,6 +14,7 @@ use crate::comm::{finish, Comm, Source, Status, TagMatch};
 use crate::engine::{Need, Peers};
 use crate::error::{Error, Result};
 use crate::request::{Request, Scope};
+use crate::seen::{self, Kind, What};
 use crate::slab::Key;
 use crate::sync::EngineCell;
 use crate::{Rank, Tag};
@@ -51,6 +52,9 @@ impl Message {
     /// [`Error::Truncated`] when it is longer than `buf` (it is consumed);
     /// [`Error::PeerGone`] if its sender departed in the middle of it.
     pub fn recv<T: Pod>(mut self, buf: &mut [T]) -> Result<Status> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Mrecv), || self.recv(buf));
+        }
         let ux = self.take()?;
         let mut e = self.eng.lock()?;
         // SAFETY: `buf` is borrowed for this call, and `finish` returns only once the receive
@@ -66,6 +70,9 @@ impl Message {
     /// [`Error::TypeMismatch`] if it is not a whole number of `T`; [`Error::NoMemory`]; as
     /// [`Message::recv`].
     pub fn recv_vec<T: Pod>(self) -> Result<(Vec<T>, Status)> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Mrecv), || self.recv_vec());
+        }
         let st = self.status;
         let elem = std::mem::size_of::<T>();
         if elem == 0 || st.len() % elem != 0 {
@@ -88,6 +95,9 @@ impl Message {
     /// # Errors
     /// As [`Message::recv`] (from the request).
     pub fn irecv<'s, T: Pod>(mut self, s: &'s Scope<'s, '_>, buf: &'s mut [T]) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Imrecv).bytes(size_of_val(buf)), || self.irecv(s, buf));
+        }
         let ux = self.take()?;
         let eng = &self.eng;
         let rid = {
@@ -137,7 +147,11 @@ impl Comm {
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn mprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Message> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::Mprobe).from(self, src).tag_match(tag), src, |s| self.mprobe(s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         let ctx = self.user_ctx();
         let need = Need::Peers(self.peers(s));
         let mut e = self.eng()?;
@@ -155,7 +169,11 @@ impl Comm {
     /// # Errors
     /// As [`Comm::mprobe`].
     pub fn improbe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Message>> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::answered(What::new(Kind::Improbe).from(self, src).tag_match(tag), src, |s| self.improbe(s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         let mut e = self.eng()?;
         if e.progress()? == 0 {
             e.idle_check(&Need::Peers(self.peers(s)))?;
@@ -201,6 +219,11 @@ impl Comm {
         src: impl Into<Source>,
         rtag: impl Into<TagMatch>,
     ) -> Result<Status> {
+        let (src, rtag) = (src.into(), rtag.into());
+        if seen::on() {
+            let w = What::new(Kind::SendrecvReplace).from(self, src).tag_match(rtag).bytes(size_of_val(buf));
+            return seen::matched(w, src, |s| self.sendrecv_replace(buf, dest, stag, s, rtag));
+        }
         let out = buf.to_vec();
         self.sendrecv(&out, dest, stag, buf, src, rtag)
     }

@@ -3,6 +3,7 @@
 
 use crate::comm::Comm;
 use crate::error::Result;
+use crate::seen::{self, Kind, What};
 
 /// How [`Comm::split_type`] groups ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +33,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::split`].
     pub fn split_type(&self, kind: SplitType, key: i32) -> Result<Comm> {
+        if seen::on() {
+            return seen::call(What::new(Kind::SplitType).on(self), || self.split_type(kind, key));
+        }
         let SplitType::Shared = kind;
         let name = crate::processor_name();
         let mut all = vec![0u64; self.size()];

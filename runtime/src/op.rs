@@ -91,8 +91,8 @@ impl fmt::Display for Op {
 }
 
 /// Buffers of at least this many bytes are combined in parallel (rayon), in chunks of
-/// [`PAR_CHUNK_BYTES`]. Measured on the 2-core development machine (`op::tests::bench_threshold`,
-/// `--release --ignored --nocapture`, f64 sum): parallel is slower up to 1 MiB (49 us serial vs
+/// [`PAR_CHUNK_BYTES`]. Measured on the 2-core development machine (`combine_cost` in
+/// `bench/`, f64 sum): parallel is slower up to 1 MiB (49 us serial vs
 /// 66 us; the rayon hand-off costs ~20-30 us) and faster from 4 MiB (263 us vs 160 us), where
 /// memory bandwidth becomes the limit. Ranks that share cores gain less, so the bar is high.
 pub const PAR_THRESHOLD_BYTES: usize = 2 * 1024 * 1024;
@@ -548,30 +548,6 @@ mod tests {
             let ser_bits: Vec<u64> = ser.iter().map(|x| x.to_bits()).collect();
             let par_bits: Vec<u64> = par.iter().map(|x| x.to_bits()).collect();
             assert!(ser_bits == par_bits, "{op}");
-        }
-    }
-
-    /// Measures serial vs parallel combine; informs [`PAR_THRESHOLD_BYTES`].
-    #[test]
-    #[ignore = "timing measurement, run by hand with --release --ignored --nocapture"]
-    fn bench_threshold() {
-        for kib in [16usize, 64, 128, 256, 512, 1024, 4096, 16384] {
-            let n = kib * 1024 / 8;
-            let mut a = vec![1.0f64; n];
-            let b = vec![2.0f64; n];
-            let reps = (64 * 1024 / kib).max(4);
-            let t = std::time::Instant::now();
-            for _ in 0..reps {
-                f64::kernel(Op::Sum, &mut a, &b, false);
-            }
-            let ser = t.elapsed().as_secs_f64() / reps as f64;
-            let chunk = PAR_CHUNK_BYTES / 8;
-            let t = std::time::Instant::now();
-            for _ in 0..reps {
-                a.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).for_each(|(x, y)| f64::kernel(Op::Sum, x, y, false));
-            }
-            let par = t.elapsed().as_secs_f64() / reps as f64;
-            println!("{kib:>6} KiB serial {:>9.1} us parallel {:>9.1} us", ser * 1e6, par * 1e6);
         }
     }
 }

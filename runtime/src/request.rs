@@ -31,6 +31,7 @@ use bytemuck::Pod;
 use crate::comm::{finish, Comm, Source, Status, TagMatch};
 use crate::engine::{Backoff, Need, ReqId};
 use crate::error::{Error, Result};
+use crate::seen::{self, Kind, What};
 use crate::sync::{EngineCell, EngineGuard};
 use crate::{Rank, Tag};
 
@@ -136,7 +137,10 @@ where
         if forget {
             e.abandon(rid);
         } else if !e.discard(rid) {
-            let _ = finish(e, rid);
+            let r = finish(e, rid);
+            if seen::recording() {
+                seen::calls::settled(rid, &r);
+            }
         }
     }
     let end = End(&s);
@@ -207,6 +211,9 @@ impl<'scope> Request<'scope> {
     /// # Errors
     /// The operation's error ([`Error::Truncated`], [`Error::PeerGone`], ...).
     pub fn wait(mut self) -> Result<Status> {
+        if seen::on() {
+            return seen::calls::wait(What::new(Kind::Wait).reqs(1), self);
+        }
         self.wait_mut()
     }
 
@@ -229,6 +236,9 @@ impl<'scope> Request<'scope> {
     /// # Errors
     /// As [`Request::wait`].
     pub fn test(&mut self) -> Result<Option<Status>> {
+        if seen::on() {
+            return seen::calls::test(What::new(Kind::Test).reqs(1), self);
+        }
         let Some(rid) = self.rid else {
             return Err(Error::State("request already collected".into()));
         };
@@ -253,6 +263,9 @@ impl<'scope> Request<'scope> {
     /// # Errors
     /// None today; the signature leaves room for fabrics where cancel can fail.
     pub fn cancel(&mut self) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Cancel).reqs(1), || self.cancel());
+        }
         if let Some(rid) = self.rid.filter(|&r| r != SENT) {
             self.eng.lock()?.cancel(rid);
         }
@@ -273,6 +286,39 @@ impl<'scope> Request<'scope> {
         err
     }
 
+    /// Takes the request out of its scope: the scope's end no longer waits for it, and the
+    /// returned [`crate::Detached`] owns it (waits, tests, cancels; abandons it when dropped
+    /// incomplete). For bindings whose requests outlive any closure (the rsmpi crate).
+    ///
+    /// # Safety
+    /// The buffer the request was started with must stay valid (and, for a receive, not be
+    /// read or written by anyone else) until the `Detached` reports completion or is dropped.
+    pub unsafe fn detach(mut self, s: &Scope<'scope, '_>) -> crate::Detached {
+        let rid = match self.rid.take() {
+            Some(r) if r != SENT => r,
+            _ => return crate::Detached::done(),
+        };
+        if let Some(first) = s.engine.get().filter(|f| std::ptr::eq(&***f, self.eng)) {
+            let mut started = s.started.borrow_mut();
+            if let Some(i) = started.iter().rposition(|&r| r == rid) {
+                started.swap_remove(i);
+            }
+            return crate::Detached::new(first.clone(), rid);
+        }
+        let mut others = s.others.borrow_mut();
+        let i = others.iter().rposition(|(e, r)| *r == rid && std::ptr::eq(&**e, self.eng));
+        match i {
+            Some(i) => crate::Detached::new(others.swap_remove(i).0, rid),
+            // Unreachable: every started request is listed in its scope.
+            None => crate::Detached::done(),
+        }
+    }
+
+    /// The engine request, while one is pending (for [`crate::seen`]).
+    pub(crate) fn key(&self) -> Option<ReqId> {
+        self.rid.filter(|&r| r != SENT)
+    }
+
     fn is_done(&self) -> bool {
         match self.rid {
             None | Some(SENT) => true,
@@ -287,6 +333,9 @@ impl<'scope> Request<'scope> {
 /// # Errors
 /// The first failed request's error.
 pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
+    if seen::on() {
+        return seen::calls::wait_all(What::new(Kind::WaitAll).reqs(reqs.len()), reqs);
+    }
     let mut out = Vec::with_capacity(reqs.len());
     let mut first_err = None;
     // Requests on their scope's engine (nearly always all of them) complete under one lock,
@@ -342,6 +391,10 @@ pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
 /// # Errors
 /// [`Error::InvalidBuffer`] for an empty list; the completed request's error.
 pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
+    if seen::on() {
+        return seen::calls::any(What::new(Kind::WaitAny).reqs(reqs.len()), reqs, false)?
+            .ok_or_else(|| Error::State("wait_any reported nothing".into()));
+    }
     if reqs.is_empty() {
         return Err(Error::InvalidBuffer("wait_any on an empty list of requests".into()));
     }
@@ -426,6 +479,9 @@ fn poke(reqs: &[Request<'_>]) -> Result<()> {
 /// [`Error::InvalidBuffer`] for an empty list; a failure of progress. A request that failed is
 /// reported in its entry; one that can no longer complete fails with [`Error::PeerGone`].
 pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Status>)>> {
+    if seen::on() {
+        return seen::calls::some(What::new(Kind::WaitSome).reqs(reqs.len()), reqs, false);
+    }
     if reqs.is_empty() {
         return Err(Error::InvalidBuffer("wait_some on an empty list of requests".into()));
     }
@@ -459,6 +515,9 @@ pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Statu
 /// # Errors
 /// The completed request's error; a failure of progress.
 pub fn test_any(reqs: &mut Vec<Request<'_>>) -> Result<Option<(usize, Status)>> {
+    if seen::on() {
+        return seen::calls::any(What::new(Kind::TestAny).reqs(reqs.len()), reqs, true);
+    }
     if !reqs.iter().any(Request::is_done) {
         poke(reqs)?;
     }
@@ -474,6 +533,9 @@ pub fn test_any(reqs: &mut Vec<Request<'_>>) -> Result<Option<(usize, Status)>> 
 /// # Errors
 /// A failure of progress.
 pub fn test_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Status>)>> {
+    if seen::on() {
+        return seen::calls::some(What::new(Kind::TestSome).reqs(reqs.len()), reqs, true);
+    }
     poke(reqs)?;
     Ok(take_done(reqs))
 }
@@ -485,6 +547,9 @@ pub fn test_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Statu
 /// # Errors
 /// The first failed request's error (all are collected); a failure of progress.
 pub fn test_all(reqs: &mut Vec<Request<'_>>) -> Result<Option<Vec<Status>>> {
+    if seen::on() {
+        return seen::calls::test_all(What::new(Kind::TestAll).reqs(reqs.len()), reqs);
+    }
     if !reqs.iter().all(Request::is_done) {
         poke(reqs)?;
         if !reqs.iter().all(Request::is_done) {
@@ -501,6 +566,9 @@ impl Comm {
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     #[inline]
     pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Isend).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.isend(s, buf, dest, tag));
+        }
         let eng = &self.inner.eng;
         let rid = {
             let mut e = eng.lock()?;
@@ -516,6 +584,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::isend`].
     pub fn issend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Issend).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.issend(s, buf, dest, tag));
+        }
         let eng = &self.inner.eng;
         let rid = {
             let mut e = eng.lock()?;
@@ -537,7 +608,13 @@ impl Comm {
         src: impl Into<Source>,
         tag: impl Into<TagMatch>,
     ) -> Result<Request<'scope>> {
-        let (sr, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::posted(What::new(Kind::Irecv).from(self, src).tag_match(tag).bytes(size_of_val(buf)), src, |from| {
+                self.irecv(s, buf, from, tag)
+            });
+        }
+        let (sr, t) = self.recv_args(src, tag)?;
         let eng = &self.inner.eng;
         let rid = {
             let mut e = eng.lock()?;

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use crate::comm::{Comm, Source, Status, TagMatch};
 use crate::error::{Error, Result};
+use crate::seen::{self, Kind, What};
 use crate::{Rank, Tag};
 
 impl Comm {
@@ -33,6 +34,9 @@ impl Comm {
     /// [`Error::InvalidBuffer`] when the value cannot be encoded (a map with non-string keys,
     /// a failing `Serialize` impl); as [`Comm::send`].
     pub fn send_serialized<T: Serialize + ?Sized>(&self, value: &T, dest: Rank, tag: Tag) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::SendSerialized).to(self, dest).tag(tag), || self.send_serialized(value, dest, tag));
+        }
         let bytes =
             serde_json::to_vec(value).map_err(|e| Error::InvalidBuffer(format!("send_serialized: cannot encode the value: {e}")))?;
         self.send(&bytes, dest, tag)
@@ -44,6 +48,10 @@ impl Comm {
     /// [`Error::InvalidBuffer`] when the message does not decode as a `T` (it is consumed);
     /// as [`Comm::recv_vec`].
     pub fn recv_serialized<T: DeserializeOwned>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<(T, Status)> {
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::matched(What::new(Kind::RecvSerialized).from(self, src).tag_match(tag), src, |s| self.recv_serialized(s, tag));
+        }
         let (bytes, st) = self.recv_vec::<u8>(src, tag)?;
         let v = serde_json::from_slice(&bytes).map_err(|e| {
             Error::InvalidBuffer(format!("recv_serialized: the message from rank {} tag {} does not decode: {e}", st.source(), st.tag()))

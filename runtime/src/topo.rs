@@ -18,6 +18,7 @@ use crate::coll::CollP2p;
 use crate::coll_glue::CollCtx;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::seen::{self, Kind, What};
 use crate::Rank;
 
 /// Tags of the neighbour collectives (on the collective context, apart from [`crate::coll::tags`]).
@@ -117,6 +118,9 @@ impl Comm {
     /// length, a dimension is 0, or the grid has more cells than the communicator has ranks; as
     /// [`Comm::split`].
     pub fn cart_create(&self, dims: &[usize], periods: &[bool], reorder: bool) -> Result<Option<CartComm>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::CartCreate).on(self), || self.cart_create(dims, periods, reorder));
+        }
         let _ = reorder;
         if dims.len() != periods.len() {
             return Err(Error::InvalidTopology(format!("cart_create: {} dimensions but {} periodicity flags", dims.len(), periods.len())));
@@ -250,6 +254,9 @@ impl CartComm {
     /// # Errors
     /// [`Error::InvalidTopology`] when `remain` has the wrong length; as [`Comm::split`].
     pub fn sub(&self, remain: &[bool]) -> Result<CartComm> {
+        if seen::on() {
+            return seen::call(What::new(Kind::CartSub).on(&self.comm), || self.sub(remain));
+        }
         if remain.len() != self.dims.len() {
             return Err(Error::InvalidTopology(format!("sub: {} flags for {} dimensions", remain.len(), self.dims.len())));
         }
@@ -294,6 +301,11 @@ impl CartComm {
     /// [`Error::InvalidBuffer`] when `recv.len() != 2 * ndims * send.len()`, or a neighbour's
     /// block has another length; [`Error::PeerGone`].
     pub fn neighbor_allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::NeighborAllgather).on(&self.comm).bytes(size_of_val(send)), || {
+                self.neighbor_allgather(send, recv)
+            });
+        }
         let k = self.dims.len() * 2;
         if Some(recv.len()) != send.len().checked_mul(k) {
             return Err(Error::InvalidBuffer(format!(
@@ -326,6 +338,11 @@ impl CartComm {
     /// [`Error::InvalidBuffer`] when the lengths are not `2 * ndims` equal blocks, or a
     /// neighbour's block has another length; [`Error::PeerGone`].
     pub fn neighbor_alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::NeighborAlltoall).on(&self.comm).bytes(size_of_val(send)), || {
+                self.neighbor_alltoall(send, recv)
+            });
+        }
         let k = self.dims.len() * 2;
         if send.len() != recv.len() || (k == 0 && !send.is_empty()) || (k > 0 && send.len() % k != 0) {
             return Err(Error::InvalidBuffer(format!(

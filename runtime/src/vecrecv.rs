@@ -36,6 +36,7 @@ use crate::buffer::OwnedBuf;
 use crate::comm::{Comm, Source, Status, TagMatch};
 use crate::engine::{Need, ReqId};
 use crate::error::{Error, Result};
+use crate::seen::{self, Kind, What};
 
 /// A pending [`Comm::irecv_vec`]: completes with the message as a `Vec<T>` and its status.
 #[must_use = "dropping the request cancels the receive if it has not matched yet"]
@@ -61,7 +62,11 @@ impl Comm {
     /// [`Error::NoMemory`] when its length cannot be allocated (it is discarded), and
     /// [`Error::PeerGone`] as any receive.
     pub fn irecv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<VecRequest<T>> {
-        let (s, t) = self.recv_args(src.into(), tag.into())?;
+        let (src, tag) = (src.into(), tag.into());
+        if seen::on() {
+            return seen::posted(What::new(Kind::IrecvVec).from(self, src).tag_match(tag), src, |s| self.irecv_vec(s, tag));
+        }
+        let (s, t) = self.recv_args(src, tag)?;
         let from = self.peers(s);
         let rid = self.eng()?.post_recv_vec(self.user_ctx(), s, t, std::mem::size_of::<T>(), std::mem::align_of::<T>(), from)?;
         Ok(VecRequest { comm: self.clone(), rid: Some(rid), _t: PhantomData })
@@ -69,11 +74,21 @@ impl Comm {
 }
 
 impl<T: Pod> VecRequest<T> {
+    /// The engine request, while one is pending (for [`crate::seen`]).
+    pub(crate) fn key(&self) -> Option<ReqId> {
+        self.rid
+    }
+
     /// Waits for the message.
     ///
     /// # Errors
     /// As [`Comm::irecv_vec`].
     pub fn wait(mut self) -> Result<(Vec<T>, Status)> {
+        if seen::on() {
+            let key = self.key();
+            let r = seen::call(What::new(Kind::Wait).on(&self.comm.clone()).reqs(1), || self.wait());
+            return seen::calls::completed_vec(key, r);
+        }
         let rid = self.rid.take().ok_or_else(collected)?;
         let mut e = self.comm.eng()?;
         if let Err(err) = e.wait_until(&Need::Req(rid), |e| e.is_done(rid)) {
@@ -89,6 +104,11 @@ impl<T: Pod> VecRequest<T> {
     /// # Errors
     /// As [`Comm::irecv_vec`]; [`Error::State`] once the request has been collected.
     pub fn test(&mut self) -> Result<Option<(Vec<T>, Status)>> {
+        if seen::on() {
+            let (key, comm) = (self.key(), self.comm.clone());
+            let r = seen::answered(What::new(Kind::Test).on(&comm).reqs(1), Source::Any, |_| self.test());
+            return seen::calls::completed_vec_opt(key, r);
+        }
         let rid = self.rid.ok_or_else(collected)?;
         let mut e = self.comm.eng()?;
         e.test_step(rid)?;
@@ -107,6 +127,9 @@ impl<T: Pod> VecRequest<T> {
     /// # Errors
     /// None today; the signature leaves room for fabrics where cancel can fail.
     pub fn cancel(&mut self) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Cancel).reqs(1), || self.cancel());
+        }
         if let Some(rid) = self.rid {
             self.comm.eng()?.cancel(rid);
         }

@@ -8,12 +8,13 @@ use std::time::Instant;
 use tmpi_transport::bootstrap::pmi2::Pmi2Client;
 use tmpi_transport::bootstrap::wireup::{wire_up, WireUp};
 use tmpi_transport::bootstrap::{BootstrapClient, BootstrapEnv, KeyValue};
+use tmpi_transport::fabric::Fabric as _;
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::shm::ShmFabric;
 
 use crate::comm::{Comm, CommInner};
 use crate::config::Config;
-use crate::engine::{Engine, Fabric};
+use crate::engine::{AnyFabric, Engine};
 use crate::error::{Error, Result};
 use crate::sync::{EngineCell, Threading};
 
@@ -170,29 +171,35 @@ pub fn init_thread(required: Threading) -> Result<(World, Threading)> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(Error::State("tmpi::init called more than once in this process".into()));
     }
-    init_world(required).map(|mut w| {
-        w.from_init = true;
-        (w, required)
-    })
+    let t0 = tmpi_trace::clock::now_ns();
+    let mut w = init_world(required)?;
+    w.from_init = true;
+    w.start_seeing(t0, required)?;
+    Ok((w, required))
 }
 
 fn init_world(level: Threading) -> Result<World> {
     let _ = wtime();
     let cfg = Config::from_env()?;
     let Some((mut bc, env)) = launcher()? else {
-        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, None, level));
+        return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, None, level));
     };
     let (rank, size) = (env.rank, env.size);
     if size == 1 {
-        return Ok(world_from_engine(Engine::new(Fabric::Single, 0, 1, cfg)?, Some(bc), level));
+        return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, Some(bc), level));
     }
     let ring_size = |n: usize| cfg.ring_size_for(n);
-    let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size };
+    let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size, peer_timeout: cfg.peer_timeout };
     let fabric = wire_up(bc.kv(), &env, &how)?;
     if cfg.stats {
-        eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.kind(), fabric.bad_connections());
+        eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.name(), fabric.bad_connections());
     }
-    Ok(world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level))
+    let one_host = matches!(fabric, AnyFabric::Shm(_));
+    let world = world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level);
+    // The collectives' map of the hosts, learned once for the world (one allgather when the
+    // job spans hosts); every later communicator derives its own from it.
+    crate::coll::topo::learn(&world, one_host)?;
+    Ok(world)
 }
 
 impl World {
@@ -213,6 +220,7 @@ impl World {
         if self.finalized {
             return Ok(());
         }
+        let t0 = tmpi_trace::clock::now_ns();
         self.finalized = true;
         if self.from_init {
             FINALIZED.store(true, Ordering::SeqCst);
@@ -227,11 +235,31 @@ impl World {
         // Every later call through a communicator, request or message that outlived the
         // world fails with `Error::State`; their clean-up on drop still runs.
         self.comm.inner.eng.close();
+        if self.from_init {
+            crate::seen::finish(t0, &mut || self.launcher_clock());
+        }
         r?;
         if let Some(bc) = self.bootstrap.get_mut().unwrap_or_else(PoisonError::into_inner).as_mut() {
             let _ = bc.finalize();
         }
         Ok(())
+    }
+
+    /// Starts tracing, profiling, recording or replaying as `TMPI_*` say (see
+    /// [`crate::seen`]); `t0` is when init began.
+    fn start_seeing(&self, t0: u64, level: Threading) -> Result<()> {
+        let cfg = self.comm.eng()?.cfg.clone();
+        let launched = self.bootstrap.lock().unwrap_or_else(PoisonError::into_inner).is_some();
+        let multiple = level == Threading::Multiple;
+        crate::seen::start(&cfg, self.comm.rank(), self.comm.size(), launched, multiple, t0, &mut || self.launcher_clock())
+    }
+
+    /// One round trip to `tmpirun`'s clock (none under another launcher, or alone).
+    fn launcher_clock(&self) -> Option<(u64, u64, u64)> {
+        match self.bootstrap.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+            Some(Launcher::Tmpirun(c)) => c.clock(tmpi_trace::clock::now_ns).ok(),
+            _ => None,
+        }
     }
 
     /// Ends the whole job: prints a message naming this rank, tells `tmpirun`, and exits the
@@ -310,12 +338,28 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
                 let f = &f;
                 let cfg = cfg.clone();
                 s.spawn(move || {
-                    f(world_from_engine(Engine::new(Fabric::Shm(fab), rank, n, cfg).expect("create engine"), None, Threading::Single))
+                    f(world_from_engine(Engine::new(AnyFabric::Shm(fab), rank, n, cfg).expect("create engine"), None, Threading::Single))
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
     })
+}
+
+/// Two ranks of one job over a real shared-memory segment, both owned by the calling thread,
+/// so that one thread drives both sides of every message through the public API: the
+/// measurements in `bench/` (`comm_window_cost`, `pingpong_cost`) cost a message without
+/// cross-core traffic, and callgrind counts its instructions.
+///
+/// # Panics
+/// If the segment or an engine cannot be created.
+#[doc(hidden)]
+pub fn shm_pair_one_thread(cfg: Config) -> (World, World) {
+    let mut fabs = shm_fabrics_in_process(2, &cfg).into_iter();
+    let (a, b) = (fabs.next().expect("rank 0"), fabs.next().expect("rank 1"));
+    let w0 = world_from_engine(Engine::new(AnyFabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
+    let w1 = world_from_engine(Engine::new(AnyFabric::Shm(b), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
+    (w0, w1)
 }
 
 /// [`run_local`] with an explicit configuration.
@@ -362,7 +406,7 @@ fn run_local_at<R: Send>(n: usize, cfg: Config, level: Threading, f: impl Fn(Wor
                 let f = &f;
                 let cfg = cfg.clone();
                 s.spawn(move || {
-                    let fabric = if n <= 1 { Fabric::Single } else { Fabric::Local(fab) };
+                    let fabric = if n <= 1 { AnyFabric::Single } else { AnyFabric::Local(fab) };
                     f(world_from_engine(Engine::new(fabric, rank, n.max(1), cfg).expect("create engine"), None, level))
                 })
             })
@@ -443,18 +487,6 @@ pub fn is_finalized() -> bool {
 mod tests {
     use super::*;
 
-    /// Two worlds of one job over a real shm segment, both owned by the calling thread, so
-    /// that one thread can drive both sides of a message through the whole public API.
-    fn shm_pair_one_thread() -> (World, World) {
-        // The knobs of the environment, so that a measurement can set them (`TMPI_TM_MAX_TAGS=0`).
-        let cfg = Config::from_env().expect("TMPI_* knobs");
-        let mut fabs = shm_fabrics_in_process(2, &cfg).into_iter();
-        let (a, bf) = (fabs.next().expect("rank 0"), fabs.next().expect("rank 1"));
-        let w0 = world_from_engine(Engine::new(Fabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
-        let w1 = world_from_engine(Engine::new(Fabric::Shm(bf), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
-        (w0, w1)
-    }
-
     /// Communicators that outlive their world (a clone, a dup): every call fails with
     /// `Error::State`, a request pending across the finalize fails its wait, and the end of
     /// its scope, the drops and a second finalize of nothing still run (no hang, no abort).
@@ -496,109 +528,5 @@ mod tests {
         for (rank, r) in out.iter().enumerate() {
             assert!(r.iter().all(|&ok| ok), "{level:?}, rank {rank}: {r:?}");
         }
-    }
-
-    /// CPU cost per message of `osu_mbw_mr`'s inner loop through the public API (scope,
-    /// `isend`/`irecv`, `wait_all`), both ranks in this thread: no cross-core traffic, so it
-    /// is stable on a loaded machine (the best window of many). Two orders: receives posted
-    /// before the sends arrive (expected, as the engine's own `window_cost`), and after
-    /// (unexpected). Three sizes: 8 B, 1 KiB and 4 KiB; with `TMPI_TM_THRESH=1024` the soft
-    /// TM-SRQ takes the receives of the last two (the default keeps them in software). Run with
-    /// `cargo test --release -p tmpi --lib comm_window_cost -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "a measurement, not a test"]
-    fn comm_window_cost() {
-        window_cost_report(&[8, 1024, 4096]);
-    }
-
-    /// [`comm_window_cost`] at 8 B alone: the run to count instructions per message with
-    /// `valgrind --tool=callgrind` (a count that no other tenant of the machine disturbs).
-    #[test]
-    #[ignore = "a measurement, not a test"]
-    fn comm_window_cost_8b() {
-        window_cost_report(&[8]);
-    }
-
-    /// [`comm_window_cost_8b`] at 1 KiB: with `TMPI_TM_THRESH=1024` its receives go to the soft
-    /// TM-SRQ (2697 instructions per message, against 2050 in software alone, why the default
-    /// threshold is 16 KiB).
-    #[test]
-    #[ignore = "a measurement, not a test"]
-    fn comm_window_cost_1k() {
-        window_cost_report(&[1024]);
-    }
-
-    fn window_cost_report(sizes: &[usize]) {
-        for &size in sizes {
-            let (expected, unexpected, post) = window_cost(size);
-            println!(
-                "comm_window_cost {size} B: expected {expected:.1} ns/msg (of which posting the receive {post:.1}), unexpected {unexpected:.1} ns/msg (send + receive, best of 5500 windows of 64)"
-            );
-        }
-    }
-
-    /// [`comm_window_cost`] for messages of `size` bytes: the best (expected, unexpected,
-    /// posting an expected receive) nanoseconds per message.
-    fn window_cost(size: usize) -> (f64, f64, f64) {
-        let (w0, w1) = shm_pair_one_thread();
-        const W: usize = 64;
-        let sbuf = vec![7u8; size];
-        let mut rbuf = vec![vec![0u8; size]; W];
-        let send_window = || {
-            crate::scope(|s| -> Result<()> {
-                let mut reqs = Vec::with_capacity(W);
-                for _ in 0..W {
-                    reqs.push(w0.isend(s, &sbuf, 1, 3)?);
-                }
-                crate::wait_all(reqs)?;
-                Ok(())
-            })
-            .expect("send window");
-        };
-        // The acknowledgement, as in the benchmark (it also lets each side's progress return
-        // the other's flow-control credit).
-        let ack = || {
-            w1.send(&sbuf[..1], 0, 4).expect("ack send");
-            let mut a = [0u8];
-            w0.recv(&mut a, 1, 4).expect("ack recv");
-        };
-        let mut best = [f64::MAX; 3];
-        for round in 0..6000 {
-            let t = Instant::now();
-            let mut posted = t;
-            crate::scope(|s| -> Result<()> {
-                let mut reqs = Vec::with_capacity(W);
-                for slot in rbuf.iter_mut() {
-                    reqs.push(w1.irecv(s, slot, 0, 3)?);
-                }
-                posted = Instant::now();
-                send_window();
-                crate::wait_all(reqs)?;
-                Ok(())
-            })
-            .expect("expected window");
-            let t1 = Instant::now();
-            ack();
-            let t2 = Instant::now();
-            send_window();
-            crate::scope(|s| -> Result<()> {
-                let mut reqs = Vec::with_capacity(W);
-                for slot in rbuf.iter_mut() {
-                    reqs.push(w1.irecv(s, slot, 0, 3)?);
-                }
-                crate::wait_all(reqs)?;
-                Ok(())
-            })
-            .expect("unexpected window");
-            let t3 = Instant::now();
-            ack();
-            if round >= 500 {
-                best[0] = best[0].min((t1 - t).as_nanos() as f64 / W as f64);
-                best[1] = best[1].min((t3 - t2).as_nanos() as f64 / W as f64);
-                best[2] = best[2].min((posted - t).as_nanos() as f64 / W as f64);
-            }
-        }
-        assert!(rbuf.iter().all(|r| *r == sbuf));
-        (best[0], best[1], best[2])
     }
 }

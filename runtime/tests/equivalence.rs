@@ -584,6 +584,8 @@ fn random_programs(rndv: bool, setups: &[Setup], cases: u32, want_hw: bool) {
 
 /// Random programs of eager messages (truncating some receives): every outcome equals the
 /// reference under every setup, and the tag list is used.
+///
+/// CONFORMANCE.md: T8.
 #[test]
 fn random_programs_match_reference() {
     random_programs(false, &SETUPS, 64, true);
@@ -643,6 +645,8 @@ fn fixed_program_uses_the_tag_list() {
 
 /// Wildcards, an earlier software-only receive competing with an eligible one, two senders,
 /// cancels of listed and unlisted receives, unexpected messages taken later and drained.
+///
+/// CONFORMANCE.md: T12.
 #[test]
 fn fixed_program_mixes_paths() {
     let p = Program {

@@ -56,6 +56,7 @@ every_setup!(
     dup_split_isolation
 );
 
+/// CONFORMANCE.md: T6.
 fn pingpong_sizes(shm: Setup) {
     run(shm, 2, |w| {
         for &n in &[0usize, 1, 8, 1000, 65536, 200_000, 1 << 20] {
@@ -336,6 +337,7 @@ fn abandoned_rendezvous(setup: Setup) {
     });
 }
 
+/// CONFORMANCE.md: T52, T62.
 fn rendezvous_paths(setup: Setup) {
     let lines = run(setup, 2, |w| {
         let peer = 1 - w.rank();

@@ -7,8 +7,10 @@
 #                           then one sshd per namespace (key-only, root, own config and pid file
 #                           in STATE). Writes STATE/hosts (one "namespace address" per line)
 #                           and STATE/rsh (the ssh command for TMPI_RSH).
-#   netns.sh down STATE     stops the sshds it started (by the pids in STATE), deletes the
-#                           namespaces it made (listed in STATE/namespaces), removes STATE.
+#   netns.sh down STATE     stops the sshds it started (by the pids in STATE) and whatever
+#                           still runs in the namespaces it made (a test's ssh sessions and
+#                           ranks on a host it cut off), deletes those namespaces (listed in
+#                           STATE/namespaces), removes STATE.
 #
 # The addresses exist only inside the namespaces: the root namespace gets no address and no
 # route to them, so nothing sent here can leave the test's own namespaces. Needs root,
@@ -31,7 +33,12 @@ down() {
   done
   if [[ -f "$STATE/namespaces" ]]; then
     while read -r ns; do
-      [[ -n "$ns" ]] && ip netns del "$ns" 2>/dev/null || true
+      [[ -n "$ns" ]] || continue
+      # Only processes inside a namespace this harness made: what the tests started there.
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do
+        kill -KILL "$pid" 2>/dev/null || true
+      done
+      ip netns del "$ns" 2>/dev/null || true
     done < "$STATE/namespaces"
   fi
   rm -rf "$STATE"

@@ -119,6 +119,8 @@ pub struct Job {
     timeout: Duration,
     /// Ranks per simulated node ([`Job::nodes_of`]).
     per_node: Option<usize>,
+    /// The working directory ([`Job::in_dir`]); `None`: the test's.
+    dir: Option<PathBuf>,
 }
 
 impl Job {
@@ -136,6 +138,7 @@ impl Job {
             env: Vec::new(),
             timeout: Duration::from_secs(60),
             per_node: None,
+            dir: None,
         }
     }
 
@@ -152,6 +155,7 @@ impl Job {
             env: Vec::new(),
             timeout: Duration::from_secs(60),
             per_node: None,
+            dir: None,
         }
     }
 
@@ -178,6 +182,12 @@ impl Job {
     /// nodes, all on this host. Ignored for [`Job::alone`].
     pub fn nodes_of(mut self, per: usize) -> Job {
         self.per_node = Some(per.max(1));
+        self
+    }
+
+    /// Runs the launcher (or the program) in directory `d`.
+    pub fn in_dir(mut self, d: impl Into<PathBuf>) -> Job {
+        self.dir = Some(d.into());
         self
     }
 
@@ -209,6 +219,9 @@ impl Job {
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(d) = &self.dir {
+            cmd.current_dir(d);
+        }
         cmd
     }
 

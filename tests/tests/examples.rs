@@ -120,7 +120,7 @@ macro_rules! example_tests {
     )*};
 }
 
-example_tests!(hello, ring, pingpong, wildcard, pi, heat1d, split, offload, halo, overlap, exchange, rayon_hybrid);
+example_tests!(hello, ring, pingpong, wildcard, pi, heat1d, split, offload, halo, overlap, exchange, rayon_hybrid, reqset);
 
 #[test]
 fn every_example_is_tested() {
@@ -131,8 +131,21 @@ fn every_example_is_tested() {
         .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(".rs").map(str::to_string))
         .collect();
     found.sort();
-    let mut tested =
-        vec!["hello", "ring", "pingpong", "wildcard", "pi", "heat1d", "split", "offload", "halo", "overlap", "exchange", "rayon_hybrid"];
+    let mut tested = vec![
+        "hello",
+        "ring",
+        "pingpong",
+        "wildcard",
+        "pi",
+        "heat1d",
+        "split",
+        "offload",
+        "halo",
+        "overlap",
+        "exchange",
+        "rayon_hybrid",
+        "reqset",
+    ];
     tested.sort_unstable();
     assert_eq!(found, tested, "examples/src/bin and this test's list differ");
 }

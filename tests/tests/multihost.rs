@@ -8,10 +8,14 @@
 //! Cases: hello, ring and collcheck on 2 hosts x 2 ranks; a hostfile of 3 hosts x 1;
 //! `TMPI_FABRIC=tcp`; `tmpirun`'s stdin reaching rank 0 on another host (and its end); a
 //! remote rank killed and a remote rank panicking (the job ends naming it, nothing is left on
-//! any host); `tmpirun` interrupted (SIGINT: nothing is left). Skipped, saying why, when not
-//! root or without `ip netns` or sshd.
+//! any host); `tmpirun` interrupted (SIGINT: nothing is left). Issue 55: a host that vanishes
+//! mid-job (its link cut, its processes killed: the job ends naming it within 4 x
+//! `TMPI_PEER_TIMEOUT`), two hosts that can no longer reach each other (the waiting rank gets
+//! `PeerGone` as soon), and a flood of strangers against `tmpirun`'s bootstrap service, out of
+//! descriptors (the remote ranks still get in at once). Each test has namespaces of its own.
+//! Skipped, saying why, when not root or without `ip netns` or sshd.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -30,6 +34,11 @@ struct Hosts {
 impl Hosts {
     /// Brings up `n` hosts, or says why this machine cannot and returns `None`.
     fn up(n: usize) -> Option<Hosts> {
+        Hosts::up_as(n, "mh")
+    }
+
+    /// [`Hosts::up`] with namespaces named after `tag` (each test its own).
+    fn up_as(n: usize, tag: &str) -> Option<Hosts> {
         // SAFETY: geteuid has no arguments and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("multihost: SKIPPED: not root (network namespaces need root)");
@@ -46,7 +55,7 @@ impl Hosts {
                 return None;
             }
         }
-        let state = std::env::temp_dir().join(format!("tmpi-mh-{}", std::process::id()));
+        let state = std::env::temp_dir().join(format!("tmpi-{tag}-{}", std::process::id()));
         let hosts = Hosts { state: state.clone(), hosts: Vec::new(), rsh: String::new() };
         let out = Command::new(harness()).arg("up").arg(&state).arg(n.to_string()).stdin(Stdio::null()).output().expect("run netns.sh");
         if !out.status.success() {
@@ -85,6 +94,44 @@ impl Hosts {
 
     fn run(&self, args: &[&str]) -> Output {
         self.tmpirun(args).output().expect("run tmpirun")
+    }
+
+    /// Runs `ip ARGS` and asserts it worked.
+    fn ip(&self, args: &[&str]) {
+        let o = Command::new("ip").args(args).stdin(Stdio::null()).output().expect("run ip");
+        assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+
+    /// Cuts host `i` (1..) off the bridge without a word: its end of the link goes down, so
+    /// nothing it sends (FIN, RST) arrives and nothing reaches it.
+    fn cut(&self, i: usize) {
+        self.ip(&["-n", &self.hosts[i].0, "link", "set", &format!("veth{}", i + 1), "down"]);
+    }
+
+    /// Brings host `i`'s link back up.
+    fn relink(&self, i: usize) {
+        self.ip(&["-n", &self.hosts[i].0, "link", "set", &format!("veth{}", i + 1), "up"]);
+    }
+
+    /// Isolates (or joins again) host `i`'s bridge port: isolated ports cannot reach each
+    /// other, but still reach the first host.
+    fn isolate(&self, i: usize, on: bool) {
+        let port = format!("port{}", i + 1);
+        self.ip(&["-n", &self.hosts[0].0, "link", "set", "dev", &port, "type", "bridge_slave", "isolated", if on { "on" } else { "off" }]);
+    }
+
+    /// "Powers host `i` off": SIGKILL to every process in its namespace but the harness's
+    /// sshd (the ranks, their wrappers, the ssh sessions of the job).
+    fn power_off(&self, i: usize) {
+        let ns = &self.hosts[i].0;
+        let sshd: Option<i32> = std::fs::read_to_string(self.state.join(format!("sshd_{ns}.pid"))).ok().and_then(|p| p.trim().parse().ok());
+        let o = Command::new("ip").args(["netns", "pids", ns]).output().expect("ip netns pids");
+        for pid in String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            if Some(pid) != sshd {
+                // SAFETY: kill(2) has no memory effects; `pid` runs in this test's namespace.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
     }
 }
 
@@ -184,15 +231,22 @@ impl Drop for Launcher {
 /// Starts `fault_hang` on the hosts, waits until every rank is READY, and returns the
 /// running `tmpirun` with its stderr reader.
 fn hanging_job(h: &Hosts, hosts: &str, n: usize, mark: &str) -> (Launcher, std::thread::JoinHandle<Vec<String>>) {
+    hanging_job_with(h, hosts, n, mark, &[])
+}
+
+/// [`hanging_job`] with `env` added to tmpirun's environment.
+fn hanging_job_with(
+    h: &Hosts,
+    hosts: &str,
+    n: usize,
+    mark: &str,
+    env: &[(&str, &str)],
+) -> (Launcher, std::thread::JoinHandle<Vec<String>>) {
     let x = format!("MULTIHOST_MARK={mark}");
     let prog = release_bin("fault_hang");
-    let mut child = Launcher(
-        h.tmpirun(&["--host", hosts, "--timeout", "120", "-x", &x, prog.to_str().expect("utf-8 path")])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start tmpirun"),
-    );
+    let mut cmd = h.tmpirun(&["--host", hosts, "--timeout", "120", "-x", &x, prog.to_str().expect("utf-8 path")]);
+    cmd.envs(env.iter().copied());
+    let mut child = Launcher(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start tmpirun"));
     let stdout = BufReader::new(child.0.stdout.take().expect("stdout"));
     let stderr = child.0.stderr.take().expect("stderr");
     let err = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<String>>());
@@ -337,4 +391,154 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     assert_eq!(status.code(), Some(130), "{err}");
     eprintln!("multihost: SIGINT -> job ended in {:?}", t.elapsed());
     assert_nothing_left(&mark, "after tmpirun got SIGINT");
+}
+
+/// The knob the tests of a vanishing host set (seconds); each fails only when the job is not
+/// over 4 times as long after the cut.
+const PEER_TIMEOUT: u64 = 3;
+
+/// Issue 55 item 2: the host of rank 1 vanishes mid-job (its link goes down, then everything
+/// on it is killed: no FIN, no RST ever arrives) while rank 0 waits in a receive from it. The
+/// job ends naming the host, within the bound `TMPI_PEER_TIMEOUT` sets.
+#[test]
+fn a_host_that_vanishes_ends_the_job_naming_it() {
+    let Some(h) = Hosts::up_as(2, "cut") else { return };
+    let (a1, a2) = (h.addr(0).to_string(), h.addr(1).to_string());
+    let mark = format!("vanish-{}", std::process::id());
+    let knob = PEER_TIMEOUT.to_string();
+    let (mut child, err) = hanging_job_with(&h, &format!("{a1}:1,{a2}:1"), 2, &mark, &[("TMPI_PEER_TIMEOUT", &knob)]);
+    let t = Instant::now();
+    h.cut(1);
+    h.power_off(1);
+    let status = child.0.wait().expect("wait for tmpirun");
+    let took = t.elapsed();
+    let err = err.join().expect("stderr").join("\n");
+    eprintln!("multihost: host cut off (TMPI_PEER_TIMEOUT={PEER_TIMEOUT}) -> job ended {took:?} after the cut");
+    assert_eq!(status.code(), Some(255), "{err}");
+    assert!(err.contains(&format!("tmpirun: host {a2} (rank 1) stopped answering")), "tmpirun should name the host\n{err}");
+    assert!(took < Duration::from_secs(4 * PEER_TIMEOUT), "the job took {took:?} to end after the cut\n{err}");
+    h.relink(1);
+    assert_nothing_left(&mark, "after a host vanished");
+}
+
+/// Issue 55 item 2: hosts 2 and 3 can no longer reach each other (both still reach tmpirun's
+/// host), so only the TCP fabric between their ranks can tell: rank 0, waiting in a receive
+/// from rank 1, gets `PeerGone` within the bound, and the job ends naming it.
+#[test]
+fn a_silent_peer_becomes_peer_gone() {
+    let Some(h) = Hosts::up_as(3, "iso") else { return };
+    let (a2, a3) = (h.addr(1).to_string(), h.addr(2).to_string());
+    let mark = format!("silent-{}", std::process::id());
+    let knob = PEER_TIMEOUT.to_string();
+    let (mut child, err) = hanging_job_with(&h, &format!("{a2}:1,{a3}:1"), 2, &mark, &[("TMPI_PEER_TIMEOUT", &knob)]);
+    let t = Instant::now();
+    h.isolate(1, true);
+    h.isolate(2, true);
+    let status = child.0.wait().expect("wait for tmpirun");
+    let took = t.elapsed();
+    let err = err.join().expect("stderr").join("\n");
+    eprintln!("multihost: peers cut apart (TMPI_PEER_TIMEOUT={PEER_TIMEOUT}) -> PeerGone, job ended {took:?} after the cut");
+    assert_eq!(status.code(), Some(42), "rank 0's receive fails (fault_hang exits 42)\n{err}");
+    assert!(err.contains(&format!("tmpirun: rank 0 (on host {a2}) exited with code 42")), "{err}");
+    assert!(err.contains("peer rank 1 is gone"), "the error is PeerGone\n{err}");
+    assert!(took < Duration::from_secs(4 * PEER_TIMEOUT), "the job took {took:?} to end after the cut\n{err}");
+    h.isolate(1, false);
+    h.isolate(2, false);
+    assert_nothing_left(&mark, "after two hosts lost each other");
+}
+
+/// The `TMPI_BOOTSTRAP` address the launch agent of a job marked `mark` was given.
+fn bootstrap_addr(mark: &str) -> Option<String> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        for (_, cmd) in marked(mark) {
+            if let Some((_, rest)) = cmd.split_once("TMPI_BOOTSTRAP=tcp:") {
+                return rest.split(['\'', ' ']).next().map(str::to_string);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// CPU time (user and system, in clock ticks) process `pid` used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    // Fields 14 and 15 (utime, stime); `rest` starts at field 3, whose letter does not parse.
+    f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)
+}
+
+/// Issue 55 item 3: 300 strangers hold connections to tmpirun's bootstrap service, which has
+/// 48 descriptors, before the remote ranks start: the oldest strangers give way, the ranks get
+/// in and the job runs at once (before, tmpirun spun on EMFILE and the ranks waited until the
+/// strangers left).
+#[test]
+fn a_flood_of_strangers_does_not_keep_remote_ranks_out() {
+    let Some(h) = Hosts::up_as(2, "flood") else { return };
+    let a2 = h.addr(1).to_string();
+    let mark = format!("flood-{}", std::process::id());
+    let go = h.state.join("go");
+    let prog = format!("while [ ! -e {} ]; do sleep 0.05; done; exec {}", go.display(), release_bin("hello").display());
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &h.hosts[0].0, "sh", "-c", "ulimit -n 48 && exec \"$0\" \"$@\""]).arg(tmpirun());
+    cmd.args(["--host", &format!("{a2}:2"), "--timeout", "100", "-x", &format!("MULTIHOST_MARK={mark}"), "sh", "-c", &prog]);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("TMPI_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let mut child = Launcher(
+        cmd.env("TMPI_RSH", &h.rsh).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start tmpirun"),
+    );
+    let read_all = |r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = BufReader::new(r).read_to_end(&mut v);
+            String::from_utf8_lossy(&v).into_owned()
+        })
+    };
+    let out = read_all(Box::new(child.0.stdout.take().expect("stdout")));
+    let err = read_all(Box::new(child.0.stderr.take().expect("stderr")));
+    let addr = bootstrap_addr(&mark).expect("the bootstrap address on the agent's command line");
+    let mut flood = Command::new("ip")
+        .args(["netns", "exec", &h.hosts[1].0])
+        .arg(release_bin("tcpstranger"))
+        .args([addr.as_str(), "300", "0", "45"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start tcpstranger");
+    let mut lines = BufReader::new(flood.stdout.take().expect("stdout")).lines();
+    let opened = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(opened.starts_with("OPEN "), "{opened}");
+    let closed = std::thread::spawn(move || lines.map_while(Result::ok).filter(|l| l.starts_with("CLOSED ")).count());
+    // tmpirun's CPU time from now until it ends (sampled: it is gone once reaped).
+    let pid = child.0.id();
+    let cpu0 = cpu_ticks(pid);
+    let sampler = std::thread::spawn(move || {
+        let mut last = cpu0;
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            last = last.max(cpu_ticks(pid));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        last - cpu0
+    });
+    let t = Instant::now();
+    std::fs::write(&go, "").expect("start the ranks");
+    let status = child.0.wait().expect("wait for tmpirun");
+    let took = t.elapsed();
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let _ = flood.kill();
+    let _ = flood.wait();
+    let closed = closed.join().unwrap_or(0);
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let cpu_ms = sampler.join().unwrap_or(0) * 1000 / hz;
+    eprintln!("multihost: {opened} strangers, tmpirun with 48 descriptors -> the job ran {took:?} after its ranks started; {closed} strangers closed; tmpirun used about {cpu_ms} ms of CPU meanwhile");
+    let ctx = format!("status {status:?}\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(status.success(), "{ctx}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("Hello from rank")).count(), 2, "{ctx}");
+    assert!(took < Duration::from_secs(30), "the ranks were kept out for {took:?}\n{ctx}");
+    assert_nothing_left(&mark, "after the flood");
 }

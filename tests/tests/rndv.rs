@@ -47,6 +47,7 @@ fn bigmsg(n: usize, max: Option<usize>, env: &[(&str, &str)]) -> BTreeMap<usize,
     st
 }
 
+/// CONFORMANCE.md: T7, T51, M78.
 #[test]
 fn zero_to_64_mib_with_single_copy_and_offload_on_and_off() {
     for n in [2, 3] {

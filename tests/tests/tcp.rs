@@ -1,13 +1,14 @@
 //! The TCP fabric through real jobs on one machine (`TMPI_FABRIC=tcp`, over loopback): every
 //! example and the point-to-point, collective and large-message test programs at 2 and 3
 //! ranks; a hybrid job (shared memory within a "node", TCP between nodes, nodes named by
-//! `TMPI_NODE_ID`); a rank killed mid-job. Each job's ranks say which fabric they got
+//! `TMPI_NODE_ID`); a rank killed mid-job; a slow stranger on a starting job's TCP listener
+//! (issue 55 item 3: the job starts all the same). Each job's ranks say which fabric they got
 //! (`tmpi-fabric` lines with `TMPI_STATS=1`), so a silent fall-back to shared memory fails.
 //!
 //! The handshake's refusal of strangers (no proof of the job secret) and malformed frames are
 //! tested in `transport/src/tcp/tests.rs`, where a test can play the stranger.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -242,4 +243,91 @@ fn rank_pid(parent: u32, rank: usize) -> Option<i32> {
         std::thread::sleep(Duration::from_millis(20));
     }
     None
+}
+
+/// The port of a TCP socket that process `pid` listens on (its fabric listener), once it has
+/// one (at most 30 s).
+fn listening_port(pid: i32) -> Option<u16> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .ok()?
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter_map(|l| l.to_str().and_then(|s| s.strip_prefix("socket:[")).map(|s| s.trim_end_matches(']').to_string()))
+            .collect();
+        let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+        for line in table.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address is field 1 (ADDR:PORT in hex), st field 3 (0A: listening), inode
+            // field 9.
+            if f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]) {
+                return f[1].rsplit_once(':').and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Issue 55 item 3: a stranger connects to rank 0's TCP fabric listener while the job starts
+/// and trickles a byte a second, never proving anything (before, rank 0 read it for 56 s and
+/// `init` failed after 60 s). The job starts and runs at once; the stranger is refused.
+#[test]
+fn a_slow_stranger_does_not_delay_a_starting_job() {
+    let _serial = serial();
+    let go = std::env::temp_dir().join(format!("tmpi-slow-stranger-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let prog = format!(
+        "if [ \"$TMPI_RANK\" = 2 ]; then while [ ! -e {} ]; do sleep 0.05; done; fi; exec {}",
+        go.display(),
+        release_bin("collcheck").display()
+    );
+    let mut child = Command::new(tmpi_tests::tmpirun())
+        .args(["-n", "3", "--timeout", "90", "sh", "-c", &prog])
+        .env("TMPI_FABRIC", "tcp")
+        .env("TMPI_STATS", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tmpirun");
+    let read_all = |r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = String::new();
+            let _ = BufReader::new(r).read_to_string(&mut v);
+            v
+        })
+    };
+    let out = read_all(Box::new(child.stdout.take().expect("stdout")));
+    let err = read_all(Box::new(child.stderr.take().expect("stderr")));
+    let fail = |child: &mut std::process::Child, why: &str| -> ! {
+        let _ = child.kill();
+        panic!("{why}");
+    };
+    let Some(pid0) = rank_pid(child.id(), 0) else { fail(&mut child, "rank 0's pid") };
+    let Some(port) = listening_port(pid0) else { fail(&mut child, "rank 0's TCP listener") };
+    let mut stranger = Command::new(release_bin("tcpstranger"))
+        .args([&format!("127.0.0.1:{port}"), "1", "1000", "80"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start tcpstranger");
+    let mut lines = BufReader::new(stranger.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("OPEN 1"));
+    let t = Instant::now();
+    std::fs::write(&go, "").expect("let rank 2 start");
+    let status = child.wait().expect("wait for tmpirun");
+    let took = t.elapsed();
+    let _ = std::fs::remove_file(&go);
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    let closed: Vec<String> = lines.map_while(Result::ok).filter(|l| l.starts_with("CLOSED ")).collect();
+    eprintln!("tcp: a job of 3 ran {took:?} after its last rank started, beside a slow stranger ({closed:?})");
+    let ctx = format!("status {status:?}\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(status.success(), "{ctx}");
+    assert!(out.lines().any(|l| l.starts_with("collcheck: ") && l.contains("OK")), "{ctx}");
+    assert!(err.contains("tmpi: rank 0: refused 1 TCP connection(s) that did not prove the job secret"), "{ctx}");
+    assert!(took < Duration::from_secs(30), "the job was held up {took:?}\n{ctx}");
+    assert_eq!(closed.len(), 1, "the stranger was closed: {closed:?}\n{ctx}");
 }

@@ -58,6 +58,18 @@ pub enum Error {
     /// The fabric could not be set up (connections between ranks, `TMPI_FABRIC` choices).
     #[error("fabric: {0}")]
     Fabric(String),
+    /// A libfabric call failed (the `ofi` feature): the `fi_*` call, libfabric's error number
+    /// (positive `FI_E*`) and its `fi_strerror` text. `-FI_EAGAIN` is never reported this way:
+    /// it is back-pressure, which the OFI calls return as a value.
+    #[error("{call}: {text} (fi_errno {code})")]
+    Ofi {
+        /// The libfabric call, e.g. `fi_tsend`.
+        call: &'static str,
+        /// The positive `FI_E*` error number.
+        code: i32,
+        /// `fi_strerror(code)`.
+        text: String,
+    },
     /// An argument was outside what the call accepts.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -9,8 +9,11 @@
 //! - [`shm`]: the shared-memory fabric between processes of one node.
 //! - [`local`]: ranks as threads of one process, for tests.
 //! - [`tcp`]: the TCP fabric between hosts (one connection per pair of ranks).
-//! - [`fabric`]: the packet interface every fabric implements, and [`fabric::Fabric`], the
-//!   one the runtime drives (shared memory, TCP, or both in one job).
+//! - `ofi` (cargo feature `ofi`): libfabric's providers: safe wrappers, the tag layout and
+//!   the OFI packet fabric.
+//! - [`fabric`]: packets, the [`fabric::Fabric`] trait every fabric implements, and
+//!   [`fabric::AnyFabric`], the one the runtime drives (shared memory, TCP, or both in one
+//!   job).
 //! - [`bootstrap`]: the key-value service that `tmpirun` serves and ranks use to meet.
 //!
 //! This crate never depends on the runtime (`tmpi`); the runtime and the launcher use it.
@@ -28,6 +31,8 @@ pub mod error;
 pub mod fabric;
 pub mod local;
 pub mod mr;
+#[cfg(feature = "ofi")]
+pub mod ofi;
 pub mod shm;
 pub mod tcp;
 pub mod tm;

@@ -712,18 +712,21 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// CONFORMANCE.md: T14.
     #[test]
     fn tmh_layout_is_big_endian() {
         let h = Tmh { op: TmOp::Eager, app_ctx: 0x0102_0304, tag: 0x1122_3344_5566_7788 };
         assert_eq!(h.to_bytes(), [3, 0, 0, 0, 1, 2, 3, 4, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
     }
 
+    /// CONFORMANCE.md: T16.
     #[test]
     fn rvh_layout_is_big_endian() {
         let r = Rvh { va: 0x0102_0304_0506_0708, rkey: 0xaabb_ccdd, len: 0x10 };
         assert_eq!(r.to_bytes(), [1, 2, 3, 4, 5, 6, 7, 8, 0xaa, 0xbb, 0xcc, 0xdd, 0, 0, 0, 0x10]);
     }
 
+    /// CONFORMANCE.md: T15.
     #[test]
     fn rejects_malformed() {
         assert!(Tmh::decode(&[3, 0, 0]).is_err());
@@ -736,6 +739,7 @@ mod tests {
         assert!(Message::parse(&rndv_short).is_err());
     }
 
+    /// CONFORMANCE.md: T17.
     #[test]
     fn parses_each_kind() {
         let t = Tmh { op: TmOp::Eager, app_ctx: 1, tag: 2 };
@@ -942,16 +946,19 @@ mod tests {
         fn control_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..24)) {
             let _ = Control::decode(&bytes);
         }
+        /// CONFORMANCE.md: T14.
         #[test]
         fn tmh_roundtrip(op in 0u8..4, ctx: u32, tag: u64) {
             let h = Tmh { op: TmOp::from_u8(op).unwrap(), app_ctx: ctx, tag };
             prop_assert_eq!(Tmh::decode(&h.to_bytes()).unwrap(), h);
         }
+        /// CONFORMANCE.md: T16.
         #[test]
         fn rvh_roundtrip(va: u64, rkey: u32, len: u32) {
             let r = Rvh { va, rkey, len };
             prop_assert_eq!(Rvh::decode(&r.to_bytes()).unwrap(), r);
         }
+        /// CONFORMANCE.md: T66.
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = Message::parse(&bytes);

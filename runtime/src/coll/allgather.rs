@@ -65,7 +65,9 @@ pub(crate) fn plan_ring(p: &mut Plan, g: Grp<'_>, buf: Span, blk: usize, tag: u3
 pub(crate) fn check_allgather(size: usize, blk: usize, recv: usize) -> Result<()> {
     let total = super::mul_len(size, blk, "allgather")?;
     if recv != total {
-        return Err(Error::InvalidBuffer(format!("allgather: receive buffer has {recv} bytes, {size} ranks * {blk} bytes = {total} needed")));
+        return Err(Error::InvalidBuffer(format!(
+            "allgather: receive buffer has {recv} bytes, {size} ranks * {blk} bytes = {total} needed"
+        )));
     }
     Ok(())
 }
@@ -105,7 +107,13 @@ pub(crate) fn allgather_recursive_doubling<C: CollP2p + ?Sized>(c: &C, buf: &mut
 #[cfg(test)]
 pub(crate) fn allgather_bruck<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
     let mut p = Plan::new();
-    plan_bruck(&mut p, Grp::all(c.rank(), c.size()), super::plan::inp(0, send.len()), super::plan::out(0, recv.len()), super::tags::ALLGATHER_BRUCK);
+    plan_bruck(
+        &mut p,
+        Grp::all(c.rank(), c.size()),
+        super::plan::inp(0, send.len()),
+        super::plan::out(0, recv.len()),
+        super::tags::ALLGATHER_BRUCK,
+    );
     c.run(p, Some(send), Some(recv))
 }
 

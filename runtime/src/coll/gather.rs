@@ -205,7 +205,14 @@ fn gather_by<C: CollP2p + ?Sized>(
 ) -> Result<()> {
     let recv = if c.rank() == root { recv } else { None };
     let mut p = Plan::new();
-    plan(&mut p, Grp::all(c.rank(), c.size()), super::plan::inp(0, send.len()), recv.as_ref().map(|r| super::plan::out(0, r.len())), root, super::tags::GATHER);
+    plan(
+        &mut p,
+        Grp::all(c.rank(), c.size()),
+        super::plan::inp(0, send.len()),
+        recv.as_ref().map(|r| super::plan::out(0, r.len())),
+        root,
+        super::tags::GATHER,
+    );
     c.run(p, Some(send), recv)
 }
 
@@ -220,7 +227,14 @@ fn scatter_by<C: CollP2p + ?Sized>(
 ) -> Result<()> {
     let send = if c.rank() == root { send } else { None };
     let mut p = Plan::new();
-    plan(&mut p, Grp::all(c.rank(), c.size()), send.map(|s| super::plan::inp(0, s.len())), super::plan::out(0, recv.len()), root, super::tags::SCATTER);
+    plan(
+        &mut p,
+        Grp::all(c.rank(), c.size()),
+        send.map(|s| super::plan::inp(0, s.len())),
+        super::plan::out(0, recv.len()),
+        root,
+        super::tags::SCATTER,
+    );
     c.run(p, send, Some(recv))
 }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::plan::{Action, Buf, Plan, Span};
 use super::select::{Force, Setting};
+use super::topo::Topo;
 use super::CollP2p;
 use crate::error::{Error, Result};
 
@@ -52,6 +53,8 @@ pub(super) struct ThreadP2p {
     pub(super) sent: RefCell<usize>,
     /// The `TMPI_COLL_*` overrides the planners see.
     force: Force,
+    /// The hosts the planners see (`None`: one host).
+    topo: Option<Topo>,
 }
 
 impl ThreadP2p {
@@ -240,12 +243,16 @@ impl CollP2p for ThreadP2p {
         self.size
     }
     fn setting(&self) -> Setting<'_> {
-        Setting { rank: self.rank, size: self.size, force: &self.force }
+        Setting { rank: self.rank, size: self.size, force: &self.force, topo: self.topo.as_ref() }
     }
     fn run(&self, mut plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
         plan.check()?;
         let mut none = [];
-        let mut bufs = Bufs { input: input.unwrap_or(&[]), output: output.unwrap_or(&mut none), temps: plan.temps.iter().map(|&n| vec![0; n]).collect() };
+        let mut bufs = Bufs {
+            input: input.unwrap_or(&[]),
+            output: output.unwrap_or(&mut none),
+            temps: plan.temps.iter().map(|&n| vec![0; n]).collect(),
+        };
         let mut degraded = plan.error.take();
         for i in 0..plan.len() {
             self.run_round(&plan, i, &mut bufs, &mut degraded)?;
@@ -280,6 +287,12 @@ impl CollP2p for ThreadP2p {
 
 /// Runs `f` on `n` ranks (threads) and returns each rank's result, in rank order.
 pub(super) fn run<R: Send>(n: usize, mode: Mode, f: impl Fn(&ThreadP2p) -> R + Sync) -> Vec<R> {
+    run_on(n, mode, None, Force::AUTO, f)
+}
+
+/// [`run`] with rank `r` on host `hosts[r]` (`None`: one host) and the overrides `force`.
+pub(super) fn run_on<R: Send>(n: usize, mode: Mode, hosts: Option<&[usize]>, force: Force, f: impl Fn(&ThreadP2p) -> R + Sync) -> Vec<R> {
+    let topo = hosts.map(|h| Topo::from_hosts(h.to_vec())).filter(|t| t.hosts() > 1);
     // txs[src][dst] / rxs[dst][src]
     let mut txs: Vec<Vec<Sender<Msg>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
     let mut rxs: Vec<Vec<Option<Receiver<Msg>>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
@@ -302,7 +315,8 @@ pub(super) fn run<R: Send>(n: usize, mode: Mode, f: impl Fn(&ThreadP2p) -> R + S
             from: from.into_iter().flatten().collect(),
             parked: RefCell::new(HashMap::new()),
             sent: RefCell::new(0),
-            force: Force::AUTO,
+            force,
+            topo: topo.clone(),
         })
         .collect();
     let f = &f;

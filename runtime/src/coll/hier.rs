@@ -25,8 +25,8 @@
 use super::plan::{Buf, Grp, Plan, Span};
 use super::reduce::Vector;
 use super::select::{self, Setting, Shape};
-use super::topo::Topo;
 use super::tags;
+use super::topo::Topo;
 
 /// Tags of the phases inside a host (the heads' phases use the flat algorithms' tags).
 pub(crate) mod htags {
@@ -90,16 +90,10 @@ impl<'t> Tiers<'t> {
     }
 }
 
-/// Whether a call of `shape` runs node-aware: more than one host, more ranks than hosts, and
-/// not switched off (`TMPI_COLL_NODE_AWARE`).
-pub(crate) fn wanted(set: &Setting<'_>) -> Option<&Topo> {
+/// The communicator's hosts when its calls run node-aware ([`select::node_aware`]).
+pub(crate) fn wanted<'a>(set: &Setting<'a>) -> Option<&'a Topo> {
     let t = set.topo?;
-    let on = match set.force.node_aware {
-        Some(false) => false,
-        Some(true) => t.hosts() > 1,
-        None => t.hosts() > 1 && t.hosts() < t.order().len(),
-    };
-    on.then_some(t)
+    select::node_aware(&Shape::on(t, 0), set.force.node_aware).then_some(t)
 }
 
 fn shape(n: usize, bytes: usize, count: usize, commutative: bool) -> Shape {
@@ -171,7 +165,14 @@ fn reduce_on(p: &mut Plan, set: &Setting<'_>, g: Grp<'_>, send: Span, recv: Opti
 
 /// The first tier of the reductions: this host's vectors combined on its head, into `into`
 /// (a span of the vector's length) there; returns where the head's combined vector is.
-fn reduce_in_host(p: &mut Plan, set: &Setting<'_>, t: &Tiers<'_>, send: Span, v: Vector, into: impl FnOnce(&mut Plan) -> Span) -> Option<Span> {
+fn reduce_in_host(
+    p: &mut Plan,
+    set: &Setting<'_>,
+    t: &Tiers<'_>,
+    send: Span,
+    v: Vector,
+    into: impl FnOnce(&mut Plan) -> Span,
+) -> Option<Span> {
     let g = t.local();
     if g.n == 1 {
         return Some(send);
@@ -341,8 +342,7 @@ pub(crate) fn alltoall(p: &mut Plan, t: &Tiers<'_>, send: Span, recv: Span, blk:
         }
         outs.push(o);
     }
-    let ins: Vec<Span> =
-        (0..hosts).map(|hs| if hs == t.host { Span::empty() } else { p.temp(topo.ranks(hs).len() * ln * blk) }).collect();
+    let ins: Vec<Span> = (0..hosts).map(|hs| if hs == t.host { Span::empty() } else { p.temp(topo.ranks(hs).len() * ln * blk) }).collect();
     p.next();
     for k in 1..h.n {
         let (to, fr) = ((h.me + k) % h.n, (h.me + h.n - k) % h.n);

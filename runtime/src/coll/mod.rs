@@ -252,4 +252,3 @@ impl Machine {
 pub(crate) fn internal(msg: String) -> Error {
     Error::State(format!("collective internal error: {msg}"))
 }
-

@@ -190,7 +190,18 @@ fn plan_unfold(p: &mut Plan, g: Grp<'_>, acc: Span, rem: usize, tag: u32) {
 /// first step sends the half it gives away from `from` and copies in only the half it keeps
 /// (1 MiB on 2 ranks: copying the whole vector was 12% of the time).
 #[allow(clippy::too_many_arguments)]
-fn plan_halving(p: &mut Plan, g: Grp<'_>, mut from: Option<Span>, acc: Span, tmp: Span, v: Vector, nr: usize, rem: usize, pof2: usize, tag: u32) {
+fn plan_halving(
+    p: &mut Plan,
+    g: Grp<'_>,
+    mut from: Option<Span>,
+    acc: Span,
+    tmp: Span,
+    v: Vector,
+    nr: usize,
+    rem: usize,
+    pof2: usize,
+    tag: u32,
+) {
     let (mut lo, mut hi) = (0, pof2);
     let mut m = pof2 / 2;
     while m > 0 {
@@ -388,11 +399,25 @@ pub(crate) fn reduce<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv:
 /// # Errors
 /// As [`reduce`].
 #[cfg(test)]
-pub(crate) fn reduce_binomial<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: Option<&mut [T]>, op: Op, root: usize) -> Result<()> {
+pub(crate) fn reduce_binomial<T: Reducible, C: CollP2p + ?Sized>(
+    c: &C,
+    send: &[T],
+    recv: Option<&mut [T]>,
+    op: Op,
+    root: usize,
+) -> Result<()> {
     let mut p = Plan::reducing(builtin::<T>(op));
     let len = std::mem::size_of_val(send);
     let recv = if c.rank() == root { recv } else { None };
-    plan_reduce_binomial(&mut p, Grp::all(c.rank(), c.size()), super::plan::inp(0, len), recv.as_ref().map(|_| super::plan::out(0, len)), root, false, super::tags::REDUCE);
+    plan_reduce_binomial(
+        &mut p,
+        Grp::all(c.rank(), c.size()),
+        super::plan::inp(0, len),
+        recv.as_ref().map(|_| super::plan::out(0, len)),
+        root,
+        false,
+        super::tags::REDUCE,
+    );
     c.run(p, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
 }
 

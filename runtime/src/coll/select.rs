@@ -9,12 +9,12 @@
 //!
 //! The cut-overs are constants of [`super`], each with the measurement behind it.
 
+use super::hier::{self, Tiers};
 use super::plan::{inp, out, pof2_floor, Grp, Plan, ReduceFn, Span};
 use super::reduce::Vector;
+use super::topo::Topo;
 use super::{tags, ALLGATHER_BRUCK_BYTES, ALLGATHER_LONG_BYTES, ALLREDUCE_LONG_BYTES, ALLREDUCE_RING_BYTES};
 use super::{ALLTOALL_NODE_AWARE_BYTES, BCAST_LONG_BYTES, BCAST_MIN_PROCS_LONG, GATHER_LINEAR_BYTES, REDUCE_LONG_BYTES};
-use super::hier::{self, Tiers};
-use super::topo::Topo;
 use crate::error::{Error, Result};
 
 /// Defines a public algorithm enum with its `TMPI_COLL_*` names.
@@ -228,10 +228,32 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// A call of `bytes` on the ranks and hosts of `t`.
+    pub(crate) fn on(t: &Topo, bytes: usize) -> Shape {
+        Shape { ranks: t.order().len(), hosts: t.hosts(), bytes, count: bytes, commutative: true }
+    }
+
     /// A call of `bytes` on `ranks` ranks of one host, with a commutative operator.
     pub fn flat(ranks: usize, bytes: usize) -> Shape {
         Shape { ranks, hosts: 1, bytes, count: bytes, commutative: true }
     }
+}
+
+/// Whether a call of shape `s` runs node-aware ([`super::hier`]): `force` (`TMPI_COLL_NODE_AWARE`)
+/// `Some(true)` whenever the ranks span hosts, `Some(false)` never, `None` when they span
+/// hosts and some host has more than one of them (with one rank per host the tiers inside the
+/// hosts are empty and the plan is the flat one with extra copies).
+pub fn node_aware(s: &Shape, force: Option<bool>) -> bool {
+    match force {
+        Some(on) => on && s.hosts > 1,
+        None => s.hosts > 1 && s.hosts < s.ranks,
+    }
+}
+
+/// Whether an alltoall of blocks of `s.bytes` runs node-aware: as [`node_aware`], and under
+/// `auto` only for blocks of at most [`ALLTOALL_NODE_AWARE_BYTES`].
+pub fn alltoall_node_aware(s: &Shape, force: Option<bool>) -> bool {
+    node_aware(s, force) && (force == Some(true) || s.bytes <= ALLTOALL_NODE_AWARE_BYTES)
 }
 
 /// The barrier's algorithm.
@@ -517,7 +539,7 @@ pub(crate) fn alltoall_plan(set: &Setting<'_>, blk: usize) -> Plan {
     let (send, recv) = (inp(0, n * blk), out(0, n * blk));
     if n == 1 {
         p.copy(send, recv);
-    } else if let Some(t) = hier::wanted(set).filter(|_| blk > 0 && (blk <= ALLTOALL_NODE_AWARE_BYTES || set.force.node_aware == Some(true))) {
+    } else if let Some(t) = hier::wanted(set).filter(|t| blk > 0 && alltoall_node_aware(&Shape::on(t, blk), set.force.node_aware)) {
         hier::alltoall(&mut p, &Tiers::new(t, set.rank, None), send, recv, blk);
     } else if blk > 0 {
         let g = set.all();
@@ -543,7 +565,10 @@ pub(crate) fn alltoallv(set: &Setting<'_>) -> Alltoallv {
 /// [`Error::InvalidBuffer`] when the counts overflow.
 pub(crate) fn reduce_scatter_plan(set: &Setting<'_>, f: ReduceFn, commutative: bool, es: usize, counts: &[usize]) -> Result<Plan> {
     let n = set.size;
-    let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c)).ok_or_else(|| Error::InvalidBuffer("reduce_scatter: the counts overflow usize".into()))?;
+    let total = counts
+        .iter()
+        .try_fold(0usize, |a, &c| a.checked_add(c))
+        .ok_or_else(|| Error::InvalidBuffer("reduce_scatter: the counts overflow usize".into()))?;
     let displs = super::vcoll::check_counts("reduce_scatter", counts, n, total)?;
     let v = Vector { n: total, es };
     let mut p = Plan::reducing(f);

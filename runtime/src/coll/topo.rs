@@ -7,7 +7,7 @@
 //! only, or one rank: one host). A communicator made later derives its own map from the
 //! world's and its members, without communication, so every rank of it computes the same map.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::error::Result;
@@ -95,16 +95,19 @@ impl Topo {
     }
 
     /// Where host `h`'s ranks start in [`Topo::order`].
+    #[cfg(test)]
     pub(crate) fn start(&self, h: usize) -> usize {
         self.start[h]
     }
 
     /// The lowest rank of each host (its leader), in host order.
+    #[cfg(test)]
     pub(crate) fn leaders(&self) -> Vec<usize> {
         (0..self.hosts()).map(|h| self.order[self.start[h]]).collect()
     }
 
     /// The most ranks on one host.
+    #[cfg(test)]
     pub(crate) fn max_local(&self) -> usize {
         (0..self.hosts()).map(|h| self.start[h + 1] - self.start[h]).max().unwrap_or(0)
     }
@@ -139,10 +142,6 @@ impl Hosts {
         Hosts { world: self.world.clone(), topo }
     }
 }
-
-/// The world's host map, learned in `init` (see the module docs); unset, every communicator
-/// counts as one host.
-pub(crate) type HostsCell = OnceLock<Hosts>;
 
 /// 64-bit FNV-1a of a host identity (stable across processes and builds).
 fn key_of(id: &str) -> u64 {

@@ -361,7 +361,12 @@ pub(crate) fn plan_allgatherv(p: &mut Plan, g: Grp<'_>, algo: super::select::All
     match algo {
         Allgather::RecursiveDoubling if n.is_power_of_two() => {
             // On the blocks packed in member order, then out to their places.
-            let pre: Vec<usize> = std::iter::once(0).chain(sizes.iter().scan(0, |a, &s| Some(*a + s))).collect();
+            let pre: Vec<usize> = std::iter::once(0)
+                .chain(sizes.iter().scan(0, |a, &s| {
+                    *a += s;
+                    Some(*a)
+                }))
+                .collect();
             let t = p.temp(pre[n]);
             let range = |lo: usize, hi: usize| t.sub(pre[lo]..pre[hi]);
             p.next();
@@ -383,7 +388,12 @@ pub(crate) fn plan_allgatherv(p: &mut Plan, g: Grp<'_>, algo: super::select::All
         Allgather::Bruck => {
             // Packed in relative order (this member first).
             let rel = |j: usize| (me + j) % n;
-            let pre: Vec<usize> = std::iter::once(0).chain((0..n).scan(0, |a, j| Some(*a + sizes[rel(j)]))).collect();
+            let pre: Vec<usize> = std::iter::once(0)
+                .chain((0..n).scan(0, |a, j| {
+                    *a += sizes[rel(j)];
+                    Some(*a)
+                }))
+                .collect();
             let t = p.temp(pre[n]);
             let range = |lo: usize, hi: usize| t.sub(pre[lo]..pre[hi]);
             p.next();

@@ -10,12 +10,12 @@ impl State {
     /// Handles one packet from the fabric; returns whether it was consumed.
     #[inline]
     pub(super) fn on_packet(&mut self, p: Packet<'_>) -> bool {
-        if self.error.is_some() {
+        if self.outbox.failed() {
             return false;
         }
         if p.flags & PKT_RMA != 0 {
             if let Err(e) = self.on_rma(p).and_then(|()| self.drain_cq()) {
-                self.error = Some(e);
+                self.outbox.fail(e);
             }
             return true;
         }
@@ -27,7 +27,7 @@ impl State {
             let (len, total) = (p.data.len() as u64, p.total_len);
             let whole = p.flags & PKT_LAST != 0;
             if (whole && total != len) || (!whole && (total <= len || total > (MAX_EAGER_LEN + TMH_LEN) as u64)) {
-                self.error = Some(malformed_from(p.src, "a packet whose length disagrees with its message"));
+                self.outbox.fail(malformed_from(p.src, "a packet whose length disagrees with its message"));
                 return true;
             }
         }
@@ -35,11 +35,11 @@ impl State {
         // completion is queued matches a tagged buffer or lands unexpected in an SRQ buffer,
         // and its completion is handled at once (what `drain_cq` would do with it next).
         if p.flags & PKT_WHOLE == PKT_WHOLE {
-            match self.tm.arrive_whole_polled(p.src as u32, p.data) {
+            match self.offload.tm_mut().arrive_whole_polled(p.src as u32, p.data) {
                 Some(Polled::Unexpected(wc)) => {
                     let r = self.on_unexpected_wc(&wc).and_then(|()| self.on_whole_eager(p)).and_then(|()| self.settle_cq());
                     if let Err(e) = r {
-                        self.error = Some(e);
+                        self.outbox.fail(e);
                     }
                     return true;
                 }
@@ -47,7 +47,7 @@ impl State {
                     self.on_tagged(p, &pl, wc.wr_id);
                     self.on_hw_completion(&wc);
                     if let Err(e) = self.settle_cq() {
-                        self.error = Some(e);
+                        self.outbox.fail(e);
                     }
                     return true;
                 }
@@ -55,9 +55,9 @@ impl State {
             }
         }
         let arrival = if p.flags & PKT_FIRST != 0 {
-            self.tm.arrive_first(p.src as u32, p.data, p.total_len as usize)
+            self.offload.tm_mut().arrive_first(p.src as u32, p.data, p.total_len as usize)
         } else {
-            self.tm.arrive_continuation(p.src as u32, p.data)
+            self.offload.tm_mut().arrive_continuation(p.src as u32, p.data)
         };
         let r = match arrival {
             // No SRQ buffer posted: leave the packet in the fabric (an RNR NAK).
@@ -81,7 +81,7 @@ impl State {
                         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                             r.refused = Some(p.src);
                         }
-                        return self.tm.read_failed(rr.id, WcStatus::RemAccessErr).map_err(|e| Error::Transport(e.into()));
+                        return self.offload.tm_mut().read_failed(rr.id, WcStatus::RemAccessErr).map_err(|e| Error::Transport(e.into()));
                     }
                     self.start_read(rid, p.src, info, Some(rr.id))
                 })
@@ -89,7 +89,7 @@ impl State {
             Err(e) => Err(Error::Transport(e.into())),
         };
         if let Err(e) = r.and_then(|()| self.settle_cq()) {
-            self.error = Some(e);
+            self.outbox.fail(e);
         }
         true
     }
@@ -122,9 +122,9 @@ impl State {
         // too, goes around the cache (see `EAGER_NT_MIN`).
         let big = p.total_len >= (TMH_LEN + EAGER_NT_MIN) as u64;
         if big && p.flags & PKT_FIRST != 0 {
-            self.big_eager_in += 1;
+            self.ways.big_eager_arrived();
         }
-        let around = big && self.tm.tags_listed() > 0 && self.eager_both_ways(p.src);
+        let around = big && self.offload.tm().tags_listed() > 0 && self.ways.eager_both_ways(p.src);
         self.place_tagged(rid, pl.dst_off, pl.bytes(p.data), around);
     }
 
@@ -148,6 +148,45 @@ impl State {
             Message::Fin(tmh, rvh) => self.on_fin(p.src, tmh, rvh),
             Message::Rndv(..) => self.on_rndv(p.src, p.data),
             Message::Eager(tmh, payload) => self.on_data_first(p.src, tmh, payload, p.total_len, p.flags & PKT_LAST != 0),
+        }
+    }
+
+    /// A control message: each kind goes to the stage that owns it.
+    pub(super) fn on_control(&mut self, src: usize, body: &[u8]) -> Result<()> {
+        let c = Control::decode(body).map_err(|_| malformed_from(src, "a malformed control message"))?;
+        match c {
+            Control::SsendAck { name } => {
+                let k = self.named_send(name, src).ok_or_else(|| malformed_from(src, "acknowledgement of no synchronous send"))?;
+                self.send_progress(k, false, true);
+            }
+            Control::CollAbort { ctx, seq, gone } => self.on_coll_abort(ctx, seq, gone as usize),
+            Control::Credit { bytes } => self.credit.refill(src, bytes),
+            Control::Revoke { name } => self.on_revoke(src, name),
+            Control::RevokeAck { name } => self.on_revoke_ack(src, name),
+            Control::ReadWay { class, way } => self.ways.led(src, self.rank, class, way)?,
+            Control::EagerBelow { bytes } => {
+                self.threshold.raise(src, bytes as usize);
+                self.stats.eager_advice += 1;
+                self.advise_as_led(src, bytes as usize);
+            }
+        }
+        Ok(())
+    }
+
+    /// An RMA packet: a read request to serve (the target's), or data, a grant, a refusal or
+    /// a write done for a read this rank issued (the reader's).
+    pub(super) fn on_rma(&mut self, p: Packet<'_>) -> Result<()> {
+        let m = Rma::parse(p.data).map_err(|_| malformed_from(p.src, "a malformed RMA packet"))?;
+        let read = read_key(m.read());
+        match m {
+            Rma::ReadReq(q) => {
+                self.serve_read(p.src, q);
+                Ok(())
+            }
+            Rma::ReadResp { offset, data, .. } => self.on_read_resp(p.src, read, offset, data),
+            Rma::WriteDone { .. } => self.on_write_done(read),
+            Rma::Grant { split, heap, .. } => self.on_grant(read, split, heap),
+            Rma::ReadErr { .. } => self.finish_read(read, false),
         }
     }
 }

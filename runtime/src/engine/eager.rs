@@ -6,61 +6,6 @@
 
 use super::*;
 
-/// A small packet queued for sending (control, FIN, RMA requests).
-#[derive(Clone, Copy)]
-pub(super) struct Ctl {
-    pub(super) flags: u8,
-    pub(super) len: u8,
-    pub(super) bytes: [u8; CTL_MAX],
-}
-
-/// Largest control packet (an RDMA read request naming a shared-heap destination).
-pub(super) const CTL_MAX: usize = RMA_MAX_LEN;
-
-impl Ctl {
-    pub(super) fn new(flags: u8, b: &[u8]) -> Self {
-        let mut bytes = [0u8; CTL_MAX];
-        bytes[..b.len()].copy_from_slice(b);
-        Ctl { flags, len: b.len() as u8, bytes }
-    }
-
-    /// An RMA packet other than a read response (whose data does not fit here), encoded in
-    /// place.
-    pub(super) fn rma(m: &Rma<'_>) -> Result<Self> {
-        debug_assert!(m.data().is_empty(), "read responses are streamed, not queued");
-        let mut bytes = [0u8; CTL_MAX];
-        let n = m.encode(&mut bytes)?;
-        Ok(Ctl { flags: PKT_RMA | PKT_WHOLE, len: n as u8, bytes })
-    }
-}
-
-/// A message that arrived before its receive was posted.
-pub(super) struct UxMsg {
-    pub(super) src_world: usize,
-    pub(super) tag64: u64,
-    pub(super) total: usize,
-    pub(super) data: Vec<u8>,
-    pub(super) complete: bool,
-    /// (sender world rank, sender request index) to acknowledge on match.
-    pub(super) ack: Option<(usize, u32)>,
-    /// A rendezvous request: the data is still at the sender.
-    pub(super) rndv: Option<RndvInfo>,
-}
-
-/// Where the continuation packets of a source's current message go.
-#[derive(Clone, Copy)]
-pub(super) enum Incoming {
-    Idle,
-    /// The rest of a message that was refused (forged source, no memory): read and dropped.
-    Discard,
-    Expected {
-        req: ReqId,
-    },
-    Unexpected {
-        ux: Key,
-    },
-}
-
 /// The bytes of a queued data message: the user's buffer, or a copy once the user's request
 /// was abandoned.
 pub(super) enum OutData {
@@ -92,13 +37,6 @@ pub(super) struct OutMsg {
     /// Payload bytes already pushed.
     pub(super) off: usize,
     pub(super) started: bool,
-}
-
-/// A control message as a packet to queue.
-pub(super) fn ctl_msg(c: Control) -> Ctl {
-    let mut b = [0u8; CONTROL_MAX_LEN];
-    let n = c.encode(&mut b);
-    Ctl::new(PKT_WHOLE, &b[..n])
 }
 
 /// Pipelining of a multi-packet stream on shared memory (eager data longer than one packet,
@@ -188,12 +126,6 @@ impl Cut {
     }
 }
 
-/// Eager credit of each peer: `TMPI_UNEXPECTED_MAX` shared out over the peers (at most
-/// 2^31, so a return fits its 32-bit field).
-pub(super) fn credit_per_peer(budget: usize, size: usize) -> usize {
-    (budget / size.saturating_sub(1).max(1)).min(1 << 31)
-}
-
 impl Engine {
     /// Starts a data message to `dest` (a world rank). Returns `None` when it is already
     /// complete (locally, for a standard send), or the request to wait on.
@@ -208,7 +140,7 @@ impl Engine {
     #[inline(always)]
     pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
         let len = data.len();
-        if !sync && (len < PIPELINE_MIN || !self.pipelined) && self.may_send_whole(dest, len) {
+        if !sync && (len < PIPELINE_MIN || !self.peers[dest].pipelined) && self.may_send_whole(dest, len) {
             let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
             if self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &[&tmh, data.slice(0, len)])? {
                 self.sent_whole(dest, len);
@@ -225,17 +157,17 @@ impl Engine {
     fn may_send_whole(&self, dest: usize, len: usize) -> bool {
         // `len < rndv_from` (at most 2^32) keeps `len + UX_OVERHEAD` from overflowing.
         dest != self.st.rank
-            && self.st.rndv_from.get(dest).is_some_and(|&t| len < t)
+            && self.st.threshold.eager_below(dest, len)
             && len <= self.cfg.eager_limit
             && TMH_LEN + len <= self.max_packet
-            && self.st.credits.get(dest).is_some_and(|&c| c >= len + UX_OVERHEAD)
+            && self.st.credit.covers(dest, len + UX_OVERHEAD)
             && self.out[dest].is_empty()
     }
 
     /// Accounts for a message that [`Engine::may_send_whole`] allowed and the fabric took.
     #[inline(always)]
     fn sent_whole(&mut self, dest: usize, len: usize) {
-        self.st.credits[dest] -= len + UX_OVERHEAD;
+        self.st.credit.spend(dest, len + UX_OVERHEAD);
         self.st.stats.msgs_sent += 1;
         self.st.stats.bytes_sent += len as u64;
         self.st.stats.eager += 1;
@@ -250,16 +182,16 @@ impl Engine {
         self.st.stats.bytes_sent += len as u64;
         if dest != self.st.rank {
             let cost = len.saturating_add(UX_OVERHEAD);
-            let rndv_from = self.st.rndv_from[dest];
-            if len >= rndv_from || len > self.cfg.eager_limit || self.st.credits[dest] < cost {
+            let rndv_from = self.st.threshold.rndv_from(dest);
+            if len >= rndv_from || len > self.cfg.eager_limit || !self.st.credit.covers(dest, cost) {
                 if len <= self.cfg.eager_limit && len < rndv_from {
                     self.st.stats.credit_rndv += 1;
                 }
                 return self.start_rndv(dest, tag64, data).map(Some);
             }
-            self.st.credits[dest] -= cost;
+            self.st.credit.spend(dest, cost);
             if len >= EAGER_NT_MIN {
-                self.st.big_eager_out[dest] = self.st.big_eager_in + 1;
+                self.st.ways.big_eager_sent(dest);
             }
         }
         self.st.stats.eager += 1;
@@ -271,9 +203,10 @@ impl Engine {
             self.flush_ctl()?;
             return Ok(self.mark_pushed(req));
         }
+        let to = self.peers[dest];
         if self.out[dest].is_empty()
-            && TMH_LEN + len <= self.max_packet
-            && !(self.pipelined && len >= PIPELINE_MIN && self.fabric.drained(dest))
+            && TMH_LEN + len <= to.max_packet
+            && !(to.pipelined && len >= PIPELINE_MIN && self.fabric.drained(dest))
         {
             let total = (TMH_LEN + len) as u64;
             if self.fabric.try_send(dest, PKT_WHOLE, total, &[&tmh, data.slice(0, len)])? {
@@ -296,12 +229,14 @@ impl Engine {
 
     /// A standard eager send of the concatenation of `parts`, gathered straight into one ring
     /// record (no packing copy), if it can go out whole right now: to another rank, nothing
-    /// queued before it, one packet, eager size, enough credit, ring space. Returns false
-    /// (nothing changed, nothing counted) otherwise, and the caller packs and sends.
+    /// queued before it, one packet of at most the fabric's parts to `dest` (the header is
+    /// one), eager size, enough credit, ring space. Returns false (nothing changed, nothing
+    /// counted) otherwise, and the caller packs and sends.
     pub(crate) fn try_send_gather(&mut self, dest: usize, tag64: u64, parts: &[&[u8]]) -> Result<bool> {
         const MAX_PARTS: usize = 16;
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if parts.len() >= MAX_PARTS || !self.may_send_whole(dest, len) {
+        let fits = parts.len() < MAX_PARTS && self.peers.get(dest).is_some_and(|c| parts.len() < c.max_parts);
+        if !fits || !self.may_send_whole(dest, len) {
             return Ok(false);
         }
         let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
@@ -332,13 +267,13 @@ impl Engine {
     /// Pushes as much as fits of the messages queued for `dest`.
     pub(super) fn push_out_to(&mut self, dest: usize) -> Result<usize> {
         let mut pushed = 0;
-        let maxp = self.max_packet;
+        let PeerCaps { max_packet: maxp, pipelined, .. } = self.peers[dest];
         loop {
             let alone = self.out[dest].len() == 1;
             let Some(m) = self.out[dest].front_mut() else { break };
             let len = m.data.len();
             let total = (m.hdr_len + len) as u64;
-            let cut = Cut::new(self.pipelined && alone, len, maxp);
+            let cut = Cut::new(pipelined && alone, len, maxp);
             loop {
                 let ok = if !m.started {
                     let n = cut.piece(len, 0).min(maxp - m.hdr_len);
@@ -383,75 +318,14 @@ impl Engine {
         }
         Ok(n)
     }
-
-    /// Sends queued control packets. A packet that goes through the peer's TM-SRQ (ACK, FIN)
-    /// waits while a multi-packet message to that peer is half sent: a connection delivers
-    /// messages whole and in order. RMA packets bypass the TM-SRQ and go at once.
-    pub(super) fn flush_ctl(&mut self) -> Result<usize> {
-        let mut n = 0;
-        let mut i = 0;
-        // A destination whose fabric refused a packet in this pass takes none after it.
-        let mut full: Option<usize> = None;
-        while i < self.st.ctlq.len() {
-            let (dest, c) = self.st.ctlq[i];
-            let msg = &c.bytes[..c.len as usize];
-            if full == Some(dest) {
-                i += 1;
-                continue;
-            } else if dest == self.st.rank {
-                self.st.ctlq.remove(i);
-                let p = Packet { src: dest, flags: c.flags, total_len: msg.len() as u64, data: msg };
-                if !self.st.on_packet(p) {
-                    return Err(Error::State("loopback control packet refused".into()));
-                }
-                if let Some(e) = self.st.error.take() {
-                    return Err(e);
-                }
-            } else if c.flags & PKT_RMA == 0 && self.out[dest].front().is_some_and(|m| m.started) {
-                i += 1;
-                continue;
-            } else if self.fabric.try_send(dest, c.flags, msg.len() as u64, &[msg])? {
-                self.st.ctlq.remove(i);
-            } else {
-                full = Some(dest);
-                i += 1;
-                continue;
-            }
-            n += 1;
-        }
-        Ok(n)
-    }
 }
 
 impl State {
-    /// This rank consumed an eager message of `len` payload bytes from `src`: the credit it
-    /// cost the sender goes back, in batches of `credit_batch` bytes.
-    #[inline]
-    pub(super) fn give_credit(&mut self, src: usize, len: usize) {
-        if src == self.rank {
-            return;
-        }
-        let Some(o) = self.owed.get_mut(src) else { return };
-        *o = o.saturating_add(len.saturating_add(UX_OVERHEAD));
-        if *o >= self.credit_batch {
-            let v = u32::try_from(*o).unwrap_or(u32::MAX);
-            *o -= v as usize;
-            self.ctlq.push_back((src, ctl_msg(Control::Credit { bytes: v })));
-        }
-    }
-
-    /// Keeps the buffer of a consumed small unexpected message for the next one, so that the
-    /// unexpected path does not allocate in steady state.
-    #[inline]
-    pub(super) fn recycle_ux(&mut self, mut v: Vec<u8>) {
-        if v.capacity() == UX_POOL_LEN && self.ux_pool.len() < UX_POOL_KEEP {
-            v.clear();
-            self.ux_pool.push(v);
-        }
-    }
-
     /// Self-delivery: the message passes through the TM-SRQ as two packets (header, payload).
     pub(super) fn deliver_self(&mut self, hdr: &[u8; TMH_LEN], payload: &[u8]) -> Result<()> {
+        if let Some(e) = self.outbox.take_failure() {
+            return Err(e);
+        }
         let src = self.rank;
         let total = (TMH_LEN + payload.len()) as u64;
         let flags = if payload.is_empty() { PKT_WHOLE } else { PKT_FIRST };
@@ -459,7 +333,7 @@ impl State {
         if !payload.is_empty() {
             self.on_packet(Packet { src, flags: PKT_LAST, total_len: total, data: payload });
         }
-        self.error.take().map_or(Ok(()), Err)
+        self.outbox.take_failure().map_or(Ok(()), Err)
     }
 
     /// The first packet of an eager message from `src`: its TMH, the payload it carries, and
@@ -484,7 +358,7 @@ impl State {
             return false;
         }
         r.phase = RecvPhase::Idle;
-        self.sw_only_posted -= 1;
+        self.offload.left_sw_only();
         r.src_world = src;
         r.source = src_of(tag64);
         r.tag = tag_of(tag64);
@@ -505,60 +379,6 @@ impl State {
             self.reqs.remove(rid);
         }
         true
-    }
-
-    pub(super) fn on_control(&mut self, src: usize, body: &[u8]) -> Result<()> {
-        let c = Control::decode(body).map_err(|_| malformed_from(src, "a malformed control message"))?;
-        match c {
-            Control::SsendAck { name } => {
-                let k = self.named_send(name, src).ok_or_else(|| malformed_from(src, "acknowledgement of no synchronous send"))?;
-                self.send_progress(k, false, true);
-            }
-            Control::CollAbort { ctx, seq, gone } => {
-                if self.aborts.len() >= ABORTS_KEPT {
-                    self.aborts.pop_front();
-                }
-                self.aborts.push_back((ctx, seq, gone as usize));
-            }
-            Control::Credit { bytes } => {
-                if let Some(c) = self.credits.get_mut(src) {
-                    *c = c.saturating_add(bytes as usize);
-                }
-            }
-            Control::Revoke { name } => self.on_revoke(src, name),
-            Control::RevokeAck { name } => {
-                // The reader will not touch the buffer: the abandoned send waits no more (a
-                // stale answer, after the FIN completed the send, names nothing).
-                let k = self.named_send(name, src);
-                if let Some(r) = self.rndv_send(k) {
-                    if r.pregranted && r.granted == Some(src) {
-                        r.granted = None;
-                    }
-                }
-            }
-            Control::ReadWay { class, way } => {
-                // Only a lower rank leads, a class names a size, and a way is one of two.
-                let arm = match way {
-                    0 => adapt::Arm::Stream,
-                    1 => adapt::Arm::Cma,
-                    _ => return Err(malformed_from(src, "READ_WAY names no way")),
-                };
-                if src >= self.rank || class >= usize::BITS {
-                    return Err(malformed_from(src, "READ_WAY from a higher rank or for no size class"));
-                }
-                self.copy.lead(class as usize, arm, src);
-            }
-            Control::EagerBelow { bytes } => {
-                // Only ever raised, never above the configured threshold.
-                let ceiling = self.rndv_ceiling;
-                if let Some(t) = self.rndv_from.get_mut(src) {
-                    *t = (*t).max((bytes as usize).min(ceiling));
-                }
-                self.stats.eager_advice += 1;
-                self.advise_as_led(src, bytes as usize);
-            }
-        }
-        Ok(())
     }
 
     /// The first packet of a data message: `hdr` is its TMH, `data` the payload it carries,
@@ -590,12 +410,12 @@ impl State {
                 if !self.admits(rid, tmh.tag, src) {
                     self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
                     if !last {
-                        self.incoming[src] = Incoming::Discard;
+                        self.ux.set_incoming(src, Incoming::Discard);
                     }
                     return Ok(());
                 }
                 if let Some((dest, idx)) = ack {
-                    self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
+                    self.outbox.control(dest, Control::SsendAck { name: idx });
                 }
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                     if !last {
@@ -613,25 +433,23 @@ impl State {
                 if last {
                     self.complete_recv(rid);
                 } else {
-                    self.incoming[src] = Incoming::Expected { req: rid };
+                    self.ux.set_incoming(src, Incoming::Expected { req: rid });
                 }
             }
             Arrived::Unexpected => {
                 self.stats.unexpected += 1;
-                let mut v = if total <= UX_POOL_LEN { self.ux_pool.pop().unwrap_or_default() } else { Vec::new() };
-                if v.try_reserve_exact(if total <= UX_POOL_LEN { UX_POOL_LEN } else { total }).is_err() {
+                let Some(mut v) = self.ux.buffer(total) else {
                     if !last {
-                        self.incoming[src] = Incoming::Discard;
+                        self.ux.set_incoming(src, Incoming::Discard);
                     }
                     return Err(Error::NoMemory { bytes: total, rank: src });
-                }
+                };
                 v.extend_from_slice(data);
-                self.ux_bytes += total + UX_OVERHEAD;
-                self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux_bytes as u64);
                 let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack, rndv: None });
+                self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux.bytes() as u64);
                 debug_assert_eq!(k, key);
                 if !last {
-                    self.incoming[src] = Incoming::Unexpected { ux: k };
+                    self.ux.set_incoming(src, Incoming::Unexpected { ux: k });
                 }
             }
         }
@@ -640,11 +458,11 @@ impl State {
 
     pub(super) fn on_cont(&mut self, src: usize, data: &[u8], last: bool) -> Result<()> {
         let malformed = || Error::Transport(tmpi_transport::Error::Malformed { what: "continuation packet without a message" });
-        match self.incoming.get(src).copied().ok_or_else(malformed)? {
+        match self.ux.incoming(src).ok_or_else(malformed)? {
             Incoming::Idle => return Err(malformed()),
             Incoming::Discard => {
                 if last {
-                    self.incoming[src] = Incoming::Idle;
+                    self.ux.set_incoming(src, Incoming::Idle);
                 }
             }
             Incoming::Expected { req } => {
@@ -658,7 +476,7 @@ impl State {
                     }
                 }
                 if last {
-                    self.incoming[src] = Incoming::Idle;
+                    self.ux.set_incoming(src, Incoming::Idle);
                     self.complete_recv(req);
                 }
             }
@@ -673,7 +491,7 @@ impl State {
                     }
                 }
                 if last {
-                    self.incoming[src] = Incoming::Idle;
+                    self.ux.set_incoming(src, Incoming::Idle);
                 }
             }
         }
@@ -684,7 +502,6 @@ impl State {
     pub(super) fn take_unexpected(&mut self, rid: ReqId, ux: Key) {
         let Some(u) = self.ux.remove(ux) else { return };
         self.size_owned(rid, u.total);
-        self.ux_bytes -= if u.rndv.is_some() { UX_OVERHEAD } else { u.total + UX_OVERHEAD };
         self.stats.sw_matched += 1;
         if u.rndv.is_none() {
             self.give_credit(u.src_world, u.total);
@@ -692,18 +509,18 @@ impl State {
         if !self.admits(rid, u.tag64, u.src_world) {
             self.fail_recv(rid, malformed_from(u.src_world, "a message under another rank's name"));
             if !u.complete {
-                self.incoming[u.src_world] = Incoming::Discard;
+                self.ux.set_incoming(u.src_world, Incoming::Discard);
             }
             return;
         }
         if let Some(info) = u.rndv {
             if let Err(e) = self.start_read(rid, u.src_world, info, None) {
-                self.error.get_or_insert(e);
+                self.outbox.fail(e);
             }
             return;
         }
         if let Some((dest, idx)) = u.ack {
-            self.ctlq.push_back((dest, ctl_msg(Control::SsendAck { name: idx })));
+            self.outbox.control(dest, Control::SsendAck { name: idx });
         }
         if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
             if !u.complete {
@@ -718,11 +535,11 @@ impl State {
             }
             r.received = u.data.len();
         }
-        self.recycle_ux(u.data);
+        self.ux.recycle(u.data);
         if u.complete {
             self.complete_recv(rid);
         } else {
-            self.incoming[u.src_world] = Incoming::Expected { req: rid };
+            self.ux.set_incoming(u.src_world, Incoming::Expected { req: rid });
         }
     }
 }
@@ -745,8 +562,8 @@ mod tests {
         // Below TMPI_TM_THRESH the receive stays in software: the TM-SRQ delivers the message
         // to an SRQ buffer (unexpected for the hardware), software matches it.
         assert_eq!((b.st.stats.sw_matched, b.st.stats.unexpected), (1, 0));
-        assert_eq!(b.st.tm.counters().unexpected, 1);
-        assert_eq!(b.st.tm.counters().hw_matched, 0);
+        assert_eq!(b.st.offload.tm().counters().unexpected, 1);
+        assert_eq!(b.st.offload.tm().counters().hw_matched, 0);
     }
 
     #[test]
@@ -761,8 +578,8 @@ mod tests {
         let st = b.take_if_done(r).expect("matched at post").expect("ok");
         assert_eq!(st.len(), 5);
         assert_eq!(&buf, b"hello");
-        assert_eq!(b.st.ux_pool.len(), 1, "the small buffer is kept for the next unexpected message");
-        assert_eq!(b.st.ux_bytes, 0);
+        assert_eq!(b.st.ux.pool_len(), 1, "the small buffer is kept for the next unexpected message");
+        assert_eq!(b.st.ux.bytes(), 0);
     }
 
     #[test]
@@ -800,8 +617,8 @@ mod tests {
         let fa = tmpi_transport::shm::ShmFabric::create(&name, 0, 2, 4096).expect("segment");
         let fb = tmpi_transport::shm::ShmFabric::open(&name, 1, 2).expect("segment");
         fa.unlink().expect("unlink");
-        let mut a = Engine::new(Fabric::Shm(fa), 0, 2, Config::default()).expect("engine");
-        let mut b = Engine::new(Fabric::Shm(fb), 1, 2, Config::default()).expect("engine");
+        let mut a = Engine::new(AnyFabric::Shm(fa), 0, 2, Config::default()).expect("engine");
+        let mut b = Engine::new(AnyFabric::Shm(fb), 1, 2, Config::default()).expect("engine");
         const N: usize = 300;
         let data: Vec<[u8; 40]> = (0..N).map(|i| [i as u8; 40]).collect();
         let sends: Vec<ReqId> = data.iter().filter_map(|d| send(&mut a, 1, 5, d, false)).collect();
@@ -825,7 +642,7 @@ mod tests {
         let cfg = Config { unexpected_max: 4 * (100 + UX_OVERHEAD), ..Config::default() };
         let mut v = job(2, cfg);
         let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
-        let full = a.st.credits[1];
+        let full = a.st.credit.left(1);
         let data = [7u8; 100];
         let mut sends = Vec::new();
         for _ in 0..6 {
@@ -844,7 +661,7 @@ mod tests {
             assert!(a.take_if_done(s).expect("done").is_ok());
         }
         assert!(bufs.iter().all(|b| b == &data));
-        assert_eq!(a.st.credits[1] + b.st.owed[0], full, "consumed credit is returned (or owed in the next batch)");
+        assert_eq!(a.st.credit.left(1) + b.st.credit.owed(0), full, "consumed credit is returned (or owed in the next batch)");
     }
 
     #[test]

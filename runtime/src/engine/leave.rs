@@ -103,12 +103,12 @@ impl Engine {
     /// A failed `peer` was in the middle of a message: the TM-SRQ completes it as flushed, and
     /// a receive it was filling fails with [`Error::PeerGone`].
     pub(super) fn cut_off(&mut self, peer: usize) -> Result<()> {
-        let Some(inc) = self.st.incoming.get(peer).copied() else { return Ok(()) };
-        let aborted = self.st.tm.abort_message(peer as u32);
+        let Some(inc) = self.st.ux.incoming(peer) else { return Ok(()) };
+        let aborted = self.st.offload.tm_mut().abort_message(peer as u32);
         if !aborted && matches!(inc, Incoming::Idle) {
             return Ok(());
         }
-        self.st.incoming[peer] = Incoming::Idle;
+        self.st.ux.set_incoming(peer, Incoming::Idle);
         match inc {
             Incoming::Expected { req } => self.st.fail_recv(req, Error::PeerGone { rank: peer }),
             // A partial unexpected message stays queued: a receive that takes it waits for
@@ -120,7 +120,7 @@ impl Engine {
 
     /// Nothing from `peer` waits to be read, nor is a message from it half read.
     pub(super) fn drained(&mut self, peer: usize) -> bool {
-        !self.fabric.pending_from(peer) && matches!(self.st.incoming.get(peer), Some(Incoming::Idle) | None)
+        !self.fabric.pending_from(peer) && matches!(self.st.ux.incoming(peer), Some(Incoming::Idle) | None)
     }
 
     /// Hands over this rank's own outgoing data, then records that it finalized: queued
@@ -134,12 +134,7 @@ impl Engine {
     pub(crate) fn finalize(&mut self) -> Result<()> {
         let mut b = self.backoff();
         loop {
-            let busy = self.out_pending > 0
-                || !self.st.ctlq.is_empty()
-                || !self.st.rma_out.is_empty()
-                || !self.st.cma_w.is_empty()
-                || !self.st.cma_q.is_empty()
-                || !self.st.reads.is_empty();
+            let busy = self.out_pending > 0 || !self.st.outbox.is_empty() || !self.st.reads.is_empty();
             if !busy {
                 break;
             }
@@ -170,20 +165,9 @@ impl Engine {
             let dropped = self.out[peer].len();
             self.out[peer].clear();
             self.out_pending -= dropped;
-            self.st.ctlq.retain(|(d, _)| *d != peer);
-            self.st.rma_out.retain(|r| r.dest != peer);
-            self.st.cma_w.retain(|w| w.dest != peer);
-            let gone: Vec<Key> = self.st.reads.keys().filter(|&k| self.st.reads.get(k).is_some_and(|op| op.src == peer)).collect();
-            for k in gone {
-                if let Some(op) = self.st.reads.remove(k) {
-                    if let Some(p) = op.placed {
-                        // A way chosen for the departed peer's next window is told to no one.
-                        let _ = self.st.copy.finish(op.n, p, false, adapt::Stamp::now);
-                    }
-                }
-            }
+            self.st.outbox.drop_for(peer);
+            self.st.drop_reads_from(peer);
         }
-        self.st.cma_q.retain(|k| self.st.reads.get(*k).is_some());
     }
 
     /// A collective call (context `ctx`, sequence number `seq`) failed here because world rank
@@ -191,15 +175,14 @@ impl Engine {
     /// waiting on this rank rather than on the departed one give up too, instead of waiting
     /// for messages this rank will not send.
     pub(crate) fn abort_collective(&mut self, ctx: u32, seq: u32, gone: usize, members: impl Iterator<Item = usize>) {
-        let c = ctl_msg(Control::CollAbort { ctx, seq, gone: gone as u32 });
         for w in members {
             if w != self.st.rank && w != gone && self.state_of(w) == PeerState::Alive {
-                self.st.ctlq.push_back((w, c));
+                self.st.outbox.control(w, Control::CollAbort { ctx, seq, gone: gone as u32 });
             }
         }
         // Best effort: the notices go out with this and later progress.
         if let Err(e) = self.flush_ctl() {
-            self.st.deferred.get_or_insert(e);
+            self.st.outbox.fail(e);
         }
     }
 }
@@ -214,5 +197,14 @@ impl State {
         let ctx = (key >> matching::CTX_SHIFT) as u32;
         let seq = (key as u32 & matching::MAX_TAG) >> 8;
         self.aborts.iter().find(|a| a.0 == ctx && a.1 == seq).map(|a| a.2)
+    }
+
+    /// Another member aborted collective call `seq` on context `ctx` because world rank `gone`
+    /// departed (see [`Engine::abort_collective`]).
+    pub(super) fn on_coll_abort(&mut self, ctx: u32, seq: u32, gone: usize) {
+        if self.aborts.len() >= ABORTS_KEPT {
+            self.aborts.pop_front();
+        }
+        self.aborts.push_back((ctx, seq, gone));
     }
 }

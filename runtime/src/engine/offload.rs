@@ -3,6 +3,107 @@
 
 use super::*;
 
+/// SRQ buffers kept posted; each unexpected message takes one and software reposts it.
+const SRQ_DEPTH: usize = 64;
+/// Capacity of each SRQ buffer: unexpected messages are copied into memory software
+/// allocates per message, so the modelled buffer never truncates.
+const SRQ_BUF_LEN: usize = usize::MAX / 4;
+/// Software syncs the TM-SRQ at least once every this many unexpected messages.
+const FORCED_SYNC_EVERY: u32 = 1 << 14;
+
+/// The offload stage: this rank's soft TM-SRQ, and what software keeps to drive it (UCX's
+/// policy: which receives it lists, the unexpected count it reports with every operation, the
+/// syncs it owes).
+pub(super) struct Offload {
+    /// This rank's soft TM-SRQ: every arriving packet passes through it.
+    tm: TmSrq,
+    /// Offload is on (`TMPI_TM_MAX_TAGS > 0`).
+    on: bool,
+    /// `TMPI_TM_MAX_TAGS`.
+    max_tags: usize,
+    /// `TMPI_TM_THRESH`.
+    thresh: usize,
+    /// Unexpected messages software has handled (reported to the TM-SRQ, low 16 bits used).
+    sw_unexp: u32,
+    /// A SYNC is owed to the TM-SRQ.
+    need_sync: bool,
+    /// Next SRQ buffer `wr_id`.
+    srq_wr: u64,
+    /// Next op `wr_id`.
+    op_wr: u64,
+    /// Receives queued in software but not in the tag list.
+    sw_only_posted: usize,
+}
+
+impl Offload {
+    /// The TM-SRQ of `cfg` (its tag list as long as `TMPI_TM_MAX_TAGS`, at least one entry),
+    /// with [`SRQ_DEPTH`] SRQ buffers posted.
+    pub(super) fn new(cfg: &Config) -> Result<Self> {
+        let tags = cfg.tm_max_tags.max(1);
+        let caps = TmCaps { max_num_tags: tags.max(TmCaps::default().max_num_tags), ..TmCaps::default() };
+        let mut tm = TmSrq::with_caps(caps, TmCap { max_num_tags: tags, max_ops: 1024, max_wr: SRQ_DEPTH as u32 })
+            .map_err(tmpi_transport::Error::from)?;
+        for wr in 0..SRQ_DEPTH as u64 {
+            tm.post_srq_recv(wr, SRQ_BUF_LEN).map_err(tmpi_transport::Error::from)?;
+        }
+        Ok(Offload {
+            tm,
+            on: cfg.tm_max_tags > 0,
+            max_tags: cfg.tm_max_tags as usize,
+            thresh: cfg.tm_thresh,
+            sw_unexp: 0,
+            need_sync: false,
+            srq_wr: SRQ_DEPTH as u64,
+            op_wr: 0,
+            sw_only_posted: 0,
+        })
+    }
+
+    /// The TM-SRQ.
+    #[inline(always)]
+    pub(super) fn tm(&self) -> &TmSrq {
+        &self.tm
+    }
+
+    /// The TM-SRQ, to drive (arrivals, reads it asked for).
+    #[inline(always)]
+    pub(super) fn tm_mut(&mut self) -> &mut TmSrq {
+        &mut self.tm
+    }
+
+    /// Whether the policy lets a receive go to the tag list: offload is on, it names its
+    /// source, it is at least `TMPI_TM_THRESH` bytes and its buffer is its own, the RVH can
+    /// say how long a message that fits it is, and the list has room.
+    #[inline(always)]
+    pub(super) fn eligible(&self, from_one: bool, cap: usize, owned: bool) -> bool {
+        self.on && !owned && from_one && cap >= self.thresh && cap < RVH_LEN_IN_META as usize && self.tm.tags_listed() < self.max_tags
+    }
+
+    /// Receives queued in software but not in the tag list.
+    #[inline(always)]
+    pub(super) fn sw_only(&self) -> usize {
+        self.sw_only_posted
+    }
+
+    /// A receive was queued in software alone.
+    #[inline(always)]
+    pub(super) fn posted_sw_only(&mut self) {
+        self.sw_only_posted += 1;
+    }
+
+    /// A receive queued in software alone left its queue.
+    #[inline(always)]
+    pub(super) fn left_sw_only(&mut self) {
+        self.sw_only_posted -= 1;
+    }
+
+    /// Unexpected messages software has handled.
+    #[cfg(test)]
+    pub(super) fn sw_unexp(&self) -> u32 {
+        self.sw_unexp
+    }
+}
+
 /// The error of an SRQ receive that could not be posted.
 #[cold]
 #[inline(never)]
@@ -48,9 +149,9 @@ impl State {
     /// to offload stays short enough to inline into `irecv`.
     #[inline(never)]
     pub(super) fn offload_recv(&mut self, t: u64, m: u64, rid: ReqId, cap: usize) -> Result<Option<u32>> {
-        self.op_wr += 1;
-        let wr = OpsWr::add(self.op_wr, t, m, rid_to_wr(rid), cap, self.sw_unexp, true);
-        match self.tm.post_srq_op_polled(&wr) {
+        self.offload.op_wr += 1;
+        let wr = OpsWr::add(self.offload.op_wr, t, m, rid_to_wr(rid), cap, self.offload.sw_unexp, true);
+        match self.offload.tm.post_srq_op_polled(&wr) {
             Ok((h, wc)) => {
                 if let Some(wc) = wc {
                     self.on_op_wc(&wc)?;
@@ -75,13 +176,6 @@ impl State {
         }
     }
 
-    /// Whether `src` and this rank send each other eager messages of [`EAGER_NT_MIN`] or
-    /// more: this rank started one to `src` within the last [`EAGER_BOTH_WAYS_WITHIN`] of
-    /// those that arrived here.
-    pub(super) fn eager_both_ways(&self, src: usize) -> bool {
-        self.big_eager_out.get(src).is_some_and(|&at| at != 0 && self.big_eager_in + 1 - at < EAGER_BOTH_WAYS_WITHIN)
-    }
-
     /// A receive the software matcher no longer holds (it matched there, or was cancelled):
     /// takes it out of the software-only count or the tag list; it is [`RecvPhase::Idle`].
     pub(super) fn leave_queues(&mut self, rid: ReqId) {
@@ -92,16 +186,16 @@ impl State {
             return;
         };
         if let Some(h) = hw {
-            self.op_wr += 1;
+            self.offload.op_wr += 1;
             // The entry is still listed (a consumed entry would have completed already), so
             // the DEL succeeds; a TM_ERR completion is tolerated regardless (`on_op_wc`).
-            if let Ok((_, Some(wc))) = self.tm.post_srq_op_polled(&OpsWr::del(self.op_wr, h, self.sw_unexp, true)) {
+            if let Ok((_, Some(wc))) = self.offload.tm.post_srq_op_polled(&OpsWr::del(self.offload.op_wr, h, self.offload.sw_unexp, true)) {
                 if let Err(e) = self.on_op_wc(&wc) {
-                    self.error.get_or_insert(e);
+                    self.outbox.fail(e);
                 }
             }
         } else {
-            self.sw_only_posted -= 1;
+            self.offload.sw_only_posted -= 1;
         }
     }
 
@@ -109,8 +203,8 @@ impl State {
     /// the TM-SRQ delivers unexpected; the error, which needs the whole `Error`, out of line).
     #[inline(always)]
     pub(super) fn repost_srq(&mut self) -> Result<()> {
-        self.srq_wr += 1;
-        match self.tm.post_srq_recv(self.srq_wr, SRQ_BUF_LEN) {
+        self.offload.srq_wr += 1;
+        match self.offload.tm.post_srq_recv(self.offload.srq_wr, SRQ_BUF_LEN) {
             Ok(()) => Ok(()),
             Err(e) => Err(srq_error(e)),
         }
@@ -121,9 +215,9 @@ impl State {
     /// gives the SRQ a fresh buffer.
     #[inline(always)]
     pub(super) fn on_unexpected_wc(&mut self, wc: &Wc) -> Result<()> {
-        self.sw_unexp = self.sw_unexp.wrapping_add(1);
-        if self.sw_unexp % FORCED_SYNC_EVERY == 0 || wc.flags.contains(WcFlags::TM_SYNC_REQ) {
-            self.need_sync = true;
+        self.offload.sw_unexp = self.offload.sw_unexp.wrapping_add(1);
+        if self.offload.sw_unexp % FORCED_SYNC_EVERY == 0 || wc.flags.contains(WcFlags::TM_SYNC_REQ) {
+            self.offload.need_sync = true;
         }
         self.repost_srq()
     }
@@ -132,7 +226,7 @@ impl State {
     /// or a pending sync); nothing otherwise.
     #[inline]
     pub(super) fn settle_cq(&mut self) -> Result<()> {
-        if self.need_sync || !self.tm.quiet() {
+        if self.offload.need_sync || !self.offload.tm.quiet() {
             self.drain_cq()
         } else {
             Ok(())
@@ -142,7 +236,7 @@ impl State {
     /// Consumes the TM-SRQ's completions.
     pub(super) fn drain_cq(&mut self) -> Result<()> {
         loop {
-            while let Some(wc) = self.tm.poll_cq() {
+            while let Some(wc) = self.offload.tm.poll_cq() {
                 match wc.opcode {
                     WcOpcode::TmRecv if wc.is_unexpected() => self.on_unexpected_wc(&wc)?,
                     WcOpcode::TmNoTag => self.repost_srq()?,
@@ -153,11 +247,14 @@ impl State {
             // Sync once software has caught up with every unexpected message the TM-SRQ
             // delivered, so that the SYNC brings the counts level.
             self.take_transmits();
-            if self.need_sync && self.tm.hw_unexpected_cnt() == self.sw_unexp as u16 {
-                self.need_sync = false;
+            if self.offload.need_sync && self.offload.tm.hw_unexpected_cnt() == self.offload.sw_unexp as u16 {
+                self.offload.need_sync = false;
                 self.stats.tm_syncs += 1;
-                self.op_wr += 1;
-                self.tm.post_srq_op(&OpsWr::sync(self.op_wr, self.sw_unexp, true)).map_err(|e| Error::Transport(e.into()))?;
+                self.offload.op_wr += 1;
+                self.offload
+                    .tm
+                    .post_srq_op(&OpsWr::sync(self.offload.op_wr, self.offload.sw_unexp, true))
+                    .map_err(|e| Error::Transport(e.into()))?;
                 continue;
             }
             return Ok(());
@@ -166,8 +263,8 @@ impl State {
 
     /// Queues what the TM-SRQ has to transmit (the FINs of the reads it completed).
     pub(super) fn take_transmits(&mut self) {
-        while let Some(t) = self.tm.poll_transmit() {
-            self.ctlq.push_back((t.dst as usize, Ctl::new(PKT_WHOLE, &t.msg)));
+        while let Some(t) = self.offload.tm.poll_transmit() {
+            self.outbox.fin(t.dst as usize, &t.msg);
         }
     }
 
@@ -175,7 +272,7 @@ impl State {
     #[inline]
     pub(super) fn on_op_wc(&mut self, wc: &Wc) -> Result<()> {
         if wc.flags.contains(WcFlags::TM_SYNC_REQ) {
-            self.need_sync = true;
+            self.offload.need_sync = true;
         }
         match wc.status {
             WcStatus::Success => Ok(()),
@@ -212,7 +309,7 @@ impl State {
             }
             self.stats.msgs_recv += 1;
             if app_ctx & SYNC_FLAG != 0 && admitted {
-                self.ctlq.push_back((wc.src as usize, ctl_msg(Control::SsendAck { name: app_ctx & !SYNC_FLAG })));
+                self.outbox.control(wc.src as usize, Control::SsendAck { name: app_ctx & !SYNC_FLAG });
             }
         }
         if wc.flags.contains(WcFlags::TM_DATA_VALID) && wc.status == WcStatus::TmRndvIncomplete {
@@ -233,7 +330,7 @@ impl State {
                 None => Err(malformed("RNDV_INCOMPLETE without the request")),
             };
             if let Err(e) = r {
-                self.error.get_or_insert(e);
+                self.outbox.fail(e);
             }
             return;
         }
@@ -262,6 +359,7 @@ impl State {
 
 #[cfg(test)]
 mod tests {
+    use super::super::rndv::way::EAGER_BOTH_WAYS_WITHIN;
     use super::super::testkit::{job, pair, recv, send, settle};
     use super::*;
 
@@ -281,15 +379,15 @@ mod tests {
         let r: Vec<ReqId> = [b0, b1, b2].into_iter().enumerate().map(|(t, buf)| recv(&mut b, Some(0), Some(t as u32), buf)).collect();
         let s0 = send(&mut a, 1, 0, &data, false);
         settle(&mut [&mut a, &mut b]);
-        assert_eq!((b.st.big_eager_in, b.st.eager_both_ways(0)), (1, false), "b has sent a nothing");
+        assert!(!b.st.ways.eager_both_ways(0), "b has sent a nothing");
         // b sends a one: from now on the two send each other large messages.
         let rb = recv(&mut a, Some(1), Some(9), &mut back);
         let sb = send(&mut b, 0, 9, &data, false);
-        assert!(b.st.eager_both_ways(0));
+        assert!(b.st.ways.eager_both_ways(0));
         let s1 = send(&mut a, 1, 1, &data, false);
         let s2 = send(&mut a, 1, 2, &data, false);
         settle(&mut [&mut a, &mut b]);
-        assert!(a.st.eager_both_ways(1));
+        assert!(a.st.ways.eager_both_ways(1));
         for (rid, s) in r.into_iter().zip([s0, s1, s2]) {
             assert!(b.take_if_done(rid).expect("received").is_ok());
             if let Some(s) = s {
@@ -303,8 +401,10 @@ mod tests {
         assert_eq!(b.st.stats.eager, 1);
         assert!(bufs.iter().chain([&back]).all(|x| *x == data), "every copy whole");
         // Long after b's last one, it no longer counts.
-        b.st.big_eager_in += EAGER_BOTH_WAYS_WITHIN;
-        assert!(!b.st.eager_both_ways(0));
+        for _ in 0..EAGER_BOTH_WAYS_WITHIN {
+            b.st.ways.big_eager_arrived();
+        }
+        assert!(!b.st.ways.eager_both_ways(0));
     }
 
     #[test]
@@ -312,17 +412,17 @@ mod tests {
         let (mut a, mut b) = pair();
         let mut buf = vec![0u8; 4096];
         let r = recv(&mut b, Some(0), Some(4), &mut buf);
-        assert_eq!(b.st.tm.tags_listed(), 1, "at least TMPI_TM_THRESH bytes from a named source: offloaded");
+        assert_eq!(b.st.offload.tm().tags_listed(), 1, "at least TMPI_TM_THRESH bytes from a named source: offloaded");
         let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
         send(&mut a, 1, 4, &data, false);
         settle(&mut [&mut a, &mut b]);
         let st = b.take_if_done(r).expect("done").expect("ok");
         assert_eq!(st.len(), 3000);
         assert_eq!(&buf[..3000], &data[..]);
-        let c = b.st.tm.counters();
+        let c = b.st.offload.tm().counters();
         assert_eq!((c.hw_matched, c.unexpected), (1, 0));
         assert_eq!(b.st.stats.sw_matched, 0);
-        assert_eq!(b.st.tm.tags_listed(), 0);
+        assert_eq!(b.st.offload.tm().tags_listed(), 0);
     }
 
     #[test]
@@ -331,11 +431,11 @@ mod tests {
         let (b, a) = (&mut v.pop().expect("b"), &mut v.pop().expect("a"));
         let mut buf = vec![0u8; 4096];
         let r = recv(b, Some(0), Some(4), &mut buf);
-        assert_eq!(b.st.tm.tags_listed(), 0);
+        assert_eq!(b.st.offload.tm().tags_listed(), 0);
         send(a, 1, 4, &[1u8; 3000], false);
         settle(&mut [&mut *a, &mut *b]);
         assert_eq!(b.take_if_done(r).expect("done").expect("ok").len(), 3000);
-        assert_eq!((b.st.tm.counters().hw_matched, b.st.stats.sw_matched), (0, 1));
+        assert_eq!((b.st.offload.tm().counters().hw_matched, b.st.stats.sw_matched), (0, 1));
     }
 
     #[test]
@@ -346,7 +446,7 @@ mod tests {
         let r_named = recv(&mut b, Some(0), Some(6), &mut named);
         // The named receive may not enter the tag list: the earlier wildcard could match the
         // same messages, and the NIC must never overtake it.
-        assert_eq!(b.st.tm.tags_listed(), 0);
+        assert_eq!(b.st.offload.tm().tags_listed(), 0);
         send(&mut a, 1, 6, &[1u8; 1500], false);
         send(&mut a, 1, 6, &[2u8; 1500], false);
         settle(&mut [&mut a, &mut b]);
@@ -362,14 +462,14 @@ mod tests {
             send(&mut a, 1, t, b"u", false);
         }
         settle(&mut [&mut a, &mut b]);
-        assert_eq!(b.st.sw_unexp, 40);
-        assert_eq!(b.st.tm.hw_unexpected_cnt(), 40);
+        assert_eq!(b.st.offload.sw_unexp(), 40);
+        assert_eq!(b.st.offload.tm().hw_unexpected_cnt(), 40);
         // A receive offloaded now carries software's count, so the TM-SRQ accepts it.
         let mut buf = vec![0u8; 2048];
         let r = recv(&mut b, Some(0), Some(99), &mut buf);
-        assert_eq!(b.st.tm.tags_listed(), 1);
+        assert_eq!(b.st.offload.tm().tags_listed(), 1);
         b.cancel(r);
         assert!(b.take_if_done(r).expect("cancelled").is_ok_and(|s| s.cancelled()));
-        assert_eq!(b.st.tm.tags_listed(), 0);
+        assert_eq!(b.st.offload.tm().tags_listed(), 0);
     }
 }

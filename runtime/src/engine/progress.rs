@@ -4,7 +4,7 @@
 //! to the rank wakes it at once, so a sleeping rank costs no latency and no CPU.
 //!
 //! With TCP peers, the spin is short and the sleep is in `ppoll(2)` on the rank's sockets
-//! ([`tmpi_transport::Fabric::wait_network`]), which wakes it as soon as data arrives. A long
+//! ([`tmpi_transport::fabric::Fabric::sleep`]), which wakes it as soon as data arrives. A long
 //! spin there would cost more than CPU: each empty poll is a system call per peer, and the
 //! kernel's receive processing of a loopback or veth packet is a softirq that, once deferred
 //! to `ksoftirqd`, cannot run on a CPU where a rank spins until the scheduler tick preempts
@@ -95,10 +95,11 @@ impl Backoff {
 }
 
 /// `TMPI_POLL_SPIN=auto`: the spin budget of a rank on `fabric`, `oversubscribed` when ranks
-/// outnumber cores. With TCP peers, [`TCP_SPIN_RECVS`] divided among the connections (at
-/// least one round, at most the budget it would have otherwise).
-pub(crate) fn auto_spin(fabric: &Fabric, oversubscribed: bool) -> u32 {
-    match fabric.tcp_peers() {
+/// outnumber cores. With connections that each empty poll asks the kernel about (TCP peers),
+/// [`TCP_SPIN_RECVS`] divided among them (at least one round, at most the budget it would have
+/// otherwise).
+pub(crate) fn auto_spin(fabric: &AnyFabric, oversubscribed: bool) -> u32 {
+    match fabric.polled_connections() {
         0 if oversubscribed => SPIN_OVERSUBSCRIBED,
         0 => SPIN,
         n => (TCP_SPIN_RECVS / u32::try_from(n).unwrap_or(u32::MAX)).clamp(1, if oversubscribed { 64 } else { SPIN }),
@@ -118,28 +119,20 @@ impl Engine {
     /// One round of progress; returns how many events happened.
     #[inline]
     pub(crate) fn progress(&mut self) -> Result<usize> {
-        if let Some(e) = self.st.deferred.take() {
+        if let Some(e) = self.st.outbox.take_failure() {
             return Err(e);
         }
         let mut n = 0;
         if self.out_pending > 0 {
             n += self.push_out()?;
         }
-        if !self.st.rma_out.is_empty() {
-            n += self.push_rma()?;
-        }
-        if !self.st.cma_w.is_empty() {
-            n += self.run_cma_writes()?;
-        }
-        if !self.st.cma_q.is_empty() {
-            n += self.run_cma()?;
-        }
+        n += self.drain_before_poll()?;
         let st = &mut self.st;
         n += self.fabric.poll(|p| st.on_packet(p))?;
-        if let Some(e) = self.st.error.take() {
+        if let Some(e) = self.st.outbox.take_failure() {
             return Err(e);
         }
-        if !self.st.ctlq.is_empty() {
+        if self.ctl_queued() {
             n += self.flush_ctl()?;
         }
         if !self.nbc.is_empty() {
@@ -217,11 +210,11 @@ impl Engine {
     /// A fresh back-off with this engine's spin budget.
     pub(crate) fn backoff(&self) -> Backoff {
         let mut b = Backoff::new(self.spin);
-        match self.fabric {
-            Fabric::Shm(_) if self.size > usable_cpus() => b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED,
-            // A TCP-only rank sleeps in `ppoll` right after its spin: nothing else can wake
-            // it sooner.
-            Fabric::Tcp(_) => b.yields = 0,
+        match self.fabric.wakeup() {
+            Wakeup::Doorbell if self.size > usable_cpus() => b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED,
+            // A rank whose every peer can end its sleep in `ppoll` sleeps right after its
+            // spin: nothing else can wake it sooner.
+            Wakeup::Sockets { all: true } => b.yields = 0,
             _ => {}
         }
         b

@@ -70,7 +70,7 @@ impl Engine {
                             r.phase = RecvPhase::Posted { match_id: id, hw: Some(h) };
                         }
                     }
-                    None => st.sw_only_posted += 1,
+                    None => st.offload.posted_sw_only(),
                 }
                 st.settle_cq()?;
             }
@@ -121,12 +121,6 @@ impl State {
     /// one.
     #[inline(always)]
     fn may_offload(&self, from_one: bool, (t, m): (u64, u64), cap: usize, owned: bool) -> bool {
-        let eligible = self.offload
-            && !owned
-            && from_one
-            && cap >= self.tm_thresh
-            && cap < RVH_LEN_IN_META as usize
-            && self.tm.tags_listed() < self.max_tags;
-        eligible && !(self.sw_only_posted > 0 && self.matcher.earlier_posted_overlaps(t, m))
+        self.offload.eligible(from_one, cap, owned) && !(self.offload.sw_only() > 0 && self.matcher.earlier_posted_overlaps(t, m))
     }
 }

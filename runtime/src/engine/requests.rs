@@ -317,7 +317,7 @@ impl Engine {
             self.st.leave_queues(rid);
         }
         if let Err(e) = self.st.drain_cq() {
-            self.st.error.get_or_insert(e);
+            self.st.outbox.fail(e);
         }
     }
 
@@ -351,11 +351,11 @@ impl Engine {
                 // The target of a single-copy read may be writing into the buffer: it must
                 // stay until that write is done (or the target is gone).
                 if let RecvPhase::Reading(k) = r.phase {
-                    if let Some(src) = self.st.reads.get(k).filter(|op| op.remote_write).map(|op| op.src) {
-                        if !self.progress_while(src, |e| e.st.reads.get(k).is_some_and(|op| op.remote_write)) {
+                    if let Some(src) = self.st.reads.remote_writer(k) {
+                        if !self.progress_while(src, |e| e.st.reads.remote_writer(k).is_some()) {
                             // The buffer goes back to the caller, who may free it, while `src`
                             // may still write into it: only ending this process is sound.
-                            let why = self.st.deferred.as_ref().map_or_else(String::new, |e| format!(" ({e})"));
+                            let why = self.st.outbox.failure().map_or_else(String::new, |e| format!(" ({e})"));
                             eprintln!(
                                 "tmpi: rank {}: progress keeps failing{why} while rank {src} may still write into a receive buffer; ending this rank so that nothing writes into freed memory",
                                 self.st.rank
@@ -383,7 +383,7 @@ impl Engine {
                 // and the reader's answer (or its FIN, if it copied first) ends the wait.
                 if let Some(reader) = granted {
                     if s.rndv.as_ref().is_some_and(|r| r.pregranted) {
-                        self.st.ctlq.push_back((reader, ctl_msg(Control::Revoke { name: wire_name(rid) })));
+                        self.st.outbox.control(reader, Control::Revoke { name: wire_name(rid) });
                     }
                     let still_granted = |e: &Engine| match e.st.reqs.get(rid) {
                         Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), result: None, .. }) => r.granted.is_some(),
@@ -400,26 +400,7 @@ impl Engine {
                     if let Some(r) = self.st.rndv_send(Some(rid)) {
                         r.buf = None;
                     }
-                    let inside = |a: usize| a >= lo && a < hi.max(lo + 1);
-                    let st = &mut self.st;
-                    let mut refused = Vec::new();
-                    st.rma_out.retain(|r| {
-                        let keep = !inside(r.buf.addr());
-                        if !keep {
-                            refused.push((r.dest, r.read));
-                        }
-                        keep
-                    });
-                    st.cma_w.retain(|w| {
-                        let keep = !inside(w.buf.addr());
-                        if !keep {
-                            refused.push((w.dest, w.read));
-                        }
-                        keep
-                    });
-                    for (dest, read) in refused {
-                        st.send_rma(dest, Rma::ReadErr { read });
-                    }
+                    self.st.outbox.refuse_range(lo, hi);
                 }
             }
         }
@@ -463,7 +444,7 @@ impl Engine {
             }
         }
         if let Some(e) = kept {
-            self.st.deferred.get_or_insert(e);
+            self.st.outbox.fail(e);
         }
         ended
     }
@@ -658,7 +639,7 @@ mod tests {
         let mut buf = [0u8; 4];
         let r = recv(&mut b, Some(0), Some(1), &mut buf);
         send(&mut a, 1, 1, b"ab", false);
-        b.st.deferred = Some(Error::State("kept".into()));
+        b.st.outbox.fail(Error::State("kept".into()));
         let t = Instant::now();
         let ended = b.progress_while(0, |e| e.st.reqs.get(r).is_some_and(|q| q.result.is_none()) && t.elapsed() < Duration::from_secs(20));
         assert!(ended);
@@ -765,11 +746,11 @@ mod tests {
         let mut buf = [0u8; 16];
         let r = recv(&mut b, Some(0), Some(4), &mut buf);
         assert!(matches!(phase(&b, r), RecvPhase::Posted { hw: None, .. }), "below TMPI_TM_THRESH: software only");
-        assert_eq!(b.st.sw_only_posted, 1);
+        assert_eq!(b.st.offload.sw_only(), 1);
         let rest = eager_in_two(&mut a, 4, b"0123456789", 4);
         b.progress().expect("progress");
         assert!(matches!(phase(&b, r), RecvPhase::Filling));
-        assert_eq!(b.st.sw_only_posted, 0, "it left the software-only count when it matched");
+        assert_eq!(b.st.offload.sw_only(), 0, "it left the software-only count when it matched");
         // A matched receive cannot be cancelled.
         b.cancel(r);
         assert!(!b.is_done(r));
@@ -785,12 +766,12 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         let r = recv(&mut b, Some(0), Some(6), &mut buf);
         assert!(matches!(phase(&b, r), RecvPhase::Posted { hw: Some(_), .. }));
-        assert_eq!((b.st.sw_only_posted, b.st.tm.tags_listed()), (0, 1));
+        assert_eq!((b.st.offload.sw_only(), b.st.offload.tm().tags_listed()), (0, 1));
         let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
         let rest = eager_in_two(&mut a, 6, &data, 1000);
         b.progress().expect("progress");
         assert!(matches!(phase(&b, r), RecvPhase::Tagged { rndv: None }));
-        assert_eq!(b.st.tm.tags_listed(), 0, "the TM-SRQ consumed its entry");
+        assert_eq!(b.st.offload.tm().tags_listed(), 0, "the TM-SRQ consumed its entry");
         // It left the software queue too: another message with the same tag is unexpected.
         b.cancel(r);
         assert!(!b.is_done(r));
@@ -815,7 +796,7 @@ mod tests {
             b.progress().expect("the request arrives");
             let RecvPhase::Reading(k) = *phase(b, r) else { panic!("reading") };
             assert!(b.st.reads.get(k).is_some_and(|op| op.rid == r));
-            assert_eq!((b.st.sw_only_posted, b.st.tm.tags_listed()), (0, 0));
+            assert_eq!((b.st.offload.sw_only(), b.st.offload.tm().tags_listed()), (0, 0));
             settle(&mut [&mut *a, &mut *b]);
             assert!(b.take_if_done(r).expect("done").is_ok());
             assert!(a.take_if_done(s).expect("FIN").is_ok());
@@ -830,10 +811,10 @@ mod tests {
         let mut big = vec![0u8; 4096];
         let r1 = recv(&mut b, Some(0), Some(1), &mut small);
         let r2 = recv(&mut b, Some(0), Some(2), &mut big);
-        assert_eq!((b.st.sw_only_posted, b.st.tm.tags_listed()), (1, 1));
+        assert_eq!((b.st.offload.sw_only(), b.st.offload.tm().tags_listed()), (1, 1));
         b.cancel(r1);
         b.cancel(r2);
-        assert_eq!((b.st.sw_only_posted, b.st.tm.tags_listed()), (0, 0));
+        assert_eq!((b.st.offload.sw_only(), b.st.offload.tm().tags_listed()), (0, 0));
         for r in [r1, r2] {
             assert!(matches!(phase(&b, r), RecvPhase::Idle));
             assert!(b.take_if_done(r).expect("cancelled").is_ok_and(|s| s.cancelled()));

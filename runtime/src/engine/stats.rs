@@ -46,8 +46,9 @@ impl Engine {
     /// The counters of [`Engine::stats_line`] as a [`crate::Stats`].
     pub(crate) fn stats(&self) -> crate::Stats {
         let s = &self.st.stats;
-        let tm = self.st.tm.counters();
-        let mc = self.st.mr.stats();
+        let tm = self.st.offload.tm().counters();
+        let mc = self.st.target.mr_stats();
+        let heap = self.st.ways.heap_counters();
         crate::Stats {
             rank: self.st.rank as u64,
             msgs_sent: s.msgs_sent,
@@ -78,9 +79,9 @@ impl Engine {
             pregranted_reads: s.pregranted,
             pregranted_splits: s.pregranted_splits,
             cma_batched: s.cma_batched,
-            heap_grants: self.st.heaps.grants_served,
-            heap_bytes: self.st.heaps.bytes,
-            heap_fallbacks: self.st.heaps.fallbacks,
+            heap_grants: heap.0,
+            heap_bytes: heap.1,
+            heap_fallbacks: heap.2,
         }
     }
 }

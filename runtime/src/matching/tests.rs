@@ -73,6 +73,7 @@ fn recv_id_packs_seq_and_form_in_one_word() {
     assert_eq!(RecvId::of_mask(9, !1).form(), FORM_RAW);
 }
 
+/// CONFORMANCE.md: T1.
 #[test]
 fn recv_key_masks() {
     assert_eq!(recv_key(3, Some(4), Some(5)), (encode_tag(3, 4, 5), FULL_MASK));
@@ -115,6 +116,7 @@ fn exact_posted_then_arrival<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!((m.posted_len(), m.unexpected_len()), (0, 2));
 }
 
+/// CONFORMANCE.md: T5.
 fn unexpected_then_post<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!(m.arrive(encode_tag(1, 2, 3), 100), Arrived::Unexpected);
     let (t, k) = recv_key(1, Some(2), Some(4));
@@ -124,6 +126,7 @@ fn unexpected_then_post<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!((m.posted_len(), m.unexpected_len()), (1, 0));
 }
 
+/// CONFORMANCE.md: T2.
 fn non_overtaking<T: Matcher<u32, u32>>(mut m: T) {
     // Unexpected side: same source, same tag, received in arrival order.
     for i in 0..3 {
@@ -148,6 +151,7 @@ fn non_overtaking<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!(m.arrive(encode_tag(1, 3, 5), 301), Arrived::Matched(b, 21, 301));
 }
 
+/// CONFORMANCE.md: T3.
 fn oldest_unexpected_wins<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!(m.arrive(encode_tag(1, 2, 1), 100), Arrived::Unexpected);
     assert_eq!(m.arrive(encode_tag(1, 1, 1), 101), Arrived::Unexpected);
@@ -164,6 +168,7 @@ fn oldest_unexpected_wins<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!(m.unexpected_len(), 0);
 }
 
+/// CONFORMANCE.md: T3.
 fn earliest_posted_wins<T: Matcher<u32, u32>>(mut m: T) {
     // Wildcard posted before exact: the wildcard gets the first message.
     let (t, k) = recv_key(1, None, Some(4));
@@ -192,6 +197,7 @@ fn earliest_posted_wins<T: Matcher<u32, u32>>(mut m: T) {
     assert_eq!(m.posted_len(), 0);
 }
 
+/// CONFORMANCE.md: T1.
 fn contexts_are_isolated<T: Matcher<u32, u32>>(mut m: T) {
     let (t, k) = recv_key(1, None, None);
     let id = queued(m.post(t, k, 0));

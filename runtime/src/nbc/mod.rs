@@ -58,6 +58,7 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::op::{check_op, Op, Reducible};
 use crate::request::{Request, Scope};
+use crate::seen::{self, Kind, What};
 use crate::Rank;
 
 impl Comm {
@@ -99,6 +100,9 @@ impl Comm {
     /// # Errors
     /// [`Error::PeerGone`] (from the request).
     pub fn ibarrier<'s>(&self, s: &'s Scope<'s, '_>) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Ibarrier).on(self), || self.ibarrier(s));
+        }
         let c = CollCtx::new(self)?;
         let plan = select::barrier_plan(&c.setting());
         self.start_plan(s, &c, plan, None, None)
@@ -119,6 +123,9 @@ impl Comm {
     /// [`Error::InvalidRoot`]; from the request, [`Error::Truncated`] or
     /// [`Error::InvalidBuffer`] when ranks pass different lengths, [`Error::PeerGone`].
     pub fn ibcast<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, buf: &'s mut [T], root: Rank) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Ibcast).to(self, root).bytes(size_of_val(buf)), || self.ibcast(s, buf, root));
+        }
         let c = CollCtx::new(self)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let plan = select::bcast_plan(&c.setting(), bytes.len(), root)?;
@@ -152,6 +159,9 @@ impl Comm {
         op: Op,
         root: Rank,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Ireduce).to(self, root).bytes(size_of_val(send)), || self.ireduce(s, send, recv, op, root));
+        }
         self.ireduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op), true, root)
     }
 
@@ -177,6 +187,9 @@ impl Comm {
         recv: &'s mut [T],
         op: Op,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iallreduce).on(self).bytes(size_of_val(send)), || self.iallreduce(s, send, recv, op));
+        }
         self.iallreduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op), true)
     }
 
@@ -199,6 +212,9 @@ impl Comm {
     /// [`Error::InvalidRoot`]; [`Error::InvalidBuffer`] at the root when `recv` is missing or is
     /// not `size * send.len()` long; from the request, mismatched lengths, [`Error::PeerGone`].
     pub fn igather<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: Option<&'s mut [T]>, root: Rank) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Igather).to(self, root).bytes(size_of_val(send)), || self.igather(s, send, recv, root));
+        }
         let c = CollCtx::new(self)?;
         let (rank, size) = (self.rank(), self.size());
         crate::coll::check_root(root, size)?;
@@ -242,6 +258,11 @@ impl Comm {
         displs: &[usize],
         root: Rank,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Igatherv).to(self, root).bytes(size_of_val(send)), || {
+                self.igatherv(s, send, recv, counts, displs, root)
+            });
+        }
         self.igatherv_named("igatherv", s, send, recv, counts, displs, root)
     }
 
@@ -285,6 +306,9 @@ impl Comm {
     /// [`Error::InvalidRoot`]; [`Error::InvalidBuffer`] at the root when `send` is missing or is
     /// not `size * recv.len()` long; from the request, mismatched lengths, [`Error::PeerGone`].
     pub fn iscatter<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: Option<&'s [T]>, recv: &'s mut [T], root: Rank) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iscatter).to(self, root).bytes(size_of_val(recv)), || self.iscatter(s, send, recv, root));
+        }
         let c = CollCtx::new(self)?;
         let (rank, size) = (self.rank(), self.size());
         crate::coll::check_root(root, size)?;
@@ -327,6 +351,11 @@ impl Comm {
         recv: &'s mut [T],
         root: Rank,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iscatterv).to(self, root).bytes(size_of_val(recv)), || {
+                self.iscatterv(s, send, counts, displs, recv, root)
+            });
+        }
         self.iscatterv_named("iscatterv", s, send, counts, displs, recv, root)
     }
 
@@ -366,6 +395,9 @@ impl Comm {
     /// [`Error::InvalidBuffer`] when `recv` is not `size * send.len()` long; from the request,
     /// mismatched lengths, [`Error::PeerGone`].
     pub fn iallgather<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T]) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iallgather).on(self).bytes(size_of_val(send)), || self.iallgather(s, send, recv));
+        }
         let c = CollCtx::new(self)?;
         let (sb, rb): (&[u8], &mut [u8]) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
         crate::coll::allgather::check_allgather(self.size(), sb.len(), rb.len())?;
@@ -399,6 +431,11 @@ impl Comm {
         counts: &[usize],
         displs: &[usize],
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iallgatherv).on(self).bytes(size_of_val(send)), || {
+                self.iallgatherv(s, send, recv, counts, displs)
+            });
+        }
         self.iallgatherv_named(s, send, recv, counts, displs)
     }
 
@@ -433,6 +470,9 @@ impl Comm {
     /// [`Error::InvalidBuffer`] when `send` and `recv` differ in length or are not a multiple
     /// of `size`; from the request, mismatched lengths, [`Error::PeerGone`].
     pub fn ialltoall<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T]) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Ialltoall).on(self).bytes(size_of_val(send)), || self.ialltoall(s, send, recv));
+        }
         let c = CollCtx::new(self)?;
         let (sb, rb): (&[u8], &mut [u8]) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
         crate::coll::alltoall::check_alltoall(self.size(), sb.len(), rb.len())?;
@@ -471,6 +511,11 @@ impl Comm {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Ialltoallv).on(self).bytes(size_of_val(send)), || {
+                self.ialltoallv(s, send, scounts, sdispls, recv, rcounts, rdispls)
+            });
+        }
         let c = CollCtx::new(self)?;
         let plan = vcoll::alltoallv_plan(&c.setting(), send, scounts, sdispls, recv.len(), rcounts, rdispls);
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
@@ -502,6 +547,11 @@ impl Comm {
         counts: &[usize],
         op: Op,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::IreduceScatter).on(self).bytes(size_of_val(send)), || {
+                self.ireduce_scatter(s, send, recv, counts, op)
+            });
+        }
         self.ireduce_scatter_f(s, send, recv, counts, builtin::<T>(op), check_op::<T>(op), true)
     }
 
@@ -526,6 +576,11 @@ impl Comm {
         recv: &'s mut [T],
         op: Op,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::IreduceScatterBlock).on(self).bytes(size_of_val(send)), || {
+                self.ireduce_scatter_block(s, send, recv, op)
+            });
+        }
         let n = self.size();
         let counts = vec![recv.len(); n];
         self.ireduce_scatter(s, send, recv, &counts, op)
@@ -546,6 +601,9 @@ impl Comm {
     /// [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `recv.len() != send.len()`; from the
     /// request, mismatched lengths, [`Error::PeerGone`].
     pub fn iscan<'s, T: Pod + Reducible>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: Op) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iscan).on(self).bytes(size_of_val(send)), || self.iscan(s, send, recv, op));
+        }
         self.iprefix("iscan", s, send, recv, builtin::<T>(op), check_op::<T>(op), true)
     }
 
@@ -563,6 +621,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::iscan`].
     pub fn iexscan<'s, T: Pod + Reducible>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: Op) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iexscan).on(self).bytes(size_of_val(send)), || self.iexscan(s, send, recv, op));
+        }
         self.iprefix("iexscan", s, send, recv, builtin::<T>(op), check_op::<T>(op), false)
     }
 

@@ -57,6 +57,10 @@ pub(crate) struct Members {
     pub(crate) world: Option<crate::engine::WorldRanks>,
     /// The collective's sequence number (the tag's upper 16 bits).
     pub(crate) seq: u32,
+    /// One tag for every message in place of the sequence number and the phase (the group
+    /// channel of `Comm::create_group`, whose tag is the user's; messages then pair by source
+    /// and order alone, which the plans it runs keep).
+    pub(crate) fixed_tag: Option<u32>,
 }
 
 impl Members {
@@ -69,7 +73,10 @@ impl Members {
     }
 
     fn tag(&self, t: u32) -> u32 {
-        (self.seq & 0xffff) << 8 | (t & 0xff)
+        match self.fixed_tag {
+            Some(f) => f,
+            None => (self.seq & 0xffff) << 8 | (t & 0xff),
+        }
     }
 }
 
@@ -115,6 +122,11 @@ impl Sched {
 
     pub(crate) fn is_finished(&self) -> bool {
         self.finished
+    }
+
+    /// The collective context of the communicator it runs on.
+    pub(crate) fn ctx(&self) -> u32 {
+        self.who.ctx
     }
 
     /// The transfers in flight.

@@ -10,6 +10,7 @@ use crate::comm::Comm;
 use crate::error::Result;
 use crate::op::UserOp;
 use crate::request::{scope, Request, Scope};
+use crate::seen::{self, Kind, What};
 use crate::Rank;
 
 fn user<T: Pod>(op: &UserOp<T>) -> ReduceFn {
@@ -35,6 +36,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::ireduce`].
     pub fn reduce_with<T: Pod>(&self, send: &[T], recv: Option<&mut [T]>, op: &UserOp<T>, root: Rank) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Reduce).to(self, root).bytes(size_of_val(send)), || self.reduce_with(send, recv, op, root));
+        }
         scope(|s| self.ireduce_f(s, send, recv, user(op), Ok(()), op.is_commutative(), root)?.wait()).map(drop)
     }
 
@@ -44,6 +48,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::iallreduce`].
     pub fn allreduce_with<T: Pod>(&self, send: &[T], recv: &mut [T], op: &UserOp<T>) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Allreduce).on(self).bytes(size_of_val(send)), || self.allreduce_with(send, recv, op));
+        }
         scope(|s| self.iallreduce_f(s, send, recv, user(op), Ok(()), op.is_commutative())?.wait()).map(drop)
     }
 
@@ -63,6 +70,11 @@ impl Comm {
     /// # Errors
     /// As [`Comm::ireduce_scatter`].
     pub fn reduce_scatter_with<T: Pod>(&self, send: &[T], recv: &mut [T], counts: &[usize], op: &UserOp<T>) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::ReduceScatter).on(self).bytes(size_of_val(send)), || {
+                self.reduce_scatter_with(send, recv, counts, op)
+            });
+        }
         scope(|s| self.ireduce_scatter_f(s, send, recv, counts, user(op), Ok(()), op.is_commutative())?.wait()).map(drop)
     }
 
@@ -83,6 +95,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::iscan`].
     pub fn scan_with<T: Pod>(&self, send: &[T], recv: &mut [T], op: &UserOp<T>) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Scan).on(self).bytes(size_of_val(send)), || self.scan_with(send, recv, op));
+        }
         scope(|s| self.iprefix("scan_with", s, send, recv, user(op), Ok(()), true)?.wait()).map(drop)
     }
 
@@ -91,6 +106,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::iscan`].
     pub fn exscan_with<T: Pod>(&self, send: &[T], recv: &mut [T], op: &UserOp<T>) -> Result<()> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Exscan).on(self).bytes(size_of_val(send)), || self.exscan_with(send, recv, op));
+        }
         scope(|s| self.iprefix("exscan_with", s, send, recv, user(op), Ok(()), false)?.wait()).map(drop)
     }
 
@@ -106,6 +124,11 @@ impl Comm {
         op: &UserOp<T>,
         root: Rank,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Ireduce).to(self, root).bytes(size_of_val(send)), || {
+                self.ireduce_with(s, send, recv, op, root)
+            });
+        }
         self.ireduce_f(s, send, recv, user(op), Ok(()), op.is_commutative(), root)
     }
 
@@ -131,6 +154,9 @@ impl Comm {
         recv: &'s mut [T],
         op: &UserOp<T>,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iallreduce).on(self).bytes(size_of_val(send)), || self.iallreduce_with(s, send, recv, op));
+        }
         self.iallreduce_f(s, send, recv, user(op), Ok(()), op.is_commutative())
     }
 
@@ -146,6 +172,11 @@ impl Comm {
         counts: &[usize],
         op: &UserOp<T>,
     ) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::IreduceScatter).on(self).bytes(size_of_val(send)), || {
+                self.ireduce_scatter_with(s, send, recv, counts, op)
+            });
+        }
         self.ireduce_scatter_f(s, send, recv, counts, user(op), Ok(()), op.is_commutative())
     }
 
@@ -154,6 +185,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::iscan`].
     pub fn iscan_with<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: &UserOp<T>) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iscan).on(self).bytes(size_of_val(send)), || self.iscan_with(s, send, recv, op));
+        }
         self.iprefix("iscan_with", s, send, recv, user(op), Ok(()), true)
     }
 
@@ -162,6 +196,9 @@ impl Comm {
     /// # Errors
     /// As [`Comm::iscan`].
     pub fn iexscan_with<'s, T: Pod>(&self, s: &'s Scope<'s, '_>, send: &'s [T], recv: &'s mut [T], op: &UserOp<T>) -> Result<Request<'s>> {
+        if seen::on() {
+            return seen::call(What::new(Kind::Iexscan).on(self).bytes(size_of_val(send)), || self.iexscan_with(s, send, recv, op));
+        }
         self.iprefix("iexscan_with", s, send, recv, user(op), Ok(()), false)
     }
 }

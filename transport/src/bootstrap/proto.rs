@@ -11,6 +11,7 @@
 //! | 4  | fence    | nothing                                           |
 //! | 5  | abort    | `i32 code`, message (UTF-8, rest of body)         |
 //! | 6  | finalize | nothing                                           |
+//! | 7  | clock    | nothing; the reply is a value: the server's `CLOCK_MONOTONIC` (`u64` ns) |
 //!
 //! Replies (server to client): `0x80` ok (nothing), `0x81` value (the bytes), `0x82` error
 //! (a UTF-8 message). Every request gets exactly one reply; `get` and `fence` replies are
@@ -50,6 +51,7 @@ const OP_GET: u8 = 3;
 const OP_FENCE: u8 = 4;
 const OP_ABORT: u8 = 5;
 const OP_FINALIZE: u8 = 6;
+const OP_CLOCK: u8 = 7;
 const OP_OK: u8 = 0x80;
 const OP_VALUE: u8 = 0x81;
 const OP_ERR: u8 = 0x82;
@@ -94,6 +96,9 @@ pub enum Request {
     },
     /// The client is done; the connection closes after the reply.
     Finalize,
+    /// The server's clock (`CLOCK_MONOTONIC`, ns, as a value of 8 little-endian bytes), for
+    /// tracing: ranks of other hosts align their clocks to it (see `tmpi-trace`'s `clock`).
+    Clock,
 }
 
 /// A server reply.
@@ -212,6 +217,10 @@ impl Request {
                 let s = begin(out, OP_FINALIZE);
                 end(out, s);
             }
+            Request::Clock => {
+                let s = begin(out, OP_CLOCK);
+                end(out, s);
+            }
         }
         Ok(())
     }
@@ -264,6 +273,7 @@ impl Request {
                 Ok(Request::Abort { code, message: String::from_utf8_lossy(msg).into_owned() })
             }
             OP_FINALIZE => exact(0).map(|()| Request::Finalize),
+            OP_CLOCK => exact(0).map(|()| Request::Clock),
             _ => Err(malformed(format!("unknown request op {op}"))),
         }
     }
@@ -367,6 +377,7 @@ mod tests {
         roundtrip(Request::Fence);
         roundtrip(Request::Abort { code: -7, message: "bad".into() });
         roundtrip(Request::Finalize);
+        roundtrip(Request::Clock);
     }
 
     #[test]

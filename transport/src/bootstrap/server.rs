@@ -25,13 +25,24 @@
 //! at. The secret never travels, and an answer recorded on one connection is worth nothing on
 //! another. The server answers an admitted `hello` with its own proof, so a rank knows it talks
 //! to its job's `tmpirun`. Until then the server reads at most one `hello` frame from a
-//! connection, and one that has not proven itself within [`HELLO_DEADLINE`] is closed. With
+//! connection, and one that has not proven itself within [`HELLO_DEADLINE`] is closed. At most
+//! [`STRANGERS_BEYOND_RANKS`] more connections than ranks still missing may wait to prove
+//! themselves at once (the oldest gives way to a newcomer), and when the process runs out of
+//! descriptors the oldest of them is closed to make room, or accepting pauses for a moment
+//! ([`NOFILE_PAUSE`]): a flood of strangers can neither keep a rank out nor make the server
+//! spin. With
 //! [`BootstrapServer::admit_pids`], the connecting process (its `SO_PEERCRED` pid, taken at
 //! `connect`) must also be one of the given processes or a descendant of one, and of the
 //! server's own user (Unix-socket clients only). With [`BootstrapServer::listen_tcp`] the
 //! server also accepts ranks of other hosts over TCP; they are admitted by the proof in
 //! their `hello` alone. A stranger is closed and reported as [`ServerEvent::Refused`]; it
 //! changes nothing else (no rank slot is taken, no fence is broken).
+//!
+//! Liveness: with [`BootstrapServer::set_peer_timeout`], TCP connections get kernel keepalive
+//! and `TCP_USER_TIMEOUT` ([`crate::tcp::alive`]), so the connection of a rank whose host
+//! vanished ends within that time: [`ServerEvent::Unreachable`] rather than
+//! [`ServerEvent::Lost`]. [`BootstrapServer::unanswered_ranks`] names the ranks whose host owes
+//! an answer right now.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -49,8 +60,20 @@ use crate::error::{Error, Result};
 use crate::tcp::auth::{self, Purpose};
 
 /// How long a new connection has to prove the job secret in its `hello` before it is closed
-/// as a stranger (and reported as [`ServerEvent::Refused`]).
-pub const HELLO_DEADLINE: Duration = Duration::from_secs(60);
+/// as a stranger (and reported as [`ServerEvent::Refused`]). A rank sends its `hello` as soon
+/// as it has read its challenge, so this is generous even for hundreds of ranks starting on a
+/// loaded host.
+pub const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Connections waiting to prove themselves, beyond the ranks still missing, that the server
+/// keeps at once; beyond that the oldest is closed for each newcomer.
+pub const STRANGERS_BEYOND_RANKS: usize = 64;
+
+/// How long accepting pauses when the process has no descriptor left and no stranger to
+/// close (doubling up to [`NOFILE_PAUSE_MAX`] while it lasts).
+pub const NOFILE_PAUSE: Duration = Duration::from_millis(50);
+/// Longest pause of accepting for want of descriptors.
+pub const NOFILE_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// Total bytes of keys and values the server keeps before refusing puts.
 pub const MAX_STORE_BYTES: usize = 256 << 20;
@@ -132,6 +155,16 @@ pub enum ServerEvent {
         /// Its rank.
         rank: usize,
     },
+    /// A rank's TCP connection ended because its host stopped answering (keepalive or
+    /// retransmissions unanswered for the peer timeout) or became unreachable: the host
+    /// vanished (power loss, a cut network), or the network between it and `tmpirun` did.
+    /// Otherwise as [`ServerEvent::Lost`].
+    Unreachable {
+        /// Its rank.
+        rank: usize,
+        /// What the kernel said (`Connection timed out`, `No route to host`...).
+        error: String,
+    },
     /// A connection that did not prove to be a rank of this job (wrong or missing secret,
     /// a process that is not a rank nor a rank's descendant): closed, and nothing else
     /// changed.
@@ -201,6 +234,12 @@ pub struct BootstrapServer {
     secret: JobSecret,
     /// Processes (and their descendants) allowed to connect; `None`: any of this user.
     admit: Option<Vec<i32>>,
+    /// Liveness of TCP connections ([`BootstrapServer::set_peer_timeout`]).
+    peer_timeout: Option<Duration>,
+    /// Accepting pauses until then, for want of descriptors (listeners out of the epoll set).
+    paused: Option<Instant>,
+    /// The length of the next such pause.
+    pause_len: Duration,
     conns: HashMap<u64, Conn>,
     next_token: u64,
     ranks: Vec<RankState>,
@@ -215,6 +254,14 @@ pub struct BootstrapServer {
     /// Connections whose wait ended: parse their buffered input again.
     resume: Vec<u64>,
     events: Vec<ServerEvent>,
+}
+
+/// This host's `CLOCK_MONOTONIC` in nanoseconds (the answer to [`Request::Clock`]).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the call; on failure it stays zeroed.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 fn io_err(op: impl Into<String>, source: io::Error) -> Error {
@@ -251,6 +298,9 @@ impl BootstrapServer {
             size,
             secret,
             admit: None,
+            peer_timeout: None,
+            paused: None,
+            pause_len: NOFILE_PAUSE,
             conns: HashMap::new(),
             next_token: 0,
             ranks: vec![RankState::Absent; size],
@@ -272,6 +322,37 @@ impl BootstrapServer {
     /// is made when a connection is accepted, on the pid the kernel recorded at `connect`.
     pub fn admit_pids(&mut self, pids: Vec<i32>) {
         self.admit = Some(pids);
+    }
+
+    /// Bounds how long a rank's host may leave its TCP connection unanswered
+    /// (`TMPI_PEER_TIMEOUT`): kernel keepalive and `TCP_USER_TIMEOUT` on every TCP connection
+    /// accepted from now on, so that one whose host vanished ends within `timeout`
+    /// ([`ServerEvent::Unreachable`]). `None`: no bound (the kernel's defaults).
+    pub fn set_peer_timeout(&mut self, timeout: Option<Duration>) {
+        self.peer_timeout = timeout;
+    }
+
+    /// Ranks connected over TCP whose host owes an answer now: data or keepalive probes sent
+    /// and not acknowledged yet ([`crate::tcp::alive::Exchange::owed`]). A host that vanished
+    /// is in this list until its connection ends ([`ServerEvent::Unreachable`]); a live one
+    /// only for a round trip.
+    pub fn unanswered_ranks(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self
+            .conns
+            .values()
+            .filter(|c| matches!(c.stream, ConnStream::Tcp(_)))
+            .filter_map(|c| c.rank.filter(|_| crate::tcp::alive::exchange(c.stream.as_raw_fd()).is_some_and(|x| x.owed())))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// When [`process`](Self::process) has timed work to do (a stranger's deadline, the end
+    /// of a pause in accepting), if ever: wait no longer than this.
+    pub fn next_wake(&self) -> Option<Instant> {
+        let oldest = self.conns.values().filter(|c| c.rank.is_none() && !c.close_after_flush).map(|c| c.since).min();
+        let expiry = oldest.map(|t| t + HELLO_DEADLINE + Duration::from_millis(1));
+        [expiry, self.paused].into_iter().flatten().min()
     }
 
     /// Also listens on TCP at `ip` (a port the kernel chooses), for ranks on other hosts;
@@ -327,6 +408,9 @@ impl BootstrapServer {
     /// Only failures of the server itself (epoll); a misbehaving client is disconnected and
     /// reported as [`ServerEvent::Rejected`] instead.
     pub fn process(&mut self) -> Result<Vec<ServerEvent>> {
+        if self.paused.is_some_and(|p| Instant::now() >= p) {
+            self.resume_accepting();
+        }
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             // SAFETY: `evs` is a writable array of `evs.len()` epoll_event; timeout 0.
@@ -399,9 +483,11 @@ impl BootstrapServer {
                         libc::pollfd { fd: self.epoll.as_raw_fd(), events: libc::POLLIN, revents: 0 },
                         libc::pollfd { fd: stop2.as_raw_fd(), events: libc::POLLIN, revents: 0 },
                     ];
-                    // Wakes each second at least, to close strangers past HELLO_DEADLINE.
+                    // Wakes for timed work (strangers past HELLO_DEADLINE, a pause in accepting),
+                    // and each second at least.
+                    let ms = self.next_wake().map_or(1000, |w| w.saturating_duration_since(Instant::now()).as_millis().clamp(1, 1000));
                     // SAFETY: `pfds` is an array of 2 valid pollfd.
-                    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, 1000) };
+                    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), 2, ms as libc::c_int) };
                     if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
                         return Err(Error::last_os("poll (bootstrap thread)"));
                     }
@@ -430,11 +516,51 @@ impl BootstrapServer {
                     self.add_conn(ConnStream::Unix(stream), cred.map(|c| c.pid));
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // WouldBlock: all accepted. Other errors (EMFILE...) are retried on the next
-                // readiness; nothing to tear down.
+                Err(e) if out_of_descriptors(&e) => {
+                    if !self.make_room() {
+                        return;
+                    }
+                }
+                // WouldBlock: all accepted. Other errors are retried on the next readiness;
+                // nothing to tear down.
                 Err(_) => return,
             }
         }
+    }
+
+    /// Out of descriptors: closes the oldest stranger to make room (true), or, with none to
+    /// close, takes the listeners out of the epoll set for a pause (false): a connection waiting
+    /// in the backlog would otherwise keep them readable and the server spinning.
+    fn make_room(&mut self) -> bool {
+        if self.refuse_oldest_stranger("tmpirun ran out of file descriptors") {
+            return true;
+        }
+        let _ = self.ctl(libc::EPOLL_CTL_DEL, self.listener.as_raw_fd(), 0, LISTENER);
+        if let Some(l) = &self.tcp {
+            let _ = self.ctl(libc::EPOLL_CTL_DEL, l.as_raw_fd(), 0, TCP_LISTENER);
+        }
+        self.paused = Some(Instant::now() + self.pause_len);
+        self.pause_len = (self.pause_len * 2).min(NOFILE_PAUSE_MAX);
+        false
+    }
+
+    /// Puts the listeners back into the epoll set after a pause.
+    fn resume_accepting(&mut self) {
+        self.paused = None;
+        let _ = self.ctl(libc::EPOLL_CTL_ADD, self.listener.as_raw_fd(), libc::EPOLLIN as u32, LISTENER);
+        if let Some(l) = &self.tcp {
+            let _ = self.ctl(libc::EPOLL_CTL_ADD, l.as_raw_fd(), libc::EPOLLIN as u32, TCP_LISTENER);
+        }
+    }
+
+    /// Closes the stranger (a connection without a proven `hello`) that has waited longest, if
+    /// there is one; whether one was closed.
+    fn refuse_oldest_stranger(&mut self, why: &str) -> bool {
+        let oldest = self.conns.iter().filter(|(_, c)| c.rank.is_none() && !c.close_after_flush).min_by_key(|(_, c)| c.since);
+        let Some((&t, c)) = oldest else { return false };
+        let pid = c.pid;
+        self.refuse(t, pid, format!("{why}: the connection that waited longest without a hello is closed"));
+        true
     }
 
     /// Accepts TCP clients: strangers until their `hello` proves the job secret.
@@ -444,24 +570,40 @@ impl BootstrapServer {
             match l.accept() {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
+                    if let Some(t) = self.peer_timeout {
+                        let _ = crate::tcp::alive::set_keepalive(stream.as_raw_fd(), t);
+                        let _ = crate::tcp::alive::set_user_timeout(stream.as_raw_fd(), t);
+                    }
                     self.add_conn(ConnStream::Tcp(stream), None);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if out_of_descriptors(&e) => {
+                    if !self.make_room() {
+                        return;
+                    }
+                }
                 Err(_) => return,
             }
         }
     }
 
-    /// Takes a new connection and sends it its challenge.
+    /// Takes a new connection and sends it its challenge. Beyond the cap on strangers, the
+    /// oldest one is closed first.
     fn add_conn(&mut self, stream: ConnStream, pid: Option<i32>) {
         if stream.set_nonblocking().is_err() {
             return;
+        }
+        let missing = self.ranks.iter().filter(|r| **r == RankState::Absent).count();
+        let strangers = self.conns.values().filter(|c| c.rank.is_none() && !c.close_after_flush).count();
+        if strangers >= missing + STRANGERS_BEYOND_RANKS {
+            self.refuse_oldest_stranger("too many connections waiting to prove themselves");
         }
         let Ok(nonce) = auth::nonce() else {
             // No randomness: the connection cannot be challenged, so it is not taken.
             self.events.push(ServerEvent::Refused { pid, reason: "no random nonce for its challenge (getrandom failed)".into() });
             return;
         };
+        self.pause_len = NOFILE_PAUSE;
         let token = self.next_token;
         self.next_token += 1;
         if self.ctl(libc::EPOLL_CTL_ADD, stream.as_raw_fd(), libc::EPOLLIN as u32, token).is_err() {
@@ -506,6 +648,7 @@ impl BootstrapServer {
         }
         if flags & (libc::EPOLLIN | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
             let mut eof = false;
+            let mut unreachable = None;
             if let Some(c) = self.conns.get_mut(&token) {
                 let mut chunk = [0u8; 16 * 1024];
                 loop {
@@ -532,7 +675,10 @@ impl BootstrapServer {
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(_) => {
+                        Err(e) => {
+                            if crate::tcp::alive::is_unreachable(&e) {
+                                unreachable = Some(e.to_string());
+                            }
                             eof = true;
                             break;
                         }
@@ -540,7 +686,9 @@ impl BootstrapServer {
                 }
             }
             self.parse(token);
-            if eof {
+            if let Some(error) = unreachable {
+                self.close_unreachable(token, error);
+            } else if eof {
                 self.close(token);
             }
         }
@@ -631,6 +779,7 @@ impl BootstrapServer {
                 }
                 self.flush(token);
             }
+            Request::Clock => self.reply(token, Reply::Value(monotonic_ns().to_le_bytes().to_vec())),
         }
     }
 
@@ -826,6 +975,21 @@ impl BootstrapServer {
         self.close(token);
     }
 
+    /// Drops the connection of a rank whose host stopped answering: as [`Self::close`], but
+    /// reported as [`ServerEvent::Unreachable`].
+    fn close_unreachable(&mut self, token: u64, error: String) {
+        let Some(rank) = self.conns.get(&token).and_then(|c| c.rank) else {
+            return self.close(token);
+        };
+        if self.ranks[rank] == RankState::Here(token) {
+            // Recorded first, so that `close` does not report the rank as merely lost.
+            self.ranks[rank] = RankState::Lost;
+            self.events.push(ServerEvent::Unreachable { rank, error });
+            self.break_fences(format!("fence cannot complete: the host of rank {rank} stopped answering"));
+        }
+        self.close(token);
+    }
+
     /// Drops a connection and everything it was waiting for.
     fn close(&mut self, token: u64) {
         let Some(c) = self.conns.remove(&token) else {
@@ -852,6 +1016,12 @@ impl BootstrapServer {
             }
         }
     }
+}
+
+/// Whether an `accept` failed for want of descriptors or kernel memory (retrying at once would
+/// spin: the connection stays queued and the listener readable).
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
 }
 
 /// The credentials the kernel recorded when the peer of `stream` connected.

@@ -350,6 +350,8 @@ fn knob_table_is_complete() {
         "TMPI_TM_MAX_TAGS",
         "TMPI_TM_THRESH",
         "TMPI_SHM_RING_SIZE",
+        "TMPI_SHM_PAIRS_MAX",
+        "TMPI_SHM_LIMIT",
         "TMPI_MR_CACHE_MAX_COUNT",
         "TMPI_MR_CACHE_MAX_SIZE",
         "TMPI_MR_CACHE_MONITOR",
@@ -551,4 +553,135 @@ fn a_service_without_the_secret_is_not_trusted() {
     let e = BootstrapClient::connect_to(&BootstrapAddr::Tcp(addr), 0, 2, &secret()).unwrap_err().to_string();
     assert!(e.contains("bad challenge"), "{e}");
     other.join().unwrap();
+}
+
+#[test]
+fn ofi_provider_values() {
+    let table: &[(&str, Option<Option<&str>>)] = &[
+        ("auto", Some(None)),
+        ("", Some(None)),
+        (" tcp ", Some(Some("tcp"))),
+        ("tcp;ofi_rxm", Some(Some("tcp;ofi_rxm"))),
+        ("psm3", Some(Some("psm3"))),
+        ("not-a-value", None),
+        ("TCP", None),
+        ("tcp;", None),
+        ("tcp ofi", None),
+    ];
+    for &(v, want) in table {
+        assert_eq!(super::parse_ofi_provider(v), want.map(|o| o.map(String::from)), "{v:?}");
+    }
+}
+
+/// Issue 55 item 3: strangers beyond the ranks still missing (and a margin) are closed, the
+/// oldest first, as soon as newcomers arrive; a rank still gets in through the flood.
+#[test]
+fn a_flood_of_strangers_is_capped_and_a_rank_still_gets_in() {
+    let s = TmpSock::new();
+    let mut server = BootstrapServer::bind(&s.path, 2, secret()).unwrap();
+    server.set_peer_timeout(Some(Duration::from_secs(20)));
+    let addr = server.listen_tcp("127.0.0.1".parse().unwrap()).unwrap();
+    let srv = server.spawn().unwrap();
+    let extra = 40;
+    let flood: Vec<std::net::TcpStream> =
+        (0..2 + server::STRANGERS_BEYOND_RANKS + extra).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+    let mut refused = 0;
+    while refused < extra {
+        let ev = srv.events().recv_timeout(Duration::from_secs(30)).expect("strangers beyond the cap are closed at once");
+        if let ServerEvent::Refused { reason, .. } = &ev {
+            assert!(reason.contains("too many connections waiting"), "{ev:?}");
+            refused += 1;
+        }
+    }
+    // The first ones were closed: reading them ends.
+    let mut first = &flood[0];
+    first.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buf = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut first, &mut buf);
+    let tcp = BootstrapAddr::Tcp(addr);
+    let mut c = BootstrapClient::connect_to(&tcp, 1, 2, &secret()).expect("a rank gets in through the flood");
+    c.put("k", b"v").unwrap();
+    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Connected { .. }));
+    assert_eq!(evs.last(), Some(&ServerEvent::Connected { rank: 1 }));
+    drop(flood);
+    drop(c);
+    srv.stop().unwrap();
+}
+
+/// Issue 55 item 3: a connection that says nothing is closed after HELLO_DEADLINE (10 s, was
+/// 60 s), without any other event to wake the server.
+#[test]
+fn a_silent_stranger_is_closed_after_the_hello_deadline() {
+    let s = TmpSock::new();
+    let mut server = BootstrapServer::bind(&s.path, 2, secret()).unwrap();
+    let addr = server.listen_tcp("127.0.0.1".parse().unwrap()).unwrap();
+    let srv = server.spawn().unwrap();
+    let t = std::time::Instant::now();
+    let mut quiet = std::net::TcpStream::connect(addr).unwrap();
+    let ev = srv.events().recv_timeout(Duration::from_secs(40)).expect("the silent stranger is closed");
+    let took = t.elapsed();
+    assert!(matches!(&ev, ServerEvent::Refused { pid: None, reason } if reason.contains("no hello within 10 s")), "{ev:?}");
+    assert!(took >= server::HELLO_DEADLINE, "closed after {took:?}");
+    let mut rest = Vec::new();
+    quiet.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = std::io::Read::read_to_end(&mut quiet, &mut rest);
+    assert!(rest.starts_with(auth::Purpose::Bootstrap.magic()), "it got its challenge, then the end");
+    eprintln!("bootstrap: a silent stranger was closed after {took:?}");
+    srv.stop().unwrap();
+}
+
+#[test]
+fn a_live_tcp_rank_owes_no_answer_and_strangers_set_a_wake_up() {
+    let s = TmpSock::new();
+    let mut server = BootstrapServer::bind(&s.path, 2, secret()).unwrap();
+    server.set_peer_timeout(Some(Duration::from_secs(3)));
+    let addr = server.listen_tcp("127.0.0.1".parse().unwrap()).unwrap();
+    assert_eq!(server.next_wake(), None, "nothing timed to do");
+    let tcp = BootstrapAddr::Tcp(addr);
+    let client = std::thread::spawn(move || {
+        let mut c = BootstrapClient::connect_to(&tcp, 0, 2, &secret()).unwrap();
+        c.put("k", b"v").unwrap();
+        c
+    });
+    let _stranger = std::net::TcpStream::connect(addr).unwrap();
+    let t = std::time::Instant::now();
+    let mut connected = false;
+    while !connected || server.next_wake().is_none() {
+        connected |= server.wait(Some(Duration::from_millis(100))).unwrap().contains(&ServerEvent::Connected { rank: 0 });
+        assert!(t.elapsed() < Duration::from_secs(30), "the rank never connected");
+    }
+    while !client.is_finished() {
+        server.wait(Some(Duration::from_millis(100))).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(30), "the rank's put was never answered");
+    }
+    let c = client.join().unwrap();
+    let wake = server.next_wake().expect("a stranger's deadline");
+    assert!(wake > std::time::Instant::now() && wake <= std::time::Instant::now() + server::HELLO_DEADLINE + Duration::from_secs(1));
+    // Its host answers: nothing is owed once the last reply was acknowledged.
+    let t = std::time::Instant::now();
+    while !server.unanswered_ranks().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", server.unanswered_ranks());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(c);
+}
+
+/// The clock request answers with the server's `CLOCK_MONOTONIC`: on one host the answer lies
+/// between the client's readings before and after (the same clock; no timing is assumed).
+#[test]
+fn clock_answers_inside_the_round_trip() {
+    let (sock, _srv) = serve(1);
+    let mut c = BootstrapClient::connect(&sock.path, 0, 1, &secret()).unwrap();
+    let now = || {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid, writable timespec for the call.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    for _ in 0..3 {
+        let (t0, server, t3) = c.clock(now).unwrap();
+        assert!(t0 <= server && server <= t3, "{t0} {server} {t3}");
+    }
+    c.finalize().unwrap();
+    assert!(c.clock(now).is_err(), "no clock after finalize");
 }

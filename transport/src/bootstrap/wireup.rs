@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::{BootstrapEnv, KeyValue};
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, FabricChoice, HybridFabric};
+use crate::fabric::{AnyFabric, FabricChoice, HybridFabric};
 use crate::shm::ShmFabric;
 use crate::tcp::{self, TcpFabric};
 
@@ -32,6 +32,9 @@ pub struct WireUp<'a> {
     pub tcp_if: Option<&'a str>,
     /// Bytes of each shared-memory ring for a segment of `n` ranks.
     pub ring_size: &'a dyn Fn(usize) -> usize,
+    /// `TMPI_PEER_TIMEOUT`: how long a TCP peer may stay silent ([`crate::tcp::alive`]);
+    /// `None`: no limit.
+    pub peer_timeout: Option<Duration>,
 }
 
 /// `TMPI_NODE_ID`: the launcher's name for the host a rank runs on (optional).
@@ -66,7 +69,7 @@ fn tcp_key(r: usize) -> String {
 /// # Errors
 /// Bootstrap failures, a segment that cannot be created or opened, `TMPI_FABRIC=shm` across
 /// hosts, TCP peers that cannot be reached or do not prove the job secret.
-pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<Fabric> {
+pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<AnyFabric> {
     let (rank, size) = (env.rank, env.size);
     let me = host_id();
     // When the launcher says every rank runs on this host, rank 0 creates the job's segment
@@ -130,7 +133,9 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
                     .ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed TCP address")))?;
                 peers.push((r, a));
             }
-            tcp = Some(TcpFabric::establish(rank, size, l, &peers, &env.secret, CONNECT_TIMEOUT)?);
+            let mut t = TcpFabric::establish(rank, size, l, &peers, &env.secret, CONNECT_TIMEOUT)?;
+            t.set_peer_timeout(how.peer_timeout)?;
+            tcp = Some(t);
         }
     }
     bc.fence()?;
@@ -145,9 +150,9 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
         }
     }
     Ok(match (shm, tcp) {
-        (Some(s), None) => Fabric::Shm(s),
-        (None, Some(t)) => Fabric::Tcp(t),
-        (Some(s), Some(t)) => Fabric::Hybrid(Box::new(HybridFabric::new(s, t, size, group)?)),
+        (Some(s), None) => AnyFabric::Shm(s),
+        (None, Some(t)) => AnyFabric::Tcp(t),
+        (Some(s), Some(t)) => AnyFabric::Hybrid(Box::new(HybridFabric::new(s, t, size, group)?)),
         (None, None) => return Err(Error::Fabric(format!("rank {rank}: no fabric links it to the other {} ranks", size - 1))),
     })
 }

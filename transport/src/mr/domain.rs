@@ -100,14 +100,94 @@ impl ResolvedRange {
 pub struct MappedKey {
     /// The base address the target reported.
     pub base_addr: u64,
-    /// The raw key bytes, to name the region on the wire.
-    pub raw_key: Vec<u8>,
+    /// The raw key, to name the region on the wire.
+    pub raw_key: RawKey,
+}
+
+/// A raw key as a data transfer carries it to the target ([`Domain::check_remote_raw`]): the
+/// bytes of a key that the initiator mapped with [`Domain::map_raw`], valid while that mapping
+/// lasts.
+///
+/// `fi_mr(3)`: under `FI_MR_RAW` "applications must use `fi_mr_raw_attr()` locally and
+/// `fi_mr_map_raw()` at the peer before targeting a memory region as part of any data
+/// transfer request", "even if the raw key is 64-bits or smaller". The model enforces it with
+/// this type: only [`Domain::mapped_key`] hands one out (the bytes `raw_attr` wrote cannot
+/// become one), and after the mapping's last [`Domain::unmap_key`] (or the close of the
+/// initiator's domain) it names no region. The bytes may still be changed (a forged key),
+/// which the target's check refuses as any unknown key.
+#[derive(Clone)]
+pub struct RawKey {
+    bytes: Vec<u8>,
+    /// Alive while the initiator's mapping is.
+    mapping: std::sync::Weak<()>,
+}
+
+impl RawKey {
+    /// The key bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Whether the mapping that gave this key is still in place.
+    pub fn is_mapped(&self) -> bool {
+        self.mapping.strong_count() > 0
+    }
+}
+
+impl std::ops::Deref for RawKey {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl std::ops::DerefMut for RawKey {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+impl fmt::Debug for RawKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawKey").field("bytes", &self.bytes).field("mapped", &self.is_mapped()).finish()
+    }
+}
+
+/// Keys compare by their bytes.
+impl PartialEq for RawKey {
+    fn eq(&self, other: &RawKey) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for RawKey {}
+
+impl PartialEq<[u8]> for RawKey {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.bytes == other
+    }
+}
+
+impl<const N: usize> PartialEq<[u8; N]> for RawKey {
+    fn eq(&self, other: &[u8; N]) -> bool {
+        self.bytes == other
+    }
 }
 
 struct MappedEntry {
     key: MappedKey,
     /// How many `map_raw` calls returned this key and await `unmap_key`.
     refs: usize,
+    /// What the keys handed out for this mapping hold weakly: dropped with the entry.
+    _live: Arc<()>,
+}
+
+impl MappedEntry {
+    fn new(base_addr: u64, raw_key: &[u8], refs: usize) -> MappedEntry {
+        let live = Arc::new(());
+        let raw_key = RawKey { bytes: raw_key.to_vec(), mapping: Arc::downgrade(&live) };
+        MappedEntry { key: MappedKey { base_addr, raw_key }, refs, _live: live }
+    }
 }
 
 /// Where a key comes from.
@@ -209,22 +289,8 @@ struct DomainShared {
     requested_mode: MrMode,
     state: Mutex<DomainState>,
     /// Number of invalidation batches a cache monitor is applying right now (see
-    /// [`InvalidationGuard`]). Shared with every region of the domain.
+    /// [`Domain::begin_invalidation_batch`]). Shared with every region of the domain.
     in_flight: Arc<AtomicUsize>,
-}
-
-/// Marks an invalidation batch in progress: from before the monitor reads events (which is
-/// when the kernel lets the `munmap` that caused them return) until it has revoked the
-/// regions. Access checks and validity queries wait while one is in progress, so after a
-/// `munmap` returns no check can see a region of the unmapped memory as usable.
-pub(crate) struct InvalidationGuard {
-    in_flight: Arc<AtomicUsize>,
-}
-
-impl Drop for InvalidationGuard {
-    fn drop(&mut self) {
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// Waits until no invalidation batch is in progress (returns at once almost always; a batch
@@ -365,10 +431,19 @@ impl Domain {
         }
     }
 
-    /// Starts an invalidation batch (see [`InvalidationGuard`]).
-    pub(crate) fn begin_invalidation(&self) -> InvalidationGuard {
+    /// Marks an invalidation batch in progress (the registration cache's
+    /// `CacheDomain::begin_invalidation`): from before the monitor reads events (which is when
+    /// the kernel lets the `munmap` that caused them return) until it has revoked the
+    /// regions. Access checks and validity queries wait while one is in progress, so after a
+    /// `munmap` returns no check can see a region of the unmapped memory as usable.
+    /// [`Domain::end_invalidation_batch`] ends it.
+    pub(crate) fn begin_invalidation_batch(&self) {
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
-        InvalidationGuard { in_flight: Arc::clone(&self.shared.in_flight) }
+    }
+
+    /// Ends a batch begun by [`Domain::begin_invalidation_batch`].
+    pub(crate) fn end_invalidation_batch(&self) {
+        self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Waits for invalidation batches in progress to finish.
@@ -578,27 +653,28 @@ impl Domain {
         if raw_key.len() != n {
             return Err(MrErrno::Inval);
         }
-        let entry = MappedKey { base_addr, raw_key: raw_key.to_vec() };
         let mut st = lock(&self.shared.state);
         if n <= 8 && !self.shared.attr.mr_mode.contains(MrMode::RAW) {
             let mut b = [0u8; 8];
             b[..n].copy_from_slice(raw_key);
             let key = u64::from_le_bytes(b);
-            let e = st.mapped.entry(key).or_insert(MappedEntry { key: entry, refs: 0 });
+            let e = st.mapped.entry(key).or_insert_with(|| MappedEntry::new(base_addr, raw_key, 0));
             e.refs += 1;
             return Ok(key);
         }
         for _ in 0..KEY_ATTEMPTS {
             let k = st.rng.next()?;
             if k != KEY_NOTAVAIL && !st.mapped.contains_key(&k) {
-                st.mapped.insert(k, MappedEntry { key: entry, refs: 1 });
+                st.mapped.insert(k, MappedEntry::new(base_addr, raw_key, 1));
                 return Ok(k);
             }
         }
         Err(MrErrno::NoSpace)
     }
 
-    /// The raw key and base address behind a key returned by [`Domain::map_raw`].
+    /// The raw key and base address behind a key returned by [`Domain::map_raw`]: what a data
+    /// transfer that uses the mapped key sends to the target (its [`RawKey`] is valid until
+    /// the mapping's last [`Domain::unmap_key`]).
     pub fn mapped_key(&self, key: u64) -> Option<MappedKey> {
         lock(&self.shared.state).mapped.get(&key).map(|e| e.key.clone())
     }
@@ -641,13 +717,42 @@ impl Domain {
         resolve(&region, addr, len, op)
     }
 
-    /// [`Domain::check_remote`] for a key in raw form (all `mr_key_size` bytes compared).
+    /// [`Domain::check_remote`] for a key in raw form (all `mr_key_size` bytes compared), as a
+    /// data transfer carries it: a [`RawKey`] from the initiator's mapping, refused once that
+    /// mapping is released. The bytes `raw_attr` writes are not a `RawKey`, so no request
+    /// reaches a region without the mapping, as `fi_mr(3)` requires under `FI_MR_RAW`:
+    ///
+    /// ```compile_fail
+    /// use tmpi_transport::mr::{Access, Domain, DomainAttr, MrMode, RegFlags, RemoteOp};
+    /// let attr = DomainAttr { mr_mode: MrMode::RAW | MrMode::PROV_KEY, mr_key_size: 8, mr_iov_limit: 1 };
+    /// let target = Domain::open(attr).unwrap();
+    /// let mr = target.reg(0x1000, 64, Access::REMOTE_READ, 0, 0, RegFlags::empty()).unwrap();
+    /// let mut raw = [0u8; 8];
+    /// mr.raw_attr(&mut raw).unwrap();
+    /// // Without map_raw at the initiator: does not compile.
+    /// target.check_remote_raw(&raw, 0, 8, RemoteOp::Read).unwrap();
+    /// ```
+    ///
+    /// ```
+    /// use tmpi_transport::mr::{Access, Domain, DomainAttr, MrMode, RegFlags, RemoteOp};
+    /// let attr = DomainAttr { mr_mode: MrMode::RAW | MrMode::PROV_KEY, mr_key_size: 8, mr_iov_limit: 1 };
+    /// let (target, initiator) = (Domain::open(attr).unwrap(), Domain::open(attr).unwrap());
+    /// let mr = target.reg(0x1000, 64, Access::REMOTE_READ, 0, 0, RegFlags::empty()).unwrap();
+    /// let mut raw = [0u8; 8];
+    /// let at = mr.raw_attr(&mut raw).unwrap();
+    /// let key = initiator.map_raw(at.base_addr, &raw, 0).unwrap();
+    /// let wire = initiator.mapped_key(key).unwrap().raw_key;
+    /// target.check_remote_raw(&wire, 0, 8, RemoteOp::Read).unwrap();
+    /// initiator.unmap_key(key).unwrap();
+    /// assert!(target.check_remote_raw(&wire, 0, 8, RemoteOp::Read).is_err());
+    /// ```
     ///
     /// # Errors
-    /// As [`Domain::check_remote`].
-    pub fn check_remote_raw(&self, raw_key: &[u8], addr: u64, len: u64, op: RemoteOp) -> Result<ResolvedRange, MrErrno> {
+    /// As [`Domain::check_remote`]; `MrErrno::Access(UnknownKey)` for a key whose mapping was
+    /// released.
+    pub fn check_remote_raw(&self, raw_key: &RawKey, addr: u64, len: u64, op: RemoteOp) -> Result<ResolvedRange, MrErrno> {
         let n = self.shared.attr.mr_key_size;
-        if raw_key.len() != n {
+        if raw_key.len() != n || !raw_key.is_mapped() {
             return Err(RemoteAccessError::UnknownKey.into());
         }
         let head = n.min(8);

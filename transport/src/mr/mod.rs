@@ -51,10 +51,12 @@ mod region;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_libfabric;
+pub(crate) mod tests_libfabric;
 
-pub use cache::{CacheConfig, CacheStats, CachedMr, KnobError, Monitor, MonitorStatus, MrCache};
-pub use domain::{Domain, DomainAttr, MappedKey, RemoteOp, ResolvedRange, Segment, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE};
+pub use cache::{CacheConfig, CacheDomain, CacheRegion, CacheStats, CachedMr, KnobError, Monitor, MonitorStatus, MrCache};
+pub use domain::{
+    Domain, DomainAttr, MappedKey, RawKey, RemoteOp, ResolvedRange, Segment, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE,
+};
 pub use flags::{Access, BindFlags, MrMode, RegFlags, FI_RMA_PMEM};
 pub use region::{CloseError, Counter, Endpoint, HmemIface, MemoryRegion, MrAttr, MrDesc, RawAttr};
 

@@ -33,6 +33,7 @@ mod tests {
     use super::*;
     use crate::mr::cache::testmem::Mapping;
 
+    /// CONFORMANCE.md: M29.
     #[test]
     fn mapped_ranges_and_holes() {
         let p = page_size();

@@ -44,6 +44,7 @@ fn open_validates_attributes() {
     assert!(Domain::open(DomainAttr { mr_key_size: 16, mr_mode: MrMode::RAW, ..d }).is_ok());
 }
 
+/// CONFORMANCE.md: M1, M41, M43, M44, M61, M68.
 #[test]
 fn reg_argument_errors() {
     let d = dom(MrMode::empty());
@@ -63,6 +64,7 @@ fn reg_argument_errors() {
     assert_eq!(d.region_count(), 1);
 }
 
+/// CONFORMANCE.md: M24, M66, M67.
 #[test]
 fn requested_keys() {
     let d = Domain::open(DomainAttr { mr_key_size: 2, ..DomainAttr::default() }).unwrap();
@@ -78,6 +80,7 @@ fn requested_keys() {
     assert!(d.reg(0x2000, 8, RR, 0, 0xbeef, NOFL).is_ok());
 }
 
+/// CONFORMANCE.md: M30, M42.
 #[test]
 fn provider_keys_ignore_requested_key_and_are_random() {
     let d = Domain::open(DomainAttr { mr_mode: MrMode::PROV_KEY, mr_key_size: 8, ..DomainAttr::default() }).unwrap();
@@ -118,6 +121,7 @@ fn provider_keys_ignore_requested_key_and_are_random() {
     assert!(held.len() >= 128);
 }
 
+/// CONFORMANCE.md: M23, M28.
 #[test]
 fn check_remote_offsets_and_virt_addr() {
     let buf: Vec<u8> = (0..=255).collect();
@@ -137,6 +141,7 @@ fn check_remote_offsets_and_virt_addr() {
     }
 }
 
+/// CONFORMANCE.md: T21, M21.
 #[test]
 fn refused_accesses_move_nothing() {
     let buf = vec![0xabu8; 128];
@@ -171,6 +176,7 @@ fn refused_accesses_move_nothing() {
     refused(try_read(key, b, 16), RemoteAccessError::UnknownKey);
 }
 
+/// CONFORMANCE.md: M21, M50, M53.
 #[test]
 fn remote_read_right_missing() {
     let buf = vec![1u8; 64];
@@ -182,6 +188,7 @@ fn remote_read_right_missing() {
     assert!(d.check_remote(mr.key().unwrap(), 0, 8, RemoteOp::Write).is_ok());
 }
 
+/// CONFORMANCE.md: M6.
 #[test]
 fn stale_key_after_reregistration() {
     let buf = vec![3u8; 64];
@@ -197,6 +204,7 @@ fn stale_key_after_reregistration() {
     assert_eq!(remote_read(&d, &buf, new.key().unwrap(), 0, &mut dst).0, 8);
 }
 
+/// CONFORMANCE.md: M2.
 #[test]
 fn regv_range_spans_segments() {
     let a: Vec<u8> = (0..16).collect();
@@ -218,6 +226,7 @@ fn regv_range_spans_segments() {
     }
 }
 
+/// CONFORMANCE.md: M8, M9, M10, M11, M12, M27.
 #[test]
 fn raw_keys_and_mapping() {
     let buf = [9u8; 32];
@@ -254,6 +263,7 @@ fn raw_keys_and_mapping() {
     assert!(peer.mapped_key(mapped).is_none());
 }
 
+/// CONFORMANCE.md: M9, M14.
 #[test]
 fn raw_functions_with_short_keys() {
     let d = Domain::open(DomainAttr { mr_key_size: 4, ..DomainAttr::default() }).unwrap();
@@ -269,6 +279,7 @@ fn raw_functions_with_short_keys() {
     assert_eq!(d.unmap_key(k), Err(MrErrno::Inval));
 }
 
+/// CONFORMANCE.md: M4, M15, M19, M32, M51, M68.
 #[test]
 fn rma_event_counter_binding_enable_and_close() {
     let buf = [0u8; 64];
@@ -305,6 +316,7 @@ fn rma_event_counter_binding_enable_and_close() {
     assert_eq!(d.check_remote(key, 0, 8, RemoteOp::Read), Err(acc(RemoteAccessError::UnknownKey)));
 }
 
+/// CONFORMANCE.md: M15, M17.
 #[test]
 fn counters_without_rma_event_mode() {
     let d = dom(MrMode::PROV_KEY);
@@ -316,6 +328,7 @@ fn counters_without_rma_event_mode() {
     assert_eq!(c.value(), 1, "a counter bound twice counts once");
 }
 
+/// CONFORMANCE.md: M16, M19, M33.
 #[test]
 fn endpoint_mode() {
     let d = dom(MrMode::ENDPOINT | MrMode::PROV_KEY);
@@ -337,6 +350,7 @@ fn endpoint_mode() {
     assert_eq!(d.region_count(), 0);
 }
 
+/// CONFORMANCE.md: M7, M25, M26, M46, M47.
 #[test]
 fn local_descriptors() {
     let buf = [0u8; 64];
@@ -354,6 +368,7 @@ fn local_descriptors() {
     assert_eq!(d.check_local(desc, base, 8, Access::SEND), Err(MrErrno::Inval));
 }
 
+/// CONFORMANCE.md: M18, M22.
 #[test]
 fn refresh_checks_ranges() {
     let d = dom(MrMode::MMU_NOTIFY);
@@ -366,6 +381,7 @@ fn refresh_checks_ranges() {
     assert_eq!(mr.refresh_count(), 2);
 }
 
+/// CONFORMANCE.md: M69.
 #[test]
 fn errno_codes() {
     assert_eq!(MrErrno::Inval.code(), 22);
@@ -385,6 +401,8 @@ use super::cache::testmem::Mapping;
 
 /// Item 8, probed: `FI_MR_HMEM` and `FI_MR_COLLECTIVE` asked for by an application were refused
 /// with EINVAL; a provider clears the bits it does not need, as `fi_getinfo` does, and says so.
+///
+/// CONFORMANCE.md: M34, M35, M36, M37, M38, M45, M52, M55, M56, M62.
 #[test]
 fn unneeded_mode_bits_are_cleared_and_reported() {
     let asked = MrMode::HMEM | MrMode::COLLECTIVE | MrMode::VIRT_ADDR | MrMode::PROV_KEY;
@@ -420,6 +438,8 @@ fn unneeded_mode_bits_are_cleared_and_reported() {
 /// Item 6, probed: `FI_MR_ALLOCATED` did nothing. Registering a range with unmapped pages now
 /// fails with `-FI_EFAULT`; without the bit any range may be registered (the man page's
 /// default).
+///
+/// CONFORMANCE.md: M22, M29.
 #[test]
 fn allocated_requires_mapped_pages() {
     let p = page_size();
@@ -439,6 +459,8 @@ fn allocated_requires_mapped_pages() {
 
 /// Item 6, probed: under `FI_MR_MMU_NOTIFY`, `refresh` only counted. A region whose pages
 /// changed now refuses access until `refresh`, which re-enables it.
+///
+/// CONFORMANCE.md: M18, M31.
 #[test]
 fn mmu_notify_refuses_access_until_refresh() {
     let buf = vec![5u8; 4 * 4096];
@@ -472,6 +494,8 @@ fn mmu_notify_refuses_access_until_refresh() {
 /// Item 6 through the registration cache's monitor: it is the domain's MMU notifier, so a
 /// `madvise(MADV_DONTNEED)` of registered pages disables an MMU_NOTIFY region outside the
 /// cache as soon as the call returns.
+///
+/// CONFORMANCE.md: M31.
 #[test]
 fn mmu_notify_through_the_cache_monitor() {
     let p = page_size();
@@ -496,6 +520,8 @@ fn mmu_notify_through_the_cache_monitor() {
 /// Item 7, probed: dropping a region skipped the `-FI_EBUSY` rule. A region dropped while a
 /// counter is bound stays registered (its key keeps working, the counter keeps counting) until
 /// the counter is closed and the domain reaps it.
+///
+/// CONFORMANCE.md: M4.
 #[test]
 fn dropping_a_bound_region_does_not_bypass_ebusy() {
     let buf = [0u8; 64];
@@ -538,6 +564,8 @@ fn dropping_a_bound_region_does_not_bypass_ebusy() {
 /// Item 7, probed: under `FI_MR_RAW` an 8-byte key was accepted by `check_remote` without any
 /// `map_raw`. The mapping is now required: the target takes raw keys only, and the key an
 /// initiator holds is a local handle, not the wire key.
+///
+/// CONFORMANCE.md: M10, M13, M27.
 #[test]
 fn raw_mode_requires_the_mapping_even_for_8_byte_keys() {
     let buf = [7u8; 32];
@@ -564,6 +592,8 @@ fn raw_mode_requires_the_mapping_even_for_8_byte_keys() {
 }
 
 /// `FI_READ` and `FI_WRITE` (the local side of RMA) under `FI_MR_LOCAL`: granted exactly.
+///
+/// CONFORMANCE.md: M26, M48, M49.
 #[test]
 fn local_read_and_write_access() {
     let buf = [0u8; 64];
@@ -575,4 +605,52 @@ fn local_read_and_write_access() {
     d.check_local(w.desc(), base, 64, Access::WRITE).unwrap();
     assert_eq!(d.check_local(r.desc(), base, 8, Access::WRITE), Err(acc(RemoteAccessError::Denied)));
     assert_eq!(d.check_local(w.desc(), base, 8, Access::READ), Err(acc(RemoteAccessError::Denied)));
+}
+
+/// Issue 55 item 11 (CONFORMANCE.md M13): a raw key worked at the target without the
+/// initiator's `map_raw`, and kept working after `unmap_key`. A data transfer now carries a
+/// `RawKey`, which only a mapping gives and which names nothing once the mapping is released
+/// (raw bytes from `raw_attr` do not even compile as one; see `Domain::check_remote_raw`).
+///
+/// CONFORMANCE.md: M10, M11, M13.
+#[test]
+fn raw_keys_reach_a_region_only_through_a_live_mapping() {
+    let buf = [5u8; 64];
+    let base = buf.as_ptr() as usize;
+    for key_size in [8, 16] {
+        let attr = DomainAttr { mr_mode: MrMode::RAW | MrMode::PROV_KEY | MrMode::VIRT_ADDR, mr_key_size: key_size, mr_iov_limit: 1 };
+        let (target, initiator) = (Domain::open(attr).unwrap(), Domain::open(attr).unwrap());
+        let mr = target.reg(base, 64, RR, 0, 0, NOFL).unwrap();
+        let mut raw = vec![0u8; key_size];
+        let at = mr.raw_attr(&mut raw).unwrap();
+        let first = initiator.map_raw(at.base_addr, &raw, 0).unwrap();
+        let second = initiator.map_raw(at.base_addr, &raw, 0).unwrap();
+        let (k1, k2) = (initiator.mapped_key(first).unwrap().raw_key, initiator.mapped_key(second).unwrap().raw_key);
+        assert!(k1 == raw[..] && k1.is_mapped() && k2.is_mapped());
+        target.check_remote_raw(&k1, base as u64, 64, RemoteOp::Read).unwrap();
+        initiator.unmap_key(first).unwrap();
+        assert!(!k1.is_mapped(), "{key_size}-byte key: released with its mapping");
+        assert_eq!(target.check_remote_raw(&k1, base as u64, 8, RemoteOp::Read), Err(acc(RemoteAccessError::UnknownKey)));
+        // The other mapping of the same raw key is its own, still in place.
+        target.check_remote_raw(&k2, base as u64, 8, RemoteOp::Read).unwrap();
+        drop(initiator);
+        assert_eq!(
+            target.check_remote_raw(&k2, base as u64, 8, RemoteOp::Read),
+            Err(acc(RemoteAccessError::UnknownKey)),
+            "the initiator's domain is closed"
+        );
+    }
+    // Short keys without FI_MR_RAW map to themselves; the shared mapping lives until its last
+    // unmap.
+    let d = Domain::open(DomainAttr { mr_key_size: 4, ..DomainAttr::default() }).unwrap();
+    let mr = d.reg(base, 64, RR, 0, 0x0a0b_0c0d, NOFL).unwrap();
+    let mut raw = [0u8; 4];
+    mr.raw_attr(&mut raw).unwrap();
+    let (a, b) = (d.map_raw(0, &raw, 0).unwrap(), d.map_raw(0, &raw, 0).unwrap());
+    let wire = d.mapped_key(a).unwrap().raw_key;
+    d.check_remote_raw(&wire, 0, 8, RemoteOp::Read).unwrap();
+    d.unmap_key(a).unwrap();
+    d.check_remote_raw(&wire, 0, 8, RemoteOp::Read).unwrap();
+    d.unmap_key(b).unwrap();
+    assert_eq!(d.check_remote_raw(&wire, 0, 8, RemoteOp::Read), Err(acc(RemoteAccessError::UnknownKey)));
 }

@@ -12,11 +12,26 @@
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
+/// How a [`wait`] ended, as the kernel reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// Woken by a [`wake`] (or spuriously: the kernel may return 0 without one).
+    Woken,
+    /// The word did not hold `expected` when the kernel looked: no sleep at all.
+    Changed,
+    /// `timeout` passed.
+    TimedOut,
+    /// A signal arrived.
+    Interrupted,
+    /// Any other error of `futex(2)` (its errno).
+    Failed(i32),
+}
+
 /// Sleeps until the word changes from `expected` and someone calls [`wake`] on it, or until
 /// `timeout` passes, or a signal arrives. Returns at once if the word no longer holds
 /// `expected`. Every outcome is fine for a caller that re-checks its condition afterwards
-/// (spurious returns included), so none is reported.
-pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+/// (spurious returns included); which one it was is returned for tests and diagnostics.
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) -> WaitEnd {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
@@ -25,7 +40,7 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     // for the whole call) and the timespec on this stack frame; it writes neither. The
     // remaining arguments (uaddr2, val3) are ignored by FUTEX_WAIT. Errors (EAGAIN: the word
     // changed, ETIMEDOUT, EINTR) leave no state behind.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
@@ -34,7 +49,16 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
             &ts as *const libc::timespec,
             std::ptr::null::<u32>(),
             0u32,
-        );
+        )
+    };
+    if r == 0 {
+        return WaitEnd::Woken;
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EAGAIN) => WaitEnd::Changed,
+        Some(libc::ETIMEDOUT) => WaitEnd::TimedOut,
+        Some(libc::EINTR) => WaitEnd::Interrupted,
+        e => WaitEnd::Failed(e.unwrap_or(0)),
     }
 }
 
@@ -72,10 +96,15 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(5));
     }
 
+    /// Nobody wakes the word: the kernel ends the sleep by its timeout (a signal may cut it
+    /// short; then it sleeps again), and the wait says so; a word that no longer holds the
+    /// value is no sleep at all. This test used to assert nothing.
     #[test]
     fn wait_times_out() {
         let w = AtomicU32::new(0);
-        wait(&w, 0, Duration::from_millis(2));
+        let end = std::iter::repeat_with(|| wait(&w, 0, Duration::from_millis(2))).find(|e| *e != WaitEnd::Interrupted);
+        assert_eq!(end, Some(WaitEnd::TimedOut));
+        assert_eq!(wait(&w, 1, Duration::from_secs(10)), WaitEnd::Changed);
     }
 
     #[test]

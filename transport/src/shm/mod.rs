@@ -1,7 +1,10 @@
-//! Shared-memory fabric: one segment per job in `/dev/shm`, one single-producer ring per
-//! ordered pair of ranks.
+//! Shared-memory fabric: one segment per job in `/dev/shm`; one single-producer ring per
+//! ordered pair of ranks in a job of up to `TMPI_SHM_PAIRS_MAX` ranks, one queue per rank
+//! beyond ([`inbox`]).
 //!
 //! - [`segment`]: creating, opening and checking the mapped file (magic, version, layout).
+//! - [`inbox`]: the queued layout of large jobs (a queue per receiver, fragments per sender).
+//! - [`room`]: the memory a segment can have, checked before it is created.
 //! - [`cma`]: single-copy transfers between processes (process_vm_readv/writev).
 //! - [`heap`]: the shared heap, memory of one rank that peers map and copy with memcpy.
 //! - [`ring`]: the lock-free single-producer/single-consumer ring of variable-size records.
@@ -27,11 +30,14 @@
 pub mod cma;
 pub mod futex;
 pub mod heap;
+pub mod inbox;
 pub mod ring;
+pub mod room;
 pub mod segment;
 
 use crate::error::{Error, Result};
 use crate::fabric::Packet;
+use inbox::Queues;
 use ring::{Consumer, Producer};
 use segment::Segment;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -48,6 +54,8 @@ pub struct ShmFabric {
     next_src: usize,
     /// Per source rank: whether the last poll took a packet from it (see [`Self::poll`]).
     streak: Vec<bool>,
+    /// The queues of the queued layout (then `tx`, `rx` and `sources` are empty).
+    queues: Option<Box<Queues>>,
 }
 
 /// Most packets [`ShmFabric::poll`] takes from one streaming source in one call.
@@ -81,6 +89,21 @@ impl ShmFabric {
         if rank >= size {
             return Err(Error::InvalidArgument(format!("rank {rank} >= size {size}")));
         }
+        seg.set_pid(rank, std::process::id());
+        if seg.queued() {
+            let queues = Some(Box::new(Queues::new(&seg, rank)));
+            return Ok(ShmFabric {
+                seg,
+                rank,
+                size,
+                tx: Vec::new(),
+                rx: Vec::new(),
+                sources: Vec::new(),
+                next_src: 0,
+                streak: Vec::new(),
+                queues,
+            });
+        }
         let mut tx = Vec::with_capacity(size);
         let mut rx = Vec::with_capacity(size);
         for peer in 0..size {
@@ -92,9 +115,8 @@ impl ShmFabric {
                 rx.push(Some(seg.consumer(peer, rank)));
             }
         }
-        seg.set_pid(rank, std::process::id());
         let sources = (0..size).filter(|&p| p != rank).collect();
-        Ok(ShmFabric { seg, rank, size, tx, rx, sources, next_src: 0, streak: vec![false; size] })
+        Ok(ShmFabric { seg, rank, size, tx, rx, sources, next_src: 0, streak: vec![false; size], queues: None })
     }
 
     /// Removes the segment's name from `/dev/shm` (mappings stay valid). Called once every
@@ -136,7 +158,10 @@ impl ShmFabric {
     /// Whether `peer`'s ring was dropped for a corrupt record ([`Self::poll`]): every other
     /// rank has one.
     fn cut_off(&self, peer: usize) -> bool {
-        peer != self.rank && self.rx[peer].is_none()
+        match &self.queues {
+            Some(q) => q.cut_off(peer),
+            None => peer != self.rank && self.rx[peer].is_none(),
+        }
     }
 
     /// Whether rank `peer` finalized cleanly (it will send nothing more, and that is fine);
@@ -151,7 +176,7 @@ impl ShmFabric {
     pub fn pending_from(&mut self, src: usize) -> bool {
         match self.rx.get_mut(src) {
             Some(Some(c)) => !matches!(c.peek(), Ok(None)),
-            _ => false,
+            _ => self.queues.as_ref().is_some_and(|q| q.pending_from(src)),
         }
     }
 
@@ -163,7 +188,10 @@ impl ShmFabric {
     /// Whether `dest` has taken everything this rank put into its ring (false for a bad
     /// `dest`): a sender that finds it so knows the receiver is keeping up, or waiting.
     pub fn drained(&mut self, dest: usize) -> bool {
-        self.tx.get_mut(dest).and_then(Option::as_mut).is_some_and(Producer::is_drained)
+        match self.tx.get_mut(dest) {
+            Some(Some(p)) => p.is_drained(),
+            _ => self.queues.as_ref().is_some_and(|q| q.drained(dest)),
+        }
     }
 
     /// Tries to put one packet (the concatenation of `parts`) into `dest`'s ring. Returns
@@ -175,7 +203,10 @@ impl ShmFabric {
     pub fn try_send(&mut self, dest: usize, flags: u8, total_len: u64, parts: &[&[u8]]) -> Result<bool> {
         let pushed = match self.tx.get_mut(dest) {
             Some(Some(p)) => p.try_push(flags, total_len, parts)?,
-            _ => return Err(Error::InvalidArgument(format!("no ring from rank {} to {dest}", self.rank))),
+            _ => match self.queues.as_mut() {
+                Some(q) => q.try_send(&self.seg, dest, flags, total_len, parts)?,
+                None => return Err(Error::InvalidArgument(format!("no ring from rank {} to {dest}", self.rank))),
+            },
         };
         if pushed {
             let (sleeping, bell) = self.seg.doorbell(dest);
@@ -214,7 +245,7 @@ impl ShmFabric {
         let seen = bell.load(Ordering::Acquire);
         sleeping.store(1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::SeqCst);
-        let mut idle = true;
+        let mut idle = !self.queues.as_ref().is_some_and(|q| q.busy());
         for c in self.rx.iter_mut().flatten() {
             if !matches!(c.peek(), Ok(None)) {
                 idle = false;
@@ -234,6 +265,10 @@ impl ShmFabric {
     ///
     /// `f` returns `false` to leave a packet in its ring (flow control); it is offered again
     /// on the next poll.
+    ///
+    /// In the queued layout, packets come in the order they were queued, whatever their
+    /// source, and a packet `f` leaves is offered again, alone, on the next poll (its queue
+    /// holds everything behind it).
     ///
     /// # Errors
     /// A corrupt record (bad length): [`Error::PeerProtocol`] naming the ring's sender, once.
@@ -286,6 +321,9 @@ impl ShmFabric {
             delivered += k;
         }
         self.next_src = if self.next_src + 1 >= n { 0 } else { self.next_src + 1 };
+        if let Some(q) = self.queues.as_mut() {
+            delivered += q.poll(&self.seg, &mut f)?;
+        }
         Ok(delivered)
     }
 }
@@ -654,6 +692,185 @@ mod tests {
         // The other direction is untouched.
         assert!(b.try_send(0, PKT_WHOLE, 4, &[b"pong"]).expect("send"));
         assert_eq!(a.poll(|p| p.data == b"pong").expect("poll"), 1);
+    }
+
+    /// The ranks' ends of a fresh segment of `n` ranks with the queued layout, in this process.
+    fn queued(n: usize) -> Vec<ShmFabric> {
+        let mut b = [0u8; 8];
+        getrandom::getrandom(&mut b).expect("random name");
+        let name = format!("tmpi-test-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>());
+        let mut v = vec![ShmFabric::create(&name, 0, n, segment::QUEUED).expect("create")];
+        for r in 1..n {
+            v.push(ShmFabric::open(&name, r, n).expect("open"));
+        }
+        v[0].segment().unlink().expect("unlink");
+        v
+    }
+
+    /// Takes every packet that waits at `f` as (source, flags, total, payload).
+    fn drain(f: &mut ShmFabric) -> Vec<(usize, u8, u64, Vec<u8>)> {
+        let mut got = Vec::new();
+        while f
+            .poll(|p| {
+                got.push((p.src, p.flags, p.total_len, p.data.to_vec()));
+                true
+            })
+            .expect("poll")
+            > 0
+        {}
+        got
+    }
+
+    /// Packets of every size class (inline, small and large fragments, in several parts)
+    /// arrive whole, in the order each sender sent them; `drained` and `pending_from` follow
+    /// what was taken; a packet the receiver leaves is offered again first.
+    #[test]
+    fn queued_layout_delivers_in_order_and_keeps_what_is_left() {
+        let mut f = queued(3);
+        assert!(f[0].segment().queued() && f[0].max_packet() == inbox::LARGE_FRAG);
+        let sizes = [0usize, 1, 95, 96, 97, 4000, 4096, 4097, 100_000, inbox::LARGE_FRAG];
+        let body = |src: usize, i: usize, len: usize| (0..len).map(|k| (k * 7 + i * 13 + src) as u8).collect::<Vec<u8>>();
+        for (i, &len) in sizes.iter().enumerate() {
+            for src in [1, 2] {
+                let b = body(src, i, len);
+                let (x, y) = b.split_at(len / 3);
+                assert!(f[src].try_send(0, 3, len as u64 + 5, &[x, y]).expect("send"));
+            }
+        }
+        assert!(!f[1].drained(0) && f[0].pending_from(1) && f[0].pending_from(2) && !f[1].pending_from(0));
+        // The first packet is left: it comes again, first, on the next poll.
+        assert_eq!(f[0].poll(|_| false).expect("poll"), 0);
+        assert!(f[0].pending_from(1));
+        let got = drain(&mut f[0]);
+        assert_eq!(got.len(), 2 * sizes.len());
+        for src in [1, 2] {
+            let mine: Vec<_> = got.iter().filter(|g| g.0 == src).collect();
+            for (i, &len) in sizes.iter().enumerate() {
+                assert_eq!((mine[i].1, mine[i].2), (3, len as u64 + 5));
+                assert!(mine[i].3 == body(src, i, len), "packet {i} from {src}");
+            }
+        }
+        assert!(f[1].drained(0) && f[2].drained(0) && !f[0].pending_from(1));
+        assert!(f[1].try_send(1, 0, 1, &[b"x"]).is_err() && f[1].try_send(3, 0, 1, &[b"x"]).is_err());
+        assert!(f[1].try_send(0, 0, 1, &[&vec![0u8; inbox::LARGE_FRAG + 1]]).is_err());
+    }
+
+    /// A full queue and an exhausted pool push back (`Ok(false)`) and take packets again
+    /// once the receiver has read some; fragments are used again.
+    #[test]
+    fn queued_layout_applies_back_pressure() {
+        let mut f = queued(2);
+        let mut sent = 0;
+        while f[1].try_send(0, 0, 8, &[&[1u8; 8]]).expect("send") {
+            sent += 1;
+        }
+        assert_eq!(sent, inbox::CELLS);
+        assert_eq!(drain(&mut f[0]).len(), inbox::CELLS);
+        let big = vec![2u8; 8192];
+        let mut frags = 0;
+        while f[1].try_send(0, 0, 8192, &[&big]).expect("send") {
+            frags += 1;
+        }
+        assert_eq!(frags, inbox::LARGE_FRAGS, "every large fragment in use");
+        assert_eq!(drain(&mut f[0]).len(), frags);
+        for _ in 0..10 * inbox::FRAGS {
+            assert!(f[1].try_send(0, 0, 8192, &[&big]).expect("send"));
+            assert_eq!(drain(&mut f[0]).len(), 1);
+        }
+        // Memory was given to the fragments used, not to the whole pool.
+        let bytes = f[0].segment().allocated_bytes().expect("stat");
+        assert!(bytes < segment::segment_bytes(2, segment::QUEUED).expect("size"), "{bytes}");
+    }
+
+    /// Many senders in threads into one queue, with packets of every class: each sender's
+    /// packets arrive whole and in order.
+    #[test]
+    fn queued_layout_takes_many_senders_at_once() {
+        let n = 5;
+        let per = 20_000u32;
+        let mut f = queued(n);
+        let mut rx = f.remove(0);
+        std::thread::scope(|s| {
+            for mut tx in f {
+                s.spawn(move || {
+                    for i in 0..per {
+                        let len = [4usize, 90, 300, 5000][i as usize % 4];
+                        let mut b = vec![tx.rank() as u8; len];
+                        b[..4].copy_from_slice(&i.to_le_bytes());
+                        while !tx.try_send(0, 1, len as u64, &[&b]).expect("send") {
+                            std::thread::yield_now();
+                        }
+                    }
+                    // Finalized only once everything sent has been taken.
+                    while !tx.drained(0) {
+                        std::thread::yield_now();
+                    }
+                });
+            }
+            let mut next = vec![0u32; n];
+            while next[1..].iter().any(|&k| k < per) {
+                rx.poll(|p| {
+                    let i = u32::from_le_bytes(p.data[..4].try_into().expect("4 bytes"));
+                    assert_eq!(i, next[p.src], "from {}", p.src);
+                    assert!(p.data[4..].iter().all(|&b| b == p.src as u8));
+                    next[p.src] += 1;
+                    true
+                })
+                .expect("poll");
+            }
+        });
+    }
+
+    /// A corrupt cell is an error naming its sender, once; the sender is then cut off (its
+    /// later packets are dropped) and the others go on.
+    #[test]
+    fn queued_layout_cuts_off_the_sender_of_a_corrupt_cell() {
+        let mut f = queued(3);
+        assert!(f[1].try_send(0, 0, 4, &[b"ping"]).expect("send"));
+        // The cell's length word (at byte 16 of the first cell of rank 0's queue) lies.
+        let (regions, _) = f[0].segment().queue_areas();
+        let cells = inbox::region_bytes(3) - inbox::CELLS * inbox::CELL_BYTES;
+        // SAFETY: the first cell of rank 0's queue lies inside the mapping; its length word is
+        // 4-aligned, and nothing else touches it meanwhile (the sender is done).
+        unsafe { regions.as_ptr().add(cells + 16).cast::<u32>().write_volatile(5000) };
+        let e = f[0].poll(|_| panic!("delivered")).expect_err("corrupt");
+        assert!(matches!(e, Error::PeerProtocol { rank: 1, .. }), "{e}");
+        assert!(f[0].peer_departed(1) && !f[0].peer_departed(2));
+        assert!(f[1].try_send(0, 0, 4, &[b"more"]).expect("send"));
+        assert!(f[2].try_send(0, 0, 4, &[b"pong"]).expect("send"));
+        let got = drain(&mut f[0]);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, &got[0].3[..]), (2, &b"pong"[..]));
+        f[1].mark_finalized();
+        assert!(!f[0].peer_finalized(1));
+    }
+
+    /// A cell claimed by a rank that died before publishing it is skipped once the receiver
+    /// sees its claimant gone; until then it counts as pending.
+    #[test]
+    fn queued_layout_skips_a_cell_its_dead_claimant_never_published() {
+        let mut f = queued(3);
+        let (regions, _) = f[0].segment().queue_areas();
+        let cells = inbox::region_bytes(3) - inbox::CELLS * inbox::CELL_BYTES;
+        // Rank 1 claims cell 0 (position 0) and `head` moves to 1, as its claim would.
+        // SAFETY: the queue's control word and first cell's state lie inside the mapping,
+        // 8-aligned, and are only accessed atomically.
+        unsafe {
+            (*regions.as_ptr().cast::<std::sync::atomic::AtomicU64>()).store(1, Ordering::Release);
+            (*regions.as_ptr().add(cells).cast::<std::sync::atomic::AtomicU64>()).store(2, Ordering::Release);
+        }
+        assert!(f[2].try_send(0, 0, 4, &[b"late"]).expect("send"));
+        assert!(f[0].pending_from(1) && f[0].pending_from(2), "a claimed cell hides what follows");
+        for _ in 0..3 * 4096 {
+            assert_eq!(f[0].poll(|_| true).expect("poll"), 0, "nothing passes a live claimant");
+        }
+        f[0].segment().set_gone(1, segment::GONE_DETACHED);
+        let mut got = Vec::new();
+        for _ in 0..2 * 4096 {
+            got.extend(drain(&mut f[0]));
+        }
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, &got[0].3[..]), (2, &b"late"[..]));
     }
 
     /// Runs `copy(dst, src)` at every offset pair and length given, from a patterned source

@@ -4,9 +4,18 @@
 //! offset 0                 SegHeader (128 bytes: magic, version, geometry, ready flag)
 //! offset 128               RankCtl[nranks] (128 bytes each: pid, departure, doorbell)
 //! coll_off                 COLL_CONTEXTS collective contexts (see below)
-//! rings_off (128-aligned)  nranks * nranks rings, ring (dst, src) at index dst * nranks + src,
-//!                          each a RingCtl (256 bytes) and ring_size bytes of data
+//! rings_off (128-aligned)  pair layout (ring_size > 0): nranks * nranks rings, ring (dst, src)
+//!                          at index dst * nranks + src, each a RingCtl (256 bytes) and ring_size
+//!                          bytes of data;
+//!                          queued layout (ring_size 0): one region per rank (its queue, see
+//!                          [`super::inbox`])
+//! pool_off (4096-aligned)  queued layout only: one pool of fragments per rank
 //! ```
+//!
+//! Which layout: a job of up to `TMPI_SHM_PAIRS_MAX` ranks (64 by default) gets a ring per
+//! ordered pair, sized by the runtime's `ring_size_for`, exactly as before the queued layout
+//! existed; a larger one gets the queues, whose memory grows with the ranks, not their square
+//! (see [`super::inbox`] and `bench/results/shm-scale.md`).
 //!
 //! A collective context serves the shared-memory collectives of one communicator at a time:
 //! a `CollHdr` (allocation generation and reference count on one cache line; the leader's
@@ -26,12 +35,16 @@
 //! writes the header and sets `ready` last (release); openers check magic, version, geometry
 //! and the file size against the header before touching anything else.
 //!
-//! Memory is taken at start, not in the middle of a run: the creator allocates every page of
-//! the file (`posix_fallocate`, where `ftruncate` alone would leave a sparse file that a full
-//! `/dev/shm` turns into SIGBUS at the first touch of a missing page), and a shortage is an
-//! error of [`Segment::create`] saying how many bytes were needed and how many `/dev/shm`
-//! has free. Every rank maps the segment with `MAP_POPULATE`, so its page tables are filled
-//! at start: the first messages of a run cost what the later ones do (no page faults).
+//! Memory is checked before it is promised: the creator compares the segment's whole size (in
+//! the queued layout, with every fragment of every pool) with what the tmpfs, the host and the
+//! memory cgroup can give ([`super::room`]), and a shortage is an error of
+//! [`Segment::create`] naming the need and each bound. Memory is given with `posix_fallocate`
+//! (where `ftruncate` alone would leave a sparse file that a full `/dev/shm` turns into SIGBUS
+//! at the first touch of a missing page): in the pair layout every page of the file at start,
+//! and every rank maps it with `MAP_POPULATE`, so the first messages of a run cost what the
+//! later ones do (no page faults); in the queued layout everything before the pools at start,
+//! and each fragment of a pool by its owner when it first needs it ([`Segment::allocate_pool_range`]),
+//! so a job takes the memory its traffic uses.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -42,12 +55,13 @@ use memmap2::{MmapMut, MmapOptions};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::ring::{self, Consumer, Producer, RingCtl};
+use super::{inbox, room};
 use crate::error::{Error, Result};
 
 /// "TMPISHM\0" as a big-endian integer.
 pub const MAGIC: u64 = u64::from_be_bytes(*b"TMPISHM\0");
 /// Layout version; bump on any change of this file's layout or of the ring format.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// `gone` value of a rank that detached without finalizing.
 pub const GONE_DETACHED: u32 = 1;
 /// `gone` value of a rank that finalized cleanly.
@@ -66,7 +80,10 @@ struct SegHeader {
     total_len: u64,
     /// Set to 1 (release) by the creator once everything else is initialised.
     ready: AtomicU32,
-    _pad: [u8; 84],
+    _pad0: u32,
+    /// Start of the pools (queued layout), 0 in the pair layout.
+    pool_off: u64,
+    _pad: [u8; 72],
 }
 
 const _: () = assert!(std::mem::size_of::<SegHeader>() == 128);
@@ -148,6 +165,7 @@ pub struct Segment {
     nranks: usize,
     ring_size: usize,
     rings_off: usize,
+    pool_off: usize,
     path: String,
     /// The mapping (unmapped when dropped); accessed only through `base`.
     _map: MmapMut,
@@ -158,21 +176,53 @@ pub struct Segment {
 // through the ring protocol. Segment itself has no thread-affine state.
 unsafe impl Send for Segment {}
 
-fn geometry(nranks: usize, ring_size: usize) -> Result<(usize, usize)> {
+/// Where the parts of a segment lie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Geometry {
+    /// Start of the rings (pair layout) or of the queue regions (queued layout).
+    rings_off: usize,
+    /// Start of the pools (queued layout), 0 in the pair layout.
+    pool_off: usize,
+    /// Bytes of the whole file.
+    total: usize,
+    /// Bytes at the start of the file given memory at creation.
+    eager: usize,
+}
+
+/// `ring_size` of a segment with the queued layout (no rings).
+pub const QUEUED: usize = 0;
+
+fn geometry(nranks: usize, ring_size: usize) -> Result<Geometry> {
     if nranks == 0 || nranks > MAX_RANKS {
         return Err(Error::InvalidArgument(format!("{nranks} ranks: shm supports 1..={MAX_RANKS}")));
     }
-    if !ring_size.is_power_of_two() || !(4096..=(1 << 30)).contains(&ring_size) {
+    if ring_size != QUEUED && (!ring_size.is_power_of_two() || !(4096..=(1 << 30)).contains(&ring_size)) {
         return Err(Error::InvalidArgument(format!("ring size {ring_size}: must be a power of two from 4096 to 1 GiB")));
     }
     let coll_off = 128 + nranks * 128;
     let rings_off = (coll_off + COLL_CONTEXTS * coll_ctx_stride(nranks)).next_multiple_of(128);
+    let overflow = || Error::InvalidArgument("shm segment size overflows".into());
+    if ring_size == QUEUED {
+        let pool_off = (rings_off + nranks * inbox::region_bytes(nranks)).next_multiple_of(4096);
+        let total = nranks.checked_mul(inbox::POOL_BYTES).and_then(|p| p.checked_add(pool_off)).ok_or_else(overflow)?;
+        return Ok(Geometry { rings_off, pool_off, total, eager: pool_off });
+    }
     let total = nranks
         .checked_mul(nranks)
         .and_then(|r| r.checked_mul(RING_STRIDE_HDR + ring_size))
         .and_then(|r| r.checked_add(rings_off))
-        .ok_or_else(|| Error::InvalidArgument("shm segment size overflows".into()))?;
-    Ok((rings_off, total))
+        .ok_or_else(overflow)?;
+    Ok(Geometry { rings_off, pool_off: 0, total, eager: total })
+}
+
+/// Bytes of the segment of a job of `nranks` ranks with rings of `ring_size` bytes
+/// ([`QUEUED`]: the queued layout, every fragment counted): what [`Segment::create`] checks
+/// against the memory that can be had.
+///
+/// # Errors
+/// Bad geometry.
+pub fn segment_bytes(nranks: usize, ring_size: usize) -> Result<u64> {
+    geometry(nranks, ring_size).map(|g| g.total as u64)
 }
 
 fn shm_path(name: &str) -> Result<String> {
@@ -182,52 +232,37 @@ fn shm_path(name: &str) -> Result<String> {
     Ok(format!("/dev/shm/{name}"))
 }
 
-/// Bytes free for an unprivileged user in the file system holding `dir`, if it says.
-fn free_bytes(dir: &str) -> Option<u64> {
-    let c = std::ffi::CString::new(dir).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
-    // SAFETY: `c` is a NUL-terminated path and `st` writable storage for one statvfs.
-    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: statvfs succeeded and filled it (it was zeroed before in any case).
-    let st = unsafe { st.assume_init() };
-    Some(st.f_bavail.saturating_mul(st.f_frsize))
-}
-
-/// Gives `file` (just created, empty) `len` bytes of real storage, so that no later touch of
-/// the mapping can fail for want of memory.
-fn allocate(file: &File, len: usize, path: &str) -> Result<()> {
-    let Ok(off_len) = libc::off_t::try_from(len) else {
-        return Err(Error::InvalidArgument(format!("shm segment of {len} bytes is too large")));
+/// Gives bytes `off..off + len` of `file` real storage, so that no later touch of the mapping
+/// there can fail for want of memory.
+fn allocate(file: &File, off: usize, len: usize, path: &str) -> Result<()> {
+    let (Ok(o), Ok(l)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
+        return Err(Error::InvalidArgument(format!("shm segment of {} bytes is too large", off.saturating_add(len))));
     };
     loop {
         // SAFETY: plain system call on a descriptor we own; no pointers.
-        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, off_len) };
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), o, l) };
         match rc {
             0 => return Ok(()),
             libc::EINTR => continue,
             libc::ENOSPC | libc::EFBIG => {
                 let dir = path.rsplit_once('/').map_or("/dev/shm", |(d, _)| d);
-                let free = free_bytes(dir).map_or_else(|| "an unknown number of bytes".to_string(), |f| format!("{f} bytes"));
+                let free = room::free_bytes(dir).map_or_else(|| "an unknown number of bytes".to_string(), |f| format!("{f} bytes"));
                 return Err(Error::Io {
                     op: format!(
-                        "allocate the shared-memory segment {path}: it needs {len} bytes but {dir} has {free} free \
+                        "allocate the shared-memory segment {path}: it needs {len} bytes more but {dir} has {free} free \
                          (enlarge {dir}, e.g. `docker run --shm-size=...`, or lower TMPI_SHM_RING_SIZE)"
                     ),
                     source: std::io::Error::from_raw_os_error(rc),
                 });
             }
-            // Not supported by the file system (not tmpfs): keep the ftruncate'd size.
-            libc::EOPNOTSUPP | libc::ENODEV => {
-                return file.set_len(len as u64).map_err(|e| Error::Io { op: format!("size {path} to {len} bytes"), source: e })
-            }
+            // Not supported by the file system (not tmpfs): the ftruncate'd size stands.
+            libc::EOPNOTSUPP | libc::ENODEV => return Ok(()),
             e => return Err(Error::Io { op: format!("allocate {len} bytes for {path}"), source: std::io::Error::from_raw_os_error(e) }),
         }
     }
 }
 
-fn map(file: &File, len: usize, path: &str) -> Result<(MmapMut, NonNull<u8>)> {
+fn map(file: &File, len: usize, path: &str, populate: bool) -> Result<(MmapMut, NonNull<u8>)> {
     // SAFETY: a shared read-write mapping of a regular file we opened read-write, sized to at
     // least `len` bytes before this call (posix_fallocate/ftruncate), placed where the kernel
     // chooses, so no existing memory is affected. memmap2's own condition, that nothing
@@ -236,8 +271,15 @@ fn map(file: &File, len: usize, path: &str) -> Result<(MmapMut, NonNull<u8>)> {
     // concurrently, so every access goes through the raw `base` pointer with atomics or the
     // ring protocol. `populate` (MAP_POPULATE) only pre-faults the pages (a failure to do so
     // is not an error: they fault in later as usual).
-    let mut map =
-        unsafe { MmapOptions::new().len(len).populate().map_mut(file) }.map_err(|e| Error::Io { op: format!("mmap {path}"), source: e })?;
+    let mut map = unsafe {
+        let mut o = MmapOptions::new();
+        o.len(len);
+        if populate {
+            o.populate();
+        }
+        o.map_mut(file)
+    }
+    .map_err(|e| Error::Io { op: format!("mmap {path}"), source: e })?;
     let base = NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::InvalidArgument(format!("mmap {path}: null mapping")))?;
     Ok((map, base))
 }
@@ -249,7 +291,9 @@ impl Segment {
     /// Bad geometry, or the file cannot be created, sized or mapped.
     pub fn create(name: &str, nranks: usize, ring_size: usize) -> Result<Self> {
         let path = shm_path(name)?;
-        let (rings_off, total) = geometry(nranks, ring_size)?;
+        let g = geometry(nranks, ring_size)?;
+        let dir = path.rsplit_once('/').map_or("/dev/shm", |(d, _)| d);
+        room::check(&path, g.total as u64, nranks, &room::bounds(dir)?)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -261,22 +305,25 @@ impl Segment {
             let _ = std::fs::remove_file(&path);
             e
         };
-        allocate(&file, total, &path).map_err(cleanup)?;
-        let (map, base) = map(&file, total, &path).map_err(cleanup)?;
-        let seg = Segment { base, nranks, ring_size, rings_off, path, _map: map, _file: file };
+        allocate(&file, 0, g.eager, &path).map_err(cleanup)?;
+        file.set_len(g.total as u64).map_err(|e| cleanup(Error::Io { op: format!("size {path} to {} bytes", g.total), source: e }))?;
+        let (map, base) = map(&file, g.total, &path, g.pool_off == 0).map_err(cleanup)?;
+        let seg = Segment { base, nranks, ring_size, rings_off: g.rings_off, pool_off: g.pool_off, path, _map: map, _file: file };
         // The world communicator's collective context is taken for the whole job (before
         // `ready`, so every opener sees it).
         let world = seg.coll_hdr(0);
         world.gen.store(1, Ordering::Relaxed);
         world.refs.store(COLL_PERMANENT, Ordering::Relaxed);
         // SAFETY: the mapping starts with room for a SegHeader (total > 128), is 4096-aligned,
-        // zero-filled by posix_fallocate, and nobody else uses it before `ready` is set.
+        // zero-filled (posix_fallocate, ftruncate), and nobody else uses it before `ready` is
+        // set.
         let h = unsafe { &mut *seg.base.as_ptr().cast::<SegHeader>() };
         h.version = VERSION;
         h.nranks = nranks as u32;
         h.ring_size = ring_size as u64;
-        h.rings_off = rings_off as u64;
-        h.total_len = total as u64;
+        h.rings_off = g.rings_off as u64;
+        h.pool_off = g.pool_off as u64;
+        h.total_len = g.total as u64;
         h.magic.store(MAGIC, Ordering::Relaxed);
         h.ready.store(1, Ordering::Release);
         Ok(seg)
@@ -296,8 +343,10 @@ impl Segment {
         if flen < std::mem::size_of::<SegHeader>() {
             return Err(bad(format!("file has {flen} bytes, less than a header")));
         }
-        let (map, base) = map(&file, flen, &path)?;
-        let mut seg = Segment { base, nranks: 0, ring_size: 0, rings_off: 0, path, _map: map, _file: file };
+        // Mapped without MAP_POPULATE until the layout is known: populating the unallocated
+        // pools of the queued layout would allocate them.
+        let (first, base) = map(&file, flen, &path, false)?;
+        let mut seg = Segment { base, nranks: 0, ring_size: 0, rings_off: 0, pool_off: 0, path, _map: first, _file: file };
         // SAFETY: the mapping holds at least a SegHeader (checked above); fields other than the
         // atomics are written by the creator before its release store of `ready`.
         let h = unsafe { &*seg.base.as_ptr().cast::<SegHeader>() };
@@ -313,13 +362,20 @@ impl Segment {
         if h.nranks as usize != nranks {
             return Err(bad(format!("segment is for {} ranks, job has {nranks}", h.nranks)));
         }
-        let (rings_off, total) = geometry(nranks, h.ring_size as usize).map_err(|e| bad(e.to_string()))?;
-        if rings_off as u64 != h.rings_off || total as u64 != h.total_len || total != flen {
+        let ring_size = h.ring_size as usize;
+        let g = geometry(nranks, ring_size).map_err(|e| bad(e.to_string()))?;
+        if g.rings_off as u64 != h.rings_off || g.pool_off as u64 != h.pool_off || g.total as u64 != h.total_len || g.total != flen {
             return Err(bad("geometry in header does not match the file".into()));
         }
+        if ring_size != QUEUED {
+            // The pair layout: every page was allocated at creation; map it again, populated.
+            let (populated, base) = map(&seg._file, flen, &seg.path, true)?;
+            (seg._map, seg.base) = (populated, base);
+        }
         seg.nranks = nranks;
-        seg.ring_size = h.ring_size as usize;
-        seg.rings_off = rings_off;
+        seg.ring_size = ring_size;
+        seg.rings_off = g.rings_off;
+        seg.pool_off = g.pool_off;
         Ok(seg)
     }
 
@@ -328,9 +384,49 @@ impl Segment {
         self.nranks
     }
 
-    /// Largest payload of one ring record.
+    /// Largest payload of one ring record, or of one packet of the queued layout.
     pub fn max_record_payload(&self) -> usize {
-        ring::max_payload(self.ring_size)
+        if self.queued() {
+            inbox::Queues::max_packet()
+        } else {
+            ring::max_payload(self.ring_size)
+        }
+    }
+
+    /// Whether the segment has the queued layout (a queue per rank, no rings).
+    pub fn queued(&self) -> bool {
+        self.ring_size == QUEUED
+    }
+
+    /// Bytes of the file that have memory behind them (its allocated blocks): what the job's
+    /// shared memory takes now.
+    ///
+    /// # Errors
+    /// `fstat` failed.
+    pub fn allocated_bytes(&self) -> Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self._file.metadata().map_err(|e| Error::Io { op: format!("stat {}", self.path), source: e })?;
+        Ok(m.blocks() * 512)
+    }
+
+    /// The queue regions and the pools of the queued layout.
+    pub(crate) fn queue_areas(&self) -> (NonNull<u8>, NonNull<u8>) {
+        debug_assert!(self.queued());
+        // SAFETY: both offsets lie inside the mapping (geometry), which is not null.
+        unsafe {
+            (NonNull::new_unchecked(self.base.as_ptr().add(self.rings_off)), NonNull::new_unchecked(self.base.as_ptr().add(self.pool_off)))
+        }
+    }
+
+    /// Gives memory to bytes `off..off + len` of `rank`'s pool (queued layout).
+    ///
+    /// # Errors
+    /// The range is outside the pool, or the memory cannot be had.
+    pub(crate) fn allocate_pool_range(&self, rank: usize, off: usize, len: usize) -> Result<()> {
+        if !self.queued() || rank >= self.nranks || off.checked_add(len).is_none_or(|e| e > inbox::POOL_BYTES) {
+            return Err(Error::InvalidArgument(format!("pool range {off}+{len} of rank {rank}")));
+        }
+        allocate(&self._file, self.pool_off + rank * inbox::POOL_BYTES + off, len, &self.path)
     }
 
     fn ring_ctl(&self, dst: usize, src: usize) -> NonNull<RingCtl> {

@@ -2,6 +2,8 @@
 //!
 //! - [`auth`]: the challenge-response that proves the job secret on every connection.
 //! - [`iface`]: which address to listen on (`TMPI_TCP_IF`).
+//! - [`alive`]: noticing a peer whose host went silent (`TMPI_PEER_TIMEOUT`).
+//! - `handshake`: the acceptor's side of the handshake, many connections side by side.
 //!
 //! **Connections are made eagerly, at start-up** ([`TcpFabric::establish`]): rank `r` connects
 //! to every TCP peer below it and accepts every peer above it, then closes its listening
@@ -10,6 +12,10 @@
 //! a stranger without the secret) then shows at `init` and not in the middle of a
 //! collective, and because the handshake is the only blocking step, so it belongs before the
 //! program runs. The cost, `n - 1` sockets per rank, is what MPI jobs of this size afford.
+//!
+//! **Silence**: a peer whose host vanished sends nothing, not even an end of stream; with a
+//! peer timeout ([`TcpFabric::set_peer_timeout`], `TMPI_PEER_TIMEOUT`) it is taken for failed
+//! once its kernel has left keepalive probes or data unanswered that long ([`alive`]).
 //!
 //! **Progress** is the engine's: sockets are non-blocking, written by [`TcpFabric::try_send`]
 //! and read by [`TcpFabric::poll`] from the engine's one progress loop, with no thread per
@@ -39,7 +45,9 @@
 //! records in the ring of a dead process are): the engine learns of the failure from
 //! [`TcpFabric::peer_state`] and names the rank.
 
+pub mod alive;
 pub mod auth;
+mod handshake;
 pub mod iface;
 
 use std::io::{self, Read, Write};
@@ -55,14 +63,15 @@ use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
 
 /// Largest packet payload of one frame.
 pub const MAX_PACKET: usize = 256 * 1024;
+/// Most parts one packet may be gathered from ([`TcpFabric::try_send`]): with the frame
+/// header, one `sendmsg` of at most four iovecs.
+pub const MAX_PARTS: usize = 3;
 /// Bytes of a frame header.
 pub const FRAME_HDR: usize = 16;
 /// Bytes of each peer's receive buffer (several frames: fewer `recv` calls).
 const RX_BUF: usize = 2 * (FRAME_HDR + MAX_PACKET);
 const KIND_DATA: u8 = 0;
 const KIND_FINALIZED: u8 = 1;
-/// How long one handshake may take before the connection is dropped as bad.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long finalize waits for a peer to take this rank's last bytes.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -124,6 +133,23 @@ impl Conn {
         self.rend = 0;
         self.lost();
         e
+    }
+
+    /// The peer's host has not answered for `t` ([`alive`]): the connection is shut and the
+    /// peer counts as failed, said once on stderr (the error the engine gives, `PeerGone`,
+    /// cannot say why).
+    #[cold]
+    fn silenced(&mut self, me: usize, peer: usize, t: Duration) {
+        let at = self.sock.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+        eprintln!(
+            "tmpi: rank {me}: peer rank {peer} at {at} has not answered for {} s ({}): taken for gone",
+            t.as_secs(),
+            alive::ENV_PEER_TIMEOUT
+        );
+        let _ = self.sock.shutdown(Shutdown::Both);
+        self.rpos = 0;
+        self.rend = 0;
+        self.lost();
     }
 
     /// Writes as much of `tx` as the kernel takes.
@@ -269,6 +295,19 @@ pub struct TcpFabric {
     peers: Vec<usize>,
     next: usize,
     bad: u64,
+    /// The peer timeout, once set ([`TcpFabric::set_peer_timeout`]); boxed, since only the
+    /// slow paths use it.
+    alive: Option<Box<Liveness>>,
+}
+
+/// How silent peers are noticed ([`alive`]).
+struct Liveness {
+    /// How long a peer may leave what it owes unanswered.
+    timeout: Duration,
+    /// Time between two looks at the connections.
+    every: Duration,
+    /// When to look next.
+    next: Instant,
 }
 
 impl TcpFabric {
@@ -276,7 +315,9 @@ impl TcpFabric {
     /// its listener): to the peers below `rank` by connecting, to those above by accepting on
     /// `listener`, which is closed afterwards. Every connection proves `secret` both ways
     /// ([`auth`]); an accepted connection that does not is closed and counted
-    /// ([`Self::bad_connections`]).
+    /// ([`Self::bad_connections`]). Accepted connections prove themselves side by side, each
+    /// within 5 s of its accept (`handshake`): a stranger that trickles bytes, or a crowd of
+    /// them, holds up only itself.
     ///
     /// # Errors
     /// A peer cannot be reached or does not prove the secret, or not every peer connected
@@ -301,41 +342,74 @@ impl TcpFabric {
         let mut want: Vec<usize> = peers.iter().map(|(p, _)| *p).filter(|&p| p > rank && p < size).collect();
         want.sort_unstable();
         want.dedup();
-        let mut bad = 0u64;
-        listener.set_nonblocking(true).map_err(|source| Error::Io { op: "TCP listener non-blocking".into(), source })?;
+        let mut acc = handshake::Acceptor::new(listener, rank as u32, size32, secret)?;
         while want.iter().any(|&p| conns[p].is_none()) {
-            let now = Instant::now();
-            if now >= deadline {
+            if Instant::now() >= deadline {
                 let missing: Vec<usize> = want.iter().copied().filter(|&p| conns[p].is_none()).collect();
                 return Err(Error::Fabric(format!("rank {rank}: ranks {missing:?} did not connect over TCP within {timeout:?}")));
             }
-            let s = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wait_readable(&listener, (deadline - now).min(Duration::from_millis(50)));
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => return Err(Error::Io { op: "accept a TCP fabric connection".into(), source }),
-            };
-            match accept_one(s, rank as u32, size32, secret, deadline.min(Instant::now() + HANDSHAKE_TIMEOUT)) {
-                Some((peer, s)) if want.binary_search(&peer).is_ok() && conns[peer].is_none() => {
-                    conns[peer] =
-                        Some(Conn::new(s).map_err(|source| Error::Io { op: format!("set up TCP connection from rank {peer}"), source })?);
-                }
-                // No proof of the secret, or a rank that is not expected here (or twice):
-                // closed, counted, never trusted.
-                _ => bad += 1,
+            acc.accept_waiting(deadline)?;
+            // Only a rank expected here and not connected yet is sent a proof; any other
+            // connection is closed, counted, never trusted.
+            for (peer, s) in acc.step_all(|p| want.binary_search(&p).is_ok() && conns[p].is_none()) {
+                conns[peer] =
+                    Some(Conn::new(s).map_err(|source| Error::Io { op: format!("set up TCP connection from rank {peer}"), source })?);
+            }
+            if want.iter().any(|&p| conns[p].is_none()) {
+                acc.wait(deadline);
             }
         }
-        drop(listener);
+        let bad = acc.finish();
         let peers: Vec<usize> = (0..size).filter(|&p| conns[p].is_some()).collect();
-        Ok(TcpFabric { rank, conns, peers, next: 0, bad })
+        Ok(TcpFabric { rank, conns, peers, next: 0, bad, alive: None })
     }
 
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Bounds how long a peer may stay silent (`TMPI_PEER_TIMEOUT`, see [`alive`]): kernel
+    /// keepalive on every connection, and from now on [`Self::wait`] and
+    /// [`Self::mark_finalized`] take a peer that has left data or probes unanswered for
+    /// `timeout` for gone ([`PeerState::Failed`]). `None` turns both off. A peer that is busy
+    /// but whose host runs is never taken for gone: its kernel answers.
+    ///
+    /// # Errors
+    /// The keepalive options cannot be set on a connection.
+    pub fn set_peer_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
+        for (p, c) in self.conns.iter().enumerate() {
+            let Some(c) = c else { continue };
+            let fd = c.sock.as_raw_fd();
+            let on = match timeout {
+                Some(t) => alive::set_keepalive(fd, t),
+                None => set_keepalive_off(fd),
+            };
+            on.map_err(|source| Error::Io { op: format!("set TCP keepalive towards rank {p}"), source })?;
+        }
+        self.alive = timeout.map(|t| {
+            let every = (t / 8).clamp(Duration::from_millis(100), Duration::from_secs(1));
+            Box::new(Liveness { timeout: t, every, next: Instant::now() + every })
+        });
+        Ok(())
+    }
+
+    /// Every so often (see [`Liveness`]), takes the peers that have left data or probes
+    /// unanswered for the peer timeout for gone: the connection is shut and the peer failed.
+    fn check_silent(&mut self) {
+        let Some(l) = self.alive.as_deref_mut() else { return };
+        let now = Instant::now();
+        if now < l.next {
+            return;
+        }
+        l.next = now + l.every;
+        let t = l.timeout;
+        for (p, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            if !c.closed && alive::silent_for(c.sock.as_raw_fd(), t) {
+                c.silenced(self.rank, p, t);
+            }
+        }
     }
 
     /// Connections refused at start-up because they did not prove the job secret.
@@ -370,6 +444,7 @@ impl TcpFabric {
     /// and a rank that spins on the same CPU keeps it from running until the scheduler tick.
     /// Asleep here, the rank gives up the CPU and is woken as soon as the data is in.
     pub fn wait(&mut self, timeout: Duration) -> bool {
+        self.check_silent();
         // Built per sleep (no field: the fabric's size is part of the engine's layout, which
         // the shared-memory path is sensitive to; an allocation is nothing beside a sleep).
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.peers.len());
@@ -447,7 +522,7 @@ impl TcpFabric {
             return Err(Error::InvalidArgument(format!("no TCP connection from rank {rank} to {dest}")));
         };
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if len > MAX_PACKET || parts.len() > 3 {
+        if len > MAX_PACKET || parts.len() > MAX_PARTS {
             return Err(Error::InvalidArgument(format!("packet of {len} bytes in {} parts exceeds the TCP fabric's limit", parts.len())));
         }
         if c.closed {
@@ -550,6 +625,7 @@ impl TcpFabric {
         let deadline = Instant::now() + FLUSH_TIMEOUT;
         let mut idle = 0u32;
         loop {
+            self.check_silent();
             let mut busy = false;
             for c in self.conns.iter_mut().flatten() {
                 if c.closed {
@@ -581,6 +657,27 @@ impl TcpFabric {
     }
 }
 
+/// Turns kernel keepalive off on `fd` (`TMPI_PEER_TIMEOUT=0`).
+fn set_keepalive_off(fd: std::os::fd::RawFd) -> io::Result<()> {
+    let off: libc::c_int = 0;
+    // SAFETY: the option value is one live c_int whose size is passed; `fd` is a socket this
+    // fabric owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            std::ptr::addr_of!(off).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Bytes sent on `sock` that the peer's kernel has not acknowledged yet (`SIOCOUTQ`).
 fn unacked(sock: &TcpStream) -> usize {
     let mut n: libc::c_int = 0;
@@ -591,13 +688,6 @@ fn unacked(sock: &TcpStream) -> usize {
     } else {
         0
     }
-}
-
-fn wait_readable(fd: &impl AsRawFd, t: Duration) {
-    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ms = t.as_millis().clamp(1, 1000) as libc::c_int;
-    // SAFETY: one valid pollfd for a descriptor the caller owns, for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, ms) };
 }
 
 fn remaining(deadline: Instant) -> Option<Duration> {
@@ -626,19 +716,23 @@ fn connect_one(me: u32, size: u32, peer: u32, addr: SocketAddr, secret: &JobSecr
     Ok(s)
 }
 
-/// The acceptor's side of the handshake: the peer's rank, or `None` (and the stream closed)
-/// when it does not prove the secret in time.
-fn accept_one(mut s: TcpStream, me: u32, size: u32, secret: &JobSecret, deadline: Instant) -> Option<(usize, TcpStream)> {
-    s.set_nonblocking(false).ok()?;
-    s.set_read_timeout(Some(remaining(deadline)?)).ok()?;
-    let nonce_a = auth::nonce().ok()?;
-    s.write_all(&auth::challenge(auth::Purpose::Fabric, &nonce_a)).ok()?;
-    let mut ans = [0u8; auth::ANSWER_LEN];
-    s.read_exact(&mut ans).ok()?;
-    let (peer, nonce_c) = auth::check_answer(auth::Purpose::Fabric, secret, &nonce_a, size, &ans)?;
-    s.write_all(&auth::accept_proof(auth::Purpose::Fabric, secret, &nonce_c, me, size)).ok()?;
-    s.set_read_timeout(None).ok()?;
-    Some((peer as usize, s))
+/// The acceptor's side of the handshake on one connection, blocking until `deadline`: the
+/// peer's rank, or `None` (and the stream closed) when it does not prove the secret in time.
+#[cfg(test)]
+fn accept_one(s: TcpStream, me: u32, size: u32, secret: &JobSecret, deadline: Instant) -> Option<(usize, TcpStream)> {
+    let mut h = handshake::Handshake::start(s, deadline)?;
+    loop {
+        match h.step(me, size, secret, |_| true) {
+            handshake::Step::Done(peer) => {
+                let s = h.into_stream();
+                s.set_nonblocking(false).ok()?;
+                return Some((peer, s));
+            }
+            handshake::Step::Failed => return None,
+            handshake::Step::Pending if Instant::now() >= h.deadline() => return None,
+            handshake::Step::Pending => h.wait(),
+        }
+    }
 }
 
 #[cfg(test)]

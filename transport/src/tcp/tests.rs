@@ -326,3 +326,108 @@ fn wait_wakes_a_blocked_sender_and_sees_a_peer_leave() {
     // Every connection closed: the sleep is a plain sleep of its timeout.
     assert!(!f0.wait(Duration::from_millis(1)));
 }
+
+/// A stranger that connects to `addr` first and then trickles one byte every `every`, never
+/// proving anything; the thread returns how long after connecting it saw its connection closed
+/// (`None`: still open after `hold`).
+fn trickler(addr: SocketAddr, every: Duration, hold: Duration) -> std::thread::JoinHandle<Option<Duration>> {
+    let s = TcpStream::connect(addr).unwrap();
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        s.set_read_timeout(Some(every)).unwrap();
+        let mut buf = [0u8; 64];
+        while t.elapsed() < hold {
+            match (&s).read(&mut buf) {
+                Ok(0) => return Some(t.elapsed()),
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                Err(_) => return Some(t.elapsed()),
+            }
+            if (&s).write_all(b"x").is_err() {
+                return Some(t.elapsed());
+            }
+        }
+        None
+    })
+}
+
+/// Issue 55 item 3: a stranger that connected first and trickles a byte a second (its answer
+/// would take 56 s) neither holds up the real peers' handshakes nor the job's start.
+#[test]
+fn a_slow_stranger_does_not_hold_up_the_job() {
+    let secret = JobSecret::new().unwrap();
+    let mut stranger = None;
+    let t = Instant::now();
+    let fabs = job_with(3, &secret, |addrs| {
+        stranger = Some(trickler(addrs[0], Duration::from_secs(1), Duration::from_secs(60)));
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    let took = t.elapsed();
+    assert!(fabs.iter().all(|f| f.peer_count() == 2));
+    // Rank 0 stopped waiting for the stranger when its peers were in: it counts as refused.
+    assert_eq!(fabs[0].bad_connections(), 1);
+    drop(fabs);
+    let closed = stranger.and_then(|s| s.join().unwrap());
+    assert!(closed.is_some(), "the stranger's connection stays open after the job started");
+    eprintln!("tcp: a job of 3 started in {took:?} beside a slow stranger");
+}
+
+/// Issue 55 item 3: a handshake has one deadline (5 s from its accept), not one per read: a
+/// stranger trickling a byte a second is closed after about 5 s while the job still waits for
+/// a late peer, and the late peer then gets in.
+#[test]
+fn a_trickling_stranger_is_closed_at_its_handshake_deadline() {
+    let secret = JobSecret::new().unwrap();
+    let ls: Vec<TcpListener> = (0..2).map(|_| listen(LO).unwrap()).collect();
+    let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    let stranger = trickler(addrs[0], Duration::from_secs(1), Duration::from_secs(40));
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().unwrap(), ls.next().unwrap());
+    let s0 = secret.clone();
+    let a1 = addrs[1];
+    let rank0 = std::thread::spawn(move || TcpFabric::establish(0, 2, l0, &[(1, a1)], &s0, Duration::from_secs(60)));
+    // The stranger is closed before rank 1 even starts (on main it was read for 56 s).
+    let closed = stranger.join().unwrap().expect("the trickling stranger was not closed within 40 s");
+    assert!(closed >= handshake::HANDSHAKE_TIMEOUT - Duration::from_millis(100), "closed after {closed:?}");
+    eprintln!("tcp: a trickling stranger was closed after {closed:?}");
+    let f1 = TcpFabric::establish(1, 2, l1, &[(0, addrs[0])], &secret, Duration::from_secs(60)).unwrap();
+    let f0 = rank0.join().unwrap().unwrap();
+    assert_eq!((f0.bad_connections(), f0.peer_count(), f1.peer_count()), (1, 1, 1));
+}
+
+/// Issue 55 item 3: more strangers than handshakes may run at once: the oldest give way, and
+/// the real peer still gets in.
+#[test]
+fn a_crowd_of_strangers_does_not_keep_a_peer_out() {
+    let secret = JobSecret::new().unwrap();
+    let mut crowd = Vec::new();
+    let fabs = job_with(2, &secret, |addrs| {
+        crowd = (0..handshake::MAX_PENDING + 20).map(|_| TcpStream::connect(addrs[0]).unwrap()).collect();
+    });
+    assert_eq!((fabs[0].peer_count(), fabs[1].peer_count()), (1, 1));
+    assert!(fabs[0].bad_connections() >= 20, "{}", fabs[0].bad_connections());
+    drop(crowd);
+}
+
+#[test]
+fn keepalive_is_set_and_a_live_idle_peer_is_not_taken_for_gone() {
+    let mut fabs = job(2);
+    for f in &mut fabs {
+        f.set_peer_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    let fd = fabs[0].conns[1].as_ref().unwrap().sock.as_raw_fd();
+    let mut on: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes one c_int into `on`, which outlives the call.
+    let rc = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, std::ptr::addr_of_mut!(on).cast(), &mut len) };
+    assert_eq!((rc, on), (0, 1));
+    // Idle past the timeout, with the kernel probing: the peer's kernel answers, so it stays.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        fabs[0].wait(Duration::from_millis(200));
+        fabs[0].poll(|_| true).unwrap();
+    }
+    assert_eq!(fabs[0].peer_state(1), PeerState::Alive);
+    assert!(fabs[1].try_send(0, PKT_WHOLE, 2, &[b"hi"]).unwrap());
+    recv_n(&mut fabs[0], 1, |p| assert_eq!(p.data, b"hi"));
+}

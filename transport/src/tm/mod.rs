@@ -90,8 +90,8 @@
 //!   [`TmSrq::read_failed`] queues `TM_DATA_VALID` with the error status and no FIN. Buffer
 //!   smaller than the RVH's `len`: one completion `TM_MATCH | TM_DATA_VALID` with status
 //!   [`WcStatus::TmRndvIncomplete`], and the request itself (TMH, RVH, meta-data) placed in
-//!   the buffer for software to finish. A tagged buffer is one `ibv_sge`: an ADD longer than
-//!   [`MAX_TAGGED_LEN`] is refused (`EINVAL`).
+//!   the buffer for software to finish. A tagged buffer is one `ibv_sge`, shorter than
+//!   [`RVH_LEN_IN_META`]: an ADD longer than [`MAX_TAGGED_LEN`] is refused (`EINVAL`).
 //! - **Completion queue** capacity is allocated up front for every completion the SRQ's
 //!   resources can have outstanding; it grows (rather than overrunning, as hardware would) only
 //!   if software keeps reposting SRQ buffers without polling.

@@ -28,9 +28,13 @@ const META_FLAGS_AT: usize = META_LEN_AT + 8;
 /// (it is an ordinary length to it); see [`RndvRequest`] for why that is safe.
 pub const RVH_LEN_IN_META: u32 = u32::MAX;
 
-/// Largest tagged-buffer length an ADD accepts: a tagged buffer is one `ibv_sge`, whose
-/// `length` is 32 bits.
-pub const MAX_TAGGED_LEN: usize = u32::MAX as usize;
+/// Largest tagged-buffer length an ADD accepts: `u32::MAX - 1`. A tagged buffer is one
+/// `ibv_sge`, whose `length` is 32 bits, and the RVH's `len` is 32 bits too: a buffer of
+/// [`RVH_LEN_IN_META`] (`u32::MAX`) bytes would take an expected request that says "the length
+/// is in the meta-data" as a read of exactly `u32::MAX` bytes, cutting a payload of 4 GiB or
+/// more short. So no tagged buffer reaches that length, and such a request always ends in
+/// software (`TM_RNDV_INCOMPLETE`).
+pub const MAX_TAGGED_LEN: usize = RVH_LEN_IN_META as usize - 1;
 
 /// Unexpected receives polled beyond software's last reported count after which every further
 /// unexpected completion carries `TM_SYNC_REQ` (mlx5's `MLX5_TM_MAX_SYNC_DIFF`).
@@ -55,8 +59,8 @@ pub const MAX_SYNC_DIFF: u16 = 0x3fff;
 ///   is a `u32`); truncating one would only make the target refuse the read.
 /// - **Payloads of `u32::MAX` bytes or more** (the software path): the RVH's `len` is
 ///   [`RVH_LEN_IN_META`] and the real length is in the meta-data. The runtime never posts a
-///   tagged buffer of `u32::MAX` bytes or more (and the model refuses one above
-///   [`MAX_TAGGED_LEN`]), so the hardware finds every tagged buffer smaller than
+///   tagged buffer of `u32::MAX` bytes or more, and the model refuses one (an ADD above
+///   [`MAX_TAGGED_LEN`] is `EINVAL`), so the hardware finds every tagged buffer smaller than
 ///   `RVH_LEN_IN_META` and completes such a request `TM_RNDV_INCOMPLETE` with the headers
 ///   in the buffer, or it arrives unexpected: either way software finishes it, reading the
 ///   length with [`RndvRequest::payload_len`]. (UCX reaches the same end differently: it
@@ -590,7 +594,8 @@ impl TmSrq {
     /// - [`TmErrno::NoMem`]: `max_ops` ops outstanding, or an ADD while no entry is free (the
     ///   list is full, or consumed entries await the polling of their completions);
     /// - [`TmErrno::Inval`]: unknown flag bits, an ADD longer than [`MAX_TAGGED_LEN`] (a
-    ///   tagged buffer is one `ibv_sge`), or a DEL handle `>= max_num_tags`.
+    ///   tagged buffer is one `ibv_sge`, shorter than [`RVH_LEN_IN_META`]), or a DEL handle
+    ///   `>= max_num_tags`.
     pub fn post_srq_ops(&mut self, wrs: &mut [OpsWr]) -> Result<(), (usize, TmErrno)> {
         for (i, wr) in wrs.iter_mut().enumerate() {
             match self.post_srq_op(wr) {

@@ -61,6 +61,7 @@ fn srq_wr(a: Arrival) -> u64 {
 
 // ---------------------------------------------------------------- capabilities, creation
 
+/// CONFORMANCE.md: T13, T33, T34, T35, T36, T37, T38.
 #[test]
 fn default_caps_and_creation_validation() {
     let c = TmCaps::default();
@@ -88,6 +89,7 @@ fn default_caps_and_creation_validation() {
     assert!(TmSrq::with_caps(small, TmCap { max_num_tags: 4, ..ok }).is_ok());
 }
 
+/// CONFORMANCE.md: T27, T39.
 #[test]
 fn post_srq_recv_is_bounded_by_max_wr() {
     let mut s = srq(4, 4, 2);
@@ -99,6 +101,7 @@ fn post_srq_recv_is_bounded_by_max_wr() {
 
 // ---------------------------------------------------------------- ops and their completions
 
+/// CONFORMANCE.md: T24, T41, T42, T46, T48, T54.
 #[test]
 fn add_signaled_and_unsignaled() {
     let mut s = srq(8, 8, 1);
@@ -117,6 +120,7 @@ fn add_signaled_and_unsignaled() {
     assert_eq!(s.counters().syncs, 1);
 }
 
+/// CONFORMANCE.md: T40.
 #[test]
 fn unknown_op_flags_are_einval() {
     let mut s = srq(8, 8, 1);
@@ -126,6 +130,7 @@ fn unknown_op_flags_are_einval() {
     assert_eq!(s.ops_outstanding(), 0);
 }
 
+/// CONFORMANCE.md: T43, T46, T54.
 #[test]
 fn del_signaled_success_and_unsignaled_success() {
     let mut s = srq(2, 8, 1);
@@ -143,6 +148,7 @@ fn del_signaled_success_and_unsignaled_success() {
     assert_eq!(srq_wr(s.arrive(0, &eager(6, 0, b"x")).unwrap()), 1);
 }
 
+/// CONFORMANCE.md: T43, T63.
 #[test]
 fn del_after_consume_is_tm_err_even_unsignaled() {
     let mut s = srq(2, 8, 1);
@@ -162,6 +168,7 @@ fn del_after_consume_is_tm_err_even_unsignaled() {
     assert_eq!(s.post_srq_op(&OpsWr::del(72, 2, 0, true)), Err(TmErrno::Inval));
 }
 
+/// CONFORMANCE.md: T43.
 #[test]
 fn consumed_handle_is_not_reused_until_its_completion_is_polled() {
     let mut s = srq(1, 8, 1);
@@ -172,6 +179,7 @@ fn consumed_handle_is_not_reused_until_its_completion_is_polled() {
     assert_eq!(add(&mut s, 6, ALL, 60, 8, 0), h);
 }
 
+/// CONFORMANCE.md: T9, T40.
 #[test]
 fn list_full_is_synchronous_enomem_at_the_failing_op() {
     let mut s = srq(2, 16, 1);
@@ -187,6 +195,7 @@ fn list_full_is_synchronous_enomem_at_the_failing_op() {
     assert_eq!(s.counters().list_hwm, 2);
 }
 
+/// CONFORMANCE.md: T47.
 #[test]
 fn max_ops_bounds_outstanding_ops_until_a_completion_is_polled() {
     let mut s = srq(8, 4, 1);
@@ -213,6 +222,7 @@ fn max_ops_bounds_outstanding_ops_until_a_completion_is_polled() {
 
 // ---------------------------------------------------------------- matching
 
+/// CONFORMANCE.md: T4, T10, T17, T26, T28, T57, T61, T64.
 #[test]
 fn eager_expected_single_packet() {
     let mut s = srq(4, 8, 1);
@@ -231,6 +241,7 @@ fn eager_expected_single_packet() {
     assert_eq!(s.hw_unexpected_cnt(), 0);
 }
 
+/// CONFORMANCE.md: T65.
 #[test]
 fn eager_longer_than_tagged_buffer_is_cut_with_loc_len_err() {
     let mut s = srq(4, 8, 1);
@@ -243,6 +254,7 @@ fn eager_longer_than_tagged_buffer_is_cut_with_loc_len_err() {
     assert!(wc.flags.contains(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID));
 }
 
+/// CONFORMANCE.md: T26.
 #[test]
 fn zero_length_buffer_and_payload() {
     let mut s = srq(4, 8, 1);
@@ -253,6 +265,7 @@ fn zero_length_buffer_and_payload() {
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 0));
 }
 
+/// CONFORMANCE.md: T4, T29, T55.
 #[test]
 fn unexpected_lands_whole_in_an_srq_buffer() {
     let mut s = srq(4, 8, 4);
@@ -291,6 +304,7 @@ fn unexpected_longer_than_srq_buffer_is_cut() {
     assert_eq!(s.hw_unexpected_cnt(), 1);
 }
 
+/// CONFORMANCE.md: T27.
 #[test]
 fn no_srq_buffer_is_rnr_and_changes_nothing() {
     let mut s = srq(4, 8, 4);
@@ -307,6 +321,7 @@ fn no_srq_buffer_is_rnr_and_changes_nothing() {
     assert_eq!(srq_wr(s.arrive(0, &msg).unwrap()), 1);
 }
 
+/// CONFORMANCE.md: T49.
 #[test]
 fn no_tag_is_always_unexpected_but_never_counted() {
     let mut s = srq(4, 8, 4);
@@ -325,6 +340,7 @@ fn no_tag_is_always_unexpected_but_never_counted() {
     assert_eq!(s.tags_listed(), 1);
 }
 
+/// CONFORMANCE.md: T53.
 #[test]
 fn fin_arriving_at_the_sender_is_a_no_tag_receive() {
     let mut s = srq(4, 8, 4);
@@ -340,6 +356,7 @@ fn fin_arriving_at_the_sender_is_a_no_tag_receive() {
     assert!(s.in_sync());
 }
 
+/// CONFORMANCE.md: T2, T3, T42.
 #[test]
 fn match_rule_masks_and_list_order() {
     let mut s = srq(16, 32, 4);
@@ -377,6 +394,7 @@ fn match_rule_masks_and_list_order() {
     assert_eq!(tagged_wr(s.arrive(0, &eager(u64::MAX, 0, b"")).unwrap()), 10);
 }
 
+/// CONFORMANCE.md: T9.
 #[test]
 fn long_exact_list_finds_each_tag() {
     let mut s = srq(1023, 1024, 1);
@@ -400,6 +418,8 @@ fn long_exact_list_finds_each_tag() {
 
 /// The seed's race: m1 arrives before b1 is posted, m2 after. Without phase sync m2 would
 /// match b1 although m1 (earlier, same tag) went unexpected, breaking MPI order.
+///
+/// CONFORMANCE.md: T23, T30.
 #[test]
 fn seed_race_m1_m2_b1_b2_stale_add_is_not_matched_until_sync() {
     let mut s = srq(8, 16, 8);
@@ -429,6 +449,7 @@ fn seed_race_m1_m2_b1_b2_stale_add_is_not_matched_until_sync() {
     assert_eq!(tagged_wr(s.arrive(1, &eager(0x10, 0, b"m3")).unwrap()), 203);
 }
 
+/// CONFORMANCE.md: T31, T44.
 #[test]
 fn stale_entry_becomes_eligible_after_sync() {
     let mut s = srq(8, 16, 8);
@@ -457,6 +478,7 @@ fn add_with_flags(s: &mut TmSrq, tag: u64, cnt: u32) -> u32 {
     s.post_srq_op(&OpsWr::add(1, tag, ALL, 7, 64, cnt, false)).unwrap().unwrap()
 }
 
+/// CONFORMANCE.md: T31.
 #[test]
 fn entries_added_in_phase_keep_matching_after_unexpected_arrivals() {
     let mut s = srq(8, 16, 8);
@@ -473,6 +495,7 @@ fn entries_added_in_phase_keep_matching_after_unexpected_arrivals() {
     assert_eq!(srq_wr(s.arrive(1, &eager(0x30, 0, b"")).unwrap()), 101);
 }
 
+/// CONFORMANCE.md: T32.
 #[test]
 fn ops_without_tm_sync_keep_the_last_count() {
     let mut s = srq(8, 16, 8);
@@ -492,6 +515,8 @@ fn ops_without_tm_sync_keep_the_last_count() {
 /// Deviation 3 of issue 17, following rdma-core's mlx5 provider (`providers/mlx5/cq.c`,
 /// `handle_tag_matching`): ADD and DEL completions carry `TM_SYNC_REQ` when the counts differ,
 /// a SYNC's completion never does.
+///
+/// CONFORMANCE.md: T45.
 #[test]
 fn sync_req_on_add_and_del_completions_whenever_counts_differ() {
     let mut s = srq(8, 16, 8);
@@ -510,9 +535,39 @@ fn sync_req_on_add_and_del_completions_whenever_counts_differ() {
     assert_eq!(s.poll_cq().unwrap().flags, WcFlags::NONE);
 }
 
+/// The exact `TM_SYNC_REQ` rule of the model for list operations (issue 55 item 11, T45):
+/// a failing DEL's `TM_ERR` completion carries the flag too while the counts differ, and a
+/// DEL is judged by the count current when it is processed (its own `TM_SYNC` count
+/// included), not by the count its tag was added with (which mlx5 compares).
+///
+/// CONFORMANCE.md: T45.
+#[test]
+fn sync_req_on_a_failing_del_and_with_the_current_count() {
+    let mut s = srq(8, 16, 8);
+    s.post_srq_recv(100, 256).unwrap();
+    let h = add(&mut s, 0x10, ALL, 5, 8, 0);
+    assert_eq!(tagged_wr(s.arrive(1, &eager(0x10, 0, b"m")).unwrap()), 5);
+    s.arrive(1, &eager(0x20, 0, b"")).unwrap();
+    let wcs = drain(&mut s);
+    assert!(wcs[1].is_unexpected());
+    // The tag was consumed: the DEL fails, and the counts differ (1 unexpected, 0 reported).
+    s.post_srq_op(&OpsWr::del(1, h, 0, false)).unwrap();
+    let wc = s.poll_cq().unwrap();
+    assert_eq!((wc.opcode, wc.status, wc.flags), (WcOpcode::TmDel, WcStatus::TmErr, WcFlags::TM_SYNC_REQ));
+    // A tag added out of phase, deleted by an op that reports the count: no flag.
+    let h = s.post_srq_op(&OpsWr::add(2, 0x30, ALL, 6, 8, 0, true)).unwrap().unwrap();
+    assert_eq!(s.poll_cq().unwrap().flags, WcFlags::TM_SYNC_REQ);
+    s.post_srq_op(&OpsWr::del(3, h, 1, true)).unwrap();
+    let wc = s.poll_cq().unwrap();
+    assert_eq!((wc.opcode, wc.status, wc.flags), (WcOpcode::TmDel, WcStatus::Success, WcFlags::NONE));
+    assert!(s.in_sync());
+}
+
 /// Deviation 3 of issue 17, probed: while the counts differ, matched `TM_RECV` and `TM_NO_TAG`
 /// completions carry no `TM_SYNC_REQ` (mlx5 sets the flag on neither), nor does an unexpected
 /// receive below the 0x3fff gap.
+///
+/// CONFORMANCE.md: T45.
 #[test]
 fn sync_req_never_on_matched_or_no_tag_receives() {
     let mut s = srq(8, 16, 8);
@@ -538,6 +593,8 @@ fn sync_req_never_on_matched_or_no_tag_receives() {
 /// packet used to be polled first. The seed serializes matching completions with the
 /// completions of unexpected messages: the match now waits behind it, while op and NO_TAG
 /// completions may pass.
+///
+/// CONFORMANCE.md: T23, T59.
 #[test]
 fn multi_packet_unexpected_completion_is_serialized_with_later_matches() {
     let mut s = srq(4, 8, 4);
@@ -572,6 +629,7 @@ fn multi_packet_unexpected_completion_is_serialized_with_later_matches() {
     assert_eq!((wcs[2].wr_id, wcs[2].flags), (6, WcFlags::TM_DATA_VALID));
 }
 
+/// CONFORMANCE.md: T32.
 #[test]
 fn unexpected_cnt_wraps_at_16_bits() {
     let mut s = srq(8, 16, 8);
@@ -608,6 +666,7 @@ fn unexpected_cnt_wraps_at_16_bits() {
     assert_eq!(srq_wr(s.arrive(0, &eager(1, 0, b"")).unwrap()), 2);
 }
 
+/// CONFORMANCE.md: T45.
 #[test]
 fn sync_req_on_unexpected_receive_once_gap_exceeds_0x3fff() {
     let mut s = srq(8, 16, 8);
@@ -629,6 +688,7 @@ fn sync_req_on_unexpected_receive_once_gap_exceeds_0x3fff() {
 
 // ---------------------------------------------------------------- rendezvous
 
+/// CONFORMANCE.md: T7, T11, T20, T25, T51, T52, T60.
 #[test]
 fn rendezvous_expected_reads_then_data_valid_and_fin() {
     let mut s = srq(4, 8, 1);
@@ -660,6 +720,8 @@ fn rendezvous_expected_reads_then_data_valid_and_fin() {
 /// Deviation 1 of issue 17, probed: 16 bytes after the RVH (zeros, or 0xff) used to be read as
 /// tmpi's (key, len) even on the expected path (a read of key 0 and length 0, or a spurious
 /// `RNDV_INCOMPLETE`). The hardware path reads the RVH alone.
+///
+/// CONFORMANCE.md: T18, T20.
 #[test]
 fn hardware_path_reads_the_rvh_alone_whatever_follows_it() {
     for filler in [[0u8; 16], [0xff; 16], [0x63; 16]] {
@@ -680,6 +742,7 @@ fn hardware_path_reads_the_rvh_alone_whatever_follows_it() {
     }
 }
 
+/// CONFORMANCE.md: T19, T22.
 #[test]
 fn rendezvous_request_encoding_and_the_long_message_software_path() {
     let r = RndvRequest { app_ctx: 1, tag: 0x66, va: 0x4000, rkey: 0xcccc_dddd, len: 5000, pregranted: false };
@@ -724,6 +787,35 @@ fn rendezvous_request_encoding_and_the_long_message_software_path() {
     assert_eq!(RndvRequest::payload_len(p.bytes(&req)), Some((1 << 32) + 5));
 }
 
+/// Issue 55 item 11: the model accepted a tagged buffer of exactly `u32::MAX` bytes, the RVH
+/// length that means "in the meta-data". An expected request for a payload of 4 GiB or more
+/// then became a read of `u32::MAX` bytes, and the payload was cut short with a success. ADDs
+/// stop one byte below it, and such a request always ends in software.
+///
+/// CONFORMANCE.md: T18, T26.
+#[test]
+fn a_tagged_buffer_never_reaches_the_rvh_length_marker() {
+    let mut s = srq(4, 8, 1);
+    assert_eq!(MAX_TAGGED_LEN as u64, u64::from(RVH_LEN_IN_META) - 1);
+    for len in [RVH_LEN_IN_META as usize, usize::MAX] {
+        assert_eq!(s.post_srq_op(&OpsWr::add(1, 0x77, ALL, 7, len, 0, true)), Err(TmErrno::Inval), "ADD of {len} bytes");
+    }
+    assert_eq!(s.tags_listed(), 0, "a refused ADD changes nothing");
+    // The longest buffer the model takes completes a 5 GiB request in software.
+    let h = add(&mut s, 0x77, ALL, 7, MAX_TAGGED_LEN, 0);
+    let req = RndvRequest { app_ctx: 0, tag: 0x77, va: 0x4000, rkey: 3, len: 5 << 30, pregranted: false }.encode();
+    let p = place(s.arrive(0, &req).unwrap());
+    assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: 7, handle: h });
+    assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmRndvIncomplete);
+    assert_eq!(RndvRequest::payload_len(p.bytes(&req)), Some(5 << 30));
+    // A request of exactly u32::MAX bytes takes the same path: it never becomes a read.
+    add(&mut s, 0x78, ALL, 8, MAX_TAGGED_LEN, 0);
+    let edge = rndv(0x78, 0, 0x4000, 3, RVH_LEN_IN_META);
+    assert!(matches!(s.arrive(0, &edge).unwrap(), Arrival::Place(_)), "no read of u32::MAX bytes");
+    assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmRndvIncomplete);
+}
+
+/// CONFORMANCE.md: T62.
 #[test]
 fn rendezvous_into_a_smaller_buffer_is_rndv_incomplete() {
     let mut s = srq(4, 8, 1);
@@ -749,6 +841,7 @@ fn rendezvous_into_a_smaller_buffer_is_rndv_incomplete() {
     assert_eq!(s.poll_cq().unwrap().status, WcStatus::TmRndvIncomplete);
 }
 
+/// CONFORMANCE.md: T65.
 #[test]
 fn rendezvous_read_failure_completes_with_the_error_and_no_fin() {
     let mut s = srq(1, 8, 1);
@@ -773,6 +866,7 @@ fn rendezvous_read_failure_completes_with_the_error_and_no_fin() {
 
 // ---------------------------------------------------------------- multi-packet messages
 
+/// CONFORMANCE.md: T58.
 #[test]
 fn multi_packet_eager_matches_first_then_data_valid() {
     let mut s = srq(1, 8, 1);
@@ -827,6 +921,7 @@ fn multi_packet_unexpected_and_no_tag_complete_with_their_last_packet() {
     assert_eq!((wc.opcode, wc.status, wc.byte_len), (WcOpcode::TmNoTag, WcStatus::LocLenErr, 100));
 }
 
+/// CONFORMANCE.md: T65.
 #[test]
 fn abort_message_flushes_a_half_received_message() {
     let mut s = srq(1, 8, 4);
@@ -853,6 +948,7 @@ fn abort_message_flushes_a_half_received_message() {
 
 // ---------------------------------------------------------------- malformed input
 
+/// CONFORMANCE.md: T15, T33, T66.
 #[test]
 fn malformed_arrivals_are_ebadmsg_and_change_nothing() {
     let mut s = srq(4, 8, 4);
@@ -995,6 +1091,7 @@ mod prop {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+        /// CONFORMANCE.md: T67.
         #[test]
         fn random_sequences_match_the_reference_and_consume_at_most_once(
             steps in proptest::collection::vec(step(), 1..200)

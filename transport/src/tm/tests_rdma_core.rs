@@ -225,18 +225,24 @@ fn tm_traffic(kind: Kind) {
 }
 
 /// rdma-core `tests/test_tag_matching.py::TMTest::test_tm_traffic`.
+///
+/// CONFORMANCE.md: T6, T28, T48, T50.
 #[test]
 fn rdma_core_test_tm_traffic() {
     tm_traffic(Kind::Eager);
 }
 
 /// rdma-core `tests/test_tag_matching.py::TMTest::test_tm_unexpected_tag`.
+///
+/// CONFORMANCE.md: T29, T44, T55, T61.
 #[test]
 fn rdma_core_test_tm_unexpected_tag() {
     tm_traffic(Kind::Unexpected);
 }
 
 /// rdma-core `tests/test_tag_matching.py::TMTest::test_tm_no_tag`.
+///
+/// CONFORMANCE.md: T49, T56.
 #[test]
 fn rdma_core_test_tm_no_tag() {
     tm_traffic(Kind::NoTag);
@@ -245,6 +251,8 @@ fn rdma_core_test_tm_no_tag() {
 /// rdma-core `tests/test_tag_matching.py::TMTest::test_tm_rndv`: the request is
 /// `max_rndv_hdr_size` bytes, so 32 `'c'` bytes follow the RVH; the read must still be the
 /// RVH's (issue 17, deviation 1).
+///
+/// CONFORMANCE.md: T11, T18, T21, T58, T61.
 #[test]
 fn rdma_core_test_tm_rndv() {
     tm_traffic(Kind::Rndv);
@@ -252,6 +260,8 @@ fn rdma_core_test_tm_rndv() {
 
 /// The TMH the suite builds, decoded by the software decoder, is refused (its reserved bytes
 /// are `'c'`), which is why the hardware model ignores them.
+///
+/// CONFORMANCE.md: T15.
 #[test]
 fn rdma_core_headers_have_non_zero_reserved_bytes() {
     let mut c = Client::new();

@@ -96,8 +96,113 @@ use self::store::Store;
 use self::uffd::{Event, Uffd, Waker};
 use super::domain::{Domain, KeyChoice, Segment};
 use super::flags::{Access, MrMode, RegFlags};
-use super::region::{MemoryRegion, MrAttr, MrDesc, RawAttr, RegionInner};
+use super::region::{MemoryRegion, MrAttr, MrDesc, RawAttr};
 use super::{lock, MrErrno};
+
+/// A domain the cache registers in: the fi_mr model ([`Domain`]) or a real one (libfabric's,
+/// with the `ofi` feature: `crate::ofi::OfiDomain`). The same cache, statistics and
+/// userfaultfd monitor serve each.
+pub trait CacheDomain: Send + Sync + 'static {
+    /// A registration of this domain.
+    type Region: CacheRegion;
+    /// Registers `[addr, addr + len)` with `access` for the cache (its key is the domain's
+    /// choice: random in the model, the provider's otherwise).
+    ///
+    /// # Errors
+    /// The registration's errno.
+    fn register_range(&self, addr: usize, len: usize, access: Access) -> Result<Self::Region, MrErrno>;
+    /// Whether regions need an endpoint bound before use (`FI_MR_ENDPOINT`), which a shared
+    /// cache cannot do: [`MrCache::new`] refuses such domains.
+    fn needs_endpoint(&self) -> bool;
+    /// An invalidation batch starts: called under the cache lock, so it must neither
+    /// allocate, free nor block. Default: nothing.
+    fn begin_invalidation(&self) {}
+    /// The batch begun by [`CacheDomain::begin_invalidation`] ends (same rules).
+    fn end_invalidation(&self) {}
+    /// The monitor saw `[start, end)` unmapped or changed (same rules). Default: nothing.
+    fn pages_changed(&self, _start: usize, _end: usize) {}
+    /// Waits until no invalidation batch is in progress. Default: nothing.
+    fn settle(&self) {}
+}
+
+/// A registration the cache holds: what it needs to know of it, and its revocation.
+pub trait CacheRegion: Send + Sync + 'static {
+    /// Stops the region from serving accesses, because its memory went away. Called under
+    /// the cache lock: it must neither allocate, free nor block (the deregistration itself
+    /// happens when the last handle drops, outside the lock).
+    fn revoke(&self);
+    /// Whether the region serves accesses (false once revoked).
+    fn usable(&self) -> bool;
+    /// Start address of the registered range.
+    fn start(&self) -> usize;
+    /// Registered bytes.
+    fn bytes(&self) -> usize;
+    /// The access it grants.
+    fn granted(&self) -> Access;
+    /// Whether peers address it by virtual address (`FI_MR_VIRT_ADDR`) rather than offset.
+    fn virt_addr(&self) -> bool;
+}
+
+impl CacheDomain for Domain {
+    type Region = MemoryRegion;
+    fn register_range(&self, addr: usize, len: usize, access: Access) -> Result<MemoryRegion, MrErrno> {
+        let iov = [Segment { addr, len }];
+        let attr = MrAttr::new(&iov, access, 0, 0);
+        self.register(&attr, RegFlags::empty(), KeyChoice::Random)
+    }
+    fn needs_endpoint(&self) -> bool {
+        self.attr().mr_mode.contains(MrMode::ENDPOINT)
+    }
+    fn begin_invalidation(&self) {
+        self.begin_invalidation_batch();
+    }
+    fn end_invalidation(&self) {
+        self.end_invalidation_batch();
+    }
+    fn pages_changed(&self, start: usize, end: usize) {
+        Domain::pages_changed(self, start, end);
+    }
+    fn settle(&self) {
+        Domain::settle(self);
+    }
+}
+
+impl CacheRegion for MemoryRegion {
+    fn revoke(&self) {
+        self.inner.revoke();
+    }
+    fn usable(&self) -> bool {
+        self.inner.usable()
+    }
+    fn start(&self) -> usize {
+        self.inner.iov[0].addr
+    }
+    fn bytes(&self) -> usize {
+        self.inner.total_len
+    }
+    fn granted(&self) -> Access {
+        self.inner.access
+    }
+    fn virt_addr(&self) -> bool {
+        self.inner.mode.contains(MrMode::VIRT_ADDR)
+    }
+}
+
+/// Ends an invalidation batch when dropped.
+struct Batch<'a, D: CacheDomain>(&'a D);
+
+impl<'a, D: CacheDomain> Batch<'a, D> {
+    fn begin(d: &'a D) -> Self {
+        d.begin_invalidation();
+        Batch(d)
+    }
+}
+
+impl<D: CacheDomain> Drop for Batch<'_, D> {
+    fn drop(&mut self) {
+        self.0.end_invalidation();
+    }
+}
 
 /// Default [`CacheConfig::max_count`].
 pub const DEFAULT_MAX_COUNT: usize = 1024;
@@ -228,7 +333,7 @@ impl CacheConfig {
     }
 }
 
-fn parse_size(v: &str) -> Option<usize> {
+pub(crate) fn parse_size(v: &str) -> Option<usize> {
     let v = v.trim().to_ascii_lowercase();
     if v == "unlimited" || v.is_empty() {
         return Some(usize::MAX);
@@ -298,8 +403,8 @@ fn count_hit(hits: &AtomicU64) {
     hits.store(hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
 }
 
-struct CacheState {
-    store: Store,
+struct CacheState<D: CacheDomain> {
+    store: Store<D>,
     /// Number of invalidation events handled so far.
     epoch: u64,
     /// [`Shared::signals`] as read before the last drain of the userfaultfd that reached an
@@ -310,7 +415,7 @@ struct CacheState {
     recent: [(usize, usize); RECENT],
 }
 
-impl CacheState {
+impl<D: CacheDomain> CacheState<D> {
     /// Whether an event since `since` touched `[start, end)` (conservatively yes when the
     /// history does not reach back that far).
     fn invalidated_since(&self, since: u64, start: usize, end: usize) -> bool {
@@ -329,13 +434,13 @@ impl CacheState {
     }
 }
 
-struct Shared {
-    domain: Domain,
+struct Shared<D: CacheDomain> {
+    domain: D,
     cfg: CacheConfig,
     /// The monitor's userfaultfd; read-locked by `get` (registering ranges) and by the
     /// monitor thread for its whole life, write-locked once to close it when the cache drops.
     uffd: RwLock<Option<Uffd>>,
-    state: Mutex<CacheState>,
+    state: Mutex<CacheState<D>>,
     /// Event batches the monitor thread has seen pending: incremented when `poll` reports
     /// the userfaultfd readable, before the thread takes the lock to read them. Compared with
     /// [`CacheState::drained`] by the lookup fast path.
@@ -343,7 +448,7 @@ struct Shared {
     stats: Counters,
 }
 
-impl Shared {
+impl<D: CacheDomain> Shared<D> {
     /// Drops the registrations of dead entries, one at a time, each outside the lock.
     fn drain_dead(&self) {
         loop {
@@ -374,12 +479,12 @@ impl Shared {
     /// (`st`). Both the monitor thread and `get` do this: the lock is taken before reading,
     /// so once the kernel lets a `munmap` return (when its event is read) the entries are
     /// already invalidated for anyone who takes the lock next. Never allocates or frees.
-    fn apply_events(&self, st: &mut CacheState, uffd: &Uffd) -> std::io::Result<()> {
+    fn apply_events(&self, st: &mut CacheState<D>, uffd: &Uffd) -> std::io::Result<()> {
         let mut events = [Event::Other; 16];
         // Read before the first `read`: a batch the monitor signals after this point may have
         // been queued after our last read, so it keeps `signals` ahead of `drained`.
         let seen = self.signals.load(Ordering::SeqCst);
-        let _batch = self.domain.begin_invalidation();
+        let _batch = Batch::begin(&self.domain);
         loop {
             let n = uffd.read_events(&mut events)?;
             if n == 0 {
@@ -416,7 +521,7 @@ fn lock_write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn monitor_loop(shared: Arc<Shared>, waker: Arc<Waker>) {
+fn monitor_loop<D: CacheDomain>(shared: Arc<Shared<D>>, waker: Arc<Waker>) {
     let guard = lock_read(&shared.uffd);
     let Some(uffd) = guard.as_ref() else { return };
     loop {
@@ -438,15 +543,16 @@ fn monitor_loop(shared: Arc<Shared>, waker: Arc<Waker>) {
     }
 }
 
-/// The registration cache. See the [module documentation](self).
-pub struct MrCache {
-    shared: Arc<Shared>,
+/// The registration cache over domain `D` (the fi_mr model by default). See the [module
+/// documentation](self).
+pub struct MrCache<D: CacheDomain = Domain> {
+    shared: Arc<Shared<D>>,
     caching: bool,
     status: MonitorStatus,
     monitor: Option<(Arc<Waker>, JoinHandle<()>)>,
 }
 
-impl fmt::Debug for MrCache {
+impl<D: CacheDomain> fmt::Debug for MrCache<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MrCache").field("config", &self.shared.cfg).field("status", &self.status).field("stats", &self.stats()).finish()
     }
@@ -458,7 +564,7 @@ fn start_monitor() -> Result<(Uffd, Arc<Waker>), String> {
     Ok((uffd, Arc::new(waker)))
 }
 
-impl MrCache {
+impl<D: CacheDomain> MrCache<D> {
     /// A cache registering through `domain`. With caching enabled it starts the monitor
     /// thread; if the monitor cannot start, the cache runs with caching off and
     /// [`MrCache::monitor_status`] says why (never an error: registrations still work).
@@ -466,8 +572,8 @@ impl MrCache {
     /// # Errors
     /// [`MrErrno::Inval`] for a domain in `FI_MR_ENDPOINT` mode: its regions need an
     /// endpoint bound before they can be used, which a shared cache cannot do.
-    pub fn new(domain: Domain, cfg: CacheConfig) -> Result<MrCache, MrErrno> {
-        if domain.attr().mr_mode.contains(MrMode::ENDPOINT) {
+    pub fn new(domain: D, cfg: CacheConfig) -> Result<MrCache<D>, MrErrno> {
+        if domain.needs_endpoint() {
             return Err(MrErrno::Inval);
         }
         let wanted = cfg.max_count > 0 && cfg.monitor == Monitor::Userfaultfd;
@@ -525,7 +631,7 @@ impl MrCache {
     }
 
     /// The domain registrations are made in.
-    pub fn domain(&self) -> &Domain {
+    pub fn domain(&self) -> &D {
         &self.shared.domain
     }
 
@@ -560,13 +666,11 @@ impl MrCache {
         self.shared.drain_dead();
     }
 
-    fn register(&self, addr: usize, len: usize, access: Access) -> Result<MemoryRegion, MrErrno> {
-        let iov = [Segment { addr, len }];
-        let attr = MrAttr::new(&iov, access, 0, 0);
-        self.shared.domain.register(&attr, RegFlags::empty(), KeyChoice::Random)
+    fn register(&self, addr: usize, len: usize, access: Access) -> Result<D::Region, MrErrno> {
+        self.shared.domain.register_range(addr, len, access)
     }
 
-    fn uncached(&self, mr: MemoryRegion) -> CachedMr {
+    fn uncached(&self, mr: D::Region) -> CachedMr<D> {
         CachedMr { mr: Holder::Owned(mr), cached: false }
     }
 
@@ -579,7 +683,7 @@ impl MrCache {
     /// # Errors
     /// [`MrErrno::Inval`] for `len` 0, a range that wraps, or unknown access bits; any error
     /// of the registration itself.
-    pub fn get(&self, addr: usize, len: usize, access: Access) -> Result<CachedMr, MrErrno> {
+    pub fn get(&self, addr: usize, len: usize, access: Access) -> Result<CachedMr<D>, MrErrno> {
         let end = addr.checked_add(len).filter(|_| len > 0).ok_or(MrErrno::Inval)?;
         if access.unknown_bits() != 0 {
             return Err(MrErrno::Inval);
@@ -616,13 +720,13 @@ impl MrCache {
 
     /// [`MrCache::get`] past the fast path: a miss, or events are waiting to be read.
     #[inline(never)]
-    fn get_slow(&self, addr: usize, len: usize, end: usize, access: Access) -> Result<CachedMr, MrErrno> {
+    fn get_slow(&self, addr: usize, len: usize, end: usize, access: Access) -> Result<CachedMr<D>, MrErrno> {
         let sh = &self.shared;
         sh.drain_dead();
         let uffd_guard = lock_read(&sh.uffd);
         let uffd = uffd_guard.as_ref();
         // (registration, access it grants, epoch before it was made)
-        let mut pending: Option<(Arc<Entry>, Access, u64)> = None;
+        let mut pending: Option<(Arc<Entry<D>>, Access, u64)> = None;
         let mut counted = false;
         let mut races = 0;
         loop {
@@ -705,7 +809,7 @@ impl MrCache {
     }
 }
 
-impl Drop for MrCache {
+impl<D: CacheDomain> Drop for MrCache<D> {
     fn drop(&mut self) {
         if let Some((waker, handle)) = self.monitor.take() {
             waker.wake();
@@ -725,60 +829,53 @@ impl Drop for MrCache {
 
 /// A cache entry's registration, shared by the entry (its slot in the store) and the handles
 /// using it; the last reference deregisters.
-pub(super) struct Entry {
-    mr: MemoryRegion,
+pub(super) struct Entry<D: CacheDomain> {
+    mr: D::Region,
     /// Out of the cache (set under the lock when its slot's reference moves to the dead
     /// stack).
     dead: AtomicBool,
     /// The cache, for the release of a dead entry.
-    cache: Weak<Shared>,
+    cache: Weak<Shared<D>>,
 }
 
 /// How a [`CachedMr`] holds its registration.
-enum Holder {
+enum Holder<D: CacheDomain> {
     /// Shared with the cache entry (and any other handle of it).
-    Shared(Arc<Entry>),
+    Shared(Arc<Entry<D>>),
     /// Registered for this use only; deregistered when dropped.
-    Owned(MemoryRegion),
+    Owned(D::Region),
 }
 
 /// A registration from [`MrCache::get`], in use until dropped.
-pub struct CachedMr {
-    mr: Holder,
+pub struct CachedMr<D: CacheDomain = Domain> {
+    mr: Holder<D>,
     /// It came from (and its entry stays in) the cache.
     cached: bool,
 }
 
-impl fmt::Debug for CachedMr {
+impl<D: CacheDomain> fmt::Debug for CachedMr<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CachedMr")
-            .field("desc", &self.region().desc)
-            .field("iov", &self.region().iov)
-            .field("access", &self.region().access)
+            .field("addr", &self.addr())
+            .field("len", &self.len())
+            .field("access", &self.access())
             .field("cached", &self.is_cached())
             .finish()
     }
 }
 
-impl CachedMr {
-    fn region(&self) -> &RegionInner {
-        match &self.mr {
-            Holder::Shared(entry) => &entry.mr.inner,
-            Holder::Owned(mr) => &mr.inner,
-        }
-    }
-
+impl CachedMr<Domain> {
     /// The remote key (see [`MemoryRegion::key`]).
     ///
     /// # Errors
     /// [`MrErrno::KeyNotAvail`] under `FI_MR_RAW`.
     pub fn key(&self) -> Result<u64, MrErrno> {
-        self.region().key()
+        self.region().inner.key()
     }
 
     /// The local descriptor.
     pub fn desc(&self) -> MrDesc {
-        self.region().desc
+        self.region().inner.desc
     }
 
     /// The raw key (see [`MemoryRegion::raw_attr`]).
@@ -786,27 +883,38 @@ impl CachedMr {
     /// # Errors
     /// [`MrErrno::TooSmall`] when `raw_key` is shorter than the key.
     pub fn raw_attr(&self, raw_key: &mut [u8]) -> Result<RawAttr, MrErrno> {
-        self.region().raw_attr(raw_key)
+        self.region().inner.raw_attr(raw_key)
+    }
+}
+
+impl<D: CacheDomain> CachedMr<D> {
+    /// The domain's registration behind this handle (for the key and descriptor of a real
+    /// domain's region).
+    pub fn region(&self) -> &D::Region {
+        match &self.mr {
+            Holder::Shared(entry) => &entry.mr,
+            Holder::Owned(mr) => mr,
+        }
     }
 
     /// Start address of the registered range (may be below the address asked).
     pub fn addr(&self) -> usize {
-        self.region().iov[0].addr
+        self.region().start()
     }
 
     /// Length of the registered range.
     pub fn len(&self) -> usize {
-        self.region().total_len
+        self.region().bytes()
     }
 
     /// Always false: registrations are never empty.
     pub fn is_empty(&self) -> bool {
-        self.region().total_len == 0
+        self.region().bytes() == 0
     }
 
     /// The access the registration grants (at least what was asked).
     pub fn access(&self) -> Access {
-        self.region().access
+        self.region().granted()
     }
 
     /// The address a peer names to reach local address `addr` of this registration: `addr`
@@ -817,7 +925,7 @@ impl CachedMr {
         if addr < start || addr - start > self.len() {
             return None;
         }
-        if self.region().mode.contains(MrMode::VIRT_ADDR) {
+        if self.region().virt_addr() {
             Some(addr as u64)
         } else {
             Some((addr - start) as u64)
@@ -836,7 +944,7 @@ impl CachedMr {
     }
 }
 
-impl Drop for CachedMr {
+impl<D: CacheDomain> Drop for CachedMr<D> {
     fn drop(&mut self) {
         // A release takes no lock: dropping the reference is all. An entry the cache has
         // already let go of (invalidated by the monitor thread while in use; other removals

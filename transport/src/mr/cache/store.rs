@@ -36,7 +36,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::super::flags::Access;
-use super::Entry;
+use super::{CacheDomain, CacheRegion, Entry};
 
 const NIL: u32 = u32::MAX;
 
@@ -52,16 +52,16 @@ enum State {
     Dead,
 }
 
-struct Slot {
+struct Slot<D: CacheDomain> {
     start: usize,
     access: Access,
     state: State,
     prev: u32,
     next: u32,
-    mr: Option<Arc<Entry>>,
+    mr: Option<Arc<Entry<D>>>,
 }
 
-impl Slot {
+impl<D: CacheDomain> Slot<D> {
     /// Whether a handle holds the entry (more references than the slot's own).
     fn in_use(&self) -> bool {
         self.mr.as_ref().is_some_and(|m| Arc::strong_count(m) > 1)
@@ -76,8 +76,8 @@ struct IndexEnt {
 }
 
 /// Entries, the range index and the LRU.
-pub(super) struct Store {
-    slots: Vec<Slot>,
+pub(super) struct Store<D: CacheDomain> {
+    slots: Vec<Slot<D>>,
     free: Vec<u32>,
     dead: Vec<u32>,
     index: Vec<IndexEnt>,
@@ -89,9 +89,9 @@ pub(super) struct Store {
     cached_bytes: usize,
 }
 
-impl Store {
+impl<D: CacheDomain> Store<D> {
     /// An empty store for `cap` entries (allocates: call it without the lock).
-    pub(super) fn with_capacity(cap: usize) -> Store {
+    pub(super) fn with_capacity(cap: usize) -> Store<D> {
         let cap = cap.clamp(1, NIL as usize - 1);
         Store {
             slots: Vec::with_capacity(cap),
@@ -116,7 +116,7 @@ impl Store {
 
     /// Moves everything into `new` (which must be empty and at least as large); `self` is
     /// left empty. Does not allocate.
-    pub(super) fn migrate_into(&mut self, new: &mut Store) {
+    pub(super) fn migrate_into(&mut self, new: &mut Store<D>) {
         debug_assert!(new.capacity() >= self.capacity() && new.slots.is_empty());
         new.slots.append(&mut self.slots);
         new.free.extend_from_slice(&self.free);
@@ -177,7 +177,7 @@ impl Store {
 
     /// Takes a reference on a cached entry for a handle (cloning the `Arc` only increments
     /// a counter) and makes it the most recently used.
-    pub(super) fn acquire(&mut self, slot: u32) -> Arc<Entry> {
+    pub(super) fn acquire(&mut self, slot: u32) -> Arc<Entry<D>> {
         debug_assert_eq!(self.slots[slot as usize].state, State::Cached);
         if self.lru_head != slot {
             self.lru_unlink(slot);
@@ -192,7 +192,7 @@ impl Store {
     /// Adds an entry for `[start, end)` holding `mr` (the caller keeps its other references
     /// for the handle). The caller has evicted overlapping entries and checked
     /// `!needs_grow()`.
-    pub(super) fn insert(&mut self, start: usize, end: usize, access: Access, mr: Arc<Entry>) {
+    pub(super) fn insert(&mut self, start: usize, end: usize, access: Access, mr: Arc<Entry<D>>) {
         let slot = Slot { start, access, state: State::Cached, prev: NIL, next: NIL, mr: Some(mr) };
         let n = match self.free.pop() {
             Some(n) => {
@@ -245,7 +245,7 @@ impl Store {
         let mut n = 0;
         while let Some(e) = self.index.get(pos).copied().filter(|e| e.start < end) {
             if let Some(entry) = &self.slots[e.slot as usize].mr {
-                entry.mr.inner.revoke();
+                entry.mr.revoke();
             }
             self.unindex(pos);
             n += 1;
@@ -287,7 +287,7 @@ impl Store {
     }
 
     /// Frees one dead slot and hands its reference out, to be dropped unlocked.
-    pub(super) fn pop_dead(&mut self) -> Option<Arc<Entry>> {
+    pub(super) fn pop_dead(&mut self) -> Option<Arc<Entry<D>>> {
         let n = self.dead.pop()?;
         let s = &mut self.slots[n as usize];
         debug_assert_eq!(s.state, State::Dead);

@@ -38,6 +38,7 @@ fn readable(c: &MrCache, key: u64, addr: usize, len: usize) -> bool {
     c.domain().check_remote(key, addr as u64, len as u64, RemoteOp::Read).is_ok()
 }
 
+/// CONFORMANCE.md: M70.
 #[test]
 fn hit_reuses_the_registration() {
     let c = cache();
@@ -75,6 +76,7 @@ fn miss_for_uncovered_range() {
     assert_eq!(c.get(usize::MAX, 2, RR).unwrap_err(), MrErrno::Inval);
 }
 
+/// CONFORMANCE.md: M70.
 #[test]
 fn overlapping_entries_are_evicted_not_merged() {
     let c = cache();
@@ -111,6 +113,7 @@ fn overlapped_entry_in_use_survives_until_released() {
     assert_eq!(again.key().unwrap(), new.key().unwrap());
 }
 
+/// CONFORMANCE.md: M73.
 #[test]
 fn eviction_by_count() {
     let c = cache_with(CacheConfig { max_count: 2, ..CacheConfig::default() });
@@ -130,6 +133,7 @@ fn eviction_by_count() {
     assert_eq!(c.stats().misses, 4);
 }
 
+/// CONFORMANCE.md: M72.
 #[test]
 fn eviction_by_size() {
     let p = page_size();
@@ -170,6 +174,7 @@ fn access_upgrade() {
     assert_eq!(c.stats().hits, 1);
 }
 
+/// CONFORMANCE.md: M75.
 #[test]
 fn unmap_invalidates_unused_entry() {
     let c = cache();
@@ -206,6 +211,7 @@ fn unmap_while_in_use_revokes_then_deregisters_on_release() {
     assert_eq!(c.domain().region_count(), 0);
 }
 
+/// CONFORMANCE.md: M75.
 #[test]
 fn madvise_dontneed_invalidates() {
     let c = cache();
@@ -220,6 +226,7 @@ fn madvise_dontneed_invalidates() {
     assert_ne!(c.get(m.addr() + p, p, RR).unwrap().key().unwrap(), k);
 }
 
+/// CONFORMANCE.md: M75.
 #[test]
 fn mremap_invalidates_the_old_range() {
     let c = cache();
@@ -235,6 +242,7 @@ fn mremap_invalidates_the_old_range() {
     assert_eq!(m.get(0), 0x5a, "contents moved along");
 }
 
+/// CONFORMANCE.md: M75.
 #[test]
 fn no_stale_hit_after_munmap_then_mmap_at_same_address() {
     let c = cache();
@@ -266,6 +274,7 @@ fn no_stale_hit_after_munmap_then_mmap_at_same_address() {
     assert!(c.stats().invalidations >= 1);
 }
 
+/// CONFORMANCE.md: M73.
 #[test]
 fn max_count_zero_disables_caching() {
     let c = cache_with(CacheConfig { max_count: 0, ..CacheConfig::default() });
@@ -284,6 +293,7 @@ fn max_count_zero_disables_caching() {
     assert_eq!((s.hits, s.misses), (0, 2));
 }
 
+/// CONFORMANCE.md: M74.
 #[test]
 fn disabled_monitor_disables_caching() {
     let c = cache_with(CacheConfig { monitor: Monitor::Disabled, ..CacheConfig::default() });
@@ -429,6 +439,8 @@ fn config_from_lookup() {
 
 /// Issue 17 item 5: libfabric's `FI_MR_CACHE_*` settings carry over when the `TMPI_` ones are
 /// unset, with the same rule; the `TMPI_` ones win.
+///
+/// CONFORMANCE.md: M72, M74.
 #[test]
 fn libfabric_aliases_apply_when_tmpi_variables_are_unset() {
     let env =
@@ -456,6 +468,8 @@ fn libfabric_aliases_apply_when_tmpi_variables_are_unset() {
 /// Issue 17 item 5, probed: `max_count` 1 used to cache 4 regions in use at once (the bound
 /// counted unused entries only). Every cached entry counts now; past the bound unused ones
 /// are flushed and what still does not fit is registered uncached.
+///
+/// CONFORMANCE.md: M72, M73.
 #[test]
 fn bounds_count_entries_in_use() {
     let c = cache_with(CacheConfig { max_count: 1, ..CacheConfig::default() });
@@ -527,6 +541,8 @@ fn map_again(addr: usize, len: usize) -> Option<Mapping> {
 /// same address (when another test thread takes the hole first, the round goes on at a fresh
 /// address); odd rounds map over the range with `MAP_FIXED`, which unmaps and maps in one
 /// call, so the address is always the same.
+///
+/// CONFORMANCE.md: M75.
 #[test]
 fn fast_path_misses_after_munmap_and_mmap_of_the_same_range() {
     let c = cache();
@@ -570,6 +586,8 @@ fn fast_path_misses_after_munmap_and_mmap_of_the_same_range() {
 /// thread took it). Once the `munmap` has returned, every cached handle of the old mapping
 /// is revoked, and the next `get` is not a hit on it; once memory is mapped again, a fresh
 /// entry.
+///
+/// CONFORMANCE.md: M75.
 #[test]
 fn fast_path_with_munmap_from_another_thread() {
     use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -665,6 +683,8 @@ fn fast_path_with_munmap_from_another_thread() {
 
 /// A lookup that finds the monitor's signal count ahead of the last drain reads the
 /// userfaultfd itself before looking up (and records the drain); the hit is still a hit.
+///
+/// CONFORMANCE.md: M70.
 #[test]
 fn signalled_lookup_drains_before_hitting() {
     let c = cache();
@@ -681,6 +701,8 @@ fn signalled_lookup_drains_before_hitting() {
 }
 
 /// The LRU orders entries by last use and flushing walks past entries in use.
+///
+/// CONFORMANCE.md: M70.
 #[test]
 fn lru_flushes_least_recently_used_and_skips_entries_in_use() {
     let c = cache_with(CacheConfig { max_count: 3, ..CacheConfig::default() });

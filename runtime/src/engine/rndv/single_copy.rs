@@ -25,11 +25,11 @@ impl Engine {
     /// If the kernel refuses (permissions, seccomp), single copy is off for good and the read
     /// is asked again in streaming mode.
     #[cold]
-    pub(super) fn run_cma(&mut self) -> Result<usize> {
+    pub(in crate::engine) fn run_cma(&mut self) -> Result<usize> {
         let mut n = 0;
-        while let Some(key) = self.st.cma_q.pop_front() {
+        while let Some(key) = self.st.outbox.next_read() {
             let Some(op) = self.st.reads.get(key) else {
-                self.st.heaps.grants.remove(&(key.idx(), key.gen()));
+                self.st.ways.heaps.grants.remove(&(key.idx(), key.gen()));
                 continue;
             };
             let (src, rid, len, va, total) = (op.src, op.rid, op.split, op.info.rvh.va, op.n);
@@ -38,23 +38,23 @@ impl Engine {
                 Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
                 _ => None,
             };
-            if let Some(h) = self.st.heaps.grants.remove(&(key.idx(), key.gen())) {
+            if let Some(h) = self.st.ways.heaps.grants.remove(&(key.idx(), key.gen())) {
                 // The range is in the target's shared heap: one memcpy from our mapping of it.
                 let copied = match buf {
                     None => Some(Ok(())),
                     Some(b) => {
                         let streaming = self.st.around_cache(total);
-                        self.st.heaps.peer(src, pid, h.desc).map(|p| b.fill_with(0, len, |dst| p.read(h.off, dst, streaming)))
+                        self.st.ways.heaps.peer(src, pid, h.desc).map(|p| b.fill_with(0, len, |dst| p.read(h.off, dst, streaming)))
                     }
                 };
                 match copied {
                     Some(Ok(())) => {
-                        self.st.heaps.bytes += len as u64;
+                        self.st.ways.heaps.bytes += len as u64;
                         self.st.read_progress(key, len)?;
                     }
                     None => {
                         // Its heap cannot be mapped here: ask for our share through the ring.
-                        self.st.heaps.fallbacks += 1;
+                        self.st.ways.heaps.fallbacks += 1;
                         self.st.request_streamed(key, len);
                     }
                     Some(Err(_)) => {
@@ -97,18 +97,18 @@ impl Engine {
         reads[0] = first;
         let (mut k, mut total) = (1, first.1);
         while k < CMA_MANY {
-            let Some(&next) = self.st.cma_q.front() else { break };
+            let Some(next) = self.st.outbox.peek_read() else { break };
             let Some(op) = self.st.reads.get(next) else { break };
             let len = op.split;
             if op.src != src || len == 0 || len > CMA_BATCH_READ_MAX || total + len > CMA_BATCH_BYTES {
                 break;
             }
-            if !self.st.heaps.grants.is_empty() && self.st.heaps.grants.contains_key(&(next.idx(), next.gen())) {
+            if !self.st.ways.heaps.grants.is_empty() && self.st.ways.heaps.grants.contains_key(&(next.idx(), next.gen())) {
                 break;
             }
             let Some(Req { kind: ReqKind::Recv(RecvState { buf: Some(b), .. }), .. }) = self.st.reqs.get(op.rid) else { break };
             (keys[k], reads[k]) = (next, (*b, len, op.info.rvh.va));
-            self.st.cma_q.pop_front();
+            self.st.outbox.next_read();
             (k, total) = (k + 1, total + len);
         }
         if k == 1 {
@@ -131,7 +131,7 @@ impl Engine {
                 // The reads not yet done go back to the front of the queue, in order (a
                 // batched one is copied again): none is lost.
                 for &rest in keys[i + 1..k].iter().rev() {
-                    self.st.cma_q.push_front(rest);
+                    self.st.outbox.unread(rest);
                 }
                 return Err(e);
             }
@@ -152,7 +152,7 @@ impl Engine {
             }
             Err(e) if e.is_unsupported() => {
                 // Ask for our share through the ring (the target's share comes its own way).
-                self.st.cma = false;
+                self.st.ways.cma = false;
                 self.st.stats.cma_fallbacks += 1;
                 self.st.request_streamed(key, len);
             }
@@ -175,15 +175,15 @@ impl Engine {
     /// leaves the whole read to this rank; streamed ahead of it, the data completed the read,
     /// and the grant then named a read the reader no longer had: "read grant for no read".)
     #[cold]
-    pub(super) fn run_cma_writes(&mut self) -> Result<usize> {
+    pub(in crate::engine) fn run_cma_writes(&mut self) -> Result<usize> {
         let mut n = 0;
         let mut later = Vec::new();
-        while let Some(w) = self.st.cma_w.pop_front() {
+        while let Some(w) = self.st.outbox.next_write() {
             let pid = self.fabric.peer_pid(w.dest);
             let whole = w.buf.slice(0, w.buf.len());
-            let granting = |st: &State| st.ctlq.iter().any(|&(d, _)| d == w.dest);
-            if let Some(h) = self.st.heaps.writes.remove(&(w.dest, w.read)) {
-                match self.st.heaps.peer(w.dest, pid, h.desc) {
+            let granting = |st: &State| st.outbox.has_ctl_for(w.dest);
+            if let Some(h) = self.st.ways.heaps.writes.remove(&(w.dest, w.read)) {
+                match self.st.ways.heaps.peer(w.dest, pid, h.desc) {
                     Some(p) => {
                         // The read's whole length decides, as for the reader's part.
                         let streaming = w.base + whole.len() >= tmpi_transport::shm::streaming_copy_min();
@@ -194,21 +194,21 @@ impl Engine {
                         // if its receive is abandoned. `write` checks the range is in the heap.
                         match unsafe { p.write(h.off.wrapping_add(w.base as u64), whole, streaming) } {
                             Ok(()) => {
-                                self.st.heaps.bytes += whole.len() as u64;
-                                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
+                                self.st.ways.heaps.bytes += whole.len() as u64;
+                                self.st.outbox.rma(w.dest, Rma::WriteDone { read: w.read });
                             }
-                            Err(_) => self.st.send_rma(w.dest, Rma::ReadErr { read: w.read }),
+                            Err(_) => self.st.outbox.rma(w.dest, Rma::ReadErr { read: w.read }),
                         }
                     }
                     None => {
                         if granting(&self.st) {
-                            self.st.heaps.writes.insert((w.dest, w.read), h);
+                            self.st.ways.heaps.writes.insert((w.dest, w.read), h);
                             later.push(w);
                             continue;
                         }
                         // The reader's heap cannot be mapped here: stream the share.
-                        self.st.heaps.fallbacks += 1;
-                        self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                        self.st.ways.heaps.fallbacks += 1;
+                        self.st.outbox.stream(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
                     }
                 }
                 n += 1;
@@ -220,7 +220,7 @@ impl Engine {
                     later.push(w);
                     continue;
                 }
-                self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                self.st.outbox.stream(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
                 n += 1;
                 continue;
             }
@@ -231,7 +231,7 @@ impl Engine {
             self.cma_write_one(w, pid);
             n += 1;
         }
-        self.st.cma_w.extend(later);
+        self.st.outbox.requeue_writes(later);
         Ok(n)
     }
 
@@ -242,16 +242,16 @@ impl Engine {
         let mut ws = [first; CMA_MANY];
         let (mut k, mut total) = (1, first.buf.len());
         while k < CMA_MANY {
-            let Some(w) = self.st.cma_w.front() else { break };
+            let Some(w) = self.st.outbox.peek_write() else { break };
             let len = w.buf.len();
             if w.dest != first.dest || len > CMA_BATCH_READ_MAX || total + len > CMA_BATCH_BYTES {
                 break;
             }
-            if !self.st.heaps.writes.is_empty() && self.st.heaps.writes.contains_key(&(w.dest, w.read)) {
+            if !self.st.ways.heaps.writes.is_empty() && self.st.ways.heaps.writes.contains_key(&(w.dest, w.read)) {
                 break;
             }
             ws[k] = *w;
-            self.st.cma_w.pop_front();
+            self.st.outbox.next_write();
             (k, total) = (k + 1, total + len);
         }
         if k == 1 {
@@ -271,7 +271,7 @@ impl Engine {
         for &w in ws {
             if batched {
                 self.st.stats.cma_bytes += w.buf.len() as u64;
-                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
+                self.st.outbox.rma(w.dest, Rma::WriteDone { read: w.read });
             } else {
                 self.cma_write_one(w, pid);
             }
@@ -294,15 +294,15 @@ impl Engine {
         match unsafe { cma::write(pid, w.dst.wrapping_add(w.base as u64), whole) } {
             Ok(()) => {
                 self.st.stats.cma_bytes += whole.len() as u64;
-                self.st.send_rma(w.dest, Rma::WriteDone { read: w.read });
+                self.st.outbox.rma(w.dest, Rma::WriteDone { read: w.read });
             }
             Err(e) if e.is_unsupported() => {
-                self.st.cma = false;
+                self.st.ways.cma = false;
                 self.st.stats.cma_fallbacks += 1;
-                self.st.rma_out.push_back(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
+                self.st.outbox.stream(RmaOut { dest: w.dest, read: w.read, buf: w.buf, off: 0, base: w.base });
             }
             Err(_) => {
-                self.st.send_rma(w.dest, Rma::ReadErr { read: w.read });
+                self.st.outbox.rma(w.dest, Rma::ReadErr { read: w.read });
             }
         }
     }

@@ -1,0 +1,396 @@
+//! The calls whose outcome is a nondeterministic decision, seen with record and replay
+//! (`TMPI_RECORD`, `TMPI_REPLAY`): each records the decision its call made, or forces the
+//! recorded one, around [`super::call`].
+//!
+//! - blocking wildcard receives and probes ([`matched`]): the source a message came from;
+//!   replayed by receiving from that source (MPI's non-overtaking rule then picks the same
+//!   message, as the rest of the run is replayed too);
+//! - non-blocking wildcard receives ([`posted`]): by the number of the post, the source its
+//!   completion reported; replayed by posting the receive on that source;
+//! - tests and non-blocking probes ([`answered`]): found or not; replayed by answering
+//!   "nothing" at once, or by trying until the call finds what it found;
+//! - `wait_any`, `wait_some`, `test_any`, `test_some`, `test_all` ([`wait_any`] and the rest):
+//!   which requests they reported; replayed by waiting for exactly those.
+//!
+//! A replay that meets a decision of another call, or the end of the record, fails with
+//! [`Error::Replay`] (and so does every later decision of the rank).
+
+use std::collections::HashMap;
+
+use tmpi_trace::event::NONE;
+use tmpi_trace::record::Decision;
+
+use super::state::{self, lock};
+use super::{call, is, Outcome, What, RECORD, REPLAY};
+use crate::comm::Source;
+use crate::engine::ReqId;
+use crate::error::{Error, Result};
+use crate::request::Request;
+use crate::{Rank, Status};
+
+/// A result that names the message it matched.
+pub(crate) trait Matched {
+    fn source(&self) -> Rank;
+}
+
+impl Matched for Status {
+    fn source(&self) -> Rank {
+        Status::source(self)
+    }
+}
+
+impl<T> Matched for (T, Status) {
+    fn source(&self) -> Rank {
+        self.1.source()
+    }
+}
+
+impl Matched for crate::Message {
+    fn source(&self) -> Rank {
+        self.status().source()
+    }
+}
+
+/// Whether decisions are recorded or replayed.
+fn deciding() -> bool {
+    is(RECORD | REPLAY)
+}
+
+/// Records `d` (a record that cannot grow is reported once and stops).
+fn push(d: Decision) {
+    let Some(m) = state::get().and_then(|s| s.record.as_ref()) else { return };
+    let mut g = lock(m);
+    if let Some(r) = g.as_mut() {
+        if let Err(e) = r.push(&d) {
+            eprintln!("tmpi: TMPI_RECORD: {e}; recording stops here");
+            *g = None;
+        }
+    }
+}
+
+/// The next recorded decision, which must be `w`'s call's.
+fn next(w: &What<'_>) -> Result<Decision> {
+    let s = state::get().ok_or_else(|| Error::State("replay without a record".into()))?;
+    if let Some(why) = lock(&s.diverged).clone() {
+        return Err(Error::Replay(why));
+    }
+    let rp = s.replay.as_ref().ok_or_else(|| Error::State("replay without a record".into()))?;
+    let asked = describe(w);
+    let r = lock(rp).next(w.kind, &asked);
+    r.map_err(|d| {
+        let why = d.to_string();
+        *lock(&s.diverged) = Some(why.clone());
+        Error::Replay(why)
+    })
+}
+
+/// `w`'s call in words: `recv from any source, tag 5`.
+fn describe(w: &What<'_>) -> String {
+    let mut s = w.kind.name().to_string();
+    if w.aux & tmpi_trace::event::aux::ANY_SOURCE != 0 {
+        s.push_str(" from any source");
+    }
+    if w.tag != NONE {
+        s.push_str(&format!(", tag {}", w.tag));
+    }
+    s
+}
+
+/// The divergence of a replay whose record has `got` where `w`'s call asked.
+fn mismatch(w: &What<'_>, got: &Decision) -> Error {
+    let why = format!(
+        "replay diverged at rank {}: the program made {}, the record has {}",
+        state::get().map_or(0, |s| s.rank),
+        describe(w),
+        got.describe()
+    );
+    if let Some(s) = state::get() {
+        *lock(&s.diverged) = Some(why.clone());
+    }
+    Error::Replay(why)
+}
+
+/// A blocking receive or probe from `src`: records which source a wildcard one matched, or
+/// receives from the recorded source.
+#[cold]
+#[inline(never)]
+pub(crate) fn matched<X: Matched>(w: What<'_>, src: Source, f: impl FnOnce(Source) -> Result<X>) -> Result<X>
+where
+    Result<X>: Outcome,
+{
+    if src != Source::Any || !deciding() {
+        return call(w, || f(src));
+    }
+    if is(REPLAY) {
+        return match next(&w)? {
+            Decision::Matched { source, .. } => call(w, || f(Source::Rank(source as Rank))),
+            other => Err(mismatch(&w, &other)),
+        };
+    }
+    let r = call(w, || f(Source::Any));
+    let got = match &r {
+        Ok(x) => Some(x.source()),
+        Err(Error::Truncated { source_rank, .. }) => Some(*source_rank),
+        Err(_) => None,
+    };
+    if let Some(s) = got {
+        push(Decision::Matched { call: w.kind, source: s as u32, seq: 0 });
+    }
+    r
+}
+
+/// A call that answers "found" or "nothing yet" (`iprobe`, `improbe`, `test`): records the
+/// answer, or gives the recorded one (trying until it finds what the record found; a probe
+/// from any source tries the recorded source).
+#[cold]
+#[inline(never)]
+pub(crate) fn answered<X: Matched>(w: What<'_>, src: Source, mut f: impl FnMut(Source) -> Result<Option<X>>) -> Result<Option<X>>
+where
+    Result<Option<X>>: Outcome,
+{
+    if !deciding() {
+        return call(w, || f(src));
+    }
+    if is(REPLAY) {
+        let (found, source) = match next(&w)? {
+            Decision::Answer { found, source, .. } => (found, source),
+            other => return Err(mismatch(&w, &other)),
+        };
+        if !found {
+            return call(w, || Ok(None));
+        }
+        let forced = if src == Source::Any && source != NONE { Source::Rank(source as Rank) } else { src };
+        return call(w, || loop {
+            if let Some(x) = f(forced)? {
+                return Ok(Some(x));
+            }
+            std::thread::yield_now();
+        });
+    }
+    let r = call(w, || f(src));
+    if let Ok(o) = &r {
+        push(Decision::Answer { call: w.kind, found: o.is_some(), source: o.as_ref().map_or(NONE, |x| x.source() as u32) });
+    }
+    r
+}
+
+/// Posting a non-blocking receive from `src`: a wildcard one gets the next post number;
+/// recording remembers its request, replay posts it on the recorded source.
+#[cold]
+#[inline(never)]
+pub(crate) fn posted<R: Keyed>(w: What<'_>, src: Source, f: impl FnOnce(Source) -> Result<R>) -> Result<R>
+where
+    Result<R>: Outcome,
+{
+    let Some(s) = state::get().filter(|_| src == Source::Any && deciding()) else {
+        return call(w, || f(src));
+    };
+    let post = s.posts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(rp) = s.replay.as_ref() {
+        let forced = lock(rp).posted(post).map_or(Source::Any, |(source, _)| Source::Rank(source as Rank));
+        return call(w, || f(forced));
+    }
+    let r = call(w, || f(Source::Any));
+    if let Some(k) = r.as_ref().ok().and_then(Keyed::key) {
+        lock(&s.post_of).insert(k, post);
+    }
+    r
+}
+
+/// A request that names its engine request.
+pub(crate) trait Keyed {
+    fn key(&self) -> Option<ReqId>;
+}
+
+/// Notes that request `key` completed with `st`: a recorded wildcard post gets its decision.
+pub(crate) fn completed(key: Option<ReqId>, st: &Status) {
+    let Some(s) = state::get().filter(|_| is(RECORD)) else { return };
+    let Some(k) = key else { return };
+    let post = lock(&s.post_of).remove(&k);
+    if let (Some(post), false) = (post, st.cancelled()) {
+        push(Decision::Posted { post, source: st.source() as u32, seq: 0 });
+    }
+}
+
+/// [`completed`] for a request that ended at the end of its scope (if it ended well).
+pub(crate) fn settled(key: ReqId, r: &Result<Status>) {
+    if let Ok(st) = r {
+        completed(Some(key), st);
+    }
+}
+
+impl Keyed for Request<'_> {
+    fn key(&self) -> Option<ReqId> {
+        Request::key(self)
+    }
+}
+
+impl<T: bytemuck::Pod> Keyed for crate::VecRequest<T> {
+    fn key(&self) -> Option<ReqId> {
+        crate::VecRequest::key(self)
+    }
+}
+
+fn keys(reqs: &[Request<'_>]) -> Vec<Option<ReqId>> {
+    reqs.iter().map(Keyed::key).collect()
+}
+
+/// `Request::wait`.
+#[cold]
+#[inline(never)]
+pub(crate) fn wait(w: What<'_>, r: Request<'_>) -> Result<Status> {
+    let key = r.key();
+    let res = call(w, || r.wait());
+    if let Ok(st) = &res {
+        completed(key, st);
+    }
+    res
+}
+
+/// `Request::test`.
+#[cold]
+#[inline(never)]
+pub(crate) fn test(w: What<'_>, r: &mut Request<'_>) -> Result<Option<Status>> {
+    let key = r.key();
+    let res = answered(w, Source::Any, |_| r.test());
+    if let Ok(Some(st)) = &res {
+        completed(key, st);
+    }
+    res
+}
+
+/// `wait_all`.
+#[cold]
+#[inline(never)]
+pub(crate) fn wait_all(w: What<'_>, reqs: Vec<Request<'_>>) -> Result<Vec<Status>> {
+    let ks = keys(&reqs);
+    let res = call(w, || crate::wait_all(reqs));
+    if let Ok(sts) = &res {
+        ks.iter().zip(sts).for_each(|(k, st)| completed(*k, st));
+    }
+    res
+}
+
+/// Waits for exactly the requests at `picked` (indices into `reqs` as it is), removes them
+/// and returns their results in order.
+fn take_picked(w: &What<'_>, reqs: &mut Vec<Request<'_>>, picked: &[u32]) -> Result<Vec<(usize, Result<Status>)>> {
+    let mut idx: Vec<usize> = picked.iter().map(|&i| i as usize).collect();
+    idx.sort_unstable();
+    idx.dedup();
+    if idx.last().is_some_and(|&i| i >= reqs.len()) || idx.len() != picked.len() {
+        let d = Decision::Picked { call: w.kind, indices: picked.to_vec() };
+        return Err(mismatch(w, &d));
+    }
+    let taken: Vec<(usize, Request<'_>)> = idx.iter().rev().map(|&i| (i, reqs.remove(i))).collect();
+    Ok(taken.into_iter().rev().map(|(i, r)| (i, r.wait())).collect())
+}
+
+/// The replayed pick of `w`'s call, or `None` when not replaying.
+fn replayed_pick(w: &What<'_>) -> Option<Result<Vec<u32>>> {
+    if !is(REPLAY) {
+        return None;
+    }
+    Some(next(w).and_then(|d| match d {
+        Decision::Picked { indices, .. } => Ok(indices),
+        other => Err(mismatch(w, &other)),
+    }))
+}
+
+/// `wait_some` and `test_some` (`test` says which).
+#[cold]
+#[inline(never)]
+pub(crate) fn some(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Result<Vec<(usize, Result<Status>)>> {
+    let ks = keys(reqs);
+    let res = match replayed_pick(&w) {
+        Some(p) => {
+            let picked = p?;
+            call(w, || take_picked(&w, reqs, &picked))
+        }
+        None => call(w, || if test { crate::test_some(reqs) } else { crate::wait_some(reqs) }),
+    };
+    if let Ok(done) = &res {
+        if is(RECORD) {
+            push(Decision::Picked { call: w.kind, indices: done.iter().map(|(i, _)| *i as u32).collect() });
+        }
+        for (i, r) in done {
+            if let Ok(st) = r {
+                completed(ks.get(*i).copied().flatten(), st);
+            }
+        }
+    }
+    res
+}
+
+/// `wait_any` and `test_any` (`test` says which): one request or (a test) none.
+#[cold]
+#[inline(never)]
+pub(crate) fn any(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Result<Option<(usize, Status)>> {
+    let ks = keys(reqs);
+    let res = match replayed_pick(&w) {
+        Some(p) => {
+            let picked = p?;
+            call(w, || -> Result<Option<(usize, Status)>> {
+                let mut got = take_picked(&w, reqs, &picked)?;
+                match got.pop() {
+                    Some((i, r)) if got.is_empty() => r.map(|st| Some((i, st))),
+                    None if test => Ok(None),
+                    _ => Err(mismatch(&w, &Decision::Picked { call: w.kind, indices: picked.clone() })),
+                }
+            })
+        }
+        None => call(w, || if test { crate::test_any(reqs) } else { crate::wait_any(reqs).map(Some) }),
+    };
+    if let Ok(o) = &res {
+        if is(RECORD) {
+            push(Decision::Picked { call: w.kind, indices: o.iter().map(|(i, _)| *i as u32).collect() });
+        }
+        if let Some((i, st)) = o {
+            completed(ks.get(*i).copied().flatten(), st);
+        }
+    }
+    res
+}
+
+/// `test_all`: all done (and collected) or none.
+#[cold]
+#[inline(never)]
+pub(crate) fn test_all(w: What<'_>, reqs: &mut Vec<Request<'_>>) -> Result<Option<Vec<Status>>> {
+    let ks = keys(reqs);
+    let res = if is(REPLAY) {
+        match next(&w)? {
+            Decision::Answer { found: false, .. } => call(w, || Ok(None)),
+            Decision::Answer { found: true, .. } => call(w, || crate::wait_all(std::mem::take(reqs)).map(Some)),
+            other => return Err(mismatch(&w, &other)),
+        }
+    } else {
+        call(w, || crate::test_all(reqs))
+    };
+    if let Ok(o) = &res {
+        if is(RECORD) {
+            push(Decision::Answer { call: w.kind, found: o.is_some(), source: NONE });
+        }
+        for (k, st) in ks.iter().zip(o.iter().flatten()) {
+            completed(*k, st);
+        }
+    }
+    res
+}
+
+/// The requests of recorded wildcard posts not completed yet (their decisions come later).
+pub(crate) type PostOf = HashMap<ReqId, u64>;
+
+/// [`completed`] for a `VecRequest::wait` result, passed through.
+pub(crate) fn completed_vec<T>(key: Option<ReqId>, r: Result<(Vec<T>, Status)>) -> Result<(Vec<T>, Status)> {
+    if let Ok((_, st)) = &r {
+        completed(key, st);
+    }
+    r
+}
+
+/// [`completed`] for a `VecRequest::test` result, passed through.
+pub(crate) fn completed_vec_opt<T>(key: Option<ReqId>, r: Result<Option<(Vec<T>, Status)>>) -> Result<Option<(Vec<T>, Status)>> {
+    if let Ok(Some((_, st))) = &r {
+        completed(key, st);
+    }
+    r
+}

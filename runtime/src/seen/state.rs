@@ -1,0 +1,255 @@
+//! The process-wide state of seeing: the trace ring, the profile's counters and the decision
+//! record or replay, made at init ([`start`]) and closed at finalize ([`finish`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+use tmpi_trace::clock::{self, now_ns, Sample};
+use tmpi_trace::event::Kind;
+use tmpi_trace::profile::{Profiler, Report};
+use tmpi_trace::record::{Record, Recorder, Replayer};
+use tmpi_trace::ring::{RankFile, RankInfo, RankTrace};
+
+use super::{What, FLAGS, PROFILE, RECORD, REPLAY, TRACE};
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// Round trips to the reference clock at init and at finalize (the shortest is kept).
+const CLOCK_SAMPLES: usize = 8;
+
+/// Everything seeing keeps for this process's rank.
+pub(crate) struct State {
+    pub(crate) rank: u32,
+    size: u32,
+    host: String,
+    init_ns: u64,
+    /// Started by a launcher (`tmpirun` or PMI-2): it merges, not the rank.
+    launched: bool,
+    ring: Mutex<Option<RankFile>>,
+    /// Where the merged trace goes.
+    trace_path: Option<PathBuf>,
+    profile: Option<(Mutex<Profiler>, PathBuf)>,
+    pub(crate) record: Option<Mutex<Option<Recorder>>>,
+    pub(crate) replay: Option<Mutex<Replayer>>,
+    threads: Mutex<Vec<(u16, String)>>,
+    next_thread: AtomicU16,
+    /// Wildcard non-blocking receives posted so far (record and replay number them).
+    pub(crate) posts: AtomicU64,
+    /// Recording: the requests of wildcard posts not completed yet, with their numbers.
+    pub(crate) post_of: Mutex<super::calls::PostOf>,
+    /// Replay: why it diverged, once it has (every later decision fails alike).
+    pub(crate) diverged: Mutex<Option<String>>,
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+
+/// The state, once seeing started.
+pub(crate) fn get() -> Option<&'static State> {
+    STATE.get()
+}
+
+/// Locks `m`, taking over a lock poisoned by a panicking thread (what it guards stays
+/// usable: records are whole or not written).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Gives the calling thread its index among this rank's threads (named after the thread).
+pub(super) fn register_thread() -> u16 {
+    let Some(s) = get() else { return 0 };
+    let i = s.next_thread.fetch_add(1, Relaxed).min(u16::MAX - 1);
+    let name = std::thread::current().name().map_or_else(|| format!("thread {i}"), str::to_string);
+    lock(&s.threads).push((i, name));
+    i
+}
+
+/// Samples of the launcher's clock through `clock` (none without a launcher).
+fn samples(clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>) -> Option<Sample> {
+    let got: Vec<Sample> = (0..CLOCK_SAMPLES).map_while(|_| clock()).map(|(t0, reference, t3)| Sample { t0, reference, t3 }).collect();
+    clock::best(&got)
+}
+
+fn config_err(var: &str, value: &Path, what: String) -> Error {
+    Error::Config { var: var.into(), value: value.display().to_string(), expected: what }
+}
+
+/// The trace ring file of this rank (an old one of the same name is replaced).
+fn open_ring(cfg: &Config, path: &Path, info: &RankInfo) -> Result<RankFile> {
+    let file = PathBuf::from(format!("{}.rank{}", path.display(), info.rank));
+    let _ = std::fs::remove_file(&file);
+    RankFile::create(&file, info, cfg.trace_events)
+        .map_err(|e| config_err("TMPI_TRACE", path, format!("a path where this rank can write its trace: {e}")))
+}
+
+fn open_record(dir: &Path, rank: u32, size: u32) -> Result<Recorder> {
+    let file = tmpi_trace::record::rank_path(dir, rank as usize);
+    let _ = std::fs::remove_file(&file);
+    Recorder::create(&file, rank, size)
+        .map_err(|e| config_err("TMPI_RECORD", dir, format!("a directory where this rank can write its record: {e}")))
+}
+
+fn open_replay(dir: &Path, rank: u32, size: u32) -> Result<Replayer> {
+    let rec = Record::read(&tmpi_trace::record::rank_path(dir, rank as usize))
+        .map_err(|e| config_err("TMPI_REPLAY", dir, format!("a directory with the record of this rank: {e}")))?;
+    if rec.size != size || rec.rank != rank {
+        return Err(config_err(
+            "TMPI_REPLAY",
+            dir,
+            format!("the record of a job of {size} ranks (it has rank {} of {})", rec.rank, rec.size),
+        ));
+    }
+    Ok(Replayer::new(rec))
+}
+
+/// Starts seeing for rank `rank` of `size`, as `cfg` says; `t0` is when init began,
+/// `clock` one round trip to the launcher's clock (if it has one).
+///
+/// # Errors
+/// [`Error::Config`] naming the knob whose file cannot be made or read; [`Error::Thread`]
+/// for record or replay at [`crate::Threading::Multiple`].
+pub(crate) fn start(
+    cfg: &Config,
+    rank: usize,
+    size: usize,
+    launched: bool,
+    multiple: bool,
+    t0: u64,
+    clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>,
+) -> Result<()> {
+    let mut flags = 0;
+    let (rank32, size32) = (rank as u32, size as u32);
+    if (cfg.record.is_some() || cfg.replay.is_some()) && multiple {
+        return Err(Error::Thread {
+            level: crate::Threading::Multiple,
+            what: "TMPI_RECORD and TMPI_REPLAY need the calls of a rank in one order: a level below Multiple",
+        });
+    }
+    let info = RankInfo {
+        rank: rank32,
+        size: size32,
+        pid: std::process::id(),
+        boot_id: clock::boot_id(),
+        host: crate::processor_name(),
+        jobid: std::env::var(tmpi_transport::bootstrap::ENV_JOBID).unwrap_or_default(),
+        init_ns: t0,
+    };
+    let ring = match &cfg.trace {
+        Some(p) => {
+            flags |= TRACE;
+            let mut f = open_ring(cfg, p, &info)?;
+            f.set_start_sample(samples(clock));
+            Some(f)
+        }
+        None => None,
+    };
+    let profile = cfg.profile.as_ref().map(|d| (Mutex::new(Profiler::new(size)), d.clone()));
+    flags |= if profile.is_some() { PROFILE } else { 0 };
+    let record = cfg.record.as_deref().map(|d| open_record(d, rank32, size32)).transpose()?.map(|r| Mutex::new(Some(r)));
+    flags |= if record.is_some() { RECORD } else { 0 };
+    let replay = cfg.replay.as_deref().map(|d| open_replay(d, rank32, size32)).transpose()?.map(Mutex::new);
+    flags |= if replay.is_some() { REPLAY } else { 0 };
+    if flags == 0 {
+        return Ok(());
+    }
+    let state = State {
+        rank: rank32,
+        size: size32,
+        host: info.host,
+        init_ns: t0,
+        launched,
+        ring: Mutex::new(ring),
+        trace_path: cfg.trace.clone(),
+        profile,
+        record,
+        replay,
+        threads: Mutex::new(Vec::new()),
+        next_thread: AtomicU16::new(0),
+        posts: AtomicU64::new(0),
+        post_of: Mutex::new(Default::default()),
+        diverged: Mutex::new(None),
+    };
+    if STATE.set(state).is_err() {
+        return Err(Error::State("tmpi: seeing started twice".into()));
+    }
+    FLAGS.store(flags, Relaxed);
+    span(&What::new(Kind::Init), t0, now_ns());
+    Ok(())
+}
+
+/// Records a finished call.
+pub(super) fn span(w: &What<'_>, t0: u64, t1: u64) {
+    let Some(s) = get() else { return };
+    if super::is(TRACE) {
+        let e = super::event(w, t0, t1);
+        if let Some(f) = lock(&s.ring).as_mut() {
+            f.push(&e);
+        }
+    }
+    if let Some((p, _)) = &s.profile {
+        let mut p = lock(p);
+        let at = t0.saturating_sub(s.init_ns);
+        p.call(w.kind, t1.saturating_sub(t0), w.bytes, at, w.peer, w.tag);
+    }
+}
+
+/// Counts a message that starts towards world rank `dest`.
+pub(super) fn message_out(dest: usize, bytes: usize) {
+    if let Some((p, _)) = get().and_then(|s| s.profile.as_ref()) {
+        lock(p).sent(dest, bytes as u64);
+    }
+}
+
+/// Ends seeing at finalize: records the finalize span (begun at `t0`), samples the clock
+/// again, seals the trace ring, writes the profile and closes the record. A rank started
+/// without a launcher writes the merged trace (and prints its profile) itself.
+pub(crate) fn finish(t0: u64, clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>) {
+    let Some(s) = get() else { return };
+    if FLAGS.load(Relaxed) == 0 {
+        return;
+    }
+    span(&What::new(Kind::Finalize), t0, now_ns());
+    FLAGS.store(0, Relaxed);
+    let fini = now_ns();
+    if let Some(mut f) = lock(&s.ring).take() {
+        f.set_end_sample(samples(clock));
+        let path = f.path().to_path_buf();
+        let threads = lock(&s.threads).clone();
+        if let Err(e) = f.seal(&threads, fini) {
+            eprintln!("tmpi: rank {}: TMPI_TRACE: {e}", s.rank);
+        } else if !s.launched {
+            write_alone(s, &path);
+        }
+    }
+    if let Some((p, dir)) = &s.profile {
+        let prof = lock(p).snapshot(s.rank, &s.host, fini.saturating_sub(s.init_ns));
+        if s.launched || s.size > 1 {
+            let file = dir.join(format!("tmpi-profile.rank{}", s.rank));
+            if let Err(e) = std::fs::write(&file, prof.to_text()) {
+                eprintln!("tmpi: rank {}: TMPI_PROFILE: cannot write {}: {e}", s.rank, file.display());
+            }
+        } else {
+            eprint!("{}", Report::new(1, vec![prof]).text());
+        }
+    }
+    if let Some(r) = s.record.as_ref().and_then(|m| lock(m).take()) {
+        if let Err(e) = r.finish() {
+            eprintln!("tmpi: rank {}: TMPI_RECORD: {e}", s.rank);
+        }
+    }
+}
+
+/// A rank started alone merges its own trace into the JSON file and removes its ring file.
+fn write_alone(s: &State, ring: &Path) {
+    let Some(out) = &s.trace_path else { return };
+    let merged =
+        RankTrace::read(ring).map(|t| tmpi_trace::merge::merge(&[t], &tmpi_trace::merge::Options { size: 1, reference_boot_id: None }));
+    match merged.map_err(|e| e.to_string()).and_then(|(json, sum)| std::fs::write(out, json).map(|()| sum).map_err(|e| e.to_string())) {
+        Ok(sum) => {
+            let _ = std::fs::remove_file(ring);
+            let dropped = if sum.dropped > 0 { format!(", {} dropped", sum.dropped) } else { String::new() };
+            eprintln!("tmpi: trace of {} events in {}{dropped}", sum.events, out.display());
+        }
+        Err(e) => eprintln!("tmpi: TMPI_TRACE: cannot write {}: {e} (the ring is in {})", out.display(), ring.display()),
+    }
+}

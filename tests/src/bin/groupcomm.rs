@@ -1,0 +1,135 @@
+//! Communicators from groups (issue 55, item 9), run by `tests/tests/groupcomm.rs` at 4-6
+//! ranks through `tmpirun`:
+//!
+//! 1. `create` with disjoint groups: pairs {0, 1}, {2, 3}, ... (each passed in reverse
+//!    order), a last odd rank passing the empty group; each pair gets a 2-rank communicator,
+//!    and a ring of messages, an allreduce and a bcast on it see only the pair.
+//! 2. `create` with groups that overlap, or that members pass in different orders, or that
+//!    one member leaves out: `InvalidGroup` on every rank, and the world goes on.
+//! 3. `create_group` by the members alone: the even and the odd ranks at once with the same
+//!    tag; then ranks 1 and 2 alone (tag 9) while ranks 0 and 3 exchange user messages with
+//!    tag 9 on the world; then on a split communicator. Each communicator carries messages
+//!    and an allreduce.
+//! 4. `create_group` refusals: not a member, a bad tag, a group outside the communicator
+//!    (local), and members that pass the group in different orders (every member).
+
+use std::error::Error as StdError;
+
+use tmpi::{Comm, Error, Op};
+use tmpi_tests::Verdict;
+
+/// A ring on `c` (each rank sends its world rank to the next), an allreduce of the world
+/// ranks and a bcast from rank 0: what a working communicator of the world ranks `members`
+/// (in rank order) gives.
+fn exercise(c: &Comm, world_rank: usize, members: &[usize], v: &mut Verdict, what: &str) -> tmpi::Result<()> {
+    let (r, n) = (c.rank(), c.size());
+    v.check(n == members.len() && members.get(r) == Some(&world_rank), || {
+        format!("{what}: rank {r} of {n}, expected rank {:?} of {}", members.iter().position(|&m| m == world_rank), members.len())
+    });
+    let mut got = [usize::MAX];
+    tmpi::scope(|s| -> tmpi::Result<()> {
+        let q = c.irecv(s, &mut got, (r + n - 1) % n, 11)?;
+        c.send(&[world_rank], (r + 1) % n, 11)?;
+        q.wait().map(|_| ())
+    })?;
+    let want = members[(r + n - 1) % n.max(1)];
+    v.check(got[0] == want, || format!("{what}: ring got {} from rank {}, expected {want}", got[0], (r + n - 1) % n));
+    let mut sum = [0usize];
+    c.allreduce(&[world_rank], &mut sum, Op::Sum)?;
+    let want: usize = members.iter().sum();
+    v.check(sum[0] == want, || format!("{what}: allreduce {} expected {want}", sum[0]));
+    let mut b = [if r == 0 { world_rank + 1000 } else { 0 }];
+    c.bcast(&mut b, 0)?;
+    v.check(b[0] == members[0] + 1000, || format!("{what}: bcast {}", b[0]));
+    Ok(())
+}
+
+fn disjoint_create(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, n) = (w.rank(), w.size());
+    let alone = r + 1 == n && n % 2 == 1;
+    let pair: Vec<usize> = if alone { vec![] } else { vec![r | 1, r & !1] };
+    match w.create(&w.group().incl(&pair)?)? {
+        Some(c) => exercise(&c, r, &pair, v, "create of a pair")?,
+        None => v.check(alone, || format!("rank {r} got no communicator from pair {pair:?}")),
+    }
+    Ok(())
+}
+
+fn bad_creates(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, n) = (w.rank(), w.size());
+    let cases: [(&str, Vec<usize>); 3] = [
+        ("overlapping groups", vec![r, (r + 1) % n]),
+        ("one group in two orders", if r == 1 { vec![1, 0] } else { vec![0, 1] }),
+        ("a member passing the empty group", if r == 0 { vec![] } else { (0..n).collect() }),
+    ];
+    for (what, g) in cases {
+        let res = w.create(&w.group().incl(&g)?);
+        v.check_err(res, |e| matches!(e, Error::InvalidGroup(_)), &format!("create with {what}: InvalidGroup"));
+        let mut s = [0usize];
+        w.allreduce(&[1usize], &mut s, Op::Sum)?;
+        v.check(s[0] == n, || format!("allreduce after the refused create ({what}): {}", s[0]));
+    }
+    Ok(())
+}
+
+fn group_creates(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, n) = (w.rank(), w.size());
+    let mut same: Vec<usize> = (0..n).filter(|x| x % 2 == r % 2).collect();
+    same.reverse();
+    let c = w.create_group(&w.group().incl(&same)?, 5)?;
+    exercise(&c, r, &same, v, "create_group of evens or odds")?;
+    match r {
+        1 | 2 => {
+            let c = w.create_group(&w.group().incl(&[2, 1])?, 9)?;
+            exercise(&c, r, &[2, 1], v, "create_group of ranks 2 and 1")?;
+        }
+        0 => w.send(&[7u32], 3, 9)?,
+        3 => {
+            let (m, st) = w.recv_vec::<u32>(0, 9)?;
+            v.check(m == [7] && st.tag() == 9, || format!("user message beside create_group: {m:?} {st:?}"));
+        }
+        _ => {}
+    }
+    // On a split communicator (its ranks renumbered), by its upper half.
+    let half = w.split(Some((r % 2) as u32), -(r as i32))?.ok_or_else(|| Error::State("split gave no communicator".into()))?;
+    if half.rank() >= half.size() / 2 {
+        let upper: Vec<usize> = (half.size() / 2..half.size()).collect();
+        let c = half.create_group(&half.group().incl(&upper)?, 1)?;
+        let members: Vec<usize> = upper.iter().map(|&h| same[h]).collect();
+        exercise(&c, r, &members, v, "create_group on a split communicator")?;
+    }
+    w.barrier()
+}
+
+fn bad_group_creates(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, n) = (w.rank(), w.size());
+    let g = w.group();
+    let is_invalid_group = |e: &Error| matches!(e, Error::InvalidGroup(_));
+    v.check_err(w.create_group(&g.incl(&[(r + 1) % n])?, 1), is_invalid_group, "create_group by a non-member: InvalidGroup");
+    v.check_err(w.create_group(&g, tmpi::TAG_UB + 1), |e| matches!(e, Error::InvalidTag { .. }), "create_group with a bad tag: InvalidTag");
+    let half = w.split(Some((r % 2) as u32), 0)?.ok_or_else(|| Error::State("split gave no communicator".into()))?;
+    let other_half = if r ^ 1 < n { r ^ 1 } else { r - 1 };
+    v.check_err(half.create_group(&g.incl(&[r, other_half])?, 1), is_invalid_group, "create_group with a process outside: InvalidGroup");
+    let order: Vec<usize> = if r % 2 == 0 { (0..n).collect() } else { (0..n).rev().collect() };
+    v.check_err(w.create_group(&g.incl(&order)?, 2), is_invalid_group, "create_group with two orders: InvalidGroup on every member");
+    let mut s = [0usize];
+    w.allreduce(&[1usize], &mut s, Op::Sum)?;
+    v.check(s[0] == n, || format!("allreduce after the refused create_group calls: {}", s[0]));
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn StdError>> {
+    let world = tmpi::init()?;
+    let n = world.size();
+    let mut v = Verdict::new("groupcomm", world.rank());
+    if n < 4 {
+        return Err(format!("groupcomm needs at least 4 ranks, got {n}").into());
+    }
+    disjoint_create(&world, &mut v)?;
+    bad_creates(&world, &mut v)?;
+    group_creates(&world, &mut v)?;
+    bad_group_creates(&world, &mut v)?;
+    v.finish(&world, &format!("{n} ranks: create with disjoint groups, create_group, refusals"))?;
+    world.finalize()?;
+    Ok(())
+}

@@ -1,0 +1,23 @@
+//! Communicators from groups through `tmpirun` (`groupcomm`, issue 55 item 9): `create` with
+//! disjoint groups and `create_group` among the members alone, their refusals, and the
+//! communicators they give carrying messages and collectives; at 4, 5 and 6 ranks over shared
+//! memory, and at 4 ranks over TCP and across two simulated nodes.
+
+use tmpi_tests::Job;
+
+#[test]
+fn groupcomm_at_4_5_6_ranks() {
+    for n in [4, 5, 6] {
+        let out = Job::tmpirun(n, "groupcomm").run();
+        let line = out.assert_ok_line("groupcomm: ");
+        assert!(line.contains(&format!("{n} ranks")), "{line:?}");
+    }
+}
+
+#[test]
+fn groupcomm_over_tcp_and_across_nodes() {
+    let line = Job::tmpirun(4, "groupcomm").env("TMPI_FABRIC", "tcp").run().assert_ok_line("groupcomm: ");
+    assert!(line.contains("4 ranks"), "{line:?}");
+    let line = Job::tmpirun(5, "groupcomm").nodes_of(2).run().assert_ok_line("groupcomm: ");
+    assert!(line.contains("5 ranks"), "{line:?}");
+}

@@ -1,0 +1,363 @@
+//! The merger: the ranks' trace files, their clocks aligned, as one file of the Chrome
+//! trace-event format (JSON), which the Perfetto UI, `trace_processor` and `chrome://tracing`
+//! open as it is.
+//!
+//! What it writes (the rules [`crate::check`] verifies):
+//!
+//! - one process per rank (`pid` = rank + 1, named `rank R` by a `process_name` metadata event
+//!   and sorted by rank), one thread track per thread of the rank (`tid` = (rank + 1) x 1000 +
+//!   the thread's index, named by `thread_name`);
+//! - every call, phase and message as a complete event (`"ph":"X"` with `ts` and `dur` in
+//!   microseconds, to the nanosecond), nested properly on its thread;
+//! - a flow (`"ph":"s"` inside the sender's message event, `"ph":"f"` with `"bp":"e"` inside
+//!   the receiver's) from each message that left a rank to the receive that matched it, paired
+//!   by (source, destination, the message's sequence number on that pair);
+//! - a process-scoped instant (`"ph":"i"`, `"s":"p"`) where a rank's ring dropped events;
+//! - `otherData`: the job's size, ranks whose file was missing, dropped events and the clock
+//!   correction's error bound.
+//!
+//! Only what Perfetto's JSON importer reads is used: `traceEvents` first and `otherData` after
+//! it (any other key makes it stop reading), no array as an event's field, no `\u` escape or
+//! control character in a string, and no `displayTimeUnit` (which Perfetto reads as the unit of
+//! `ts` itself).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use crate::clock::Domain;
+use crate::event::{aux, Class, Event, Kind, Proto, NONE};
+use crate::ring::RankTrace;
+
+/// `tid` of thread `t` of rank `r` (see the module docs).
+pub fn tid_of(rank: u32, thread: u16) -> u64 {
+    (u64::from(rank) + 1) * 1000 + u64::from(thread.min(999))
+}
+
+/// Shortest message event written, so that a flow's end fits strictly inside it (ns).
+const MIN_MSG_DUR: u64 = 2;
+
+/// What a merge did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Ranks whose trace was merged.
+    pub ranks: usize,
+    /// Ranks of the job with no trace.
+    pub missing: Vec<u32>,
+    /// Events written (spans, messages, notes; not metadata or flows).
+    pub events: usize,
+    /// Flows drawn from a send to its receive.
+    pub flows: usize,
+    /// Messages whose other end is not in the trace (never received, or its event dropped).
+    pub unpaired: usize,
+    /// Events the ranks' rings dropped.
+    pub dropped: u64,
+    /// The largest error of the clock correction (ns), 0 when every rank shares the
+    /// reference clock.
+    pub clock_error_ns: u64,
+    /// Hosts (clock domains) other than the reference's without a clock sample: their events
+    /// are shown uncorrected.
+    pub unaligned_hosts: Vec<String>,
+}
+
+/// How to merge.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Ranks in the job (a rank below it without a file is reported missing).
+    pub size: usize,
+    /// Boot id of the reference clock's host (`tmpirun`'s); `None`: rank 0's host, or the
+    /// first rank's.
+    pub reference_boot_id: Option<String>,
+}
+
+/// One event placed on the common time line.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    rank: u32,
+    ev: Event,
+    /// Start, ns from the trace's zero.
+    start: u64,
+    dur: u64,
+}
+
+/// Writes `s` as a JSON string that Perfetto's tokenizer reads: quotes and backslashes
+/// escaped, control characters replaced by spaces, never a `\u` escape.
+pub fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Starts the next element of the `traceEvents` array.
+fn sep(out: &mut String) {
+    out.push_str(if out.ends_with('[') { "\n" } else { ",\n" });
+}
+
+/// Nanoseconds as microseconds with three decimals.
+fn us(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+/// The clock domain of each rank: its offset function.
+fn domains(traces: &[RankTrace], opts: &Options, summary: &mut Summary) -> Vec<Domain> {
+    let reference = opts
+        .reference_boot_id
+        .clone()
+        .or_else(|| traces.iter().find(|t| t.info.rank == 0).or(traces.first()).map(|t| t.info.boot_id.clone()))
+        .unwrap_or_default();
+    let mut by_boot: HashMap<String, Domain> = HashMap::new();
+    for t in traces {
+        if t.info.boot_id != reference || t.info.boot_id.is_empty() {
+            by_boot.entry(t.info.boot_id.clone()).or_default().absorb(t.start, t.end);
+        }
+    }
+    for (boot, d) in &by_boot {
+        summary.clock_error_ns = summary.clock_error_ns.max(d.error_bound());
+        if d.start.is_none() && d.end.is_none() {
+            let hosts: Vec<&str> = traces.iter().filter(|t| &t.info.boot_id == boot).map(|t| t.info.host.as_str()).collect();
+            summary.unaligned_hosts.push(hosts.first().copied().unwrap_or("?").to_string());
+        }
+    }
+    summary.unaligned_hosts.sort();
+    summary.unaligned_hosts.dedup();
+    traces
+        .iter()
+        .map(|t| if t.info.boot_id == reference && !t.info.boot_id.is_empty() { Domain::reference() } else { by_boot[&t.info.boot_id] })
+        .collect()
+}
+
+/// Every kept event on the common time line, starting at 0.
+fn place(traces: &[RankTrace], doms: &[Domain]) -> Vec<Placed> {
+    let mut raw: Vec<(u32, Event, i128)> = Vec::new();
+    for (t, d) in traces.iter().zip(doms) {
+        for e in &t.events {
+            raw.push((t.info.rank, *e, i128::from(e.t0) + i128::from(d.offset_at(e.t0))));
+        }
+    }
+    let zero = raw.iter().map(|r| r.2).min().unwrap_or(0);
+    raw.into_iter()
+        .map(|(rank, ev, at)| {
+            let min = if ev.kind().map(Kind::class) == Some(Class::Message) { MIN_MSG_DUR } else { 0 };
+            Placed { rank, ev, start: (at - zero) as u64, dur: ev.dur.max(min) }
+        })
+        .collect()
+}
+
+/// Makes the spans of each thread nest: a span that would end after the span it starts in is
+/// cut at that span's end (clock corrections of a few nanoseconds can cause this).
+fn nest(events: &mut [Placed]) {
+    events.sort_by_key(|p| (p.rank, p.ev.thread, p.start, std::cmp::Reverse(p.dur)));
+    let mut stack: Vec<u64> = Vec::new();
+    let mut track = None;
+    for p in events.iter_mut() {
+        if track != Some((p.rank, p.ev.thread)) {
+            track = Some((p.rank, p.ev.thread));
+            stack.clear();
+        }
+        while stack.last().is_some_and(|&end| end <= p.start) {
+            stack.pop();
+        }
+        if p.dur == 0 {
+            continue;
+        }
+        if let Some(&end) = stack.last() {
+            p.dur = p.dur.min(end - p.start);
+        }
+        if p.dur > 0 {
+            stack.push(p.start + p.dur);
+        }
+    }
+}
+
+fn peer_arg(out: &mut String, key: &str, v: u32) {
+    if v == NONE {
+        let _ = write!(out, ",\"{key}\":\"any\"");
+    } else {
+        let _ = write!(out, ",\"{key}\":{v}");
+    }
+}
+
+/// The `args` of an event.
+fn args(ev: &Event, kind: Kind) -> String {
+    let mut a = String::from("{");
+    let _ = write!(a, "\"bytes\":{}", ev.bytes);
+    match kind.class() {
+        Class::Message => {
+            peer_arg(&mut a, if kind == Kind::MsgOut { "to" } else { "from" }, ev.peer);
+            peer_arg(&mut a, "tag", ev.tag);
+            let _ = write!(a, ",\"seq\":{},\"protocol\":", ev.id);
+            push_json_str(&mut a, &Proto(ev.aux).describe().join(", "));
+        }
+        Class::Note => {}
+        Class::Phase => {
+            let _ = write!(a, ",\"step\":{}", ev.aux);
+            peer_arg(&mut a, "peer", ev.peer);
+        }
+        Class::Life => {}
+        class => {
+            match class {
+                Class::Coll | Class::Nbc if ev.peer != NONE => peer_arg(&mut a, "root", ev.peer),
+                Class::Coll | Class::Nbc | Class::Comm => {}
+                Class::Complete => {
+                    if ev.tag != NONE {
+                        peer_arg(&mut a, "tag", ev.tag);
+                    }
+                }
+                _ => {
+                    peer_arg(&mut a, "peer", ev.peer);
+                    peer_arg(&mut a, "tag", ev.tag);
+                }
+            }
+            let _ = write!(a, ",\"comm\":{}", ev.aux & aux::COMM_MASK);
+            if ev.aux & aux::FAILED != 0 {
+                a.push_str(",\"failed\":true");
+            }
+            if ev.aux & aux::EMPTY != 0 {
+                a.push_str(",\"found\":false");
+            }
+            if kind.class() == Class::Complete && ev.id != 0 {
+                let _ = write!(a, ",\"requests\":{}", ev.id);
+            }
+        }
+    }
+    a.push('}');
+    a
+}
+
+fn event_json(out: &mut String, p: &Placed) {
+    let Some(kind) = p.ev.kind() else { return };
+    let (pid, tid) = (u64::from(p.rank) + 1, tid_of(p.rank, p.ev.thread));
+    sep(out);
+    out.push_str("{\"name\":");
+    push_json_str(out, kind.name());
+    let _ = write!(out, ",\"cat\":\"{}\"", kind.class().name());
+    if kind.class() == Class::Note {
+        let _ = write!(out, ",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{pid},\"tid\":{tid}", us(p.start));
+    } else {
+        let _ = write!(out, ",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{tid}", us(p.start), us(p.dur));
+    }
+    out.push_str(",\"args\":");
+    out.push_str(&args(&p.ev, kind));
+    out.push('}');
+}
+
+/// Metadata: process and thread names, process order.
+fn metadata(out: &mut String, traces: &[RankTrace], placed: &[Placed]) {
+    let mut threads: BTreeMap<(u32, u16), ()> = BTreeMap::new();
+    for p in placed {
+        threads.insert((p.rank, p.ev.thread), ());
+    }
+    for t in traces {
+        let r = t.info.rank;
+        let pid = u64::from(r) + 1;
+        let mut name = format!("rank {r}");
+        if !t.info.host.is_empty() {
+            let _ = write!(name, " ({}, pid {})", t.info.host, t.info.pid);
+        }
+        sep(out);
+        let _ = write!(out, "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{},\"args\":{{\"name\":", tid_of(r, 0));
+        push_json_str(out, &name);
+        out.push_str("}}");
+        sep(out);
+        let _ = write!(
+            out,
+            "{{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{},\"args\":{{\"sort_index\":{r}}}}}",
+            tid_of(r, 0)
+        );
+        for (&(_, th), ()) in threads.range((r, 0)..=(r, u16::MAX)) {
+            let given = t.threads.iter().find(|(i, _)| *i == th).map(|(_, n)| n.clone());
+            let tname = given.unwrap_or_else(|| if th == 0 { "main".to_string() } else { format!("thread {th}") });
+            sep(out);
+            let _ = write!(out, "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{},\"args\":{{\"name\":", tid_of(r, th));
+            push_json_str(out, &tname);
+            out.push_str("}}");
+        }
+    }
+}
+
+/// Flow events from each message out to the message in with the same (source, destination,
+/// sequence).
+fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
+    let mut outs: HashMap<(u32, u32, u64), &Placed> = HashMap::new();
+    let mut ins: Vec<(&Placed, (u32, u32, u64))> = Vec::new();
+    for p in placed.iter().filter(|p| p.ev.id != 0 && p.ev.peer != NONE) {
+        match p.ev.kind() {
+            Some(Kind::MsgOut) => {
+                outs.insert((p.rank, p.ev.peer, p.ev.id), p);
+            }
+            Some(Kind::MsgIn) => ins.push((p, (p.ev.peer, p.rank, p.ev.id))),
+            _ => {}
+        }
+    }
+    let total_ends = outs.len() + ins.len();
+    let mut id = 0u64;
+    ins.sort_by_key(|(p, _)| (p.start, p.rank));
+    for (pin, key) in ins {
+        let Some(pout) = outs.remove(&key) else { continue };
+        if pout.dur < MIN_MSG_DUR || pin.dur < MIN_MSG_DUR {
+            continue;
+        }
+        id += 1;
+        let ends = [("s", pout, ""), ("f", pin, ",\"bp\":\"e\"")];
+        for (ph, p, bp) in ends {
+            sep(out);
+            let _ = write!(
+                out,
+                "{{\"name\":\"message\",\"cat\":\"msg\",\"ph\":\"{ph}\",\"id\":{id},\"ts\":{},\"pid\":{},\"tid\":{}{bp}}}",
+                us(p.start + 1),
+                u64::from(p.rank) + 1,
+                tid_of(p.rank, p.ev.thread)
+            );
+        }
+    }
+    summary.flows = id as usize;
+    summary.unpaired = total_ends - 2 * summary.flows;
+}
+
+/// Merges the ranks' traces into one trace-event JSON document.
+pub fn merge(traces: &[RankTrace], opts: &Options) -> (String, Summary) {
+    let mut summary = Summary { ranks: traces.len(), ..Default::default() };
+    let have: Vec<u32> = traces.iter().map(|t| t.info.rank).collect();
+    summary.missing = (0..opts.size as u32).filter(|r| !have.contains(r)).collect();
+    let doms = domains(traces, opts, &mut summary);
+    let mut placed = place(traces, &doms);
+    nest(&mut placed);
+    let mut out = String::from("{\"traceEvents\":[");
+    metadata(&mut out, traces, &placed);
+    for p in &placed {
+        event_json(&mut out, p);
+    }
+    summary.events = placed.iter().filter(|p| p.ev.kind().is_some()).count();
+    for t in traces {
+        summary.dropped += t.dropped;
+        if t.dropped > 0 {
+            // At the rank's first kept event: what is missing came before it.
+            let first = placed.iter().filter(|p| p.rank == t.info.rank).map(|p| p.start).min().unwrap_or(0);
+            let p = Placed { rank: t.info.rank, ev: crate::ring::dropped_note(t.dropped, 0), start: first, dur: 0 };
+            event_json(&mut out, &p);
+        }
+    }
+    flows(&mut out, &placed, &mut summary);
+    out.push_str("\n],\n\"otherData\":{\"tool\":\"tmpi-trace\"");
+    let _ = write!(
+        out,
+        ",\"ranks\":{},\"missing_ranks\":\"{}\",\"dropped_events\":{},\"flows\":{},\"unpaired_messages\":{},\"clock_error_ns\":{}",
+        opts.size.max(traces.len()),
+        summary.missing.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+        summary.dropped,
+        summary.flows,
+        summary.unpaired,
+        summary.clock_error_ns
+    );
+    out.push_str("}}\n");
+    (out, summary)
+}
+
+#[cfg(test)]
+mod tests;

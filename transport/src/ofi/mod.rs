@@ -1,0 +1,147 @@
+//! The OFI fabric: libfabric's providers (cargo feature `ofi`).
+//!
+//! libfabric (`fi_getinfo(3)`, `fi_tagged(3)`, `fi_rma(3)`, `fi_mr(3)`) is how MPI libraries
+//! reach InfiniBand, RoCE, EFA, Slingshot, Omni-Path and psm3; its software providers (`tcp`
+//! through `ofi_rxm`, `shm`, `udp` through `ofi_rxd`, `sockets`) run anywhere. This module
+//! gives tmpi:
+//!
+//! - [`core`]: safe wrappers of the objects: provider discovery ([`getinfo`], [`Offer`]),
+//!   [`OfiDomain`] (fabric and domain), [`Endpoint`] (an RDM endpoint with its completion
+//!   queue and address vector: tagged send and receive with ignore bits and directed
+//!   receives, peek and claim, cancel, `fi_read`) and [`OfiMr`] (`fi_mr_reg` honouring the
+//!   provider's `mr_mode`). Buffers of outstanding operations are owned by the endpoint and
+//!   come back in their [`Completion`]; `-FI_EAGAIN` is [`Post::Busy`], not an error; a failed
+//!   call is [`crate::Error::Ofi`] naming the call and libfabric's text.
+//! - [`cache`]: [`OfiDomain`] behind tmpi's registration cache (`MrCache<OfiDomain>`).
+//! - [`tag`]: the 64-bit tag layout (protocol, context, source, MPI tag).
+//! - [`OfiFabric`]: the packets of `crate::fabric` over one endpoint, with the peer states,
+//!   finalize mark and wait of the other fabrics.
+//! - [`wire_up`]: endpoints' addresses (`fi_getname`) exchanged through the bootstrap
+//!   key-value service and inserted into each rank's address vector (`fi_av_insert`).
+//!
+//! The binding is a thin C shim (`shim.c`, compiled by `build.rs` with the `cc` crate): most
+//! `fi_*` calls are static inline functions of the headers, and the shim gives each a real
+//! symbol taking plain integers and opaque pointers, so no libfabric struct layout is
+//! mirrored in Rust (`ffi`).
+//!
+//! Provider choice: [`ENV_PROVIDER`] (`TMPI_OFI_PROVIDER`) names one; by default the first
+//! offer of `fi_getinfo` for an RDM endpoint with `FI_TAGGED | FI_RMA` is used.
+
+pub mod cache;
+pub mod core;
+mod ffi;
+pub mod packet;
+pub mod tag;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_mr;
+pub mod wake;
+
+pub use self::cache::OfiCacheMr;
+pub use self::core::{
+    getinfo, mr_errno, strerror, version, Claimed, Completion, Desc, Endpoint, EpStats, Hints, Offer, OfiDomain, OfiMr, OpId, OpKind, Post,
+    OFFERED_MR_MODE,
+};
+pub use self::packet::OfiFabric;
+pub use self::wake::Waker;
+
+use crate::bootstrap::KeyValue;
+use crate::error::{Error, Result};
+
+/// `FI_ADDR_UNSPEC`: a receive from any source.
+pub const FI_ADDR_UNSPEC: u64 = ffi::FI_ADDR_UNSPEC;
+
+/// Positive error numbers a [`Completion`] may carry.
+pub mod errno {
+    /// `FI_ECANCELED`: the operation was cancelled.
+    pub const CANCELED: i32 = super::ffi::FI_ECANCELED;
+    /// `FI_ENOMSG`: a peek found no message.
+    pub const NOMSG: i32 = super::ffi::FI_ENOMSG;
+    /// `FI_ETRUNC`: a receive was too small for its message.
+    pub const TRUNC: i32 = super::ffi::FI_ETRUNC;
+    /// `FI_EACCES`: a remote access was refused.
+    pub const ACCES: i32 = super::ffi::FI_EACCES;
+}
+
+/// `TMPI_OFI_PROVIDER`: the libfabric provider to use.
+pub const ENV_PROVIDER: &str = crate::bootstrap::ENV_OFI_PROVIDER;
+
+/// How to open the OFI fabric.
+#[derive(Debug, Clone, Default)]
+pub struct OfiConfig {
+    /// `TMPI_OFI_PROVIDER` (`None`: libfabric's first offer).
+    pub provider: Option<String>,
+    /// The address endpoints bind to (`FI_SOURCE`): loopback for a job on one host.
+    pub node: Option<String>,
+}
+
+impl OfiConfig {
+    /// Reads `TMPI_OFI_PROVIDER` through `get`; binds to `node`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the variable for a value no provider name has
+    /// ([`crate::bootstrap::parse_ofi_provider`]).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>, node: Option<String>) -> Result<Self> {
+        let provider = match get(ENV_PROVIDER) {
+            None => None,
+            Some(v) => crate::bootstrap::parse_ofi_provider(&v).ok_or_else(|| {
+                Error::InvalidArgument(format!("{ENV_PROVIDER}={v:?}: expected a libfabric provider name as fi_info -l prints it, or auto"))
+            })?,
+        };
+        Ok(OfiConfig { provider, node })
+    }
+
+    /// The offers for this configuration, first the one to use.
+    ///
+    /// # Errors
+    /// [`Error::Fabric`] when no provider offers what tmpi needs (naming the provider asked).
+    pub fn offers(&self) -> Result<Vec<Offer>> {
+        let hints = Hints { provider: self.provider.clone(), node: self.node.clone() };
+        match getinfo(&hints) {
+            Ok(v) if !v.is_empty() => Ok(v),
+            Ok(_) | Err(Error::Ofi { code: ffi::FI_ENODATA, .. }) => Err(Error::Fabric(format!(
+                "no libfabric provider{} offers an RDM endpoint with FI_TAGGED | FI_RMA{}",
+                self.provider.as_ref().map(|p| format!(" named {p:?}")).unwrap_or_default(),
+                self.node.as_ref().map(|n| format!(" on {n}")).unwrap_or_default()
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn addr_key(r: usize) -> String {
+    format!("fab-ofi-{r}")
+}
+
+/// Opens this rank's endpoint on the configured provider, publishes its address under
+/// `fab-ofi-<rank>` (with the provider's name, which every rank must share), fences, and
+/// inserts every other rank's address into the address vector.
+///
+/// # Errors
+/// No provider; a libfabric call failing; a peer publishing a malformed address or using
+/// another provider; bootstrap failures.
+pub fn wire_up(kv: &mut dyn KeyValue, rank: usize, size: usize, cfg: &OfiConfig) -> Result<OfiFabric> {
+    let offer = cfg.offers()?.into_iter().next().ok_or_else(|| Error::Fabric("no libfabric provider".into()))?;
+    let provider = offer.provider.clone();
+    let domain = OfiDomain::open(offer)?;
+    let mut ep = Endpoint::open(&domain, size)?;
+    let mut value = provider.clone().into_bytes();
+    value.push(0);
+    value.extend_from_slice(&ep.name()?);
+    kv.put(&addr_key(rank), &value)?;
+    kv.fence()?;
+    let mut addrs = vec![FI_ADDR_UNSPEC; size];
+    for (r, slot) in addrs.iter_mut().enumerate().filter(|&(r, _)| r != rank) {
+        let v = kv.get(&addr_key(r))?;
+        let cut = v.iter().position(|&b| b == 0).ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed OFI address")))?;
+        if v[..cut] != *provider.as_bytes() {
+            return Err(Error::Fabric(format!(
+                "rank {r} uses libfabric provider {:?}, rank {rank} uses {provider:?}: set {ENV_PROVIDER} alike on every rank",
+                String::from_utf8_lossy(&v[..cut])
+            )));
+        }
+        *slot = ep.insert(&v[cut + 1..]).map_err(|e| Error::Fabric(format!("rank {r}'s OFI address: {e}")))?;
+    }
+    OfiFabric::new(rank, ep, addrs)
+}

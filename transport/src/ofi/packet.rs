@@ -1,0 +1,458 @@
+//! [`OfiFabric`]: the packets of `crate::fabric` over one RDM endpoint, as the shared-memory
+//! and TCP fabrics carry them.
+//!
+//! Each packet is one tagged message ([`super::tag::PROTO_PACKET`], the sender's rank in the
+//! source field) of a 16-byte header and the packet's bytes:
+//!
+//! ```text
+//! flags u8 (PKT_*) | kind u8 (0 data, 1 finalized) | 0 u16 | seq u32le | total length u64le
+//! ```
+//!
+//! Receives of [`MAX_PACKET`] + 16 bytes from any source are kept posted ([`RX_DEPTH`]).
+//! Providers keep each source's messages in order (`FI_ORDER_SAS`) but may report
+//! completions out of order (`comp_order` `FI_ORDER_NONE` for `tcp`), so each source's
+//! packets carry a sequence number and are delivered in it. A `finalized` packet is the last
+//! a rank sends when it finalizes; a send that completes with an error marks its peer
+//! failed. Packets up to the provider's `inject_size` go by `fi_tinject` (no completion),
+//! larger ones by `fi_tsend` from a pooled buffer, at most [`TX_DEPTH`] outstanding:
+//! beyond that, or on `-FI_EAGAIN`, `try_send` answers "full" as a full ring does.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::core::{Completion, Desc, Endpoint, OpKind, Post};
+use super::tag;
+use crate::error::{Error, Result};
+use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
+
+/// Largest packet payload.
+pub const MAX_PACKET: usize = 64 * 1024;
+/// Bytes of the packet header.
+pub const HDR: usize = 16;
+/// Receives kept posted.
+pub const RX_DEPTH: usize = 64;
+/// Most sends outstanding (not counting injected ones).
+pub const TX_DEPTH: usize = 64;
+/// Most received packets held (delivered later, in order) before receives stop being
+/// reposted: the provider then buffers, or pushes back on the sender.
+const RX_HELD_MAX: usize = 1024;
+const KIND_DATA: u8 = 0;
+const KIND_FINALIZED: u8 = 1;
+/// How long finalize waits for this rank's last sends to complete.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Rx {
+    flags: u8,
+    kind: u8,
+    total: u64,
+    len: usize,
+    buf: Vec<u8>,
+}
+
+struct Peer {
+    addr: u64,
+    state: PeerState,
+    next_in: u32,
+    next_out: u32,
+    early: BTreeMap<u32, Rx>,
+    ready: VecDeque<Rx>,
+}
+
+/// The packet fabric over OFI. See the [module documentation](self).
+pub struct OfiFabric {
+    rank: usize,
+    ep: Endpoint,
+    peers: Vec<Peer>,
+    next: usize,
+    rx_posted: usize,
+    rx_held: usize,
+    tx_inflight: usize,
+    pool: Vec<Vec<u8>>,
+    inject: usize,
+    finalized: bool,
+    /// A malformed packet seen in a completion, reported by the next poll.
+    fault: Option<Error>,
+    waker: Option<super::wake::Waker>,
+    /// Completions of one progress call (kept to reuse its allocation).
+    done: Vec<Completion>,
+}
+
+fn hdr(flags: u8, kind: u8, seq: u32, total: u64) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[0] = flags;
+    h[1] = kind;
+    h[4..8].copy_from_slice(&seq.to_le_bytes());
+    h[8..].copy_from_slice(&total.to_le_bytes());
+    h
+}
+
+impl OfiFabric {
+    /// The fabric of `rank` over `ep`, whose address vector maps rank `r` to `addrs[r]`
+    /// (this rank's own entry is not used). Posts the receives.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a rank out of range or beyond the tag's source field;
+    /// [`Error::Fabric`] for a provider that requires `FI_MR_LOCAL`; [`Error::Ofi`] from
+    /// posting.
+    pub fn new(rank: usize, ep: Endpoint, addrs: Vec<u64>) -> Result<Self> {
+        if rank >= addrs.len() || addrs.len() > 1 << tag::SRC_BITS {
+            return Err(Error::InvalidArgument(format!("OFI fabric: rank {rank} of {}", addrs.len())));
+        }
+        if ep.offer().mr_mode.contains(crate::mr::MrMode::LOCAL) {
+            // Its pooled buffers would each need a registration (phase 2).
+            return Err(Error::Fabric(format!(
+                "OFI provider {} requires FI_MR_LOCAL, which the packet fabric does not register for yet",
+                ep.offer().provider
+            )));
+        }
+        let peers = addrs
+            .iter()
+            .map(|&addr| Peer { addr, state: PeerState::Alive, next_in: 0, next_out: 0, early: BTreeMap::new(), ready: VecDeque::new() })
+            .collect();
+        let inject = ep.offer().inject_size.min(MAX_PACKET + HDR);
+        let waker = super::wake::Waker::new().ok();
+        let mut f = OfiFabric {
+            rank,
+            ep,
+            peers,
+            next: 0,
+            rx_posted: 0,
+            rx_held: 0,
+            tx_inflight: 0,
+            pool: Vec::new(),
+            inject,
+            finalized: false,
+            fault: None,
+            waker,
+            done: Vec::new(),
+        };
+        f.post_receives()?;
+        Ok(f)
+    }
+
+    /// A line describing the receive side, for test failures.
+    #[cfg(test)]
+    pub(crate) fn debug_state(&self) -> String {
+        let peers: Vec<String> = self
+            .peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "next_in={} next_out={} early={:?} ready={}",
+                    p.next_in,
+                    p.next_out,
+                    p.early.keys().take(5).collect::<Vec<_>>(),
+                    p.ready.len()
+                )
+            })
+            .collect();
+        format!(
+            "rx_posted={} rx_held={} tx_inflight={} stats={:?} peers={peers:?}",
+            self.rx_posted,
+            self.rx_held,
+            self.tx_inflight,
+            self.ep.stats()
+        )
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The endpoint (for the provider's name and counters).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// The largest packet payload `try_send` takes.
+    pub fn max_packet(&self) -> usize {
+        MAX_PACKET
+    }
+
+    /// A handle that ends a [`OfiFabric::wait`] from another thread.
+    pub fn waker(&self) -> Option<super::wake::Waker> {
+        self.waker.clone()
+    }
+
+    fn post_receives(&mut self) -> Result<()> {
+        let (bits, ignore) = (tag::PROTO_PACKET << tag::PROTO_SHIFT, !tag::PROTO_FIELD);
+        while self.rx_posted < RX_DEPTH && self.rx_held < RX_HELD_MAX {
+            let buf = self.pool.pop().unwrap_or_default();
+            let mut buf = buf;
+            buf.resize(HDR + MAX_PACKET, 0);
+            match self.ep.trecv(buf, Desc::NONE, super::FI_ADDR_UNSPEC, bits, ignore, u64::MAX)? {
+                Post::Posted(_) => self.rx_posted += 1,
+                Post::Busy(b) => {
+                    self.pool.push(b);
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads completions: sends free their buffers (an error marks the peer failed),
+    /// receives are sorted into their source's order.
+    fn progress(&mut self) -> Result<()> {
+        let mut done = std::mem::take(&mut self.done);
+        let read = self.ep.progress(|c| done.push(c));
+        for c in done.drain(..) {
+            match c.kind {
+                OpKind::Send => self.sent(c),
+                OpKind::Recv => self.received(c)?,
+                _ => {}
+            }
+        }
+        self.done = done;
+        read?;
+        self.post_receives()
+    }
+
+    fn sent(&mut self, c: Completion) {
+        self.tx_inflight -= 1;
+        if c.error.is_some() {
+            if let Some(p) = self.peers.get_mut(c.user as usize) {
+                if p.state == PeerState::Alive {
+                    p.state = PeerState::Failed;
+                }
+            }
+        }
+        self.recycle(c.buf);
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        if self.pool.len() < RX_DEPTH + TX_DEPTH {
+            self.pool.push(buf);
+        }
+    }
+
+    fn received(&mut self, c: Completion) -> Result<()> {
+        self.rx_posted -= 1;
+        if c.error == Some(super::ffi::FI_ECANCELED) {
+            self.recycle(c.buf);
+            return Ok(());
+        }
+        let (_, _, src, _) = tag::fields(c.tag);
+        let src = src as usize;
+        if let Some(e) = c.error {
+            self.recycle(c.buf);
+            if e == super::ffi::FI_ETRUNC && src < self.peers.len() {
+                self.fault = Some(Error::PeerProtocol { rank: src, what: "OFI packet longer than the fabric's packet limit" });
+                self.peers[src].state = PeerState::Failed;
+                return Ok(());
+            }
+            return Err(super::core::ofi_error("fi_trecv completion", -i64::from(e)));
+        }
+        if src >= self.peers.len() || src == self.rank || c.len < HDR {
+            self.recycle(c.buf);
+            return Ok(());
+        }
+        let b = &c.buf;
+        let (flags, kind) = (b[0], b[1]);
+        let seq = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        let total = u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
+        let bad = kind > KIND_FINALIZED || b[2] != 0 || b[3] != 0 || flags & !(PKT_FIRST | PKT_LAST | PKT_RMA) != 0;
+        if bad {
+            self.recycle(c.buf);
+            self.fault = Some(Error::PeerProtocol { rank: src, what: "malformed OFI packet header" });
+            self.peers[src].state = PeerState::Failed;
+            return Ok(());
+        }
+        let rx = Rx { flags, kind, total, len: c.len - HDR, buf: c.buf };
+        self.rx_held += 1;
+        let p = &mut self.peers[src];
+        if seq == p.next_in {
+            p.ready.push_back(rx);
+            p.next_in = p.next_in.wrapping_add(1);
+            while let Some(r) = p.early.remove(&p.next_in) {
+                p.ready.push_back(r);
+                p.next_in = p.next_in.wrapping_add(1);
+            }
+        } else {
+            p.early.insert(seq, rx);
+        }
+        Ok(())
+    }
+
+    /// Sends one packet (the concatenation of `parts`) to `dest`; `Ok(false)`: no room now
+    /// (make progress and retry). A packet to a failed peer is dropped.
+    ///
+    /// # Errors
+    /// A bad destination or an oversized packet; [`Error::Ofi`] from the provider.
+    pub fn try_send(&mut self, dest: usize, flags: u8, total: u64, parts: &[&[u8]]) -> Result<bool> {
+        self.send_kind(dest, flags, KIND_DATA, total, parts)
+    }
+
+    fn send_kind(&mut self, dest: usize, flags: u8, kind: u8, total: u64, parts: &[&[u8]]) -> Result<bool> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if dest >= self.peers.len() || dest == self.rank || len > MAX_PACKET {
+            return Err(Error::InvalidArgument(format!("OFI packet of {len} bytes from rank {} to {dest}", self.rank)));
+        }
+        if self.peers[dest].state == PeerState::Failed {
+            return Ok(true);
+        }
+        let (seq, addr) = (self.peers[dest].next_out, self.peers[dest].addr);
+        let h = hdr(flags, kind, seq, total);
+        let bits = tag::send(tag::PROTO_PACKET, 0, self.rank as u32, 0).unwrap_or(0);
+        if HDR + len <= self.inject {
+            let mut small = [0u8; 256];
+            let n = gather(&mut small, &h, parts);
+            if n > 0 {
+                if !self.ep.tinject(&small[..n], addr, bits)? {
+                    self.progress()?;
+                    return Ok(false);
+                }
+                self.peers[dest].next_out = seq.wrapping_add(1);
+                return Ok(true);
+            }
+        }
+        if self.tx_inflight >= TX_DEPTH {
+            self.progress()?;
+            if self.tx_inflight >= TX_DEPTH {
+                return Ok(false);
+            }
+        }
+        let mut buf = self.pool.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(&h);
+        for p in parts {
+            buf.extend_from_slice(p);
+        }
+        match self.ep.tsend(buf, Desc::NONE, addr, bits, dest as u64)? {
+            Post::Posted(_) => {
+                self.tx_inflight += 1;
+                self.peers[dest].next_out = seq.wrapping_add(1);
+                Ok(true)
+            }
+            Post::Busy(b) => {
+                self.recycle(b);
+                self.progress()?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Delivers at most one packet from each source that has one, round-robin, to `f`;
+    /// `f` returns `false` to leave the packet for the next poll. Returns how many were
+    /// taken.
+    ///
+    /// # Errors
+    /// [`Error::PeerProtocol`] naming a peer that sent a malformed packet (once; the peer
+    /// then counts as failed); [`Error::Ofi`] when the completion queue fails.
+    pub fn poll<F: FnMut(Packet<'_>) -> bool>(&mut self, mut f: F) -> Result<usize> {
+        self.progress()?;
+        if let Some(e) = self.fault.take() {
+            return Err(e);
+        }
+        let n = self.peers.len();
+        let mut taken = 0;
+        for i in 0..n {
+            let src = (self.next + i) % n;
+            let p = &mut self.peers[src];
+            if p.ready.front().is_some_and(|r| r.kind == KIND_FINALIZED) {
+                p.state = PeerState::Finalized;
+                if let Some(r) = p.ready.pop_front() {
+                    self.rx_held -= 1;
+                    self.recycle(r.buf);
+                }
+            }
+            let p = &mut self.peers[src];
+            let Some(r) = p.ready.front() else { continue };
+            let pkt = Packet { src, flags: r.flags, total_len: r.total, data: &r.buf[HDR..HDR + r.len] };
+            if !f(pkt) {
+                continue;
+            }
+            if let Some(r) = p.ready.pop_front() {
+                self.rx_held -= 1;
+                taken += 1;
+                self.recycle(r.buf);
+            }
+        }
+        self.next = (self.next + 1) % n.max(1);
+        Ok(taken)
+    }
+
+    /// Whether a packet from `src` waits to be delivered.
+    pub fn pending_from(&mut self, src: usize) -> bool {
+        if self.fault.is_none() {
+            // A failing queue shows at the next poll, which reports it.
+            let _ = self.progress();
+        }
+        self.peers.get(src).is_some_and(|p| p.ready.front().is_some_and(|r| r.kind == KIND_DATA))
+    }
+
+    /// How `rank` stands: finalized once its `finalized` packet was reached (after every
+    /// packet it sent before), failed once a send to it failed or it broke the framing, or
+    /// [`OfiFabric::mark_failed`] said so.
+    pub fn peer_state(&self, rank: usize) -> PeerState {
+        self.peers.get(rank).map_or(PeerState::Alive, |p| p.state)
+    }
+
+    /// Records that `rank` failed, as the runtime learned it elsewhere (its process is gone):
+    /// libfabric's RDM endpoints report a dead peer only to a sender.
+    pub fn mark_failed(&mut self, rank: usize) {
+        if let Some(p) = self.peers.get_mut(rank) {
+            if p.state == PeerState::Alive {
+                p.state = PeerState::Failed;
+            }
+        }
+    }
+
+    /// Records that this rank finalized: sends each live peer a `finalized` packet after
+    /// everything sent before, and waits (up to a minute) until every send completed. What
+    /// arrives meanwhile is held, not delivered.
+    pub fn mark_finalized(&mut self) {
+        if std::mem::replace(&mut self.finalized, true) {
+            return;
+        }
+        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        for dest in 0..self.peers.len() {
+            if dest == self.rank {
+                continue;
+            }
+            while Instant::now() < deadline {
+                match self.send_kind(dest, 0, KIND_FINALIZED, 0, &[]) {
+                    Ok(true) | Err(_) => break,
+                    Ok(false) => std::thread::yield_now(),
+                }
+            }
+        }
+        while self.tx_inflight > 0 && Instant::now() < deadline {
+            if self.progress().is_err() {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Sleeps until a completion may be ready (the completion queue's descriptor, where the
+    /// provider gives one), [`OfiFabric::waker`] is woken, or `timeout` passes; returns at
+    /// once when a packet already waits. Without a descriptor it only sleeps. Returns whether
+    /// something may be ready; the caller polls either way.
+    pub fn wait(&mut self, timeout: Duration) -> bool {
+        if self.peers.iter().any(|p| !p.ready.is_empty()) {
+            return true;
+        }
+        match self.ep.wait_fd() {
+            Some(fd) if self.ep.try_wait() => super::wake::sleep_on(fd, self.waker.as_ref(), timeout),
+            Some(_) => true,
+            None => super::wake::sleep_on(-1, self.waker.as_ref(), timeout),
+        }
+    }
+}
+
+/// Copies `h` and `parts` into `out`; 0 when they do not fit.
+fn gather(out: &mut [u8], h: &[u8], parts: &[&[u8]]) -> usize {
+    let total = h.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+    if total > out.len() {
+        return 0;
+    }
+    out[..h.len()].copy_from_slice(h);
+    let mut at = h.len();
+    for p in parts {
+        out[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
+    }
+    at
+}
