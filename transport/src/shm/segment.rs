@@ -43,7 +43,7 @@
 //! at the first touch of a missing page): in the pair layout every page of the file at start,
 //! and every rank maps it with `MAP_POPULATE`, so the first messages of a run cost what the
 //! later ones do (no page faults); in the queued layout everything before the pools at start,
-//! and each fragment of a pool by its owner when it first needs it ([`Segment::allocate_pool_range`]),
+//! and each fragment of a pool by its owner when it first needs it (`Segment::allocate_pool_range`),
 //! so a job takes the memory its traffic uses.
 
 use std::fs::{File, OpenOptions};
