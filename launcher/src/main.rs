@@ -93,11 +93,13 @@ fn real_main() -> Result<i32> {
         .collect();
     // Checked before any rank starts: past the limit, a job of hundreds of ranks used to fail
     // in the middle of its start ("start rank 505: Too many open files").
-    if let Some(limit) = sys::raise_nofile_limit().filter(|&l| !sys::fds_suffice(nlocal, l)) {
+    let need = sys::fds_needed(nlocal, np - nlocal);
+    if let Some(limit) = sys::raise_nofile_limit().filter(|&l| need > l) {
         return Err(Error::Usage(format!(
-            "{nlocal} ranks on this host need about {} open files in tmpirun ({} each: two output pipes and a \
-             bootstrap connection) but its limit is {limit} (`ulimit -n`, hard limit included): raise it or start fewer ranks",
-            nlocal as u64 * sys::FDS_PER_RANK + sys::FDS_RESERVE,
+            "{nlocal} ranks on this host and {} on others need about {need} open files in tmpirun ({} per local rank: \
+             two output pipes and a bootstrap connection; one per remote rank) but its limit is {limit} (`ulimit -n`, hard \
+             limit included): raise it or start fewer ranks",
+            np - nlocal,
             sys::FDS_PER_RANK
         )));
     }
@@ -189,6 +191,31 @@ fn print_info(binder: &binding::Binder) {
     out.push_str(&LAUNCHER_VARS.join(", "));
     out.push_str("\n\nBinding: ");
     out.push_str(&binder.describe());
+    out.push_str("\n\nOFI (libfabric) providers: ");
+    out.push_str(&ofi_providers());
     out.push('\n');
     output::write_to(output::Sink::Stdout, out.as_bytes());
+}
+
+/// `--info`'s line on libfabric: the providers `fi_getinfo` offers an RDM endpoint with
+/// `FI_TAGGED | FI_RMA` on, each marked `(hardware)` when `TMPI_FABRIC=auto` would take it
+/// between hosts.
+#[cfg(feature = "ofi")]
+fn ofi_providers() -> String {
+    use tmpi_transport::ofi;
+    let (major, minor) = ofi::version();
+    match ofi::providers() {
+        Ok(v) if v.is_empty() => format!("none found (libfabric {major}.{minor})"),
+        Ok(v) => {
+            let names: Vec<String> = v.iter().map(|p| if ofi::is_hardware(p) { format!("{p} (hardware)") } else { p.clone() }).collect();
+            format!("{} (libfabric {major}.{minor}; TMPI_FABRIC=ofi takes the first, or TMPI_OFI_PROVIDER)", names.join(", "))
+        }
+        Err(e) => format!("fi_getinfo failed: {e}"),
+    }
+}
+
+/// Without the feature, says how to get it.
+#[cfg(not(feature = "ofi"))]
+fn ofi_providers() -> String {
+    "not built (cargo build --release --features ofi)".into()
 }

@@ -187,6 +187,10 @@ impl Seeing {
         if !sum.missing.is_empty() {
             msg.push_str(&format!("; no trace from rank {}", join(&sum.missing)));
         }
+        let cut: Vec<u32> = traces.iter().filter(|t| !t.sealed).map(|t| t.info.rank).collect();
+        if !cut.is_empty() {
+            msg.push_str(&format!("; rank {} stopped before finalize: its trace ends there", join(&cut)));
+        }
         if !sum.unaligned_hosts.is_empty() {
             msg.push_str(&format!("; clocks of {} not aligned", sum.unaligned_hosts.join(", ")));
         }

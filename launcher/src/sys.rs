@@ -242,12 +242,16 @@ pub fn raise_nofile_limit() -> Option<u64> {
 /// Descriptors tmpirun holds per local rank: its stdout and stderr pipes and its bootstrap
 /// connection.
 pub const FDS_PER_RANK: u64 = 3;
-/// Descriptors tmpirun needs besides its ranks' (its own files, sockets and signals).
-pub const FDS_RESERVE: u64 = 64;
+/// Descriptors tmpirun needs besides its ranks' (its standard streams, the bootstrap
+/// listeners, signals, the job's files, a launch agent's pipes); about 15 are open in a
+/// running job, the rest is margin.
+pub const FDS_RESERVE: u64 = 32;
 
-/// Whether `nlocal` ranks fit an open-file limit of `limit` descriptors.
-pub fn fds_suffice(nlocal: usize, limit: u64) -> bool {
-    (nlocal as u64).saturating_mul(FDS_PER_RANK).saturating_add(FDS_RESERVE) <= limit
+/// Descriptors a job of `nlocal` ranks on this host and `nremote` on others needs in
+/// tmpirun: [`FDS_PER_RANK`] per local rank, one bootstrap connection per remote rank, and
+/// [`FDS_RESERVE`].
+pub fn fds_needed(nlocal: usize, nremote: usize) -> u64 {
+    (nlocal as u64).saturating_mul(FDS_PER_RANK).saturating_add(nremote as u64).saturating_add(FDS_RESERVE)
 }
 
 /// The CPUs the calling thread may run on, ascending.

@@ -22,8 +22,9 @@
 //! let world = universe.world();
 //! let next = (world.rank() + 1) % world.size();
 //! let prev = (world.rank() + world.size() - 1) % world.size();
+//! let me = world.rank();
 //! mpi::request::scope(|scope| {
-//!     let sreq = world.process_at_rank(next).immediate_send(scope, &world.rank());
+//!     let sreq = world.process_at_rank(next).immediate_send(scope, &me);
 //!     let (got, _) = world.process_at_rank(prev).receive::<i32>();
 //!     assert_eq!(got, prev);
 //!     sreq.wait();

@@ -299,29 +299,27 @@ pub trait Communicator: sealed::AsHandle {
     }
 
     /// A communicator for the members of `group` (collective over this communicator; each
-    /// rank passes the group it belongs to, groups disjoint or equal).
+    /// rank passes the group it belongs to, or one it is not a member of, e.g. the empty
+    /// group; the groups passed are disjoint or equal). `None` on ranks outside their group.
     fn split_by_subgroup_collective(&self, group: &dyn Group) -> Option<SimpleCommunicator> {
-        let g = group.tgroup();
-        let comm = &self.as_handle().comm;
-        let color = g.rank().and_then(|_| {
-            let members = comm.group().translate_ranks(&(0..comm.size()).collect::<Vec<_>>(), &g).ok()?;
-            members.iter().position(Option::is_some).map(|r| r as u32)
-        });
-        let key = g.rank().map_or(0, |r| r as i32);
-        let c = ok(comm.split(color, key), "split_by_subgroup_collective")?;
+        let c = ok(self.as_handle().comm.create(&group.tgroup()), "split_by_subgroup_collective")?;
         Some(SimpleCommunicator::from_tmpi(c))
     }
 
-    /// A communicator for the members of `group`, called by its members only.
+    /// A communicator for the members of `group`, called by its members only (MPI's
+    /// `Comm_create_group`). `None`, without communicating, on a process outside `group`.
     fn split_by_subgroup(&self, group: &dyn Group) -> Option<SimpleCommunicator> {
         self.split_by_subgroup_with_tag(group, 0)
     }
 
-    /// As [`Communicator::split_by_subgroup`] with a tag telling concurrent calls apart.
-    fn split_by_subgroup_with_tag(&self, group: &dyn Group, _tag: Tag) -> Option<SimpleCommunicator> {
+    /// As [`Communicator::split_by_subgroup`] with a tag telling concurrent calls apart
+    /// (panics, naming the call, on a negative tag or one above tmpi's `TAG_UB`).
+    fn split_by_subgroup_with_tag(&self, group: &dyn Group, tag: Tag) -> Option<SimpleCommunicator> {
         let g = group.tgroup();
         g.rank()?;
-        panic!("mpi: split_by_subgroup (MPI_Comm_create_group) needs tmpi's Comm::create_group, which this build lacks")
+        let tag = tmpi::Tag::try_from(tag).unwrap_or_else(|_| panic!("mpi: split_by_subgroup_with_tag: tag {tag} is negative"));
+        let c = ok(self.as_handle().comm.create_group(&g, tag), "split_by_subgroup_with_tag");
+        Some(SimpleCommunicator::from_tmpi(c))
     }
 
     /// The group of the communicator.

@@ -150,17 +150,36 @@ impl CollP2p for CollCtx<'_> {
         run_plan(c, who, plan, input, output)
     }
     fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
-        self.comm.send_ctx(self.comm.coll_ctx(), buf, dest, self.tag(tag), false)
+        let f = || self.comm.send_ctx(self.comm.coll_ctx(), buf, dest, self.tag(tag), false);
+        if seen::counting() {
+            seen::message_out(self.comm.world_rank(dest), buf.len());
+        }
+        if seen::tracing() {
+            return seen::step(seen::Step::Send, self.comm, dest, buf.len(), f);
+        }
+        f()
     }
     fn recv(&self, buf: &mut [u8], src: usize, tag: u32) -> Result<usize> {
         self.comm.check_rank(src)?;
-        self.comm.recv_ctx(self.comm.coll_ctx(), buf, Some(src as u32), Some(self.tag(tag))).map(|s| s.len())
+        let n = buf.len();
+        let mut f = move || self.comm.recv_ctx(self.comm.coll_ctx(), buf, Some(src as u32), Some(self.tag(tag))).map(|s| s.len());
+        if seen::tracing() {
+            return seen::step(seen::Step::Recv, self.comm, src, n, f);
+        }
+        f()
     }
     fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize> {
         self.comm.check_rank(src)?;
-        self.comm
-            .sendrecv_ctx(self.comm.coll_ctx(), sbuf, dest, self.tag(stag), rbuf, Some(src as u32), Some(self.tag(rtag)))
-            .map(|s| s.len())
+        let ctx = self.comm.coll_ctx();
+        if seen::counting() {
+            seen::message_out(self.comm.world_rank(dest), sbuf.len());
+        }
+        let mut f =
+            move || self.comm.sendrecv_ctx(ctx, sbuf, dest, self.tag(stag), rbuf, Some(src as u32), Some(self.tag(rtag))).map(|s| s.len());
+        if seen::tracing() {
+            return seen::step(seen::Step::Sendrecv, self.comm, dest, sbuf.len(), f);
+        }
+        f()
     }
 }
 

@@ -233,9 +233,6 @@ impl Comm {
         let tag64 = matching::encode_tag(ctx, self.inner.rank as u32, tag);
         // SAFETY: forwarded to the caller.
         let raw = unsafe { RawBuf::new(bytes) };
-        if seen::counting() {
-            seen::message_out(self.world_rank(dest), bytes.len());
-        }
         e.start_send(self.world_rank(dest), tag64, raw, sync)
     }
 
@@ -340,7 +337,10 @@ impl Comm {
     /// [`Error::InvalidRank`], [`Error::InvalidTag`], [`Error::PeerGone`].
     pub fn send<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
         if seen::on() {
-            return seen::call(What::new(Kind::Send).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.send(buf, dest, tag));
+            return seen::call(
+                What::new(Kind::Send).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
+                || self.send(buf, dest, tag),
+            );
         }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, false)
     }
@@ -351,7 +351,10 @@ impl Comm {
     /// As [`Comm::send`].
     pub fn ssend<T: Pod>(&self, buf: &[T], dest: Rank, tag: Tag) -> Result<()> {
         if seen::on() {
-            return seen::call(What::new(Kind::Ssend).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.ssend(buf, dest, tag));
+            return seen::call(
+                What::new(Kind::Ssend).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
+                || self.ssend(buf, dest, tag),
+            );
         }
         self.send_ctx(self.user_ctx(), bytemuck::cast_slice(buf), dest, tag, true)
     }
@@ -419,7 +422,7 @@ impl Comm {
     ) -> Result<Status> {
         let (src, rtag) = (src.into(), rtag.into());
         if seen::on() {
-            let w = What::new(Kind::Sendrecv).from(self, src).tag_match(rtag);
+            let w = What::new(Kind::Sendrecv).from(self, src).tag_match(rtag).sends(self, dest, size_of_val(sbuf));
             return seen::matched(w, src, |s| self.sendrecv(sbuf, dest, stag, rbuf, s, rtag));
         }
         let (s, t) = self.recv_args(src, rtag)?;

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-pub use tmpi_transport::bootstrap::{Knob, KNOBS};
 use tmpi_transport::fabric::FabricChoice;
+pub use tmpi_transport::knobs::{Knob, KNOBS};
 use tmpi_transport::mr::{CacheConfig, Monitor};
 use tmpi_transport::shm::room::{parse_shm_limit, ENV_SHM_LIMIT, EXPECT_SHM_LIMIT};
 use tmpi_transport::shm::segment::{MAX_RANKS, QUEUED};
@@ -59,7 +59,8 @@ pub struct Config {
     /// `TMPI_TCP_IF`; `None` = auto.
     pub tcp_if: Option<String>,
     /// `TMPI_OFI_PROVIDER`; `None` = auto (libfabric's first offer). Read by builds with the
-    /// `ofi` feature's OFI fabric, which `TMPI_FABRIC` does not select yet.
+    /// `ofi` feature, for the OFI fabric (`TMPI_FABRIC=ofi`, or `auto` between hosts over a
+    /// hardware provider).
     pub ofi_provider: Option<String>,
     /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
     /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
@@ -118,6 +119,13 @@ impl Default for Config {
         }
     }
 }
+
+/// The `TMPI_FABRIC` values this build takes.
+const FABRICS: &str = if cfg!(feature = "ofi") { "auto, shm, tcp or ofi" } else { "auto, shm or tcp (ofi needs the cargo feature `ofi`)" };
+
+/// What `TMPI_FABRIC=ofi` gets in a build without the OFI fabric.
+const NO_OFI: &str =
+    "auto, shm or tcp: this build has no OFI fabric; build with the cargo feature `ofi` (cargo build --release --features ofi; needs libfabric-dev)";
 
 fn bad(var: &str, value: &str, expected: &str) -> Error {
     Error::Config { var: var.into(), value: value.into(), expected: expected.into() }
@@ -261,7 +269,10 @@ impl Config {
             c.single_copy_min = Some(num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize);
         }
         if let Some(v) = get("TMPI_FABRIC") {
-            c.fabric = FabricChoice::parse(&v).map_err(|_| bad("TMPI_FABRIC", &v, "auto, shm or tcp"))?;
+            c.fabric = FabricChoice::parse(&v).map_err(|_| bad("TMPI_FABRIC", &v, FABRICS))?;
+            if c.fabric == FabricChoice::Ofi && !cfg!(feature = "ofi") {
+                return Err(bad("TMPI_FABRIC", &v, NO_OFI));
+            }
         }
         if let Some(v) = get("TMPI_TCP_IF").filter(|v| !matches!(v.trim(), "auto" | "")) {
             // Resolved now, so that a typo is reported at init naming the variable.
@@ -428,6 +439,22 @@ mod tests {
             let e = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    /// `TMPI_FABRIC=ofi`: taken by a build with the feature `ofi`, refused by one without,
+    /// naming the variable and the feature.
+    #[test]
+    fn fabric_ofi_needs_the_feature() {
+        let r = parse(&[("TMPI_FABRIC", "ofi"), ("TMPI_OFI_PROVIDER", "tcp")]);
+        if cfg!(feature = "ofi") {
+            let c = r.unwrap();
+            assert_eq!((c.fabric, c.ofi_provider.as_deref()), (FabricChoice::Ofi, Some("tcp")));
+        } else {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("TMPI_FABRIC") && e.contains("cargo feature `ofi`"), "{e}");
+        }
+        let e = parse(&[("TMPI_FABRIC", "ib")]).unwrap_err().to_string();
+        assert!(e.contains("TMPI_FABRIC") && e.contains("ofi"), "{e}");
     }
 
     /// Issue 12 item 11: one parser, one rule for the MR cache settings (the runtime used to

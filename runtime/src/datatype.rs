@@ -262,9 +262,14 @@ impl Comm {
     /// elements (blocks may overlap or repeat) than this process can pack; as [`Comm::send`].
     pub fn send_layout<T: Pod>(&self, buf: &[T], layout: &Layout, dest: Rank, tag: Tag) -> Result<()> {
         if seen::on() {
-            return seen::call(What::new(Kind::SendLayout).to(self, dest).tag(tag).bytes(layout.len() * size_of::<T>()), || {
-                self.send_layout(buf, layout, dest, tag)
-            });
+            return seen::call(
+                What::new(Kind::SendLayout).to(self, dest).tag(tag).bytes(layout.len() * size_of::<T>()).sends(
+                    self,
+                    dest,
+                    layout.len() * size_of::<T>(),
+                ),
+                || self.send_layout(buf, layout, dest, tag),
+            );
         }
         layout.check(buf.len())?;
         // A small message of a few blocks is gathered straight into the ring: no packed copy.

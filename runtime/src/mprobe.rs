@@ -221,7 +221,11 @@ impl Comm {
     ) -> Result<Status> {
         let (src, rtag) = (src.into(), rtag.into());
         if seen::on() {
-            let w = What::new(Kind::SendrecvReplace).from(self, src).tag_match(rtag).bytes(size_of_val(buf));
+            let w = What::new(Kind::SendrecvReplace).from(self, src).tag_match(rtag).bytes(size_of_val(buf)).sends(
+                self,
+                dest,
+                size_of_val(buf),
+            );
             return seen::matched(w, src, |s| self.sendrecv_replace(buf, dest, stag, s, rtag));
         }
         let out = buf.to_vec();

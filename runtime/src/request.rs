@@ -567,7 +567,10 @@ impl Comm {
     #[inline]
     pub fn isend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
         if seen::on() {
-            return seen::call(What::new(Kind::Isend).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.isend(s, buf, dest, tag));
+            return seen::call(
+                What::new(Kind::Isend).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
+                || self.isend(s, buf, dest, tag),
+            );
         }
         let eng = &self.inner.eng;
         let rid = {
@@ -585,7 +588,10 @@ impl Comm {
     /// As [`Comm::isend`].
     pub fn issend<'scope, T: Pod>(&self, s: &'scope Scope<'scope, '_>, buf: &'scope [T], dest: Rank, tag: Tag) -> Result<Request<'scope>> {
         if seen::on() {
-            return seen::call(What::new(Kind::Issend).to(self, dest).tag(tag).bytes(size_of_val(buf)), || self.issend(s, buf, dest, tag));
+            return seen::call(
+                What::new(Kind::Issend).to(self, dest).tag(tag).bytes(size_of_val(buf)).sends(self, dest, size_of_val(buf)),
+                || self.issend(s, buf, dest, tag),
+            );
         }
         let eng = &self.inner.eng;
         let rid = {

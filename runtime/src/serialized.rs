@@ -34,9 +34,6 @@ impl Comm {
     /// [`Error::InvalidBuffer`] when the value cannot be encoded (a map with non-string keys,
     /// a failing `Serialize` impl); as [`Comm::send`].
     pub fn send_serialized<T: Serialize + ?Sized>(&self, value: &T, dest: Rank, tag: Tag) -> Result<()> {
-        if seen::on() {
-            return seen::call(What::new(Kind::SendSerialized).to(self, dest).tag(tag), || self.send_serialized(value, dest, tag));
-        }
         let bytes =
             serde_json::to_vec(value).map_err(|e| Error::InvalidBuffer(format!("send_serialized: cannot encode the value: {e}")))?;
         self.send(&bytes, dest, tag)

@@ -189,10 +189,17 @@ fn init_world(level: Threading) -> Result<World> {
         return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, Some(bc), level));
     }
     let ring_size = |n: usize| cfg.ring_size_for(n);
-    let how = WireUp { choice: cfg.fabric, tcp_if: cfg.tcp_if.as_deref(), ring_size: &ring_size, peer_timeout: cfg.peer_timeout };
+    let how = WireUp {
+        choice: cfg.fabric,
+        tcp_if: cfg.tcp_if.as_deref(),
+        ring_size: &ring_size,
+        peer_timeout: cfg.peer_timeout,
+        ofi_provider: cfg.ofi_provider.as_deref(),
+    };
     let fabric = wire_up(bc.kv(), &env, &how)?;
     if cfg.stats {
-        eprintln!("tmpi-fabric rank={rank} kind={} bad_connections={}", fabric.name(), fabric.bad_connections());
+        let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
+        eprintln!("tmpi-fabric rank={rank} kind={}{provider} bad_connections={}", fabric.name(), fabric.bad_connections());
     }
     let one_host = matches!(fabric, AnyFabric::Shm(_));
     let world = world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level);
@@ -351,13 +358,22 @@ pub fn run_shm_threads<R: Send>(n: usize, cfg: Config, f: impl Fn(World) -> R + 
 /// measurements in `bench/` (`comm_window_cost`, `pingpong_cost`) cost a message without
 /// cross-core traffic, and callgrind counts its instructions.
 ///
+/// `TMPI_TRACE` and `TMPI_PROFILE` in `cfg` turn seeing on for the process, to measure its
+/// cost (the bench binaries' `TMPI_TRACE=... valgrind --tool=callgrind ...`).
+///
 /// # Panics
-/// If the segment or an engine cannot be created.
+/// If the segment or an engine cannot be created, or seeing cannot start.
 #[doc(hidden)]
 pub fn shm_pair_one_thread(cfg: Config) -> (World, World) {
     let mut fabs = shm_fabrics_in_process(2, &cfg).into_iter();
     let (a, b) = (fabs.next().expect("rank 0"), fabs.next().expect("rank 1"));
     let w0 = world_from_engine(Engine::new(AnyFabric::Shm(a), 0, 2, cfg.clone()).expect("engine 0"), None, Threading::Single);
+    // Tracing or profiling as `cfg` says, as rank 0 (both ranks' events go to its ring), to
+    // measure what seeing costs; never finished (the ring is left beside the path).
+    let t0 = tmpi_trace::clock::now_ns();
+    if let Err(e) = crate::seen::start(&cfg, 0, 2, false, false, t0, &mut || None) {
+        panic!("seeing: {e}");
+    }
     let w1 = world_from_engine(Engine::new(AnyFabric::Shm(b), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
     (w0, w1)
 }

@@ -478,7 +478,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 fn a_flood_of_strangers_does_not_keep_remote_ranks_out() {
     let Some(h) = Hosts::up_as(2, "flood") else { return };
     let a2 = h.addr(1).to_string();
-    let mark = format!("flood-{}", std::process::id());
+    let mark = format!("floodjob-{}", std::process::id());
     let go = h.state.join("go");
     let prog = format!("while [ ! -e {} ]; do sleep 0.05; done; exec {}", go.display(), release_bin("hello").display());
     let mut cmd = Command::new("ip");

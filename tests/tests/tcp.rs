@@ -331,3 +331,93 @@ fn a_slow_stranger_does_not_delay_a_starting_job() {
     assert!(took < Duration::from_secs(30), "the job was held up {took:?}\n{ctx}");
     assert_eq!(closed.len(), 1, "the stranger was closed: {closed:?}\n{ctx}");
 }
+
+/// `TMPI_FABRIC=ofi` in a build without the cargo feature `ofi`: `init` fails on every rank,
+/// naming the variable and the feature.
+#[cfg(not(feature = "ofi"))]
+#[test]
+fn ofi_without_the_feature_is_an_init_error_naming_it() {
+    let _serial = serial();
+    let out = Job::tmpirun(2, "randmix").env("TMPI_FABRIC", "ofi").timeout(Duration::from_secs(60)).run();
+    assert!(!out.success(), "{}", out.report());
+    assert!(out.stderr.contains("TMPI_FABRIC") && out.stderr.contains("cargo feature `ofi`"), "{}", out.report());
+    out.assert_no_leak();
+}
+
+/// libfabric's OFI fabric (`TMPI_FABRIC=ofi`, built with `--features ofi`) on its `tcp`
+/// provider (through `ofi_rxm`), bound to loopback: the endpoints' source address is the one
+/// TCP would listen on (127.0.0.1 for a job on one host), and `FI_TCP_IFACE=lo` keeps the
+/// provider on `lo` as well. Run by `.ci/run` as
+/// `cargo test --release -p tmpi-tests --features ofi --test tcp ofi_`, after building the
+/// examples with the feature.
+#[cfg(feature = "ofi")]
+mod ofi {
+    use super::*;
+
+    fn ofi_job(n: usize, program: &str) -> Job {
+        Job::tmpirun(n, program)
+            .env("TMPI_FABRIC", "ofi")
+            .env("TMPI_OFI_PROVIDER", "tcp")
+            .env("FI_TCP_IFACE", "lo")
+            .env("TMPI_STATS", "1")
+            .timeout(Duration::from_secs(120))
+    }
+
+    /// Every rank reported the OFI fabric on the `tcp` provider.
+    fn assert_ofi(out: &Outcome, n: usize) {
+        assert_fabric(out, n, "ofi");
+        let on_tcp = out.stderr.lines().filter(|l| l.starts_with("tmpi-fabric ") && l.contains(" provider=tcp;ofi_rxm ")).count();
+        assert_eq!(on_tcp, n, "every rank should name the provider\n{}", out.report());
+    }
+
+    /// randmix's small plan: 8 rounds, messages up to 600 000 bytes (eager, and rendezvous
+    /// streamed in packets).
+    fn small_mix(j: Job, seed: u64) -> Job {
+        j.arg("--seed").arg(seed.to_string()).arg("--rounds").arg("8").arg("--max").arg("600000")
+    }
+
+    #[test]
+    fn ofi_examples_and_a_random_mix_at_2_and_3_ranks() {
+        let _serial = serial();
+        for n in [2, 3] {
+            let out = ofi_job(n, "hello").run();
+            out.assert_success();
+            assert_eq!(out.stdout_lines().len(), n, "{}", out.report());
+            assert_ofi(&out, n);
+            let out = ofi_job(n, "ring").run();
+            out.assert_ok_line("ring: ");
+            assert_ofi(&out, n);
+            let out = small_mix(ofi_job(n, "randmix"), 40 + n as u64).run();
+            out.assert_ok_line("randmix: ");
+            assert_ofi(&out, n);
+            // Rendezvous crossed the endpoint, streamed: never a CMA read.
+            let stats: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("tmpi-stats ")).collect();
+            assert_eq!(stats.len(), n, "{}", out.report());
+            assert!(stats.iter().all(|l| l.contains(" cma_reads=0")), "{stats:?}");
+            assert!(stats.iter().any(|l| !l.contains(" rndv=0")), "no rendezvous: {stats:?}");
+        }
+    }
+
+    /// `tmpirun --info` (built with the feature) lists the providers libfabric offers: here
+    /// the software ones (`tcp;ofi_rxm`, `shm`), none marked as hardware.
+    #[test]
+    fn ofi_tmpirun_info_lists_the_providers() {
+        let out = Command::new(tmpi_tests::tmpirun()).arg("--info").output().expect("run tmpirun --info");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with("OFI (libfabric) providers: ")).unwrap_or_default();
+        assert!(line.contains("tcp;ofi_rxm") && line.contains("shm") && !line.contains("(hardware)"), "{text}");
+    }
+
+    /// The same seeded random mix over shared memory and over OFI: both pass every check of
+    /// every message (payload, source, tag, length, truncation, wildcards, probes, cancels),
+    /// and report the same summary (seed, rounds, messages, checks) on rank 0.
+    #[test]
+    fn ofi_random_mix_gives_what_shared_memory_gives() {
+        let _serial = serial();
+        let shm = small_mix(Job::tmpirun(3, "randmix").timeout(Duration::from_secs(120)), 77).run();
+        let ofi = small_mix(ofi_job(3, "randmix"), 77).run();
+        assert_ofi(&ofi, 3);
+        let (a, b) = (shm.assert_ok_line("randmix: "), ofi.assert_ok_line("randmix: "));
+        assert_eq!(a, b, "shm:\n{}\nofi:\n{}", shm.report(), ofi.report());
+    }
+}

@@ -20,7 +20,7 @@ pub const NONE: u32 = u32::MAX;
 /// | point-to-point, posts, probes | world rank of the destination or the matched source ([`NONE`]: any, not matched) | tag ([`NONE`]: any) | payload bytes | 0 | [`aux`] bits |
 /// | completions (`wait`, `test`...) | as above for one request | | | requests asked about | [`aux`] bits |
 /// | collectives | root ([`NONE`]: none) | | bytes of this rank's send buffer | 0 | [`aux`] bits |
-/// | message | the other rank (world) | tag | payload bytes | per-pair sequence, from 1 | [`Proto`] in bits 0..8 |
+/// | message | the other rank (world) | tag | payload bytes | context id x 2^40 + the message's number among those of its envelope (direction, peer, context, tag), from 1 | [`Proto`] bits |
 /// | note | | | count | | |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Event {
@@ -30,8 +30,9 @@ pub struct Event {
     pub dur: u64,
     /// Payload bytes (or a count, by kind).
     pub bytes: u64,
-    /// A message's sequence number on its pair of ranks (1, 2, ...), counted alike by sender
-    /// and receiver; 0 when the event is no message end.
+    /// A message end's number: its context id x 2^40 + its place (1, 2, ...) among the
+    /// messages of its direction, peer, context and tag, counted alike by sender and receiver;
+    /// for completions, the requests asked about; else 0.
     pub id: u64,
     /// The other rank (world rank), or [`NONE`].
     pub peer: u32,
@@ -234,8 +235,6 @@ kinds! {
     SendLayout = 21, "send_layout", P2p;
     /// `Comm::recv_layout`.
     RecvLayout = 22, "recv_layout", P2p;
-    /// `Comm::send_serialized`.
-    SendSerialized = 23, "send_serialized", P2p;
     /// `Comm::recv_serialized`.
     RecvSerialized = 24, "recv_serialized", P2p;
     /// `Comm::isend`.
@@ -346,12 +345,15 @@ kinds! {
     CartCreate = 104, "cart_create", Comm;
     /// `CartComm::sub`.
     CartSub = 105, "cart_sub", Comm;
+    /// `Comm::dist_graph_create_adjacent`.
+    DistGraphCreate = 106, "dist_graph_create_adjacent", Comm;
     /// A message leaving this rank (its protocol in `aux`, see [`Proto`]).
     MsgOut = 120, "msg out", Message;
     /// A message matched by a receive of this rank (its protocol and how it matched in `aux`).
     MsgIn = 121, "msg in", Message;
-    /// A phase of a collective (its algorithm's name in `aux`, see [`Proto`]).
-    CollPhase = 130, "coll phase", Phase;
+    /// A step of a collective's point-to-point algorithm (`aux`: 1 send, 2 receive, 3 both;
+    /// `peer`: the rank it exchanged with).
+    CollPhase = 130, "coll step", Phase;
     /// Events of this rank were dropped: `bytes` of them, the oldest first (the ring was full).
     Dropped = 140, "events dropped", Note;
 }

@@ -36,10 +36,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(feature = "tools")]
 pub mod check;
 pub mod clock;
 pub mod event;
 pub mod merge;
+#[cfg(feature = "tools")]
 pub mod plot;
 pub mod profile;
 pub mod record;

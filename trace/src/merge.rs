@@ -11,7 +11,8 @@
 //!   microseconds, to the nanosecond), nested properly on its thread;
 //! - a flow (`"ph":"s"` inside the sender's message event, `"ph":"f"` with `"bp":"e"` inside
 //!   the receiver's) from each message that left a rank to the receive that matched it, paired
-//!   by (source, destination, the message's sequence number on that pair);
+//!   by (source, destination, tag, the message's number: its context and its sequence number
+//!   among the messages of that envelope);
 //! - a process-scoped instant (`"ph":"i"`, `"s":"p"`) where a rank's ring dropped events;
 //! - `otherData`: the job's size, ranks whose file was missing, dropped events and the clock
 //!   correction's error bound.
@@ -32,6 +33,10 @@ use crate::ring::RankTrace;
 pub fn tid_of(rank: u32, thread: u16) -> u64 {
     (u64::from(rank) + 1) * 1000 + u64::from(thread.min(999))
 }
+
+/// Bits of a message event's `id` that number it on its envelope; the context id is above.
+pub const MSG_SEQ_BITS: u32 = 40;
+const MSG_SEQ_MASK: u64 = (1 << MSG_SEQ_BITS) - 1;
 
 /// Shortest message event written, so that a flow's end fits strictly inside it (ns).
 const MIN_MSG_DUR: u64 = 2;
@@ -183,6 +188,24 @@ fn peer_arg(out: &mut String, key: &str, v: u32) {
     }
 }
 
+/// The name an event shows: the call's, or for a collective's step what it did.
+fn event_name(ev: &Event, kind: Kind) -> String {
+    if kind != Kind::CollPhase {
+        return kind.name().to_string();
+    }
+    let what = match ev.aux & 0xff {
+        1 => "send",
+        2 => "recv",
+        3 => "sendrecv",
+        _ => "step",
+    };
+    if ev.peer == NONE {
+        format!("coll {what}")
+    } else {
+        format!("coll {what} {}", ev.peer)
+    }
+}
+
 /// The `args` of an event.
 fn args(ev: &Event, kind: Kind) -> String {
     let mut a = String::from("{");
@@ -191,13 +214,15 @@ fn args(ev: &Event, kind: Kind) -> String {
         Class::Message => {
             peer_arg(&mut a, if kind == Kind::MsgOut { "to" } else { "from" }, ev.peer);
             peer_arg(&mut a, "tag", ev.tag);
-            let _ = write!(a, ",\"seq\":{},\"protocol\":", ev.id);
+            let _ = write!(a, ",\"seq\":{},\"context\":{},\"protocol\":", ev.id & MSG_SEQ_MASK, ev.id >> MSG_SEQ_BITS);
             push_json_str(&mut a, &Proto(ev.aux).describe().join(", "));
         }
         Class::Note => {}
         Class::Phase => {
-            let _ = write!(a, ",\"step\":{}", ev.aux);
             peer_arg(&mut a, "peer", ev.peer);
+            if ev.aux & aux::FAILED != 0 {
+                a.push_str(",\"failed\":true");
+            }
         }
         Class::Life => {}
         class => {
@@ -235,7 +260,7 @@ fn event_json(out: &mut String, p: &Placed) {
     let (pid, tid) = (u64::from(p.rank) + 1, tid_of(p.rank, p.ev.thread));
     sep(out);
     out.push_str("{\"name\":");
-    push_json_str(out, kind.name());
+    push_json_str(out, &event_name(&p.ev, kind));
     let _ = write!(out, ",\"cat\":\"{}\"", kind.class().name());
     if kind.class() == Class::Note {
         let _ = write!(out, ",\"ph\":\"i\",\"s\":\"p\",\"ts\":{},\"pid\":{pid},\"tid\":{tid}", us(p.start));
@@ -281,17 +306,20 @@ fn metadata(out: &mut String, traces: &[RankTrace], placed: &[Placed]) {
     }
 }
 
+/// A message's (source, destination, tag, id), which its two ends share.
+type MsgKey = (u32, u32, u32, u64);
+
 /// Flow events from each message out to the message in with the same (source, destination,
-/// sequence).
+/// tag, id).
 fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
-    let mut outs: HashMap<(u32, u32, u64), &Placed> = HashMap::new();
-    let mut ins: Vec<(&Placed, (u32, u32, u64))> = Vec::new();
+    let mut outs: HashMap<MsgKey, &Placed> = HashMap::new();
+    let mut ins: Vec<(&Placed, MsgKey)> = Vec::new();
     for p in placed.iter().filter(|p| p.ev.id != 0 && p.ev.peer != NONE) {
         match p.ev.kind() {
             Some(Kind::MsgOut) => {
-                outs.insert((p.rank, p.ev.peer, p.ev.id), p);
+                outs.insert((p.rank, p.ev.peer, p.ev.tag, p.ev.id), p);
             }
-            Some(Kind::MsgIn) => ins.push((p, (p.ev.peer, p.rank, p.ev.id))),
+            Some(Kind::MsgIn) => ins.push((p, (p.ev.peer, p.rank, p.ev.tag, p.ev.id))),
             _ => {}
         }
     }
@@ -359,5 +387,5 @@ pub fn merge(traces: &[RankTrace], opts: &Options) -> (String, Summary) {
     (out, summary)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tools"))]
 mod tests;

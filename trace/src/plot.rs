@@ -178,7 +178,9 @@ fn draw_timeline<DB: DrawingBackend>(
             root.draw(&Text::new(s.name.clone(), (x0 + 3, y + 5), ("sans-serif", 11).into_font().color(&WHITE))).map_err(plot_err)?;
         }
     }
-    for f in &t.flows {
+    // Only flows with both ends in the window (a line to an end outside would leave the plot).
+    let inside = |sl: &crate::check::Slice| sl.ts >= lo && sl.ts + sl.dur <= hi;
+    for f in t.flows.iter().filter(|f| inside(&f.from) && inside(&f.to)) {
         let a = (x_of(f.from.ts + f.from.dur / 2.0), y_of((f.from.pid, f.from.tid)) + row - 3);
         let b = (x_of(f.to.ts + f.to.dur / 2.0), y_of((f.to.pid, f.to.tid)) + row / 2);
         root.draw(&PathElement::new(vec![a, b], BLACK.stroke_width(1))).map_err(plot_err)?;

@@ -15,6 +15,7 @@
 //!   [`fabric::AnyFabric`], the one the runtime drives (shared memory, TCP, or both in one
 //!   job).
 //! - [`bootstrap`]: the key-value service that `tmpirun` serves and ranks use to meet.
+//! - [`knobs`]: every `TMPI_*` environment variable, its default and meaning.
 //!
 //! This crate never depends on the runtime (`tmpi`); the runtime and the launcher use it.
 //!
@@ -29,6 +30,7 @@
 pub mod bootstrap;
 pub mod error;
 pub mod fabric;
+pub mod knobs;
 pub mod local;
 pub mod mr;
 #[cfg(feature = "ofi")]

@@ -98,9 +98,33 @@ impl Tmh {
         if b[1..4] != [0, 0, 0] {
             return Err(Error::Malformed { what: "TMH reserved bytes are not zero" });
         }
+        Ok(Self::fields(op, b))
+    }
+
+    /// Reads a header as the hardware does: opcode, `app_ctx` and tag. Unlike
+    /// [`Tmh::decode`] (the software decoder, which refuses them) the reserved bytes are
+    /// ignored: rdma-core's suite (`tests/test_tag_matching.py`, `write_tm_header`) sends
+    /// TMHs whose reserved bytes and `app_ctx` are left over from the payload and expects
+    /// them matched. `None` for a buffer shorter than [`TMH_LEN`] or an unknown opcode.
+    #[inline]
+    pub fn decode_as_hardware(buf: &[u8]) -> Option<Self> {
+        let b = buf.first_chunk::<TMH_LEN>()?;
+        let op = match b[0] {
+            0 => TmOp::NoTag,
+            1 => TmOp::Rndv,
+            2 => TmOp::Fin,
+            3 => TmOp::Eager,
+            _ => return None,
+        };
+        Some(Self::fields(op, b))
+    }
+
+    /// The header of opcode `op` whose other fields are in `b`.
+    #[inline(always)]
+    fn fields(op: TmOp, b: &[u8; TMH_LEN]) -> Self {
         let app_ctx = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
         let tag = u64::from_be_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
-        Ok(Tmh { op, app_ctx, tag })
+        Tmh { op, app_ctx, tag }
     }
 }
 
@@ -147,6 +171,142 @@ impl Rvh {
             rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
             len: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
         })
+    }
+}
+
+/// Length of a FIN message: the request's TMH (opcode FIN) and RVH.
+pub const FIN_LEN: usize = TMH_LEN + RVH_LEN;
+
+/// A FIN: the receiver of a rendezvous has its data. It repeats the request's TMH (with
+/// opcode FIN) and RVH, which name the send it completes. Sent by software and by the
+/// TM-SRQ alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fin {
+    /// The request's TMH (its opcode is replaced by FIN).
+    pub tmh: Tmh,
+    /// The request's RVH.
+    pub rvh: Rvh,
+}
+
+impl Fin {
+    /// The encoded FIN.
+    #[inline]
+    pub fn to_bytes(&self) -> [u8; FIN_LEN] {
+        let mut b = [0u8; FIN_LEN];
+        b[..TMH_LEN].copy_from_slice(&Tmh { op: TmOp::Fin, ..self.tmh }.to_bytes());
+        b[TMH_LEN..].copy_from_slice(&self.rvh.to_bytes());
+        b
+    }
+}
+
+/// Length of the rendezvous meta-data this crate defines after the RVH: the payload length and
+/// flags, each a big-endian `u64` (see [`RndvRequest`]).
+pub const RNDV_META_LEN: usize = 16;
+/// Meta-data flag: the sender has checked the RVH's range for a single-copy read by the
+/// destination (see [`RndvRequest::pregranted`]).
+pub const RNDV_FLAG_PREGRANTED: u64 = 1;
+/// Length of a rendezvous request built by [`RndvRequest::encode`]: TMH, RVH, meta-data.
+pub const RNDV_REQ_LEN: usize = TMH_LEN + RVH_LEN + RNDV_META_LEN;
+/// Where the meta-data's two words start in a rendezvous request: the length, then the flags.
+const META_LEN_AT: usize = TMH_LEN + RVH_LEN;
+const META_FLAGS_AT: usize = META_LEN_AT + 8;
+
+/// The RVH `len` that tmpi's senders write for a payload of `u32::MAX` bytes or more: "the
+/// length does not fit the RVH; read it from the meta-data". Hardware gives it no meaning
+/// (it is an ordinary length to it); see [`RndvRequest`] for why that is safe.
+pub const RVH_LEN_IN_META: u32 = u32::MAX;
+
+/// A rendezvous request as tmpi's senders build it: `TMH | RVH | meta-data`, where the
+/// meta-data is the payload length and a word of flags ([`RNDV_FLAG_PREGRANTED`]), each a
+/// big-endian `u64`: 48 bytes, within the 64 of `max_rndv_hdr_size`.
+///
+/// # What the hardware path reads, and the two software extensions
+///
+/// The TM-SRQ serves an expected request from the RVH alone (`va`, 32-bit `rkey`, 32-bit
+/// `len`), as the seed says (the optional data "may be inspected by receiver SW if the
+/// message is deemed unexpected"); bytes after the RVH never change what it reads. So that
+/// the RVH is the whole truth:
+///
+/// - **Keys.** The `rkey` is the sender's fi_mr key itself: the runtime opens its fi_mr
+///   domain with `mr_key_size` 4 (as libfabric's verbs provider does, whose keys are the
+///   verbs rkeys), so every key fits 32 bits and the target's key check
+///   ([`crate::mr::Domain::check_remote`] with `u64::from(rkey)`) stays the single
+///   authority before any byte moves. A wider key cannot be encoded ([`RndvRequest::rkey`]
+///   is a `u32`); truncating one would only make the target refuse the read.
+/// - **Payloads of `u32::MAX` bytes or more** (the software path): the RVH's `len` is
+///   [`RVH_LEN_IN_META`] and the real length is in the meta-data. The runtime never posts a
+///   tagged buffer of `u32::MAX` bytes or more, and the model refuses one (an ADD above
+///   [`MAX_TAGGED_LEN`](crate::tm::MAX_TAGGED_LEN) is `EINVAL`), so the hardware finds every tagged buffer smaller than
+///   `RVH_LEN_IN_META` and completes such a request `TM_RNDV_INCOMPLETE` with the headers
+///   in the buffer, or it arrives unexpected: either way software finishes it, reading the
+///   length with [`RndvRequest::payload_len`]. (UCX reaches the same end differently: it
+///   sends rendezvous requests the device cannot serve as tagged eager messages, its
+///   "software rendezvous".)
+///
+/// Software reads the same `(va, rkey, len)` as the hardware, except for the length of the
+/// long messages above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RndvRequest {
+    /// TMH `app_ctx`.
+    pub app_ctx: u32,
+    /// TMH tag.
+    pub tag: u64,
+    /// RVH address of the sender's registered buffer.
+    pub va: u64,
+    /// RVH remote key: the sender's fi_mr key.
+    pub rkey: u32,
+    /// Payload length.
+    pub len: u64,
+    /// The sender (the read's target) has already checked `(rkey, va, len, read)` in its
+    /// fi_mr domain for a single-copy read by the destination, and holds the buffer until
+    /// FIN: the receiver may copy it without asking (one round trip fewer). Only software
+    /// reads it; the hardware path serves the RVH as always.
+    pub pregranted: bool,
+}
+
+impl RndvRequest {
+    /// The encoded request (TMH with opcode RNDV, RVH, meta-data).
+    pub fn encode(&self) -> [u8; RNDV_REQ_LEN] {
+        let mut b = [0u8; RNDV_REQ_LEN];
+        let tmh = Tmh { op: TmOp::Rndv, app_ctx: self.app_ctx, tag: self.tag };
+        let rvh = Rvh { va: self.va, rkey: self.rkey, len: u32::try_from(self.len).unwrap_or(RVH_LEN_IN_META) };
+        b[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
+        b[TMH_LEN..TMH_LEN + RVH_LEN].copy_from_slice(&rvh.to_bytes());
+        b[META_LEN_AT..META_FLAGS_AT].copy_from_slice(&self.len.to_be_bytes());
+        let flags = if self.pregranted { RNDV_FLAG_PREGRANTED } else { 0 };
+        b[META_FLAGS_AT..].copy_from_slice(&flags.to_be_bytes());
+        b
+    }
+
+    /// The payload length software reads from a whole request `req` (TMH, RVH, anything): the
+    /// RVH's `len`, unless it is [`RVH_LEN_IN_META`], in which case the meta-data's (which
+    /// must then be there and be at least `u32::MAX`). `None` for a request too short or
+    /// inconsistent.
+    pub fn payload_len(req: &[u8]) -> Option<u64> {
+        let rvh = Rvh::decode(req.get(TMH_LEN..)?).ok()?;
+        if rvh.len != RVH_LEN_IN_META {
+            return Some(u64::from(rvh.len));
+        }
+        let m: [u8; 8] = req.get(META_LEN_AT..META_FLAGS_AT)?.try_into().ok()?;
+        let len = u64::from_be_bytes(m);
+        (len >= u64::from(RVH_LEN_IN_META)).then_some(len)
+    }
+
+    /// Reads a whole request as software does (see [`RndvRequest::payload_len`]); `None` if
+    /// it is not a valid rendezvous request.
+    pub fn parse(req: &[u8]) -> Option<RndvRequest> {
+        let tmh = Tmh::decode_as_hardware(req).filter(|t| t.op == TmOp::Rndv)?;
+        let rvh = Rvh::decode(req.get(TMH_LEN..)?).ok()?;
+        let len = Self::payload_len(req)?;
+        Some(RndvRequest { app_ctx: tmh.app_ctx, tag: tmh.tag, va: rvh.va, rkey: rvh.rkey, len, pregranted: Self::pregranted(req) })
+    }
+
+    /// Whether a whole request `req` says [`RndvRequest::pregranted`] (false when its
+    /// meta-data is short or absent).
+    pub fn pregranted(req: &[u8]) -> bool {
+        req.get(META_FLAGS_AT..RNDV_REQ_LEN)
+            .and_then(|f| <[u8; 8]>::try_from(f).ok())
+            .is_some_and(|f| u64::from_be_bytes(f) & RNDV_FLAG_PREGRANTED != 0)
     }
 }
 
@@ -402,7 +562,7 @@ pub enum ReadMode {
         /// Reader's address of the read's first byte.
         dst: u64,
     },
-    /// The target's share of a pre-granted single copy ([`crate::tm::RndvRequest::pregranted`]): the
+    /// The target's share of a pre-granted single copy ([`RndvRequest::pregranted`]): the
     /// reader copies the part of the send before `va` itself, without asking, and the target
     /// writes the requested range into the reader's buffer and answers [`Rma::WriteDone`]
     /// (no grant). The range's offset in the read is its offset in the send.

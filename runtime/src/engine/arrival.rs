@@ -19,40 +19,13 @@ impl State {
             }
             return true;
         }
-        if p.flags & PKT_FIRST != 0 && p.src != self.rank {
-            // The announced length must fit the packet: a whole message is exactly its packet,
-            // a first packet announces more (never more than an eager message may carry). A
-            // packet that breaks this is refused before the TM-SRQ sees it, so the stream
-            // from that peer stays in step.
-            let (len, total) = (p.data.len() as u64, p.total_len);
-            let whole = p.flags & PKT_LAST != 0;
-            if (whole && total != len) || (!whole && (total <= len || total > (MAX_EAGER_LEN + TMH_LEN) as u64)) {
-                self.outbox.fail(malformed_from(p.src, "a packet whose length disagrees with its message"));
-                return true;
-            }
+        if p.flags & PKT_FIRST != 0 && p.src != self.rank && !length_agrees(&p) {
+            // Refused before the TM-SRQ sees it, so the stream from that peer stays in step.
+            self.outbox.fail(malformed_from(p.src, "a packet whose length disagrees with its message"));
+            return true;
         }
-        // The common cases cost no queued completion: a whole eager message while no
-        // completion is queued matches a tagged buffer or lands unexpected in an SRQ buffer,
-        // and its completion is handled at once (what `drain_cq` would do with it next).
-        if p.flags & PKT_WHOLE == PKT_WHOLE {
-            match self.offload.tm_mut().arrive_whole_polled(p.src as u32, p.data) {
-                Some(Polled::Unexpected(wc)) => {
-                    let r = self.on_unexpected_wc(&wc).and_then(|()| self.on_whole_eager(p)).and_then(|()| self.settle_cq());
-                    if let Err(e) = r {
-                        self.outbox.fail(e);
-                    }
-                    return true;
-                }
-                Some(Polled::Matched(pl, wc)) => {
-                    self.on_tagged(p, &pl, wc.wr_id);
-                    self.on_hw_completion(&wc);
-                    if let Err(e) = self.settle_cq() {
-                        self.outbox.fail(e);
-                    }
-                    return true;
-                }
-                None => {}
-            }
+        if p.flags & PKT_WHOLE == PKT_WHOLE && self.on_whole_polled(p) {
+            return true;
         }
         let arrival = if p.flags & PKT_FIRST != 0 {
             self.offload.tm_mut().arrive_first(p.src as u32, p.data, p.total_len as usize)
@@ -69,29 +42,60 @@ impl State {
                 }
                 Buffer::Srq { .. } => self.on_software(p),
             },
-            Ok(Arrival::Read(rr)) => {
-                // An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue,
-                // described by the RVH alone.
-                RndvInfo::parse(p.data).and_then(|mut info| {
-                    info.key = u64::from(rr.rkey);
-                    info.len = rr.len as usize;
-                    let rid = wr_to_rid(rr.recv_wr_id);
-                    if !self.admits(rid, info.tmh.tag, p.src) {
-                        // A forged source: no byte is read; the receive fails at DATA_VALID.
-                        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-                            r.refused = Some(p.src);
-                        }
-                        return self.offload.tm_mut().read_failed(rr.id, WcStatus::RemAccessErr).map_err(|e| Error::Transport(e.into()));
-                    }
-                    self.start_read(rid, p.src, info, Some(rr.id))
-                })
-            }
+            Ok(Arrival::Read(rr)) => self.on_tm_read(p, rr),
             Err(e) => Err(Error::Transport(e.into())),
         };
         if let Err(e) = r.and_then(|()| self.settle_cq()) {
             self.outbox.fail(e);
         }
         true
+    }
+
+    /// The common cases cost no queued completion: a whole eager message while no completion
+    /// is queued matches a tagged buffer or lands unexpected in an SRQ buffer, and its
+    /// completion is handled at once (what `drain_cq` would do with it next). Returns whether
+    /// `p` was handled so (else it takes the general way).
+    #[inline(always)]
+    fn on_whole_polled(&mut self, p: Packet<'_>) -> bool {
+        let r = match self.offload.tm_mut().arrive_whole_polled(p.src as u32, p.data) {
+            Some(Polled::Unexpected(wc)) => self.whole_unexpected(p, &wc),
+            Some(Polled::Matched(pl, wc)) => {
+                self.on_tagged(p, &pl, wc.wr_id);
+                self.on_hw_completion(&wc);
+                self.settle_cq()
+            }
+            None => return false,
+        };
+        if let Err(e) = r {
+            self.outbox.fail(e);
+        }
+        true
+    }
+
+    /// A whole eager message that completed unexpected in the TM-SRQ (`wc`): software
+    /// matches it.
+    #[inline(always)]
+    fn whole_unexpected(&mut self, p: Packet<'_>, wc: &Wc) -> Result<()> {
+        self.on_unexpected_wc(wc)?;
+        self.on_whole_eager(p)?;
+        self.settle_cq()
+    }
+
+    /// An expected rendezvous: the TM-SRQ asks for the RDMA read it would issue, described by
+    /// the RVH alone.
+    fn on_tm_read(&mut self, p: Packet<'_>, rr: tmpi_transport::tm::ReadRequest) -> Result<()> {
+        let mut info = RndvInfo::parse(p.data)?;
+        info.key = u64::from(rr.rkey);
+        info.len = rr.len as usize;
+        let rid = wr_to_rid(rr.recv_wr_id);
+        if !self.admits(rid, info.tmh.tag, p.src) {
+            // A forged source: no byte is read; the receive fails at DATA_VALID.
+            if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+                r.refused = Some(p.src);
+            }
+            return self.offload.tm_mut().read_failed(rr.id, WcStatus::RemAccessErr).map_err(|e| Error::Transport(e.into()));
+        }
+        self.start_read(rid, p.src, info, Some(rr.id))
     }
 
     /// The TM-SRQ placed packet `p` as `pl` says in the tagged buffer of receive `recv_wr_id`
@@ -112,6 +116,9 @@ impl State {
             // A message under another rank's name writes nothing (it completes with an
             // error, see `on_hw_completion`).
             let tag64 = Tmh::decode(p.data).map_or(0, |t| t.tag);
+            if p.data.first() != Some(&(TmOp::Rndv as u8)) {
+                crate::seen::msg(false, p.src, tag64, (p.total_len as usize).saturating_sub(TMH_LEN), Proto::EAGER | Proto::OFFLOADED);
+            }
             if !self.admits(rid, tag64, p.src) {
                 if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
                     r.refused = Some(p.src);
@@ -188,5 +195,17 @@ impl State {
             Rma::Grant { split, heap, .. } => self.on_grant(read, split, heap),
             Rma::ReadErr { .. } => self.finish_read(read, false),
         }
+    }
+}
+
+/// Whether the length a first packet `p` announces fits it: a whole message is exactly its
+/// packet, a first packet announces more (never more than an eager message may carry).
+#[inline(always)]
+fn length_agrees(p: &Packet<'_>) -> bool {
+    let (len, total) = (p.data.len() as u64, p.total_len);
+    if p.flags & PKT_LAST != 0 {
+        total == len
+    } else {
+        total > len && total <= (MAX_EAGER_LEN + TMH_LEN) as u64
     }
 }

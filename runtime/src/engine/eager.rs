@@ -143,7 +143,7 @@ impl Engine {
         if !sync && (len < PIPELINE_MIN || !self.peers[dest].pipelined) && self.may_send_whole(dest, len) {
             let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
             if self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &[&tmh, data.slice(0, len)])? {
-                self.sent_whole(dest, len);
+                self.sent_whole(dest, tag64, len);
                 return Ok(None);
             }
         }
@@ -155,18 +155,21 @@ impl Engine {
     /// enough credit (the ring's room is the fabric's to say).
     #[inline(always)]
     fn may_send_whole(&self, dest: usize, len: usize) -> bool {
+        dest != self.st.rank && self.goes_eager(dest, len) && TMH_LEN + len <= self.max_packet && self.out[dest].is_empty()
+    }
+
+    /// Whether a message of `len` bytes to another rank `dest` goes eager: below its
+    /// rendezvous start, within `TMPI_EAGER_LIMIT`, and with credit for it (else rendezvous).
+    #[inline(always)]
+    fn goes_eager(&self, dest: usize, len: usize) -> bool {
         // `len < rndv_from` (at most 2^32) keeps `len + UX_OVERHEAD` from overflowing.
-        dest != self.st.rank
-            && self.st.threshold.eager_below(dest, len)
-            && len <= self.cfg.eager_limit
-            && TMH_LEN + len <= self.max_packet
-            && self.st.credit.covers(dest, len + UX_OVERHEAD)
-            && self.out[dest].is_empty()
+        self.st.threshold.eager_below(dest, len) && len <= self.cfg.eager_limit && self.st.credit.covers(dest, len + UX_OVERHEAD)
     }
 
     /// Accounts for a message that [`Engine::may_send_whole`] allowed and the fabric took.
     #[inline(always)]
-    fn sent_whole(&mut self, dest: usize, len: usize) {
+    fn sent_whole(&mut self, dest: usize, tag64: u64, len: usize) {
+        crate::seen::msg(true, dest, tag64, len, Proto::EAGER);
         self.st.credit.spend(dest, len + UX_OVERHEAD);
         self.st.stats.msgs_sent += 1;
         self.st.stats.bytes_sent += len as u64;
@@ -181,20 +184,21 @@ impl Engine {
         self.st.stats.msgs_sent += 1;
         self.st.stats.bytes_sent += len as u64;
         if dest != self.st.rank {
-            let cost = len.saturating_add(UX_OVERHEAD);
-            let rndv_from = self.st.threshold.rndv_from(dest);
-            if len >= rndv_from || len > self.cfg.eager_limit || !self.st.credit.covers(dest, cost) {
-                if len <= self.cfg.eager_limit && len < rndv_from {
+            if !self.goes_eager(dest, len) {
+                if len <= self.cfg.eager_limit && self.st.threshold.eager_below(dest, len) {
+                    // Eager but for the credit.
                     self.st.stats.credit_rndv += 1;
                 }
+                crate::seen::msg(true, dest, tag64, len, Proto::RNDV);
                 return self.start_rndv(dest, tag64, data).map(Some);
             }
-            self.st.credit.spend(dest, cost);
+            self.st.credit.spend(dest, len + UX_OVERHEAD);
             if len >= EAGER_NT_MIN {
                 self.st.ways.big_eager_sent(dest);
             }
         }
         self.st.stats.eager += 1;
+        crate::seen::msg(true, dest, tag64, len, if dest == self.st.rank { Proto::SELF } else { Proto::EAGER });
         let req = if sync { Some(self.st.new_send(dest, tag64, true, None)?) } else { None };
         let app_ctx = req.map_or(0, |r| SYNC_FLAG | wire_name(r));
         let tmh = Tmh { op: TmOp::Eager, app_ctx, tag: tag64 }.to_bytes();
@@ -246,7 +250,7 @@ impl Engine {
         if !self.fabric.try_send(dest, PKT_WHOLE, (TMH_LEN + len) as u64, &all[..=parts.len()])? {
             return Ok(false);
         }
-        self.sent_whole(dest, len);
+        self.sent_whole(dest, tag64, len);
         Ok(true)
     }
 
@@ -400,58 +404,89 @@ impl State {
         match self.matcher.arrive(tmh.tag, key) {
             Arrived::Matched(_, rid, _) => {
                 self.stats.sw_matched += 1;
+                crate::seen::msg(false, src, tmh.tag, total, Proto::EAGER | Proto::SOFTWARE);
                 if last && ack.is_none() && self.take_whole(rid, src, tmh.tag, data) {
                     self.give_credit(src, total);
                     return Ok(());
                 }
-                self.leave_queues(rid);
-                self.size_owned(rid, total);
-                self.give_credit(src, total);
-                if !self.admits(rid, tmh.tag, src) {
-                    self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
-                    if !last {
-                        self.ux.set_incoming(src, Incoming::Discard);
-                    }
-                    return Ok(());
-                }
-                if let Some((dest, idx)) = ack {
-                    self.outbox.control(dest, Control::SsendAck { name: idx });
-                }
-                if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-                    if !last {
-                        r.phase = RecvPhase::Filling;
-                    }
-                    r.src_world = src;
-                    r.source = src_of(tmh.tag);
-                    r.tag = tag_of(tmh.tag);
-                    r.total = total;
-                    if let Some(b) = &r.buf {
-                        b.write_at(0, data);
-                    }
-                    r.received = data.len();
-                }
-                if last {
-                    self.complete_recv(rid);
-                } else {
-                    self.ux.set_incoming(src, Incoming::Expected { req: rid });
-                }
+                self.first_into_posted(rid, src, tmh, (data, total, last), ack);
+                Ok(())
             }
-            Arrived::Unexpected => {
-                self.stats.unexpected += 1;
-                let Some(mut v) = self.ux.buffer(total) else {
-                    if !last {
-                        self.ux.set_incoming(src, Incoming::Discard);
-                    }
-                    return Err(Error::NoMemory { bytes: total, rank: src });
-                };
-                v.extend_from_slice(data);
-                let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack, rndv: None });
-                self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux.bytes() as u64);
-                debug_assert_eq!(k, key);
-                if !last {
-                    self.ux.set_incoming(src, Incoming::Unexpected { ux: k });
-                }
+            Arrived::Unexpected => self.first_unexpected(key, src, tmh, (data, total, last), ack),
+        }
+    }
+
+    /// The first packet of a message (`data` of `total` bytes, the whole message if `last`)
+    /// matched posted receive `rid` (the general way, see [`State::take_whole`]): it is
+    /// written there, and the rest of the message follows it; `ack` answers a synchronous
+    /// send.
+    #[inline(always)]
+    fn first_into_posted(
+        &mut self,
+        rid: ReqId,
+        src: usize,
+        tmh: Tmh,
+        (data, total, last): (&[u8], usize, bool),
+        ack: Option<(usize, u32)>,
+    ) {
+        self.leave_queues(rid);
+        self.size_owned(rid, total);
+        self.give_credit(src, total);
+        if !self.admits(rid, tmh.tag, src) {
+            self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
+            if !last {
+                self.ux.set_incoming(src, Incoming::Discard);
             }
+            return;
+        }
+        if let Some((dest, idx)) = ack {
+            self.outbox.control(dest, Control::SsendAck { name: idx });
+        }
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            if !last {
+                r.phase = RecvPhase::Filling;
+            }
+            r.src_world = src;
+            r.source = src_of(tmh.tag);
+            r.tag = tag_of(tmh.tag);
+            r.total = total;
+            if let Some(b) = &r.buf {
+                b.write_at(0, data);
+            }
+            r.received = data.len();
+        }
+        if last {
+            self.complete_recv(rid);
+        } else {
+            self.ux.set_incoming(src, Incoming::Expected { req: rid });
+        }
+    }
+
+    /// The first packet of a message (`data` of `total` bytes, the whole message if `last`)
+    /// matched no receive: it is kept as unexpected message `key` (with `ack`, to answer a
+    /// synchronous send when it matches), and the rest follows it there.
+    #[inline(always)]
+    fn first_unexpected(
+        &mut self,
+        key: Key,
+        src: usize,
+        tmh: Tmh,
+        (data, total, last): (&[u8], usize, bool),
+        ack: Option<(usize, u32)>,
+    ) -> Result<()> {
+        self.stats.unexpected += 1;
+        let Some(mut v) = self.ux.buffer(total) else {
+            if !last {
+                self.ux.set_incoming(src, Incoming::Discard);
+            }
+            return Err(Error::NoMemory { bytes: total, rank: src });
+        };
+        v.extend_from_slice(data);
+        let k = self.ux.insert(UxMsg { src_world: src, tag64: tmh.tag, total, data: v, complete: last, ack, rndv: None });
+        self.stats.ux_peak_bytes = self.stats.ux_peak_bytes.max(self.ux.bytes() as u64);
+        debug_assert_eq!(k, key);
+        if !last {
+            self.ux.set_incoming(src, Incoming::Unexpected { ux: k });
         }
         Ok(())
     }
@@ -513,6 +548,8 @@ impl State {
             }
             return;
         }
+        let how = if u.rndv.is_some() { Proto::RNDV } else { Proto::EAGER };
+        crate::seen::msg(false, u.src_world, u.tag64, u.total, how | Proto::SOFTWARE | Proto::UNEXPECTED);
         if let Some(info) = u.rndv {
             if let Err(e) = self.start_read(rid, u.src_world, info, None) {
                 self.outbox.fail(e);

@@ -1,24 +1,29 @@
 //! The progress engine of one rank: fabric, matching, protocols, requests.
 //!
-//! Laid out by protocol stage, as UCX's `ucp/tag/` is; this file holds the state every stage
-//! shares (the request slab, the unexpected messages, the queues) and the wire constants:
+//! Laid out by protocol stage, as UCX's `ucp/tag/` is; each stage is a struct that owns its
+//! state, and this file holds what every stage shares (`State`: rank, matcher, requests,
+//! statistics, the outbox and the stage structs) and the wire constants:
 //!
 //! | file | stage |
 //! |---|---|
 //! | [`progress`] | one round of progress, waiting and back-off |
-//! | [`arrival`] | every packet from the fabric, through the soft TM-SRQ |
+//! | [`arrival`] | every packet from the fabric, through the soft TM-SRQ; control dispatch |
 //! | [`recv`] | posting receives (the offload decision), probing |
-//! | [`eager`] | eager send and receive, credit flow control, control packets |
-//! | [`rndv`] | rendezvous: request, RDMA read served after the key check, FIN |
-//! | [`single_copy`] | CMA reads and split writes of rendezvous data |
-//! | [`adapt`] | single copy or the rings, and where rendezvous starts, by measurement |
+//! | [`eager`] | eager send (the data-message queues) and receive |
+//! | [`credit`] | eager flow control |
+//! | [`unexpected`] | unexpected messages and their buffers |
+//! | [`outbox`] | what leaves the engine besides data messages, and failures |
+//! | [`rndv`] | rendezvous: the reader, the target, single copy, adapt, threshold, and `way` (the rules) |
 //! | [`offload`] | the soft TM-SRQ's tagged buffers, completions and sync |
 //! | [`requests`] | request naming, completion, cancel and abandon |
 //! | [`leave`] | finalize, departed peers (`PeerGone`), collective aborts |
 //! | [`comm_ids`] | communicator ids in use, freed once their last user ends |
+//! | [`nbc`] | non-blocking schedules, through the [`Schedule`] trait |
 //! | [`fabric`] | the fabric and how its peers stand |
 //! | [`shmcoll`] | hooks of the shared-memory collectives and the doorbell |
 //! | [`stats`] | `TMPI_STATS=1` counters |
+//!
+//! `DESIGN.md` at the repository's root draws how the stages fit together.
 //!
 //! Everything that moves happens in [`Engine::progress`]: queued sends are pushed into the
 //! fabric as ring space frees up, arriving packets are matched against posted receives (or
@@ -53,7 +58,7 @@
 //!   Then the bytes move one of these ways:
 //!   - streamed back through the ring (read responses, a pipelined copy-in/copy-out;
 //!     reads below `TMPI_SINGLE_COPY_MIN`, or `TMPI_SINGLE_COPY=none`);
-//!   - one memcpy through a shared heap (`World::alloc_shared`, see `rndv.rs` and
+//!   - one memcpy through a shared heap (`World::alloc_shared`, see [`rndv`] and
 //!     `crate::heap`): a grant naming the sender's heap, or the sender's share written into
 //!     the reader's heap, whatever the mode (a read pre-granted from the sender's heap into
 //!     the reader's asks for that share from 64 KiB, as a pre-granted CMA read does);
@@ -90,11 +95,13 @@ mod stats;
 mod testkit;
 mod unexpected;
 
+use crate::seen::Proto;
 use credit::Credit;
 use eager::{OutData, OutMsg};
 pub(crate) use fabric::AnyFabric;
 use fabric::{Fabric, PeerCaps, ProcessAlive, Wakeup};
 pub(crate) use leave::Need;
+pub(crate) use nbc::Schedule;
 use offload::{wr_to_rid, Offload};
 use outbox::Outbox;
 pub(crate) use progress::Backoff;
@@ -113,11 +120,10 @@ use std::sync::Arc;
 use tmpi_transport::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
 use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Monitor, MrCache, MrMode, RemoteOp};
 use tmpi_transport::shm::cma;
-use tmpi_transport::tm::{
-    Arrival, Buffer, OpsWr, ReadId, RndvRequest, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus, RNDV_REQ_LEN, RVH_LEN_IN_META,
-};
+use tmpi_transport::tm::{Arrival, Buffer, OpsWr, ReadId, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus};
 use tmpi_transport::wire::{
-    Control, HeapPlace, ReadMode, ReadRequest, Rma, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RMA_MAX_LEN, RMA_RESP_HDR_LEN, RVH_LEN, TMH_LEN,
+    Control, Fin, HeapPlace, ReadMode, ReadRequest, Rma, RndvRequest, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RMA_MAX_LEN, RMA_RESP_HDR_LEN,
+    RNDV_REQ_LEN, RVH_LEN_IN_META, TMH_LEN,
 };
 
 use crate::buffer::{OwnedBuf, RawBuf, RawBufMut};
@@ -264,7 +270,7 @@ pub(crate) struct Engine {
     dead: Vec<bool>,
     next_probe: usize,
     /// Non-blocking collectives in flight (progressed by `Engine::progress` while any is).
-    nbc: Slab<crate::nbc::Sched>,
+    nbc: Slab<Box<dyn Schedule>>,
 }
 
 #[inline]

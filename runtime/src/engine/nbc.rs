@@ -1,15 +1,40 @@
 //! Non-blocking collectives, the engine's side: each one is a request of kind
-//! [`ReqKind::Coll`] whose schedule ([`crate::nbc::Sched`]) sits in [`Engine::nbc`] and is
-//! advanced by every round of progress while any is in flight. The schedules themselves (what
-//! to send, receive and combine, round by round) are in [`crate::nbc`].
+//! [`ReqKind::Coll`] whose schedule (any [`Schedule`]) sits in `Engine::nbc` and is advanced
+//! by every round of progress while any is in flight. The schedules themselves (what to send,
+//! receive and combine, round by round) are written above the engine, which knows them only
+//! through this trait.
 
 use super::*;
-use crate::nbc::Sched;
+
+/// A non-blocking schedule as the engine holds it: something that posts and completes
+/// transfers on the engine, round by round, until it has finished. The engine keeps it from
+/// [`Engine::start_nbc`] until it finishes or its request is abandoned.
+pub(crate) trait Schedule: Send {
+    /// The request that completes when the schedule has run to its end
+    /// ([`Engine::complete_nbc`]).
+    fn set_request(&mut self, rid: ReqId);
+    /// Runs as far as it can; returns how many rounds moved on.
+    fn advance(&mut self, e: &mut Engine) -> usize;
+    /// Whether it has run to its end (or was abandoned).
+    fn is_finished(&self) -> bool;
+    /// The collective context of the communicator it runs on.
+    fn ctx(&self) -> u32;
+    /// The transfers in flight.
+    fn pending(&self) -> Vec<ReqId>;
+    /// Ends it with `err`: its transfers are abandoned and its request completes with `err`.
+    fn fail(&mut self, e: &mut Engine, err: Error);
+    /// Abandons every transfer in flight and stops; nothing touches a buffer afterwards.
+    fn abandon(&mut self, e: &mut Engine);
+}
+
+/// A schedule in the engine's keeping.
+type Sched = Box<dyn Schedule>;
 
 impl Engine {
     /// Registers `sched` and returns the request that completes when it has run to its end.
     /// Its first round starts at once.
-    pub(crate) fn start_nbc(&mut self, mut sched: Sched) -> ReqId {
+    pub(crate) fn start_nbc(&mut self, sched: impl Schedule + 'static) -> ReqId {
+        let mut sched: Sched = Box::new(sched);
         let k = self.nbc.vacant_key();
         let rid = self.st.reqs.insert(Req { kind: ReqKind::Coll(k), result: None, detached: false });
         sched.set_request(rid);

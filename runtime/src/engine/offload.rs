@@ -286,74 +286,91 @@ impl State {
     pub(super) fn on_hw_completion(&mut self, wc: &Wc) {
         let rid = wr_to_rid(wc.wr_id);
         if wc.flags.contains(WcFlags::TM_MATCH) {
-            let (tag64, app_ctx) = wc.read_tm_info().unwrap_or((0, 0));
-            let mut cancel = None;
-            let src = wc.src as usize;
-            let admitted = self.admits(rid, tag64, src);
-            if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
-                r.src_world = src;
-                if !admitted {
-                    r.refused = Some(src);
-                }
-                r.source = src_of(tag64);
-                r.tag = tag_of(tag64);
-                // Normally the first packet's placement made it `Tagged` already (see
-                // `tm_took`); a rendezvous the TM-SRQ reads is `Reading`.
-                if let RecvPhase::Posted { match_id, .. } = r.phase {
-                    r.phase = RecvPhase::Tagged { rndv: None };
-                    cancel = Some((match_id, r.key));
-                }
-            }
-            if let Some((id, key)) = cancel {
-                self.matcher.cancel(id, key);
-            }
-            self.stats.msgs_recv += 1;
-            if app_ctx & SYNC_FLAG != 0 && admitted {
-                self.outbox.control(wc.src as usize, Control::SsendAck { name: app_ctx & !SYNC_FLAG });
-            }
+            self.on_tm_match(rid, wc);
         }
         if wc.flags.contains(WcFlags::TM_DATA_VALID) && wc.status == WcStatus::TmRndvIncomplete {
-            // The tagged buffer was smaller than the rendezvous: software finishes.
-            let (stash, refused) = match self.reqs.get_mut(rid) {
-                Some(Req { kind: ReqKind::Recv(r), .. }) => match &mut r.phase {
-                    RecvPhase::Tagged { rndv } => (rndv.take(), r.refused),
-                    _ => (None, r.refused),
-                },
-                _ => (None, None),
-            };
-            if let Some(src) = refused {
-                self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
-                return;
-            }
-            let r = match stash {
-                Some(s) => RndvInfo::parse(&s.bytes[..s.len]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
-                None => Err(malformed("RNDV_INCOMPLETE without the request")),
-            };
-            if let Err(e) = r {
-                self.outbox.fail(e);
-            }
+            self.on_rndv_incomplete(rid, wc);
             return;
         }
         if wc.flags.contains(WcFlags::TM_DATA_VALID) {
-            let len = wc.byte_len as usize;
-            self.stats.bytes_recv += len as u64;
-            let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
-                return;
-            };
-            r.total = len;
-            r.received = len;
-            let failure = match wc.status {
-                _ if r.refused.is_some() => Some(malformed_from(r.src_world, "a message under another rank's name")),
-                WcStatus::Success => None,
-                WcStatus::LocLenErr => Some(r.truncated(len)),
-                WcStatus::WrFlushErr => Some(Error::PeerGone { rank: r.src_world }),
-                WcStatus::RemAccessErr => {
-                    Some(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() })
-                }
-                st => Some(Error::State(format!("receive from rank {} failed in the TM-SRQ: {st:?}", r.source))),
-            };
-            self.end_recv(rid, failure);
+            self.on_data_valid(rid, wc);
         }
+    }
+
+    /// MATCH: receive `rid` took a message in the TM-SRQ; it leaves the software queue, and a
+    /// synchronous send is acknowledged.
+    #[inline(always)]
+    fn on_tm_match(&mut self, rid: ReqId, wc: &Wc) {
+        let (tag64, app_ctx) = wc.read_tm_info().unwrap_or((0, 0));
+        let mut cancel = None;
+        let src = wc.src as usize;
+        let admitted = self.admits(rid, tag64, src);
+        if let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) {
+            r.src_world = src;
+            if !admitted {
+                r.refused = Some(src);
+            }
+            r.source = src_of(tag64);
+            r.tag = tag_of(tag64);
+            // Normally the first packet's placement made it `Tagged` already (see
+            // `tm_took`); a rendezvous the TM-SRQ reads is `Reading`.
+            if let RecvPhase::Posted { match_id, .. } = r.phase {
+                r.phase = RecvPhase::Tagged { rndv: None };
+                cancel = Some((match_id, r.key));
+            }
+        }
+        if let Some((id, key)) = cancel {
+            self.matcher.cancel(id, key);
+        }
+        self.stats.msgs_recv += 1;
+        if app_ctx & SYNC_FLAG != 0 && admitted {
+            self.outbox.control(src, Control::SsendAck { name: app_ctx & !SYNC_FLAG });
+        }
+    }
+
+    /// RNDV_INCOMPLETE: the tagged buffer of `rid` was smaller than the rendezvous, and
+    /// software finishes (reads what the receive holds).
+    #[cold]
+    fn on_rndv_incomplete(&mut self, rid: ReqId, wc: &Wc) {
+        let (stash, refused) = match self.reqs.get_mut(rid) {
+            Some(Req { kind: ReqKind::Recv(r), .. }) => match &mut r.phase {
+                RecvPhase::Tagged { rndv } => (rndv.take(), r.refused),
+                _ => (None, r.refused),
+            },
+            _ => (None, None),
+        };
+        if let Some(src) = refused {
+            self.fail_recv(rid, malformed_from(src, "a message under another rank's name"));
+            return;
+        }
+        let r = match stash {
+            Some(s) => RndvInfo::parse(&s.bytes[..s.len]).and_then(|info| self.start_read(rid, wc.src as usize, info, None)),
+            None => Err(malformed("RNDV_INCOMPLETE without the request")),
+        };
+        if let Err(e) = r {
+            self.outbox.fail(e);
+        }
+    }
+
+    /// DATA_VALID: receive `rid` is complete in its tagged buffer (or failed there).
+    #[inline(always)]
+    fn on_data_valid(&mut self, rid: ReqId, wc: &Wc) {
+        let len = wc.byte_len as usize;
+        self.stats.bytes_recv += len as u64;
+        let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
+            return;
+        };
+        r.total = len;
+        r.received = len;
+        let failure = match wc.status {
+            _ if r.refused.is_some() => Some(malformed_from(r.src_world, "a message under another rank's name")),
+            WcStatus::Success => None,
+            WcStatus::LocLenErr => Some(r.truncated(len)),
+            WcStatus::WrFlushErr => Some(Error::PeerGone { rank: r.src_world }),
+            WcStatus::RemAccessErr => Some(Error::RemoteAccess { rank: r.source, reason: "the sender refused the rendezvous read".into() }),
+            st => Some(Error::State(format!("receive from rank {} failed in the TM-SRQ: {st:?}", r.source))),
+        };
+        self.end_recv(rid, failure);
     }
 }
 

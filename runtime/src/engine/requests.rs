@@ -174,7 +174,7 @@ pub(super) struct SendState {
 pub(super) enum ReqKind {
     Recv(RecvState),
     Send(SendState),
-    /// A non-blocking collective: its schedule in `Engine::nbc` (see `crate::nbc`).
+    /// A non-blocking collective: its schedule in `Engine::nbc` (see [`Schedule`]).
     Coll(Key),
 }
 
@@ -348,26 +348,11 @@ impl Engine {
             }
             ReqKind::Recv(r) => {
                 r.buf = None;
-                // The target of a single-copy read may be writing into the buffer: it must
-                // stay until that write is done (or the target is gone).
                 if let RecvPhase::Reading(k) = r.phase {
-                    if let Some(src) = self.st.reads.remote_writer(k) {
-                        if !self.progress_while(src, |e| e.st.reads.remote_writer(k).is_some()) {
-                            // The buffer goes back to the caller, who may free it, while `src`
-                            // may still write into it: only ending this process is sound.
-                            let why = self.st.outbox.failure().map_or_else(String::new, |e| format!(" ({e})"));
-                            eprintln!(
-                                "tmpi: rank {}: progress keeps failing{why} while rank {src} may still write into a receive buffer; ending this rank so that nothing writes into freed memory",
-                                self.st.rank
-                            );
-                            std::process::exit(1);
-                        }
-                    }
+                    self.abandon_read(k);
                 }
             }
-            ReqKind::Send(s) => {
-                let granted = s.rndv.as_ref().and_then(|r| r.granted);
-                let range = s.rndv.as_ref().and_then(|r| r.buf).map(|b| (b.addr(), b.addr() + b.len()));
+            ReqKind::Send(_) => {
                 // Queued data is copied: the message still goes out whole.
                 for q in &mut self.out {
                     for m in q.iter_mut().filter(|m| m.req == rid) {
@@ -376,32 +361,7 @@ impl Engine {
                         }
                     }
                 }
-                // A reader granted a single copy is copying the buffer now, and this rank may
-                // owe it a share (`cma_w`, written during the wait): the memory must stay
-                // until its FIN (or until the reader is gone). A grant that went with the
-                // request may not be used yet (the receive may never be posted): it is revoked,
-                // and the reader's answer (or its FIN, if it copied first) ends the wait.
-                if let Some(reader) = granted {
-                    if s.rndv.as_ref().is_some_and(|r| r.pregranted) {
-                        self.st.outbox.control(reader, Control::Revoke { name: wire_name(rid) });
-                    }
-                    let still_granted = |e: &Engine| match e.st.reqs.get(rid) {
-                        Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), result: None, .. }) => r.granted.is_some(),
-                        _ => false,
-                    };
-                    // Given up on a stream that stays broken, the wait may end early: a reader's
-                    // late single copy reads this process's memory (never writes it), and what
-                    // this rank would still serve from the buffer is refused below.
-                    let _ = self.progress_while(reader, still_granted);
-                }
-                // From now on every read of the buffer is refused, and reads being served
-                // from it stop.
-                if let Some((lo, hi)) = range {
-                    if let Some(r) = self.st.rndv_send(Some(rid)) {
-                        r.buf = None;
-                    }
-                    self.st.outbox.refuse_range(lo, hi);
-                }
+                self.abandon_rndv_send(rid);
             }
         }
     }

@@ -239,6 +239,9 @@ impl Sched {
                 let raw = unsafe { RawBuf::new(std::slice::from_raw_parts(p, s.len)) };
                 let w = &self.who;
                 let tag64 = matching::encode_tag(w.ctx, w.rank as u32, w.tag(tag));
+                if crate::seen::counting() {
+                    crate::seen::message_out(w.world_rank(dest)?, s.len);
+                }
                 if let Some(rid) = e.start_send(w.world_rank(dest)?, tag64, raw, false)? {
                     self.pending.push((rid, None));
                 }
@@ -297,6 +300,31 @@ impl Sched {
         }
         self.round = self.plan.len();
         self.finished = true;
+    }
+}
+
+/// How the engine holds a schedule (its methods above).
+impl crate::engine::Schedule for Sched {
+    fn set_request(&mut self, rid: ReqId) {
+        Sched::set_request(self, rid)
+    }
+    fn advance(&mut self, e: &mut Engine) -> usize {
+        Sched::advance(self, e)
+    }
+    fn is_finished(&self) -> bool {
+        Sched::is_finished(self)
+    }
+    fn ctx(&self) -> u32 {
+        Sched::ctx(self)
+    }
+    fn pending(&self) -> Vec<ReqId> {
+        Sched::pending(self)
+    }
+    fn fail(&mut self, e: &mut Engine, err: Error) {
+        Sched::fail(self, e, err)
+    }
+    fn abandon(&mut self, e: &mut Engine) {
+        Sched::abandon(self, e)
     }
 }
 

@@ -51,9 +51,9 @@ impl Matched for crate::Message {
     }
 }
 
-/// Whether decisions are recorded or replayed.
+/// Whether decisions are recorded or replayed (and this thread's call is seen).
 fn deciding() -> bool {
-    is(RECORD | REPLAY)
+    is(RECORD | REPLAY) && super::engaged()
 }
 
 /// Records `d` (a record that cannot grow is reported once and stops).

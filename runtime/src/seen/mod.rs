@@ -43,16 +43,43 @@ pub(crate) const REPLAY: u8 = 8;
 /// What is on, set at init and cleared at finalize; 0 for a process that sees nothing.
 static FLAGS: AtomicU8 = AtomicU8::new(0);
 
+/// [`THIS_THREAD`]: not looked at yet (the first call of a thread goes the slow way once).
+const UNKNOWN: u8 = 0;
+/// [`THIS_THREAD`]: calls of this thread are not seen (nothing is on, or the thread is inside
+/// a seen call, whose own calls are part of it).
+const OFF: u8 = 1;
+/// [`THIS_THREAD`]: calls of this thread are seen.
+const SEEING: u8 = 2;
+
 thread_local! {
-    /// This thread is inside a seen call: the calls it makes are part of that one.
-    static INSIDE: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread's calls are seen: [`FLAGS`] as this thread last read it, or [`OFF`]
+    /// while it is inside a seen call.
+    static THIS_THREAD: Cell<u8> = const { Cell::new(UNKNOWN) };
 }
 
-/// Whether the calling public call is to be seen (tracing, profiling, recording or replaying
-/// is on, and this thread is not already inside a seen call).
+/// Whether the calling public call may be seen: false (the one branch the public calls pay)
+/// once this thread has found nothing on, or while it is inside a seen call; the slow path
+/// ([`engaged`]) decides the rest.
 #[inline(always)]
 pub(crate) fn on() -> bool {
-    FLAGS.load(Relaxed) != 0 && !INSIDE.with(Cell::get)
+    THIS_THREAD.with(Cell::get) != OFF
+}
+
+/// Whether this thread's call is to be seen now: takes [`FLAGS`] into [`THIS_THREAD`] (the
+/// first call of a thread, and after finalize cleared it).
+fn engaged() -> bool {
+    let now = if FLAGS.load(Relaxed) == 0 { OFF } else { SEEING };
+    THIS_THREAD.with(|t| {
+        if t.get() != OFF {
+            t.set(now);
+        }
+        t.get() == SEEING
+    })
+}
+
+/// Makes this thread look at [`FLAGS`] again at its next call (seeing starts or stops).
+pub(crate) fn refresh_this_thread() {
+    THIS_THREAD.with(|t| t.set(UNKNOWN));
 }
 
 /// Whether decisions are being recorded (checked where requests end outside a seen call).
@@ -68,6 +95,72 @@ pub(crate) fn counting() -> bool {
     FLAGS.load(Relaxed) & (PROFILE | TRACE) != 0
 }
 
+/// Whether events go to the trace ring (checked by steps inside seen calls).
+#[inline(always)]
+pub(crate) fn tracing() -> bool {
+    FLAGS.load(Relaxed) & TRACE != 0
+}
+
+/// One step of a collective's point-to-point algorithm (see [`step`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Step {
+    Send = 1,
+    Recv = 2,
+    Sendrecv = 3,
+}
+
+/// Runs step `f` of a collective on `c` with rank `peer` (`bytes` out or in) as a phase event
+/// of the trace.
+#[cold]
+#[inline(never)]
+pub(crate) fn step<R>(s: Step, c: &Comm, peer: crate::Rank, bytes: usize, f: impl FnOnce() -> crate::Result<R>) -> crate::Result<R> {
+    let t0 = tmpi_trace::clock::now_ns();
+    let r = f();
+    let t1 = tmpi_trace::clock::now_ns();
+    let mut w = What::new(Kind::CollPhase).to(c, peer).bytes(bytes);
+    w.aux = s as u32 | if r.is_err() { aux::FAILED } else { 0 };
+    state::event_only(&w, t0, t1);
+    r
+}
+
+/// One end of a message as the engine decided it, for [`message`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Msg {
+    /// It leaves this rank (true), or a receive of this rank matched it.
+    pub(crate) out: bool,
+    /// The other rank (world).
+    pub(crate) peer: usize,
+    /// Its match key.
+    pub(crate) tag64: u64,
+    /// Its payload bytes.
+    pub(crate) bytes: usize,
+    /// How it goes: [`tmpi_trace::event::Proto`] bits (protocol, way, how it matched).
+    pub(crate) proto: u32,
+}
+
+/// The engine's one hook into seeing (a flag read and a branch when tracing is off): one end of
+/// a message to or from world rank `peer` with match key `tag64`, going as `proto` says (see
+/// [`message`]).
+#[inline(always)]
+pub(crate) fn msg(out: bool, peer: usize, tag64: u64, bytes: usize, proto: u32) {
+    if tracing() {
+        message(Msg { out, peer, tag64, bytes, proto });
+    }
+}
+
+pub(crate) use tmpi_trace::event::Proto;
+
+/// What [`msg`] calls when tracing, where the engine decides how a
+/// message goes: when a message leaves this rank (eager or rendezvous) and when a receive of
+/// this rank matched one (offloaded or in software, expected or unexpected; for a rendezvous,
+/// when its read starts and its way is chosen). Writes the message's event, numbered per
+/// (direction, peer, match key) so that the merger can join the two ends.
+#[cold]
+#[inline(never)]
+pub(crate) fn message(m: Msg) {
+    state::message(m);
+}
+
 /// A message of `bytes` starts towards world rank `dest`.
 #[cold]
 #[inline(never)]
@@ -81,18 +174,18 @@ fn is(bit: u8) -> bool {
     FLAGS.load(Relaxed) & bit != 0
 }
 
-/// Marks this thread inside a seen call until dropped.
-pub(crate) struct Inside(bool);
+/// Marks this thread inside a seen call until dropped (its calls are not seen meanwhile).
+pub(crate) struct Inside(u8);
 
 impl Inside {
     pub(crate) fn enter() -> Self {
-        Inside(INSIDE.with(|c| c.replace(true)))
+        Inside(THIS_THREAD.with(|c| c.replace(OFF)))
     }
 }
 
 impl Drop for Inside {
     fn drop(&mut self) {
-        INSIDE.with(|c| c.set(self.0));
+        THIS_THREAD.with(|c| c.set(self.0));
     }
 }
 
@@ -109,11 +202,13 @@ pub(crate) struct What<'a> {
     aux: u32,
     /// Requests a completion call was given.
     reqs: u64,
+    /// The message the call sends: (world rank, bytes), or ([`NONE`], 0).
+    out: (u32, u64),
 }
 
 impl<'a> What<'a> {
     pub(crate) fn new(kind: Kind) -> Self {
-        What { kind, comm: None, peer: NONE, tag: NONE, bytes: 0, aux: 0, reqs: 0 }
+        What { kind, comm: None, peer: NONE, tag: NONE, bytes: 0, aux: 0, reqs: 0, out: (NONE, 0) }
     }
 
     /// On communicator `c`.
@@ -159,6 +254,15 @@ impl<'a> What<'a> {
 
     pub(crate) fn bytes(mut self, n: usize) -> Self {
         self.bytes = n as u64;
+        self
+    }
+
+    /// The call sends one message of `n` bytes to rank `dest` of communicator `c` (counted in
+    /// the profile when the call does not fail).
+    pub(crate) fn sends(mut self, c: &Comm, dest: crate::Rank, n: usize) -> Self {
+        if dest < c.size() {
+            self.out = (c.world_rank(dest) as u32, n as u64);
+        }
         self
     }
 
@@ -250,6 +354,9 @@ impl Seen for Vec<(usize, crate::Result<Status>)> {
 #[cold]
 #[inline(never)]
 pub(crate) fn call<R: Outcome>(mut w: What<'_>, f: impl FnOnce() -> R) -> R {
+    if !engaged() {
+        return f();
+    }
     let _in = Inside::enter();
     let t0 = tmpi_trace::clock::now_ns();
     let r = f();

@@ -1,17 +1,18 @@
 //! The process-wide state of seeing: the trace ring, the profile's counters and the decision
 //! record or replay, made at init ([`start`]) and closed at finalize ([`finish`]).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tmpi_trace::clock::{self, now_ns, Sample};
-use tmpi_trace::event::Kind;
+use tmpi_trace::event::{Event, Kind, Proto};
 use tmpi_trace::profile::{Profiler, Report};
 use tmpi_trace::record::{Record, Recorder, Replayer};
 use tmpi_trace::ring::{RankFile, RankInfo, RankTrace};
 
-use super::{What, FLAGS, PROFILE, RECORD, REPLAY, TRACE};
+use super::{Msg, What, FLAGS, PROFILE, RECORD, REPLAY, TRACE};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -40,6 +41,16 @@ pub(crate) struct State {
     pub(crate) post_of: Mutex<super::calls::PostOf>,
     /// Replay: why it diverged, once it has (every later decision fails alike).
     pub(crate) diverged: Mutex<Option<String>>,
+    /// The trace's message numbering (see [`message`]).
+    msgs: Mutex<Msgs>,
+}
+
+/// Messages seen so far, per (leaving, peer, match key), and an unexpected rendezvous whose
+/// read has not started yet (its way is chosen then).
+#[derive(Default)]
+struct Msgs {
+    seq: HashMap<(bool, u32, u64), u64>,
+    pending: Option<(usize, u64, u32)>,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -168,11 +179,13 @@ pub(crate) fn start(
         posts: AtomicU64::new(0),
         post_of: Mutex::new(Default::default()),
         diverged: Mutex::new(None),
+        msgs: Mutex::new(Msgs::default()),
     };
     if STATE.set(state).is_err() {
         return Err(Error::State("tmpi: seeing started twice".into()));
     }
     FLAGS.store(flags, Relaxed);
+    super::refresh_this_thread();
     span(&What::new(Kind::Init), t0, now_ns());
     Ok(())
 }
@@ -190,6 +203,18 @@ pub(super) fn span(w: &What<'_>, t0: u64, t1: u64) {
         let mut p = lock(p);
         let at = t0.saturating_sub(s.init_ns);
         p.call(w.kind, t1.saturating_sub(t0), w.bytes, at, w.peer, w.tag);
+        if w.out.0 != tmpi_trace::event::NONE && w.aux & tmpi_trace::event::aux::FAILED == 0 {
+            p.sent(w.out.0 as usize, w.out.1);
+        }
+    }
+}
+
+/// Records an event in the trace ring only (not a call: the profile does not count it).
+pub(super) fn event_only(w: &What<'_>, t0: u64, t1: u64) {
+    let Some(s) = get().filter(|_| super::is(TRACE)) else { return };
+    let e = super::event(w, t0, t1);
+    if let Some(f) = lock(&s.ring).as_mut() {
+        f.push(&e);
     }
 }
 
@@ -197,6 +222,48 @@ pub(super) fn span(w: &What<'_>, t0: u64, t1: u64) {
 pub(super) fn message_out(dest: usize, bytes: usize) {
     if let Some((p, _)) = get().and_then(|s| s.profile.as_ref()) {
         lock(p).sent(dest, bytes as u64);
+    }
+}
+
+/// Writes the event of one end of a message (see [`super::message`]): its number counts the
+/// messages of its direction, peer and match key, which the sender and the receiver count
+/// alike (messages of one envelope match in the order they were sent); the context goes
+/// above it, so that `(source, destination, tag, id)` names one message of the job.
+pub(super) fn message(m: Msg) {
+    let Some(s) = get().filter(|_| super::is(TRACE)) else { return };
+    let mut g = lock(&s.msgs);
+    let mut proto = m.proto;
+    if !m.out && proto & 0xf == Proto::RNDV {
+        if proto & 0xf0 == 0 {
+            // Matched unexpected: its read starts next and says how the bytes move.
+            g.pending = Some((m.peer, m.tag64, proto));
+            return;
+        }
+        if let Some((_, _, p)) = g.pending.take_if(|(peer, t, _)| *peer == m.peer && *t == m.tag64) {
+            proto |= p;
+        }
+    }
+    let seq = g.seq.entry((m.out, m.peer as u32, m.tag64)).or_insert(0);
+    *seq += 1;
+    let seq = *seq & ((1 << tmpi_trace::merge::MSG_SEQ_BITS) - 1);
+    drop(g);
+    let ctx = m.tag64 >> crate::matching::CTX_SHIFT;
+    if ctx % 2 == 1 && ctx < 1 << 19 {
+        proto |= Proto::COLLECTIVE;
+    }
+    let e = Event {
+        t0: now_ns(),
+        dur: 1,
+        bytes: m.bytes as u64,
+        id: ctx << tmpi_trace::merge::MSG_SEQ_BITS | seq,
+        peer: m.peer as u32,
+        tag: (m.tag64 & crate::matching::TAG_FIELD) as u32,
+        kind: if m.out { Kind::MsgOut } else { Kind::MsgIn }.code(),
+        thread: super::thread_index(),
+        aux: proto,
+    };
+    if let Some(f) = lock(&s.ring).as_mut() {
+        f.push(&e);
     }
 }
 
@@ -210,6 +277,7 @@ pub(crate) fn finish(t0: u64, clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>
     }
     span(&What::new(Kind::Finalize), t0, now_ns());
     FLAGS.store(0, Relaxed);
+    super::refresh_this_thread();
     let fini = now_ns();
     if let Some(mut f) = lock(&s.ring).take() {
         f.set_end_sample(samples(clock));

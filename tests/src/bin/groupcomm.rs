@@ -12,6 +12,10 @@
 //!    and an allreduce.
 //! 4. `create_group` refusals: not a member, a bad tag, a group outside the communicator
 //!    (local), and members that pass the group in different orders (every member).
+//! 5. `dist_graph_create_adjacent` (issue 59 item 6): a graph where each rank sends to the
+//!    next two ranks and to itself, and a hub (rank 0) that hears from every rank twice;
+//!    `neighbor_allgather` and `neighbor_alltoall` over it; an inconsistent graph refused on
+//!    every rank.
 
 use std::error::Error as StdError;
 
@@ -118,6 +122,44 @@ fn bad_group_creates(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     Ok(())
 }
 
+/// Each rank sends to `r + 1`, `r + 2` (mod n) and itself; rank 0 also hears from every rank
+/// twice (each lists 0 twice more among its destinations). Sources in the order the checks
+/// below expect.
+fn graph(r: usize, n: usize) -> (Vec<usize>, Vec<usize>) {
+    let dests = vec![(r + 1) % n, (r + 2) % n, r, 0, 0];
+    let mut srcs = vec![(r + n - 1) % n, (r + n - 2) % n, r];
+    if r == 0 {
+        srcs.extend((0..n).flat_map(|p| [p, p]));
+    }
+    (srcs, dests)
+}
+
+fn dist_graph(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, n) = (w.rank(), w.size());
+    let (srcs, dests) = graph(r, n);
+    let g = w.dist_graph_create_adjacent(&srcs, &dests, false)?;
+    v.check(g.sources() == srcs && g.destinations() == dests && g.size() == n, || "dist graph: lists or size differ".into());
+    let mut from = vec![0u64; 2 * srcs.len()];
+    g.neighbor_allgather(&[r as u64, 7], &mut from)?;
+    let want: Vec<u64> = srcs.iter().flat_map(|&s| [s as u64, 7]).collect();
+    v.check(from == want, || format!("neighbor_allgather: {from:?}, expected {want:?}"));
+    // Block j of rank r's send is 10 * r + j; edges listed twice match in list order.
+    let send: Vec<u64> = (0..dests.len() as u64).map(|j| 10 * r as u64 + j).collect();
+    let mut got = vec![0u64; srcs.len()];
+    g.neighbor_alltoall(&send, &mut got)?;
+    let mut want = vec![10 * ((r + n - 1) % n) as u64, 10 * ((r + n - 2) % n) as u64 + 1, 10 * r as u64 + 2];
+    if r == 0 {
+        want.extend((0..n as u64).flat_map(|p| [10 * p + 3, 10 * p + 4]));
+    }
+    v.check(got == want, || format!("neighbor_alltoall: {got:?}, expected {want:?}"));
+    // Rank 1 sends to 2 without 2 listing it: refused everywhere, and the world goes on.
+    let bad = w.dist_graph_create_adjacent(&[], if r == 1 { &[2] } else { &[] }, false);
+    v.check_err(bad, |e| matches!(e, Error::InvalidTopology(_)), "inconsistent dist graph: InvalidTopology");
+    let total = w.allreduce_one(1usize, Op::Sum)?;
+    v.check(total == n, || format!("allreduce after the refused graph: {total}"));
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn StdError>> {
     let world = tmpi::init()?;
     let n = world.size();
@@ -129,7 +171,8 @@ fn main() -> Result<(), Box<dyn StdError>> {
     bad_creates(&world, &mut v)?;
     group_creates(&world, &mut v)?;
     bad_group_creates(&world, &mut v)?;
-    v.finish(&world, &format!("{n} ranks: create with disjoint groups, create_group, refusals"))?;
+    dist_graph(&world, &mut v)?;
+    v.finish(&world, &format!("{n} ranks: create with disjoint groups, create_group, refusals, dist graph"))?;
     world.finalize()?;
     Ok(())
 }

@@ -10,6 +10,13 @@
 //!
 //! With every rank on one host (and `TMPI_FABRIC` `auto` or `shm`) the result is the plain
 //! shared-memory fabric, exactly as without TCP.
+//!
+//! libfabric's OFI fabric (cargo feature `ofi`): `TMPI_FABRIC=ofi` links every pair of ranks
+//! through it (`ofi::wire_up`, bound to the address TCP would listen on: loopback on
+//! one host). With `auto`, a job across hosts takes it instead of TCP between hosts when every
+//! rank finds the same hardware provider (`ofi::auto_provider`: `verbs`, `efa`,
+//! `cxi`, `psm2`, `psm3`, `opx`; never a software one); each rank says in step 1 which one it
+//! found (`fab-net-<rank>`), so the ranks agree.
 
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
@@ -35,7 +42,13 @@ pub struct WireUp<'a> {
     /// `TMPI_PEER_TIMEOUT`: how long a TCP peer may stay silent ([`crate::tcp::alive`]);
     /// `None`: no limit.
     pub peer_timeout: Option<Duration>,
+    /// `TMPI_OFI_PROVIDER` (`None`: auto), for the OFI fabric.
+    pub ofi_provider: Option<&'a str>,
 }
+
+/// What `TMPI_FABRIC=ofi` says in a build without the OFI fabric.
+pub const NO_OFI: &str = "TMPI_FABRIC=ofi: this build has no OFI fabric: build with the cargo feature `ofi` \
+                          (cargo build --release --features ofi; needs libfabric, Debian libfabric-dev)";
 
 /// `TMPI_NODE_ID`: the launcher's name for the host a rank runs on (optional).
 pub const ENV_NODE_ID: &str = "TMPI_NODE_ID";
@@ -64,12 +77,57 @@ fn tcp_key(r: usize) -> String {
     format!("fab-tcp-{r}")
 }
 
+fn net_key(r: usize) -> String {
+    format!("fab-net-{r}")
+}
+
+/// `TMPI_FABRIC=ofi`: every pair of ranks over libfabric.
+#[cfg(feature = "ofi")]
+fn ofi_only(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<AnyFabric> {
+    let node = tcp::iface::listen_ip(how.tcp_if, env.local_size == env.size)?.to_string();
+    let cfg = crate::ofi::OfiConfig { provider: how.ofi_provider.map(str::to_string), node: Some(node) };
+    let f = crate::ofi::wire_up(bc, env.rank, env.size, &cfg)?;
+    bc.fence()?;
+    Ok(AnyFabric::Ofi(Box::new(f)))
+}
+
+#[cfg(not(feature = "ofi"))]
+fn ofi_only(_: &mut dyn KeyValue, _: &BootstrapEnv, _: &WireUp<'_>) -> Result<AnyFabric> {
+    Err(Error::Fabric(NO_OFI.into()))
+}
+
+/// With `auto` across hosts: the hardware provider this rank would take between hosts ("" for
+/// none, or without the feature).
+fn auto_net(how: &WireUp<'_>, env: &BootstrapEnv) -> String {
+    #[cfg(feature = "ofi")]
+    if how.choice == FabricChoice::Auto && env.local_size < env.size {
+        let cfg = crate::ofi::OfiConfig { provider: how.ofi_provider.map(str::to_string), node: None };
+        return crate::ofi::auto_provider(&cfg).unwrap_or_default();
+    }
+    let _ = (how, env);
+    String::new()
+}
+
+/// The network fabric between hosts, if any: libfabric's when every rank named the same
+/// hardware provider, else TCP.
+enum Net {
+    None,
+    Tcp(TcpFabric),
+    #[cfg(feature = "ofi")]
+    Ofi(Box<crate::ofi::OfiFabric>),
+}
+
 /// Builds this rank's fabric for a job of at least two ranks.
 ///
 /// # Errors
 /// Bootstrap failures, a segment that cannot be created or opened, `TMPI_FABRIC=shm` across
-/// hosts, TCP peers that cannot be reached or do not prove the job secret.
+/// hosts, TCP peers that cannot be reached or do not prove the job secret; `TMPI_FABRIC=ofi`
+/// in a build without the feature ([`NO_OFI`]), no libfabric provider, a libfabric call
+/// failing, ranks on different providers.
 pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<AnyFabric> {
+    if how.choice == FabricChoice::Ofi {
+        return ofi_only(bc, env, how);
+    }
     let (rank, size) = (env.rank, env.size);
     let me = host_id();
     // When the launcher says every rank runs on this host, rank 0 creates the job's segment
@@ -88,6 +146,10 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
         let a = l.local_addr().map_err(|source| Error::Io { op: "TCP listener address".into(), source })?;
         bc.put(&tcp_key(rank), a.to_string().as_bytes())?;
     }
+    let net = auto_net(how, env);
+    if how.choice == FabricChoice::Auto && env.local_size < size {
+        bc.put(&net_key(rank), net.as_bytes())?;
+    }
     bc.fence()?;
     let mut hosts = Vec::with_capacity(size);
     for r in 0..size {
@@ -100,7 +162,7 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
             }
             (0..size).collect()
         }
-        FabricChoice::Tcp => vec![rank],
+        FabricChoice::Tcp | FabricChoice::Ofi => vec![rank],
         FabricChoice::Auto => (0..size).filter(|&r| hosts[r] == me).collect(),
     };
     let leader = group[0];
@@ -121,38 +183,55 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
     if group.len() > 1 && rank != leader {
         shm = Some(ShmFabric::open(&name, local, group.len())?);
     }
-    let mut tcp = None;
-    if let Some(l) = listener {
-        if group.len() < size {
-            let mut peers: Vec<(usize, SocketAddr)> = Vec::with_capacity(size - group.len());
-            for r in (0..size).filter(|r| !group.contains(r)) {
-                let v = bc.get(&tcp_key(r))?;
-                let a = std::str::from_utf8(&v)
-                    .ok()
-                    .and_then(|s| s.parse::<SocketAddr>().ok())
-                    .ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed TCP address")))?;
-                peers.push((r, a));
-            }
-            let mut t = TcpFabric::establish(rank, size, l, &peers, &env.secret, CONNECT_TIMEOUT)?;
-            t.set_peer_timeout(how.peer_timeout)?;
-            tcp = Some(t);
-        }
-    }
+    let net = match listener {
+        Some(l) if group.len() < size => connect(bc, env, how, l, &group, &net)?,
+        _ => Net::None,
+    };
     bc.fence()?;
     if rank == leader {
         if let Some(s) = &shm {
             s.unlink()?;
         }
     }
-    if let Some(t) = &tcp {
-        if t.bad_connections() > 0 {
-            eprintln!("tmpi: rank {rank}: refused {} TCP connection(s) that did not prove the job secret", t.bad_connections());
-        }
-    }
-    Ok(match (shm, tcp) {
-        (Some(s), None) => AnyFabric::Shm(s),
-        (None, Some(t)) => AnyFabric::Tcp(t),
-        (Some(s), Some(t)) => AnyFabric::Hybrid(Box::new(HybridFabric::new(s, t, size, group)?)),
-        (None, None) => return Err(Error::Fabric(format!("rank {rank}: no fabric links it to the other {} ranks", size - 1))),
+    Ok(match (shm, net) {
+        (Some(s), Net::None) => AnyFabric::Shm(s),
+        (None, Net::Tcp(t)) => AnyFabric::Tcp(t),
+        (Some(s), Net::Tcp(t)) => AnyFabric::Hybrid(Box::new(HybridFabric::new(s, t, size, group)?)),
+        #[cfg(feature = "ofi")]
+        (None, Net::Ofi(o)) => AnyFabric::Ofi(o),
+        #[cfg(feature = "ofi")]
+        (Some(s), Net::Ofi(o)) => AnyFabric::HybridOfi(Box::new(HybridFabric::join(s, *o, size, group)?)),
+        (None, Net::None) => return Err(Error::Fabric(format!("rank {rank}: no fabric links it to the other {} ranks", size - 1))),
     })
+}
+
+/// Links this rank to the ranks of other hosts (those not in `group`): over libfabric when
+/// this rank found a hardware provider (`mine`) and every other rank found the same one,
+/// else over TCP through `listener`.
+fn connect(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>, listener: TcpListener, group: &[usize], mine: &str) -> Result<Net> {
+    let (rank, size) = (env.rank, env.size);
+    #[cfg(feature = "ofi")]
+    if !mine.is_empty()
+        && (0..size).filter(|&r| r != rank).try_fold(true, |all, r| Ok::<_, Error>(all && bc.get(&net_key(r))? == mine.as_bytes()))?
+    {
+        drop(listener);
+        let cfg = crate::ofi::OfiConfig { provider: Some(mine.to_string()), node: None };
+        return Ok(Net::Ofi(Box::new(crate::ofi::wire_up(bc, rank, size, &cfg)?)));
+    }
+    let _ = mine;
+    let mut peers: Vec<(usize, SocketAddr)> = Vec::with_capacity(size - group.len());
+    for r in (0..size).filter(|r| !group.contains(r)) {
+        let v = bc.get(&tcp_key(r))?;
+        let a = std::str::from_utf8(&v)
+            .ok()
+            .and_then(|s| s.parse::<SocketAddr>().ok())
+            .ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed TCP address")))?;
+        peers.push((r, a));
+    }
+    let mut t = TcpFabric::establish(rank, size, listener, &peers, &env.secret, CONNECT_TIMEOUT)?;
+    t.set_peer_timeout(how.peer_timeout)?;
+    if t.bad_connections() > 0 {
+        eprintln!("tmpi: rank {rank}: refused {} TCP connection(s) that did not prove the job secret", t.bad_connections());
+    }
+    Ok(Net::Tcp(t))
 }

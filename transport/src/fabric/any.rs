@@ -6,6 +6,8 @@
 use super::{Caps, Fabric, HybridFabric, Packet, PeerCaps, PeerState, Wakeup};
 use crate::error::{Error, Result};
 use crate::local::LocalFabric;
+#[cfg(feature = "ofi")]
+use crate::ofi::OfiFabric;
 use crate::shm::segment::Segment;
 use crate::shm::ShmFabric;
 use crate::tcp::TcpFabric;
@@ -25,6 +27,12 @@ pub enum AnyFabric {
     Tcp(TcpFabric),
     /// Shared memory on this host, TCP to other hosts.
     Hybrid(Box<HybridFabric>),
+    /// Every peer over libfabric (`TMPI_FABRIC=ofi`).
+    #[cfg(feature = "ofi")]
+    Ofi(Box<OfiFabric>),
+    /// Shared memory on this host, libfabric to other hosts (`auto` with a hardware provider).
+    #[cfg(feature = "ofi")]
+    HybridOfi(Box<HybridFabric<OfiFabric>>),
 }
 
 /// Calls `$call` on the fabric inside `$f` (an [`AnyFabric`]); `$single` for a job of one.
@@ -35,6 +43,10 @@ macro_rules! each {
             AnyFabric::Local($x) => $call,
             AnyFabric::Tcp($x) => $call,
             AnyFabric::Hybrid($x) => $call,
+            #[cfg(feature = "ofi")]
+            AnyFabric::Ofi($x) => $call,
+            #[cfg(feature = "ofi")]
+            AnyFabric::HybridOfi($x) => $call,
             AnyFabric::Single => $single,
         }
     };
@@ -120,5 +132,9 @@ impl Fabric for AnyFabric {
 
     fn name(&self) -> &'static str {
         each!(self, f => Fabric::name(f), "single")
+    }
+
+    fn provider(&self) -> Option<&str> {
+        each!(self, f => Fabric::provider(f), None)
     }
 }

@@ -1,6 +1,6 @@
-//! The hybrid fabric: shared memory among the ranks of this host, TCP to the others. Each call
-//! goes to the fabric that reaches the peer; world ranks are translated to the segment's
-//! indices and back.
+//! The hybrid fabric: shared memory among the ranks of this host, a network fabric (TCP, or
+//! libfabric's OFI fabric with the feature `ofi`) to the others. Each call goes to the fabric
+//! that reaches the peer; world ranks are translated to the segment's indices and back.
 
 use super::{Fabric, Packet, PeerCaps, PeerState, Wakeup};
 use crate::error::{Error, Result};
@@ -8,32 +8,47 @@ use crate::shm::segment::Segment;
 use crate::shm::ShmFabric;
 use crate::tcp::TcpFabric;
 
-/// Shared memory among the ranks of this host, TCP to the others.
-pub struct HybridFabric {
+/// Shared memory among the ranks of this host, the network fabric `N` (TCP by default) to the
+/// others.
+pub struct HybridFabric<N = TcpFabric> {
     shm: ShmFabric,
-    tcp: TcpFabric,
+    net: N,
     /// World rank -> index in the shared-memory segment (`u32::MAX`: not on this host).
     shm_index: Vec<u32>,
     /// Segment index -> world rank.
     shm_world: Vec<usize>,
-    /// Poll TCP first on odd rounds, so neither side starves the other.
+    /// Poll the network first on odd rounds, so neither side starves the other.
     round: bool,
 }
 
-impl HybridFabric {
+impl HybridFabric<TcpFabric> {
     /// Joins the two fabrics; `shm_world[i]` is the world rank of the segment's rank `i`.
     ///
     /// # Errors
     /// A world rank out of range or reached both ways.
     pub fn new(shm: ShmFabric, tcp: TcpFabric, size: usize, shm_world: Vec<usize>) -> Result<Self> {
+        if let Some(&w) = shm_world.iter().find(|&&w| tcp.has_peer(w)) {
+            return Err(Error::InvalidArgument(format!("rank {w} cannot be a shared-memory peer here")));
+        }
+        Self::join(shm, tcp, size, shm_world)
+    }
+}
+
+impl<N: Fabric> HybridFabric<N> {
+    /// Joins shared memory and the network fabric `net`, which reaches (at least) every rank
+    /// not in `shm_world`; `shm_world[i]` is the world rank of the segment's rank `i`.
+    ///
+    /// # Errors
+    /// A world rank out of range or listed twice.
+    pub fn join(shm: ShmFabric, net: N, size: usize, shm_world: Vec<usize>) -> Result<Self> {
         let mut shm_index = vec![u32::MAX; size];
         for (i, &w) in shm_world.iter().enumerate() {
-            if w >= size || tcp.has_peer(w) || shm_index[w] != u32::MAX {
+            if w >= size || shm_index[w] != u32::MAX {
                 return Err(Error::InvalidArgument(format!("rank {w} cannot be a shared-memory peer here")));
             }
             shm_index[w] = i as u32;
         }
-        Ok(HybridFabric { shm, tcp, shm_index, shm_world, round: false })
+        Ok(HybridFabric { shm, net, shm_index, shm_world, round: false })
     }
 
     /// The segment index of world rank `rank`, if it is on this host.
@@ -46,12 +61,12 @@ impl HybridFabric {
     }
 }
 
-impl Fabric for HybridFabric {
+impl<N: Fabric> Fabric for HybridFabric<N> {
     #[inline]
     fn try_send(&mut self, dest: usize, flags: u8, total_len: u64, parts: &[&[u8]]) -> Result<bool> {
         match self.local(dest) {
             Some(i) => self.shm.try_send(i, flags, total_len, parts),
-            None => self.tcp.try_send(dest, flags, total_len, parts),
+            None => self.net.try_send(dest, flags, total_len, parts),
         }
     }
 
@@ -61,11 +76,11 @@ impl Fabric for HybridFabric {
         let world = &self.shm_world;
         let mut n = 0;
         if self.round {
-            n += self.tcp.poll(&mut f)?;
+            n += self.net.poll(&mut f)?;
         }
         n += self.shm.poll(|p| f(Packet { src: world[p.src], ..p }))?;
         if !self.round {
-            n += self.tcp.poll(&mut f)?;
+            n += self.net.poll(&mut f)?;
         }
         Ok(n)
     }
@@ -73,7 +88,7 @@ impl Fabric for HybridFabric {
     fn pending_from(&mut self, src: usize) -> bool {
         match self.local(src) {
             Some(i) => self.shm.pending_from(i),
-            None => self.tcp.pending_from(src),
+            None => self.net.pending_from(src),
         }
     }
 
@@ -82,20 +97,20 @@ impl Fabric for HybridFabric {
     }
 
     fn max_packet(&self) -> usize {
-        self.shm.max_packet().min(self.tcp.max_packet())
+        self.shm.max_packet().min(self.net.max_packet())
     }
 
     fn peer_caps(&self, rank: usize) -> PeerCaps {
         match self.local(rank) {
             Some(i) => Fabric::peer_caps(&self.shm, i),
-            None => Fabric::peer_caps(&self.tcp, rank),
+            None => self.net.peer_caps(rank),
         }
     }
 
     fn peer_state(&self, rank: usize) -> PeerState {
         match self.local(rank) {
             Some(i) => Fabric::peer_state(&self.shm, i),
-            None => self.tcp.peer_state(rank),
+            None => self.net.peer_state(rank),
         }
     }
 
@@ -107,7 +122,7 @@ impl Fabric for HybridFabric {
     }
 
     fn mark_finalized(&mut self) {
-        self.tcp.mark_finalized();
+        self.net.mark_finalized();
         self.shm.mark_finalized();
     }
 
@@ -116,14 +131,15 @@ impl Fabric for HybridFabric {
         Wakeup::Sockets { all: false }
     }
 
-    /// [`TcpFabric::wait`], unless a packet already waits in a shared-memory ring. Shared
-    /// memory does not wake this sleep, so the caller keeps `timeout` short.
+    /// The network fabric's sleep ([`TcpFabric::wait`]), unless a packet already waits in a
+    /// shared-memory ring. Shared memory does not wake this sleep, so the caller keeps
+    /// `timeout` short.
     fn sleep(&mut self, timeout: std::time::Duration, _busy: impl FnOnce(&Segment) -> bool) -> bool {
         let me = self.shm.rank();
         if (0..self.shm_world.len()).any(|i| i != me && self.shm.pending_from(i)) {
             return true;
         }
-        self.tcp.wait(timeout)
+        self.net.sleep(timeout, |_| false)
     }
 
     fn wake(&self, rank: usize) {
@@ -133,14 +149,21 @@ impl Fabric for HybridFabric {
     }
 
     fn polled_connections(&self) -> usize {
-        self.tcp.peer_count()
+        self.net.polled_connections()
     }
 
     fn bad_connections(&self) -> u64 {
-        self.tcp.bad_connections()
+        self.net.bad_connections()
     }
 
     fn name(&self) -> &'static str {
-        "hybrid"
+        match self.net.name() {
+            "tcp" => "hybrid",
+            _ => "hybrid-ofi",
+        }
+    }
+
+    fn provider(&self) -> Option<&str> {
+        self.net.provider()
     }
 }

@@ -246,4 +246,7 @@ impl<T: Fabric> Fabric for Box<T> {
     fn name(&self) -> &'static str {
         (**self).name()
     }
+    fn provider(&self) -> Option<&str> {
+        (**self).provider()
+    }
 }

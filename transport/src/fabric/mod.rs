@@ -81,10 +81,14 @@ pub enum FabricChoice {
     Shm,
     /// TCP between every pair of ranks, even on one host (for testing).
     Tcp,
+    /// libfabric's OFI fabric between every pair of ranks (cargo feature `ofi`; a build
+    /// without it refuses this choice at `init`).
+    Ofi,
 }
 
 impl FabricChoice {
-    /// Parses `auto`, `shm` or `tcp`.
+    /// Parses `auto`, `shm`, `tcp` or `ofi` (in every build: whether the build has the OFI
+    /// fabric is checked where the fabric is built).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming `TMPI_FABRIC` for anything else.
@@ -93,7 +97,8 @@ impl FabricChoice {
             "auto" | "" => Ok(FabricChoice::Auto),
             "shm" => Ok(FabricChoice::Shm),
             "tcp" => Ok(FabricChoice::Tcp),
-            v => Err(Error::InvalidArgument(format!("{ENV_FABRIC}={v:?}: expected auto, shm or tcp"))),
+            "ofi" => Ok(FabricChoice::Ofi),
+            v => Err(Error::InvalidArgument(format!("{ENV_FABRIC}={v:?}: expected auto, shm, tcp or ofi"))),
         }
     }
 }
@@ -254,8 +259,15 @@ pub trait Fabric {
         Caps::default()
     }
 
-    /// A short name of the fabric, for reports (`shm`, `tcp`, `hybrid`, `local`, `single`).
+    /// A short name of the fabric, for reports (`shm`, `tcp`, `hybrid`, `local`, `single`,
+    /// `ofi`, `hybrid-ofi`).
     fn name(&self) -> &'static str;
+
+    /// The libfabric provider under the fabric (`tcp;ofi_rxm`, `verbs;ofi_rxm`), for reports;
+    /// `None` for the fabrics of this crate's own.
+    fn provider(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// A fabric that matches tagged receives itself ([`Caps::tag_matching`]), as libfabric's

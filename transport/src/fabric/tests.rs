@@ -109,3 +109,14 @@ fn shared_memory_local_and_single_report_what_they_offer() {
     }
     assert_eq!(local.max_packet(), 4096);
 }
+
+#[test]
+fn fabric_choices_parse_in_every_build() {
+    let table = [("auto", Some(FabricChoice::Auto)), ("", Some(FabricChoice::Auto)), (" shm ", Some(FabricChoice::Shm))];
+    let more = [("tcp", Some(FabricChoice::Tcp)), ("ofi", Some(FabricChoice::Ofi)), ("OFI", None), ("verbs", None)];
+    for (v, want) in table.into_iter().chain(more) {
+        assert_eq!(FabricChoice::parse(v).ok(), want, "{v:?}");
+    }
+    let e = FabricChoice::parse("ib").unwrap_err().to_string();
+    assert!(e.contains("TMPI_FABRIC") && e.contains("ofi"), "{e}");
+}

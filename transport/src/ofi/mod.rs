@@ -29,6 +29,7 @@
 
 pub mod cache;
 pub mod core;
+mod fabric;
 mod ffi;
 pub mod packet;
 pub mod tag;
@@ -115,7 +116,8 @@ fn addr_key(r: usize) -> String {
 }
 
 /// Opens this rank's endpoint on the configured provider, publishes its address under
-/// `fab-ofi-<rank>` (with the provider's name, which every rank must share), fences, and
+/// `fab-ofi-<rank>` (with the provider's name, which every rank must share, and its process
+/// id and host identity, by which a peer on this host that dies is noticed), fences, and
 /// inserts every other rank's address into the address vector.
 ///
 /// # Errors
@@ -126,22 +128,87 @@ pub fn wire_up(kv: &mut dyn KeyValue, rank: usize, size: usize, cfg: &OfiConfig)
     let provider = offer.provider.clone();
     let domain = OfiDomain::open(offer)?;
     let mut ep = Endpoint::open(&domain, size)?;
-    let mut value = provider.clone().into_bytes();
-    value.push(0);
+    let host = crate::bootstrap::wireup::host_id();
+    let mut value = format!("{provider}\0{}\0{host}\0", std::process::id()).into_bytes();
     value.extend_from_slice(&ep.name()?);
     kv.put(&addr_key(rank), &value)?;
     kv.fence()?;
     let mut addrs = vec![FI_ADDR_UNSPEC; size];
-    for (r, slot) in addrs.iter_mut().enumerate().filter(|&(r, _)| r != rank) {
+    let mut pids = vec![0u32; size];
+    for r in (0..size).filter(|&r| r != rank) {
         let v = kv.get(&addr_key(r))?;
-        let cut = v.iter().position(|&b| b == 0).ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed OFI address")))?;
-        if v[..cut] != *provider.as_bytes() {
+        let p = Published::parse(&v).ok_or_else(|| Error::Bootstrap(format!("rank {r} published a malformed OFI address")))?;
+        if p.provider != provider {
             return Err(Error::Fabric(format!(
                 "rank {r} uses libfabric provider {:?}, rank {rank} uses {provider:?}: set {ENV_PROVIDER} alike on every rank",
-                String::from_utf8_lossy(&v[..cut])
+                p.provider
             )));
         }
-        *slot = ep.insert(&v[cut + 1..]).map_err(|e| Error::Fabric(format!("rank {r}'s OFI address: {e}")))?;
+        addrs[r] = ep.insert(p.addr).map_err(|e| Error::Fabric(format!("rank {r}'s OFI address: {e}")))?;
+        pids[r] = if p.host == host { p.pid } else { 0 };
     }
-    OfiFabric::new(rank, ep, addrs)
+    let mut f = OfiFabric::new(rank, ep, addrs)?;
+    f.set_peer_pids(pids);
+    Ok(f)
+}
+
+/// What a rank publishes at wire-up: `provider \0 pid \0 host \0 address`.
+struct Published<'a> {
+    provider: String,
+    pid: u32,
+    host: String,
+    addr: &'a [u8],
+}
+
+impl<'a> Published<'a> {
+    fn parse(v: &'a [u8]) -> Option<Self> {
+        let mut parts = v.splitn(4, |&b| b == 0);
+        let provider = String::from_utf8(parts.next()?.to_vec()).ok()?;
+        let pid = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+        let host = String::from_utf8(parts.next()?.to_vec()).ok()?;
+        let addr = parts.next().filter(|a| !a.is_empty())?;
+        Some(Published { provider, pid, host, addr })
+    }
+}
+
+/// Providers that drive network hardware (InfiniBand and RoCE through `verbs`, AWS `efa`,
+/// HPE Slingshot's `cxi`, Omni-Path's `psm2` and `opx`, Intel's `psm3`). `TMPI_FABRIC=auto`
+/// takes the OFI fabric between hosts only over one of these; the software providers
+/// (`tcp`, `udp`, `sockets`, `shm`) would be no faster than tmpi's own TCP and shared memory.
+pub const HARDWARE_PROVIDERS: &[&str] = &["verbs", "efa", "cxi", "psm2", "psm3", "opx"];
+
+/// Whether `provider` (as libfabric names it, a layered one as `verbs;ofi_rxm`) drives
+/// network hardware: its core provider (the first name) is one of [`HARDWARE_PROVIDERS`].
+pub fn is_hardware(provider: &str) -> bool {
+    let core = provider.split(';').next().unwrap_or("");
+    HARDWARE_PROVIDERS.contains(&core)
+}
+
+/// The names of the providers `fi_getinfo` offers tmpi an RDM endpoint with `FI_TAGGED |
+/// FI_RMA` on, in libfabric's order, each once (for `tmpirun --info`).
+///
+/// # Errors
+/// [`Error::Ofi`] when `fi_getinfo` fails otherwise than finding nothing.
+pub fn providers() -> Result<Vec<String>> {
+    let offers = match getinfo(&Hints::default()) {
+        Err(Error::Ofi { code: ffi::FI_ENODATA, .. }) => Vec::new(),
+        r => r?,
+    };
+    let mut names: Vec<String> = Vec::new();
+    for o in offers {
+        if !names.contains(&o.provider) {
+            names.push(o.provider.clone());
+        }
+    }
+    Ok(names)
+}
+
+/// The provider `TMPI_FABRIC=auto` would use between hosts: with `TMPI_OFI_PROVIDER` set, that
+/// provider if it drives hardware; else the first hardware provider libfabric offers. `None`:
+/// keep TCP.
+pub fn auto_provider(cfg: &OfiConfig) -> Option<String> {
+    match &cfg.provider {
+        Some(p) => is_hardware(p).then(|| p.clone()),
+        None => providers().ok()?.into_iter().find(|p| is_hardware(p)),
+    }
 }

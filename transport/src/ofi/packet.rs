@@ -75,6 +75,8 @@ pub struct OfiFabric {
     waker: Option<super::wake::Waker>,
     /// Completions of one progress call (kept to reuse its allocation).
     done: Vec<Completion>,
+    /// Process ids of the peers on this host (0: on another host, or not known).
+    pids: Vec<u32>,
 }
 
 fn hdr(flags: u8, kind: u8, seq: u32, total: u64) -> [u8; HDR] {
@@ -111,6 +113,7 @@ impl OfiFabric {
             .collect();
         let inject = ep.offer().inject_size.min(MAX_PACKET + HDR);
         let waker = super::wake::Waker::new().ok();
+        let pids = vec![0; addrs.len()];
         let mut f = OfiFabric {
             rank,
             ep,
@@ -125,6 +128,7 @@ impl OfiFabric {
             fault: None,
             waker,
             done: Vec::new(),
+            pids,
         };
         f.post_receives()?;
         Ok(f)
@@ -168,6 +172,19 @@ impl OfiFabric {
     /// The largest packet payload `try_send` takes.
     pub fn max_packet(&self) -> usize {
         MAX_PACKET
+    }
+
+    /// Records the process ids of the peers on this host (0 for the others), by which the
+    /// runtime learns that a peer's process died: libfabric tells only a sender.
+    pub fn set_peer_pids(&mut self, pids: Vec<u32>) {
+        if pids.len() == self.pids.len() {
+            self.pids = pids;
+        }
+    }
+
+    /// The process id of `rank` if it runs on this host and said so, else 0.
+    pub fn peer_pid(&self, rank: usize) -> u32 {
+        self.pids.get(rank).copied().unwrap_or(0)
     }
 
     /// A handle that ends a [`OfiFabric::wait`] from another thread.

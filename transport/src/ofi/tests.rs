@@ -530,3 +530,51 @@ fn raw_receive_and_read() {
         assert_eq!(&out[..], &src[16..80], "{p}");
     }
 }
+
+#[test]
+fn auto_takes_only_providers_that_drive_hardware() {
+    let table: [(&str, bool); 12] = [
+        ("verbs", true),
+        ("verbs;ofi_rxm", true),
+        ("efa", true),
+        ("cxi", true),
+        ("psm2", true),
+        ("psm3", true),
+        ("opx", true),
+        ("tcp", false),
+        ("tcp;ofi_rxm", false),
+        ("udp;ofi_rxd", false),
+        ("sockets", false),
+        ("shm", false),
+    ];
+    for (p, hw) in table {
+        assert_eq!(is_hardware(p), hw, "{p}");
+        let cfg = OfiConfig { provider: Some(p.into()), node: None };
+        assert_eq!(auto_provider(&cfg).is_some(), hw, "{p}");
+    }
+    // This machine has only the software providers: auto keeps TCP.
+    assert_eq!(auto_provider(&OfiConfig::default()), None);
+}
+
+#[test]
+fn providers_lists_what_getinfo_offers_once_each() {
+    let names = providers().unwrap();
+    for p in PROVIDERS {
+        assert!(names.iter().any(|n| n.split(';').next() == Some(p)), "{p} missing from {names:?}");
+    }
+    let mut seen = names.clone();
+    seen.dedup();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), names.len(), "{names:?}");
+}
+
+#[test]
+fn published_addresses_parse_or_are_refused() {
+    let ok = b"tcp;ofi_rxm\x004242\x00host/boot\x00\x01\x02\x00\x03";
+    let p = Published::parse(ok).unwrap();
+    assert_eq!((p.provider.as_str(), p.pid, p.host.as_str(), p.addr), ("tcp;ofi_rxm", 4242, "host/boot", &[1u8, 2, 0, 3][..]));
+    for bad in [&b"tcp"[..], b"tcp\x00x\x00h\x00a", b"tcp\x001\x00h\x00", b"tcp\x001\x00h", b"\xff\x001\x00h\x00a"] {
+        assert!(Published::parse(bad).is_none(), "{bad:?}");
+    }
+}

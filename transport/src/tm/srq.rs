@@ -7,26 +7,9 @@ use super::cq::{Wc, WcFlags, WcOpcode, WcStatus};
 use super::list::{SlotState, TagList, NIL};
 use super::ops::{OpsFlags, OpsOp, OpsWr};
 use super::TmErrno;
-use crate::wire::{Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
+use crate::wire::{Fin, Rvh, TmOp, Tmh, RVH_LEN, TMH_LEN};
 
-/// Length of the rendezvous meta-data this crate defines after the RVH: the payload length and
-/// flags, each a big-endian `u64` (see [`RndvRequest`]).
-pub const RNDV_META_LEN: usize = 16;
-/// Meta-data flag: the sender has checked the RVH's range for a single-copy read by the
-/// destination (see [`RndvRequest::pregranted`]).
-pub const RNDV_FLAG_PREGRANTED: u64 = 1;
-/// Length of a rendezvous request built by [`RndvRequest::encode`]: TMH, RVH, meta-data.
-pub const RNDV_REQ_LEN: usize = TMH_LEN + RVH_LEN + RNDV_META_LEN;
-/// Length of a FIN message: the request's TMH (opcode FIN) and RVH.
-pub const FIN_LEN: usize = TMH_LEN + RVH_LEN;
-/// Where the meta-data's two words start in a rendezvous request: the length, then the flags.
-const META_LEN_AT: usize = TMH_LEN + RVH_LEN;
-const META_FLAGS_AT: usize = META_LEN_AT + 8;
-
-/// The RVH `len` that tmpi's senders write for a payload of `u32::MAX` bytes or more: "the
-/// length does not fit the RVH; read it from the meta-data". Hardware gives it no meaning
-/// (it is an ordinary length to it); see [`RndvRequest`] for why that is safe.
-pub const RVH_LEN_IN_META: u32 = u32::MAX;
+pub use crate::wire::{RndvRequest, FIN_LEN, RNDV_FLAG_PREGRANTED, RNDV_META_LEN, RNDV_REQ_LEN, RVH_LEN_IN_META};
 
 /// Largest tagged-buffer length an ADD accepts: `u32::MAX - 1`. A tagged buffer is one
 /// `ibv_sge`, whose `length` is 32 bits, and the RVH's `len` is 32 bits too: a buffer of
@@ -39,100 +22,6 @@ pub const MAX_TAGGED_LEN: usize = RVH_LEN_IN_META as usize - 1;
 /// Unexpected receives polled beyond software's last reported count after which every further
 /// unexpected completion carries `TM_SYNC_REQ` (mlx5's `MLX5_TM_MAX_SYNC_DIFF`).
 pub const MAX_SYNC_DIFF: u16 = 0x3fff;
-
-/// A rendezvous request as tmpi's senders build it: `TMH | RVH | meta-data`, where the
-/// meta-data is the payload length and a word of flags ([`RNDV_FLAG_PREGRANTED`]), each a
-/// big-endian `u64`: 48 bytes, within the 64 of `max_rndv_hdr_size`.
-///
-/// # What the hardware path reads, and the two software extensions
-///
-/// The TM-SRQ serves an expected request from the RVH alone (`va`, 32-bit `rkey`, 32-bit
-/// `len`), as the seed says (the optional data "may be inspected by receiver SW if the
-/// message is deemed unexpected"); bytes after the RVH never change what it reads. So that
-/// the RVH is the whole truth:
-///
-/// - **Keys.** The `rkey` is the sender's fi_mr key itself: the runtime opens its fi_mr
-///   domain with `mr_key_size` 4 (as libfabric's verbs provider does, whose keys are the
-///   verbs rkeys), so every key fits 32 bits and the target's key check
-///   ([`crate::mr::Domain::check_remote`] with `u64::from(rkey)`) stays the single
-///   authority before any byte moves. A wider key cannot be encoded ([`RndvRequest::rkey`]
-///   is a `u32`); truncating one would only make the target refuse the read.
-/// - **Payloads of `u32::MAX` bytes or more** (the software path): the RVH's `len` is
-///   [`RVH_LEN_IN_META`] and the real length is in the meta-data. The runtime never posts a
-///   tagged buffer of `u32::MAX` bytes or more, and the model refuses one (an ADD above
-///   [`MAX_TAGGED_LEN`] is `EINVAL`), so the hardware finds every tagged buffer smaller than
-///   `RVH_LEN_IN_META` and completes such a request `TM_RNDV_INCOMPLETE` with the headers
-///   in the buffer, or it arrives unexpected: either way software finishes it, reading the
-///   length with [`RndvRequest::payload_len`]. (UCX reaches the same end differently: it
-///   sends rendezvous requests the device cannot serve as tagged eager messages, its
-///   "software rendezvous".)
-///
-/// Software reads the same `(va, rkey, len)` as the hardware, except for the length of the
-/// long messages above.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RndvRequest {
-    /// TMH `app_ctx`.
-    pub app_ctx: u32,
-    /// TMH tag.
-    pub tag: u64,
-    /// RVH address of the sender's registered buffer.
-    pub va: u64,
-    /// RVH remote key: the sender's fi_mr key.
-    pub rkey: u32,
-    /// Payload length.
-    pub len: u64,
-    /// The sender (the read's target) has already checked `(rkey, va, len, read)` in its
-    /// fi_mr domain for a single-copy read by the destination, and holds the buffer until
-    /// FIN: the receiver may copy it without asking (one round trip fewer). Only software
-    /// reads it; the hardware path serves the RVH as always.
-    pub pregranted: bool,
-}
-
-impl RndvRequest {
-    /// The encoded request (TMH with opcode RNDV, RVH, meta-data).
-    pub fn encode(&self) -> [u8; RNDV_REQ_LEN] {
-        let mut b = [0u8; RNDV_REQ_LEN];
-        let tmh = Tmh { op: TmOp::Rndv, app_ctx: self.app_ctx, tag: self.tag };
-        let rvh = Rvh { va: self.va, rkey: self.rkey, len: u32::try_from(self.len).unwrap_or(RVH_LEN_IN_META) };
-        b[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
-        b[TMH_LEN..TMH_LEN + RVH_LEN].copy_from_slice(&rvh.to_bytes());
-        b[META_LEN_AT..META_FLAGS_AT].copy_from_slice(&self.len.to_be_bytes());
-        let flags = if self.pregranted { RNDV_FLAG_PREGRANTED } else { 0 };
-        b[META_FLAGS_AT..].copy_from_slice(&flags.to_be_bytes());
-        b
-    }
-
-    /// The payload length software reads from a whole request `req` (TMH, RVH, anything): the
-    /// RVH's `len`, unless it is [`RVH_LEN_IN_META`], in which case the meta-data's (which
-    /// must then be there and be at least `u32::MAX`). `None` for a request too short or
-    /// inconsistent.
-    pub fn payload_len(req: &[u8]) -> Option<u64> {
-        let rvh = parse_rvh(req.get(TMH_LEN..)?)?;
-        if rvh.len != RVH_LEN_IN_META {
-            return Some(u64::from(rvh.len));
-        }
-        let m: [u8; 8] = req.get(META_LEN_AT..META_FLAGS_AT)?.try_into().ok()?;
-        let len = u64::from_be_bytes(m);
-        (len >= u64::from(RVH_LEN_IN_META)).then_some(len)
-    }
-
-    /// Reads a whole request as software does (see [`RndvRequest::payload_len`]); `None` if
-    /// it is not a valid rendezvous request.
-    pub fn parse(req: &[u8]) -> Option<RndvRequest> {
-        let tmh = parse_tmh(req).filter(|t| t.op == TmOp::Rndv)?;
-        let rvh = parse_rvh(req.get(TMH_LEN..)?)?;
-        let len = Self::payload_len(req)?;
-        Some(RndvRequest { app_ctx: tmh.app_ctx, tag: tmh.tag, va: rvh.va, rkey: rvh.rkey, len, pregranted: Self::pregranted(req) })
-    }
-
-    /// Whether a whole request `req` says [`RndvRequest::pregranted`] (false when its
-    /// meta-data is short or absent).
-    pub fn pregranted(req: &[u8]) -> bool {
-        req.get(META_FLAGS_AT..RNDV_REQ_LEN)
-            .and_then(|f| <[u8; 8]>::try_from(f).ok())
-            .is_some_and(|f| u64::from_be_bytes(f) & RNDV_FLAG_PREGRANTED != 0)
-    }
-}
 
 /// Which buffer a [`Placement`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -423,34 +312,10 @@ impl std::fmt::Debug for TmSrq {
     }
 }
 
-/// Reads a TMH as the hardware does: opcode, `app_ctx` and tag. Unlike [`Tmh::decode`] (the
-/// software decoder, which refuses them) the reserved bytes are ignored: rdma-core's suite
-/// (`tests/test_tag_matching.py`, `write_tm_header`) sends TMHs whose reserved bytes and
-/// `app_ctx` are left over from the payload and expects them matched.
+/// The RVH at the start of `buf`, if it is long enough.
 #[inline]
-fn parse_tmh(buf: &[u8]) -> Option<Tmh> {
-    let b: &[u8; TMH_LEN] = buf.get(..TMH_LEN)?.try_into().ok()?;
-    let op = match b[0] {
-        0 => TmOp::NoTag,
-        1 => TmOp::Rndv,
-        2 => TmOp::Fin,
-        3 => TmOp::Eager,
-        _ => return None,
-    };
-    let app_ctx = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
-    let tag = u64::from_be_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
-    Some(Tmh { op, app_ctx, tag })
-}
-
-/// Reads an RVH like [`Rvh::decode`], without building the crate's error.
-#[inline]
-fn parse_rvh(buf: &[u8]) -> Option<Rvh> {
-    let b: &[u8; RVH_LEN] = buf.get(..RVH_LEN)?.try_into().ok()?;
-    Some(Rvh {
-        va: u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-        rkey: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
-        len: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
-    })
+fn rvh_of(buf: &[u8]) -> Option<Rvh> {
+    Rvh::decode(buf).ok()
 }
 
 #[inline]
@@ -838,7 +703,7 @@ impl TmSrq {
         }
         let len = msg.len();
         if self.list.listed() != 0 {
-            let tmh = parse_tmh(msg)?;
+            let tmh = Tmh::decode_as_hardware(msg)?;
             if let Some(h) = self.list.lookup(tmh.tag) {
                 let (pl, wc) = self.match_eager(h, src, &tmh, len, len, true);
                 return Some(Polled::Matched(pl, wc?));
@@ -887,7 +752,7 @@ impl TmSrq {
         }
         match TmOp::from_u8(op) {
             Ok(TmOp::Eager) => {
-                let tmh = parse_tmh(first).ok_or(TmErrno::BadMsg)?;
+                let tmh = Tmh::decode_as_hardware(first).ok_or(TmErrno::BadMsg)?;
                 match self.list.lookup(tmh.tag) {
                     Some(h) => Ok(Arrival::Place(self.match_eager(h, src, &tmh, first.len(), total_len, false).0)),
                     None => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmRecv, true, false).0),
@@ -897,8 +762,8 @@ impl TmSrq {
                 if total_len != first.len() || first.len() < TMH_LEN + RVH_LEN || first.len() > self.caps.max_rndv_hdr_size as usize {
                     return Err(TmErrno::BadMsg);
                 }
-                let tmh = parse_tmh(first).ok_or(TmErrno::BadMsg)?;
-                let rvh = parse_rvh(&first[TMH_LEN..]).ok_or(TmErrno::BadMsg)?;
+                let tmh = Tmh::decode_as_hardware(first).ok_or(TmErrno::BadMsg)?;
+                let rvh = rvh_of(&first[TMH_LEN..]).ok_or(TmErrno::BadMsg)?;
                 match self.list.lookup(tmh.tag) {
                     Some(h) => Ok(self.match_rndv(h, src, &tmh, rvh, first)),
                     None => Ok(self.deliver_to_srq(src, first.len(), total_len, WcOpcode::TmRecv, true, false).0),
@@ -1027,10 +892,7 @@ impl TmSrq {
     /// [`TmErrno::Inval`] if `id` is not a read in progress (already reported, or stale).
     pub fn read_complete(&mut self, id: ReadId) -> Result<(), TmErrno> {
         let s = self.take_read(id)?;
-        let tmh = Tmh { op: TmOp::Fin, app_ctx: s.app_ctx, tag: s.msg_tag };
-        let mut msg = [0u8; FIN_LEN];
-        msg[..TMH_LEN].copy_from_slice(&tmh.to_bytes());
-        msg[TMH_LEN..].copy_from_slice(&s.rvh.to_bytes());
+        let msg = Fin { tmh: Tmh { op: TmOp::Fin, app_ctx: s.app_ctx, tag: s.msg_tag }, rvh: s.rvh }.to_bytes();
         self.tx.push_back(Transmit { dst: s.src, msg });
         self.finish_read(id.handle, WcStatus::Success);
         Ok(())

@@ -311,6 +311,57 @@ impl Class {
     fn try_less_often(&mut self) {
         self.probe_every = (self.probe_every.max(1) * 2).min(PROBE_LONGEST);
     }
+
+    /// A first try of `arm`, the other way, in a class that took its choice over (before it
+    /// has samples enough to compare): clearly slower confirms the choice (try less often),
+    /// else try again soon.
+    fn first_try_of_other(&mut self, arm: Arm) {
+        if let (Some(cur), true) = (self.chosen, self.chosen != Some(arm)) {
+            let (tried, kept) = (self.arms[arm as usize].best(), self.arms[cur as usize].best());
+            if let (Some(t), Some(k)) = (tried, kept) {
+                if t.saturating_mul(100) >= k.saturating_mul(CLEAR) {
+                    self.try_less_often();
+                }
+            }
+        }
+    }
+
+    /// The class of `n` compares its best times per byte, `s` by the rings and `m` by single
+    /// copy, after a period done `arm`'s way: it chooses the faster, changes its choice only
+    /// for a clear margin, and tries the other way less often when a try confirmed it.
+    fn compare(&mut self, n: usize, arm: Arm, s: u64, m: u64) {
+        let c = self;
+        // Below `TIE_TO_SINGLE_MIN` the rings stand for eager ([`EAGER_CREDIT`]).
+        let s = eager_credit(n, s);
+        // From `WARM_COUNTED_MIN`, the rings must be clearly faster ([`STREAM_MARGIN`]).
+        let margin = match n {
+            _ if n >= WARM_COUNTED_MIN => STREAM_MARGIN,
+            _ if n >= TIE_TO_SINGLE_MIN => STREAM_MARGIN_SMALL,
+            _ => 100,
+        };
+        let faster = if s.saturating_mul(margin) < m.saturating_mul(100) { Arm::Stream } else { Arm::Cma };
+        c.compared = true;
+        match c.chosen {
+            None => {
+                c.chosen = Some(faster);
+                c.probe_every = probe_first(n, faster, false);
+            }
+            Some(cur) if cur != faster => {
+                // Change only for a clear margin (5%), so two close ways do not flap.
+                let (cur_ns, new_ns) = if cur == Arm::Cma { (m, s) } else { (s, m) };
+                if new_ns.saturating_mul(20) < cur_ns.saturating_mul(19) {
+                    c.chosen = Some(faster);
+                    c.probe_every = probe_first(n, faster, false);
+                    c.since_probe = 0;
+                }
+            }
+            Some(cur) if arm != cur => {
+                // A try of the other way confirmed the choice: try less often.
+                c.try_less_often();
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 /// What [`CopyChooser::choose`] decided for one read.
@@ -817,49 +868,11 @@ impl CopyChooser {
             && c.chosen.is_none()
             && matches!((s.best(), m.best()), (Some(a), Some(b)) if clear(a, b));
         if (s.n < LEARN || m.n < LEARN) && !decisive {
-            // A first try of the other way in a class that took its choice over: clearly
-            // slower confirms the choice (try less often), else try again soon.
-            if let (Some(cur), true) = (c.chosen, c.chosen != Some(arm)) {
-                let (tried, kept) = (c.arms[arm as usize].best(), c.arms[cur as usize].best());
-                if let (Some(t), Some(k)) = (tried, kept) {
-                    if t.saturating_mul(100) >= k.saturating_mul(CLEAR) {
-                        c.try_less_often();
-                    }
-                }
-            }
+            c.first_try_of_other(arm);
             return;
         }
         let (Some(s), Some(m)) = (s.best(), m.best()) else { return };
-        // Below `TIE_TO_SINGLE_MIN` the rings stand for eager ([`EAGER_CREDIT`]).
-        let s = eager_credit(n, s);
-        // From `WARM_COUNTED_MIN`, the rings must be clearly faster ([`STREAM_MARGIN`]).
-        let margin = match n {
-            _ if n >= WARM_COUNTED_MIN => STREAM_MARGIN,
-            _ if n >= TIE_TO_SINGLE_MIN => STREAM_MARGIN_SMALL,
-            _ => 100,
-        };
-        let faster = if s.saturating_mul(margin) < m.saturating_mul(100) { Arm::Stream } else { Arm::Cma };
-        c.compared = true;
-        match c.chosen {
-            None => {
-                c.chosen = Some(faster);
-                c.probe_every = probe_first(n, faster, false);
-            }
-            Some(cur) if cur != faster => {
-                // Change only for a clear margin (5%), so two close ways do not flap.
-                let (cur_ns, new_ns) = if cur == Arm::Cma { (m, s) } else { (s, m) };
-                if new_ns.saturating_mul(20) < cur_ns.saturating_mul(19) {
-                    c.chosen = Some(faster);
-                    c.probe_every = probe_first(n, faster, false);
-                    c.since_probe = 0;
-                }
-            }
-            Some(cur) if arm != cur => {
-                // A try of the other way confirmed the choice: try less often.
-                c.try_less_often();
-            }
-            Some(_) => {}
-        }
+        c.compare(n, arm, s, m);
     }
 
     /// A timed period of reads of `n`'s class overlapped a peer's reads of the other way

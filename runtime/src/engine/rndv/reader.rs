@@ -169,12 +169,93 @@ impl State {
             }
         }
     }
-    /// Starts reading a matched rendezvous message from `src` into receive `rid`.
+    /// Starts reading a matched rendezvous message from `src` into receive `rid`, the way
+    /// [`plan_read`] says.
     pub(in crate::engine) fn start_read(&mut self, rid: ReqId, src: usize, info: RndvInfo, hw: Option<ReadId>) -> Result<()> {
+        let key = self.reads.vacant_key();
+        let (n, buf) = self.recv_reads(rid, src, &info, hw.is_some(), key)?;
+        // A receive buffer in this rank's shared heap is written by the target with a memcpy
+        // whichever way is asked: nothing to learn from it, and the target must be asked.
+        let own_place = buf.and_then(|b| self.ways.heaps.locate(b.addr(), n));
+        let (cma, placed) = self.choose_way(src, n, buf.is_some(), own_place.is_some());
+        // Pre-granted by the sender from its shared heap, which this rank maps already: the
+        // range is found by its address in the sender's heap.
+        let sender_heap = if info.pregranted { self.ways.heaps.mapped_place(src, info.rvh.va, n) } else { None };
+        self.reads.begun += 1;
+        let facts = ReadFacts {
+            n,
+            len: info.len,
+            has_buf: buf.is_some(),
+            cma,
+            pregranted: info.pregranted,
+            sender_heap: sender_heap.is_some(),
+            own_heap: own_place.is_some(),
+            others: !self.reads.is_empty(),
+            peer_reading: self.peer_reading(src),
+        };
+        let plan = plan_read(&facts);
+        let at_once = matches!(plan.start, ReadStart::AtOnce { .. });
+        let split = plan.split(n);
+        if let (ReadStart::AtOnce { heap: true, .. }, Some(p)) = (plan.start, placed) {
+            // Nothing to learn from a heap copy (its period is not timed).
+            self.ways.copy.spoil(p);
+        }
+        crate::seen::msg(false, src, info.tmh.tag, info.len, read_proto(&plan, cma, hw.is_some()));
+        let op = ReadOp {
+            rid,
+            src,
+            n,
+            got: 0,
+            hw,
+            info,
+            split,
+            remote_write: plan.remote_write,
+            failed: false,
+            at_once,
+            revoke_ack: false,
+            placed,
+        };
+        let k = self.reads.insert(op);
+        debug_assert_eq!(k, key);
+        if n == 0 {
+            return self.finish_read(key, true);
+        }
+        match plan.start {
+            ReadStart::AtOnce { heap, split } => self.copy_at_once(key, heap.then_some(sender_heap).flatten(), split, own_place),
+            ReadStart::Ask { cma } => self.request_read(key, cma, n, true),
+        }
+        Ok(())
+    }
+    /// Read `key`, pre-granted, is copied at once (from the sender's heap at `heap`, else by
+    /// single copy) up to `split`; from `split < n` the target is asked for the rest, into
+    /// the receive buffer (at `own_place` in this rank's heap, if it lies there).
+    fn copy_at_once(&mut self, key: Key, heap: Option<HeapSrc>, split: usize, own_place: Option<HeapSrc>) {
+        let Some(op) = self.reads.get(key) else { return };
+        let (n, placed) = (op.n, op.placed);
+        if let Some(place) = heap {
+            self.ways.heaps.grants.insert((key.idx(), key.gen()), place);
+        } else if let Some(p) = placed {
+            // Granted with the request itself: no round trip.
+            self.ways.copy.pregranted(p);
+        }
+        self.stats.pregranted += 1;
+        let buf = match self.reqs.get(op.rid) {
+            Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
+            _ => None,
+        };
+        if let (true, Some(b)) = (split < n, buf) {
+            self.stats.pregranted_splits += 1;
+            self.request_share(key, b.addr(), own_place);
+        }
+        self.outbox.copy_read(key);
+    }
+    /// Receive `rid` is read into as read `key` from `src`, which `info` announced (`hw`:
+    /// the TM-SRQ matched it and asked for the read): it leaves the software queue and takes
+    /// the message's envelope. Returns the bytes to read and the receive buffer.
+    fn recv_reads(&mut self, rid: ReqId, src: usize, info: &RndvInfo, hw: bool, key: Key) -> Result<(usize, Option<RawBufMut>)> {
         let Some(Req { kind: ReqKind::Recv(r), .. }) = self.reqs.get_mut(rid) else {
             return Err(Error::State("rendezvous matched a receive that is gone".into()));
         };
-        let key = self.reads.vacant_key();
         // A receive the TM-SRQ matched (and asked to read for) is still queued in software
         // (its MATCH completion is handled after this): take it out there too, or a later
         // message would match it. Its tag-list entry is consumed.
@@ -185,93 +266,26 @@ impl State {
         r.source = src_of(info.tmh.tag);
         r.tag = tag_of(info.tmh.tag);
         r.total = info.len;
-        let n = if hw.is_some() { info.len } else { info.len.min(r.cap) };
-        let buf = r.buf;
-        // Single copy needs the buffer (an abandoned receive streams and discards).
-        let cma_ok = self.ways.cma_to(src) && buf.is_some();
-        // A receive buffer in this rank's shared heap is written by the target with a memcpy
-        // whichever way is asked: nothing to learn from it, and the target must be asked.
-        let own_place = buf.and_then(|b| self.ways.heaps.locate(b.addr(), n));
-        let in_heap = own_place.is_some();
-        let (cma, placed) = match self.ways.cma_min {
+        let n = if hw { info.len } else { info.len.min(r.cap) };
+        Ok((n, r.buf))
+    }
+    /// Whether a read of `n` bytes from `src` goes by single copy (`TMPI_SINGLE_COPY_MIN`, or
+    /// the adapt stage's measurement, which places it: `Some`). Single copy needs the buffer
+    /// (`has_buf`; an abandoned receive streams and discards); a buffer in this rank's heap
+    /// (`own_heap`) teaches nothing.
+    fn choose_way(&mut self, src: usize, n: usize, has_buf: bool, own_heap: bool) -> (bool, Option<adapt::Placed>) {
+        let cma_ok = self.ways.cma_to(src) && has_buf;
+        match self.ways.cma_min {
             Some(min) => (cma_ok && n >= min, None),
             None if cma_ok && n > 0 => {
                 let p = self.ways.copy.start(n, src, adapt::Stamp::now);
-                if in_heap {
+                if own_heap {
                     self.ways.copy.spoil(p);
                 }
                 (p.arm == adapt::Arm::Cma, Some(p))
             }
             None => (false, None),
-        };
-        // Pre-granted by the sender from its shared heap, which this rank maps already: one
-        // memcpy at once, no request (the range is found by its address in the sender's heap).
-        let pregranted = info.pregranted && n <= info.len && n < CMA_PREGRANT_MAX;
-        let heap_at_once = (pregranted && n > 0 && buf.is_some()).then(|| self.ways.heaps.mapped_place(src, info.rvh.va, n)).flatten();
-        if let (Some(_), Some(p)) = (heap_at_once, placed) {
-            // Nothing to learn from a heap copy (its period is not timed).
-            self.ways.copy.spoil(p);
         }
-        self.reads.begun += 1;
-        let windowed = !self.reads.is_empty() && n >= CMA_SPLIT_WINDOW_MIN;
-        // Pre-granted by the sender (from its heap, or for single copy): copy at once, no request.
-        let at_once = heap_at_once.is_some() || (cma && pregranted && !in_heap);
-        // From `CMA_SHARE_MIN` the target writes a share, asked now: alone in flight (it waits
-        // for our FIN), or in a window while it is not reading from us itself (`osu_bw`: it
-        // waits too; in `osu_bibw` each core has its own reads to copy, and a share only
-        // adds its system call).
-        // A heap copy shares likewise from `HEAP_SHARE_MIN`, into a buffer in our heap.
-        let share_min = match heap_at_once {
-            Some(_) if in_heap => HEAP_SHARE_MIN,
-            Some(_) => usize::MAX,
-            None => CMA_SHARE_MIN,
-        };
-        let share = at_once && buf.is_some() && n >= share_min && !(windowed && self.peer_reading(src));
-        // A heap share in a window is an even half: the target's memcpy starts as soon as it
-        // is asked, and the lead only helps a lone read (`osu_bw -d shared` 64/128 KiB
-        // 1.07/1.07x the bytes of the lead, `osu_latency` 128 KiB 0.85x the time with it).
-        let split = match share {
-            true if heap_at_once.is_some() && windowed => (n / 2) & !4095,
-            true => share_split(n),
-            false => n,
-        };
-        // The target writes a share into the buffer (by CMA or into our heap), or may once asked.
-        let remote_write = (cma && !at_once) || split < n;
-        let k = self.reads.insert(ReadOp {
-            rid,
-            src,
-            n,
-            got: 0,
-            hw,
-            info,
-            split,
-            remote_write,
-            failed: false,
-            at_once,
-            revoke_ack: false,
-            placed,
-        });
-        debug_assert_eq!(k, key);
-        if n == 0 {
-            return self.finish_read(key, true);
-        }
-        if at_once {
-            if let Some(place) = heap_at_once {
-                self.ways.heaps.grants.insert((key.idx(), key.gen()), place);
-            } else if let Some(p) = placed {
-                // Granted with the request itself: no round trip.
-                self.ways.copy.pregranted(p);
-            }
-            self.stats.pregranted += 1;
-            if let (true, Some(b)) = (split < n, buf) {
-                self.stats.pregranted_splits += 1;
-                self.request_share(key, b.addr(), own_place);
-            }
-            self.outbox.copy_read(key);
-        } else {
-            self.request_read(key, cma, n, true);
-        }
-        Ok(())
     }
     /// Asks again, through the ring, for the first `len` bytes of read `key` (its single copy
     /// failed or its heap could not be mapped): it is no longer a measurement.
@@ -366,10 +380,7 @@ impl State {
             return r.map_err(|e| Error::Transport(e.into()));
         }
         if ok {
-            let mut fin = [0u8; TMH_LEN + RVH_LEN];
-            fin[..TMH_LEN].copy_from_slice(&Tmh { op: TmOp::Fin, ..op.info.tmh }.to_bytes());
-            fin[TMH_LEN..].copy_from_slice(&op.info.rvh.to_bytes());
-            self.outbox.fin(op.src, &fin);
+            self.outbox.fin(op.src, &Fin { tmh: op.info.tmh, rvh: op.info.rvh }.to_bytes());
         }
         self.ack_revoke(&op);
         let failure = match self.reqs.get(op.rid) {
@@ -493,4 +504,32 @@ impl State {
         let reads = &self.reads;
         self.outbox.retain_reads(|k| reads.get(*k).is_some());
     }
+}
+
+impl Engine {
+    /// The receive of read `k` is abandoned: the target of a single-copy read may be writing
+    /// into its buffer, which must stay until that write is done (or the target is gone).
+    pub(in crate::engine) fn abandon_read(&mut self, k: Key) {
+        let Some(src) = self.st.reads.remote_writer(k) else { return };
+        if !self.progress_while(src, |e| e.st.reads.remote_writer(k).is_some()) {
+            // The buffer goes back to the caller, who may free it, while `src` may still
+            // write into it: only ending this process is sound.
+            let why = self.st.outbox.failure().map_or_else(String::new, |e| format!(" ({e})"));
+            eprintln!(
+                "tmpi: rank {}: progress keeps failing{why} while rank {src} may still write into a receive buffer; ending this rank so that nothing writes into freed memory",
+                self.st.rank
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+/// How a rendezvous read moves its bytes and how it matched, for the trace.
+fn read_proto(plan: &ReadPlan, cma: bool, offloaded: bool) -> u32 {
+    let way = match (plan.start, cma) {
+        (ReadStart::AtOnce { heap: true, .. }, _) => Proto::WAY_HEAP,
+        (_, true) => Proto::WAY_CMA,
+        (_, false) => Proto::WAY_STREAM,
+    };
+    Proto::RNDV | way | if offloaded { Proto::OFFLOADED } else { Proto::SOFTWARE }
 }

@@ -39,31 +39,7 @@ impl Engine {
                 _ => None,
             };
             if let Some(h) = self.st.ways.heaps.grants.remove(&(key.idx(), key.gen())) {
-                // The range is in the target's shared heap: one memcpy from our mapping of it.
-                let copied = match buf {
-                    None => Some(Ok(())),
-                    Some(b) => {
-                        let streaming = self.st.around_cache(total);
-                        self.st.ways.heaps.peer(src, pid, h.desc).map(|p| b.fill_with(0, len, |dst| p.read(h.off, dst, streaming)))
-                    }
-                };
-                match copied {
-                    Some(Ok(())) => {
-                        self.st.ways.heaps.bytes += len as u64;
-                        self.st.read_progress(key, len)?;
-                    }
-                    None => {
-                        // Its heap cannot be mapped here: ask for our share through the ring.
-                        self.st.ways.heaps.fallbacks += 1;
-                        self.st.request_streamed(key, len);
-                    }
-                    Some(Err(_)) => {
-                        if let Some(op) = self.st.reads.get_mut(key) {
-                            op.failed = true;
-                        }
-                        self.st.read_progress(key, len)?;
-                    }
-                }
+                self.copy_from_heap(key, (src, pid, h), buf, len, total)?;
                 self.st.drain_cq()?;
                 n += 1;
                 continue;
@@ -85,6 +61,44 @@ impl Engine {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Copies `[0, len)` of read `key` (of `total` bytes) from the range `h` of the shared
+    /// heap of `src` (process `pid`) into `buf` with one memcpy; a heap that cannot be mapped
+    /// here asks for the bytes through the ring instead.
+    fn copy_from_heap(
+        &mut self,
+        key: Key,
+        (src, pid, h): (usize, u32, HeapSrc),
+        buf: Option<RawBufMut>,
+        len: usize,
+        total: usize,
+    ) -> Result<()> {
+        let copied = match buf {
+            None => Some(Ok(())),
+            Some(b) => {
+                let streaming = self.st.around_cache(total);
+                self.st.ways.heaps.peer(src, pid, h.desc).map(|p| b.fill_with(0, len, |dst| p.read(h.off, dst, streaming)))
+            }
+        };
+        match copied {
+            Some(Ok(())) => {
+                self.st.ways.heaps.bytes += len as u64;
+                self.st.read_progress(key, len)?;
+            }
+            None => {
+                // Its heap cannot be mapped here: ask for our share through the ring.
+                self.st.ways.heaps.fallbacks += 1;
+                self.st.request_streamed(key, len);
+            }
+            Some(Err(_)) => {
+                if let Some(op) = self.st.reads.get_mut(key) {
+                    op.failed = true;
+                }
+                self.st.read_progress(key, len)?;
+            }
+        }
+        Ok(())
     }
 
     /// Copies plain single-copy read `first` with the reads queued behind it from the same

@@ -33,9 +33,20 @@ impl Target {
     }
 }
 
+/// A read request that passed the key check: who asked, its name, the live send it reads
+/// and the range granted.
+#[derive(Clone, Copy)]
+struct Checked {
+    src: usize,
+    id: u64,
+    sk: Key,
+    b: RawBuf,
+}
+
 impl State {
     /// The target side of an RDMA read: key, enablement, range and access are checked in
-    /// this rank's fi_mr domain before a byte moves; a refusal goes back as an error.
+    /// this rank's fi_mr domain before a byte moves; a refusal goes back as an error. A
+    /// passed check is served the way [`plan_grant`] says.
     ///
     /// In [`ReadMode::SingleCopy`] a passed check grants the reader a single copy of the range
     /// (it is recorded on the send, whose buffer then stays put until FIN even if abandoned);
@@ -43,135 +54,108 @@ impl State {
     ///
     /// Shared heaps come first, in either mode: a range in this rank's heap is granted for a
     /// memcpy by a reader that maps it, and a reader whose buffer lies in its own heap gets
-    /// this rank's share written there with a memcpy (see [`State::serve_heap`]).
+    /// this rank's share written there with a memcpy (see [`State::grant_heap`]).
     pub(in crate::engine) fn serve_read(&mut self, src: usize, q: ReadRequest) {
-        let ReadRequest { read: id, mode, send, va, key, len, reader_maps_heap, dst_heap } = q;
-        let sk = self.named_send(send, src);
-        // Exactly the range the key check granted, and only while it lies inside the buffer of
-        // the live rendezvous send the reader names (a cached registration can outlive it).
-        let buf = self.target.domain.check_remote(key, va, len, RemoteOp::Read).ok().and_then(|range| {
-            let [seg] = range.segments() else { return None };
-            let Some(Req { kind: ReqKind::Send(s), result: None, .. }) = self.reqs.get(sk?) else { return None };
-            let b = s.rndv.as_ref()?.buf?;
-            let start = seg.addr.checked_sub(b.addr())?;
-            let end = start.checked_add(seg.len)?;
-            (end <= b.len() && seg.len as u64 == len).then(|| b.sub(start, end))
-        });
-        // A share is no grant: it is written below, into the reader's heap if it names one.
-        let share = matches!(mode, ReadMode::Share { .. });
-        let by_heap = !share
-            && matches!((buf, sk), (Some(b), Some(k))
-            if self.serve_heap(src, id, k, b, mode, reader_maps_heap, dst_heap.map(HeapSrc::from)));
-        if let Some(b) = buf {
-            // Through a heap the reader's core (or a memcpy of ours in its stead) copies.
-            let arm = if mode == ReadMode::Stream && !by_heap { adapt::Arm::Stream } else { adapt::Arm::Cma };
-            self.ways.copy.peer_read(arm, b.len(), src, src < self.rank);
-        }
-        if by_heap {
-            return;
-        }
-        match (buf, mode) {
-            (Some(b), ReadMode::Share { dst }) => {
-                // Only a send pre-granted to this reader (which holds its buffer until FIN or
-                // the revoke's answer) has its share written unasked; `b` is the rest of the
-                // read, from its offset in the send.
-                let base = match sk.and_then(|k| self.rndv_send_ref(k)) {
-                    Some(r) if r.pregranted && r.granted == Some(src) => r.buf.map(|sb| b.addr() - sb.addr()),
-                    _ => None,
-                };
-                match base {
-                    Some(base) => {
-                        if let Some(h) = dst_heap.map(HeapSrc::from).filter(|_| self.ways.heaps.may_map(src)) {
-                            self.owe_heap_write(src, id, h);
-                        }
-                        self.outbox.copy_write(CmaWrite { dest: src, read: id, buf: b, dst, base })
-                    }
-                    None => self.outbox.rma(src, Rma::ReadErr { read: id }),
-                }
-            }
-            (Some(b), ReadMode::SingleCopy { dst }) => {
-                if let Some(r) = self.rndv_send(sk) {
+        let sk = self.named_send(q.send, src);
+        let (Some(b), Some(sk)) = (self.checked_range(sk, &q), sk) else {
+            return self.refuse_read(src, sk, q.read);
+        };
+        let n = b.len();
+        let heaps = self.ways.heaps.enabled();
+        let from = if q.reader_maps_heap && heaps && n > 0 { self.ways.heaps.locate(b.addr(), n) } else { None };
+        let into = q.dst_heap.map(HeapSrc::from).filter(|_| self.ways.heaps.may_map(src));
+        let facts = GrantFacts {
+            n,
+            mode: q.mode,
+            heaps,
+            from_heap: from.is_some(),
+            into_heap: into.is_some(),
+            cma: self.ways.cma,
+            reads: self.reads.len(),
+        };
+        let plan = plan_grant(&facts);
+        // Through a heap the reader's core (or a memcpy of ours in its stead) copies.
+        let arm = if plan == GrantPlan::Stream { adapt::Arm::Stream } else { adapt::Arm::Cma };
+        self.ways.copy.peer_read(arm, n, src, src < self.rank);
+        let id = q.read;
+        let c = Checked { src, id, sk, b };
+        match (plan, q.mode) {
+            (GrantPlan::Heap { split }, _) => self.grant_heap(c, split, from, into),
+            (GrantPlan::Share, ReadMode::Share { dst }) => self.write_share(c, dst, into),
+            (GrantPlan::SingleCopy { split }, ReadMode::SingleCopy { dst }) => {
+                if let Some(r) = self.rndv_send(Some(sk)) {
                     r.granted = Some(src);
                 }
-                let n = b.len();
-                // Split a large read: our half goes out once the grant is on its way. Below
-                // 1 MiB, not while this rank has reads of its own in flight (both directions
-                // busy, as in `osu_bibw`: each core already copies what it receives, and the
-                // split only adds its system calls: 1.12-1.18x at 128-256 KiB). From 1 MiB
-                // the split evens out the tail of a short window (`osu_bibw -W 8`: 0.62-0.83x
-                // without it), but below 8 MiB not while this rank has `CMA_SPLIT_DEEP` reads
-                // of its own (`osu_bibw`'s default window of 64: 1.17/1.23/1.17x at 1/2/4 MiB
-                // without it, and 0.60-0.77x at 8-64 MiB).
-                let busy =
-                    !self.reads.is_empty() && (n < CMA_SPLIT_BUSY_MAX || (n < CMA_SPLIT_DEEP_MAX && self.reads.len() >= CMA_SPLIT_DEEP));
-                // From `CMA_SPLIT_WINDOW_MIN` a reader asks for a read below `CMA_SPLIT_MIN`
-                // only when it has others in flight (or the sender could not pre-grant it).
-                let split = if dst != 0 && n >= CMA_SPLIT_WINDOW_MIN && !busy { (n / 2) & !4095 } else { n };
                 self.outbox.rma(src, Rma::Grant { read: id, split: split as u64, heap: None });
                 if split < n {
                     self.outbox.copy_write(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst, base: split });
                 }
             }
-            (Some(b), ReadMode::Stream) => {
-                if let Some(r) = self.rndv_send(sk) {
+            // `GrantPlan::Stream` (a plan other than the heap's follows the mode).
+            _ => {
+                if let Some(r) = self.rndv_send(Some(sk)) {
                     r.streamed = true;
                 }
                 self.outbox.stream(RmaOut { dest: src, read: id, buf: b, off: 0, base: 0 })
             }
-            (None, _) => {
-                // Refused: the reader gets an error, and so does the send it was reading for
-                // (no FIN will come for it).
-                if let Some(k) = sk {
-                    if let Some(Req { kind: ReqKind::Send(st), result: r @ None, .. }) = self.reqs.get_mut(k) {
-                        if st.rndv.is_some() {
-                            st.rndv = None;
-                            *r = Some(Err(Box::new(Error::RemoteAccess {
-                                rank: src,
-                                reason: format!("rank {src} asked to read a range the registration does not allow"),
-                            })));
-                        }
-                    }
-                }
-                self.outbox.rma(src, Rma::ReadErr { read: id });
-            }
         }
     }
-    /// Grants a checked read `id` of `b` (the live send `sk`) through the shared heaps if one
-    /// side's buffer lies in one: returns `false` (nothing done) otherwise.
-    ///
-    /// - `b` in this rank's heap and the reader maps it: the grant names the range, and the
-    ///   reader memcpys `[0, split)`; from [`HEAP_SPLIT_MIN`] on, when the reader's buffer is
-    ///   in its heap too, this rank memcpys `[split, n)` into it at the same time.
-    /// - Only the reader's buffer in its heap: this rank memcpys `[split, n)` into it, and the
-    ///   reader copies `[0, split)` with CMA (a single-copy request from [`CMA_SPLIT_MIN`] on)
-    ///   or nothing (`split` = 0).
+    /// Exactly the range the key check of `q` granted, and only while it lies inside the
+    /// buffer of the live rendezvous send `sk` the reader names (a cached registration can
+    /// outlive it).
+    fn checked_range(&self, sk: Option<Key>, q: &ReadRequest) -> Option<RawBuf> {
+        let range = self.target.domain.check_remote(q.key, q.va, q.len, RemoteOp::Read).ok()?;
+        let [seg] = range.segments() else { return None };
+        let Some(Req { kind: ReqKind::Send(s), result: None, .. }) = self.reqs.get(sk?) else { return None };
+        let b = s.rndv.as_ref()?.buf?;
+        let start = seg.addr.checked_sub(b.addr())?;
+        let end = start.checked_add(seg.len)?;
+        (end <= b.len() && seg.len as u64 == q.len).then(|| b.sub(start, end))
+    }
+    /// Refuses read `id` from `src`: the reader gets an error, and so does the send `sk` it
+    /// was reading for (no FIN will come for it).
+    fn refuse_read(&mut self, src: usize, sk: Option<Key>, id: u64) {
+        if let Some(Req { kind: ReqKind::Send(st), result: r @ None, .. }) = sk.and_then(|k| self.reqs.get_mut(k)) {
+            if st.rndv.is_some() {
+                st.rndv = None;
+                *r = Some(Err(Box::new(Error::RemoteAccess {
+                    rank: src,
+                    reason: format!("rank {src} asked to read a range the registration does not allow"),
+                })));
+            }
+        }
+        self.outbox.rma(src, Rma::ReadErr { read: id });
+    }
+    /// Writes the share `c.b` of read `c.id` that `c.src` asked for ([`ReadMode::Share`])
+    /// into its buffer at `dst` (into its heap at `into`, if it names one this rank maps).
+    /// Only a send pre-granted to this reader (which holds its buffer until FIN or the
+    /// revoke's answer) has its share written unasked; `b` is the rest of the read, from its
+    /// offset in the send.
+    fn write_share(&mut self, c: Checked, dst: u64, into: Option<HeapSrc>) {
+        let Checked { src, id, sk, b } = c;
+        let base = match self.rndv_send_ref(sk) {
+            Some(r) if r.pregranted && r.granted == Some(src) => r.buf.map(|sb| b.addr() - sb.addr()),
+            _ => None,
+        };
+        match base {
+            Some(base) => {
+                if let Some(h) = into {
+                    self.owe_heap_write(src, id, h);
+                }
+                self.outbox.copy_write(CmaWrite { dest: src, read: id, buf: b, dst, base })
+            }
+            None => self.outbox.rma(src, Rma::ReadErr { read: id }),
+        }
+    }
+    /// Grants checked read `c` through the shared heaps, as [`GrantPlan::Heap`] says: a grant
+    /// naming this rank's heap at `from` (the reader memcpys `[0, split)`; without `from`, by
+    /// single copy, or nothing when `split` is 0), and this rank's memcpy of `[split, n)` into
+    /// the reader's heap at `into`.
     ///
     /// The send records the grant: its buffer stays put until FIN even if abandoned.
-    #[allow(clippy::too_many_arguments)]
-    fn serve_heap(
-        &mut self,
-        src: usize,
-        id: u64,
-        sk: Key,
-        b: RawBuf,
-        mode: ReadMode,
-        reader_maps: bool,
-        dst_heap: Option<HeapSrc>,
-    ) -> bool {
+    fn grant_heap(&mut self, c: Checked, split: usize, from: Option<HeapSrc>, into: Option<HeapSrc>) {
+        let Checked { src, id, sk, b } = c;
         let n = b.len();
-        if n == 0 || !self.ways.heaps.enabled() {
-            return false;
-        }
-        let from = if reader_maps { self.ways.heaps.locate(b.addr(), n) } else { None };
-        let into = dst_heap.filter(|_| self.ways.heaps.may_map(src));
-        let busy = !self.reads.is_empty() && n < HEAP_SPLIT_BUSY_MAX;
-        let split = match (from, into) {
-            (Some(_), Some(_)) if n >= HEAP_SPLIT_MIN && !busy => (n / 2) & !4095,
-            (Some(_), _) => n,
-            (None, Some(_)) if matches!(mode, ReadMode::SingleCopy { .. }) && self.ways.cma && n >= CMA_SPLIT_MIN => (n / 2) & !4095,
-            (None, Some(_)) => 0,
-            (None, None) => return false,
-        };
         if let Some(r) = self.rndv_send(Some(sk)) {
             r.granted = Some(src);
         }
@@ -186,7 +170,6 @@ impl State {
             self.outbox.copy_write(CmaWrite { dest: src, read: id, buf: b.sub(split, n), dst: 0, base: split });
         }
         self.ways.heaps.grants_served += 1;
-        true
     }
     /// The share of read `id` owed to `src` goes with a memcpy into its heap at `h` (its
     /// `CmaWrite` is queued next).
@@ -221,6 +204,39 @@ impl State {
             if r.pregranted && r.granted == Some(src) {
                 r.granted = None;
             }
+        }
+    }
+}
+
+impl Engine {
+    /// Rendezvous send `rid` is abandoned. A reader granted a single copy is copying the
+    /// buffer now, and this rank may owe it a share (`cma_w`, written during the wait): the
+    /// memory must stay until its FIN (or until the reader is gone). A grant that went with
+    /// the request may not be used yet (the receive may never be posted): it is revoked, and
+    /// the reader's answer (or its FIN, if it copied first) ends the wait. Then every read of
+    /// the buffer is refused, and reads being served from it stop.
+    pub(in crate::engine) fn abandon_rndv_send(&mut self, rid: ReqId) {
+        let Some(r) = self.st.rndv_send_ref(rid) else { return };
+        let (granted, pregranted) = (r.granted, r.pregranted);
+        let range = r.buf.map(|b| (b.addr(), b.addr() + b.len()));
+        if let Some(reader) = granted {
+            if pregranted {
+                self.st.outbox.control(reader, Control::Revoke { name: wire_name(rid) });
+            }
+            let still_granted = |e: &Engine| match e.st.reqs.get(rid) {
+                Some(Req { kind: ReqKind::Send(SendState { rndv: Some(r), .. }), result: None, .. }) => r.granted.is_some(),
+                _ => false,
+            };
+            // Given up on a stream that stays broken, the wait may end early: a reader's late
+            // single copy reads this process's memory (never writes it), and what this rank
+            // would still serve from the buffer is refused below.
+            let _ = self.progress_while(reader, still_granted);
+        }
+        if let Some((lo, hi)) = range {
+            if let Some(r) = self.st.rndv_send(Some(rid)) {
+                r.buf = None;
+            }
+            self.st.outbox.refuse_range(lo, hi);
         }
     }
 }

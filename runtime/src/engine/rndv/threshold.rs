@@ -44,7 +44,7 @@ impl Threshold {
     }
 
     /// Messages to `dest` of at least this many bytes go by rendezvous.
-    #[inline]
+    #[cfg(test)]
     pub(in crate::engine) fn rndv_from(&self, dest: usize) -> usize {
         self.from[dest]
     }

@@ -1,6 +1,14 @@
 //! How the bytes of a rendezvous move: the rules (and the constants behind them) that choose
 //! between streaming through the rings, single copy (CMA), a shared heap, splitting a read
 //! between both ranks, and copies around the cache.
+//!
+//! Two pure functions hold the rules of a read: [`plan_read`], the reader's (copy at once
+//! what the sender pre-granted, and whether to ask the target for a share, or ask the target
+//! for the read), and [`plan_grant`], the target's (grant through a shared heap or for single
+//! copy, split or whole, or stream). The stages gather the facts and carry the plan out
+//! (`reader.rs`, `target.rs`); the table tests at the end of this file state the rules.
+
+use tmpi_transport::wire::ReadMode;
 
 /// Single-copy reads of at least this many bytes are split: the reader copies the first half,
 /// the target (otherwise idle until FIN) writes the second half, so both cores copy.
@@ -136,6 +144,195 @@ pub(in crate::engine) const HEAP_PREGRANT_MAX: usize = 256 << 10;
 /// (`State::around_cache`).
 pub(in crate::engine) const AROUND_CACHE_MIN: usize = 64 << 10;
 
+/// What the reader knows when a rendezvous request has matched a receive ([`plan_read`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(in crate::engine) struct ReadFacts {
+    /// Bytes to read (the message, or the receive buffer if that is shorter).
+    pub(in crate::engine) n: usize,
+    /// The message's length, as its request announced it.
+    pub(in crate::engine) len: usize,
+    /// The receive still has its buffer (an abandoned one streams and discards).
+    pub(in crate::engine) has_buf: bool,
+    /// Single copy is the way chosen for this read (`TMPI_SINGLE_COPY_MIN`, or the adapt
+    /// stage's measurement), and single copy reaches the sender.
+    pub(in crate::engine) cma: bool,
+    /// The sender pre-granted the read ([`tmpi_transport::tm::RndvRequest::pregranted`]).
+    pub(in crate::engine) pregranted: bool,
+    /// The range lies in the sender's shared heap, which this rank maps already.
+    pub(in crate::engine) sender_heap: bool,
+    /// The receive buffer lies in this rank's shared heap.
+    pub(in crate::engine) own_heap: bool,
+    /// Other reads of this rank are in flight.
+    pub(in crate::engine) others: bool,
+    /// The sender has lately been reading from this rank (`State::peer_reading`).
+    pub(in crate::engine) peer_reading: bool,
+}
+
+/// How a read starts ([`plan_read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) enum ReadStart {
+    /// Ask the target: for a grant to copy it by single copy (`cma`), else for a stream.
+    Ask {
+        /// A single-copy request (the target may grant, split, or serve it from a heap).
+        cma: bool,
+    },
+    /// Copy what the sender pre-granted at once, without asking: from its shared heap
+    /// (`heap`) or by single copy. This rank copies `[0, split)`; from `split < n` the target
+    /// is asked for the rest ([`ReadMode::Share`]) and writes it meanwhile.
+    AtOnce {
+        /// From the sender's shared heap (one memcpy), not by single copy.
+        heap: bool,
+        /// Bytes this rank copies itself.
+        split: usize,
+    },
+}
+
+/// The reader's plan for a read ([`plan_read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) struct ReadPlan {
+    pub(in crate::engine) start: ReadStart,
+    /// The target may write into the receive buffer (a share, or once asked for single copy):
+    /// the buffer must outlive the read even if the receive is abandoned.
+    pub(in crate::engine) remote_write: bool,
+}
+
+impl ReadPlan {
+    /// Bytes this rank copies itself before the target answers (all of them unless a share
+    /// goes to the target).
+    pub(in crate::engine) fn split(&self, n: usize) -> usize {
+        match self.start {
+            ReadStart::AtOnce { split, .. } => split,
+            ReadStart::Ask { .. } => n,
+        }
+    }
+}
+
+/// How the reader starts a read, from `f`:
+///
+/// - A read the sender pre-granted (below [`CMA_PREGRANT_MAX`]) is copied at once: from the
+///   sender's shared heap where this rank maps it already, else by single copy where that is
+///   the way chosen and the receive buffer is not in this rank's own heap (the target must be
+///   asked then: it writes into our heap with a memcpy whichever way is asked).
+/// - Copied at once, a single copy from [`CMA_SHARE_MIN`] (a heap copy into our own heap from
+///   [`HEAP_SHARE_MIN`]; from the sender's heap into another buffer, never) is shared with the
+///   target, asked now: alone in flight (the target waits for our FIN), or in a window while
+///   the target is not reading from us itself (`osu_bw`: it waits too; in `osu_bibw` each core
+///   has its own reads to copy, and a share only adds its system call). A window counts from
+///   [`CMA_SPLIT_WINDOW_MIN`].
+/// - A share is [`share_split`] (half and a lead), except a heap share in a window, an even
+///   half: the target's memcpy starts as soon as it is asked, and the lead only helps a lone
+///   read (`osu_bw -d shared` 64/128 KiB 1.07/1.07x the bytes of the lead, `osu_latency`
+///   128 KiB 0.85x the time with it).
+/// - Anything else asks the target, for single copy where that is the way chosen.
+pub(in crate::engine) fn plan_read(f: &ReadFacts) -> ReadPlan {
+    let n = f.n;
+    let pregranted = f.pregranted && n <= f.len && n < CMA_PREGRANT_MAX;
+    let from_heap = pregranted && n > 0 && f.has_buf && f.sender_heap;
+    let at_once = from_heap || (f.cma && pregranted && !f.own_heap);
+    if !at_once {
+        return ReadPlan { start: ReadStart::Ask { cma: f.cma }, remote_write: f.cma };
+    }
+    let windowed = f.others && n >= CMA_SPLIT_WINDOW_MIN;
+    let share_min = match (from_heap, f.own_heap) {
+        (true, true) => HEAP_SHARE_MIN,
+        (true, false) => usize::MAX,
+        (false, _) => CMA_SHARE_MIN,
+    };
+    let share = f.has_buf && n >= share_min && !(windowed && f.peer_reading);
+    let split = match share {
+        true if from_heap && windowed => (n / 2) & !4095,
+        true => share_split(n),
+        false => n,
+    };
+    ReadPlan { start: ReadStart::AtOnce { heap: from_heap, split }, remote_write: split < n }
+}
+
+/// What the target knows when a read request passed its key check ([`plan_grant`]).
+#[derive(Debug, Clone, Copy)]
+pub(in crate::engine) struct GrantFacts {
+    /// Bytes asked for (the checked range).
+    pub(in crate::engine) n: usize,
+    /// What the reader asked for.
+    pub(in crate::engine) mode: ReadMode,
+    /// Shared heaps are on here.
+    pub(in crate::engine) heaps: bool,
+    /// The range lies in this rank's shared heap, and the reader maps it.
+    pub(in crate::engine) from_heap: bool,
+    /// The receive buffer lies in the reader's shared heap, which this rank may map.
+    pub(in crate::engine) into_heap: bool,
+    /// Single copy is on here (`TMPI_SINGLE_COPY=cma`, not refused by the kernel).
+    pub(in crate::engine) cma: bool,
+    /// Reads of this rank's own in flight.
+    pub(in crate::engine) reads: usize,
+}
+
+/// How the target serves a checked read ([`plan_grant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) enum GrantPlan {
+    /// Through the shared heaps: the grant names this rank's heap when the range lies there
+    /// (the reader memcpys `[0, split)`), and this rank memcpys `[split, n)` into the
+    /// reader's heap when its buffer lies there.
+    Heap {
+        /// Bytes the reader copies (0: none, this rank writes everything).
+        split: usize,
+    },
+    /// A single-copy grant: the reader copies `[0, split)`, this rank writes `[split, n)`
+    /// into its buffer by single copy.
+    SingleCopy {
+        /// Bytes the reader copies.
+        split: usize,
+    },
+    /// The range goes back through the rings.
+    Stream,
+    /// The reader's share of a pre-granted read ([`ReadMode::Share`]): written unasked, if
+    /// the send was pre-granted to that reader.
+    Share,
+}
+
+/// How the target serves a checked read, from `f`:
+///
+/// - Shared heaps come first, in either mode but a share: a range in this rank's heap that
+///   the reader maps is granted for a memcpy, split from [`HEAP_SPLIT_MIN`] when the reader's
+///   buffer is in its heap too (this rank memcpys the second half into it), but below
+///   [`HEAP_SPLIT_BUSY_MAX`] not while this rank has reads of its own in flight (each core
+///   has its own copies then, as in `osu_bibw`). A reader's buffer in its heap alone gets
+///   this rank's share written there: the second half of a single-copy request from
+///   [`CMA_SPLIT_MIN`] (the reader copies the first with CMA), else all of it.
+/// - A single-copy request is granted, and from [`CMA_SPLIT_WINDOW_MIN`] (a reader asks for
+///   a read below [`CMA_SPLIT_MIN`] only when it has others in flight, or the sender could
+///   not pre-grant it) split in halves, this rank writing the second while the reader copies
+///   the first; not where the reader named no buffer, and not while this rank is busy: below
+///   [`CMA_SPLIT_BUSY_MAX`] with reads of its own in flight (each core already copies what it
+///   receives, and the split only adds its system calls: 1.12-1.18x at 128-256 KiB), below
+///   [`CMA_SPLIT_DEEP_MAX`] with [`CMA_SPLIT_DEEP`] of them (`osu_bibw`'s default window of
+///   64: 1.17/1.23/1.17x at 1/2/4 MiB without it, and 0.60-0.77x at 8-64 MiB). From 1 MiB
+///   the split evens out the tail of a short window (`osu_bibw -W 8`: 0.62-0.83x without it).
+/// - A stream request is streamed; a share is written.
+pub(in crate::engine) fn plan_grant(f: &GrantFacts) -> GrantPlan {
+    let n = f.n;
+    let half = (n / 2) & !4095;
+    let single = matches!(f.mode, ReadMode::SingleCopy { .. });
+    if f.heaps && n > 0 && !matches!(f.mode, ReadMode::Share { .. }) {
+        let busy = f.reads > 0 && n < HEAP_SPLIT_BUSY_MAX;
+        match (f.from_heap, f.into_heap) {
+            (true, true) if n >= HEAP_SPLIT_MIN && !busy => return GrantPlan::Heap { split: half },
+            (true, _) => return GrantPlan::Heap { split: n },
+            (false, true) if single && f.cma && n >= CMA_SPLIT_MIN => return GrantPlan::Heap { split: half },
+            (false, true) => return GrantPlan::Heap { split: 0 },
+            (false, false) => {}
+        }
+    }
+    match f.mode {
+        ReadMode::Stream => GrantPlan::Stream,
+        ReadMode::Share { .. } => GrantPlan::Share,
+        ReadMode::SingleCopy { dst } => {
+            let busy = f.reads > 0 && (n < CMA_SPLIT_BUSY_MAX || (n < CMA_SPLIT_DEEP_MAX && f.reads >= CMA_SPLIT_DEEP));
+            let split = if dst != 0 && n >= CMA_SPLIT_WINDOW_MIN && !busy { half } else { n };
+            GrantPlan::SingleCopy { split }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +363,89 @@ mod tests {
         let small = stream_nt_min(256 << 10);
         assert!(!copies_out_around_cache(big - 1, true, true, small));
         assert!(copies_out_around_cache(big, true, false, small));
+    }
+
+    /// The reader's rules ([`plan_read`]), one row each: what the sender pre-granted is copied
+    /// at once (by single copy unless our buffer is in our heap; from the sender's heap where
+    /// we map it), shared with the target from a size that depends on the way, and not in a
+    /// window where the target reads from us too; everything else asks.
+    #[test]
+    fn plan_read_table() {
+        const K: usize = 1024;
+        let ask = |cma| ReadPlan { start: ReadStart::Ask { cma }, remote_write: cma };
+        let at_once = |heap, split, n| ReadPlan { start: ReadStart::AtOnce { heap, split }, remote_write: split < n };
+        let cma = ReadFacts { has_buf: true, cma: true, pregranted: true, ..ReadFacts::default() };
+        let heap = ReadFacts { has_buf: true, pregranted: true, sender_heap: true, own_heap: true, ..ReadFacts::default() };
+        // (what, facts with n = len, plan)
+        let rows: Vec<(&str, ReadFacts, usize, ReadPlan)> = vec![
+            ("asked single copy", ReadFacts { has_buf: true, cma: true, ..ReadFacts::default() }, 256 * K, ask(true)),
+            ("asked stream", ReadFacts { has_buf: true, ..ReadFacts::default() }, 256 * K, ask(false)),
+            ("pre-granted stream asks", ReadFacts { cma: false, ..cma }, 64 * K, ask(false)),
+            ("pre-granted below a share", cma, 16 * K, at_once(false, 16 * K, 16 * K)),
+            ("pre-granted lone share", cma, 64 * K, at_once(false, share_split(64 * K), 64 * K)),
+            ("share in a window", ReadFacts { others: true, ..cma }, 64 * K, at_once(false, share_split(64 * K), 64 * K)),
+            ("no share both ways", ReadFacts { others: true, peer_reading: true, ..cma }, 64 * K, at_once(false, 64 * K, 64 * K)),
+            ("both ways, lone", ReadFacts { peer_reading: true, ..cma }, 64 * K, at_once(false, share_split(64 * K), 64 * K)),
+            ("both ways, small window", ReadFacts { others: true, peer_reading: true, ..cma }, 31 * K, at_once(false, 31 * K, 31 * K)),
+            ("into own heap asks", ReadFacts { own_heap: true, ..cma }, 64 * K, ask(true)),
+            ("not pre-granted from 1 MiB", cma, CMA_PREGRANT_MAX, ask(true)),
+            ("no buffer, no share", ReadFacts { has_buf: false, ..cma }, 64 * K, at_once(false, 64 * K, 64 * K)),
+            ("heap lone share", heap, 128 * K, at_once(true, share_split(128 * K), 128 * K)),
+            ("heap window halves", ReadFacts { others: true, ..heap }, 128 * K, at_once(true, 64 * K, 128 * K)),
+            ("heap below its share", heap, 32 * K, at_once(true, 32 * K, 32 * K)),
+            ("heap into a plain buffer", ReadFacts { own_heap: false, ..heap }, 128 * K, at_once(true, 128 * K, 128 * K)),
+            ("heap, no buffer", ReadFacts { has_buf: false, ..heap }, 128 * K, ask(false)),
+            ("heap not mapped", ReadFacts { sender_heap: false, ..heap }, 128 * K, ask(false)),
+        ];
+        for (what, f, n, want) in rows {
+            let f = ReadFacts { n, len: n, ..f };
+            assert_eq!(plan_read(&f), want, "{what}: {f:?}");
+            assert_eq!(want.split(n) < n, matches!(want.start, ReadStart::AtOnce { split, .. } if split < n), "{what}");
+        }
+        // A read shorter than the message (a small receive buffer) is pre-granted all the same.
+        assert_eq!(plan_read(&ReadFacts { n: 16 * K, len: 20 * K, ..cma }), at_once(false, 16 * K, 16 * K));
+    }
+
+    /// The target's rules ([`plan_grant`]), one row each: heaps first (split when both
+    /// buffers are in heaps and this rank is not busy), then a single-copy grant split in
+    /// halves where the reader named its buffer and this rank is not busy, else whole.
+    #[test]
+    fn plan_grant_table() {
+        const K: usize = 1024;
+        const M: usize = 1 << 20;
+        let single = ReadMode::SingleCopy { dst: 0x1000 };
+        let base = GrantFacts { n: 0, mode: single, heaps: false, from_heap: false, into_heap: false, cma: true, reads: 0 };
+        let both = GrantFacts { heaps: true, from_heap: true, into_heap: true, ..base };
+        let sc = |split| GrantPlan::SingleCopy { split };
+        let heap = |split| GrantPlan::Heap { split };
+        // (what, facts, n, plan)
+        let rows: Vec<(&str, GrantFacts, usize, GrantPlan)> = vec![
+            ("stream", GrantFacts { mode: ReadMode::Stream, ..base }, 256 * K, GrantPlan::Stream),
+            ("share", GrantFacts { mode: ReadMode::Share { dst: 1 }, ..both }, 256 * K, GrantPlan::Share),
+            ("single copy, idle: halves", base, 256 * K, sc(128 * K)),
+            ("single copy from the window minimum", base, CMA_SPLIT_WINDOW_MIN, sc(16 * K)),
+            ("single copy below it: whole", base, CMA_SPLIT_WINDOW_MIN - 1, sc(CMA_SPLIT_WINDOW_MIN - 1)),
+            ("single copy, no buffer named", GrantFacts { mode: ReadMode::SingleCopy { dst: 0 }, ..base }, 256 * K, sc(256 * K)),
+            ("single copy, busy below 1 MiB", GrantFacts { reads: 1, ..base }, 512 * K, sc(512 * K)),
+            ("single copy, 2 MiB, few reads", GrantFacts { reads: CMA_SPLIT_DEEP - 1, ..base }, 2 * M, sc(M)),
+            ("single copy, 2 MiB, deep", GrantFacts { reads: CMA_SPLIT_DEEP, ..base }, 2 * M, sc(2 * M)),
+            ("single copy, 8 MiB, deep", GrantFacts { reads: CMA_SPLIT_DEEP, ..base }, 8 * M, sc(4 * M)),
+            ("heap both, idle", both, HEAP_SPLIT_MIN, heap(HEAP_SPLIT_MIN / 2)),
+            ("heap both, small", both, HEAP_SPLIT_MIN - 4096, heap(HEAP_SPLIT_MIN - 4096)),
+            ("heap both, busy", GrantFacts { reads: 1, ..both }, 512 * K, heap(512 * K)),
+            ("heap both, busy from 1 MiB", GrantFacts { reads: 1, ..both }, M, heap(M / 2)),
+            ("from heap, streamed request", GrantFacts { mode: ReadMode::Stream, into_heap: false, ..both }, 256 * K, heap(256 * K)),
+            ("into heap, single copy", GrantFacts { from_heap: false, ..both }, CMA_SPLIT_MIN, heap(CMA_SPLIT_MIN / 2)),
+            ("into heap, small", GrantFacts { from_heap: false, ..both }, CMA_SPLIT_MIN - 4096, heap(0)),
+            ("into heap, no single copy", GrantFacts { from_heap: false, cma: false, ..both }, 256 * K, heap(0)),
+            ("into heap, stream", GrantFacts { from_heap: false, mode: ReadMode::Stream, ..both }, 256 * K, heap(0)),
+            ("heaps on, neither", GrantFacts { heaps: true, ..base }, 256 * K, sc(128 * K)),
+            ("heaps off", GrantFacts { heaps: false, ..both }, 256 * K, sc(128 * K)),
+            ("empty", both, 0, sc(0)),
+        ];
+        for (what, f, n, want) in rows {
+            let f = GrantFacts { n, ..f };
+            assert_eq!(plan_grant(&f), want, "{what}: {f:?}");
+        }
     }
 }
