@@ -441,6 +441,20 @@ mod tests {
         }
     }
 
+    /// The `TMPI_COLL_*` overrides: a name forces the algorithm, `auto` leaves the choice, and
+    /// a bad value is refused naming the variable and every value it takes.
+    #[test]
+    fn coll_overrides() {
+        use crate::coll::select::{Allreduce, Alltoall};
+        let c = parse(&[("TMPI_COLL_ALLREDUCE", "ring"), ("TMPI_COLL_ALLTOALL", "auto"), ("TMPI_COLL_NODE_AWARE", "off")]).unwrap();
+        assert_eq!((c.coll.allreduce, c.coll.alltoall, c.coll.node_aware), (Some(Allreduce::Ring), None::<Alltoall>, Some(false)));
+        let Err(Error::Config { var, value, expected }) = parse(&[("TMPI_COLL_ALLREDUCE", "fast")]) else { panic!("fast accepted") };
+        assert_eq!((var.as_str(), value.as_str()), ("TMPI_COLL_ALLREDUCE", "fast"));
+        assert_eq!(expected, "auto, recursive_doubling, rabenseifner, ring, reduce_bcast");
+        let e = parse(&[("TMPI_COLL_NODE_AWARE", "yes")]).unwrap_err().to_string();
+        assert!(e.contains("TMPI_COLL_NODE_AWARE") && e.contains("auto, on, off"), "{e}");
+    }
+
     /// `TMPI_FABRIC=ofi`: taken by a build with the feature `ofi`, refused by one without,
     /// naming the variable and the feature.
     #[test]

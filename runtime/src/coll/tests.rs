@@ -600,13 +600,14 @@ fn node_forces() -> Vec<select::Force> {
     vec![on, auto, heads]
 }
 
-/// One rank's part in every node-aware collective, each checked against local values;
-/// returns what failed.
+/// One rank's part in every node-aware collective, each checked against local values, the
+/// rooted ones at every root up to 8 ranks and at three roots beyond; returns what failed.
 fn node_aware_calls(c: &ThreadP2p, len: usize) -> Result<Vec<String>> {
     let (me, n) = (c.rank(), c.size());
     let mut bad = Vec::new();
     barrier(c)?;
-    for root in 0..n {
+    let roots: Vec<usize> = if n <= 8 { (0..n).collect() } else { vec![0, n / 2 + 1, n - 1] };
+    for root in roots {
         let mut buf = if me == root { pattern(root, len) } else { vec![0; len] };
         bcast(c, &mut buf, root)?;
         if buf != pattern(root, len) {
@@ -676,6 +677,23 @@ fn node_aware_collectives_on_every_layout() {
                     assert!(bad.is_empty(), "n={n} hosts {hosts:?} force {i} len {len}: {bad:?}");
                 }
             }
+        }
+    }
+}
+
+/// The node-aware collectives at up to 64 ranks on 1, 2 and 4 hosts (blocks of consecutive
+/// ranks, and 4 hosts dealt round robin), automatic and forced on, one length each.
+#[test]
+fn node_aware_collectives_at_up_to_64_ranks() {
+    for (n, len) in [(16, 300), (33, 5000), (64, 40)] {
+        let mut hosts: Vec<Vec<usize>> = [1, 2, 4].iter().map(|&h| (0..n).map(|r| r * h / n).collect()).collect();
+        hosts.push((0..n).map(|r| r % 4).collect());
+        for (i, h) in hosts.iter().enumerate() {
+            let force = node_forces()[i % 2];
+            let got = super::harness::run_on(n, MODES[i % 2], Some(h), force, |c| node_aware_calls(c, len));
+            let bad: Vec<String> =
+                got.iter().enumerate().filter(|(_, g)| !matches!(g, Ok(b) if b.is_empty())).map(|(r, g)| format!("rank {r}: {g:?}")).collect();
+            assert!(bad.is_empty(), "n={n} hosts {h:?} force {i}: {bad:?}");
         }
     }
 }
