@@ -16,6 +16,12 @@
 //! [--hosts 1,4,64,4096] [--shm-lat US] [--shm-gbs GB/s] [--net-lat US] [--net-gbs GB/s]
 //! [--reduce-gbs GB/s] [--check]`. `--check` compares the model with the measurements it
 //! was fitted to and states the error.
+//!
+//! `tmpirun -n P collmodel --measure [--iters N]` measures `barrier`, `bcast`, `allreduce`,
+//! `allgather` and `alltoall` on this machine at the sizes given by `--sizes` (alltoall: one
+//! block of `size / P`) and prints each beside the model's time for the algorithm the runtime
+//! picks, with the error. The hosts are the distinct values of `TMPI_NODE_ID` (the simulated
+//! hosts of the test harness; unset: one host); they must hold equal blocks of ranks.
 
 use std::error::Error;
 
@@ -365,6 +371,113 @@ fn check(model: &Model) {
     println!("largest error {:.0}% (the shared-memory parameters are fitted to these same points: an in-sample error; the network parameters are not checked here, this host has no network)", worst * 100.0);
 }
 
+/// Mean seconds per call of `f` over `iters` calls after `iters / 10 + 1` warm-up calls, the
+/// largest over the ranks.
+fn time_it(w: &tmpi::Comm, iters: usize, mut f: impl FnMut() -> tmpi::Result<()>) -> Result<f64, Box<dyn Error>> {
+    for _ in 0..iters / 10 + 1 {
+        f()?;
+    }
+    w.barrier()?;
+    let t0 = tmpi::wtime();
+    for _ in 0..iters {
+        f()?;
+    }
+    let mine = [(tmpi::wtime() - t0) / iters as f64];
+    let mut most = [0.0];
+    w.allreduce(&mine, &mut most, tmpi::Op::Max)?;
+    Ok(most[0])
+}
+
+/// The number of hosts: distinct `TMPI_NODE_ID`s (a hash of each, gathered), checked to hold
+/// equal blocks of consecutive ranks, as the model places them.
+fn hosts_of(w: &tmpi::Comm) -> Result<usize, Box<dyn Error>> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::env::var("TMPI_NODE_ID").unwrap_or_default().hash(&mut h);
+    let mut all = vec![0u64; w.size()];
+    w.allgather(&[h.finish()], &mut all)?;
+    let mut starts = 1;
+    for i in 1..all.len() {
+        if all[i] != all[i - 1] {
+            starts += 1;
+        }
+    }
+    let mut distinct = all.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() != starts || all.len() % starts != 0 || all.chunks(all.len() / starts).any(|c| c.iter().any(|&x| x != c[0])) {
+        return Err("collmodel --measure: the hosts (TMPI_NODE_ID) must hold equal blocks of consecutive ranks".into());
+    }
+    Ok(starts)
+}
+
+/// One measured call: `coll` of `m` bytes (alltoall: `m / p` per block) timed on `w`.
+fn measure_one(w: &tmpi::Comm, coll: &str, m: usize, iters: usize) -> Result<f64, Box<dyn Error>> {
+    let p = w.size();
+    let n = (m / 8).max(1);
+    let send = vec![1.0f64; n];
+    let mut recv = vec![0.0f64; n];
+    match coll {
+        "barrier" => time_it(w, iters, || w.barrier()),
+        "bcast" => time_it(w, iters, || w.bcast(&mut recv, 0)),
+        "allreduce" => time_it(w, iters, || w.allreduce(&send, &mut recv, tmpi::Op::Sum)),
+        "allgather" => {
+            let mine = vec![1u8; (m / p).max(1)];
+            let mut all = vec![0u8; mine.len() * p];
+            time_it(w, iters, || w.allgather(&mine, &mut all))
+        }
+        _ => {
+            let blk = (m / p).max(1);
+            let (out, mut inn) = (vec![1u8; blk * p], vec![0u8; blk * p]);
+            time_it(w, iters, || w.alltoall(&out, &mut inn))
+        }
+    }
+}
+
+/// `--measure`: every collective at every size on this job, beside the model's prediction
+/// for the algorithm the runtime picks; prints measured / predicted for each, and their
+/// median and range.
+fn measure(args: &[String], sizes: &[usize], model: &Model) -> Result<(), Box<dyn Error>> {
+    let world = tmpi::init()?;
+    let (p, me) = (world.size(), world.rank());
+    let h = hosts_of(&world)?;
+    let iters = list(args, "--iters", &[0])?[0];
+    if me == 0 {
+        println!("collmodel: {model:?}");
+        println!("measure: {p} ranks on {h} hosts; times in microseconds, the largest over the ranks of each one's mean");
+        if std::env::vars().any(|(k, _)| k.starts_with("TMPI_COLL_")) {
+            println!("note: TMPI_COLL_* overrides are set; the pick and the model column are the automatic choice");
+        }
+        println!("{:>10} {:>10} {:>18} {:>10} {:>10} {:>14}", "collective", "bytes", "pick", "measured", "model", "measured/model");
+    }
+    let mut errs = Vec::new();
+    for coll in ["barrier", "bcast", "allreduce", "allgather", "alltoall"] {
+        for &m in sizes {
+            let m = if coll == "barrier" { 0 } else { m };
+            let n = if iters > 0 { iters } else { (2_000_000 / (m + 4096)).clamp(5, 500) };
+            let got = measure_one(&world, coll, m, n)? * 1e6;
+            let block = if coll == "alltoall" { (m / p).max(1) } else { m.max(8) };
+            let v = algorithms(coll, p, h, block, model);
+            let (name, t) = v.iter().find(|x| x.0.starts_with('*')).unwrap_or(&v[0]);
+            let ratio = got / (t * 1e6);
+            errs.push(ratio);
+            if me == 0 {
+                println!("{coll:>10} {m:>10} {:>18} {got:>10.2} {:>10.2} {ratio:>13.2}x", name.trim_start_matches('*'), t * 1e6);
+            }
+            if coll == "barrier" {
+                break;
+            }
+        }
+    }
+    errs.sort_by(f64::total_cmp);
+    if me == 0 {
+        let (lo, mid, hi) = (errs[0], errs[errs.len() / 2], errs[errs.len() - 1]);
+        println!("measured/model over {} calls: median {mid:.2}x, from {lo:.2}x to {hi:.2}x", errs.len());
+    }
+    world.finalize()?;
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let sizes = list(&args, "--sizes", &[8, 65536, 16 << 20])?;
@@ -378,12 +491,16 @@ fn main() -> Result<(), Box<dyn Error>> {
         gamma: per_byte(num(&args, "--reduce-gbs", 10.0)?),
         copy: per_byte(20.0),
     };
+    if args.iter().any(|a| a == "--measure") {
+        return measure(&args, &sizes, &model);
+    }
     println!("collmodel: {model:?}");
     println!("times in microseconds; * = what the runtime picks (auto); ! = the model's fastest when the pick is not");
     if args.iter().any(|a| a == "--check") {
         check(&model);
         return Ok(());
     }
+
     for coll in ["barrier", "bcast", "reduce", "allreduce", "allgather", "alltoall", "reduce_scatter"] {
         for &m in &sizes {
             let m = if coll == "barrier" { 0 } else { m };
@@ -401,10 +518,10 @@ fn main() -> Result<(), Box<dyn Error>> {
                 for &h in hosts.iter().filter(|&&h| h <= p && p % h == 0) {
                     let v = algorithms(coll, p, h, m, &model);
                     let best = v.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
-                    let cells: Vec<String> = v
-                        .iter()
-                        .map(|(n, t)| format!("{n}{} {:.1}", if *t == best && !n.starts_with('*') { "!" } else { "" }, t * 1e6))
-                        .collect();
+                    // `!` only where the pick is slower (a tie with the pick is no win).
+                    let beaten = v[0].1 > best * (1.0 + 1e-9);
+                    let cells: Vec<String> =
+                        v.iter().map(|(n, t)| format!("{n}{} {:.1}", if beaten && *t == best { "!" } else { "" }, t * 1e6)).collect();
                     println!("  {p:>6} ranks {h:>5} hosts: {}", cells.join("  "));
                 }
             }

@@ -151,10 +151,18 @@ pub(crate) fn bcast(p: &mut Plan, set: &Setting<'_>, t: &Tiers<'_>, buf: Span, r
     bcast_on(p, set, t.local(), buf, t.head, false, htags::BCAST);
 }
 
-/// A reduce of `send` to member `root` of `g` into `recv` (`Some` at the root), by the
-/// algorithm `set` chooses for `g`'s size (commutative operators).
-#[allow(clippy::too_many_arguments)]
-fn reduce_on(p: &mut Plan, set: &Setting<'_>, g: Grp<'_>, send: Span, recv: Option<Span>, v: Vector, root: usize, heads: bool, tag: u32) {
+/// Where a reduce goes: `send` of every member to member `root`, into `recv` there.
+struct ToRoot {
+    send: Span,
+    recv: Option<Span>,
+    root: usize,
+}
+
+/// A reduce `to` on `g` (`recv` is `Some` at the root), by the algorithm `set` chooses for
+/// `g`'s size (commutative operators); `heads`: `g` is the hosts' heads, where the override
+/// applies.
+fn reduce_on(p: &mut Plan, set: &Setting<'_>, g: Grp<'_>, to: ToRoot, v: Vector, heads: bool, tag: u32) {
+    let ToRoot { send, recv, root } = to;
     let force = if heads { set.force.reduce } else { None };
     match select::reduce(&shape(g.n, v.bytes(), v.n, true), force) {
         select::Reduce::Rabenseifner => super::reduce::plan_reduce_rabenseifner(p, g, send, recv, v, root, tag + 2),
@@ -178,7 +186,7 @@ fn reduce_in_host(
         return Some(send);
     }
     let acc = t.is_head().then(|| into(p));
-    reduce_on(p, set, g, send, acc, v, t.head, false, htags::REDUCE);
+    reduce_on(p, set, g, ToRoot { send, recv: acc, root: t.head }, v, false, htags::REDUCE);
     acc
 }
 
@@ -186,7 +194,7 @@ fn reduce_in_host(
 pub(crate) fn reduce(p: &mut Plan, set: &Setting<'_>, t: &Tiers<'_>, send: Span, recv: Option<Span>, v: Vector, root: usize) {
     let part = reduce_in_host(p, set, t, send, v, |p| p.temp(v.bytes()));
     if let (Some(h), Some(part)) = (t.heads(), part) {
-        reduce_on(p, set, h, part, recv, v, t.topo.host_of(root), true, tags::REDUCE);
+        reduce_on(p, set, h, ToRoot { send: part, recv, root: t.topo.host_of(root) }, v, true, tags::REDUCE);
     }
 }
 
@@ -313,35 +321,11 @@ pub(crate) fn alltoall(p: &mut Plan, t: &Tiers<'_>, send: Span, recv: Span, blk:
         return;
     };
     // 1. The local ranks' send buffers (the head's own is read in place).
-    let mut from: Vec<Span> = Vec::with_capacity(ln);
-    for i in 0..ln {
-        if i == t.head {
-            from.push(send);
-        } else {
-            let s = p.temp(send.len);
-            p.recv(s, g.rank(i), htags::GATHER);
-            from.push(s);
-        }
-    }
-    p.next();
+    let from = gather_local(p, t, send);
     // 2. To host hd: for each local source (rank order), its blocks for hd's ranks (rank
     //    order). From host hs: for each source of hs, its blocks for the local ranks.
     let hosts = topo.hosts();
-    let mut outs = Vec::with_capacity(hosts);
-    for hd in 0..hosts {
-        let dn = topo.ranks(hd).len();
-        if hd == t.host {
-            outs.push(Span::empty());
-            continue;
-        }
-        let o = p.temp(ln * dn * blk);
-        for (sl, f) in from.iter().enumerate() {
-            for (di, &d) in topo.ranks(hd).iter().enumerate() {
-                p.copy(b(*f, d), b(o, sl * dn + di));
-            }
-        }
-        outs.push(o);
-    }
+    let outs = pack_for_hosts(p, t, &from, blk);
     let ins: Vec<Span> = (0..hosts).map(|hs| if hs == t.host { Span::empty() } else { p.temp(topo.ranks(hs).len() * ln * blk) }).collect();
     p.next();
     for k in 1..h.n {
@@ -353,9 +337,9 @@ pub(crate) fn alltoall(p: &mut Plan, t: &Tiers<'_>, send: Span, recv: Span, blk:
     // 3. For each local rank d, every source's block in source rank order.
     for (dl, &d) in t.local.iter().enumerate() {
         let dest = if dl == t.head { recv } else { p.temp(recv.len) };
-        for hs in 0..hosts {
+        for (hs, &got) in ins.iter().enumerate() {
             for (si, &s) in topo.ranks(hs).iter().enumerate() {
-                let src = if hs == t.host { b(from[si], d) } else { b(ins[hs], si * ln + dl) };
+                let src = if hs == t.host { b(from[si], d) } else { b(got, si * ln + dl) };
                 p.copy(src, b(dest, s));
             }
         }
@@ -364,6 +348,46 @@ pub(crate) fn alltoall(p: &mut Plan, t: &Tiers<'_>, send: Span, recv: Span, blk:
         }
     }
     p.next();
+}
+
+/// The head's first step of [`alltoall`]: the send buffers of its host's ranks, in local
+/// rank order (its own read in place).
+fn gather_local(p: &mut Plan, t: &Tiers<'_>, send: Span) -> Vec<Span> {
+    let g = t.local();
+    let from = (0..t.local.len())
+        .map(|i| {
+            if i == t.head {
+                return send;
+            }
+            let s = p.temp(send.len);
+            p.recv(s, g.rank(i), htags::GATHER);
+            s
+        })
+        .collect();
+    p.next();
+    from
+}
+
+/// The head's packing for [`alltoall`]: one message per other host `hd` (empty for its own),
+/// holding for each local source (rank order) its `blk`-byte blocks for `hd`'s ranks.
+fn pack_for_hosts(p: &mut Plan, t: &Tiers<'_>, from: &[Span], blk: usize) -> Vec<Span> {
+    let (topo, ln) = (t.topo, t.local.len());
+    let b = |s: Span, i: usize| s.sub(i * blk..(i + 1) * blk);
+    (0..topo.hosts())
+        .map(|hd| {
+            if hd == t.host {
+                return Span::empty();
+            }
+            let dn = topo.ranks(hd).len();
+            let o = p.temp(ln * dn * blk);
+            for (sl, f) in from.iter().enumerate() {
+                for (di, &d) in topo.ranks(hd).iter().enumerate() {
+                    p.copy(b(*f, d), b(o, sl * dn + di));
+                }
+            }
+            o
+        })
+        .collect()
 }
 
 /// Node-aware reduce-scatter (commutative operators): `blocks[r]` of every rank's send

@@ -270,10 +270,8 @@ fn check_round(round: &[Action]) -> std::result::Result<(), &'static str> {
                         return Err("an action touches what an earlier transfer of its round receives");
                     }
                 }
-                Action::Send { s, .. } => {
-                    if writes.is_some_and(|w| w.overlaps(&s)) {
-                        return Err("an action writes what an earlier transfer of its round sends");
-                    }
+                Action::Send { s, .. } if writes.is_some_and(|w| w.overlaps(&s)) => {
+                    return Err("an action writes what an earlier transfer of its round sends");
                 }
                 _ => {}
             }

@@ -89,7 +89,6 @@ fn rel(me: usize, root: usize, n: usize) -> usize {
 /// `vr - lowbit(vr)`. Rooted at member 0 it combines in group order; with `ordered` and
 /// another root it reduces to member 0 and sends the result on (for operators that are not
 /// commutative), else the order is rotated by the root.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_reduce_binomial(p: &mut Plan, g: Grp<'_>, send: Span, recv: Option<Span>, root: usize, ordered: bool, tag: u32) {
     let n = g.n;
     let tree_root = if ordered { 0 } else { root };
@@ -229,7 +228,6 @@ fn plan_halving(
 
 /// Rabenseifner reduce to member `root` of `g`: fold, reduce-scatter by recursive halving,
 /// then every new rank sends its block to the root, which takes them all at once.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_reduce_rabenseifner(p: &mut Plan, g: Grp<'_>, send: Span, recv: Option<Span>, v: Vector, root: usize, tag: u32) {
     let pof2 = pof2_floor(g.n);
     let rem = g.n - pof2;

@@ -691,8 +691,12 @@ fn node_aware_collectives_at_up_to_64_ranks() {
         for (i, h) in hosts.iter().enumerate() {
             let force = node_forces()[i % 2];
             let got = super::harness::run_on(n, MODES[i % 2], Some(h), force, |c| node_aware_calls(c, len));
-            let bad: Vec<String> =
-                got.iter().enumerate().filter(|(_, g)| !matches!(g, Ok(b) if b.is_empty())).map(|(r, g)| format!("rank {r}: {g:?}")).collect();
+            let bad: Vec<String> = got
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| !matches!(g, Ok(b) if b.is_empty()))
+                .map(|(r, g)| format!("rank {r}: {g:?}"))
+                .collect();
             assert!(bad.is_empty(), "n={n} hosts {h:?} force {i}: {bad:?}");
         }
     }

@@ -174,10 +174,13 @@ pub(crate) fn learn(world: &Comm, one_host: bool) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// One case of [`maps_from_keys`]: keys, hosts, order, contiguous, most ranks on a host.
+    type Case = (&'static [u64], usize, &'static [usize], bool, usize);
+
     /// Table of host maps: hosts by first appearance, ranks per host, contiguity.
     #[test]
     fn maps_from_keys() {
-        let cases: [(&[u64], usize, &[usize], bool, usize); 4] = [
+        let cases: [Case; 4] = [
             (&[7, 7, 7], 1, &[0, 1, 2], true, 3),
             (&[5, 5, 9, 9, 9], 2, &[0, 1, 2, 3, 4], true, 3),
             (&[1, 2, 1, 2, 1], 2, &[0, 2, 4, 1, 3], false, 3),

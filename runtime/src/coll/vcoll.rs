@@ -357,62 +357,12 @@ pub(crate) fn allgatherv_plan<T: Pod>(
 /// `blocks[me]` already holds this member's.
 pub(crate) fn plan_allgatherv(p: &mut Plan, g: Grp<'_>, algo: super::select::Allgather, sizes: &[usize], blocks: &[Span], tag: u32) {
     use super::select::Allgather;
-    let (me, n) = (g.me, g.n);
     match algo {
-        Allgather::RecursiveDoubling if n.is_power_of_two() => {
-            // On the blocks packed in member order, then out to their places.
-            let pre: Vec<usize> = std::iter::once(0)
-                .chain(sizes.iter().scan(0, |a, &s| {
-                    *a += s;
-                    Some(*a)
-                }))
-                .collect();
-            let t = p.temp(pre[n]);
-            let range = |lo: usize, hi: usize| t.sub(pre[lo]..pre[hi]);
-            p.next();
-            p.copy(blocks[me], range(me, me + 1));
-            let mut m = 1;
-            while m < n {
-                let partner = me ^ m;
-                let (mine, theirs) = (me & !(m - 1), partner & !(m - 1));
-                p.send(range(mine, mine + m), g.rank(partner), tag);
-                p.recv(range(theirs, theirs + m), g.rank(partner), tag);
-                p.next();
-                m <<= 1;
-            }
-            for i in (0..n).filter(|&i| i != me) {
-                p.copy(range(i, i + 1), blocks[i]);
-            }
-            p.next();
-        }
-        Allgather::Bruck => {
-            // Packed in relative order (this member first).
-            let rel = |j: usize| (me + j) % n;
-            let pre: Vec<usize> = std::iter::once(0)
-                .chain((0..n).scan(0, |a, j| {
-                    *a += sizes[rel(j)];
-                    Some(*a)
-                }))
-                .collect();
-            let t = p.temp(pre[n]);
-            let range = |lo: usize, hi: usize| t.sub(pre[lo]..pre[hi]);
-            p.next();
-            p.copy(blocks[me], range(0, 1));
-            let mut d = 1;
-            while d < n {
-                let cnt = d.min(n - d);
-                p.send(range(0, cnt), g.rank((me + n - d) % n), tag);
-                p.recv(range(d, d + cnt), g.rank((me + d) % n), tag);
-                p.next();
-                d <<= 1;
-            }
-            for j in 1..n {
-                p.copy(range(j, j + 1), blocks[rel(j)]);
-            }
-            p.next();
-        }
+        Allgather::RecursiveDoubling if g.n.is_power_of_two() => allgatherv_doubling(p, g, sizes, blocks, tag),
+        Allgather::Bruck => allgatherv_bruck(p, g, sizes, blocks, tag),
         _ => {
             // Ring, in place.
+            let (me, n) = (g.me, g.n);
             let (right, left) = (g.rank((me + 1) % n), g.rank((me + n - 1) % n));
             p.next();
             for k in 0..n.saturating_sub(1) {
@@ -422,6 +372,63 @@ pub(crate) fn plan_allgatherv(p: &mut Plan, g: Grp<'_>, algo: super::select::All
             }
         }
     }
+}
+
+/// Offsets of `sizes` packed one after the other: `n + 1` of them, the last the total.
+fn packed(sizes: impl Iterator<Item = usize>) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(sizes.scan(0, |a, s| {
+            *a += s;
+            Some(*a)
+        }))
+        .collect()
+}
+
+/// Recursive-doubling allgatherv (power-of-two member counts): on the blocks packed in member
+/// order, then out to their places.
+fn allgatherv_doubling(p: &mut Plan, g: Grp<'_>, sizes: &[usize], blocks: &[Span], tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let pre = packed(sizes.iter().copied());
+    let t = p.temp(pre[n]);
+    let range = |lo: usize, hi: usize| t.sub(pre[lo]..pre[hi]);
+    p.next();
+    p.copy(blocks[me], range(me, me + 1));
+    let mut m = 1;
+    while m < n {
+        let partner = me ^ m;
+        let (mine, theirs) = (me & !(m - 1), partner & !(m - 1));
+        p.send(range(mine, mine + m), g.rank(partner), tag);
+        p.recv(range(theirs, theirs + m), g.rank(partner), tag);
+        p.next();
+        m <<= 1;
+    }
+    for i in (0..n).filter(|&i| i != me) {
+        p.copy(range(i, i + 1), blocks[i]);
+    }
+    p.next();
+}
+
+/// Bruck allgatherv: on the blocks packed in relative order (this member first).
+fn allgatherv_bruck(p: &mut Plan, g: Grp<'_>, sizes: &[usize], blocks: &[Span], tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let rel = |j: usize| (me + j) % n;
+    let pre = packed((0..n).map(|j| sizes[rel(j)]));
+    let t = p.temp(pre[n]);
+    let range = |lo: usize, hi: usize| t.sub(pre[lo]..pre[hi]);
+    p.next();
+    p.copy(blocks[me], range(0, 1));
+    let mut d = 1;
+    while d < n {
+        let cnt = d.min(n - d);
+        p.send(range(0, cnt), g.rank((me + n - d) % n), tag);
+        p.recv(range(d, d + cnt), g.rank((me + d) % n), tag);
+        p.next();
+        d <<= 1;
+    }
+    for j in 1..n {
+        p.copy(range(j, j + 1), blocks[rel(j)]);
+    }
+    p.next();
 }
 
 /// Collects `send` of every rank into `recv` on every rank: rank `r`'s elements land at
@@ -439,7 +446,6 @@ pub(crate) fn allgatherv<T: Pod, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &
 
 /// The plan of [`alltoallv`] (a rank whose arguments are bad takes its part with empty
 /// messages).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn alltoallv_plan<T: Pod>(
     set: &super::select::Setting<'_>,
     send: &[T],
@@ -613,8 +619,7 @@ pub(crate) fn plan_reduce_then_scatter(p: &mut Plan, g: Grp<'_>, rab: bool, v: V
     p.next();
     match full {
         Some(f) => {
-            for i in 1..g.n {
-                let b = blocks[i];
+            for (i, b) in blocks.iter().enumerate().take(g.n).skip(1) {
                 p.send(Span::new(f.buf, b.off, b.len), g.rank(i), tag + 2);
             }
             let b = blocks[0];

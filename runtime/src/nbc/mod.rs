@@ -162,7 +162,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Ireduce).to(self, root).bytes(size_of_val(send)), || self.ireduce(s, send, recv, op, root));
         }
-        self.ireduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op), true, root)
+        self.ireduce_f(s, send, recv, Reduction::builtin::<T>(op), root)
     }
 
     /// Non-blocking [`Comm::allreduce`]: every rank gets `send` of all ranks combined with `op`
@@ -190,7 +190,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Iallreduce).on(self).bytes(size_of_val(send)), || self.iallreduce(s, send, recv, op));
         }
-        self.iallreduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op), true)
+        self.iallreduce_f(s, send, recv, Reduction::builtin::<T>(op))
     }
 
     /// Non-blocking [`Comm::gather`]: `send` of every rank, in rank order, into `recv` at
@@ -552,7 +552,7 @@ impl Comm {
                 self.ireduce_scatter(s, send, recv, counts, op)
             });
         }
-        self.ireduce_scatter_f(s, send, recv, counts, builtin::<T>(op), check_op::<T>(op), true)
+        self.ireduce_scatter_f(s, send, recv, counts, Reduction::builtin::<T>(op))
     }
 
     /// Non-blocking [`Comm::reduce_scatter_block`]: [`Comm::ireduce_scatter`] with equal blocks
@@ -629,20 +629,18 @@ impl Comm {
 
     // ---- the schedules, generic over the reduction step ----
 
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn ireduce_f<'s, T: Pod>(
         &self,
         s: &'s Scope<'s, '_>,
         send: &'s [T],
         recv: Option<&'s mut [T]>,
-        f: ReduceFn,
-        op_ok: Result<()>,
-        commutative: bool,
+        op: Reduction,
         root: Rank,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
         crate::coll::check_root(root, self.size())?;
-        op_ok?;
+        let Reduction { f, ok, commutative } = op;
+        ok?;
         let is_root = self.rank() == root;
         let recv = if is_root { recv } else { None };
         check_reduce(send, recv.as_deref(), is_root)?;
@@ -656,12 +654,11 @@ impl Comm {
         s: &'s Scope<'s, '_>,
         send: &'s [T],
         recv: &'s mut [T],
-        f: ReduceFn,
-        op_ok: Result<()>,
-        commutative: bool,
+        op: Reduction,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        op_ok?;
+        let Reduction { f, ok, commutative } = op;
+        ok?;
         if recv.len() != send.len() {
             return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
         }
@@ -670,19 +667,17 @@ impl Comm {
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn ireduce_scatter_f<'s, T: Pod>(
         &self,
         s: &'s Scope<'s, '_>,
         send: &'s [T],
         recv: &'s mut [T],
         counts: &[usize],
-        f: ReduceFn,
-        op_ok: Result<()>,
-        commutative: bool,
+        op: Reduction,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        op_ok?;
+        let Reduction { f, ok, commutative } = op;
+        ok?;
         let r = self.rank();
         vcoll::check_counts("ireduce_scatter", counts, self.size(), send.len())?;
         if recv.len() != counts[r] {
@@ -711,6 +706,22 @@ impl Comm {
         }
         let plan = vcoll::prefix_plan(self.rank(), self.size(), f, std::mem::size_of_val(send), inclusive);
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
+    }
+}
+
+/// The reduction step of a reducing collective: how to combine, whether the operator is
+/// defined for the type (checked once the call has taken its sequence number), and whether it
+/// commutes.
+pub(crate) struct Reduction {
+    pub(crate) f: ReduceFn,
+    pub(crate) ok: Result<()>,
+    pub(crate) commutative: bool,
+}
+
+impl Reduction {
+    /// A predefined operator on `T` (every one commutes).
+    fn builtin<T: Pod + Reducible>(op: Op) -> Reduction {
+        Reduction { f: builtin::<T>(op), ok: check_op::<T>(op), commutative: true }
     }
 }
 
