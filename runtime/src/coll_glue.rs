@@ -123,7 +123,10 @@ pub(crate) fn run_plan(comm: &Comm, who: Members, plan: Plan, input: Option<&[u8
     // schedule has finished (it then holds no transfer), or has been abandoned: by
     // `comm::finish` when it fails, by `Running` when the call unwinds. Abandoning abandons
     // every transfer, so the engine forgets the buffers before the borrow ends.
-    let sched = unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b)))? };
+    let mut sched = unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b)))? };
+    if seen::tracing() {
+        sched.trace_rounds();
+    }
     let mut e = comm.eng()?;
     let rid = e.start_nbc(sched);
     let mut run = Running { e: &mut e, rid: Some(rid) };

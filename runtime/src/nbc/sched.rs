@@ -16,6 +16,7 @@ use crate::coll::scratch;
 use crate::engine::{Engine, Peers, ReqId};
 use crate::error::{Error, Result};
 use crate::matching;
+use crate::seen;
 
 /// A scratch buffer: 16-byte aligned, owned through a raw pointer so that the pointers the
 /// engine holds into it stay valid (no reborrow of the allocation) until it is dropped. Its
@@ -80,6 +81,40 @@ impl Members {
     }
 }
 
+/// A round in progress, as the trace draws it once its transfers completed: started at `t0`
+/// (trace clock), with sends and receives (`sends`, `recvs`) of `bytes` in all, to or from
+/// world rank `peer` (`None`: several).
+struct Phase {
+    t0: u64,
+    sends: bool,
+    recvs: bool,
+    bytes: usize,
+    peer: Option<Option<usize>>,
+}
+
+impl Phase {
+    fn add(&mut self, send: bool, peer: usize, bytes: usize) {
+        self.sends |= send;
+        self.recvs |= !send;
+        self.bytes += bytes;
+        self.peer = match self.peer {
+            None => Some(Some(peer)),
+            Some(Some(p)) if p == peer => Some(Some(p)),
+            Some(_) => Some(None),
+        };
+    }
+
+    /// Ends the round's phase event (`failed`: with an error).
+    fn end(self, failed: bool) {
+        let step = match (self.sends, self.recvs) {
+            (true, false) => seen::Step::Send,
+            (false, true) => seen::Step::Recv,
+            _ => seen::Step::Sendrecv,
+        };
+        seen::transfer(step, self.peer.flatten(), self.bytes, failed, self.t0);
+    }
+}
+
 /// A running schedule (see the module docs).
 pub(crate) struct Sched {
     rid: Option<ReqId>,
@@ -90,6 +125,10 @@ pub(crate) struct Sched {
     /// Transfers of the current round: request, and for a receive the bytes expected (`None`:
     /// any length, once the plan is degraded).
     pending: Vec<(ReqId, Option<(usize, usize)>)>,
+    /// The round in progress as the trace draws it, when the schedule is traced
+    /// ([`Sched::trace_rounds`]).
+    phase: Option<Phase>,
+    traced: bool,
     temps: Vec<Temp>,
     input: Option<RawBuf>,
     output: Option<RawBufMut>,
@@ -113,7 +152,20 @@ impl Sched {
         plan.check()?;
         let temps = plan.temps.iter().map(|&n| Temp::new(n)).collect();
         let degraded = plan.error.take();
-        Ok(Sched { rid: None, who, plan, round: 0, pending: Vec::new(), temps, input, output, degraded, finished: false })
+        Ok(Sched {
+            rid: None,
+            who,
+            plan,
+            round: 0,
+            pending: Vec::new(),
+            phase: None,
+            traced: false,
+            temps,
+            input,
+            output,
+            degraded,
+            finished: false,
+        })
     }
 
     pub(crate) fn set_request(&mut self, rid: ReqId) {
@@ -207,7 +259,11 @@ impl Sched {
             if !self.collect(e)? {
                 return Ok(n);
             }
+            if self.traced {
+                self.next_phase();
+            }
             if self.round == self.plan.len() {
+                self.phase = None;
                 self.finished = true;
                 let r = self.degraded.take().map_or(Ok(()), Err);
                 if let Some(rid) = self.rid {
@@ -239,10 +295,14 @@ impl Sched {
                 let raw = unsafe { RawBuf::new(std::slice::from_raw_parts(p, s.len)) };
                 let w = &self.who;
                 let tag64 = matching::encode_tag(w.ctx, w.rank as u32, w.tag(tag));
-                if crate::seen::counting() {
-                    crate::seen::message_out(w.world_rank(dest)?, s.len);
+                let world = w.world_rank(dest)?;
+                if seen::counting() {
+                    seen::message_out(world, s.len);
                 }
-                if let Some(rid) = e.start_send(w.world_rank(dest)?, tag64, raw, false)? {
+                if let Some(ph) = self.phase.as_mut() {
+                    ph.add(true, world, s.len);
+                }
+                if let Some(rid) = e.start_send(world, tag64, raw, false)? {
                     self.pending.push((rid, None));
                 }
             }
@@ -253,6 +313,9 @@ impl Sched {
                 let raw = unsafe { RawBufMut::new(std::slice::from_raw_parts_mut(p, s.len)) };
                 let w = &self.who;
                 let world = w.world_rank(src)?;
+                if let Some(ph) = self.phase.as_mut() {
+                    ph.add(false, world, s.len);
+                }
                 let rid = e.post_recv(w.ctx, Some(src as u32), Some(w.tag(tag)), raw, Peers::rank(world))?;
                 self.pending.push((rid, (!degraded).then_some((s.len, src))));
             }
@@ -280,6 +343,25 @@ impl Sched {
         Ok(())
     }
 
+    /// Draws each round of this schedule in the trace as one phase event (a blocking call's
+    /// schedule, whose rounds nest in its call; a non-blocking one's would straddle calls).
+    pub(crate) fn trace_rounds(&mut self) {
+        self.traced = true;
+    }
+
+    /// The trace's phase of the round that starts now, if the schedule is traced; the last
+    /// one ended (see [`Phase`]).
+    fn next_phase(&mut self) {
+        if let Some(ph) = self.phase.take() {
+            if ph.sends || ph.recvs {
+                ph.end(false);
+            }
+        }
+        if self.traced && seen::tracing() {
+            self.phase = Some(Phase { t0: seen::now(), sends: false, recvs: false, bytes: 0, peer: None });
+        }
+    }
+
     /// Ends the collective with `err`: every transfer in flight is abandoned, and if a rank
     /// departed the other members are told.
     pub(crate) fn fail(&mut self, e: &mut Engine, err: Error) {
@@ -295,6 +377,9 @@ impl Sched {
 
     /// Abandons every transfer in flight and stops; nothing touches a buffer afterwards.
     pub(crate) fn abandon(&mut self, e: &mut Engine) {
+        if let Some(ph) = self.phase.take() {
+            ph.end(true);
+        }
         for (rid, _) in self.pending.drain(..) {
             e.abandon(rid);
         }
