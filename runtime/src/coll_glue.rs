@@ -426,7 +426,7 @@ impl Comm {
 }
 
 /// Variable-count collectives, reduce-scatter and prefix reductions (algorithms in
-/// [`crate::coll::vcoll`]). Counts and displacements are in elements of `T`, one per rank.
+/// `coll::vcoll`). Counts and displacements are in elements of `T`, one per rank.
 impl Comm {
     /// Collects `send` of every rank into `recv` at `root`: rank `r`'s elements land at
     /// `recv[displs[r]..displs[r] + counts[r]]`, where `counts[r]` is rank `r`'s `send.len()`.

@@ -1,6 +1,6 @@
-//! Collective algorithms, generic over a small point-to-point trait ([`CollP2p`]).
+//! Collective algorithms, generic over a small point-to-point trait (`CollP2p`).
 //!
-//! Every collective is written against [`CollP2p`]: blocking send, receive and a deadlock-free
+//! Every collective is written against `CollP2p`: blocking send, receive and a deadlock-free
 //! send-receive on the communicator's private collective context. The runtime implements it on
 //! top of its engine; the tests implement it with threads and channels, including a mode where a
 //! send blocks until the receiver has matched it (rendezvous), so an algorithm that could
@@ -8,36 +8,36 @@
 //!
 //! # Algorithms (chosen by message size and rank count, after MPICH and Open MPI coll/tuned)
 //!
-//! - [`barrier`]: dissemination (Hensgen/Finkel/Manber), `ceil(log2 p)` rounds of empty messages.
-//! - [`bcast`]: binomial tree below [`BCAST_LONG_BYTES`] or with fewer than
+//! - `barrier`: dissemination (Hensgen/Finkel/Manber), `ceil(log2 p)` rounds of empty messages.
+//! - `bcast`: binomial tree below [`BCAST_LONG_BYTES`] or with fewer than
 //!   [`BCAST_MIN_PROCS_LONG`] ranks; otherwise binomial scatter + ring allgather (van de Geijn).
-//! - [`reduce`]: binomial tree below [`REDUCE_LONG_BYTES`]; otherwise Rabenseifner:
+//! - `reduce`: binomial tree below [`REDUCE_LONG_BYTES`]; otherwise Rabenseifner:
 //!   reduce-scatter by recursive halving, then each block straight to the root.
-//! - [`allreduce`]: recursive doubling below [`ALLREDUCE_LONG_BYTES`]; otherwise Rabenseifner
+//! - `allreduce`: recursive doubling below [`ALLREDUCE_LONG_BYTES`]; otherwise Rabenseifner
 //!   (reduce-scatter by recursive halving + allgather by recursive doubling). Rank counts that
 //!   are not a power of two fold the first `2 * (p - 2^k)` ranks pairwise first and unfold at
 //!   the end (MPICH's scheme), or, from [`ALLREDUCE_RING_BYTES`], use the ring
 //!   (reduce-scatter + allgather around the ring, no fold).
-//! - [`gather`] / [`scatter`]: binomial tree for blocks below [`GATHER_LINEAR_BYTES`], linear
+//! - `gather` / `scatter`: binomial tree for blocks below [`GATHER_LINEAR_BYTES`], linear
 //!   (root talks to every rank, no intermediate copies) above.
-//! - [`allgather`]: recursive doubling for power-of-two rank counts and totals below
+//! - `allgather`: recursive doubling for power-of-two rank counts and totals below
 //!   [`ALLGATHER_LONG_BYTES`]; Bruck for other counts below [`ALLGATHER_BRUCK_BYTES`]; ring above.
-//! - [`alltoall`]: pairwise exchange, `p - 1` rounds (XOR partners for powers of two).
+//! - `alltoall`: pairwise exchange, `p - 1` rounds (XOR partners for powers of two).
 //!
 //! # Reproducible reductions
 //!
 //! Float operators are not associative, so every reduction here combines partial results in a
 //! fixed order that depends only on `(p, root, count)`: the partial result of a lower (relative)
-//! group of ranks is always the left operand. [`allreduce`] gives bitwise identical results on
+//! group of ranks is always the left operand. `allreduce` gives bitwise identical results on
 //! every rank: in recursive doubling both partners compute `lower op upper` on identical
 //! operands, and in Rabenseifner and the ring each block is reduced on exactly one rank (or
 //! along one chain) and then copied.
-//! [`reduce`] results are reproducible from run to run but may differ in the last bits between
-//! roots or between [`reduce`] and [`allreduce`].
+//! `reduce` results are reproducible from run to run but may differ in the last bits between
+//! roots or between `reduce` and `allreduce`.
 //!
 //! # Tags
 //!
-//! Each algorithm uses constant tags from [`tags`]. That is enough because the collective
+//! Each algorithm uses constant tags from `tags`. That is enough because the collective
 //! context is private to one communicator (no user message can match), every rank issues the
 //! collectives of a communicator in the same order, and point-to-point is non-overtaking per
 //! (source, tag): the k-th receive a rank posts for a given (source, tag) matches the k-th send

@@ -2,10 +2,10 @@
 //! `TMPI_COLL_<NAME>` override per collective.
 //!
 //! The choice functions ([`barrier`], [`bcast`], [`reduce`], [`allreduce`], [`allgather`],
-//! [`alltoall`], [`alltoallv`], [`reduce_scatter`]) are public so that the cost model in
+//! [`alltoall`], `alltoallv`, [`reduce_scatter`]) are public so that the cost model in
 //! `bench/` (`collmodel`) calls the very functions the runtime calls: the model cannot drift
 //! from what the runtime does. The plan builders below them turn a choice into a schedule
-//! ([`super::plan`]) for one rank.
+//! (`coll::plan`) for one rank.
 //!
 //! The cut-overs are constants of [`super`], each with the measurement behind it.
 
@@ -239,7 +239,7 @@ impl Shape {
     }
 }
 
-/// Whether a call of shape `s` runs node-aware ([`super::hier`]): `force` (`TMPI_COLL_NODE_AWARE`)
+/// Whether a call of shape `s` runs node-aware (`coll::hier`): `force` (`TMPI_COLL_NODE_AWARE`)
 /// `Some(true)` whenever the ranks span hosts, `Some(false)` never, `None` when they span
 /// hosts and some host has more than one of them (with one rank per host the tiers inside the
 /// hosts are empty and the plan is the flat one with extra copies).
