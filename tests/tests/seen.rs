@@ -88,7 +88,6 @@ fn read_trace(path: &Path) -> Checked {
 /// `--trace`: one file that checks, a named process per rank, every call of the program as a
 /// span; the rings are gone.
 #[test]
-#[ignore = "flaky (issue 60): a receive can be stamped before its send on another core, which breaks the flow rule, and the racy run's count of traced receives varies; run with --ignored"]
 fn the_merged_trace_checks_and_has_every_rank_and_call() {
     let dir = scratch("trace");
     let path = dir.join("racy.json");
@@ -133,7 +132,6 @@ fn assert_joins(f: &tmpi_trace::check::Flow) {
 /// rendezvous messages; each received one says how it matched, each rendezvous how its bytes
 /// moved, and a flow joins each to its send.
 #[test]
-#[ignore = "flaky (issue 60): a receive can be stamped before its send on another core, which breaks the flow rule, and the racy run's count of traced receives varies; run with --ignored"]
 fn the_trace_shows_each_messages_protocol() {
     let dir = scratch("proto");
     let path = dir.join("bigmsg.json");
@@ -247,7 +245,6 @@ fn an_unwritable_trace_path_fails_clearly() {
 /// A ring too small for the job keeps its newest events, counts the others, and says so: in
 /// tmpirun's line and in the trace, which still checks.
 #[test]
-#[ignore = "flaky (issue 60): a receive can be stamped before its send on another core, which breaks the flow rule, and the racy run's count of traced receives varies; run with --ignored"]
 fn a_full_ring_drops_the_oldest_events_and_counts_them() {
     let dir = scratch("full");
     let path = dir.join("racy.json");

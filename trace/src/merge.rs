@@ -154,6 +154,68 @@ fn place(traces: &[RankTrace], doms: &[Domain]) -> Vec<Placed> {
         .collect()
 }
 
+/// For each `msg out`, how far back it may move on its thread: to the start of the innermost
+/// span that holds it (a message cannot have left before the call that sent it) or the end of
+/// the last slice before it, whichever is later; by one sweep of each thread's slices.
+fn send_floors(events: &[Placed]) -> HashMap<usize, u64> {
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    order.sort_by_key(|&i| (events[i].rank, events[i].ev.thread, events[i].start, std::cmp::Reverse(events[i].dur)));
+    let (mut floors, mut stack, mut track, mut done) = (HashMap::new(), Vec::<(u64, u64)>::new(), None, 0);
+    for i in order {
+        let p = &events[i];
+        if track != Some((p.rank, p.ev.thread)) {
+            (track, done) = (Some((p.rank, p.ev.thread)), 0);
+            stack.clear();
+        }
+        while let Some(&(end, _)) = stack.last().filter(|&&(end, _)| end <= p.start) {
+            done = done.max(end);
+            stack.pop();
+        }
+        match p.ev.kind() {
+            Some(Kind::MsgOut) => {
+                floors.insert(i, stack.last().map_or(0, |&(_, start)| start).max(done));
+            }
+            Some(k) if k.class() == Class::Note => continue,
+            None => continue,
+            Some(_) => {}
+        }
+        stack.push((p.start + p.dur.max(1), p.start));
+    }
+    floors
+}
+
+/// Puts each message's leaving no later than its arrival. A sender stamps its end of a
+/// message just after the message became visible, so the receiver, on another core, may
+/// match it and stamp its own end first. The message really left between the start of the
+/// call that sent it and the receiver's stamp: the `msg out` slice is moved back to just
+/// before the `msg in` (keeping its end), never before the span it lies in.
+fn order_message_ends(events: &mut [Placed]) {
+    let mut outs: HashMap<MsgKey, usize> = HashMap::new();
+    let mut ins: Vec<(usize, MsgKey)> = Vec::new();
+    for (i, p) in events.iter().enumerate().filter(|(_, p)| p.ev.id != 0 && p.ev.peer != NONE) {
+        match p.ev.kind() {
+            Some(Kind::MsgOut) => {
+                outs.insert((p.rank, p.ev.peer, p.ev.tag, p.ev.id), i);
+            }
+            Some(Kind::MsgIn) => ins.push((i, (p.ev.peer, p.rank, p.ev.tag, p.ev.id))),
+            _ => {}
+        }
+    }
+    let floors = send_floors(events);
+    for (i, key) in ins {
+        let Some(&o) = outs.get(&key) else { continue };
+        let (arrived, out) = (events[i].start, events[o]);
+        if out.start < arrived {
+            continue;
+        }
+        let floor = floors.get(&o).copied().unwrap_or(0);
+        let start = arrived.saturating_sub(1).max(floor);
+        let end = out.start + out.dur;
+        events[o].start = start;
+        events[o].dur = (end - start).max(MIN_MSG_DUR);
+    }
+}
+
 /// Makes the spans of each thread nest: a span that would end after the span it starts in is
 /// cut at that span's end (clock corrections of a few nanoseconds can cause this).
 fn nest(events: &mut [Placed]) {
@@ -328,7 +390,7 @@ fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
     ins.sort_by_key(|(p, _)| (p.start, p.rank));
     for (pin, key) in ins {
         let Some(pout) = outs.remove(&key) else { continue };
-        if pout.dur < MIN_MSG_DUR || pin.dur < MIN_MSG_DUR {
+        if pout.dur < MIN_MSG_DUR || pin.dur < MIN_MSG_DUR || pout.start > pin.start {
             continue;
         }
         id += 1;
@@ -355,6 +417,7 @@ pub fn merge(traces: &[RankTrace], opts: &Options) -> (String, Summary) {
     summary.missing = (0..opts.size as u32).filter(|r| !have.contains(r)).collect();
     let doms = domains(traces, opts, &mut summary);
     let mut placed = place(traces, &doms);
+    order_message_ends(&mut placed);
     nest(&mut placed);
     let mut out = String::from("{\"traceEvents\":[");
     metadata(&mut out, traces, &placed);
