@@ -65,6 +65,8 @@ pub(crate) struct CommInner {
     pub(crate) shm: SyncCell<crate::coll::shm::Slot>,
     /// The thread inside a collective on this communicator (see [`CollBusy`]).
     pub(crate) coll_busy: CollBusy,
+    /// What its collectives know of the machine (see [`crate::coll::Machine`]).
+    pub(crate) machine: crate::coll::Machine,
     /// Communicator id; user traffic uses context `2 * id`, collectives `2 * id + 1`.
     pub(crate) id: u32,
     pub(crate) rank: Rank,

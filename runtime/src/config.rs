@@ -67,6 +67,8 @@ pub struct Config {
     pub shared_heap: usize,
     /// `TMPI_SHM_COLL`: shared-memory collectives on.
     pub shm_coll: bool,
+    /// `TMPI_COLL_*`: the algorithm forced per collective (see [`crate::coll::select`]).
+    pub coll: crate::coll::select::Force,
     /// `TMPI_PEER_TIMEOUT`: how long a peer on another host may leave its TCP connection
     /// unanswered before it counts as gone; `None`: no limit (`0`).
     pub peer_timeout: Option<std::time::Duration>,
@@ -107,6 +109,7 @@ impl Default for Config {
             single_copy_min: None,
             shared_heap: 1 << 30,
             shm_coll: true,
+            coll: crate::coll::select::Force::AUTO,
             peer_timeout: Some(alive::DEFAULT_PEER_TIMEOUT),
             trace: None,
             trace_events: 1 << 20,
@@ -296,6 +299,7 @@ impl Config {
                 _ => return Err(bad("TMPI_SHM_COLL", &v, "on or off")),
             };
         }
+        c.coll = crate::coll::select::Force::parse(&get)?;
         seen_knobs(&mut c, &get)?;
         Ok(c)
     }
@@ -435,6 +439,20 @@ mod tests {
             let e = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }
+    }
+
+    /// The `TMPI_COLL_*` overrides: a name forces the algorithm, `auto` leaves the choice, and
+    /// a bad value is refused naming the variable and every value it takes.
+    #[test]
+    fn coll_overrides() {
+        use crate::coll::select::{Allreduce, Alltoall};
+        let c = parse(&[("TMPI_COLL_ALLREDUCE", "ring"), ("TMPI_COLL_ALLTOALL", "auto"), ("TMPI_COLL_NODE_AWARE", "off")]).unwrap();
+        assert_eq!((c.coll.allreduce, c.coll.alltoall, c.coll.node_aware), (Some(Allreduce::Ring), None::<Alltoall>, Some(false)));
+        let Err(Error::Config { var, value, expected }) = parse(&[("TMPI_COLL_ALLREDUCE", "fast")]) else { panic!("fast accepted") };
+        assert_eq!((var.as_str(), value.as_str()), ("TMPI_COLL_ALLREDUCE", "fast"));
+        assert_eq!(expected, "auto, recursive_doubling, rabenseifner, ring, reduce_bcast");
+        let e = parse(&[("TMPI_COLL_NODE_AWARE", "yes")]).unwrap_err().to_string();
+        assert!(e.contains("TMPI_COLL_NODE_AWARE") && e.contains("auto, on, off"), "{e}");
     }
 
     /// `TMPI_FABRIC=ofi`: taken by a build with the feature `ofi`, refused by one without,

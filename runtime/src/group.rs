@@ -405,6 +405,18 @@ impl crate::coll::CollP2p for GroupChan<'_> {
     fn size(&self) -> usize {
         self.ranks.len()
     }
+    fn run(&self, plan: crate::coll::plan::Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
+        let world = Arc::new(self.ranks.iter().map(|&r| self.comm.world_rank(r)).collect::<Vec<_>>());
+        let who = crate::nbc::Members {
+            ctx: self.ctx(),
+            rank: self.me,
+            size: self.ranks.len(),
+            world: Some(world),
+            seq: 0,
+            fixed_tag: Some(self.tag),
+        };
+        crate::coll_glue::run_plan(self.comm, who, plan, input, output)
+    }
     fn send(&self, buf: &[u8], dest: usize, _tag: u32) -> Result<()> {
         self.comm.send_ctx(self.ctx(), buf, self.peer(dest)?, self.tag, false)
     }

@@ -103,6 +103,7 @@ fn launcher() -> Result<Option<(Launcher, BootstrapEnv)>> {
 fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading) -> World {
     let rank = eng.rank();
     let size = eng.size();
+    let machine = crate::coll::Machine { force: eng.cfg.coll, hosts: Default::default() };
     let comm = Comm {
         inner: Arc::new(CommInner {
             eng: Arc::new(EngineCell::new(eng, level)),
@@ -110,6 +111,7 @@ fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading)
             shm_seq: Default::default(),
             shm: Default::default(),
             coll_busy: Default::default(),
+            machine,
             id: 0,
             rank,
             size,
@@ -199,7 +201,12 @@ fn init_world(level: Threading) -> Result<World> {
         let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
         eprintln!("tmpi-fabric rank={rank} kind={}{provider} bad_connections={}", fabric.name(), fabric.bad_connections());
     }
-    Ok(world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level))
+    let one_host = matches!(fabric, AnyFabric::Shm(_));
+    let world = world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level);
+    // The collectives' map of the hosts, learned once for the world (one allgather when the
+    // job spans hosts); every later communicator derives its own from it.
+    crate::coll::topo::learn(&world, one_host)?;
+    Ok(world)
 }
 
 impl World {

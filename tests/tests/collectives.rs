@@ -58,3 +58,21 @@ fn collectives_after_finalize_are_state_errors() {
         assert!(line.contains(&format!("{n} ranks")), "{line:?}");
     }
 }
+
+/// A traced job draws the rounds of its blocking collectives (run as schedules) as phase
+/// events, `coll send`, `coll recv` and `coll sendrecv` with their peer, as it drew the
+/// point-to-point steps before the collectives became schedules.
+#[test]
+fn a_traced_job_draws_the_rounds_of_its_collectives() {
+    let dir = std::env::temp_dir().join(format!("tmpi-coll-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    let path = dir.join("collcheck.json");
+    let out = Job::tmpirun(3, "collcheck").flag("--trace").flag(&path).timeout(Duration::from_secs(90)).run();
+    out.assert_ok_line("collcheck: ");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), out.report()));
+    for step in ["coll send 1", "coll recv 0", "coll sendrecv 2"] {
+        assert!(text.contains(&format!("\"name\":\"{step}\"")), "no {step:?} phase in the trace");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -73,3 +73,21 @@ fn random_collective_sequences_on_every_fabric() {
     run_program(coll(5, 7).nodes_of(2), "randcoll", "3 nodes of 2, 2 and 1 ranks");
     run_program(coll(4, 8).env("TMPI_SHM_COLL", "off"), "randcoll", "TMPI_SHM_COLL=off, 4 ranks");
 }
+
+/// The node-aware collectives (issue 58 item 2), blocking and not, against the same values:
+/// 8 ranks over 2 and 4 simulated hosts, 6 over hosts of 4 and 2, 3 over hosts of 2 and 1,
+/// 4 over 4 hosts of one rank each with `TMPI_COLL_NODE_AWARE=on` (which the automatic
+/// choice leaves flat), and, with fewer steps, 33 ranks over hosts of 17 and 16 and 64 ranks
+/// over 4 hosts (3-6 s each on 2 loaded cores).
+#[test]
+fn random_collective_sequences_across_simulated_hosts() {
+    let short = |n: usize, seed: u64| coll(n, seed).arg("--steps").arg("30");
+    run_program(short(8, 31).nodes_of(4), "randcoll", "8 ranks on 2 hosts");
+    run_program(short(8, 32).nodes_of(2), "randcoll", "8 ranks on 4 hosts");
+    run_program(short(6, 33).nodes_of(4), "randcoll", "6 ranks on hosts of 4 and 2");
+    run_program(short(3, 34).nodes_of(2).env("TMPI_COLL_ALLREDUCE", "ring"), "randcoll", "3 ranks on hosts of 2 and 1, ring");
+    run_program(short(4, 35).nodes_of(1).env("TMPI_COLL_NODE_AWARE", "on"), "randcoll", "4 hosts of one rank, forced");
+    let few = |n: usize, seed: u64| coll(n, seed).arg("--steps").arg("10");
+    run_program(few(33, 36).nodes_of(17), "randcoll", "33 ranks on hosts of 17 and 16");
+    run_program(few(64, 37).nodes_of(16), "randcoll", "64 ranks on 4 hosts");
+}

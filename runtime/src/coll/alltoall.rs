@@ -1,39 +1,106 @@
-//! Alltoall: pairwise exchange.
+//! Alltoall: pairwise exchange, Bruck, linear.
+//!
+//! The planners move block `j` of `send` (`blk` bytes each, group order) to member `j`, and
+//! member `i`'s block for this member into block `i` of `recv`.
 
-use super::{sendrecv_exact, tags, CollP2p};
+use super::plan::{Grp, Plan, Span};
+use super::CollP2p;
 use crate::error::{Error, Result};
 
+/// Pairwise exchange in `n - 1` rounds: in round `i` exchange with `me ^ i` when `n` is a power
+/// of two (every pair meets exactly once, both sides in the same round), otherwise send to
+/// `me + i` and receive from `me - i`. One message in flight per member and round, so memory
+/// stays flat however large `n` is (Open MPI's choice for large messages).
+pub(crate) fn plan_pairwise(p: &mut Plan, g: Grp<'_>, send: Span, recv: Span, blk: usize, tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let block = |s: Span, r: usize| s.sub(r * blk..(r + 1) * blk);
+    p.next();
+    p.copy(block(send, me), block(recv, me));
+    let pof2 = n.is_power_of_two();
+    for i in 1..n {
+        let (to, from) = if pof2 { (me ^ i, me ^ i) } else { ((me + i) % n, (me + n - i) % n) };
+        p.send(block(send, to), g.rank(to), tag);
+        p.recv(block(recv, from), g.rank(from), tag);
+        p.next();
+    }
+    p.next();
+}
+
+/// Every block at once: one round of `n - 1` sends and `n - 1` receives (Open MPI's basic
+/// linear; the fewest rounds, the most messages in flight).
+pub(crate) fn plan_linear(p: &mut Plan, g: Grp<'_>, send: Span, recv: Span, blk: usize, tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let block = |s: Span, r: usize| s.sub(r * blk..(r + 1) * blk);
+    p.next();
+    p.copy(block(send, me), block(recv, me));
+    for i in 1..n {
+        let from = (me + n - i) % n;
+        p.recv(block(recv, from), g.rank(from), tag);
+    }
+    for i in 1..n {
+        let to = (me + i) % n;
+        p.send(block(send, to), g.rank(to), tag);
+    }
+    p.next();
+}
+
+/// Bruck's alltoall for small blocks: `ceil(log2 n)` rounds instead of `n - 1`, each moving
+/// about half the blocks. Blocks are first rotated so that scratch block `i` is the one for
+/// member `me + i`; in round `k` the blocks whose index has bit `k` set go (packed) to
+/// `me + 2^k` and as many come from `me - 2^k` into the same indices; a block that started
+/// at `s` for `t` thus travels `t - s` members and arrives at index `t - s`, so at the end
+/// block `me - i` of `recv` is scratch block `i`.
+pub(crate) fn plan_bruck(p: &mut Plan, g: Grp<'_>, send: Span, recv: Span, blk: usize, tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let block = |s: Span, r: usize| s.sub(r * blk..(r + 1) * blk);
+    let b = p.temp(n * blk);
+    let moving = |k: usize| (0..n).filter(move |i| i & (1 << k) != 0);
+    let most = (0..usize::BITS as usize).take_while(|&k| 1 << k < n).map(|k| moving(k).count()).max().unwrap_or(0);
+    let (sp, rp) = (p.temp(most * blk), p.temp(most * blk));
+    p.next();
+    for i in 0..n {
+        p.copy(block(send, (me + i) % n), block(b, i));
+    }
+    let mut k = 0;
+    while 1 << k < n {
+        let d = 1 << k;
+        for (j, i) in moving(k).enumerate() {
+            p.copy(block(b, i), block(sp, j));
+        }
+        let cnt = moving(k).count();
+        p.send(sp.sub(0..cnt * blk), g.rank((me + d) % n), tag);
+        p.recv(rp.sub(0..cnt * blk), g.rank((me + n - d) % n), tag);
+        p.next();
+        for (j, i) in moving(k).enumerate() {
+            p.copy(block(rp, j), block(b, i));
+        }
+        k += 1;
+    }
+    for i in 0..n {
+        p.copy(block(b, i), block(recv, (me + n - i) % n));
+    }
+    p.next();
+}
+
+/// The argument checks of [`alltoall`].
+pub(crate) fn check_alltoall(size: usize, send: usize, recv: usize) -> Result<()> {
+    if send != recv || send % size != 0 {
+        return Err(Error::InvalidBuffer(format!(
+            "alltoall: send has {send} bytes and receive {recv}; both must be the same multiple of {size} ranks"
+        )));
+    }
+    Ok(())
+}
+
 /// Sends block `j` of `send` to rank `j` and receives block `i` of `recv` from rank `i`
-/// (`send.len() == recv.len()`, a multiple of the communicator size).
-///
-/// Pairwise exchange in `p - 1` rounds: in round `i` exchange with `rank ^ i` when `p` is a
-/// power of two (every pair meets exactly once, both sides in the same round), otherwise send
-/// to `rank + i` and receive from `rank - i`. One message in flight per rank and round, so
-/// memory stays flat however large `p` is (Open MPI's choice for large messages).
+/// (`send.len() == recv.len()`, a multiple of the communicator size). The algorithm is
+/// [`super::select::alltoall_plan`]'s choice.
 ///
 /// # Errors
 /// [`Error::InvalidBuffer`] before any communication when the lengths do not fit; then
 /// transport errors and mismatched lengths between ranks.
-pub fn alltoall<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    if send.len() != recv.len() || send.len() % size != 0 {
-        return Err(Error::InvalidBuffer(format!(
-            "alltoall: send has {} bytes and receive {}; both must be the same multiple of {size} \
-             ranks",
-            send.len(),
-            recv.len()
-        )));
-    }
-    let blk = send.len() / size;
-    if blk == 0 {
-        return Ok(());
-    }
-    let block = |r: usize| r * blk..(r + 1) * blk;
-    recv[block(rank)].copy_from_slice(&send[block(rank)]);
-    let pof2 = size.is_power_of_two();
-    for i in 1..size {
-        let (to, from) = if pof2 { (rank ^ i, rank ^ i) } else { ((rank + i) % size, (rank + size - i) % size) };
-        sendrecv_exact(c, &send[block(to)], to, &mut recv[block(from)], from, tags::ALLTOALL)?;
-    }
-    Ok(())
+pub(crate) fn alltoall<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
+    check_alltoall(c.size(), send.len(), recv.len())?;
+    let plan = super::select::alltoall_plan(&c.setting(), send.len() / c.size());
+    c.run(plan, Some(send), Some(recv))
 }

@@ -1,24 +1,30 @@
-//! Dissemination barrier.
+//! Barrier: dissemination, and the fan-in / fan-out trees the node-aware barrier is made of.
 
-use super::{tags, CollP2p};
+use super::plan::{Grp, Plan, Span};
+use super::CollP2p;
 use crate::error::Result;
 
-/// Blocks until every rank of the communicator has entered the barrier.
-///
-/// Dissemination: in round `k` each rank sends an empty message to `rank + 2^k` and waits for
-/// one from `rank - 2^k` (mod p), `ceil(log2 p)` rounds for any p. A rank leaves only after it
-/// has, transitively, heard from every other rank.
+/// Dissemination barrier on `g` (Hensgen/Finkel/Manber): in round `k` each member sends an
+/// empty message to `me + 2^k` and waits for one from `me - 2^k` (mod n), `ceil(log2 n)`
+/// rounds for any n. A member leaves only after it has, transitively, heard from every other.
+pub(crate) fn plan_dissemination(p: &mut Plan, g: Grp<'_>, tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let mut d = 1;
+    while d < n {
+        p.round([
+            super::plan::Action::Send { s: Span::empty(), dest: g.rank((me + d) % n), tag },
+            super::plan::Action::Recv { s: Span::empty(), src: g.rank((me + n - d) % n), tag },
+        ]);
+        d <<= 1;
+    }
+}
+
+/// Blocks until every rank of the communicator has entered the barrier (dissemination; see
+/// [`super::select`] for when the node-aware form replaces it).
 ///
 /// # Errors
 /// Transport errors of [`CollP2p`], e.g. [`crate::Error::PeerGone`].
-pub fn barrier<C: CollP2p + ?Sized>(c: &C) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    let mut dist = 1;
-    while dist < size {
-        let to = (rank + dist) % size;
-        let from = (rank + size - dist) % size;
-        c.sendrecv(&[], to, tags::BARRIER, &mut [], from, tags::BARRIER)?;
-        dist <<= 1;
-    }
-    Ok(())
+pub(crate) fn barrier<C: CollP2p + ?Sized>(c: &C) -> Result<()> {
+    let plan = super::select::barrier_plan(&c.setting());
+    c.run(plan, None, None)
 }

@@ -1,226 +1,275 @@
 //! Gather and scatter: binomial tree for small blocks, linear for large ones.
+//!
+//! The planners lay blocks out in group order; rooted elsewhere than member 0, the binomial
+//! ones rotate between group order and relative order with local copies.
 
-use super::{abs, check_root, mul_len, recv_exact, rel, tags, CollP2p, GATHER_LINEAR_BYTES};
+use super::plan::{Grp, Plan, Span};
+use super::CollP2p;
 use crate::error::{Error, Result};
 
-/// Number of relative ranks in the binomial subtree of `vr`: `[vr, vr + lowbit(vr))` clipped
-/// to `size` (the whole communicator for `vr == 0`).
-fn subtree(vr: usize, size: usize) -> usize {
+/// Number of relative members in the binomial subtree of `vr`: `[vr, vr + lowbit(vr))`
+/// clipped to `n` (the whole group for `vr == 0`).
+pub(crate) fn subtree(vr: usize, n: usize) -> usize {
     if vr == 0 {
-        size
+        n
     } else {
-        (vr & vr.wrapping_neg()).min(size - vr)
+        (vr & vr.wrapping_neg()).min(n - vr)
     }
+}
+
+/// Binomial gather of `send` (`blk` bytes) to member `root` of `g`, into `recv` (`n * blk`
+/// bytes, `Some` at the root): relative member `vr` collects the blocks of its subtree, in
+/// relative order, into one buffer (children `vr + 2^j` deliver theirs at offset `2^j` blocks)
+/// and sends it to its parent; the root rotates relative order back into group order (root
+/// member 0 collects straight into `recv`).
+pub(crate) fn plan_gather_binomial(p: &mut Plan, g: Grp<'_>, send: Span, recv: Option<Span>, root: usize, tag: u32) {
+    let (n, blk) = (g.n, send.len);
+    let vr = (g.me + n - root) % n;
+    let abs = |v: usize| g.rank((v + root) % n);
+    let sub = subtree(vr, n);
+    let lowbit = vr & vr.wrapping_neg();
+    p.next();
+    if sub == 1 && vr != 0 {
+        // A leaf sends its own block: no copy.
+        p.send(send, abs(vr - lowbit), tag);
+        p.next();
+        return;
+    }
+    let direct = root == 0 && vr == 0 && recv.is_some();
+    let buf = match recv {
+        Some(r) if direct => r,
+        _ => p.temp(sub * blk),
+    };
+    p.copy(send, buf.sub(0..blk));
+    let mut mask = 1;
+    while mask < n && (vr == 0 || mask < lowbit) {
+        let child = vr + mask;
+        if child < n {
+            let cnt = subtree(child, n);
+            p.recv(buf.sub(mask * blk..(mask + cnt) * blk), abs(child), tag);
+        }
+        mask <<= 1;
+    }
+    p.next();
+    if vr != 0 {
+        p.send(buf.sub(0..sub * blk), abs(vr - lowbit), tag);
+        p.next();
+    } else if let Some(o) = recv.filter(|_| !direct) {
+        // Relative block j belongs to member (j + root) % n.
+        let split = (n - root) * blk;
+        p.copy(buf.sub(0..split), o.sub(root * blk..n * blk));
+        p.copy(buf.sub(split..n * blk), o.sub(0..root * blk));
+        p.next();
+    }
+}
+
+/// Linear gather: every member sends to the root, which receives block `i` from member `i`
+/// directly into `recv`, all at once.
+pub(crate) fn plan_gather_linear(p: &mut Plan, g: Grp<'_>, send: Span, recv: Option<Span>, root: usize, tag: u32) {
+    let blk = send.len;
+    p.next();
+    match recv {
+        Some(o) if g.me == root => {
+            p.copy(send, o.sub(root * blk..(root + 1) * blk));
+            for i in (0..g.n).filter(|&i| i != root) {
+                p.recv(o.sub(i * blk..(i + 1) * blk), g.rank(i), tag);
+            }
+        }
+        _ => p.send(send, g.rank(root), tag),
+    }
+    p.next();
+}
+
+/// Binomial scatter of `send` (`n * blk` bytes at the root) from member `root` of `g`: relative
+/// member `vr` receives its subtree's blocks (relative order) from its parent, passes each
+/// child `vr + 2^j` its subtree's part and keeps block 0. The root first rotates group order
+/// into relative order (unless it is member 0).
+pub(crate) fn plan_scatter_binomial(p: &mut Plan, g: Grp<'_>, send: Option<Span>, recv: Span, root: usize, tag: u32) {
+    let (n, blk) = (g.n, recv.len);
+    let vr = (g.me + n - root) % n;
+    let abs = |v: usize| g.rank((v + root) % n);
+    let sub = subtree(vr, n);
+    let lowbit = vr & vr.wrapping_neg();
+    p.next();
+    if sub == 1 && vr != 0 {
+        p.recv(recv, abs(vr - lowbit), tag);
+        p.next();
+        return;
+    }
+    let buf = match send {
+        Some(all) if vr == 0 && root == 0 => all,
+        Some(all) if vr == 0 => {
+            let t = p.temp(n * blk);
+            let split = (n - root) * blk;
+            p.copy(all.sub(root * blk..n * blk), t.sub(0..split));
+            p.copy(all.sub(0..root * blk), t.sub(split..n * blk));
+            p.next();
+            t
+        }
+        _ => {
+            let t = p.temp(sub * blk);
+            p.recv(t, abs(vr - lowbit), tag);
+            p.next();
+            t
+        }
+    };
+    // Children vr + mask for mask < lowbit(vr) (every mask < n at the root), largest first.
+    let mut mask = if vr == 0 { super::plan::pof2_floor(n - 1).max(1) } else { lowbit >> 1 };
+    while mask > 0 {
+        let child = vr + mask;
+        if child < n {
+            let cnt = subtree(child, n);
+            p.send(buf.sub(mask * blk..(mask + cnt) * blk), abs(child), tag);
+        }
+        mask >>= 1;
+    }
+    p.copy(buf.sub(0..blk), recv);
+    p.next();
+}
+
+/// Linear scatter: the root sends block `i` to member `i`, all at once.
+pub(crate) fn plan_scatter_linear(p: &mut Plan, g: Grp<'_>, send: Option<Span>, recv: Span, root: usize, tag: u32) {
+    let blk = recv.len;
+    p.next();
+    match send {
+        Some(all) if g.me == root => {
+            for i in (0..g.n).filter(|&i| i != root) {
+                p.send(all.sub(i * blk..(i + 1) * blk), g.rank(i), tag);
+            }
+            p.copy(all.sub(root * blk..(root + 1) * blk), recv);
+        }
+        _ => p.recv(recv, g.rank(root), tag),
+    }
+    p.next();
+}
+
+/// The argument checks of [`gather`] at the root.
+pub(crate) fn check_gather(what: &str, size: usize, blk: usize, root_buf: Option<usize>) -> Result<()> {
+    let side = if what == "gather" { "receive" } else { "send" };
+    let have = root_buf.ok_or_else(|| Error::InvalidBuffer(format!("{what}: the root must pass a {side} buffer")))?;
+    let want = super::mul_len(size, blk, what)?;
+    if have != want {
+        return Err(Error::InvalidBuffer(format!("{what}: {side} buffer has {have} bytes, {size} ranks * {blk} bytes = {want} needed")));
+    }
+    Ok(())
 }
 
 /// Collects `send` of every rank, in rank order, into `recv` at `root`.
 ///
 /// At the root `recv` must be `Some` with `recv.len() == size * send.len()`; other ranks may
-/// pass `None` (a `Some` there is ignored). Blocks below [`GATHER_LINEAR_BYTES`] travel up a
-/// binomial tree (`log2 p` steps, interior ranks forward their subtree's blocks); larger blocks
-/// go straight to the root, which receives them directly in place.
+/// pass `None` (a `Some` there is ignored). The algorithm is [`super::select::gather_plan`]'s
+/// choice.
 ///
 /// # Errors
 /// Before any communication: [`Error::InvalidRoot`], [`Error::InvalidBuffer`] (root without a
 /// buffer, or the wrong length). Then transport errors and mismatched lengths between ranks.
-pub fn gather<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
+pub(crate) fn gather<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
-    check_root(root, size)?;
-    let recv = if rank == root {
-        let r = recv.ok_or_else(|| Error::InvalidBuffer("gather: the root must pass a receive buffer".into()))?;
-        let want = mul_len(size, send.len(), "gather")?;
-        if r.len() != want {
-            return Err(Error::InvalidBuffer(format!(
-                "gather: receive buffer has {} bytes, {size} ranks * {} bytes = {want} needed",
-                r.len(),
-                send.len()
-            )));
-        }
-        Some(r)
-    } else {
-        None
-    };
-    if send.is_empty() {
-        return Ok(());
+    super::check_root(root, size)?;
+    let recv = if rank == root { recv } else { None };
+    if rank == root {
+        check_gather("gather", size, send.len(), recv.as_ref().map(|r| r.len()))?;
     }
-    if size == 1 {
-        if let Some(r) = recv {
-            r.copy_from_slice(send);
-        }
-        return Ok(());
-    }
-    if send.len() < GATHER_LINEAR_BYTES {
-        gather_binomial(c, send, recv, root)
-    } else {
-        gather_linear(c, send, recv, root)
-    }
-}
-
-/// Linear gather: every rank sends to the root, which receives block `r` from rank `r` in
-/// rank order, directly into `recv`.
-pub(crate) fn gather_linear<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    let blk = send.len();
-    match recv {
-        Some(out) if rank == root => {
-            for (r, dst) in out.chunks_exact_mut(blk.max(1)).enumerate().take(size) {
-                if r == rank {
-                    dst.copy_from_slice(send);
-                } else {
-                    recv_exact(c, dst, r, tags::GATHER)?;
-                }
-            }
-            Ok(())
-        }
-        _ => c.send(send, root, tags::GATHER),
-    }
-}
-
-/// Binomial gather: relative rank `vr` collects the blocks of its subtree, in relative order,
-/// into one buffer (children `vr + 2^j` deliver theirs at offset `2^j` blocks) and sends it to
-/// its parent; the root rotates relative order back into rank order.
-pub(crate) fn gather_binomial<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    let blk = send.len();
-    let vr = rel(rank, root, size);
-    let sub = subtree(vr, size);
-    let lowbit = vr & vr.wrapping_neg();
-    if sub == 1 && vr != 0 {
-        // A leaf sends its own block: no copy.
-        return c.send(send, abs(vr - lowbit, root, size), tags::GATHER);
-    }
-    // Interior ranks (and the root unless it is rank 0) collect into a scratch buffer; root 0
-    // collects straight into `recv`, where relative and absolute order coincide.
-    let mut own = Vec::new();
-    let direct = root == 0 && vr == 0 && recv.is_some();
-    let (buf, out): (&mut [u8], Option<&mut [u8]>) = match recv {
-        Some(r) if direct => (r, None),
-        r => {
-            own.resize(sub * blk, 0);
-            (&mut own[..], r)
-        }
-    };
-    buf[..blk].copy_from_slice(send);
-    let mut mask = 1;
-    while mask < size {
-        if vr & mask != 0 {
-            return c.send(&buf[..sub * blk], abs(vr - mask, root, size), tags::GATHER);
-        }
-        let child = vr + mask;
-        if child < size {
-            let cnt = subtree(child, size);
-            let dst = &mut buf[mask * blk..(mask + cnt) * blk];
-            recv_exact(c, dst, abs(child, root, size), tags::GATHER)?;
-        }
-        mask <<= 1;
-    }
-    // Root: relative block j belongs to rank (j + root) % size.
-    if let Some(out) = out {
-        let split = (size - root) * blk;
-        out[root * blk..].copy_from_slice(&buf[..split]);
-        out[..root * blk].copy_from_slice(&buf[split..]);
-    }
-    Ok(())
+    let plan = super::select::gather_plan(&c.setting(), send.len(), root);
+    c.run(plan, Some(send), recv)
 }
 
 /// Distributes consecutive blocks of `send` at `root`: rank `r` receives block `r` into `recv`.
 ///
 /// At the root `send` must be `Some` with `send.len() == size * recv.len()`; other ranks may
-/// pass `None` (a `Some` there is ignored). Blocks below [`GATHER_LINEAR_BYTES`] travel down a
-/// binomial tree; larger ones go straight from the root to each rank.
+/// pass `None` (a `Some` there is ignored). The algorithm is [`super::select::scatter_plan`]'s
+/// choice.
 ///
 /// # Errors
 /// Before any communication: [`Error::InvalidRoot`], [`Error::InvalidBuffer`] (root without a
 /// buffer, or the wrong length). Then transport errors and mismatched lengths between ranks.
-pub fn scatter<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
+pub(crate) fn scatter<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
-    check_root(root, size)?;
-    let send = if rank == root {
-        let s = send.ok_or_else(|| Error::InvalidBuffer("scatter: the root must pass a send buffer".into()))?;
-        let want = mul_len(size, recv.len(), "scatter")?;
-        if s.len() != want {
-            return Err(Error::InvalidBuffer(format!(
-                "scatter: send buffer has {} bytes, {size} ranks * {} bytes = {want} needed",
-                s.len(),
-                recv.len()
-            )));
-        }
-        Some(s)
-    } else {
-        None
-    };
-    if recv.is_empty() {
-        return Ok(());
+    super::check_root(root, size)?;
+    let send = if rank == root { send } else { None };
+    if rank == root {
+        check_gather("scatter", size, recv.len(), send.map(<[u8]>::len))?;
     }
-    if size == 1 {
-        if let Some(s) = send {
-            recv.copy_from_slice(s);
-        }
-        return Ok(());
-    }
-    if recv.len() < GATHER_LINEAR_BYTES {
-        scatter_binomial(c, send, recv, root)
-    } else {
-        scatter_linear(c, send, recv, root)
-    }
+    let plan = super::select::scatter_plan(&c.setting(), recv.len(), root);
+    c.run(plan, send, Some(recv))
 }
 
-/// Linear scatter: the root sends block `r` to rank `r` in rank order.
-pub(crate) fn scatter_linear<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    let blk = recv.len();
-    match send {
-        Some(all) if rank == root => {
-            for (r, src) in all.chunks_exact(blk.max(1)).enumerate().take(size) {
-                if r == rank {
-                    recv.copy_from_slice(src);
-                } else {
-                    c.send(src, r, tags::SCATTER)?;
-                }
-            }
-            Ok(())
-        }
-        _ => recv_exact(c, recv, root, tags::SCATTER),
-    }
+/// Runs one gather planner (see [`gather`]; arguments checked by the caller).
+#[cfg(test)]
+fn gather_by<C: CollP2p + ?Sized>(
+    c: &C,
+    send: &[u8],
+    recv: Option<&mut [u8]>,
+    root: usize,
+    plan: fn(&mut Plan, Grp<'_>, Span, Option<Span>, usize, u32),
+) -> Result<()> {
+    let recv = if c.rank() == root { recv } else { None };
+    let mut p = Plan::new();
+    plan(
+        &mut p,
+        Grp::all(c.rank(), c.size()),
+        super::plan::inp(0, send.len()),
+        recv.as_ref().map(|r| super::plan::out(0, r.len())),
+        root,
+        super::tags::GATHER,
+    );
+    c.run(p, Some(send), recv)
 }
 
-/// Binomial scatter: relative rank `vr` receives its subtree's blocks (relative order) from its
-/// parent, passes each child `vr + 2^j` its subtree's part (largest first) and keeps block 0.
-/// The root first rotates rank order into relative order (unless it is rank 0).
+/// Runs one scatter planner (see [`scatter`]; arguments checked by the caller).
+#[cfg(test)]
+fn scatter_by<C: CollP2p + ?Sized>(
+    c: &C,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    root: usize,
+    plan: fn(&mut Plan, Grp<'_>, Option<Span>, Span, usize, u32),
+) -> Result<()> {
+    let send = if c.rank() == root { send } else { None };
+    let mut p = Plan::new();
+    plan(
+        &mut p,
+        Grp::all(c.rank(), c.size()),
+        send.map(|s| super::plan::inp(0, s.len())),
+        super::plan::out(0, recv.len()),
+        root,
+        super::tags::SCATTER,
+    );
+    c.run(p, send, Some(recv))
+}
+
+/// [`gather`] by the binomial tree.
+///
+/// # Errors
+/// Transport errors and mismatched lengths between ranks.
+#[cfg(test)]
+pub(crate) fn gather_binomial<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
+    gather_by(c, send, recv, root, plan_gather_binomial)
+}
+
+/// [`gather`] straight to the root.
+///
+/// # Errors
+/// Transport errors and mismatched lengths between ranks.
+#[cfg(test)]
+pub(crate) fn gather_linear<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
+    gather_by(c, send, recv, root, plan_gather_linear)
+}
+
+/// [`scatter`] by the binomial tree.
+///
+/// # Errors
+/// Transport errors and mismatched lengths between ranks.
+#[cfg(test)]
 pub(crate) fn scatter_binomial<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    let blk = recv.len();
-    let vr = rel(rank, root, size);
-    let sub = subtree(vr, size);
-    let lowbit = vr & vr.wrapping_neg();
-    if sub == 1 && vr != 0 {
-        return recv_exact(c, recv, abs(vr - lowbit, root, size), tags::SCATTER);
-    }
-    let mut own = Vec::new();
-    let buf: &[u8] = match send {
-        Some(all) if vr == 0 && root == 0 => all,
-        Some(all) if vr == 0 => {
-            own.reserve_exact(all.len());
-            own.extend_from_slice(&all[root * blk..]);
-            own.extend_from_slice(&all[..root * blk]);
-            &own
-        }
-        _ => {
-            own.resize(sub * blk, 0);
-            recv_exact(c, &mut own, abs(vr - lowbit, root, size), tags::SCATTER)?;
-            &own
-        }
-    };
-    // Children vr + mask for mask < lowbit(vr) (every mask < size at the root), largest first.
-    let mut mask = if vr == 0 { super::pof2_floor(size - 1).max(1) } else { lowbit >> 1 };
-    while mask > 0 {
-        let child = vr + mask;
-        if child < size {
-            let cnt = subtree(child, size);
-            c.send(&buf[mask * blk..(mask + cnt) * blk], abs(child, root, size), tags::SCATTER)?;
-        }
-        mask >>= 1;
-    }
-    recv.copy_from_slice(&buf[..blk]);
-    Ok(())
+    scatter_by(c, send, recv, root, plan_scatter_binomial)
+}
+
+/// [`scatter`] straight from the root.
+///
+/// # Errors
+/// Transport errors and mismatched lengths between ranks.
+#[cfg(test)]
+pub(crate) fn scatter_linear<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
+    scatter_by(c, send, recv, root, plan_scatter_linear)
 }

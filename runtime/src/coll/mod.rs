@@ -1,6 +1,6 @@
-//! Collective algorithms, generic over a small point-to-point trait ([`CollP2p`]).
+//! Collective algorithms, generic over a small point-to-point trait (`CollP2p`).
 //!
-//! Every collective is written against [`CollP2p`]: blocking send, receive and a deadlock-free
+//! Every collective is written against `CollP2p`: blocking send, receive and a deadlock-free
 //! send-receive on the communicator's private collective context. The runtime implements it on
 //! top of its engine; the tests implement it with threads and channels, including a mode where a
 //! send blocks until the receiver has matched it (rendezvous), so an algorithm that could
@@ -8,36 +8,36 @@
 //!
 //! # Algorithms (chosen by message size and rank count, after MPICH and Open MPI coll/tuned)
 //!
-//! - [`barrier`]: dissemination (Hensgen/Finkel/Manber), `ceil(log2 p)` rounds of empty messages.
-//! - [`bcast`]: binomial tree below [`BCAST_LONG_BYTES`] or with fewer than
+//! - `barrier`: dissemination (Hensgen/Finkel/Manber), `ceil(log2 p)` rounds of empty messages.
+//! - `bcast`: binomial tree below [`BCAST_LONG_BYTES`] or with fewer than
 //!   [`BCAST_MIN_PROCS_LONG`] ranks; otherwise binomial scatter + ring allgather (van de Geijn).
-//! - [`reduce`]: binomial tree below [`REDUCE_LONG_BYTES`]; otherwise Rabenseifner:
+//! - `reduce`: binomial tree below [`REDUCE_LONG_BYTES`]; otherwise Rabenseifner:
 //!   reduce-scatter by recursive halving, then each block straight to the root.
-//! - [`allreduce`]: recursive doubling below [`ALLREDUCE_LONG_BYTES`]; otherwise Rabenseifner
+//! - `allreduce`: recursive doubling below [`ALLREDUCE_LONG_BYTES`]; otherwise Rabenseifner
 //!   (reduce-scatter by recursive halving + allgather by recursive doubling). Rank counts that
 //!   are not a power of two fold the first `2 * (p - 2^k)` ranks pairwise first and unfold at
 //!   the end (MPICH's scheme), or, from [`ALLREDUCE_RING_BYTES`], use the ring
 //!   (reduce-scatter + allgather around the ring, no fold).
-//! - [`gather`] / [`scatter`]: binomial tree for blocks below [`GATHER_LINEAR_BYTES`], linear
+//! - `gather` / `scatter`: binomial tree for blocks below [`GATHER_LINEAR_BYTES`], linear
 //!   (root talks to every rank, no intermediate copies) above.
-//! - [`allgather`]: recursive doubling for power-of-two rank counts and totals below
+//! - `allgather`: recursive doubling for power-of-two rank counts and totals below
 //!   [`ALLGATHER_LONG_BYTES`]; Bruck for other counts below [`ALLGATHER_BRUCK_BYTES`]; ring above.
-//! - [`alltoall`]: pairwise exchange, `p - 1` rounds (XOR partners for powers of two).
+//! - `alltoall`: pairwise exchange, `p - 1` rounds (XOR partners for powers of two).
 //!
 //! # Reproducible reductions
 //!
 //! Float operators are not associative, so every reduction here combines partial results in a
 //! fixed order that depends only on `(p, root, count)`: the partial result of a lower (relative)
-//! group of ranks is always the left operand. [`allreduce`] gives bitwise identical results on
+//! group of ranks is always the left operand. `allreduce` gives bitwise identical results on
 //! every rank: in recursive doubling both partners compute `lower op upper` on identical
 //! operands, and in Rabenseifner and the ring each block is reduced on exactly one rank (or
 //! along one chain) and then copied.
-//! [`reduce`] results are reproducible from run to run but may differ in the last bits between
-//! roots or between [`reduce`] and [`allreduce`].
+//! `reduce` results are reproducible from run to run but may differ in the last bits between
+//! roots or between `reduce` and `allreduce`.
 //!
 //! # Tags
 //!
-//! Each algorithm uses constant tags from [`tags`]. That is enough because the collective
+//! Each algorithm uses constant tags from `tags`. That is enough because the collective
 //! context is private to one communicator (no user message can match), every rank issues the
 //! collectives of a communicator in the same order, and point-to-point is non-overtaking per
 //! (source, tag): the k-th receive a rank posts for a given (source, tag) matches the k-th send
@@ -54,43 +54,60 @@
 //! wrong size arrives ([`Error::Truncated`] or [`Error::InvalidBuffer`] on that rank); ranks
 //! that still wait for it are released when the failing rank exits ([`Error::PeerGone`]).
 
-use std::ops::Range;
-
 use crate::error::{Error, Result};
 
-mod allgather;
-mod alltoall;
+pub(crate) mod allgather;
+pub(crate) mod alltoall;
 mod barrier;
 mod bcast;
-mod gather;
-mod reduce;
-mod scratch;
+pub(crate) mod gather;
+pub(crate) mod hier;
+pub(crate) mod plan;
+pub(crate) mod reduce;
+pub(crate) mod scratch;
+pub mod select;
 pub(crate) mod shm;
-pub mod vcoll;
+pub(crate) mod topo;
+pub(crate) mod vcoll;
 
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
 mod tests;
 
-pub use allgather::allgather;
-pub use alltoall::alltoall;
-pub use barrier::barrier;
-pub use bcast::bcast;
-pub use gather::{gather, scatter};
-pub use reduce::{allreduce, reduce};
-pub use vcoll::{allgatherv, alltoallv, exscan, gatherv, reduce_scatter, reduce_scatter_block, scan, scatterv};
+pub(crate) use allgather::allgather;
+pub(crate) use alltoall::alltoall;
+pub(crate) use barrier::barrier;
+pub(crate) use bcast::bcast;
+pub(crate) use gather::{gather, scatter};
+pub(crate) use reduce::{allreduce, builtin, reduce, typed, Vector};
+pub(crate) use vcoll::{allgatherv, alltoallv, exscan, gatherv, reduce_scatter, reduce_scatter_block, scan, scatterv};
 
-/// Point-to-point on a communicator's private collective context (never matches user traffic).
+use plan::Plan;
+use select::Setting;
+
+/// Point-to-point on a communicator's private collective context (never matches user
+/// traffic), and the executor of collective schedules there.
 ///
 /// Ranks are ranks of the communicator. Implementations must be non-overtaking per
 /// (source, tag), and [`CollP2p::sendrecv`] must not deadlock when two ranks exchange with each
 /// other (or around a ring) at the same time, whatever the message sizes.
-pub trait CollP2p {
+pub(crate) trait CollP2p {
     /// This process's rank in the communicator.
     fn rank(&self) -> usize;
     /// Number of ranks in the communicator.
     fn size(&self) -> usize;
+    /// What the planners need to know of the communicator (its hosts, the overrides).
+    fn setting(&self) -> Setting<'_> {
+        Setting::flat(self.rank(), self.size())
+    }
+    /// Runs `plan` to its end on `input` (the user's send buffer) and `output` (the receive
+    /// buffer): every round's transfers in flight together, the next round once they all
+    /// completed (see [`plan`]).
+    ///
+    /// # Errors
+    /// The plan's first error (see [`plan`]); transport errors, [`Error::PeerGone`].
+    fn run(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()>;
     /// Blocking send of `buf` to `dest` (may wait until the receiver matches it).
     ///
     /// # Errors
@@ -110,38 +127,43 @@ pub trait CollP2p {
     fn sendrecv(&self, sbuf: &[u8], dest: usize, stag: u32, rbuf: &mut [u8], src: usize, rtag: u32) -> Result<usize>;
 }
 
-/// The tags of the collective context, one (or a few, by phase) per algorithm.
-pub mod tags {
+/// The tags of the collective context: each algorithm has a base and uses up to four tags
+/// from it, one per phase, so that the phases of a node-aware collective never share one.
+pub(crate) mod tags {
     /// Dissemination barrier.
-    pub const BARRIER: u32 = 1;
+    pub(crate) const BARRIER: u32 = 1;
     /// Binomial broadcast.
-    pub const BCAST: u32 = 2;
-    /// Scatter phase of the long broadcast.
-    pub const BCAST_SCATTER: u32 = 3;
-    /// Ring-allgather phase of the long broadcast.
-    pub const BCAST_RING: u32 = 4;
-    /// Binomial reduce.
-    pub const REDUCE: u32 = 5;
-    /// Non-power-of-two fold and unfold of reduce/allreduce.
-    pub const REDUCE_FOLD: u32 = 6;
-    /// Recursive halving (reduce-scatter) of Rabenseifner reduce/allreduce.
-    pub const REDUCE_SCATTER: u32 = 7;
-    /// Block gather to the root of Rabenseifner reduce.
-    pub const REDUCE_GATHER: u32 = 8;
-    /// Recursive-doubling allreduce.
-    pub const ALLREDUCE: u32 = 9;
-    /// Allgather phase of Rabenseifner allreduce.
-    pub const ALLREDUCE_ALLGATHER: u32 = 10;
-    /// Ring allreduce (both phases).
-    pub const ALLREDUCE_RING: u32 = 15;
+    pub(crate) const BCAST: u32 = 4;
+    /// Scatter (and ring allgather, + 1) of the long broadcast.
+    pub(crate) const BCAST_SCATTER: u32 = 8;
+    /// Binomial reduce (+ 1: the result on to the root).
+    pub(crate) const REDUCE: u32 = 12;
+    /// Rabenseifner reduce: fold, halving (+ 1), gather to the root (+ 2).
+    pub(crate) const REDUCE_FOLD: u32 = 16;
+    /// Recursive-doubling allreduce: fold, steps (+ 1).
+    pub(crate) const ALLREDUCE: u32 = 20;
+    /// Rabenseifner allreduce: fold, halving (+ 1), allgather (+ 2).
+    pub(crate) const ALLREDUCE_RAB: u32 = 24;
+    /// Ring allreduce: reduce-scatter, allgather (+ 1).
+    pub(crate) const ALLREDUCE_RING: u32 = 28;
+    /// Reduce + broadcast allreduce: reduce (+ 1), broadcast (+ 2).
+    pub(crate) const REDUCE_BCAST: u32 = 32;
     /// Gather.
-    pub const GATHER: u32 = 11;
+    pub(crate) const GATHER: u32 = 36;
     /// Scatter.
-    pub const SCATTER: u32 = 12;
-    /// Allgather.
-    pub const ALLGATHER: u32 = 13;
-    /// Alltoall.
-    pub const ALLTOALL: u32 = 14;
+    pub(crate) const SCATTER: u32 = 40;
+    /// Recursive-doubling allgather.
+    pub(crate) const ALLGATHER: u32 = 44;
+    /// Bruck allgather.
+    pub(crate) const ALLGATHER_BRUCK: u32 = 48;
+    /// Ring allgather.
+    pub(crate) const ALLGATHER_RING: u32 = 52;
+    /// Pairwise alltoall.
+    pub(crate) const ALLTOALL: u32 = 56;
+    /// Bruck alltoall.
+    pub(crate) const ALLTOALL_BRUCK: u32 = 60;
+    /// Linear alltoall.
+    pub(crate) const ALLTOALL_LINEAR: u32 = 64;
 }
 
 /// Broadcasts of at least this many bytes use scatter + ring allgather (MPICH's
@@ -166,6 +188,12 @@ pub const GATHER_LINEAR_BYTES: usize = 4096;
 pub const ALLGATHER_LONG_BYTES: usize = 512 * 1024;
 /// Non-power-of-two allgathers below this total use Bruck's algorithm (MPICH: 80 KiB).
 pub const ALLGATHER_BRUCK_BYTES: usize = 80 * 1024;
+/// Alltoalls across hosts with blocks of at most this many bytes run node-aware (each head
+/// packs its host's blocks into one message per other host, so the network carries `h - 1`
+/// messages per host instead of `p - 1` per rank, at the price of two local copies of every
+/// block); larger blocks go pairwise, where the copies would cost more than the messages
+/// saved. Not measured across real hosts here: `TMPI_COLL_NODE_AWARE=on` forces it.
+pub const ALLTOALL_NODE_AWARE_BYTES: usize = 1024;
 
 // ---- shared helpers ------------------------------------------------------------------------
 
@@ -183,72 +211,44 @@ fn mul_len(a: usize, b: usize, what: &str) -> Result<usize> {
     a.checked_mul(b).ok_or_else(|| Error::InvalidBuffer(format!("{what}: {a} * {b} overflows")))
 }
 
-/// Receives exactly `buf.len()` bytes; a shorter message is [`Error::InvalidBuffer`].
-fn recv_exact<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], src: usize, tag: u32) -> Result<()> {
-    let n = c.recv(buf, src, tag)?;
-    check_len(n, buf.len(), src)
-}
-
-/// [`CollP2p::sendrecv`] that requires exactly `rbuf.len()` bytes back.
-fn sendrecv_exact<C: CollP2p + ?Sized>(c: &C, sbuf: &[u8], dest: usize, rbuf: &mut [u8], src: usize, tag: u32) -> Result<()> {
-    let n = c.sendrecv(sbuf, dest, tag, rbuf, src, tag)?;
-    check_len(n, rbuf.len(), src)
-}
-
-fn check_len(got: usize, want: usize, src: usize) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(short_message(got, want, src))
-    }
-}
-
+/// A message of `got` bytes from `src` where `want` were expected.
 #[cold]
-fn short_message(got: usize, want: usize, src: usize) -> Error {
+pub(crate) fn short_message(got: usize, want: usize, src: usize) -> Error {
     Error::InvalidBuffer(format!(
         "collective: {got} bytes from rank {src} where {want} were expected \
          (ranks passed different buffer lengths?)"
     ))
 }
 
-/// Splits `buf` into a shared part `send` and a mutable part `recv` (disjoint ranges), for an
-/// exchange that sends one block of a buffer and receives another block of the same buffer.
-fn split_pair<T>(buf: &mut [T], send: Range<usize>, recv: Range<usize>) -> Result<(&[T], &mut [T])> {
-    if send.end <= recv.start && recv.end <= buf.len() {
-        let (lo, hi) = buf.split_at_mut(recv.start);
-        Ok((&lo[send], &mut hi[..recv.end - recv.start]))
-    } else if recv.end <= send.start && send.end <= buf.len() {
-        let (lo, hi) = buf.split_at_mut(send.start);
-        Ok((&hi[..send.end - send.start], &mut lo[recv]))
-    } else if send.is_empty() && recv.end <= buf.len() {
-        Ok((&[], &mut buf[recv]))
-    } else if recv.is_empty() && send.end <= buf.len() {
-        Ok((&buf[send], &mut []))
-    } else {
-        Err(internal(format!("overlapping exchange ranges {send:?} and {recv:?}")))
+/// What the collectives of a communicator know of the machine and the job: the `TMPI_COLL_*`
+/// overrides. Set when the communicator is made (a new one takes its parent's).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Machine {
+    pub(crate) force: select::Force,
+    /// The hosts of the communicator's ranks, set once: for the world in `init`, for a new
+    /// communicator when it is made, from the world's map.
+    pub(crate) hosts: std::sync::OnceLock<topo::Hosts>,
+}
+
+impl Machine {
+    /// What a communicator of `size` ranks made from this one's knows: the same overrides,
+    /// and its hosts from the world's map (`members`: world rank of each rank, `None`: the
+    /// world's ranks themselves).
+    pub(crate) fn derive(&self, members: Option<&[usize]>, size: usize) -> Machine {
+        let hosts = std::sync::OnceLock::new();
+        if let Some(h) = self.hosts.get() {
+            let d = match members {
+                Some(m) => h.derive(m.iter().copied()),
+                None => h.derive(0..size),
+            };
+            let _ = hosts.set(d);
+        }
+        Machine { force: self.force, hosts }
     }
 }
 
 #[cold]
-fn internal(msg: String) -> Error {
+#[cfg(test)]
+pub(crate) fn internal(msg: String) -> Error {
     Error::State(format!("collective internal error: {msg}"))
-}
-
-/// Largest power of two `<= n` (`n >= 1`).
-fn pof2_floor(n: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        1 << (usize::BITS - 1 - n.leading_zeros())
-    }
-}
-
-/// Relative rank of `rank` in a tree rooted at `root`.
-fn rel(rank: usize, root: usize, size: usize) -> usize {
-    (rank + size - root) % size
-}
-
-/// Absolute rank of relative rank `vr` in a tree rooted at `root`.
-fn abs(vr: usize, root: usize, size: usize) -> usize {
-    (vr + root) % size
 }

@@ -1,4 +1,4 @@
-//! Scratch memory for the reduction algorithms, kept per thread from one call to the next.
+//! Scratch memory for the collective schedules, kept per thread from one call to the next.
 //!
 //! A reduction receives its partner's data into a temporary vector as long as its own (or a
 //! block of it). Allocated afresh on every call, a vector of 1 MiB came from `mmap`: its pages
@@ -7,29 +7,55 @@
 //! `clear_page` 7%). The scratch is only ever written by a receive before it is read, so its
 //! stale contents never matter; it is `Pod` memory, so any bit pattern is a valid `T`.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 
 /// Largest scratch (bytes) kept for the next call; a larger one is freed after its call.
 const KEEP_MAX: usize = 16 << 20;
 
+/// Most scratch buffers kept per thread (a schedule takes one per scratch span, and several
+/// schedules may be in flight).
+const KEEP_COUNT: usize = 8;
+
 thread_local! {
-    /// The kept scratch, in 16-byte words (alignment enough for every built-in element type).
-    static SCRATCH: Cell<Vec<u128>> = const { Cell::new(Vec::new()) };
+    /// The kept scratch buffers, in 16-byte words (alignment enough for every built-in element
+    /// type), the most recently given back last.
+    static POOL: RefCell<Vec<Vec<u128>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A scratch buffer of `words` 16-byte words from this thread's pool (its contents are stale
+/// data of an earlier call, or zeros), or a new one.
+pub(crate) fn take(words: usize) -> Vec<u128> {
+    let mut v = POOL.with(|p| p.borrow_mut().pop()).unwrap_or_default();
+    if v.len() < words {
+        v.resize(words, 0);
+    }
+    v
+}
+
+/// Gives a buffer from [`take`] back to this thread's pool (or frees it when it is large or
+/// the pool is full).
+pub(crate) fn give(v: Vec<u128>) {
+    if v.capacity() * std::mem::size_of::<u128>() <= KEEP_MAX {
+        POOL.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < KEEP_COUNT {
+                p.push(v);
+            }
+        });
+    }
 }
 
 /// Runs `f` on a scratch slice of `n` elements of `T` whose contents are unspecified (stale
 /// data of an earlier call, or zeros). A call made from within `f` gets a scratch of its own.
+#[cfg(test)]
 pub(crate) fn with_scratch<T: bytemuck::Pod, R>(n: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
     let bytes = n.saturating_mul(std::mem::size_of::<T>());
     if bytes == 0 || std::mem::align_of::<T>() > std::mem::align_of::<u128>() {
         // Zero-sized elements, or an alignment the words do not give (a user's `Pod` type).
         return f(&mut vec![T::zeroed(); n]);
     }
-    let mut words = SCRATCH.take();
     let need = bytes.div_ceil(std::mem::size_of::<u128>());
-    if words.len() < need {
-        words.resize(need, 0);
-    }
+    let mut words = take(need);
     let r = {
         let raw: &mut [u8] = bytemuck::cast_slice_mut(&mut words[..need]);
         // Cannot fail: `raw` starts on a 16-byte boundary and `bytes` is a multiple of the
@@ -37,9 +63,7 @@ pub(crate) fn with_scratch<T: bytemuck::Pod, R>(n: usize, f: impl FnOnce(&mut [T
         let slice: &mut [T] = bytemuck::cast_slice_mut(&mut raw[..bytes]);
         f(slice)
     };
-    if words.len() * std::mem::size_of::<u128>() <= KEEP_MAX {
-        SCRATCH.set(words);
-    }
+    give(words);
     r
 }
 

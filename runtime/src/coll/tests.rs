@@ -571,3 +571,152 @@ fn size_one_is_a_local_copy() {
     want.extend([1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(out[0], want);
 }
+
+// ---- node-aware ---------------------------------------------------------------------------
+
+/// Host layouts of `n` ranks over `hosts` hosts: blocks of consecutive ranks, and ranks dealt
+/// round robin (hosts whose ranks are not consecutive).
+fn layouts(n: usize) -> Vec<Vec<usize>> {
+    let mut v = Vec::new();
+    for hosts in [2, 4] {
+        if hosts <= n {
+            v.push((0..n).map(|r| r * hosts / n).collect());
+            v.push((0..n).map(|r| r % hosts).collect());
+        }
+    }
+    v
+}
+
+/// The overrides the node-aware tests run under: automatic, node-aware forced on (every
+/// layout, even one rank per host), and forced algorithms on the heads' tier.
+fn node_forces() -> Vec<select::Force> {
+    let on = select::Force { node_aware: Some(true), ..select::Force::AUTO };
+    let auto = select::Force::AUTO;
+    let mut heads = on;
+    heads.bcast = Some(select::Bcast::ScatterAllgather);
+    heads.allreduce = Some(select::Allreduce::Ring);
+    heads.reduce = Some(select::Reduce::Rabenseifner);
+    heads.allgather = Some(select::Allgather::Ring);
+    vec![on, auto, heads]
+}
+
+/// One rank's part in every node-aware collective, each checked against local values, the
+/// rooted ones at every root up to 8 ranks and at three roots beyond; returns what failed.
+fn node_aware_calls(c: &ThreadP2p, len: usize) -> Result<Vec<String>> {
+    let (me, n) = (c.rank(), c.size());
+    let mut bad = Vec::new();
+    barrier(c)?;
+    let roots: Vec<usize> = if n <= 8 { (0..n).collect() } else { vec![0, n / 2 + 1, n - 1] };
+    for root in roots {
+        let mut buf = if me == root { pattern(root, len) } else { vec![0; len] };
+        bcast(c, &mut buf, root)?;
+        if buf != pattern(root, len) {
+            bad.push(format!("bcast root {root}"));
+        }
+        let send: Vec<i64> = contribution(me, len);
+        let mut out = vec![0i64; len];
+        reduce(c, &send, (me == root).then_some(&mut out[..]), Op::Sum, root)?;
+        if me == root && out != expected::<i64>(n, len, Op::Sum) {
+            bad.push(format!("reduce root {root}"));
+        }
+    }
+    let send: Vec<f64> = contribution(me, len);
+    let mut out = vec![0f64; len];
+    allreduce(c, &send, &mut out, Op::Sum)?;
+    if out != expected::<f64>(n, len, Op::Sum) {
+        bad.push("allreduce".into());
+    }
+    let mut all = vec![0u8; n * len];
+    allgather(c, &pattern(me, len), &mut all)?;
+    if all != (0..n).flat_map(|r| pattern(r, len)).collect::<Vec<u8>>() {
+        bad.push("allgather".into());
+    }
+    // Rank r contributes r + len % 3 bytes; blocks in reverse rank order with a gap.
+    let counts: Vec<usize> = (0..n).map(|r| r + len % 3).collect();
+    let total: usize = counts.iter().sum();
+    let displs: Vec<usize> = (0..n).map(|r| 1 + counts[r + 1..].iter().sum::<usize>()).collect();
+    let mut v = vec![0u8; total + 1];
+    vcoll::allgatherv(c, &pattern(me, counts[me]), &mut v, &counts, &displs)?;
+    if (0..n).any(|r| v[displs[r]..displs[r] + counts[r]] != pattern(r, counts[r])[..]) {
+        bad.push("allgatherv".into());
+    }
+    let blk = len % 50 + 1;
+    let send: Vec<u8> = (0..n).flat_map(|j| pattern(me * 16 + j, blk)).collect();
+    let mut got = vec![0; n * blk];
+    alltoall(c, &send, &mut got)?;
+    if got != (0..n).flat_map(|i| pattern(i * 16 + me, blk)).collect::<Vec<u8>>() {
+        bad.push("alltoall".into());
+    }
+    let counts: Vec<usize> = (0..n).map(|r| (r * 7 + len) % 11).collect();
+    let total: usize = counts.iter().sum();
+    let send: Vec<i64> = contribution(me, total);
+    let mut mine = vec![0i64; counts[me]];
+    vcoll::reduce_scatter(c, &send, &mut mine, &counts, Op::Sum)?;
+    let lo: usize = counts[..me].iter().sum();
+    if mine[..] != expected::<i64>(n, total, Op::Sum)[lo..lo + counts[me]] {
+        bad.push("reduce_scatter".into());
+    }
+    barrier(c)?;
+    Ok(bad)
+}
+
+#[test]
+fn node_aware_collectives_on_every_layout() {
+    for n in 1..=8 {
+        for hosts in layouts(n) {
+            for (i, force) in node_forces().into_iter().enumerate() {
+                for len in [1, 300, 5000] {
+                    let mode = MODES[(n + i + len) % 2];
+                    let got = super::harness::run_on(n, mode, Some(&hosts), force, |c| node_aware_calls(c, len));
+                    let bad: Vec<String> = got
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, g)| !matches!(g, Ok(b) if b.is_empty()))
+                        .map(|(r, g)| format!("rank {r}: {g:?}"))
+                        .collect();
+                    assert!(bad.is_empty(), "n={n} hosts {hosts:?} force {i} len {len}: {bad:?}");
+                }
+            }
+        }
+    }
+}
+
+/// The node-aware collectives at up to 64 ranks on 1, 2 and 4 hosts (blocks of consecutive
+/// ranks, and 4 hosts dealt round robin), automatic and forced on, one length each.
+#[test]
+fn node_aware_collectives_at_up_to_64_ranks() {
+    for (n, len) in [(16, 300), (33, 5000), (64, 40)] {
+        let mut hosts: Vec<Vec<usize>> = [1, 2, 4].iter().map(|&h| (0..n).map(|r| r * h / n).collect()).collect();
+        hosts.push((0..n).map(|r| r % 4).collect());
+        for (i, h) in hosts.iter().enumerate() {
+            let force = node_forces()[i % 2];
+            let got = super::harness::run_on(n, MODES[i % 2], Some(h), force, |c| node_aware_calls(c, len));
+            let bad: Vec<String> = got
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| !matches!(g, Ok(b) if b.is_empty()))
+                .map(|(r, g)| format!("rank {r}: {g:?}"))
+                .collect();
+            assert!(bad.is_empty(), "n={n} hosts {h:?} force {i}: {bad:?}");
+        }
+    }
+}
+
+/// Across hosts, the node-aware plans send each host's data over the network once: an
+/// allreduce of 2 hosts x 4 ranks makes 2 inter-host messages per head per phase, where the
+/// flat one pairs ranks of different hosts in most of its steps.
+#[test]
+fn node_aware_allreduce_crosses_hosts_from_the_heads_only() {
+    let hosts = [0, 0, 0, 0, 1, 1, 1, 1];
+    let plan_of = |rank: usize, force: &select::Force| {
+        let topo = topo::Topo::from_hosts(hosts.to_vec());
+        let set = select::Setting { rank, size: 8, force, topo: Some(&topo) };
+        let p = select::allreduce_plan(&set, builtin::<i64>(Op::Sum), true, Vector { n: 4, es: 8 }).unwrap();
+        p.rounds().flatten().filter(|a| matches!(a, plan::Action::Send { dest, .. } if hosts[*dest] != hosts[rank])).count()
+    };
+    let on = select::Force::AUTO;
+    let off = select::Force { node_aware: Some(false), ..select::Force::AUTO };
+    let crossing = |f: &select::Force| (0..8).map(|r| plan_of(r, f)).collect::<Vec<_>>();
+    assert_eq!(crossing(&on), [1, 0, 0, 0, 1, 0, 0, 0]);
+    assert!(crossing(&off).iter().sum::<usize>() >= 8, "{:?}", crossing(&off));
+}

@@ -31,31 +31,35 @@
 //!
 //! - [`gatherv`] / [`scatterv`]: linear; the root receives (sends) each block in place, in rank
 //!   order, with no intermediate copy.
-//! - [`allgatherv`]: ring, `p - 1` steps, each block forwarded once by every rank.
-//! - [`alltoallv`]: pairwise exchange as [`super::alltoall`].
-//! - [`reduce_scatter`] / [`reduce_scatter_block`]: [`super::reduce`] to rank 0 (so the operand
-//!   order is the one `reduce` fixes, lower ranks on the left), then a scatter of the blocks.
+//! - [`allgatherv`]: ring in place (each block forwarded once by every rank), or recursive
+//!   doubling / Bruck on the blocks packed in rank order, as [`super::select`] chooses.
+//! - [`alltoallv`]: pairwise exchange as [`super::alltoall`], or every block at once.
+//! - [`reduce_scatter`] / [`reduce_scatter_block`]: see [`super::select::ReduceScatter`].
 //! - [`scan`] / [`exscan`]: recursive doubling (`ceil(log2 p)` exchanges of the whole vector); a
 //!   rank's result is combined strictly in rank order, lower ranks on the left.
 
 use bytemuck::Pod;
 
-use super::{check_root, recv_exact, sendrecv_exact, split_pair, CollP2p};
+use super::plan::{inp, out, Grp, Plan, ReduceFn, Span};
+use super::reduce::{builtin, Vector};
+use super::CollP2p;
 use crate::error::{Error, Result};
 use crate::op::{check_op, Op, Reducible};
 
 /// Tags of the collectives of this module (kept apart from [`super::tags`]).
-pub mod vtags {
+pub(crate) mod vtags {
     /// Gatherv.
-    pub const GATHERV: u32 = 32;
+    pub(crate) const GATHERV: u32 = 96;
     /// Scatterv.
-    pub const SCATTERV: u32 = 33;
-    /// Allgatherv ring.
-    pub const ALLGATHERV: u32 = 34;
+    pub(crate) const SCATTERV: u32 = 97;
+    /// Allgatherv (every algorithm).
+    pub(crate) const ALLGATHERV: u32 = 98;
     /// Alltoallv.
-    pub const ALLTOALLV: u32 = 35;
+    pub(crate) const ALLTOALLV: u32 = 99;
     /// Scan and exscan.
-    pub const SCAN: u32 = 36;
+    pub(crate) const SCAN: u32 = 100;
+    /// Reduce-scatter (every algorithm; up to 4 phases).
+    pub(crate) const REDUCE_SCATTER: u32 = 104;
 }
 
 fn bytes<T: Pod>(s: &[T]) -> &[u8] {
@@ -73,8 +77,9 @@ pub(crate) struct Layout<'a> {
 }
 
 impl Layout<'_> {
-    fn block(&self, r: usize) -> std::ops::Range<usize> {
-        self.displs[r]..self.displs[r] + self.counts[r]
+    /// Bytes of block `r` within `s`, for elements of `es` bytes.
+    fn span(&self, s: Span, r: usize, es: usize) -> Span {
+        s.sub(self.displs[r] * es..(self.displs[r] + self.counts[r]) * es)
     }
 }
 
@@ -147,6 +152,55 @@ fn first_err(first: Option<Error>, r: Result<()>) -> Result<()> {
     }
 }
 
+/// The plan of [`gatherv`] (`recv_len`: the root's receive buffer, in elements, if it passed
+/// one). A root whose layout is bad takes (and drops) every rank's block and fails.
+///
+/// # Errors
+/// [`Error::InvalidRoot`].
+pub(crate) fn gatherv_plan<T: Pod>(
+    rank: usize,
+    size: usize,
+    send: &[T],
+    recv_len: Option<usize>,
+    counts: &[usize],
+    displs: &[usize],
+    root: usize,
+) -> Result<Plan> {
+    super::check_root(root, size)?;
+    let es = std::mem::size_of::<T>();
+    let mut p = Plan::new();
+    if rank != root {
+        p.send(inp(0, std::mem::size_of_val(send)), root, vtags::GATHERV);
+        p.finish();
+        return Ok(p);
+    }
+    // A block of the wrong length is reported after the other blocks are taken.
+    p.tolerant = true;
+    let checked = match recv_len {
+        None => Err(Error::InvalidBuffer("gatherv: the root must pass a receive buffer".into())),
+        Some(len) => check_layout("gatherv", "receive", counts, displs, size, len, true)
+            .and_then(|l| check_own("gatherv", rank, l.counts[rank], send.len(), "send").map(|()| l)),
+    };
+    let whole = out(0, recv_len.unwrap_or(0) * es);
+    match checked {
+        Ok(l) => {
+            p.copy(inp(0, std::mem::size_of_val(send)), l.span(whole, rank, es));
+            for r in (0..size).filter(|&r| r != rank) {
+                p.recv(l.span(whole, r, es), r, vtags::GATHERV);
+            }
+        }
+        Err(e) => {
+            // Take (and drop) every block so that no sender waits for this root.
+            for r in (0..size).filter(|&r| r != rank) {
+                p.recv(Span::empty(), r, vtags::GATHERV);
+            }
+            p.fail_locally(e);
+        }
+    }
+    p.finish();
+    Ok(p)
+}
+
 /// Collects `send` of every rank into `recv` at `root`: rank `r`'s elements land at
 /// `recv[displs[r]..displs[r] + counts[r]]`, and `counts[r]` must be rank `r`'s `send.len()`.
 ///
@@ -158,7 +212,7 @@ fn first_err(first: Option<Error>, r: Result<()>) -> Result<()> {
 /// `recv` is missing, a block does not fit, receive blocks overlap or the root's own count is
 /// not `send.len()` (the root still takes every rank's block, so nobody waits); when a rank's
 /// block has another length than its count. Transport errors, [`Error::PeerGone`].
-pub fn gatherv<T: Pod, C: CollP2p + ?Sized>(
+pub(crate) fn gatherv<T: Pod, C: CollP2p + ?Sized>(
     c: &C,
     send: &[T],
     recv: Option<&mut [T]>,
@@ -166,45 +220,56 @@ pub fn gatherv<T: Pod, C: CollP2p + ?Sized>(
     displs: &[usize],
     root: usize,
 ) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    check_root(root, size)?;
+    let recv = if c.rank() == root { recv } else { None };
+    let plan = gatherv_plan(c.rank(), c.size(), send, recv.as_ref().map(|r| r.len()), counts, displs, root)?;
+    c.run(plan, Some(bytes(send)), recv.map(bytes_mut))
+}
+
+/// The plan of [`scatterv`] (`send_len`: the root's send buffer, in elements, if it passed
+/// one). A root whose layout is bad sends every rank an empty block and fails.
+///
+/// # Errors
+/// [`Error::InvalidRoot`].
+pub(crate) fn scatterv_plan<T: Pod>(
+    rank: usize,
+    size: usize,
+    send_len: Option<usize>,
+    counts: &[usize],
+    displs: &[usize],
+    recv: &[T],
+    root: usize,
+) -> Result<Plan> {
+    super::check_root(root, size)?;
+    let es = std::mem::size_of::<T>();
+    let mut p = Plan::new();
+    let mine = out(0, std::mem::size_of_val(recv));
     if rank != root {
-        return c.send(bytes(send), root, vtags::GATHERV);
+        p.recv(mine, root, vtags::SCATTERV);
+        p.finish();
+        return Ok(p);
     }
-    let checked = match recv {
-        None => Err(Error::InvalidBuffer("gatherv: the root must pass a receive buffer".into())),
-        Some(out) => check_layout("gatherv", "receive", counts, displs, size, out.len(), true)
-            .and_then(|l| check_own("gatherv", rank, l.counts[rank], send.len(), "send").map(|()| (l, out))),
+    let checked = match send_len {
+        None => Err(Error::InvalidBuffer("scatterv: the root must pass a send buffer".into())),
+        Some(len) => check_layout("scatterv", "send", counts, displs, size, len, false)
+            .and_then(|l| check_own("scatterv", rank, l.counts[rank], recv.len(), "receive").map(|()| l)),
     };
+    let whole = inp(0, send_len.unwrap_or(0) * es);
     match checked {
-        Ok((l, out)) => {
-            // A block of the wrong length is reported after the other blocks are taken.
-            let mut err = None;
-            for r in 0..size {
-                if r == rank {
-                    out[l.block(r)].copy_from_slice(send);
-                } else {
-                    match recv_exact(c, bytes_mut(&mut out[l.block(r)]), r, vtags::GATHERV) {
-                        Ok(()) => {}
-                        Err(e @ Error::PeerGone { .. }) => return Err(e),
-                        Err(e) => {
-                            err.get_or_insert(e);
-                        }
-                    }
-                }
+        Ok(l) => {
+            for r in (0..size).filter(|&r| r != rank) {
+                p.send(l.span(whole, r, es), r, vtags::SCATTERV);
             }
-            first_err(err, Ok(()))
+            p.copy(l.span(whole, rank, es), mine);
         }
         Err(e) => {
-            // Take (and drop) every block so that no sender waits for this root.
             for r in (0..size).filter(|&r| r != rank) {
-                if let Err(g @ Error::PeerGone { .. }) = c.recv(&mut [], r, vtags::GATHERV) {
-                    return Err(g);
-                }
+                p.send(Span::empty(), r, vtags::SCATTERV);
             }
-            Err(e)
+            p.fail_locally(e);
         }
     }
+    p.finish();
+    Ok(p)
 }
 
 /// Distributes blocks of `send` at `root`: rank `r` receives
@@ -218,7 +283,7 @@ pub fn gatherv<T: Pod, C: CollP2p + ?Sized>(
 /// then sends every rank an empty block, which it reports unless it expected none). Elsewhere:
 /// [`Error::InvalidBuffer`] when the block has another length than `recv`. Transport errors,
 /// [`Error::PeerGone`].
-pub fn scatterv<T: Pod, C: CollP2p + ?Sized>(
+pub(crate) fn scatterv<T: Pod, C: CollP2p + ?Sized>(
     c: &C,
     send: Option<&[T]>,
     counts: &[usize],
@@ -226,36 +291,144 @@ pub fn scatterv<T: Pod, C: CollP2p + ?Sized>(
     recv: &mut [T],
     root: usize,
 ) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    check_root(root, size)?;
-    if rank != root {
-        return recv_exact(c, bytes_mut(recv), root, vtags::SCATTERV);
-    }
-    let checked = match send {
-        None => Err(Error::InvalidBuffer("scatterv: the root must pass a send buffer".into())),
-        Some(all) => check_layout("scatterv", "send", counts, displs, size, all.len(), false)
-            .and_then(|l| check_own("scatterv", rank, l.counts[rank], recv.len(), "receive").map(|()| (l, all))),
-    };
-    match checked {
-        Ok((l, all)) => {
-            for r in 0..size {
-                if r == rank {
-                    recv.copy_from_slice(&all[l.block(r)]);
-                } else {
-                    c.send(bytes(&all[l.block(r)]), r, vtags::SCATTERV)?;
-                }
+    let send = if c.rank() == root { send } else { None };
+    let plan = scatterv_plan(c.rank(), c.size(), send.map(<[T]>::len), counts, displs, recv, root)?;
+    c.run(plan, send.map(bytes), Some(bytes_mut(recv)))
+}
+
+/// The plan of [`allgatherv`] by `algo` (every rank passes the same counts, so every rank
+/// chooses alike; a rank whose arguments are bad takes its part with empty messages).
+pub(crate) fn allgatherv_plan<T: Pod>(
+    set: &super::select::Setting<'_>,
+    send: &[T],
+    recv_len: usize,
+    counts: &[usize],
+    displs: &[usize],
+) -> Plan {
+    let (rank, size) = (set.rank, set.size);
+    let es = std::mem::size_of::<T>();
+    let mut p = Plan::new();
+    p.tolerant = true;
+    let checked = check_layout("allgatherv", "receive", counts, displs, size, recv_len, true)
+        .and_then(|l| check_own("allgatherv", rank, l.counts[rank], send.len(), "send").map(|()| l));
+    let total = (counts.len() == size).then(|| counts.iter().try_fold(0usize, |a, &c| a.checked_add(c.checked_mul(es)?))).flatten();
+    let algo = super::select::allgatherv(set, total);
+    let g = Grp::all(rank, size);
+    if let Some(t) = super::hier::wanted(set).filter(|_| total.is_some() && set.force.allgatherv.is_none()) {
+        // Block sizes from the counts, which every rank passes alike: the same rounds on
+        // every rank even where this rank's own arguments are bad.
+        let sizes: Vec<usize> = counts.iter().map(|&c| c * es).collect();
+        let tiers = super::hier::Tiers::new(t, rank, None);
+        match checked {
+            Ok(l) => {
+                let whole = out(0, recv_len * es);
+                let dest: Vec<Span> = (0..size).map(|r| l.span(whole, r, es)).collect();
+                super::hier::allgatherv(&mut p, set, &tiers, inp(0, std::mem::size_of_val(send)), &sizes, &dest);
             }
-            Ok(())
+            Err(e) => {
+                let dest = vec![Span::empty(); size];
+                super::hier::allgatherv(&mut p, set, &tiers, Span::empty(), &sizes, &dest);
+                p.fail_locally(e);
+            }
+        }
+        p.finish();
+        return p;
+    }
+    match checked {
+        Ok(l) => {
+            let whole = out(0, recv_len * es);
+            let sizes: Vec<usize> = (0..size).map(|r| l.counts[r] * es).collect();
+            let blocks: Vec<Span> = (0..size).map(|r| l.span(whole, r, es)).collect();
+            p.copy(inp(0, std::mem::size_of_val(send)), blocks[rank]);
+            plan_allgatherv(&mut p, g, algo, &sizes, &blocks, vtags::ALLGATHERV);
         }
         Err(e) => {
-            for r in (0..size).filter(|&r| r != rank) {
-                if let Err(g @ Error::PeerGone { .. }) = c.send(&[], r, vtags::SCATTERV) {
-                    return Err(g);
-                }
-            }
-            Err(e)
+            let sizes = vec![0; size];
+            let blocks = vec![Span::empty(); size];
+            plan_allgatherv(&mut p, g, algo, &sizes, &blocks, vtags::ALLGATHERV);
+            p.fail_locally(e);
         }
     }
+    p.finish();
+    p
+}
+
+/// Allgatherv on `g` by `algo`: `blocks[i]` (of `sizes[i]` bytes) receives member `i`'s data;
+/// `blocks[me]` already holds this member's.
+pub(crate) fn plan_allgatherv(p: &mut Plan, g: Grp<'_>, algo: super::select::Allgather, sizes: &[usize], blocks: &[Span], tag: u32) {
+    use super::select::Allgather;
+    match algo {
+        Allgather::RecursiveDoubling if g.n.is_power_of_two() => allgatherv_doubling(p, g, sizes, blocks, tag),
+        Allgather::Bruck => allgatherv_bruck(p, g, sizes, blocks, tag),
+        _ => {
+            // Ring, in place.
+            let (me, n) = (g.me, g.n);
+            let (right, left) = (g.rank((me + 1) % n), g.rank((me + n - 1) % n));
+            p.next();
+            for k in 0..n.saturating_sub(1) {
+                p.send(blocks[(me + n - k) % n], right, tag);
+                p.recv(blocks[(me + 2 * n - k - 1) % n], left, tag);
+                p.next();
+            }
+        }
+    }
+}
+
+/// Offsets of `sizes` packed one after the other: `n + 1` of them, the last the total.
+fn packed(sizes: impl Iterator<Item = usize>) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(sizes.scan(0, |a, s| {
+            *a += s;
+            Some(*a)
+        }))
+        .collect()
+}
+
+/// Recursive-doubling allgatherv (power-of-two member counts): on the blocks packed in member
+/// order, then out to their places.
+fn allgatherv_doubling(p: &mut Plan, g: Grp<'_>, sizes: &[usize], blocks: &[Span], tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let pre = packed(sizes.iter().copied());
+    let t = p.temp(pre[n]);
+    let range = |lo: usize, hi: usize| t.sub(pre[lo]..pre[hi]);
+    p.next();
+    p.copy(blocks[me], range(me, me + 1));
+    let mut m = 1;
+    while m < n {
+        let partner = me ^ m;
+        let (mine, theirs) = (me & !(m - 1), partner & !(m - 1));
+        p.send(range(mine, mine + m), g.rank(partner), tag);
+        p.recv(range(theirs, theirs + m), g.rank(partner), tag);
+        p.next();
+        m <<= 1;
+    }
+    for i in (0..n).filter(|&i| i != me) {
+        p.copy(range(i, i + 1), blocks[i]);
+    }
+    p.next();
+}
+
+/// Bruck allgatherv: on the blocks packed in relative order (this member first).
+fn allgatherv_bruck(p: &mut Plan, g: Grp<'_>, sizes: &[usize], blocks: &[Span], tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let rel = |j: usize| (me + j) % n;
+    let pre = packed((0..n).map(|j| sizes[rel(j)]));
+    let t = p.temp(pre[n]);
+    let range = |lo: usize, hi: usize| t.sub(pre[lo]..pre[hi]);
+    p.next();
+    p.copy(blocks[me], range(0, 1));
+    let mut d = 1;
+    while d < n {
+        let cnt = d.min(n - d);
+        p.send(range(0, cnt), g.rank((me + n - d) % n), tag);
+        p.recv(range(d, d + cnt), g.rank((me + d) % n), tag);
+        p.next();
+        d <<= 1;
+    }
+    for j in 1..n {
+        p.copy(range(j, j + 1), blocks[rel(j)]);
+    }
+    p.next();
 }
 
 /// Collects `send` of every rank into `recv` on every rank: rank `r`'s elements land at
@@ -265,42 +438,79 @@ pub fn scatterv<T: Pod, C: CollP2p + ?Sized>(
 /// # Errors
 /// [`Error::InvalidBuffer`] when a block does not fit `recv`, receive blocks overlap, this rank's
 /// count is not `send.len()`, or a block arrives with another length than its count (the rank
-/// still completes the ring with empty messages). Transport errors, [`Error::PeerGone`].
-pub fn allgatherv<T: Pod, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    let mut err = None;
-    let layout = match check_layout("allgatherv", "receive", counts, displs, size, recv.len(), true)
-        .and_then(|l| check_own("allgatherv", rank, l.counts[rank], send.len(), "send").map(|()| l))
-    {
-        Ok(l) => {
-            recv[l.block(rank)].copy_from_slice(send);
-            Some(l)
+/// still completes its rounds with empty messages). Transport errors, [`Error::PeerGone`].
+pub(crate) fn allgatherv<T: Pod, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+    let plan = allgatherv_plan(&c.setting(), send, recv.len(), counts, displs);
+    c.run(plan, Some(bytes(send)), Some(bytes_mut(recv)))
+}
+
+/// The plan of [`alltoallv`] (a rank whose arguments are bad takes its part with empty
+/// messages).
+pub(crate) fn alltoallv_plan<T: Pod>(
+    set: &super::select::Setting<'_>,
+    send: &[T],
+    scounts: &[usize],
+    sdispls: &[usize],
+    recv_len: usize,
+    rcounts: &[usize],
+    rdispls: &[usize],
+) -> Plan {
+    let (rank, size) = (set.rank, set.size);
+    let es = std::mem::size_of::<T>();
+    let checked = check_layout("alltoallv", "send", scounts, sdispls, size, send.len(), false).and_then(|s| {
+        let r = check_layout("alltoallv", "receive", rcounts, rdispls, size, recv_len, true)?;
+        if s.counts[rank] != r.counts[rank] {
+            return Err(Error::InvalidBuffer(format!(
+                "alltoallv: this rank ({rank}) sends itself {} elements but expects {}",
+                s.counts[rank], r.counts[rank]
+            )));
         }
-        Err(e) => {
-            err = Some(e);
-            None
-        }
+        Ok((s, r))
+    });
+    let mut p = Plan::new();
+    p.tolerant = true;
+    let (si, ro) = (inp(0, std::mem::size_of_val(send)), out(0, recv_len * es));
+    let (sends, recvs): (Vec<Span>, Vec<Span>) = match &checked {
+        Ok((s, r)) => ((0..size).map(|j| s.span(si, j, es)).collect(), (0..size).map(|j| r.span(ro, j, es)).collect()),
+        Err(_) => (vec![Span::empty(); size], vec![Span::empty(); size]),
     };
-    let right = (rank + 1) % size;
-    let left = (rank + size - 1) % size;
-    for k in 0..size.saturating_sub(1) {
-        let step = match (&layout, &err) {
-            (Some(l), None) => {
-                let s = l.block((rank + size - k) % size);
-                let r = l.block((rank + 2 * size - k - 1) % size);
-                split_pair(recv, s, r).and_then(|(sb, rb)| sendrecv_exact(c, bytes(sb), right, bytes_mut(rb), left, vtags::ALLGATHERV))
+    plan_alltoallv(&mut p, Grp::all(rank, size), super::select::alltoallv(set), &sends, &recvs, vtags::ALLTOALLV);
+    if let Err(e) = checked {
+        p.fail_locally(e);
+    }
+    p.finish();
+    p
+}
+
+/// Alltoallv on `g` by `algo`: `sends[j]` goes to member `j`, member `i`'s block lands in
+/// `recvs[i]`.
+pub(crate) fn plan_alltoallv(p: &mut Plan, g: Grp<'_>, algo: super::select::Alltoallv, sends: &[Span], recvs: &[Span], tag: u32) {
+    let (me, n) = (g.me, g.n);
+    p.next();
+    p.copy(sends[me], recvs[me]);
+    match algo {
+        super::select::Alltoallv::Linear => {
+            for i in 1..n {
+                let from = (me + n - i) % n;
+                p.recv(recvs[from], g.rank(from), tag);
             }
-            _ => c.sendrecv(&[], right, vtags::ALLGATHERV, &mut [], left, vtags::ALLGATHERV).map(|_| ()),
-        };
-        match step {
-            Ok(()) => {}
-            Err(e @ Error::PeerGone { .. }) => return Err(e),
-            Err(e) => {
-                err.get_or_insert(e);
+            for i in 1..n {
+                let to = (me + i) % n;
+                p.send(sends[to], g.rank(to), tag);
+            }
+            p.next();
+        }
+        _ => {
+            let pof2 = n.is_power_of_two();
+            for i in 1..n {
+                let (to, from) = if pof2 { (me ^ i, me ^ i) } else { ((me + i) % n, (me + n - i) % n) };
+                p.send(sends[to], g.rank(to), tag);
+                p.recv(recvs[from], g.rank(from), tag);
+                p.next();
             }
         }
     }
-    first_err(err, Ok(()))
+    p.next();
 }
 
 /// Sends `send[sdispls[j]..][..scounts[j]]` to rank `j` and receives from rank `i` into
@@ -313,7 +523,7 @@ pub fn allgatherv<T: Pod, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T]
 /// its count (the rank still completes every round with empty messages). Transport errors,
 /// [`Error::PeerGone`].
 #[allow(clippy::too_many_arguments)]
-pub fn alltoallv<T: Pod, C: CollP2p + ?Sized>(
+pub(crate) fn alltoallv<T: Pod, C: CollP2p + ?Sized>(
     c: &C,
     send: &[T],
     scounts: &[usize],
@@ -322,46 +532,29 @@ pub fn alltoallv<T: Pod, C: CollP2p + ?Sized>(
     rcounts: &[usize],
     rdispls: &[usize],
 ) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    let mut err = None;
-    let checked = check_layout("alltoallv", "send", scounts, sdispls, size, send.len(), false).and_then(|s| {
-        let r = check_layout("alltoallv", "receive", rcounts, rdispls, size, recv.len(), true)?;
-        if s.counts[rank] != r.counts[rank] {
-            return Err(Error::InvalidBuffer(format!(
-                "alltoallv: this rank ({rank}) sends itself {} elements but expects {}",
-                s.counts[rank], r.counts[rank]
-            )));
-        }
-        Ok((s, r))
-    });
-    let layouts = match checked {
-        Ok((s, r)) => {
-            recv[r.block(rank)].copy_from_slice(&send[s.block(rank)]);
-            Some((s, r))
-        }
-        Err(e) => {
-            err = Some(e);
-            None
-        }
-    };
-    let pof2 = size.is_power_of_two();
-    for i in 1..size {
-        let (to, from) = if pof2 { (rank ^ i, rank ^ i) } else { ((rank + i) % size, (rank + size - i) % size) };
-        let step = match (&layouts, &err) {
-            (Some((s, r)), None) => {
-                sendrecv_exact(c, bytes(&send[s.block(to)]), to, bytes_mut(&mut recv[r.block(from)]), from, vtags::ALLTOALLV)
-            }
-            _ => c.sendrecv(&[], to, vtags::ALLTOALLV, &mut [], from, vtags::ALLTOALLV).map(|_| ()),
-        };
-        match step {
-            Ok(()) => {}
-            Err(e @ Error::PeerGone { .. }) => return Err(e),
-            Err(e) => {
-                err.get_or_insert(e);
-            }
-        }
+    let plan = alltoallv_plan(&c.setting(), send, scounts, sdispls, recv.len(), rcounts, rdispls);
+    c.run(plan, Some(bytes(send)), Some(bytes_mut(recv)))
+}
+
+/// The checks of a reduce-scatter made before any communication: `counts` has one entry per
+/// rank and sums to `send_len`; returns each block's first element.
+///
+/// # Errors
+/// [`Error::InvalidBuffer`].
+pub(crate) fn check_counts(what: &str, counts: &[usize], size: usize, send_len: usize) -> Result<Vec<usize>> {
+    if counts.len() != size {
+        return Err(Error::InvalidBuffer(format!("{what}: {} counts given, the communicator has {size} ranks", counts.len())));
     }
-    first_err(err, Ok(()))
+    let mut displs = Vec::with_capacity(size);
+    let mut total = 0usize;
+    for &n in counts {
+        displs.push(total);
+        total = total.checked_add(n).ok_or_else(|| Error::InvalidBuffer(format!("{what}: the counts overflow usize")))?;
+    }
+    if total != send_len {
+        return Err(Error::InvalidBuffer(format!("{what}: the counts sum to {total} elements, the send buffer has {send_len}")));
+    }
+    Ok(displs)
 }
 
 /// Combines `send` of every rank element-wise with `op` and leaves block `r` of the result
@@ -373,24 +566,10 @@ pub fn alltoallv<T: Pod, C: CollP2p + ?Sized>(
 /// not one entry per rank or does not sum to `send.len()`. [`Error::InvalidBuffer`] when
 /// `recv.len() != counts[rank]` (the rank takes part with scratch space first). Transport
 /// errors, mismatched lengths between ranks, [`Error::PeerGone`].
-pub fn reduce_scatter<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], counts: &[usize], op: Op) -> Result<()> {
+pub(crate) fn reduce_scatter<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], counts: &[usize], op: Op) -> Result<()> {
     let (rank, size) = (c.rank(), c.size());
     check_op::<T>(op)?;
-    if counts.len() != size {
-        return Err(Error::InvalidBuffer(format!("reduce_scatter: {} counts given, the communicator has {size} ranks", counts.len())));
-    }
-    let mut displs = Vec::with_capacity(size);
-    let mut total = 0usize;
-    for &n in counts {
-        displs.push(total);
-        total = total.checked_add(n).ok_or_else(|| Error::InvalidBuffer("reduce_scatter: the counts overflow usize".into()))?;
-    }
-    if total != send.len() {
-        return Err(Error::InvalidBuffer(format!(
-            "reduce_scatter: the counts sum to {total} elements, the send buffer has {}",
-            send.len()
-        )));
-    }
+    check_counts("reduce_scatter", counts, size, send.len())?;
     let bad = check_own("reduce_scatter", rank, counts[rank], recv.len(), "receive").err();
     let mut scratch = Vec::new();
     let out: &mut [T] = if bad.is_some() {
@@ -399,26 +578,9 @@ pub fn reduce_scatter<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv
     } else {
         recv
     };
-    let r = reduce_then_scatter(c, send, out, counts, &displs, op);
+    let plan = super::select::reduce_scatter_plan(&c.setting(), builtin::<T>(op), true, std::mem::size_of::<T>(), counts);
+    let r = plan.and_then(|p| c.run(p, Some(bytes(send)), Some(bytes_mut(out))));
     first_err(bad, r)
-}
-
-fn reduce_then_scatter<T: Reducible, C: CollP2p + ?Sized>(
-    c: &C,
-    send: &[T],
-    out: &mut [T],
-    counts: &[usize],
-    displs: &[usize],
-    op: Op,
-) -> Result<()> {
-    if c.rank() == 0 {
-        let mut full = vec![T::zeroed(); send.len()];
-        super::reduce(c, send, Some(&mut full), op, 0)?;
-        scatterv(c, Some(&full), counts, displs, out, 0)
-    } else {
-        super::reduce(c, send, None, op, 0)?;
-        scatterv(c, None, counts, displs, out, 0)
-    }
 }
 
 /// [`reduce_scatter`] with equal blocks: `send.len() == size * recv.len()` on every rank, and
@@ -427,7 +589,7 @@ fn reduce_then_scatter<T: Reducible, C: CollP2p + ?Sized>(
 /// # Errors
 /// Before any communication: [`Error::InvalidOp`], [`Error::InvalidBuffer`] when the lengths do
 /// not fit. Transport errors, mismatched lengths between ranks, [`Error::PeerGone`].
-pub fn reduce_scatter_block<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+pub(crate) fn reduce_scatter_block<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
     let size = c.size();
     check_op::<T>(op)?;
     if Some(send.len()) != recv.len().checked_mul(size) {
@@ -438,8 +600,34 @@ pub fn reduce_scatter_block<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T]
         )));
     }
     let counts = vec![recv.len(); size];
-    let displs: Vec<usize> = (0..size).map(|r| r * recv.len()).collect();
-    reduce_then_scatter(c, send, recv, &counts, &displs, op)
+    let plan = super::select::reduce_scatter_plan(&c.setting(), builtin::<T>(op), true, std::mem::size_of::<T>(), &counts)?;
+    c.run(plan, Some(bytes(send)), Some(bytes_mut(recv)))
+}
+
+/// Reduce-scatter as a reduce of the send buffer to member 0 (in group order, so for any
+/// operator; Rabenseifner's with `rab`, else the binomial tree) and a linear scatter of the
+/// blocks (`blocks[i]`: member `i`'s share, as bytes of the send buffer; `mine`: where this
+/// member's lands).
+pub(crate) fn plan_reduce_then_scatter(p: &mut Plan, g: Grp<'_>, rab: bool, v: Vector, blocks: &[Span], mine: Span, tag: u32) {
+    let full = (g.me == 0).then(|| p.temp(v.bytes()));
+    let send = inp(0, v.bytes());
+    if rab {
+        super::reduce::plan_reduce_rabenseifner(p, g, send, full, v, 0, tag + 4);
+    } else {
+        super::reduce::plan_reduce_binomial(p, g, send, full, 0, true, tag);
+    }
+    p.next();
+    match full {
+        Some(f) => {
+            for (i, b) in blocks.iter().enumerate().take(g.n).skip(1) {
+                p.send(Span::new(f.buf, b.off, b.len), g.rank(i), tag + 2);
+            }
+            let b = blocks[0];
+            p.copy(Span::new(f.buf, b.off, b.len), mine);
+        }
+        None => p.recv(mine, g.rank(0), tag + 2),
+    }
+    p.next();
 }
 
 /// Inclusive prefix reduction: rank `r` gets `send_0 op send_1 op ... op send_r` (element-wise,
@@ -449,7 +637,7 @@ pub fn reduce_scatter_block<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T]
 /// [`Error::InvalidOp`] before any communication; [`Error::InvalidBuffer`] when
 /// `recv.len() != send.len()` (the rank takes part with scratch space first), or when ranks
 /// pass different lengths. Transport errors, [`Error::PeerGone`].
-pub fn scan<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+pub(crate) fn scan<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
     prefix(c, send, recv, op, true)
 }
 
@@ -458,7 +646,7 @@ pub fn scan<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T]
 ///
 /// # Errors
 /// As [`scan`].
-pub fn exscan<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+pub(crate) fn exscan<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
     prefix(c, send, recv, op, false)
 }
 
@@ -474,45 +662,59 @@ fn prefix<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], 
     } else {
         recv
     };
-    let r = prefix_doubling(c, send, out, op, inclusive);
+    let plan = prefix_plan(c.rank(), c.size(), builtin::<T>(op), std::mem::size_of_val(send), inclusive);
+    let r = c.run(plan, Some(bytes(send)), Some(bytes_mut(out)));
     first_err(bad, r)
 }
 
-/// Recursive-doubling prefix reduction (MPICH's scan). At step `m`, `partial` holds the
-/// reduction over this rank's aligned group of `m` ranks; partners `rank ^ m` swap partials, the
-/// upper one folds the lower group into its result (on the left), both fold it into `partial`
-/// in rank order. `out.len() == send.len()`.
-fn prefix_doubling<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], out: &mut [T], op: Op, inclusive: bool) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    if inclusive {
-        out.copy_from_slice(send);
+/// The plan of a prefix reduction of `len` bytes.
+pub(crate) fn prefix_plan(rank: usize, size: usize, f: ReduceFn, len: usize, inclusive: bool) -> Plan {
+    let mut p = Plan::reducing(f);
+    if size > 1 && len > 0 {
+        plan_prefix_doubling(&mut p, Grp::all(rank, size), inp(0, len), out(0, len), inclusive, vtags::SCAN);
+    } else if inclusive {
+        p.copy(inp(0, len), out(0, len));
     }
-    if size == 1 || send.is_empty() {
-        return Ok(());
+    p.finish();
+    p
+}
+
+/// Recursive-doubling prefix reduction (MPICH's scan). At step `m`, `partial` holds the
+/// reduction over this member's aligned group of `m` members; partners `me ^ m` swap partials,
+/// the upper one folds the lower group into its result (on the left), both fold it into
+/// `partial` in member order.
+pub(crate) fn plan_prefix_doubling(p: &mut Plan, g: Grp<'_>, send: Span, o: Span, inclusive: bool, tag: u32) {
+    let (me, n) = (g.me, g.n);
+    let partial = p.temp(send.len);
+    let tmp = p.temp(send.len);
+    p.next();
+    p.copy(send, partial);
+    if inclusive {
+        p.copy(send, o);
     }
     let mut have = inclusive;
-    let mut partial = send.to_vec();
-    let mut tmp = vec![T::zeroed(); send.len()];
     let mut mask = 1;
-    while mask < size {
-        let dst = rank ^ mask;
-        if dst < size {
-            sendrecv_exact(c, bytes(&partial), dst, bytes_mut(&mut tmp), dst, vtags::SCAN)?;
-            if dst < rank {
-                T::reduce_into_from_left(op, &tmp, &mut partial)?;
+    while mask < n {
+        let dst = me ^ mask;
+        if dst < n {
+            p.send(partial, g.rank(dst), tag);
+            p.recv(tmp, g.rank(dst), tag);
+            p.next();
+            if dst < me {
+                p.combine(tmp, partial, true);
                 if have {
-                    T::reduce_into_from_left(op, &tmp, out)?;
+                    p.combine(tmp, o, true);
                 } else {
-                    out.copy_from_slice(&tmp);
+                    p.copy(tmp, o);
                     have = true;
                 }
             } else {
-                T::reduce_into(op, &mut partial, &tmp)?;
+                p.combine(tmp, partial, false);
             }
         }
         mask <<= 1;
     }
-    Ok(())
+    p.next();
 }
 
 #[cfg(test)]

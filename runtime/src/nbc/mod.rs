@@ -28,13 +28,12 @@
 //!
 //! # How they run
 //!
-//! A collective is a schedule built when it starts (rounds of sends, receives and local
-//! copies or reductions, see `sched`), which the engine advances in each round of progress
-//! while any is in flight (nothing is checked when none is). The algorithms are the simple,
-//! order-preserving ones: a dissemination barrier, binomial trees for broadcast and for
-//! reduction to rank 0 (lower ranks always the left operand, so a non-commutative operator is
-//! applied in rank order, and every rank of an allreduce gets bitwise the same result), linear
-//! gathers, scatters and exchanges, and a chain for scans.
+//! A collective is the same schedule its blocking twin runs ([`crate::coll::plan`]: rounds
+//! of sends, receives and local copies or reductions, the algorithm chosen by
+//! [`crate::coll::select`] exactly as for the blocking call), which the engine advances in
+//! each round of progress while any is in flight (nothing is checked when none is). The
+//! blocking call runs its schedule to the end at once; here the request does. Operators that
+//! are not commutative ([`crate::UserOp`]) are combined in rank order.
 //!
 //! # Errors
 //!
@@ -49,11 +48,11 @@ mod userop;
 
 use bytemuck::Pod;
 
-pub(crate) use sched::Sched;
-use sched::{Action, Buf, Members, Plan, ReduceFn, Span};
+pub(crate) use sched::{Members, Sched};
 
-use crate::buffer::{RawBuf, RawBufMut};
-use crate::coll::vcoll::check_layout;
+use crate::coll::plan::{Plan, ReduceFn};
+use crate::coll::reduce::check_reduce;
+use crate::coll::{builtin, select, vcoll, CollP2p, Vector};
 use crate::coll_glue::CollCtx;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -62,152 +61,26 @@ use crate::request::{Request, Scope};
 use crate::seen::{self, Kind, What};
 use crate::Rank;
 
-/// Tags of the schedules' phases (8 bits; the call's sequence number is above them).
-mod tags {
-    pub(super) const BARRIER: u32 = 1;
-    pub(super) const BCAST: u32 = 2;
-    pub(super) const REDUCE: u32 = 3;
-    pub(super) const TO_ROOT: u32 = 4;
-    pub(super) const GATHER: u32 = 5;
-    pub(super) const SCATTER: u32 = 6;
-    pub(super) const ALLGATHER: u32 = 7;
-    pub(super) const ALLTOALL: u32 = 8;
-    pub(super) const SCAN: u32 = 9;
-}
-
-fn out(off: usize, len: usize) -> Span {
-    Span::new(Buf::Out, off, len)
-}
-
-fn inp(off: usize, len: usize) -> Span {
-    Span::new(Buf::In, off, len)
-}
-
-/// A combining step on typed slices: `(from, acc)`.
-type Combine<'a, T> = dyn Fn(&[T], &mut [T]) -> Result<()> + 'a;
-
-/// `acc = from op acc` or `acc op from` on byte views of `T` elements; unaligned views (user
-/// buffers are aligned, scratch is 16-byte aligned) are combined through aligned copies.
-fn typed<T: Pod>(from: &[u8], acc: &mut [u8], f: &Combine<'_, T>) -> Result<()> {
-    if let (Ok(a), true) = (bytemuck::try_cast_slice::<u8, T>(from), bytemuck::try_cast_slice::<u8, T>(acc).is_ok()) {
-        if let Ok(b) = bytemuck::try_cast_slice_mut::<u8, T>(acc) {
-            return f(a, b);
-        }
-    }
-    let copy = |bytes: &[u8]| -> Vec<T> {
-        let mut v = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>().max(1)];
-        let vb: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
-        let n = vb.len().min(bytes.len());
-        vb[..n].copy_from_slice(&bytes[..n]);
-        v
-    };
-    let (a, mut b) = (copy(from), copy(acc));
-    f(&a, &mut b)?;
-    let bb: &[u8] = bytemuck::cast_slice(&b);
-    let n = bb.len().min(acc.len());
-    acc[..n].copy_from_slice(&bb[..n]);
-    Ok(())
-}
-
-/// The reduction step of a predefined operator.
-fn builtin<T: Reducible>(op: Op) -> ReduceFn {
-    Box::new(move |from: &[u8], acc: &mut [u8], left: bool| {
-        typed::<T>(from, acc, &|f, a| if left { T::reduce_into_from_left(op, f, a) } else { T::reduce_into(op, a, f) })
-    })
-}
-
-// ---- plans -------------------------------------------------------------------------------
-
-/// Dissemination barrier: round `k` sends to `rank + 2^k` and receives from `rank - 2^k`.
-fn plan_barrier(p: &mut Plan, r: usize, n: usize) {
-    let mut d = 1;
-    while d < n {
-        p.round(vec![
-            Action::Send { s: Span::empty(), dest: (r + d) % n, tag: tags::BARRIER },
-            Action::Recv { s: Span::empty(), src: (r + n - d) % n, tag: tags::BARRIER },
-        ]);
-        d <<= 1;
-    }
-}
-
-/// Binomial broadcast of `buf` from `root`: receive from the parent, then send to the children.
-fn plan_bcast(p: &mut Plan, r: usize, n: usize, buf: Span, root: usize) {
-    let vr = (r + n - root) % n;
-    let abs = |v: usize| (v + root) % n;
-    let mut mask = 1;
-    while mask < n {
-        if vr & mask != 0 {
-            p.round(vec![Action::Recv { s: buf, src: abs(vr - mask), tag: tags::BCAST }]);
-            break;
-        }
-        mask <<= 1;
-    }
-    let mut sends = Vec::new();
-    mask >>= 1;
-    while mask > 0 {
-        if vr + mask < n {
-            sends.push(Action::Send { s: buf, dest: abs(vr + mask), tag: tags::BCAST });
-        }
-        mask >>= 1;
-    }
-    p.round(sends);
-}
-
-/// Binomial reduction of `input` (`len` bytes) to rank 0 in rank order: rank `r` holds the
-/// result of ranks `r..r + 2^k` after step `k` and is always the left operand. Returns the
-/// span holding the result at rank 0 (`None` elsewhere).
-fn plan_reduce0(p: &mut Plan, r: usize, n: usize, input: Span, len: usize) -> Option<Span> {
-    let acc = p.temp(len);
-    let tmp = p.temp(len);
-    let mut cur = vec![Action::Copy { from: input, to: acc }];
-    let mut combine = false;
-    let mut mask = 1;
-    while mask < n {
-        if combine {
-            cur.push(Action::Reduce { from: tmp, acc, left: false });
-            combine = false;
-        }
-        if r & mask != 0 {
-            cur.push(Action::Send { s: acc, dest: r - mask, tag: tags::REDUCE });
-            p.round(cur);
-            return None;
-        }
-        if r + mask < n {
-            cur.push(Action::Recv { s: tmp, src: r + mask, tag: tags::REDUCE });
-            combine = true;
-            p.round(std::mem::take(&mut cur));
-        }
-        mask <<= 1;
-    }
-    if combine {
-        cur.push(Action::Reduce { from: tmp, acc, left: false });
-    }
-    p.round(cur);
-    Some(acc)
-}
-
-/// Block `i` of a layout, in bytes.
-fn block(counts: &[usize], displs: &[usize], i: usize, es: usize) -> (usize, usize) {
-    (displs[i] * es, counts[i] * es)
-}
-
 impl Comm {
-    /// Registers `plan` as a schedule on this communicator's collective context and returns
-    /// its request.
+    /// Starts `plan` as a schedule on this call's collective context and returns its request;
+    /// an error the plan holds (a bad argument on this rank) is returned instead, and the
+    /// call takes no part.
     fn start_plan<'s>(
         &self,
         s: &'s Scope<'s, '_>,
         c: &CollCtx<'_>,
-        plan: Plan,
+        mut plan: Plan,
         input: Option<&'s [u8]>,
         output: Option<&'s mut [u8]>,
     ) -> Result<Request<'s>> {
-        let who = Members { ctx: self.coll_ctx(), rank: self.rank(), size: self.size(), world: self.inner.members.clone(), seq: c.seq() };
+        if let Some(e) = plan.error.take() {
+            return Err(e);
+        }
         // SAFETY: `input` and `output` are borrowed for 's; the request is registered in the
         // scope (`Request::new`), which finishes or abandons it before 's ends, and
         // abandoning it abandons every transfer of the schedule and drops the schedule, so
         // nothing touches the buffers afterwards.
-        let sched = unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b))) };
+        let sched = unsafe { c.sched(plan, input, output)? };
         let eng = &self.inner.eng;
         let rid = eng.lock()?.start_nbc(sched);
         Ok(Request::new(eng, Some(rid), s))
@@ -231,8 +104,7 @@ impl Comm {
             return seen::call(What::new(Kind::Ibarrier).on(self), || self.ibarrier(s));
         }
         let c = CollCtx::new(self)?;
-        let mut plan = Plan::new();
-        plan_barrier(&mut plan, self.rank(), self.size());
+        let plan = select::barrier_plan(&c.setting());
         self.start_plan(s, &c, plan, None, None)
     }
 
@@ -255,10 +127,8 @@ impl Comm {
             return seen::call(What::new(Kind::Ibcast).to(self, root).bytes(size_of_val(buf)), || self.ibcast(s, buf, root));
         }
         let c = CollCtx::new(self)?;
-        check_root(root, self.size())?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let mut plan = Plan::new();
-        plan_bcast(&mut plan, self.rank(), self.size(), out(0, bytes.len()), root);
+        let plan = select::bcast_plan(&c.setting(), bytes.len(), root)?;
         self.start_plan(s, &c, plan, None, Some(bytes))
     }
 
@@ -292,7 +162,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Ireduce).to(self, root).bytes(size_of_val(send)), || self.ireduce(s, send, recv, op, root));
         }
-        self.ireduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op), root)
+        self.ireduce_f(s, send, recv, Reduction::builtin::<T>(op), root)
     }
 
     /// Non-blocking [`Comm::allreduce`]: every rank gets `send` of all ranks combined with `op`
@@ -320,7 +190,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Iallreduce).on(self).bytes(size_of_val(send)), || self.iallreduce(s, send, recv, op));
         }
-        self.iallreduce_f(s, send, recv, builtin::<T>(op), check_op::<T>(op))
+        self.iallreduce_f(s, send, recv, Reduction::builtin::<T>(op))
     }
 
     /// Non-blocking [`Comm::gather`]: `send` of every rank, in rank order, into `recv` at
@@ -345,18 +215,16 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Igather).to(self, root).bytes(size_of_val(send)), || self.igather(s, send, recv, root));
         }
-        let n = self.size();
-        let counts = vec![send.len(); n];
-        let displs: Vec<usize> = (0..n).map(|i| i * send.len()).collect();
-        if self.rank() == root {
-            if let Some(b) = &recv {
-                if Some(b.len()) != send.len().checked_mul(n) {
-                    CollCtx::new(self)?;
-                    return Err(len_err("igather", "receive", b.len(), send.len().saturating_mul(n)));
-                }
-            }
+        let c = CollCtx::new(self)?;
+        let (rank, size) = (self.rank(), self.size());
+        crate::coll::check_root(root, size)?;
+        let recv = if rank == root { recv.map(|r| bytemuck::cast_slice_mut::<T, u8>(r)) } else { None };
+        let sb: &[u8] = bytemuck::cast_slice(send);
+        if rank == root {
+            crate::coll::gather::check_gather("igather", size, sb.len(), recv.as_ref().map(|r| r.len()))?;
         }
-        self.igatherv_named("igather", s, send, recv, &counts, &displs, root)
+        let plan = select::gather_plan(&c.setting(), sb.len(), root);
+        self.start_plan(s, &c, plan, Some(sb), recv)
     }
 
     /// Non-blocking [`Comm::gatherv`]: rank `r`'s `send` lands at
@@ -410,33 +278,12 @@ impl Comm {
         root: Rank,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        let (r, n) = (self.rank(), self.size());
-        check_root(root, n)?;
-        let es = std::mem::size_of::<T>();
-        let sb: &[u8] = bytemuck::cast_slice(send);
-        let mut plan = Plan::new();
-        let mut output = None;
-        if r == root {
-            let recv = recv.ok_or_else(|| Error::InvalidBuffer(format!("{what}: the root needs a receive buffer")))?;
-            check_layout(what, "receive", counts, displs, n, recv.len(), true)?;
-            if counts[r] != send.len() {
-                return Err(len_err(what, "own count of the", counts[r], send.len()));
-            }
-            let mut acts = Vec::with_capacity(n);
-            for i in 0..n {
-                let (off, len) = block(counts, displs, i, es);
-                if i == r {
-                    acts.push(Action::Copy { from: inp(0, sb.len()), to: out(off, len) });
-                } else {
-                    acts.push(Action::Recv { s: out(off, len), src: i, tag: tags::GATHER });
-                }
-            }
-            plan.round(acts);
-            output = Some(bytemuck::cast_slice_mut::<T, u8>(recv));
-        } else {
-            plan.round(vec![Action::Send { s: inp(0, sb.len()), dest: root, tag: tags::GATHER }]);
+        let recv = if self.rank() == root { recv } else { None };
+        if self.rank() == root && recv.is_none() {
+            return Err(Error::InvalidBuffer(format!("{what}: the root needs a receive buffer")));
         }
-        self.start_plan(s, &c, plan, Some(sb), output)
+        let plan = vcoll::gatherv_plan(self.rank(), self.size(), send, recv.as_ref().map(|r| r.len()), counts, displs, root)?;
+        self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
     }
 
     /// Non-blocking [`Comm::scatter`]: consecutive blocks of `send` at `root` (`None`
@@ -462,18 +309,16 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Iscatter).to(self, root).bytes(size_of_val(recv)), || self.iscatter(s, send, recv, root));
         }
-        let n = self.size();
-        let counts = vec![recv.len(); n];
-        let displs: Vec<usize> = (0..n).map(|i| i * recv.len()).collect();
-        if self.rank() == root {
-            if let Some(b) = &send {
-                if Some(b.len()) != recv.len().checked_mul(n) {
-                    CollCtx::new(self)?;
-                    return Err(len_err("iscatter", "send", b.len(), recv.len().saturating_mul(n)));
-                }
-            }
+        let c = CollCtx::new(self)?;
+        let (rank, size) = (self.rank(), self.size());
+        crate::coll::check_root(root, size)?;
+        let send = if rank == root { send.map(|b| bytemuck::cast_slice::<T, u8>(b)) } else { None };
+        let rb: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        if rank == root {
+            crate::coll::gather::check_gather("iscatter", size, rb.len(), send.map(<[u8]>::len))?;
         }
-        self.iscatterv_named("iscatter", s, send, &counts, &displs, recv, root)
+        let plan = select::scatter_plan(&c.setting(), rb.len(), root);
+        self.start_plan(s, &c, plan, send, Some(rb))
     }
 
     /// Non-blocking [`Comm::scatterv`]: rank `r` receives
@@ -526,33 +371,12 @@ impl Comm {
         root: Rank,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        let (r, n) = (self.rank(), self.size());
-        check_root(root, n)?;
-        let es = std::mem::size_of::<T>();
-        let rb: &mut [u8] = bytemuck::cast_slice_mut(recv);
-        let mut plan = Plan::new();
-        let mut input = None;
-        if r == root {
-            let send = send.ok_or_else(|| Error::InvalidBuffer(format!("{what}: the root needs a send buffer")))?;
-            check_layout(what, "send", counts, displs, n, send.len(), false)?;
-            if counts[r] * es != rb.len() {
-                return Err(len_err(what, "own count of the", counts[r], rb.len() / es.max(1)));
-            }
-            let mut acts = Vec::with_capacity(n);
-            for i in 0..n {
-                let (off, len) = block(counts, displs, i, es);
-                if i == r {
-                    acts.push(Action::Copy { from: inp(off, len), to: out(0, rb.len()) });
-                } else {
-                    acts.push(Action::Send { s: inp(off, len), dest: i, tag: tags::SCATTER });
-                }
-            }
-            plan.round(acts);
-            input = Some(bytemuck::cast_slice::<T, u8>(send));
-        } else {
-            plan.round(vec![Action::Recv { s: out(0, rb.len()), src: root, tag: tags::SCATTER }]);
+        let send = if self.rank() == root { send } else { None };
+        if self.rank() == root && send.is_none() {
+            return Err(Error::InvalidBuffer(format!("{what}: the root needs a send buffer")));
         }
-        self.start_plan(s, &c, plan, input, Some(rb))
+        let plan = vcoll::scatterv_plan(self.rank(), self.size(), send.map(<[T]>::len), counts, displs, recv, root)?;
+        self.start_plan(s, &c, plan, send.map(|b| bytemuck::cast_slice(b)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
     /// Non-blocking [`Comm::allgather`]: `send` of every rank, in rank order, into `recv` on
@@ -574,14 +398,11 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Iallgather).on(self).bytes(size_of_val(send)), || self.iallgather(s, send, recv));
         }
-        let n = self.size();
-        if Some(recv.len()) != send.len().checked_mul(n) {
-            CollCtx::new(self)?;
-            return Err(len_err("iallgather", "receive", recv.len(), send.len().saturating_mul(n)));
-        }
-        let counts = vec![send.len(); n];
-        let displs: Vec<usize> = (0..n).map(|i| i * send.len()).collect();
-        self.iallgatherv_named("iallgather", s, send, recv, &counts, &displs)
+        let c = CollCtx::new(self)?;
+        let (sb, rb): (&[u8], &mut [u8]) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
+        crate::coll::allgather::check_allgather(self.size(), sb.len(), rb.len())?;
+        let plan = select::allgather_plan(&c.setting(), sb.len());
+        self.start_plan(s, &c, plan, Some(sb), Some(rb))
     }
 
     /// Non-blocking [`Comm::allgatherv`]: rank `r`'s `send` lands at
@@ -615,12 +436,11 @@ impl Comm {
                 self.iallgatherv(s, send, recv, counts, displs)
             });
         }
-        self.iallgatherv_named("iallgatherv", s, send, recv, counts, displs)
+        self.iallgatherv_named(s, send, recv, counts, displs)
     }
 
     fn iallgatherv_named<'s, T: Pod>(
         &self,
-        what: &str,
         s: &'s Scope<'s, '_>,
         send: &'s [T],
         recv: &'s mut [T],
@@ -628,26 +448,8 @@ impl Comm {
         displs: &[usize],
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        let (r, n) = (self.rank(), self.size());
-        check_layout(what, "receive", counts, displs, n, recv.len(), true)?;
-        if counts[r] != send.len() {
-            return Err(len_err(what, "own count of the", counts[r], send.len()));
-        }
-        let es = std::mem::size_of::<T>();
-        let sb: &[u8] = bytemuck::cast_slice(send);
-        let mut acts = Vec::with_capacity(2 * n);
-        for i in 0..n {
-            let (off, len) = block(counts, displs, i, es);
-            if i == r {
-                acts.push(Action::Copy { from: inp(0, sb.len()), to: out(off, len) });
-            } else {
-                acts.push(Action::Recv { s: out(off, len), src: i, tag: tags::ALLGATHER });
-                acts.push(Action::Send { s: inp(0, sb.len()), dest: i, tag: tags::ALLGATHER });
-            }
-        }
-        let mut plan = Plan::new();
-        plan.round(acts);
-        self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv)))
+        let plan = vcoll::allgatherv_plan(&c.setting(), send, recv.len(), counts, displs);
+        self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
     /// Non-blocking [`Comm::alltoall`]: block `j` of `send` to rank `j`, block `i` of `recv`
@@ -671,19 +473,11 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Ialltoall).on(self).bytes(size_of_val(send)), || self.ialltoall(s, send, recv));
         }
-        let n = self.size();
-        if send.len() != recv.len() || send.len() % n != 0 {
-            CollCtx::new(self)?;
-            return Err(Error::InvalidBuffer(format!(
-                "ialltoall: send ({}) and receive ({}) buffers must have the same length, a multiple of {n}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        let b = send.len() / n;
-        let counts = vec![b; n];
-        let displs: Vec<usize> = (0..n).map(|i| i * b).collect();
-        self.ialltoallv(s, send, &counts, &displs, recv, &counts, &displs)
+        let c = CollCtx::new(self)?;
+        let (sb, rb): (&[u8], &mut [u8]) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
+        crate::coll::alltoall::check_alltoall(self.size(), sb.len(), rb.len())?;
+        let plan = select::alltoall_plan(&c.setting(), sb.len() / self.size());
+        self.start_plan(s, &c, plan, Some(sb), Some(rb))
     }
 
     /// Non-blocking [`Comm::alltoallv`]: `send[sdispls[j]..][..scounts[j]]` to rank `j`, rank
@@ -723,26 +517,7 @@ impl Comm {
             });
         }
         let c = CollCtx::new(self)?;
-        let (r, n) = (self.rank(), self.size());
-        check_layout("ialltoallv", "send", scounts, sdispls, n, send.len(), false)?;
-        check_layout("ialltoallv", "receive", rcounts, rdispls, n, recv.len(), true)?;
-        if scounts[r] != rcounts[r] {
-            return Err(len_err("ialltoallv", "own receive count of the", rcounts[r], scounts[r]));
-        }
-        let es = std::mem::size_of::<T>();
-        let mut acts = Vec::with_capacity(2 * n);
-        for i in 0..n {
-            let (soff, slen) = block(scounts, sdispls, i, es);
-            let (roff, rlen) = block(rcounts, rdispls, i, es);
-            if i == r {
-                acts.push(Action::Copy { from: inp(soff, slen), to: out(roff, rlen) });
-            } else {
-                acts.push(Action::Recv { s: out(roff, rlen), src: i, tag: tags::ALLTOALL });
-                acts.push(Action::Send { s: inp(soff, slen), dest: i, tag: tags::ALLTOALL });
-            }
-        }
-        let mut plan = Plan::new();
-        plan.round(acts);
+        let plan = vcoll::alltoallv_plan(&c.setting(), send, scounts, sdispls, recv.len(), rcounts, rdispls);
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
@@ -777,7 +552,7 @@ impl Comm {
                 self.ireduce_scatter(s, send, recv, counts, op)
             });
         }
-        self.ireduce_scatter_f(s, send, recv, counts, builtin::<T>(op), check_op::<T>(op))
+        self.ireduce_scatter_f(s, send, recv, counts, Reduction::builtin::<T>(op))
     }
 
     /// Non-blocking [`Comm::reduce_scatter_block`]: [`Comm::ireduce_scatter`] with equal blocks
@@ -859,39 +634,19 @@ impl Comm {
         s: &'s Scope<'s, '_>,
         send: &'s [T],
         recv: Option<&'s mut [T]>,
-        f: ReduceFn,
-        op_ok: Result<()>,
+        op: Reduction,
         root: Rank,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        check_root(root, self.size())?;
-        op_ok?;
-        let (r, n) = (self.rank(), self.size());
-        let recv = if r == root {
-            match recv {
-                Some(b) if b.len() == send.len() => Some(bytemuck::cast_slice_mut::<T, u8>(b)),
-                Some(b) => return Err(len_err("ireduce", "receive", b.len(), send.len())),
-                None => return Err(Error::InvalidBuffer("ireduce: the root needs a receive buffer".into())),
-            }
-        } else {
-            None
-        };
-        let sb: &[u8] = bytemuck::cast_slice(send);
-        let len = sb.len();
-        let mut plan = Plan::new();
-        plan.reduce = Some(f);
-        let acc = plan_reduce0(&mut plan, r, n, inp(0, len), len);
-        if let Some(acc) = acc {
-            if root == 0 {
-                plan.round(vec![Action::Copy { from: acc, to: out(0, len) }]);
-            } else {
-                plan.round(vec![Action::Send { s: acc, dest: root, tag: tags::TO_ROOT }]);
-            }
-        }
-        if r == root && root != 0 {
-            plan.round(vec![Action::Recv { s: out(0, len), src: 0, tag: tags::TO_ROOT }]);
-        }
-        self.start_plan(s, &c, plan, Some(sb), recv)
+        crate::coll::check_root(root, self.size())?;
+        let Reduction { f, ok, commutative } = op;
+        ok?;
+        let is_root = self.rank() == root;
+        let recv = if is_root { recv } else { None };
+        check_reduce(send, recv.as_deref(), is_root)?;
+        let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
+        let plan = select::reduce_plan(&c.setting(), f, commutative, v, root)?;
+        self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
     }
 
     pub(crate) fn iallreduce_f<'s, T: Pod>(
@@ -899,24 +654,17 @@ impl Comm {
         s: &'s Scope<'s, '_>,
         send: &'s [T],
         recv: &'s mut [T],
-        f: ReduceFn,
-        op_ok: Result<()>,
+        op: Reduction,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        op_ok?;
+        let Reduction { f, ok, commutative } = op;
+        ok?;
         if recv.len() != send.len() {
             return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
         }
-        let (r, n) = (self.rank(), self.size());
-        let sb: &[u8] = bytemuck::cast_slice(send);
-        let len = sb.len();
-        let mut plan = Plan::new();
-        plan.reduce = Some(f);
-        if let Some(acc) = plan_reduce0(&mut plan, r, n, inp(0, len), len) {
-            plan.round(vec![Action::Copy { from: acc, to: out(0, len) }]);
-        }
-        plan_bcast(&mut plan, r, n, out(0, len), 0);
-        self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv)))
+        let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
+        let plan = select::allreduce_plan(&c.setting(), f, commutative, v)?;
+        self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
     pub(crate) fn ireduce_scatter_f<'s, T: Pod>(
@@ -925,52 +673,21 @@ impl Comm {
         send: &'s [T],
         recv: &'s mut [T],
         counts: &[usize],
-        f: ReduceFn,
-        op_ok: Result<()>,
+        op: Reduction,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        op_ok?;
-        let (r, n) = (self.rank(), self.size());
-        if counts.len() != n {
-            return Err(Error::InvalidBuffer(format!("ireduce_scatter: {} counts given, the communicator has {n} ranks", counts.len())));
-        }
-        let mut displs = Vec::with_capacity(n);
-        let mut total = 0usize;
-        for &k in counts {
-            displs.push(total);
-            total = total.checked_add(k).ok_or_else(|| Error::InvalidBuffer("ireduce_scatter: the counts overflow usize".into()))?;
-        }
-        if total != send.len() {
-            return Err(len_err("ireduce_scatter", "send", send.len(), total));
-        }
+        let Reduction { f, ok, commutative } = op;
+        ok?;
+        let r = self.rank();
+        vcoll::check_counts("ireduce_scatter", counts, self.size(), send.len())?;
         if recv.len() != counts[r] {
             return Err(len_err("ireduce_scatter", "receive", recv.len(), counts[r]));
         }
-        let es = std::mem::size_of::<T>();
-        let sb: &[u8] = bytemuck::cast_slice(send);
-        let mut plan = Plan::new();
-        plan.reduce = Some(f);
-        match plan_reduce0(&mut plan, r, n, inp(0, sb.len()), sb.len()) {
-            Some(acc) => {
-                let mut acts = Vec::with_capacity(n);
-                for i in 0..n {
-                    let (off, len) = block(counts, &displs, i, es);
-                    let from = Span::new(acc.buf, off, len);
-                    if i == r {
-                        acts.push(Action::Copy { from, to: out(0, len) });
-                    } else {
-                        acts.push(Action::Send { s: from, dest: i, tag: tags::SCATTER });
-                    }
-                }
-                plan.round(acts);
-            }
-            None => plan.round(vec![Action::Recv { s: out(0, counts[r] * es), src: 0, tag: tags::SCATTER }]),
-        }
-        self.start_plan(s, &c, plan, Some(sb), Some(bytemuck::cast_slice_mut(recv)))
+        let plan = select::reduce_scatter_plan(&c.setting(), f, commutative, std::mem::size_of::<T>(), counts)?;
+        self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
-    /// Prefix reduction along the chain of ranks: rank `r` receives the prefix of ranks
-    /// `0..r` from `r - 1`, and sends the prefix of `0..=r` to `r + 1`.
+    /// Prefix reduction by recursive doubling, in rank order (see [`crate::coll::scan`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn iprefix<'s, T: Pod>(
         &self,
@@ -987,50 +704,24 @@ impl Comm {
         if recv.len() != send.len() {
             return Err(len_err(what, "receive", recv.len(), send.len()));
         }
-        let (r, n) = (self.rank(), self.size());
-        let len = std::mem::size_of_val(send);
-        let mut plan = Plan::new();
-        plan.reduce = Some(f);
-        let (me, o) = (inp(0, len), out(0, len));
-        let next = r + 1 < n;
-        if r == 0 {
-            let mut acts = Vec::new();
-            if inclusive {
-                acts.push(Action::Copy { from: me, to: o });
-            }
-            if next {
-                acts.push(Action::Send { s: me, dest: 1, tag: tags::SCAN });
-            }
-            plan.round(acts);
-        } else {
-            let prev = plan.temp(len);
-            plan.round(vec![Action::Recv { s: prev, src: r - 1, tag: tags::SCAN }]);
-            if inclusive {
-                let mut acts = vec![Action::Copy { from: me, to: o }, Action::Reduce { from: prev, acc: o, left: true }];
-                if next {
-                    acts.push(Action::Send { s: o, dest: r + 1, tag: tags::SCAN });
-                }
-                plan.round(acts);
-            } else {
-                let mut acts = vec![Action::Copy { from: prev, to: o }];
-                if next {
-                    let mine = plan.temp(len);
-                    acts.push(Action::Copy { from: me, to: mine });
-                    acts.push(Action::Reduce { from: prev, acc: mine, left: true });
-                    acts.push(Action::Send { s: mine, dest: r + 1, tag: tags::SCAN });
-                }
-                plan.round(acts);
-            }
-        }
+        let plan = vcoll::prefix_plan(self.rank(), self.size(), f, std::mem::size_of_val(send), inclusive);
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 }
 
-fn check_root(root: usize, size: usize) -> Result<()> {
-    if root < size {
-        Ok(())
-    } else {
-        Err(Error::InvalidRoot { root, size })
+/// The reduction step of a reducing collective: how to combine, whether the operator is
+/// defined for the type (checked once the call has taken its sequence number), and whether it
+/// commutes.
+pub(crate) struct Reduction {
+    pub(crate) f: ReduceFn,
+    pub(crate) ok: Result<()>,
+    pub(crate) commutative: bool,
+}
+
+impl Reduction {
+    /// A predefined operator on `T` (every one commutes).
+    fn builtin<T: Pod + Reducible>(op: Op) -> Reduction {
+        Reduction { f: builtin::<T>(op), ok: check_op::<T>(op), commutative: true }
     }
 }
 

@@ -1,127 +1,50 @@
-//! Schedules: rounds of sends, receives and local steps, run by the engine's progress.
-//!
-//! A [`Plan`] is built when the collective starts (what to do, round by round); a [`Sched`]
-//! runs it. A round's actions are taken in order when the round starts: local steps (copy,
-//! combine) run at once, transfers are posted; the round ends when all its transfers have
-//! completed, and the next one starts. A receive must bring exactly the bytes the plan expects.
-//! A failed transfer abandons the others and ends the collective with its error; if a rank
-//! departed, the collective's other members are told (as blocking collectives do).
+//! The engine's executor of collective schedules ([`crate::coll::plan`]): a [`Sched`] runs one
+//! [`Plan`] on the engine, a round at a time, advanced by every round of progress while it is
+//! in flight. Blocking collectives start one and wait for it; non-blocking ones return its
+//! request.
 //!
 //! Memory: transfers and local steps touch three kinds of buffers: scratch the schedule owns
-//! (allocated at the start, 16-byte aligned, never resized or moved until the schedule is
-//! dropped), and the user's send and receive buffers, which are borrowed for the lifetime of
-//! the request's scope ([`crate::Scope`]): the scope finishes or abandons the request before
-//! the borrow ends, and abandoning abandons every transfer first (the engine forgets their
-//! pointers) and then drops the schedule.
+//! (taken when it starts, 16-byte aligned, never resized or moved until the schedule is
+//! dropped), and the user's send and receive buffers, which are borrowed for as long as the
+//! request may run (a blocking call's frame, or the request's [`crate::Scope`]): the call or
+//! the scope finishes or abandons the request before the borrow ends, and abandoning abandons
+//! every transfer first (the engine forgets their pointers) and then drops the schedule.
 
 use crate::buffer::{RawBuf, RawBufMut};
+use crate::coll::plan::{Action, Buf, Plan, Span};
+use crate::coll::scratch;
 use crate::engine::{Engine, Peers, ReqId};
 use crate::error::{Error, Result};
 use crate::matching;
-
-/// Combines `from` into `acc` (`acc = from op acc` when the flag is set, else `acc op from`),
-/// both holding the same number of elements of the collective's type, as bytes.
-pub(crate) type ReduceFn = Box<dyn Fn(&[u8], &mut [u8], bool) -> Result<()> + Send + Sync>;
-
-/// Which buffer a span lies in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Buf {
-    /// Scratch buffer `i` of the plan.
-    Temp(usize),
-    /// The user's send buffer (read only).
-    In,
-    /// The user's receive buffer.
-    Out,
-}
-
-/// A byte range of a buffer.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Span {
-    pub(crate) buf: Buf,
-    pub(crate) off: usize,
-    pub(crate) len: usize,
-}
-
-impl Span {
-    pub(crate) fn new(buf: Buf, off: usize, len: usize) -> Self {
-        Span { buf, off, len }
-    }
-
-    /// A span of no bytes (barrier messages).
-    pub(crate) fn empty() -> Self {
-        Span { buf: Buf::Temp(usize::MAX), off: 0, len: 0 }
-    }
-
-    fn overlaps(&self, o: &Span) -> bool {
-        self.buf == o.buf && self.len > 0 && o.len > 0 && self.off < o.off + o.len && o.off < self.off + self.len
-    }
-}
-
-/// One step of a round.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Action {
-    /// Send the span to comm rank `dest` with collective tag `tag` (8 bits).
-    Send { s: Span, dest: usize, tag: u32 },
-    /// Receive exactly `s.len` bytes from comm rank `src` into the span.
-    Recv { s: Span, src: usize, tag: u32 },
-    /// Copy `from` to `to` (same length).
-    Copy { from: Span, to: Span },
-    /// Combine `from` into `acc` with the plan's reduction (`left`: `from` is the left operand).
-    Reduce { from: Span, acc: Span, left: bool },
-}
-
-/// What a collective does, round by round.
-pub(crate) struct Plan {
-    pub(crate) rounds: Vec<Vec<Action>>,
-    /// Sizes in bytes of the scratch buffers.
-    pub(crate) temps: Vec<usize>,
-    pub(crate) reduce: Option<ReduceFn>,
-}
-
-impl Plan {
-    pub(crate) fn new() -> Self {
-        Plan { rounds: Vec::new(), temps: Vec::new(), reduce: None }
-    }
-
-    /// A new scratch buffer of `len` bytes; returns its whole span.
-    pub(crate) fn temp(&mut self, len: usize) -> Span {
-        self.temps.push(len);
-        Span::new(Buf::Temp(self.temps.len() - 1), 0, len)
-    }
-
-    /// Appends a round (empty rounds are dropped).
-    pub(crate) fn round(&mut self, actions: Vec<Action>) {
-        if !actions.is_empty() {
-            self.rounds.push(actions);
-        }
-    }
-}
+use crate::seen;
 
 /// A scratch buffer: 16-byte aligned, owned through a raw pointer so that the pointers the
-/// engine holds into it stay valid (no reborrow of the allocation) until it is dropped.
+/// engine holds into it stay valid (no reborrow of the allocation) until it is dropped. Its
+/// memory comes from and goes back to [`scratch`]'s pool, so a collective's scratch is not
+/// faulted in and zeroed afresh on every call.
 struct Temp {
     ptr: *mut u128,
-    words: usize,
+    len: usize,
+    cap: usize,
 }
 
-// SAFETY: a `Temp` owns its heap allocation (freed once, in `Drop`) like the `Box<[u128]>`
+// SAFETY: a `Temp` owns its heap allocation (given back once, in `Drop`) like the `Vec<u128>`
 // it came from, which is `Send`; the raw pointer only avoids reborrowing it. The pointers the
 // engine holds into it move with the engine, which one thread uses at a time (`crate::sync`).
 unsafe impl Send for Temp {}
 
 impl Temp {
     fn new(bytes: usize) -> Self {
-        let words = bytes.div_ceil(16);
-        let b: Box<[u128]> = vec![0u128; words].into_boxed_slice();
-        Temp { ptr: Box::into_raw(b).cast::<u128>(), words }
+        let mut v = std::mem::ManuallyDrop::new(scratch::take(bytes.div_ceil(16)));
+        Temp { ptr: v.as_mut_ptr(), len: v.len(), cap: v.capacity() }
     }
 }
 
 impl Drop for Temp {
     fn drop(&mut self) {
-        // SAFETY: `ptr` and `words` come from `Box::into_raw` of a boxed slice of that length
-        // in `Temp::new`, and are freed only here, once.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.words)) });
+        // SAFETY: `ptr`, `len` and `cap` are the parts of the `Vec` taken apart in
+        // `Temp::new`, rebuilt only here, once.
+        scratch::give(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.cap) });
     }
 }
 
@@ -135,6 +58,10 @@ pub(crate) struct Members {
     pub(crate) world: Option<crate::engine::WorldRanks>,
     /// The collective's sequence number (the tag's upper 16 bits).
     pub(crate) seq: u32,
+    /// One tag for every message in place of the sequence number and the phase (the group
+    /// channel of `Comm::create_group`, whose tag is the user's; messages then pair by source
+    /// and order alone, which the plans it runs keep).
+    pub(crate) fixed_tag: Option<u32>,
 }
 
 impl Members {
@@ -147,7 +74,44 @@ impl Members {
     }
 
     fn tag(&self, t: u32) -> u32 {
-        (self.seq & 0xffff) << 8 | (t & 0xff)
+        match self.fixed_tag {
+            Some(f) => f,
+            None => (self.seq & 0xffff) << 8 | (t & 0xff),
+        }
+    }
+}
+
+/// A round in progress, as the trace draws it once its transfers completed: started at `t0`
+/// (trace clock), with sends and receives (`sends`, `recvs`) of `bytes` in all, to or from
+/// world rank `peer` (`None`: several).
+struct Phase {
+    t0: u64,
+    sends: bool,
+    recvs: bool,
+    bytes: usize,
+    peer: Option<Option<usize>>,
+}
+
+impl Phase {
+    fn add(&mut self, send: bool, peer: usize, bytes: usize) {
+        self.sends |= send;
+        self.recvs |= !send;
+        self.bytes += bytes;
+        self.peer = match self.peer {
+            None => Some(Some(peer)),
+            Some(Some(p)) if p == peer => Some(Some(p)),
+            Some(_) => Some(None),
+        };
+    }
+
+    /// Ends the round's phase event (`failed`: with an error).
+    fn end(self, failed: bool) {
+        let step = match (self.sends, self.recvs) {
+            (true, false) => seen::Step::Send,
+            (false, true) => seen::Step::Recv,
+            _ => seen::Step::Sendrecv,
+        };
+        seen::transfer(step, self.peer.flatten(), self.bytes, failed, self.t0);
     }
 }
 
@@ -155,38 +119,53 @@ impl Members {
 pub(crate) struct Sched {
     rid: Option<ReqId>,
     who: Members,
-    rounds: std::vec::IntoIter<Vec<Action>>,
-    /// Transfers of the current round: request, and for a receive the bytes expected.
+    plan: Plan,
+    /// The next round to start.
+    round: usize,
+    /// Transfers of the current round: request, and for a receive the bytes expected (`None`:
+    /// any length, once the plan is degraded).
     pending: Vec<(ReqId, Option<(usize, usize)>)>,
+    /// The round in progress as the trace draws it, when the schedule is traced
+    /// ([`Sched::trace_rounds`]).
+    phase: Option<Phase>,
+    traced: bool,
     temps: Vec<Temp>,
-    sizes: Vec<usize>,
     input: Option<RawBuf>,
     output: Option<RawBufMut>,
-    reduce: Option<ReduceFn>,
+    /// A tolerant plan's first error (see [`crate::coll::plan`]): from then on sends are empty
+    /// and local steps skipped.
+    degraded: Option<Error>,
     finished: bool,
 }
 
 impl Sched {
     /// A schedule for `plan` on `who`.
     ///
+    /// # Errors
+    /// [`Error::State`] when the plan breaks the rules of [`Plan::check`] (a bug).
+    ///
     /// # Safety
     /// `input` and `output` (when given) must stay valid until the schedule has finished or
     /// has been abandoned, `input` unmodified and `output` untouched by anyone else (the
     /// contract of [`RawBuf::new`] and [`RawBufMut::new`]).
-    pub(crate) unsafe fn new(plan: Plan, who: Members, input: Option<RawBuf>, output: Option<RawBufMut>) -> Self {
+    pub(crate) unsafe fn new(mut plan: Plan, who: Members, input: Option<RawBuf>, output: Option<RawBufMut>) -> Result<Self> {
+        plan.check()?;
         let temps = plan.temps.iter().map(|&n| Temp::new(n)).collect();
-        Sched {
+        let degraded = plan.error.take();
+        Ok(Sched {
             rid: None,
             who,
-            rounds: plan.rounds.into_iter(),
+            plan,
+            round: 0,
             pending: Vec::new(),
+            phase: None,
+            traced: false,
             temps,
-            sizes: plan.temps,
             input,
             output,
-            reduce: plan.reduce,
+            degraded,
             finished: false,
-        }
+        })
     }
 
     pub(crate) fn set_request(&mut self, rid: ReqId) {
@@ -215,7 +194,7 @@ impl Sched {
         let (base, cap) = match s.buf {
             Buf::Temp(i) => {
                 let t = self.temps.get(i).ok_or_else(|| internal("no such scratch buffer"))?;
-                (t.ptr.cast::<u8>(), self.sizes[i])
+                (t.ptr.cast::<u8>(), self.plan.temps[i])
             }
             Buf::In if !write => {
                 let b = self.input.ok_or_else(|| internal("no send buffer"))?;
@@ -248,99 +227,139 @@ impl Sched {
         }
     }
 
+    /// Collects the transfers of the round that have completed; true when none is left.
+    fn collect(&mut self, e: &mut Engine) -> Result<bool> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let (rid, want) = self.pending[i];
+            let Some(r) = e.take_if_done(rid) else {
+                i += 1;
+                continue;
+            };
+            self.pending.swap_remove(i);
+            let r = r.and_then(|st| match want {
+                Some((len, src)) if st.len() != len => Err(crate::coll::short_message(st.len(), len, src)),
+                _ => Ok(()),
+            });
+            match r {
+                Ok(()) => {}
+                Err(err @ Error::PeerGone { .. }) => return Err(err),
+                Err(err) if self.plan.tolerant => {
+                    self.degraded.get_or_insert(err);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(self.pending.is_empty())
+    }
+
     fn step(&mut self, e: &mut Engine) -> Result<usize> {
         let mut n = 0;
         loop {
-            let mut i = 0;
-            while i < self.pending.len() {
-                let (rid, want) = self.pending[i];
-                match e.take_if_done(rid) {
-                    None => i += 1,
-                    Some(r) => {
-                        self.pending.swap_remove(i);
-                        let st = r?;
-                        if let Some((len, src)) = want {
-                            if st.len() != len {
-                                return Err(Error::InvalidBuffer(format!(
-                                    "collective: {} bytes from rank {src} where {len} were expected \
-                                     (ranks passed different buffer lengths?)",
-                                    st.len()
-                                )));
-                            }
-                        }
-                    }
-                }
-            }
-            if !self.pending.is_empty() {
+            if !self.collect(e)? {
                 return Ok(n);
             }
-            let Some(round) = self.rounds.next() else {
+            if self.traced {
+                self.next_phase();
+            }
+            if self.round == self.plan.len() {
+                self.phase = None;
                 self.finished = true;
+                let r = self.degraded.take().map_or(Ok(()), Err);
                 if let Some(rid) = self.rid {
-                    e.complete_nbc(rid, Ok(()));
+                    e.complete_nbc(rid, r);
                 }
                 return Ok(n + 1);
-            };
+            }
+            let i = self.round;
+            self.round += 1;
             n += 1;
-            for a in round {
+            for k in 0..self.plan.round_acts(i).len() {
+                let a = self.plan.round_acts(i)[k];
                 self.run(e, a)?;
             }
         }
     }
 
     fn run(&mut self, e: &mut Engine, a: Action) -> Result<()> {
-        let w = &self.who;
+        let degraded = self.degraded.is_some();
         match a {
             Action::Send { s, dest, tag } => {
+                let s = if degraded { Span::empty() } else { s };
                 let p = self.addr(&s, false)?;
                 // SAFETY: `p..p + s.len` lies in a live buffer (checked by `addr`): scratch
                 // this schedule owns, or a user buffer borrowed until the schedule ends or is
                 // abandoned (`Sched::new`). Abandoning abandons this send first, so the view
-                // never outlives the memory, and the plan writes no span while it is sent.
+                // never outlives the memory, and the plan writes no span while it is sent
+                // (`Plan::check`).
                 let raw = unsafe { RawBuf::new(std::slice::from_raw_parts(p, s.len)) };
+                let w = &self.who;
                 let tag64 = matching::encode_tag(w.ctx, w.rank as u32, w.tag(tag));
-                if crate::seen::counting() {
-                    crate::seen::message_out(w.world_rank(dest)?, s.len);
+                let world = w.world_rank(dest)?;
+                if seen::counting() {
+                    seen::message_out(world, s.len);
                 }
-                if let Some(rid) = e.start_send(w.world_rank(dest)?, tag64, raw, false)? {
+                if let Some(ph) = self.phase.as_mut() {
+                    ph.add(true, world, s.len);
+                }
+                if let Some(rid) = e.start_send(world, tag64, raw, false)? {
                     self.pending.push((rid, None));
                 }
             }
             Action::Recv { s, src, tag } => {
                 let p = self.addr(&s, true)?;
                 // SAFETY: as for a send; the plan neither reads nor writes the span until this
-                // receive has completed, and abandoning abandons it first.
+                // receive has completed (`Plan::check`), and abandoning abandons it first.
                 let raw = unsafe { RawBufMut::new(std::slice::from_raw_parts_mut(p, s.len)) };
+                let w = &self.who;
                 let world = w.world_rank(src)?;
-                let rid = e.post_recv(w.ctx, Some(src as u32), Some(w.tag(tag)), raw, Peers::rank(world))?;
-                self.pending.push((rid, Some((s.len, src))));
-            }
-            Action::Copy { from, to } => {
-                if from.len != to.len {
-                    return Err(internal("copy between spans of different lengths"));
+                if let Some(ph) = self.phase.as_mut() {
+                    ph.add(false, world, s.len);
                 }
+                let rid = e.post_recv(w.ctx, Some(src as u32), Some(w.tag(tag)), raw, Peers::rank(world))?;
+                self.pending.push((rid, (!degraded).then_some((s.len, src))));
+            }
+            _ if degraded => {}
+            Action::Copy { from, to } => {
                 let src = self.addr(&from, false)?;
                 let dst = self.addr(&to, true)?;
                 // SAFETY: both ranges lie in live buffers (checked by `addr`) with no transfer
-                // in flight on them (rounds start only when the previous one has completed);
-                // `copy` allows overlap.
+                // in flight on them (`Plan::check`: a step never touches what an earlier
+                // transfer of its round moves; the rounds before have completed); `copy`
+                // allows overlap, and the lengths are equal (`Plan::check`).
                 unsafe { std::ptr::copy(src, dst, from.len) };
             }
             Action::Reduce { from, acc, left } => {
-                if from.overlaps(&acc) || from.len != acc.len {
-                    return Err(internal("reduction between overlapping or unequal spans"));
-                }
-                let f = self.reduce.as_ref().ok_or_else(|| internal("no reduction"))?;
+                let f = self.plan.reduce.as_ref().ok_or_else(|| internal("no reduction"))?;
                 let src = self.addr(&from, false)?;
                 let dst = self.addr(&acc, true)?;
                 // SAFETY: both ranges lie in live buffers (checked by `addr`), do not overlap
-                // (checked above) and have no transfer in flight on them; the slices end with
-                // this statement.
+                // and have equal lengths (`Plan::check`), and no transfer is in flight on them;
+                // the slices end with this statement.
                 let (a, b) = unsafe { (std::slice::from_raw_parts(src, from.len), std::slice::from_raw_parts_mut(dst, acc.len)) };
                 f(a, b, left)?;
             }
         }
         Ok(())
+    }
+
+    /// Draws each round of this schedule in the trace as one phase event (a blocking call's
+    /// schedule, whose rounds nest in its call; a non-blocking one's would straddle calls).
+    pub(crate) fn trace_rounds(&mut self) {
+        self.traced = true;
+    }
+
+    /// The trace's phase of the round that starts now, if the schedule is traced; the last
+    /// one ended (see [`Phase`]).
+    fn next_phase(&mut self) {
+        if let Some(ph) = self.phase.take() {
+            if ph.sends || ph.recvs {
+                ph.end(false);
+            }
+        }
+        if self.traced && seen::tracing() {
+            self.phase = Some(Phase { t0: seen::now(), sends: false, recvs: false, bytes: 0, peer: None });
+        }
     }
 
     /// Ends the collective with `err`: every transfer in flight is abandoned, and if a rank
@@ -358,10 +377,13 @@ impl Sched {
 
     /// Abandons every transfer in flight and stops; nothing touches a buffer afterwards.
     pub(crate) fn abandon(&mut self, e: &mut Engine) {
+        if let Some(ph) = self.phase.take() {
+            ph.end(true);
+        }
         for (rid, _) in self.pending.drain(..) {
             e.abandon(rid);
         }
-        self.rounds = Vec::new().into_iter();
+        self.round = self.plan.len();
         self.finished = true;
     }
 }
@@ -393,5 +415,5 @@ impl crate::engine::Schedule for Sched {
 
 #[cold]
 fn internal(what: &str) -> Error {
-    Error::State(format!("non-blocking collective internal error: {what}"))
+    Error::State(format!("collective schedule internal error: {what}"))
 }

@@ -4,9 +4,11 @@
 
 use bytemuck::Pod;
 
-use super::{typed, ReduceFn};
+use crate::coll::plan::ReduceFn;
+use crate::coll::typed;
 use crate::comm::Comm;
 use crate::error::Result;
+use crate::nbc::Reduction;
 use crate::op::UserOp;
 use crate::request::{scope, Request, Scope};
 use crate::seen::{self, Kind, What};
@@ -38,7 +40,8 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Reduce).to(self, root).bytes(size_of_val(send)), || self.reduce_with(send, recv, op, root));
         }
-        scope(|s| self.ireduce_f(s, send, recv, user(op), Ok(()), root)?.wait()).map(drop)
+        scope(|s| self.ireduce_f(s, send, recv, Reduction { f: user(op), ok: Ok(()), commutative: op.is_commutative() }, root)?.wait())
+            .map(drop)
     }
 
     /// [`Comm::allreduce`] with a user operator, in rank order (the same result everywhere).
@@ -50,7 +53,8 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Allreduce).on(self).bytes(size_of_val(send)), || self.allreduce_with(send, recv, op));
         }
-        scope(|s| self.iallreduce_f(s, send, recv, user(op), Ok(()))?.wait()).map(drop)
+        scope(|s| self.iallreduce_f(s, send, recv, Reduction { f: user(op), ok: Ok(()), commutative: op.is_commutative() })?.wait())
+            .map(drop)
     }
 
     /// [`Comm::reduce_scatter`] with a user operator.
@@ -74,7 +78,10 @@ impl Comm {
                 self.reduce_scatter_with(send, recv, counts, op)
             });
         }
-        scope(|s| self.ireduce_scatter_f(s, send, recv, counts, user(op), Ok(()))?.wait()).map(drop)
+        scope(|s| {
+            self.ireduce_scatter_f(s, send, recv, counts, Reduction { f: user(op), ok: Ok(()), commutative: op.is_commutative() })?.wait()
+        })
+        .map(drop)
     }
 
     /// [`Comm::scan`] with a user operator: rank `r` gets `send` of ranks `0..=r` combined in
@@ -128,7 +135,7 @@ impl Comm {
                 self.ireduce_with(s, send, recv, op, root)
             });
         }
-        self.ireduce_f(s, send, recv, user(op), Ok(()), root)
+        self.ireduce_f(s, send, recv, Reduction { f: user(op), ok: Ok(()), commutative: op.is_commutative() }, root)
     }
 
     /// Non-blocking [`Comm::allreduce_with`].
@@ -156,7 +163,7 @@ impl Comm {
         if seen::on() {
             return seen::call(What::new(Kind::Iallreduce).on(self).bytes(size_of_val(send)), || self.iallreduce_with(s, send, recv, op));
         }
-        self.iallreduce_f(s, send, recv, user(op), Ok(()))
+        self.iallreduce_f(s, send, recv, Reduction { f: user(op), ok: Ok(()), commutative: op.is_commutative() })
     }
 
     /// Non-blocking [`Comm::reduce_scatter_with`].
@@ -176,7 +183,7 @@ impl Comm {
                 self.ireduce_scatter_with(s, send, recv, counts, op)
             });
         }
-        self.ireduce_scatter_f(s, send, recv, counts, user(op), Ok(()))
+        self.ireduce_scatter_f(s, send, recv, counts, Reduction { f: user(op), ok: Ok(()), commutative: op.is_commutative() })
     }
 
     /// Non-blocking [`Comm::scan_with`].

@@ -123,6 +123,25 @@ pub(crate) fn step<R>(s: Step, c: &Comm, peer: crate::Rank, bytes: usize, f: imp
     r
 }
 
+/// The trace clock (nanoseconds), for a phase that [`transfer`] ends later.
+#[inline]
+pub(crate) fn now() -> u64 {
+    tmpi_trace::clock::now_ns()
+}
+
+/// One round of a collective's schedule, its transfers with world rank `peer` (`None`:
+/// several ranks; `bytes` out and in), from `t0` to now (`failed`: with an error), as a phase
+/// event of the trace, as [`step`] records a point-to-point step.
+#[cold]
+#[inline(never)]
+pub(crate) fn transfer(s: Step, peer: Option<usize>, bytes: usize, failed: bool, t0: u64) {
+    let t1 = now();
+    let mut w = What::new(Kind::CollPhase).bytes(bytes);
+    w.peer = peer.map_or(NONE, |p| p as u32);
+    w.aux = s as u32 | if failed { aux::FAILED } else { 0 };
+    state::event_only(&w, t0, t1);
+}
+
 /// One end of a message as the engine decided it, for [`message`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Msg {

@@ -3,10 +3,12 @@
 //!
 //! Each step draws a communicator (the world, a `dup`, or one of two halves of a split with
 //! reversed keys), a collective (`bcast`, `reduce`, `allreduce`, `gather`, `scatter`,
-//! `allgather`, `alltoall`, `barrier`), an element type (`u8`, `i32`, `f64`), an operator, a
-//! root and a count: small, at the sizes where algorithms change, or random up to 600 000
-//! elements, often not a multiple of the communicator's size. Element values are small
-//! integers, so float sums are exact in any order.
+//! `allgather`, `allgatherv`, `alltoall`, `alltoallv`, `reduce_scatter`, `barrier`), blocking
+//! or non-blocking (the `i` form, waited for at once), an element type (`u8`, `i32`, `f64`),
+//! an operator, a root and a count: small, at the sizes where algorithms change, or random up
+//! to 600 000 elements, often not a multiple of the communicator's size. Element values are
+//! small integers, so float sums are exact in any order. Run across simulated hosts
+//! (`TMPI_NODE_ID`), it checks the node-aware collectives against the same values.
 //!
 //! `randcoll [--seed N] [--steps S] [--show]` (defaults: seed 1, 60 steps); `--show` prints
 //! each step on rank 0.
@@ -72,10 +74,24 @@ enum Coll {
     Scatter,
     Allgather,
     Alltoall,
+    Allgatherv,
+    Alltoallv,
+    ReduceScatter,
 }
 
-const COLLS: [Coll; 8] =
-    [Coll::Barrier, Coll::Bcast, Coll::Reduce, Coll::Allreduce, Coll::Gather, Coll::Scatter, Coll::Allgather, Coll::Alltoall];
+const COLLS: [Coll; 11] = [
+    Coll::Barrier,
+    Coll::Bcast,
+    Coll::Reduce,
+    Coll::Allreduce,
+    Coll::Gather,
+    Coll::Scatter,
+    Coll::Allgather,
+    Coll::Alltoall,
+    Coll::Allgatherv,
+    Coll::Alltoallv,
+    Coll::ReduceScatter,
+];
 
 fn main() -> Result<(), Box<dyn StdError>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -103,25 +119,57 @@ fn main() -> Result<(), Box<dyn StdError>> {
         // Gather, scatter, allgather and alltoall move `count` per rank: keep their totals
         // near the others'.
         let count = match coll {
-            Coll::Gather | Coll::Scatter | Coll::Allgather | Coll::Alltoall => count / c.size().max(1),
+            Coll::Gather | Coll::Scatter | Coll::Allgather | Coll::Alltoall | Coll::Allgatherv | Coll::Alltoallv => count / c.size().max(1),
             _ => count,
         };
         let root = root_draw % c.size();
+        let nb = rng.below(2) == 1;
         if show && rank == 0 {
-            eprintln!("randcoll: step {step}: {coll:?} on comm {which} ({} ranks) type {ty} {op:?} root {root} count {count}", c.size());
+            eprintln!(
+                "randcoll: step {step}: {coll:?} nb {nb} on comm {which} ({} ranks) type {ty} {op:?} root {root} count {count}",
+                c.size()
+            );
         }
-        let what = format!("seed {seed} step {step}: {coll:?} on comm {which} type {ty} {op:?} root {root} count {count}");
+        let what = format!("seed {seed} step {step}: {coll:?} nb {nb} on comm {which} type {ty} {op:?} root {root} count {count}");
+        let s = Step { step, coll, op, root, count, nb };
         match ty {
-            0 => one::<u8>(c, &mut v, step, coll, op, root, count, &what),
-            1 => one::<i32>(c, &mut v, step, coll, op, root, count, &what),
-            _ => one::<f64>(c, &mut v, step, coll, op, root, count, &what),
+            0 => one::<u8>(c, &mut v, &s, &what),
+            1 => one::<i32>(c, &mut v, &s, &what),
+            _ => one::<f64>(c, &mut v, &s, &what),
         }
     }
     v.finish(w, &format!("seed {seed}, {steps} steps"))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn one<T: Elem>(c: &Comm, v: &mut Verdict, step: usize, coll: Coll, op: Op, root: usize, count: usize, what: &str) {
+/// One drawn step.
+struct Step {
+    step: usize,
+    coll: Coll,
+    op: Op,
+    root: usize,
+    count: usize,
+    /// The non-blocking form.
+    nb: bool,
+}
+
+/// Runs `f` blocking, or its non-blocking form `g` waited for at once.
+macro_rules! either {
+    ($nb:expr, $f:expr, |$s:ident| $g:expr) => {
+        if $nb {
+            tmpi::scope(|$s| $g.and_then(|r| r.wait()).map(drop))
+        } else {
+            $f
+        }
+    };
+}
+
+/// Block sizes of the variable-count collectives at `count`: rank `r`'s block for rank `d`.
+fn vcount(count: usize, r: usize, d: usize) -> usize {
+    (count + r * 5 + d * 3) % (count + 1)
+}
+
+fn one<T: Elem>(c: &Comm, v: &mut Verdict, s: &Step, what: &str) {
+    let Step { step, coll, op, root, count, nb } = *s;
     let (me, n) = (c.rank(), c.size());
     let mine: Vec<T> = (0..count).map(|i| val(step, me, i)).collect();
     let reduced =
@@ -131,44 +179,90 @@ fn one<T: Elem>(c: &Comm, v: &mut Verdict, step: usize, coll: Coll, op: Op, root
         Err(e) => v.check(false, || format!("{what}: {e}")),
     };
     match coll {
-        Coll::Barrier => check(c.barrier(), true),
+        Coll::Barrier => check(either!(nb, c.barrier(), |s| c.ibarrier(s)), true),
         Coll::Bcast => {
             let mut buf: Vec<T> = if me == root { (0..count).map(|i| val(step, root, i)).collect() } else { vec![T::default(); count] };
-            let r = c.bcast(&mut buf, root);
+            let r = either!(nb, c.bcast(&mut buf, root), |s| c.ibcast(s, &mut buf, root));
             check(r, buf.iter().enumerate().all(|(i, &x)| x == val(step, root, i)));
         }
         Coll::Reduce => {
             let mut out = vec![T::default(); count];
-            let r = c.reduce(&mine, (me == root).then_some(&mut out[..]), op, root);
+            let r = either!(nb, c.reduce(&mine, (me == root).then_some(&mut out[..]), op, root), |s| c.ireduce(
+                s,
+                &mine,
+                (me == root).then_some(&mut out[..]),
+                op,
+                root
+            ));
             check(r, me != root || out == reduced());
         }
         Coll::Allreduce => {
             let mut out = vec![T::default(); count];
-            let r = c.allreduce(&mine, &mut out, op);
+            let r = either!(nb, c.allreduce(&mine, &mut out, op), |s| c.iallreduce(s, &mine, &mut out, op));
             check(r, out == reduced());
         }
         Coll::Gather => {
             let mut out = vec![T::default(); count * n];
-            let r = c.gather(&mine, (me == root).then_some(&mut out[..]), root);
+            let r = either!(nb, c.gather(&mine, (me == root).then_some(&mut out[..]), root), |s| c.igather(
+                s,
+                &mine,
+                (me == root).then_some(&mut out[..]),
+                root
+            ));
             check(r, me != root || (0..n).all(|p| (0..count).all(|i| out[p * count + i] == val(step, p, i))));
         }
         Coll::Scatter => {
             let all: Vec<T> = (0..n * count).map(|k| val(step, k / count.max(1), k % count.max(1) + 1000)).collect();
             let mut out = vec![T::default(); count];
-            let r = c.scatter((me == root).then_some(&all[..]), &mut out, root);
+            let r = either!(nb, c.scatter((me == root).then_some(&all[..]), &mut out, root), |s| c.iscatter(
+                s,
+                (me == root).then_some(&all[..]),
+                &mut out,
+                root
+            ));
             check(r, (0..count).all(|i| out[i] == val(step, me, i + 1000)));
         }
         Coll::Allgather => {
             let mut out = vec![T::default(); count * n];
-            let r = c.allgather(&mine, &mut out);
+            let r = either!(nb, c.allgather(&mine, &mut out), |s| c.iallgather(s, &mine, &mut out));
             check(r, (0..n).all(|p| (0..count).all(|i| out[p * count + i] == val(step, p, i))));
         }
         Coll::Alltoall => {
             // Block `d` of rank `s`'s send buffer goes to rank `d`: values of (s, d, i).
             let send: Vec<T> = (0..n * count).map(|k| val(step, me * 64 + k / count.max(1), k % count.max(1))).collect();
             let mut out = vec![T::default(); count * n];
-            let r = c.alltoall(&send, &mut out);
+            let r = either!(nb, c.alltoall(&send, &mut out), |s| c.ialltoall(s, &send, &mut out));
             check(r, (0..n).all(|s| (0..count).all(|i| out[s * count + i] == val(step, s * 64 + me, i))));
+        }
+        Coll::Allgatherv => {
+            // Rank r gives vcount(count, r, 0) elements; blocks land in reverse rank order.
+            let counts: Vec<usize> = (0..n).map(|r| vcount(count, r, 0)).collect();
+            let displs: Vec<usize> = (0..n).map(|r| counts[r + 1..].iter().sum()).collect();
+            let mine: Vec<T> = (0..counts[me]).map(|i| val(step, me, i)).collect();
+            let mut out = vec![T::default(); counts.iter().sum()];
+            let r = either!(nb, c.allgatherv(&mine, &mut out, &counts, &displs), |s| c.iallgatherv(s, &mine, &mut out, &counts, &displs));
+            check(r, (0..n).all(|p| (0..counts[p]).all(|i| out[displs[p] + i] == val(step, p, i))));
+        }
+        Coll::Alltoallv => {
+            // Rank s sends rank d vcount(count, s, d) elements of values (s, d, i).
+            let sc: Vec<usize> = (0..n).map(|d| vcount(count, me, d)).collect();
+            let rc: Vec<usize> = (0..n).map(|s| vcount(count, s, me)).collect();
+            let sd: Vec<usize> = (0..n).map(|d| sc[..d].iter().sum()).collect();
+            let rd: Vec<usize> = (0..n).map(|s| rc[..s].iter().sum()).collect();
+            let send: Vec<T> = (0..n).flat_map(|d| (0..sc[d]).map(move |i| val(step, me * 64 + d, i))).collect();
+            let mut out = vec![T::default(); rc.iter().sum()];
+            let r = either!(nb, c.alltoallv(&send, &sc, &sd, &mut out, &rc, &rd), |s| c.ialltoallv(s, &send, &sc, &sd, &mut out, &rc, &rd));
+            check(r, (0..n).all(|s| (0..rc[s]).all(|i| out[rd[s] + i] == val(step, s * 64 + me, i))));
+        }
+        Coll::ReduceScatter => {
+            let counts: Vec<usize> = (0..n).map(|r| vcount(count / n.max(1), r, 1)).collect();
+            let total: usize = counts.iter().sum();
+            let mine: Vec<T> = (0..total).map(|i| val(step, me, i)).collect();
+            let mut out = vec![T::default(); counts[me]];
+            let r = either!(nb, c.reduce_scatter(&mine, &mut out, &counts, op), |s| c.ireduce_scatter(s, &mine, &mut out, &counts, op));
+            let lo: usize = counts[..me].iter().sum();
+            let want = |i: usize| (1..n).fold(val::<T>(step, 0, i), |a, r| T::combine(op, a, val(step, r, i)));
+            check(r, (0..counts[me]).all(|i| out[i] == want(lo + i)));
         }
     }
 }
