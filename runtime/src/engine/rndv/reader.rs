@@ -15,25 +15,150 @@ pub(in crate::engine) struct ReadOp {
     /// Set when the TM-SRQ asked for the read (expected rendezvous).
     pub(in crate::engine) hw: Option<ReadId>,
     pub(in crate::engine) info: RndvInfo,
-    /// Bytes `[0, split)` this rank copies itself after a single-copy grant; the target
-    /// writes `[split, n)`.
-    pub(in crate::engine) split: usize,
-    /// The target may write into the receive buffer (a single-copy request named it): the
-    /// buffer must outlive the read even if the receive is abandoned.
-    pub(in crate::engine) remote_write: bool,
-    /// This rank's share failed; the read completes with an error once the target's share is
-    /// done (it may still be writing into the buffer).
-    pub(in crate::engine) failed: bool,
-    /// A pre-granted single copy started without a request: nothing was asked of the target,
-    /// which may revoke the grant ([`Control::Revoke`]) until the copy is done (except its
-    /// share, when `split < n`: asked with [`ReadMode::Share`], and the target's to refuse).
-    pub(in crate::engine) at_once: bool,
-    /// The target revoked its pre-grant while its share was asked for: the answer goes back
-    /// when the read ends, after its FIN.
-    pub(in crate::engine) revoke_ack: bool,
+    /// What was asked of the target, who copies which bytes, and what is owed at the end.
+    pub(in crate::engine) phase: ReadPhase,
     /// How [`adapt::Epochs`] placed the read (`TMPI_SINGLE_COPY_MIN=auto`); it must hear of
     /// its end.
     pub(in crate::engine) placed: Option<adapt::Placed>,
+}
+
+impl ReadOp {
+    /// Bytes `[0, split)` this rank copies itself; the target writes `[split, n)`.
+    pub(in crate::engine) fn split(&self) -> usize {
+        self.phase.split(self.n)
+    }
+
+    /// Whether the target may write into the receive buffer: the buffer must outlive the
+    /// read even if the receive is abandoned.
+    pub(in crate::engine) fn remote_write(&self) -> bool {
+        self.phase.remote_write(self.n)
+    }
+}
+
+/// A pre-granted read the target may revoke ([`Control::Revoke`]): nothing was asked of it
+/// for this rank's part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) enum Revoke {
+    /// Not revoked (yet).
+    Open,
+    /// Revoked while the target's share was asked for (it refuses or writes it): the answer
+    /// goes back when the read ends, after its FIN.
+    Owed,
+}
+
+/// The phase of a rendezvous read of `n` bytes. Past [`Asked`](ReadPhase::Asked), `split`
+/// says who copies what: this rank `[0, split)`, the target `[split, n)` (into the receive
+/// buffer, which it may write while `split < n`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) enum ReadPhase {
+    /// Asked of the target and not yet answered: for a grant to copy it by single copy
+    /// (`single`: the request names the receive buffer, into which the target may write its
+    /// share), else for a stream.
+    Asked { single: bool },
+    /// Granted by the target: this rank copies `[0, split)`.
+    Granted { split: usize },
+    /// Pre-granted, and copied at once without asking for `[0, split)` (the rest, if any,
+    /// asked as a share with [`ReadMode::Share`], the target's to refuse): the target may
+    /// revoke the grant until the copy is done.
+    AtOnce { split: usize, revoke: Revoke },
+    /// This rank's part `[0, split)` could not be copied and was asked again through the ring
+    /// (the target refuses it if it abandons the send); `ack_owed`: a revoke waits for the end.
+    Restreamed { split: usize, ack_owed: bool },
+    /// This rank's copy failed: the read completes with an error once the target's share is
+    /// done (it may still be writing into the buffer). `revoke`: it was pre-granted.
+    Failed { split: usize, revoke: Option<Revoke> },
+}
+
+impl ReadPhase {
+    /// The phase a read starts in, by its plan.
+    pub(in crate::engine) fn start(plan: &ReadPlan) -> Self {
+        match plan.start {
+            ReadStart::Ask { cma } => ReadPhase::Asked { single: cma },
+            ReadStart::AtOnce { split, .. } => ReadPhase::AtOnce { split, revoke: Revoke::Open },
+        }
+    }
+
+    /// The target granted this rank `[0, split)`. A grant answers an asked read; any other
+    /// phase keeps its kind and takes the split.
+    pub(in crate::engine) fn granted(self, split: usize) -> Self {
+        match self {
+            ReadPhase::Asked { .. } | ReadPhase::Granted { .. } => ReadPhase::Granted { split },
+            ReadPhase::AtOnce { revoke, .. } => ReadPhase::AtOnce { split, revoke },
+            ReadPhase::Restreamed { ack_owed, .. } => ReadPhase::Restreamed { split, ack_owed },
+            ReadPhase::Failed { revoke, .. } => ReadPhase::Failed { split, revoke },
+        }
+    }
+
+    /// This rank's copy could not run (no single copy, a heap not mapped): its part is asked
+    /// for through the ring, and is no longer the target's to revoke.
+    pub(in crate::engine) fn restreamed(self) -> Self {
+        match self {
+            ReadPhase::Granted { split } => ReadPhase::Restreamed { split, ack_owed: false },
+            ReadPhase::AtOnce { split, revoke } => ReadPhase::Restreamed { split, ack_owed: revoke == Revoke::Owed },
+            ReadPhase::Failed { split, revoke: Some(Revoke::Open) } => ReadPhase::Failed { split, revoke: None },
+            other => other,
+        }
+    }
+
+    /// This rank's copy of a read of `n` bytes failed.
+    pub(in crate::engine) fn failed(self, n: usize) -> Self {
+        match self {
+            ReadPhase::Asked { .. } => ReadPhase::Failed { split: n, revoke: None },
+            ReadPhase::Granted { split } => ReadPhase::Failed { split, revoke: None },
+            ReadPhase::AtOnce { split, revoke } => ReadPhase::Failed { split, revoke: Some(revoke) },
+            ReadPhase::Restreamed { split, ack_owed } => ReadPhase::Failed { split, revoke: ack_owed.then_some(Revoke::Owed) },
+            ReadPhase::Failed { .. } => self,
+        }
+    }
+
+    /// Whether the target may revoke the pre-grant this read copies from.
+    pub(in crate::engine) fn revocable(self) -> bool {
+        matches!(self, ReadPhase::AtOnce { .. } | ReadPhase::Failed { revoke: Some(_), .. })
+    }
+
+    /// The target revoked the pre-grant of a revocable read of `n` bytes: with its share asked
+    /// for, the answer is owed at the end (`Some`); without, the read fails now (`None`).
+    pub(in crate::engine) fn revoked(self, n: usize) -> Option<Self> {
+        match self {
+            ReadPhase::AtOnce { split, .. } if split < n => Some(ReadPhase::AtOnce { split, revoke: Revoke::Owed }),
+            ReadPhase::Failed { split, revoke: Some(_) } if split < n => Some(ReadPhase::Failed { split, revoke: Some(Revoke::Owed) }),
+            _ => None,
+        }
+    }
+
+    /// Bytes this rank copies itself, of a read of `n` (all of them until it is granted).
+    pub(in crate::engine) fn split(self, n: usize) -> usize {
+        match self {
+            ReadPhase::Asked { .. } => n,
+            ReadPhase::Granted { split }
+            | ReadPhase::AtOnce { split, .. }
+            | ReadPhase::Restreamed { split, .. }
+            | ReadPhase::Failed { split, .. } => split,
+        }
+    }
+
+    /// Whether the target may write into the receive buffer of a read of `n` bytes.
+    pub(in crate::engine) fn remote_write(self, n: usize) -> bool {
+        match self {
+            ReadPhase::Asked { single } => single,
+            _ => self.split(n) < n,
+        }
+    }
+
+    /// Whether the read completes well once all its bytes are in.
+    pub(in crate::engine) fn ends_ok(self) -> bool {
+        !matches!(self, ReadPhase::Failed { .. })
+    }
+
+    /// Whether the answer to a revoke goes back when the read ends.
+    pub(in crate::engine) fn owes_revoke_ack(self) -> bool {
+        matches!(
+            self,
+            ReadPhase::AtOnce { revoke: Revoke::Owed, .. }
+                | ReadPhase::Restreamed { ack_owed: true, .. }
+                | ReadPhase::Failed { revoke: Some(Revoke::Owed), .. }
+        )
+    }
 }
 
 /// The reads stage: the rendezvous reads in progress, and who lately read from us.
@@ -88,7 +213,7 @@ impl Reads {
     /// The peer that may be writing into the buffer of read `k` (its target, asked for a
     /// share), if any.
     pub(in crate::engine) fn remote_writer(&self, k: Key) -> Option<usize> {
-        self.ops.get(k).filter(|op| op.remote_write).map(|op| op.src)
+        self.ops.get(k).filter(|op| op.remote_write()).map(|op| op.src)
     }
 
     /// `src` sent a FIN for a send of ours: it is reading from us.
@@ -114,18 +239,21 @@ impl State {
                 info.pregranted = false;
             }
         }
-        let reads: Vec<Key> =
-            self.reads.keys().filter(|&k| self.reads.get(k).is_some_and(|op| op.at_once && op.src == src && names(&op.info))).collect();
+        let reads: Vec<Key> = self
+            .reads
+            .keys()
+            .filter(|&k| self.reads.get(k).is_some_and(|op| op.phase.revocable() && op.src == src && names(&op.info)))
+            .collect();
         let mut shared = false;
         for k in reads {
-            match self.reads.get_mut(k) {
+            match self.reads.get_mut(k).and_then(|op| Some((op.phase.revoked(op.n)?, op))) {
                 // Its share is asked for: the target refuses it or writes it, and our copy of
                 // the rest runs now, so the answer waits for the read to end (after its FIN).
-                Some(op) if op.split < op.n => {
-                    op.revoke_ack = true;
+                Some((phase, op)) => {
+                    op.phase = phase;
                     shared = true;
                 }
-                _ => {
+                None => {
                     if let Err(e) = self.finish_read(k, false) {
                         self.outbox.fail(e);
                     }
@@ -194,27 +322,12 @@ impl State {
             peer_reading: self.peer_reading(src),
         };
         let plan = plan_read(&facts);
-        let at_once = matches!(plan.start, ReadStart::AtOnce { .. });
-        let split = plan.split(n);
         if let (ReadStart::AtOnce { heap: true, .. }, Some(p)) = (plan.start, placed) {
             // Nothing to learn from a heap copy (its period is not timed).
             self.ways.copy.spoil(p);
         }
         crate::seen::msg(false, src, info.tmh.tag, info.len, read_proto(&plan, cma, hw.is_some()));
-        let op = ReadOp {
-            rid,
-            src,
-            n,
-            got: 0,
-            hw,
-            info,
-            split,
-            remote_write: plan.remote_write,
-            failed: false,
-            at_once,
-            revoke_ack: false,
-            placed,
-        };
+        let op = ReadOp { rid, src, n, got: 0, hw, info, phase: ReadPhase::start(&plan), placed };
         let k = self.reads.insert(op);
         debug_assert_eq!(k, key);
         if n == 0 {
@@ -292,7 +405,7 @@ impl State {
     pub(in crate::engine) fn request_streamed(&mut self, key: Key, len: usize) {
         if let Some(op) = self.reads.get_mut(key) {
             // Asked now: the target refuses it if it abandons the send.
-            op.at_once = false;
+            op.phase = op.phase.restreamed();
             if let Some(p) = op.placed {
                 self.ways.copy.spoil(p);
             }
@@ -308,9 +421,9 @@ impl State {
             read: read_name(key),
             mode: ReadMode::Share { dst: dst as u64 },
             send: op.info.tmh.app_ctx,
-            va: op.info.rvh.va.wrapping_add(op.split as u64),
+            va: op.info.rvh.va.wrapping_add(op.split() as u64),
             key: op.info.key,
-            len: (op.n - op.split) as u64,
+            len: (op.n - op.split()) as u64,
             reader_maps_heap: false,
             dst_heap: heap.map(HeapPlace::from),
         };
@@ -322,7 +435,7 @@ impl State {
         let Some(op) = self.reads.get_mut(key) else { return Ok(()) };
         op.got += k;
         if op.got >= op.n {
-            let ok = !op.failed;
+            let ok = op.phase.ends_ok();
             self.finish_read(key, ok)?;
         }
         Ok(())
@@ -392,9 +505,9 @@ impl State {
         self.end_recv(op.rid, failure);
         Ok(())
     }
-    /// The answer to a revoke that waited for read `op` to end ([`ReadOp::revoke_ack`]).
+    /// The answer to a revoke that waited for read `op` to end ([`Revoke::Owed`]).
     fn ack_revoke(&mut self, op: &ReadOp) {
-        if op.revoke_ack {
+        if op.phase.owes_revoke_ack() {
             // A FIN the TM-SRQ queued goes first.
             self.take_transmits();
             self.outbox.control(op.src, Control::RevokeAck { name: op.info.tmh.app_ctx });
@@ -456,7 +569,7 @@ impl State {
     /// The target wrote its share of read `read` into our buffer.
     pub(in crate::engine) fn on_write_done(&mut self, read: Key) -> Result<()> {
         let op = self.reads.get(read).ok_or_else(|| malformed("write completion for no read"))?;
-        let share = op.n - op.split;
+        let share = op.n - op.split();
         self.read_progress(read, share)
     }
 
@@ -468,8 +581,7 @@ impl State {
         if split > op.n {
             return Err(malformed("read grant splits outside the read"));
         }
-        op.split = split;
-        op.remote_write = split < op.n;
+        op.phase = op.phase.granted(split);
         if let Some(p) = op.placed {
             if heap.is_some() {
                 // Served from the target's shared heap: neither way was measured.
@@ -532,4 +644,105 @@ fn read_proto(plan: &ReadPlan, cma: bool, offloaded: bool) -> u32 {
         (_, false) => Proto::WAY_STREAM,
     };
     Proto::RNDV | way | if offloaded { Proto::OFFLOADED } else { Proto::SOFTWARE }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The transitions of a read's phase ([`ReadPhase`]), one row each: a grant answers an
+    /// asked read; a copy that cannot run is asked again through the ring and is no longer
+    /// revocable; a copy that fails keeps its split (the target's share still comes); a revoke
+    /// of a pre-grant whose share was asked is answered at the end, and fails the read now
+    /// otherwise.
+    #[test]
+    fn read_phase_transitions_table() {
+        const N: usize = 64 << 10;
+        const S: usize = 32 << 10;
+        use ReadPhase::*;
+        use Revoke::*;
+        let asked = Asked { single: true };
+        let at_once = AtOnce { split: S, revoke: Open };
+        let whole = AtOnce { split: N, revoke: Open };
+        let owed = AtOnce { split: S, revoke: Owed };
+        // (what, from, transition, to)
+        type Step = fn(ReadPhase) -> Option<ReadPhase>;
+        let rows: Vec<(&str, ReadPhase, Step, Option<ReadPhase>)> = vec![
+            ("asked, granted", asked, |p| Some(p.granted(S)), Some(Granted { split: S })),
+            ("asked stream, granted whole", Asked { single: false }, |p| Some(p.granted(N)), Some(Granted { split: N })),
+            ("at once, a stray grant", owed, |p| Some(p.granted(N)), Some(AtOnce { split: N, revoke: Owed })),
+            ("granted, restreamed", Granted { split: S }, |p| Some(p.restreamed()), Some(Restreamed { split: S, ack_owed: false })),
+            ("at once, restreamed", at_once, |p| Some(p.restreamed()), Some(Restreamed { split: S, ack_owed: false })),
+            ("revoked, restreamed", owed, |p| Some(p.restreamed()), Some(Restreamed { split: S, ack_owed: true })),
+            ("asked, restreamed", asked, |p| Some(p.restreamed()), Some(asked)),
+            (
+                "failed pre-grant, restreamed",
+                Failed { split: S, revoke: Some(Open) },
+                |p| Some(p.restreamed()),
+                Some(Failed { split: S, revoke: None }),
+            ),
+            ("granted, failed", Granted { split: S }, |p| Some(p.failed(N)), Some(Failed { split: S, revoke: None })),
+            ("at once, failed", at_once, |p| Some(p.failed(N)), Some(Failed { split: S, revoke: Some(Open) })),
+            ("revoked, failed", owed, |p| Some(p.failed(N)), Some(Failed { split: S, revoke: Some(Owed) })),
+            ("asked, failed", asked, |p| Some(p.failed(N)), Some(Failed { split: N, revoke: None })),
+            ("at once with a share, revoked", at_once, |p| p.revoked(N), Some(owed)),
+            ("revoked again", owed, |p| p.revoked(N), Some(owed)),
+            ("at once, whole, revoked: fails now", whole, |p| p.revoked(N), None),
+            (
+                "failed with a share, revoked",
+                Failed { split: S, revoke: Some(Open) },
+                |p| p.revoked(N),
+                Some(Failed { split: S, revoke: Some(Owed) }),
+            ),
+            ("granted: not revocable", Granted { split: S }, |p| p.revoked(N), None),
+        ];
+        for (what, from, step, want) in rows {
+            assert_eq!(step(from), want, "{what}: from {from:?}");
+        }
+    }
+
+    /// What each phase says ([`ReadPhase`]): who copies what, whether the target may write
+    /// into the buffer, whether it may revoke, whether the read ends well, and whether a
+    /// revoke's answer waits for its end.
+    #[test]
+    fn read_phase_queries_table() {
+        const N: usize = 64 << 10;
+        const S: usize = 32 << 10;
+        use ReadPhase::*;
+        use Revoke::*;
+        // (phase, split, remote write, revocable, ends ok, owes the revoke's answer)
+        let rows = [
+            (Asked { single: true }, N, true, false, true, false),
+            (Asked { single: false }, N, false, false, true, false),
+            (Granted { split: S }, S, true, false, true, false),
+            (Granted { split: N }, N, false, false, true, false),
+            (AtOnce { split: S, revoke: Open }, S, true, true, true, false),
+            (AtOnce { split: N, revoke: Open }, N, false, true, true, false),
+            (AtOnce { split: S, revoke: Owed }, S, true, true, true, true),
+            (Restreamed { split: S, ack_owed: false }, S, true, false, true, false),
+            (Restreamed { split: N, ack_owed: true }, N, false, false, true, true),
+            (Failed { split: S, revoke: None }, S, true, false, false, false),
+            (Failed { split: S, revoke: Some(Open) }, S, true, true, false, false),
+            (Failed { split: N, revoke: Some(Owed) }, N, false, true, false, true),
+        ];
+        for (p, split, remote, revocable, ok, owes) in rows {
+            let got = (p.split(N), p.remote_write(N), p.revocable(), p.ends_ok(), p.owes_revoke_ack());
+            assert_eq!(got, (split, remote, revocable, ok, owes), "{p:?}");
+        }
+    }
+
+    /// A read starts as its plan says: asked (for single copy or a stream), or copied at once
+    /// from a pre-grant, revocable.
+    #[test]
+    fn read_phase_starts_by_the_plan() {
+        let ask = |cma| ReadPlan { start: ReadStart::Ask { cma }, remote_write: cma };
+        assert_eq!(ReadPhase::start(&ask(true)), ReadPhase::Asked { single: true });
+        assert_eq!(ReadPhase::start(&ask(false)), ReadPhase::Asked { single: false });
+        let pre = ReadPlan { start: ReadStart::AtOnce { heap: false, split: 9 }, remote_write: true };
+        assert_eq!(ReadPhase::start(&pre), ReadPhase::AtOnce { split: 9, revoke: Revoke::Open });
+        for plan in [ask(true), ask(false), pre] {
+            let p = ReadPhase::start(&plan);
+            assert_eq!((p.split(16), p.remote_write(16)), (plan.split(16), plan.remote_write), "{plan:?}");
+        }
+    }
 }

@@ -32,7 +32,7 @@ impl Engine {
                 self.st.ways.heaps.grants.remove(&(key.idx(), key.gen()));
                 continue;
             };
-            let (src, rid, len, va, total) = (op.src, op.rid, op.split, op.info.rvh.va, op.n);
+            let (src, rid, len, va, total) = (op.src, op.rid, op.split(), op.info.rvh.va, op.n);
             let pid = self.fabric.peer_pid(src);
             let buf = match self.st.reqs.get(rid) {
                 Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
@@ -93,7 +93,7 @@ impl Engine {
             }
             Some(Err(_)) => {
                 if let Some(op) = self.st.reads.get_mut(key) {
-                    op.failed = true;
+                    op.phase = op.phase.failed(op.n);
                 }
                 self.st.read_progress(key, len)?;
             }
@@ -113,7 +113,7 @@ impl Engine {
         while k < CMA_MANY {
             let Some(next) = self.st.outbox.peek_read() else { break };
             let Some(op) = self.st.reads.get(next) else { break };
-            let len = op.split;
+            let len = op.split();
             if op.src != src || len == 0 || len > CMA_BATCH_READ_MAX || total + len > CMA_BATCH_BYTES {
                 break;
             }
@@ -172,7 +172,7 @@ impl Engine {
             }
             Err(_) => {
                 if let Some(op) = self.st.reads.get_mut(key) {
-                    op.failed = true;
+                    op.phase = op.phase.failed(op.n);
                 }
                 self.st.read_progress(key, len)?;
             }

@@ -1,7 +1,7 @@
 //! The rendezvous stages step by step, over the in-process fabric or a real segment.
 
 use super::super::testkit::{pair, recv, send, settle};
-use super::reader::ReadOp;
+use super::reader::{ReadOp, ReadPhase};
 use super::*;
 use tmpi_transport::shm::heap::HeapDesc;
 
@@ -119,20 +119,7 @@ fn a_busy_target_splits_only_the_largest_reads() {
         pregranted: false,
     };
     let rid = Key::new(0, 0);
-    let read = || ReadOp {
-        rid,
-        src: 1,
-        n: 1,
-        got: 0,
-        hw: None,
-        info,
-        split: 1,
-        remote_write: false,
-        failed: false,
-        at_once: false,
-        revoke_ack: false,
-        placed: None,
-    };
+    let read = || ReadOp { rid, src: 1, n: 1, got: 0, hw: None, info, phase: ReadPhase::Granted { split: 1 }, placed: None };
     e.st.reads.insert(read());
     assert_eq!(split_of(&mut e, 256 << 10), 256 << 10, "busy: the reader copies it all");
     assert_eq!(split_of(&mut e, 2 << 20), 1 << 20, "busy, but large: split");
@@ -165,20 +152,8 @@ fn heap_reads_go_around_the_cache_for_large_reads_and_large_windows() {
         len: 1,
         pregranted: false,
     };
-    let read = |n: usize| ReadOp {
-        rid: Key::new(0, 0),
-        src: 1,
-        n,
-        got: 0,
-        hw: None,
-        info,
-        split: n,
-        remote_write: false,
-        failed: false,
-        at_once: false,
-        revoke_ack: false,
-        placed: None,
-    };
+    let read =
+        |n: usize| ReadOp { rid: Key::new(0, 0), src: 1, n, got: 0, hw: None, info, phase: ReadPhase::Granted { split: n }, placed: None };
     // A window of small reads never makes any read go around.
     for _ in 0..(min / (AROUND_CACHE_MIN / 2)) {
         e.st.reads.insert(read(AROUND_CACHE_MIN / 2));
@@ -492,7 +467,7 @@ fn a_pregranted_heap_read_into_a_heap_is_shared_without_a_round_trip() {
             let st = &mut b.st;
             b.fabric.poll(|p| st.on_packet(p)).expect("poll");
             let k = b.st.outbox.reads().front().copied().expect("queued to copy at once");
-            assert_eq!(b.st.reads.get(k).map(|op| (op.split, op.remote_write)), Some((share_split(n), true)));
+            assert_eq!(b.st.reads.get(k).map(|op| (op.split(), op.remote_write())), Some((share_split(n), true)));
             let Rma::ReadReq(q) = last_rma(b) else { panic!("a share request") };
             assert_eq!(q.mode, ReadMode::Share { dst: at });
             assert!(q.dst_heap.is_some(), "the request names the buffer's place in the reader's heap");
@@ -542,7 +517,7 @@ fn a_lone_pregranted_read_asks_the_sender_for_its_share() {
         let st = &mut b.st;
         b.fabric.poll(|p| st.on_packet(p)).expect("poll");
         let k = b.st.outbox.reads().front().copied().expect("queued to copy at once");
-        let split = b.st.reads.get(k).map(|op| op.split).expect("the read");
+        let split = b.st.reads.get(k).map(|op| op.split()).expect("the read");
         if !shared {
             assert_eq!(split, n);
             assert!(b.st.outbox.ctl().iter().all(|(_, c)| c.flags & PKT_RMA == 0), "nothing asked");
@@ -662,7 +637,7 @@ fn a_window_shares_with_a_target_that_is_not_reading_from_us() {
             b.fabric.poll(|p| st.on_packet(p)).expect("poll");
             b.st.settle_cq().expect("completions");
         }
-        let splits: Vec<usize> = b.st.outbox.reads().iter().map(|&k| b.st.reads.get(k).expect("read").split).collect();
+        let splits: Vec<usize> = b.st.outbox.reads().iter().map(|&k| b.st.reads.get(k).expect("read").split()).collect();
         let want = if round == 0 { [share_split(n); 2] } else { [share_split(n), n] };
         assert_eq!(splits, want, "round {round}: the lone read shares; the second only while `a` is not reading");
         settle(&mut [&mut *a, &mut *b]);

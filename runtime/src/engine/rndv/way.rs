@@ -198,7 +198,9 @@ pub(in crate::engine) struct ReadPlan {
 
 impl ReadPlan {
     /// Bytes this rank copies itself before the target answers (all of them unless a share
-    /// goes to the target).
+    /// goes to the target). The read's phase holds it from then on
+    /// ([`ReadPhase::split`](super::reader::ReadPhase::split)): the tests check the two agree.
+    #[cfg(test)]
     pub(in crate::engine) fn split(&self, n: usize) -> usize {
         match self.start {
             ReadStart::AtOnce { split, .. } => split,
