@@ -210,6 +210,7 @@ impl<'scope> Request<'scope> {
     ///
     /// # Errors
     /// The operation's error ([`Error::Truncated`], [`Error::PeerGone`], ...).
+    #[inline]
     pub fn wait(mut self) -> Result<Status> {
         if seen::on() {
             return self.wait_seen();
@@ -243,6 +244,7 @@ impl<'scope> Request<'scope> {
     ///
     /// # Errors
     /// As [`Request::wait`].
+    #[inline]
     pub fn test(&mut self) -> Result<Option<Status>> {
         if seen::on() {
             return self.test_seen();
