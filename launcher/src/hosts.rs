@@ -611,6 +611,21 @@ mod tests {
                 assert!(t.elapsed() < std::time::Duration::from_secs(20), "the rank never started");
                 std::thread::sleep(std::time::Duration::from_millis(10));
             };
+            // The wrapper starts the watchdog just after the rank: wait for it (its command
+            // line names the rank's pid; `setsid` has made its session by the time `sh` runs
+            // it), or a loaded host can deliver the signals below before it exists.
+            let mark = format!("\0tmpi-watchdog\0{rank}\0");
+            let watchdog_up = || {
+                std::fs::read_dir("/proc")
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&mark)))
+            };
+            while !watchdog_up() {
+                assert!(t.elapsed() < std::time::Duration::from_secs(20), "the watchdog never started");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             // As tmpirun ends a job: the link closes, the group gets SIGTERM, then SIGKILL.
             drop(link);
             // SAFETY: kill(2) has no memory effects; `group` is the wrapper's own new group.

@@ -107,8 +107,11 @@ fn the_merged_trace_checks_and_has_every_rank_and_call() {
     }
     // Every message racy sends is received: one flow per message received, each from a message
     // leaving its source to the receive that matched it.
+    // racy's wildcard polls make an event each: on a loaded host they can fill the ring, which
+    // then keeps the newest events (and says so); only a trace that lost none has them all.
     let ins = t.slices.iter().filter(|s| s.name == "msg in").count();
-    assert!(ins >= 3 * 5 * 2, "{ins} messages received in the trace");
+    let dropped = t.other.as_ref().and_then(|o| o["dropped_events"].as_u64()).expect("otherData.dropped_events");
+    assert!(ins >= 3 * 5 * 2 || (dropped > 0 && ins > 0), "{ins} messages received in the trace, {dropped} events dropped");
     assert_eq!(t.flows.len(), ins, "flows against messages received");
     for f in &t.flows {
         assert_joins(f);
