@@ -190,6 +190,24 @@ fn send_floors(events: &[Placed]) -> HashMap<usize, u64> {
 /// call that sent it and the receiver's stamp: the `msg out` slice is moved back to just
 /// before the `msg in` (keeping its end), never before the span it lies in.
 fn order_message_ends(events: &mut [Placed]) {
+    let floors = send_floors(events);
+    for (o, i) in pair_messages(events).0 {
+        let (arrived, out) = (events[i].start, events[o]);
+        if out.start < arrived {
+            continue;
+        }
+        let floor = floors.get(&o).copied().unwrap_or(0);
+        let start = arrived.saturating_sub(1).max(floor);
+        let end = out.start + out.dur;
+        events[o].start = start;
+        events[o].dur = (end - start).max(MIN_MSG_DUR);
+    }
+}
+
+/// Each message's two ends, as (index of its `msg out`, index of its `msg in`), joined by
+/// (source, destination, tag, id), the receives in the order they matched; and the number of
+/// message ends without their other end.
+fn pair_messages(events: &[Placed]) -> (Vec<(usize, usize)>, usize) {
     let mut outs: HashMap<MsgKey, usize> = HashMap::new();
     let mut ins: Vec<(usize, MsgKey)> = Vec::new();
     for (i, p) in events.iter().enumerate().filter(|(_, p)| p.ev.id != 0 && p.ev.peer != NONE) {
@@ -201,19 +219,10 @@ fn order_message_ends(events: &mut [Placed]) {
             _ => {}
         }
     }
-    let floors = send_floors(events);
-    for (i, key) in ins {
-        let Some(&o) = outs.get(&key) else { continue };
-        let (arrived, out) = (events[i].start, events[o]);
-        if out.start < arrived {
-            continue;
-        }
-        let floor = floors.get(&o).copied().unwrap_or(0);
-        let start = arrived.saturating_sub(1).max(floor);
-        let end = out.start + out.dur;
-        events[o].start = start;
-        events[o].dur = (end - start).max(MIN_MSG_DUR);
-    }
+    let ends = outs.len() + ins.len();
+    ins.sort_by_key(|&(i, _)| (events[i].start, events[i].rank));
+    let pairs: Vec<(usize, usize)> = ins.into_iter().filter_map(|(i, key)| outs.remove(&key).map(|o| (o, i))).collect();
+    (pairs, ends)
 }
 
 /// Makes the spans of each thread nest: a span that would end after the span it starts in is
@@ -374,22 +383,10 @@ type MsgKey = (u32, u32, u32, u64);
 /// Flow events from each message out to the message in with the same (source, destination,
 /// tag, id).
 fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
-    let mut outs: HashMap<MsgKey, &Placed> = HashMap::new();
-    let mut ins: Vec<(&Placed, MsgKey)> = Vec::new();
-    for p in placed.iter().filter(|p| p.ev.id != 0 && p.ev.peer != NONE) {
-        match p.ev.kind() {
-            Some(Kind::MsgOut) => {
-                outs.insert((p.rank, p.ev.peer, p.ev.tag, p.ev.id), p);
-            }
-            Some(Kind::MsgIn) => ins.push((p, (p.ev.peer, p.rank, p.ev.tag, p.ev.id))),
-            _ => {}
-        }
-    }
-    let total_ends = outs.len() + ins.len();
+    let (pairs, ends) = pair_messages(placed);
     let mut id = 0u64;
-    ins.sort_by_key(|(p, _)| (p.start, p.rank));
-    for (pin, key) in ins {
-        let Some(pout) = outs.remove(&key) else { continue };
+    for (o, i) in pairs {
+        let (pout, pin) = (&placed[o], &placed[i]);
         if pout.dur < MIN_MSG_DUR || pin.dur < MIN_MSG_DUR || pout.start > pin.start {
             continue;
         }
@@ -407,7 +404,7 @@ fn flows(out: &mut String, placed: &[Placed], summary: &mut Summary) {
         }
     }
     summary.flows = id as usize;
-    summary.unpaired = total_ends - 2 * summary.flows;
+    summary.unpaired = ends - 2 * summary.flows;
 }
 
 /// Merges the ranks' traces into one trace-event JSON document.
