@@ -128,6 +128,7 @@ impl Engine {
     ///
     /// # Errors
     /// As [`Engine::hand_over`]; the rank is then not marked finalized.
+    #[cfg(test)]
     pub(crate) fn finalize(&mut self) -> Result<()> {
         self.hand_over()?;
         self.mark_finalized();
