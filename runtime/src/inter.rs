@@ -13,8 +13,9 @@
 //! sender by its rank in the sender's group, which is its remote rank for the receiver, so the
 //! engine's matching and its check that no peer speaks for another hold unchanged. Each group
 //! also has a private communicator of its own for the local half of the collectives
-//! ([`InterComm::barrier`], [`InterComm::bcast`]), whose messages between the groups go on the
-//! remote context's collective side, each call's on a tag of its own.
+//! ([`InterComm::barrier`], [`InterComm::bcast`], [`InterComm::allreduce`],
+//! [`InterComm::allgather`]), whose messages between the groups go on the remote context's
+//! collective side, each call's on a tag of its own.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use bytemuck::Pod;
 use crate::comm::{Comm, Source, Status, TagMatch};
 use crate::error::{Error, Result};
 use crate::group::Group;
-use crate::op::Op;
+use crate::op::{Op, Reducible};
 use crate::request::{Request, Scope};
 use crate::{Rank, Tag, TAG_UB};
 
@@ -100,6 +101,8 @@ impl std::fmt::Debug for InterComm {
 const KIND_BARRIER: u32 = 1;
 const KIND_BCAST: u32 = 2;
 const KIND_AGREE: u32 = 3;
+const KIND_ALLREDUCE: u32 = 4;
+const KIND_ALLGATHER: u32 = 5;
 
 /// Verdicts of [`Comm::intercomm_create`]'s leader check, which its group learns.
 const BAD_REMOTE_RANK: u64 = 1;
@@ -403,6 +406,71 @@ impl InterComm {
         }
     }
 
+    /// The leaders' half of a collective: rank 0 of each group sends `mine` to the other's
+    /// rank 0 and receives its `theirs`, which is then broadcast to the group. `theirs` is
+    /// broadcast even when the leader's exchange failed, so that no member waits for it.
+    fn leaders_swap(&self, tag: Tag, mine: &[u8], theirs: &mut [u8]) -> Result<()> {
+        let mut got = Ok(());
+        if self.local.rank() == 0 {
+            let ctx = self.wire.coll_ctx();
+            got = self.wire.sendrecv_ctx(ctx, mine, 0, tag, theirs, Some(0), Some(tag)).and_then(|st| {
+                if st.len == theirs.len() {
+                    Ok(())
+                } else {
+                    Err(Error::Truncated { source_rank: 0, tag, len: st.len, capacity: theirs.len() })
+                }
+            });
+        }
+        let spread = self.local.bcast(theirs, 0);
+        got.and(spread)
+    }
+
+    /// Combines `send` of every process of the remote group with `op` into `recv` (MPI's
+    /// intercommunicator `MPI_Allreduce`: each group receives the other's reduction;
+    /// collective over both groups).
+    ///
+    /// # Errors
+    /// [`Error::InvalidBuffer`] when `send` and `recv` differ in length (on that process);
+    /// [`Error::InvalidOp`]; [`Error::Truncated`] when the groups pass different lengths;
+    /// [`Error::PeerGone`].
+    pub fn allreduce<T: Pod + Reducible>(&self, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
+        let tag = self.next_tag(KIND_ALLREDUCE);
+        if send.len() != recv.len() {
+            return Err(Error::InvalidBuffer(format!("allreduce: send has {} elements, recv {}", send.len(), recv.len())));
+        }
+        let mut mine = vec![T::zeroed(); send.len()];
+        let root = self.local.rank() == 0;
+        self.local.reduce(send, root.then_some(&mut mine[..]), op, 0)?;
+        self.leaders_swap(tag, bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(recv))
+    }
+
+    /// Collects `send` of every process of the remote group, in its rank order, into `recv`
+    /// (MPI's intercommunicator `MPI_Allgather`; collective over both groups): `recv` holds
+    /// `remote_size() * send.len()` elements.
+    ///
+    /// # Errors
+    /// [`Error::InvalidBuffer`] when `recv` does not hold that many; [`Error::Truncated`]
+    /// when the groups pass different lengths; [`Error::PeerGone`].
+    pub fn allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let tag = self.next_tag(KIND_ALLGATHER);
+        let want = send
+            .len()
+            .checked_mul(self.remote_size())
+            .ok_or_else(|| Error::InvalidBuffer("allgather: the receive length overflows".into()))?;
+        if recv.len() != want {
+            return Err(Error::InvalidBuffer(format!(
+                "allgather: recv has {} elements, {} remote ranks of {} need {want}",
+                recv.len(),
+                self.remote_size(),
+                send.len()
+            )));
+        }
+        let root = self.local.rank() == 0;
+        let mut mine = vec![T::zeroed(); if root { send.len() * self.size() } else { 0 }];
+        self.local.gather(send, root.then_some(&mut mine[..]), 0)?;
+        self.leaders_swap(tag, bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(recv))
+    }
+
     /// Sends `buf` to rank `dest` of the remote group (as [`Comm::send`]).
     ///
     /// # Errors
@@ -660,6 +728,51 @@ mod tests {
         });
         for (r, g) in got.iter().enumerate() {
             assert!(g.iter().all(|&b| b), "rank {r}: {g:?}");
+        }
+    }
+
+    /// A receive that only a departed remote rank could satisfy fails, from that rank or from
+    /// `ANY_SOURCE` over the remote group, and does not wait for the local group.
+    #[test]
+    fn receives_from_a_departed_remote_group_fail() {
+        let got = run_local(3, |w| {
+            let (lo, ic) = halves(&w, 1);
+            if lo {
+                drop(ic);
+                w.finalize().unwrap();
+                return (true, true);
+            }
+            let any = ic.recv(&mut [0u8], ANY_SOURCE, 1);
+            let one = ic.recv(&mut [0u8], 0, 1);
+            (matches!(any, Err(Error::PeerGone { .. })), matches!(one, Err(Error::PeerGone { .. })))
+        });
+        assert_eq!(got, vec![(true, true); 3]);
+    }
+
+    #[test]
+    fn allreduce_and_allgather_take_the_remote_groups_data() {
+        for (n, low) in [(2, 1), (3, 1), (4, 3), (5, 2)] {
+            let got = run_local(n, |w| {
+                let (lo, ic) = halves(&w, low);
+                let r = w.rank() as u64;
+                let mut sum = [0u64; 2];
+                ic.allreduce(&[r, 1], &mut sum, Op::Sum).unwrap();
+                let mut all = vec![0u64; ic.remote_size() * 2];
+                ic.allgather(&[r, r * 10], &mut all).unwrap();
+                let bad = matches!(ic.allgather(&[r], &mut [0u64; 0]), Err(Error::InvalidBuffer(_)) if ic.remote_size() > 0);
+                let bad2 = matches!(ic.allreduce(&[r], &mut [0u64; 2], Op::Sum), Err(Error::InvalidBuffer(_)));
+                // The group that failed its own call alone is erroneous in MPI; here both
+                // sides failed alike before any communication, so the next call pairs up.
+                ic.barrier().unwrap();
+                (lo, sum, all, bad && bad2)
+            });
+            for (r, (lo, sum, all, bad)) in got.into_iter().enumerate() {
+                let remote: Vec<u64> = if lo { (low..n).map(|x| x as u64).collect() } else { (0..low).map(|x| x as u64).collect() };
+                assert_eq!(sum, [remote.iter().sum::<u64>(), remote.len() as u64], "{n}/{low} rank {r}");
+                let want: Vec<u64> = remote.iter().flat_map(|&x| [x, x * 10]).collect();
+                assert_eq!(all, want, "{n}/{low} rank {r}");
+                assert!(bad, "{n}/{low} rank {r}");
+            }
         }
     }
 }

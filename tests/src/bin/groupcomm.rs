@@ -21,7 +21,8 @@
 //! instead: every way of cutting the world in two (first `k` ranks against the rest, and the
 //! even ranks against the odd ones), each joined by `intercomm_create` with leaders that are
 //! not rank 0 of their half; messages both ways addressed by remote rank and received from
-//! `ANY_SOURCE`, non-blocking ones in a scope, `bcast` both ways, `barrier`, `dup`, `merge`
+//! `ANY_SOURCE`, non-blocking ones in a scope, `bcast` both ways, `barrier`, `allreduce` and
+//! `allgather` across, `dup`, `merge`
 //! in both orders with an allreduce on the result; and the refusals (a remote leader outside
 //! the peer communicator or inside the own group, on every rank of the group).
 
@@ -238,6 +239,14 @@ fn exercise_inter(w: &Comm, me: bool, mine: &[usize], theirs: &[usize], ic: &Int
         v.check(b == [want; 3], || format!("{what}: bcast from the {root_side} side's rank {root} gave {b:?}"));
     }
     ic.barrier()?;
+    // Each side receives the other side's sum and its ranks in order.
+    let mut sum = [0u64];
+    ic.allreduce(&[r as u64], &mut sum, Op::Sum)?;
+    let want: u64 = theirs.iter().map(|&x| x as u64).sum();
+    v.check(sum[0] == want, || format!("{what}: allreduce across gave {}, expected {want}", sum[0]));
+    let mut all = vec![0u64; theirs.len()];
+    ic.allgather(&[r as u64], &mut all)?;
+    v.check(all.iter().map(|&x| x as usize).eq(theirs.iter().copied()), || format!("{what}: allgather across gave {all:?}"));
     let d = ic.dup()?;
     d.send(&[r as u32], lr % remote, 23)?;
     for _ in &senders {
