@@ -44,8 +44,8 @@ fn object_of(addr: usize) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
-/// Resets to the default action each of [`TAKEN`] whose handler lives in one of the
-/// [`FOREIGN`] libraries; returns the signals reset. Call it early (before other threads
+/// Resets to the default action each of the signals those libraries take whose handler lives
+/// in one of them; returns the signals reset. Call it early (before other threads
 /// start), as the process starts the runtime.
 pub fn restore_default_signals() -> Vec<libc::c_int> {
     let mut reset = Vec::new();
