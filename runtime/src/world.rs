@@ -197,12 +197,23 @@ fn init_world(level: Threading) -> Result<World> {
         ofi_provider: cfg.ofi_provider.as_deref(),
     };
     let fabric = wire_up(bc.kv(), &env, &how)?;
-    if cfg.stats {
+    let stats = cfg.stats;
+    let line = stats.then(|| {
         let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
-        eprintln!("tmpi-fabric rank={rank} kind={}{provider} bad_connections={}", fabric.name(), fabric.bad_connections());
-    }
+        format!("tmpi-fabric rank={rank} kind={}{provider} bad_connections={}", fabric.name(), fabric.bad_connections())
+    });
     let one_host = matches!(fabric, AnyFabric::Shm(_));
-    let world = world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level);
+    #[allow(unused_mut)]
+    let mut engine = Engine::new(fabric, rank, size, cfg)?;
+    // Who matches point-to-point over OFI (`TMPI_OFI_MATCHING`): said on the fabric line.
+    #[cfg(feature = "ofi")]
+    let matching = engine.choose_matching()?.map(|m| format!(" matching={m}")).unwrap_or_default();
+    #[cfg(not(feature = "ofi"))]
+    let matching = String::new();
+    if let Some(line) = line {
+        eprintln!("{line}{matching}");
+    }
+    let world = world_from_engine(engine, Some(bc), level);
     // The collectives' map of the hosts, learned once for the world (one allgather when the
     // job spans hosts); every later communicator derives its own from it.
     crate::coll::topo::learn(&world, one_host)?;
@@ -237,6 +248,10 @@ impl World {
         let r = e.finalize();
         if e.cfg.stats {
             eprintln!("{}", e.stats_line());
+            #[cfg(feature = "ofi")]
+            if let Some(line) = e.ofi_stats_line() {
+                eprintln!("{line}");
+            }
         }
         drop(e);
         // Every later call through a communicator, request or message that outlived the

@@ -132,6 +132,10 @@ impl Engine {
     /// A failure of progress (a peer that broke the protocol); the rank is then not marked
     /// finalized, so its exit reads as a failure.
     pub(crate) fn finalize(&mut self) -> Result<()> {
+        #[cfg(feature = "ofi")]
+        if self.pm.is_some() {
+            self.pm_drain()?;
+        }
         let mut b = self.backoff();
         loop {
             let busy = self.out_pending > 0 || !self.st.outbox.is_empty() || !self.st.reads.is_empty();

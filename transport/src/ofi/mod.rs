@@ -136,7 +136,8 @@ pub fn wire_up(kv: &mut dyn KeyValue, rank: usize, size: usize, cfg: &OfiConfig)
     let mut ep = Endpoint::open(&domain, size)?;
     let host = crate::bootstrap::wireup::host_id();
     let mut value = format!("{provider}\0{}\0{host}\0", std::process::id()).into_bytes();
-    value.extend_from_slice(&ep.name()?);
+    let own = ep.name()?;
+    value.extend_from_slice(&own);
     kv.put(&addr_key(rank), &value)?;
     kv.fence()?;
     let mut addrs = vec![FI_ADDR_UNSPEC; size];
@@ -153,6 +154,9 @@ pub fn wire_up(kv: &mut dyn KeyValue, rank: usize, size: usize, cfg: &OfiConfig)
         addrs[r] = ep.insert(p.addr).map_err(|e| Error::Fabric(format!("rank {r}'s OFI address: {e}")))?;
         pids[r] = if p.host == host { p.pid } else { 0 };
     }
+    // Its own address too: point-to-point matched by the provider sends a rank's messages to
+    // itself through the provider, so that a wildcard receive posted there sees them.
+    addrs[rank] = ep.insert(&own).map_err(|e| Error::Fabric(format!("rank {rank}'s own OFI address: {e}")))?;
     let mut f = OfiFabric::new(rank, ep, addrs)?;
     f.set_peer_pids(pids);
     Ok(f)

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::core::{Completion, Desc, Endpoint, OpKind, Post};
-use super::p2p::{Done, Matched, ProviderCore, Status, TaggedP2p};
+use super::p2p::{Delivered, Done, Matched, ProviderCore, Status, TaggedP2p};
 use super::tag;
 use crate::error::{Error, Result};
 use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
@@ -81,8 +81,9 @@ pub struct OfiFabric {
     /// Point-to-point matched by the provider on the same endpoint, once
     /// [`OfiFabric::enable_matching`] turned it on.
     mpi: Option<ProviderCore>,
-    /// Receives of `mpi` that finished, for the next [`TaggedP2p::progress`].
-    mpi_done: Vec<Done>,
+    /// Completions of `mpi`'s operations read by the packets' progress, for the next
+    /// [`TaggedP2p::progress`] or [`OfiFabric::p2p_progress`].
+    mpi_raw: Vec<Completion>,
     /// The address vector, by rank (kept for `mpi`).
     addrs: Vec<u64>,
 }
@@ -124,7 +125,7 @@ impl OfiFabric {
         let pids = vec![0; addrs.len()];
         let mut f = OfiFabric {
             mpi: None,
-            mpi_done: Vec::new(),
+            mpi_raw: Vec::new(),
             addrs: addrs.clone(),
             rank,
             ep,
@@ -238,8 +239,9 @@ impl OfiFabric {
 
     /// Hands completion `c` to its owner: matching by the provider, or the packets.
     fn handle(&mut self, c: Completion) -> Result<()> {
-        if let (Some(m), true) = (self.mpi.as_mut(), ProviderCore::owns(&c)) {
-            return m.finish(c, &mut self.mpi_done);
+        if self.mpi.is_some() && ProviderCore::owns(&c) {
+            self.mpi_raw.push(c);
+            return Ok(());
         }
         match c.kind {
             OpKind::Send => self.sent(c),
@@ -503,6 +505,52 @@ impl OfiFabric {
         self.mpi.as_ref().map(ProviderCore::eager_max)
     }
 
+    /// The longest message [`OfiFabric::p2p_send`] takes (`None` while matching by the
+    /// provider is off): see [`ProviderCore::floor`].
+    pub fn p2p_floor(&self) -> Option<usize> {
+        self.mpi.as_ref().map(ProviderCore::floor)
+    }
+
+    /// Sends `msg` (at most [`OfiFabric::p2p_floor`] bytes) to rank `dest` with context
+    /// `ctx` and MPI tag `tag`, matched by the provider ([`ProviderCore::send_owned`]).
+    ///
+    /// # Errors
+    /// As [`ProviderCore::send_owned`]; matching by the provider off.
+    pub fn p2p_send(&mut self, dest: u32, ctx: u32, tag: u32, msg: Vec<u8>) -> Result<()> {
+        self.with_mpi(|m, ep| m.send_owned(ep, dest, ctx, tag, msg))
+    }
+
+    /// Handles of the receives matching by the provider still has posted.
+    pub fn p2p_live(&self) -> Vec<u64> {
+        self.mpi.as_ref().map(ProviderCore::live_handles).unwrap_or_default()
+    }
+
+    /// Flushes point-to-point's sends, progresses the endpoint (packets included) and
+    /// returns point-to-point's completions read meanwhile.
+    fn p2p_read(&mut self) -> Result<Vec<Completion>> {
+        let mut owned = Vec::new();
+        self.with_mpi(|m, ep| m.flush(ep, &mut owned))?;
+        OfiFabric::progress(self)?;
+        owned.append(&mut self.mpi_raw);
+        Ok(owned)
+    }
+
+    /// [`TaggedP2p::progress`] that lends each finished receive's bytes to `f` with its
+    /// handle instead of copying them (see [`ProviderCore::finish_with`]); returns how many
+    /// point-to-point operations completed.
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::progress`].
+    pub fn p2p_progress(&mut self, mut f: impl FnMut(u64, Delivered<'_>)) -> Result<usize> {
+        let owned = self.p2p_read()?;
+        let n = owned.len();
+        let Some(m) = self.mpi.as_mut() else { return Ok(0) };
+        for c in owned {
+            m.finish_with(c, &mut f)?;
+        }
+        Ok(n)
+    }
+
     /// The endpoint and the matching core, for one call; afterwards, the completions of
     /// packets the core read go where they belong.
     fn with_mpi<T>(&mut self, f: impl FnOnce(&mut ProviderCore, &mut Endpoint) -> Result<T>) -> Result<T> {
@@ -547,9 +595,11 @@ impl TaggedP2p for OfiFabric {
 
     /// Progresses the packets too: one completion queue serves both.
     fn progress(&mut self, done: &mut Vec<Done>) -> Result<()> {
-        self.with_mpi(|m, ep| m.flush(ep, done))?;
-        OfiFabric::progress(self)?;
-        done.append(&mut self.mpi_done);
+        let owned = self.p2p_read()?;
+        let Some(m) = self.mpi.as_mut() else { return Ok(()) };
+        for c in owned {
+            m.finish(c, done)?;
+        }
         Ok(())
     }
 }
