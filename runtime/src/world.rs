@@ -198,10 +198,8 @@ fn init_world(level: Threading) -> Result<World> {
     };
     let fabric = wire_up(bc.kv(), &env, &how)?;
     let stats = cfg.stats;
-    let line = stats.then(|| {
-        let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
-        format!("tmpi-fabric rank={rank} kind={}{provider} bad_connections={}", fabric.name(), fabric.bad_connections())
-    });
+    let (kind, bad) = (fabric.name(), fabric.bad_connections());
+    let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
     let one_host = matches!(fabric, AnyFabric::Shm(_));
     #[allow(unused_mut)]
     let mut engine = Engine::new(fabric, rank, size, cfg)?;
@@ -210,8 +208,8 @@ fn init_world(level: Threading) -> Result<World> {
     let matching = engine.choose_matching()?.map(|m| format!(" matching={m}")).unwrap_or_default();
     #[cfg(not(feature = "ofi"))]
     let matching = String::new();
-    if let Some(line) = line {
-        eprintln!("{line}{matching}");
+    if stats {
+        eprintln!("tmpi-fabric rank={rank} kind={kind}{provider}{matching} bad_connections={bad}");
     }
     let world = world_from_engine(engine, Some(bc), level);
     // The collectives' map of the hosts, learned once for the world (one allgather when the
