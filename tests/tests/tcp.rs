@@ -405,13 +405,16 @@ mod ofi {
     }
 
     /// `tmpirun --info` (built with the feature) lists the providers libfabric offers: here
-    /// the software ones (`tcp;ofi_rxm`, `shm`), none marked as hardware.
+    /// the software ones (`tcp;ofi_rxm`, `shm`), none marked as hardware, each with its default
+    /// matching.
     #[test]
     fn ofi_tmpirun_info_lists_the_providers() {
         let out = Command::new(tmpi_tests::tmpirun()).arg("--info").output().expect("run tmpirun --info");
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text.lines().find(|l| l.starts_with("OFI (libfabric) providers: ")).unwrap_or_default();
         assert!(line.contains("tcp;ofi_rxm") && line.contains("shm") && !line.contains("(hardware)"), "{text}");
+        // Who matches on each by default (TMPI_OFI_MATCHING=auto).
+        assert!(line.contains("tcp;ofi_rxm (matching: provider)") && line.contains("shm (matching: software)"), "{text}");
     }
 
     /// Issue 57 item 2 and 4: the same seeded random point-to-point mix (`randmix --extra`:
