@@ -2,7 +2,9 @@
 //! collectives: [`Comm::send_typed`], [`Comm::recv_typed`], [`Comm::sendrecv_typed`],
 //! [`Comm::isend_typed`], [`Comm::irecv_typed`], [`Comm::bcast_typed`],
 //! [`Comm::gather_typed`], [`Comm::scatter_typed`], [`Comm::allgather_typed`],
-//! [`Comm::alltoall_typed`], and for reducible elements [`Comm::reduce_typed`] and
+//! [`Comm::alltoall_typed`], the v-collectives [`Comm::gatherv_typed`],
+//! [`Comm::scatterv_typed`], [`Comm::allgatherv_typed`], [`Comm::alltoallv_typed`] (counts in
+//! elements), [`Comm::ssend_typed`], and for reducible elements [`Comm::reduce_typed`] and
 //! [`Comm::allreduce_typed`].
 //!
 //! A buffer is a [`Buf`] (to read) or a [`BufMut`] (to write): a slice, or the elements of a
@@ -55,6 +57,8 @@ use crate::op::{Op, Reducible};
 use crate::request::{Request, Scope};
 use crate::typemap::Element;
 use crate::{Rank, Tag};
+
+mod vcoll;
 
 /// Elements to read: a slice, or the elements of a slice that a [`Layout`] selects.
 #[derive(Debug)]

@@ -232,6 +232,11 @@ impl World {
         self.shutdown()
     }
 
+    /// Finalizes: hands over this rank's outgoing data, tells the launcher, and only then
+    /// lets the peers see this rank departed. In that order because a peer that fails on
+    /// seeing it go (a receive only this rank could match) may exit at once; `tmpirun`, having
+    /// heard this rank's finalize first, then waits for this rank's own exit before it
+    /// decides who failed first (a `main` that returns `Err` finalizes on the way out).
     fn shutdown(&mut self) -> Result<()> {
         if self.finalized {
             return Ok(());
@@ -243,7 +248,7 @@ impl World {
         }
         let mut e = self.comm.inner.eng.lock_for_cleanup()?;
         // This rank's own outgoing data only: finalize never waits for other ranks.
-        let r = e.finalize();
+        let r = e.hand_over();
         if e.cfg.stats {
             eprintln!("{}", e.stats_line());
             #[cfg(feature = "ofi")]
@@ -262,6 +267,7 @@ impl World {
         if let Some(bc) = self.bootstrap.get_mut().unwrap_or_else(PoisonError::into_inner).as_mut() {
             let _ = bc.finalize();
         }
+        self.comm.inner.eng.lock_for_cleanup()?.mark_finalized();
         Ok(())
     }
 

@@ -37,7 +37,7 @@ use crate::peers::{build_cacheline, build_peer, Paths};
 use crate::plot::{plot, Legend, Series};
 use crate::report::{csv, Cacheline, HostChecks, Launch, Report};
 use crate::run::run;
-use crate::spec::{command_line, segments, Bench, Lib, Peer, Rows, Segment, DEPTHS, GROUPS};
+use crate::spec::{command_line, segments, Bench, Lib, Peer, Rows, Segment, DEPTHS, GROUPS, OFI_LIBS};
 use crate::stats::Samples;
 
 /// Compare tmpi with Open MPI and MPICH on this machine: latency, bandwidth, bidirectional
@@ -85,9 +85,17 @@ struct Cli {
     #[arg(long)]
     launch_reps: Option<usize>,
     /// Configurations to run: tmpi, tmpi-shared (tmpi with point-to-point buffers in its
-    /// shared heap, `-d shared`), ompi (Open MPI), ompi-nosc (Open MPI without CMA), mpich.
+    /// shared heap, `-d shared`), ompi (Open MPI), ompi-nosc (Open MPI without CMA), mpich;
+    /// and the OFI ones (see --ofi): tmpi-ofi, tmpi-tcp, ompi-ofi.
     #[arg(long, value_delimiter = ',', default_value = "tmpi,tmpi-shared,ompi,ompi-nosc,mpich")]
     libs: Vec<String>,
+    /// The OFI comparison (issue 57): tmpi over libfabric's `tcp` provider (tmpi-ofi), tmpi
+    /// over its own TCP fabric (tmpi-tcp) and Open MPI's `mtl ofi` over the same provider
+    /// (ompi-ofi), all on loopback; replaces --libs. tmpi's benchmarks must be built with
+    /// the feature `ofi` (`cargo build --release -p tmpi-bench -p tmpi-launcher --features
+    /// ofi --bins`).
+    #[arg(long)]
+    ofi: bool,
     /// Directory of tmpi's release binaries (default: this program's directory when it is a
     /// `release` directory, else `<root>/target/release`).
     #[arg(long)]
@@ -609,9 +617,12 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     let max_size = cli.max_size.unwrap_or(if cli.quick { 1 << 20 } else { 64 << 20 });
     let benches = if cli.no_bench { Vec::new() } else { selected_benches(&cli.benches)? };
     let mut wanted = Vec::new();
-    for k in &cli.libs {
-        let lib = Lib::from_key(k.trim())
-            .ok_or_else(|| Error::Usage(format!("unknown configuration {k:?} (use tmpi, ompi, ompi-nosc, mpich)")))?;
+    let keys: Vec<String> = if cli.ofi { OFI_LIBS.iter().map(|l| l.key().to_string()).collect() } else { cli.libs.clone() };
+    for k in &keys {
+        let lib = Lib::from_key(k.trim()).ok_or_else(|| {
+            let known: Vec<&str> = Lib::ALL.iter().map(|l| l.key()).collect();
+            Error::Usage(format!("unknown configuration {k:?} (use {})", known.join(", ")))
+        })?;
         if !wanted.contains(&lib) {
             wanted.push(lib);
         }

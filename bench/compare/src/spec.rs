@@ -18,15 +18,31 @@ pub enum Lib {
     OmpiNoCma,
     /// MPICH (Debian's build: ch4 device over UCX).
     Mpich,
+    /// tmpi over libfabric (`TMPI_FABRIC=ofi`, provider [`OFI_PROVIDER`]); needs tmpi's
+    /// benchmarks built with the feature `ofi`. Not in the default set.
+    TmpiOfi,
+    /// tmpi over its own TCP fabric (`TMPI_FABRIC=tcp`, loopback): what `auto` uses between
+    /// hosts, the baseline of the OFI comparison.
+    TmpiTcp,
+    /// Open MPI over libfabric (`--mca pml cm --mca mtl ofi`, provider [`OFI_PROVIDER`]).
+    OmpiOfi,
 }
+
+/// The libfabric provider of the OFI configurations: `tcp` (through `ofi_rxm`), the one both
+/// tmpi and Open MPI's `mtl ofi` run on here (Open MPI's OFI MTL refuses `shm`:
+/// bench/results/ofi-floor.md), bound to loopback (`FI_TCP_IFACE=lo`).
+pub const OFI_PROVIDER: &str = "tcp";
+
+/// The configurations of the OFI comparison (`--ofi`).
+pub const OFI_LIBS: [Lib; 3] = [Lib::TmpiOfi, Lib::TmpiTcp, Lib::OmpiOfi];
 
 impl Lib {
     /// Every configuration, tmpi first.
-    pub const ALL: [Lib; 5] = [Lib::Tmpi, Lib::TmpiShared, Lib::Ompi, Lib::OmpiNoCma, Lib::Mpich];
+    pub const ALL: [Lib; 8] = [Lib::Tmpi, Lib::TmpiShared, Lib::TmpiOfi, Lib::TmpiTcp, Lib::Ompi, Lib::OmpiNoCma, Lib::OmpiOfi, Lib::Mpich];
 
     /// Whether this is a tmpi configuration (not a peer).
     pub fn is_tmpi(self) -> bool {
-        matches!(self, Lib::Tmpi | Lib::TmpiShared)
+        self.peer().is_none()
     }
 
     /// Whether `bench` runs under this configuration (the shared heap only changes where
@@ -43,6 +59,9 @@ impl Lib {
             Lib::Ompi => "ompi",
             Lib::OmpiNoCma => "ompi-nosc",
             Lib::Mpich => "mpich",
+            Lib::TmpiOfi => "tmpi-ofi",
+            Lib::TmpiTcp => "tmpi-tcp",
+            Lib::OmpiOfi => "ompi-ofi",
         }
     }
 
@@ -54,14 +73,17 @@ impl Lib {
             Lib::Ompi => "Open MPI",
             Lib::OmpiNoCma => "Open MPI (no CMA)",
             Lib::Mpich => "MPICH",
+            Lib::TmpiOfi => "tmpi (OFI tcp)",
+            Lib::TmpiTcp => "tmpi (own TCP)",
+            Lib::OmpiOfi => "Open MPI (mtl ofi, tcp)",
         }
     }
 
     /// The peer implementation whose binaries this configuration runs (`None` for tmpi).
     pub fn peer(self) -> Option<Peer> {
         match self {
-            Lib::Tmpi | Lib::TmpiShared => None,
-            Lib::Ompi | Lib::OmpiNoCma => Some(Peer::OpenMpi),
+            Lib::Tmpi | Lib::TmpiShared | Lib::TmpiOfi | Lib::TmpiTcp => None,
+            Lib::Ompi | Lib::OmpiNoCma | Lib::OmpiOfi => Some(Peer::OpenMpi),
             Lib::Mpich => Some(Peer::Mpich),
         }
     }
@@ -439,18 +461,32 @@ pub const DEPTH_WARMUP: usize = 500;
 /// `bin_dir` holds `tmpirun`; `prog` is a full path.
 pub fn command_line(lib: Lib, np: usize, bin_dir: &Path, prog: &Path, args: &[String]) -> Vec<String> {
     let np = np.to_string();
+    let tmpirun = |env: &[String]| {
+        let mut v = vec![bin_dir.join("tmpirun").display().to_string()];
+        for e in env {
+            v.extend(["-x".to_string(), e.clone()]);
+        }
+        v.extend(["-n".to_string(), np.clone()]);
+        v
+    };
     let mut v: Vec<String> = match lib {
-        Lib::Tmpi => vec![bin_dir.join("tmpirun").display().to_string(), "-n".into(), np],
+        Lib::Tmpi => tmpirun(&[]),
         // The receive window of osu_bw/osu_bibw (64 slots of up to 64 MiB) must fit in the
         // heap, or it falls back to private memory: 8 GiB of address space (pages are only
         // taken as written, as with ordinary buffers).
-        Lib::TmpiShared => {
-            vec![bin_dir.join("tmpirun").display().to_string(), "-x".into(), format!("TMPI_SHARED_HEAP={SHARED_HEAP}"), "-n".into(), np]
-        }
-        Lib::Ompi | Lib::OmpiNoCma => {
+        Lib::TmpiShared => tmpirun(&[format!("TMPI_SHARED_HEAP={SHARED_HEAP}")]),
+        Lib::TmpiOfi => tmpirun(&["TMPI_FABRIC=ofi".into(), format!("TMPI_OFI_PROVIDER={OFI_PROVIDER}"), "FI_TCP_IFACE=lo".into()]),
+        Lib::TmpiTcp => tmpirun(&["TMPI_FABRIC=tcp".into()]),
+        Lib::Ompi | Lib::OmpiNoCma | Lib::OmpiOfi => {
             let mut v = vec!["mpirun.openmpi".into(), "--allow-run-as-root".into(), "--oversubscribe".into(), "-np".into(), np];
             if lib == Lib::OmpiNoCma {
                 v.extend(["--mca".into(), "btl_vader_single_copy_mechanism".into(), "none".into()]);
+            }
+            if lib == Lib::OmpiOfi {
+                for (k, val) in [("pml", "cm"), ("mtl", "ofi"), ("mtl_ofi_provider_include", OFI_PROVIDER), ("oob_tcp_if_include", "lo")] {
+                    v.extend(["--mca".into(), k.into(), val.into()]);
+                }
+                v.extend(["-x".into(), "FI_TCP_IFACE=lo".into()]);
             }
             v
         }
@@ -528,5 +564,15 @@ mod tests {
         assert_eq!(command_line(Lib::Mpich, 2, Path::new("/b"), p, &[]).join(" "), "mpirun.mpich -np 2 /p/lat");
         assert_eq!(Lib::from_key("ompi-nosc"), Some(Lib::OmpiNoCma));
         assert_eq!(Lib::from_key("lam"), None);
+        let c = command_line(Lib::TmpiOfi, 2, Path::new("/b"), p, &[]);
+        assert_eq!(c.join(" "), "/b/tmpirun -x TMPI_FABRIC=ofi -x TMPI_OFI_PROVIDER=tcp -x FI_TCP_IFACE=lo -n 2 /p/lat");
+        let c = command_line(Lib::OmpiOfi, 2, Path::new("/b"), p, &[]);
+        assert_eq!(
+            c.join(" "),
+            "mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 --mca pml cm --mca mtl ofi \
+             --mca mtl_ofi_provider_include tcp --mca oob_tcp_if_include lo -x FI_TCP_IFACE=lo /p/lat"
+        );
+        assert_eq!(command_line(Lib::TmpiTcp, 2, Path::new("/b"), p, &[]).join(" "), "/b/tmpirun -x TMPI_FABRIC=tcp -n 2 /p/lat");
+        assert!(OFI_LIBS.iter().all(|l| Lib::from_key(l.key()) == Some(*l)));
     }
 }

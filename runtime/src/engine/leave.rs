@@ -123,15 +123,27 @@ impl Engine {
         !self.fabric.pending_from(peer) && matches!(self.st.ux.incoming(peer), Some(Incoming::Idle) | None)
     }
 
-    /// Hands over this rank's own outgoing data, then records that it finalized: queued
-    /// messages and control packets are pushed, reads it serves are streamed, and rendezvous
-    /// reads it is making finish (so their senders get their FIN). It never waits for what
-    /// other ranks do: work for a peer that has departed is dropped.
+    /// Hands over this rank's own outgoing data, then records that it finalized (see
+    /// [`Engine::hand_over`] and [`Engine::mark_finalized`]).
     ///
     /// # Errors
-    /// A failure of progress (a peer that broke the protocol); the rank is then not marked
-    /// finalized, so its exit reads as a failure.
+    /// As [`Engine::hand_over`]; the rank is then not marked finalized.
+    #[cfg(test)]
     pub(crate) fn finalize(&mut self) -> Result<()> {
+        self.hand_over()?;
+        self.mark_finalized();
+        Ok(())
+    }
+
+    /// Hands over this rank's own outgoing data: queued messages and control packets are
+    /// pushed, reads it serves are streamed, and rendezvous reads it is making finish (so
+    /// their senders get their FIN). It never waits for what other ranks do: work for a peer
+    /// that has departed is dropped.
+    ///
+    /// # Errors
+    /// A failure of progress (a peer that broke the protocol); the caller should then not
+    /// mark the rank finalized, so that its exit reads as a failure.
+    pub(crate) fn hand_over(&mut self) -> Result<()> {
         #[cfg(feature = "ofi")]
         if self.pm.is_some() {
             self.pm_drain()?;
@@ -140,7 +152,7 @@ impl Engine {
         loop {
             let busy = self.out_pending > 0 || !self.st.outbox.is_empty() || !self.st.reads.is_empty();
             if !busy {
-                break;
+                return Ok(());
             }
             if self.progress()? == 0 {
                 if b.snooze() {
@@ -150,8 +162,12 @@ impl Engine {
                 b.reset();
             }
         }
+    }
+
+    /// Records in the fabric that this rank finalized: from now on its peers see it departed
+    /// (a receive only it could match fails with [`Error::PeerGone`]).
+    pub(crate) fn mark_finalized(&mut self) {
         self.fabric.mark_finalized();
-        Ok(())
     }
 
     /// Drops queued work whose peer has departed (finalize waits for nothing from them).

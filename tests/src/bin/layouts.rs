@@ -13,7 +13,8 @@
 //! bools, a nested struct, an array and a tuple, whole and through layouts, blocking and not,
 //! small and a rendezvous; a message whose bool byte is 2 refused with `InvalidValue` and the
 //! buffer left as it was; and the typed collectives (`bcast`, `gather`, `scatter`,
-//! `allgather`, `alltoall`) with layouts on either side. Prints
+//! `allgather`, `alltoall`) with layouts on either side, the typed v-collectives (regions with
+//! gaps left alone) and `ssend_typed` around the ring. Prints
 //! `layouts: N ranks: C checks: OK`.
 
 use std::error::Error as StdError;
@@ -184,6 +185,50 @@ fn typed_collectives(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     Ok(())
 }
 
+/// The typed v-collectives: rank `r` contributes `r + 1` elements, each region followed by one
+/// element the call must leave alone; and a synchronous typed send around the ring.
+fn typed_v_collectives(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (me, p) = (w.rank(), w.size());
+    let counts: Vec<usize> = (0..p).map(|r| r + 1).collect();
+    let displs: Vec<usize> = (0..p).map(|r| r * (r + 3) / 2).collect();
+    let total = displs[p - 1] + counts[p - 1] + 1;
+    let want: Vec<Probe> = (0..total)
+        .map(|k| (0..p).find(|&r| (displs[r]..displs[r] + counts[r]).contains(&k)).map_or(BLANK, |r| probe(r, 0, k - displs[r])))
+        .collect();
+    let mine: Vec<Probe> = (0..=me).map(|i| probe(me, 0, i)).collect();
+    let mut every = vec![BLANK; total];
+    w.allgatherv_typed(&mine, &mut every, &counts, &displs)?;
+    v.check(every == want, || format!("allgatherv_typed: {every:?}"));
+    let mut at_root = vec![BLANK; total];
+    w.gatherv_typed(&mine, (me == 0).then_some(&mut at_root[..]), &counts, &displs, 0)?;
+    v.check(me != 0 || at_root == want, || format!("gatherv_typed: {at_root:?}"));
+    let mut back = vec![BLANK; me + 1];
+    w.scatterv_typed((me == 0).then_some(&want[..]), &counts, &displs, &mut back, 0)?;
+    v.check(back == mine, || format!("scatterv_typed: {back:?}"));
+    // alltoallv: two elements to every rank, received in reverse rank order.
+    let out: Vec<Probe> = (0..2 * p).map(|k| probe(me, k / 2, k % 2)).collect();
+    let (twos, evens) = (vec![2; p], (0..p).map(|d| 2 * d).collect::<Vec<_>>());
+    let rev: Vec<usize> = (0..p).map(|s| 2 * (p - 1 - s)).collect();
+    let mut inn = vec![BLANK; 2 * p];
+    w.alltoallv_typed(&out, &twos, &evens, &mut inn, &twos, &rev)?;
+    let ok = (0..p).all(|s| inn[rev[s]] == probe(s, me, 0) && inn[rev[s] + 1] == probe(s, me, 1));
+    v.check(ok, || format!("alltoallv_typed: {inn:?}"));
+    if p == 1 {
+        return Ok(()); // a synchronous send to itself would wait for a receive never posted
+    }
+    let mut got = [BLANK];
+    let (next, prev) = ((me + 1) % p, (me + p - 1) % p);
+    if me % 2 == 0 {
+        w.ssend_typed(&[probe(me, next, 5)], next, 104)?;
+        w.recv_typed(&mut got, prev, 104)?;
+    } else {
+        w.recv_typed(&mut got, prev, 104)?;
+        w.ssend_typed(&[probe(me, next, 5)], next, 104)?;
+    }
+    v.check(got == [probe(prev, me, 5)], || format!("ssend_typed: {got:?}"));
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn StdError>> {
     let w = tmpi::init()?;
     let (r, p) = (w.rank(), w.size());
@@ -207,6 +252,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
         }
     }
     typed_collectives(&w, &mut v)?;
+    typed_v_collectives(&w, &mut v)?;
     v.finish(&w, &format!("{p} ranks"))?;
     w.finalize()?;
     Ok(())
