@@ -397,6 +397,24 @@ pub fn shm_pair_one_thread(cfg: Config) -> (World, World) {
     (w0, w1)
 }
 
+/// [`shm_pair_one_thread`] over the OFI fabric on `cfg`'s provider (`TMPI_OFI_PROVIDER`),
+/// with the matching `cfg` asks for (`TMPI_OFI_MATCHING`): what `pingpong_cost --ofi`
+/// counts. Builds with the cargo feature `ofi` only.
+///
+/// # Errors
+/// No provider, a libfabric call failing, or the matching refused.
+#[cfg(feature = "ofi")]
+#[doc(hidden)]
+pub fn ofi_pair_one_thread(cfg: Config) -> Result<(World, World)> {
+    let ocfg = tmpi_transport::ofi::OfiConfig { provider: cfg.ofi_provider.clone(), node: Some("127.0.0.1".into()) };
+    let (a, b) = tmpi_transport::ofi::pair_in_process(&ocfg)?;
+    let mut e0 = Engine::new(AnyFabric::Ofi(Box::new(a)), 0, 2, cfg.clone())?;
+    let mut e1 = Engine::new(AnyFabric::Ofi(Box::new(b)), 1, 2, cfg)?;
+    e0.choose_matching()?;
+    e1.choose_matching()?;
+    Ok((world_from_engine(e0, None, Threading::Single), world_from_engine(e1, None, Threading::Single)))
+}
+
 /// [`run_local`] with an explicit configuration.
 ///
 /// # Panics

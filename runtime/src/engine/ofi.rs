@@ -211,12 +211,13 @@ impl Engine {
     }
 
     /// Hands what the provider completed to its receives; returns how many operations
-    /// completed.
-    pub(super) fn pm_progress(&mut self) -> Result<usize> {
+    /// completed. With `read` false, only what the packets' poll just read (the round of
+    /// progress polled them first).
+    pub(super) fn pm_progress(&mut self, read: bool) -> Result<usize> {
         let (Some(pm), AnyFabric::Ofi(f)) = (self.pm.as_mut(), &mut self.fabric) else { return Ok(0) };
         let st = &mut self.st;
         let mut failure = None;
-        let n = f.p2p_progress(|h, d| {
+        let n = f.p2p_progress(read, |h, d| {
             if let Err(e) = pm.deliver(st, h, d) {
                 failure.get_or_insert(e);
             }
@@ -231,7 +232,7 @@ impl Engine {
     fn pm_settle(&mut self, h: u64, what: &str) -> Result<()> {
         let deadline = Instant::now() + LOCAL_WAIT;
         while self.pm.as_ref().is_some_and(|p| p.live.contains_key(&h)) {
-            if self.pm_progress()? == 0 {
+            if self.pm_progress(true)? == 0 {
                 if Instant::now() > deadline {
                     return Err(stuck(what));
                 }
@@ -288,7 +289,7 @@ impl Engine {
             if left == 0 {
                 return Ok(());
             }
-            if self.pm_progress()? == 0 {
+            if self.pm_progress(true)? == 0 {
                 if Instant::now() > deadline {
                     return Err(stuck("finalize's cancels"));
                 }

@@ -162,6 +162,28 @@ pub fn wire_up(kv: &mut dyn KeyValue, rank: usize, size: usize, cfg: &OfiConfig)
     Ok(f)
 }
 
+/// Two ranks' fabrics in this process on the configured provider (endpoints of one domain,
+/// each with both addresses in its address vector), for measurements that drive both ranks
+/// from one thread.
+///
+/// # Errors
+/// No provider; a libfabric call failing.
+pub fn pair_in_process(cfg: &OfiConfig) -> Result<(OfiFabric, OfiFabric)> {
+    let offer = cfg.offers()?.into_iter().next().ok_or_else(|| Error::Fabric("no libfabric provider".into()))?;
+    let domain = OfiDomain::open(offer)?;
+    let mut eps = [Endpoint::open(&domain, 2)?, Endpoint::open(&domain, 2)?];
+    let names = [eps[0].name()?, eps[1].name()?];
+    let mut addrs = [vec![0u64; 2], vec![0u64; 2]];
+    for (ep, at) in eps.iter_mut().zip(addrs.iter_mut()) {
+        for (r, name) in names.iter().enumerate() {
+            at[r] = ep.insert(name)?;
+        }
+    }
+    let [ea, eb] = eps;
+    let [aa, ab] = addrs;
+    Ok((OfiFabric::new(0, ea, aa)?, OfiFabric::new(1, eb, ab)?))
+}
+
 /// What a rank publishes at wire-up: `provider \0 pid \0 host \0 address`.
 struct Published<'a> {
     provider: String,

@@ -247,10 +247,13 @@ fn received(source: u32, tag: u32, mut data: Vec<u8>, cap: usize, truncated: boo
 /// ([`ProviderCore::owns`]).
 pub const P2P_USER: u64 = u64::MAX - 1;
 
-/// Sends in order: queued while the provider answers `-FI_EAGAIN`.
+/// Sends in order: queued while the provider answers `-FI_EAGAIN`; one of at most the
+/// provider's inject size with nothing queued before it is injected (`fi_tinject`: no
+/// completion to read).
 struct SendQueue {
     queue: VecDeque<(u64, u64, Vec<u8>)>,
     eager_max: usize,
+    inject: usize,
 }
 
 impl SendQueue {
@@ -260,7 +263,7 @@ impl SendQueue {
         // eager size is 16 KiB; the offer's inject size bounds it from below), less the
         // software header, so both matchers take the same payloads.
         let max = usize::try_from(o.max_msg_size).unwrap_or(usize::MAX);
-        SendQueue { queue: VecDeque::new(), eager_max: o.inject_size.max(16 << 10).min(max).saturating_sub(SOFT_HDR) }
+        SendQueue { queue: VecDeque::new(), eager_max: o.inject_size.max(16 << 10).min(max).saturating_sub(SOFT_HDR), inject: o.inject_size }
     }
 
     /// Refuses a payload longer than the eager limit.
@@ -272,6 +275,9 @@ impl SendQueue {
     }
 
     fn push(&mut self, ep: &mut Endpoint, dest: u64, bits: u64, msg: Vec<u8>) -> Result<()> {
+        if self.queue.is_empty() && msg.len() <= self.inject && ep.tinject(&msg, dest, bits)? {
+            return Ok(());
+        }
         self.queue.push_back((dest, bits, msg));
         self.flush(ep)
     }

@@ -32,6 +32,13 @@ pub const MAX_PACKET: usize = 64 * 1024;
 pub const HDR: usize = 16;
 /// Receives kept posted.
 pub const RX_DEPTH: usize = 64;
+/// Receives kept posted once the provider matches point-to-point
+/// ([`OfiFabric::enable_matching`]): a provider matches an arriving message against its
+/// posted receives in post order, so every packet receive ahead of an MPI receive costs each
+/// MPI message a comparison (64 of them were about 1 000 instructions a message in `ofi_rxm`,
+/// `pingpong_cost --ofi` under callgrind); packets are then few (control, collectives,
+/// rendezvous data), and the provider holds those that find no receive.
+pub const RX_DEPTH_MATCHING: usize = 8;
 /// Most sends outstanding (not counting injected ones).
 pub const TX_DEPTH: usize = 64;
 /// Most received packets held (delivered later, in order) before receives stop being
@@ -206,7 +213,8 @@ impl OfiFabric {
 
     fn post_receives(&mut self) -> Result<()> {
         let (bits, ignore) = (tag::PROTO_PACKET << tag::PROTO_SHIFT, !tag::PROTO_FIELD);
-        while self.rx_posted < RX_DEPTH && self.rx_held < RX_HELD_MAX {
+        let depth = if self.mpi.is_some() { RX_DEPTH_MATCHING } else { RX_DEPTH };
+        while self.rx_posted < depth && self.rx_held < RX_HELD_MAX {
             let buf = self.pool.pop().unwrap_or_default();
             let mut buf = buf;
             buf.resize(HDR + MAX_PACKET, 0);
@@ -492,6 +500,10 @@ impl OfiFabric {
     pub fn enable_matching(&mut self) {
         if self.mpi.is_none() {
             self.mpi = Some(ProviderCore::new(&self.ep, self.rank as u32, self.addrs.clone()));
+            // Fewer packet receives ahead of the MPI ones (see `RX_DEPTH_MATCHING`): the
+            // cancelled ones come back cancelled and are not reposted. A failed cancel
+            // leaves them posted, which costs time only.
+            let _ = self.ep.cancel_recvs(u64::MAX, RX_DEPTH_MATCHING);
         }
     }
 
@@ -525,24 +537,29 @@ impl OfiFabric {
         self.mpi.as_ref().map(ProviderCore::live_handles).unwrap_or_default()
     }
 
-    /// Flushes point-to-point's sends, progresses the endpoint (packets included) and
-    /// returns point-to-point's completions read meanwhile.
-    fn p2p_read(&mut self) -> Result<Vec<Completion>> {
+    /// Flushes point-to-point's sends, progresses the endpoint (packets included) when
+    /// `read`, and returns point-to-point's completions read meanwhile (and by the packets'
+    /// last poll).
+    fn p2p_read(&mut self, read: bool) -> Result<Vec<Completion>> {
         let mut owned = Vec::new();
         self.with_mpi(|m, ep| m.flush(ep, &mut owned))?;
-        OfiFabric::progress(self)?;
+        if read {
+            OfiFabric::progress(self)?;
+        }
         owned.append(&mut self.mpi_raw);
         Ok(owned)
     }
 
     /// [`TaggedP2p::progress`] that lends each finished receive's bytes to `f` with its
     /// handle instead of copying them (see [`ProviderCore::finish_with`]); returns how many
-    /// point-to-point operations completed.
+    /// point-to-point operations completed. With `read` false the completion queue is not
+    /// read again: only what the packets' last poll read is handed over (the engine polls
+    /// the packets first in each round of progress).
     ///
     /// # Errors
     /// As [`TaggedP2p::progress`].
-    pub fn p2p_progress(&mut self, mut f: impl FnMut(u64, Delivered<'_>)) -> Result<usize> {
-        let owned = self.p2p_read()?;
+    pub fn p2p_progress(&mut self, read: bool, mut f: impl FnMut(u64, Delivered<'_>)) -> Result<usize> {
+        let owned = self.p2p_read(read)?;
         let n = owned.len();
         let Some(m) = self.mpi.as_mut() else { return Ok(0) };
         for c in owned {
@@ -595,7 +612,7 @@ impl TaggedP2p for OfiFabric {
 
     /// Progresses the packets too: one completion queue serves both.
     fn progress(&mut self, done: &mut Vec<Done>) -> Result<()> {
-        let owned = self.p2p_read()?;
+        let owned = self.p2p_read(true)?;
         let Some(m) = self.mpi.as_mut() else { return Ok(()) };
         for c in owned {
             m.finish(c, done)?;
