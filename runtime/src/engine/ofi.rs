@@ -433,7 +433,15 @@ impl State {
             }
             Message::Rndv(..) => {
                 let info = RndvInfo::parse(data)?;
-                UxMsg { src_world: src, tag64: info.tmh.tag, total: info.len, data: Vec::new(), complete: false, ack: None, rndv: Some(info) }
+                UxMsg {
+                    src_world: src,
+                    tag64: info.tmh.tag,
+                    total: info.len,
+                    data: Vec::new(),
+                    complete: false,
+                    ack: None,
+                    rndv: Some(info),
+                }
             }
             _ => return Err(malformed_from(src, "a control message among provider-matched messages")),
         };

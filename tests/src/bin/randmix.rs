@@ -368,7 +368,9 @@ fn round_of(world: &tmpi::World, w: &Comm, sinks: Sinks<'_>, seed: u64, round: u
                 match w.probe(m.src, m.tag) {
                     Ok(st) => {
                         dig.status(&st);
-                        v.check(st.len() == m.size && st.source() == m.src && st.tag() == m.tag, || format!("{}: probe said {st:?}", what(m)))
+                        v.check(st.len() == m.size && st.source() == m.src && st.tag() == m.tag, || {
+                            format!("{}: probe said {st:?}", what(m))
+                        })
                     }
                     Err(e) => v.check(false, || format!("{}: probe: {e}", what(m))),
                 }

@@ -198,10 +198,14 @@ pub enum Matching {
 
 impl Matching {
     /// The default for `provider` (as libfabric names it, a layered one as `tcp;ofi_rxm`),
-    /// following `bench/results/ofi-matching.md` (instructions per 8-byte message under
-    /// callgrind, both sides, user space):
+    /// following `bench/results/ofi-matching.md` (instructions under callgrind, user space):
     ///
-    /// - `tcp`: the provider (about 4 750 against 5 100 in software).
+    /// - `tcp`: software. Alone on an endpoint the provider's matching was cheaper (about
+    ///   4 750 against 5 100 instructions per 8-byte message, both sides), but through tmpi's
+    ///   engine (`pingpong_cost --ofi`: post, send, wait, both ranks) an 8-byte hop costs
+    ///   about 7 400 instructions with the provider matching against 6 000 with software
+    ///   matching over the packets: `ofi_rxm` matches in software too, and the engine's
+    ///   completion handling of a provider receive costs more than its soft TM-SRQ path.
     /// - `shm`: software. The two cost the same within 3 % (about 3 000), and libfabric
     ///   1.17's `shm` cannot peek ([`super::Offer::peek_works`]), so probes could not see a
     ///   message the provider holds.
@@ -210,8 +214,7 @@ impl Matching {
     /// - Any other software provider (`udp`, `sockets`): software, what tmpi does today (not
     ///   measured).
     pub fn default_for(provider: &str) -> Matching {
-        let core = provider.split(';').next().unwrap_or("");
-        if core == "tcp" || super::is_hardware(provider) {
+        if super::is_hardware(provider) {
             Matching::Provider
         } else {
             Matching::Software
@@ -263,7 +266,11 @@ impl SendQueue {
         // eager size is 16 KiB; the offer's inject size bounds it from below), less the
         // software header, so both matchers take the same payloads.
         let max = usize::try_from(o.max_msg_size).unwrap_or(usize::MAX);
-        SendQueue { queue: VecDeque::new(), eager_max: o.inject_size.max(16 << 10).min(max).saturating_sub(SOFT_HDR), inject: o.inject_size }
+        SendQueue {
+            queue: VecDeque::new(),
+            eager_max: o.inject_size.max(16 << 10).min(max).saturating_sub(SOFT_HDR),
+            inject: o.inject_size,
+        }
     }
 
     /// Refuses a payload longer than the eager limit.
