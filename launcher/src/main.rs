@@ -28,6 +28,10 @@ use tmpi_transport::bootstrap::{KNOBS, LAUNCHER_VARS};
 use crate::error::{Error, Result};
 
 fn main() {
+    // libfabric's dependencies (libpsm2) take SIGSEGV, SIGABRT, SIGINT, SIGTERM... as they
+    // load; a crash of tmpirun must read as one, and its own signal handling comes later.
+    #[cfg(feature = "ofi")]
+    tmpi_transport::ofi::signals::restore_default_signals();
     let code = match real_main() {
         Ok(code) => code,
         Err(e) => {

@@ -249,6 +249,15 @@ impl Comm {
         })
     }
 
+    /// A communicator of the same ranks on a fresh context, for the runtime's own use: no
+    /// name, no attributes copied (collective).
+    pub(crate) fn dup_private(&self) -> Result<Comm> {
+        let id = self.agree_comm_id()?;
+        let c = self.with_id(id, self.inner.rank, self.inner.size, self.inner.members.clone())?;
+        shm::assign(&c)?;
+        Ok(c)
+    }
+
     /// A new communicator with the same ranks and a fresh context (collective).
     ///
     /// # Errors

@@ -70,6 +70,12 @@ impl std::fmt::Debug for Group {
 }
 
 impl Group {
+    /// The group of the processes of world ranks `members`, in that order, seen from the
+    /// process of world rank `me`.
+    pub(crate) fn from_world_ranks(members: Vec<usize>, me: usize) -> Group {
+        Group { members: members.into(), me }
+    }
+
     fn with(&self, members: Vec<usize>) -> Group {
         Group { members: members.into(), me: self.me }
     }

@@ -179,6 +179,10 @@ pub fn init_thread(required: Threading) -> Result<(World, Threading)> {
 }
 
 fn init_world(level: Threading) -> Result<World> {
+    // libfabric's dependencies take SIGSEGV, SIGABRT, SIGTERM... when they load: give them
+    // back, so that a rank that crashes or is ended reads as such (see the module's docs).
+    #[cfg(feature = "ofi")]
+    tmpi_transport::ofi::signals::restore_default_signals();
     let _ = wtime();
     let cfg = Config::from_env()?;
     let Some((mut bc, env)) = launcher()? else {

@@ -31,7 +31,7 @@ fn checked_output(example: &str, n: usize, out: &Outcome) -> String {
             assert_eq!(lines, want, "hello at {n} ranks\n{}", out.report());
             lines.join("\n")
         }
-        "pingpong" | "offload" if n == 1 => {
+        "pingpong" | "offload" | "intercomm" if n == 1 => {
             let lines = out.stdout_lines();
             assert!(
                 lines.len() == 1 && lines[0].contains("needs at least 2 ranks"),
@@ -120,7 +120,23 @@ macro_rules! example_tests {
     )*};
 }
 
-example_tests!(hello, ring, pingpong, wildcard, pi, heat1d, split, offload, halo, overlap, exchange, rayon_hybrid, reqset, particles);
+example_tests!(
+    hello,
+    ring,
+    pingpong,
+    wildcard,
+    pi,
+    heat1d,
+    split,
+    offload,
+    halo,
+    overlap,
+    exchange,
+    rayon_hybrid,
+    reqset,
+    particles,
+    intercomm
+);
 
 #[test]
 fn every_example_is_tested() {
@@ -146,6 +162,7 @@ fn every_example_is_tested() {
         "rayon_hybrid",
         "reqset",
         "particles",
+        "intercomm",
     ];
     tested.sort_unstable();
     assert_eq!(found, tested, "examples/src/bin and this test's list differ");

@@ -119,9 +119,15 @@ impl Ended {
 
 /// Runs `tmpirun -n np --report-pids --timeout T faultmatrix args...` to its end.
 fn run(np: usize, args: &[&str]) -> Ended {
+    run_with(np, &[], args)
+}
+
+/// [`run`] with `env` (`KEY=VALUE` strings) passed to every rank (`tmpirun -x`).
+fn run_with(np: usize, env: &[&str], args: &[&str]) -> Ended {
     let _slot = Slot::take();
     let start = Instant::now();
     let mut child = Command::new(tmpi_tests::tmpirun())
+        .args(env.iter().flat_map(|e| ["-x", e]))
         .args(["-n", &np.to_string(), "--report-pids", "--timeout", &JOB_TIMEOUT_SECS.to_string()])
         .arg(env!("CARGO_BIN_EXE_faultmatrix"))
         .args(args)
@@ -207,9 +213,9 @@ fn check_cleanup(e: &Ended, np: usize, ctx: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One case of the matrix; `Ok(teardown time)` or what was wrong.
-fn fault_case(np: usize, fault: &Fault, state: &str) -> Result<Duration, String> {
-    let e = run(np, &[fault.name, state]);
+/// One case of the matrix (its ranks get `env`); `Ok(teardown time)` or what was wrong.
+fn fault_case(np: usize, fault: &Fault, state: &str, env: &[&str]) -> Result<Duration, String> {
+    let e = run_with(np, env, &[fault.name, state]);
     let ctx = e.context(&format!("np {np}, fault {}, peers in {state}", fault.name));
     let code = e.status.code();
     if code == Some(124) {
@@ -272,8 +278,13 @@ fn run_all<C: Sync>(cases: &[C], label: impl Fn(&C) -> String + Sync, one: impl 
 
 /// Every fault at every size while the peers are in `states`.
 fn matrix(states: &[&'static str]) {
+    matrix_on(&SIZES, states, &[]);
+}
+
+/// Every fault at each of `sizes` while the peers are in `states`, the ranks getting `env`.
+fn matrix_on(sizes: &[usize], states: &[&'static str], env: &[&str]) {
     let mut cases = Vec::new();
-    for np in SIZES {
+    for &np in sizes {
         for f in &FAULTS {
             for &st in states {
                 cases.push((np, f, st));
@@ -281,7 +292,7 @@ fn matrix(states: &[&'static str]) {
         }
     }
     let t = Instant::now();
-    let failures = run_all(&cases, |(np, f, st)| format!("np {np} {} {st}", f.name), |&(np, f, st)| fault_case(np, f, st));
+    let failures = run_all(&cases, |(np, f, st)| format!("np {np} {} {st}", f.name), |&(np, f, st)| fault_case(np, f, st, env));
     println!("fault matrix {states:?}: {} jobs in {:.1?}", cases.len(), t.elapsed());
     if !failures.is_empty() {
         let names: Vec<&str> = failures.iter().map(|f| f.lines().next().unwrap_or("")).collect();
@@ -320,6 +331,16 @@ fn faults_while_peers_wait_on_requests() {
 #[test]
 fn faults_while_peers_are_in_a_barrier() {
     matrix(&[STATES[5]]);
+}
+
+/// The matrix over libfabric's OFI fabric (issue 57 item 5: every promise of the failure
+/// section holds over OFI): every fault while the peers wait in every state, at 3 ranks, over
+/// the `tcp` provider on loopback. `cargo test --release -p tmpi-tests --features ofi --test
+/// fault_matrix ofi_` (`.ci/run`'s OFI step).
+#[cfg(feature = "ofi")]
+#[test]
+fn ofi_faults_while_peers_wait_in_every_state() {
+    matrix_on(&[3], &STATES, &["TMPI_FABRIC=ofi", "TMPI_OFI_PROVIDER=tcp", "FI_TCP_IFACE=lo"]);
 }
 
 /// The last rank finalizes and leaves early; the others go on among themselves.

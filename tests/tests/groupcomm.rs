@@ -21,3 +21,21 @@ fn groupcomm_over_tcp_and_across_nodes() {
     let line = Job::tmpirun(5, "groupcomm").nodes_of(2).run().assert_ok_line("groupcomm: ");
     assert!(line.contains("5 ranks"), "{line:?}");
 }
+
+/// Intercommunicators (issue 59 item 7) through `tmpirun`: every cut of the world in two,
+/// point-to-point by remote rank, collectives across, dup, merge, refusals.
+#[test]
+fn intercomm_at_2_3_4_ranks() {
+    for n in [2, 3, 4] {
+        let line = Job::tmpirun(n, "groupcomm").arg("inter").run().assert_ok_line("groupcomm: ");
+        assert!(line.contains(&format!("{n} ranks: intercommunicators over {n} cuts")), "{line:?}");
+    }
+}
+
+#[test]
+fn intercomm_over_tcp_and_across_nodes() {
+    let line = Job::tmpirun(3, "groupcomm").arg("inter").env("TMPI_FABRIC", "tcp").run().assert_ok_line("groupcomm: ");
+    assert!(line.contains("3 ranks"), "{line:?}");
+    let line = Job::tmpirun(4, "groupcomm").arg("inter").nodes_of(2).run().assert_ok_line("groupcomm: ");
+    assert!(line.contains("4 ranks"), "{line:?}");
+}

@@ -16,10 +16,19 @@
 //!    next two ranks and to itself, and a hub (rank 0) that hears from every rank twice;
 //!    `neighbor_allgather` and `neighbor_alltoall` over it; an inconsistent graph refused on
 //!    every rank.
+//!
+//! With the argument `inter` (run at 2, 3 and 4 ranks, issue 59 item 7), intercommunicators
+//! instead: every way of cutting the world in two (first `k` ranks against the rest, and the
+//! even ranks against the odd ones), each joined by `intercomm_create` with leaders that are
+//! not rank 0 of their half; messages both ways addressed by remote rank and received from
+//! `ANY_SOURCE`, non-blocking ones in a scope, `bcast` both ways, `barrier`, `allreduce` and
+//! `allgather` across, `dup`, `merge`
+//! in both orders with an allreduce on the result; and the refusals (a remote leader outside
+//! the peer communicator or inside the own group, on every rank of the group).
 
 use std::error::Error as StdError;
 
-use tmpi::{Comm, Error, Op};
+use tmpi::{Comm, Error, InterComm, InterRoot, Op, ANY_SOURCE};
 use tmpi_tests::Verdict;
 
 /// A ring on `c` (each rank sends its world rank to the next), an allreduce of the world
@@ -160,9 +169,149 @@ fn dist_graph(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     Ok(())
 }
 
+/// Joins the ranks of `w` for which `side` is true with the others; the leader of each half is
+/// its last rank. Returns the half this rank is in and the intercommunicator.
+fn join(w: &Comm, side: &dyn Fn(usize) -> bool, tag: u32) -> tmpi::Result<(bool, Vec<usize>, Vec<usize>, InterComm)> {
+    let r = w.rank();
+    let me = side(r);
+    let mine: Vec<usize> = (0..w.size()).filter(|&x| side(x) == me).collect();
+    let theirs: Vec<usize> = (0..w.size()).filter(|&x| side(x) != me).collect();
+    let half = w.split(Some(u32::from(me)), 0)?.ok_or(Error::State("split gave no communicator".into()))?;
+    let last = |g: &[usize]| g.len() - 1;
+    let ic = half.intercomm_create(last(&mine), w, theirs[last(&theirs)], tag)?;
+    Ok((me, mine, theirs, ic))
+}
+
+/// One intercommunicator between world ranks `mine` (this rank's half, `me` tells which) and
+/// `theirs`, exercised.
+fn exercise_inter(w: &Comm, me: bool, mine: &[usize], theirs: &[usize], ic: &InterComm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, what) = (w.rank(), format!("halves {mine:?} | {theirs:?}"));
+    let lr = ic.rank();
+    v.check(ic.size() == mine.len() && ic.remote_size() == theirs.len() && mine[lr] == r, || {
+        format!("{what}: rank {lr} of {}, remote {}", ic.size(), ic.remote_size())
+    });
+    let rg = ic.remote_group();
+    v.check(rg.size() == theirs.len() && rg.rank().is_none() && ic.group().rank() == Some(lr), || format!("{what}: groups"));
+    // Everyone sends its world rank to every remote rank, blocking and non-blocking.
+    for d in 0..ic.remote_size() {
+        ic.send(&[r as u64], d, 21)?;
+    }
+    let mut got = vec![0u64; theirs.len()];
+    for _ in 0..theirs.len() {
+        let mut b = [0u64];
+        let st = ic.recv(&mut b, ANY_SOURCE, 21)?;
+        v.check(theirs.get(st.source()) == Some(&(b[0] as usize)), || format!("{what}: {} from remote rank {}", b[0], st.source()));
+        got[st.source()] = b[0];
+    }
+    let want: Vec<u64> = theirs.iter().map(|&x| x as u64).collect();
+    v.check(got == want, || format!("{what}: got {got:?} from the remote ranks"));
+    // Non-blocking: rank `lr` sends to remote rank `lr % remote`; it hears from the remote
+    // ranks `x` with `x % size == lr`.
+    let (size, remote) = (ic.size(), ic.remote_size());
+    let senders: Vec<usize> = (0..remote).filter(|x| x % size == lr).collect();
+    let mut bufs = vec![[0u64; 4]; senders.len()];
+    let out = [r as u64; 4];
+    let mut from = tmpi::scope(|s| -> tmpi::Result<Vec<usize>> {
+        let mut reqs = Vec::new();
+        for b in bufs.iter_mut() {
+            reqs.push(ic.irecv(s, b, ANY_SOURCE, 22)?);
+        }
+        ic.isend(s, &out, lr % remote, 22)?.wait()?;
+        reqs.into_iter().map(|q| q.wait().map(|st| st.source())).collect()
+    })?;
+    from.sort_unstable();
+    v.check(from == senders, || format!("{what}: non-blocking messages from {from:?}, expected {senders:?}"));
+    let mut vals: Vec<u64> = bufs.iter().map(|b| b[3]).collect();
+    vals.sort_unstable();
+    let want: Vec<u64> = senders.iter().map(|&x| theirs[x] as u64).collect();
+    v.check(vals == want, || format!("{what}: non-blocking values {vals:?}, expected {want:?}"));
+    // Broadcasts both ways: from rank 0 of the `true` half, then from the last of the other.
+    for (root_side, root) in [(true, 0), (false, if me { theirs.len() - 1 } else { mine.len() - 1 })] {
+        let mut b = [r as u64 + 500; 3];
+        let who = match (me == root_side, lr == root) {
+            (true, true) => InterRoot::Root,
+            (true, false) => InterRoot::ProcNull,
+            (false, _) => InterRoot::Remote(root),
+        };
+        ic.bcast(&mut b, who)?;
+        let root_world = if me == root_side { mine[root] } else { theirs[root] };
+        let want = if me == root_side && lr != root { r as u64 + 500 } else { root_world as u64 + 500 };
+        v.check(b == [want; 3], || format!("{what}: bcast from the {root_side} side's rank {root} gave {b:?}"));
+    }
+    ic.barrier()?;
+    // Each side receives the other side's sum and its ranks in order.
+    let mut sum = [0u64];
+    ic.allreduce(&[r as u64], &mut sum, Op::Sum)?;
+    let want: u64 = theirs.iter().map(|&x| x as u64).sum();
+    v.check(sum[0] == want, || format!("{what}: allreduce across gave {}, expected {want}", sum[0]));
+    let mut all = vec![0u64; theirs.len()];
+    ic.allgather(&[r as u64], &mut all)?;
+    v.check(all.iter().map(|&x| x as usize).eq(theirs.iter().copied()), || format!("{what}: allgather across gave {all:?}"));
+    let d = ic.dup()?;
+    d.send(&[r as u32], lr % remote, 23)?;
+    for _ in &senders {
+        let (m, st) = d.recv_vec::<u32>(ANY_SOURCE, 23)?;
+        v.check(m == [theirs[st.source()] as u32], || format!("{what}: dup carried {m:?}"));
+    }
+    d.barrier()?;
+    for high in [me, !me] {
+        let all = ic.merge(high)?;
+        // The half passing high = false comes first.
+        let (a, b) = if high { (theirs, mine) } else { (mine, theirs) };
+        let order: Vec<usize> = a.iter().chain(b).copied().collect();
+        let pos = order.iter().position(|&x| x == r);
+        v.check(all.size() == order.len() && Some(all.rank()) == pos, || format!("{what}: merge({high}) rank {}", all.rank()));
+        let mut sum = [0usize];
+        all.allreduce(&[r], &mut sum, Op::Sum)?;
+        v.check(sum[0] == order.iter().sum::<usize>(), || format!("{what}: merged allreduce {}", sum[0]));
+        let mut top = [if all.rank() == 0 { r } else { usize::MAX }];
+        all.bcast(&mut top, 0)?;
+        v.check(top[0] == order[0], || format!("{what}: merged bcast {}", top[0]));
+    }
+    Ok(())
+}
+
+/// `intercomm_create` refusals, on every rank of a half: a remote leader outside the peer
+/// communicator, a remote leader in the own group.
+fn bad_inters(w: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let n = w.size();
+    let low = w.rank() < n / 2;
+    let half = w.split(Some(u32::from(low)), 0)?.ok_or(Error::State("split gave no communicator".into()))?;
+    let r = half.intercomm_create(0, w, n, 31);
+    v.check_err(r, |e| matches!(e, Error::InvalidRank { rank, .. } if *rank == n), "InvalidRank for a remote leader outside the peer");
+    let own = if low { 0 } else { n / 2 };
+    let r = half.intercomm_create(0, w, own, 31);
+    v.check_err(r, |e| matches!(e, Error::InvalidGroup(_)), "InvalidGroup for a remote leader in the own group");
+    let r = w.intercomm_create(0, w, n - 1, 31);
+    v.check_err(r, |e| matches!(e, Error::InvalidGroup(_)), "InvalidGroup for the world against itself");
+    Ok(())
+}
+
+fn inter_main(world: &Comm) -> Result<(), Box<dyn StdError>> {
+    let n = world.size();
+    let mut v = Verdict::new("groupcomm", world.rank());
+    let mut cuts: Vec<Box<dyn Fn(usize) -> bool>> = (1..n).map(|k| Box::new(move |x: usize| x < k) as Box<dyn Fn(usize) -> bool>).collect();
+    cuts.push(Box::new(|x| x % 2 == 0));
+    for (i, cut) in cuts.iter().enumerate() {
+        let (me, mine, theirs, ic) = join(world, cut.as_ref(), 40 + i as u32)?;
+        exercise_inter(world, me, &mine, &theirs, &ic, &mut v)?;
+    }
+    bad_inters(world, &mut v)?;
+    v.finish(world, &format!("{n} ranks: intercommunicators over {} cuts, refusals", cuts.len()))?;
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn StdError>> {
     let world = tmpi::init()?;
     let n = world.size();
+    if std::env::args().nth(1).as_deref() == Some("inter") {
+        if n < 2 {
+            return Err(format!("groupcomm inter needs at least 2 ranks, got {n}").into());
+        }
+        inter_main(&world)?;
+        world.finalize()?;
+        return Ok(());
+    }
     let mut v = Verdict::new("groupcomm", world.rank());
     if n < 4 {
         return Err(format!("groupcomm needs at least 4 ranks, got {n}").into());

@@ -36,6 +36,7 @@ mod fabric;
 mod ffi;
 pub mod p2p;
 pub mod packet;
+pub mod signals;
 pub mod tag;
 #[cfg(test)]
 mod tests;
