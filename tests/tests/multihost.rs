@@ -393,6 +393,47 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     assert_nothing_left(&mark, "after tmpirun got SIGINT");
 }
 
+/// Issue 57 item 6: jobs over libfabric's OFI fabric (`TMPI_FABRIC=ofi`, the `tcp` provider)
+/// across two namespace hosts: ring and collcheck on 2 hosts x 2 ranks, every rank on OFI
+/// (`kind=ofi`), and a remote rank killed mid-job (the job ends naming it, nothing is left).
+/// `cargo test --release -p tmpi-tests --features ofi --test multihost ofi_` (`.ci/run`'s OFI
+/// step).
+#[cfg(feature = "ofi")]
+#[test]
+fn ofi_jobs_across_namespace_hosts() {
+    let Some(h) = Hosts::up_as(2, "mo") else { return };
+    let two_by_two = format!("{}:2,{}:2", h.addr(0), h.addr(1));
+    let bin = |p: &str| release_bin(p).to_string_lossy().into_owned();
+    let ofi = |args: &[&str]| {
+        let mut c = h.tmpirun(args);
+        c.env("TMPI_FABRIC", "ofi").env("TMPI_OFI_PROVIDER", "tcp").env("TMPI_STATS", "1");
+        c
+    };
+    for p in ["ring", "collcheck"] {
+        let o = ofi(&["-n", "4", "--host", &two_by_two, "--timeout", "120", &bin(p)]).output().expect("run tmpirun");
+        assert!(o.status.success(), "{p} over OFI: {}", report(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with(&format!("{p}: "))), "{p}: {}", report(&o));
+        let kinds = fabric_kinds(&o);
+        assert_eq!(kinds, (0..4).map(|r| (r, "ofi".to_string())).collect::<Vec<_>>(), "{p}: {}", report(&o));
+    }
+    let mark = format!("ofikill-{}", std::process::id());
+    let b = h.addr(1).to_string();
+    let env = [("TMPI_FABRIC", "ofi"), ("TMPI_OFI_PROVIDER", "tcp")];
+    let (mut child, err) = hanging_job_with(&h, &format!("{}:1,{b}:2", h.addr(0)), 3, &mark, &env);
+    let pid = rank_pid(&mark, 1).expect("rank 1's pid");
+    let t = Instant::now();
+    // SAFETY: kill(2) has no memory effects; `pid` is rank 1, found by its environment.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let status = child.0.wait().expect("wait for tmpirun");
+    let took = t.elapsed();
+    let err = err.join().expect("stderr").join("\n");
+    assert!(!status.success(), "{err}");
+    assert!(took < Duration::from_secs(6), "the job took {took:?} to end after the kill\n{err}");
+    assert!(err.contains(&format!("tmpirun: rank 1 (on host {b})")), "tmpirun should name rank 1\n{err}");
+    eprintln!("multihost over OFI: remote rank killed -> job ended in {took:?}");
+    assert_nothing_left(&mark, "after a remote rank was killed (OFI)");
+}
+
 /// The knob the tests of a vanishing host set (seconds); each fails only when the job is not
 /// over 4 times as long after the cut.
 const PEER_TIMEOUT: u64 = 3;
