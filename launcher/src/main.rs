@@ -203,7 +203,8 @@ fn print_info(binder: &binding::Binder) {
 
 /// `--info`'s line on libfabric: the providers `fi_getinfo` offers an RDM endpoint with
 /// `FI_TAGGED | FI_RMA` on, each marked `(hardware)` when `TMPI_FABRIC=auto` would take it
-/// between hosts.
+/// between hosts, and with who matches point-to-point on it by default
+/// (`TMPI_OFI_MATCHING=auto`: `Matching::default_for`).
 #[cfg(feature = "ofi")]
 fn ofi_providers() -> String {
     use tmpi_transport::ofi;
@@ -211,7 +212,17 @@ fn ofi_providers() -> String {
     match ofi::providers() {
         Ok(v) if v.is_empty() => format!("none found (libfabric {major}.{minor})"),
         Ok(v) => {
-            let names: Vec<String> = v.iter().map(|p| if ofi::is_hardware(p) { format!("{p} (hardware)") } else { p.clone() }).collect();
+            let names: Vec<String> = v
+                .iter()
+                .map(|p| {
+                    let hw = if ofi::is_hardware(p) { " (hardware)" } else { "" };
+                    let m = match ofi::p2p::Matching::default_for(p) {
+                        ofi::p2p::Matching::Provider => "provider",
+                        _ => "software",
+                    };
+                    format!("{p}{hw} (matching: {m})")
+                })
+                .collect();
             format!("{} (libfabric {major}.{minor}; TMPI_FABRIC=ofi takes the first, or TMPI_OFI_PROVIDER)", names.join(", "))
         }
         Err(e) => format!("fi_getinfo failed: {e}"),

@@ -452,11 +452,12 @@ impl Comm {
         }
         let (s, t) = self.recv_args(src, tag)?;
         let ctx = self.user_ctx();
-        let need = Need::Peers(self.peers(s));
+        let from = self.peers(s);
+        let need = Need::Peers(from.clone());
         let mut e = self.eng()?;
         let mut st = None;
         e.wait_until(&need, |e| {
-            st = e.probe_now(ctx, s, t);
+            st = e.probe_at(ctx, s, t, &from);
             st.is_some()
         })?;
         st.ok_or_else(|| Error::State("probe finished without a message".into()))
@@ -476,6 +477,6 @@ impl Comm {
         if e.progress()? == 0 {
             e.idle_check(&Need::Peers(self.peers(s)))?;
         }
-        Ok(e.probe_now(self.user_ctx(), s, t))
+        Ok(e.probe_at(self.user_ctx(), s, t, &self.peers(s)))
     }
 }

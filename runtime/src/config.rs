@@ -62,6 +62,9 @@ pub struct Config {
     /// `ofi` feature, for the OFI fabric (`TMPI_FABRIC=ofi`, or `auto` between hosts over a
     /// hardware provider).
     pub ofi_provider: Option<String>,
+    /// `TMPI_OFI_MATCHING`: who matches point-to-point over the OFI fabric; `None` = auto
+    /// (`tmpi_transport::ofi::p2p::Matching::default_for` the provider).
+    pub ofi_matching: Option<OfiMatching>,
     /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
     /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
     pub shared_heap: usize,
@@ -104,6 +107,7 @@ impl Default for Config {
             fabric: FabricChoice::Auto,
             tcp_if: None,
             ofi_provider: None,
+            ofi_matching: None,
             // Which copy wins depends on the host, by 2x either way
             // (bench/results/adaptive-copy.md): measured per receiver.
             single_copy_min: None,
@@ -126,6 +130,15 @@ const FABRICS: &str = if cfg!(feature = "ofi") { "auto, shm, tcp or ofi" } else 
 /// What `TMPI_FABRIC=ofi` gets in a build without the OFI fabric.
 const NO_OFI: &str =
     "auto, shm or tcp: this build has no OFI fabric; build with the cargo feature `ofi` (cargo build --release --features ofi; needs libfabric-dev)";
+
+/// `TMPI_OFI_MATCHING` when not auto: who matches point-to-point over the OFI fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OfiMatching {
+    /// The provider (`fi_tsend`/`fi_trecv` with the context, source and tag in the tag).
+    Provider,
+    /// tmpi's software matcher, over the fabric's packets.
+    Software,
+}
 
 fn bad(var: &str, value: &str, expected: &str) -> Error {
     Error::Config { var: var.into(), value: value.into(), expected: expected.into() }
@@ -284,6 +297,14 @@ impl Config {
             c.ofi_provider = tmpi_transport::bootstrap::parse_ofi_provider(&v).ok_or_else(|| {
                 bad("TMPI_OFI_PROVIDER", &v, "a libfabric provider name as fi_info -l prints it (tcp, shm, tcp;ofi_rxm), or auto")
             })?;
+        }
+        if let Some(v) = get("TMPI_OFI_MATCHING") {
+            c.ofi_matching = match v.trim() {
+                "auto" | "" => None,
+                "provider" => Some(OfiMatching::Provider),
+                "software" => Some(OfiMatching::Software),
+                _ => return Err(bad("TMPI_OFI_MATCHING", &v, "auto, provider or software")),
+            };
         }
         if let Some(v) = get("TMPI_SHARED_HEAP") {
             let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
@@ -453,6 +474,20 @@ mod tests {
         assert_eq!(expected, "auto, recursive_doubling, rabenseifner, ring, reduce_bcast");
         let e = parse(&[("TMPI_COLL_NODE_AWARE", "yes")]).unwrap_err().to_string();
         assert!(e.contains("TMPI_COLL_NODE_AWARE") && e.contains("auto, on, off"), "{e}");
+    }
+
+    /// `TMPI_OFI_MATCHING`: auto (unset too), provider or software; anything else is refused
+    /// naming the variable and the values it takes.
+    #[test]
+    fn ofi_matching_values() {
+        let table: &[(&str, Option<OfiMatching>)] =
+            &[("auto", None), ("", None), ("provider", Some(OfiMatching::Provider)), (" software ", Some(OfiMatching::Software))];
+        for &(v, want) in table {
+            assert_eq!(parse(&[("TMPI_OFI_MATCHING", v)]).unwrap().ofi_matching, want, "{v:?}");
+        }
+        assert_eq!(parse(&[]).unwrap().ofi_matching, None);
+        let Err(Error::Config { var, value, expected }) = parse(&[("TMPI_OFI_MATCHING", "hardware")]) else { panic!("hardware accepted") };
+        assert_eq!((var.as_str(), value.as_str(), expected.as_str()), ("TMPI_OFI_MATCHING", "hardware", "auto, provider or software"));
     }
 
     /// `TMPI_FABRIC=ofi`: taken by a build with the feature `ofi`, refused by one without,

@@ -192,6 +192,9 @@ pub use typed::{Buf, BufMut, TypedRequest};
 pub use typemap::{Element, TypeMap, TypeMapBuilder};
 pub use vecrecv::VecRequest;
 pub use version::{mpi_version, MPI_VERSION};
+#[cfg(feature = "ofi")]
+#[doc(hidden)]
+pub use world::ofi_pair_one_thread;
 pub use world::{
     init, init_thread, is_finalized, is_initialized, library_version, processor_name, run_local, run_local_threaded, run_local_with,
     run_shm_threads, shm_pair_one_thread, wtick, wtime, World,

@@ -153,11 +153,12 @@ impl Comm {
         }
         let (s, t) = self.recv_args(src, tag)?;
         let ctx = self.user_ctx();
-        let need = Need::Peers(self.peers(s));
+        let from = self.peers(s);
+        let need = Need::Peers(from.clone());
         let mut e = self.eng()?;
         let mut got = None;
         e.wait_until(&need, |e| {
-            got = e.mprobe_now(ctx, s, t);
+            got = e.mprobe_at(ctx, s, t, &from);
             got.is_some()
         })?;
         let (status, ux) = got.ok_or_else(|| Error::State("mprobe finished without a message".into()))?;
@@ -178,7 +179,7 @@ impl Comm {
         if e.progress()? == 0 {
             e.idle_check(&Need::Peers(self.peers(s)))?;
         }
-        let got = e.mprobe_now(self.user_ctx(), s, t);
+        let got = e.mprobe_at(self.user_ctx(), s, t, &self.peers(s));
         drop(e);
         Ok(got.map(|(status, ux)| self.message(status, ux)))
     }

@@ -201,12 +201,21 @@ fn init_world(level: Threading) -> Result<World> {
         ofi_provider: cfg.ofi_provider.as_deref(),
     };
     let fabric = wire_up(bc.kv(), &env, &how)?;
-    if cfg.stats {
-        let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
-        eprintln!("tmpi-fabric rank={rank} kind={}{provider} bad_connections={}", fabric.name(), fabric.bad_connections());
-    }
+    let stats = cfg.stats;
+    let (kind, bad) = (fabric.name(), fabric.bad_connections());
+    let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
     let one_host = matches!(fabric, AnyFabric::Shm(_));
-    let world = world_from_engine(Engine::new(fabric, rank, size, cfg)?, Some(bc), level);
+    #[allow(unused_mut)]
+    let mut engine = Engine::new(fabric, rank, size, cfg)?;
+    // Who matches point-to-point over OFI (`TMPI_OFI_MATCHING`): said on the fabric line.
+    #[cfg(feature = "ofi")]
+    let matching = engine.choose_matching()?.map(|m| format!(" matching={m}")).unwrap_or_default();
+    #[cfg(not(feature = "ofi"))]
+    let matching = String::new();
+    if stats {
+        eprintln!("tmpi-fabric rank={rank} kind={kind}{provider}{matching} bad_connections={bad}");
+    }
+    let world = world_from_engine(engine, Some(bc), level);
     // The collectives' map of the hosts, learned once for the world (one allgather when the
     // job spans hosts); every later communicator derives its own from it.
     crate::coll::topo::learn(&world, one_host)?;
@@ -246,6 +255,10 @@ impl World {
         let r = e.hand_over();
         if e.cfg.stats {
             eprintln!("{}", e.stats_line());
+            #[cfg(feature = "ofi")]
+            if let Some(line) = e.ofi_stats_line() {
+                eprintln!("{line}");
+            }
         }
         drop(e);
         // Every later call through a communicator, request or message that outlived the
@@ -386,6 +399,24 @@ pub fn shm_pair_one_thread(cfg: Config) -> (World, World) {
     }
     let w1 = world_from_engine(Engine::new(AnyFabric::Shm(b), 1, 2, cfg).expect("engine 1"), None, Threading::Single);
     (w0, w1)
+}
+
+/// [`shm_pair_one_thread`] over the OFI fabric on `cfg`'s provider (`TMPI_OFI_PROVIDER`),
+/// with the matching `cfg` asks for (`TMPI_OFI_MATCHING`): what `pingpong_cost --ofi`
+/// counts. Builds with the cargo feature `ofi` only.
+///
+/// # Errors
+/// No provider, a libfabric call failing, or the matching refused.
+#[cfg(feature = "ofi")]
+#[doc(hidden)]
+pub fn ofi_pair_one_thread(cfg: Config) -> Result<(World, World)> {
+    let ocfg = tmpi_transport::ofi::OfiConfig { provider: cfg.ofi_provider.clone(), node: Some("127.0.0.1".into()) };
+    let (a, b) = tmpi_transport::ofi::pair_in_process(&ocfg)?;
+    let mut e0 = Engine::new(AnyFabric::Ofi(Box::new(a)), 0, 2, cfg.clone())?;
+    let mut e1 = Engine::new(AnyFabric::Ofi(Box::new(b)), 1, 2, cfg)?;
+    e0.choose_matching()?;
+    e1.choose_matching()?;
+    Ok((world_from_engine(e0, None, Threading::Single), world_from_engine(e1, None, Threading::Single)))
 }
 
 /// [`run_local`] with an explicit configuration.

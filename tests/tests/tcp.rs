@@ -170,10 +170,16 @@ fn eager_messages_of_many_packets_over_tcp() {
 #[test]
 fn a_killed_rank_over_tcp_ends_the_job_naming_it() {
     let _serial = serial();
+    killed_rank_ends_the_job(&[("TMPI_FABRIC", "tcp")]);
+}
+
+/// Starts `fault_hang` at 3 ranks with `env`, kills rank 1 once every rank is ready (the
+/// others wait in a receive from it), and checks that tmpirun ends the job naming rank 1.
+fn killed_rank_ends_the_job(env: &[(&str, &str)]) {
     let mut child = Command::new(tmpi_tests::tmpirun())
         .args(["-n", "3", "--report-pids", "--timeout", "60"])
         .arg(release_bin("fault_hang"))
-        .env("TMPI_FABRIC", "tcp")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -399,13 +405,67 @@ mod ofi {
     }
 
     /// `tmpirun --info` (built with the feature) lists the providers libfabric offers: here
-    /// the software ones (`tcp;ofi_rxm`, `shm`), none marked as hardware.
+    /// the software ones (`tcp;ofi_rxm`, `shm`), none marked as hardware, each with its default
+    /// matching.
     #[test]
     fn ofi_tmpirun_info_lists_the_providers() {
         let out = Command::new(tmpi_tests::tmpirun()).arg("--info").output().expect("run tmpirun --info");
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text.lines().find(|l| l.starts_with("OFI (libfabric) providers: ")).unwrap_or_default();
         assert!(line.contains("tcp;ofi_rxm") && line.contains("shm") && !line.contains("(hardware)"), "{text}");
+        // Who matches on each by default (TMPI_OFI_MATCHING=auto).
+        assert!(line.contains("tcp;ofi_rxm (matching: software)") && line.contains("shm (matching: software)"), "{text}");
+    }
+
+    /// Issue 57 item 2 and 4: the same seeded random point-to-point mix (`randmix --extra`:
+    /// exact and wildcard receives, probes, matched probes, truncation, cancel, synchronous
+    /// sends, self messages, eager and rendezvous sizes, on a split communicator) over OFI's
+    /// `tcp` provider with the provider matching and with software matching (the soft
+    /// TM-SRQ), at 2 and 3 ranks: every check passes and every rank's digest of what MPI
+    /// showed it is the same both ways. The provider did match: its counters say so.
+    #[test]
+    fn ofi_provider_matching_gives_what_software_matching_gives() {
+        let _serial = serial();
+        for (n, seed) in [(2, 91), (3, 92)] {
+            let run = |m: &str| {
+                let j = ofi_job(n, "randmix").env("TMPI_OFI_MATCHING", m).arg("--extra").arg("--digest");
+                small_mix(j, seed).run()
+            };
+            let (soft, prov) = (run("software"), run("provider"));
+            for (out, m) in [(&soft, "software"), (&prov, "provider")] {
+                assert_ofi(out, n);
+                let said = out.stderr.lines().filter(|l| l.starts_with("tmpi-fabric ") && l.contains(&format!(" matching={m} "))).count();
+                assert_eq!(said, n, "every rank should say matching={m}\n{}", out.report());
+            }
+            assert_eq!(soft.assert_ok_line("randmix: "), prov.assert_ok_line("randmix: "));
+            let digests = |o: &Outcome| {
+                let mut d: Vec<String> = o.stdout.lines().filter(|l| l.starts_with("randmix-digest ")).map(String::from).collect();
+                d.sort();
+                d
+            };
+            assert_eq!(digests(&soft).len(), n, "{}", soft.report());
+            assert_eq!(digests(&soft), digests(&prov), "software:\n{}\nprovider:\n{}", soft.report(), prov.report());
+            let matched: u64 = prov
+                .stderr
+                .lines()
+                .filter_map(|l| l.strip_prefix("tmpi-ofi rank=")?.split(" matched=").nth(1)?.split_whitespace().next()?.parse::<u64>().ok())
+                .sum();
+            assert!(matched > 0, "the provider matched no message\n{}", prov.report());
+            assert!(!soft.stderr.contains("tmpi-ofi "), "software matching reported provider counters\n{}", soft.report());
+        }
+    }
+
+    /// A rank killed (SIGKILL) while its peers wait in a receive the provider matches: tmpirun
+    /// names it and the job ends.
+    #[test]
+    fn ofi_a_killed_rank_ends_the_job_under_provider_matching() {
+        let _serial = serial();
+        killed_rank_ends_the_job(&[
+            ("TMPI_FABRIC", "ofi"),
+            ("TMPI_OFI_PROVIDER", "tcp"),
+            ("FI_TCP_IFACE", "lo"),
+            ("TMPI_OFI_MATCHING", "provider"),
+        ]);
     }
 
     /// The same seeded random mix over shared memory and over OFI: both pass every check of

@@ -2,7 +2,9 @@
 //! wait completes it), both ranks in this one thread over a real shared-memory segment
 //! (`tmpi::shm_pair_one_thread`); the best of many rounds of 64 hops.
 //!
-//! `pingpong_cost [--rounds N]` (default 20000, the first 100 not counted). It was the ignored
+//! `pingpong_cost [--rounds N] [--ofi]` (default 20000, the first 100 not counted). With
+//! `--ofi` (builds with the cargo feature `ofi`) the two ranks are joined by the OFI fabric
+//! on `TMPI_OFI_PROVIDER`, matched as `TMPI_OFI_MATCHING` says, instead of shared memory. It was the ignored
 //! engine test `engine::testkit::pingpong_cost`, which drove two engines directly; this one
 //! goes through the public API (a scope and a request per receive), so its figure includes
 //! that layer. It asserts nothing about time.
@@ -14,7 +16,13 @@ const HOPS: usize = 64;
 const WARM: usize = 100;
 
 fn main() -> ExitCode {
-    let rounds = match tmpi_bench::cost_args(std::env::args().skip(1), 20_000, WARM) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ofi = args.iter().any(|a| a == "--ofi");
+    if ofi && !cfg!(feature = "ofi") {
+        eprintln!("pingpong_cost: --ofi needs a build with the cargo feature ofi");
+        return ExitCode::from(2);
+    }
+    let rounds = match tmpi_bench::cost_args(args.into_iter().filter(|a| a != "--ofi"), 20_000, WARM) {
         Ok((r, rest)) if rest.is_empty() => r,
         Ok((_, rest)) => {
             eprintln!("pingpong_cost: unexpected arguments {rest:?}\nusage: pingpong_cost [--rounds N]   (default 20000)");
@@ -32,7 +40,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match pingpong_cost(cfg, rounds) {
+    match pair(cfg, ofi).and_then(|(w0, w1)| pingpong_cost(&w0, &w1, rounds)) {
         Ok(best) => {
             println!("pingpong_cost: {best:.1} ns per hop (post + send + wait; best of {} rounds of {HOPS} hops)", rounds - WARM);
             ExitCode::SUCCESS
@@ -44,9 +52,42 @@ fn main() -> ExitCode {
     }
 }
 
-fn pingpong_cost(cfg: tmpi::config::Config, rounds: usize) -> tmpi::Result<f64> {
-    let (w0, w1) = tmpi::shm_pair_one_thread(cfg);
-    let worlds = [&w0, &w1];
+/// The two ranks: over shared memory, or with `--ofi` over the OFI fabric on
+/// `TMPI_OFI_PROVIDER` with `TMPI_OFI_MATCHING`'s matching.
+fn pair(cfg: tmpi::config::Config, ofi: bool) -> tmpi::Result<(tmpi::World, tmpi::World)> {
+    #[cfg(feature = "ofi")]
+    if ofi {
+        return tmpi::ofi_pair_one_thread(cfg);
+    }
+    let _ = ofi;
+    Ok(tmpi::shm_pair_one_thread(cfg))
+}
+
+/// One message each way while both ranks make progress: over OFI a connection is set up by
+/// the first message, which needs the sender's progress too (later sends go out at once).
+fn connect(worlds: [&tmpi::World; 2]) -> tmpi::Result<()> {
+    for from in 0..2 {
+        let (tx, rx) = (worlds[from], worlds[1 - from]);
+        let mut b = [0u8; 8];
+        tmpi::scope(|s| -> tmpi::Result<()> {
+            let mut r = rx.irecv(s, &mut b, from, 1)?;
+            let _out = tx.isend(s, &[1u8; 8], 1 - from, 1)?;
+            loop {
+                if let Some(st) = r.test()? {
+                    let _ = st;
+                    return Ok(());
+                }
+                // Progress on the sender (a probe for a tag nothing uses).
+                tx.iprobe(1 - from, 1_000_000)?;
+            }
+        })?;
+    }
+    Ok(())
+}
+
+fn pingpong_cost(w0: &tmpi::World, w1: &tmpi::World, rounds: usize) -> tmpi::Result<f64> {
+    let worlds = [w0, w1];
+    connect(worlds)?;
     let payload = [7u8; 8];
     let mut bufs = [[0u8; 8]; 2];
     let mut best = f64::MAX;

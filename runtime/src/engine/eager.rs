@@ -139,6 +139,10 @@ impl Engine {
     /// else, including that case when the ring is full, is [`Engine::start_send_general`].
     #[inline(always)]
     pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
+        #[cfg(feature = "ofi")]
+        if self.st.by_provider && ofi::by_provider(tag64) {
+            return self.pm_send(dest, tag64, data, sync);
+        }
         let len = data.len();
         if !sync && (len < PIPELINE_MIN || !self.peers[dest].pipelined) && self.may_send_whole(dest, len) {
             let tmh = Tmh { op: TmOp::Eager, app_ctx: 0, tag: tag64 }.to_bytes();
@@ -240,6 +244,11 @@ impl Engine {
         const MAX_PARTS: usize = 16;
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let fits = parts.len() < MAX_PARTS && self.peers.get(dest).is_some_and(|c| parts.len() < c.max_parts);
+        #[cfg(feature = "ofi")]
+        if self.st.by_provider && ofi::by_provider(tag64) {
+            // The caller packs and sends through the provider (`Engine::start_send`).
+            return Ok(false);
+        }
         if !fits || !self.may_send_whole(dest, len) {
             return Ok(false);
         }
@@ -538,7 +547,12 @@ impl State {
         let Some(u) = self.ux.remove(ux) else { return };
         self.size_owned(rid, u.total);
         self.stats.sw_matched += 1;
-        if u.rndv.is_none() {
+        // A message a probe took from the OFI provider cost its sender no credit.
+        #[cfg(feature = "ofi")]
+        let provided = self.by_provider && ofi::by_provider(u.tag64);
+        #[cfg(not(feature = "ofi"))]
+        let provided = false;
+        if u.rndv.is_none() && !provided {
             self.give_credit(u.src_world, u.total);
         }
         if !self.admits(rid, u.tag64, u.src_world) {
@@ -551,6 +565,13 @@ impl State {
         let how = if u.rndv.is_some() { Proto::RNDV } else { Proto::EAGER };
         crate::seen::msg(false, u.src_world, u.tag64, u.total, how | Proto::SOFTWARE | Proto::UNEXPECTED);
         if let Some(info) = u.rndv {
+            #[cfg(feature = "ofi")]
+            if provided {
+                if let Err(e) = self.pm_take_rndv(rid, u.src_world, info) {
+                    self.outbox.fail(e);
+                }
+                return;
+            }
             if let Err(e) = self.start_read(rid, u.src_world, info, None) {
                 self.outbox.fail(e);
             }

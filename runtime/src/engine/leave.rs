@@ -144,6 +144,10 @@ impl Engine {
     /// A failure of progress (a peer that broke the protocol); the caller should then not
     /// mark the rank finalized, so that its exit reads as a failure.
     pub(crate) fn hand_over(&mut self) -> Result<()> {
+        #[cfg(feature = "ofi")]
+        if self.pm.is_some() {
+            self.pm_drain()?;
+        }
         let mut b = self.backoff();
         loop {
             let busy = self.out_pending > 0 || !self.st.outbox.is_empty() || !self.st.reads.is_empty();

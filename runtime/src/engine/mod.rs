@@ -22,6 +22,7 @@
 //! | [`fabric`] | the fabric and how its peers stand |
 //! | [`shmcoll`] | hooks of the shared-memory collectives and the doorbell |
 //! | [`stats`] | `TMPI_STATS=1` counters |
+//! | `ofi` | point-to-point matched by the OFI provider (feature `ofi`, `TMPI_OFI_MATCHING`) |
 //!
 //! `DESIGN.md` at the repository's root draws how the stages fit together.
 //!
@@ -84,6 +85,8 @@ mod fabric;
 mod leave;
 mod nbc;
 mod offload;
+#[cfg(feature = "ofi")]
+mod ofi;
 mod outbox;
 mod progress;
 mod recv;
@@ -236,6 +239,9 @@ struct State {
     /// Collective calls that failed elsewhere because a rank departed: (collective context,
     /// sequence number, departed rank), the most recent [`ABORTS_KEPT`].
     aborts: VecDeque<(u32, u32, usize)>,
+    /// The OFI provider matches user contexts' point-to-point (see `ofi`).
+    #[cfg(feature = "ofi")]
+    by_provider: bool,
 }
 
 /// Longest eager message a peer may announce: its credit never exceeds 2^31 bytes.
@@ -271,6 +277,9 @@ pub(crate) struct Engine {
     next_probe: usize,
     /// Non-blocking collectives in flight (progressed by `Engine::progress` while any is).
     nbc: Slab<Box<dyn Schedule>>,
+    /// Matching by the OFI provider, when on (see `ofi`).
+    #[cfg(feature = "ofi")]
+    pm: Option<ofi::ProvMatch>,
 }
 
 #[inline]
@@ -302,6 +311,8 @@ impl Engine {
             target: Target::new(&cfg)?,
             ways: Ways::new(&cfg, rank, &peers),
             aborts: VecDeque::new(),
+            #[cfg(feature = "ofi")]
+            by_provider: false,
         };
         Ok(Engine {
             max_packet: fabric.max_packet(),
@@ -318,6 +329,8 @@ impl Engine {
             dead: vec![false; size],
             next_probe: 0,
             nbc: Slab::new(),
+            #[cfg(feature = "ofi")]
+            pm: None,
         })
     }
 

@@ -129,6 +129,10 @@ impl Engine {
         n += self.drain_before_poll()?;
         let st = &mut self.st;
         n += self.fabric.poll(|p| st.on_packet(p))?;
+        #[cfg(feature = "ofi")]
+        if self.pm.is_some() {
+            n += self.pm_progress(false)?;
+        }
         if let Some(e) = self.st.outbox.take_failure() {
             return Err(e);
         }

@@ -45,6 +45,9 @@ pub(super) enum RecvPhase {
     Filling,
     /// A rendezvous read fills it: its key in `State::reads`.
     Reading(Key),
+    /// Posted to the OFI provider's matching: its handle there (see `engine::ofi`).
+    #[cfg(feature = "ofi")]
+    Provider(u64),
 }
 
 /// A rendezvous request as the TM-SRQ placed it in a tagged buffer (up to 64 bytes of it).
@@ -57,6 +60,10 @@ impl RecvPhase {
     /// Whether the receive has matched a message (and waits for that message's sender only).
     #[inline]
     pub(super) fn matched(&self) -> bool {
+        #[cfg(feature = "ofi")]
+        if matches!(self, RecvPhase::Provider(_)) {
+            return false;
+        }
         !matches!(self, RecvPhase::Idle | RecvPhase::Posted { .. })
     }
 }
@@ -307,6 +314,11 @@ impl Engine {
             return;
         };
         if req.result.is_some() {
+            return;
+        }
+        #[cfg(feature = "ofi")]
+        if let ReqKind::Recv(RecvState { phase: RecvPhase::Provider(h), .. }) = req.kind {
+            self.pm_cancel(h);
             return;
         }
         let ReqKind::Recv(RecvState { phase: RecvPhase::Posted { match_id, .. }, key, .. }) = req.kind else {

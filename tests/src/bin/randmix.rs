@@ -16,8 +16,19 @@
 //! with `test_some`, and may post a receive that nothing matches and cancel it.
 //! Every payload, source, tag and length is checked; a failure names the seed and round.
 //!
-//! `randmix [--seed N] [--rounds R] [--max BYTES] [--show]` (defaults: seed 1, 40 rounds, 2 MiB
-//! + 5); `--show` prints the plan of each round on rank 0.
+//! With `--extra`, the rounds run on a communicator that numbers the ranks backwards (a
+//! split: its ranks are not the world's), about a third of the sends are synchronous
+//! (`issend`), and half the probed messages are taken by a matched probe (`mprobe`, or
+//! `improbe` polled) and `Message::recv_vec`; these choices come from a stream of their own,
+//! so a seed's messages are the same with and without it.
+//!
+//! With `--digest`, each rank prints `randmix-digest rank=R HEX`: a hash of everything MPI
+//! showed it (each receive's status or error with its lengths, each payload, each probe's
+//! status, each cancel), to compare two runs of one seed (over two matchers) for identical
+//! results.
+//!
+//! `randmix [--seed N] [--rounds R] [--max BYTES] [--show] [--extra] [--digest]` (defaults:
+//! seed 1, 40 rounds, 2 MiB + 5); `--show` prints the plan of each round on rank 0.
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -197,9 +208,17 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let rounds = opt("--rounds", 40)? as usize;
     let max = opt("--max", 2 * MIB as u64 + 5)? as usize;
     let show = args.iter().any(|a| a == "--show");
+    let digest = args.iter().any(|a| a == "--digest");
     let world = tmpi::init()?;
-    let w: &Comm = &world;
-    let (rank, n) = (w.rank(), w.size());
+    let n = world.size();
+    let mut extra = args.iter().any(|a| a == "--extra").then(|| Rng::new(seed, 0x2545_f491_4f6c_dd1d));
+    let backwards = match extra {
+        Some(_) => Some(world.split(Some(0), (n - 1 - world.rank()) as i32)?.ok_or("split left a rank out")?),
+        None => None,
+    };
+    let w: &Comm = backwards.as_ref().unwrap_or(&world);
+    let rank = w.rank();
+    let mut dig = Digest(0xcbf2_9ce4_8422_2325);
     let mut v = Verdict::new("randmix", rank);
     let mut rng = Rng::new(seed, 0x9e37_79b9_7f4a_7c15);
     let mut how = Rng::new(seed, 0xd1b5_4a32_d192_ed03);
@@ -213,10 +232,70 @@ fn main() -> Result<(), Box<dyn StdError>> {
                 eprintln!("randmix: round {round}: {m:?}");
             }
         }
-        round_of(&world, &mut v, seed, round, &plan)?;
+        round_of(&world, w, (&mut v, &mut dig, extra.as_mut()), seed, round, &plan)?;
         w.barrier()?;
     }
+    if digest {
+        println!("randmix-digest rank={rank} {:016x}", dig.0);
+    }
     v.finish(w, &format!("seed {seed}, {rounds} rounds, {messages} messages on {n} ranks"))
+}
+
+/// FNV-1a over what MPI showed this rank (see `--digest`).
+struct Digest(u64);
+
+impl Digest {
+    fn word(&mut self, x: u64) {
+        for b in x.to_le_bytes() {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    fn bytes(&mut self, data: &[u8]) {
+        self.word(data.len() as u64);
+        for &b in data {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    fn status(&mut self, st: &Status) {
+        for x in [st.source() as u64, u64::from(st.tag()), st.len() as u64, u64::from(st.cancelled())] {
+            self.word(x);
+        }
+    }
+
+    fn outcome(&mut self, r: &tmpi::Result<Status>) {
+        match r {
+            Ok(st) => {
+                self.word(0);
+                self.status(st);
+            }
+            Err(Error::Truncated { source_rank, tag, len, capacity }) => {
+                for x in [1, *source_rank as u64, u64::from(*tag), *len as u64, *capacity as u64] {
+                    self.word(x);
+                }
+            }
+            Err(e) => {
+                self.word(2);
+                self.bytes(e.to_string().as_bytes());
+            }
+        }
+    }
+}
+
+/// Receives probed message `m` with a matched probe (blocking, or `improbe` polled).
+fn matched_probe(w: &Comm, m: &Msg, poll: bool) -> tmpi::Result<(Vec<u8>, Status)> {
+    let msg = if poll {
+        loop {
+            if let Some(msg) = w.improbe(m.src, m.tag)? {
+                break msg;
+            }
+            std::thread::yield_now();
+        }
+    } else {
+        w.mprobe(m.src, m.tag)?
+    };
+    msg.recv_vec::<u8>()
 }
 
 /// Posts the receive of `m` into `buf`, by its way.
@@ -229,9 +308,12 @@ fn post<'s, 'e>(w: &Comm, s: &'s tmpi::Scope<'s, 'e>, m: &Msg, buf: &'s mut [u8]
     w.irecv(s, buf, src, tag)
 }
 
-/// One round: this rank's part of `msgs`.
-fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, plan: &Round) -> Result<(), Box<dyn StdError>> {
-    let w: &Comm = world;
+/// What a round reports to: the verdict, the digest, and the `--extra` stream.
+type Sinks<'a> = (&'a mut Verdict, &'a mut Digest, Option<&'a mut Rng>);
+
+/// One round on `w`: this rank's part of `msgs`.
+fn round_of(world: &tmpi::World, w: &Comm, sinks: Sinks<'_>, seed: u64, round: usize, plan: &Round) -> Result<(), Box<dyn StdError>> {
+    let (v, dig, mut extra) = sinks;
     let rank = w.rank();
     let msgs = &plan.msgs[..];
     let mut never = [0u8; 16];
@@ -269,7 +351,8 @@ fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, plan:
             if m.delay_us > 0 {
                 std::thread::sleep(Duration::from_micros(m.delay_us));
             }
-            sends.push((*m, w.isend(s, &*b.bytes(), m.dst, m.tag)?));
+            let sync = extra.as_mut().is_some_and(|x| x.chance(33));
+            sends.push((*m, if sync { w.issend(s, &*b.bytes(), m.dst, m.tag)? } else { w.isend(s, &*b.bytes(), m.dst, m.tag)? }));
         }
         for i in (0..mine_in.len()).filter(|&i| !early(mine_in[i]) && mine_in[i].way != Way::Probe) {
             let buf = slots[i].take().expect("each receive is posted once");
@@ -277,10 +360,18 @@ fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, plan:
         }
         for (i, m) in mine_in.iter().enumerate() {
             if m.way == Way::Probe {
+                let matched = extra.as_mut().and_then(|x| x.chance(50).then(|| x.chance(50)));
+                if let Some(poll) = matched {
+                    probed.push((i, matched_probe(w, m, poll)));
+                    continue;
+                }
                 match w.probe(m.src, m.tag) {
-                    Ok(st) => v.check(st.len() == m.size && st.source() == m.src && st.tag() == m.tag, || {
-                        format!("{}: probe said {st:?}", what(m))
-                    }),
+                    Ok(st) => {
+                        dig.status(&st);
+                        v.check(st.len() == m.size && st.source() == m.src && st.tag() == m.tag, || {
+                            format!("{}: probe said {st:?}", what(m))
+                        })
+                    }
                     Err(e) => v.check(false, || format!("{}: probe: {e}", what(m))),
                 }
                 probed.push((i, w.recv_vec::<u8>(m.src, m.tag)));
@@ -288,7 +379,9 @@ fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, plan:
         }
         if let Some((from, mut r)) = cancel.take() {
             r.cancel()?;
-            match r.wait() {
+            let got = r.wait();
+            dig.outcome(&got);
+            match got {
                 Ok(st) => v.check(st.cancelled(), || format!("seed {seed} round {round}: receive from {from} not cancelled: {st:?}")),
                 Err(e) => v.check(false, || format!("seed {seed} round {round}: cancelled receive from {from}: {e}")),
             }
@@ -322,9 +415,15 @@ fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, plan:
         }
         Ok(())
     })?;
+    results.sort_by_key(|r| r.0);
     for (i, r) in results {
         let m = mine_in[i];
         let want = payload(seed, round, m.tag, m.size);
+        dig.word(u64::from(m.tag));
+        dig.outcome(&r);
+        if let Ok(st) = &r {
+            dig.bytes(&inb[i].bytes()[..st.len().min(m.size)]);
+        }
         match (m.way, r) {
             (Way::Truncate { .. }, r) => {
                 v.check_err(r, |e| matches!(e, Error::Truncated { .. }), &what(m));
@@ -342,6 +441,11 @@ fn round_of(world: &tmpi::World, v: &mut Verdict, seed: u64, round: usize, plan:
     for (i, r) in probed {
         let m = mine_in[i];
         let want = payload(seed, round, m.tag, m.size);
+        dig.word(u64::from(m.tag));
+        if let Ok((got, st)) = &r {
+            dig.status(st);
+            dig.bytes(got);
+        }
         match r {
             Ok((got, st)) => {
                 v.check(st.source() == m.src && st.tag() == m.tag && got == want, || format!("{}: status {st:?} or payload wrong", what(m)))

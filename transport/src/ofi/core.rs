@@ -1167,6 +1167,25 @@ impl Endpoint {
         }
     }
 
+    /// Cancels the receives posted with `user` beyond the first `keep` found (their
+    /// completions come back cancelled); returns how many were cancelled.
+    ///
+    /// # Errors
+    /// [`Error::Ofi`] naming `fi_cancel`.
+    pub fn cancel_recvs(&mut self, user: u64, keep: usize) -> Result<usize> {
+        let ids: Vec<OpId> = self
+            .slots
+            .iter()
+            .filter(|s| s.busy && !s.claim && s.kind == OpKind::Recv && s.user == user)
+            .skip(keep)
+            .map(|s| OpId { index: s.index, generation: s.generation })
+            .collect();
+        for &id in &ids {
+            self.cancel(id)?;
+        }
+        Ok(ids.len())
+    }
+
     /// Reads completions (`fi_cq_read`, and `fi_cq_readerr` for an error entry) and hands
     /// each to `f`; returns how many.
     ///

@@ -137,7 +137,8 @@ pub fn wire_up(kv: &mut dyn KeyValue, rank: usize, size: usize, cfg: &OfiConfig)
     let mut ep = Endpoint::open(&domain, size)?;
     let host = crate::bootstrap::wireup::host_id();
     let mut value = format!("{provider}\0{}\0{host}\0", std::process::id()).into_bytes();
-    value.extend_from_slice(&ep.name()?);
+    let own = ep.name()?;
+    value.extend_from_slice(&own);
     kv.put(&addr_key(rank), &value)?;
     kv.fence()?;
     let mut addrs = vec![FI_ADDR_UNSPEC; size];
@@ -154,9 +155,34 @@ pub fn wire_up(kv: &mut dyn KeyValue, rank: usize, size: usize, cfg: &OfiConfig)
         addrs[r] = ep.insert(p.addr).map_err(|e| Error::Fabric(format!("rank {r}'s OFI address: {e}")))?;
         pids[r] = if p.host == host { p.pid } else { 0 };
     }
+    // Its own address too: point-to-point matched by the provider sends a rank's messages to
+    // itself through the provider, so that a wildcard receive posted there sees them.
+    addrs[rank] = ep.insert(&own).map_err(|e| Error::Fabric(format!("rank {rank}'s own OFI address: {e}")))?;
     let mut f = OfiFabric::new(rank, ep, addrs)?;
     f.set_peer_pids(pids);
     Ok(f)
+}
+
+/// Two ranks' fabrics in this process on the configured provider (endpoints of one domain,
+/// each with both addresses in its address vector), for measurements that drive both ranks
+/// from one thread.
+///
+/// # Errors
+/// No provider; a libfabric call failing.
+pub fn pair_in_process(cfg: &OfiConfig) -> Result<(OfiFabric, OfiFabric)> {
+    let offer = cfg.offers()?.into_iter().next().ok_or_else(|| Error::Fabric("no libfabric provider".into()))?;
+    let domain = OfiDomain::open(offer)?;
+    let mut eps = [Endpoint::open(&domain, 2)?, Endpoint::open(&domain, 2)?];
+    let names = [eps[0].name()?, eps[1].name()?];
+    let mut addrs = [vec![0u64; 2], vec![0u64; 2]];
+    for (ep, at) in eps.iter_mut().zip(addrs.iter_mut()) {
+        for (r, name) in names.iter().enumerate() {
+            at[r] = ep.insert(name)?;
+        }
+    }
+    let [ea, eb] = eps;
+    let [aa, ab] = addrs;
+    Ok((OfiFabric::new(0, ea, aa)?, OfiFabric::new(1, eb, ab)?))
 }
 
 /// What a rank publishes at wire-up: `provider \0 pid \0 host \0 address`.

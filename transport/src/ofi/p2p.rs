@@ -100,6 +100,25 @@ pub struct Done {
     pub outcome: Outcome,
 }
 
+/// A finished receive as [`ProviderCore::finish_with`] lends it.
+#[derive(Debug)]
+pub enum Delivered<'a> {
+    /// It took a message.
+    Msg {
+        /// The message's provider tag ([`super::tag`] layout).
+        tag: u64,
+        /// The bytes received (at most the receive's room: all of any message of at most
+        /// [`ProviderCore::floor`] bytes).
+        data: &'a [u8],
+        /// The capacity the receive was posted with.
+        cap: usize,
+        /// The message was longer than `cap` (or than the room, `FI_ETRUNC`).
+        truncated: bool,
+    },
+    /// It was cancelled before a message matched it.
+    Cancelled,
+}
+
 /// A message taken out of matching by [`TaggedP2p::improbe`], to receive with
 /// [`TaggedP2p::mrecv`].
 #[derive(Debug)]
@@ -179,10 +198,14 @@ pub enum Matching {
 
 impl Matching {
     /// The default for `provider` (as libfabric names it, a layered one as `tcp;ofi_rxm`),
-    /// following `bench/results/ofi-matching.md` (instructions per 8-byte message under
-    /// callgrind, both sides, user space):
+    /// following `bench/results/ofi-matching.md` (instructions under callgrind, user space):
     ///
-    /// - `tcp`: the provider (about 4 750 against 5 100 in software).
+    /// - `tcp`: software. Alone on an endpoint the provider's matching was cheaper (about
+    ///   4 750 against 5 100 instructions per 8-byte message, both sides), but through tmpi's
+    ///   engine (`pingpong_cost --ofi`: post, send, wait, both ranks) an 8-byte hop costs
+    ///   about 7 400 instructions with the provider matching against 6 000 with software
+    ///   matching over the packets: `ofi_rxm` matches in software too, and the engine's
+    ///   completion handling of a provider receive costs more than its soft TM-SRQ path.
     /// - `shm`: software. The two cost the same within 3 % (about 3 000), and libfabric
     ///   1.17's `shm` cannot peek ([`super::Offer::peek_works`]), so probes could not see a
     ///   message the provider holds.
@@ -191,8 +214,7 @@ impl Matching {
     /// - Any other software provider (`udp`, `sockets`): software, what tmpi does today (not
     ///   measured).
     pub fn default_for(provider: &str) -> Matching {
-        let core = provider.split(';').next().unwrap_or("");
-        if core == "tcp" || super::is_hardware(provider) {
+        if super::is_hardware(provider) {
             Matching::Provider
         } else {
             Matching::Software
@@ -228,10 +250,13 @@ fn received(source: u32, tag: u32, mut data: Vec<u8>, cap: usize, truncated: boo
 /// ([`ProviderCore::owns`]).
 pub const P2P_USER: u64 = u64::MAX - 1;
 
-/// Sends in order: queued while the provider answers `-FI_EAGAIN`.
+/// Sends in order: queued while the provider answers `-FI_EAGAIN`; one of at most the
+/// provider's inject size with nothing queued before it is injected (`fi_tinject`: no
+/// completion to read).
 struct SendQueue {
     queue: VecDeque<(u64, u64, Vec<u8>)>,
     eager_max: usize,
+    inject: usize,
 }
 
 impl SendQueue {
@@ -241,7 +266,11 @@ impl SendQueue {
         // eager size is 16 KiB; the offer's inject size bounds it from below), less the
         // software header, so both matchers take the same payloads.
         let max = usize::try_from(o.max_msg_size).unwrap_or(usize::MAX);
-        SendQueue { queue: VecDeque::new(), eager_max: o.inject_size.max(16 << 10).min(max).saturating_sub(SOFT_HDR) }
+        SendQueue {
+            queue: VecDeque::new(),
+            eager_max: o.inject_size.max(16 << 10).min(max).saturating_sub(SOFT_HDR),
+            inject: o.inject_size,
+        }
     }
 
     /// Refuses a payload longer than the eager limit.
@@ -253,6 +282,9 @@ impl SendQueue {
     }
 
     fn push(&mut self, ep: &mut Endpoint, dest: u64, bits: u64, msg: Vec<u8>) -> Result<()> {
+        if self.queue.is_empty() && msg.len() <= self.inject && ep.tinject(&msg, dest, bits)? {
+            return Ok(());
+        }
         self.queue.push_back((dest, bits, msg));
         self.flush(ep)
     }
@@ -423,23 +455,43 @@ impl ProviderCore {
     /// # Errors
     /// A send or receive completing with an error other than cancel and truncation.
     pub fn finish(&mut self, c: Completion, done: &mut Vec<Done>) -> Result<()> {
+        self.finish_with(c, &mut |handle, d| {
+            let outcome = match d {
+                Delivered::Cancelled => Outcome::Cancelled,
+                Delivered::Msg { tag: bits, data, cap, truncated } => {
+                    let (_, _, source, tg) = tag::fields(bits);
+                    received(source, tg, data[..cap.min(data.len())].to_vec(), cap, truncated)
+                }
+            };
+            done.push(Done { handle, outcome });
+        })
+    }
+
+    /// Handles completion `c` as [`ProviderCore::finish`] does, lending a finished receive's
+    /// bytes to `f` (with its handle) instead of copying them; the buffer goes back to the
+    /// pool afterwards.
+    ///
+    /// # Errors
+    /// As [`ProviderCore::finish`].
+    pub fn finish_with(&mut self, c: Completion, f: &mut dyn FnMut(u64, Delivered<'_>)) -> Result<()> {
         if c.kind == OpKind::Send {
             return check_send(&c);
         }
         let Some(i) = self.live.iter().position(|l| l.1 == c.id) else { return Ok(()) };
         let (handle, _, cap) = self.live.swap_remove(i);
-        let (_, _, source, tg) = tag::fields(c.tag);
-        let outcome = match c.error {
-            Some(errno::CANCELED) => Outcome::Cancelled,
-            Some(errno::TRUNC) => received(source, tg, c.buf[..cap.min(c.buf.len())].to_vec(), cap, true),
+        match c.error {
+            Some(errno::CANCELED) => f(handle, Delivered::Cancelled),
+            Some(errno::TRUNC) => {
+                let n = cap.min(c.buf.len());
+                f(handle, Delivered::Msg { tag: c.tag, data: &c.buf[..n], cap, truncated: true });
+            }
             Some(e) => return Err(Error::Fabric(format!("fi_trecv completed with error {e} (provider {})", c.prov_errno))),
             None => {
                 let n = c.len.min(c.buf.len());
-                received(source, tg, c.buf[..n.min(cap)].to_vec(), cap, n > cap)
+                f(handle, Delivered::Msg { tag: c.tag, data: &c.buf[..n], cap, truncated: n > cap });
             }
-        };
+        }
         self.give_back(c.buf);
-        done.push(Done { handle, outcome });
         Ok(())
     }
 
@@ -449,7 +501,14 @@ impl ProviderCore {
     /// from that peer never complete (ofiwg/libfabric#8274, fixed in a later release;
     /// `ofi/tests_p2p.rs` shows it).
     fn room(&self, cap: usize) -> usize {
-        cap.max(self.sends.eager_max)
+        cap.max(self.floor())
+    }
+
+    /// The longest message [`ProviderCore::send_owned`] takes, header included: the eager
+    /// limit and the software header's room, what `ofi_rxm` sends eagerly by default. Every
+    /// receive has room for it, so the provider never truncates a message it carries eagerly.
+    pub fn floor(&self) -> usize {
+        self.sends.eager_max + SOFT_HDR
     }
 
     /// A receive buffer for `cap` bytes: from the pool when it has the usual size.
@@ -463,7 +522,7 @@ impl ProviderCore {
 
     /// Keeps a finished receive's buffer for the next (the pool holds at most 64).
     fn give_back(&mut self, buf: Vec<u8>) {
-        if buf.len() == self.sends.eager_max && self.pool.len() < 64 {
+        if buf.len() == self.floor() && self.pool.len() < 64 {
             self.pool.push(buf);
         }
     }
@@ -556,23 +615,43 @@ impl ProviderCore {
         }
     }
 
-    /// Flushes queued sends and handles the completions read since the last call (those
-    /// of the endpoint's other user are kept for [`ProviderCore::take_foreign`]). The
-    /// endpoint's other user reads its own completions and hands this core its
-    /// ([`ProviderCore::finish`]).
+    /// Flushes queued sends and moves the completions read since the last call that are
+    /// point-to-point's own to `owned`, for [`ProviderCore::finish`] (those of the endpoint's
+    /// other user are kept for [`ProviderCore::take_foreign`]). The endpoint's other user
+    /// reads its own completions and hands this core its.
     ///
     /// # Errors
-    /// As [`TaggedP2p::progress`].
-    pub fn flush(&mut self, ep: &mut Endpoint, done: &mut Vec<Done>) -> Result<()> {
+    /// A libfabric call failing.
+    pub fn flush(&mut self, ep: &mut Endpoint, owned: &mut Vec<Completion>) -> Result<()> {
         self.sends.flush(ep)?;
         for c in std::mem::take(&mut self.stash) {
             if Self::owns(&c) {
-                self.finish(c, done)?;
+                owned.push(c);
             } else {
                 self.foreign.push(c);
             }
         }
         Ok(())
+    }
+
+    /// Sends `msg` (at most [`ProviderCore::floor`] bytes, taken as it is) to rank `dest`
+    /// on context `ctx` with `tag`: what [`ProviderCore::send`] does without the copy.
+    ///
+    /// # Errors
+    /// A field out of the tag layout's range, a message longer than the floor, or a
+    /// libfabric call failing.
+    pub fn send_owned(&mut self, ep: &mut Endpoint, dest: u32, ctx: u32, tg: u32, msg: Vec<u8>) -> Result<()> {
+        let bits = tag::send(tag::PROTO_MPI, ctx, self.rank, tg).ok_or_else(|| range("context or tag"))?;
+        let addr = self.addrs.get(dest as usize).copied().ok_or_else(|| range("destination rank"))?;
+        if msg.len() > self.floor() {
+            return Err(Error::InvalidArgument(format!("{} bytes: more than the provider's eager floor of {}", msg.len(), self.floor())));
+        }
+        self.sends.push(ep, addr, bits, msg)
+    }
+
+    /// Handles of the receives still posted.
+    pub fn live_handles(&self) -> Vec<u64> {
+        self.live.iter().map(|l| l.0).collect()
     }
 
     /// As [`TaggedP2p::progress`], over `ep` (reads its completions too).
@@ -582,7 +661,12 @@ impl ProviderCore {
     pub fn progress(&mut self, ep: &mut Endpoint, done: &mut Vec<Done>) -> Result<()> {
         self.sends.flush(ep)?;
         self.read(ep)?;
-        self.flush(ep, done)
+        let mut owned = Vec::new();
+        self.flush(ep, &mut owned)?;
+        for c in owned {
+            self.finish(c, done)?;
+        }
+        Ok(())
     }
 }
 

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::core::{Completion, Desc, Endpoint, OpKind, Post};
-use super::p2p::{Done, Matched, ProviderCore, Status, TaggedP2p};
+use super::p2p::{Delivered, Done, Matched, ProviderCore, Status, TaggedP2p};
 use super::tag;
 use crate::error::{Error, Result};
 use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
@@ -32,6 +32,13 @@ pub const MAX_PACKET: usize = 64 * 1024;
 pub const HDR: usize = 16;
 /// Receives kept posted.
 pub const RX_DEPTH: usize = 64;
+/// Receives kept posted once the provider matches point-to-point
+/// ([`OfiFabric::enable_matching`]): a provider matches an arriving message against its
+/// posted receives in post order, so every packet receive ahead of an MPI receive costs each
+/// MPI message a comparison (64 of them were about 1 000 instructions a message in `ofi_rxm`,
+/// `pingpong_cost --ofi` under callgrind); packets are then few (control, collectives,
+/// rendezvous data), and the provider holds those that find no receive.
+pub const RX_DEPTH_MATCHING: usize = 8;
 /// Most sends outstanding (not counting injected ones).
 pub const TX_DEPTH: usize = 64;
 /// Most received packets held (delivered later, in order) before receives stop being
@@ -81,8 +88,9 @@ pub struct OfiFabric {
     /// Point-to-point matched by the provider on the same endpoint, once
     /// [`OfiFabric::enable_matching`] turned it on.
     mpi: Option<ProviderCore>,
-    /// Receives of `mpi` that finished, for the next [`TaggedP2p::progress`].
-    mpi_done: Vec<Done>,
+    /// Completions of `mpi`'s operations read by the packets' progress, for the next
+    /// [`TaggedP2p::progress`] or [`OfiFabric::p2p_progress`].
+    mpi_raw: Vec<Completion>,
     /// The address vector, by rank (kept for `mpi`).
     addrs: Vec<u64>,
 }
@@ -124,7 +132,7 @@ impl OfiFabric {
         let pids = vec![0; addrs.len()];
         let mut f = OfiFabric {
             mpi: None,
-            mpi_done: Vec::new(),
+            mpi_raw: Vec::new(),
             addrs: addrs.clone(),
             rank,
             ep,
@@ -205,7 +213,8 @@ impl OfiFabric {
 
     fn post_receives(&mut self) -> Result<()> {
         let (bits, ignore) = (tag::PROTO_PACKET << tag::PROTO_SHIFT, !tag::PROTO_FIELD);
-        while self.rx_posted < RX_DEPTH && self.rx_held < RX_HELD_MAX {
+        let depth = if self.mpi.is_some() { RX_DEPTH_MATCHING } else { RX_DEPTH };
+        while self.rx_posted < depth && self.rx_held < RX_HELD_MAX {
             let buf = self.pool.pop().unwrap_or_default();
             let mut buf = buf;
             buf.resize(HDR + MAX_PACKET, 0);
@@ -238,8 +247,9 @@ impl OfiFabric {
 
     /// Hands completion `c` to its owner: matching by the provider, or the packets.
     fn handle(&mut self, c: Completion) -> Result<()> {
-        if let (Some(m), true) = (self.mpi.as_mut(), ProviderCore::owns(&c)) {
-            return m.finish(c, &mut self.mpi_done);
+        if self.mpi.is_some() && ProviderCore::owns(&c) {
+            self.mpi_raw.push(c);
+            return Ok(());
         }
         match c.kind {
             OpKind::Send => self.sent(c),
@@ -490,6 +500,10 @@ impl OfiFabric {
     pub fn enable_matching(&mut self) {
         if self.mpi.is_none() {
             self.mpi = Some(ProviderCore::new(&self.ep, self.rank as u32, self.addrs.clone()));
+            // Fewer packet receives ahead of the MPI ones (see `RX_DEPTH_MATCHING`): the
+            // cancelled ones come back cancelled and are not reposted. A failed cancel
+            // leaves them posted, which costs time only.
+            let _ = self.ep.cancel_recvs(u64::MAX, RX_DEPTH_MATCHING);
         }
     }
 
@@ -501,6 +515,57 @@ impl OfiFabric {
     /// The eager limit of matching by the provider (`None` while it is off).
     pub fn eager_max(&self) -> Option<usize> {
         self.mpi.as_ref().map(ProviderCore::eager_max)
+    }
+
+    /// The longest message [`OfiFabric::p2p_send`] takes (`None` while matching by the
+    /// provider is off): see [`ProviderCore::floor`].
+    pub fn p2p_floor(&self) -> Option<usize> {
+        self.mpi.as_ref().map(ProviderCore::floor)
+    }
+
+    /// Sends `msg` (at most [`OfiFabric::p2p_floor`] bytes) to rank `dest` with context
+    /// `ctx` and MPI tag `tag`, matched by the provider ([`ProviderCore::send_owned`]).
+    ///
+    /// # Errors
+    /// As [`ProviderCore::send_owned`]; matching by the provider off.
+    pub fn p2p_send(&mut self, dest: u32, ctx: u32, tag: u32, msg: Vec<u8>) -> Result<()> {
+        self.with_mpi(|m, ep| m.send_owned(ep, dest, ctx, tag, msg))
+    }
+
+    /// Handles of the receives matching by the provider still has posted.
+    pub fn p2p_live(&self) -> Vec<u64> {
+        self.mpi.as_ref().map(ProviderCore::live_handles).unwrap_or_default()
+    }
+
+    /// Flushes point-to-point's sends, progresses the endpoint (packets included) when
+    /// `read`, and returns point-to-point's completions read meanwhile (and by the packets'
+    /// last poll).
+    fn p2p_read(&mut self, read: bool) -> Result<Vec<Completion>> {
+        let mut owned = Vec::new();
+        self.with_mpi(|m, ep| m.flush(ep, &mut owned))?;
+        if read {
+            OfiFabric::progress(self)?;
+        }
+        owned.append(&mut self.mpi_raw);
+        Ok(owned)
+    }
+
+    /// [`TaggedP2p::progress`] that lends each finished receive's bytes to `f` with its
+    /// handle instead of copying them (see [`ProviderCore::finish_with`]); returns how many
+    /// point-to-point operations completed. With `read` false the completion queue is not
+    /// read again: only what the packets' last poll read is handed over (the engine polls
+    /// the packets first in each round of progress).
+    ///
+    /// # Errors
+    /// As [`TaggedP2p::progress`].
+    pub fn p2p_progress(&mut self, read: bool, mut f: impl FnMut(u64, Delivered<'_>)) -> Result<usize> {
+        let owned = self.p2p_read(read)?;
+        let n = owned.len();
+        let Some(m) = self.mpi.as_mut() else { return Ok(0) };
+        for c in owned {
+            m.finish_with(c, &mut f)?;
+        }
+        Ok(n)
     }
 
     /// The endpoint and the matching core, for one call; afterwards, the completions of
@@ -547,9 +612,11 @@ impl TaggedP2p for OfiFabric {
 
     /// Progresses the packets too: one completion queue serves both.
     fn progress(&mut self, done: &mut Vec<Done>) -> Result<()> {
-        self.with_mpi(|m, ep| m.flush(ep, done))?;
-        OfiFabric::progress(self)?;
-        done.append(&mut self.mpi_done);
+        let owned = self.p2p_read(true)?;
+        let Some(m) = self.mpi.as_mut() else { return Ok(()) };
+        for c in owned {
+            m.finish(c, done)?;
+        }
         Ok(())
     }
 }

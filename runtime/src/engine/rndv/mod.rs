@@ -218,6 +218,14 @@ impl Engine {
     /// message has nothing to register (fi_mr refuses a zero length) and nothing to read.
     #[cold]
     pub(in crate::engine) fn start_rndv(&mut self, dest: usize, tag64: u64, data: RawBuf) -> Result<ReqId> {
+        let (req, hdr) = self.rndv_request(dest, tag64, data)?;
+        self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
+        Ok(req)
+    }
+
+    /// The send request and the request message of a rendezvous of `data` to `dest`: the
+    /// buffer registered, the request named on the wire.
+    pub(in crate::engine) fn rndv_request(&mut self, dest: usize, tag64: u64, data: RawBuf) -> Result<(ReqId, [u8; RNDV_REQ_LEN])> {
         self.st.stats.rndv += 1;
         let (addr, len) = (data.addr(), data.len());
         let (mr, key, va) = if len == 0 {
@@ -239,8 +247,7 @@ impl Engine {
             Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted, pregranted, streamed: false }),
         )?;
         let hdr = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64, pregranted }.encode();
-        self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
-        Ok(req)
+        Ok((req, hdr))
     }
 }
 
