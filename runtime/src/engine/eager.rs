@@ -140,7 +140,7 @@ impl Engine {
     #[inline(always)]
     pub(crate) fn start_send(&mut self, dest: usize, tag64: u64, data: RawBuf, sync: bool) -> Result<Option<ReqId>> {
         #[cfg(feature = "ofi")]
-        if self.st.by_provider && ofi::by_provider(tag64) {
+        if self.st.offload.by_provider() && ofi::by_provider(tag64) {
             return self.pm_send(dest, tag64, data, sync);
         }
         let len = data.len();
@@ -245,7 +245,7 @@ impl Engine {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let fits = parts.len() < MAX_PARTS && self.peers.get(dest).is_some_and(|c| parts.len() < c.max_parts);
         #[cfg(feature = "ofi")]
-        if self.st.by_provider && ofi::by_provider(tag64) {
+        if self.st.offload.by_provider() && ofi::by_provider(tag64) {
             // The caller packs and sends through the provider (`Engine::start_send`).
             return Ok(false);
         }
@@ -549,7 +549,7 @@ impl State {
         self.stats.sw_matched += 1;
         // A message a probe took from the OFI provider cost its sender no credit.
         #[cfg(feature = "ofi")]
-        let provided = self.by_provider && ofi::by_provider(u.tag64);
+        let provided = self.offload.by_provider() && ofi::by_provider(u.tag64);
         #[cfg(not(feature = "ofi"))]
         let provided = false;
         if u.rndv.is_none() && !provided {

@@ -239,9 +239,6 @@ struct State {
     /// Collective calls that failed elsewhere because a rank departed: (collective context,
     /// sequence number, departed rank), the most recent [`ABORTS_KEPT`].
     aborts: VecDeque<(u32, u32, usize)>,
-    /// The OFI provider matches user contexts' point-to-point (see `ofi`).
-    #[cfg(feature = "ofi")]
-    by_provider: bool,
 }
 
 /// Longest eager message a peer may announce: its credit never exceeds 2^31 bytes.
@@ -311,8 +308,6 @@ impl Engine {
             target: Target::new(&cfg)?,
             ways: Ways::new(&cfg, rank, &peers),
             aborts: VecDeque::new(),
-            #[cfg(feature = "ofi")]
-            by_provider: false,
         };
         Ok(Engine {
             max_packet: fabric.max_packet(),

@@ -33,6 +33,9 @@ pub(super) struct Offload {
     op_wr: u64,
     /// Receives queued in software but not in the tag list.
     sw_only_posted: usize,
+    /// The OFI provider, not this TM-SRQ, matches user contexts' point-to-point (see `ofi`).
+    #[cfg(feature = "ofi")]
+    by_provider: bool,
 }
 
 impl Offload {
@@ -56,7 +59,23 @@ impl Offload {
             srq_wr: SRQ_DEPTH as u64,
             op_wr: 0,
             sw_only_posted: 0,
+            #[cfg(feature = "ofi")]
+            by_provider: false,
         })
+    }
+
+    /// Whether the OFI provider matches user contexts' point-to-point (the engine's `ofi`
+    /// stage decides which messages that covers).
+    #[cfg(feature = "ofi")]
+    #[inline(always)]
+    pub(super) fn by_provider(&self) -> bool {
+        self.by_provider
+    }
+
+    /// From now on the OFI provider matches user contexts' point-to-point.
+    #[cfg(feature = "ofi")]
+    pub(super) fn hand_to_provider(&mut self) {
+        self.by_provider = true;
     }
 
     /// The TM-SRQ.

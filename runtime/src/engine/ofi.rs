@@ -128,7 +128,7 @@ impl Engine {
         f.enable_matching();
         let floor = f.p2p_floor().unwrap_or(0);
         self.pm = Some(ProvMatch { live: HashMap::new(), floor, sent: 0, posted: 0, matched: 0, claimed: 0, cancelled: 0 });
-        self.st.by_provider = true;
+        self.st.offload.hand_to_provider();
         Ok(Some("provider"))
     }
 

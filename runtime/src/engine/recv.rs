@@ -10,7 +10,7 @@ impl Engine {
         let cap = buf.cap();
         let key = matching::recv_key(ctx, src, tag);
         #[cfg(feature = "ofi")]
-        if self.st.by_provider && ofi::by_provider(key.0) {
+        if self.st.offload.by_provider() && ofi::by_provider(key.0) {
             return self.pm_post(key, tag, RecvState::new(buf, key.0, from));
         }
         // The receive is built inside the slot's closure, here, and not handed to a shared
@@ -45,7 +45,7 @@ impl Engine {
         let mut r = RecvState::new(RawBufMut::empty(), key.0, from);
         r.owned = Some(Box::new(OwnedRecv { elem, align, buf: None, failed: false }));
         #[cfg(feature = "ofi")]
-        if self.st.by_provider && ofi::by_provider(key.0) {
+        if self.st.offload.by_provider() && ofi::by_provider(key.0) {
             return self.pm_post(key, tag, r);
         }
         let st = &mut self.st;
@@ -90,7 +90,7 @@ impl Engine {
     /// over the OFI provider's matching, the message is first claimed from the provider.
     pub(crate) fn mprobe_at(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, _from: &Peers) -> Option<(Status, Key)> {
         #[cfg(feature = "ofi")]
-        if self.st.by_provider && ofi::by_provider(matching::encode_tag(ctx, 0, 0)) {
+        if self.st.offload.by_provider() && ofi::by_provider(matching::encode_tag(ctx, 0, 0)) {
             self.pm_fetch(ctx, src, tag, _from);
         }
         self.mprobe_now(ctx, src, tag)
@@ -100,7 +100,7 @@ impl Engine {
     /// over the OFI provider's matching, the message is first claimed from the provider.
     pub(crate) fn probe_at(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, _from: &Peers) -> Option<Status> {
         #[cfg(feature = "ofi")]
-        if self.st.by_provider && ofi::by_provider(matching::encode_tag(ctx, 0, 0)) {
+        if self.st.offload.by_provider() && ofi::by_provider(matching::encode_tag(ctx, 0, 0)) {
             self.pm_fetch(ctx, src, tag, _from);
         }
         self.probe_now(ctx, src, tag)
