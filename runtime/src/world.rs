@@ -231,7 +231,9 @@ impl World {
     ///
     /// # Errors
     /// A peer broke the protocol while the data was handed over (the rank is then not
-    /// marked finalized, and its exit counts as a failure).
+    /// marked finalized, and its exit counts as a failure). [`Error::Replay`] when
+    /// `TMPI_REPLAY` replayed a record that holds decisions this run never asked for (the
+    /// rank did finalize).
     pub fn finalize(mut self) -> Result<()> {
         self.shutdown()
     }
@@ -264,15 +266,15 @@ impl World {
         // Every later call through a communicator, request or message that outlived the
         // world fails with `Error::State`; their clean-up on drop still runs.
         self.comm.inner.eng.close();
-        if self.from_init {
-            crate::seen::finish(t0, &mut || self.launcher_clock());
-        }
+        let seen = if self.from_init { crate::seen::finish(t0, &mut || self.launcher_clock()) } else { Ok(()) };
         r?;
         if let Some(bc) = self.bootstrap.get_mut().unwrap_or_else(PoisonError::into_inner).as_mut() {
             let _ = bc.finalize();
         }
         self.comm.inner.eng.lock_for_cleanup()?.mark_finalized();
-        Ok(())
+        // A replay that ended short of its record: the job finalized, the error is the
+        // program's to report.
+        seen
     }
 
     /// Starts tracing, profiling, recording or replaying as `TMPI_*` say (see

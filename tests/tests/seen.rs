@@ -74,6 +74,13 @@ fn a_replay_that_departs_from_its_record_fails_naming_the_rank_and_the_call() {
     let longer = racy(3, 5).arg("--rounds").arg("2").flag("--replay").flag(&dir).run();
     assert!(!longer.success(), "{}", longer.report());
     assert!(longer.stderr.contains("replay diverged at rank 0") && longer.stderr.contains("the end of the record"), "{}", longer.report());
+    // A replay that stops short of its record: the recorded run went further.
+    let dir2 = scratch("diverge-short");
+    result_of(&racy(3, 5).arg("--rounds").arg("2").flag("--record").flag(&dir2).run());
+    let shorter = racy(3, 5).arg("--rounds").arg("1").flag("--replay").flag(&dir2).run();
+    assert!(!shorter.success(), "{}", shorter.report());
+    assert!(shorter.stderr.contains("replay diverged at rank 0: the program finished after"), "{}", shorter.report());
+    let _ = std::fs::remove_dir_all(&dir2);
     let size = racy(2, 5).arg("--rounds").arg("1").flag("--replay").flag(&dir).run();
     assert_eq!(size.code(), Some(2), "{}", size.report());
     assert!(size.stderr.contains("a job of 3 ranks"), "{}", size.report());

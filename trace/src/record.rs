@@ -416,6 +416,20 @@ impl Replayer {
         Ok(d.clone())
     }
 
+    /// At the end of the program: why the replay diverged if the record holds decisions the
+    /// program never asked for (a recorded run that went further), else `None`.
+    pub fn unfinished(&self) -> Option<String> {
+        let left = self.calls.get(self.next..).unwrap_or_default();
+        let first = left.first()?;
+        Some(format!(
+            "replay diverged at rank {}: the program finished after {} decision(s), the record has {} more (the next: {})",
+            self.rank,
+            self.next,
+            left.len(),
+            first.describe()
+        ))
+    }
+
     /// The source and sequence that wildcard post `post` matched, if the record has it.
     pub fn posted(&self, post: u64) -> Option<(u32, u64)> {
         self.posted.get(&post).copied()
@@ -443,6 +457,21 @@ mod tests {
         v.push(Decision::Picked { call: Kind::TestSome, indices: vec![] });
         v.push(Decision::Answer { call: Kind::Iprobe, found: true, source: 4 });
         v
+    }
+
+    #[test]
+    fn a_replay_that_stops_short_of_its_record_is_unfinished() {
+        let rec = Record { rank: 2, size: 3, finished: true, decisions: sample(), bytes: 0 };
+        let mut r = Replayer::new(rec);
+        // Posted decisions are looked up by post number, not counted as left.
+        let calls = sample().iter().filter(|d| !matches!(d, Decision::Posted { .. })).count();
+        let why = r.unfinished().expect("nothing replayed yet");
+        assert!(why.starts_with("replay diverged at rank 2: the program finished after 0 decision(s)"), "{why}");
+        assert!(why.contains(&format!("the record has {calls} more")), "{why}");
+        for d in sample().into_iter().filter(|d| !matches!(d, Decision::Posted { .. })) {
+            r.next(d.call(), "x").expect("as recorded");
+        }
+        assert_eq!(r.unfinished(), None);
     }
 
     #[test]

@@ -270,10 +270,14 @@ pub(super) fn message(m: Msg) {
 /// Ends seeing at finalize: records the finalize span (begun at `t0`), samples the clock
 /// again, seals the trace ring, writes the profile and closes the record. A rank started
 /// without a launcher writes the merged trace (and prints its profile) itself.
-pub(crate) fn finish(t0: u64, clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>) {
-    let Some(s) = get() else { return };
+///
+/// # Errors
+/// [`Error::Replay`] when a replay ends with recorded decisions left (the recorded run went
+/// further than this one); everything else is still closed.
+pub(crate) fn finish(t0: u64, clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>) -> Result<()> {
+    let Some(s) = get() else { return Ok(()) };
     if FLAGS.load(Relaxed) == 0 {
-        return;
+        return Ok(());
     }
     span(&What::new(Kind::Finalize), t0, now_ns());
     FLAGS.store(0, Relaxed);
@@ -305,6 +309,8 @@ pub(crate) fn finish(t0: u64, clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>
             eprintln!("tmpi: rank {}: TMPI_RECORD: {e}", s.rank);
         }
     }
+    let unfinished = s.replay.as_ref().filter(|_| lock(&s.diverged).is_none()).and_then(|r| lock(r).unfinished());
+    unfinished.map_or(Ok(()), |why| Err(Error::Replay(why)))
 }
 
 /// A rank started alone merges its own trace into the JSON file and removes its ring file.
