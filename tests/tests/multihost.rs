@@ -365,20 +365,8 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     assert_nothing_left(&mark, "after a remote rank panicked");
 
     // A remote rank killed: the job ends, naming it, and nothing is left on any host.
-    let mark = format!("kill-{}", std::process::id());
-    let (mut child, err) = hanging_job(&h, &format!("{a1}:1,{a2}:2"), 3, &mark);
-    let pid = rank_pid(&mark, 1).expect("rank 1's pid");
-    let t = Instant::now();
-    // SAFETY: kill(2) has no memory effects; `pid` is rank 1, found by its environment.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let status = child.0.wait().expect("wait for tmpirun");
-    let took = t.elapsed();
-    let err = err.join().expect("stderr").join("\n");
-    assert!(!status.success(), "{err}");
-    assert!(took < Duration::from_secs(6), "the job took {took:?} to end after the kill\n{err}");
-    assert!(err.contains(&format!("tmpirun: rank 1 (on host {a2})")), "tmpirun should name rank 1\n{err}");
+    let took = remote_kill_ends_the_job(&h, "kill", &[]);
     eprintln!("multihost: remote rank killed -> job ended in {took:?}");
-    assert_nothing_left(&mark, "after a remote rank was killed");
 
     // tmpirun interrupted: every rank on every host goes.
     let mark = format!("int-{}", std::process::id());
@@ -416,10 +404,17 @@ fn ofi_jobs_across_namespace_hosts() {
         let kinds = fabric_kinds(&o);
         assert_eq!(kinds, (0..4).map(|r| (r, "ofi".to_string())).collect::<Vec<_>>(), "{p}: {}", report(&o));
     }
-    let mark = format!("ofikill-{}", std::process::id());
+    let took = remote_kill_ends_the_job(&h, "ofikill", &[("TMPI_FABRIC", "ofi"), ("TMPI_OFI_PROVIDER", "tcp")]);
+    eprintln!("multihost over OFI: remote rank killed -> job ended in {took:?}");
+}
+
+/// Rank 1 of a `fault_hang` job on hosts 0 (rank 0) and 1 (ranks 1, 2), with `env`, killed
+/// by SIGKILL: the job must fail within 6 s naming rank 1 and its host, leaving nothing on any
+/// host. Returns the time from the kill to `tmpirun`'s exit.
+fn remote_kill_ends_the_job(h: &Hosts, tag: &str, env: &[(&str, &str)]) -> Duration {
+    let mark = format!("{tag}-{}", std::process::id());
     let b = h.addr(1).to_string();
-    let env = [("TMPI_FABRIC", "ofi"), ("TMPI_OFI_PROVIDER", "tcp")];
-    let (mut child, err) = hanging_job_with(&h, &format!("{}:1,{b}:2", h.addr(0)), 3, &mark, &env);
+    let (mut child, err) = hanging_job_with(h, &format!("{}:1,{b}:2", h.addr(0)), 3, &mark, env);
     let pid = rank_pid(&mark, 1).expect("rank 1's pid");
     let t = Instant::now();
     // SAFETY: kill(2) has no memory effects; `pid` is rank 1, found by its environment.
@@ -430,8 +425,8 @@ fn ofi_jobs_across_namespace_hosts() {
     assert!(!status.success(), "{err}");
     assert!(took < Duration::from_secs(6), "the job took {took:?} to end after the kill\n{err}");
     assert!(err.contains(&format!("tmpirun: rank 1 (on host {b})")), "tmpirun should name rank 1\n{err}");
-    eprintln!("multihost over OFI: remote rank killed -> job ended in {took:?}");
-    assert_nothing_left(&mark, "after a remote rank was killed (OFI)");
+    assert_nothing_left(&mark, &format!("after a remote rank was killed ({tag})"));
+    took
 }
 
 /// The knob the tests of a vanishing host set (seconds); each fails only when the job is not
