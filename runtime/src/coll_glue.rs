@@ -107,8 +107,15 @@ impl CollCtx<'_> {
     /// untouched by anyone else, until the schedule has finished or has been abandoned.
     pub(crate) unsafe fn sched(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<Sched> {
         let c = self.comm;
-        let who =
-            Members { ctx: c.coll_ctx(), rank: c.rank(), size: c.size(), world: c.inner.members.clone(), seq: self.seq, fixed_tag: None };
+        let who = Members {
+            ctx: c.coll_ctx(),
+            rank: c.rank(),
+            size: c.size(),
+            world: c.inner.members.clone(),
+            seq: self.seq,
+            fixed_tag: None,
+            keys: None,
+        };
         // SAFETY: the caller's contract.
         unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b))) }
     }
@@ -148,8 +155,15 @@ impl CollP2p for CollCtx<'_> {
     }
     fn run(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
         let c = self.comm;
-        let who =
-            Members { ctx: c.coll_ctx(), rank: c.rank(), size: c.size(), world: c.inner.members.clone(), seq: self.seq, fixed_tag: None };
+        let who = Members {
+            ctx: c.coll_ctx(),
+            rank: c.rank(),
+            size: c.size(),
+            world: c.inner.members.clone(),
+            seq: self.seq,
+            fixed_tag: None,
+            keys: None,
+        };
         run_plan(c, who, plan, input, output)
     }
     fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {

@@ -420,6 +420,7 @@ impl crate::coll::CollP2p for GroupChan<'_> {
             world: Some(world),
             seq: 0,
             fixed_tag: Some(self.tag),
+            keys: Some(Arc::new(self.ranks.clone())),
         };
         crate::coll_glue::run_plan(self.comm, who, plan, input, output)
     }
@@ -604,6 +605,32 @@ mod tests {
             (c.rank(), c.size(), sum[0], pair)
         });
         assert_eq!(got, vec![(2, 3, 6, None), (1, 2, 4, Some((1, 4))), (1, 3, 6, None), (0, 2, 4, Some((0, 2))), (0, 3, 6, Some((0, 4)))]);
+    }
+
+    /// Rank 1 waits in its first `create_group` (with a late rank 3) while rank 4, done with
+    /// its own first group, already starts a second one with rank 1 on the same parent and
+    /// tag: rank 4's messages, though it is the second member of that pair as rank 3 is of
+    /// the first, wait for the second call instead of being taken for rank 3's.
+    #[test]
+    fn create_group_keeps_a_fast_peers_next_call_apart() {
+        let got = run_local(5, |w| {
+            let r = w.rank();
+            if r == 3 {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            let first: &[usize] = if r % 2 == 1 { &[1, 3] } else { &[0, 2, 4] };
+            let c = w.create_group(&w.group().incl(first).unwrap(), 5).unwrap();
+            let pair = if r == 1 || r == 4 {
+                let p = w.create_group(&w.group().incl(&[1, 4]).unwrap(), 5).unwrap();
+                let mut b = [r];
+                p.bcast(&mut b, 1).unwrap();
+                Some(b[0])
+            } else {
+                None
+            };
+            (c.size(), pair)
+        });
+        assert_eq!(got, vec![(3, None), (2, Some(4)), (3, None), (2, None), (3, Some(4))]);
     }
 
     #[test]

@@ -62,6 +62,11 @@ pub(crate) struct Members {
     /// channel of `Comm::create_group`, whose tag is the user's; messages then pair by source
     /// and order alone, which the plans it runs keep).
     pub(crate) fixed_tag: Option<u32>,
+    /// The rank each member has in match keys when it is not its index here: the group
+    /// channel of `Comm::create_group` keys by the parent communicator's ranks, so that the
+    /// channels of two groups on one parent (a rank may be in one while a faster peer is
+    /// already in the next) never take each other's messages.
+    pub(crate) keys: Option<crate::engine::WorldRanks>,
 }
 
 impl Members {
@@ -71,6 +76,11 @@ impl Members {
             Some(m) if r < m.len() => Ok(m[r]),
             _ => Err(Error::InvalidRank { rank: r, size: self.size }),
         }
+    }
+
+    /// The source field of member `r`'s messages.
+    fn key(&self, r: usize) -> u32 {
+        self.keys.as_ref().map_or(r, |k| k.get(r).copied().unwrap_or(r)) as u32
     }
 
     fn tag(&self, t: u32) -> u32 {
@@ -294,7 +304,7 @@ impl Sched {
                 // (`Plan::check`).
                 let raw = unsafe { RawBuf::new(std::slice::from_raw_parts(p, s.len)) };
                 let w = &self.who;
-                let tag64 = matching::encode_tag(w.ctx, w.rank as u32, w.tag(tag));
+                let tag64 = matching::encode_tag(w.ctx, w.key(w.rank), w.tag(tag));
                 let world = w.world_rank(dest)?;
                 if seen::counting() {
                     seen::message_out(world, s.len);
@@ -316,7 +326,7 @@ impl Sched {
                 if let Some(ph) = self.phase.as_mut() {
                     ph.add(false, world, s.len);
                 }
-                let rid = e.post_recv(w.ctx, Some(src as u32), Some(w.tag(tag)), raw, Peers::rank(world))?;
+                let rid = e.post_recv(w.ctx, Some(w.key(src)), Some(w.tag(tag)), raw, Peers::rank(world))?;
                 self.pending.push((rid, (!degraded).then_some((s.len, src))));
             }
             _ if degraded => {}
