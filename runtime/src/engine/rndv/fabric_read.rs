@@ -131,6 +131,14 @@ impl Engine {
         Ok(done.len())
     }
 
+    /// The OFI fabric's registration cache's counters, while reads go by `fi_read`.
+    pub(in crate::engine) fn ofi_read_cache_stats(&self) -> Option<tmpi_transport::mr::CacheStats> {
+        match &self.fabric {
+            AnyFabric::Ofi(f) => f.read_cache_stats(),
+            _ => None,
+        }
+    }
+
     /// The `tmpi-ofi-rndv` line of `TMPI_STATS=1` while reads go by `fi_read`: reads, their
     /// bytes and failures, fall-backs to streams, registrations and the cache's counters.
     pub(crate) fn ofi_rndv_stats_line(&self) -> Option<String> {
