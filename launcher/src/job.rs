@@ -917,6 +917,9 @@ impl Running {
 
     fn on_server_event(&mut self, ev: ServerEvent) {
         match ev {
+            ServerEvent::Spawn { rank, .. } => {
+                self.server.answer_spawn(rank, Err("this tmpirun cannot start processes yet".into()));
+            }
             ServerEvent::Abort { rank, code, message } => {
                 if self.end.is_none() {
                     let msg = if message.is_empty() { String::new() } else { format!(": {message}") };

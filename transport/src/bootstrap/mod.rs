@@ -39,6 +39,8 @@
 //! | `TMPI_LAUNCHER_PID` | pid of `tmpirun`                                                |
 //! | `TMPI_JOB_SECRET`   | 32 hex digits, random per job: a `hello` proves it (HMAC), never sends it |
 //! | `TMPI_NODE_ID`      | optional: the host a rank runs on (equal ids share memory)      |
+//! | `TMPI_PARENT`       | only in a spawned child: the bridge to its parents ([`spawn`])  |
+//! | `TMPI_APPNUM`       | only in a spawned child: the index of its command in the spawn  |
 //!
 //! `tmpirun` removes `/dev/shm/<TMPI_SHM_NAME>` and every `/dev/shm/tmpi-<jobid>*` file when
 //! the job ends, whichever way it ends.
@@ -47,6 +49,7 @@ pub mod pmi2;
 pub mod proto;
 pub mod secret;
 pub mod server;
+pub mod spawn;
 pub mod wireup;
 
 use std::ffi::OsString;
@@ -539,6 +542,21 @@ impl BootstrapClient {
             Reply::Value(v) if v.len() == 8 => Ok((t0, u64::from_le_bytes(v.as_slice().try_into().unwrap_or([0; 8])), t3)),
             Reply::Err(m) => Err(Error::Bootstrap(format!("clock: {m}"))),
             _ => Err(Error::Bootstrap("clock: the server's answer is no clock".into())),
+        }
+    }
+
+    /// Asks `tmpirun` to start the processes of `req` as a new job, and waits until it has:
+    /// the answer is the bridge between the spawning communicator and them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a request [`spawn::SpawnRequest::check`] refuses;
+    /// [`Error::Bootstrap`] with `tmpirun`'s reason when it cannot start them (a program
+    /// that does not exist, a job across hosts...), or a lost server.
+    pub fn spawn(&mut self, req: spawn::SpawnRequest) -> Result<spawn::Bridge> {
+        match self.call(&Request::Spawn(req))? {
+            Reply::Value(v) => spawn::Bridge::parse(&String::from_utf8_lossy(&v)),
+            Reply::Err(m) => Err(Error::Bootstrap(m)),
+            Reply::Ok => Err(Error::Bootstrap("the server answered no bridge".into())),
         }
     }
 

@@ -12,6 +12,7 @@
 //! | 5  | abort    | `i32 code`, message (UTF-8, rest of body)         |
 //! | 6  | finalize | nothing                                           |
 //! | 7  | clock    | nothing; the reply is a value: the server's `CLOCK_MONOTONIC` (`u64` ns) |
+//! | 8  | spawn    | a [`SpawnRequest`] (see [`super::spawn`]); the reply is a value, the bridge's text, once `tmpirun` has started the processes |
 //!
 //! Replies (server to client): `0x80` ok (nothing), `0x81` value (the bytes), `0x82` error
 //! (a UTF-8 message). Every request gets exactly one reply; `get` and `fence` replies are
@@ -28,6 +29,7 @@
 //! Decoders never panic: a short body, a bad op code, a key that is empty, too long or not
 //! UTF-8, or a length above the caps is an [`Error::Bootstrap`].
 
+use super::spawn::SpawnRequest;
 use crate::error::{Error, Result};
 use crate::tcp::auth::{ANSWER_LEN, MAC_LEN, NONCE_LEN};
 
@@ -52,6 +54,7 @@ const OP_FENCE: u8 = 4;
 const OP_ABORT: u8 = 5;
 const OP_FINALIZE: u8 = 6;
 const OP_CLOCK: u8 = 7;
+const OP_SPAWN: u8 = 8;
 const OP_OK: u8 = 0x80;
 const OP_VALUE: u8 = 0x81;
 const OP_ERR: u8 = 0x82;
@@ -99,6 +102,10 @@ pub enum Request {
     /// The server's clock (`CLOCK_MONOTONIC`, ns, as a value of 8 little-endian bytes), for
     /// tracing: ranks of other hosts align their clocks to it (see `tmpi-trace`'s `clock`).
     Clock,
+    /// Start processes as a new job connected to the spawning communicator's ranks
+    /// (`MPI_Comm_spawn`); the reply, once they are started, is the [`super::spawn::Bridge`]'s
+    /// text.
+    Spawn(SpawnRequest),
 }
 
 /// A server reply.
@@ -221,6 +228,16 @@ impl Request {
                 let s = begin(out, OP_CLOCK);
                 end(out, s);
             }
+            Request::Spawn(req) => {
+                req.check()?;
+                let s = begin(out, OP_SPAWN);
+                req.encode(out);
+                if out.len() - s - 4 > MAX_FRAME {
+                    out.truncate(s);
+                    return Err(Error::InvalidArgument(format!("spawn: the commands take more than {MAX_FRAME} bytes")));
+                }
+                end(out, s);
+            }
         }
         Ok(())
     }
@@ -274,6 +291,7 @@ impl Request {
             }
             OP_FINALIZE => exact(0).map(|()| Request::Finalize),
             OP_CLOCK => exact(0).map(|()| Request::Clock),
+            OP_SPAWN => SpawnRequest::decode(rest).map(Request::Spawn),
             _ => Err(malformed(format!("unknown request op {op}"))),
         }
     }

@@ -165,6 +165,14 @@ pub enum ServerEvent {
         /// What the kernel said (`Connection timed out`, `No route to host`...).
         error: String,
     },
+    /// A rank asks for processes to be started (`MPI_Comm_spawn`): the launcher starts them,
+    /// or not, and answers with [`BootstrapServer::answer_spawn`]. The rank waits until then.
+    Spawn {
+        /// Its rank.
+        rank: usize,
+        /// What to start.
+        request: super::spawn::SpawnRequest,
+    },
     /// A connection that did not prove to be a rank of this job (wrong or missing secret,
     /// a process that is not a rank nor a rank's descendant): closed, and nothing else
     /// changed.
@@ -203,6 +211,8 @@ enum Wait {
     None,
     Get(String),
     Fence,
+    /// For the launcher's answer to a spawn.
+    Spawn,
 }
 
 struct Conn {
@@ -780,6 +790,23 @@ impl BootstrapServer {
                 self.flush(token);
             }
             Request::Clock => self.reply(token, Reply::Value(monotonic_ns().to_le_bytes().to_vec())),
+            Request::Spawn(request) => {
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.wait = Wait::Spawn;
+                }
+                self.events.push(ServerEvent::Spawn { rank, request });
+            }
+        }
+    }
+
+    /// Answers rank `rank`'s spawn ([`ServerEvent::Spawn`]): the bridge's text when the
+    /// processes started, else why not. Nothing happens if the rank is no longer waiting
+    /// for it (its connection closed meanwhile).
+    pub fn answer_spawn(&mut self, rank: usize, answer: std::result::Result<String, String>) {
+        let Some(&RankState::Here(token)) = self.ranks.get(rank) else { return };
+        if self.conns.get(&token).is_some_and(|c| c.wait == Wait::Spawn) {
+            self.end_wait(token, answer.map_or_else(Reply::Err, |b| Reply::Value(b.into_bytes())));
+            self.drain_resume();
         }
     }
 
@@ -848,6 +875,8 @@ impl BootstrapServer {
         for st in &self.ranks {
             match *st {
                 RankState::Here(t) => match self.conns.get(&t) {
+                    // The launcher answers a spawn: that rank will go on.
+                    Some(c) if c.wait == Wait::Spawn => return,
                     Some(c) if c.wait != Wait::None => waiting += 1,
                     _ => return,
                 },
@@ -1006,7 +1035,7 @@ impl BootstrapServer {
                 }
             }
             Wait::Fence => self.fence_waiters.retain(|&w| w != token),
-            Wait::None => {}
+            Wait::None | Wait::Spawn => {}
         }
         if let Some(rank) = c.rank {
             if self.ranks[rank] == RankState::Here(token) {
