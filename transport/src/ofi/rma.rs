@@ -101,7 +101,8 @@ pub struct ReadStats {
     pub failed: u64,
     /// Times a post met `-FI_EAGAIN` and was queued.
     pub queued: u64,
-    /// Registrations made for sends (cache misses included, hits not).
+    /// Registrations made for sends outside the cache (caching off, a range the monitor
+    /// could not watch, or `FI_MR_ENDPOINT`); the cache counts its own hits and misses.
     pub regs: u64,
 }
 
