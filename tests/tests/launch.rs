@@ -333,3 +333,73 @@ fn a_huge_hostfile_is_refused_in_one_line() {
     assert!(err.len() < 500 && err.contains("larger than 4 MiB"), "{}", &err[..err.len().min(2000)]);
     assert!(Path::new("/dev/zero").exists());
 }
+
+/// A spawn through `tmpirun` (`spawner`, the bootstrap protocol alone): `spawner MODE` at
+/// `np` ranks with `flags`, within `secs` seconds (`--timeout`).
+fn spawn_job(np: usize, mode: &str, flags: &[&str], secs: u64) -> tmpi_tests::Outcome {
+    let mut job = tmpi_tests::Job::tmpirun(np, "spawner").arg(mode).timeout(Duration::from_secs(secs));
+    for f in flags {
+        job = job.flag(*f);
+    }
+    job.run()
+}
+
+/// Issue 59 item 7: two commands (2 children, then 1) start with their arguments, variables,
+/// directory and command index, wire up with the parents through the bridge, and their
+/// output is labelled as spawned under `--tag-output`; the job ends well and leaves nothing.
+#[test]
+fn spawn_starts_two_commands_that_wire_up_with_the_parents() {
+    let _s = serial();
+    let out = spawn_job(2, "two", &["--tag-output"], 60);
+    out.assert_success().assert_no_leak();
+    let lines = out.stdout_lines();
+    let cwd = std::env::current_dir().expect("cwd");
+    let want = [
+        format!("[0] CHILD 0: rank 0 of 3 appnum 0 args [\"a b\"] SPAWN_K=v1 cwd={}", cwd.display()),
+        format!("[0] CHILD 1: rank 1 of 3 appnum 0 args [\"a b\"] SPAWN_K=v1 cwd={}", cwd.display()),
+        "[0] CHILD 2: rank 2 of 3 appnum 1 args [\"x\"] SPAWN_K=v2 cwd=/tmp".to_string(),
+        "[spawn1.0] hello from child 0".to_string(),
+        "[spawn1.2] hello from child 2".to_string(),
+    ];
+    for w in &want {
+        assert!(lines.contains(&w.as_str()), "no line {w:?}\n{}", out.report());
+    }
+}
+
+/// A spawn of a program that does not exist is refused to the spawning rank with a reason
+/// naming it; nothing starts and the job goes on to its end.
+#[test]
+fn spawn_of_a_missing_program_is_refused_and_the_job_goes_on() {
+    let _s = serial();
+    let out = spawn_job(2, "missing", &[], 60);
+    out.assert_success().assert_no_leak();
+    let refused = out.stdout_lines().into_iter().find(|l| l.starts_with("REFUSED ")).map(str::to_string);
+    let refused = refused.unwrap_or_else(|| panic!("no REFUSED line\n{}", out.report()));
+    assert!(refused.contains("no program \"no-such-program-for-spawn\""), "{refused}\n{}", out.report());
+}
+
+/// A spawned process that fails ends the job with its status, and the report names it as a
+/// spawned process: exit 3, and SIGKILL.
+#[test]
+fn a_failing_spawned_process_ends_the_job_and_is_named() {
+    let _s = serial();
+    for (mode, status, how) in [("exit3", 3, "exited with code 3"), ("kill", 137, "killed by signal SIGKILL (9)")] {
+        let out = spawn_job(2, mode, &[], 60);
+        assert_eq!(out.code(), Some(status), "{mode}\n{}", out.report());
+        let named = out.stderr.lines().any(|l| l.starts_with("tmpirun: spawned rank 0 (spawn 1: ") && l.contains(how));
+        assert!(named, "{mode}: no report naming the spawned rank\n{}", out.report());
+        out.assert_no_leak();
+    }
+}
+
+/// `--timeout` ends the spawned processes too.
+#[test]
+fn the_timeout_ends_spawned_processes() {
+    let _s = serial();
+    let out = spawn_job(2, "sleep", &[], 3);
+    assert_eq!(out.code(), Some(124), "{}", out.report());
+    let pid = out.stdout_lines().iter().find_map(|l| l.strip_prefix("CHILD_PID ")?.trim().parse::<i32>().ok());
+    let pid = pid.unwrap_or_else(|| panic!("no CHILD_PID line\n{}", out.report()));
+    assert!(!tmpi_tests::pid_exists(pid), "the spawned process {pid} outlived its job\n{}", out.report());
+    out.assert_no_leak();
+}
