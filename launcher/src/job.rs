@@ -39,6 +39,11 @@
 //! every rank has ended, the groups get SIGKILL (stray children) and the pipes are drained
 //! for at most [`DRAIN`]. The report of a failed rank quotes the last meaningful line it wrote
 //! on stderr (its pipe is drained first).
+//!
+//! Spawns ([`spawn`]): a rank may ask for more processes; they join [`Running::ranks`] (after
+//! the job's ranks) with a bootstrap service of their own, and from then on are treated as
+//! ranks in all of the above (their reports name them as spawned). [`Running::servers`] holds
+//! every bootstrap service: the job's, each spawn's children's and each spawn's bridge.
 
 use std::ffi::OsString;
 use std::fs::File;
