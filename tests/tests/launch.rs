@@ -366,6 +366,23 @@ fn spawn_starts_two_commands_that_wire_up_with_the_parents() {
     }
 }
 
+/// A spawned process spawns in turn: the grandchild is the second spawn, wired up with its
+/// parent.
+#[test]
+fn a_spawned_process_can_spawn() {
+    let _s = serial();
+    let out = spawn_job(1, "nested", &["--tag-output"], 60);
+    out.assert_success().assert_no_leak();
+    let lines = out.stdout_lines();
+    let cwd = std::env::current_dir().expect("cwd");
+    for w in [
+        format!("[spawn1.0] CHILD 0: rank 0 of 1 appnum 0 args [\"leaf\"] SPAWN_K=g cwd={}", cwd.display()),
+        "[spawn2.0] hello from child 0".to_string(),
+    ] {
+        assert!(lines.contains(&w.as_str()), "no line {w:?}\n{}", out.report());
+    }
+}
+
 /// A spawn of a program that does not exist is refused to the spawning rank with a reason
 /// naming it; nothing starts and the job goes on to its end.
 #[test]

@@ -11,13 +11,15 @@
 //! - `exit3`, `kill`, `sleep`: one child that wires up, finalizes both jobs and then exits
 //!   with 3, is killed by SIGKILL, or sleeps for a minute (it prints `CHILD_PID <pid>` first);
 //!   the parents then sleep for a minute (`exit3`, `kill`) or end at once (`sleep`).
+//! - `nested`: one child, which spawns a grandchild (`child leaf`) the same way and prints
+//!   `CHILD 0: <what the grandchild saw>`.
 //!
 //! Any unexpected failure exits with 1 and a message.
 
 use std::time::Duration;
 
 use tmpi_transport::bootstrap::spawn::{Bridge, SpawnApp, SpawnRequest, ENV_APPNUM, ENV_PARENT};
-use tmpi_transport::bootstrap::BootstrapClient;
+use tmpi_transport::bootstrap::{BootstrapClient, BootstrapEnv};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -34,16 +36,26 @@ fn app(program: &str, args: &[&str], k: &str, cwd: Option<&str>, procs: u32) -> 
 fn parent(mode: &str) -> Res<()> {
     let (mut job, env) = BootstrapClient::from_env()?.ok_or("not started by tmpirun")?;
     let me = std::env::current_exe()?.to_string_lossy().into_owned();
-    let p = env.size as u32;
     let apps = match mode {
         "two" => vec![app(&me, &["child", "a b"], "v1", None, 2), app(&me, &["child", "x"], "v2", Some("/tmp"), 1)],
         "missing" => vec![app("no-such-program-for-spawn", &[], "v", None, 1)],
         m => vec![app(&me, &["child", m], "v", None, 1)],
     };
+    spawn_and_wire(&mut job, &env, apps, mode == "missing")?;
+    if matches!(mode, "exit3" | "kill") {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    job.finalize()?;
+    Ok(())
+}
+
+/// Rank 0 of `job` spawns `apps` (a refusal is printed when `refusal_expected`), and every rank
+/// wires up with the children through the bridge; rank 0 prints what each child saw.
+fn spawn_and_wire(job: &mut BootstrapClient, env: &BootstrapEnv, apps: Vec<SpawnApp>, refusal_expected: bool) -> Res<()> {
     if env.rank == 0 {
-        match job.spawn(SpawnRequest { parents: p, apps }) {
+        match job.spawn(SpawnRequest { parents: env.size as u32, apps }) {
             Ok(b) => job.put("bridge", b.to_env().as_bytes())?,
-            Err(e) if mode == "missing" => {
+            Err(e) if refusal_expected => {
                 println!("REFUSED {e}");
                 job.put("bridge", b"none")?;
             }
@@ -52,23 +64,20 @@ fn parent(mode: &str) -> Res<()> {
     }
     job.fence()?;
     let text = String::from_utf8(job.get("bridge")?)?;
-    if text != "none" {
-        let bridge = Bridge::parse(&text)?;
-        let mut b = BootstrapClient::connect_to(&bridge.bootstrap, env.rank, bridge.size, &env.secret)?;
-        b.put(&format!("p{}", env.rank), b"parent")?;
-        b.fence()?;
-        for j in 0..bridge.size - bridge.parents {
-            let seen = String::from_utf8(b.get(&format!("c{j}"))?)?;
-            if env.rank == 0 {
-                println!("CHILD {j}: {seen}");
-            }
+    if text == "none" {
+        return Ok(());
+    }
+    let bridge = Bridge::parse(&text)?;
+    let mut b = BootstrapClient::connect_to(&bridge.bootstrap, env.rank, bridge.size, &env.secret)?;
+    b.put(&format!("p{}", env.rank), b"parent")?;
+    b.fence()?;
+    for j in 0..bridge.size - bridge.parents {
+        let seen = String::from_utf8(b.get(&format!("c{j}"))?)?;
+        if env.rank == 0 {
+            println!("CHILD {j}: {seen}");
         }
-        b.finalize()?;
     }
-    if matches!(mode, "exit3" | "kill") {
-        std::thread::sleep(Duration::from_secs(60));
-    }
-    job.finalize()?;
+    b.finalize()?;
     Ok(())
 }
 
@@ -87,6 +96,10 @@ fn child(args: &[String]) -> Res<()> {
         return Err("parent 0's key is wrong".into());
     }
     b.finalize()?;
+    if args.get(1).is_some_and(|a| a == "nested") {
+        let me = std::env::current_exe()?.to_string_lossy().into_owned();
+        spawn_and_wire(&mut job, &env, vec![app(&me, &["child", "leaf"], "g", None, 1)], false)?;
+    }
     job.finalize()?;
     println!("hello from child {}", env.rank);
     match args.get(1).map(String::as_str) {
