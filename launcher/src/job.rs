@@ -1038,9 +1038,9 @@ impl Running {
             return self.on_bridge_event(si, ev);
         };
         match ev {
-            ServerEvent::Abort { rank, code, message } => self.aborted(&self.ranks[offset + rank].name(offset + rank), code, &message),
+            ServerEvent::Abort { rank, code, message } => self.aborted(&self.name(offset + rank), code, &message),
             ServerEvent::Rejected { rank, reason } => {
-                let who = rank.map_or("a client".to_string(), |r| self.ranks[offset + r].name(offset + r));
+                let who = rank.map_or("a client".to_string(), |r| self.name(offset + r));
                 say(&format!("bootstrap: refused {who}: {reason}"));
             }
             ServerEvent::Refused { pid, reason } => self.refused(pid, &reason),
@@ -1085,6 +1085,11 @@ impl Running {
                 self.servers[si].server.answer_spawn(rank, Err(no));
             }
         }
+    }
+
+    /// How reports name process `g` of [`Running::ranks`] (see [`Rank::name`]).
+    fn name(&self, g: usize) -> String {
+        self.ranks.get(g).map_or_else(|| format!("rank {g}"), |r| r.name(g))
     }
 
     /// `who` asked to end the job (abort).
@@ -1151,7 +1156,7 @@ impl Running {
             parts.push(failure_groups(&of_job));
         }
         let spawned: Vec<String> =
-            failed(true).filter_map(|&g| self.ranks[g].failure().map(|f| format!("{} ({})", self.ranks[g].name(g), f.how))).collect();
+            failed(true).filter_map(|&g| self.ranks[g].failure().map(|f| format!("{} ({})", self.name(g), f.how))).collect();
         if !spawned.is_empty() {
             parts.push(output::summarize(&spawned, SHOWN_GROUPS));
         }

@@ -396,11 +396,16 @@ fn spawn_of_a_missing_program_is_refused_and_the_job_goes_on() {
 }
 
 /// A spawned process that fails ends the job with its status, and the report names it as a
-/// spawned process: exit 3, and SIGKILL.
+/// spawned process: exit 3, SIGKILL, and an abort of the children's job.
 #[test]
 fn a_failing_spawned_process_ends_the_job_and_is_named() {
     let _s = serial();
-    for (mode, status, how) in [("exit3", 3, "exited with code 3"), ("kill", 137, "killed by signal SIGKILL (9)")] {
+    let cases = [
+        ("exit3", 3, "exited with code 3"),
+        ("kill", 137, "killed by signal SIGKILL (9)"),
+        ("abort", 5, "called abort with code 5: child gave up"),
+    ];
+    for (mode, status, how) in cases {
         let out = spawn_job(2, mode, &[], 60);
         assert_eq!(out.code(), Some(status), "{mode}\n{}", out.report());
         let named = out.stderr.lines().any(|l| l.starts_with("tmpirun: spawned rank 0 (spawn 1: ") && l.contains(how));

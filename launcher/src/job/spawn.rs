@@ -206,3 +206,36 @@ fn resolve(app: &SpawnApp) -> Result<PathBuf, String> {
     let found = cli::resolve_program(prog.as_os_str()).map_err(|e| no(e.to_string()))?;
     Ok(here.join(found))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(program: &str, cwd: Option<&str>) -> SpawnApp {
+        SpawnApp { program: program.into(), args: Vec::new(), env: Vec::new(), cwd: cwd.map(Into::into), procs: 1 }
+    }
+
+    #[test]
+    fn programs_are_found_as_the_ranks_are_and_made_absolute() {
+        let found = resolve(&app("sh", None)).expect("sh in PATH");
+        assert!(found.is_absolute() && found.ends_with("sh"), "{}", found.display());
+        // A relative path with a '/' is taken from the command's directory.
+        assert_eq!(resolve(&app("./sh", Some("/bin"))).map(|p| p.starts_with("/bin") && p.ends_with("sh")), Ok(true));
+        let refused = [
+            ("no-such-program-for-spawn", None, "no program \"no-such-program-for-spawn\" to spawn (cannot run program"),
+            ("sh", Some("/no/such/dir"), "its working directory /no/such/dir is not a directory"),
+            ("/etc/passwd", None, "is not executable"),
+            ("./sh", None, "no program \"./sh\" to spawn"),
+        ];
+        for (prog, cwd, says) in refused {
+            let e = resolve(&app(prog, cwd)).expect_err(prog);
+            assert!(e.contains(says), "{prog}: {e}");
+        }
+    }
+
+    #[test]
+    fn spawned_processes_are_named_by_spawn_and_rank() {
+        let s = Spawned { spawn: 2, rank: 5, program: "./w".into() };
+        assert_eq!(s.to_string(), "spawned rank 5 (spawn 2: ./w)");
+    }
+}

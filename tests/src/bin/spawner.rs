@@ -11,6 +11,8 @@
 //! - `exit3`, `kill`, `sleep`: one child that wires up, finalizes both jobs and then exits
 //!   with 3, is killed by SIGKILL, or sleeps for a minute (it prints `CHILD_PID <pid>` first);
 //!   the parents then sleep for a minute (`exit3`, `kill`) or end at once (`sleep`).
+//! - `abort`: one child that wires up, then aborts its job with code 5 (`child gave up`);
+//!   the parents sleep for a minute.
 //! - `nested`: one child, which spawns a grandchild (`child leaf`) the same way and prints
 //!   `CHILD 0: <what the grandchild saw>`.
 //!
@@ -42,7 +44,7 @@ fn parent(mode: &str) -> Res<()> {
         m => vec![app(&me, &["child", m], "v", None, 1)],
     };
     spawn_and_wire(&mut job, &env, apps, mode == "missing")?;
-    if matches!(mode, "exit3" | "kill") {
+    if matches!(mode, "exit3" | "kill" | "abort") {
         std::thread::sleep(Duration::from_secs(60));
     }
     job.finalize()?;
@@ -99,6 +101,10 @@ fn child(args: &[String]) -> Res<()> {
     if args.get(1).is_some_and(|a| a == "nested") {
         let me = std::env::current_exe()?.to_string_lossy().into_owned();
         spawn_and_wire(&mut job, &env, vec![app(&me, &["child", "leaf"], "g", None, 1)], false)?;
+    }
+    if args.get(1).is_some_and(|a| a == "abort") {
+        job.abort(5, "child gave up")?;
+        std::thread::sleep(Duration::from_secs(60));
     }
     job.finalize()?;
     println!("hello from child {}", env.rank);
