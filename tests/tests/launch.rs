@@ -395,6 +395,21 @@ fn spawn_of_a_missing_program_is_refused_and_the_job_goes_on() {
     assert!(refused.contains("no program \"no-such-program-for-spawn\""), "{refused}\n{}", out.report());
 }
 
+/// A spawn in a job across hosts (through the local launch agent) is refused, saying why, and
+/// the job goes on.
+#[test]
+fn spawn_in_a_job_across_hosts_is_refused() {
+    let _s = serial();
+    let agent = workspace_root().join("tests/harness/local-agent.sh");
+    let agent = agent.to_str().expect("utf-8");
+    let job = tmpi_tests::Job::tmpirun(2, "spawner").arg("across").flag("--host").flag("agent-host.invalid:2").flag("--launch-agent");
+    let out = job.flag(agent).env("TMPI_TCP_IF", "127.0.0.1").timeout(Duration::from_secs(60)).run();
+    out.assert_success();
+    let refused =
+        out.stdout_lines().into_iter().any(|l| l.starts_with("REFUSED ") && l.contains("spawn is not supported in a job across hosts"));
+    assert!(refused, "no refusal\n{}", out.report());
+}
+
 /// A spawned process that fails ends the job with its status, and the report names it as a
 /// spawned process: exit 3, SIGKILL, and an abort of the children's job.
 #[test]

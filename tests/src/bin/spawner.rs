@@ -8,6 +8,7 @@
 //!   `child x`, `SPAWN_K=v2` in directory `/tmp`. Rank 0 prints `CHILD j: <what child j saw>`
 //!   for each; every child prints `hello from child j` on stdout.
 //! - `missing`: the program does not exist; rank 0 prints `REFUSED <tmpirun's reason>`.
+//! - `across`: as `missing` for a job across hosts (a spawn that `tmpirun` refuses there).
 //! - `exit3`, `kill`, `sleep`: one child that wires up, finalizes both jobs and then exits
 //!   with 3, is killed by SIGKILL, or sleeps for a minute (it prints `CHILD_PID <pid>` first);
 //!   the parents then sleep for a minute (`exit3`, `kill`) or end at once (`sleep`).
@@ -43,7 +44,7 @@ fn parent(mode: &str) -> Res<()> {
         "missing" => vec![app("no-such-program-for-spawn", &[], "v", None, 1)],
         m => vec![app(&me, &["child", m], "v", None, 1)],
     };
-    spawn_and_wire(&mut job, &env, apps, mode == "missing")?;
+    spawn_and_wire(&mut job, &env, apps, matches!(mode, "missing" | "across"))?;
     if matches!(mode, "exit3" | "kill" | "abort") {
         std::thread::sleep(Duration::from_secs(60));
     }
