@@ -588,20 +588,24 @@ pub trait Root: AsCommunicator {
         )
     }
 
-    /// Starts processes running `command` (`MPI_Comm_spawn`): not supported by tmpi-rsmpi
-    /// yet; returns [`MpiError::Spawn`] with 0 started.
+    /// Starts `maxprocs` processes running `command` (`MPI_Comm_spawn`, through `tmpirun`);
+    /// on failure prints tmpi's reason and returns [`MpiError::Spawn`] with 0 started.
     fn spawn(&self, command: &Command, maxprocs: Rank) -> Result<InterCommunicator, MpiError> {
-        let _ = command;
-        eprintln!("mpi: spawn: dynamic processes are not supported by tmpi-rsmpi yet");
-        Err(MpiError::Spawn(0, maxprocs))
+        self.spawn_multiple(std::slice::from_ref(command), &[maxprocs])
     }
 
-    /// Starts several commands (`MPI_Comm_spawn_multiple`): not supported yet, as
-    /// [`Root::spawn`].
+    /// Starts several commands as one job (`MPI_Comm_spawn_multiple`), as [`Root::spawn`].
     fn spawn_multiple(&self, commands: &[Command], maxprocs: &[Rank]) -> Result<InterCommunicator, MpiError> {
-        let _ = commands;
-        eprintln!("mpi: spawn_multiple: dynamic processes are not supported by tmpi-rsmpi yet");
-        Err(MpiError::Spawn(0, maxprocs.iter().sum()))
+        let total = maxprocs.iter().sum();
+        let procs: Vec<usize> = maxprocs.iter().map(|&n| usize::try_from(n).unwrap_or(0)).collect();
+        let comm = &self.as_communicator().as_handle().comm;
+        match comm.spawn_multiple(root_of(self), commands, &procs) {
+            Ok(ic) => Ok(InterCommunicator::new(ic)),
+            Err(e) => {
+                eprintln!("mpi: spawn: {e}");
+                Err(MpiError::Spawn(0, total))
+            }
+        }
     }
 }
 

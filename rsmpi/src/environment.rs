@@ -66,10 +66,10 @@ impl Universe {
         Some(self.world().handle_size())
     }
 
-    /// The application number of this process in a multi-application launch (0: tmpirun
-    /// starts one application).
+    /// The application number of this process: the index of its command in the spawn that
+    /// started it, else 0 (tmpirun starts one application).
     pub fn appnum(&self) -> Option<isize> {
-        Some(0)
+        Some(tmpi::appnum().map_or(0, |a| a as isize))
     }
 
     /// The size of the attached buffer for buffered sends.

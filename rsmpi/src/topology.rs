@@ -144,22 +144,25 @@ pub struct GraphCommunicator;
 #[derive(Debug)]
 pub struct DistributedGraphCommunicator;
 
-/// An intercommunicator (not supported yet: tmpi has no intercommunicators; the calls that
-/// would make one fail with a message).
-pub struct InterCommunicator(pub(crate) CommHandle);
+/// An intercommunicator (from [`crate::collective::Root::spawn`] or
+/// [`Communicator::parent`]): point-to-point calls through it address the remote group.
+pub struct InterCommunicator(pub(crate) CommHandle, pub(crate) tmpi::InterComm);
 
 impl InterCommunicator {
+    pub(crate) fn new(ic: tmpi::InterComm) -> InterCommunicator {
+        InterCommunicator(CommHandle::new(ic.remote_view().clone()), ic)
+    }
     /// The size of the remote group.
     pub fn remote_size(&self) -> Rank {
-        panic!("mpi: InterCommunicator::remote_size: intercommunicators are not supported by tmpi-rsmpi yet")
+        iidx(self.1.remote_size())
     }
     /// The remote group.
     pub fn remote_group(&self) -> UserGroup {
-        panic!("mpi: InterCommunicator::remote_group: intercommunicators are not supported by tmpi-rsmpi yet")
+        UserGroup(self.1.remote_group())
     }
-    /// Merges both groups into one intracommunicator.
-    pub fn merge(&self, _order: MergeOrder) -> SimpleCommunicator {
-        panic!("mpi: InterCommunicator::merge: intercommunicators are not supported by tmpi-rsmpi yet")
+    /// Merges both groups into one intracommunicator (`Low`: this group first).
+    pub fn merge(&self, order: MergeOrder) -> SimpleCommunicator {
+        SimpleCommunicator::from_tmpi(ok(self.1.merge(matches!(order, MergeOrder::High)), "merge"))
     }
 }
 impl sealed::AsHandle for InterCommunicator {
@@ -409,9 +412,9 @@ pub trait Communicator: sealed::AsHandle {
         iidx(p + n)
     }
 
-    /// The intercommunicator to the parent job (none: tmpirun does not spawn).
+    /// The intercommunicator to the parents of this process, if a spawn started it.
     fn parent(&self) -> Option<InterCommunicator> {
-        None
+        tmpi::parent().map(InterCommunicator::new)
     }
 }
 

@@ -154,6 +154,11 @@ pub enum Error {
     /// number and both calls; every later decision of the rank fails alike.
     #[error("{0}")]
     Replay(String),
+    /// A spawn ([`crate::Comm::spawn`]) could not start its processes or connect to them:
+    /// the root's arguments were refused, `tmpirun` could not start them, or no `tmpirun`
+    /// started this process. Every rank of the communicator gets it.
+    #[error("spawn: {0}")]
+    Spawn(String),
 }
 
 impl std::fmt::Debug for Error {

@@ -288,6 +288,14 @@ impl InterComm {
         self.local.size()
     }
 
+    /// The communicator through which this intercommunicator's point-to-point calls reach
+    /// the remote group (for adapters such as `tmpi-rsmpi`): its `rank` is this process's
+    /// rank in the local group, its `size` and ranks those of the remote group. Only
+    /// point-to-point calls on it are meaningful; a collective on it is erroneous.
+    pub fn remote_view(&self) -> &Comm {
+        &self.wire
+    }
+
     /// Number of processes in the remote group.
     pub fn remote_size(&self) -> usize {
         self.wire.size()

@@ -158,6 +158,7 @@ mod seen;
 #[cfg(feature = "serde")]
 mod serialized;
 mod slab;
+pub mod spawn;
 mod stats;
 mod status;
 mod sync;
@@ -183,6 +184,7 @@ pub use node::SplitType;
 pub use op::{Loc, Op, Reducible, UserOp};
 pub use reqset::{Completion, Done, RequestSet};
 pub use request::{scope, test_all, test_any, test_some, wait_all, wait_any, wait_some, Request, Scope};
+pub use spawn::{appnum, parent};
 pub use stats::Stats;
 pub use sync::Threading;
 /// `#[derive(Element)]`: see [`Element`](trait@Element).

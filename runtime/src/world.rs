@@ -2,7 +2,7 @@
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Instant;
 
 use tmpi_transport::bootstrap::pmi2::Pmi2Client;
@@ -21,6 +21,8 @@ use crate::sync::{EngineCell, Threading};
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static FINALIZED: AtomicBool = AtomicBool::new(false);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
+/// The launcher link of the world [`init`] made, for a spawn's root ([`spawn_through_launcher`]).
+static LAUNCHER: OnceLock<Weak<Mutex<Option<Launcher>>>> = OnceLock::new();
 
 /// Seconds since an arbitrary point in this process's past; monotonic.
 pub fn wtime() -> f64 {
@@ -38,7 +40,7 @@ pub fn wtime() -> f64 {
 pub struct World {
     // Dropped first: when a rank unwinds, tmpirun must see its bootstrap connection go before
     // the peers see it leave the fabric, so that the failing rank is the one reported.
-    bootstrap: Mutex<Option<Launcher>>,
+    bootstrap: Arc<Mutex<Option<Launcher>>>,
     comm: Comm,
     finalized: bool,
     /// Made by [`init`] (not [`run_local`]): its finalize counts for [`is_finalized`].
@@ -89,6 +91,43 @@ impl Launcher {
     }
 }
 
+/// Asks the launcher of this process to start the processes of `req` (a spawn's root).
+///
+/// # Errors
+/// [`Error::Spawn`]: no `tmpirun` started this process (Slurm, or alone), the world is
+/// gone, or `tmpirun` refused (its reason).
+pub(crate) fn spawn_through_launcher(
+    req: tmpi_transport::bootstrap::spawn::SpawnRequest,
+) -> Result<tmpi_transport::bootstrap::spawn::Bridge> {
+    let none =
+        || Error::Spawn("this process was not started by tmpirun (a program started alone has no launcher to start processes)".into());
+    let link = LAUNCHER.get().and_then(Weak::upgrade).ok_or_else(none)?;
+    let mut l = link.lock().unwrap_or_else(PoisonError::into_inner);
+    match l.as_mut() {
+        Some(Launcher::Tmpirun(c)) => c.spawn(req).map_err(|e| match e {
+            tmpi_transport::Error::Bootstrap(m) => Error::Spawn(m),
+            e => Error::Spawn(e.to_string()),
+        }),
+        Some(Launcher::Pmi2(_)) => Err(Error::Spawn(
+            "started by srun: Slurm cannot grow a running job (start the job with tmpirun, inside the allocation, to spawn)".into(),
+        )),
+        None => Err(none()),
+    }
+}
+
+/// Wires up the fabric of rank `env.rank` of a job through `kv`, as `cfg` says.
+pub(crate) fn wire(kv: &mut dyn KeyValue, env: &BootstrapEnv, cfg: &Config) -> Result<AnyFabric> {
+    let ring_size = |n: usize| cfg.ring_size_for(n);
+    let how = WireUp {
+        choice: cfg.fabric,
+        tcp_if: cfg.tcp_if.as_deref(),
+        ring_size: &ring_size,
+        peer_timeout: cfg.peer_timeout,
+        ofi_provider: cfg.ofi_provider.as_deref(),
+    };
+    Ok(wire_up(kv, env, &how)?)
+}
+
 /// The launcher of this process and what it says about the job: `tmpirun` (`TMPI_RANK`
 /// set), else a PMI-2 launcher (`PMI_FD` set), else none (a singleton).
 fn launcher() -> Result<Option<(Launcher, BootstrapEnv)>> {
@@ -101,10 +140,15 @@ fn launcher() -> Result<Option<(Launcher, BootstrapEnv)>> {
 }
 
 fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading) -> World {
+    World { comm: comm_of(eng, level), bootstrap: Arc::new(Mutex::new(bootstrap)), finalized: false, from_init: false }
+}
+
+/// The world communicator of engine `eng`.
+pub(crate) fn comm_of(eng: Engine, level: Threading) -> Comm {
     let rank = eng.rank();
     let size = eng.size();
     let machine = crate::coll::Machine { force: eng.cfg.coll, hosts: Default::default() };
-    let comm = Comm {
+    Comm {
         inner: Arc::new(CommInner {
             eng: Arc::new(EngineCell::new(eng, level)),
             coll_seq: Default::default(),
@@ -117,8 +161,7 @@ fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading)
             size,
             members: None,
         }),
-    };
-    World { comm, bootstrap: Mutex::new(bootstrap), finalized: false, from_init: false }
+    }
 }
 
 /// Starts the runtime. Under `tmpirun` the rank, size and fabric come from the launcher's
@@ -174,6 +217,7 @@ pub fn init_thread(required: Threading) -> Result<(World, Threading)> {
     let t0 = tmpi_trace::clock::now_ns();
     let mut w = init_world(required)?;
     w.from_init = true;
+    let _ = LAUNCHER.set(Arc::downgrade(&w.bootstrap));
     w.start_seeing(t0, required)?;
     Ok((w, required))
 }
@@ -189,18 +233,15 @@ fn init_world(level: Threading) -> Result<World> {
         return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, None, level));
     };
     let (rank, size) = (env.rank, env.size);
-    if size == 1 {
-        return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, Some(bc), level));
+    if matches!(bc, Launcher::Tmpirun(_)) {
+        crate::spawn::set_link(crate::spawn::JobLink { secret: env.secret.clone() });
     }
-    let ring_size = |n: usize| cfg.ring_size_for(n);
-    let how = WireUp {
-        choice: cfg.fabric,
-        tcp_if: cfg.tcp_if.as_deref(),
-        ring_size: &ring_size,
-        peer_timeout: cfg.peer_timeout,
-        ofi_provider: cfg.ofi_provider.as_deref(),
-    };
-    let fabric = wire_up(bc.kv(), &env, &how)?;
+    if size == 1 {
+        let world = world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, Some(bc), level);
+        crate::spawn::join_parent(&world)?;
+        return Ok(world);
+    }
+    let fabric = wire(bc.kv(), &env, &cfg)?;
     let stats = cfg.stats;
     let (kind, bad) = (fabric.name(), fabric.bad_connections());
     let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
@@ -219,6 +260,7 @@ fn init_world(level: Threading) -> Result<World> {
     // The collectives' map of the hosts, learned once for the world (one allgather when the
     // job spans hosts); every later communicator derives its own from it.
     crate::coll::topo::learn(&world, one_host)?;
+    crate::spawn::join_parent(&world)?;
     Ok(world)
 }
 
@@ -252,6 +294,8 @@ impl World {
         if self.from_init {
             FINALIZED.store(true, Ordering::SeqCst);
         }
+        // The bridges to spawned processes or parents first (their own data only, too).
+        let bridges = crate::spawn::finalize_bridges();
         let mut e = self.comm.inner.eng.lock_for_cleanup()?;
         // This rank's own outgoing data only: finalize never waits for other ranks.
         let r = e.hand_over();
@@ -268,7 +312,8 @@ impl World {
         self.comm.inner.eng.close();
         let seen = if self.from_init { crate::seen::finish(t0, &mut || self.launcher_clock()) } else { Ok(()) };
         r?;
-        if let Some(bc) = self.bootstrap.get_mut().unwrap_or_else(PoisonError::into_inner).as_mut() {
+        bridges?;
+        if let Some(bc) = self.bootstrap.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
             let _ = bc.finalize();
         }
         self.comm.inner.eng.lock_for_cleanup()?.mark_finalized();

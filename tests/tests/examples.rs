@@ -92,9 +92,15 @@ fn tm_matrix(example: &str) {
     }
 }
 
-/// Started without `tmpirun`, an example is rank 0 of 1, and prints what `tmpirun -n 1` does.
+/// Started without `tmpirun`, an example is rank 0 of 1, and prints what `tmpirun -n 1` does
+/// (but `spawn`, which has no launcher to start processes then, and says so).
 fn singleton(example: &str) {
     let alone = Job::alone(example).timeout(Duration::from_secs(60)).run();
+    if example == "spawn" {
+        alone.assert_success();
+        assert_eq!(alone.stdout_lines(), ["spawn: no launcher to start processes (run it with tmpirun)"], "{}", alone.report());
+        return checked_output(example, 1, &job(example, 1).run()).truncate(0);
+    }
     let text = checked_output(example, 1, &alone);
     let launched = job(example, 1).run();
     let via = checked_output(example, 1, &launched);
@@ -135,7 +141,8 @@ example_tests!(
     rayon_hybrid,
     reqset,
     particles,
-    intercomm
+    intercomm,
+    spawn
 );
 
 #[test]
@@ -163,6 +170,7 @@ fn every_example_is_tested() {
         "reqset",
         "particles",
         "intercomm",
+        "spawn",
     ];
     tested.sort_unstable();
     assert_eq!(found, tested, "examples/src/bin and this test's list differ");

@@ -555,8 +555,8 @@ impl BootstrapClient {
     pub fn spawn(&mut self, req: spawn::SpawnRequest) -> Result<spawn::Bridge> {
         match self.call(&Request::Spawn(req))? {
             Reply::Value(v) => spawn::Bridge::parse(&String::from_utf8_lossy(&v)),
-            Reply::Err(m) => Err(Error::Bootstrap(format!("spawn: {m}"))),
-            Reply::Ok => Err(Error::Bootstrap("spawn: the server answered no bridge".into())),
+            Reply::Err(m) => Err(Error::Bootstrap(m)),
+            Reply::Ok => Err(Error::Bootstrap("the server answered no bridge".into())),
         }
     }
 
