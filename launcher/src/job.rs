@@ -375,12 +375,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     };
 
     if spec.report_bindings {
-        let mut lines = String::new();
-        for (r, p) in spec.placements.iter().enumerate() {
-            lines.push_str(&p.describe(r));
-            lines.push('\n');
-        }
-        output::write_own(&lines);
+        report_bindings(&spec.placements);
     }
 
     let sock = server.path().to_path_buf();
@@ -423,6 +418,16 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         cleanup::reap_child(r.pid);
     }
     Ok(status)
+}
+
+/// `--report-bindings`: each rank's placement, a line each.
+fn report_bindings(placements: &[Placement]) {
+    let mut lines = String::new();
+    for (r, p) in placements.iter().enumerate() {
+        lines.push_str(&p.describe(r));
+        lines.push('\n');
+    }
+    output::write_own(&lines);
 }
 
 /// A job's names and bootstrap service, made afresh: the job's and each spawn's children's
