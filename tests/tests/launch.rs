@@ -344,26 +344,32 @@ fn spawn_job(np: usize, mode: &str, flags: &[&str], secs: u64) -> tmpi_tests::Ou
     job.run()
 }
 
+/// Runs `spawner MODE` at `np` ranks under `--tag-output`, checks it ends well and leaves
+/// nothing, and that it printed each line of `want` (`{cwd}` stands for the test's directory).
+fn spawn_prints(np: usize, mode: &str, want: &[&str]) {
+    let out = spawn_job(np, mode, &["--tag-output"], 60);
+    out.assert_success().assert_no_leak();
+    let lines = out.stdout_lines();
+    let cwd = std::env::current_dir().expect("cwd");
+    for w in want.iter().map(|w| w.replace("{cwd}", &cwd.to_string_lossy())) {
+        assert!(lines.contains(&w.as_str()), "no line {w:?}\n{}", out.report());
+    }
+}
+
 /// Issue 59 item 7: two commands (2 children, then 1) start with their arguments, variables,
 /// directory and command index, wire up with the parents through the bridge, and their
 /// output is labelled as spawned under `--tag-output`; the job ends well and leaves nothing.
 #[test]
 fn spawn_starts_two_commands_that_wire_up_with_the_parents() {
     let _s = serial();
-    let out = spawn_job(2, "two", &["--tag-output"], 60);
-    out.assert_success().assert_no_leak();
-    let lines = out.stdout_lines();
-    let cwd = std::env::current_dir().expect("cwd");
     let want = [
-        format!("[0] CHILD 0: rank 0 of 3 appnum 0 args [\"a b\"] SPAWN_K=v1 cwd={}", cwd.display()),
-        format!("[0] CHILD 1: rank 1 of 3 appnum 0 args [\"a b\"] SPAWN_K=v1 cwd={}", cwd.display()),
-        "[0] CHILD 2: rank 2 of 3 appnum 1 args [\"x\"] SPAWN_K=v2 cwd=/tmp".to_string(),
-        "[spawn1.0] hello from child 0".to_string(),
-        "[spawn1.2] hello from child 2".to_string(),
+        "[0] CHILD 0: rank 0 of 3 appnum 0 args [\"a b\"] SPAWN_K=v1 cwd={cwd}",
+        "[0] CHILD 1: rank 1 of 3 appnum 0 args [\"a b\"] SPAWN_K=v1 cwd={cwd}",
+        "[0] CHILD 2: rank 2 of 3 appnum 1 args [\"x\"] SPAWN_K=v2 cwd=/tmp",
+        "[spawn1.0] hello from child 0",
+        "[spawn1.2] hello from child 2",
     ];
-    for w in &want {
-        assert!(lines.contains(&w.as_str()), "no line {w:?}\n{}", out.report());
-    }
+    spawn_prints(2, "two", &want);
 }
 
 /// A spawned process spawns in turn: the grandchild is the second spawn, wired up with its
@@ -371,16 +377,11 @@ fn spawn_starts_two_commands_that_wire_up_with_the_parents() {
 #[test]
 fn a_spawned_process_can_spawn() {
     let _s = serial();
-    let out = spawn_job(1, "nested", &["--tag-output"], 60);
-    out.assert_success().assert_no_leak();
-    let lines = out.stdout_lines();
-    let cwd = std::env::current_dir().expect("cwd");
-    for w in [
-        format!("[spawn1.0] CHILD 0: rank 0 of 1 appnum 0 args [\"leaf\"] SPAWN_K=g cwd={}", cwd.display()),
-        "[spawn2.0] hello from child 0".to_string(),
-    ] {
-        assert!(lines.contains(&w.as_str()), "no line {w:?}\n{}", out.report());
-    }
+    spawn_prints(
+        1,
+        "nested",
+        &["[spawn1.0] CHILD 0: rank 0 of 1 appnum 0 args [\"leaf\"] SPAWN_K=g cwd={cwd}", "[spawn2.0] hello from child 0"],
+    );
 }
 
 /// A spawn of a program that does not exist is refused to the spawning rank with a reason
