@@ -83,6 +83,29 @@ impl RawBufMut {
     }
 }
 
+/// Posts the OFI fabric's `fi_read` of `n` bytes (clamped to the buffer's capacity) at
+/// `(addr, key)` of rank `src` into `buf`, named `user`; its end comes back through
+/// [`OfiFabric::take_reads_done`](tmpi_transport::ofi::OfiFabric::take_reads_done).
+///
+/// The engine keeps the read (phase `ReadPhase::Fabric`, a remote writer of the buffer)
+/// until that end is taken: a receive abandoned meanwhile waits for it (`Engine::abandon_read`).
+#[cfg(feature = "ofi")]
+pub(crate) fn post_fabric_read(
+    f: &mut tmpi_transport::ofi::OfiFabric,
+    buf: RawBufMut,
+    n: usize,
+    src: usize,
+    (addr, key): (u64, u64),
+    user: u64,
+) -> tmpi_transport::Result<()> {
+    let n = n.min(buf.cap);
+    // SAFETY: `[0, n)` lies inside the buffer, which stays valid and is written by nobody
+    // else until the read's end is taken: the engine keeps the read as a remote writer of the
+    // buffer until then, and an abandoned receive waits for it (see above). On an error
+    // nothing was posted.
+    unsafe { f.post_read(src, buf.ptr.as_ptr(), n, addr, key, user) }
+}
+
 /// Most reads [`cma_read_many`] takes at once.
 pub(crate) const CMA_MANY: usize = 16;
 

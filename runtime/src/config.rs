@@ -65,6 +65,9 @@ pub struct Config {
     /// `TMPI_OFI_MATCHING`: who matches point-to-point over the OFI fabric; `None` = auto
     /// (`tmpi_transport::ofi::p2p::Matching::default_for` the provider).
     pub ofi_matching: Option<OfiMatching>,
+    /// `TMPI_OFI_RNDV`: how a rendezvous's data moves over the OFI fabric; `None` = auto
+    /// (the measured default of `Engine::choose_rndv`).
+    pub ofi_rndv: Option<OfiRndv>,
     /// `TMPI_SHARED_HEAP`: capacity in bytes of this rank's shared heap (`World::alloc_shared`);
     /// 0 turns the shared heap off (allocations are private, peers' heaps are not mapped).
     pub shared_heap: usize,
@@ -108,6 +111,7 @@ impl Default for Config {
             tcp_if: None,
             ofi_provider: None,
             ofi_matching: None,
+            ofi_rndv: None,
             // Which copy wins depends on the host, by 2x either way
             // (bench/results/adaptive-copy.md): measured per receiver.
             single_copy_min: None,
@@ -138,6 +142,15 @@ pub enum OfiMatching {
     Provider,
     /// tmpi's software matcher, over the fabric's packets.
     Software,
+}
+
+/// `TMPI_OFI_RNDV` when not auto: how a rendezvous's data moves over the OFI fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OfiRndv {
+    /// The receiver `fi_read`s the sender's buffer, registered with `fi_mr_reg`.
+    Read,
+    /// The sender streams the data back through the fabric's packets.
+    Stream,
 }
 
 fn bad(var: &str, value: &str, expected: &str) -> Error {
@@ -304,6 +317,14 @@ impl Config {
                 "provider" => Some(OfiMatching::Provider),
                 "software" => Some(OfiMatching::Software),
                 _ => return Err(bad("TMPI_OFI_MATCHING", &v, "auto, provider or software")),
+            };
+        }
+        if let Some(v) = get("TMPI_OFI_RNDV") {
+            c.ofi_rndv = match v.trim() {
+                "auto" | "" => None,
+                "read" => Some(OfiRndv::Read),
+                "stream" => Some(OfiRndv::Stream),
+                _ => return Err(bad("TMPI_OFI_RNDV", &v, "auto, read or stream")),
             };
         }
         if let Some(v) = get("TMPI_SHARED_HEAP") {
@@ -474,6 +495,20 @@ mod tests {
         assert_eq!(expected, "auto, recursive_doubling, rabenseifner, ring, reduce_bcast");
         let e = parse(&[("TMPI_COLL_NODE_AWARE", "yes")]).unwrap_err().to_string();
         assert!(e.contains("TMPI_COLL_NODE_AWARE") && e.contains("auto, on, off"), "{e}");
+    }
+
+    /// `TMPI_OFI_RNDV`: auto (unset too), read or stream; anything else is refused naming
+    /// the variable and the values it takes.
+    #[test]
+    fn ofi_rndv_values() {
+        let table: &[(&str, Option<OfiRndv>)] =
+            &[("auto", None), ("", None), ("read", Some(OfiRndv::Read)), (" stream ", Some(OfiRndv::Stream))];
+        for &(v, want) in table {
+            assert_eq!(parse(&[("TMPI_OFI_RNDV", v)]).unwrap().ofi_rndv, want, "{v:?}");
+        }
+        assert_eq!(parse(&[]).unwrap().ofi_rndv, None);
+        let Err(Error::Config { var, value, expected }) = parse(&[("TMPI_OFI_RNDV", "rdma")]) else { panic!("rdma accepted") };
+        assert_eq!((var.as_str(), value.as_str(), expected.as_str()), ("TMPI_OFI_RNDV", "rdma", "auto, read or stream"));
     }
 
     /// `TMPI_OFI_MATCHING`: auto (unset too), provider or software; anything else is refused

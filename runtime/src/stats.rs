@@ -79,7 +79,9 @@ stats! {
     tm_syncs,
     /// Rendezvous requests the TM-SRQ could not complete in hardware.
     rndv_incomplete,
-    /// MR-cache lookups that found a registration.
+    /// MR-cache lookups that found a registration (with the OFI fabric's rendezvous reads,
+    /// `TMPI_OFI_RNDV=read`, its `fi_mr_reg` cache's too: the four `mr_cache_*` counters
+    /// add both caches').
     mr_cache_hits,
     /// MR-cache lookups that registered.
     mr_cache_misses,

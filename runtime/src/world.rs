@@ -250,7 +250,10 @@ fn init_world(level: Threading) -> Result<World> {
     let mut engine = Engine::new(fabric, rank, size, cfg)?;
     // Who matches point-to-point over OFI (`TMPI_OFI_MATCHING`): said on the fabric line.
     #[cfg(feature = "ofi")]
-    let matching = engine.choose_matching()?.map(|m| format!(" matching={m}")).unwrap_or_default();
+    let mut matching = engine.choose_matching()?.map(|m| format!(" matching={m}")).unwrap_or_default();
+    // How a rendezvous's data moves over OFI (`TMPI_OFI_RNDV`): said on the same line.
+    #[cfg(feature = "ofi")]
+    matching.extend(engine.choose_rndv()?.map(|w| format!(" rndv={w}")));
     #[cfg(not(feature = "ofi"))]
     let matching = String::new();
     if stats {
@@ -303,6 +306,10 @@ impl World {
             eprintln!("{}", e.stats_line());
             #[cfg(feature = "ofi")]
             if let Some(line) = e.ofi_stats_line() {
+                eprintln!("{line}");
+            }
+            #[cfg(feature = "ofi")]
+            if let Some(line) = e.ofi_rndv_stats_line() {
                 eprintln!("{line}");
             }
         }

@@ -39,3 +39,31 @@ fn intercomm_over_tcp_and_across_nodes() {
     let line = Job::tmpirun(4, "groupcomm").arg("inter").nodes_of(2).run().assert_ok_line("groupcomm: ");
     assert!(line.contains("4 ranks"), "{line:?}");
 }
+
+/// Dynamic processes (issue 59 item 7): `spawn_multiple` with arguments, variables, a
+/// directory and `appnum` checked in every child, a second spawn at once, at 1-3 parents.
+#[test]
+fn spawn_multiple_and_a_second_bridge() {
+    for n in [1, 2, 3] {
+        let line = Job::tmpirun(n, "spawner").arg("multi").run().assert_ok_line("spawner: ");
+        assert!(line.contains(&format!("multi: {n} ranks")), "{line:?}");
+    }
+}
+
+/// A spawn that cannot start (a missing program, arguments the root refuses) fails on every
+/// rank of the communicator, naming why, and the job goes on.
+#[test]
+fn spawn_refusals_reach_every_rank() {
+    for case in ["missing", "mismatch"] {
+        let line = Job::tmpirun(3, "spawner").arg(case).run().assert_ok_line("spawner: ");
+        assert!(line.contains(&format!("{case}: 3 ranks")), "{line:?}");
+    }
+}
+
+/// A spawned process that fails ends the job with its exit code, and tmpirun names it.
+#[test]
+fn a_failing_child_ends_the_job() {
+    let out = Job::tmpirun(2, "spawner").arg("childfail").run();
+    assert_eq!(out.code(), Some(3), "{}", out.report());
+    assert!(out.stderr.contains("spawn"), "the report names the spawned process\n{}", out.report());
+}

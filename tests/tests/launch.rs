@@ -334,17 +334,17 @@ fn a_huge_hostfile_is_refused_in_one_line() {
     assert!(Path::new("/dev/zero").exists());
 }
 
-/// A spawn through `tmpirun` (`spawner`, the bootstrap protocol alone): `spawner MODE` at
+/// A spawn through `tmpirun` (`spawnproto`, the bootstrap protocol alone): `spawnproto MODE` at
 /// `np` ranks with `flags`, within `secs` seconds (`--timeout`).
 fn spawn_job(np: usize, mode: &str, flags: &[&str], secs: u64) -> tmpi_tests::Outcome {
-    let mut job = tmpi_tests::Job::tmpirun(np, "spawner").arg(mode).timeout(Duration::from_secs(secs));
+    let mut job = tmpi_tests::Job::tmpirun(np, "spawnproto").arg(mode).timeout(Duration::from_secs(secs));
     for f in flags {
         job = job.flag(*f);
     }
     job.run()
 }
 
-/// Runs `spawner MODE` at `np` ranks under `--tag-output`, checks it ends well and leaves
+/// Runs `spawnproto MODE` at `np` ranks under `--tag-output`, checks it ends well and leaves
 /// nothing, and that it printed each line of `want` (`{cwd}` stands for the test's directory).
 fn spawn_prints(np: usize, mode: &str, want: &[&str]) {
     let out = spawn_job(np, mode, &["--tag-output"], 60);
@@ -403,7 +403,7 @@ fn spawn_in_a_job_across_hosts_is_refused() {
     let _s = serial();
     let agent = workspace_root().join("tests/harness/local-agent.sh");
     let agent = agent.to_str().expect("utf-8");
-    let job = tmpi_tests::Job::tmpirun(2, "spawner").arg("across").flag("--host").flag("agent-host.invalid:2").flag("--launch-agent");
+    let job = tmpi_tests::Job::tmpirun(2, "spawnproto").arg("across").flag("--host").flag("agent-host.invalid:2").flag("--launch-agent");
     let out = job.flag(agent).env("TMPI_TCP_IF", "127.0.0.1").timeout(Duration::from_secs(60)).run();
     out.assert_success();
     let refused =

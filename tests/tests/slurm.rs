@@ -79,6 +79,10 @@ fn srun_pmi2_jobs() {
         assert!(ok, "srun -n 4 ring {env:?} failed:\n{out}\n{err}");
     }
 
+    // A spawn cannot grow a Slurm step: every rank gets the error, and the job goes on.
+    let (ok, out, err) = srun(2, "spawner", &["srun"], &[]);
+    assert!(ok && out.contains("spawner: srun: 2 ranks: OK"), "srun -n 2 spawner srun:\n{out}\n{err}");
+
     // A rank that panics ends the job with an error that names it.
     let (ok, out, err) = srun(3, "fault_panic", &[], &[]);
     assert!(!ok, "a panicking rank must fail the job:\n{out}\n{err}");

@@ -455,6 +455,46 @@ mod ofi {
         }
     }
 
+    /// Issue 57 item 3: `bigmsg` (sizes 0 B-4 MiB around the rendezvous threshold; expected,
+    /// unexpected and synchronous receives; a receive buffer half the message: `Truncated`,
+    /// nothing written past it, the next message intact; a 2 MiB buffer sent 12 times; a
+    /// window of 8) over OFI's `tcp` provider with the rendezvous read by `fi_read` and
+    /// streamed through the packets, send and receive buffers at odd addresses: every payload
+    /// is checked both ways, the same verdict. The read way did read with `fi_read` and never
+    /// fell back, the sender's `fi_mr_reg` cache hit on the repeated buffer (bigmsg checks
+    /// `mr_cache_hits` too), and the streamed way made no `fi_read`.
+    #[test]
+    fn ofi_rendezvous_by_fi_read_delivers_what_streaming_delivers() {
+        let _serial = serial();
+        let run = |w: &str| ofi_job(2, "bigmsg").env("TMPI_OFI_RNDV", w).arg("--offset").arg("3").arg((4 << 20).to_string()).run();
+        let (read, stream) = (run("read"), run("stream"));
+        for (out, w) in [(&read, "read"), (&stream, "stream")] {
+            assert_ofi(out, 2);
+            let said = out.stderr.lines().filter(|l| l.starts_with("tmpi-fabric ") && l.contains(&format!(" rndv={w} "))).count();
+            assert_eq!(said, 2, "every rank should say rndv={w}\n{}", out.report());
+        }
+        assert_eq!(read.assert_ok_line("bigmsg: "), stream.assert_ok_line("bigmsg: "));
+        let field = |line: &str, key: &str| -> u64 {
+            let v = line.split_whitespace().find_map(|f| f.strip_prefix(key)?.strip_prefix('='));
+            v.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {key} in {line}"))
+        };
+        let lines: Vec<&str> = read.stderr.lines().filter(|l| l.starts_with("tmpi-ofi-rndv ")).collect();
+        assert_eq!(lines.len(), 2, "{}", read.report());
+        let sum = |key: &str| lines.iter().map(|l| field(l, key)).sum::<u64>();
+        assert!(sum("done") > 0 && sum("done") == sum("reads"), "no fi_read, or one unfinished\n{}", read.report());
+        assert_eq!((sum("failed"), sum("fallbacks"), sum("reg_failed")), (0, 0, 0), "{}", read.report());
+        assert!(sum("mr_hits") >= 11 && sum("mr_misses") > 0, "the repeated buffer missed the fi_mr_reg cache\n{}", read.report());
+        assert!(!stream.stderr.contains("tmpi-ofi-rndv "), "the streamed way reported fi_reads\n{}", stream.report());
+    }
+
+    /// `TMPI_OFI_RNDV` takes auto, read or stream: anything else fails `init` naming it.
+    #[test]
+    fn ofi_rndv_knob_is_checked() {
+        let out = ofi_job(2, "hello").env("TMPI_OFI_RNDV", "rdma").run();
+        assert!(!out.status.success(), "{}", out.report());
+        assert!(out.stderr.contains("TMPI_OFI_RNDV") && out.stderr.contains("auto, read or stream"), "{}", out.report());
+    }
+
     /// A rank killed (SIGKILL) while its peers wait in a receive the provider matches: tmpirun
     /// names it and the job ends.
     #[test]

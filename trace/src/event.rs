@@ -375,6 +375,8 @@ impl Proto {
     pub const WAY_STREAM: u32 = 2 << 4;
     /// Rendezvous read by `memcpy` from a shared heap.
     pub const WAY_HEAP: u32 = 3 << 4;
+    /// Rendezvous read by the fabric's own RDMA read (the OFI fabric's `fi_read`).
+    pub const WAY_FABRIC_READ: u32 = 4 << 4;
     /// Matched by the soft TM-SRQ's tag list (offloaded).
     pub const OFFLOADED: u32 = 1 << 8;
     /// Matched in software.
@@ -397,6 +399,7 @@ impl Proto {
             Proto::WAY_CMA => out.push("single copy (cma)"),
             Proto::WAY_STREAM => out.push("streamed"),
             Proto::WAY_HEAP => out.push("shared heap"),
+            Proto::WAY_FABRIC_READ => out.push("fabric read (fi_read)"),
             _ => {}
         }
         for (bit, word) in [

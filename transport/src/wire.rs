@@ -207,6 +207,15 @@ pub const RNDV_META_LEN: usize = 16;
 pub const RNDV_FLAG_PREGRANTED: u64 = 1;
 /// Length of a rendezvous request built by [`RndvRequest::encode`]: TMH, RVH, meta-data.
 pub const RNDV_REQ_LEN: usize = TMH_LEN + RVH_LEN + RNDV_META_LEN;
+/// Meta-data flag: a fabric key follows the meta-data ([`FabricKey`], the OFI fabric's
+/// `fi_mr_reg` registration of the same buffer, which the receiver may `fi_read`).
+pub const RNDV_FLAG_FABRIC_KEY: u64 = 2;
+/// Length of the [`FabricKey`] after the meta-data: the key and the address, each a
+/// big-endian `u64`.
+pub const RNDV_FABRIC_LEN: usize = 16;
+/// Length of a rendezvous request with a fabric key ([`RndvRequest::encode_with`]): 64 bytes,
+/// the whole of `max_rndv_hdr_size`.
+pub const RNDV_REQ_FABRIC_LEN: usize = RNDV_REQ_LEN + RNDV_FABRIC_LEN;
 /// Where the meta-data's two words start in a rendezvous request: the length, then the flags.
 const META_LEN_AT: usize = TMH_LEN + RVH_LEN;
 const META_FLAGS_AT: usize = META_LEN_AT + 8;
@@ -301,6 +310,29 @@ impl RndvRequest {
         Some(RndvRequest { app_ctx: tmh.app_ctx, tag: tmh.tag, va: rvh.va, rkey: rvh.rkey, len, pregranted: Self::pregranted(req) })
     }
 
+    /// The request with a fabric key after its meta-data ([`RNDV_FLAG_FABRIC_KEY`]).
+    pub fn encode_with(&self, fk: FabricKey) -> [u8; RNDV_REQ_FABRIC_LEN] {
+        let mut b = [0u8; RNDV_REQ_FABRIC_LEN];
+        b[..RNDV_REQ_LEN].copy_from_slice(&self.encode());
+        let flags = RNDV_FLAG_FABRIC_KEY | if self.pregranted { RNDV_FLAG_PREGRANTED } else { 0 };
+        b[META_FLAGS_AT..RNDV_REQ_LEN].copy_from_slice(&flags.to_be_bytes());
+        b[RNDV_REQ_LEN..RNDV_REQ_LEN + 8].copy_from_slice(&fk.key.to_be_bytes());
+        b[RNDV_REQ_LEN + 8..].copy_from_slice(&fk.addr.to_be_bytes());
+        b
+    }
+
+    /// The fabric key of a whole request `req`, if its flags announce one and it is there
+    /// (`None` for a request without, or one cut short).
+    pub fn fabric_key(req: &[u8]) -> Option<FabricKey> {
+        let f: [u8; 8] = req.get(META_FLAGS_AT..RNDV_REQ_LEN)?.try_into().ok()?;
+        if u64::from_be_bytes(f) & RNDV_FLAG_FABRIC_KEY == 0 {
+            return None;
+        }
+        let k: [u8; 8] = req.get(RNDV_REQ_LEN..RNDV_REQ_LEN + 8)?.try_into().ok()?;
+        let a: [u8; 8] = req.get(RNDV_REQ_LEN + 8..RNDV_REQ_FABRIC_LEN)?.try_into().ok()?;
+        Some(FabricKey { key: u64::from_be_bytes(k), addr: u64::from_be_bytes(a) })
+    }
+
     /// Whether a whole request `req` says [`RndvRequest::pregranted`] (false when its
     /// meta-data is short or absent).
     pub fn pregranted(req: &[u8]) -> bool {
@@ -308,6 +340,19 @@ impl RndvRequest {
             .and_then(|f| <[u8; 8]>::try_from(f).ok())
             .is_some_and(|f| u64::from_be_bytes(f) & RNDV_FLAG_PREGRANTED != 0)
     }
+}
+
+/// The sender's registration of a rendezvous buffer in a real fabric's domain (the OFI
+/// fabric's `fi_mr_reg`), sent after the request's meta-data: the receiver reads the buffer
+/// with `fi_read` at `addr` (the first byte's address, as the provider's `FI_MR_VIRT_ADDR`
+/// says: virtual address or offset in the region) with `key`. The RVH keeps naming the soft
+/// registration, which serves a streamed read if the `fi_read` fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FabricKey {
+    /// The remote key (`fi_mr_key`).
+    pub key: u64,
+    /// The address the reader names for the buffer's first byte.
+    pub addr: u64,
 }
 
 /// A whole tagged message split into its parts.
@@ -1122,6 +1167,29 @@ mod tests {
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = Message::parse(&bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod fabric_key_tests {
+    use super::*;
+
+    /// A fabric key rides after the meta-data and reads back; the request stays what it was
+    /// without one (same bytes before it, same parse); a request whose flag announces a key
+    /// it does not carry has none.
+    #[test]
+    fn fabric_key_round_trips_after_the_meta_data() {
+        let fk = FabricKey { key: 0x0123_4567_89ab_cdef, addr: 0x7fff_0000_1234 };
+        for pregranted in [false, true] {
+            let r = RndvRequest { app_ctx: 7, tag: 0x55, va: 0x1000, rkey: 9, len: 70_000, pregranted };
+            let b = r.encode_with(fk);
+            assert_eq!(RndvRequest::fabric_key(&b), Some(fk));
+            assert_eq!(RndvRequest::parse(&b), Some(r));
+            assert_eq!(RndvRequest::pregranted(&b), pregranted);
+            assert_eq!(&b[..META_FLAGS_AT], &r.encode()[..META_FLAGS_AT]);
+            assert_eq!(RndvRequest::fabric_key(&r.encode()), None);
+            assert_eq!(RndvRequest::fabric_key(&b[..RNDV_REQ_FABRIC_LEN - 1]), None);
         }
     }
 }

@@ -31,7 +31,7 @@ impl OutData {
 /// A data message waiting for ring space.
 pub(super) struct OutMsg {
     pub(super) req: ReqId,
-    pub(super) hdr: [u8; RNDV_REQ_LEN],
+    pub(super) hdr: [u8; RNDV_HDR_MAX],
     pub(super) hdr_len: usize,
     pub(super) data: OutData,
     /// Payload bytes already pushed.
@@ -229,7 +229,7 @@ impl Engine {
                 detached: false,
             }),
         };
-        let mut hdr = [0u8; RNDV_REQ_LEN];
+        let mut hdr = [0u8; RNDV_HDR_MAX];
         hdr[..TMH_LEN].copy_from_slice(&tmh);
         self.queue_out(dest, OutMsg { req, hdr, hdr_len: TMH_LEN, data: OutData::User(data), off: 0, started: false })?;
         Ok(Some(req))

@@ -113,7 +113,7 @@ use rndv::reader::Reads;
 use rndv::target::Target;
 use rndv::threshold::Threshold;
 use rndv::way::EAGER_NT_MIN;
-use rndv::{read_key, CmaWrite, RmaOut, RndvInfo, RndvSend, Ways};
+use rndv::{read_key, CmaWrite, RmaOut, RndvInfo, RndvSend, Ways, RNDV_HDR_MAX};
 use stats::Stats;
 use unexpected::{Incoming, Unexpected, UxMsg};
 
@@ -125,8 +125,8 @@ use tmpi_transport::mr::{Access, CacheConfig, CachedMr, Domain, DomainAttr, Moni
 use tmpi_transport::shm::cma;
 use tmpi_transport::tm::{Arrival, Buffer, OpsWr, ReadId, TmCap, TmCaps, TmSrq, Wc, WcFlags, WcOpcode, WcStatus};
 use tmpi_transport::wire::{
-    Control, Fin, HeapPlace, ReadMode, ReadRequest, Rma, RndvRequest, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RMA_MAX_LEN, RMA_RESP_HDR_LEN,
-    RNDV_REQ_LEN, RVH_LEN_IN_META, TMH_LEN,
+    Control, FabricKey, Fin, HeapPlace, ReadMode, ReadRequest, Rma, RndvRequest, Rvh, TmOp, Tmh, CONTROL_MAX_LEN, RMA_MAX_LEN,
+    RMA_RESP_HDR_LEN, RNDV_REQ_LEN, RVH_LEN_IN_META, TMH_LEN,
 };
 
 use crate::buffer::{OwnedBuf, RawBuf, RawBufMut};

@@ -142,8 +142,8 @@ impl Engine {
         self.st.stats.bytes_sent += len as u64;
         if TMH_LEN + len > floor || len > self.cfg.eager_limit {
             crate::seen::msg(true, dest, tag64, len, Proto::RNDV);
-            let (req, hdr) = self.rndv_request(dest, tag64, data)?;
-            self.pm_push(dest, tag64, hdr.to_vec())?;
+            let (req, (hdr, n)) = self.rndv_request(dest, tag64, data)?;
+            self.pm_push(dest, tag64, hdr[..n].to_vec())?;
             return Ok(self.mark_pushed(Some(req)));
         }
         self.st.stats.eager += 1;

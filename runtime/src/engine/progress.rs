@@ -133,6 +133,10 @@ impl Engine {
         if self.pm.is_some() {
             n += self.pm_progress(false)?;
         }
+        #[cfg(feature = "ofi")]
+        if self.st.ways.fabric.on {
+            n += self.fabric_reads_done()?;
+        }
         if let Some(e) = self.st.outbox.take_failure() {
             return Err(e);
         }

@@ -47,7 +47,17 @@ impl Engine {
     pub(crate) fn stats(&self) -> crate::Stats {
         let s = &self.st.stats;
         let tm = self.st.offload.tm().counters();
-        let mc = self.st.target.mr_stats();
+        #[allow(unused_mut)]
+        let mut mc = self.st.target.mr_stats();
+        // With the OFI fabric's rendezvous reads, its registration cache holds the send
+        // buffers' `fi_mr_reg` registrations: the counters are both caches'.
+        #[cfg(feature = "ofi")]
+        if let Some(f) = self.ofi_read_cache_stats() {
+            mc.hits += f.hits;
+            mc.misses += f.misses;
+            mc.evictions += f.evictions;
+            mc.invalidations += f.invalidations;
+        }
         let heap = self.st.ways.heap_counters();
         crate::Stats {
             rank: self.st.rank as u64,

@@ -3,15 +3,17 @@
 //!
 //! For each size: an expected receive (posted before a barrier, sent after it), an unexpected
 //! one (sent before the barrier, posted after it), a synchronous send, and a truncated receive
-//! (half the buffer: `Truncated`, the message consumed, the next one intact). Then a 2 MiB
+//! (half the buffer: `Truncated`, the message consumed, the next one intact; and alone,
+//! nothing written past the buffer). Then a 2 MiB
 //! message goes out 12 times from the same buffer and the rank's own `mr_cache_hits` must grow
 //! by at least 11 (the sender's registration cache, unless `TMPI_MR_CACHE_MAX_COUNT=0`).
 //! First, one way only (rank 0 to rank 1), and last, around the ring, a window of 8 messages
 //! (32 and 16 KiB) whose requests are all in before any receive is posted.
 //! Every payload is checked.
 //!
-//! `bigmsg [--deny-cma] [--deny-open] [--shared send|recv|both] [MAX_BYTES]` stops at MAX_BYTES (default
-//! 64 MiB); `--deny-cma` makes the kernel refuse cross-memory attach in this process
+//! `bigmsg [--deny-cma] [--deny-open] [--shared send|recv|both] [--offset K] [MAX_BYTES]` stops at
+//! MAX_BYTES (default 64 MiB); `--offset K` puts the send buffers K bytes and the receive
+//! buffers 2K + 1 bytes into their allocations (odd addresses, for K odd); `--deny-cma` makes the kernel refuse cross-memory attach in this process
 //! (seccomp), as containers often do; `--shared` allocates the send buffer, the receive buffer
 //! or both with `World::alloc_shared` (the shared heap) instead of `Vec`; `--deny-open` makes
 //! `open`/`openat` fail in this thread once the buffers are allocated, so that it cannot map
@@ -91,31 +93,33 @@ fn deny_open_calls() -> std::io::Result<()> {
 /// Bytes from a `Vec` or from the shared heap, `len` of them in use.
 struct Buf {
     mem: Box<dyn std::ops::DerefMut<Target = [u8]>>,
+    /// Where the bytes in use start in `mem`.
+    off: usize,
     len: usize,
     /// In the shared heap (not a private fallback).
     shared: bool,
 }
 
 impl Buf {
-    fn new(world: &tmpi::World, shared: bool, cap: usize) -> tmpi::Result<Buf> {
+    fn new(world: &tmpi::World, shared: bool, cap: usize, off: usize) -> tmpi::Result<Buf> {
         if shared {
-            let b = world.alloc_shared::<u8>(cap)?;
-            return Ok(Buf { shared: b.is_shared(), mem: Box::new(b), len: 0 });
+            let b = world.alloc_shared::<u8>(cap + off)?;
+            return Ok(Buf { shared: b.is_shared(), mem: Box::new(b), off, len: 0 });
         }
-        Ok(Buf { mem: Box::new(vec![0u8; cap]), len: 0, shared: false })
+        Ok(Buf { mem: Box::new(vec![0u8; cap + off]), off, len: 0, shared: false })
     }
 }
 
 impl std::ops::Deref for Buf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.mem[..self.len]
+        &self.mem[self.off..self.off + self.len]
     }
 }
 
 impl std::ops::DerefMut for Buf {
     fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.mem[..self.len]
+        &mut self.mem[self.off..self.off + self.len]
     }
 }
 
@@ -181,6 +185,14 @@ fn main() -> Result<(), Box<dyn StdError>> {
         };
         args.drain(i..i + 2);
     }
+    let mut off = 0;
+    if let Some(i) = args.iter().position(|a| a == "--offset") {
+        off = match args.get(i + 1).map(|s| s.parse::<usize>()) {
+            Some(Ok(k)) if k < 4096 => k,
+            other => return Err(format!("bigmsg: --offset takes a number of bytes below 4096, not {other:?}").into()),
+        };
+        args.drain(i..i + 2);
+    }
     if deny {
         tmpi_tests::deny_cma().map_err(|e| format!("bigmsg: cannot install the seccomp filter: {e}"))?;
     }
@@ -194,7 +206,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
     let mut v = Verdict::new("bigmsg", rank);
     let sizes: Vec<usize> = SIZES.iter().copied().filter(|&s| s <= max).collect();
     let cap = sizes.iter().copied().max().unwrap_or(0).max(2 * MIB);
-    let (out, got) = (Buf::new(&world, shared.0, cap)?, Buf::new(&world, shared.1, cap)?);
+    let (out, got) = (Buf::new(&world, shared.0, cap, off)?, Buf::new(&world, shared.1, cap, 2 * off + usize::from(off > 0))?);
     if shared != (false, false) {
         println!("bigmsg: rank {rank} buffers in the shared heap: send {}, recv {}", out.shared, got.shared);
     }
@@ -271,7 +283,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
             c.prepare(size, 4);
             let half = size / 2;
             let r = tmpi::scope(|s| -> tmpi::Result<(tmpi::Result<tmpi::Status>, tmpi::Result<tmpi::Status>)> {
-                let (a, b) = c.got.mem.split_at_mut(half);
+                let (a, b) = c.got.split_at_mut(half);
                 let r1 = w.irecv(s, a, c.prev, 4)?;
                 let r2 = w.irecv(s, &mut b[..size - half], c.prev, 5)?;
                 let q1 = w.isend(s, &c.out, c.next, 4)?;
@@ -295,6 +307,20 @@ fn main() -> Result<(), Box<dyn StdError>> {
                 }
                 Err(e) => v.check(false, || format!("truncation at {size} B: {e}")),
             }
+            // Nothing is written past a truncated receive's buffer (the rest of `got` keeps
+            // its filler).
+            c.prepare(size, 7);
+            let r = tmpi::scope(|s| -> tmpi::Result<tmpi::Result<tmpi::Status>> {
+                let r1 = w.irecv(s, &mut c.got[..half], c.prev, 7)?;
+                let q1 = w.isend(s, &c.out, c.next, 7)?;
+                let t = r1.wait();
+                q1.wait()?;
+                Ok(t)
+            });
+            let kept = c.got[half..].iter().all(|&b| b == 0xa5);
+            v.check(matches!(&r, Ok(Err(Error::Truncated { .. }))) && kept && c.got[..half] == c.want[..half], || {
+                format!("truncated {size} B alone: {r:?}, bytes past the buffer kept: {kept}")
+            });
         }
     }
 

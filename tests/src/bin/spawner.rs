@@ -1,138 +1,143 @@
-//! Spawns through `tmpirun` with the bootstrap protocol alone (no runtime): the launcher's
-//! side of dynamic processes (`tests/tests/launch.rs`).
+//! Dynamic processes through `tmpirun` (issue 59 item 7), run by `tests/tests/groupcomm.rs`.
+//! The first argument picks the case; a spawned copy of this program gets `child-<case>`.
 //!
-//! `spawner MODE` under `tmpirun -n P`: rank 0 asks `tmpirun` to start this program again as
-//! children, passes the bridge to the other parents through its job's key-value store, and
-//! every parent wires up the bridge with the children (put, fence, get) and finalizes.
-//! - `two`: two commands: 2 children with `child a b` and `SPAWN_K=v1`, then 1 with
-//!   `child x`, `SPAWN_K=v2` in directory `/tmp`. Rank 0 prints `CHILD j: <what child j saw>`
-//!   for each; every child prints `hello from child j` on stdout.
-//! - `missing`: the program does not exist; rank 0 prints `REFUSED <tmpirun's reason>`.
-//! - `across`: as `missing` for a job across hosts (a spawn that `tmpirun` refuses there).
-//! - `exit3`, `kill`, `sleep`: one child that wires up, finalizes both jobs and then exits
-//!   with 3, is killed by SIGKILL, or sleeps for a minute (it prints `CHILD_PID <pid>` first);
-//!   the parents then sleep for a minute (`exit3`, `kill`) or end at once (`sleep`).
-//! - `abort`: one child that wires up, then aborts its job with code 5 (`child gave up`);
-//!   the parents sleep for a minute.
-//! - `nested`: one child, which spawns a grandchild (`child leaf`) the same way and prints
-//!   `CHILD 0: <what the grandchild saw>`.
+//! - `multi`: `spawn_multiple` of two commands (2 processes with an argument and a variable
+//!   set, then 1 with another argument and a directory): each child checks its world (3
+//!   ranks), `appnum`, argument, variable and directory, and sends them to parent 0, which
+//!   checks them all; then a second spawn (1 process) from the same parents: two bridges at
+//!   once, each intercommunicator carrying its own messages.
+//! - `missing`: a spawn of a program that does not exist: `Error::Spawn` naming it on every
+//!   rank, and the world goes on (an allreduce).
+//! - `mismatch`: `spawn_multiple` with 2 commands and 1 count at the root: `Error::Spawn` on
+//!   every rank.
+//! - `childfail`: the child exits with code 3 after it joined: tmpirun ends the job with it.
+//! - `srun` (run by `tests/tests/slurm.rs` under `srun`): `Error::Spawn` saying Slurm cannot
+//!   grow the job, on every rank.
 //!
-//! Any unexpected failure exits with 1 and a message.
+//! Prints `spawner: <case>: ... OK` from parent rank 0.
 
-use std::time::Duration;
+use std::error::Error as StdError;
+use std::process::Command;
 
-use tmpi_transport::bootstrap::spawn::{Bridge, SpawnApp, SpawnRequest, ENV_APPNUM, ENV_PARENT};
-use tmpi_transport::bootstrap::{BootstrapClient, BootstrapEnv};
+use tmpi::{Error, InterComm, Op};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+type Res = Result<(), Box<dyn StdError>>;
 
-fn app(program: &str, args: &[&str], k: &str, cwd: Option<&str>, procs: u32) -> SpawnApp {
-    SpawnApp {
-        program: program.into(),
-        args: args.iter().map(|a| a.to_string()).collect(),
-        env: vec![("SPAWN_K".into(), k.into())],
-        cwd: cwd.map(Into::into),
-        procs,
-    }
+fn fail(m: String) -> Box<dyn StdError> {
+    m.into()
 }
 
-fn parent(mode: &str) -> Res<()> {
-    let (mut job, env) = BootstrapClient::from_env()?.ok_or("not started by tmpirun")?;
-    let me = std::env::current_exe()?.to_string_lossy().into_owned();
-    let apps = match mode {
-        "two" => vec![app(&me, &["child", "a b"], "v1", None, 2), app(&me, &["child", "x"], "v2", Some("/tmp"), 1)],
-        "missing" => vec![app("no-such-program-for-spawn", &[], "v", None, 1)],
-        m => vec![app(&me, &["child", m], "v", None, 1)],
-    };
-    spawn_and_wire(&mut job, &env, apps, matches!(mode, "missing" | "across"))?;
-    if matches!(mode, "exit3" | "kill" | "abort") {
-        std::thread::sleep(Duration::from_secs(60));
-    }
-    job.finalize()?;
+fn me() -> Command {
+    Command::new(std::env::current_exe().expect("this program's path"))
+}
+
+/// A child of `multi`: reports `[appnum, world size, arg ok, var ok, dir ok]` to parent 0.
+fn child_multi(world: &tmpi::World, parents: &InterComm, arg: &str) -> Res {
+    let app = tmpi::appnum().ok_or_else(|| fail("no appnum".into()))?;
+    let var = std::env::var("SPAWNER_VAR").ok();
+    let dir = std::env::current_dir()?;
+    let want_arg = if app == 0 { "first" } else { "second" };
+    let report = [
+        app as u64,
+        world.size() as u64,
+        u64::from(arg == want_arg),
+        u64::from(var.as_deref() == (app == 0).then_some("v=1")),
+        u64::from((app == 1) == (dir == std::path::Path::new("/"))),
+    ];
+    parents.send(&report, 0, 1)?;
     Ok(())
 }
 
-/// Rank 0 of `job` spawns `apps` (a refusal is printed when `refusal_expected`), and every rank
-/// wires up with the children through the bridge; rank 0 prints what each child saw.
-fn spawn_and_wire(job: &mut BootstrapClient, env: &BootstrapEnv, apps: Vec<SpawnApp>, refusal_expected: bool) -> Res<()> {
-    if env.rank == 0 {
-        match job.spawn(SpawnRequest { parents: env.size as u32, apps }) {
-            Ok(b) => job.put("bridge", b.to_env().as_bytes())?,
-            Err(e) if refusal_expected => {
-                println!("REFUSED {e}");
-                job.put("bridge", b"none")?;
+fn parent_multi(world: &tmpi::World) -> Res {
+    let (mut a, mut b) = (me(), me());
+    a.args(["child-multi", "first"]).env("SPAWNER_VAR", "v=1");
+    b.args(["child-multi", "second"]).current_dir("/");
+    let kids = world.spawn_multiple(0, &[a, b], &[2, 1])?;
+    let mut second = me();
+    second.args(["child-echo"]);
+    let echo = world.spawn(world.size() - 1, &second, 1)?;
+    if kids.remote_size() != 3 || echo.remote_size() != 1 {
+        return Err(fail(format!("remote sizes {} and {}", kids.remote_size(), echo.remote_size())));
+    }
+    if world.rank() == 0 {
+        let mut apps = Vec::new();
+        for c in 0..3 {
+            let mut r = [0u64; 5];
+            kids.recv(&mut r, c, 1)?;
+            if r[1..] != [3, 1, 1, 1] {
+                return Err(fail(format!("child {c} reported {r:?}")));
             }
-            Err(e) => return Err(e.into()),
+            apps.push(r[0]);
         }
-    }
-    job.fence()?;
-    let text = String::from_utf8(job.get("bridge")?)?;
-    if text == "none" {
-        return Ok(());
-    }
-    let bridge = Bridge::parse(&text)?;
-    let mut b = BootstrapClient::connect_to(&bridge.bootstrap, env.rank, bridge.size, &env.secret)?;
-    b.put(&format!("p{}", env.rank), b"parent")?;
-    b.fence()?;
-    for j in 0..bridge.size - bridge.parents {
-        let seen = String::from_utf8(b.get(&format!("c{j}"))?)?;
-        if env.rank == 0 {
-            println!("CHILD {j}: {seen}");
+        if apps != [0, 0, 1] {
+            return Err(fail(format!("appnums {apps:?}")));
         }
-    }
-    b.finalize()?;
-    Ok(())
-}
-
-fn child(args: &[String]) -> Res<()> {
-    let (mut job, env) = BootstrapClient::from_env()?.ok_or("a child not started by tmpirun")?;
-    let bridge = Bridge::parse(&std::env::var(ENV_PARENT)?)?;
-    let appnum = std::env::var(ENV_APPNUM)?;
-    let me = bridge.parents + env.rank;
-    let mut b = BootstrapClient::connect_to(&bridge.bootstrap, me, bridge.size, &env.secret)?;
-    let k = std::env::var("SPAWN_K").unwrap_or_default();
-    let cwd = std::env::current_dir()?;
-    let seen = format!("rank {} of {} appnum {appnum} args {:?} SPAWN_K={k} cwd={}", env.rank, env.size, &args[1..], cwd.display());
-    b.put(&format!("c{}", env.rank), seen.as_bytes())?;
-    b.fence()?;
-    if b.get("p0")? != b"parent" {
-        return Err("parent 0's key is wrong".into());
-    }
-    b.finalize()?;
-    if args.get(1).is_some_and(|a| a == "nested") {
-        let me = std::env::current_exe()?.to_string_lossy().into_owned();
-        spawn_and_wire(&mut job, &env, vec![app(&me, &["child", "leaf"], "g", None, 1)], false)?;
-    }
-    if args.get(1).is_some_and(|a| a == "abort") {
-        job.abort(5, "child gave up")?;
-        std::thread::sleep(Duration::from_secs(60));
-    }
-    job.finalize()?;
-    println!("hello from child {}", env.rank);
-    match args.get(1).map(String::as_str) {
-        Some("exit3") => std::process::exit(3),
-        // SAFETY: raise sends a signal to this process; nothing is borrowed.
-        Some("kill") => unsafe {
-            libc::raise(libc::SIGKILL);
-        },
-        Some("sleep") => {
-            println!("CHILD_PID {}", std::process::id());
-            std::thread::sleep(Duration::from_secs(60));
+        echo.send(&[41u32], 0, 2)?;
+        let mut back = [0u32];
+        echo.recv(&mut back, 0, 3)?;
+        if back[0] != 42 {
+            return Err(fail(format!("echo gave {}", back[0])));
         }
-        _ => {}
     }
     Ok(())
 }
 
-fn main() {
+/// The child of the second spawn of `multi`: answers parent 0 with its value plus one.
+fn child_echo(parents: &InterComm) -> Res {
+    let mut x = [0u32];
+    parents.recv(&mut x, 0, 2)?;
+    parents.send(&[x[0] + 1], 0, 3)?;
+    Ok(())
+}
+
+/// `Error::Spawn` on every rank, holding `needle`; then the world still works.
+fn refused(world: &tmpi::World, r: tmpi::Result<InterComm>, needle: &str) -> Res {
+    match r {
+        Err(Error::Spawn(m)) if m.contains(needle) => {}
+        Err(e) => return Err(fail(format!("rank {}: {e}, expected a spawn error naming {needle:?}", world.rank()))),
+        Ok(_) => return Err(fail("the spawn worked".into())),
+    }
+    let mut s = [0u32];
+    world.allreduce(&[1u32], &mut s, Op::Sum)?;
+    if s[0] as usize != world.size() {
+        return Err(fail(format!("allreduce after the refusal gave {}", s[0])));
+    }
+    Ok(())
+}
+
+fn parent(world: &tmpi::World, case: &str) -> Res {
+    match case {
+        "multi" => parent_multi(world)?,
+        "missing" => refused(world, world.spawn(0, &Command::new("/nonexistent/spawned-prog"), 2), "/nonexistent/spawned-prog")?,
+        "mismatch" => refused(world, world.spawn_multiple(0, &[me(), me()], &[1]), "2 commands but 1 process counts")?,
+        "srun" => refused(world, world.spawn(0, &me(), 1), "Slurm cannot grow a running job")?,
+        "childfail" => {
+            let mut c = me();
+            c.arg("child-fail");
+            let kids = world.spawn(0, &c, 1)?;
+            // The child exits 3 once it joined; tmpirun ends the job (this waits for that).
+            let mut x = [0u8];
+            kids.recv(&mut x, 0, 9)?;
+        }
+        _ => return Err(fail(format!("unknown case {case:?}"))),
+    }
+    if world.rank() == 0 {
+        println!("spawner: {case}: {} ranks: OK", world.size());
+    }
+    Ok(())
+}
+
+fn main() -> Res {
+    let world = tmpi::init()?;
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let r = match args.first().map(String::as_str) {
-        Some("child") => child(&args),
-        Some(mode) => parent(mode),
-        None => Err("usage: spawner MODE".into()),
-    };
-    if let Err(e) = r {
-        eprintln!("spawner: {e}");
-        std::process::exit(1);
+    let case = args.first().map(String::as_str).unwrap_or("");
+    match (tmpi::parent(), case) {
+        (Some(p), "child-multi") => child_multi(&world, &p, args.get(1).map_or("", String::as_str))?,
+        (Some(p), "child-echo") => child_echo(&p)?,
+        (Some(_), "child-fail") => std::process::exit(3),
+        (Some(_), c) => return Err(fail(format!("a child with case {c:?}"))),
+        (None, c) => parent(&world, c)?,
     }
+    world.finalize()?;
+    Ok(())
 }

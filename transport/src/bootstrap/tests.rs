@@ -685,3 +685,58 @@ fn clock_answers_inside_the_round_trip() {
     c.finalize().unwrap();
     assert!(c.clock(now).is_err(), "no clock after finalize");
 }
+
+/// Drives `srv` in this thread until it reports a spawn; returns the rank and request.
+fn spawn_event(srv: &mut BootstrapServer) -> (usize, spawn::SpawnRequest) {
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        for ev in srv.wait(Some(Duration::from_millis(50))).unwrap() {
+            assert!(!matches!(ev, ServerEvent::Rejected { .. } | ServerEvent::Refused { .. }), "{ev:?}");
+            if let ServerEvent::Spawn { rank, request } = ev {
+                return (rank, request);
+            }
+        }
+    }
+    panic!("no spawn request in 10 s");
+}
+
+/// A spawn waits for the launcher's answer (a fence of the other rank is not taken for a
+/// deadlock meanwhile), and the answer reaches the client: the bridge, or tmpirun's reason.
+#[test]
+fn a_spawn_waits_for_the_launchers_answer() {
+    let s = TmpSock::new();
+    let mut srv = BootstrapServer::bind(&s.path, 2, secret()).unwrap();
+    let app = spawn::SpawnApp { program: "prog".into(), args: vec!["x".into()], env: vec![], cwd: None, procs: 2 };
+    let req = spawn::SpawnRequest { parents: 2, apps: vec![app] };
+    let (p0, p1, r0) = (s.path.clone(), s.path.clone(), req.clone());
+    let root = std::thread::spawn(move || {
+        let mut c = BootstrapClient::connect(&p0, 0, 2, &secret()).unwrap();
+        let first = c.spawn(r0.clone());
+        let second = c.spawn(r0);
+        c.fence().unwrap();
+        (first, second)
+    });
+    let other = std::thread::spawn(move || BootstrapClient::connect(&p1, 1, 2, &secret()).unwrap().fence());
+    let bridge = spawn::Bridge {
+        jobid: "0123456789abcdef".into(),
+        shm_name: "tmpi-0123456789abcdef-0123456789abcdef".into(),
+        parents: 2,
+        size: 4,
+        bootstrap: BootstrapAddr::Unix("/tmp/b.sock".into()),
+    };
+    let (rank, got) = spawn_event(&mut srv);
+    assert_eq!((rank, &got), (0, &req));
+    srv.answer_spawn(0, Ok(bridge.to_env()));
+    let (rank, _) = spawn_event(&mut srv);
+    srv.answer_spawn(rank, Err("no program \"prog\"".into()));
+    // Answers to a rank that waits for none, or to no rank, change nothing.
+    srv.answer_spawn(1, Ok(String::new()));
+    srv.answer_spawn(7, Ok(String::new()));
+    while !root.is_finished() || !other.is_finished() {
+        srv.wait(Some(Duration::from_millis(20))).unwrap();
+    }
+    let (first, second) = root.join().unwrap();
+    assert_eq!(first.unwrap(), bridge);
+    assert!(matches!(second, Err(Error::Bootstrap(m)) if m == "no program \"prog\""));
+    other.join().unwrap().unwrap();
+}

@@ -36,6 +36,7 @@ mod fabric;
 mod ffi;
 pub mod p2p;
 pub mod packet;
+pub mod rma;
 pub mod signals;
 pub mod tag;
 #[cfg(test)]
@@ -44,6 +45,8 @@ mod tests;
 mod tests_mr;
 #[cfg(test)]
 mod tests_p2p;
+#[cfg(test)]
+mod tests_rma;
 pub mod wake;
 
 pub use self::cache::OfiCacheMr;
@@ -52,6 +55,7 @@ pub use self::core::{
     OFFERED_MR_MODE,
 };
 pub use self::packet::OfiFabric;
+pub use self::rma::{read_support, ReadDone, ReadRegion, ReadStats};
 pub use self::wake::Waker;
 
 use crate::bootstrap::KeyValue;

@@ -69,7 +69,7 @@ struct Peer {
 /// The packet fabric over OFI. See the [module documentation](self).
 pub struct OfiFabric {
     rank: usize,
-    ep: Endpoint,
+    pub(super) ep: Endpoint,
     peers: Vec<Peer>,
     next: usize,
     rx_posted: usize,
@@ -91,8 +91,11 @@ pub struct OfiFabric {
     /// Completions of `mpi`'s operations read by the packets' progress, for the next
     /// [`TaggedP2p::progress`] or [`OfiFabric::p2p_progress`].
     mpi_raw: Vec<Completion>,
-    /// The address vector, by rank (kept for `mpi`).
-    addrs: Vec<u64>,
+    /// The address vector, by rank (kept for `mpi` and the reads).
+    pub(super) addrs: Vec<u64>,
+    /// Rendezvous reads (`fi_read` of peers' `fi_mr_reg` regions), once
+    /// [`OfiFabric::enable_reads`] turned them on.
+    pub(super) reads: Option<super::rma::Reads>,
 }
 
 fn hdr(flags: u8, kind: u8, seq: u32, total: u64) -> [u8; HDR] {
@@ -133,6 +136,7 @@ impl OfiFabric {
         let mut f = OfiFabric {
             mpi: None,
             mpi_raw: Vec::new(),
+            reads: None,
             addrs: addrs.clone(),
             rank,
             ep,
@@ -242,6 +246,9 @@ impl OfiFabric {
         }
         self.done = done;
         read?;
+        if self.reads.as_ref().is_some_and(|r| !r.queue_is_empty()) {
+            self.retry_reads()?;
+        }
         self.post_receives()
     }
 
@@ -254,6 +261,7 @@ impl OfiFabric {
         match c.kind {
             OpKind::Send => self.sent(c),
             OpKind::Recv => self.received(c)?,
+            OpKind::Read => self.read_completed(c.user, c.error),
             _ => {}
         }
         Ok(())
@@ -478,10 +486,11 @@ impl OfiFabric {
 
     /// Sleeps until a completion may be ready (the completion queue's descriptor, where the
     /// provider gives one), [`OfiFabric::waker`] is woken, or `timeout` passes; returns at
-    /// once when a packet already waits. Without a descriptor it only sleeps. Returns whether
+    /// once when a packet, or the end of a read, already waits. Without a descriptor it only sleeps. Returns whether
     /// something may be ready; the caller polls either way.
     pub fn wait(&mut self, timeout: Duration) -> bool {
-        if self.peers.iter().any(|p| !p.ready.is_empty()) {
+        // Completions already read (packets, or the reads' ends) wait for no descriptor.
+        if self.peers.iter().any(|p| !p.ready.is_empty()) || self.reads.as_ref().is_some_and(|r| !r.done.is_empty()) {
             return true;
         }
         match self.ep.wait_fd() {

@@ -16,6 +16,8 @@ use super::*;
 use crate::heap::HeapSrc;
 
 pub(super) mod adapt;
+#[cfg(feature = "ofi")]
+pub(super) mod fabric_read;
 pub(super) mod reader;
 pub(super) mod single_copy;
 pub(super) mod target;
@@ -26,6 +28,18 @@ pub(super) mod way;
 mod tests;
 
 use way::*;
+
+/// The longest rendezvous request this build sends (and so the room of a queued message's
+/// header): with the feature `ofi`, one may carry a fabric key ([`FabricKey`]).
+#[cfg(feature = "ofi")]
+pub(in crate::engine) const RNDV_HDR_MAX: usize = tmpi_transport::wire::RNDV_REQ_FABRIC_LEN;
+/// The longest rendezvous request this build sends (and so the room of a queued message's
+/// header).
+#[cfg(not(feature = "ofi"))]
+pub(in crate::engine) const RNDV_HDR_MAX: usize = RNDV_REQ_LEN;
+
+/// A rendezvous request as it goes out: its bytes and length.
+pub(in crate::engine) type RndvHdr = ([u8; RNDV_HDR_MAX], usize);
 
 /// A rendezvous send: what its target must keep until the FIN.
 pub(in crate::engine) struct RndvSend {
@@ -44,6 +58,11 @@ pub(in crate::engine) struct RndvSend {
     /// This rank streamed (some of) it to the reader through the rings: its FIN ends a read
     /// that went that way (see `adapt::Epochs::peer_read`).
     pub(in crate::engine) streamed: bool,
+    /// The buffer's registration in the OFI fabric's domain (`fi_mr_reg`, through its cache),
+    /// announced with the request for the reader's `fi_read`: held until FIN, then released
+    /// to the cache.
+    #[cfg(feature = "ofi")]
+    pub(in crate::engine) _fabric_mr: Option<tmpi_transport::ofi::ReadRegion>,
 }
 
 /// What a rendezvous request announces.
@@ -56,6 +75,9 @@ pub(in crate::engine) struct RndvInfo {
     /// The sender checked the range for our single-copy read already
     /// ([`RndvRequest::pregranted`]).
     pub(in crate::engine) pregranted: bool,
+    /// The sender's registration of the buffer in the fabric's own domain, for the fabric's
+    /// RDMA read ([`RndvRequest::fabric_key`]).
+    pub(in crate::engine) fabric: Option<FabricKey>,
 }
 
 impl RndvInfo {
@@ -66,7 +88,8 @@ impl RndvInfo {
         // of a payload the RVH cannot hold (`RVH_LEN_IN_META`), which is in the meta-data.
         let len = RndvRequest::payload_len(req).ok_or_else(|| malformed("rendezvous request of 4 GiB or more without its length"))?;
         let len = usize::try_from(len).map_err(|_| malformed("rendezvous length overflows"))?;
-        Ok(RndvInfo { tmh, rvh, key: u64::from(rvh.rkey), len, pregranted: RndvRequest::pregranted(req) })
+        let (pregranted, fabric) = (RndvRequest::pregranted(req), RndvRequest::fabric_key(req));
+        Ok(RndvInfo { tmh, rvh, key: u64::from(rvh.rkey), len, pregranted, fabric })
     }
 }
 
@@ -115,6 +138,9 @@ pub(in crate::engine) struct Ways {
     /// [`Ways::eager_both_ways`]).
     big_eager_in: u64,
     big_eager_out: Vec<u64>,
+    /// The fabric's own RDMA read as a way (`TMPI_OFI_RNDV`).
+    #[cfg(feature = "ofi")]
+    pub(in crate::engine) fabric: fabric_read::FabricReads,
 }
 
 impl Ways {
@@ -136,7 +162,19 @@ impl Ways {
             heaps,
             big_eager_in: 0,
             big_eager_out: vec![0; size],
+            #[cfg(feature = "ofi")]
+            fabric: fabric_read::FabricReads::default(),
         }
+    }
+
+    /// Whether this rank reads rendezvous data with the fabric's RDMA read where the sender
+    /// announced a fabric key (`TMPI_OFI_RNDV`; never without the feature `ofi`).
+    #[inline]
+    pub(in crate::engine) fn fabric_reads(&self) -> bool {
+        #[cfg(feature = "ofi")]
+        return self.fabric.on;
+        #[cfg(not(feature = "ofi"))]
+        false
     }
 
     /// Whether single copy may move data between this rank and world rank `r` (on, not refused
@@ -218,16 +256,21 @@ impl Engine {
     /// message has nothing to register (fi_mr refuses a zero length) and nothing to read.
     #[cold]
     pub(in crate::engine) fn start_rndv(&mut self, dest: usize, tag64: u64, data: RawBuf) -> Result<ReqId> {
-        let (req, hdr) = self.rndv_request(dest, tag64, data)?;
-        self.queue_out(dest, OutMsg { req, hdr, hdr_len: RNDV_REQ_LEN, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
+        let (req, (hdr, hdr_len)) = self.rndv_request(dest, tag64, data)?;
+        self.queue_out(dest, OutMsg { req, hdr, hdr_len, data: OutData::Owned(Vec::new()), off: 0, started: false })?;
         Ok(req)
     }
 
     /// The send request and the request message of a rendezvous of `data` to `dest`: the
-    /// buffer registered, the request named on the wire.
-    pub(in crate::engine) fn rndv_request(&mut self, dest: usize, tag64: u64, data: RawBuf) -> Result<(ReqId, [u8; RNDV_REQ_LEN])> {
+    /// buffer registered (also in the OFI fabric's domain, for the reader's `fi_read`, where
+    /// rendezvous reads go that way), the request named on the wire.
+    pub(in crate::engine) fn rndv_request(&mut self, dest: usize, tag64: u64, data: RawBuf) -> Result<(ReqId, RndvHdr)> {
         self.st.stats.rndv += 1;
         let (addr, len) = (data.addr(), data.len());
+        // First: a cache's userfaultfd watch of the pages goes to the first that asks, and
+        // the fabric's registration is the one worth caching (`fi_mr_reg` is a system call).
+        #[cfg(feature = "ofi")]
+        let (fabric_mr, fk) = self.fabric_register(dest, data);
         let (mr, key, va) = if len == 0 {
             (None, 0, 0)
         } else {
@@ -240,14 +283,27 @@ impl Engine {
         let pregranted =
             self.st.may_pregrant(dest, addr, va, len) && self.st.target.domain.check_remote(key, va, len as u64, RemoteOp::Read).is_ok();
         let granted = pregranted.then_some(dest);
-        let req = self.st.new_send(
-            dest,
+        let send = RndvSend {
+            buf: Some(data),
+            _mr: mr,
             tag64,
-            true,
-            Some(RndvSend { buf: Some(data), _mr: mr, tag64, va, granted, pregranted, streamed: false }),
-        )?;
-        let hdr = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64, pregranted }.encode();
-        Ok((req, hdr))
+            va,
+            granted,
+            pregranted,
+            streamed: false,
+            #[cfg(feature = "ofi")]
+            _fabric_mr: fabric_mr,
+        };
+        let req = self.st.new_send(dest, tag64, true, Some(send))?;
+        let r = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64, pregranted };
+        let mut hdr = [0u8; RNDV_HDR_MAX];
+        #[cfg(feature = "ofi")]
+        if let Some(fk) = fk {
+            hdr.copy_from_slice(&r.encode_with(fk));
+            return Ok((req, (hdr, RNDV_HDR_MAX)));
+        }
+        hdr[..RNDV_REQ_LEN].copy_from_slice(&r.encode());
+        Ok((req, (hdr, RNDV_REQ_LEN)))
     }
 }
 

@@ -67,6 +67,10 @@ pub(in crate::engine) enum ReadPhase {
     /// This rank's copy failed: the read completes with an error once the target's share is
     /// done (it may still be writing into the buffer). `revoke`: it was pre-granted.
     Failed { split: usize, revoke: Option<Revoke> },
+    /// Read by the fabric's RDMA read (`fi_read`): the provider writes the whole range into
+    /// the receive buffer until the read completes; a failed one is asked again through the
+    /// ring ([`ReadPhase::Asked`] for a stream).
+    Fabric,
 }
 
 impl ReadPhase {
@@ -75,6 +79,7 @@ impl ReadPhase {
         match plan.start {
             ReadStart::Ask { cma } => ReadPhase::Asked { single: cma },
             ReadStart::AtOnce { split, .. } => ReadPhase::AtOnce { split, revoke: Revoke::Open },
+            ReadStart::Fabric => ReadPhase::Fabric,
         }
     }
 
@@ -86,6 +91,8 @@ impl ReadPhase {
             ReadPhase::AtOnce { revoke, .. } => ReadPhase::AtOnce { split, revoke },
             ReadPhase::Restreamed { ack_owed, .. } => ReadPhase::Restreamed { split, ack_owed },
             ReadPhase::Failed { revoke, .. } => ReadPhase::Failed { split, revoke },
+            // Nothing was asked of the target: a grant cannot be for this read.
+            ReadPhase::Fabric => ReadPhase::Fabric,
         }
     }
 
@@ -108,6 +115,7 @@ impl ReadPhase {
             ReadPhase::AtOnce { split, revoke } => ReadPhase::Failed { split, revoke: Some(revoke) },
             ReadPhase::Restreamed { split, ack_owed } => ReadPhase::Failed { split, revoke: ack_owed.then_some(Revoke::Owed) },
             ReadPhase::Failed { .. } => self,
+            ReadPhase::Fabric => ReadPhase::Failed { split: n, revoke: None },
         }
     }
 
@@ -129,7 +137,7 @@ impl ReadPhase {
     /// Bytes this rank copies itself, of a read of `n` (all of them until it is granted).
     pub(in crate::engine) fn split(self, n: usize) -> usize {
         match self {
-            ReadPhase::Asked { .. } => n,
+            ReadPhase::Asked { .. } | ReadPhase::Fabric => n,
             ReadPhase::Granted { split }
             | ReadPhase::AtOnce { split, .. }
             | ReadPhase::Restreamed { split, .. }
@@ -141,6 +149,7 @@ impl ReadPhase {
     pub(in crate::engine) fn remote_write(self, n: usize) -> bool {
         match self {
             ReadPhase::Asked { single } => single,
+            ReadPhase::Fabric => true,
             _ => self.split(n) < n,
         }
     }
@@ -320,6 +329,7 @@ impl State {
             own_heap: own_place.is_some(),
             others: !self.reads.is_empty(),
             peer_reading: self.peer_reading(src),
+            fabric_key: info.fabric.is_some() && src != self.rank && self.ways.fabric_reads(),
         };
         let plan = plan_read(&facts);
         if let (ReadStart::AtOnce { heap: true, .. }, Some(p)) = (plan.start, placed) {
@@ -336,6 +346,8 @@ impl State {
         match plan.start {
             ReadStart::AtOnce { heap, split } => self.copy_at_once(key, heap.then_some(sender_heap).flatten(), split, own_place),
             ReadStart::Ask { cma } => self.request_read(key, cma, n, true),
+            // Posted by the engine, which holds the fabric (`Engine::post_fabric_read`).
+            ReadStart::Fabric => self.outbox.copy_read(key),
         }
         Ok(())
     }
@@ -640,6 +652,7 @@ impl Engine {
 fn read_proto(plan: &ReadPlan, cma: bool, offloaded: bool) -> u32 {
     let way = match (plan.start, cma) {
         (ReadStart::AtOnce { heap: true, .. }, _) => Proto::WAY_HEAP,
+        (ReadStart::Fabric, _) => Proto::WAY_FABRIC_READ,
         (_, true) => Proto::WAY_CMA,
         (_, false) => Proto::WAY_STREAM,
     };
@@ -695,6 +708,9 @@ mod tests {
                 Some(Failed { split: S, revoke: Some(Owed) }),
             ),
             ("granted: not revocable", Granted { split: S }, |p| p.revoked(N), None),
+            ("fabric: a stray grant changes nothing", Fabric, |p| Some(p.granted(S)), Some(Fabric)),
+            ("fabric, failed", Fabric, |p| Some(p.failed(N)), Some(Failed { split: N, revoke: None })),
+            ("fabric: not revocable", Fabric, |p| p.revoked(N), None),
         ];
         for (what, from, step, want) in rows {
             assert_eq!(step(from), want, "{what}: from {from:?}");
@@ -724,6 +740,7 @@ mod tests {
             (Failed { split: S, revoke: None }, S, true, false, false, false),
             (Failed { split: S, revoke: Some(Open) }, S, true, true, false, false),
             (Failed { split: N, revoke: Some(Owed) }, N, false, true, false, true),
+            (Fabric, N, true, false, true, false),
         ];
         for (p, split, remote, revocable, ok, owes) in rows {
             let got = (p.split(N), p.remote_write(N), p.revocable(), p.ends_ok(), p.owes_revoke_ack());
@@ -740,7 +757,9 @@ mod tests {
         assert_eq!(ReadPhase::start(&ask(false)), ReadPhase::Asked { single: false });
         let pre = ReadPlan { start: ReadStart::AtOnce { heap: false, split: 9 }, remote_write: true };
         assert_eq!(ReadPhase::start(&pre), ReadPhase::AtOnce { split: 9, revoke: Revoke::Open });
-        for plan in [ask(true), ask(false), pre] {
+        let fabric = ReadPlan { start: ReadStart::Fabric, remote_write: true };
+        assert_eq!(ReadPhase::start(&fabric), ReadPhase::Fabric);
+        for plan in [ask(true), ask(false), pre, fabric] {
             let p = ReadPhase::start(&plan);
             assert_eq!((p.split(16), p.remote_write(16)), (plan.split(16), plan.remote_write), "{plan:?}");
         }

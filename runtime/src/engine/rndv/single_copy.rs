@@ -7,6 +7,8 @@
 //! with one memcpy into our mapping of that heap. A heap that cannot be mapped falls back to
 //! the ring for that peer.
 
+#[cfg(feature = "ofi")]
+use super::reader::ReadPhase;
 use super::*;
 use crate::buffer::{RawBufMut, CMA_MANY};
 
@@ -32,6 +34,12 @@ impl Engine {
                 self.st.ways.heaps.grants.remove(&(key.idx(), key.gen()));
                 continue;
             };
+            #[cfg(feature = "ofi")]
+            if op.phase == ReadPhase::Fabric {
+                self.post_fabric_read(key);
+                n += 1;
+                continue;
+            }
             let (src, rid, len, va, total) = (op.src, op.rid, op.split(), op.info.rvh.va, op.n);
             let pid = self.fabric.peer_pid(src);
             let buf = match self.st.reqs.get(rid) {

@@ -18,18 +18,28 @@ impl Target {
     pub(in crate::engine) fn new(cfg: &Config) -> Result<Self> {
         let domain = Domain::open(DomainAttr { mr_mode: MrMode::VIRT_ADDR | MrMode::PROV_KEY, mr_key_size: 4, mr_iov_limit: 1 })
             .map_err(tmpi_transport::Error::from)?;
-        let cache_cfg = CacheConfig {
-            max_count: cfg.mr_cache_max_count,
-            max_size: cfg.mr_cache_max_size.unwrap_or(usize::MAX),
-            monitor: if cfg.mr_cache_monitor_uffd { Monitor::Userfaultfd } else { Monitor::Disabled },
-        };
-        let mr = MrCache::new(domain.clone(), cache_cfg).map_err(tmpi_transport::Error::from)?;
+        let mr = MrCache::new(domain.clone(), cache_config(cfg)).map_err(tmpi_transport::Error::from)?;
         Ok(Target { mr, domain })
+    }
+
+    /// The configuration of this stage's registration cache (also the OFI fabric's).
+    #[cfg(feature = "ofi")]
+    pub(in crate::engine) fn cache_config(&self) -> CacheConfig {
+        *self.mr.config()
     }
 
     /// The registration cache's counters.
     pub(in crate::engine) fn mr_stats(&self) -> tmpi_transport::mr::CacheStats {
         self.mr.stats()
+    }
+}
+
+/// The registration cache's configuration (`TMPI_MR_CACHE_*`).
+fn cache_config(cfg: &Config) -> CacheConfig {
+    CacheConfig {
+        max_count: cfg.mr_cache_max_count,
+        max_size: cfg.mr_cache_max_size.unwrap_or(usize::MAX),
+        monitor: if cfg.mr_cache_monitor_uffd { Monitor::Userfaultfd } else { Monitor::Disabled },
     }
 }
 

@@ -117,6 +117,7 @@ fn a_busy_target_splits_only_the_largest_reads() {
         key: 0,
         len: 1,
         pregranted: false,
+        fabric: None,
     };
     let rid = Key::new(0, 0);
     let read = || ReadOp { rid, src: 1, n: 1, got: 0, hw: None, info, phase: ReadPhase::Granted { split: 1 }, placed: None };
@@ -151,6 +152,7 @@ fn heap_reads_go_around_the_cache_for_large_reads_and_large_windows() {
         key: 0,
         len: 1,
         pregranted: false,
+        fabric: None,
     };
     let read =
         |n: usize| ReadOp { rid: Key::new(0, 0), src: 1, n, got: 0, hw: None, info, phase: ReadPhase::Granted { split: n }, placed: None };

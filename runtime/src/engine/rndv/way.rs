@@ -166,6 +166,10 @@ pub(in crate::engine) struct ReadFacts {
     pub(in crate::engine) others: bool,
     /// The sender has lately been reading from this rank (`State::peer_reading`).
     pub(in crate::engine) peer_reading: bool,
+    /// The request carries the sender's registration in the fabric's own domain
+    /// ([`tmpi_transport::wire::FabricKey`]) and this rank reads with the fabric
+    /// (`TMPI_OFI_RNDV`): the fabric's RDMA read (`fi_read`) may move the bytes.
+    pub(in crate::engine) fabric_key: bool,
 }
 
 /// How a read starts ([`plan_read`]).
@@ -185,6 +189,9 @@ pub(in crate::engine) enum ReadStart {
         /// Bytes this rank copies itself.
         split: usize,
     },
+    /// Read it with the fabric's RDMA read (`fi_read` into the receive buffer, from the
+    /// sender's `fi_mr_reg` registration): no request to the target, whose FIN ends it.
+    Fabric,
 }
 
 /// The reader's plan for a read ([`plan_read`]).
@@ -204,7 +211,7 @@ impl ReadPlan {
     pub(in crate::engine) fn split(&self, n: usize) -> usize {
         match self.start {
             ReadStart::AtOnce { split, .. } => split,
-            ReadStart::Ask { .. } => n,
+            ReadStart::Ask { .. } | ReadStart::Fabric => n,
         }
     }
 }
@@ -225,12 +232,19 @@ impl ReadPlan {
 ///   half: the target's memcpy starts as soon as it is asked, and the lead only helps a lone
 ///   read (`osu_bw -d shared` 64/128 KiB 1.07/1.07x the bytes of the lead, `osu_latency`
 ///   128 KiB 0.85x the time with it).
+/// - Else, a request that carries the sender's registration in the fabric's own domain is
+///   read with the fabric's RDMA read (`fi_read`) where this rank reads that way
+///   (`TMPI_OFI_RNDV`), a receive buffer is there and there is something to read.
 /// - Anything else asks the target, for single copy where that is the way chosen.
 pub(in crate::engine) fn plan_read(f: &ReadFacts) -> ReadPlan {
     let n = f.n;
     let pregranted = f.pregranted && n <= f.len && n < CMA_PREGRANT_MAX;
     let from_heap = pregranted && n > 0 && f.has_buf && f.sender_heap;
     let at_once = from_heap || (f.cma && pregranted && !f.own_heap);
+    if !at_once && f.fabric_key && f.has_buf && n > 0 {
+        // The provider writes into the receive buffer until the read completes.
+        return ReadPlan { start: ReadStart::Fabric, remote_write: true };
+    }
     if !at_once {
         return ReadPlan { start: ReadStart::Ask { cma: f.cma }, remote_write: f.cma };
     }
@@ -378,6 +392,7 @@ mod tests {
         let at_once = |heap, split, n| ReadPlan { start: ReadStart::AtOnce { heap, split }, remote_write: split < n };
         let cma = ReadFacts { has_buf: true, cma: true, pregranted: true, ..ReadFacts::default() };
         let heap = ReadFacts { has_buf: true, pregranted: true, sender_heap: true, own_heap: true, ..ReadFacts::default() };
+        let fabric = ReadPlan { start: ReadStart::Fabric, remote_write: true };
         // (what, facts with n = len, plan)
         let rows: Vec<(&str, ReadFacts, usize, ReadPlan)> = vec![
             ("asked single copy", ReadFacts { has_buf: true, cma: true, ..ReadFacts::default() }, 256 * K, ask(true)),
@@ -398,11 +413,22 @@ mod tests {
             ("heap into a plain buffer", ReadFacts { own_heap: false, ..heap }, 128 * K, at_once(true, 128 * K, 128 * K)),
             ("heap, no buffer", ReadFacts { has_buf: false, ..heap }, 128 * K, ask(false)),
             ("heap not mapped", ReadFacts { sender_heap: false, ..heap }, 128 * K, ask(false)),
+            ("fabric key: fi_read", ReadFacts { has_buf: true, fabric_key: true, ..ReadFacts::default() }, 64 * K, fabric),
+            ("fabric key, no buffer: stream", ReadFacts { fabric_key: true, ..ReadFacts::default() }, 64 * K, ask(false)),
+            ("fabric key, empty: nothing to read", ReadFacts { has_buf: true, fabric_key: true, ..ReadFacts::default() }, 0, ask(false)),
+            ("fabric key, pre-granted copy first", ReadFacts { fabric_key: true, ..cma }, 16 * K, at_once(false, 16 * K, 16 * K)),
+            (
+                "fabric key, asked single copy loses",
+                ReadFacts { has_buf: true, cma: true, fabric_key: true, ..ReadFacts::default() },
+                256 * K,
+                fabric,
+            ),
         ];
         for (what, f, n, want) in rows {
             let f = ReadFacts { n, len: n, ..f };
             assert_eq!(plan_read(&f), want, "{what}: {f:?}");
             assert_eq!(want.split(n) < n, matches!(want.start, ReadStart::AtOnce { split, .. } if split < n), "{what}");
+            assert_eq!(want.start == ReadStart::Fabric, f.fabric_key && f.has_buf && n > 0 && !(f.pregranted && f.cma), "{what}");
         }
         // A read shorter than the message (a small receive buffer) is pre-granted all the same.
         assert_eq!(plan_read(&ReadFacts { n: 16 * K, len: 20 * K, ..cma }), at_once(false, 16 * K, 16 * K));
