@@ -27,14 +27,15 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use crate::sys;
 
-/// The job id, set once the job exists (files `/dev/shm/tmpi-<jobid>*` belong to it).
-static JOBID: OnceLock<String> = OnceLock::new();
-/// The private directory holding the bootstrap socket.
-static SOCKDIR: OnceLock<PathBuf> = OnceLock::new();
+/// The job ids: the job's, then those of the jobs its spawns made (files
+/// `/dev/shm/tmpi-<jobid>*` belong to them).
+static JOBS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// The private directories holding bootstrap sockets, not removed yet.
+static SOCKDIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// Pids (= process group ids) of spawned ranks not reaped yet.
 static CHILDREN: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
@@ -46,8 +47,9 @@ fn launcher_file(jobid: &str) -> PathBuf {
     PathBuf::from(format!("{SHM_DIR}/tmpi-{jobid}.launcher"))
 }
 
-/// Records the job id (its files `/dev/shm/tmpi-<jobid>*` are removed at the end) and
-/// writes its launcher file: call it before creating any other file of the job.
+/// Records a job id (its files `/dev/shm/tmpi-<jobid>*` are removed at the end) and
+/// writes its launcher file: call it before creating any other file of the job. The jobs
+/// that spawns make (children, bridges) are registered the same way.
 ///
 /// # Errors
 /// The launcher file cannot be written (`/dev/shm` missing or full): the job could not
@@ -55,7 +57,7 @@ fn launcher_file(jobid: &str) -> PathBuf {
 pub fn register_job(jobid: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt;
-    let _ = JOBID.set(jobid.to_string());
+    lock(&JOBS).push(jobid.to_string());
     let me = std::process::id() as i32;
     let start = start_time(me).unwrap_or(0);
     let path = launcher_file(jobid);
@@ -63,9 +65,24 @@ pub fn register_job(jobid: &str) -> std::io::Result<()> {
     f.write_all(format!("{me} {start}\n").as_bytes())
 }
 
-/// Records the socket directory to remove at the end.
+/// Records a socket directory to remove at the end.
 pub fn register_sockdir(sockdir: PathBuf) {
-    let _ = SOCKDIR.set(sockdir);
+    lock(&SOCKDIRS).push(sockdir);
+}
+
+/// Locks a list of this module, poisoned or not.
+fn lock<T>(m: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes a list without waiting: the panic hook may run on a thread that holds its lock
+/// (then the list is left alone).
+fn take_now<T>(m: &Mutex<Vec<T>>) -> Vec<T> {
+    match m.try_lock() {
+        Ok(mut g) => std::mem::take(&mut *g),
+        Err(std::sync::TryLockError::Poisoned(e)) => std::mem::take(&mut *e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => Vec::new(),
+    }
 }
 
 /// Start time of process `pid` (clock ticks since boot, field 22 of its `stat`), and
@@ -249,13 +266,13 @@ impl Dir {
 
 /// Records a spawned rank (its pid is also its process group id).
 pub fn register_child(pid: i32) {
-    CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+    lock(&CHILDREN).push(pid);
 }
 
 /// Reaps a rank that has ended and forgets it.
 pub fn reap_child(pid: i32) {
     sys::reap(pid);
-    CHILDREN.lock().unwrap_or_else(|e| e.into_inner()).retain(|&p| p != pid);
+    lock(&CHILDREN).retain(|&p| p != pid);
 }
 
 /// Removes `/dev/shm/tmpi-<jobid>*` (the segment rank 0 created, and any later ones), the
@@ -275,24 +292,23 @@ pub fn remove_shm_files(jobid: &str) {
     shm.remove_own(&own, &[libc::S_IFREG]);
 }
 
-/// Removes the socket directory now: once every rank has connected nobody else may, and a
-/// `tmpirun` that is SIGKILLed later then leaves nothing in the temporary directory.
-pub fn remove_sockdir() {
-    if let Some(d) = SOCKDIR.get() {
-        let (Some(parent), Some(name)) = (d.parent().and_then(Dir::open), d.file_name().and_then(|n| n.to_str())) else { return };
-        remove_sockdir_in(&parent, name);
-    }
+/// Removes the socket directory `dir` (one [`register_sockdir`] recorded) now: once every
+/// rank of its job has connected nobody else may, and a `tmpirun` that is SIGKILLed later
+/// then leaves nothing in the temporary directory.
+pub fn remove_sockdir(dir: &Path) {
+    lock(&SOCKDIRS).retain(|d| d != dir);
+    remove_dir(dir);
+}
+
+fn remove_dir(d: &Path) {
+    let (Some(parent), Some(name)) = (d.parent().and_then(Dir::open), d.file_name().and_then(|n| n.to_str())) else { return };
+    remove_sockdir_in(&parent, name);
 }
 
 /// Kills (SIGKILL) and reaps every rank not yet reaped, removes the job's shm files and the
 /// socket directory.
 pub fn cleanup() {
-    // try_lock: the panic hook may run on a thread that holds the lock.
-    let children = match CHILDREN.try_lock() {
-        Ok(mut g) => std::mem::take(&mut *g),
-        Err(std::sync::TryLockError::Poisoned(e)) => std::mem::take(&mut *e.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => Vec::new(),
-    };
+    let children = take_now(&CHILDREN);
     for &pid in &children {
         sys::kill_group(pid, libc::SIGKILL);
     }
@@ -301,9 +317,11 @@ pub fn cleanup() {
     }
     // The launcher file goes last (in remove_shm_files): until then a later sweep can still
     // find whatever a crash in the middle of this left.
-    remove_sockdir();
-    if let Some(j) = JOBID.get() {
-        remove_shm_files(j);
+    for d in take_now(&SOCKDIRS) {
+        remove_dir(&d);
+    }
+    for j in take_now(&JOBS) {
+        remove_shm_files(&j);
     }
 }
 

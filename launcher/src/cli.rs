@@ -37,9 +37,13 @@ with to the bootstrap socket), plus tmpirun's own environment and -x. Ranks on o
 (--host, --hostfile) get only these, TMPI_NODE_ID, -x and tmpirun's TMPI_* knobs; they reach
 the bootstrap service over TCP (TMPI_BOOTSTRAP=tcp:ADDR:PORT, on the address that routes to
 them or TMPI_TCP_IF), and their stdin is /dev/null.
+Processes a rank spawns (MPI_Comm_spawn) run on this host as a job of their own with
+these variables, plus TMPI_PARENT (the job of parents and children that joins them) and
+TMPI_APPNUM (the index of their command); they are members of the running job from then on.
 
 Output: each rank's stdout and stderr go to tmpirun's stdout and stderr a whole line at a time
-(lines of different ranks never mix). With --tag-output every line starts with \"[R] \", R the rank.
+(lines of different ranks never mix). With --tag-output every line starts with \"[R] \", R the rank
+(\"[spawnN.J] \" for child J of the N-th spawn).
 stdin goes to rank 0 only; the other ranks read /dev/null.
 
 Exit status: 0 if every rank exited 0 (and finalized, if it started the runtime); otherwise the

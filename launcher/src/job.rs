@@ -39,6 +39,11 @@
 //! every rank has ended, the groups get SIGKILL (stray children) and the pipes are drained
 //! for at most [`DRAIN`]. The report of a failed rank quotes the last meaningful line it wrote
 //! on stderr (its pipe is drained first).
+//!
+//! Spawns ([`spawn`]): a rank may ask for more processes; they join [`Running::ranks`] (after
+//! the job's ranks) with a bootstrap service of their own, and from then on are treated as
+//! ranks in all of the above (their reports name them as spawned). [`Running::servers`] holds
+//! every bootstrap service: the job's, each spawn's children's and each spawn's bridge.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -61,6 +66,8 @@ use crate::error::{Error, Result};
 use crate::hosts;
 use crate::output::{self, LineBuf, Sink};
 use crate::sys::{self, ExitKind, SignalPipe};
+
+mod spawn;
 
 /// Time between SIGTERM and SIGKILL when the job is ended: long enough for a rank that
 /// handles SIGTERM to flush its output, short enough that a failed job is gone well within
@@ -198,6 +205,8 @@ struct Rank {
     boot: Boot,
     /// The last meaningful line the rank wrote on stderr (see [`LastLine`]).
     last_err: LastLine,
+    /// For a process a spawn started: which.
+    spawned: Option<spawn::Spawned>,
 }
 
 /// How a rank that ended failed, if it did.
@@ -207,6 +216,15 @@ struct Failure {
 }
 
 impl Rank {
+    /// How reports name the process at index `g` of [`Running::ranks`]: `rank 3`, or
+    /// `spawned rank 0 (spawn 1: ./prog)`.
+    fn name(&self, g: usize) -> String {
+        match &self.spawned {
+            None => format!("rank {g}"),
+            Some(s) => s.to_string(),
+        }
+    }
+
     /// Whether (and how) this rank's end is a failure of the job: a non-zero exit or a
     /// signal, or an exit 0 of a rank that connected to the bootstrap service and did not
     /// finalize (a tmpi program that left its peers without a word).
@@ -302,7 +320,7 @@ impl LastLine {
 }
 
 struct Stream {
-    /// The rank whose stream this is.
+    /// The process whose stream this is (its index in [`Running::ranks`]).
     rank: usize,
     sink: Sink,
     file: Option<File>,
@@ -348,17 +366,8 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     if !swept.is_empty() {
         say(&format!("removed the files of {} earlier job(s) whose tmpirun died: {}", swept.len(), output::summarize(&swept, SHOWN_JOBS)));
     }
-    let jobid = bootstrap::new_jobid()?;
-    let shm_name = bootstrap::new_shm_name(&jobid)?;
-    if let Err(e) = cleanup::register_job(&jobid) {
-        // Not fatal (a program that is no tmpi program needs no /dev/shm); only a crash of
-        // tmpirun would then leave files nobody sweeps.
-        say(&format!("cannot write /dev/shm/tmpi-{jobid}.launcher ({e}): if tmpirun is killed, the job's files stay"));
-    }
-    let (dir, sock) = socket_dir(&jobid)?;
-    cleanup::register_sockdir(dir);
     let secret = JobSecret::new()?;
-    let mut server = BootstrapServer::bind(&sock, spec.np, secret.clone())?;
+    let JobFiles { jobid, shm_name, sockdir, mut server } = JobFiles::new(spec.np, &secret)?;
     server.set_peer_timeout(spec.peer_timeout);
     let tcp_addr = match &spec.multi {
         Some(m) => Some(BootstrapAddr::Tcp(server.listen_tcp(m.bootstrap_ip)?)),
@@ -366,15 +375,12 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     };
 
     if spec.report_bindings {
-        let mut lines = String::new();
-        for (r, p) in spec.placements.iter().enumerate() {
-            lines.push_str(&p.describe(r));
-            lines.push('\n');
-        }
-        output::write_own(&lines);
+        report_bindings(&spec.placements);
     }
 
-    let (ranks, streams, links) = spawn_all(spec, binder, &jobid, &shm_name, server.path(), tcp_addr.as_ref(), &secret)?;
+    let sock = server.path().to_path_buf();
+    let env = JobEnv { jobid: &jobid, shm_name: &shm_name, sock: &sock, launcher_pid: &launcher_pid(), secret: &secret.to_hex() };
+    let (ranks, streams, links) = spawn_all(spec, binder, &env, tcp_addr.as_ref())?;
     // Connections are accepted only from the event loop below, so no stranger gets in before
     // this: from now on only the ranks and their descendants may connect.
     server.admit_pids(ranks.iter().map(|r| r.pid).collect());
@@ -382,11 +388,11 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         ranks,
         links,
         streams,
-        server,
+        servers: vec![Served::new(server, Some(0), sockdir, String::new())],
+        spawner: spawn::Spawner::new(spec, secret),
         tag_output: spec.tag_output,
         refused: 0,
         failed_by_themselves: Vec::new(),
-        connected: 0,
         departed: Vec::new(),
         deferred: None,
         end: None,
@@ -402,9 +408,7 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     // rank failed on its own, list them all (a rank failing because its peer went away
     // shows up here too).
     if job.failed_by_themselves.len() > 1 {
-        let failed: Vec<(usize, String)> =
-            job.failed_by_themselves.iter().filter_map(|&r| job.ranks[r].failure().map(|f| (r, f.how))).collect();
-        say(&format!("{} ranks failed before the job was ended: {}", failed.len(), failure_groups(&failed)));
+        say(&job.failed_summary());
     }
     if job.refused > 1 {
         say(&format!("bootstrap: refused {} connection(s) from processes that are not ranks of this job in all", job.refused));
@@ -414,6 +418,108 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
         cleanup::reap_child(r.pid);
     }
     Ok(status)
+}
+
+/// `--report-bindings`: each rank's placement, a line each.
+fn report_bindings(placements: &[Placement]) {
+    let mut lines = String::new();
+    for (r, p) in placements.iter().enumerate() {
+        lines.push_str(&p.describe(r));
+        lines.push('\n');
+    }
+    output::write_own(&lines);
+}
+
+/// A job's names and bootstrap service, made afresh: the job's and each spawn's children's
+/// and bridge.
+struct JobFiles {
+    jobid: String,
+    shm_name: String,
+    /// The private directory of the socket (registered for cleanup).
+    sockdir: PathBuf,
+    server: BootstrapServer,
+}
+
+impl JobFiles {
+    /// A new job id and segment name, the job's launcher file (registered for cleanup, see
+    /// [`cleanup`]), its socket directory and a bootstrap server of `size` ranks proving
+    /// `secret`.
+    fn new(size: usize, secret: &JobSecret) -> Result<JobFiles> {
+        let jobid = bootstrap::new_jobid()?;
+        let shm_name = bootstrap::new_shm_name(&jobid)?;
+        if let Err(e) = cleanup::register_job(&jobid) {
+            // Not fatal (a program that is no tmpi program needs no /dev/shm); only a crash of
+            // tmpirun would then leave files nobody sweeps.
+            say(&format!("cannot write /dev/shm/tmpi-{jobid}.launcher ({e}): if tmpirun is killed, the job's files stay"));
+        }
+        let (sockdir, sock) = socket_dir(&jobid)?;
+        cleanup::register_sockdir(sockdir.clone());
+        let server = BootstrapServer::bind(&sock, size, secret.clone())?;
+        Ok(JobFiles { jobid, shm_name, sockdir, server })
+    }
+}
+
+/// `TMPI_LAUNCHER_PID`'s value: this process.
+fn launcher_pid() -> String {
+    std::process::id().to_string()
+}
+
+/// What a rank of a job on this host finds in its environment, but its rank.
+struct JobEnv<'a> {
+    jobid: &'a str,
+    shm_name: &'a str,
+    sock: &'a Path,
+    launcher_pid: &'a str,
+    /// The job secret, in hex.
+    secret: &'a str,
+}
+
+impl JobEnv<'_> {
+    /// Sets the job's variables for rank `rank` of `size`, `local` = (node-local rank, ranks
+    /// of its node).
+    fn apply(&self, cmd: &mut Command, rank: usize, size: usize, local: (usize, usize)) {
+        cmd.env(bootstrap::ENV_RANK, rank.to_string())
+            .env(bootstrap::ENV_SIZE, size.to_string())
+            .env(bootstrap::ENV_LOCAL_RANK, local.0.to_string())
+            .env(bootstrap::ENV_LOCAL_SIZE, local.1.to_string())
+            .env(bootstrap::ENV_JOBID, self.jobid)
+            .env(bootstrap::ENV_BOOTSTRAP, self.sock)
+            .env(bootstrap::ENV_SHM_NAME, self.shm_name)
+            .env(bootstrap::ENV_LAUNCHER_PID, self.launcher_pid)
+            .env(bootstrap::ENV_JOB_SECRET, self.secret);
+    }
+}
+
+/// Starts `cmd` as a process of the job: the leader of its own process group, so that
+/// signals to the group reach it and its children, and a Ctrl-C on the terminal reaches
+/// only tmpirun (which forwards it); killed by the kernel when tmpirun dies; stdout and
+/// stderr piped. It is recorded for cleanup. `what` names it in an error.
+fn start_process(mut cmd: Command, stdin: Stdio, what: impl FnOnce() -> String) -> Result<std::process::Child> {
+    cmd.process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe work is allowed: `die_with_parent` makes two system calls
+    // (prctl, getppid) and neither allocates nor takes a lock. This is the main thread
+    // (the death signal follows the forking thread), alive until tmpirun exits.
+    unsafe {
+        cmd.pre_exec(move || sys::die_with_parent(parent));
+    }
+    cmd.stdin(stdin).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().map_err(|e| Error::io(what(), e))?;
+    cleanup::register_child(child.id() as i32);
+    Ok(child)
+}
+
+/// The stdout and stderr of `child`, process `g` of [`Running::ranks`], made non-blocking,
+/// their lines labelled `label` under `--tag-output` (`tag`).
+fn streams_of(child: &mut std::process::Child, g: usize, label: &str, tag: bool) -> Result<Vec<Stream>> {
+    let mut streams = Vec::with_capacity(2);
+    for (fd, sink) in [(child.stdout.take().map(OwnedFd::from), Sink::Stdout), (child.stderr.take().map(OwnedFd::from), Sink::Stderr)] {
+        let Some(fd) = fd else { continue };
+        sys::set_nonblocking(fd.as_raw_fd())?;
+        streams.push(Stream { rank: g, sink, file: Some(File::from(fd)), buf: LineBuf::labelled(label, tag) });
+    }
+    Ok(streams)
 }
 
 /// Prints a launcher message on stderr (one line, at most [`output::MAX_OWN_LINE`] bytes).
@@ -444,38 +550,22 @@ fn failure_groups(failed: &[(usize, String)]) -> String {
 fn spawn_all(
     spec: &JobSpec,
     binder: &Binder,
-    jobid: &str,
-    shm_name: &str,
-    sock: &Path,
+    env: &JobEnv<'_>,
     tcp: Option<&BootstrapAddr>,
-    secret: &JobSecret,
 ) -> Result<(Vec<Rank>, Vec<Stream>, Vec<hosts::Link>)> {
     let stdin_is_tty = sys::isatty(0);
     let original = if spec.placements.iter().any(|p| p.cpus.is_some()) { Some(binder.thread_cpus()?) } else { None };
     let _restore = BindingRestore { binder, cpus: original };
-    let parent = std::process::id() as libc::pid_t;
-    let launcher_pid = parent.to_string();
-    let secret = secret.to_hex();
     let mut ranks = Vec::with_capacity(spec.np);
     let mut streams = Vec::with_capacity(2 * spec.np);
     let mut links = Vec::new();
     for r in 0..spec.np {
         let remote_host = spec.multi.as_ref().filter(|m| m.remote[m.node_of[r]]).map(|m| m.names[m.node_of[r]].clone());
-        let mut cmd = match (&spec.multi, &remote_host, tcp) {
-            (Some(m), Some(host), Some(tcp)) => remote_cmd(spec, m, r, host, jobid, shm_name, tcp, &launcher_pid)?,
-            _ => local_cmd(spec, r, jobid, shm_name, sock, &launcher_pid, &secret),
+        let cmd = match (&spec.multi, &remote_host, tcp) {
+            (Some(m), Some(host), Some(tcp)) => remote_cmd(spec, m, r, host, env, tcp)?,
+            _ => local_cmd(spec, r, env),
         };
-        // Own process group, so that signals to it reach the rank and its children, and
-        // a Ctrl-C on the terminal reaches only tmpirun (which forwards it).
-        cmd.process_group(0);
-        // SAFETY: the closure runs in the forked child before exec, where only
-        // async-signal-safe work is allowed: `die_with_parent` makes two system calls
-        // (prctl, getppid) and neither allocates nor takes a lock. This is the main thread
-        // (the death signal follows the forking thread), alive until tmpirun exits.
-        unsafe {
-            cmd.pre_exec(move || sys::die_with_parent(parent));
-        }
-        cmd.stdin(match (r, stdin_is_tty) {
+        let stdin = match (r, stdin_is_tty) {
             // The secret, then the link whose end ends the remote rank.
             _ if remote_host.is_some() => Stdio::piped(),
             // A rank in a background process group reading the terminal would be stopped
@@ -483,63 +573,66 @@ fn spawn_all(
             (0, true) => Stdio::piped(),
             (0, false) => Stdio::inherit(),
             _ => Stdio::null(),
-        });
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        };
         if let Some(cpus) = &spec.placements.get(r).and_then(|p| p.cpus.clone()) {
             binder.bind_thread(cpus)?;
         }
-        let what = match &remote_host {
+        let what = || match &remote_host {
             Some(h) => format!("start rank {r} on host {h} ({})", spec.multi.as_ref().map_or("", |m| m.agent[0].as_str())),
             None => format!("start rank {r} ({})", spec.program.display()),
         };
-        let mut child = cmd.spawn().map_err(|e| Error::io(what, e))?;
+        let mut child = start_process(cmd, stdin, what)?;
         let pid = child.id() as i32;
-        cleanup::register_child(pid);
         if spec.report_pids {
             match &remote_host {
                 Some(h) => say(&format!("rank {r} on host {h}, agent pid {pid}")),
                 None => say(&format!("rank {r} pid {pid}")),
             }
         }
-        if remote_host.is_some() {
-            if let Some(w) = child.stdin.take() {
-                // The wrapper reads the secret first, then whether the rank gets stdin: rank 0
-                // gets tmpirun's, wherever it runs (frames on the same link).
-                let link = hosts::Link::new(w, &secret, r == 0).map_err(|e| Error::io(format!("send the job secret to rank {r}"), e))?;
-                if r == 0 {
-                    link.forward_stdin(std::io::stdin()).map_err(|e| Error::io("start the stdin thread", e))?;
-                }
-                links.push(link);
+        if let Some(w) = child.stdin.take() {
+            match &remote_host {
+                Some(_) => links.push(remote_link(w, env.secret, r)?),
+                None => forward_stdin(w)?,
             }
-        } else if let Some(mut w) = child.stdin.take() {
-            // Terminal -> rank 0. The thread ends at end of input or when rank 0 is gone;
-            // if it is still blocked reading the terminal at exit, the process exit ends it.
-            std::thread::Builder::new()
-                .name("tmpirun-stdin".into())
-                .spawn(move || {
-                    let mut buf = [0u8; 8192];
-                    let mut input = std::io::stdin();
-                    loop {
-                        match input.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => {
-                                if w.write_all(&buf[..n]).is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                })
-                .map_err(|e| Error::io("start the stdin thread", e))?;
         }
-        for (fd, sink) in [(child.stdout.take().map(OwnedFd::from), Sink::Stdout), (child.stderr.take().map(OwnedFd::from), Sink::Stderr)] {
-            let Some(fd) = fd else { continue };
-            sys::set_nonblocking(fd.as_raw_fd())?;
-            streams.push(Stream { rank: r, sink, file: Some(File::from(fd)), buf: LineBuf::new(r, spec.tag_output) });
-        }
-        ranks.push(Rank { pid, host: remote_host, exit: None, boot: Boot::Never, last_err: LastLine::default() });
+        streams.extend(streams_of(&mut child, r, &r.to_string(), spec.tag_output)?);
+        ranks.push(Rank { pid, host: remote_host, exit: None, boot: Boot::Never, last_err: LastLine::default(), spawned: None });
     }
     Ok((ranks, streams, links))
+}
+
+/// The link to remote rank `r`'s wrapper, on its agent's stdin `w`: the wrapper reads the
+/// secret first, then whether the rank gets stdin: rank 0 gets tmpirun's, wherever it runs
+/// (frames on the same link).
+fn remote_link(w: std::process::ChildStdin, secret: &str, r: usize) -> Result<hosts::Link> {
+    let link = hosts::Link::new(w, secret, r == 0).map_err(|e| Error::io(format!("send the job secret to rank {r}"), e))?;
+    if r == 0 {
+        link.forward_stdin(std::io::stdin()).map_err(|e| Error::io("start the stdin thread", e))?;
+    }
+    Ok(link)
+}
+
+/// Terminal -> local rank 0, on a thread. The thread ends at end of input or when rank 0 is
+/// gone; if it is still blocked reading the terminal at exit, the process exit ends it.
+fn forward_stdin(mut w: std::process::ChildStdin) -> Result<()> {
+    std::thread::Builder::new()
+        .name("tmpirun-stdin".into())
+        .spawn(move || {
+            let mut buf = [0u8; 8192];
+            let mut input = std::io::stdin();
+            loop {
+                match input.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if w.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+        .map_err(|e| Error::io("start the stdin thread", e))?;
+    Ok(())
 }
 
 /// The exports for one rank, as name and value (`-x VAR` takes tmpirun's value, if set).
@@ -559,46 +652,26 @@ fn export_pairs(spec: &JobSpec, warn: bool) -> Vec<(String, OsString)> {
 }
 
 /// The command of a rank on this machine.
-fn local_cmd(spec: &JobSpec, r: usize, jobid: &str, shm_name: &str, sock: &Path, launcher_pid: &str, secret: &str) -> Command {
+fn local_cmd(spec: &JobSpec, r: usize, env: &JobEnv<'_>) -> Command {
     let mut cmd = Command::new(&spec.program);
     cmd.arg0(&spec.argv0).args(&spec.args);
     for (k, v) in export_pairs(spec, r == 0) {
         cmd.env(k, v);
     }
-    let rank = r.to_string();
-    let (local_rank, local_size) = match &spec.multi {
+    let local = match &spec.multi {
         Some(m) => {
-            let (lr, ls) = m.local(r);
             cmd.env(ENV_NODE_ID, &m.names[m.node_of[r]]);
-            (lr.to_string(), ls.to_string())
+            m.local(r)
         }
-        None => (rank.clone(), spec.np.to_string()),
+        None => (r, spec.np),
     };
-    cmd.env(bootstrap::ENV_RANK, &rank)
-        .env(bootstrap::ENV_SIZE, spec.np.to_string())
-        .env(bootstrap::ENV_LOCAL_RANK, local_rank)
-        .env(bootstrap::ENV_LOCAL_SIZE, local_size)
-        .env(bootstrap::ENV_JOBID, jobid)
-        .env(bootstrap::ENV_BOOTSTRAP, sock)
-        .env(bootstrap::ENV_SHM_NAME, shm_name)
-        .env(bootstrap::ENV_LAUNCHER_PID, launcher_pid)
-        .env(bootstrap::ENV_JOB_SECRET, secret);
+    env.apply(&mut cmd, r, spec.np, local);
     cmd
 }
 
 /// The command that starts rank `r` on `host` through the launch agent: the environment is
 /// on the remote command line, except the secret, which the wrapper reads from its stdin.
-#[allow(clippy::too_many_arguments)]
-fn remote_cmd(
-    spec: &JobSpec,
-    m: &MultiHost,
-    r: usize,
-    host: &str,
-    jobid: &str,
-    shm_name: &str,
-    tcp: &BootstrapAddr,
-    launcher_pid: &str,
-) -> Result<Command> {
+fn remote_cmd(spec: &JobSpec, m: &MultiHost, r: usize, host: &str, job: &JobEnv<'_>, tcp: &BootstrapAddr) -> Result<Command> {
     let (lr, ls) = m.local(r);
     let mut env: Vec<(String, OsString)> = Vec::new();
     // The runtime's knobs travel with the job (not TMPI_TCP_IF: interfaces differ by host;
@@ -614,9 +687,9 @@ fn remote_cmd(
         (bootstrap::ENV_SIZE, spec.np.to_string()),
         (bootstrap::ENV_LOCAL_RANK, lr.to_string()),
         (bootstrap::ENV_LOCAL_SIZE, ls.to_string()),
-        (bootstrap::ENV_JOBID, jobid.to_string()),
-        (bootstrap::ENV_SHM_NAME, shm_name.to_string()),
-        (bootstrap::ENV_LAUNCHER_PID, launcher_pid.to_string()),
+        (bootstrap::ENV_JOBID, job.jobid.to_string()),
+        (bootstrap::ENV_SHM_NAME, job.shm_name.to_string()),
+        (bootstrap::ENV_LAUNCHER_PID, job.launcher_pid.to_string()),
         (ENV_NODE_ID, host.to_string()),
     ] {
         env.push((k.to_string(), v.into()));
@@ -640,21 +713,51 @@ struct Deferred {
     wake: Instant,
 }
 
+/// A bootstrap service `tmpirun` runs: the job's (first), the children's of a spawn, or the
+/// bridge of a spawn (see [`spawn`]).
+struct Served {
+    server: BootstrapServer,
+    /// Where a job's ranks are in [`Running::ranks`] (its rank `k` is `ranks[offset + k]`);
+    /// `None` for a bridge, whose ranks are members of the other jobs, only counted here.
+    offset: Option<usize>,
+    /// Its socket's private directory (removed once every rank has connected).
+    sockdir: PathBuf,
+    /// Which spawn made it (`spawn 1`); empty for the job's.
+    label: String,
+    /// Ranks that have connected.
+    connected: usize,
+    /// Ranks that finalized or whose connection was lost (a bridge is dropped when all have).
+    left: usize,
+}
+
+impl Served {
+    fn new(server: BootstrapServer, offset: Option<usize>, sockdir: PathBuf, label: String) -> Served {
+        Served { server, offset, sockdir, label, connected: 0, left: 0 }
+    }
+
+    /// A bridge whose every rank finalized or left: nothing more to serve.
+    fn spent(&self) -> bool {
+        self.offset.is_none() && self.left >= self.server.size()
+    }
+}
+
 /// A job whose ranks are running.
 struct Running {
+    /// The job's ranks, then the processes spawns started, in the order started.
     ranks: Vec<Rank>,
     /// Stdin of each remote rank's agent: open while the job runs (see [`crate::hosts`]).
     links: Vec<hosts::Link>,
     streams: Vec<Stream>,
-    server: BootstrapServer,
+    /// The bootstrap services: the job's first, then each spawn's children's and bridge.
+    servers: Vec<Served>,
+    /// Starts what spawn requests ask for.
+    spawner: spawn::Spawner,
     /// `--tag-output` (stderr lines carry a prefix to strip before quoting them).
     tag_output: bool,
     /// Connections the bootstrap service refused (strangers).
     refused: usize,
     /// Ranks seen failing before the job was being ended (not killed by tmpirun).
     failed_by_themselves: Vec<usize>,
-    /// Ranks that have connected to the bootstrap service.
-    connected: usize,
     /// Ranks that left the bootstrap service while the job ran (connection closed without a
     /// finalize, or finalized), in the order seen (see [`Running::scan_ranks`]).
     departed: Vec<usize>,
@@ -718,7 +821,7 @@ impl Running {
                 self.deferred.map(|d| d.wake),
                 self.kill_at,
                 self.drain_until,
-                self.server.next_wake(),
+                self.servers.iter().filter_map(|s| s.server.next_wake()).min(),
             ]
             .into_iter()
             .flatten()
@@ -734,7 +837,10 @@ impl Running {
             pfds.clear();
             which.clear();
             pfds.push(libc::pollfd { fd: sigs.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            pfds.push(libc::pollfd { fd: self.server.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            for s in &self.servers {
+                pfds.push(libc::pollfd { fd: s.server.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            }
+            let first_stream = pfds.len();
             for (i, s) in self.streams.iter().enumerate() {
                 if let Some(f) = &s.file {
                     pfds.push(libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 });
@@ -757,11 +863,11 @@ impl Running {
                     }
                 }
             }
-            if pfds[1].revents != 0 {
+            if pfds[1..first_stream].iter().any(|p| p.revents != 0) {
                 self.pump_server()?;
             }
             for (k, &i) in which.iter().enumerate() {
-                if pfds[k + 2].revents != 0 {
+                if pfds[first_stream + k].revents != 0 {
                     let _ = self.read_stream(i, &mut chunk);
                 }
             }
@@ -864,15 +970,30 @@ impl Running {
         if now >= limit {
             return None;
         }
-        let suspect =
-            self.server.unanswered_ranks().into_iter().any(|r| self.ranks.get(r).is_some_and(|k| k.host.is_some() && k.exit.is_none()));
+        let suspect = self.servers[0]
+            .server
+            .unanswered_ranks()
+            .into_iter()
+            .any(|r| self.ranks.get(r).is_some_and(|k| k.host.is_some() && k.exit.is_none()));
         suspect.then(|| (now + Duration::from_millis(100)).min(limit))
     }
 
-    /// Handles whatever the bootstrap service has to say, without blocking.
+    /// Handles whatever the bootstrap services have to say, without blocking (a spawn adds
+    /// services, served in the same pass); then drops the bridges that are done.
     fn pump_server(&mut self) -> Result<()> {
-        for ev in self.server.process()? {
-            self.on_server_event(ev);
+        let mut si = 0;
+        while si < self.servers.len() {
+            for ev in self.servers[si].server.process()? {
+                self.on_server_event(si, ev);
+            }
+            si += 1;
+        }
+        if self.servers.iter().any(Served::spent) {
+            let (spent, keep) = std::mem::take(&mut self.servers).into_iter().partition(Served::spent);
+            self.servers = keep;
+            for s in spent as Vec<Served> {
+                cleanup::remove_sockdir(&s.sockdir);
+            }
         }
         Ok(())
     }
@@ -892,9 +1013,10 @@ impl Running {
             Some(l) => format!("; its last error line: {l:?}"),
             None => String::new(),
         };
-        match &rank.host {
-            Some(h) => say(&format!("rank {r} (on host {h}) {}{quote}", f.how)),
-            None => say(&format!("rank {r} (pid {}) {}{quote}", rank.pid, f.how)),
+        match (&rank.host, &rank.spawned) {
+            (Some(h), _) => say(&format!("rank {r} (on host {h}) {}{quote}", f.how)),
+            (None, None) => say(&format!("rank {r} (pid {}) {}{quote}", rank.pid, f.how)),
+            (None, Some(s)) => say(&format!("{s} (pid {}) {}{quote}", rank.pid, f.how)),
         }
         self.begin_end(End::RankFailed { status: f.status }, libc::SIGTERM);
     }
@@ -915,67 +1037,135 @@ impl Running {
         }
     }
 
-    fn on_server_event(&mut self, ev: ServerEvent) {
+    /// An event of bootstrap service `si`.
+    fn on_server_event(&mut self, si: usize, ev: ServerEvent) {
+        let Some(offset) = self.servers[si].offset else {
+            return self.on_bridge_event(si, ev);
+        };
         match ev {
-            ServerEvent::Spawn { rank, .. } => {
-                self.server.answer_spawn(rank, Err("this tmpirun cannot start processes yet".into()));
-            }
-            ServerEvent::Abort { rank, code, message } => {
-                if self.end.is_none() {
-                    let msg = if message.is_empty() { String::new() } else { format!(": {message}") };
-                    say(&format!("rank {rank} called abort with code {code}{msg}"));
-                    self.begin_end(End::Abort { code }, libc::SIGTERM);
-                }
-            }
+            ServerEvent::Abort { rank, code, message } => self.aborted(&self.name(offset + rank), code, &message),
             ServerEvent::Rejected { rank, reason } => {
-                let who = rank.map_or("a client".to_string(), |r| format!("rank {r}"));
+                let who = rank.map_or("a client".to_string(), |r| self.name(offset + r));
                 say(&format!("bootstrap: refused {who}: {reason}"));
             }
-            ServerEvent::Refused { pid, reason } => {
-                // A stranger: reported once, counted always, and the job goes on.
-                self.refused += 1;
-                if self.refused == 1 {
-                    let who = pid.map_or("a process".to_string(), |p| format!("pid {p}"));
-                    say(&format!(
-                        "bootstrap: refused a connection from {who} ({reason}); the job goes on (further refusals are only counted)"
-                    ));
-                }
-            }
+            ServerEvent::Refused { pid, reason } => self.refused(pid, &reason),
             ServerEvent::Connected { rank } => {
-                if let Some(r) = self.ranks.get_mut(rank) {
+                if let Some(r) = self.ranks.get_mut(offset + rank) {
                     r.boot = Boot::Connected;
                 }
-                // A rank connects once: when all have, the socket's name is not needed.
-                self.connected += 1;
-                if self.connected == self.ranks.len() {
-                    cleanup::remove_sockdir();
-                }
+                self.connected(si);
             }
-            ServerEvent::Lost { rank } => {
-                if let Some(r) = self.ranks.get_mut(rank) {
-                    r.boot = Boot::Lost;
-                }
-                if self.end.is_none() && !self.departed.contains(&rank) {
-                    self.departed.push(rank);
-                }
-            }
+            ServerEvent::Lost { rank } => self.departed(si, offset + rank, Boot::Lost),
+            ServerEvent::Finalized { rank } => self.departed(si, offset + rank, Boot::Finalized),
             ServerEvent::Unreachable { rank, error } => {
-                if let Some(r) = self.ranks.get_mut(rank) {
+                if let Some(r) = self.ranks.get_mut(offset + rank) {
                     r.boot = Boot::Lost;
                 }
                 if self.end.is_none() {
-                    self.host_lost(rank, &error);
+                    self.host_lost(offset + rank, &error);
                 }
             }
-            ServerEvent::Finalized { rank } => {
-                if let Some(r) = self.ranks.get_mut(rank) {
-                    r.boot = Boot::Finalized;
-                }
-                if self.end.is_none() && !self.departed.contains(&rank) {
-                    self.departed.push(rank);
-                }
+            ServerEvent::Spawn { rank, request } => {
+                let answer = self.spawn(si, &request);
+                self.servers[si].server.answer_spawn(rank, answer);
             }
         }
+    }
+
+    /// An event of bridge `si`: its ranks are the parents and children of a spawn, members
+    /// of the jobs served apart, so only an abort matters (and refusals are counted).
+    fn on_bridge_event(&mut self, si: usize, ev: ServerEvent) {
+        let label = &self.servers[si].label;
+        match ev {
+            ServerEvent::Abort { rank, code, message } => self.aborted(&format!("rank {rank} of the bridge of {label}"), code, &message),
+            ServerEvent::Rejected { rank, reason } => {
+                let who = rank.map_or("a client".to_string(), |r| format!("rank {r}"));
+                say(&format!("bootstrap of the bridge of {label}: refused {who}: {reason}"));
+            }
+            ServerEvent::Refused { pid, reason } => self.refused(pid, &reason),
+            ServerEvent::Connected { .. } => self.connected(si),
+            ServerEvent::Lost { .. } | ServerEvent::Finalized { .. } | ServerEvent::Unreachable { .. } => self.servers[si].left += 1,
+            ServerEvent::Spawn { rank, .. } => {
+                let no = "spawn through a bridge's bootstrap service: ask on your own job's".to_string();
+                self.servers[si].server.answer_spawn(rank, Err(no));
+            }
+        }
+    }
+
+    /// How reports name process `g` of [`Running::ranks`] (see [`Rank::name`]).
+    fn name(&self, g: usize) -> String {
+        self.ranks.get(g).map_or_else(|| format!("rank {g}"), |r| r.name(g))
+    }
+
+    /// `who` asked to end the job (abort).
+    fn aborted(&mut self, who: &str, code: i32, message: &str) {
+        if self.end.is_none() {
+            let msg = if message.is_empty() { String::new() } else { format!(": {message}") };
+            say(&format!("{who} called abort with code {code}{msg}"));
+            self.begin_end(End::Abort { code }, libc::SIGTERM);
+        }
+    }
+
+    /// A stranger was refused: reported once, counted always, and the job goes on.
+    fn refused(&mut self, pid: Option<i32>, reason: &str) {
+        self.refused += 1;
+        if self.refused == 1 {
+            let who = pid.map_or("a process".to_string(), |p| format!("pid {p}"));
+            say(&format!("bootstrap: refused a connection from {who} ({reason}); the job goes on (further refusals are only counted)"));
+        }
+    }
+
+    /// A rank of service `si` connected. A rank connects once: when all have, the socket's
+    /// name is not needed.
+    fn connected(&mut self, si: usize) {
+        let s = &mut self.servers[si];
+        s.connected += 1;
+        if s.connected == s.server.size() {
+            cleanup::remove_sockdir(&s.sockdir);
+        }
+    }
+
+    /// Process `g`, a rank of service `si`, left it (`boot`: finalized, or lost).
+    fn departed(&mut self, si: usize, g: usize, boot: Boot) {
+        self.servers[si].left += 1;
+        if let Some(r) = self.ranks.get_mut(g) {
+            r.boot = boot;
+        }
+        if self.end.is_none() && !self.departed.contains(&g) {
+            self.departed.push(g);
+        }
+    }
+
+    /// Starts what a rank of service `si` asked for, unless the job is ending; returns the
+    /// answer to the rank: the bridge, or why not.
+    fn spawn(&mut self, si: usize, req: &bootstrap::spawn::SpawnRequest) -> std::result::Result<String, String> {
+        if self.end.is_some() {
+            return Err("the job is ending".into());
+        }
+        let s = &self.servers[si];
+        let offset = s.offset.unwrap_or(0);
+        let parents: Vec<i32> = self.ranks[offset..offset + s.server.size()].iter().map(|r| r.pid).collect();
+        let started = self.spawner.start(req, parents, self.ranks.len())?;
+        self.ranks.extend(started.ranks);
+        self.streams.extend(started.streams);
+        self.servers.extend([started.children, started.bridge]);
+        Ok(started.answer)
+    }
+
+    /// The line that lists every process that failed by itself before the job was ended.
+    fn failed_summary(&self) -> String {
+        let failed = |spawned: bool| self.failed_by_themselves.iter().filter(move |&&g| self.ranks[g].spawned.is_some() == spawned);
+        let of_job: Vec<(usize, String)> = failed(false).filter_map(|&r| self.ranks[r].failure().map(|f| (r, f.how))).collect();
+        let mut parts = Vec::new();
+        if !of_job.is_empty() {
+            parts.push(failure_groups(&of_job));
+        }
+        let spawned: Vec<String> =
+            failed(true).filter_map(|&g| self.ranks[g].failure().map(|f| format!("{} ({})", self.name(g), f.how))).collect();
+        if !spawned.is_empty() {
+            parts.push(output::summarize(&spawned, SHOWN_GROUPS));
+        }
+        format!("{} ranks failed before the job was ended: {}", of_job.len() + spawned.len(), parts.join(", "))
     }
 
     /// The host of rank `r` stopped answering (its bootstrap connection timed out): ends the
@@ -1083,7 +1273,7 @@ mod tests {
 
     #[test]
     fn exit_zero_is_a_failure_only_for_an_unfinalized_tmpi_rank() {
-        let rank = |exit, boot| Rank { pid: 1, host: None, exit: Some(exit), boot, last_err: LastLine::default() };
+        let rank = |exit, boot| Rank { pid: 1, host: None, exit: Some(exit), boot, last_err: LastLine::default(), spawned: None };
         assert!(rank(ExitKind::Code(0), Boot::Never).failure().is_none());
         assert!(rank(ExitKind::Code(0), Boot::Finalized).failure().is_none());
         for b in [Boot::Connected, Boot::Lost] {

@@ -31,9 +31,10 @@ pub struct LineBuf {
 }
 
 impl LineBuf {
-    /// A buffer for `rank`; `tag` adds the `"[rank] "` prefix to every line.
-    pub fn new(rank: usize, tag: bool) -> Self {
-        LineBuf { prefix: tag.then(|| format!("[{rank}] ").into_bytes()), partial: Vec::new() }
+    /// A buffer for the process labelled `label` (a rank's label is its number, a spawned
+    /// process's `spawn<n>.<rank>`); `tag` adds the `"[label] "` prefix to every line.
+    pub fn labelled(label: &str, tag: bool) -> Self {
+        LineBuf { prefix: tag.then(|| format!("[{label}] ").into_bytes()), partial: Vec::new() }
     }
 
     /// Takes newly read bytes; returns what to write now (possibly nothing).
@@ -229,7 +230,7 @@ mod tests {
 
     #[test]
     fn untagged_keeps_bytes_and_holds_partial_lines() {
-        let mut b = LineBuf::new(3, false);
+        let mut b = LineBuf::labelled("3", false);
         assert_eq!(b.feed(b"ab"), b"");
         assert_eq!(b.feed(b"c\nde\nf"), b"abc\nde\n");
         assert_eq!(b.feed(b"g"), b"");
@@ -239,7 +240,7 @@ mod tests {
 
     #[test]
     fn tagged_prefixes_every_line() {
-        let mut b = LineBuf::new(12, true);
+        let mut b = LineBuf::labelled("12", true);
         assert_eq!(b.feed(b"he"), b"");
         assert_eq!(b.feed(b"llo\n\nworld\nx"), b"[12] hello\n[12] \n[12] world\n");
         assert_eq!(b.finish(), b"[12] x\n");
@@ -247,7 +248,7 @@ mod tests {
 
     #[test]
     fn overlong_lines_are_cut() {
-        let mut b = LineBuf::new(0, true);
+        let mut b = LineBuf::labelled("0", true);
         let big = vec![b'a'; MAX_LINE];
         let out = b.feed(&big);
         assert_eq!(out.len(), MAX_LINE + 5);

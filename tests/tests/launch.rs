@@ -333,3 +333,111 @@ fn a_huge_hostfile_is_refused_in_one_line() {
     assert!(err.len() < 500 && err.contains("larger than 4 MiB"), "{}", &err[..err.len().min(2000)]);
     assert!(Path::new("/dev/zero").exists());
 }
+
+/// A spawn through `tmpirun` (`spawnproto`, the bootstrap protocol alone): `spawnproto MODE` at
+/// `np` ranks with `flags`, within `secs` seconds (`--timeout`).
+fn spawn_job(np: usize, mode: &str, flags: &[&str], secs: u64) -> tmpi_tests::Outcome {
+    let mut job = tmpi_tests::Job::tmpirun(np, "spawnproto").arg(mode).timeout(Duration::from_secs(secs));
+    for f in flags {
+        job = job.flag(*f);
+    }
+    job.run()
+}
+
+/// Runs `spawnproto MODE` at `np` ranks under `--tag-output`, checks it ends well and leaves
+/// nothing, and that it printed each line of `want` (`{cwd}` stands for the test's directory).
+fn spawn_prints(np: usize, mode: &str, want: &[&str]) {
+    let out = spawn_job(np, mode, &["--tag-output"], 60);
+    out.assert_success().assert_no_leak();
+    let lines = out.stdout_lines();
+    let cwd = std::env::current_dir().expect("cwd");
+    for w in want.iter().map(|w| w.replace("{cwd}", &cwd.to_string_lossy())) {
+        assert!(lines.contains(&w.as_str()), "no line {w:?}\n{}", out.report());
+    }
+}
+
+/// Issue 59 item 7: two commands (2 children, then 1) start with their arguments, variables,
+/// directory and command index, wire up with the parents through the bridge, and their
+/// output is labelled as spawned under `--tag-output`; the job ends well and leaves nothing.
+#[test]
+fn spawn_starts_two_commands_that_wire_up_with_the_parents() {
+    let _s = serial();
+    let want = [
+        "[0] CHILD 0: rank 0 of 3 appnum 0 args [\"a b\"] SPAWN_K=v1 cwd={cwd}",
+        "[0] CHILD 1: rank 1 of 3 appnum 0 args [\"a b\"] SPAWN_K=v1 cwd={cwd}",
+        "[0] CHILD 2: rank 2 of 3 appnum 1 args [\"x\"] SPAWN_K=v2 cwd=/tmp",
+        "[spawn1.0] hello from child 0",
+        "[spawn1.2] hello from child 2",
+    ];
+    spawn_prints(2, "two", &want);
+}
+
+/// A spawned process spawns in turn: the grandchild is the second spawn, wired up with its
+/// parent.
+#[test]
+fn a_spawned_process_can_spawn() {
+    let _s = serial();
+    spawn_prints(
+        1,
+        "nested",
+        &["[spawn1.0] CHILD 0: rank 0 of 1 appnum 0 args [\"leaf\"] SPAWN_K=g cwd={cwd}", "[spawn2.0] hello from child 0"],
+    );
+}
+
+/// A spawn of a program that does not exist is refused to the spawning rank with a reason
+/// naming it; nothing starts and the job goes on to its end.
+#[test]
+fn spawn_of_a_missing_program_is_refused_and_the_job_goes_on() {
+    let _s = serial();
+    let out = spawn_job(2, "missing", &[], 60);
+    out.assert_success().assert_no_leak();
+    let refused = out.stdout_lines().into_iter().find(|l| l.starts_with("REFUSED ")).map(str::to_string);
+    let refused = refused.unwrap_or_else(|| panic!("no REFUSED line\n{}", out.report()));
+    assert!(refused.contains("no program \"no-such-program-for-spawn\""), "{refused}\n{}", out.report());
+}
+
+/// A spawn in a job across hosts (through the local launch agent) is refused, saying why, and
+/// the job goes on.
+#[test]
+fn spawn_in_a_job_across_hosts_is_refused() {
+    let _s = serial();
+    let agent = workspace_root().join("tests/harness/local-agent.sh");
+    let agent = agent.to_str().expect("utf-8");
+    let job = tmpi_tests::Job::tmpirun(2, "spawnproto").arg("across").flag("--host").flag("agent-host.invalid:2").flag("--launch-agent");
+    let out = job.flag(agent).env("TMPI_TCP_IF", "127.0.0.1").timeout(Duration::from_secs(60)).run();
+    out.assert_success();
+    let refused =
+        out.stdout_lines().into_iter().any(|l| l.starts_with("REFUSED ") && l.contains("spawn is not supported in a job across hosts"));
+    assert!(refused, "no refusal\n{}", out.report());
+}
+
+/// A spawned process that fails ends the job with its status, and the report names it as a
+/// spawned process: exit 3, SIGKILL, and an abort of the children's job.
+#[test]
+fn a_failing_spawned_process_ends_the_job_and_is_named() {
+    let _s = serial();
+    let cases = [
+        ("exit3", 3, "exited with code 3"),
+        ("kill", 137, "killed by signal SIGKILL (9)"),
+        ("abort", 5, "called abort with code 5: child gave up"),
+    ];
+    for (mode, status, how) in cases {
+        let out = spawn_job(2, mode, &[], 60);
+        assert_eq!(out.code(), Some(status), "{mode}\n{}", out.report());
+        let named = out.stderr.lines().any(|l| l.starts_with("tmpirun: spawned rank 0 (spawn 1: ") && l.contains(how));
+        assert!(named, "{mode}: no report naming the spawned rank\n{}", out.report());
+        out.assert_no_leak();
+    }
+}
+
+/// `--timeout` ends the spawned processes too.
+#[test]
+fn the_timeout_ends_spawned_processes() {
+    let _s = serial();
+    let out = spawn_job(2, "sleep", &[], 3);
+    assert_eq!(out.code(), Some(124), "{}", out.report());
+    let pid = out.stdout_lines().iter().find_map(|l| l.strip_prefix("CHILD_PID ")?.trim().parse::<i32>().ok());
+    let pid = pid.unwrap_or_else(|| panic!("no CHILD_PID line\n{}", out.report()));
+    assert!(!tmpi_tests::pid_exists(pid), "the spawned process {pid} outlived its job\n{}", out.report());
+    out.assert_no_leak();
+}
