@@ -908,6 +908,8 @@ impl Running {
                 continue;
             };
             rank.exit = Some(kind);
+            self.bridge_lost(r);
+            let rank = &mut self.ranks[r];
             if rank.failure().is_some() {
                 if self.end.is_none() {
                     self.failed_by_themselves.push(r);
@@ -958,6 +960,17 @@ impl Running {
             self.rank_failed(candidate);
         }
         Ok(())
+    }
+
+    /// Process `r` ended: if a spawn started it and its bridge still waits for it (it ended
+    /// before it joined its parents: not a tmpi program, or it failed first), the parents'
+    /// wire-up can never complete, so the bridge's service fails their fences, naming it.
+    fn bridge_lost(&mut self, r: usize) {
+        let Some(sp) = &self.ranks[r].spawned else { return };
+        let (label, rank, why) = (sp.label(), sp.bridge_rank(), format!("{sp} ended before it joined its parents"));
+        if let Some(b) = self.servers.iter_mut().find(|s| s.offset.is_none() && s.label == label) {
+            b.server.mark_gone(rank, &why);
+        }
     }
 
     /// A rank failed (at `since`) while the host of a remote rank still running owes tmpirun an

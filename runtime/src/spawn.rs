@@ -99,8 +99,16 @@ pub(crate) fn finalize_bridges() -> Result<()> {
 
 /// Wires up bridge rank `rank` and builds the intercommunicator between the parents (ranks
 /// `0..parents` of the bridge) and the children; `comm` is the caller's communicator (its
-/// engine's configuration and thread level serve the bridge's).
+/// engine's configuration and thread level serve the bridge's). Any failure is
+/// [`Error::Spawn`], saying what it met (a child that ended before it joined, a fabric error).
 fn join(comm: &Comm, bridge: &Bridge, rank: usize) -> Result<InterComm> {
+    join_bridge(comm, bridge, rank).map_err(|e| match e {
+        Error::Spawn(_) => e,
+        e => Error::Spawn(format!("joining parents and children: {e}")),
+    })
+}
+
+fn join_bridge(comm: &Comm, bridge: &Bridge, rank: usize) -> Result<InterComm> {
     let link = LINK.get().ok_or_else(|| Error::Spawn("this process was not started by tmpirun".into()))?;
     let (cfg, level) = (comm.eng()?.cfg.clone(), comm.inner.eng.level());
     let env = bridge.env(rank, link.secret.clone());

@@ -50,11 +50,12 @@ fn spawn_multiple_and_a_second_bridge() {
     }
 }
 
-/// A spawn that cannot start (a missing program, arguments the root refuses) fails on every
-/// rank of the communicator, naming why, and the job goes on.
+/// A spawn that cannot start (a missing program, arguments the root refuses, a program that
+/// ends without joining) fails on every rank of the communicator, naming why, and the job goes
+/// on.
 #[test]
 fn spawn_refusals_reach_every_rank() {
-    for case in ["missing", "mismatch"] {
+    for case in ["missing", "mismatch", "notmpi"] {
         let line = Job::tmpirun(3, "spawner").arg(case).run().assert_ok_line("spawner: ");
         assert!(line.contains(&format!("{case}: 3 ranks")), "{line:?}");
     }

@@ -34,6 +34,20 @@ pub(super) struct Spawned {
     rank: usize,
     /// Its command's program, as the request named it.
     program: String,
+    /// Its rank in the spawn's bridge (after the parents).
+    bridge_rank: usize,
+}
+
+impl Spawned {
+    /// The label of its spawn's bootstrap services ([`Served`]).
+    pub(super) fn label(&self) -> String {
+        format!("spawn {}", self.spawn)
+    }
+
+    /// Its rank in the bridge.
+    pub(super) fn bridge_rank(&self) -> usize {
+        self.bridge_rank
+    }
 }
 
 impl fmt::Display for Spawned {
@@ -105,11 +119,12 @@ impl Spawner {
             }
         };
         self.made = spawn;
-        let (mut children, mut bridge) = (kids.server, Served::new(bridge.server, None, bridge.sockdir, format!("spawn {spawn}")));
+        let label = format!("spawn {spawn}");
+        let (mut children, mut bridge) = (kids.server, Served::new(bridge.server, None, bridge.sockdir, label.clone()));
         let pids: Vec<i32> = ranks.iter().map(|r| r.pid).collect();
         children.admit_pids(pids.clone());
         bridge.server.admit_pids(parents.into_iter().chain(pids).collect());
-        let children = Served::new(children, Some(first), kids.sockdir, format!("spawn {spawn}"));
+        let children = Served::new(children, Some(first), kids.sockdir, label);
         Ok(Started { ranks, streams, children, bridge, answer })
     }
 
@@ -153,7 +168,7 @@ impl Spawner {
             cmd.envs(self.exports.iter().map(|(n, v)| (n, v))).envs(app.env.iter().map(|(n, v)| (n, v)));
             env.apply(&mut cmd, j, c, (j, c));
             cmd.env(ENV_PARENT, parent).env(ENV_APPNUM, k.to_string());
-            let who = Spawned { spawn, rank: j, program: app.program.clone() };
+            let who = Spawned { spawn, rank: j, program: app.program.clone(), bridge_rank: req.parents as usize + j };
             match self.start_one(cmd, who, first + j) {
                 Ok((rank, out)) => {
                     ranks.push(rank);
@@ -235,7 +250,7 @@ mod tests {
 
     #[test]
     fn spawned_processes_are_named_by_spawn_and_rank() {
-        let s = Spawned { spawn: 2, rank: 5, program: "./w".into() };
+        let s = Spawned { spawn: 2, rank: 5, program: "./w".into(), bridge_rank: 7 };
         assert_eq!(s.to_string(), "spawned rank 5 (spawn 2: ./w)");
     }
 }

@@ -11,6 +11,8 @@
 //! - `mismatch`: `spawn_multiple` with 2 commands and 1 count at the root: `Error::Spawn` on
 //!   every rank.
 //! - `childfail`: the child exits with code 3 after it joined: tmpirun ends the job with it.
+//! - `notmpi`: a spawn of `true` (no tmpi program: it never joins): `Error::Spawn` saying a
+//!   spawned process ended before it joined, on every rank, and the world goes on.
 //! - `srun` (run by `tests/tests/slurm.rs` under `srun`): `Error::Spawn` saying Slurm cannot
 //!   grow the job, on every rank.
 //!
@@ -111,6 +113,7 @@ fn parent(world: &tmpi::World, case: &str) -> Res {
         "missing" => refused(world, world.spawn(0, &Command::new("/nonexistent/spawned-prog"), 2), "/nonexistent/spawned-prog")?,
         "mismatch" => refused(world, world.spawn_multiple(0, &[me(), me()], &[1]), "2 commands but 1 process counts")?,
         "srun" => refused(world, world.spawn(0, &me(), 1), "Slurm cannot grow a running job")?,
+        "notmpi" => refused(world, world.spawn(0, &Command::new("true"), 2), "ended before it joined its parents")?,
         "childfail" => {
             let mut c = me();
             c.arg("child-fail");

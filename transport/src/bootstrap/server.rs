@@ -799,6 +799,21 @@ impl BootstrapServer {
         }
     }
 
+    /// The launcher knows rank `rank` will never connect (its process ended first): it
+    /// counts as lost, and the fences, which can no longer complete, fail with `why` (as do
+    /// gets that only waiting ranks remain to answer). Nothing changes for a rank that
+    /// connected.
+    pub fn mark_gone(&mut self, rank: usize, why: &str) {
+        if self.ranks.get(rank) != Some(&RankState::Absent) {
+            return;
+        }
+        self.ranks[rank] = RankState::Lost;
+        self.ever_connected += 1;
+        self.break_fences(format!("fence cannot complete: {why}"));
+        self.check_deadlock();
+        self.drain_resume();
+    }
+
     /// Answers rank `rank`'s spawn ([`ServerEvent::Spawn`]): the bridge's text when the
     /// processes started, else why not. Nothing happens if the rank is no longer waiting
     /// for it (its connection closed meanwhile).
