@@ -100,14 +100,11 @@ impl Drop for Running<'_, '_> {
 }
 
 impl CollCtx<'_> {
-    /// The schedule of plan `plan` on this call, over `input` and `output`.
-    ///
-    /// # Safety
-    /// As [`Sched::new`]: the buffers must stay valid, `input` unmodified and `output`
-    /// untouched by anyone else, until the schedule has finished or has been abandoned.
-    pub(crate) unsafe fn sched(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<Sched> {
+    /// Who takes part in this call: the communicator's ranks on its collective context, the
+    /// call's tags numbered by its sequence number.
+    fn members(&self) -> Members {
         let c = self.comm;
-        let who = Members {
+        Members {
             ctx: c.coll_ctx(),
             rank: c.rank(),
             size: c.size(),
@@ -115,9 +112,17 @@ impl CollCtx<'_> {
             seq: self.seq,
             fixed_tag: None,
             keys: None,
-        };
+        }
+    }
+
+    /// The schedule of plan `plan` on this call, over `input` and `output`.
+    ///
+    /// # Safety
+    /// As [`Sched::new`]: the buffers must stay valid, `input` unmodified and `output`
+    /// untouched by anyone else, until the schedule has finished or has been abandoned.
+    pub(crate) unsafe fn sched(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<Sched> {
         // SAFETY: the caller's contract.
-        unsafe { Sched::new(plan, who, input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b))) }
+        unsafe { Sched::new(plan, self.members(), input.map(|b| RawBuf::new(b)), output.map(|b| RawBufMut::new(b))) }
     }
 }
 
@@ -154,17 +159,7 @@ impl CollP2p for CollCtx<'_> {
         Setting { rank: self.comm.rank(), size: self.comm.size(), force: &m.force, topo: m.hosts.get().and_then(|h| h.topo.as_deref()) }
     }
     fn run(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
-        let c = self.comm;
-        let who = Members {
-            ctx: c.coll_ctx(),
-            rank: c.rank(),
-            size: c.size(),
-            world: c.inner.members.clone(),
-            seq: self.seq,
-            fixed_tag: None,
-            keys: None,
-        };
-        run_plan(c, who, plan, input, output)
+        run_plan(self.comm, self.members(), plan, input, output)
     }
     fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {
         let f = || self.comm.send_ctx(self.comm.coll_ctx(), buf, dest, self.tag(tag), false);
