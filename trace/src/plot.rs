@@ -195,6 +195,8 @@ fn legend_row<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, mut x: i32, y: 
         ("post", "post", ""),
         ("wait, test", "complete", ""),
         ("collective", "coll", ""),
+        ("collective step", "phase", ""),
+        ("communicator", "comm", ""),
         ("message", "msg", ""),
     ];
     for (label, cat, name) in items {
