@@ -84,6 +84,18 @@ fn abandoned_send_before_its_receive() {
     }
 }
 
+/// A rendezvous send abandoned after its receive was posted, while the reader may be reading
+/// it (single copy chosen by measurement, fixed, or none): the receive gets every byte or a
+/// clean `RemoteAccess`, never memory reused after the send was given up.
+#[test]
+fn abandoned_send_while_its_receive_reads() {
+    for env in [("TMPI_SINGLE_COPY_MIN", "auto"), ("TMPI_SINGLE_COPY_MIN", "0"), ("TMPI_SINGLE_COPY", "none")] {
+        let out = Job::tmpirun(2, "reliability").arg("revoke-reading").env(env.0, env.1).timeout(Duration::from_secs(60)).run();
+        out.assert_success();
+        out.assert_ok_line("reliability: revoke-reading: ");
+    }
+}
+
 /// A single-copy receive abandoned while a third rank sends garbage: no byte lands in memory
 /// allocated after the buffer was freed.
 #[test]

@@ -487,6 +487,25 @@ mod ofi {
         assert!(!stream.stderr.contains("tmpi-ofi-rndv "), "the streamed way reported fi_reads\n{}", stream.report());
     }
 
+    /// A rendezvous send abandoned (a scope unwinding) while its request carries a fabric key
+    /// for the reader's `fi_read`: before its receive is posted (the request waits in the
+    /// provider's queue, or in software's), the key is revoked and the later receive fails
+    /// with `RemoteAccess` instead of reading memory the sender reused; while the reader's
+    /// `fi_read` may be out, giving the send up waits for it, and the receive gets every byte
+    /// or a clean error. Without the revoke the first read reused memory and the second hung.
+    #[test]
+    fn ofi_abandoned_sends_revoke_their_fabric_keys() {
+        let _serial = serial();
+        for matching in ["provider", "software"] {
+            for mode in ["revoke", "revoke-reading"] {
+                let job = ofi_job(2, "reliability").arg(mode).env("TMPI_OFI_RNDV", "read").env("TMPI_OFI_MATCHING", matching);
+                let out = job.env("TMPI_RNDV_THRESHOLD", "32768").run();
+                assert_ofi(&out, 2);
+                out.assert_ok_line(&format!("reliability: {mode}: "));
+            }
+        }
+    }
+
     /// `TMPI_OFI_RNDV` takes auto, read or stream: anything else fails `init` naming it.
     #[test]
     fn ofi_rndv_knob_is_checked() {

@@ -23,7 +23,13 @@
 //!   (the request went out pre-granted for single copy: the grant is revoked, and rank 1
 //!   answers from inside its wait); the buffer is then freed and reused. When rank 1 posts
 //!   the receive afterwards, it fails with `RemoteAccess` (the sender refuses the read) and
-//!   never copies reused memory; the ranks go on.
+//!   never copies reused memory; the ranks go on. Over OFI with reads by `fi_read`
+//!   (`TMPI_OFI_RNDV=read`) the request carries a fabric key instead, revoked the same way.
+//! - `revoke-reading` (N = 2): rank 1 posts a receive of 16 MiB first; rank 0 then unwinds
+//!   out of a scope with the `isend` of it pending, while rank 1 may be reading it (by
+//!   `fi_read` over OFI, or by single copy). Giving the send up waits until the reader is done
+//!   with the buffer: rank 1 gets every byte right or a clean `RemoteAccess`, never bytes of
+//!   memory reused after the send was given up.
 
 use std::time::{Duration, Instant};
 
@@ -409,6 +415,53 @@ fn revoke(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     Ok(())
 }
 
+fn revoke_reading(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    const N: usize = 16 << 20;
+    let (mut clean, mut whole) = (0, 0);
+    for round in 0..6u32 {
+        world.barrier()?;
+        if world.rank() == 0 {
+            world.recv(&mut [0u8; 1], 1, 29)?;
+            let data = vec![7u8; N];
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tmpi::scope(|s| {
+                    let _w = world.isend(s, &data, 1, 40 + round).expect("isend");
+                    panic!("abandoning the send on purpose");
+                })
+            }));
+            v.check(r.is_err(), || "the scope did not unwind".into());
+            drop(data);
+            // Reused at once: the reader must have let go of the buffer by now.
+            let reused = vec![0xEEu8; N];
+            let mut got = [0u8; 1];
+            world.recv(&mut got, 1, 28)?;
+            v.check(got[0] == 1 || got[0] == 2, || {
+                format!("round {round}: rank 1's receive got reused memory or failed oddly ({})", got[0])
+            });
+            v.check(reused.iter().all(|&b| b == 0xEE), || "reused memory changed".into());
+        } else {
+            let mut buf = vec![0u8; N];
+            let verdict = tmpi::scope(|s| -> tmpi::Result<u8> {
+                let r = world.irecv(s, &mut buf, 0, 40 + round)?;
+                world.send(&[1u8], 0, 29)?;
+                Ok(match r.wait() {
+                    Err(Error::RemoteAccess { .. }) => 1u8,
+                    Ok(_) => 2,
+                    Err(_) => 4,
+                })
+            })?;
+            let verdict = if verdict == 2 && !buf.iter().all(|&b| b == 7) { 3 } else { verdict };
+            clean += u32::from(verdict == 1);
+            whole += u32::from(verdict == 2);
+            world.send(&[verdict], 0, 28)?;
+        }
+    }
+    if world.rank() == 1 {
+        eprintln!("reliability: revoke-reading: {whole} whole, {clean} refused");
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "leave".into());
     let world = tmpi::init()?;
@@ -435,6 +488,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "hostile" => hostile(&world, &mut v)?,
         "abandon" => abandon(&world, &mut v)?,
         "revoke" => revoke(&world, &mut v)?,
+        "revoke-reading" => revoke_reading(&world, &mut v)?,
         m => return Err(format!("unknown mode {m}").into()),
     }
     v.finish(&world, &mode)?;

@@ -45,12 +45,10 @@ impl Engine {
         let wanted = match choice {
             Some(OfiRndv::Read) => true,
             Some(OfiRndv::Stream) => false,
-            // `auto` streams: reads are 2.5-3x faster from 1 MiB (bench/results/ofi-rndv.md), but
-            // an abandoned send cannot revoke its key yet (deregistering it makes the tcp
-            // provider drop the connection on the refused read): a reader could then read
-            // memory the program reused. Until the revoke handshake covers reads, they are
-            // asked for by name.
-            None => false,
+            // `auto` reads where the provider's `mr_mode` allows: 2.5-3x the bandwidth of
+            // streams from 1 MiB, level below (bench/results/ofi-rndv.md). An abandoned send
+            // revokes its key and waits for the reader's answer (`Control::Revoke`).
+            None => why.is_none(),
         };
         if !wanted {
             return Ok(Some("stream"));
@@ -112,7 +110,7 @@ impl Engine {
         let done = f.take_reads_done();
         for d in &done {
             let key = read_key(d.user);
-            let Some(op) = self.st.reads.get(key).filter(|op| op.phase == ReadPhase::Fabric) else { continue };
+            let Some(op) = self.st.reads.get(key).filter(|op| matches!(op.phase, ReadPhase::Fabric { .. })) else { continue };
             let n = op.n;
             match d.error {
                 None => {
@@ -154,9 +152,17 @@ impl Engine {
 impl State {
     /// Read `key`'s `fi_read` could not be posted or failed: the provider no longer writes
     /// into the buffer, and the read is asked again as a stream (the target's key check in
-    /// its soft domain guards it as for any stream).
+    /// its soft domain guards it as for any stream). One whose sender revoked its key (it
+    /// abandoned the send) fails the receive instead, with the owed answer.
     fn restream_fabric_read(&mut self, key: Key) {
         let Some(op) = self.reads.get_mut(key) else { return };
+        if op.phase == (ReadPhase::Fabric { ack_owed: true }) {
+            op.phase = op.phase.failed(op.n);
+            if let Err(e) = self.finish_read(key, false) {
+                self.outbox.fail(e);
+            }
+            return;
+        }
         op.phase = ReadPhase::Asked { single: false };
         let n = op.n;
         self.ways.fabric.fallbacks += 1;

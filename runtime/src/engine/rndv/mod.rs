@@ -55,6 +55,9 @@ pub(in crate::engine) struct RndvSend {
     /// The grant went with the request itself ([`RndvRequest::pregranted`]): the reader may
     /// copy without asking, so abandoning the send revokes it first ([`Control::Revoke`]).
     pub(in crate::engine) pregranted: bool,
+    /// The request carried a fabric key ([`FabricKey`]): the reader may `fi_read` the buffer
+    /// without asking, so abandoning the send revokes the key first ([`Control::Revoke`]).
+    pub(in crate::engine) fabric_keyed: bool,
     /// This rank streamed (some of) it to the reader through the rings: its FIN ends a read
     /// that went that way (see `adapt::Epochs::peer_read`).
     pub(in crate::engine) streamed: bool,
@@ -63,6 +66,14 @@ pub(in crate::engine) struct RndvSend {
     /// to the cache.
     #[cfg(feature = "ofi")]
     pub(in crate::engine) _fabric_mr: Option<tmpi_transport::ofi::ReadRegion>,
+}
+
+impl RndvSend {
+    /// Whether the reader may touch the buffer without asking (a pre-grant, a fabric key):
+    /// abandoning the send revokes that first, and waits for the answer or the FIN.
+    pub(in crate::engine) fn revocable(&self) -> bool {
+        self.pregranted || self.fabric_keyed
+    }
 }
 
 /// What a rendezvous request announces.
@@ -282,7 +293,13 @@ impl Engine {
         let rkey = u32::try_from(key).map_err(|_| Error::State("memory key wider than the RVH's 32-bit rkey".into()))?;
         let pregranted =
             self.st.may_pregrant(dest, addr, va, len) && self.st.target.domain.check_remote(key, va, len as u64, RemoteOp::Read).is_ok();
-        let granted = pregranted.then_some(dest);
+        #[cfg(feature = "ofi")]
+        let fabric_keyed = fk.is_some();
+        #[cfg(not(feature = "ofi"))]
+        let fabric_keyed = false;
+        // Either lets the reader touch the buffer without asking: it holds until FIN or the
+        // answer to a revoke.
+        let granted = (pregranted || fabric_keyed).then_some(dest);
         let send = RndvSend {
             buf: Some(data),
             _mr: mr,
@@ -290,6 +307,7 @@ impl Engine {
             va,
             granted,
             pregranted,
+            fabric_keyed,
             streamed: false,
             #[cfg(feature = "ofi")]
             _fabric_mr: fabric_mr,

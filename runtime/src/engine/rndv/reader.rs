@@ -69,8 +69,10 @@ pub(in crate::engine) enum ReadPhase {
     Failed { split: usize, revoke: Option<Revoke> },
     /// Read by the fabric's RDMA read (`fi_read`): the provider writes the whole range into
     /// the receive buffer until the read completes; a failed one is asked again through the
-    /// ring ([`ReadPhase::Asked`] for a stream).
-    Fabric,
+    /// ring ([`ReadPhase::Asked`] for a stream). `ack_owed`: the sender revoked its key while
+    /// the read was out (it abandoned the send, and waits): the answer goes back when the
+    /// read ends, after its FIN; a read that fails then fails the receive.
+    Fabric { ack_owed: bool },
 }
 
 impl ReadPhase {
@@ -79,7 +81,7 @@ impl ReadPhase {
         match plan.start {
             ReadStart::Ask { cma } => ReadPhase::Asked { single: cma },
             ReadStart::AtOnce { split, .. } => ReadPhase::AtOnce { split, revoke: Revoke::Open },
-            ReadStart::Fabric => ReadPhase::Fabric,
+            ReadStart::Fabric => ReadPhase::Fabric { ack_owed: false },
         }
     }
 
@@ -92,7 +94,7 @@ impl ReadPhase {
             ReadPhase::Restreamed { ack_owed, .. } => ReadPhase::Restreamed { split, ack_owed },
             ReadPhase::Failed { revoke, .. } => ReadPhase::Failed { split, revoke },
             // Nothing was asked of the target: a grant cannot be for this read.
-            ReadPhase::Fabric => ReadPhase::Fabric,
+            ReadPhase::Fabric { .. } => self,
         }
     }
 
@@ -115,7 +117,7 @@ impl ReadPhase {
             ReadPhase::AtOnce { split, revoke } => ReadPhase::Failed { split, revoke: Some(revoke) },
             ReadPhase::Restreamed { split, ack_owed } => ReadPhase::Failed { split, revoke: ack_owed.then_some(Revoke::Owed) },
             ReadPhase::Failed { .. } => self,
-            ReadPhase::Fabric => ReadPhase::Failed { split: n, revoke: None },
+            ReadPhase::Fabric { ack_owed } => ReadPhase::Failed { split: n, revoke: ack_owed.then_some(Revoke::Owed) },
         }
     }
 
@@ -137,7 +139,7 @@ impl ReadPhase {
     /// Bytes this rank copies itself, of a read of `n` (all of them until it is granted).
     pub(in crate::engine) fn split(self, n: usize) -> usize {
         match self {
-            ReadPhase::Asked { .. } | ReadPhase::Fabric => n,
+            ReadPhase::Asked { .. } | ReadPhase::Fabric { .. } => n,
             ReadPhase::Granted { split }
             | ReadPhase::AtOnce { split, .. }
             | ReadPhase::Restreamed { split, .. }
@@ -149,7 +151,7 @@ impl ReadPhase {
     pub(in crate::engine) fn remote_write(self, n: usize) -> bool {
         match self {
             ReadPhase::Asked { single } => single,
-            ReadPhase::Fabric => true,
+            ReadPhase::Fabric { .. } => true,
             _ => self.split(n) < n,
         }
     }
@@ -166,6 +168,7 @@ impl ReadPhase {
             ReadPhase::AtOnce { revoke: Revoke::Owed, .. }
                 | ReadPhase::Restreamed { ack_owed: true, .. }
                 | ReadPhase::Failed { revoke: Some(Revoke::Owed), .. }
+                | ReadPhase::Fabric { ack_owed: true }
         )
     }
 }
@@ -179,12 +182,16 @@ pub(in crate::engine) struct Reads {
     /// `State::peer_reading`).
     begun: u64,
     fin_seen: Vec<u64>,
+    /// Fabric keys revoked before their request reached this rank's software (it waits in
+    /// the provider's queue, or its FIN is on the way), by sender and send name: a read
+    /// that matches one streams instead (see [`State::on_revoke`]).
+    revoked: std::collections::HashSet<(usize, u32)>,
 }
 
 impl Reads {
     /// No reads, in a job of `size` ranks.
     pub(in crate::engine) fn new(size: usize) -> Self {
-        Reads { ops: Slab::new(), begun: 0, fin_seen: vec![0; size] }
+        Reads { ops: Slab::new(), begun: 0, fin_seen: vec![0; size], revoked: Default::default() }
     }
 
     pub(in crate::engine) fn get(&self, k: Key) -> Option<&ReadOp> {
@@ -225,6 +232,12 @@ impl Reads {
         self.ops.get(k).filter(|op| op.remote_write()).map(|op| op.src)
     }
 
+    /// Whether `src` revoked the fabric key of its send `name` before its request reached
+    /// this rank's software; the revocation is used up.
+    pub(in crate::engine) fn take_revoked(&mut self, src: usize, name: u32) -> bool {
+        !self.revoked.is_empty() && self.revoked.remove(&(src, name))
+    }
+
     /// `src` sent a FIN for a send of ours: it is reading from us.
     pub(in crate::engine) fn fin_from(&mut self, src: usize) {
         if let Some(at) = self.fin_seen.get_mut(src) {
@@ -234,33 +247,65 @@ impl Reads {
 }
 
 impl State {
-    /// `src` abandoned its pre-granted send `name`: this rank must no longer copy its buffer.
-    /// A request still unexpected loses its grant (a later match asks, and is refused); a copy
-    /// started without asking that has not run yet fails (one that asked is the target's to
-    /// refuse, as for any abandoned send). Then the answer goes back, after any FIN already
-    /// queued (a read that copied first completed the send with it).
+    /// `src` abandoned its send `name`, pre-granted or announced with a fabric key: this rank
+    /// must no longer copy or `fi_read` its buffer. A request still unexpected loses its grant
+    /// and its key (a later match asks, and is refused); a copy started without asking that
+    /// has not run yet fails (one that asked is the target's to refuse, as for any abandoned
+    /// send); an `fi_read` out owes the answer at its end. A fabric key this rank has not
+    /// seen yet (its request waits in the provider) is remembered, and a later match streams.
+    /// Then the answer goes back, after any FIN already queued (a read that copied first
+    /// completed the send with it).
     pub(in crate::engine) fn on_revoke(&mut self, src: usize, name: u32) {
-        let names = |i: &RndvInfo| i.pregranted && i.tmh.app_ctx == name;
-        let ux: Vec<Key> =
-            self.ux.keys().filter(|&k| self.ux.get(k).is_some_and(|u| u.src_world == src && u.rndv.as_ref().is_some_and(names))).collect();
-        for k in ux {
+        let in_ux = self.revoke_unexpected(src, name);
+        let (in_reads, owed) = self.revoke_reads(src, name);
+        if !in_ux && !in_reads && self.ways.fabric_reads() {
+            self.reads.revoked.insert((src, name));
+        }
+        if !owed {
+            self.outbox.control(src, Control::RevokeAck { name });
+        }
+    }
+    /// [`State::on_revoke`] in the unexpected queue: `src`'s request `name` there loses its
+    /// pre-grant and its fabric key. Returns whether it was there.
+    fn revoke_unexpected(&mut self, src: usize, name: u32) -> bool {
+        let ux: Vec<Key> = self
+            .ux
+            .keys()
+            .filter(|&k| self.ux.get(k).is_some_and(|u| u.src_world == src && u.rndv.as_ref().is_some_and(|i| i.tmh.app_ctx == name)))
+            .collect();
+        for &k in &ux {
             if let Some(info) = self.ux.get_mut(k).and_then(|u| u.rndv.as_mut()) {
                 info.pregranted = false;
+                info.fabric = None;
             }
         }
-        let reads: Vec<Key> = self
-            .reads
-            .keys()
-            .filter(|&k| self.reads.get(k).is_some_and(|op| op.phase.revocable() && op.src == src && names(&op.info)))
-            .collect();
-        let mut shared = false;
-        for k in reads {
-            match self.reads.get_mut(k).and_then(|op| Some((op.phase.revoked(op.n)?, op))) {
+        !ux.is_empty()
+    }
+    /// [`State::on_revoke`] among the reads: a revocable copy of `src`'s send `name` fails now
+    /// or, with the target's share asked for, owes the answer at its end; an `fi_read` of it
+    /// owes the answer at its end. Returns whether a read of it was there, and whether the
+    /// answer is owed.
+    fn revoke_reads(&mut self, src: usize, name: u32) -> (bool, bool) {
+        let reads: Vec<Key> =
+            self.reads.keys().filter(|&k| self.reads.get(k).is_some_and(|op| op.src == src && op.info.tmh.app_ctx == name)).collect();
+        let mut owed = false;
+        for &k in &reads {
+            let Some(op) = self.reads.get_mut(k) else { continue };
+            if let ReadPhase::Fabric { .. } = op.phase {
+                // The provider may be reading now: the sender's buffer stays until the end.
+                op.phase = ReadPhase::Fabric { ack_owed: true };
+                owed = true;
+                continue;
+            }
+            if !(op.phase.revocable() && op.info.pregranted) {
+                continue;
+            }
+            match op.phase.revoked(op.n) {
                 // Its share is asked for: the target refuses it or writes it, and our copy of
                 // the rest runs now, so the answer waits for the read to end (after its FIN).
-                Some((phase, op)) => {
+                Some(phase) => {
                     op.phase = phase;
-                    shared = true;
+                    owed = true;
                 }
                 None => {
                     if let Err(e) = self.finish_read(k, false) {
@@ -269,9 +314,7 @@ impl State {
                 }
             }
         }
-        if !shared {
-            self.outbox.control(src, Control::RevokeAck { name });
-        }
+        (!reads.is_empty(), owed)
     }
     /// A rendezvous request handled by software (unexpected in the TM-SRQ).
     pub(in crate::engine) fn on_rndv(&mut self, src: usize, req: &[u8]) -> Result<()> {
@@ -308,7 +351,11 @@ impl State {
     }
     /// Starts reading a matched rendezvous message from `src` into receive `rid`, the way
     /// [`plan_read`] says.
-    pub(in crate::engine) fn start_read(&mut self, rid: ReqId, src: usize, info: RndvInfo, hw: Option<ReadId>) -> Result<()> {
+    pub(in crate::engine) fn start_read(&mut self, rid: ReqId, src: usize, mut info: RndvInfo, hw: Option<ReadId>) -> Result<()> {
+        if info.fabric.is_some() && self.reads.take_revoked(src, info.tmh.app_ctx) {
+            // Revoked while it waited in the provider: asked for, and refused.
+            info.fabric = None;
+        }
         let key = self.reads.vacant_key();
         let (n, buf) = self.recv_reads(rid, src, &info, hw.is_some(), key)?;
         // A receive buffer in this rank's shared heap is written by the target with a memcpy
@@ -678,6 +725,7 @@ mod tests {
         let at_once = AtOnce { split: S, revoke: Open };
         let whole = AtOnce { split: N, revoke: Open };
         let owed = AtOnce { split: S, revoke: Owed };
+        let fabric = Fabric { ack_owed: false };
         // (what, from, transition, to)
         type Step = fn(ReadPhase) -> Option<ReadPhase>;
         let rows: Vec<(&str, ReadPhase, Step, Option<ReadPhase>)> = vec![
@@ -708,9 +756,15 @@ mod tests {
                 Some(Failed { split: S, revoke: Some(Owed) }),
             ),
             ("granted: not revocable", Granted { split: S }, |p| p.revoked(N), None),
-            ("fabric: a stray grant changes nothing", Fabric, |p| Some(p.granted(S)), Some(Fabric)),
-            ("fabric, failed", Fabric, |p| Some(p.failed(N)), Some(Failed { split: N, revoke: None })),
-            ("fabric: not revocable", Fabric, |p| p.revoked(N), None),
+            ("fabric: a stray grant changes nothing", fabric, |p| Some(p.granted(S)), Some(fabric)),
+            ("fabric, failed", fabric, |p| Some(p.failed(N)), Some(Failed { split: N, revoke: None })),
+            (
+                "fabric, revoked, failed: the answer is owed",
+                Fabric { ack_owed: true },
+                |p| Some(p.failed(N)),
+                Some(Failed { split: N, revoke: Some(Owed) }),
+            ),
+            ("fabric: not revocable", fabric, |p| p.revoked(N), None),
         ];
         for (what, from, step, want) in rows {
             assert_eq!(step(from), want, "{what}: from {from:?}");
@@ -740,7 +794,8 @@ mod tests {
             (Failed { split: S, revoke: None }, S, true, false, false, false),
             (Failed { split: S, revoke: Some(Open) }, S, true, true, false, false),
             (Failed { split: N, revoke: Some(Owed) }, N, false, true, false, true),
-            (Fabric, N, true, false, true, false),
+            (Fabric { ack_owed: false }, N, true, false, true, false),
+            (Fabric { ack_owed: true }, N, true, false, true, true),
         ];
         for (p, split, remote, revocable, ok, owes) in rows {
             let got = (p.split(N), p.remote_write(N), p.revocable(), p.ends_ok(), p.owes_revoke_ack());
@@ -758,7 +813,7 @@ mod tests {
         let pre = ReadPlan { start: ReadStart::AtOnce { heap: false, split: 9 }, remote_write: true };
         assert_eq!(ReadPhase::start(&pre), ReadPhase::AtOnce { split: 9, revoke: Revoke::Open });
         let fabric = ReadPlan { start: ReadStart::Fabric, remote_write: true };
-        assert_eq!(ReadPhase::start(&fabric), ReadPhase::Fabric);
+        assert_eq!(ReadPhase::start(&fabric), ReadPhase::Fabric { ack_owed: false });
         for plan in [ask(true), ask(false), pre, fabric] {
             let p = ReadPhase::start(&plan);
             assert_eq!((p.split(16), p.remote_write(16)), (plan.split(16), plan.remote_write), "{plan:?}");

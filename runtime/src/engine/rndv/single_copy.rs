@@ -35,7 +35,7 @@ impl Engine {
                 continue;
             };
             #[cfg(feature = "ofi")]
-            if op.phase == ReadPhase::Fabric {
+            if let ReadPhase::Fabric { .. } = op.phase {
                 self.post_fabric_read(key);
                 n += 1;
                 continue;

@@ -206,12 +206,13 @@ impl State {
         Ok(())
     }
 
-    /// The reader will not touch the buffer of pre-granted send `name`: the abandoned send
-    /// waits no more (a stale answer, after the FIN completed the send, names nothing).
+    /// The reader will not touch the buffer of revoked send `name` (pre-granted, or with a
+    /// fabric key): the abandoned send waits no more (a stale answer, after the FIN completed
+    /// the send, names nothing).
     pub(in crate::engine) fn on_revoke_ack(&mut self, src: usize, name: u32) {
         let k = self.named_send(name, src);
         if let Some(r) = self.rndv_send(k) {
-            if r.pregranted && r.granted == Some(src) {
+            if r.revocable() && r.granted == Some(src) {
                 r.granted = None;
             }
         }
@@ -222,15 +223,16 @@ impl Engine {
     /// Rendezvous send `rid` is abandoned. A reader granted a single copy is copying the
     /// buffer now, and this rank may owe it a share (`cma_w`, written during the wait): the
     /// memory must stay until its FIN (or until the reader is gone). A grant that went with
-    /// the request may not be used yet (the receive may never be posted): it is revoked, and
-    /// the reader's answer (or its FIN, if it copied first) ends the wait. Then every read of
-    /// the buffer is refused, and reads being served from it stop.
+    /// the request may not be used yet (the receive may never be posted), nor a fabric key
+    /// (the reader `fi_read`s without asking): either is revoked, and the reader's answer (or
+    /// its FIN, if it read first) ends the wait. Then every read of the buffer is refused,
+    /// and reads being served from it stop.
     pub(in crate::engine) fn abandon_rndv_send(&mut self, rid: ReqId) {
         let Some(r) = self.st.rndv_send_ref(rid) else { return };
-        let (granted, pregranted) = (r.granted, r.pregranted);
+        let (granted, revocable) = (r.granted, r.revocable());
         let range = r.buf.map(|b| (b.addr(), b.addr() + b.len()));
         if let Some(reader) = granted {
-            if pregranted {
+            if revocable {
                 self.st.outbox.control(reader, Control::Revoke { name: wire_name(rid) });
             }
             let still_granted = |e: &Engine| match e.st.reqs.get(rid) {

@@ -498,6 +498,44 @@ fn queued_controls(e: &Engine) -> Vec<Control> {
         .collect()
 }
 
+/// A revoke of a send announced with a fabric key: an unexpected request of it loses the key
+/// (a later match asks for the data, which the sender refuses) and the answer goes at once;
+/// an `fi_read` of it that is out owes the answer until the read ends, after its FIN.
+#[test]
+fn a_revoke_drops_an_unexpected_fabric_key_and_waits_for_a_read_out() {
+    let (mut e, _peer) = engine();
+    let n = 4096;
+    let info = |name: u32| RndvInfo {
+        tmh: Tmh { op: TmOp::Rndv, app_ctx: name, tag: super::super::testkit::key(1, 5) },
+        rvh: Rvh { va: 0x1000, rkey: 1, len: n as u32 },
+        key: 1,
+        len: n,
+        pregranted: false,
+        fabric: Some(FabricKey { key: 5, addr: 0x1000 }),
+    };
+    let ux = UxMsg { src_world: 1, tag64: 9, total: n, data: Vec::new(), complete: false, ack: None, rndv: Some(info(11)) };
+    let ux = e.st.ux.insert(ux);
+    e.st.on_revoke(1, 11);
+    assert!(e.st.ux.get(ux).and_then(|u| u.rndv).is_some_and(|i| i.fabric.is_none()), "the key is dropped");
+    assert_eq!(queued_controls(&e).last(), Some(&Control::RevokeAck { name: 11 }));
+    // A read of send 12 by `fi_read`, out.
+    let mut buf = vec![0u8; n];
+    let r = recv(&mut e, Some(1), Some(5), &mut buf);
+    let k = e.st.reads.vacant_key();
+    e.st.start_read(r, 1, info(12), None).expect("read");
+    e.st.reads.get_mut(k).expect("the read").phase = ReadPhase::Fabric { ack_owed: false };
+    e.st.on_revoke(1, 12);
+    assert_eq!(e.st.reads.get(k).map(|op| op.phase), Some(ReadPhase::Fabric { ack_owed: true }));
+    assert!(!queued_controls(&e).contains(&Control::RevokeAck { name: 12 }), "no answer while the read is out");
+    e.st.read_progress(k, n).expect("the read ends");
+    let ctl = e.st.outbox.ctl();
+    let at = |want: &dyn Fn(&[u8]) -> bool| ctl.iter().position(|(_, c)| c.flags & PKT_RMA == 0 && want(&c.bytes[..c.len as usize]));
+    let fin = at(&|b| Tmh::decode(b).is_ok_and(|t| t.op == TmOp::Fin && t.app_ctx == 12));
+    let ack = at(&|b| Control::decode(&b[1..]).is_ok_and(|c| c == Control::RevokeAck { name: 12 }));
+    assert!(fin.is_some() && ack.is_some() && fin < ack, "the FIN, then the answer: {fin:?} {ack:?}");
+    assert!(e.take_if_done(r).expect("received").is_ok());
+}
+
 /// A pre-granted read alone in flight from `CMA_SHARE_MIN` asks the sender for its share
 /// (the end of the read) and copies the start at once; the sender writes its share only
 /// for a send pre-granted to that reader. Smaller reads, and reads behind others, ask
