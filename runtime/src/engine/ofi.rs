@@ -82,10 +82,7 @@ pub(super) struct ProvMatch {
 }
 
 fn ofi_of(fabric: &mut AnyFabric) -> Result<&mut OfiFabric> {
-    match fabric {
-        AnyFabric::Ofi(f) => Ok(f),
-        _ => Err(Error::State("matching by the provider needs the OFI fabric alone".into())),
-    }
+    fabric.ofi_ops_mut().ok_or_else(|| Error::State("matching by the provider needs the OFI fabric alone".into()))
 }
 
 fn stuck(what: &str) -> Error {
@@ -104,7 +101,7 @@ impl Engine {
     /// `FI_PEEK`).
     pub(crate) fn choose_matching(&mut self) -> Result<Option<&'static str>> {
         let choice = self.cfg.ofi_matching;
-        let AnyFabric::Ofi(f) = &mut self.fabric else { return Ok(None) };
+        let Some(f) = self.fabric.ofi_ops_mut() else { return Ok(None) };
         let offer = f.endpoint().offer();
         let provider = offer.provider.clone();
         let wanted = match choice {
@@ -214,7 +211,7 @@ impl Engine {
     /// completed. With `read` false, only what the packets' poll just read (the round of
     /// progress polled them first).
     pub(super) fn pm_progress(&mut self, read: bool) -> Result<usize> {
-        let (Some(pm), AnyFabric::Ofi(f)) = (self.pm.as_mut(), &mut self.fabric) else { return Ok(0) };
+        let (Some(pm), Some(f)) = (self.pm.as_mut(), self.fabric.ofi_ops_mut()) else { return Ok(0) };
         let st = &mut self.st;
         let mut failure = None;
         let n = f.p2p_progress(read, |h, d| {

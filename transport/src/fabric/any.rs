@@ -52,6 +52,28 @@ macro_rules! each {
     };
 }
 
+#[cfg(feature = "ofi")]
+impl AnyFabric {
+    /// The OFI endpoint's own operations, where every peer is reached through it (a job on
+    /// `TMPI_FABRIC=ofi`): the provider's tag matching and the RDMA read of rendezvous data.
+    /// `None` on every other fabric, and on a hybrid one (its shared-memory peers have no such
+    /// operations).
+    pub fn ofi_ops(&self) -> Option<&OfiFabric> {
+        match self {
+            AnyFabric::Ofi(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// [`AnyFabric::ofi_ops`], to act.
+    pub fn ofi_ops_mut(&mut self) -> Option<&mut OfiFabric> {
+        match self {
+            AnyFabric::Ofi(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
 impl Fabric for AnyFabric {
     #[inline(always)]
     fn try_send(&mut self, dest: usize, flags: u8, total_len: u64, parts: &[&[u8]]) -> Result<bool> {

@@ -39,7 +39,7 @@ impl Engine {
     pub(crate) fn choose_rndv(&mut self) -> Result<Option<&'static str>> {
         let choice = self.cfg.ofi_rndv;
         let cache = self.st.target.cache_config();
-        let AnyFabric::Ofi(f) = &mut self.fabric else { return Ok(None) };
+        let Some(f) = self.fabric.ofi_ops_mut() else { return Ok(None) };
         let offer = f.endpoint().offer();
         let why = read_support(offer.mr_mode, offer.mr_key_size);
         let wanted = match choice {
@@ -68,7 +68,7 @@ impl Engine {
         if !self.st.ways.fabric.on || dest == self.st.rank || data.len() == 0 {
             return (None, None);
         }
-        let AnyFabric::Ofi(f) = &mut self.fabric else { return (None, None) };
+        let Some(f) = self.fabric.ofi_ops_mut() else { return (None, None) };
         let got = f.register_read(data.addr(), data.len()).ok().and_then(|r| {
             let fk = FabricKey { key: r.key()?, addr: r.remote_addr(data.addr())? };
             Some((r, fk))
@@ -91,10 +91,8 @@ impl Engine {
             Some(Req { kind: ReqKind::Recv(r), .. }) => r.buf,
             _ => None,
         };
-        let posted = match (&mut self.fabric, buf, fk) {
-            (AnyFabric::Ofi(f), Some(b), Some(fk)) => {
-                crate::buffer::post_fabric_read(f, b, n, src, (fk.addr, fk.key), read_name(key)).is_ok()
-            }
+        let posted = match (self.fabric.ofi_ops_mut(), buf, fk) {
+            (Some(f), Some(b), Some(fk)) => crate::buffer::post_fabric_read(f, b, n, src, (fk.addr, fk.key), read_name(key)).is_ok(),
             _ => false,
         };
         if !posted {
@@ -106,7 +104,7 @@ impl Engine {
     /// all its bytes (its end sends the FIN), a failed one is asked again as a stream.
     /// Returns how many ended.
     pub(in crate::engine) fn fabric_reads_done(&mut self) -> Result<usize> {
-        let AnyFabric::Ofi(f) = &mut self.fabric else { return Ok(0) };
+        let Some(f) = self.fabric.ofi_ops_mut() else { return Ok(0) };
         let done = f.take_reads_done();
         for d in &done {
             let key = read_key(d.user);
@@ -129,16 +127,13 @@ impl Engine {
 
     /// The OFI fabric's registration cache's counters, while reads go by `fi_read`.
     pub(in crate::engine) fn ofi_read_cache_stats(&self) -> Option<tmpi_transport::mr::CacheStats> {
-        match &self.fabric {
-            AnyFabric::Ofi(f) => f.read_cache_stats(),
-            _ => None,
-        }
+        self.fabric.ofi_ops()?.read_cache_stats()
     }
 
     /// The `tmpi-ofi-rndv` line of `TMPI_STATS=1` while reads go by `fi_read`: reads, their
     /// bytes and failures, fall-backs to streams, registrations and the cache's counters.
     pub(crate) fn ofi_rndv_stats_line(&self) -> Option<String> {
-        let AnyFabric::Ofi(f) = &self.fabric else { return None };
+        let f = self.fabric.ofi_ops()?;
         let s = f.read_stats()?;
         let w = &self.st.ways.fabric;
         let c = f.read_cache_stats().unwrap_or_default();
