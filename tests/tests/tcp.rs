@@ -414,7 +414,7 @@ mod ofi {
         let line = text.lines().find(|l| l.starts_with("OFI (libfabric) providers: ")).unwrap_or_default();
         assert!(line.contains("tcp;ofi_rxm") && line.contains("shm") && !line.contains("(hardware)"), "{text}");
         // Who matches on each by default (TMPI_OFI_MATCHING=auto).
-        assert!(line.contains("tcp;ofi_rxm (matching: software)") && line.contains("shm (matching: software)"), "{text}");
+        assert!(line.contains("tcp;ofi_rxm (matching: provider)") && line.contains("shm (matching: software)"), "{text}");
     }
 
     /// Issue 57 item 2 and 4: the same seeded random point-to-point mix (`randmix --extra`:

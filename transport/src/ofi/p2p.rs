@@ -198,23 +198,22 @@ pub enum Matching {
 
 impl Matching {
     /// The default for `provider` (as libfabric names it, a layered one as `tcp;ofi_rxm`),
-    /// following `bench/results/ofi-matching.md` (instructions under callgrind, user space):
+    /// following `bench/results/ofi-matching.md`:
     ///
-    /// - `tcp`: software. Alone on an endpoint the provider's matching was cheaper (about
-    ///   4 750 against 5 100 instructions per 8-byte message, both sides), but through tmpi's
-    ///   engine (`pingpong_cost --ofi`: post, send, wait, both ranks) an 8-byte hop costs
-    ///   about 7 400 instructions with the provider matching against 6 000 with software
-    ///   matching over the packets: `ofi_rxm` matches in software too, and the engine's
-    ///   completion handling of a provider receive costs more than its soft TM-SRQ path.
+    /// - `tcp`: the provider. Timed through tmpi's engine (`osu_latency`, `osu_bw`,
+    ///   `osu_mbw_mr`, 8 interleaved rounds, 2026-11-29), the provider's matching took
+    ///   0.64-0.79x the time from 64 bytes to 512 KiB (0.33x at 16-32 KiB, where its
+    ///   rendezvous skips the packet path) and moved 1.05-2.85x the bytes of windows, level
+    ///   elsewhere, although it costs more instructions a hop under callgrind (7 400 against
+    ///   6 000): software matching's messages past 64 bytes leave the inject path.
     /// - `shm`: software. The two cost the same within 3 % (about 3 000), and libfabric
     ///   1.17's `shm` cannot peek ([`super::Offer::peek_works`]), so probes could not see a
     ///   message the provider holds.
     /// - Providers that drive hardware ([`super::is_hardware`]): the provider, whose matching
     ///   runs in the NIC or its firmware (not measured here: no such hardware).
-    /// - Any other software provider (`udp`, `sockets`): software, what tmpi does today (not
-    ///   measured).
+    /// - Any other software provider (`udp`, `sockets`): software (not measured).
     pub fn default_for(provider: &str) -> Matching {
-        if super::is_hardware(provider) {
+        if super::is_hardware(provider) || provider.split(';').next() == Some("tcp") {
             Matching::Provider
         } else {
             Matching::Software

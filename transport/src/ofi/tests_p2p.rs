@@ -251,8 +251,9 @@ fn tcp_truncation_stalls_the_connection() {
 #[test]
 fn default_matching_table() {
     let table = [
-        ("tcp;ofi_rxm", Matching::Software),
-        ("tcp", Matching::Software),
+        ("tcp;ofi_rxm", Matching::Provider),
+        ("tcp", Matching::Provider),
+        ("tcpx", Matching::Software),
         ("shm", Matching::Software),
         ("udp;ofi_rxd", Matching::Software),
         ("sockets", Matching::Software),
