@@ -18,6 +18,11 @@
 # case where a rank that spins keeps its partner, or ksoftirqd, off the CPU until the scheduler
 # tick); OMPI_ARGS adds mpirun arguments (e.g. "--mca mpi_yield_when_idle 1"); BIN is the
 # directory of tmpi's binaries (default target/release; another build's copy to compare).
+# FABRIC=ofi compares over libfabric's tcp provider instead (issue 57 item 7): tmpi with
+# TMPI_FABRIC=ofi TMPI_OFI_PROVIDER=tcp (BIN must then hold a build with the feature ofi:
+# cargo build --release --features ofi -p tmpi-bench -p tmpi-launcher --bins, and its
+# target/release), Open MPI with --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include tcp;
+# results then go to bench/results/ofi-netns.md.
 #
 # Needs: target/release/{tmpirun,osu_latency,osu_bw} (cargo build --release --workspace --bins),
 # target/peers/openmpi/{lat,bw} (bench/peers.sh build), mpirun.openmpi, root, iproute2, sshd.
@@ -33,7 +38,12 @@ lat_sizes="${LAT_SIZES:-8:8}"
 bw_sizes="${BW_SIZES:-4096:4194304}"
 lat_args="${LAT_ARGS:--i 2000 -x 200}"
 bw_args="${BW_ARGS:--i 20 -x 5}"
-out="${OUT:-$root/bench/results/tcp-netns.md}"
+fabric="${FABRIC:-tcp}"
+case "$fabric" in
+    tcp) out="${OUT:-$root/bench/results/tcp-netns.md}" ;;
+    ofi) out="${OUT:-$root/bench/results/ofi-netns.md}" ;;
+    *) echo "netns-tcp.sh: FABRIC=$fabric: tcp or ofi" >&2; exit 2 ;;
+esac
 raw="$root/target/netns-tcp"
 rel="${BIN:-$root/target/release}"
 pin="${PIN:-}"
@@ -60,16 +70,23 @@ net="${a1%.*}.0/24"
 mkdir -p "$raw"
 rm -f "$raw"/*.txt
 
+tmpi_env=()
+ompi_net=(--mca btl tcp,self)
+if [[ "$fabric" == ofi ]]; then
+    tmpi_env=(TMPI_FABRIC=ofi TMPI_OFI_PROVIDER=tcp)
+    ompi_net=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include tcp)
+fi
+
 run_tmpi() { # prog sizes file args
     # shellcheck disable=SC2086
-    TMPI_RSH="$rsh" timeout 600 ip netns exec "$ns1" "$rel/tmpirun" --host "$a1:1,$a2:1" --timeout 590 \
+    env "${tmpi_env[@]}" TMPI_RSH="$rsh" timeout 600 ip netns exec "$ns1" "$rel/tmpirun" --host "$a1:1,$a2:1" --timeout 590 \
         "${pin_cmd[@]}" "$rel/$1" -m "$2" $4 >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: tmpi $1 FAILED (see $3.err)" >&2
 }
 
 run_ompi() { # prog sizes file args
     # shellcheck disable=SC2086
     timeout 600 ip netns exec "$ns1" mpirun.openmpi --allow-run-as-root -np 2 --host "$a1:1,$a2:1" \
-        --mca btl tcp,self --mca plm_rsh_agent "$rsh" --mca btl_tcp_if_include "$net" --mca oob_tcp_if_include "$net" \
+        "${ompi_net[@]}" --mca plm_rsh_agent "$rsh" --mca btl_tcp_if_include "$net" --mca oob_tcp_if_include "$net" \
         $ompi_args "${pin_cmd[@]}" "$ompi/$1" -m "$2" $4 >"$3" 2>"$3.err" </dev/null || echo "netns-tcp.sh: Open MPI $1 FAILED (see $3.err)" >&2
 }
 
@@ -84,9 +101,9 @@ for r in $(seq 1 "$runs"); do
 done
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$raw" "$runs" "$out" "$started" "$load_before" "$load_after" "$(nproc)" "$lat_args" "$bw_args" "$pin" "$ompi_args" <<'EOF'
+python3 - "$raw" "$runs" "$out" "$started" "$load_before" "$load_after" "$(nproc)" "$lat_args" "$bw_args" "$pin" "$ompi_args" "$fabric" <<'EOF'
 import os, statistics, sys
-raw, runs, out, started, lb, la, cpus, lat_args, bw_args, pin, ompi_args = sys.argv[1:12]
+raw, runs, out, started, lb, la, cpus, lat_args, bw_args, pin, ompi_args, fabric = sys.argv[1:13]
 runs = int(runs)
 
 def table(impl, prog):
@@ -101,13 +118,16 @@ def table(impl, prog):
                 t.setdefault(int(f[0]), []).append(float(f[1]))
     return t
 
+over = {"tcp": ("TCP", "TCP fabric", "--mca btl tcp,self"),
+        "ofi": ("libfabric's tcp provider", "`TMPI_FABRIC=ofi TMPI_OFI_PROVIDER=tcp`",
+                "--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include tcp")}[fabric]
 lines = [
-    "# TCP between two network namespaces: tmpi against Open MPI",
+    f"# {over[0]} between two network namespaces: tmpi against Open MPI",
     "",
-    f"`bench/netns-tcp.sh {runs}`, {started}: two network namespaces joined by veth (through a",
+    f"`FABRIC={fabric} bench/netns-tcp.sh {runs}`, {started}: two network namespaces joined by veth (through a",
     "bridge in the first) on this machine, rank 0 in the first, rank 1 in the second, started over",
-    "ssh. tmpi: `tmpirun --host A1:1,A2:1` (TCP fabric between the hosts). Open MPI 4.1.4:",
-    "`mpirun.openmpi --mca btl tcp,self --host A1:1,A2:1` with `btl_tcp_if_include` and",
+    f"ssh. tmpi: `tmpirun --host A1:1,A2:1` ({over[1]} between the hosts). Open MPI 4.1.4:",
+    f"`mpirun.openmpi {over[2]} --host A1:1,A2:1` with `btl_tcp_if_include` and",
     "`oob_tcp_if_include` on the veth subnet, orted started through the same ssh; the C programs",
     "of `bench/peers.sh` (same loops and output as tmpi's). Interleaved (tmpi lat, Open MPI lat,",
     f"tmpi bw, Open MPI bw) {runs} times; medians. {cpus} CPUs shared with other work: load average",
