@@ -5,6 +5,10 @@
 
 use super::*;
 
+/// The most fabric keys revoked before their requests arrived that a rank remembers (about
+/// 24 MiB of set): past it, the peer that sends one more is failed as broken.
+const REVOKED_MAX: usize = 1 << 20;
+
 /// An RDMA read this rank issued for a rendezvous receive.
 pub(in crate::engine) struct ReadOp {
     pub(in crate::engine) rid: ReqId,
@@ -259,6 +263,12 @@ impl State {
         let in_ux = self.revoke_unexpected(src, name);
         let (in_reads, owed) = self.revoke_reads(src, name);
         if !in_ux && !in_reads && self.ways.fabric_reads() {
+            if self.reads.revoked.len() >= REVOKED_MAX {
+                // Each is a send abandoned while its request was in flight: a peer naming this
+                // many is broken, and the set would grow without end.
+                self.outbox.fail(malformed_from(src, "more revokes of unseen rendezvous sends than any run makes"));
+                return;
+            }
             self.reads.revoked.insert((src, name));
         }
         if !owed {
