@@ -506,6 +506,39 @@ mod ofi {
         }
     }
 
+    /// Every example at 2 and 3 ranks over OFI's `tcp` provider (each checks its own result
+    /// and exits non-zero on a wrong one; `spawn`'s children join over shared memory through
+    /// the bridge), and seeded random sequences of collectives on the world, a dup and a split
+    /// (`randcoll`, which checks every result against its reference) at 2 and 3 ranks.
+    #[test]
+    fn ofi_every_example_and_random_collectives() {
+        let _serial = serial();
+        let dir = tmpi_tests::workspace_root().join("examples/src/bin");
+        let mut examples: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(".rs").map(str::to_string))
+            .collect();
+        examples.sort();
+        assert!(examples.len() >= 16, "examples found: {examples:?}");
+        for n in [2, 3] {
+            for ex in &examples {
+                let out = ofi_job(n, ex).run();
+                assert!(out.status.success() && !out.stdout.trim().is_empty(), "{ex} at {n} ranks over OFI\n{}", out.report());
+                if ex == "spawn" {
+                    // Its children are a job of their own, on OFI too (they inherit TMPI_FABRIC).
+                    let lines: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("tmpi-fabric ")).collect();
+                    assert!(lines.len() > n && lines.iter().all(|l| l.contains(" kind=ofi ")), "spawn at {n}\n{}", out.report());
+                } else {
+                    assert_ofi(&out, n);
+                }
+            }
+            let out = ofi_job(n, "randcoll").arg("--seed").arg((70 + n).to_string()).run();
+            out.assert_ok_line("randcoll: ");
+            assert_ofi(&out, n);
+        }
+    }
+
     /// `TMPI_OFI_RNDV` takes auto, read or stream: anything else fails `init` naming it.
     #[test]
     fn ofi_rndv_knob_is_checked() {

@@ -457,9 +457,18 @@ impl OfiFabric {
         }
     }
 
+    /// Whether peer `dest` finalized: its `finalized` packet was taken, or waits after the
+    /// last of what it sent.
+    fn has_finalized(&self, dest: usize) -> bool {
+        let p = &self.peers[dest];
+        p.state == PeerState::Finalized || p.ready.back().is_some_and(|r| r.kind == KIND_FINALIZED)
+    }
+
     /// Records that this rank finalized: sends each live peer a `finalized` packet after
     /// everything sent before, and waits (up to a minute) until every send completed. What
-    /// arrives meanwhile is held, not delivered.
+    /// arrives meanwhile is held, not delivered. A peer that finalized first gets none: it
+    /// takes nothing more, and once its process is gone the provider would refuse the packet
+    /// (`-FI_EAGAIN`) for the whole minute.
     pub fn mark_finalized(&mut self) {
         if std::mem::replace(&mut self.finalized, true) {
             return;
@@ -469,7 +478,7 @@ impl OfiFabric {
             if dest == self.rank {
                 continue;
             }
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !self.has_finalized(dest) {
                 match self.send_kind(dest, 0, KIND_FINALIZED, 0, &[]) {
                     Ok(true) | Err(_) => break,
                     Ok(false) => std::thread::yield_now(),
