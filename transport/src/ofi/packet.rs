@@ -48,6 +48,8 @@ const KIND_DATA: u8 = 0;
 const KIND_FINALIZED: u8 = 1;
 /// How long finalize waits for this rank's last sends to complete.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long [`OfiFabric::mark_finalized`] offers its packet to a peer that finalized first.
+const FINALIZED_GRACE: Duration = Duration::from_millis(200);
 
 struct Rx {
     flags: u8,
@@ -466,9 +468,9 @@ impl OfiFabric {
 
     /// Records that this rank finalized: sends each live peer a `finalized` packet after
     /// everything sent before, and waits (up to a minute) until every send completed. What
-    /// arrives meanwhile is held, not delivered. A peer that finalized first gets none: it
-    /// takes nothing more, and once its process is gone the provider would refuse the packet
-    /// (`-FI_EAGAIN`) for the whole minute.
+    /// arrives meanwhile is held, not delivered. A peer that finalized first is given the
+    /// packet for at most [`FINALIZED_GRACE`]: once its process is gone the provider refuses
+    /// it (`-FI_EAGAIN`) for as long as one tries.
     pub fn mark_finalized(&mut self) {
         if std::mem::replace(&mut self.finalized, true) {
             return;
@@ -478,7 +480,12 @@ impl OfiFabric {
             if dest == self.rank {
                 continue;
             }
-            while Instant::now() < deadline && !self.has_finalized(dest) {
+            let start = Instant::now();
+            loop {
+                let now = Instant::now();
+                if now >= deadline || (now >= start + FINALIZED_GRACE && self.has_finalized(dest)) {
+                    break;
+                }
                 match self.send_kind(dest, 0, KIND_FINALIZED, 0, &[]) {
                     Ok(true) | Err(_) => break,
                     Ok(false) => std::thread::yield_now(),
