@@ -469,7 +469,7 @@ impl OfiFabric {
     /// Records that this rank finalized: sends each live peer a `finalized` packet after
     /// everything sent before, and waits (up to a minute) until every send completed. What
     /// arrives meanwhile is held, not delivered. A peer that finalized first is given the
-    /// packet for at most [`FINALIZED_GRACE`]: once its process is gone the provider refuses
+    /// packet for at most 200 ms (`FINALIZED_GRACE`): once its process is gone the provider refuses
     /// it (`-FI_EAGAIN`) for as long as one tries.
     pub fn mark_finalized(&mut self) {
         if std::mem::replace(&mut self.finalized, true) {
