@@ -36,6 +36,21 @@ pub fn workspace_root() -> PathBuf {
     here.parent().unwrap_or(here).to_path_buf()
 }
 
+/// The names of the example programs (`examples/src/bin/*.rs`), sorted.
+///
+/// # Panics
+/// When the directory cannot be read.
+pub fn example_names() -> Vec<String> {
+    let dir = workspace_root().join("examples/src/bin");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(".rs").map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
 /// The workspace's target directory: `CARGO_TARGET_DIR` if set (relative to the workspace when
 /// relative), else `<workspace>/target`.
 pub fn target_dir() -> PathBuf {

@@ -147,13 +147,7 @@ example_tests!(
 
 #[test]
 fn every_example_is_tested() {
-    let dir = tmpi_tests::workspace_root().join("examples/src/bin");
-    let mut found: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(".rs").map(str::to_string))
-        .collect();
-    found.sort();
+    let found = tmpi_tests::example_names();
     let mut tested = vec![
         "hello",
         "ring",

@@ -513,13 +513,7 @@ mod ofi {
     #[test]
     fn ofi_every_example_and_random_collectives() {
         let _serial = serial();
-        let dir = tmpi_tests::workspace_root().join("examples/src/bin");
-        let mut examples: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .flatten()
-            .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(".rs").map(str::to_string))
-            .collect();
-        examples.sort();
+        let examples = tmpi_tests::example_names();
         assert!(examples.len() >= 16, "examples found: {examples:?}");
         for n in [2, 3] {
             for ex in &examples {

@@ -55,24 +55,25 @@ pub(in crate::engine) struct RndvSend {
     /// The grant went with the request itself ([`RndvRequest::pregranted`]): the reader may
     /// copy without asking, so abandoning the send revokes it first ([`Control::Revoke`]).
     pub(in crate::engine) pregranted: bool,
-    /// The request carried a fabric key ([`FabricKey`]): the reader may `fi_read` the buffer
-    /// without asking, so abandoning the send revokes the key first ([`Control::Revoke`]).
-    pub(in crate::engine) fabric_keyed: bool,
     /// This rank streamed (some of) it to the reader through the rings: its FIN ends a read
     /// that went that way (see `adapt::Epochs::peer_read`).
     pub(in crate::engine) streamed: bool,
     /// The buffer's registration in the OFI fabric's domain (`fi_mr_reg`, through its cache),
-    /// announced with the request for the reader's `fi_read`: held until FIN, then released
-    /// to the cache.
+    /// announced with the request as a fabric key ([`FabricKey`]) for the reader's `fi_read`:
+    /// held until FIN, then released to the cache.
     #[cfg(feature = "ofi")]
-    pub(in crate::engine) _fabric_mr: Option<tmpi_transport::ofi::ReadRegion>,
+    pub(in crate::engine) fabric_mr: Option<tmpi_transport::ofi::ReadRegion>,
 }
 
 impl RndvSend {
     /// Whether the reader may touch the buffer without asking (a pre-grant, a fabric key):
     /// abandoning the send revokes that first, and waits for the answer or the FIN.
     pub(in crate::engine) fn revocable(&self) -> bool {
-        self.pregranted || self.fabric_keyed
+        #[cfg(feature = "ofi")]
+        if self.fabric_mr.is_some() {
+            return true;
+        }
+        self.pregranted
     }
 }
 
@@ -293,25 +294,20 @@ impl Engine {
         let rkey = u32::try_from(key).map_err(|_| Error::State("memory key wider than the RVH's 32-bit rkey".into()))?;
         let pregranted =
             self.st.may_pregrant(dest, addr, va, len) && self.st.target.domain.check_remote(key, va, len as u64, RemoteOp::Read).is_ok();
-        #[cfg(feature = "ofi")]
-        let fabric_keyed = fk.is_some();
-        #[cfg(not(feature = "ofi"))]
-        let fabric_keyed = false;
-        // Either lets the reader touch the buffer without asking: it holds until FIN or the
-        // answer to a revoke.
-        let granted = (pregranted || fabric_keyed).then_some(dest);
-        let send = RndvSend {
+        let mut send = RndvSend {
             buf: Some(data),
             _mr: mr,
             tag64,
             va,
-            granted,
+            granted: None,
             pregranted,
-            fabric_keyed,
             streamed: false,
             #[cfg(feature = "ofi")]
-            _fabric_mr: fabric_mr,
+            fabric_mr,
         };
+        // A pre-grant or a fabric key lets the reader touch the buffer without asking: it
+        // holds until FIN or the answer to a revoke.
+        send.granted = send.revocable().then_some(dest);
         let req = self.st.new_send(dest, tag64, true, Some(send))?;
         let r = RndvRequest { app_ctx: wire_name(req), tag: tag64, va, rkey, len: len as u64, pregranted };
         let mut hdr = [0u8; RNDV_HDR_MAX];
