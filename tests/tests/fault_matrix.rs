@@ -343,6 +343,14 @@ fn ofi_faults_while_peers_wait_in_every_state() {
     matrix_on(&[3], &STATES, &["TMPI_FABRIC=ofi", "TMPI_OFI_PROVIDER=tcp", "FI_TCP_IFACE=lo"]);
 }
 
+/// The same over libfabric's `shm` provider (issue 57 item 6), which tells no sender that
+/// its peer died: the runtime learns it from the peers' process ids.
+#[cfg(feature = "ofi")]
+#[test]
+fn ofi_shm_faults_while_peers_wait_in_every_state() {
+    matrix_on(&[3], &STATES, &["TMPI_FABRIC=ofi", "TMPI_OFI_PROVIDER=shm"]);
+}
+
 /// The last rank finalizes and leaves early; the others go on among themselves.
 #[test]
 fn an_early_clean_finalize_is_not_a_failure() {

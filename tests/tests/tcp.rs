@@ -361,9 +361,14 @@ mod ofi {
     use super::*;
 
     fn ofi_job(n: usize, program: &str) -> Job {
+        ofi_job_on(n, program, "tcp")
+    }
+
+    /// A job over OFI's `provider` (`tcp` on `lo`, or `shm`).
+    fn ofi_job_on(n: usize, program: &str, provider: &str) -> Job {
         Job::tmpirun(n, program)
             .env("TMPI_FABRIC", "ofi")
-            .env("TMPI_OFI_PROVIDER", "tcp")
+            .env("TMPI_OFI_PROVIDER", provider)
             .env("FI_TCP_IFACE", "lo")
             .env("TMPI_STATS", "1")
             .timeout(Duration::from_secs(120))
@@ -371,9 +376,15 @@ mod ofi {
 
     /// Every rank reported the OFI fabric on the `tcp` provider.
     fn assert_ofi(out: &Outcome, n: usize) {
+        assert_ofi_on(out, n, "tcp;ofi_rxm");
+    }
+
+    /// Every rank reported the OFI fabric on `provider` (as libfabric names it).
+    fn assert_ofi_on(out: &Outcome, n: usize, provider: &str) {
         assert_fabric(out, n, "ofi");
-        let on_tcp = out.stderr.lines().filter(|l| l.starts_with("tmpi-fabric ") && l.contains(" provider=tcp;ofi_rxm ")).count();
-        assert_eq!(on_tcp, n, "every rank should name the provider\n{}", out.report());
+        let named = format!(" provider={provider} ");
+        let on = out.stderr.lines().filter(|l| l.starts_with("tmpi-fabric ") && l.contains(&named)).count();
+        assert_eq!(on, n, "every rank should name the provider {provider}\n{}", out.report());
     }
 
     /// randmix's small plan: 8 rounds, messages up to 600 000 bytes (eager, and rendezvous
@@ -506,30 +517,43 @@ mod ofi {
         }
     }
 
-    /// Every example at 2 and 3 ranks over OFI's `tcp` provider (each checks its own result
-    /// and exits non-zero on a wrong one; `spawn`'s children join over shared memory through
-    /// the bridge), and seeded random sequences of collectives on the world, a dup and a split
-    /// (`randcoll`, which checks every result against its reference) at 2 and 3 ranks.
+    /// Every example at 2 and 3 ranks over OFI's `tcp` and `shm` providers (each checks its
+    /// own result and exits non-zero on a wrong one; `spawn`'s children join over shared
+    /// memory through the bridge), and seeded random sequences of collectives on the world, a
+    /// dup and a split (`randcoll`, which checks every result against its reference) at 2 and
+    /// 3 ranks; over `shm` also the random point-to-point mix (over `tcp`,
+    /// `ofi_examples_and_a_random_mix_at_2_and_3_ranks` runs it).
     #[test]
     fn ofi_every_example_and_random_collectives() {
         let _serial = serial();
         let examples = tmpi_tests::example_names();
         assert!(examples.len() >= 16, "examples found: {examples:?}");
-        for n in [2, 3] {
-            for ex in &examples {
-                let out = ofi_job(n, ex).run();
-                assert!(out.status.success() && !out.stdout.trim().is_empty(), "{ex} at {n} ranks over OFI\n{}", out.report());
-                if ex == "spawn" {
-                    // Its children are a job of their own, on OFI too (they inherit TMPI_FABRIC).
-                    let lines: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("tmpi-fabric ")).collect();
-                    assert!(lines.len() > n && lines.iter().all(|l| l.contains(" kind=ofi ")), "spawn at {n}\n{}", out.report());
-                } else {
-                    assert_ofi(&out, n);
+        for (provider, named) in [("tcp", "tcp;ofi_rxm"), ("shm", "shm")] {
+            for n in [2, 3] {
+                for ex in &examples {
+                    let out = ofi_job_on(n, ex, provider).run();
+                    assert!(
+                        out.status.success() && !out.stdout.trim().is_empty(),
+                        "{ex} at {n} ranks over OFI {provider}\n{}",
+                        out.report()
+                    );
+                    if ex == "spawn" {
+                        // Its children are a job of their own, on OFI too (they inherit TMPI_FABRIC).
+                        let lines: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("tmpi-fabric ")).collect();
+                        assert!(lines.len() > n && lines.iter().all(|l| l.contains(" kind=ofi ")), "spawn at {n}\n{}", out.report());
+                    } else {
+                        assert_ofi_on(&out, n, named);
+                    }
+                }
+                let out = ofi_job_on(n, "randcoll", provider).arg("--seed").arg((70 + n).to_string()).run();
+                out.assert_ok_line("randcoll: ");
+                assert_ofi_on(&out, n, named);
+                if provider == "shm" {
+                    let out = small_mix(ofi_job_on(n, "randmix", provider), 40 + n as u64).run();
+                    out.assert_ok_line("randmix: ");
+                    assert_ofi_on(&out, n, named);
                 }
             }
-            let out = ofi_job(n, "randcoll").arg("--seed").arg((70 + n).to_string()).run();
-            out.assert_ok_line("randcoll: ");
-            assert_ofi(&out, n);
         }
     }
 

@@ -211,6 +211,23 @@ impl Offer {
         self.provider != "shm"
     }
 
+    /// The size a message must exceed for the provider to keep it safely while no receive
+    /// waits for it; 0: any size. libfabric 1.17's `shm` loses messages of at most its
+    /// `inject_size` (4 KiB, its inline and inject protocols) that arrive between processes
+    /// before a receive is posted for them, once more than a receive queue's worth are
+    /// waiting (the receiver gets the first ones, then none of a block, while every send
+    /// succeeded); larger messages go by its CMA protocol, whose sender waits for the
+    /// receiver, and arrive. Measured in `ofi/tests.rs`
+    /// (`shm_loses_small_unexpected_messages_between_processes`); the packet fabric pads
+    /// its packets past this size.
+    pub fn unexpected_floor(&self) -> usize {
+        if self.provider == "shm" {
+            self.inject_size + 1
+        } else {
+            0
+        }
+    }
+
     /// Whether the provider checks the key of a remote read. libfabric 1.17's `shm` does not
     /// (it copies with `process_vm_readv` whatever the key; tested in `ofi/tests.rs`), so a
     /// rendezvous over it must not rely on the key to protect memory.

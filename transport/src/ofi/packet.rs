@@ -5,15 +5,20 @@
 //! source field) of a 16-byte header and the packet's bytes:
 //!
 //! ```text
-//! flags u8 (PKT_*) | kind u8 (0 data, 1 finalized) | 0 u16 | seq u32le | total length u64le
+//! flags u8 (PKT_*) | kind u8 (0 data, 1 finalized) | pad u16le | seq u32le | total length u64le
 //! ```
+//!
+//! `pad` is 0, or the packet's length + 1 when zeros follow it: over a provider that loses
+//! small messages no receive waits for ([`super::Offer::unexpected_floor`], libfabric 1.17's
+//! `shm`), every packet is sent by `fi_tsend` padded past that size.
 //!
 //! Receives of [`MAX_PACKET`] + 16 bytes from any source are kept posted ([`RX_DEPTH`]).
 //! Providers keep each source's messages in order (`FI_ORDER_SAS`) but may report
 //! completions out of order (`comp_order` `FI_ORDER_NONE` for `tcp`), so each source's
 //! packets carry a sequence number and are delivered in it. A `finalized` packet is the last
 //! a rank sends when it finalizes; a send that completes with an error marks its peer
-//! failed. Packets up to the provider's `inject_size` go by `fi_tinject` (no completion),
+//! failed. Packets up to the provider's `inject_size` go by `fi_tinject` (no completion, and
+//! not over a provider that needs padding),
 //! larger ones by `fi_tsend` from a pooled buffer, at most [`TX_DEPTH`] outstanding:
 //! beyond that, or on `-FI_EAGAIN`, `try_send` answers "full" as a full ring does.
 
@@ -64,6 +69,8 @@ struct Peer {
     state: PeerState,
     next_in: u32,
     next_out: u32,
+    /// Sends to this peer not completed yet.
+    inflight: usize,
     early: BTreeMap<u32, Rx>,
     ready: VecDeque<Rx>,
 }
@@ -79,6 +86,8 @@ pub struct OfiFabric {
     tx_inflight: usize,
     pool: Vec<Vec<u8>>,
     inject: usize,
+    /// Packets are padded to at least this length (0: not padded). See the module doc.
+    pad_to: usize,
     finalized: bool,
     /// A malformed packet seen in a completion, reported by the next poll.
     fault: Option<Error>,
@@ -130,9 +139,18 @@ impl OfiFabric {
         }
         let peers = addrs
             .iter()
-            .map(|&addr| Peer { addr, state: PeerState::Alive, next_in: 0, next_out: 0, early: BTreeMap::new(), ready: VecDeque::new() })
+            .map(|&addr| Peer {
+                addr,
+                state: PeerState::Alive,
+                next_in: 0,
+                next_out: 0,
+                inflight: 0,
+                early: BTreeMap::new(),
+                ready: VecDeque::new(),
+            })
             .collect();
-        let inject = ep.offer().inject_size.min(MAX_PACKET + HDR);
+        let pad_to = ep.offer().unexpected_floor().min(usize::from(u16::MAX));
+        let inject = if pad_to > 0 { 0 } else { ep.offer().inject_size.min(MAX_PACKET + HDR) };
         let waker = super::wake::Waker::new().ok();
         let pids = vec![0; addrs.len()];
         let mut f = OfiFabric {
@@ -149,6 +167,7 @@ impl OfiFabric {
             tx_inflight: 0,
             pool: Vec::new(),
             inject,
+            pad_to,
             finalized: false,
             fault: None,
             waker,
@@ -157,6 +176,13 @@ impl OfiFabric {
         };
         f.post_receives()?;
         Ok(f)
+    }
+
+    /// Sends as if the provider kept small unexpected messages (to show that it does not).
+    #[cfg(test)]
+    pub(crate) fn without_padding(&mut self) {
+        self.pad_to = 0;
+        self.inject = self.ep.offer().inject_size.min(MAX_PACKET + HDR);
     }
 
     /// A line describing the receive side, for test failures.
@@ -271,6 +297,9 @@ impl OfiFabric {
 
     fn sent(&mut self, c: Completion) {
         self.tx_inflight -= 1;
+        if let Some(p) = self.peers.get_mut(c.user as usize) {
+            p.inflight = p.inflight.saturating_sub(1);
+        }
         if c.error.is_some() {
             if let Some(p) = self.peers.get_mut(c.user as usize) {
                 if p.state == PeerState::Alive {
@@ -312,14 +341,16 @@ impl OfiFabric {
         let (flags, kind) = (b[0], b[1]);
         let seq = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
         let total = u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
-        let bad = kind > KIND_FINALIZED || b[2] != 0 || b[3] != 0 || flags & !(PKT_FIRST | PKT_LAST | PKT_RMA) != 0;
+        let pad = usize::from(u16::from_le_bytes([b[2], b[3]]));
+        let len = if pad == 0 { c.len - HDR } else { pad - 1 };
+        let bad = kind > KIND_FINALIZED || len > c.len - HDR || flags & !(PKT_FIRST | PKT_LAST | PKT_RMA) != 0;
         if bad {
             self.recycle(c.buf);
             self.fault = Some(Error::PeerProtocol { rank: src, what: "malformed OFI packet header" });
             self.peers[src].state = PeerState::Failed;
             return Ok(());
         }
-        let rx = Rx { flags, kind, total, len: c.len - HDR, buf: c.buf };
+        let rx = Rx { flags, kind, total, len, buf: c.buf };
         self.rx_held += 1;
         let p = &mut self.peers[src];
         if seq == p.next_in {
@@ -355,7 +386,9 @@ impl OfiFabric {
         let (seq, addr) = (self.peers[dest].next_out, self.peers[dest].addr);
         let h = hdr(flags, kind, seq, total);
         let bits = tag::send(tag::PROTO_PACKET, 0, self.rank as u32, 0).unwrap_or(0);
-        if HDR + len <= self.inject {
+        // The finalized packet is sent with a completion: finalize waits for it, and with it
+        // (in order on the connection) for all sent before, injected ones too.
+        if HDR + len <= self.inject && kind == KIND_DATA {
             let mut small = [0u8; 256];
             let n = gather(&mut small, &h, parts);
             if n > 0 {
@@ -379,9 +412,15 @@ impl OfiFabric {
         for p in parts {
             buf.extend_from_slice(p);
         }
+        if buf.len() < self.pad_to {
+            // Fits u16: the floor is a provider's inject size (4 KiB for shm).
+            buf[2..4].copy_from_slice(&((len + 1) as u16).to_le_bytes());
+            buf.resize(self.pad_to, 0);
+        }
         match self.ep.tsend(buf, Desc::NONE, addr, bits, dest as u64)? {
             Post::Posted(_) => {
                 self.tx_inflight += 1;
+                self.peers[dest].inflight += 1;
                 self.peers[dest].next_out = seq.wrapping_add(1);
                 Ok(true)
             }
@@ -395,7 +434,7 @@ impl OfiFabric {
 
     /// Delivers at most one packet from each source that has one, round-robin, to `f`;
     /// `f` returns `false` to leave the packet for the next poll. Returns how many were
-    /// taken.
+    /// taken, a peer's `finalized` packet included (it is not delivered).
     ///
     /// # Errors
     /// [`Error::PeerProtocol`] naming a peer that sent a malformed packet (once; the peer
@@ -414,6 +453,11 @@ impl OfiFabric {
                 p.state = PeerState::Finalized;
                 if let Some(r) = p.ready.pop_front() {
                     self.rx_held -= 1;
+                    // Counted as taken: the caller looks again before it concludes that the
+                    // peer left nothing. A message it sent before, which the provider matches
+                    // and holds unexpected, is visible to a peek made after this packet was
+                    // read (the connection keeps order), not necessarily to one made before.
+                    taken += 1;
                     self.recycle(r.buf);
                 }
             }
@@ -467,7 +511,8 @@ impl OfiFabric {
     }
 
     /// Records that this rank finalized: sends each live peer a `finalized` packet after
-    /// everything sent before, and waits (up to a minute) until every send completed. What
+    /// everything sent before, and waits (up to a minute) until every send to a peer that
+    /// has not finalized completed ([`OfiFabric::flush_owed`]). What
     /// arrives meanwhile is held, not delivered. A peer that finalized first is given the
     /// packet for at most 200 ms (`FINALIZED_GRACE`): once its process is gone the provider refuses
     /// it (`-FI_EAGAIN`) for as long as one tries.
@@ -492,12 +537,23 @@ impl OfiFabric {
                 }
             }
         }
-        while self.tx_inflight > 0 && Instant::now() < deadline {
+        while self.flush_owed() && Instant::now() < deadline {
             if self.progress().is_err() {
                 break;
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Whether a send to a live peer that has not finalized is still out. A peer that
+    /// finalized waited for whatever it needed from this rank before it did: sends to it
+    /// are not waited for (over `shm` they complete only as the peer takes them, and it
+    /// may have exited).
+    fn flush_owed(&self) -> bool {
+        (0..self.peers.len()).any(|d| {
+            let p = &self.peers[d];
+            p.inflight > 0 && p.state == PeerState::Alive && !self.has_finalized(d)
+        })
     }
 
     /// Sleeps until a completion may be ready (the completion queue's descriptor, where the
@@ -560,6 +616,11 @@ impl OfiFabric {
     /// Handles of the receives matching by the provider still has posted.
     pub fn p2p_live(&self) -> Vec<u64> {
         self.mpi.as_ref().map(ProviderCore::live_handles).unwrap_or_default()
+    }
+
+    /// Point-to-point sends queued or not yet completed ([`ProviderCore::sends_pending`]).
+    pub fn p2p_sends_pending(&self) -> usize {
+        self.mpi.as_ref().map_or(0, ProviderCore::sends_pending)
     }
 
     /// Flushes point-to-point's sends, progresses the endpoint (packets included) when

@@ -380,18 +380,23 @@ fn packet_fabric_in_order_and_finalize() {
         assert!(fa.try_send(0, PKT_WHOLE, 0, &[b"me"]).is_err(), "to itself");
         assert_eq!(fb.peer_state(0), PeerState::Alive);
         assert!(fa.try_send(1, PKT_WHOLE, 1, &[b"last"]).unwrap());
-        fa.mark_finalized();
         let end = Instant::now() + WAIT;
         let mut last = Vec::new();
-        while fb.peer_state(0) != PeerState::Finalized {
-            assert!(Instant::now() < end, "{p}: finalize not seen");
-            fb.poll(|pk| {
-                last.push(pk.data.to_vec());
-                true
-            })
-            .unwrap();
-            fb.wait(Duration::from_millis(1));
-        }
+        // Finalize flushes this rank's sends, which over `shm` (padded, not injected)
+        // complete only as the receiver takes them: the receiver runs beside it.
+        std::thread::scope(|s| {
+            let flush = s.spawn(|| fa.mark_finalized());
+            while fb.peer_state(0) != PeerState::Finalized {
+                assert!(Instant::now() < end, "{p}: finalize not seen");
+                fb.poll(|pk| {
+                    last.push(pk.data.to_vec());
+                    true
+                })
+                .unwrap();
+                fb.wait(Duration::from_millis(1));
+            }
+            flush.join().unwrap();
+        });
         assert_eq!(last, vec![b"last".to_vec()], "{p}: the last packet comes before the finalize mark");
     }
 }
@@ -449,10 +454,13 @@ const MSGS: u32 = 300;
 
 /// One rank of the two-process test: wire up, send `MSGS` packets to the other rank (some
 /// of several packets), receive its `MSGS`, check them, finalize, and see it finalize.
-fn two_process_rank(dir: &std::path::Path, rank: usize, provider: &str) {
+fn two_process_rank(dir: &std::path::Path, rank: usize, provider: &str, pad: bool) {
     let mut kv = DirKv { dir: dir.to_path_buf(), size: 2, rank, fences: 0 };
     let cfg = OfiConfig { provider: Some(provider.into()), node: Some("127.0.0.1".into()) };
     let mut f = wire_up(&mut kv, rank, 2, &cfg).unwrap();
+    if !pad {
+        f.without_padding();
+    }
     let peer = 1 - rank;
     let (mut sent, mut got) = (0u32, 0u32);
     let end = Instant::now() + Duration::from_secs(60);
@@ -486,10 +494,10 @@ fn two_process_rank(dir: &std::path::Path, rank: usize, provider: &str) {
 
 /// Runs [`two_process_rank`] as rank 0 here and as rank 1 in a copy of this test binary
 /// started to run only `test` (which calls this too, and finds itself the child).
-fn two_processes(test: &str, p: &str) {
+fn two_processes(test: &str, p: &str, pad: bool) {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         let (dir, provider) = spec.split_once('|').unwrap();
-        two_process_rank(std::path::Path::new(dir), 1, provider);
+        two_process_rank(std::path::Path::new(dir), 1, provider, pad);
         return;
     }
     {
@@ -502,7 +510,7 @@ fn two_processes(test: &str, p: &str) {
             .env(CHILD_ENV, format!("{}|{p}", dir.display()))
             .spawn()
             .unwrap();
-        two_process_rank(&dir, 0, p);
+        two_process_rank(&dir, 0, p, pad);
         let st = child.wait().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(st.success(), "{p}: rank 1 {st}");
@@ -513,19 +521,27 @@ fn two_processes(test: &str, p: &str) {
 /// ways, in order, then both finalize.
 #[test]
 fn two_processes_exchange_packets_tcp() {
-    two_processes("ofi::tests::two_processes_exchange_packets_tcp", "tcp");
+    two_processes("ofi::tests::two_processes_exchange_packets_tcp", "tcp", true);
 }
 
-/// The same over `shm`. With libfabric 1.17 (Debian 12) a block of messages goes missing
-/// between two processes: the receiver gets the first 128 or so of its peer's packets, then
-/// none until the peer's last ones, while every send completes without error. Narrowed here:
-/// it happens with packets of at most 4 KiB (shm's inline and inject protocols), whether they
-/// are sent with `fi_tinject` or `fi_tsend`, and not with packets of 5-8 KiB (its SAR/CMA
-/// protocols), nor in one process. Run it with `--ignored` to see it.
+/// The same over `shm`, whose packets are padded past its inject size
+/// ([`Offer::unexpected_floor`]).
 #[test]
-#[ignore = "libfabric 1.17's shm loses messages between two processes (see the doc comment)"]
 fn two_processes_exchange_packets_shm() {
-    two_processes("ofi::tests::two_processes_exchange_packets_shm", "shm");
+    two_processes("ofi::tests::two_processes_exchange_packets_shm", "shm", true);
+}
+
+/// Why `shm`'s packets are padded: without it, libfabric 1.17's `shm` loses a block of
+/// messages between two processes. The receiver gets its first 2 x [`packet::RX_DEPTH`]
+/// packets (those that found a posted receive, then as many held as unexpected), then none
+/// of a block, then later ones, while every send succeeded; with 400 receives posted
+/// nothing is lost, nor with packets past 4 KiB (its CMA protocol, whose sender waits for
+/// the receiver), nor within one process. This test fails while that is so (run it with
+/// `--ignored`); once it passes, `Offer::unexpected_floor` can say 0 for the fixed version.
+#[test]
+#[ignore = "fails with libfabric 1.17: shows the loss the padding avoids (see the doc comment)"]
+fn shm_loses_small_unexpected_messages_between_processes() {
+    two_processes("ofi::tests::shm_loses_small_unexpected_messages_between_processes", "shm", false);
 }
 
 /// The raw variants receive and read into caller-owned memory.
