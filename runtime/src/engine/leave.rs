@@ -23,6 +23,9 @@ impl Peers {
     }
 }
 
+/// Most rounds of progress [`Engine::settle`] makes.
+const SETTLE_ROUNDS: usize = 64;
+
 impl Engine {
     /// Whether what a waiter needs can still come: [`Error::PeerGone`] if a peer failed (the
     /// job is ending), or if every rank `need` depends on has departed (finalized or failed)
@@ -36,6 +39,7 @@ impl Engine {
         let p = self.next_probe;
         self.next_probe = if p + 1 >= self.size { 0 } else { p + 1 };
         if p != self.st.rank && !self.dead[p] && !self.fabric.process_alive(p) {
+            self.settle()?;
             self.dead[p] = true;
         }
         let mut failed = None;
@@ -89,6 +93,19 @@ impl Engine {
             }
         }
         Err(Error::PeerGone { rank: deps[0] })
+    }
+
+    /// Progresses until a round finds nothing (at most [`SETTLE_ROUNDS`]): a peer seen
+    /// exited may have finalized first, and its mark (after all it sent) may still be on
+    /// its way in through a fabric that is read by progress (OFI); a rank that finalized and
+    /// exited has not failed.
+    fn settle(&mut self) -> Result<()> {
+        for _ in 0..SETTLE_ROUNDS {
+            if self.progress()? == 0 {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// How `peer` stands: its record in the fabric, or failed once its process was seen dead

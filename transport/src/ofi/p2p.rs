@@ -254,6 +254,8 @@ pub const P2P_USER: u64 = u64::MAX - 1;
 /// completion to read).
 struct SendQueue {
     queue: VecDeque<(u64, u64, Vec<u8>)>,
+    /// Sends posted by `fi_tsend` whose completion has not been read.
+    out: usize,
     eager_max: usize,
     inject: usize,
 }
@@ -267,6 +269,7 @@ impl SendQueue {
         let max = usize::try_from(o.max_msg_size).unwrap_or(usize::MAX);
         SendQueue {
             queue: VecDeque::new(),
+            out: 0,
             eager_max: o.inject_size.max(16 << 10).min(max).saturating_sub(SOFT_HDR),
             inject: o.inject_size,
         }
@@ -294,16 +297,24 @@ impl SendQueue {
                 self.queue.push_front((dest, bits, buf));
                 break;
             }
+            self.out += 1;
         }
         Ok(())
     }
-}
 
-/// A send's completion: only errors matter.
-fn check_send(c: &Completion) -> Result<()> {
-    match c.error {
-        Some(e) => Err(Error::Fabric(format!("fi_tsend completed with error {e} (provider {})", c.prov_errno))),
-        None => Ok(()),
+    /// A send's completion `c` was read: only errors matter.
+    fn completed(&mut self, c: &Completion) -> Result<()> {
+        self.out = self.out.saturating_sub(1);
+        match c.error {
+            Some(e) => Err(Error::Fabric(format!("fi_tsend completed with error {e} (provider {})", c.prov_errno))),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends queued or not completed yet (injected ones are not counted: they have no
+    /// completion).
+    fn pending(&self) -> usize {
+        self.queue.len() + self.out
     }
 }
 
@@ -474,7 +485,7 @@ impl ProviderCore {
     /// As [`ProviderCore::finish`].
     pub fn finish_with(&mut self, c: Completion, f: &mut dyn FnMut(u64, Delivered<'_>)) -> Result<()> {
         if c.kind == OpKind::Send {
-            return check_send(&c);
+            return self.sends.completed(&c);
         }
         let Some(i) = self.live.iter().position(|l| l.1 == c.id) else { return Ok(()) };
         let (handle, _, cap) = self.live.swap_remove(i);
@@ -648,6 +659,12 @@ impl ProviderCore {
         self.sends.push(ep, addr, bits, msg)
     }
 
+    /// Sends not yet handed to the provider, or whose completion has not been read:
+    /// finalize waits for none to be left.
+    pub fn sends_pending(&self) -> usize {
+        self.sends.pending()
+    }
+
     /// Handles of the receives still posted.
     pub fn live_handles(&self) -> Vec<u64> {
         self.live.iter().map(|l| l.0).collect()
@@ -770,7 +787,7 @@ impl SoftP2p {
 
     fn complete(&mut self, c: Completion, done: &mut Vec<Done>) -> Result<()> {
         match c.kind {
-            OpKind::Send => check_send(&c),
+            OpKind::Send => self.sends.completed(&c),
             OpKind::Recv => self.arrive(c, done),
             _ => Ok(()),
         }
