@@ -512,7 +512,7 @@ impl OfiFabric {
 
     /// Records that this rank finalized: sends each live peer a `finalized` packet after
     /// everything sent before, and waits (up to a minute) until every send to a peer that
-    /// has not finalized completed ([`OfiFabric::flush_owed`]). What
+    /// has not finalized completed (a peer that finalized waited for what it needed). What
     /// arrives meanwhile is held, not delivered. A peer that finalized first is given the
     /// packet for at most 200 ms (`FINALIZED_GRACE`): once its process is gone the provider refuses
     /// it (`-FI_EAGAIN`) for as long as one tries.
