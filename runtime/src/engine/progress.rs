@@ -220,9 +220,14 @@ impl Engine {
         let mut b = Backoff::new(self.spin);
         match self.fabric.wakeup() {
             Wakeup::Doorbell if self.size > usable_cpus() => b.yields = YIELDS_DOORBELL_OVERSUBSCRIBED,
-            // A rank whose every peer can end its sleep in `ppoll` sleeps right after its
-            // spin: nothing else can wake it sooner.
-            Wakeup::Sockets { all: true } => b.yields = 0,
+            // A rank whose every peer can end its sleep in `ppoll` (or in the OFI completion
+            // queue's descriptor) sleeps right after its spin when it has a core to itself:
+            // nothing else can wake it sooner. When ranks outnumber cores it yields first, as
+            // long as usual: the rank it waits for may be the one it would leave the core
+            // to, and a wake-up costs more than the yields (`osu_allreduce` at 4 ranks on 2
+            // cores, 2026-11-30: 8 B 70-103 us against 198-216 over OFI `tcp`, 58-112
+            // against 102-110 over TCP; bench/results/HISTORY.md).
+            Wakeup::Sockets { all: true } if self.size <= usable_cpus() => b.yields = 0,
             _ => {}
         }
         b
