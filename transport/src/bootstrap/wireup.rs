@@ -86,6 +86,9 @@ fn net_key(r: usize) -> String {
 fn ofi_only(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> Result<AnyFabric> {
     let node = tcp::iface::listen_ip(how.tcp_if, env.local_size == env.size)?.to_string();
     let cfg = crate::ofi::OfiConfig { provider: how.ofi_provider.map(str::to_string), node: Some(node) };
+    if how.ofi_provider == Some("shm") {
+        crate::ofi::remove_stale_shm_regions(std::process::id());
+    }
     let f = crate::ofi::wire_up(bc, env.rank, env.size, &cfg)?;
     bc.fence()?;
     Ok(AnyFabric::Ofi(Box::new(f)))

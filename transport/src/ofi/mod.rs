@@ -122,6 +122,24 @@ impl OfiConfig {
     }
 }
 
+/// Removes the regions libfabric's `shm` provider left in `/dev/shm` under process id
+/// `pid`: it names them `<pid>:<domain>:<endpoint>` and unlinks them when the endpoint
+/// closes, so a process killed before that leaves 16 MiB behind, and a later process given
+/// the same id (ids wrap at `pid_max`, 32 768 here) fails `fi_endpoint` with `EBUSY` (seen
+/// in CI after the fault matrix over `shm`). Called by this process, under its own id,
+/// before it opens its first endpoint: any such region is then a dead process's. Failures
+/// are ignored (the open that follows reports what matters).
+pub fn remove_stale_shm_regions(pid: u32) {
+    let prefix = format!("{pid}:");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if name.to_str().is_some_and(|n| n.starts_with(&prefix)) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn addr_key(r: usize) -> String {
     format!("fab-ofi-{r}")
 }

@@ -619,3 +619,18 @@ fn published_addresses_parse_or_are_refused() {
         assert!(Published::parse(bad).is_none(), "{bad:?}");
     }
 }
+
+/// A region `shm` left under a process id is removed for that id only.
+#[test]
+fn stale_shm_regions_of_one_process_id_are_removed() {
+    // Ids above any pid_max, so that no live process owns them.
+    let (dead, other) = (4_190_001u32, 4_190_002u32);
+    let path = |pid: u32, ep: u32| std::path::PathBuf::from(format!("/dev/shm/{pid}:0:{ep}"));
+    for p in [path(dead, 0), path(dead, 1), path(other, 0)] {
+        std::fs::write(&p, b"stale").unwrap();
+    }
+    remove_stale_shm_regions(dead);
+    assert!(!path(dead, 0).exists() && !path(dead, 1).exists());
+    assert!(path(other, 0).exists());
+    std::fs::remove_file(path(other, 0)).unwrap();
+}
