@@ -34,14 +34,7 @@ impl Engine {
     /// A departed rank's state is read before its ring: what it sent before it finalized is
     /// then visible, so it is received first.
     pub(crate) fn check_gone(&mut self, need: &Need) -> Result<()> {
-        // One process per call is checked with system calls; every peer's own record in the
-        // fabric is a memory read.
-        let p = self.next_probe;
-        self.next_probe = if p + 1 >= self.size { 0 } else { p + 1 };
-        if p != self.st.rank && !self.dead[p] && !self.fabric.process_alive(p) {
-            self.settle()?;
-            self.dead[p] = true;
-        }
+        self.probe_next_process()?;
         let mut failed = None;
         for peer in 0..self.size {
             if peer != self.st.rank && self.state_of(peer) == PeerState::Failed {
@@ -93,6 +86,18 @@ impl Engine {
             }
         }
         Err(Error::PeerGone { rank: deps[0] })
+    }
+
+    /// Checks one peer's process per call (system calls; every peer's own record in the
+    /// fabric is a memory read), in turn: one seen exited is settled, then marked dead.
+    fn probe_next_process(&mut self) -> Result<()> {
+        let p = self.next_probe;
+        self.next_probe = if p + 1 >= self.size { 0 } else { p + 1 };
+        if p != self.st.rank && !self.dead[p] && !self.fabric.process_alive(p) {
+            self.settle()?;
+            self.dead[p] = true;
+        }
+        Ok(())
     }
 
     /// Progresses until a round finds nothing (at most [`SETTLE_ROUNDS`]): a peer seen
