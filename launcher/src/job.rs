@@ -56,8 +56,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tmpi_transport::bootstrap::wireup::ENV_NODE_ID;
 use tmpi_transport::bootstrap::{self, BootstrapAddr, BootstrapServer, JobSecret, ServerEvent, KNOBS};
+use tmpi_transport::host::ENV_NODE_ID;
 
 use crate::binding::{Binder, Placement};
 use crate::cleanup;

@@ -11,10 +11,14 @@
 //! - [`tcp`]: the TCP fabric between hosts (one connection per pair of ranks).
 //! - `ofi` (cargo feature `ofi`): libfabric's providers: safe wrappers, the tag layout and
 //!   the OFI packet fabric.
+//! - [`packet`]: what every fabric delivers: packets, their flags, peer states.
 //! - [`fabric`]: packets, the [`fabric::Fabric`] trait every fabric implements, and
 //!   [`fabric::AnyFabric`], the one the runtime drives (shared memory, TCP, or both in one
 //!   job).
+//! - [`secret`] and [`auth`]: the job's secret, and how a connection proves it (the TCP
+//!   fabric and the bootstrap service alike).
 //! - [`bootstrap`]: the key-value service that `tmpirun` serves and ranks use to meet.
+//! - [`host`]: which host a rank runs on (ranks of one host share memory).
 //! - [`knobs`]: every `TMPI_*` environment variable, its default and meaning.
 //!
 //! This crate never depends on the runtime (`tmpi`); the runtime and the launcher use it.
@@ -27,14 +31,18 @@
 //! assert_eq!(Tmh::decode(&buf).unwrap(), h);
 //! ```
 
+pub mod auth;
 pub mod bootstrap;
 pub mod error;
 pub mod fabric;
+pub mod host;
 pub mod knobs;
 pub mod local;
 pub mod mr;
 #[cfg(feature = "ofi")]
 pub mod ofi;
+pub mod packet;
+pub mod secret;
 pub mod shm;
 pub mod tcp;
 pub mod tm;

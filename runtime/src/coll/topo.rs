@@ -159,7 +159,7 @@ pub(crate) fn learn(world: &Comm, one_host: bool) -> Result<()> {
     let keys = if one_host {
         vec![0u64; n]
     } else {
-        let me = key_of(&tmpi_transport::bootstrap::wireup::host_id());
+        let me = key_of(&tmpi_transport::host::host_id());
         let mut all = vec![0u64; n];
         let c = crate::coll_glue::CollCtx::new(world)?;
         c.finish(super::allgather(&c, bytemuck::bytes_of(&me), bytemuck::cast_slice_mut(&mut all)))?;

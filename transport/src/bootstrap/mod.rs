@@ -47,7 +47,6 @@
 
 pub mod pmi2;
 pub mod proto;
-pub mod secret;
 pub mod server;
 pub mod spawn;
 pub mod wireup;
@@ -60,7 +59,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use secret::{JobSecret, ENV_JOB_SECRET};
+pub use crate::secret::{JobSecret, ENV_JOB_SECRET};
 pub use server::{BootstrapServer, ServerEvent, ServerThread};
 
 use crate::error::{Error, Result};
@@ -424,7 +423,7 @@ impl BootstrapClient {
     /// and checks the server's proof, within [`HELLO_TIMEOUT`] (a server that says nothing is
     /// not waited for forever).
     fn prove(&mut self, secret: &JobSecret, addr: &BootstrapAddr) -> Result<()> {
-        use crate::tcp::auth::{self, Purpose};
+        use crate::auth::{self, Purpose};
         self.stream.set_read_timeout(Some(HELLO_TIMEOUT)).map_err(|e| self.lost("set a timeout on", e))?;
         let mut ch = [0u8; auth::CHALLENGE_LEN];
         self.stream.read_exact(&mut ch).map_err(|e| self.lost("read the challenge of", e))?;

@@ -19,7 +19,7 @@
 //! held by the server until they can be answered.
 //!
 //! Before any frame, the server sends each new connection a challenge (24 bytes, not framed:
-//! see [`crate::tcp::auth`], [`Purpose::Bootstrap`](crate::tcp::auth::Purpose::Bootstrap)).
+//! see [`crate::auth`], [`Purpose::Bootstrap`](crate::auth::Purpose::Bootstrap)).
 //! The `hello` carries the answer, so the job's secret never travels: from `rank` on, its
 //! body is the connector's answer of that scheme (rank, size, the client's nonce, and
 //! `HMAC(secret, label | server's nonce | rank | size)`). The server's reply to a `hello`
@@ -30,8 +30,8 @@
 //! UTF-8, or a length above the caps is an [`Error::Bootstrap`].
 
 use super::spawn::SpawnRequest;
+use crate::auth::{ANSWER_LEN, MAC_LEN, NONCE_LEN};
 use crate::error::{Error, Result};
-use crate::tcp::auth::{ANSWER_LEN, MAC_LEN, NONCE_LEN};
 
 /// Protocol version sent in `hello`; the server refuses any other.
 pub const VERSION: u32 = 3;
@@ -73,7 +73,7 @@ pub enum Request {
         /// The client's nonce, which the server's proof answers.
         nonce: [u8; NONCE_LEN],
         /// `HMAC(secret, ...)` over the server's challenge, `rank` and `size`
-        /// ([`crate::tcp::auth::answer`]); checked before anything else in the frame is trusted.
+        /// ([`crate::auth::answer`]); checked before anything else in the frame is trusted.
         mac: [u8; MAC_LEN],
     },
     /// Store `value` under `key` (a later put of the same key replaces it).

@@ -20,7 +20,7 @@
 //!
 //! Admission: a connection is a stranger until its `hello` proves the job's secret
 //! ([`JobSecret`]): the server sends every new connection a fresh random challenge, and the
-//! `hello` must carry `HMAC(secret, challenge, rank, size)` ([`crate::tcp::auth`], the scheme
+//! `hello` must carry `HMAC(secret, challenge, rank, size)` ([`crate::auth`], the scheme
 //! the TCP fabric uses), checked in constant time before anything else in the frame is looked
 //! at. The secret never travels, and an answer recorded on one connection is worth nothing on
 //! another. The server answers an admitted `hello` with its own proof, so a rank knows it talks
@@ -55,9 +55,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::proto::{self, Reply, Request, HELLO_FRAME_LEN, MAX_FRAME};
-use super::secret::JobSecret;
+use crate::auth::{self, Purpose};
 use crate::error::{Error, Result};
-use crate::tcp::auth::{self, Purpose};
+use crate::secret::JobSecret;
 
 /// How long a new connection has to prove the job secret in its `hello` before it is closed
 /// as a stranger (and reported as [`ServerEvent::Refused`]). A rank sends its `hello` as soon

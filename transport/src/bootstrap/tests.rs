@@ -1,7 +1,7 @@
 //! Server in a thread, several clients in threads.
 
 use super::*;
-use crate::tcp::auth::{self, Purpose};
+use crate::auth::{self, Purpose};
 use std::ffi::OsString;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,12 +1,9 @@
-//! What every fabric hands the runtime: packets, with a few flags; [`Fabric`], the trait every
+//! What every fabric hands the runtime: packets, with a few flags (defined in [`crate::packet`]
+//! and re-exported here); [`Fabric`], the trait every
 //! fabric implements (shared memory, TCP, threads of one process, and the hybrid of shared
 //! memory and TCP); and [`AnyFabric`], the one the engine drives, an enum of them whose calls
 //! are a `match` each, so the shared-memory path stays monomorphic and inlined (no `dyn` call
 //! per packet).
-//!
-//! A message larger than one packet is sent as consecutive packets to one destination
-//! (`FIRST`, then continuations, the last one `LAST`); packets of one source arrive in order,
-//! and a sender never interleaves the packets of two messages to the same destination.
 //!
 //! What differs between fabrics is what they report, never their kind: per peer
 //! ([`PeerCaps`]) the largest packet, how many parts a packet may be gathered from, whether
@@ -18,7 +15,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `mod.rs` | packets, peer states, the [`Fabric`] trait and its capabilities |
+//! | `mod.rs` | the [`Fabric`] trait and its capabilities (packets and peer states re-exported) |
 //! | [`any`] | [`AnyFabric`]: one of the fabrics, chosen at start-up |
 //! | [`hybrid`] | [`HybridFabric`]: shared memory on this host, TCP to the others |
 //! | `impls.rs` | [`Fabric`] for the shared-memory, TCP and in-process fabrics |
@@ -30,40 +27,7 @@ mod impls;
 pub use any::AnyFabric;
 pub use hybrid::HybridFabric;
 
-/// The packet starts a message (it carries the TMH).
-pub const PKT_FIRST: u8 = 1;
-/// The packet ends a message.
-pub const PKT_LAST: u8 = 2;
-/// A message in one packet.
-pub const PKT_WHOLE: u8 = PKT_FIRST | PKT_LAST;
-/// An RDMA read request, response or refusal: served by the endpoint itself, never seen by
-/// the receiver's TM-SRQ (as an RDMA read bypasses the SRQ of a real NIC). Independent of the
-/// message packet sequence: it may appear between the packets of a message.
-pub const PKT_RMA: u8 = 4;
-
-/// One packet as delivered by a fabric's poll.
-#[derive(Debug, Clone, Copy)]
-pub struct Packet<'a> {
-    /// The sending rank.
-    pub src: usize,
-    /// `PKT_*` flags.
-    pub flags: u8,
-    /// Length of the whole message this packet belongs to (headers included).
-    pub total_len: u64,
-    /// The packet's bytes; valid only during the poll callback.
-    pub data: &'a [u8],
-}
-
-/// How a peer stands, as its fabric sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PeerState {
-    /// Attached and running.
-    Alive,
-    /// It finalized cleanly: everything it sent is in the fabric, and it sends nothing more.
-    Finalized,
-    /// It left without finalizing (its process died or its end was dropped while unwinding).
-    Failed,
-}
+pub use crate::packet::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA, PKT_WHOLE};
 
 use crate::error::{Error, Result};
 use crate::shm::segment::Segment;

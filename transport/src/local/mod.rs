@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use crate::error::{Error, Result};
-use crate::fabric::{Packet, PeerState};
+use crate::packet::{Packet, PeerState};
 
 struct Wire {
     src: usize,

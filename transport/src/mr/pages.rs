@@ -1,7 +1,12 @@
 //! Whether a range of this process's address space is mapped: the check behind
-//! `FI_MR_ALLOCATED` (one `mincore` system call per 4 MiB or so).
+//! `FI_MR_ALLOCATED` (one `mincore` system call per 4 MiB or so), and the page size.
 
-use super::cache::page_size;
+/// The system page size.
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).ok().filter(|&p| p.is_power_of_two()).unwrap_or(4096)
+}
 
 /// Pages asked about per `mincore` call (its result vector lives on the stack).
 const CHUNK_PAGES: usize = 1024;

@@ -396,8 +396,8 @@ fn errno_codes() {
 
 // ---------------------------------------------------------------- issue 17, items 6 to 8
 
-use super::cache::page_size;
 use super::cache::testmem::Mapping;
+use super::pages::page_size;
 
 /// Item 8, probed: `FI_MR_HMEM` and `FI_MR_COLLECTIVE` asked for by an application were refused
 /// with EINVAL; a provider clears the bits it does not need, as `fi_getinfo` does, and says so.

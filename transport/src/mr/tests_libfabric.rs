@@ -26,7 +26,7 @@
 //! assertions). Where the model and a provider differ, `transport/CONFORMANCE.md` says which
 //! is wrong and why.
 
-use super::cache::page_size;
+use super::pages::page_size;
 use super::cache::testmem::Mapping;
 use super::*;
 

@@ -157,7 +157,7 @@ pub fn wire_up(kv: &mut dyn KeyValue, rank: usize, size: usize, cfg: &OfiConfig)
     let provider = offer.provider.clone();
     let domain = OfiDomain::open(offer)?;
     let mut ep = Endpoint::open(&domain, size)?;
-    let host = crate::bootstrap::wireup::host_id();
+    let host = crate::host::host_id();
     let mut value = format!("{provider}\0{}\0{host}\0", std::process::id()).into_bytes();
     let own = ep.name()?;
     value.extend_from_slice(&own);

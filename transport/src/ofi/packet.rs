@@ -29,7 +29,7 @@ use super::core::{Completion, Desc, Endpoint, OpKind, Post};
 use super::p2p::{Delivered, Done, Matched, ProviderCore, Status, TaggedP2p};
 use super::tag;
 use crate::error::{Error, Result};
-use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
+use crate::packet::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
 
 /// Largest packet payload.
 pub const MAX_PACKET: usize = 64 * 1024;

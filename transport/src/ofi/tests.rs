@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::fabric::{PeerState, PKT_FIRST, PKT_LAST, PKT_WHOLE};
 use crate::mr::{Access, RegFlags, Segment};
+use crate::packet::{PeerState, PKT_FIRST, PKT_LAST, PKT_WHOLE};
 
 /// The providers every test runs on, with the node that keeps IP providers on loopback.
 pub(crate) const PROVIDERS: &[&str] = &["tcp", "shm"];

@@ -279,7 +279,7 @@ struct Beside {
 
 impl Beside {
     fn packets(&mut self) {
-        if self.f.rank() != 0 && self.f.try_send(0, crate::fabric::PKT_WHOLE, 4, &[&self.sent.to_le_bytes()]).unwrap() {
+        if self.f.rank() != 0 && self.f.try_send(0, crate::packet::PKT_WHOLE, 4, &[&self.sent.to_le_bytes()]).unwrap() {
             self.sent += 1;
         }
         let got = &mut self.got;

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::segment::{Segment, GONE_FINALIZED};
 use crate::error::{Error, Result};
-use crate::fabric::Packet;
+use crate::packet::Packet;
 
 /// Cells in each rank's queue (a power of two).
 pub const CELLS: usize = 512;

@@ -36,7 +36,7 @@ pub mod room;
 pub mod segment;
 
 use crate::error::{Error, Result};
-use crate::fabric::Packet;
+use crate::packet::Packet;
 use inbox::Queues;
 use ring::{Consumer, Producer};
 use segment::Segment;
@@ -613,7 +613,7 @@ impl Drop for ShmFabric {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::PKT_WHOLE;
+    use crate::packet::PKT_WHOLE;
 
     #[test]
     fn copy_bytes_copies_every_length_exactly() {

@@ -597,7 +597,7 @@ mod tests {
         let size = 4096;
         let mut h = HeapRing::new(size);
         let (mut p, mut c) = h.ends(size);
-        assert!(p.try_push(crate::fabric::PKT_WHOLE, 8, &[&[1u8; 8]]).unwrap());
+        assert!(p.try_push(crate::packet::PKT_WHOLE, 8, &[&[1u8; 8]]).unwrap());
         // The record's first word is the data area's first 8 bytes: the `head` of the vector's
         // second element. Its length field (low 24 bits) becomes the largest.
         h.mem[1].head.fetch_or(0xff_ffff, Ordering::AcqRel);

@@ -1,4 +1,4 @@
-//! The acceptor's side of the TCP fabric's handshake ([`super::auth`]), for many connections
+//! The acceptor's side of the TCP fabric's handshake ([`crate::auth`]), for many connections
 //! side by side: a stranger that trickles bytes, or says nothing, holds only its own
 //! handshake, never the real peers' behind it.
 //!
@@ -12,9 +12,9 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use super::auth;
-use crate::bootstrap::JobSecret;
+use crate::auth;
 use crate::error::{Error, Result};
+use crate::secret::JobSecret;
 
 /// How long one handshake may take, from its accept, before the connection is closed as bad.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

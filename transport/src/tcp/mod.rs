@@ -1,6 +1,7 @@
 //! TCP fabric: ranks on different hosts, one stream socket per pair of ranks.
 //!
-//! - [`auth`]: the challenge-response that proves the job secret on every connection.
+//! - [`crate::auth`]: the challenge-response that proves the job secret on every connection
+//!   (the bootstrap service proves it the same way).
 //! - [`iface`]: which address to listen on (`TMPI_TCP_IF`).
 //! - [`alive`]: noticing a peer whose host went silent (`TMPI_PEER_TIMEOUT`).
 //! - `handshake`: the acceptor's side of the handshake, many connections side by side.
@@ -46,7 +47,6 @@
 //! [`TcpFabric::peer_state`] and names the rank.
 
 pub mod alive;
-pub mod auth;
 mod handshake;
 pub mod iface;
 
@@ -57,9 +57,10 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
-use crate::bootstrap::JobSecret;
+use crate::auth;
 use crate::error::{Error, Result};
-use crate::fabric::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
+use crate::packet::{Packet, PeerState, PKT_FIRST, PKT_LAST, PKT_RMA};
+use crate::secret::JobSecret;
 
 /// Largest packet payload of one frame.
 pub const MAX_PACKET: usize = 256 * 1024;

@@ -1,7 +1,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::*;
-use crate::fabric::{PKT_FIRST, PKT_LAST, PKT_WHOLE};
+use crate::packet::{PKT_FIRST, PKT_LAST, PKT_WHOLE};
 
 const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 

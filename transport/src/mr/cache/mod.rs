@@ -80,7 +80,6 @@
 mod store;
 mod uffd;
 
-pub(crate) use self::uffd::page_size;
 #[cfg(test)]
 pub(crate) use self::uffd::testmem;
 

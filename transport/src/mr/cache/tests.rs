@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use super::uffd::page_size;
 use super::uffd::testmem::Mapping;
 use super::*;
+use crate::mr::pages::page_size;
 use crate::mr::{DomainAttr, RemoteAccessError, RemoteOp};
 
 const RR: Access = Access::REMOTE_READ;

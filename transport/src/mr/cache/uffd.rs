@@ -22,6 +22,8 @@ use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::mr::pages::page_size;
+
 const UFFD_API: u64 = 0xaa;
 const UFFD_USER_MODE_ONLY: libc::c_int = 1;
 
@@ -134,13 +136,6 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     } else {
         Ok(r)
     }
-}
-
-/// The system page size.
-pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(p).ok().filter(|&p| p.is_power_of_two()).unwrap_or(4096)
 }
 
 /// An initialised userfaultfd (non-blocking, close-on-exec).

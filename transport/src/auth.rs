@@ -24,7 +24,7 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::bootstrap::JobSecret;
+use crate::secret::JobSecret;
 
 /// What a proof is for: the labels and magic that keep the two channels apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

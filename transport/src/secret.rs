@@ -4,7 +4,7 @@
 //! them, as 32 lowercase hex digits, in each rank's environment ([`ENV_JOB_SECRET`]). The
 //! secret itself is never sent: a rank proves it in its `hello` to the bootstrap service, and
 //! each side of a TCP fabric connection proves it to the other, by an HMAC over a fresh
-//! challenge ([`crate::tcp::auth`], checked in constant time before anything else the
+//! challenge ([`crate::auth`], checked in constant time before anything else the
 //! connection says is trusted). This module makes, encodes and compares it.
 
 use std::fmt;
@@ -45,7 +45,7 @@ impl JobSecret {
         JobSecret(b)
     }
 
-    /// The raw bytes (the HMAC key of [`crate::tcp::auth`]).
+    /// The raw bytes (the HMAC key of [`crate::auth`]).
     pub fn as_bytes(&self) -> &[u8; SECRET_LEN] {
         &self.0
     }
