@@ -8,7 +8,7 @@ use bytemuck::Pod;
 use crate::buffer::{RawBuf, RawBufMut};
 use crate::coll::plan::Plan;
 use crate::coll::select::Setting;
-use crate::coll::{self, shm, CollP2p};
+use crate::coll::{self, shm, topo, CollP2p};
 use crate::comm::{Comm, CommInner};
 use crate::engine::ReqId;
 use crate::error::{Error, Result};
@@ -677,6 +677,28 @@ impl Comm {
         let c = CollCtx::new(self)?;
         c.finish(coll::exscan(&c, send, recv, op))
     }
+}
+
+/// Learns the world's hosts (collective over `world`, which has made no other collective yet):
+/// one host without communication when `one_host` (the fabric is shared memory only, or the
+/// job has one rank), else by gathering every rank's host identity.
+///
+/// # Errors
+/// [`crate::Error::PeerGone`] and transport errors of the gather.
+pub(crate) fn learn_hosts(world: &Comm, one_host: bool) -> Result<()> {
+    let n = world.size();
+    let keys = if one_host {
+        vec![0u64; n]
+    } else {
+        let me = topo::key_of(&tmpi_transport::host::host_id());
+        let mut all = vec![0u64; n];
+        let c = CollCtx::new(world)?;
+        c.finish(crate::coll::allgather(&c, bytemuck::bytes_of(&me), bytemuck::cast_slice_mut(&mut all)))?;
+        all
+    };
+    // Set once: a second learning of one world cannot happen.
+    let _ = world.inner.machine.hosts.set(topo::Hosts::world(topo::Topo::from_keys(&keys)));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,42 +12,8 @@ use crate::seen::{self, Kind, What};
 use crate::sync::{CollBusy, EngineCell, EngineGuard, SyncCell};
 use crate::{Rank, Tag, TAG_UB};
 
+pub use crate::envelope::{Source, TagMatch, ANY_SOURCE, ANY_TAG};
 pub use crate::status::Status;
-
-/// Where a receive may come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// Any rank of the communicator (`MPI_ANY_SOURCE`).
-    Any,
-    /// One rank.
-    Rank(Rank),
-}
-
-impl From<Rank> for Source {
-    fn from(r: Rank) -> Self {
-        Source::Rank(r)
-    }
-}
-
-/// Which tags a receive accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TagMatch {
-    /// Any tag (`MPI_ANY_TAG`).
-    Any,
-    /// One tag.
-    Tag(Tag),
-}
-
-impl From<Tag> for TagMatch {
-    fn from(t: Tag) -> Self {
-        TagMatch::Tag(t)
-    }
-}
-
-/// Receive from any rank.
-pub const ANY_SOURCE: Source = Source::Any;
-/// Receive any tag.
-pub const ANY_TAG: TagMatch = TagMatch::Any;
 
 pub(crate) struct CommInner {
     pub(crate) eng: Arc<EngineCell>,
@@ -127,6 +93,23 @@ fn finish_pending(e: &mut EngineGuard<'_>, rid: ReqId) -> Result<crate::Status> 
         e.abandon(rid);
     }
     r
+}
+
+impl seen::Seen for Comm {}
+
+/// Seeing names a communicator by its number and its peers by their world ranks.
+impl seen::Ranks for Comm {
+    fn comm_id(&self) -> u32 {
+        self.inner.id
+    }
+
+    fn size(&self) -> usize {
+        Comm::size(self)
+    }
+
+    fn world_rank(&self, r: Rank) -> usize {
+        Comm::world_rank(self, r)
+    }
 }
 
 impl Comm {
@@ -381,7 +364,7 @@ impl Comm {
     #[cold]
     #[inline(never)]
     fn recv_seen(&self, buf: &mut [u8], src: Source, tag: TagMatch) -> Result<Status> {
-        seen::matched(What::new(Kind::Recv).from(self, src).tag_match(tag), src, |s| self.recv(buf, s, tag))
+        seen::calls::matched(What::new(Kind::Recv).from(self, src).tag_match(tag), src, |s| self.recv(buf, s, tag))
     }
 
     /// Receives a message of any length into a new vector.
@@ -391,7 +374,7 @@ impl Comm {
     pub fn recv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<(Vec<T>, Status)> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::matched(What::new(Kind::RecvVec).from(self, src).tag_match(tag), src, |s| self.recv_vec(s, tag));
+            return seen::calls::matched(What::new(Kind::RecvVec).from(self, src).tag_match(tag), src, |s| self.recv_vec(s, tag));
         }
         // Probe, then receive exactly that message: it is the oldest from its source with its
         // tag, so a receive naming both takes it (non-overtaking), whatever path it came by.
@@ -433,7 +416,7 @@ impl Comm {
         let (src, rtag) = (src.into(), rtag.into());
         if seen::on() {
             let w = What::new(Kind::Sendrecv).from(self, src).tag_match(rtag).sends(self, dest, size_of_val(sbuf));
-            return seen::matched(w, src, |s| self.sendrecv(sbuf, dest, stag, rbuf, s, rtag));
+            return seen::calls::matched(w, src, |s| self.sendrecv(sbuf, dest, stag, rbuf, s, rtag));
         }
         let (s, t) = self.recv_args(src, rtag)?;
         self.check_rank(dest)?;
@@ -448,7 +431,7 @@ impl Comm {
     pub fn probe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::matched(What::new(Kind::Probe).from(self, src).tag_match(tag), src, |s| self.probe(s, tag));
+            return seen::calls::matched(What::new(Kind::Probe).from(self, src).tag_match(tag), src, |s| self.probe(s, tag));
         }
         let (s, t) = self.recv_args(src, tag)?;
         let ctx = self.user_ctx();
@@ -470,7 +453,7 @@ impl Comm {
     pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Status>> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::answered(What::new(Kind::Iprobe).from(self, src).tag_match(tag), src, |s| self.iprobe(s, tag));
+            return seen::calls::answered(What::new(Kind::Iprobe).from(self, src).tag_match(tag), src, |s| self.iprobe(s, tag));
         }
         let (s, t) = self.recv_args(src, tag)?;
         let mut e = self.eng()?;

@@ -320,7 +320,7 @@ impl Comm {
     pub fn recv_layout<T: Pod>(&self, buf: &mut [T], layout: &Layout, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Status> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::matched(What::new(Kind::RecvLayout).from(self, src).tag_match(tag), src, |s| {
+            return seen::calls::matched(What::new(Kind::RecvLayout).from(self, src).tag_match(tag), src, |s| {
                 self.recv_layout(buf, layout, s, tag)
             });
         }

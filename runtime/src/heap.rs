@@ -1,4 +1,4 @@
-//! The shared heap: [`World::alloc_shared`] hands out buffers that every rank of the node can
+//! The shared heap: [`crate::World::alloc_shared`] hands out buffers that every rank of the node can
 //! map, so a rendezvous from or into one moves with one plain `memcpy` (no system call per
 //! transfer, no staging through the rings).
 //!
@@ -25,7 +25,6 @@ use bytemuck::Pod;
 use tmpi_transport::shm::heap::{Block, Heap, HeapDesc, PeerHeap};
 
 use crate::error::{Error, Result};
-use crate::world::World;
 
 /// A buffer of `len` values of `T` from this rank's shared heap (or, if the heap could not
 /// serve it, from private memory), zero-initialised, freed on drop. Derefs to `[T]`; pass it
@@ -89,26 +88,17 @@ impl<T: Pod> std::fmt::Debug for SharedBuf<T> {
     }
 }
 
-impl World {
-    /// Allocates `len` zeroed values of `T` in this rank's shared heap: memory the other
-    /// ranks of the node map, so that a rendezvous (a message of at least
-    /// `TMPI_RNDV_THRESHOLD` bytes) from or into it is copied by one plain `memcpy`. The
-    /// buffer is freed when dropped; operations borrow it, so that cannot happen while one is
-    /// in flight.
+impl<T: Pod> SharedBuf<T> {
+    /// `len` zeroed values of `T` from `heap` (this rank's shared heap, if it has one), or
+    /// in private memory when the heap cannot serve them: what [`World::alloc_shared`] does.
     ///
-    /// Falls back to private memory (see [`SharedBuf::is_shared`]) when the heap is off
-    /// (`TMPI_SHARED_HEAP=0`), full, or cannot be created here.
-    ///
-    /// # Errors
-    /// [`Error::InvalidBuffer`] if `len` values of `T` do not fit in the address space, or
-    /// (when the heap cannot serve them) are more than this process can allocate: more than
-    /// the machine's physical memory, or refused by the allocator.
-    pub fn alloc_shared<T: Pod>(&self, len: usize) -> Result<SharedBuf<T>> {
+    /// [`World::alloc_shared`]: crate::World::alloc_shared
+    pub(crate) fn alloc(heap: impl FnOnce() -> Result<Option<Arc<Heap>>>, len: usize) -> Result<SharedBuf<T>> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .filter(|&b| b <= isize::MAX as usize)
             .ok_or_else(|| Error::InvalidBuffer(format!("{len} values of {} bytes overflow", std::mem::size_of::<T>())))?;
-        let heap = if std::mem::size_of::<T>() == 0 { None } else { self.eng()?.shared_heap() };
+        let heap = if std::mem::size_of::<T>() == 0 { None } else { heap()? };
         let block = heap.and_then(|h| h.alloc(bytes, std::mem::align_of::<T>()));
         let mem = match block {
             Some(b) if b.len() == bytes => Mem::Shared(b),

@@ -140,6 +140,7 @@ pub mod datatype;
 mod detached;
 pub mod distgraph;
 mod engine;
+mod envelope;
 pub mod error;
 mod group;
 mod heap;

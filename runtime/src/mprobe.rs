@@ -111,6 +111,12 @@ impl Message {
     }
 }
 
+impl crate::seen::Seen for Message {
+    fn note(&self, w: &mut crate::seen::What<'_>) {
+        w.status(&self.status());
+    }
+}
+
 impl Drop for Message {
     fn drop(&mut self) {
         let Some(ux) = self.ux.take() else { return };
@@ -149,7 +155,7 @@ impl Comm {
     pub fn mprobe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Message> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::matched(What::new(Kind::Mprobe).from(self, src).tag_match(tag), src, |s| self.mprobe(s, tag));
+            return seen::calls::matched(What::new(Kind::Mprobe).from(self, src).tag_match(tag), src, |s| self.mprobe(s, tag));
         }
         let (s, t) = self.recv_args(src, tag)?;
         let ctx = self.user_ctx();
@@ -172,7 +178,7 @@ impl Comm {
     pub fn improbe(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<Option<Message>> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::answered(What::new(Kind::Improbe).from(self, src).tag_match(tag), src, |s| self.improbe(s, tag));
+            return seen::calls::answered(What::new(Kind::Improbe).from(self, src).tag_match(tag), src, |s| self.improbe(s, tag));
         }
         let (s, t) = self.recv_args(src, tag)?;
         let mut e = self.eng()?;
@@ -227,7 +233,7 @@ impl Comm {
                 dest,
                 size_of_val(buf),
             );
-            return seen::matched(w, src, |s| self.sendrecv_replace(buf, dest, stag, s, rtag));
+            return seen::calls::matched(w, src, |s| self.sendrecv_replace(buf, dest, stag, s, rtag));
         }
         let out = buf.to_vec();
         self.sendrecv(&out, dest, stag, buf, src, rtag)

@@ -182,6 +182,8 @@ impl std::fmt::Debug for Request<'_> {
     }
 }
 
+impl crate::seen::Seen for Request<'_> {}
+
 impl<'scope> Request<'scope> {
     // Always inlined: as a call, two thirds of its cost were the call's register saves.
     #[inline(always)]
@@ -662,7 +664,9 @@ impl Comm {
         src: Source,
         tag: TagMatch,
     ) -> Result<Request<'scope>> {
-        seen::posted(What::new(Kind::Irecv).from(self, src).tag_match(tag).bytes(buf.len()), src, |from| self.irecv(s, buf, from, tag))
+        seen::calls::posted(What::new(Kind::Irecv).from(self, src).tag_match(tag).bytes(buf.len()), src, |from| {
+            self.irecv(s, buf, from, tag)
+        })
     }
 }
 

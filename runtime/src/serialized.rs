@@ -47,7 +47,9 @@ impl Comm {
     pub fn recv_serialized<T: DeserializeOwned>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<(T, Status)> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::matched(What::new(Kind::RecvSerialized).from(self, src).tag_match(tag), src, |s| self.recv_serialized(s, tag));
+            return seen::calls::matched(What::new(Kind::RecvSerialized).from(self, src).tag_match(tag), src, |s| {
+                self.recv_serialized(s, tag)
+            });
         }
         let (bytes, st) = self.recv_vec::<u8>(src, tag)?;
         let v = serde_json::from_slice(&bytes).map_err(|e| {

@@ -118,7 +118,7 @@ fn join_bridge(comm: &Comm, bridge: &Bridge, rank: usize) -> Result<InterComm> {
     let one_host = matches!(fabric, AnyFabric::Shm(_));
     let joint = crate::world::comm_of(Engine::new(fabric, rank, bridge.size, cfg)?, level);
     BRIDGES.lock().unwrap_or_else(PoisonError::into_inner).push(joint.inner.eng.clone());
-    crate::coll::topo::learn(&joint, one_host)?;
+    crate::coll_glue::learn_hosts(&joint, one_host)?;
     let child = rank >= bridge.parents;
     let side = joint.split(Some(u32::from(child)), rank as i32)?.ok_or_else(|| Error::Spawn("no side of the bridge".into()))?;
     side.intercomm_create(0, &joint, if child { 0 } else { bridge.parents }, BRIDGE_TAG)

@@ -142,6 +142,8 @@ impl Comm {
     }
 }
 
+impl crate::seen::Seen for CartComm {}
+
 impl CartComm {
     /// The communicator underneath.
     pub fn comm(&self) -> &Comm {

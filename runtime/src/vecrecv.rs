@@ -64,7 +64,7 @@ impl Comm {
     pub fn irecv_vec<T: Pod>(&self, src: impl Into<Source>, tag: impl Into<TagMatch>) -> Result<VecRequest<T>> {
         let (src, tag) = (src.into(), tag.into());
         if seen::on() {
-            return seen::posted(What::new(Kind::IrecvVec).from(self, src).tag_match(tag), src, |s| self.irecv_vec(s, tag));
+            return seen::calls::posted(What::new(Kind::IrecvVec).from(self, src).tag_match(tag), src, |s| self.irecv_vec(s, tag));
         }
         let (s, t) = self.recv_args(src, tag)?;
         let from = self.peers(s);
@@ -106,7 +106,7 @@ impl<T: Pod> VecRequest<T> {
     pub fn test(&mut self) -> Result<Option<(Vec<T>, Status)>> {
         if seen::on() {
             let (key, comm) = (self.key(), self.comm.clone());
-            let r = seen::answered(What::new(Kind::Test).on(&comm).reqs(1), Source::Any, |_| self.test());
+            let r = seen::calls::answered(What::new(Kind::Test).on(&comm).reqs(1), Source::Any, |_| self.test());
             return seen::calls::completed_vec_opt(key, r);
         }
         let rid = self.rid.ok_or_else(collected)?;
@@ -136,6 +136,8 @@ impl<T: Pod> VecRequest<T> {
         Ok(())
     }
 }
+
+impl<T: Pod> crate::seen::Seen for VecRequest<T> {}
 
 impl<T: Pod> Drop for VecRequest<T> {
     fn drop(&mut self) {

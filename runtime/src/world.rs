@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Instant;
 
+use bytemuck::Pod;
 use tmpi_transport::bootstrap::pmi2::Pmi2Client;
 use tmpi_transport::bootstrap::wireup::{wire_up, WireUp};
 use tmpi_transport::bootstrap::{BootstrapClient, BootstrapEnv, KeyValue};
@@ -16,6 +17,7 @@ use crate::comm::{Comm, CommInner};
 use crate::config::Config;
 use crate::engine::{AnyFabric, Engine};
 use crate::error::{Error, Result};
+use crate::heap::SharedBuf;
 use crate::sync::{EngineCell, Threading};
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
@@ -262,9 +264,28 @@ fn init_world(level: Threading) -> Result<World> {
     let world = world_from_engine(engine, Some(bc), level);
     // The collectives' map of the hosts, learned once for the world (one allgather when the
     // job spans hosts); every later communicator derives its own from it.
-    crate::coll::topo::learn(&world, one_host)?;
+    crate::coll_glue::learn_hosts(&world, one_host)?;
     crate::spawn::join_parent(&world)?;
     Ok(world)
+}
+
+impl World {
+    /// Allocates `len` zeroed values of `T` in this rank's shared heap: memory the other
+    /// ranks of the node map, so that a rendezvous (a message of at least
+    /// `TMPI_RNDV_THRESHOLD` bytes) from or into it is copied by one plain `memcpy`. The
+    /// buffer is freed when dropped; operations borrow it, so that cannot happen while one is
+    /// in flight.
+    ///
+    /// Falls back to private memory (see [`SharedBuf::is_shared`]) when the heap is off
+    /// (`TMPI_SHARED_HEAP=0`), full, or cannot be created here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidBuffer`] if `len` values of `T` do not fit in the address space, or
+    /// (when the heap cannot serve them) are more than this process can allocate: more than
+    /// the machine's physical memory, or refused by the allocator.
+    pub fn alloc_shared<T: Pod>(&self, len: usize) -> Result<SharedBuf<T>> {
+        SharedBuf::alloc(|| Ok(self.eng()?.shared_heap()), len)
+    }
 }
 
 impl World {

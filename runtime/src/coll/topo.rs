@@ -9,9 +9,6 @@
 
 use std::sync::Arc;
 
-use crate::comm::Comm;
-use crate::error::Result;
-
 /// The hosts of a communicator's ranks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Topo {
@@ -144,30 +141,8 @@ impl Hosts {
 }
 
 /// 64-bit FNV-1a of a host identity (stable across processes and builds).
-fn key_of(id: &str) -> u64 {
+pub(crate) fn key_of(id: &str) -> u64 {
     id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
-}
-
-/// Learns the world's hosts (collective over `world`, which has made no other collective yet):
-/// one host without communication when `one_host` (the fabric is shared memory only, or the
-/// job has one rank), else by gathering every rank's host identity.
-///
-/// # Errors
-/// [`crate::Error::PeerGone`] and transport errors of the gather.
-pub(crate) fn learn(world: &Comm, one_host: bool) -> Result<()> {
-    let n = world.size();
-    let keys = if one_host {
-        vec![0u64; n]
-    } else {
-        let me = key_of(&tmpi_transport::host::host_id());
-        let mut all = vec![0u64; n];
-        let c = crate::coll_glue::CollCtx::new(world)?;
-        c.finish(super::allgather(&c, bytemuck::bytes_of(&me), bytemuck::cast_slice_mut(&mut all)))?;
-        all
-    };
-    // Set once: a second learning of one world cannot happen.
-    let _ = world.inner.machine.hosts.set(Hosts::world(Topo::from_keys(&keys)));
-    Ok(())
 }
 
 #[cfg(test)]

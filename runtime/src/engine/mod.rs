@@ -98,7 +98,6 @@ mod stats;
 mod testkit;
 mod unexpected;
 
-use crate::seen::Proto;
 use credit::Credit;
 use eager::{OutData, OutMsg};
 pub(crate) use fabric::AnyFabric;
@@ -115,6 +114,7 @@ use rndv::threshold::Threshold;
 use rndv::way::EAGER_NT_MIN;
 use rndv::{read_key, CmaWrite, RmaOut, RndvInfo, RndvSend, Ways, RNDV_HDR_MAX};
 use stats::Stats;
+use tmpi_trace::event::Proto;
 use unexpected::{Incoming, Unexpected, UxMsg};
 
 use std::collections::VecDeque;

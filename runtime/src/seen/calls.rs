@@ -15,8 +15,6 @@
 //! A replay that meets a decision of another call, or the end of the record, fails with
 //! [`Error::Replay`] (and so does every later decision of the rank).
 
-use std::collections::HashMap;
-
 use tmpi_trace::event::NONE;
 use tmpi_trace::record::Decision;
 
@@ -375,9 +373,6 @@ pub(crate) fn test_all(w: What<'_>, reqs: &mut Vec<Request<'_>>) -> Result<Optio
     }
     res
 }
-
-/// The requests of recorded wildcard posts not completed yet (their decisions come later).
-pub(crate) type PostOf = HashMap<ReqId, u64>;
 
 /// [`completed`] for a `VecRequest::wait` result, passed through.
 pub(crate) fn completed_vec<T>(key: Option<ReqId>, r: Result<(Vec<T>, Status)>) -> Result<(Vec<T>, Status)> {

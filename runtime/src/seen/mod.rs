@@ -22,13 +22,12 @@ mod state;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
-pub(crate) use calls::{answered, matched, posted};
 pub(crate) use state::{finish, start};
 pub(crate) use tmpi_trace::event::Kind;
 
 use tmpi_trace::event::{aux, Event, NONE};
 
-use crate::comm::{Comm, Source, TagMatch};
+use crate::envelope::{Source, TagMatch};
 use crate::Status;
 
 /// [`FLAGS`] bit: events go to the trace ring.
@@ -113,7 +112,7 @@ pub(crate) enum Step {
 /// of the trace.
 #[cold]
 #[inline(never)]
-pub(crate) fn step<R>(s: Step, c: &Comm, peer: crate::Rank, bytes: usize, f: impl FnOnce() -> crate::Result<R>) -> crate::Result<R> {
+pub(crate) fn step<R>(s: Step, c: &dyn Ranks, peer: crate::Rank, bytes: usize, f: impl FnOnce() -> crate::Result<R>) -> crate::Result<R> {
     let t0 = tmpi_trace::clock::now_ns();
     let r = f();
     let t1 = tmpi_trace::clock::now_ns();
@@ -167,8 +166,6 @@ pub(crate) fn msg(out: bool, peer: usize, tag64: u64, bytes: usize, proto: u32) 
     }
 }
 
-pub(crate) use tmpi_trace::event::Proto;
-
 /// What [`msg`] calls when tracing, where the engine decides how a
 /// message goes: when a message leaves this rank (eager or rendezvous) and when a receive of
 /// this rank matched one (offloaded or in software, expected or unexpected; for a rendezvous,
@@ -208,12 +205,23 @@ impl Drop for Inside {
     }
 }
 
+/// What seeing needs of a communicator: its number and how its ranks map to the world's.
+/// [`crate::Comm`] implements it; seeing sits below the communicators and knows no more of them.
+pub(crate) trait Ranks {
+    /// The communicator's number (its low bits go into every event's `aux`).
+    fn comm_id(&self) -> u32;
+    /// Its number of ranks.
+    fn size(&self) -> usize;
+    /// The world rank of its rank `r` (below [`Ranks::size`]).
+    fn world_rank(&self, r: crate::Rank) -> usize;
+}
+
 /// What a call was about: filled from its arguments before it runs and from its outcome
 /// after ([`Outcome`]).
 #[derive(Clone, Copy)]
 pub(crate) struct What<'a> {
     kind: Kind,
-    comm: Option<&'a Comm>,
+    comm: Option<&'a dyn Ranks>,
     /// World rank of the peer (destination, source or root), or [`NONE`].
     peer: u32,
     tag: u32,
@@ -231,14 +239,14 @@ impl<'a> What<'a> {
     }
 
     /// On communicator `c`.
-    pub(crate) fn on(mut self, c: &'a Comm) -> Self {
+    pub(crate) fn on(mut self, c: &'a dyn Ranks) -> Self {
         self.comm = Some(c);
-        self.aux |= c.inner.id & aux::COMM_MASK;
+        self.aux |= c.comm_id() & aux::COMM_MASK;
         self
     }
 
     /// To (or from, or rooted at) rank `r` of communicator `c`.
-    pub(crate) fn to(self, c: &'a Comm, r: crate::Rank) -> Self {
+    pub(crate) fn to(self, c: &'a dyn Ranks, r: crate::Rank) -> Self {
         let mut w = self.on(c);
         if r < c.size() {
             w.peer = c.world_rank(r) as u32;
@@ -247,7 +255,7 @@ impl<'a> What<'a> {
     }
 
     /// From `src` of communicator `c`.
-    pub(crate) fn from(self, c: &'a Comm, src: Source) -> Self {
+    pub(crate) fn from(self, c: &'a dyn Ranks, src: Source) -> Self {
         match src {
             Source::Rank(r) => self.to(c, r),
             Source::Any => {
@@ -278,7 +286,7 @@ impl<'a> What<'a> {
 
     /// The call sends one message of `n` bytes to rank `dest` of communicator `c` (counted in
     /// the profile when the call does not fail).
-    pub(crate) fn sends(mut self, c: &Comm, dest: crate::Rank, n: usize) -> Self {
+    pub(crate) fn sends(mut self, c: &dyn Ranks, dest: crate::Rank, n: usize) -> Self {
         if dest < c.size() {
             self.out = (c.world_rank(dest) as u32, n as u64);
         }
@@ -293,7 +301,7 @@ impl<'a> What<'a> {
 
     /// Takes what a status says: the source (as a world rank) and tag of the message, and its
     /// length.
-    fn status(&mut self, st: &Status) {
+    pub(crate) fn status(&mut self, st: &Status) {
         if st.cancelled() {
             return;
         }
@@ -327,13 +335,6 @@ impl<T: Seen> Outcome for crate::Result<T> {
 }
 
 impl Seen for () {}
-impl Seen for Comm {}
-impl Seen for crate::CartComm {}
-impl Seen for crate::Message {
-    fn note(&self, w: &mut What<'_>) {
-        w.status(&self.status());
-    }
-}
 impl<T: Seen> Seen for Option<T> {
     fn note(&self, w: &mut What<'_>) {
         match self {
@@ -342,8 +343,6 @@ impl<T: Seen> Seen for Option<T> {
         }
     }
 }
-impl Seen for crate::Request<'_> {}
-impl<T: bytemuck::Pod> Seen for crate::VecRequest<T> {}
 impl Seen for Status {
     fn note(&self, w: &mut What<'_>) {
         w.status(self);

@@ -8,6 +8,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tmpi_trace::clock::{self, now_ns, Sample};
 use tmpi_trace::event::{Event, Kind, Proto};
+
+/// The requests of recorded wildcard posts not completed yet (their decisions come later).
+pub(crate) type PostOf = HashMap<crate::slab::Key, u64>;
 use tmpi_trace::profile::{Profiler, Report};
 use tmpi_trace::record::{Record, Recorder, Replayer};
 use tmpi_trace::ring::{RankFile, RankInfo, RankTrace};
@@ -38,7 +41,7 @@ pub(crate) struct State {
     /// Wildcard non-blocking receives posted so far (record and replay number them).
     pub(crate) posts: AtomicU64,
     /// Recording: the requests of wildcard posts not completed yet, with their numbers.
-    pub(crate) post_of: Mutex<super::calls::PostOf>,
+    pub(crate) post_of: Mutex<PostOf>,
     /// Replay: why it diverged, once it has (every later decision fails alike).
     pub(crate) diverged: Mutex<Option<String>>,
     /// The trace's message numbering (see [`message`]).

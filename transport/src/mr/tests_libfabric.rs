@@ -26,8 +26,8 @@
 //! assertions). Where the model and a provider differ, `transport/CONFORMANCE.md` says which
 //! is wrong and why.
 
-use super::pages::page_size;
 use super::cache::testmem::Mapping;
+use super::pages::page_size;
 use super::*;
 
 /// `FT_MR_KEY`.
