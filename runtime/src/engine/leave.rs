@@ -32,9 +32,14 @@ impl Engine {
     /// and everything it sent before has been read.
     ///
     /// A departed rank's state is read before its ring: what it sent before it finalized is
-    /// then visible, so it is received first.
+    /// then visible, so it is received first. When the process probe made progress (it
+    /// settles before it marks a process dead), nothing is concluded: what the waiter needs
+    /// may have arrived (taken from a ring into the unexpected queue, where the ring no longer
+    /// shows it), so the waiter looks again first.
     pub(crate) fn check_gone(&mut self, need: &Need) -> Result<()> {
-        self.probe_next_process()?;
+        if self.probe_next_process()? {
+            return Ok(());
+        }
         let mut failed = None;
         for peer in 0..self.size {
             if peer != self.st.rank && self.state_of(peer) == PeerState::Failed {
@@ -90,27 +95,32 @@ impl Engine {
 
     /// Checks one peer's process per call (system calls; every peer's own record in the
     /// fabric is a memory read), in turn: one seen exited is settled, then marked dead.
-    fn probe_next_process(&mut self) -> Result<()> {
+    /// Returns whether settling made progress.
+    fn probe_next_process(&mut self) -> Result<bool> {
         let p = self.next_probe;
         self.next_probe = if p + 1 >= self.size { 0 } else { p + 1 };
         if p != self.st.rank && !self.dead[p] && !self.fabric.process_alive(p) {
-            self.settle()?;
+            let moved = self.settle()?;
             self.dead[p] = true;
+            return Ok(moved > 0);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Progresses until a round finds nothing (at most [`SETTLE_ROUNDS`]): a peer seen
     /// exited may have finalized first, and its mark (after all it sent) may still be on
     /// its way in through a fabric that is read by progress (OFI); a rank that finalized and
     /// exited has not failed.
-    fn settle(&mut self) -> Result<()> {
+    /// Returns the events of those rounds.
+    fn settle(&mut self) -> Result<usize> {
+        let mut moved = 0;
         for _ in 0..SETTLE_ROUNDS {
-            if self.progress()? == 0 {
-                break;
+            match self.progress()? {
+                0 => break,
+                n => moved += n,
             }
         }
-        Ok(())
+        Ok(moved)
     }
 
     /// How `peer` stands: its record in the fabric, or failed once its process was seen dead
