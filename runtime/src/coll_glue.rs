@@ -219,7 +219,7 @@ impl Comm {
             let mine = self.eng()?.comm_id_first_free_word(from) as u64;
             let mut w = [0u64];
             let c = CollCtx::new(self)?;
-            c.finish(coll::allreduce(&c, &[mine], &mut w, Op::Max))?;
+            c.finish(coll::run::allreduce(&c, &[mine], &mut w, Op::Max))?;
             let w = w[0] as usize;
             if w * 64 > MAX_COMM_ID as usize {
                 return Err(Error::State(format!("out of communicator ids ({} in use at once at most)", MAX_COMM_ID)));
@@ -227,7 +227,7 @@ impl Comm {
             let free = self.eng()?.comm_id_free_word(w);
             let mut all = [0u64];
             let c = CollCtx::new(self)?;
-            c.finish(coll::allreduce(&c, &[free], &mut all, Op::BitAnd))?;
+            c.finish(coll::run::allreduce(&c, &[free], &mut all, Op::BitAnd))?;
             if all[0] != 0 {
                 let id = (w * 64) as u32 + all[0].trailing_zeros();
                 if id > MAX_COMM_ID {
@@ -295,7 +295,7 @@ impl Comm {
         let mine = [u32::from(color.is_some()), color.unwrap_or(0), key as u32];
         let mut all = vec![0u32; 3 * n];
         let c = CollCtx::new(self)?;
-        c.finish(coll::allgather(&c, bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut all)))?;
+        c.finish(coll::run::allgather(&c, bytemuck::cast_slice(&mine), bytemuck::cast_slice_mut(&mut all)))?;
         let id = self.agree_comm_id()?;
         let Some(color) = color else { return Ok(None) };
         let mut group: Vec<(i32, usize)> =
@@ -321,7 +321,7 @@ impl Comm {
         if let Some(s) = c.shm() {
             return c.finish(s.barrier());
         }
-        c.finish(out_of_line(|| coll::barrier(&c)))
+        c.finish(out_of_line(|| coll::run::barrier(&c)))
     }
 
     /// Broadcasts `buf` from `root` to every rank.
@@ -344,7 +344,7 @@ impl Comm {
                 return Ok(());
             }
         }
-        c.finish(out_of_line(|| coll::bcast(&c, buf, root)))
+        c.finish(out_of_line(|| coll::run::bcast(&c, buf, root)))
     }
 
     /// Combines `send` of every rank with `op` into `recv` at `root` (`None` elsewhere).
@@ -367,9 +367,9 @@ impl Comm {
                 return c.finish(s.reduce(send, recv, op, root, false));
             }
             c.finish(s.reduce::<T>(send, None, op, root, false))?;
-            return c.finish(out_of_line(|| coll::reduce(&c, send, recv, op, root)));
+            return c.finish(out_of_line(|| coll::run::reduce(&c, send, recv, op, root)));
         }
-        c.finish(out_of_line(|| coll::reduce(&c, send, recv, op, root)))
+        c.finish(out_of_line(|| coll::run::reduce(&c, send, recv, op, root)))
     }
 
     /// Combines `send` of every rank with `op` into `recv` on every rank.
@@ -391,7 +391,7 @@ impl Comm {
             }
             c.finish(s.reduce::<T>(send, None, op, 0, true))?;
         }
-        c.finish(out_of_line(|| coll::allreduce(&c, send, recv, op)))
+        c.finish(out_of_line(|| coll::run::allreduce(&c, send, recv, op)))
     }
 
     /// Collects `send` of every rank, in rank order, into `recv` at `root`.
@@ -403,7 +403,7 @@ impl Comm {
             return seen::call(What::new(Kind::Gather).to(self, root).bytes(size_of_val(send)), || self.gather(send, recv, root));
         }
         let c = CollCtx::new(self)?;
-        c.finish(coll::gather(&c, bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root))
+        c.finish(coll::run::gather(&c, bytemuck::cast_slice(send), recv.map(|r| bytemuck::cast_slice_mut(r)), root))
     }
 
     /// Distributes consecutive blocks of `send` at `root` to every rank's `recv`.
@@ -415,7 +415,7 @@ impl Comm {
             return seen::call(What::new(Kind::Scatter).to(self, root).bytes(size_of_val(recv)), || self.scatter(send, recv, root));
         }
         let c = CollCtx::new(self)?;
-        c.finish(coll::scatter(&c, send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root))
+        c.finish(coll::run::scatter(&c, send.map(|s| bytemuck::cast_slice(s)), bytemuck::cast_slice_mut(recv), root))
     }
 
     /// Collects `send` of every rank, in rank order, into `recv` on every rank.
@@ -427,7 +427,7 @@ impl Comm {
             return seen::call(What::new(Kind::Allgather).on(self).bytes(size_of_val(send)), || self.allgather(send, recv));
         }
         let c = CollCtx::new(self)?;
-        c.finish(coll::allgather(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
+        c.finish(coll::run::allgather(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
 
     /// Sends block `j` of `send` to rank `j` and receives block `i` of `recv` from rank `i`.
@@ -439,7 +439,7 @@ impl Comm {
             return seen::call(What::new(Kind::Alltoall).on(self).bytes(size_of_val(send)), || self.alltoall(send, recv));
         }
         let c = CollCtx::new(self)?;
-        c.finish(coll::alltoall(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
+        c.finish(coll::run::alltoall(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
     }
 }
 
@@ -533,7 +533,7 @@ impl Comm {
             });
         }
         let c = CollCtx::new(self)?;
-        c.finish(coll::allgatherv(&c, send, recv, counts, displs))
+        c.finish(coll::run::allgatherv(&c, send, recv, counts, displs))
     }
 
     /// Sends `send[sdispls[j]..sdispls[j] + scounts[j]]` to rank `j` and receives rank `i`'s
@@ -604,7 +604,7 @@ impl Comm {
             });
         }
         let c = CollCtx::new(self)?;
-        c.finish(coll::reduce_scatter(&c, send, recv, counts, op))
+        c.finish(coll::run::reduce_scatter(&c, send, recv, counts, op))
     }
 
     /// [`Comm::reduce_scatter`] with equal blocks: `send.len() == size * recv.len()`, and rank
@@ -630,7 +630,7 @@ impl Comm {
             });
         }
         let c = CollCtx::new(self)?;
-        c.finish(coll::reduce_scatter_block(&c, send, recv, op))
+        c.finish(coll::run::reduce_scatter_block(&c, send, recv, op))
     }
 
     /// Inclusive prefix reduction: rank `r` gets `send` of ranks `0..=r` combined element-wise
@@ -693,7 +693,7 @@ pub(crate) fn learn_hosts(world: &Comm, one_host: bool) -> Result<()> {
         let me = topo::key_of(&tmpi_transport::host::host_id());
         let mut all = vec![0u64; n];
         let c = CollCtx::new(world)?;
-        c.finish(crate::coll::allgather(&c, bytemuck::bytes_of(&me), bytemuck::cast_slice_mut(&mut all)))?;
+        c.finish(crate::coll::run::allgather(&c, bytemuck::bytes_of(&me), bytemuck::cast_slice_mut(&mut all)))?;
         all
     };
     // Set once: a second learning of one world cannot happen.

@@ -382,7 +382,7 @@ impl GroupChan<'_> {
         loop {
             let first = self.comm.eng()?.comm_id_first_free_word(from) as u64;
             let mut max = [0u64; 3];
-            crate::coll::allreduce(self, &[first, fp, !fp], &mut max, crate::Op::Max)?;
+            crate::coll::run::allreduce(self, &[first, fp, !fp], &mut max, crate::Op::Max)?;
             if max[1] != !max[2] {
                 return Err(Error::InvalidGroup("create_group: the members passed the group in different orders".into()));
             }
@@ -394,7 +394,7 @@ impl GroupChan<'_> {
             }
             let free = self.comm.eng()?.comm_id_free_word(w);
             let mut all = [0u64];
-            crate::coll::allreduce(self, &[free], &mut all, crate::Op::BitAnd)?;
+            crate::coll::run::allreduce(self, &[free], &mut all, crate::Op::BitAnd)?;
             if all[0] != 0 {
                 let id = (w * 64) as u32 + all[0].trailing_zeros();
                 return if id > crate::coll_glue::MAX_COMM_ID { Err(out_of_ids()) } else { Ok(id) };

@@ -4,7 +4,6 @@
 //! this member's own block in place first (Bruck takes it from `send`).
 
 use super::plan::{Grp, Plan, Span};
-use super::CollP2p;
 use crate::error::{Error, Result};
 
 /// Recursive doubling in place (power-of-two `n`; block `me` of `buf` already holds this
@@ -72,26 +71,13 @@ pub(crate) fn check_allgather(size: usize, blk: usize, recv: usize) -> Result<()
     Ok(())
 }
 
-/// Collects `send` of every rank, in rank order, into `recv` on every rank
-/// (`recv.len() == size * send.len()`). The algorithm is [`super::select::allgather_plan`]'s
-/// choice.
-///
-/// # Errors
-/// [`Error::InvalidBuffer`] before any communication when the lengths do not fit; then
-/// transport errors and mismatched lengths between ranks.
-pub(crate) fn allgather<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
-    check_allgather(c.size(), send.len(), recv.len())?;
-    let plan = super::select::allgather_plan(&c.setting(), send.len());
-    c.run(plan, Some(send), Some(recv))
-}
-
 /// [`allgather`] by recursive doubling (power-of-two rank counts; block `rank` of `buf`
 /// already holds this rank's data).
 ///
 /// # Errors
 /// [`crate::Error::State`] for other rank counts; transport errors.
 #[cfg(test)]
-pub(crate) fn allgather_recursive_doubling<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], blk: usize) -> Result<()> {
+pub(crate) fn allgather_recursive_doubling<C: super::CollP2p + ?Sized>(c: &C, buf: &mut [u8], blk: usize) -> Result<()> {
     if !c.size().is_power_of_two() {
         return Err(super::internal(format!("recursive doubling needs 2^k ranks, not {}", c.size())));
     }
@@ -105,7 +91,7 @@ pub(crate) fn allgather_recursive_doubling<C: CollP2p + ?Sized>(c: &C, buf: &mut
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn allgather_bruck<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
+pub(crate) fn allgather_bruck<C: super::CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
     let mut p = Plan::new();
     plan_bruck(
         &mut p,
@@ -122,7 +108,7 @@ pub(crate) fn allgather_bruck<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mu
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn allgather_ring<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], blk: usize) -> Result<()> {
+pub(crate) fn allgather_ring<C: super::CollP2p + ?Sized>(c: &C, buf: &mut [u8], blk: usize) -> Result<()> {
     let mut p = Plan::new();
     plan_ring(&mut p, Grp::all(c.rank(), c.size()), super::plan::out(0, buf.len()), blk, super::tags::ALLGATHER_RING);
     c.run(p, None, Some(buf))

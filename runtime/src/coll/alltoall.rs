@@ -4,7 +4,6 @@
 //! member `i`'s block for this member into block `i` of `recv`.
 
 use super::plan::{Grp, Plan, Span};
-use super::CollP2p;
 use crate::error::{Error, Result};
 
 /// Pairwise exchange in `n - 1` rounds: in round `i` exchange with `me ^ i` when `n` is a power
@@ -90,17 +89,4 @@ pub(crate) fn check_alltoall(size: usize, send: usize, recv: usize) -> Result<()
         )));
     }
     Ok(())
-}
-
-/// Sends block `j` of `send` to rank `j` and receives block `i` of `recv` from rank `i`
-/// (`send.len() == recv.len()`, a multiple of the communicator size). The algorithm is
-/// [`super::select::alltoall_plan`]'s choice.
-///
-/// # Errors
-/// [`Error::InvalidBuffer`] before any communication when the lengths do not fit; then
-/// transport errors and mismatched lengths between ranks.
-pub(crate) fn alltoall<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
-    check_alltoall(c.size(), send.len(), recv.len())?;
-    let plan = super::select::alltoall_plan(&c.setting(), send.len() / c.size());
-    c.run(plan, Some(send), Some(recv))
 }

@@ -1,8 +1,6 @@
 //! Barrier: dissemination, and the fan-in / fan-out trees the node-aware barrier is made of.
 
 use super::plan::{Grp, Plan, Span};
-use super::CollP2p;
-use crate::error::Result;
 
 /// Dissemination barrier on `g` (Hensgen/Finkel/Manber): in round `k` each member sends an
 /// empty message to `me + 2^k` and waits for one from `me - 2^k` (mod n), `ceil(log2 n)`
@@ -17,14 +15,4 @@ pub(crate) fn plan_dissemination(p: &mut Plan, g: Grp<'_>, tag: u32) {
         ]);
         d <<= 1;
     }
-}
-
-/// Blocks until every rank of the communicator has entered the barrier (dissemination; see
-/// [`super::select`] for when the node-aware form replaces it).
-///
-/// # Errors
-/// Transport errors of [`CollP2p`], e.g. [`crate::Error::PeerGone`].
-pub(crate) fn barrier<C: CollP2p + ?Sized>(c: &C) -> Result<()> {
-    let plan = super::select::barrier_plan(&c.setting());
-    c.run(plan, None, None)
 }

@@ -1,8 +1,6 @@
 //! Broadcast: binomial tree, or binomial scatter + ring allgather for long messages.
 
 use super::plan::{Grp, Plan, Span};
-use super::CollP2p;
-use crate::error::Result;
 
 /// Binomial-tree broadcast of `buf` from member `root` of `g`: relative member `vr` receives
 /// from `vr - lowbit(vr)`, then sends to `vr + 2^j` for every `2^j < lowbit(vr)`, largest
@@ -90,23 +88,12 @@ pub(crate) fn plan_scatter_allgather(p: &mut Plan, g: Grp<'_>, buf: Span, root: 
     }
 }
 
-/// Copies `buf` of `root` into `buf` of every rank. Every rank passes the same length. The
-/// algorithm is [`super::select::bcast_plan`]'s choice.
-///
-/// # Errors
-/// [`crate::Error::InvalidRoot`] before any communication; [`crate::Error::Truncated`] or
-/// [`crate::Error::InvalidBuffer`] when ranks pass different lengths; transport errors.
-pub(crate) fn bcast<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: usize) -> Result<()> {
-    let plan = super::select::bcast_plan(&c.setting(), buf.len(), root)?;
-    c.run(plan, None, Some(buf))
-}
-
 /// [`bcast`] by the binomial tree.
 ///
 /// # Errors
 /// As [`bcast`].
 #[cfg(test)]
-pub(crate) fn bcast_binomial<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: usize) -> Result<()> {
+pub(crate) fn bcast_binomial<C: super::CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: usize) -> crate::error::Result<()> {
     super::check_root(root, c.size())?;
     let mut p = Plan::new();
     plan_binomial(&mut p, Grp::all(c.rank(), c.size()), super::plan::out(0, buf.len()), root, super::tags::BCAST);
@@ -118,7 +105,7 @@ pub(crate) fn bcast_binomial<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: u
 /// # Errors
 /// As [`bcast`].
 #[cfg(test)]
-pub(crate) fn bcast_scatter_ring<C: CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: usize) -> Result<()> {
+pub(crate) fn bcast_scatter_ring<C: super::CollP2p + ?Sized>(c: &C, buf: &mut [u8], root: usize) -> crate::error::Result<()> {
     super::check_root(root, c.size())?;
     let mut p = Plan::new();
     plan_scatter_allgather(&mut p, Grp::all(c.rank(), c.size()), super::plan::out(0, buf.len()), root, super::tags::BCAST_SCATTER);

@@ -4,7 +4,6 @@
 //! ones rotate between group order and relative order with local copies.
 
 use super::plan::{Grp, Plan, Span};
-use super::CollP2p;
 use crate::error::{Error, Result};
 
 /// Number of relative members in the binomial subtree of `vr`: `[vr, vr + lowbit(vr))`
@@ -154,49 +153,9 @@ pub(crate) fn check_gather(what: &str, size: usize, blk: usize, root_buf: Option
     Ok(())
 }
 
-/// Collects `send` of every rank, in rank order, into `recv` at `root`.
-///
-/// At the root `recv` must be `Some` with `recv.len() == size * send.len()`; other ranks may
-/// pass `None` (a `Some` there is ignored). The algorithm is [`super::select::gather_plan`]'s
-/// choice.
-///
-/// # Errors
-/// Before any communication: [`Error::InvalidRoot`], [`Error::InvalidBuffer`] (root without a
-/// buffer, or the wrong length). Then transport errors and mismatched lengths between ranks.
-pub(crate) fn gather<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    super::check_root(root, size)?;
-    let recv = if rank == root { recv } else { None };
-    if rank == root {
-        check_gather("gather", size, send.len(), recv.as_ref().map(|r| r.len()))?;
-    }
-    let plan = super::select::gather_plan(&c.setting(), send.len(), root);
-    c.run(plan, Some(send), recv)
-}
-
-/// Distributes consecutive blocks of `send` at `root`: rank `r` receives block `r` into `recv`.
-///
-/// At the root `send` must be `Some` with `send.len() == size * recv.len()`; other ranks may
-/// pass `None` (a `Some` there is ignored). The algorithm is [`super::select::scatter_plan`]'s
-/// choice.
-///
-/// # Errors
-/// Before any communication: [`Error::InvalidRoot`], [`Error::InvalidBuffer`] (root without a
-/// buffer, or the wrong length). Then transport errors and mismatched lengths between ranks.
-pub(crate) fn scatter<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    super::check_root(root, size)?;
-    let send = if rank == root { send } else { None };
-    if rank == root {
-        check_gather("scatter", size, recv.len(), send.map(<[u8]>::len))?;
-    }
-    let plan = super::select::scatter_plan(&c.setting(), recv.len(), root);
-    c.run(plan, send, Some(recv))
-}
-
 /// Runs one gather planner (see [`gather`]; arguments checked by the caller).
 #[cfg(test)]
-fn gather_by<C: CollP2p + ?Sized>(
+fn gather_by<C: super::CollP2p + ?Sized>(
     c: &C,
     send: &[u8],
     recv: Option<&mut [u8]>,
@@ -218,7 +177,7 @@ fn gather_by<C: CollP2p + ?Sized>(
 
 /// Runs one scatter planner (see [`scatter`]; arguments checked by the caller).
 #[cfg(test)]
-fn scatter_by<C: CollP2p + ?Sized>(
+fn scatter_by<C: super::CollP2p + ?Sized>(
     c: &C,
     send: Option<&[u8]>,
     recv: &mut [u8],
@@ -243,7 +202,7 @@ fn scatter_by<C: CollP2p + ?Sized>(
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn gather_binomial<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
+pub(crate) fn gather_binomial<C: super::CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
     gather_by(c, send, recv, root, plan_gather_binomial)
 }
 
@@ -252,7 +211,7 @@ pub(crate) fn gather_binomial<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Opt
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn gather_linear<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
+pub(crate) fn gather_linear<C: super::CollP2p + ?Sized>(c: &C, send: &[u8], recv: Option<&mut [u8]>, root: usize) -> Result<()> {
     gather_by(c, send, recv, root, plan_gather_linear)
 }
 
@@ -261,7 +220,7 @@ pub(crate) fn gather_linear<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: Optio
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn scatter_binomial<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
+pub(crate) fn scatter_binomial<C: super::CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
     scatter_by(c, send, recv, root, plan_scatter_binomial)
 }
 
@@ -270,6 +229,6 @@ pub(crate) fn scatter_binomial<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, 
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn scatter_linear<C: CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
+pub(crate) fn scatter_linear<C: super::CollP2p + ?Sized>(c: &C, send: Option<&[u8]>, recv: &mut [u8], root: usize) -> Result<()> {
     scatter_by(c, send, recv, root, plan_scatter_linear)
 }

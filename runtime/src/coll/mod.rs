@@ -6,6 +6,11 @@
 //! send blocks until the receiver has matched it (rendezvous), so an algorithm that could
 //! deadlock on a real transport fails the tests.
 //!
+//! Layers, each using only those below it: the algorithms' schedule builders (`allgather.rs`,
+//! `reduce.rs`, ..., on `plan.rs`); [`select`], the choice rules and their cut-overs; `hier.rs`,
+//! node-aware schedules from those two; `run.rs`, each collective from its arguments to its end
+//! (checked, chosen, built, run on a `CollP2p`).
+//!
 //! # Algorithms (chosen by message size and rank count, after MPICH and Open MPI coll/tuned)
 //!
 //! - `barrier`: dissemination (Hensgen/Finkel/Manber), `ceil(log2 p)` rounds of empty messages.
@@ -64,6 +69,7 @@ pub(crate) mod gather;
 pub(crate) mod hier;
 pub(crate) mod plan;
 pub(crate) mod reduce;
+pub(crate) mod run;
 pub(crate) mod scratch;
 pub mod select;
 pub(crate) mod shm;
@@ -75,13 +81,8 @@ mod harness;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use allgather::allgather;
-pub(crate) use alltoall::alltoall;
-pub(crate) use barrier::barrier;
-pub(crate) use bcast::bcast;
-pub(crate) use gather::{gather, scatter};
-pub(crate) use reduce::{allreduce, builtin, reduce, typed, Vector};
-pub(crate) use vcoll::{allgatherv, alltoallv, exscan, gatherv, reduce_scatter, reduce_scatter_block, scan, scatterv};
+pub(crate) use reduce::{builtin, typed, Vector};
+pub(crate) use vcoll::{alltoallv, exscan, gatherv, scan, scatterv};
 
 use plan::Plan;
 use select::Setting;
@@ -166,34 +167,10 @@ pub(crate) mod tags {
     pub(crate) const ALLTOALL_LINEAR: u32 = 64;
 }
 
-/// Broadcasts of at least this many bytes use scatter + ring allgather (MPICH's
-/// `BCAST_SHORT_MSG_SIZE`, 12 KiB), when the communicator has [`BCAST_MIN_PROCS_LONG`] ranks.
-pub const BCAST_LONG_BYTES: usize = 12 * 1024;
-/// Fewer ranks than this always broadcast with the binomial tree (MPICH: 8).
-pub const BCAST_MIN_PROCS_LONG: usize = 8;
-/// Reduces above this many bytes (and with at least one element per power-of-two rank) use
-/// Rabenseifner's reduce-scatter + gather (MPICH: 2 KiB).
-pub const REDUCE_LONG_BYTES: usize = 2048;
-/// Allreduces above this many bytes (and with at least one element per power-of-two rank) use
-/// Rabenseifner's reduce-scatter + allgather (MPICH: 2 KiB).
-pub const ALLREDUCE_LONG_BYTES: usize = 2048;
-/// Allreduces of at least this many bytes on a rank count that is not a power of two use the
-/// ring (Open MPI coll/tuned uses its ring from ~10 KB; we keep Rabenseifner longer because its
-/// latency grows with `log p`, not `p`).
-pub const ALLREDUCE_RING_BYTES: usize = 64 * 1024;
-/// Gather/scatter blocks of at least this many bytes go linearly to/from the root (Open MPI
-/// coll/tuned switches from binomial to linear at a few KiB).
-pub const GATHER_LINEAR_BYTES: usize = 4096;
-/// Allgathers whose total (all blocks) reaches this many bytes use the ring (MPICH: 512 KiB).
-pub const ALLGATHER_LONG_BYTES: usize = 512 * 1024;
-/// Non-power-of-two allgathers below this total use Bruck's algorithm (MPICH: 80 KiB).
-pub const ALLGATHER_BRUCK_BYTES: usize = 80 * 1024;
-/// Alltoalls across hosts with blocks of at most this many bytes run node-aware (each head
-/// packs its host's blocks into one message per other host, so the network carries `h - 1`
-/// messages per host instead of `p - 1` per rank, at the price of two local copies of every
-/// block); larger blocks go pairwise, where the copies would cost more than the messages
-/// saved. Not measured across real hosts here: `TMPI_COLL_NODE_AWARE=on` forces it.
-pub const ALLTOALL_NODE_AWARE_BYTES: usize = 1024;
+pub use select::{
+    ALLGATHER_BRUCK_BYTES, ALLGATHER_LONG_BYTES, ALLREDUCE_LONG_BYTES, ALLREDUCE_RING_BYTES, ALLTOALL_NODE_AWARE_BYTES, BCAST_LONG_BYTES,
+    BCAST_MIN_PROCS_LONG, GATHER_LINEAR_BYTES, REDUCE_LONG_BYTES,
+};
 
 // ---- shared helpers ------------------------------------------------------------------------
 

@@ -14,9 +14,8 @@
 use bytemuck::Pod;
 
 use super::plan::{pof2_floor, Grp, Plan, ReduceFn, Span};
-use super::CollP2p;
 use crate::error::{Error, Result};
-use crate::op::{check_op, Op, Reducible};
+use crate::op::{Op, Reducible};
 
 /// A combining step on typed slices: `(from, acc)`.
 pub(crate) type Combine<'a, T> = dyn Fn(&[T], &mut [T]) -> Result<()> + 'a;
@@ -371,33 +370,12 @@ pub(crate) fn check_reduce<T>(send: &[T], recv: Option<&[T]>, is_root: bool) -> 
     Ok(())
 }
 
-/// Combines `send` of every rank element-wise with `op` into `recv` at `root`.
-///
-/// `recv` must be `Some` at the root, with `recv.len() == send.len()`; other ranks may pass
-/// `None` (a `Some` there is ignored). The algorithm is [`super::select::reduce_plan`]'s
-/// choice. The result is reproducible for a given `(p, root, count)`; see the module docs of
-/// [`crate::coll`].
-///
-/// # Errors
-/// Before any communication: [`Error::InvalidRoot`], [`Error::InvalidOp`],
-/// [`Error::InvalidBuffer`] (root without `recv`, or lengths differ). Then transport errors and
-/// mismatched lengths between ranks.
-pub(crate) fn reduce<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: Option<&mut [T]>, op: Op, root: usize) -> Result<()> {
-    super::check_root(root, c.size())?;
-    check_op::<T>(op)?;
-    let recv = if c.rank() == root { recv } else { None };
-    check_reduce(send, recv.as_deref(), c.rank() == root)?;
-    let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
-    let plan = super::select::reduce_plan(&c.setting(), builtin::<T>(op), true, v, root)?;
-    c.run(plan, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
-}
-
 /// [`reduce`] by the binomial tree (rooted at `root`).
 ///
 /// # Errors
 /// As [`reduce`].
 #[cfg(test)]
-pub(crate) fn reduce_binomial<T: Reducible, C: CollP2p + ?Sized>(
+pub(crate) fn reduce_binomial<T: Reducible, C: super::CollP2p + ?Sized>(
     c: &C,
     send: &[T],
     recv: Option<&mut [T]>,
@@ -424,7 +402,7 @@ pub(crate) fn reduce_binomial<T: Reducible, C: CollP2p + ?Sized>(
 /// # Errors
 /// As [`reduce`].
 #[cfg(test)]
-pub(crate) fn reduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
+pub(crate) fn reduce_rabenseifner<T: Reducible, C: super::CollP2p + ?Sized>(
     c: &C,
     send: &[T],
     recv: Option<&mut [T]>,
@@ -439,27 +417,10 @@ pub(crate) fn reduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(
     c.run(p, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
 }
 
-/// Combines `send` of every rank element-wise with `op` into `recv` on every rank; the result
-/// is bitwise identical on all ranks. The algorithm is [`super::select::allreduce_plan`]'s
-/// choice.
-///
-/// # Errors
-/// Before any communication: [`Error::InvalidOp`], [`Error::InvalidBuffer`] when
-/// `recv.len() != send.len()`. Then transport errors and mismatched lengths between ranks.
-pub(crate) fn allreduce<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
-    check_op::<T>(op)?;
-    if recv.len() != send.len() {
-        return Err(Error::InvalidBuffer(format!("allreduce: receive buffer has {} elements, send buffer {}", recv.len(), send.len())));
-    }
-    let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
-    let plan = super::select::allreduce_plan(&c.setting(), builtin::<T>(op), true, v)?;
-    c.run(plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
-}
-
 /// Runs an allreduce planner on `acc` (which holds this rank's contribution, or receives it
 /// from `from`).
 #[cfg(test)]
-fn allreduce_with<T: Reducible, C: CollP2p + ?Sized>(
+fn allreduce_with<T: Reducible, C: super::CollP2p + ?Sized>(
     c: &C,
     from: Option<&[T]>,
     acc: &mut [T],
@@ -477,7 +438,7 @@ fn allreduce_with<T: Reducible, C: CollP2p + ?Sized>(
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn allreduce_recursive_doubling<T: Reducible, C: CollP2p + ?Sized>(c: &C, acc: &mut [T], op: Op) -> Result<()> {
+pub(crate) fn allreduce_recursive_doubling<T: Reducible, C: super::CollP2p + ?Sized>(c: &C, acc: &mut [T], op: Op) -> Result<()> {
     allreduce_with(c, None, acc, op, |p, g, _, a, _| plan_recursive_doubling(p, g, a, super::tags::ALLREDUCE))
 }
 
@@ -487,7 +448,12 @@ pub(crate) fn allreduce_recursive_doubling<T: Reducible, C: CollP2p + ?Sized>(c:
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn allreduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(c: &C, from: Option<&[T]>, acc: &mut [T], op: Op) -> Result<()> {
+pub(crate) fn allreduce_rabenseifner<T: Reducible, C: super::CollP2p + ?Sized>(
+    c: &C,
+    from: Option<&[T]>,
+    acc: &mut [T],
+    op: Op,
+) -> Result<()> {
     allreduce_with(c, from, acc, op, |p, g, f, a, v| plan_rabenseifner(p, g, f, a, v, super::tags::REDUCE_FOLD))
 }
 
@@ -496,6 +462,6 @@ pub(crate) fn allreduce_rabenseifner<T: Reducible, C: CollP2p + ?Sized>(c: &C, f
 /// # Errors
 /// Transport errors and mismatched lengths between ranks.
 #[cfg(test)]
-pub(crate) fn allreduce_ring<T: Reducible, C: CollP2p + ?Sized>(c: &C, acc: &mut [T], op: Op) -> Result<()> {
+pub(crate) fn allreduce_ring<T: Reducible, C: super::CollP2p + ?Sized>(c: &C, acc: &mut [T], op: Op) -> Result<()> {
     allreduce_with(c, None, acc, op, |p, g, _, a, v| plan_ring(p, g, a, v, super::tags::ALLREDUCE_RING))
 }

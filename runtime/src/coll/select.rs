@@ -4,18 +4,43 @@
 //! The choice functions ([`barrier`], [`bcast`], [`reduce`], [`allreduce`], [`allgather`],
 //! [`alltoall`], `alltoallv`, [`reduce_scatter`]) are public so that the cost model in
 //! `bench/` (`collmodel`) calls the very functions the runtime calls: the model cannot drift
-//! from what the runtime does. The plan builders below them turn a choice into a schedule
-//! (`coll::plan`) for one rank.
+//! from what the runtime does.
 //!
-//! The cut-overs are constants of [`super`], each with the measurement behind it.
+//! The cut-overs are the constants here (re-exported by [`super`]), each with the measurement
+//! behind it. The plans that carry out a choice are built in `run.rs`, above this file.
 
-use super::hier::{self, Tiers};
-use super::plan::{inp, out, pof2_floor, Grp, Plan, ReduceFn, Span};
-use super::reduce::Vector;
+use super::plan::{pof2_floor, Grp};
 use super::topo::Topo;
-use super::{tags, ALLGATHER_BRUCK_BYTES, ALLGATHER_LONG_BYTES, ALLREDUCE_LONG_BYTES, ALLREDUCE_RING_BYTES};
-use super::{ALLTOALL_NODE_AWARE_BYTES, BCAST_LONG_BYTES, BCAST_MIN_PROCS_LONG, GATHER_LINEAR_BYTES, REDUCE_LONG_BYTES};
 use crate::error::{Error, Result};
+
+/// Broadcasts of at least this many bytes use scatter + ring allgather (MPICH's
+/// `BCAST_SHORT_MSG_SIZE`, 12 KiB), when the communicator has [`BCAST_MIN_PROCS_LONG`] ranks.
+pub const BCAST_LONG_BYTES: usize = 12 * 1024;
+/// Fewer ranks than this always broadcast with the binomial tree (MPICH: 8).
+pub const BCAST_MIN_PROCS_LONG: usize = 8;
+/// Reduces above this many bytes (and with at least one element per power-of-two rank) use
+/// Rabenseifner's reduce-scatter + gather (MPICH: 2 KiB).
+pub const REDUCE_LONG_BYTES: usize = 2048;
+/// Allreduces above this many bytes (and with at least one element per power-of-two rank) use
+/// Rabenseifner's reduce-scatter + allgather (MPICH: 2 KiB).
+pub const ALLREDUCE_LONG_BYTES: usize = 2048;
+/// Allreduces of at least this many bytes on a rank count that is not a power of two use the
+/// ring (Open MPI coll/tuned uses its ring from ~10 KB; we keep Rabenseifner longer because its
+/// latency grows with `log p`, not `p`).
+pub const ALLREDUCE_RING_BYTES: usize = 64 * 1024;
+/// Gather/scatter blocks of at least this many bytes go linearly to/from the root (Open MPI
+/// coll/tuned switches from binomial to linear at a few KiB).
+pub const GATHER_LINEAR_BYTES: usize = 4096;
+/// Allgathers whose total (all blocks) reaches this many bytes use the ring (MPICH: 512 KiB).
+pub const ALLGATHER_LONG_BYTES: usize = 512 * 1024;
+/// Non-power-of-two allgathers below this total use Bruck's algorithm (MPICH: 80 KiB).
+pub const ALLGATHER_BRUCK_BYTES: usize = 80 * 1024;
+/// Alltoalls across hosts with blocks of at most this many bytes run node-aware (each head
+/// packs its host's blocks into one message per other host, so the network carries `h - 1`
+/// messages per host instead of `p - 1` per rank, at the price of two local copies of every
+/// block); larger blocks go pairwise, where the copies would cost more than the messages
+/// saved. Not measured across real hosts here: `TMPI_COLL_NODE_AWARE=on` forces it.
+pub const ALLTOALL_NODE_AWARE_BYTES: usize = 1024;
 
 /// Defines a public algorithm enum with its `TMPI_COLL_*` names.
 macro_rules! algos {
@@ -358,162 +383,13 @@ impl Setting<'_> {
         Setting { rank, size, force: &Force::AUTO, topo: None }
     }
 
-    fn shape(&self, bytes: usize, count: usize, commutative: bool) -> Shape {
+    pub(crate) fn shape(&self, bytes: usize, count: usize, commutative: bool) -> Shape {
         Shape { ranks: self.size, hosts: self.topo.map_or(1, Topo::hosts), bytes, count, commutative }
     }
 
-    fn all(&self) -> Grp<'static> {
+    pub(crate) fn all(&self) -> Grp<'static> {
         Grp::all(self.rank, self.size)
     }
-}
-
-/// The barrier's plan.
-pub(crate) fn barrier_plan(set: &Setting<'_>) -> Plan {
-    let mut p = Plan::new();
-    if let Some(t) = hier::wanted(set) {
-        hier::barrier(&mut p, &Tiers::new(t, set.rank, None));
-        p.finish();
-        return p;
-    }
-    match barrier(&set.shape(0, 0, true), set.force.barrier) {
-        Barrier::Dissemination => super::barrier::plan_dissemination(&mut p, set.all(), tags::BARRIER),
-    }
-    p.finish();
-    p
-}
-
-/// The broadcast's plan for a buffer of `len` bytes.
-///
-/// # Errors
-/// [`Error::InvalidRoot`].
-pub(crate) fn bcast_plan(set: &Setting<'_>, len: usize, root: usize) -> Result<Plan> {
-    super::check_root(root, set.size)?;
-    let mut p = Plan::new();
-    if let Some(t) = hier::wanted(set).filter(|_| len > 0) {
-        hier::bcast(&mut p, set, &Tiers::new(t, set.rank, Some(root)), out(0, len), root);
-    } else if set.size > 1 && len > 0 {
-        let buf = out(0, len);
-        match bcast(&set.shape(len, len, true), set.force.bcast) {
-            Bcast::Binomial => super::bcast::plan_binomial(&mut p, set.all(), buf, root, tags::BCAST),
-            Bcast::ScatterAllgather => super::bcast::plan_scatter_allgather(&mut p, set.all(), buf, root, tags::BCAST_SCATTER),
-        }
-    }
-    p.finish();
-    Ok(p)
-}
-
-/// The reduce's plan (arguments checked by the caller; `recv` is the root's).
-pub(crate) fn reduce_plan(set: &Setting<'_>, f: ReduceFn, commutative: bool, v: Vector, root: usize) -> Result<Plan> {
-    super::check_root(root, set.size)?;
-    let mut p = Plan::reducing(f);
-    let (send, recv) = (inp(0, v.bytes()), (set.rank == root).then_some(out(0, v.bytes())));
-    if set.size == 1 || v.n == 0 {
-        if let Some(r) = recv {
-            p.copy(send, r);
-        }
-    } else if let Some(t) = hier::wanted(set).filter(|_| commutative) {
-        hier::reduce(&mut p, set, &Tiers::new(t, set.rank, Some(root)), send, recv, v, root);
-    } else {
-        match reduce(&set.shape(v.bytes(), v.n, commutative), set.force.reduce) {
-            Reduce::Rabenseifner => super::reduce::plan_reduce_rabenseifner(&mut p, set.all(), send, recv, v, root, tags::REDUCE_FOLD),
-            Reduce::Binomial => super::reduce::plan_reduce_binomial(&mut p, set.all(), send, recv, root, !commutative, tags::REDUCE),
-        }
-    }
-    p.finish();
-    Ok(p)
-}
-
-/// The allreduce's plan (arguments checked by the caller).
-pub(crate) fn allreduce_plan(set: &Setting<'_>, f: ReduceFn, commutative: bool, v: Vector) -> Result<Plan> {
-    let mut p = Plan::reducing(f);
-    let (send, acc) = (inp(0, v.bytes()), out(0, v.bytes()));
-    if set.size == 1 || v.n == 0 {
-        p.copy(send, acc);
-    } else if let Some(t) = hier::wanted(set).filter(|_| commutative) {
-        hier::allreduce(&mut p, set, &Tiers::new(t, set.rank, None), send, acc, v);
-    } else {
-        let g = set.all();
-        match allreduce(&set.shape(v.bytes(), v.n, commutative), set.force.allreduce) {
-            Allreduce::Rabenseifner => super::reduce::plan_rabenseifner(&mut p, g, Some(send), acc, v, tags::ALLREDUCE_RAB),
-            Allreduce::Ring => {
-                p.copy(send, acc);
-                super::reduce::plan_ring(&mut p, g, acc, v, tags::ALLREDUCE_RING);
-            }
-            Allreduce::ReduceBcast => super::reduce::plan_reduce_bcast(&mut p, g, send, acc, tags::REDUCE_BCAST),
-            Allreduce::RecursiveDoubling => {
-                p.copy(send, acc);
-                super::reduce::plan_recursive_doubling(&mut p, g, acc, tags::ALLREDUCE);
-            }
-        }
-    }
-    p.finish();
-    Ok(p)
-}
-
-/// The gather's plan for blocks of `blk` bytes (arguments checked by the caller).
-pub(crate) fn gather_plan(set: &Setting<'_>, blk: usize, root: usize) -> Plan {
-    let mut p = Plan::new();
-    let (send, recv) = (inp(0, blk), (set.rank == root).then_some(out(0, blk * set.size)));
-    if set.size == 1 {
-        if let Some(r) = recv {
-            p.copy(send, r);
-        }
-    } else if blk > 0 {
-        if blk < GATHER_LINEAR_BYTES {
-            super::gather::plan_gather_binomial(&mut p, set.all(), send, recv, root, tags::GATHER);
-        } else {
-            super::gather::plan_gather_linear(&mut p, set.all(), send, recv, root, tags::GATHER);
-        }
-    }
-    p.finish();
-    p
-}
-
-/// The scatter's plan for blocks of `blk` bytes (arguments checked by the caller).
-pub(crate) fn scatter_plan(set: &Setting<'_>, blk: usize, root: usize) -> Plan {
-    let mut p = Plan::new();
-    let (send, recv) = ((set.rank == root).then_some(inp(0, blk * set.size)), out(0, blk));
-    if set.size == 1 {
-        if let Some(s) = send {
-            p.copy(s, recv);
-        }
-    } else if blk > 0 {
-        if blk < GATHER_LINEAR_BYTES {
-            super::gather::plan_scatter_binomial(&mut p, set.all(), send, recv, root, tags::SCATTER);
-        } else {
-            super::gather::plan_scatter_linear(&mut p, set.all(), send, recv, root, tags::SCATTER);
-        }
-    }
-    p.finish();
-    p
-}
-
-/// The allgather's plan for blocks of `blk` bytes (arguments checked by the caller).
-pub(crate) fn allgather_plan(set: &Setting<'_>, blk: usize) -> Plan {
-    let mut p = Plan::new();
-    let (n, me) = (set.size, set.rank);
-    let (send, buf) = (inp(0, blk), out(0, n * blk));
-    if n == 1 {
-        p.copy(send, buf);
-    } else if let Some(t) = hier::wanted(set).filter(|_| blk > 0) {
-        let dest: Vec<Span> = (0..n).map(|r| buf.sub(r * blk..(r + 1) * blk)).collect();
-        hier::allgatherv(&mut p, set, &Tiers::new(t, me, None), send, &vec![blk; n], &dest);
-    } else if blk > 0 {
-        let g = set.all();
-        match allgather(&set.shape(n * blk, n * blk, true), set.force.allgather) {
-            Allgather::RecursiveDoubling => {
-                p.copy(send, buf.sub(me * blk..(me + 1) * blk));
-                super::allgather::plan_recursive_doubling(&mut p, g, buf, blk, tags::ALLGATHER);
-            }
-            Allgather::Bruck => super::allgather::plan_bruck(&mut p, g, send, buf, tags::ALLGATHER_BRUCK),
-            Allgather::Ring => {
-                p.copy(send, buf.sub(me * blk..(me + 1) * blk));
-                super::allgather::plan_ring(&mut p, g, buf, blk, tags::ALLGATHER_RING);
-            }
-        }
-    }
-    p.finish();
-    p
 }
 
 /// The allgatherv's algorithm for `total` bytes (all blocks; `None` when the counts are not
@@ -532,60 +408,7 @@ pub(crate) fn allgatherv(set: &Setting<'_>, total: Option<usize>) -> Allgather {
     }
 }
 
-/// The alltoall's plan for blocks of `blk` bytes (arguments checked by the caller).
-pub(crate) fn alltoall_plan(set: &Setting<'_>, blk: usize) -> Plan {
-    let mut p = Plan::new();
-    let n = set.size;
-    let (send, recv) = (inp(0, n * blk), out(0, n * blk));
-    if n == 1 {
-        p.copy(send, recv);
-    } else if let Some(t) = hier::wanted(set).filter(|t| blk > 0 && alltoall_node_aware(&Shape::on(t, blk), set.force.node_aware)) {
-        hier::alltoall(&mut p, &Tiers::new(t, set.rank, None), send, recv, blk);
-    } else if blk > 0 {
-        let g = set.all();
-        match alltoall(&set.shape(blk, blk, true), set.force.alltoall) {
-            Alltoall::Pairwise => super::alltoall::plan_pairwise(&mut p, g, send, recv, blk, tags::ALLTOALL),
-            Alltoall::Bruck => super::alltoall::plan_bruck(&mut p, g, send, recv, blk, tags::ALLTOALL_BRUCK),
-            Alltoall::Linear => super::alltoall::plan_linear(&mut p, g, send, recv, blk, tags::ALLTOALL_LINEAR),
-        }
-    }
-    p.finish();
-    p
-}
-
 /// The alltoallv's algorithm.
 pub(crate) fn alltoallv(set: &Setting<'_>) -> Alltoallv {
     set.force.alltoallv.unwrap_or(Alltoallv::Pairwise)
-}
-
-/// The reduce-scatter's plan: block `r` (`counts[r]` elements of `es` bytes, blocks
-/// consecutive in the send buffer) to rank `r` (arguments checked by the caller).
-///
-/// # Errors
-/// [`Error::InvalidBuffer`] when the counts overflow.
-pub(crate) fn reduce_scatter_plan(set: &Setting<'_>, f: ReduceFn, commutative: bool, es: usize, counts: &[usize]) -> Result<Plan> {
-    let n = set.size;
-    let total = counts
-        .iter()
-        .try_fold(0usize, |a, &c| a.checked_add(c))
-        .ok_or_else(|| Error::InvalidBuffer("reduce_scatter: the counts overflow usize".into()))?;
-    let displs = super::vcoll::check_counts("reduce_scatter", counts, n, total)?;
-    let v = Vector { n: total, es };
-    let mut p = Plan::reducing(f);
-    let blocks: Vec<Span> = (0..n).map(|i| inp(displs[i] * es, counts[i] * es)).collect();
-    let mine = out(0, counts[set.rank] * es);
-    if n == 1 {
-        p.copy(blocks[0], mine);
-    } else if let Some(t) = hier::wanted(set).filter(|_| commutative && set.force.reduce_scatter.is_none()) {
-        hier::reduce_scatter(&mut p, set, &Tiers::new(t, set.rank, None), &blocks, mine, v);
-    } else {
-        match reduce_scatter(&set.shape(v.bytes(), total, commutative), set.force.reduce_scatter) {
-            ReduceScatter::ReduceScatterv => {
-                let rab = reduce(&set.shape(v.bytes(), total, commutative), None) == Reduce::Rabenseifner;
-                super::vcoll::plan_reduce_then_scatter(&mut p, set.all(), rab, v, &blocks, mine, super::vcoll::vtags::REDUCE_SCATTER)
-            }
-        }
-    }
-    p.finish();
-    Ok(p)
 }

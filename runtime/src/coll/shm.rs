@@ -137,7 +137,7 @@ pub(crate) fn assign(comm: &Comm) -> Result<()> {
         }
     }
     let c = crate::coll_glue::CollCtx::new(comm)?;
-    c.finish(crate::coll::bcast(&c, bytemuck::cast_slice_mut(&mut choice), 0))?;
+    c.finish(crate::coll::run::bcast(&c, bytemuck::cast_slice_mut(&mut choice), 0))?;
     comm.inner.shm.set(if choice[0] == 0 { Slot::None } else { Slot::Ctx { ctx: choice[0] as u16, gen: choice[1] } });
     Ok(())
 }

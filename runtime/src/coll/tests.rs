@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::harness::{run, Mode, ThreadP2p};
+use super::run::{allgather, allreduce, alltoall, barrier, bcast, gather, reduce, scatter};
 use super::*;
 use crate::op::{Op, Reducible};
 
@@ -636,7 +637,7 @@ fn node_aware_calls(c: &ThreadP2p, len: usize) -> Result<Vec<String>> {
     let total: usize = counts.iter().sum();
     let displs: Vec<usize> = (0..n).map(|r| 1 + counts[r + 1..].iter().sum::<usize>()).collect();
     let mut v = vec![0u8; total + 1];
-    vcoll::allgatherv(c, &pattern(me, counts[me]), &mut v, &counts, &displs)?;
+    run::allgatherv(c, &pattern(me, counts[me]), &mut v, &counts, &displs)?;
     if (0..n).any(|r| v[displs[r]..displs[r] + counts[r]] != pattern(r, counts[r])[..]) {
         bad.push("allgatherv".into());
     }
@@ -651,7 +652,7 @@ fn node_aware_calls(c: &ThreadP2p, len: usize) -> Result<Vec<String>> {
     let total: usize = counts.iter().sum();
     let send: Vec<i64> = contribution(me, total);
     let mut mine = vec![0i64; counts[me]];
-    vcoll::reduce_scatter(c, &send, &mut mine, &counts, Op::Sum)?;
+    run::reduce_scatter(c, &send, &mut mine, &counts, Op::Sum)?;
     let lo: usize = counts[..me].iter().sum();
     if mine[..] != expected::<i64>(n, total, Op::Sum)[lo..lo + counts[me]] {
         bad.push("reduce_scatter".into());
@@ -711,7 +712,7 @@ fn node_aware_allreduce_crosses_hosts_from_the_heads_only() {
     let plan_of = |rank: usize, force: &select::Force| {
         let topo = topo::Topo::from_hosts(hosts.to_vec());
         let set = select::Setting { rank, size: 8, force, topo: Some(&topo) };
-        let p = select::allreduce_plan(&set, builtin::<i64>(Op::Sum), true, Vector { n: 4, es: 8 }).unwrap();
+        let p = run::allreduce_plan(&set, builtin::<i64>(Op::Sum), true, Vector { n: 4, es: 8 }).unwrap();
         p.rounds().flatten().filter(|a| matches!(a, plan::Action::Send { dest, .. } if hosts[*dest] != hosts[rank])).count()
     };
     let on = select::Force::AUTO;

@@ -72,13 +72,13 @@ fn bytes_mut<T: Pod>(s: &mut [T]) -> &mut [u8] {
 
 /// Element ranges of a checked layout: block `r` is `displs[r]..displs[r] + counts[r]`.
 pub(crate) struct Layout<'a> {
-    counts: &'a [usize],
+    pub(crate) counts: &'a [usize],
     displs: &'a [usize],
 }
 
 impl Layout<'_> {
     /// Bytes of block `r` within `s`, for elements of `es` bytes.
-    fn span(&self, s: Span, r: usize, es: usize) -> Span {
+    pub(crate) fn span(&self, s: Span, r: usize, es: usize) -> Span {
         s.sub(self.displs[r] * es..(self.displs[r] + self.counts[r]) * es)
     }
 }
@@ -134,7 +134,7 @@ pub(crate) fn check_layout<'a>(
 }
 
 /// Checks that this rank's own block has the length of its buffer.
-fn check_own(what: &str, rank: usize, count: usize, len: usize, buf: &str) -> Result<()> {
+pub(crate) fn check_own(what: &str, rank: usize, count: usize, len: usize, buf: &str) -> Result<()> {
     if count == len {
         Ok(())
     } else {
@@ -144,7 +144,7 @@ fn check_own(what: &str, rank: usize, count: usize, len: usize, buf: &str) -> Re
 
 /// Keeps the first of two errors, except that a departed peer wins (so the call's abort reaches
 /// the other members).
-fn first_err(first: Option<Error>, r: Result<()>) -> Result<()> {
+pub(crate) fn first_err(first: Option<Error>, r: Result<()>) -> Result<()> {
     match (first, r) {
         (_, Err(e @ Error::PeerGone { .. })) => Err(e),
         (Some(e), _) => Err(e),
@@ -296,63 +296,6 @@ pub(crate) fn scatterv<T: Pod, C: CollP2p + ?Sized>(
     c.run(plan, send.map(bytes), Some(bytes_mut(recv)))
 }
 
-/// The plan of [`allgatherv`] by `algo` (every rank passes the same counts, so every rank
-/// chooses alike; a rank whose arguments are bad takes its part with empty messages).
-pub(crate) fn allgatherv_plan<T: Pod>(
-    set: &super::select::Setting<'_>,
-    send: &[T],
-    recv_len: usize,
-    counts: &[usize],
-    displs: &[usize],
-) -> Plan {
-    let (rank, size) = (set.rank, set.size);
-    let es = std::mem::size_of::<T>();
-    let mut p = Plan::new();
-    p.tolerant = true;
-    let checked = check_layout("allgatherv", "receive", counts, displs, size, recv_len, true)
-        .and_then(|l| check_own("allgatherv", rank, l.counts[rank], send.len(), "send").map(|()| l));
-    let total = (counts.len() == size).then(|| counts.iter().try_fold(0usize, |a, &c| a.checked_add(c.checked_mul(es)?))).flatten();
-    let algo = super::select::allgatherv(set, total);
-    let g = Grp::all(rank, size);
-    if let Some(t) = super::hier::wanted(set).filter(|_| total.is_some() && set.force.allgatherv.is_none()) {
-        // Block sizes from the counts, which every rank passes alike: the same rounds on
-        // every rank even where this rank's own arguments are bad.
-        let sizes: Vec<usize> = counts.iter().map(|&c| c * es).collect();
-        let tiers = super::hier::Tiers::new(t, rank, None);
-        match checked {
-            Ok(l) => {
-                let whole = out(0, recv_len * es);
-                let dest: Vec<Span> = (0..size).map(|r| l.span(whole, r, es)).collect();
-                super::hier::allgatherv(&mut p, set, &tiers, inp(0, std::mem::size_of_val(send)), &sizes, &dest);
-            }
-            Err(e) => {
-                let dest = vec![Span::empty(); size];
-                super::hier::allgatherv(&mut p, set, &tiers, Span::empty(), &sizes, &dest);
-                p.fail_locally(e);
-            }
-        }
-        p.finish();
-        return p;
-    }
-    match checked {
-        Ok(l) => {
-            let whole = out(0, recv_len * es);
-            let sizes: Vec<usize> = (0..size).map(|r| l.counts[r] * es).collect();
-            let blocks: Vec<Span> = (0..size).map(|r| l.span(whole, r, es)).collect();
-            p.copy(inp(0, std::mem::size_of_val(send)), blocks[rank]);
-            plan_allgatherv(&mut p, g, algo, &sizes, &blocks, vtags::ALLGATHERV);
-        }
-        Err(e) => {
-            let sizes = vec![0; size];
-            let blocks = vec![Span::empty(); size];
-            plan_allgatherv(&mut p, g, algo, &sizes, &blocks, vtags::ALLGATHERV);
-            p.fail_locally(e);
-        }
-    }
-    p.finish();
-    p
-}
-
 /// Allgatherv on `g` by `algo`: `blocks[i]` (of `sizes[i]` bytes) receives member `i`'s data;
 /// `blocks[me]` already holds this member's.
 pub(crate) fn plan_allgatherv(p: &mut Plan, g: Grp<'_>, algo: super::select::Allgather, sizes: &[usize], blocks: &[Span], tag: u32) {
@@ -429,19 +372,6 @@ fn allgatherv_bruck(p: &mut Plan, g: Grp<'_>, sizes: &[usize], blocks: &[Span], 
         p.copy(range(j, j + 1), blocks[rel(j)]);
     }
     p.next();
-}
-
-/// Collects `send` of every rank into `recv` on every rank: rank `r`'s elements land at
-/// `recv[displs[r]..displs[r] + counts[r]]`; `counts[r]` must be rank `r`'s `send.len()`. Every
-/// rank passes the same `counts` (the displacements may differ).
-///
-/// # Errors
-/// [`Error::InvalidBuffer`] when a block does not fit `recv`, receive blocks overlap, this rank's
-/// count is not `send.len()`, or a block arrives with another length than its count (the rank
-/// still completes its rounds with empty messages). Transport errors, [`Error::PeerGone`].
-pub(crate) fn allgatherv<T: Pod, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-    let plan = allgatherv_plan(&c.setting(), send, recv.len(), counts, displs);
-    c.run(plan, Some(bytes(send)), Some(bytes_mut(recv)))
 }
 
 /// The plan of [`alltoallv`] (a rank whose arguments are bad takes its part with empty
@@ -555,53 +485,6 @@ pub(crate) fn check_counts(what: &str, counts: &[usize], size: usize, send_len: 
         return Err(Error::InvalidBuffer(format!("{what}: the counts sum to {total} elements, the send buffer has {send_len}")));
     }
     Ok(displs)
-}
-
-/// Combines `send` of every rank element-wise with `op` and leaves block `r` of the result
-/// (`counts[r]` elements, blocks in rank order) in rank `r`'s `recv`. `send.len()` is the sum of
-/// `counts` on every rank.
-///
-/// # Errors
-/// Before any communication: [`Error::InvalidOp`]; [`Error::InvalidBuffer`] when `counts` has
-/// not one entry per rank or does not sum to `send.len()`. [`Error::InvalidBuffer`] when
-/// `recv.len() != counts[rank]` (the rank takes part with scratch space first). Transport
-/// errors, mismatched lengths between ranks, [`Error::PeerGone`].
-pub(crate) fn reduce_scatter<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], counts: &[usize], op: Op) -> Result<()> {
-    let (rank, size) = (c.rank(), c.size());
-    check_op::<T>(op)?;
-    check_counts("reduce_scatter", counts, size, send.len())?;
-    let bad = check_own("reduce_scatter", rank, counts[rank], recv.len(), "receive").err();
-    let mut scratch = Vec::new();
-    let out: &mut [T] = if bad.is_some() {
-        scratch.resize(counts[rank], T::zeroed());
-        &mut scratch
-    } else {
-        recv
-    };
-    let plan = super::select::reduce_scatter_plan(&c.setting(), builtin::<T>(op), true, std::mem::size_of::<T>(), counts);
-    let r = plan.and_then(|p| c.run(p, Some(bytes(send)), Some(bytes_mut(out))));
-    first_err(bad, r)
-}
-
-/// [`reduce_scatter`] with equal blocks: `send.len() == size * recv.len()` on every rank, and
-/// rank `r` gets elements `r * recv.len()..(r + 1) * recv.len()` of the reduction.
-///
-/// # Errors
-/// Before any communication: [`Error::InvalidOp`], [`Error::InvalidBuffer`] when the lengths do
-/// not fit. Transport errors, mismatched lengths between ranks, [`Error::PeerGone`].
-pub(crate) fn reduce_scatter_block<T: Reducible, C: CollP2p + ?Sized>(c: &C, send: &[T], recv: &mut [T], op: Op) -> Result<()> {
-    let size = c.size();
-    check_op::<T>(op)?;
-    if Some(send.len()) != recv.len().checked_mul(size) {
-        return Err(Error::InvalidBuffer(format!(
-            "reduce_scatter_block: send buffer has {} elements, {size} ranks * {} = receive blocks needed",
-            send.len(),
-            recv.len()
-        )));
-    }
-    let counts = vec![recv.len(); size];
-    let plan = super::select::reduce_scatter_plan(&c.setting(), builtin::<T>(op), true, std::mem::size_of::<T>(), &counts)?;
-    c.run(plan, Some(bytes(send)), Some(bytes_mut(recv)))
 }
 
 /// Reduce-scatter as a reduce of the send buffer to member 0 (in group order, so for any

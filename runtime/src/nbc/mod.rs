@@ -52,7 +52,7 @@ pub(crate) use sched::{Members, Sched};
 
 use crate::coll::plan::{Plan, ReduceFn};
 use crate::coll::reduce::check_reduce;
-use crate::coll::{builtin, select, vcoll, CollP2p, Vector};
+use crate::coll::{builtin, run, vcoll, CollP2p, Vector};
 use crate::coll_glue::CollCtx;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -104,7 +104,7 @@ impl Comm {
             return seen::call(What::new(Kind::Ibarrier).on(self), || self.ibarrier(s));
         }
         let c = CollCtx::new(self)?;
-        let plan = select::barrier_plan(&c.setting());
+        let plan = run::barrier_plan(&c.setting());
         self.start_plan(s, &c, plan, None, None)
     }
 
@@ -128,7 +128,7 @@ impl Comm {
         }
         let c = CollCtx::new(self)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let plan = select::bcast_plan(&c.setting(), bytes.len(), root)?;
+        let plan = run::bcast_plan(&c.setting(), bytes.len(), root)?;
         self.start_plan(s, &c, plan, None, Some(bytes))
     }
 
@@ -223,7 +223,7 @@ impl Comm {
         if rank == root {
             crate::coll::gather::check_gather("igather", size, sb.len(), recv.as_ref().map(|r| r.len()))?;
         }
-        let plan = select::gather_plan(&c.setting(), sb.len(), root);
+        let plan = run::gather_plan(&c.setting(), sb.len(), root);
         self.start_plan(s, &c, plan, Some(sb), recv)
     }
 
@@ -317,7 +317,7 @@ impl Comm {
         if rank == root {
             crate::coll::gather::check_gather("iscatter", size, rb.len(), send.map(<[u8]>::len))?;
         }
-        let plan = select::scatter_plan(&c.setting(), rb.len(), root);
+        let plan = run::scatter_plan(&c.setting(), rb.len(), root);
         self.start_plan(s, &c, plan, send, Some(rb))
     }
 
@@ -401,7 +401,7 @@ impl Comm {
         let c = CollCtx::new(self)?;
         let (sb, rb): (&[u8], &mut [u8]) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
         crate::coll::allgather::check_allgather(self.size(), sb.len(), rb.len())?;
-        let plan = select::allgather_plan(&c.setting(), sb.len());
+        let plan = run::allgather_plan(&c.setting(), sb.len());
         self.start_plan(s, &c, plan, Some(sb), Some(rb))
     }
 
@@ -448,7 +448,7 @@ impl Comm {
         displs: &[usize],
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        let plan = vcoll::allgatherv_plan(&c.setting(), send, recv.len(), counts, displs);
+        let plan = run::allgatherv_plan(&c.setting(), send, recv.len(), counts, displs);
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
@@ -476,7 +476,7 @@ impl Comm {
         let c = CollCtx::new(self)?;
         let (sb, rb): (&[u8], &mut [u8]) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
         crate::coll::alltoall::check_alltoall(self.size(), sb.len(), rb.len())?;
-        let plan = select::alltoall_plan(&c.setting(), sb.len() / self.size());
+        let plan = run::alltoall_plan(&c.setting(), sb.len() / self.size());
         self.start_plan(s, &c, plan, Some(sb), Some(rb))
     }
 
@@ -645,7 +645,7 @@ impl Comm {
         let recv = if is_root { recv } else { None };
         check_reduce(send, recv.as_deref(), is_root)?;
         let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
-        let plan = select::reduce_plan(&c.setting(), f, commutative, v, root)?;
+        let plan = run::reduce_plan(&c.setting(), f, commutative, v, root)?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
     }
 
@@ -663,7 +663,7 @@ impl Comm {
             return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
         }
         let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
-        let plan = select::allreduce_plan(&c.setting(), f, commutative, v)?;
+        let plan = run::allreduce_plan(&c.setting(), f, commutative, v)?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
@@ -683,7 +683,7 @@ impl Comm {
         if recv.len() != counts[r] {
             return Err(len_err("ireduce_scatter", "receive", recv.len(), counts[r]));
         }
-        let plan = select::reduce_scatter_plan(&c.setting(), f, commutative, std::mem::size_of::<T>(), counts)?;
+        let plan = run::reduce_scatter_plan(&c.setting(), f, commutative, std::mem::size_of::<T>(), counts)?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 

@@ -4,6 +4,7 @@
 //! errors on the rank that passed them without stranding the others.
 
 use super::super::harness::{run, Mode};
+use super::super::run::{allgatherv, reduce_scatter, reduce_scatter_block};
 use super::*;
 use crate::run_local;
 
