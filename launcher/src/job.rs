@@ -994,6 +994,7 @@ impl Running {
     /// Handles whatever the bootstrap services have to say, without blocking (a spawn adds
     /// services, served in the same pass); then drops the bridges that are done.
     fn pump_server(&mut self) -> Result<()> {
+        let seen_before = self.departed.len();
         let mut si = 0;
         while si < self.servers.len() {
             for ev in self.servers[si].server.process()? {
@@ -1001,6 +1002,7 @@ impl Running {
             }
             si += 1;
         }
+        self.lost_before_finalized(seen_before);
         if self.servers.iter().any(Served::spent) {
             let (spent, keep) = std::mem::take(&mut self.servers).into_iter().partition(Served::spent);
             self.servers = keep;
@@ -1009,6 +1011,16 @@ impl Running {
             }
         }
         Ok(())
+    }
+
+    /// Orders the departures read in one pump (from `from` on) so that ranks whose connection
+    /// was lost come before ranks that finalized: the services are read one after another, so
+    /// between two of them (the job's and a spawn's children's) the order read is not the
+    /// order of the events, and a rank that finalized with an error (a `main` returning
+    /// `Err` on `PeerGone`) most likely did so because the other one died.
+    fn lost_before_finalized(&mut self, from: usize) {
+        let ranks = &self.ranks;
+        self.departed[from..].sort_by_key(|&g| !matches!(ranks.get(g).map(|r| r.boot), Some(Boot::Lost)));
     }
 
     /// Reports the failure of rank `r` (which has ended) and ends the job.
