@@ -28,7 +28,7 @@ pub(crate) struct CommInner {
     /// different threads), so a plain load and store count it, without a read-modify-write.
     pub(crate) shm_seq: std::sync::atomic::AtomicU32,
     /// The communicator's context for shared-memory collectives (see [`crate::coll::shm`]).
-    pub(crate) shm: SyncCell<crate::coll::shm::Slot>,
+    pub(crate) shm: SyncCell<crate::engine::Slot>,
     /// The thread inside a collective on this communicator (see [`CollBusy`]).
     pub(crate) coll_busy: CollBusy,
     /// What its collectives know of the machine (see [`crate::coll::Machine`]).
@@ -49,7 +49,7 @@ impl Drop for CommInner {
         // id would merely stay taken. The id is freed once nothing on this rank uses it.
         if let Ok(mut e) = self.eng.lock_for_cleanup() {
             e.comm_id_release(self.id);
-            crate::coll::shm::release(&e, self.shm.get());
+            e.shm_release(self.shm.get());
         }
     }
 }

@@ -413,7 +413,7 @@ impl crate::coll::CollP2p for GroupChan<'_> {
     }
     fn run(&self, plan: crate::coll::plan::Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
         let world = Arc::new(self.ranks.iter().map(|&r| self.comm.world_rank(r)).collect::<Vec<_>>());
-        let who = crate::nbc::Members {
+        let who = crate::nbc::sched::Members {
             ctx: self.ctx(),
             rank: self.me,
             size: self.ranks.len(),
@@ -422,7 +422,7 @@ impl crate::coll::CollP2p for GroupChan<'_> {
             fixed_tag: Some(self.tag),
             keys: Some(Arc::new(self.ranks.clone())),
         };
-        crate::coll_glue::run_plan(self.comm, who, plan, input, output)
+        crate::coll_ctx::run_plan(self.comm, who, plan, input, output)
     }
     fn send(&self, buf: &[u8], dest: usize, _tag: u32) -> Result<()> {
         self.comm.send_ctx(self.ctx(), buf, self.peer(dest)?, self.tag, false)

@@ -133,6 +133,7 @@ pub mod bsend;
 mod buffer;
 mod cartmap;
 pub mod coll;
+mod coll_ctx;
 mod coll_glue;
 mod comm;
 pub mod config;

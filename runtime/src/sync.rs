@@ -533,7 +533,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::Threading;
-    use crate::coll_glue::CollCtx;
+    use crate::coll_ctx::CollCtx;
     use crate::{run_local_threaded, scope, Error, UserOp, ANY_SOURCE};
 
     fn is_thread_error<T: std::fmt::Debug>(r: crate::Result<T>) -> bool {

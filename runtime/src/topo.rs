@@ -15,7 +15,7 @@ use std::ops::Deref;
 use bytemuck::Pod;
 
 use crate::coll::CollP2p;
-use crate::coll_glue::CollCtx;
+use crate::coll_ctx::CollCtx;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::seen::{self, Kind, What};

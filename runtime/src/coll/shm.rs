@@ -68,7 +68,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use tmpi_transport::shm::segment::{Segment, COLL_SLOT_BYTES};
 
 use crate::comm::Comm;
-use crate::engine::{Engine, Need, Peers};
+use crate::engine::{Engine, Need, Peers, Slot};
 use crate::error::{Error, Result};
 use crate::op::{check_op, Op, Reducible};
 use crate::sync::EngineGuard;
@@ -80,18 +80,6 @@ pub(crate) const SHM_MAX_BYTES: usize = COLL_SLOT_BYTES;
 /// Largest communicator whose calls go all-to-all (every rank waits for every other rank's
 /// arrival and reads the slots itself, see the module docs); larger ones gather at a leader.
 pub(crate) const ALL_TO_ALL_MAX_RANKS: usize = 8;
-
-/// A communicator's collective context in the segment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum Slot {
-    /// Not decided yet (the world communicator takes context 0 at its first collective).
-    #[default]
-    Unset,
-    /// Point-to-point only.
-    None,
-    /// Context `ctx` of generation `gen`.
-    Ctx { ctx: u16, gen: u32 },
-}
 
 /// Kinds of call, in the description word.
 const KIND_BARRIER: u64 = 1;
@@ -136,17 +124,10 @@ pub(crate) fn assign(comm: &Comm) -> Result<()> {
             comm.inner.shm.set(Slot::Ctx { ctx: ctx as u16, gen });
         }
     }
-    let c = crate::coll_glue::CollCtx::new(comm)?;
+    let c = crate::coll_ctx::CollCtx::new(comm)?;
     c.finish(crate::coll::run::bcast(&c, bytemuck::cast_slice_mut(&mut choice), 0))?;
     comm.inner.shm.set(if choice[0] == 0 { Slot::None } else { Slot::Ctx { ctx: choice[0] as u16, gen: choice[1] } });
     Ok(())
-}
-
-/// Gives back this rank's hold on `slot` (a communicator is dropped).
-pub(crate) fn release(e: &Engine, slot: Slot) {
-    if let (Slot::Ctx { ctx, .. }, Some(seg)) = (slot, e.shm_segment()) {
-        seg.coll_free(usize::from(ctx));
-    }
 }
 
 /// One collective call on the slots of a communicator.

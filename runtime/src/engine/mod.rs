@@ -113,6 +113,7 @@ use rndv::target::Target;
 use rndv::threshold::Threshold;
 use rndv::way::EAGER_NT_MIN;
 use rndv::{read_key, CmaWrite, RmaOut, RndvInfo, RndvSend, Ways, RNDV_HDR_MAX};
+pub(crate) use shmcoll::Slot;
 use stats::Stats;
 use tmpi_trace::event::Proto;
 use unexpected::{Incoming, Unexpected, UxMsg};

@@ -1,6 +1,8 @@
 //! Hooks of the shared-memory collectives ([`crate::coll::shm`]) and of the doorbell into the
 //! engine: the job's segment, waking and sleeping on doorbells, and what the collectives need
-//! to know about failures (departed peers, collective aborts).
+//! to know about failures (departed peers, collective aborts); and a communicator's hold on a
+//! collective context of the segment ([`Slot`]), which the communicator gives back when it is
+//! dropped.
 
 use super::*;
 use tmpi_transport::shm::segment::Segment;
@@ -55,8 +57,27 @@ impl Engine {
         self.st.aborts.iter().find(|a| a.0 == ctx && a.1 == seq & 0xffff).map(|a| a.2)
     }
 
+    /// Gives back this rank's hold on `slot` (a communicator is dropped).
+    pub(crate) fn shm_release(&self, slot: Slot) {
+        if let (Slot::Ctx { ctx, .. }, Some(seg)) = (slot, self.shm_segment()) {
+            seg.coll_free(usize::from(ctx));
+        }
+    }
+
     /// Whether world rank `peer` has departed (finalized, failed, or its process is gone).
     pub(crate) fn departed(&self, peer: usize) -> bool {
         peer != self.st.rank && peer < self.size && self.state_of(peer) != PeerState::Alive
     }
+}
+
+/// A communicator's collective context in the segment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// Not decided yet (the world communicator takes context 0 at its first collective).
+    #[default]
+    Unset,
+    /// Point-to-point only.
+    None,
+    /// Context `ctx` of generation `gen`.
+    Ctx { ctx: u16, gen: u32 },
 }

@@ -43,17 +43,15 @@
 //! not complete). Lengths that differ between ranks, and departed ranks
 //! ([`Error::PeerGone`]), are reported when the request completes.
 
-mod sched;
+pub(crate) mod sched;
 mod userop;
 
 use bytemuck::Pod;
 
-pub(crate) use sched::{Members, Sched};
-
 use crate::coll::plan::{Plan, ReduceFn};
 use crate::coll::reduce::check_reduce;
 use crate::coll::{builtin, run, vcoll, CollP2p, Vector};
-use crate::coll_glue::CollCtx;
+use crate::coll_ctx::CollCtx;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::op::{check_op, Op, Reducible};

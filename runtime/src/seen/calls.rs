@@ -20,8 +20,8 @@ use tmpi_trace::record::Decision;
 
 use super::state::{self, lock};
 use super::{call, is, Outcome, What, RECORD, REPLAY};
-use crate::comm::Source;
 use crate::engine::ReqId;
+use crate::envelope::Source;
 use crate::error::{Error, Result};
 use crate::request::Request;
 use crate::{Rank, Status};
