@@ -413,8 +413,12 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     if job.refused > 1 {
         say(&format!("bootstrap: refused {} connection(s) from processes that are not ranks of this job in all", job.refused));
     }
-    // Every rank has ended (observed, not reaped): reap them now.
+    // Every rank has ended (observed, not reaped): reap them now, after removing what
+    // libfabric's `shm` provider left under a local rank's pid (a killed rank's region).
     for r in &job.ranks {
+        if r.host.is_none() {
+            cleanup::remove_provider_regions(r.pid);
+        }
         cleanup::reap_child(r.pid);
     }
     Ok(status)

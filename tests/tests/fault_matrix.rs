@@ -204,8 +204,12 @@ fn check_cleanup(e: &Ended, np: usize, ctx: &str) -> Result<(), String> {
     }
     let jobid = e.jobid().ok_or_else(|| format!("no JOBID line\n{ctx}"))?;
     let prefix = format!("tmpi-{jobid}");
+    // libfabric's `shm` provider names its regions `<pid>:<domain>:<endpoint>`: a rank killed
+    // over it leaves one, which tmpirun removes before it reaps the rank.
+    let provider: Vec<String> = pids.iter().map(|&(_, p)| format!("{p}:")).collect();
+    let ours = |n: &str| n.starts_with(&prefix) || provider.iter().any(|p| n.starts_with(p.as_str()));
     let left: Vec<String> = std::fs::read_dir("/dev/shm")
-        .map(|d| d.flatten().map(|f| f.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect())
+        .map(|d| d.flatten().map(|f| f.file_name().to_string_lossy().into_owned()).filter(|n| ours(n)).collect())
         .unwrap_or_default();
     if !left.is_empty() {
         return Err(format!("left in /dev/shm: {left:?}\n{ctx}"));
