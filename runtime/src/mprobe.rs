@@ -117,6 +117,12 @@ impl crate::seen::Seen for Message {
     }
 }
 
+impl crate::seen::calls::Matched for Message {
+    fn source(&self) -> crate::Rank {
+        self.status().source()
+    }
+}
+
 impl Drop for Message {
     fn drop(&mut self) {
         let Some(ux) = self.ux.take() else { return };

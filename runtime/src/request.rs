@@ -225,7 +225,7 @@ impl<'scope> Request<'scope> {
     #[cold]
     #[inline(never)]
     fn wait_seen(self) -> Result<Status> {
-        seen::calls::wait(What::new(Kind::Wait).reqs(1), self)
+        seen::waits::wait(What::new(Kind::Wait).reqs(1), self)
     }
 
     /// [`Request::wait`] in place: the request is collected (a second call is an error).
@@ -273,7 +273,7 @@ impl<'scope> Request<'scope> {
     #[cold]
     #[inline(never)]
     fn test_seen(&mut self) -> Result<Option<Status>> {
-        seen::calls::test(What::new(Kind::Test).reqs(1), self)
+        seen::waits::test(What::new(Kind::Test).reqs(1), self)
     }
 
     /// Cancels a receive that has not matched yet (its status then says cancelled); no effect
@@ -353,7 +353,7 @@ impl<'scope> Request<'scope> {
 /// The first failed request's error.
 pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
     if seen::on() {
-        return seen::calls::wait_all(What::new(Kind::WaitAll).reqs(reqs.len()), reqs);
+        return seen::waits::wait_all(What::new(Kind::WaitAll).reqs(reqs.len()), reqs);
     }
     let mut out = Vec::with_capacity(reqs.len());
     let mut first_err = None;
@@ -411,7 +411,7 @@ pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
 /// [`Error::InvalidBuffer`] for an empty list; the completed request's error.
 pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
     if seen::on() {
-        return seen::calls::any(What::new(Kind::WaitAny).reqs(reqs.len()), reqs, false)?
+        return seen::waits::any(What::new(Kind::WaitAny).reqs(reqs.len()), reqs, false)?
             .ok_or_else(|| Error::State("wait_any reported nothing".into()));
     }
     if reqs.is_empty() {
@@ -499,7 +499,7 @@ fn poke(reqs: &[Request<'_>]) -> Result<()> {
 /// reported in its entry; one that can no longer complete fails with [`Error::PeerGone`].
 pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Status>)>> {
     if seen::on() {
-        return seen::calls::some(What::new(Kind::WaitSome).reqs(reqs.len()), reqs, false);
+        return seen::waits::some(What::new(Kind::WaitSome).reqs(reqs.len()), reqs, false);
     }
     if reqs.is_empty() {
         return Err(Error::InvalidBuffer("wait_some on an empty list of requests".into()));
@@ -535,7 +535,7 @@ pub fn wait_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Statu
 /// The completed request's error; a failure of progress.
 pub fn test_any(reqs: &mut Vec<Request<'_>>) -> Result<Option<(usize, Status)>> {
     if seen::on() {
-        return seen::calls::any(What::new(Kind::TestAny).reqs(reqs.len()), reqs, true);
+        return seen::waits::any(What::new(Kind::TestAny).reqs(reqs.len()), reqs, true);
     }
     if !reqs.iter().any(Request::is_done) {
         poke(reqs)?;
@@ -553,7 +553,7 @@ pub fn test_any(reqs: &mut Vec<Request<'_>>) -> Result<Option<(usize, Status)>> 
 /// A failure of progress.
 pub fn test_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Status>)>> {
     if seen::on() {
-        return seen::calls::some(What::new(Kind::TestSome).reqs(reqs.len()), reqs, true);
+        return seen::waits::some(What::new(Kind::TestSome).reqs(reqs.len()), reqs, true);
     }
     poke(reqs)?;
     Ok(take_done(reqs))
@@ -567,7 +567,7 @@ pub fn test_some(reqs: &mut Vec<Request<'_>>) -> Result<Vec<(usize, Result<Statu
 /// The first failed request's error (all are collected); a failure of progress.
 pub fn test_all(reqs: &mut Vec<Request<'_>>) -> Result<Option<Vec<Status>>> {
     if seen::on() {
-        return seen::calls::test_all(What::new(Kind::TestAll).reqs(reqs.len()), reqs);
+        return seen::waits::test_all(What::new(Kind::TestAll).reqs(reqs.len()), reqs);
     }
     if !reqs.iter().all(Request::is_done) {
         poke(reqs)?;

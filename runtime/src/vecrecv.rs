@@ -139,6 +139,12 @@ impl<T: Pod> VecRequest<T> {
 
 impl<T: Pod> crate::seen::Seen for VecRequest<T> {}
 
+impl<T: Pod> crate::seen::calls::Keyed for VecRequest<T> {
+    fn key(&self) -> Option<crate::engine::ReqId> {
+        VecRequest::key(self)
+    }
+}
+
 impl<T: Pod> Drop for VecRequest<T> {
     fn drop(&mut self) {
         if let Some(rid) = self.rid.take() {

@@ -60,7 +60,7 @@ pub(crate) fn plan_ring(p: &mut Plan, g: Grp<'_>, buf: Span, blk: usize, tag: u3
     }
 }
 
-/// The argument checks of [`allgather`].
+/// The argument checks of [`super::run::allgather`].
 pub(crate) fn check_allgather(size: usize, blk: usize, recv: usize) -> Result<()> {
     let total = super::mul_len(size, blk, "allgather")?;
     if recv != total {

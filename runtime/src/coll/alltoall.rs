@@ -81,7 +81,7 @@ pub(crate) fn plan_bruck(p: &mut Plan, g: Grp<'_>, send: Span, recv: Span, blk: 
     p.next();
 }
 
-/// The argument checks of [`alltoall`].
+/// The argument checks of [`super::run::alltoall`].
 pub(crate) fn check_alltoall(size: usize, send: usize, recv: usize) -> Result<()> {
     if send != recv || send % size != 0 {
         return Err(Error::InvalidBuffer(format!(

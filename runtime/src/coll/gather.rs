@@ -142,7 +142,7 @@ pub(crate) fn plan_scatter_linear(p: &mut Plan, g: Grp<'_>, send: Option<Span>, 
     p.next();
 }
 
-/// The argument checks of [`gather`] at the root.
+/// The argument checks of [`super::run::gather`] at the root.
 pub(crate) fn check_gather(what: &str, size: usize, blk: usize, root_buf: Option<usize>) -> Result<()> {
     let side = if what == "gather" { "receive" } else { "send" };
     let have = root_buf.ok_or_else(|| Error::InvalidBuffer(format!("{what}: the root must pass a {side} buffer")))?;

@@ -359,7 +359,7 @@ pub(crate) fn plan_reduce_bcast(p: &mut Plan, g: Grp<'_>, send: Span, acc: Span,
     super::bcast::plan_binomial(p, g, acc, 0, tag + 2);
 }
 
-/// The argument checks of [`reduce`], as every path makes them.
+/// The argument checks of [`super::run::reduce`], as every path makes them.
 pub(crate) fn check_reduce<T>(send: &[T], recv: Option<&[T]>, is_root: bool) -> Result<()> {
     if is_root {
         let r = recv.ok_or_else(|| Error::InvalidBuffer("reduce: the root must pass a receive buffer".into()))?;

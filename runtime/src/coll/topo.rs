@@ -3,7 +3,7 @@
 //!
 //! The world learns it once, in `init`: each rank's host identity (`TMPI_NODE_ID` when the
 //! launcher sets it, else the host name and boot id, as the fabric uses) is hashed to 64 bits
-//! and gathered from every rank ([`learn`]), unless the fabric says so already (shared memory
+//! and gathered from every rank (`coll_glue::learn_hosts`), unless the fabric says so already (shared memory
 //! only, or one rank: one host). A communicator made later derives its own map from the
 //! world's and its members, without communication, so every rank of it computes the same map.
 

@@ -1,5 +1,5 @@
-//! Variable-count collectives ([`gatherv`], [`scatterv`], [`allgatherv`], [`alltoallv`]),
-//! reduce-scatter ([`reduce_scatter`], [`reduce_scatter_block`]) and prefix reductions
+//! Variable-count collectives ([`gatherv`], [`scatterv`], [`allgatherv`](super::run::allgatherv), [`alltoallv`]),
+//! reduce-scatter ([`reduce_scatter`](super::run::reduce_scatter), [`reduce_scatter_block`](super::run::reduce_scatter_block)) and prefix reductions
 //! ([`scan`], [`exscan`]).
 //!
 //! Counts and displacements are in elements of `T`, one per rank. Every one is checked against
@@ -16,10 +16,10 @@
 //! - [`gatherv`] / [`scatterv`]: a root with a bad layout receives (and drops) every rank's block,
 //!   or sends every rank an empty block (which that rank reports as a short message unless it
 //!   expected nothing);
-//! - [`allgatherv`] / [`alltoallv`]: a rank with bad arguments, or one that received a block of
+//! - [`allgatherv`](super::run::allgatherv) / [`alltoallv`]: a rank with bad arguments, or one that received a block of
 //!   the wrong length, goes on with empty messages for the remaining rounds, so every rank
 //!   finishes its rounds (those fed an empty block report it);
-//! - [`reduce_scatter`], [`scan`], [`exscan`]: a receive buffer of the wrong length is replaced by
+//! - [`reduce_scatter`](super::run::reduce_scatter), [`scan`], [`exscan`]: a receive buffer of the wrong length is replaced by
 //!   scratch space for the call.
 //!
 //! Arguments that change the schedule itself (a root or `counts` that differ between ranks)
@@ -31,10 +31,10 @@
 //!
 //! - [`gatherv`] / [`scatterv`]: linear; the root receives (sends) each block in place, in rank
 //!   order, with no intermediate copy.
-//! - [`allgatherv`]: ring in place (each block forwarded once by every rank), or recursive
+//! - [`allgatherv`](super::run::allgatherv): ring in place (each block forwarded once by every rank), or recursive
 //!   doubling / Bruck on the blocks packed in rank order, as [`super::select`] chooses.
 //! - [`alltoallv`]: pairwise exchange as [`super::alltoall`], or every block at once.
-//! - [`reduce_scatter`] / [`reduce_scatter_block`]: see [`super::select::ReduceScatter`].
+//! - [`reduce_scatter`](super::run::reduce_scatter) / [`reduce_scatter_block`](super::run::reduce_scatter_block): see [`super::select::ReduceScatter`].
 //! - [`scan`] / [`exscan`]: recursive doubling (`ceil(log2 p)` exchanges of the whole vector); a
 //!   rank's result is combined strictly in rank order, lower ranks on the left.
 

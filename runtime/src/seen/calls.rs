@@ -9,8 +9,9 @@
 //!   completion reported; replayed by posting the receive on that source;
 //! - tests and non-blocking probes ([`answered`]): found or not; replayed by answering
 //!   "nothing" at once, or by trying until the call finds what it found;
-//! - `wait_any`, `wait_some`, `test_any`, `test_some`, `test_all` ([`wait_any`] and the rest):
-//!   which requests they reported; replayed by waiting for exactly those.
+//! - the completion calls of requests (`wait_any`, `wait_some`, `test_any`, `test_some`,
+//!   `test_all`, in [`super::waits`]): which requests they reported; replayed by waiting for
+//!   exactly those.
 //!
 //! A replay that meets a decision of another call, or the end of the record, fails with
 //! [`Error::Replay`] (and so does every later decision of the rank).
@@ -23,7 +24,6 @@ use super::{call, is, Outcome, What, RECORD, REPLAY};
 use crate::engine::ReqId;
 use crate::envelope::Source;
 use crate::error::{Error, Result};
-use crate::request::Request;
 use crate::{Rank, Status};
 
 /// A result that names the message it matched.
@@ -43,19 +43,13 @@ impl<T> Matched for (T, Status) {
     }
 }
 
-impl Matched for crate::Message {
-    fn source(&self) -> Rank {
-        self.status().source()
-    }
-}
-
 /// Whether decisions are recorded or replayed (and this thread's call is seen).
 fn deciding() -> bool {
     is(RECORD | REPLAY) && super::engaged()
 }
 
 /// Records `d` (a record that cannot grow is reported once and stops).
-fn push(d: Decision) {
+pub(super) fn push(d: Decision) {
     let Some(m) = state::get().and_then(|s| s.record.as_ref()) else { return };
     let mut g = lock(m);
     if let Some(r) = g.as_mut() {
@@ -67,7 +61,7 @@ fn push(d: Decision) {
 }
 
 /// The next recorded decision, which must be `w`'s call's.
-fn next(w: &What<'_>) -> Result<Decision> {
+pub(super) fn next(w: &What<'_>) -> Result<Decision> {
     let s = state::get().ok_or_else(|| Error::State("replay without a record".into()))?;
     if let Some(why) = lock(&s.diverged).clone() {
         return Err(Error::Replay(why));
@@ -95,7 +89,7 @@ fn describe(w: &What<'_>) -> String {
 }
 
 /// The divergence of a replay whose record has `got` where `w`'s call asked.
-fn mismatch(w: &What<'_>, got: &Decision) -> Error {
+pub(super) fn mismatch(w: &What<'_>, got: &Decision) -> Error {
     let why = format!(
         "replay diverged at rank {}: the program made {}, the record has {}",
         state::get().map_or(0, |s| s.rank),
@@ -215,163 +209,6 @@ pub(crate) fn settled(key: ReqId, r: &Result<Status>) {
     if let Ok(st) = r {
         completed(Some(key), st);
     }
-}
-
-impl Keyed for Request<'_> {
-    fn key(&self) -> Option<ReqId> {
-        Request::key(self)
-    }
-}
-
-impl<T: bytemuck::Pod> Keyed for crate::VecRequest<T> {
-    fn key(&self) -> Option<ReqId> {
-        crate::VecRequest::key(self)
-    }
-}
-
-fn keys(reqs: &[Request<'_>]) -> Vec<Option<ReqId>> {
-    reqs.iter().map(Keyed::key).collect()
-}
-
-/// `Request::wait`.
-#[cold]
-#[inline(never)]
-pub(crate) fn wait(w: What<'_>, r: Request<'_>) -> Result<Status> {
-    let key = r.key();
-    let res = call(w, || r.wait());
-    if let Ok(st) = &res {
-        completed(key, st);
-    }
-    res
-}
-
-/// `Request::test`.
-#[cold]
-#[inline(never)]
-pub(crate) fn test(w: What<'_>, r: &mut Request<'_>) -> Result<Option<Status>> {
-    let key = r.key();
-    let res = answered(w, Source::Any, |_| r.test());
-    if let Ok(Some(st)) = &res {
-        completed(key, st);
-    }
-    res
-}
-
-/// `wait_all`.
-#[cold]
-#[inline(never)]
-pub(crate) fn wait_all(w: What<'_>, reqs: Vec<Request<'_>>) -> Result<Vec<Status>> {
-    let ks = keys(&reqs);
-    let res = call(w, || crate::wait_all(reqs));
-    if let Ok(sts) = &res {
-        ks.iter().zip(sts).for_each(|(k, st)| completed(*k, st));
-    }
-    res
-}
-
-/// Waits for exactly the requests at `picked` (indices into `reqs` as it is), removes them
-/// and returns their results in order.
-fn take_picked(w: &What<'_>, reqs: &mut Vec<Request<'_>>, picked: &[u32]) -> Result<Vec<(usize, Result<Status>)>> {
-    let mut idx: Vec<usize> = picked.iter().map(|&i| i as usize).collect();
-    idx.sort_unstable();
-    idx.dedup();
-    if idx.last().is_some_and(|&i| i >= reqs.len()) || idx.len() != picked.len() {
-        let d = Decision::Picked { call: w.kind, indices: picked.to_vec() };
-        return Err(mismatch(w, &d));
-    }
-    let taken: Vec<(usize, Request<'_>)> = idx.iter().rev().map(|&i| (i, reqs.remove(i))).collect();
-    Ok(taken.into_iter().rev().map(|(i, r)| (i, r.wait())).collect())
-}
-
-/// The replayed pick of `w`'s call, or `None` when not replaying.
-fn replayed_pick(w: &What<'_>) -> Option<Result<Vec<u32>>> {
-    if !is(REPLAY) {
-        return None;
-    }
-    Some(next(w).and_then(|d| match d {
-        Decision::Picked { indices, .. } => Ok(indices),
-        other => Err(mismatch(w, &other)),
-    }))
-}
-
-/// `wait_some` and `test_some` (`test` says which).
-#[cold]
-#[inline(never)]
-pub(crate) fn some(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Result<Vec<(usize, Result<Status>)>> {
-    let ks = keys(reqs);
-    let res = match replayed_pick(&w) {
-        Some(p) => {
-            let picked = p?;
-            call(w, || take_picked(&w, reqs, &picked))
-        }
-        None => call(w, || if test { crate::test_some(reqs) } else { crate::wait_some(reqs) }),
-    };
-    if let Ok(done) = &res {
-        if is(RECORD) {
-            push(Decision::Picked { call: w.kind, indices: done.iter().map(|(i, _)| *i as u32).collect() });
-        }
-        for (i, r) in done {
-            if let Ok(st) = r {
-                completed(ks.get(*i).copied().flatten(), st);
-            }
-        }
-    }
-    res
-}
-
-/// `wait_any` and `test_any` (`test` says which): one request or (a test) none.
-#[cold]
-#[inline(never)]
-pub(crate) fn any(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Result<Option<(usize, Status)>> {
-    let ks = keys(reqs);
-    let res = match replayed_pick(&w) {
-        Some(p) => {
-            let picked = p?;
-            call(w, || -> Result<Option<(usize, Status)>> {
-                let mut got = take_picked(&w, reqs, &picked)?;
-                match got.pop() {
-                    Some((i, r)) if got.is_empty() => r.map(|st| Some((i, st))),
-                    None if test => Ok(None),
-                    _ => Err(mismatch(&w, &Decision::Picked { call: w.kind, indices: picked.clone() })),
-                }
-            })
-        }
-        None => call(w, || if test { crate::test_any(reqs) } else { crate::wait_any(reqs).map(Some) }),
-    };
-    if let Ok(o) = &res {
-        if is(RECORD) {
-            push(Decision::Picked { call: w.kind, indices: o.iter().map(|(i, _)| *i as u32).collect() });
-        }
-        if let Some((i, st)) = o {
-            completed(ks.get(*i).copied().flatten(), st);
-        }
-    }
-    res
-}
-
-/// `test_all`: all done (and collected) or none.
-#[cold]
-#[inline(never)]
-pub(crate) fn test_all(w: What<'_>, reqs: &mut Vec<Request<'_>>) -> Result<Option<Vec<Status>>> {
-    let ks = keys(reqs);
-    let res = if is(REPLAY) {
-        match next(&w)? {
-            Decision::Answer { found: false, .. } => call(w, || Ok(None)),
-            Decision::Answer { found: true, .. } => call(w, || crate::wait_all(std::mem::take(reqs)).map(Some)),
-            other => return Err(mismatch(&w, &other)),
-        }
-    } else {
-        call(w, || crate::test_all(reqs))
-    };
-    if let Ok(o) = &res {
-        if is(RECORD) {
-            push(Decision::Answer { call: w.kind, found: o.is_some(), source: NONE });
-        }
-        for (k, st) in ks.iter().zip(o.iter().flatten()) {
-            completed(*k, st);
-        }
-    }
-    res
 }
 
 /// [`completed`] for a `VecRequest::wait` result, passed through.

@@ -13,11 +13,12 @@
 //! replay-aware wrappers of [`calls`]) with the hooks off for this thread ([`Inside`]), so a
 //! public call made by another (`recv_vec` probes, then receives) is one span, not two.
 //!
-//! State lives in one process-wide [`State`] made at `tmpi::init` (ranks made by `run_local`
+//! State lives in one process-wide `State` (`state.rs`) made at `tmpi::init` (ranks made by `run_local`
 //! are threads of one process and are never seen).
 
 pub(crate) mod calls;
 mod state;
+pub(crate) mod waits;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};

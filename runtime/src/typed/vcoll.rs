@@ -4,7 +4,7 @@
 //!
 //! Counts and displacements are in elements of `T`, as in [`Comm::gatherv`] and its kin; the
 //! byte-level call underneath gets them scaled by `T`'s packed size. The side of a call whose
-//! regions the counts describe is a plain slice (a [`Layout`](crate::Layout) and displacements
+//! regions the counts describe is a plain slice (a [`Layout`](crate::datatype::Layout) and displacements
 //! would both place the elements); the other side may be any [`Buf`]/[`BufMut`]. A slice of
 //! a type received in place is written directly; any other is received packed and only the
 //! regions the counts name are unpacked (each checked as the rank it came from sent it), so
