@@ -79,6 +79,7 @@ impl Comm {
                 rank,
                 size,
                 members,
+                attrs: Default::default(),
             }),
         })
     }

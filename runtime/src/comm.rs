@@ -39,11 +39,12 @@ pub(crate) struct CommInner {
     pub(crate) size: usize,
     /// World rank of each member; `None` for the identity (the world communicator).
     pub(crate) members: Option<WorldRanks>,
+    /// Its name and attributes ([`crate::names`]), dropped with it.
+    pub(crate) attrs: crate::attrs::Attrs,
 }
 
 impl Drop for CommInner {
     fn drop(&mut self) {
-        crate::names::comm_dropped(self);
         // The engine is held only inside tmpi calls, which never drop a communicator while
         // they hold it; if it ever were (or if this is a thread the level does not admit), the
         // id would merely stay taken. The id is freed once nothing on this rank uses it.

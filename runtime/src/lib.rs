@@ -129,6 +129,7 @@
 extern crate self as tmpi;
 
 mod alloc;
+mod attrs;
 pub mod bsend;
 mod buffer;
 mod cartmap;

@@ -24,87 +24,35 @@
 //! assert_eq!(ok[0], ("MPI_COMM_WORLD".to_string(), "copy".to_string(), Some(Tuning(3))));
 //! ```
 
-use std::any::{Any, TypeId};
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::any::TypeId;
 
-use crate::comm::CommInner;
+pub use crate::attrs::Attribute;
 use crate::Comm;
-
-/// A type that can be attached to communicators. See the [module docs](crate::names).
-pub trait Attribute: Any + Send + Sync + Sized {
-    /// The value the duplicate of a communicator gets ([`Comm::dup`]); `None`: not copied.
-    fn copy_on_dup(&self) -> Option<Self> {
-        None
-    }
-}
-
-trait Stored: Send + Sync {
-    fn as_any(&self) -> &dyn Any;
-    fn copy(&self) -> Option<Box<dyn Stored>>;
-}
-
-impl<A: Attribute> Stored for A {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn copy(&self) -> Option<Box<dyn Stored>> {
-        self.copy_on_dup().map(|a| Box::new(a) as Box<dyn Stored>)
-    }
-}
-
-#[derive(Default)]
-struct Entry {
-    name: Option<String>,
-    attrs: HashMap<TypeId, Box<dyn Stored>>,
-}
-
-/// Per communicator (keyed by the address of its shared state, whose drop removes the entry,
-/// so an address is never reused while its entry exists).
-static TABLE: Mutex<Option<HashMap<usize, Entry>>> = Mutex::new(None);
-
-fn with_table<R>(f: impl FnOnce(&mut HashMap<usize, Entry>) -> R) -> R {
-    let mut t = TABLE.lock().unwrap_or_else(|p| p.into_inner());
-    f(t.get_or_insert_with(HashMap::new))
-}
-
-fn key(c: &Comm) -> usize {
-    std::sync::Arc::as_ptr(&c.inner) as usize
-}
-
-/// Drops the names and attributes of a communicator whose shared state is going away.
-pub(crate) fn comm_dropped(inner: &CommInner) {
-    let gone = with_table(|t| t.remove(&(inner as *const CommInner as usize)));
-    // Delete callbacks (the values' Drop) run here, outside the table's lock.
-    drop(gone);
-}
 
 /// Copies the attributes of `from` that ask for it onto its duplicate `to`.
 pub(crate) fn copy_on_dup(from: &Comm, to: &Comm) {
-    let copies: Vec<(TypeId, Box<dyn Stored>)> = with_table(|t| {
-        t.get(&key(from)).map(|e| e.attrs.iter().filter_map(|(k, v)| v.copy().map(|c| (*k, c))).collect()).unwrap_or_default()
-    });
+    let copies = from.inner.attrs.copies();
     if !copies.is_empty() {
-        with_table(|t| t.entry(key(to)).or_default().attrs.extend(copies));
+        to.inner.attrs.lock().attrs.extend(copies);
     }
 }
 
 impl Comm {
     /// Names the communicator (`MPI_Comm_set_name`), for its clones too.
     pub fn set_name(&self, name: &str) {
-        with_table(|t| t.entry(key(self)).or_default().name = Some(name.to_string()));
+        self.inner.attrs.lock().name = Some(name.to_string());
     }
 
     /// The communicator's name (`MPI_Comm_get_name`): what [`Comm::set_name`] gave,
     /// `"MPI_COMM_WORLD"` for the world, else empty.
     pub fn name(&self) -> String {
-        let set = with_table(|t| t.get(&key(self)).and_then(|e| e.name.clone()));
+        let set = self.inner.attrs.lock().name.clone();
         set.unwrap_or_else(|| if self.inner.id == 0 { "MPI_COMM_WORLD".to_string() } else { String::new() })
     }
 
     /// Sets the attribute of type `A`, dropping any previous one (`MPI_Comm_set_attr`).
     pub fn set_attr<A: Attribute>(&self, value: A) {
-        let old = with_table(|t| t.entry(key(self)).or_default().attrs.insert(TypeId::of::<A>(), Box::new(value)));
+        let old = self.inner.attrs.lock().attrs.insert(TypeId::of::<A>(), Box::new(value));
         drop(old);
     }
 
@@ -114,14 +62,15 @@ impl Comm {
     }
 
     /// Runs `f` on the attribute of type `A`, if set. `f` must not call attribute or name
-    /// functions (they would wait for the table `f` runs under).
+    /// functions of the same communicator (they would wait for the lock `f` runs under).
     pub fn with_attr<A: Attribute, R>(&self, f: impl FnOnce(&A) -> R) -> Option<R> {
-        with_table(|t| t.get(&key(self)).and_then(|e| e.attrs.get(&TypeId::of::<A>())).and_then(|b| b.as_any().downcast_ref::<A>()).map(f))
+        let e = self.inner.attrs.lock();
+        e.attrs.get(&TypeId::of::<A>()).and_then(|b| b.as_any().downcast_ref::<A>()).map(f)
     }
 
     /// Deletes the attribute of type `A` (`MPI_Comm_delete_attr`); whether one was set.
     pub fn delete_attr<A: Attribute>(&self) -> bool {
-        let old = with_table(|t| t.get_mut(&key(self)).and_then(|e| e.attrs.remove(&TypeId::of::<A>())));
+        let old = self.inner.attrs.lock().attrs.remove(&TypeId::of::<A>());
         old.is_some()
     }
 }

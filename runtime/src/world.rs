@@ -162,6 +162,7 @@ pub(crate) fn comm_of(eng: Engine, level: Threading) -> Comm {
             rank,
             size,
             members: None,
+            attrs: Default::default(),
         }),
     }
 }
