@@ -7,7 +7,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::error::Error;
-use crate::report::size_label;
+use crate::spec::size_label;
 
 /// Where the plot font comes from on a Debian machine with `fonts-dejavu-core`.
 const SYSTEM_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";

@@ -100,17 +100,6 @@ pub struct Report<'a> {
     pub plots: Vec<(String, String)>,
 }
 
-/// `n` bytes as `1 B`, `4 KiB`, `64 MiB` (binary units, exact powers only shortened).
-pub fn size_label(n: usize) -> String {
-    const UNITS: [(usize, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
-    for (u, name) in UNITS {
-        if n >= u && n % u == 0 {
-            return format!("{} {name}", n / u);
-        }
-    }
-    format!("{n} B")
-}
-
 /// A value as the tables show it: message rates in millions, others with three or more
 /// significant digits.
 pub fn value_label(bench: Bench, v: f64) -> String {
@@ -699,10 +688,6 @@ mod tests {
 
     #[test]
     fn labels() {
-        assert_eq!(size_label(1), "1 B");
-        assert_eq!(size_label(3000), "3000 B");
-        assert_eq!(size_label(64 << 10), "64 KiB");
-        assert_eq!(size_label(64 << 20), "64 MiB");
         assert_eq!(value_label(Bench::Latency, 0.456), "0.46");
         assert_eq!(value_label(Bench::Bw, 12.34), "12.3");
         assert_eq!(value_label(Bench::Bw, 12345.6), "12346");

@@ -269,7 +269,7 @@ impl Bench {
     /// The label of the row stored under `key` (a size, a rank count or a depth).
     pub fn row_label(self, key: usize) -> String {
         match self.rows() {
-            Rows::Sizes => crate::report::size_label(key),
+            Rows::Sizes => size_label(key),
             Rows::Single => format!("{key} ranks"),
             Rows::Depths => format!("D = {key}"),
         }
@@ -497,9 +497,28 @@ pub fn command_line(lib: Lib, np: usize, bin_dir: &Path, prog: &Path, args: &[St
     v
 }
 
+/// `n` bytes as `1 B`, `4 KiB`, `64 MiB` (binary units, exact powers only shortened).
+pub fn size_label(n: usize) -> String {
+    const UNITS: [(usize, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (u, name) in UNITS {
+        if n >= u && n % u == 0 {
+            return format!("{} {name}", n / u);
+        }
+    }
+    format!("{n} B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_labels() {
+        assert_eq!(size_label(1), "1 B");
+        assert_eq!(size_label(3000), "3000 B");
+        assert_eq!(size_label(64 << 10), "64 KiB");
+        assert_eq!(size_label(64 << 20), "64 MiB");
+    }
 
     #[test]
     fn latency_segments_cover_every_size_once() {
