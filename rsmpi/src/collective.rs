@@ -12,10 +12,11 @@
 use std::os::raw::{c_int, c_void};
 use std::process::Command;
 
+use crate::bytes::send_bytes;
 use crate::datatype::traits::*;
 use crate::datatype::{pack, DatatypeRef, DynBuffer, DynBufferMut, Prim, TypeDesc};
 use crate::ffi::MPI_Datatype;
-use crate::point_to_point::{detached, send_bytes, RecvSpace, Status};
+use crate::point_to_point::{detached, RecvSpace, Status};
 use crate::request::{Pending, Request, Scope, StaticScope, Unpack};
 use crate::topology::sealed::AsHandle;
 use crate::topology::{traits::*, CommHandle, InterCommunicator, Process, Rank};
@@ -827,7 +828,7 @@ pub fn reduce_local_into<S: ?Sized + Buffer, R: ?Sized + BufferMut, O: Operation
     let dt = inoutbuf.as_datatype();
     let d = dt.type_desc().clone();
     let count = uidx(inoutbuf.count(), "reduce_local_into");
-    let a = crate::point_to_point::owned_bytes(inbuf);
+    let a = crate::bytes::owned_bytes(inbuf);
     // SAFETY: `inoutbuf` holds `count` readable elements of its datatype.
     let mut b = unsafe { pack::pack(inoutbuf.pointer_mut() as *const u8, count, &d) };
     assert!(a.len() == b.len(), "mpi: reduce_local_into: buffers of {} and {} bytes", a.len(), b.len());
@@ -1130,7 +1131,7 @@ fn reduce_impl<S: Buffer + ?Sized>(h: &CommHandle, sendbuf: &S, recv: Option<RPa
             return;
         }
     }
-    let mine = crate::point_to_point::owned_bytes(sendbuf);
+    let mine = crate::bytes::owned_bytes(sendbuf);
     let result = generic_reduce(c, &kind, sd, scount, &mine, t, call);
     if let (Some(res), Some((base, n, d))) = (result, recv) {
         // SAFETY: the receive buffer holds `n` writable elements of `d`.

@@ -980,7 +980,7 @@ pub mod internal {
     /// Panics unless the universe is initialized, not finalized, and this thread may build
     /// datatypes (the main thread, or any thread under `Threading::Multiple`).
     pub fn check_derive_equivalence_universe_state(type_name: &str) {
-        crate::environment::check_datatype_thread(type_name);
+        crate::state::check_datatype_thread(type_name);
     }
 }
 

@@ -1,52 +1,8 @@
 //! Starting and stopping: the [`Universe`], threading levels, time and version queries.
 
-use std::sync::RwLock;
-use std::thread::ThreadId;
-
+pub use crate::state::Threading;
+use crate::state::{State, STATE};
 use crate::topology::SimpleCommunicator;
-
-/// Threading levels (`MPI_THREAD_*`), ordered.
-#[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Debug)]
-pub enum Threading {
-    /// One thread.
-    Single,
-    /// Only the main thread calls.
-    Funneled,
-    /// Any thread, one at a time.
-    Serialized,
-    /// Any thread, at any time.
-    Multiple,
-}
-
-impl Threading {
-    fn to_tmpi(self) -> tmpi::Threading {
-        match self {
-            Threading::Single => tmpi::Threading::Single,
-            Threading::Funneled => tmpi::Threading::Funneled,
-            Threading::Serialized => tmpi::Threading::Serialized,
-            Threading::Multiple => tmpi::Threading::Multiple,
-        }
-    }
-
-    fn from_tmpi(t: tmpi::Threading) -> Threading {
-        match t {
-            tmpi::Threading::Single => Threading::Single,
-            tmpi::Threading::Funneled => Threading::Funneled,
-            tmpi::Threading::Serialized => Threading::Serialized,
-            _ => Threading::Multiple,
-        }
-    }
-}
-
-struct State {
-    world: Option<tmpi::World>,
-    threading: Threading,
-    main_thread: ThreadId,
-}
-
-/// The runtime of this process; `None` before `initialize`; `Some` with `world: None` after
-/// the universe was dropped (finalized).
-static STATE: RwLock<Option<State>> = RwLock::new(None);
 
 /// The MPI environment; finalizes when dropped.
 #[derive(Debug)]
@@ -143,33 +99,6 @@ pub fn initialize_with_threading(threading: Threading) -> Option<(Universe, Thre
     Some((Universe { buffer: None }, provided))
 }
 
-/// The world communicator's tmpi handle, panicking (naming `call`) outside init..finalize.
-pub(crate) fn world_comm(call: &str) -> tmpi::Comm {
-    let st = STATE.read().unwrap_or_else(|p| p.into_inner());
-    match st.as_ref() {
-        None => panic!("mpi: {call} before mpi::initialize"),
-        Some(State { world: None, .. }) => panic!("mpi: {call} after the universe was dropped (finalized)"),
-        Some(State { world: Some(w), .. }) => (**w).clone(),
-    }
-}
-
-/// Panics unless datatypes may be built on this thread now (see `#[derive(Equivalence)]`).
-pub(crate) fn check_datatype_thread(type_name: &str) {
-    let st = STATE.read().unwrap_or_else(|p| p.into_inner());
-    match st.as_ref() {
-        None => panic!("mpi: the datatype of {type_name} was built before mpi::initialize"),
-        Some(State { world: None, .. }) => panic!("mpi: the datatype of {type_name} was built after the universe was dropped"),
-        Some(s) => {
-            if s.threading != Threading::Multiple && std::thread::current().id() != s.main_thread {
-                panic!(
-                    "mpi: the datatype of {type_name} was first built on a thread other than the main one while the threading level is {:?} (build it on the main thread first, or initialize with Threading::Multiple)",
-                    s.threading
-                );
-            }
-        }
-    }
-}
-
 /// The threading level provided.
 pub fn threading_support() -> Threading {
     STATE.read().ok().and_then(|s| s.as_ref().map(|s| s.threading)).unwrap_or(Threading::Single)
@@ -199,13 +128,4 @@ pub fn time() -> f64 {
 /// The resolution of [`time`] in seconds.
 pub fn time_resolution() -> f64 {
     tmpi::wtick()
-}
-
-/// Ends the whole job with `code` (`MPI_Abort`).
-pub(crate) fn abort(code: i32) -> ! {
-    let st = STATE.read().unwrap_or_else(|p| p.into_inner());
-    if let Some(State { world: Some(w), .. }) = st.as_ref() {
-        w.abort(code)
-    }
-    std::process::exit(code)
 }

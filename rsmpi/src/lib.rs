@@ -33,6 +33,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod attribute;
+mod bytes;
 pub mod collective;
 pub mod datatype;
 pub mod environment;
@@ -40,6 +41,8 @@ pub mod ffi;
 pub mod point_to_point;
 pub mod raw;
 pub mod request;
+mod state;
+mod status;
 pub mod topology;
 
 /// All traits, for `use mpi::traits::*`.

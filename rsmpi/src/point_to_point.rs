@@ -2,39 +2,19 @@
 
 use std::mem::MaybeUninit;
 
+use crate::bytes::{owned_bytes, send_bytes};
 use crate::datatype::traits::*;
 use crate::datatype::{pack, TypeDesc};
-use crate::ffi::{MPI_Status, RSMPI_ANY_SOURCE, RSMPI_ANY_TAG};
+use crate::ffi::{RSMPI_ANY_SOURCE, RSMPI_ANY_TAG};
 use crate::request::{Pending, Request, Scope, Unpack};
+pub use crate::status::Status;
 use crate::topology::sealed::AsHandle;
 use crate::topology::{traits::*, AnyProcess, CommunicatorRelation, Process, Rank};
-use crate::{iidx, ok, uidx, Count, Tag};
+use crate::{ok, uidx, Tag};
 
 /// The traits of this module that `mpi::traits::*` brings in.
 pub mod traits {
     pub use super::{Destination, MatchedReceiveVec, Source};
-}
-
-/// The bytes of a buffer as tmpi sends them: the memory itself when its type is dense, else
-/// a packed copy.
-pub(crate) fn send_bytes<B: Buffer + ?Sized, R>(buf: &B, f: impl FnOnce(&[u8]) -> R) -> R {
-    let dt = buf.as_datatype();
-    let d = dt.type_desc();
-    let count = uidx(buf.count(), "send");
-    let base = buf.pointer() as *const u8;
-    if d.is_dense() {
-        // SAFETY: `Buffer` promises `count` elements of a dense type: `count * size`
-        // initialized bytes at the pointer.
-        f(unsafe { std::slice::from_raw_parts(base, count * d.size()) })
-    } else {
-        // SAFETY: `Buffer` promises `count` readable elements of its datatype.
-        f(&unsafe { pack::pack(base, count, d) })
-    }
-}
-
-/// An owned copy of a buffer's packed bytes (for operations that outlive the borrow).
-pub(crate) fn owned_bytes<B: Buffer + ?Sized>(buf: &B) -> Vec<u8> {
-    send_bytes(buf, <[u8]>::to_vec)
 }
 
 /// Where received bytes go: straight into the buffer when its type allows, else a temporary
@@ -489,73 +469,6 @@ where
 impl Destination for Process<'_> {
     fn destination_rank(&self) -> Rank {
         self.rank()
-    }
-}
-
-/// The status of a received (or probed) message.
-#[derive(Copy, Clone)]
-pub struct Status(MPI_Status);
-
-impl Status {
-    /// From a raw status.
-    pub fn from_raw(status: MPI_Status) -> Status {
-        Status(status)
-    }
-
-    pub(crate) fn from_tmpi(s: &tmpi::Status) -> Status {
-        Status(MPI_Status {
-            MPI_SOURCE: iidx(s.source()),
-            MPI_TAG: s.tag() as i32,
-            MPI_ERROR: 0,
-            count: s.len() as i64,
-            cancelled: i32::from(s.cancelled()),
-        })
-    }
-
-    pub(crate) fn empty() -> Status {
-        Status(MPI_Status { MPI_SOURCE: crate::ffi::RSMPI_PROC_NULL, MPI_TAG: RSMPI_ANY_TAG, ..MPI_Status::default() })
-    }
-
-    pub(crate) fn from_tmpi_len(n: usize) -> Status {
-        Status(MPI_Status { count: n as i64, ..Self::empty().0 })
-    }
-
-    pub(crate) fn bytes(&self) -> usize {
-        self.0.count as usize
-    }
-
-    /// The sender's rank.
-    pub fn source_rank(&self) -> Rank {
-        self.0.MPI_SOURCE
-    }
-
-    /// The message tag.
-    pub fn tag(&self) -> Tag {
-        self.0.MPI_TAG
-    }
-
-    /// The number of elements of `d` received (`MPI_UNDEFINED` when not a whole number).
-    pub fn count<D: Datatype>(&self, d: D) -> Count {
-        let size = d.type_desc().size();
-        let b = self.bytes();
-        if size == 0 {
-            return 0;
-        }
-        if b % size != 0 {
-            return crate::ffi::MPI_UNDEFINED;
-        }
-        iidx(b / size)
-    }
-
-    /// Whether the operation was cancelled.
-    pub fn is_cancelled(&self) -> bool {
-        self.0.cancelled != 0
-    }
-}
-
-impl std::fmt::Debug for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Status {{ source_rank: {}, tag: {} }}", self.source_rank(), self.tag())
     }
 }
 

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 
 use crate::datatype::pack;
 use crate::datatype::TypeDesc;
-use crate::point_to_point::Status;
+use crate::status::Status;
 
 /// Where a completed receive's packed bytes go (buffers whose type is not dense).
 pub(crate) struct Unpack {

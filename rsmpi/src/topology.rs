@@ -57,12 +57,12 @@ pub struct SimpleCommunicator(pub(crate) CommHandle);
 impl SimpleCommunicator {
     /// The world communicator (`MPI_COMM_WORLD`).
     pub fn world() -> SimpleCommunicator {
-        SimpleCommunicator(CommHandle::new(crate::environment::world_comm("SimpleCommunicator::world")))
+        SimpleCommunicator(CommHandle::new(crate::state::world_comm("SimpleCommunicator::world")))
     }
 
     /// A communicator of this process alone (`MPI_COMM_SELF`).
     pub fn self_comm() -> SimpleCommunicator {
-        let w = crate::environment::world_comm("SimpleCommunicator::self_comm");
+        let w = crate::state::world_comm("SimpleCommunicator::self_comm");
         let c = ok(w.split(Some(w.rank() as u32), 0), "SimpleCommunicator::self_comm");
         let c = c.expect("a split with a color returns a communicator");
         c.set_name("MPI_COMM_SELF");
@@ -332,7 +332,7 @@ pub trait Communicator: sealed::AsHandle {
 
     /// Ends the whole job with `errorcode`.
     fn abort(&self, errorcode: std::os::raw::c_int) -> ! {
-        crate::environment::abort(errorcode)
+        crate::state::abort(errorcode)
     }
 
     /// Whether this is an intercommunicator (never: none exist in this version).
@@ -378,7 +378,7 @@ pub trait Communicator: sealed::AsHandle {
     where
         Self: Sized,
     {
-        crate::point_to_point::send_bytes(inbuf, |b| b.to_vec())
+        crate::bytes::send_bytes(inbuf, |b| b.to_vec())
     }
 
     /// Packs a buffer into `outbuf` at `position`; returns the position after it.
@@ -387,7 +387,7 @@ pub trait Communicator: sealed::AsHandle {
         Self: Sized,
     {
         let p = uidx(position, "pack_into");
-        crate::point_to_point::send_bytes(inbuf, |b| {
+        crate::bytes::send_bytes(inbuf, |b| {
             let dst = outbuf.get_mut(p..p + b.len()).unwrap_or_else(|| panic!("mpi: pack_into: {} bytes do not fit at {p}", b.len()));
             dst.copy_from_slice(b);
             iidx(p + b.len())
@@ -574,7 +574,7 @@ impl SystemGroup {
 
 impl Group for SystemGroup {
     fn tgroup(&self) -> tmpi::Group {
-        crate::environment::world_comm("SystemGroup::empty").group().empty()
+        crate::state::world_comm("SystemGroup::empty").group().empty()
     }
 }
 
