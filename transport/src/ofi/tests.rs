@@ -490,6 +490,11 @@ fn two_process_rank(dir: &std::path::Path, rank: usize, provider: &str, pad: boo
         f.poll(|_| true).unwrap();
         f.wait(Duration::from_millis(2));
     }
+    // Neither process exits before both saw the other finalize: over `shm` a packet is read
+    // from its sender's memory, and a rank whose peer finalized first does not wait for its
+    // own `finalized` packet to be taken (the engine's finalize needs no more: the peer
+    // waits for nothing from it), so leaving at once could take that packet with it.
+    kv.fence().unwrap();
 }
 
 /// Runs [`two_process_rank`] as rank 0 here and as rank 1 in a copy of this test binary
