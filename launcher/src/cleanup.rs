@@ -292,25 +292,22 @@ pub fn remove_shm_files(jobid: &str) {
     shm.remove_own(&own, &[libc::S_IFREG]);
 }
 
-/// Whether `name` is a region libfabric's `shm` provider made for process `pid`:
-/// `<pid>:<domain>:<endpoint>`, the two last decimal.
-fn is_provider_region(name: &str, pid: i32) -> bool {
-    let mut parts = name.split(':');
-    let decimal = |s: Option<&str>| s.is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
-    parts.next() == Some(pid.to_string().as_str()) && decimal(parts.next()) && decimal(parts.next()) && parts.next().is_none()
-}
-
-/// Removes the regions libfabric's `shm` provider left in `/dev/shm` for a local rank that
-/// has ended (`pid`, not reaped yet: its zombie keeps the pid, so no other process can own
-/// regions under it now). A rank over `TMPI_OFI_PROVIDER=shm` that is killed before it
-/// closes its endpoint leaves one (16 MiB); regular files of this user only.
-pub fn remove_provider_regions(pid: i32) {
+/// Removes the regions libfabric's `shm` provider left in `/dev/shm` for local ranks that
+/// have ended (`pids`, not reaped yet: a zombie keeps its pid, so no other process can own
+/// regions under it now), in one pass over the directory. A rank over
+/// `TMPI_OFI_PROVIDER=shm` that is killed before it closes its endpoint leaves one (16 MiB;
+/// [`tmpi_transport::fi_shm`]); regular files of this user only.
+pub fn remove_provider_regions(pids: &[i32]) {
+    if pids.is_empty() {
+        return;
+    }
     let (Some(shm), Ok(dir)) = (Dir::open(Path::new(SHM_DIR)), std::fs::read_dir(SHM_DIR)) else {
         return;
     };
+    let pids: std::collections::HashSet<u32> = pids.iter().filter_map(|&p| u32::try_from(p).ok()).collect();
     for e in dir.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        if is_provider_region(&n, pid) {
+        if tmpi_transport::fi_shm::region_owner(&n).is_some_and(|p| pids.contains(&p)) {
             shm.remove_own(&n, &[libc::S_IFREG]);
         }
     }
@@ -388,23 +385,6 @@ mod tests {
     static SWEEPING: Mutex<()> = Mutex::new(());
 
     #[test]
-    fn provider_regions_are_recognised_by_pid_and_shape() {
-        let cases: [(&str, i32, bool); 8] = [
-            ("4242:0:1", 4242, true),
-            ("4242:12:0", 4242, true),
-            ("4242:0:1", 424, false),
-            ("42420:0:1", 4242, false),
-            ("4242:0", 4242, false),
-            ("4242:0:1:2", 4242, false),
-            ("4242:a:1", 4242, false),
-            ("tmpi-4242:0:1", 4242, false),
-        ];
-        for (name, pid, want) in cases {
-            assert_eq!(is_provider_region(name, pid), want, "{name} for pid {pid}");
-        }
-    }
-
-    #[test]
     fn provider_regions_of_an_ended_rank_are_removed() {
         // A pid no process has here (beyond pid_max) keeps the test off real regions.
         let pid = 4_194_305;
@@ -412,7 +392,7 @@ mod tests {
         let other = format!("{SHM_DIR}/{}:0:1", pid + 1);
         std::fs::write(&mine, b"x").unwrap();
         std::fs::write(&other, b"x").unwrap();
-        remove_provider_regions(pid);
+        remove_provider_regions(&[pid]);
         let (gone, kept) = (!Path::new(&mine).exists(), Path::new(&other).exists());
         let _ = std::fs::remove_file(&other);
         assert!(gone, "{mine} was not removed");

@@ -415,10 +415,9 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     }
     // Every rank has ended (observed, not reaped): reap them now, after removing what
     // libfabric's `shm` provider left under a local rank's pid (a killed rank's region).
+    let local: Vec<i32> = job.ranks.iter().filter(|r| r.host.is_none()).map(|r| r.pid).collect();
+    cleanup::remove_provider_regions(&local);
     for r in &job.ranks {
-        if r.host.is_none() {
-            cleanup::remove_provider_regions(r.pid);
-        }
         cleanup::reap_child(r.pid);
     }
     Ok(status)

@@ -18,6 +18,7 @@
 //! - [`secret`] and [`auth`]: the job's secret, and how a connection proves it (the TCP
 //!   fabric and the bootstrap service alike).
 //! - [`bootstrap`]: the key-value service that `tmpirun` serves and ranks use to meet.
+//! - [`fi_shm`]: the names of the regions libfabric's `shm` provider leaves in `/dev/shm`.
 //! - [`host`]: which host a rank runs on (ranks of one host share memory).
 //! - [`knobs`]: every `TMPI_*` environment variable, its default and meaning.
 //!
@@ -35,6 +36,7 @@ pub mod auth;
 pub mod bootstrap;
 pub mod error;
 pub mod fabric;
+pub mod fi_shm;
 pub mod host;
 pub mod knobs;
 pub mod local;

@@ -130,11 +130,10 @@ impl OfiConfig {
 /// before it opens its first endpoint: any such region is then a dead process's. Failures
 /// are ignored (the open that follows reports what matters).
 pub fn remove_stale_shm_regions(pid: u32) {
-    let prefix = format!("{pid}:");
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
     for entry in dir.flatten() {
         let name = entry.file_name();
-        if name.to_str().is_some_and(|n| n.starts_with(&prefix)) {
+        if name.to_str().and_then(crate::fi_shm::region_owner) == Some(pid) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
