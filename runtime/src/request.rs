@@ -670,6 +670,40 @@ impl Comm {
     }
 }
 
+/// The completion calls as the record/replay layer ([`seen::waits`]) runs them.
+impl seen::calls::Keyed for Request<'_> {
+    fn key(&self) -> Option<ReqId> {
+        Request::key(self)
+    }
+}
+
+impl seen::waits::Completion for Request<'_> {
+    fn wait(self) -> Result<Status> {
+        Request::wait(self)
+    }
+    fn test(&mut self) -> Result<Option<Status>> {
+        Request::test(self)
+    }
+    fn wait_all(reqs: Vec<Self>) -> Result<Vec<Status>> {
+        wait_all(reqs)
+    }
+    fn wait_any(reqs: &mut Vec<Self>) -> Result<(usize, Status)> {
+        wait_any(reqs)
+    }
+    fn test_any(reqs: &mut Vec<Self>) -> Result<Option<(usize, Status)>> {
+        test_any(reqs)
+    }
+    fn wait_some(reqs: &mut Vec<Self>) -> Result<Vec<(usize, Result<Status>)>> {
+        wait_some(reqs)
+    }
+    fn test_some(reqs: &mut Vec<Self>) -> Result<Vec<(usize, Result<Status>)>> {
+        test_some(reqs)
+    }
+    fn test_all(reqs: &mut Vec<Self>) -> Result<Option<Vec<Status>>> {
+        test_all(reqs)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

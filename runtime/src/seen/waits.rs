@@ -11,23 +11,30 @@ use super::{call, is, What, RECORD, REPLAY};
 use crate::engine::ReqId;
 use crate::envelope::Source;
 use crate::error::Result;
-use crate::request::Request;
 use crate::Status;
 
-impl Keyed for Request<'_> {
-    fn key(&self) -> Option<ReqId> {
-        Request::key(self)
-    }
+/// What these calls need of a request type: its key, and its completion calls as they run
+/// when nothing is seen (inside [`call`], which turns seeing off). `crate::Request` is the one
+/// implementation; the trait keeps this layer below the request layer that calls it.
+pub(crate) trait Completion: Keyed + Sized {
+    fn wait(self) -> Result<Status>;
+    fn test(&mut self) -> Result<Option<Status>>;
+    fn wait_all(reqs: Vec<Self>) -> Result<Vec<Status>>;
+    fn wait_any(reqs: &mut Vec<Self>) -> Result<(usize, Status)>;
+    fn test_any(reqs: &mut Vec<Self>) -> Result<Option<(usize, Status)>>;
+    fn wait_some(reqs: &mut Vec<Self>) -> Result<Vec<(usize, Result<Status>)>>;
+    fn test_some(reqs: &mut Vec<Self>) -> Result<Vec<(usize, Result<Status>)>>;
+    fn test_all(reqs: &mut Vec<Self>) -> Result<Option<Vec<Status>>>;
 }
 
-fn keys(reqs: &[Request<'_>]) -> Vec<Option<ReqId>> {
+fn keys<R: Keyed>(reqs: &[R]) -> Vec<Option<ReqId>> {
     reqs.iter().map(Keyed::key).collect()
 }
 
 /// `Request::wait`.
 #[cold]
 #[inline(never)]
-pub(crate) fn wait(w: What<'_>, r: Request<'_>) -> Result<Status> {
+pub(crate) fn wait<R: Completion>(w: What<'_>, r: R) -> Result<Status> {
     let key = r.key();
     let res = call(w, || r.wait());
     if let Ok(st) = &res {
@@ -39,7 +46,7 @@ pub(crate) fn wait(w: What<'_>, r: Request<'_>) -> Result<Status> {
 /// `Request::test`.
 #[cold]
 #[inline(never)]
-pub(crate) fn test(w: What<'_>, r: &mut Request<'_>) -> Result<Option<Status>> {
+pub(crate) fn test<R: Completion>(w: What<'_>, r: &mut R) -> Result<Option<Status>> {
     let key = r.key();
     let res = answered(w, Source::Any, |_| r.test());
     if let Ok(Some(st)) = &res {
@@ -51,9 +58,9 @@ pub(crate) fn test(w: What<'_>, r: &mut Request<'_>) -> Result<Option<Status>> {
 /// `wait_all`.
 #[cold]
 #[inline(never)]
-pub(crate) fn wait_all(w: What<'_>, reqs: Vec<Request<'_>>) -> Result<Vec<Status>> {
+pub(crate) fn wait_all<R: Completion>(w: What<'_>, reqs: Vec<R>) -> Result<Vec<Status>> {
     let ks = keys(&reqs);
-    let res = call(w, || crate::wait_all(reqs));
+    let res = call(w, || R::wait_all(reqs));
     if let Ok(sts) = &res {
         ks.iter().zip(sts).for_each(|(k, st)| completed(*k, st));
     }
@@ -62,7 +69,7 @@ pub(crate) fn wait_all(w: What<'_>, reqs: Vec<Request<'_>>) -> Result<Vec<Status
 
 /// Waits for exactly the requests at `picked` (indices into `reqs` as it is), removes them
 /// and returns their results in order.
-fn take_picked(w: &What<'_>, reqs: &mut Vec<Request<'_>>, picked: &[u32]) -> Result<Vec<(usize, Result<Status>)>> {
+fn take_picked<R: Completion>(w: &What<'_>, reqs: &mut Vec<R>, picked: &[u32]) -> Result<Vec<(usize, Result<Status>)>> {
     let mut idx: Vec<usize> = picked.iter().map(|&i| i as usize).collect();
     idx.sort_unstable();
     idx.dedup();
@@ -70,7 +77,7 @@ fn take_picked(w: &What<'_>, reqs: &mut Vec<Request<'_>>, picked: &[u32]) -> Res
         let d = Decision::Picked { call: w.kind, indices: picked.to_vec() };
         return Err(mismatch(w, &d));
     }
-    let taken: Vec<(usize, Request<'_>)> = idx.iter().rev().map(|&i| (i, reqs.remove(i))).collect();
+    let taken: Vec<(usize, R)> = idx.iter().rev().map(|&i| (i, reqs.remove(i))).collect();
     Ok(taken.into_iter().rev().map(|(i, r)| (i, r.wait())).collect())
 }
 
@@ -88,14 +95,14 @@ fn replayed_pick(w: &What<'_>) -> Option<Result<Vec<u32>>> {
 /// `wait_some` and `test_some` (`test` says which).
 #[cold]
 #[inline(never)]
-pub(crate) fn some(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Result<Vec<(usize, Result<Status>)>> {
+pub(crate) fn some<R: Completion>(w: What<'_>, reqs: &mut Vec<R>, test: bool) -> Result<Vec<(usize, Result<Status>)>> {
     let ks = keys(reqs);
     let res = match replayed_pick(&w) {
         Some(p) => {
             let picked = p?;
             call(w, || take_picked(&w, reqs, &picked))
         }
-        None => call(w, || if test { crate::test_some(reqs) } else { crate::wait_some(reqs) }),
+        None => call(w, || if test { R::test_some(reqs) } else { R::wait_some(reqs) }),
     };
     if let Ok(done) = &res {
         if is(RECORD) {
@@ -113,7 +120,7 @@ pub(crate) fn some(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Resu
 /// `wait_any` and `test_any` (`test` says which): one request or (a test) none.
 #[cold]
 #[inline(never)]
-pub(crate) fn any(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Result<Option<(usize, Status)>> {
+pub(crate) fn any<R: Completion>(w: What<'_>, reqs: &mut Vec<R>, test: bool) -> Result<Option<(usize, Status)>> {
     let ks = keys(reqs);
     let res = match replayed_pick(&w) {
         Some(p) => {
@@ -127,7 +134,7 @@ pub(crate) fn any(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Resul
                 }
             })
         }
-        None => call(w, || if test { crate::test_any(reqs) } else { crate::wait_any(reqs).map(Some) }),
+        None => call(w, || if test { R::test_any(reqs) } else { R::wait_any(reqs).map(Some) }),
     };
     if let Ok(o) = &res {
         if is(RECORD) {
@@ -143,16 +150,16 @@ pub(crate) fn any(w: What<'_>, reqs: &mut Vec<Request<'_>>, test: bool) -> Resul
 /// `test_all`: all done (and collected) or none.
 #[cold]
 #[inline(never)]
-pub(crate) fn test_all(w: What<'_>, reqs: &mut Vec<Request<'_>>) -> Result<Option<Vec<Status>>> {
+pub(crate) fn test_all<R: Completion>(w: What<'_>, reqs: &mut Vec<R>) -> Result<Option<Vec<Status>>> {
     let ks = keys(reqs);
     let res = if is(REPLAY) {
         match next(&w)? {
             Decision::Answer { found: false, .. } => call(w, || Ok(None)),
-            Decision::Answer { found: true, .. } => call(w, || crate::wait_all(std::mem::take(reqs)).map(Some)),
+            Decision::Answer { found: true, .. } => call(w, || R::wait_all(std::mem::take(reqs)).map(Some)),
             other => return Err(mismatch(&w, &other)),
         }
     } else {
-        call(w, || crate::test_all(reqs))
+        call(w, || R::test_all(reqs))
     };
     if let Ok(o) = &res {
         if is(RECORD) {
