@@ -464,3 +464,25 @@ impl Comm {
         Ok(e.probe_at(self.user_ctx(), s, t, &self.peers(s)))
     }
 }
+
+/// The world communicator of engine `eng`.
+pub(crate) fn world_comm(eng: Engine, level: crate::Threading) -> Comm {
+    let rank = eng.rank();
+    let size = eng.size();
+    let machine = crate::coll::Machine { force: eng.cfg.coll, hosts: Default::default() };
+    Comm {
+        inner: Arc::new(CommInner {
+            eng: Arc::new(EngineCell::new(eng, level)),
+            coll_seq: Default::default(),
+            shm_seq: Default::default(),
+            shm: Default::default(),
+            coll_busy: Default::default(),
+            machine,
+            id: 0,
+            rank,
+            size,
+            members: None,
+            attrs: Default::default(),
+        }),
+    }
+}

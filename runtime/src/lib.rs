@@ -147,6 +147,7 @@ pub mod error;
 mod group;
 mod heap;
 pub mod inter;
+mod launch;
 pub mod matching;
 mod modes;
 mod mprobe;

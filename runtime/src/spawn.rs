@@ -113,10 +113,10 @@ fn join_bridge(comm: &Comm, bridge: &Bridge, rank: usize) -> Result<InterComm> {
     let (cfg, level) = (comm.eng()?.cfg.clone(), comm.inner.eng.level());
     let env = bridge.env(rank, link.secret.clone());
     let mut bc = BootstrapClient::connect_to(&bridge.bootstrap, rank, bridge.size, &link.secret)?;
-    let fabric = crate::world::wire(&mut bc, &env, &cfg)?;
+    let fabric = crate::launch::wire(&mut bc, &env, &cfg)?;
     bc.finalize()?;
     let one_host = matches!(fabric, AnyFabric::Shm(_));
-    let joint = crate::world::comm_of(Engine::new(fabric, rank, bridge.size, cfg)?, level);
+    let joint = crate::comm::world_comm(Engine::new(fabric, rank, bridge.size, cfg)?, level);
     BRIDGES.lock().unwrap_or_else(PoisonError::into_inner).push(joint.inner.eng.clone());
     crate::coll_glue::learn_hosts(&joint, one_host)?;
     let child = rank >= bridge.parents;
@@ -151,7 +151,7 @@ fn ask(parents: usize, commands: &[Command], procs: &[usize]) -> Result<Bridge> 
     let apps = commands.iter().zip(procs).map(|(c, &n)| app_of(c, n)).collect::<Result<Vec<_>>>()?;
     let req = SpawnRequest { parents: u32::try_from(parents).map_err(|_| Error::Spawn("too many parents".into()))?, apps };
     req.check().map_err(|e| Error::Spawn(e.to_string()))?;
-    crate::world::spawn_through_launcher(req)
+    crate::launch::spawn_through_launcher(req)
 }
 
 /// The root's outcome, at every rank of `comm`: the bridge, or the root's error.

@@ -2,29 +2,25 @@
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use bytemuck::Pod;
-use tmpi_transport::bootstrap::pmi2::Pmi2Client;
-use tmpi_transport::bootstrap::wireup::{wire_up, WireUp};
-use tmpi_transport::bootstrap::{BootstrapClient, BootstrapEnv, KeyValue};
 use tmpi_transport::fabric::Fabric as _;
 use tmpi_transport::local::LocalFabric;
 use tmpi_transport::shm::ShmFabric;
 
-use crate::comm::{Comm, CommInner};
+use crate::comm::Comm;
 use crate::config::Config;
 use crate::engine::{AnyFabric, Engine};
 use crate::error::{Error, Result};
 use crate::heap::SharedBuf;
-use crate::sync::{EngineCell, Threading};
+use crate::launch::{self, Launcher};
+use crate::sync::Threading;
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static FINALIZED: AtomicBool = AtomicBool::new(false);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
-/// The launcher link of the world [`init`] made, for a spawn's root ([`spawn_through_launcher`]).
-static LAUNCHER: OnceLock<Weak<Mutex<Option<Launcher>>>> = OnceLock::new();
 
 /// Seconds since an arbitrary point in this process's past; monotonic.
 pub fn wtime() -> f64 {
@@ -62,109 +58,8 @@ impl Deref for World {
     }
 }
 
-/// Who started this rank, and how to tell it the rank is done or wants the job ended.
-enum Launcher {
-    /// `tmpirun`, through its bootstrap socket.
-    Tmpirun(BootstrapClient),
-    /// A PMI-2 launcher (Slurm's `srun --mpi=pmi2`), through `PMI_FD`.
-    Pmi2(Pmi2Client),
-}
-
-impl Launcher {
-    fn kv(&mut self) -> &mut dyn KeyValue {
-        match self {
-            Launcher::Tmpirun(c) => c,
-            Launcher::Pmi2(c) => c,
-        }
-    }
-
-    fn finalize(&mut self) -> tmpi_transport::Result<()> {
-        match self {
-            Launcher::Tmpirun(c) => c.finalize(),
-            Launcher::Pmi2(c) => c.finalize(),
-        }
-    }
-
-    fn abort(&mut self, code: i32, msg: &str) -> tmpi_transport::Result<()> {
-        match self {
-            Launcher::Tmpirun(c) => c.abort(code, msg),
-            Launcher::Pmi2(c) => c.abort(code, msg),
-        }
-    }
-}
-
-/// Asks the launcher of this process to start the processes of `req` (a spawn's root).
-///
-/// # Errors
-/// [`Error::Spawn`]: no `tmpirun` started this process (Slurm, or alone), the world is
-/// gone, or `tmpirun` refused (its reason).
-pub(crate) fn spawn_through_launcher(
-    req: tmpi_transport::bootstrap::spawn::SpawnRequest,
-) -> Result<tmpi_transport::bootstrap::spawn::Bridge> {
-    let none =
-        || Error::Spawn("this process was not started by tmpirun (a program started alone has no launcher to start processes)".into());
-    let link = LAUNCHER.get().and_then(Weak::upgrade).ok_or_else(none)?;
-    let mut l = link.lock().unwrap_or_else(PoisonError::into_inner);
-    match l.as_mut() {
-        Some(Launcher::Tmpirun(c)) => c.spawn(req).map_err(|e| match e {
-            tmpi_transport::Error::Bootstrap(m) => Error::Spawn(m),
-            e => Error::Spawn(e.to_string()),
-        }),
-        Some(Launcher::Pmi2(_)) => Err(Error::Spawn(
-            "started by srun: Slurm cannot grow a running job (start the job with tmpirun, inside the allocation, to spawn)".into(),
-        )),
-        None => Err(none()),
-    }
-}
-
-/// Wires up the fabric of rank `env.rank` of a job through `kv`, as `cfg` says.
-pub(crate) fn wire(kv: &mut dyn KeyValue, env: &BootstrapEnv, cfg: &Config) -> Result<AnyFabric> {
-    let ring_size = |n: usize| cfg.ring_size_for(n);
-    let how = WireUp {
-        choice: cfg.fabric,
-        tcp_if: cfg.tcp_if.as_deref(),
-        ring_size: &ring_size,
-        peer_timeout: cfg.peer_timeout,
-        ofi_provider: cfg.ofi_provider.as_deref(),
-    };
-    Ok(wire_up(kv, env, &how)?)
-}
-
-/// The launcher of this process and what it says about the job: `tmpirun` (`TMPI_RANK`
-/// set), else a PMI-2 launcher (`PMI_FD` set), else none (a singleton).
-fn launcher() -> Result<Option<(Launcher, BootstrapEnv)>> {
-    if let Some((bc, env)) = BootstrapClient::from_env()? {
-        return Ok(Some((Launcher::Tmpirun(bc), env)));
-    }
-    let Some(mut c) = Pmi2Client::from_env()? else { return Ok(None) };
-    let env = BootstrapEnv::from_pmi2(&mut c)?;
-    Ok(Some((Launcher::Pmi2(c), env)))
-}
-
 fn world_from_engine(eng: Engine, bootstrap: Option<Launcher>, level: Threading) -> World {
-    World { comm: comm_of(eng, level), bootstrap: Arc::new(Mutex::new(bootstrap)), finalized: false, from_init: false }
-}
-
-/// The world communicator of engine `eng`.
-pub(crate) fn comm_of(eng: Engine, level: Threading) -> Comm {
-    let rank = eng.rank();
-    let size = eng.size();
-    let machine = crate::coll::Machine { force: eng.cfg.coll, hosts: Default::default() };
-    Comm {
-        inner: Arc::new(CommInner {
-            eng: Arc::new(EngineCell::new(eng, level)),
-            coll_seq: Default::default(),
-            shm_seq: Default::default(),
-            shm: Default::default(),
-            coll_busy: Default::default(),
-            machine,
-            id: 0,
-            rank,
-            size,
-            members: None,
-            attrs: Default::default(),
-        }),
-    }
+    World { comm: crate::comm::world_comm(eng, level), bootstrap: Arc::new(Mutex::new(bootstrap)), finalized: false, from_init: false }
 }
 
 /// Starts the runtime. Under `tmpirun` the rank, size and fabric come from the launcher's
@@ -220,7 +115,7 @@ pub fn init_thread(required: Threading) -> Result<(World, Threading)> {
     let t0 = tmpi_trace::clock::now_ns();
     let mut w = init_world(required)?;
     w.from_init = true;
-    let _ = LAUNCHER.set(Arc::downgrade(&w.bootstrap));
+    launch::remember(&w.bootstrap);
     w.start_seeing(t0, required)?;
     Ok((w, required))
 }
@@ -232,7 +127,7 @@ fn init_world(level: Threading) -> Result<World> {
     tmpi_transport::ofi::signals::restore_default_signals();
     let _ = wtime();
     let cfg = Config::from_env()?;
-    let Some((mut bc, env)) = launcher()? else {
+    let Some((mut bc, env)) = launch::launcher()? else {
         return Ok(world_from_engine(Engine::new(AnyFabric::Single, 0, 1, cfg)?, None, level));
     };
     let (rank, size) = (env.rank, env.size);
@@ -244,7 +139,7 @@ fn init_world(level: Threading) -> Result<World> {
         crate::spawn::join_parent(&world)?;
         return Ok(world);
     }
-    let fabric = wire(bc.kv(), &env, &cfg)?;
+    let fabric = launch::wire(bc.kv(), &env, &cfg)?;
     let stats = cfg.stats;
     let (kind, bad) = (fabric.name(), fabric.bad_connections());
     let provider = fabric.provider().map(|p| format!(" provider={p}")).unwrap_or_default();
