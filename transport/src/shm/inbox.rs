@@ -44,30 +44,14 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::queue_layout::{frag_place, region_layout, CELL_HDR};
+pub use super::queue_layout::{
+    region_bytes, CELLS, CELL_BYTES, FRAGS, INLINE_MAX, LARGE_FRAG, LARGE_FRAGS, POOL_BYTES, SMALL_FRAG, SMALL_FRAGS,
+};
 use super::segment::{Segment, GONE_FINALIZED};
 use crate::error::{Error, Result};
 use crate::packet::Packet;
 
-/// Cells in each rank's queue (a power of two).
-pub const CELLS: usize = 512;
-/// Bytes of one cell.
-pub const CELL_BYTES: usize = 128;
-/// Bytes of a cell's header.
-const CELL_HDR: usize = 32;
-/// Largest packet carried in the cell itself.
-pub const INLINE_MAX: usize = CELL_BYTES - CELL_HDR;
-/// Bytes of a small fragment.
-pub const SMALL_FRAG: usize = 4096;
-/// Small fragments per sender.
-pub const SMALL_FRAGS: usize = 64;
-/// Bytes of a large fragment: the largest packet.
-pub const LARGE_FRAG: usize = 128 << 10;
-/// Large fragments per sender.
-pub const LARGE_FRAGS: usize = 16;
-/// Fragments per sender.
-pub const FRAGS: usize = SMALL_FRAGS + LARGE_FRAGS;
-/// Bytes of one sender's pool.
-pub const POOL_BYTES: usize = SMALL_FRAGS * SMALL_FRAG + LARGE_FRAGS * LARGE_FRAG;
 /// `frag` of a cell whose payload is inline.
 const NO_FRAG: u32 = u32::MAX;
 /// Bits of `state` that hold the claimant.
@@ -103,32 +87,6 @@ struct CellHdr {
 }
 
 const _: () = assert!(std::mem::size_of::<CellHdr>() == CELL_HDR && std::mem::size_of::<InboxCtl>() == 128);
-
-fn round128(n: usize) -> usize {
-    n.next_multiple_of(128)
-}
-
-/// Offsets inside one rank's region for a job of `nranks` ranks: (taken, busy, cells, stride).
-fn region_layout(nranks: usize) -> (usize, usize, usize, usize) {
-    let taken = 128;
-    let busy = taken + round128(nranks * 8);
-    let cells = busy + round128(FRAGS * 4);
-    (taken, busy, cells, cells + CELLS * CELL_BYTES)
-}
-
-/// Bytes of one rank's region (queue, counters, fragment flags) in a job of `nranks` ranks.
-pub fn region_bytes(nranks: usize) -> usize {
-    region_layout(nranks).3
-}
-
-/// Offset and capacity of fragment `f` inside its pool.
-fn frag_place(f: usize) -> (usize, usize) {
-    if f < SMALL_FRAGS {
-        (f * SMALL_FRAG, SMALL_FRAG)
-    } else {
-        (SMALL_FRAGS * SMALL_FRAG + (f - SMALL_FRAGS) * LARGE_FRAG, LARGE_FRAG)
-    }
-}
 
 fn pack(seq: u64, tag: u64) -> u64 {
     (seq << TAG_BITS) | tag
@@ -217,11 +175,6 @@ impl Queues {
             cut: vec![false; n],
             stuck: 0,
         }
-    }
-
-    /// Largest packet.
-    pub(crate) fn max_packet() -> usize {
-        LARGE_FRAG
     }
 
     fn region(&self, rank: usize) -> *mut u8 {

@@ -31,6 +31,7 @@ pub mod cma;
 pub mod futex;
 pub mod heap;
 pub mod inbox;
+mod queue_layout;
 pub mod ring;
 pub mod room;
 pub mod segment;

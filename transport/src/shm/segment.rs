@@ -54,8 +54,9 @@ use std::ptr::NonNull;
 use memmap2::{MmapMut, MmapOptions};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::queue_layout::{self, POOL_BYTES};
 use super::ring::{self, Consumer, Producer, RingCtl};
-use super::{inbox, room};
+use super::room;
 use crate::error::{Error, Result};
 
 /// "TMPISHM\0" as a big-endian integer.
@@ -203,8 +204,8 @@ fn geometry(nranks: usize, ring_size: usize) -> Result<Geometry> {
     let rings_off = (coll_off + COLL_CONTEXTS * coll_ctx_stride(nranks)).next_multiple_of(128);
     let overflow = || Error::InvalidArgument("shm segment size overflows".into());
     if ring_size == QUEUED {
-        let pool_off = (rings_off + nranks * inbox::region_bytes(nranks)).next_multiple_of(4096);
-        let total = nranks.checked_mul(inbox::POOL_BYTES).and_then(|p| p.checked_add(pool_off)).ok_or_else(overflow)?;
+        let pool_off = (rings_off + nranks * queue_layout::region_bytes(nranks)).next_multiple_of(4096);
+        let total = nranks.checked_mul(POOL_BYTES).and_then(|p| p.checked_add(pool_off)).ok_or_else(overflow)?;
         return Ok(Geometry { rings_off, pool_off, total, eager: pool_off });
     }
     let total = nranks
@@ -387,7 +388,7 @@ impl Segment {
     /// Largest payload of one ring record, or of one packet of the queued layout.
     pub fn max_record_payload(&self) -> usize {
         if self.queued() {
-            inbox::Queues::max_packet()
+            queue_layout::LARGE_FRAG
         } else {
             ring::max_payload(self.ring_size)
         }
@@ -423,10 +424,10 @@ impl Segment {
     /// # Errors
     /// The range is outside the pool, or the memory cannot be had.
     pub(crate) fn allocate_pool_range(&self, rank: usize, off: usize, len: usize) -> Result<()> {
-        if !self.queued() || rank >= self.nranks || off.checked_add(len).is_none_or(|e| e > inbox::POOL_BYTES) {
+        if !self.queued() || rank >= self.nranks || off.checked_add(len).is_none_or(|e| e > POOL_BYTES) {
             return Err(Error::InvalidArgument(format!("pool range {off}+{len} of rank {rank}")));
         }
-        allocate(&self._file, self.pool_off + rank * inbox::POOL_BYTES + off, len, &self.path)
+        allocate(&self._file, self.pool_off + rank * POOL_BYTES + off, len, &self.path)
     }
 
     fn ring_ctl(&self, dst: usize, src: usize) -> NonNull<RingCtl> {
