@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::flags::{Access, MrMode, RegFlags};
-use super::region::{Bindings, HmemIface, MemoryRegion, MrAttr, MrDesc, RegionInner};
+use super::pages::{settle, PageChanges, Segment};
+use super::region::{Bindings, HmemIface, MrAttr, MrDesc, RegionInner};
 use super::{lock, MrErrno, RemoteAccessError};
 
 /// `FI_KEY_NOTAVAIL`: the reserved key value; never issued, rejected as a requested key.
@@ -23,15 +24,6 @@ const KEY_POOL: usize = 16;
 
 /// Attempts at drawing an unused provider key before giving up with `ENOSPC`.
 const KEY_ATTEMPTS: usize = 64;
-
-/// One contiguous piece of a registration (an `iovec`): address and length in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Segment {
-    /// Start address in this process.
-    pub addr: usize,
-    /// Length in bytes.
-    pub len: usize,
-}
 
 /// Domain attributes that shape memory registration (`struct fi_domain_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,56 +224,6 @@ struct DomainState {
     orphans: Vec<Arc<RegionInner>>,
 }
 
-/// Recent page changes of an `FI_MR_MMU_NOTIFY` domain (see [`Domain::pages_changed`]).
-pub(crate) struct PageChanges {
-    /// Number of changes recorded so far; change `e` is at `ring[e % CHANGES]`.
-    epoch: AtomicU64,
-    writing: AtomicBool,
-    ring: [(AtomicUsize, AtomicUsize); CHANGES],
-}
-
-/// Page changes remembered per domain.
-const CHANGES: usize = 64;
-
-impl PageChanges {
-    fn new() -> Self {
-        PageChanges { epoch: AtomicU64::new(0), writing: AtomicBool::new(false), ring: std::array::from_fn(|_| Default::default()) }
-    }
-
-    /// Number of changes so far.
-    pub(crate) fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
-    }
-
-    fn record(&self, start: usize, end: usize) {
-        while self.writing.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            std::hint::spin_loop();
-        }
-        let e = self.epoch.load(Ordering::Relaxed);
-        let (s, t) = &self.ring[(e % CHANGES as u64) as usize];
-        s.store(start, Ordering::Relaxed);
-        t.store(end, Ordering::Relaxed);
-        self.epoch.store(e + 1, Ordering::Release);
-        self.writing.store(false, Ordering::Release);
-    }
-
-    /// Whether a change recorded at or after epoch `since` (and before `now`, read with
-    /// [`PageChanges::epoch`]) overlaps one of `segs`; true, conservatively, when the ring no
-    /// longer reaches back that far.
-    pub(crate) fn touched_since(&self, since: u64, now: u64, segs: &[Segment]) -> bool {
-        if now.saturating_sub(since) > CHANGES as u64 {
-            return true;
-        }
-        let hit = (since..now).any(|e| {
-            let (s, t) = &self.ring[(e % CHANGES as u64) as usize];
-            let (s, t) = (s.load(Ordering::Relaxed), t.load(Ordering::Relaxed));
-            segs.iter().any(|g| g.addr < t && s < g.addr + g.len)
-        });
-        // Slots read may have been overwritten meanwhile: then assume the worst.
-        hit || self.epoch.load(Ordering::Acquire).saturating_sub(since) > CHANGES as u64
-    }
-}
-
 struct DomainShared {
     attr: DomainAttr,
     changes: Arc<PageChanges>,
@@ -291,20 +233,6 @@ struct DomainShared {
     /// Number of invalidation batches a cache monitor is applying right now (see
     /// [`Domain::begin_invalidation_batch`]). Shared with every region of the domain.
     in_flight: Arc<AtomicUsize>,
-}
-
-/// Waits until no invalidation batch is in progress (returns at once almost always; a batch
-/// takes microseconds).
-pub(crate) fn settle(in_flight: &AtomicUsize) {
-    let mut spins = 0u32;
-    while in_flight.load(Ordering::SeqCst) != 0 {
-        if spins < 100 {
-            std::hint::spin_loop();
-            spins += 1;
-        } else {
-            std::thread::yield_now();
-        }
-    }
 }
 
 /// A resource domain (`fid_domain`) as far as memory registration goes. Cloning gives another
@@ -396,7 +324,7 @@ impl Domain {
         MrMode::from_bits_retain(req.bits() & !self.shared.attr.mr_mode.bits())
     }
 
-    /// Deregisters the regions dropped while still bound (see [`MemoryRegion`]) whose
+    /// Deregisters the regions dropped while still bound (see [`MemoryRegion`](super::MemoryRegion)) whose
     /// counters and endpoint have all been closed since. Returns how many. Every
     /// registration call does this too.
     pub fn reap(&self) -> usize {
@@ -417,7 +345,7 @@ impl Domain {
 
     /// What an MMU notifier reports: the pages behind `[start, end)` changed (unmapped,
     /// discarded, moved). Under `FI_MR_MMU_NOTIFY` every region of the domain overlapping the
-    /// range refuses access from now on until [`MemoryRegion::refresh`]; in other modes
+    /// range refuses access from now on until [`MemoryRegion::refresh`](super::MemoryRegion::refresh); in other modes
     /// nothing changes here (the registration cache revokes its own entries). The cache's
     /// userfaultfd monitor calls this for every event it reads.
     ///
@@ -461,66 +389,8 @@ impl Domain {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
-    /// `fi_mr_reg`: registers `[addr, addr + len)`.
-    ///
-    /// # Errors
-    /// As [`Domain::regattr`].
-    pub fn reg(
-        &self,
-        addr: usize,
-        len: usize,
-        access: Access,
-        offset: u64,
-        requested_key: u64,
-        flags: RegFlags,
-    ) -> Result<MemoryRegion, MrErrno> {
-        let iov = [Segment { addr, len }];
-        self.regattr(&MrAttr::new(&iov, access, offset, requested_key), flags)
-    }
-
-    /// `fi_mr_regv`: registers several segments as one region. Peers see the segments as one
-    /// contiguous range, in order (offset 0 is the first byte of the first segment; under
-    /// `FI_MR_VIRT_ADDR` that byte's address).
-    ///
-    /// # Errors
-    /// As [`Domain::regattr`].
-    pub fn regv(&self, iov: &[Segment], access: Access, offset: u64, requested_key: u64, flags: RegFlags) -> Result<MemoryRegion, MrErrno> {
-        self.regattr(&MrAttr::new(iov, access, offset, requested_key), flags)
-    }
-
-    /// `fi_mr_regattr`: the general registration call.
-    ///
-    /// The region starts enabled, except under `FI_MR_ENDPOINT` (always disabled until an
-    /// endpoint is bound and [`MemoryRegion::enable`] is called) and under `FI_MR_RMA_EVENT`
-    /// when `flags` has [`RegFlags::RMA_EVENT`] (disabled until enabled, so counters can be
-    /// bound first).
-    ///
-    /// Keys: under `FI_MR_PROV_KEY`, `requested_key` is ignored entirely (any value, even
-    /// one that would be rejected otherwise) and the key is a random value of `mr_key_size`
-    /// bytes drawn with `getrandom`. Without it, `requested_key` is the key.
-    ///
-    /// Under `FI_MR_ALLOCATED` every segment must be backed by mapped pages now (a
-    /// `mincore` check); without it any range may be registered, mapped or not, as the man
-    /// page's default says.
-    ///
-    /// # Errors
-    /// - [`MrErrno::NoSys`]: device memory (`iface` not system, `FI_HMEM_DEVICE_ONLY`,
-    ///   `FI_HMEM_HOST_ALLOC`, `FI_MR_DMABUF`) or an `auth_key`.
-    /// - [`MrErrno::BadFlags`]: `flags` has bits libfabric's registration calls do not
-    ///   define here (e.g. [`super::FI_RMA_PMEM`]).
-    /// - [`MrErrno::Fault`]: under `FI_MR_ALLOCATED`, a segment with unmapped pages.
-    /// - [`MrErrno::Inval`]: unknown `access` bits; `offset` not 0; no segment or more than
-    ///   `mr_iov_limit`; a segment of length 0 or whose end overflows; total length overflows.
-    /// - [`MrErrno::KeyRejected`]: (no `PROV_KEY`) `requested_key` wider than `mr_key_size`
-    ///   bytes, or [`KEY_NOTAVAIL`].
-    /// - [`MrErrno::NoKey`]: (no `PROV_KEY`) `requested_key` is in use.
-    /// - [`MrErrno::NoSpace`] / [`MrErrno::Other`]: (`PROV_KEY`) no free key was found /
-    ///   the random source failed.
-    pub fn regattr(&self, attr: &MrAttr<'_>, flags: RegFlags) -> Result<MemoryRegion, MrErrno> {
-        self.register(attr, flags, KeyChoice::Requested(attr.requested_key))
-    }
-
-    pub(crate) fn register(&self, attr: &MrAttr<'_>, flags: RegFlags, key: KeyChoice) -> Result<MemoryRegion, MrErrno> {
+    /// Registers `attr` with key `key` (see [`Domain::regattr`]): the region, in the tables.
+    pub(crate) fn add_region(&self, attr: &MrAttr<'_>, flags: RegFlags, key: KeyChoice) -> Result<Arc<RegionInner>, MrErrno> {
         let dattr = &self.shared.attr;
         if flags.unknown_bits() != 0 {
             return Err(MrErrno::BadFlags);
@@ -608,10 +478,10 @@ impl Domain {
         st.by_key.insert(key, Arc::clone(&inner));
         st.by_desc.insert(desc.0, Arc::clone(&inner));
         drop(st);
-        Ok(MemoryRegion { domain: self.clone(), inner })
+        Ok(inner)
     }
 
-    /// [`MemoryRegion`]'s drop: deregisters the region, or, while an open counter or
+    /// [`super::MemoryRegion`]'s drop: deregisters the region, or, while an open counter or
     /// endpoint is bound to it, keeps it registered until [`Domain::reap`] finds them closed.
     pub(crate) fn close_or_orphan(&self, region: &Arc<RegionInner>) {
         if region.busy() {

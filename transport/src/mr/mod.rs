@@ -45,6 +45,7 @@
 pub mod cache;
 mod domain;
 mod flags;
+mod handle;
 mod pages;
 mod region;
 
@@ -54,11 +55,11 @@ mod tests;
 pub(crate) mod tests_libfabric;
 
 pub use cache::{CacheConfig, CacheDomain, CacheRegion, CacheStats, CachedMr, KnobError, Monitor, MonitorStatus, MrCache};
-pub use domain::{
-    Domain, DomainAttr, MappedKey, RawKey, RemoteOp, ResolvedRange, Segment, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE,
-};
+pub use domain::{Domain, DomainAttr, MappedKey, RawKey, RemoteOp, ResolvedRange, DEFAULT_MR_IOV_LIMIT, KEY_NOTAVAIL, MAX_MR_KEY_SIZE};
 pub use flags::{Access, BindFlags, MrMode, RegFlags, FI_RMA_PMEM};
-pub use region::{CloseError, Counter, Endpoint, HmemIface, MemoryRegion, MrAttr, MrDesc, RawAttr};
+pub use handle::{CloseError, MemoryRegion};
+pub use pages::Segment;
+pub use region::{Counter, Endpoint, HmemIface, MrAttr, MrDesc, RawAttr};
 
 /// Why a remote access was refused by [`Domain::check_remote`]. The fabric reports it to the
 /// initiator as a failed access (`FI_EACCES`); no byte of the target was touched.

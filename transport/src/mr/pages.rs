@@ -1,5 +1,9 @@
 //! Whether a range of this process's address space is mapped: the check behind
-//! `FI_MR_ALLOCATED` (one `mincore` system call per 4 MiB or so), and the page size.
+//! `FI_MR_ALLOCATED` (one `mincore` system call per 4 MiB or so), and the page size; the
+//! ranges a registration covers ([`Segment`]), the page changes a domain records for its
+//! regions ([`PageChanges`]) and the wait for a monitor's invalidation batch ([`settle`]).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// The system page size.
 pub(crate) fn page_size() -> usize {
@@ -50,5 +54,78 @@ mod tests {
         assert!(!mapped(usize::MAX - 3, 8));
         let heap = vec![1u8; 10 << 20];
         assert!(mapped(heap.as_ptr() as usize, heap.len()), "more than one chunk");
+    }
+}
+
+/// One contiguous piece of a registration (an `iovec`): address and length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Segment {
+    /// Start address in this process.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// Recent page changes of an `FI_MR_MMU_NOTIFY` domain (see [`Domain::pages_changed`]).
+pub(crate) struct PageChanges {
+    /// Number of changes recorded so far; change `e` is at `ring[e % CHANGES]`.
+    epoch: AtomicU64,
+    writing: AtomicBool,
+    ring: [(AtomicUsize, AtomicUsize); CHANGES],
+}
+
+/// Page changes remembered per domain.
+const CHANGES: usize = 64;
+
+impl PageChanges {
+    pub(crate) fn new() -> Self {
+        PageChanges { epoch: AtomicU64::new(0), writing: AtomicBool::new(false), ring: std::array::from_fn(|_| Default::default()) }
+    }
+
+    /// Number of changes so far.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn record(&self, start: usize, end: usize) {
+        while self.writing.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::hint::spin_loop();
+        }
+        let e = self.epoch.load(Ordering::Relaxed);
+        let (s, t) = &self.ring[(e % CHANGES as u64) as usize];
+        s.store(start, Ordering::Relaxed);
+        t.store(end, Ordering::Relaxed);
+        self.epoch.store(e + 1, Ordering::Release);
+        self.writing.store(false, Ordering::Release);
+    }
+
+    /// Whether a change recorded at or after epoch `since` (and before `now`, read with
+    /// [`PageChanges::epoch`]) overlaps one of `segs`; true, conservatively, when the ring no
+    /// longer reaches back that far.
+    pub(crate) fn touched_since(&self, since: u64, now: u64, segs: &[Segment]) -> bool {
+        if now.saturating_sub(since) > CHANGES as u64 {
+            return true;
+        }
+        let hit = (since..now).any(|e| {
+            let (s, t) = &self.ring[(e % CHANGES as u64) as usize];
+            let (s, t) = (s.load(Ordering::Relaxed), t.load(Ordering::Relaxed));
+            segs.iter().any(|g| g.addr < t && s < g.addr + g.len)
+        });
+        // Slots read may have been overwritten meanwhile: then assume the worst.
+        hit || self.epoch.load(Ordering::Acquire).saturating_sub(since) > CHANGES as u64
+    }
+}
+
+/// Waits until no invalidation batch is in progress (returns at once almost always; a batch
+/// takes microseconds).
+pub(crate) fn settle(in_flight: &AtomicUsize) {
+    let mut spins = 0u32;
+    while in_flight.load(Ordering::SeqCst) != 0 {
+        if spins < 100 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
     }
 }

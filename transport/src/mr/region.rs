@@ -1,11 +1,12 @@
-//! The region handle (`fid_mr`), and the counters and endpoints a region can be bound to.
+//! What a registered region is (`RegionInner`: made by the domain, owned by its handle in
+//! `handle`), its attributes and descriptor, and the counters and endpoints it can be bound to.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::domain::{Domain, Segment};
 use super::flags::{Access, BindFlags, MrMode, RegFlags};
+use super::pages::{settle, PageChanges, Segment};
 use super::{lock, MrErrno};
 
 /// Local memory descriptor of a region (`fi_mr_desc`): what data-transfer calls take as `desc`
@@ -55,7 +56,7 @@ pub struct MrAttr<'a> {
     pub offset: u64,
     /// The key asked for; ignored under `FI_MR_PROV_KEY`.
     pub requested_key: u64,
-    /// Application context, returned by [`MemoryRegion::context`].
+    /// Application context, returned by [`MemoryRegion::context`](super::MemoryRegion::context).
     pub context: u64,
     /// `iface` (the `device` field is meaningless without device memory): anything but
     /// [`HmemIface::System`] is `-FI_ENOSYS`.
@@ -125,7 +126,7 @@ impl Counter {
         }
     }
 
-    fn same(&self, other: &Counter) -> bool {
+    pub(crate) fn same(&self, other: &Counter) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
@@ -166,7 +167,7 @@ impl Endpoint {
         self.open.load(Ordering::Acquire)
     }
 
-    fn same(&self, other: &Endpoint) -> bool {
+    pub(crate) fn same(&self, other: &Endpoint) -> bool {
         Arc::ptr_eq(&self.open, &other.open)
     }
 }
@@ -211,7 +212,7 @@ pub(crate) struct RegionInner {
     /// ([`Domain::pages_changed`]) and no `refresh` has followed; access is refused.
     pub(crate) stale: AtomicBool,
     /// The domain's page changes, under `FI_MR_MMU_NOTIFY` only.
-    pub(crate) changes: Option<Arc<super::domain::PageChanges>>,
+    pub(crate) changes: Option<Arc<PageChanges>>,
     /// The change epoch up to which this region has been checked (or refreshed).
     pub(crate) seen_changes: AtomicU64,
     /// Number of `refresh` calls.
@@ -224,7 +225,7 @@ pub(crate) struct RegionInner {
 impl RegionInner {
     /// Whether remote and local accesses may use the region now.
     pub(crate) fn usable(&self) -> bool {
-        super::domain::settle(&self.in_flight);
+        settle(&self.in_flight);
         self.enabled.load(Ordering::Acquire) && !self.revoked.load(Ordering::Acquire) && !self.changed()
     }
 
@@ -292,217 +293,5 @@ impl RegionInner {
                 c.add_event();
             }
         }
-    }
-}
-
-/// A registered memory region (`fid_mr`). Dropping it is `fi_close` without a way to report
-/// `-FI_EBUSY`: a region with no open counter or endpoint bound is deregistered at once (its
-/// key stops working); one that still has them stays registered, owned by its domain, until
-/// they are closed and the domain reaps it ([`Domain::reap`], also done by every
-/// registration), so a drop never bypasses the rule [`MemoryRegion::close`] enforces.
-pub struct MemoryRegion {
-    pub(crate) domain: Domain,
-    pub(crate) inner: Arc<RegionInner>,
-}
-
-impl fmt::Debug for MemoryRegion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryRegion")
-            .field("desc", &self.inner.desc)
-            .field("iov", &self.inner.iov)
-            .field("access", &self.inner.access)
-            .field("enabled", &self.is_enabled())
-            .finish_non_exhaustive()
-    }
-}
-
-/// `close` refused: the region is handed back with the errno.
-#[derive(Debug, thiserror::Error)]
-#[error("fi_close: {errno}")]
-pub struct CloseError {
-    /// Why (`MrErrno::Busy`).
-    pub errno: MrErrno,
-    /// The region, still registered.
-    pub region: MemoryRegion,
-}
-
-impl MemoryRegion {
-    /// `fi_mr_desc`: the local descriptor.
-    pub fn desc(&self) -> MrDesc {
-        self.inner.desc
-    }
-
-    /// `fi_mr_key`: the remote key.
-    ///
-    /// # Errors
-    /// [`MrErrno::KeyNotAvail`] under `FI_MR_RAW` (use [`MemoryRegion::raw_attr`]).
-    pub fn key(&self) -> Result<u64, MrErrno> {
-        self.inner.key()
-    }
-
-    /// `fi_mr_raw_attr`: writes the raw key (`mr_key_size` bytes) to the front of `raw_key`
-    /// and returns the base address and the key size. Usable in every mode.
-    ///
-    /// # Errors
-    /// [`MrErrno::TooSmall`] with the size needed when `raw_key` is shorter than
-    /// `mr_key_size`; nothing is written then.
-    pub fn raw_attr(&self, raw_key: &mut [u8]) -> Result<RawAttr, MrErrno> {
-        self.inner.raw_attr(raw_key)
-    }
-
-    /// The registered segments.
-    pub fn segments(&self) -> &[Segment] {
-        &self.inner.iov
-    }
-
-    /// The access rights.
-    pub fn access(&self) -> Access {
-        self.inner.access
-    }
-
-    /// The context given to `regattr` (0 for `reg`/`regv`).
-    pub fn context(&self) -> u64 {
-        self.inner.context
-    }
-
-    /// Whether the region is usable: enabled, not revoked by the cache's monitor, and (under
-    /// `FI_MR_MMU_NOTIFY`) refreshed since its pages last changed.
-    pub fn is_enabled(&self) -> bool {
-        self.inner.usable()
-    }
-
-    /// Number of successful [`MemoryRegion::refresh`] calls.
-    pub fn refresh_count(&self) -> u64 {
-        self.inner.refreshes.load(Ordering::Acquire)
-    }
-
-    fn check_bindable(&self) -> Result<(), MrErrno> {
-        // Regions created disabled take no more bindings once enabled (fi_mr_enable).
-        if self.inner.created_disabled && self.inner.enabled.load(Ordering::Acquire) {
-            return Err(MrErrno::OpBadState);
-        }
-        Ok(())
-    }
-
-    /// `fi_mr_bind` with a counter: `flags` must be exactly [`BindFlags::REMOTE_WRITE`]
-    /// (the only event the man page defines for regions). Binding the same counter again
-    /// is accepted.
-    ///
-    /// # Errors
-    /// - [`MrErrno::BadFlags`]: unknown bits in `flags`.
-    /// - [`MrErrno::Inval`]: empty `flags`; counter closed; under `FI_MR_RMA_EVENT` the
-    ///   region was not registered with [`RegFlags::RMA_EVENT`].
-    /// - [`MrErrno::OpBadState`]: the region was created disabled and is already enabled.
-    pub fn bind_counter(&self, counter: &Counter, flags: BindFlags) -> Result<(), MrErrno> {
-        if flags.unknown_bits() != 0 {
-            return Err(MrErrno::BadFlags);
-        }
-        if flags.is_empty() || counter.is_closed() {
-            return Err(MrErrno::Inval);
-        }
-        if self.inner.mode.contains(MrMode::RMA_EVENT) && !self.inner.flags.contains(RegFlags::RMA_EVENT) {
-            return Err(MrErrno::Inval);
-        }
-        self.check_bindable()?;
-        let mut b = lock(&self.inner.bindings);
-        if let Some(entry) = b.counters.iter_mut().find(|(c, _)| c.same(counter)) {
-            entry.1 |= flags;
-        } else {
-            b.counters.push((counter.clone(), flags));
-        }
-        Ok(())
-    }
-
-    /// `fi_mr_bind` with an endpoint: `flags` must be 0. A region has at most one endpoint.
-    ///
-    /// # Errors
-    /// - [`MrErrno::BadFlags`]: non-zero `flags`.
-    /// - [`MrErrno::Inval`]: endpoint closed, or another open endpoint already bound.
-    /// - [`MrErrno::OpBadState`]: the region was created disabled and is already enabled.
-    pub fn bind_endpoint(&self, ep: &Endpoint, flags: u64) -> Result<(), MrErrno> {
-        if flags != 0 {
-            return Err(MrErrno::BadFlags);
-        }
-        if !ep.is_open() {
-            return Err(MrErrno::Inval);
-        }
-        self.check_bindable()?;
-        let mut b = lock(&self.inner.bindings);
-        match &b.endpoint {
-            Some(cur) if cur.same(ep) => Ok(()),
-            Some(cur) if cur.is_open() => Err(MrErrno::Inval),
-            _ => {
-                b.endpoint = Some(ep.clone());
-                Ok(())
-            }
-        }
-    }
-
-    /// `fi_mr_enable`: enables a region created disabled. Enabling an enabled region is a
-    /// no-op.
-    ///
-    /// # Errors
-    /// [`MrErrno::OpBadState`] under `FI_MR_ENDPOINT` when no open endpoint is bound.
-    pub fn enable(&self) -> Result<(), MrErrno> {
-        if self.inner.mode.contains(MrMode::ENDPOINT) {
-            let b = lock(&self.inner.bindings);
-            if !b.endpoint.as_ref().is_some_and(Endpoint::is_open) {
-                return Err(MrErrno::OpBadState);
-            }
-        }
-        self.inner.enabled.store(true, Ordering::Release);
-        Ok(())
-    }
-
-    /// `fi_mr_refresh`: tells the provider the pages behind `iov` (or the whole region when
-    /// `iov` is empty) may have changed. Checks that every range lies inside one registered
-    /// segment; under `FI_MR_ALLOCATED` the region's pages must be mapped now. Then it has the
-    /// effect the man page gives it, disabling and re-enabling access: a region whose pages
-    /// changed under `FI_MR_MMU_NOTIFY` (refused since [`Domain::pages_changed`]) is usable
-    /// again. Allowed in every mode; required by the man page only under `FI_MR_MMU_NOTIFY`.
-    ///
-    /// # Errors
-    /// [`MrErrno::BadFlags`] for non-zero `flags`; [`MrErrno::Inval`] for a range outside
-    /// the region, of length 0, or overflowing; [`MrErrno::Fault`] under `FI_MR_ALLOCATED`
-    /// when pages of the region are not mapped (it stays disabled).
-    pub fn refresh(&self, iov: &[Segment], flags: u64) -> Result<(), MrErrno> {
-        if flags != 0 {
-            return Err(MrErrno::BadFlags);
-        }
-        for s in iov {
-            let end = s.addr.checked_add(s.len).ok_or(MrErrno::Inval)?;
-            let inside = s.len > 0 && self.inner.iov.iter().any(|r| s.addr >= r.addr && end <= r.addr + r.len);
-            if !inside {
-                return Err(MrErrno::Inval);
-            }
-        }
-        if self.inner.mode.contains(MrMode::ALLOCATED) && !self.inner.iov.iter().all(|s| super::pages::mapped(s.addr, s.len)) {
-            return Err(MrErrno::Fault);
-        }
-        if let Some(ch) = &self.inner.changes {
-            self.inner.seen_changes.store(ch.epoch(), Ordering::Release);
-        }
-        self.inner.stale.store(false, Ordering::Release);
-        self.inner.refreshes.fetch_add(1, Ordering::AcqRel);
-        Ok(())
-    }
-
-    /// `fi_close`: deregisters the region.
-    ///
-    /// # Errors
-    /// [`MrErrno::Busy`] (with the region handed back) while an open counter or endpoint is
-    /// bound to it; close those first.
-    pub fn close(self) -> Result<(), CloseError> {
-        if self.inner.busy() {
-            return Err(CloseError { errno: MrErrno::Busy, region: self });
-        }
-        drop(self);
-        Ok(())
-    }
-}
-
-impl Drop for MemoryRegion {
-    fn drop(&mut self) {
-        self.domain.close_or_orphan(&self.inner);
     }
 }

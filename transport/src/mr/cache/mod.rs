@@ -93,9 +93,11 @@ use std::thread::JoinHandle;
 
 use self::store::Store;
 use self::uffd::{Event, Uffd, Waker};
-use super::domain::{Domain, KeyChoice, Segment};
+use super::domain::{Domain, KeyChoice};
 use super::flags::{Access, MrMode, RegFlags};
-use super::region::{MemoryRegion, MrAttr, MrDesc, RawAttr};
+use super::handle::MemoryRegion;
+use super::pages::Segment;
+use super::region::{MrAttr, MrDesc, RawAttr};
 use super::{lock, MrErrno};
 
 /// A domain the cache registers in: the fi_mr model ([`Domain`]) or a real one (libfabric's,
