@@ -598,8 +598,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the comparison; `Ok(false)` when some run failed (the report is written anyway).
-fn real_main(cli: &Cli) -> Result<bool, Error> {
+/// What the command line asks for, checked.
+struct Wanted {
+    reps: usize,
+    launch_reps: usize,
+    max_size: usize,
+    benches: Vec<Bench>,
+    /// The configurations, in order, each once.
+    libs: Vec<Lib>,
+}
+
+/// Checks the command line's options and turns them into [`Wanted`].
+fn wanted(cli: &Cli) -> Result<Wanted, Error> {
     let reps = cli.reps.unwrap_or(if cli.quick { 1 } else { 5 });
     let launch_reps = cli.launch_reps.unwrap_or(if cli.quick { 3 } else { 10 });
     if !(0.0..=1.0).contains(&cli.copy_warn) {
@@ -616,6 +626,11 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     }
     let max_size = cli.max_size.unwrap_or(if cli.quick { 1 << 20 } else { 64 << 20 });
     let benches = if cli.no_bench { Vec::new() } else { selected_benches(&cli.benches)? };
+    Ok(Wanted { reps, launch_reps, max_size, benches, libs: wanted_libs(cli)? })
+}
+
+/// The configurations `--libs` (or `--ofi`) names, in order, each once.
+fn wanted_libs(cli: &Cli) -> Result<Vec<Lib>, Error> {
     let mut wanted = Vec::new();
     let keys: Vec<String> = if cli.ofi { OFI_LIBS.iter().map(|l| l.key().to_string()).collect() } else { cli.libs.clone() };
     for k in &keys {
@@ -628,32 +643,36 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         }
     }
     wanted.sort();
+    Ok(wanted)
+}
 
+/// The checkout, tmpi's binaries (checked to be built when a tmpi configuration runs), the
+/// peers' build directory, and the output directory.
+fn locate(cli: &Cli, w: &Wanted) -> Result<(Paths, PathBuf), Error> {
     let root = find_root(cli.root.as_deref())?;
     let bin_dir = find_bin_dir(cli.bin_dir.as_deref(), &root);
     if bin_dir.file_name().is_some_and(|n| n != "release") {
         eprintln!("tmpi-compare: warning: {} is not a release directory; debug builds are slow", bin_dir.display());
     }
     let target = bin_dir.parent().map_or_else(|| root.join("target"), Path::to_path_buf);
-    let paths = Paths { root: root.clone(), bin_dir: bin_dir.clone(), peers_dir: target.join("peers") };
     let out_dir = cli.out.clone().unwrap_or_else(|| if cli.quick { root.join("target/compare-quick") } else { root.join("bench/results") });
-    if wanted.iter().any(|l| l.is_tmpi()) {
+    if w.libs.iter().any(|l| l.is_tmpi()) {
         let mut need = vec!["tmpirun"];
-        need.extend(benches.iter().map(|b| b.tmpi_bin()));
+        need.extend(w.benches.iter().map(|b| b.tmpi_bin()));
         if cli.launch {
             need.push("hello");
         }
         require_tmpi(&bin_dir, &need)?;
     }
+    Ok((Paths { root, bin_dir, peers_dir: target.join("peers") }, out_dir))
+}
 
-    // 1. Peers: build what can be built, skip the rest with instructions.
-    let mut machine = Machine::probe();
-    if !cli.normal_priority {
-        machine.priority = run::set_priority();
-    }
+/// Builds the peers the wanted configurations need: the configurations that can run (sorted)
+/// and the skipped ones, each with why; the peers' versions go into `machine`.
+fn build_peers(paths: &Paths, wanted: &[Lib], machine: &mut Machine) -> (Vec<Lib>, Vec<String>) {
     let mut libs = Vec::new();
     let mut skipped = Vec::new();
-    for lib in &wanted {
+    for lib in wanted {
         if lib.peer().is_none() {
             libs.push(*lib);
         }
@@ -663,7 +682,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         if users.is_empty() {
             continue;
         }
-        match build_peer(&paths, peer) {
+        match build_peer(paths, peer) {
             Ok(()) => {
                 println!("{}: built into {}", peer.label(), paths.peers_dir.join(peer.suffix()).display());
                 libs.extend(users);
@@ -684,7 +703,133 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         }
     }
     libs.sort();
-    if let Some(rev) = first_line(&["git", "-C", &root.display().to_string(), "rev-parse", "--short", "HEAD"]) {
+    (libs, skipped)
+}
+
+/// The cache-line probe's program (if it builds), its figure before the runs, and the
+/// host's figures for the report.
+fn first_probe(cli: &Cli, paths: &Paths) -> (Option<PathBuf>, Option<HostFigure>, Cacheline) {
+    let probe = match build_cacheline(paths) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("tmpi-compare: no cache-line figure: {e}");
+            None
+        }
+    };
+    let first = host_figure(probe.as_deref(), probe_rounds(cli), cli.copy_warn > 0.0, "before");
+    let cl = Cacheline {
+        before: first.map(|f| f.line),
+        pipe_before: first.and_then(|f| f.pipe),
+        warn_ns: cli.cacheline_warn,
+        copy_warn: cli.copy_warn,
+        ..Cacheline::default()
+    };
+    (probe, first, cl)
+}
+
+/// Round trips of the probe before and after the runs.
+fn probe_rounds(cli: &Cli) -> u64 {
+    if cli.quick {
+        100_000
+    } else {
+        300_000
+    }
+}
+
+/// Writes `raw.csv` and the latency and bandwidth plots; returns the plots (caption, file)
+/// and adds a failed plot to `failures`.
+fn write_data(
+    out_dir: &Path,
+    libs: &[Lib],
+    samples: &Samples,
+    reps: usize,
+    failures: &mut Vec<String>,
+) -> Result<Vec<(String, String)>, Error> {
+    let mut plots = Vec::new();
+    if samples.is_empty() {
+        return Ok(plots);
+    }
+    write(&out_dir.join("raw.csv"), &csv(samples))?;
+    for (bench, stem, y, legend) in [
+        (Bench::Latency, "latency", "latency (µs)", Legend::LowerRight),
+        (Bench::Bw, "bw", "bandwidth (MB/s)", Legend::UpperLeft),
+        (Bench::Bibw, "bibw", "bidirectional bandwidth (MB/s)", Legend::UpperLeft),
+    ] {
+        let series: Vec<Series> = libs
+            .iter()
+            .map(|&l| Series { label: l.label().to_string(), points: samples.curve(bench, l) })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let title = format!("{}, 2 ranks, median of {reps}", bench.title());
+        match plot(&out_dir.join(stem), &title, y, &series, legend) {
+            Ok(()) => plots.push((bench.title().to_string(), format!("{stem}.svg"))),
+            Err(e) => {
+                eprintln!("tmpi-compare: {e}");
+                failures.push(format!("plot {stem}: {e}"));
+            }
+        }
+    }
+    Ok(plots)
+}
+
+/// The time limits of one invocation.
+fn limits(cli: &Cli, cores: usize) -> Limits {
+    Limits {
+        normal: Duration::from_secs(cli.timeout.max(1)),
+        oversubscribed: Duration::from_secs(cli.oversubscribed_timeout.clamp(1, cli.timeout.max(1))),
+        cores,
+    }
+}
+
+/// The probes around every invocation, with `probe`'s program; `first` is the figure before
+/// the runs (the session's best copy bandwidth so far).
+fn guard<'a>(cli: &Cli, probe: &'a Path, first: Option<HostFigure>) -> Guard<'a> {
+    Guard {
+        probe,
+        rounds: if cli.quick { 20_000 } else { 50_000 },
+        rule: SlowRule { warn_ns: cli.cacheline_warn, copy_warn: cli.copy_warn },
+        retries: cli.retries,
+        settle: Duration::from_secs(cli.settle),
+        best_gbs: std::cell::Cell::new(first.and_then(|f| f.pipe).map_or(0.0, |p| p.0)),
+    }
+}
+
+/// The host's figures after the runs, into `cl` (with `best`, the session's best copy
+/// bandwidth); warns when the host turned slow and nothing guarded the runs.
+fn last_probe(cli: &Cli, probe: Option<&Path>, cl: &mut Cacheline, best: Option<f64>, guarded: bool) {
+    let warned = cl.warning().is_some();
+    let last = host_figure(probe, probe_rounds(cli), cli.copy_warn > 0.0, "after");
+    cl.after = last.map(|f| f.line);
+    cl.pipe_after = last.and_then(|f| f.pipe);
+    cl.pipe_best = best;
+    if let Some(w) = cl.warning().filter(|_| !warned && !guarded) {
+        eprintln!("tmpi-compare: WARNING: {w}");
+    }
+}
+
+/// Writes the report to `path` and prints it.
+fn write_report(path: &Path, md: &str) -> Result<(), Error> {
+    write(path, md)?;
+    println!("\n{md}");
+    println!("tmpi-compare: wrote {}", path.display());
+    Ok(())
+}
+
+/// Runs the comparison; `Ok(false)` when some run failed (the report is written anyway).
+fn real_main(cli: &Cli) -> Result<bool, Error> {
+    let w = wanted(cli)?;
+    let (paths, out_dir) = locate(cli, &w)?;
+
+    // 1. Peers: build what can be built, skip the rest with instructions.
+    let mut machine = Machine::probe();
+    if !cli.normal_priority {
+        machine.priority = run::set_priority();
+    }
+    let (libs, skipped) = build_peers(&paths, &w.libs, &mut machine);
+    if let Some(rev) = first_line(&["git", "-C", &paths.root.display().to_string(), "rev-parse", "--short", "HEAD"]) {
         if rev.chars().all(|c| c.is_ascii_hexdigit()) {
             machine.versions.push(format!("tmpi: commit {rev}"));
         }
@@ -694,23 +839,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     }
 
     // 2. The host figures, just before the runs.
-    let probe = match build_cacheline(&paths) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            eprintln!("tmpi-compare: no cache-line figure: {e}");
-            None
-        }
-    };
-    let rounds = if cli.quick { 100_000 } else { 300_000 };
-    let pipe = cli.copy_warn > 0.0;
-    let first = host_figure(probe.as_deref(), rounds, pipe, "before");
-    let mut cl = Cacheline {
-        before: first.map(|f| f.line),
-        pipe_before: first.and_then(|f| f.pipe),
-        warn_ns: cli.cacheline_warn,
-        copy_warn: cli.copy_warn,
-        ..Cacheline::default()
-    };
+    let (probe, first, mut cl) = first_probe(cli, &paths);
     // With probes around every invocation (below), a slow host only delays the runs.
     let guarded = probe.is_some() && cli.retries > 0;
     if let Some(w) = cl.warning().filter(|_| !guarded) {
@@ -718,31 +847,14 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     }
 
     // 3. The runs, interleaved.
-    let limits = Limits {
-        normal: Duration::from_secs(cli.timeout.max(1)),
-        oversubscribed: Duration::from_secs(cli.oversubscribed_timeout.clamp(1, cli.timeout.max(1))),
-        cores: machine.cores,
-    };
+    let limits = limits(cli, machine.cores);
     let mut failures = Vec::new();
-    let plan: Vec<(Bench, Vec<Segment>)> = benches.iter().map(|&b| (b, segments(b, max_size, cli.quick))).collect();
-    let guard = probe.as_deref().filter(|_| guarded).map(|p| Guard {
-        probe: p,
-        rounds: if cli.quick { 20_000 } else { 50_000 },
-        rule: SlowRule { warn_ns: cli.cacheline_warn, copy_warn: cli.copy_warn },
-        retries: cli.retries,
-        settle: Duration::from_secs(cli.settle),
-        best_gbs: std::cell::Cell::new(first.and_then(|f| f.pipe).map_or(0.0, |p| p.0)),
-    });
-    let (samples, quiet, host) = run_benches(&paths, &libs, &plan, reps, &limits, guard.as_ref(), &mut failures);
-    let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, launch_reps, &mut failures));
-    let warned = cl.warning().is_some();
-    let last = host_figure(probe.as_deref(), rounds, pipe, "after");
-    cl.after = last.map(|f| f.line);
-    cl.pipe_after = last.and_then(|f| f.pipe);
-    cl.pipe_best = guard.as_ref().map(|g| g.best_gbs.get()).filter(|&b| b > 0.0);
-    if let Some(w) = cl.warning().filter(|_| !warned && !guarded) {
-        eprintln!("tmpi-compare: WARNING: {w}");
-    }
+    let plan: Vec<(Bench, Vec<Segment>)> = w.benches.iter().map(|&b| (b, segments(b, w.max_size, cli.quick))).collect();
+    let guard = probe.as_deref().filter(|_| guarded).map(|p| guard(cli, p, first));
+    let (samples, quiet, host) = run_benches(&paths, &libs, &plan, w.reps, &limits, guard.as_ref(), &mut failures);
+    let launch = cli.launch.then(|| run_launch(&paths, &libs, &cli.launch_ranks, w.launch_reps, &mut failures));
+    let best = guard.as_ref().map(|g| g.best_gbs.get()).filter(|&b| b > 0.0);
+    last_probe(cli, probe.as_deref(), &mut cl, best, guarded);
     if !host.kept_slow.is_empty() {
         eprintln!("tmpi-compare: WARNING: {} invocation(s) kept from a slow host (see the report)", host.kept_slow.len());
     }
@@ -750,39 +862,14 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
 
     // 4. Report, data and plots.
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::io(format!("creating {}", out_dir.display()), e))?;
-    let mut plots = Vec::new();
-    if !samples.is_empty() {
-        write(&out_dir.join("raw.csv"), &csv(&samples))?;
-        for (bench, stem, y, legend) in [
-            (Bench::Latency, "latency", "latency (µs)", Legend::LowerRight),
-            (Bench::Bw, "bw", "bandwidth (MB/s)", Legend::UpperLeft),
-            (Bench::Bibw, "bibw", "bidirectional bandwidth (MB/s)", Legend::UpperLeft),
-        ] {
-            let series: Vec<Series> = libs
-                .iter()
-                .map(|&l| Series { label: l.label().to_string(), points: samples.curve(bench, l) })
-                .filter(|s| !s.points.is_empty())
-                .collect();
-            if series.is_empty() {
-                continue;
-            }
-            let title = format!("{}, 2 ranks, median of {reps}", bench.title());
-            match plot(&out_dir.join(stem), &title, y, &series, legend) {
-                Ok(()) => plots.push((bench.title().to_string(), format!("{stem}.svg"))),
-                Err(e) => {
-                    eprintln!("tmpi-compare: {e}");
-                    failures.push(format!("plot {stem}: {e}"));
-                }
-            }
-        }
-    }
+    let plots = write_data(&out_dir, &libs, &samples, w.reps, &mut failures)?;
     let rep = Report {
         machine: &machine,
         cacheline: cl,
         host,
         libs: libs.clone(),
         skipped,
-        reps,
+        reps: w.reps,
         quick: cli.quick,
         segments: plan,
         samples: &samples,
@@ -791,12 +878,7 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
         launch: launch.as_ref(),
         plots,
     };
-    let md = rep.markdown();
-    let name = if cli.no_bench { "launch.md" } else { "compare.md" };
-    let md_path = out_dir.join(name);
-    write(&md_path, &md)?;
-    println!("\n{md}");
-    println!("tmpi-compare: wrote {}", md_path.display());
+    write_report(&out_dir.join(if cli.no_bench { "launch.md" } else { "compare.md" }), &rep.markdown())?;
     if !failures.is_empty() {
         eprintln!("tmpi-compare: {} run(s) failed; see the report", failures.len());
     }

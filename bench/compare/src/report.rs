@@ -288,8 +288,19 @@ impl Report<'_> {
 
     /// The whole markdown text.
     pub fn markdown(&self) -> String {
-        let m = self.machine;
         let mut s = String::new();
+        self.md_title(&mut s);
+        self.md_machine(&mut s);
+        self.md_host_state(&mut s);
+        self.md_runs(&mut s);
+        self.md_benches(&mut s);
+        self.md_launch(&mut s);
+        self.md_plots_and_failures(&mut s);
+        s
+    }
+
+    /// The title, and the quick-run warning.
+    fn md_title(&self, s: &mut String) {
         s.push_str(if self.segments.is_empty() {
             "# tmpi vs MPI libraries: launch time\n\n"
         } else {
@@ -302,6 +313,11 @@ impl Report<'_> {
                 self.reps
             );
         }
+    }
+
+    /// The machine: date, kernel, CPU, load, and the cache-line and copy probes before and after.
+    fn md_machine(&self, s: &mut String) {
+        let m = self.machine;
         let _ = writeln!(s, "- date: {}", m.date);
         let _ = writeln!(s, "- kernel: {} (`uname -r`)", m.kernel);
         let _ = writeln!(s, "- CPU: {}, {} cores available", m.cpu, m.cores);
@@ -332,6 +348,10 @@ impl Report<'_> {
                 self.cacheline.pipe_best.map_or_else(String::new, |b| format!("; best probe median of the session {b:.1} GB/s"))
             );
         }
+    }
+
+    /// The host's state around every invocation, and the warning when slow samples were kept.
+    fn md_host_state(&self, s: &mut String) {
         if self.host.on {
             let copy = if self.cacheline.copy_warn > 0.0 {
                 format!(", or copy bandwidth below {:.2}x the session's best probe", self.cacheline.copy_warn)
@@ -367,6 +387,11 @@ impl Report<'_> {
         if let Some(w) = warning {
             let _ = writeln!(s, "\n> **Warning:** {w}.\n");
         }
+    }
+
+    /// Versions, priority, configurations, skips, and the invocations of one repetition.
+    fn md_runs(&self, s: &mut String) {
+        let m = self.machine;
         for v in &m.versions {
             let _ = writeln!(s, "- {v}");
         }
@@ -401,7 +426,10 @@ impl Report<'_> {
             }
         }
         s.push('\n');
+    }
 
+    /// The key numbers, then one table per benchmark.
+    fn md_benches(&self, s: &mut String) {
         let keys = self.key_numbers();
         if !keys.is_empty() {
             s.push_str("## Key numbers\n\n");
@@ -437,52 +465,57 @@ impl Report<'_> {
                 }
             }
         }
+    }
 
-        if let Some(l) = self.launch {
-            let _ = writeln!(s, "## Launch time (ms, median of {}; `hello` on N ranks)\n", l.reps);
-            s.push_str("ratio = tmpirun / peer launcher; lower is better for tmpi.\n\n");
-            let libs: Vec<Lib> = self.libs.iter().copied().filter(|&x| x != Lib::OmpiNoCma && x != Lib::TmpiShared).collect();
-            let peers: Vec<Lib> = libs.iter().copied().filter(|&x| !x.is_tmpi()).collect();
-            s.push_str("| ranks |");
-            for x in &libs {
-                let _ = write!(s, " {} |", x.label());
-            }
-            for p in &peers {
-                let _ = write!(s, " tmpi/{} |", p.label());
-            }
-            s.push_str("\n|---|");
-            for _ in 0..libs.len() + peers.len() {
-                s.push_str("---:|");
-            }
-            s.push('\n');
-            for &n in &l.ranks {
-                let med = |x: Lib| l.times.get(&(x, n)).and_then(|v| median(v));
-                let _ = write!(s, "| {n} |");
-                for &x in &libs {
-                    let v = l.times.get(&(x, n)).map_or(&[][..], Vec::as_slice);
-                    match median(v) {
-                        Some(m) if v.len() < l.reps => {
-                            let _ = write!(s, " {m:.1} (n={}) |", v.len());
-                        }
-                        Some(m) => {
-                            let _ = write!(s, " {m:.1} |");
-                        }
-                        None => s.push_str(" – |"),
+    /// The launch-time table (with `--launch`).
+    fn md_launch(&self, s: &mut String) {
+        let Some(l) = self.launch else { return };
+        let _ = writeln!(s, "## Launch time (ms, median of {}; `hello` on N ranks)\n", l.reps);
+        s.push_str("ratio = tmpirun / peer launcher; lower is better for tmpi.\n\n");
+        let libs: Vec<Lib> = self.libs.iter().copied().filter(|&x| x != Lib::OmpiNoCma && x != Lib::TmpiShared).collect();
+        let peers: Vec<Lib> = libs.iter().copied().filter(|&x| !x.is_tmpi()).collect();
+        s.push_str("| ranks |");
+        for x in &libs {
+            let _ = write!(s, " {} |", x.label());
+        }
+        for p in &peers {
+            let _ = write!(s, " tmpi/{} |", p.label());
+        }
+        s.push_str("\n|---|");
+        for _ in 0..libs.len() + peers.len() {
+            s.push_str("---:|");
+        }
+        s.push('\n');
+        for &n in &l.ranks {
+            let med = |x: Lib| l.times.get(&(x, n)).and_then(|v| median(v));
+            let _ = write!(s, "| {n} |");
+            for &x in &libs {
+                let v = l.times.get(&(x, n)).map_or(&[][..], Vec::as_slice);
+                match median(v) {
+                    Some(m) if v.len() < l.reps => {
+                        let _ = write!(s, " {m:.1} (n={}) |", v.len());
                     }
-                }
-                for &p in &peers {
-                    match ratio(med(Lib::Tmpi), med(p)) {
-                        Some(r) => {
-                            let _ = write!(s, " {r:.2} |");
-                        }
-                        None => s.push_str(" – |"),
+                    Some(m) => {
+                        let _ = write!(s, " {m:.1} |");
                     }
+                    None => s.push_str(" – |"),
                 }
-                s.push('\n');
+            }
+            for &p in &peers {
+                match ratio(med(Lib::Tmpi), med(p)) {
+                    Some(r) => {
+                        let _ = write!(s, " {r:.2} |");
+                    }
+                    None => s.push_str(" – |"),
+                }
             }
             s.push('\n');
         }
+        s.push('\n');
+    }
 
+    /// The plots and the failed runs.
+    fn md_plots_and_failures(&self, s: &mut String) {
         if !self.plots.is_empty() {
             s.push_str("## Plots\n\n");
             for (caption, file) in &self.plots {
@@ -497,7 +530,6 @@ impl Report<'_> {
             }
             s.push('\n');
         }
-        s
     }
 }
 
