@@ -84,69 +84,71 @@ where
         _scope: PhantomData,
         _env: PhantomData,
     };
-    struct End<'a, 'b, 'c>(&'a Scope<'b, 'c>);
-    impl Drop for End<'_, '_, '_> {
-        fn drop(&mut self) {
-            let mut started = std::mem::take(&mut *self.0.started.borrow_mut());
-            let panicking = std::thread::panicking();
-            // The requests on the scope's engine under one lock, then the others (rare) one
-            // by one.
-            if let Some(eng) = self.0.engine.get() {
-                let mut e = cleanup_lock(eng);
-                if e.no_requests() {
-                    // All collected (a window waited for whole): nothing to look up.
-                    started.clear();
-                }
-                let forget = panicking || eng.is_closed();
-                for rid in started.drain(..) {
-                    settle(&mut e, rid, forget);
-                }
-            }
-            for (eng, rid) in std::mem::take(&mut *self.0.others.borrow_mut()) {
-                let forget = panicking || eng.is_closed();
-                settle(&mut cleanup_lock(&eng), rid, forget);
-            }
-            // Keep the (now empty) list for the next scope; not while unwinding (the pool's
-            // borrow may be what panicked) and not an unusually large one.
-            if !panicking && started.capacity() <= 4096 {
-                let _ = STARTED_POOL.try_with(|p| {
-                    if let Ok(mut p) = p.try_borrow_mut() {
-                        if p.len() < POOL_KEEP {
-                            p.push(started);
-                        }
-                    }
-                });
-            }
-        }
-    }
-    /// The engine for the end of a scope.
-    fn cleanup_lock(eng: &EngineCell) -> EngineGuard<'_> {
-        eng.lock_for_cleanup().unwrap_or_else(|_| {
-            // The engine is busy further up this thread's stack (a panic unwound out of it):
-            // it cannot be told to forget the scope's buffers, which are about to be freed.
-            // Nothing sound is left but to stop here.
-            eprintln!("tmpi: a scope ended while the engine was in use; aborting so no transfer can touch freed memory");
-            std::process::abort();
-        })
-    }
-    /// Ends request `rid` at the end of its scope: forgets its buffer when unwinding or when
-    /// the world was finalized (no wait could be answered by a call of this rank any more),
-    /// else waits for it (unless it is done).
-    #[inline(always)]
-    fn settle(e: &mut EngineGuard<'_>, rid: ReqId, forget: bool) {
-        if forget {
-            e.abandon(rid);
-        } else if !e.discard(rid) {
-            let r = finish(e, rid);
-            if seen::recording() {
-                seen::calls::settled(rid, &r);
-            }
-        }
-    }
     let end = End(&s);
     let r = f(end.0);
     drop(end);
     r
+}
+
+/// Ends a [`scope`] when dropped (also while unwinding): settles the requests it started.
+struct End<'a, 'b, 'c>(&'a Scope<'b, 'c>);
+impl Drop for End<'_, '_, '_> {
+    fn drop(&mut self) {
+        let mut started = std::mem::take(&mut *self.0.started.borrow_mut());
+        let panicking = std::thread::panicking();
+        // The requests on the scope's engine under one lock, then the others (rare) one
+        // by one.
+        if let Some(eng) = self.0.engine.get() {
+            let mut e = cleanup_lock(eng);
+            if e.no_requests() {
+                // All collected (a window waited for whole): nothing to look up.
+                started.clear();
+            }
+            let forget = panicking || eng.is_closed();
+            for rid in started.drain(..) {
+                settle(&mut e, rid, forget);
+            }
+        }
+        for (eng, rid) in std::mem::take(&mut *self.0.others.borrow_mut()) {
+            let forget = panicking || eng.is_closed();
+            settle(&mut cleanup_lock(&eng), rid, forget);
+        }
+        // Keep the (now empty) list for the next scope; not while unwinding (the pool's
+        // borrow may be what panicked) and not an unusually large one.
+        if !panicking && started.capacity() <= 4096 {
+            let _ = STARTED_POOL.try_with(|p| {
+                if let Ok(mut p) = p.try_borrow_mut() {
+                    if p.len() < POOL_KEEP {
+                        p.push(started);
+                    }
+                }
+            });
+        }
+    }
+}
+/// The engine for the end of a scope.
+fn cleanup_lock(eng: &EngineCell) -> EngineGuard<'_> {
+    eng.lock_for_cleanup().unwrap_or_else(|_| {
+        // The engine is busy further up this thread's stack (a panic unwound out of it):
+        // it cannot be told to forget the scope's buffers, which are about to be freed.
+        // Nothing sound is left but to stop here.
+        eprintln!("tmpi: a scope ended while the engine was in use; aborting so no transfer can touch freed memory");
+        std::process::abort();
+    })
+}
+/// Ends request `rid` at the end of its scope: forgets its buffer when unwinding or when
+/// the world was finalized (no wait could be answered by a call of this rank any more),
+/// else waits for it (unless it is done).
+#[inline(always)]
+fn settle(e: &mut EngineGuard<'_>, rid: ReqId, forget: bool) {
+    if forget {
+        e.abandon(rid);
+    } else if !e.discard(rid) {
+        let r = finish(e, rid);
+        if seen::recording() {
+            seen::calls::settled(rid, &r);
+        }
+    }
 }
 
 /// A pending non-blocking operation. Dropping it leaves the operation to its scope.

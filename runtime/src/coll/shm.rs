@@ -474,52 +474,10 @@ impl<'a> Call<'a> {
         data: Option<&[u8]>,
         combine: impl FnOnce(&Segment) -> Result<()>,
     ) -> Result<()> {
-        let (ctx, par, flag) = (self.ctx, self.parity, self.flag);
-        let n = self.comm.size();
-        let rank = self.comm.rank();
-        if rank != 0 {
-            self.publish(e, desc, data)?;
-            e.shm_wake(self.comm.world_rank(0));
-            self.wait(e, |seg| (!released(seg.coll_release(ctx).0.load(Acquire), flag)).then_some(0))?;
-            let word = shm(e)?.coll_release(ctx).1[par].load(Relaxed);
-            let code = word as u32;
-            if (word >> 32) as u32 != flag as u32 {
-                // The leader has ended two more calls since: the one after this failed (it
-                // did not wait for this rank), so a rank departed. This call's own outcome is
-                // gone; report the departure.
-                let rank = if code >= ST_GONE { (code - ST_GONE) as usize } else { self.comm.world_rank(0) };
-                return Err(Error::PeerGone { rank });
-            }
-            return match code {
-                ST_OK => Ok(()),
-                ST_MISMATCH => Err(mismatch()),
-                c if c >= ST_GONE => Err(Error::PeerGone { rank: (c - ST_GONE) as usize }),
-                _ => Err(Error::State(format!("shared-memory collective: unknown status {code:#x}"))),
-            };
+        if self.comm.rank() != 0 {
+            return self.follow(e, desc, data);
         }
-        let mut next = 1;
-        let waited = self.wait(e, |seg| {
-            while next < n && seg.coll_slot(ctx, next, par).flag.load(Acquire) == flag {
-                next += 1;
-            }
-            (next < n).then_some(next)
-        });
-        let outcome = match waited {
-            Err(err) => Err(err),
-            Ok(()) => {
-                let seg = shm(e)?;
-                let same = (1..n).all(|j| {
-                    let s = seg.coll_slot(ctx, j, par);
-                    s.meta[0].load(Relaxed) == desc.word && s.meta[1].load(Relaxed) == desc.len
-                });
-                if same {
-                    Ok(())
-                } else {
-                    Err(mismatch())
-                }
-            }
-        };
-        let outcome = match outcome {
+        let outcome = match self.arrivals(e, desc) {
             Ok(()) => combine(shm(e)?),
             err => err,
         };
@@ -528,16 +486,71 @@ impl<'a> Call<'a> {
             Err(Error::PeerGone { rank }) => ST_GONE.saturating_add(u32::try_from(*rank).unwrap_or(u32::MAX - ST_GONE)),
             Err(_) => ST_MISMATCH,
         };
+        self.release(e, code)?;
+        outcome
+    }
+
+    /// [`Call::exchange`] on a rank other than the leader: publishes, waits for the release
+    /// and returns the leader's outcome.
+    fn follow(&self, e: &mut EngineGuard<'_>, desc: Desc, data: Option<&[u8]>) -> Result<()> {
+        let (ctx, par, flag) = (self.ctx, self.parity, self.flag);
+        self.publish(e, desc, data)?;
+        e.shm_wake(self.comm.world_rank(0));
+        self.wait(e, |seg| (!released(seg.coll_release(ctx).0.load(Acquire), flag)).then_some(0))?;
+        let word = shm(e)?.coll_release(ctx).1[par].load(Relaxed);
+        let code = word as u32;
+        if (word >> 32) as u32 != flag as u32 {
+            // The leader has ended two more calls since: the one after this failed (it
+            // did not wait for this rank), so a rank departed. This call's own outcome is
+            // gone; report the departure.
+            let rank = if code >= ST_GONE { (code - ST_GONE) as usize } else { self.comm.world_rank(0) };
+            return Err(Error::PeerGone { rank });
+        }
+        match code {
+            ST_OK => Ok(()),
+            ST_MISMATCH => Err(mismatch()),
+            c if c >= ST_GONE => Err(Error::PeerGone { rank: (c - ST_GONE) as usize }),
+            _ => Err(Error::State(format!("shared-memory collective: unknown status {code:#x}"))),
+        }
+    }
+
+    /// The leader's side of [`Call::exchange`]: waits for every other rank's arrival and
+    /// checks that each described the call as `desc` does.
+    fn arrivals(&self, e: &mut EngineGuard<'_>, desc: Desc) -> Result<()> {
+        let (ctx, par, flag) = (self.ctx, self.parity, self.flag);
+        let n = self.comm.size();
+        let mut next = 1;
+        self.wait(e, |seg| {
+            while next < n && seg.coll_slot(ctx, next, par).flag.load(Acquire) == flag {
+                next += 1;
+            }
+            (next < n).then_some(next)
+        })?;
+        let seg = shm(e)?;
+        let same = (1..n).all(|j| {
+            let s = seg.coll_slot(ctx, j, par);
+            s.meta[0].load(Relaxed) == desc.word && s.meta[1].load(Relaxed) == desc.len
+        });
+        if same {
+            Ok(())
+        } else {
+            Err(mismatch())
+        }
+    }
+
+    /// The leader releases the call with status `code` and wakes the other ranks.
+    fn release(&self, e: &mut EngineGuard<'_>, code: u32) -> Result<()> {
+        let (ctx, par, flag) = (self.ctx, self.parity, self.flag);
         {
             let seg = shm(e)?;
             let (release, st) = seg.coll_release(ctx);
             st[par].store((flag & 0xffff_ffff) << 32 | u64::from(code), Relaxed);
             release.store(flag, Release);
         }
-        for j in 1..n {
+        for j in 1..self.comm.size() {
             e.shm_wake(self.comm.world_rank(j));
         }
-        outcome
+        Ok(())
     }
 
     /// Waits, driving progress, until `pending(segment)` is `None`; it names the rank of the
