@@ -796,40 +796,8 @@ impl<'a> Rma<'a> {
         }
         let read = be64_at(h, 8);
         let bad_len = Error::Malformed { what: "RMA packet of the wrong length for its kind" };
-        let place = |b: &[u8]| b.first_chunk::<HEAP_PLACE_LEN>().map(HeapPlace::decode);
         match kind {
-            RMA_READ_REQ => {
-                if flags & !(REQ_SINGLE_COPY | REQ_READER_MAPS | REQ_DST_HEAP | REQ_SHARE) != 0 {
-                    return Err(Error::Malformed { what: "unknown read request flag" });
-                }
-                let want = READ_REQ_BODY + if flags & REQ_DST_HEAP != 0 { HEAP_PLACE_LEN } else { 0 };
-                if body.len() != want {
-                    return Err(bad_len);
-                }
-                let dst = be64_at(body, 28);
-                let mode = if flags & REQ_SHARE != 0 {
-                    if flags & REQ_SINGLE_COPY != 0 || dst == 0 {
-                        return Err(Error::Malformed { what: "share request without a single destination" });
-                    }
-                    ReadMode::Share { dst }
-                } else if flags & REQ_SINGLE_COPY != 0 {
-                    ReadMode::SingleCopy { dst }
-                } else if dst == 0 {
-                    ReadMode::Stream
-                } else {
-                    return Err(Error::Malformed { what: "streamed read request naming a destination" });
-                };
-                Ok(Rma::ReadReq(ReadRequest {
-                    read,
-                    mode,
-                    send: be32_at(body, 0),
-                    va: be64_at(body, 4),
-                    key: be64_at(body, 12),
-                    len: be64_at(body, 20),
-                    reader_maps_heap: flags & REQ_READER_MAPS != 0,
-                    dst_heap: if flags & REQ_DST_HEAP != 0 { place(&body[READ_REQ_BODY..]) } else { None },
-                }))
-            }
+            RMA_READ_REQ => Self::parse_read_req(read, flags, body),
             RMA_READ_RESP => {
                 if flags != 0 {
                     return Err(Error::Malformed { what: "unknown read response flag" });
@@ -845,7 +813,7 @@ impl<'a> Rma<'a> {
                 if body.len() != want {
                     return Err(bad_len);
                 }
-                let heap = if flags & GRANT_HEAP != 0 { place(&body[GRANT_BODY..]) } else { None };
+                let heap = if flags & GRANT_HEAP != 0 { heap_place(&body[GRANT_BODY..]) } else { None };
                 Ok(Rma::Grant { read, split: be64_at(body, 0), heap })
             }
             RMA_READ_ERR | RMA_WRITE_DONE => {
@@ -860,6 +828,45 @@ impl<'a> Rma<'a> {
             _ => Err(Error::Malformed { what: "unknown RMA packet kind" }),
         }
     }
+
+    /// The body of a read request (`RMA_READ_REQ`), after the common header.
+    fn parse_read_req(read: u64, flags: u8, body: &'a [u8]) -> Result<Self> {
+        if flags & !(REQ_SINGLE_COPY | REQ_READER_MAPS | REQ_DST_HEAP | REQ_SHARE) != 0 {
+            return Err(Error::Malformed { what: "unknown read request flag" });
+        }
+        let want = READ_REQ_BODY + if flags & REQ_DST_HEAP != 0 { HEAP_PLACE_LEN } else { 0 };
+        if body.len() != want {
+            return Err(Error::Malformed { what: "RMA packet of the wrong length for its kind" });
+        }
+        let dst = be64_at(body, 28);
+        let mode = if flags & REQ_SHARE != 0 {
+            if flags & REQ_SINGLE_COPY != 0 || dst == 0 {
+                return Err(Error::Malformed { what: "share request without a single destination" });
+            }
+            ReadMode::Share { dst }
+        } else if flags & REQ_SINGLE_COPY != 0 {
+            ReadMode::SingleCopy { dst }
+        } else if dst == 0 {
+            ReadMode::Stream
+        } else {
+            return Err(Error::Malformed { what: "streamed read request naming a destination" });
+        };
+        Ok(Rma::ReadReq(ReadRequest {
+            read,
+            mode,
+            send: be32_at(body, 0),
+            va: be64_at(body, 4),
+            key: be64_at(body, 12),
+            len: be64_at(body, 20),
+            reader_maps_heap: flags & REQ_READER_MAPS != 0,
+            dst_heap: if flags & REQ_DST_HEAP != 0 { heap_place(&body[READ_REQ_BODY..]) } else { None },
+        }))
+    }
+}
+
+/// The heap place at the start of `b`, if `b` is long enough.
+fn heap_place(b: &[u8]) -> Option<HeapPlace> {
+    b.first_chunk::<HEAP_PLACE_LEN>().map(HeapPlace::decode)
 }
 
 /// The big-endian `u32` at `at` (the caller checked the length; 0 past the end).
