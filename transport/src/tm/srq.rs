@@ -202,6 +202,22 @@ impl CqEntry {
     }
 }
 
+/// What every op of one [`TmSrq::post_op`] call carries to the helper of its kind.
+#[derive(Clone, Copy)]
+struct OpPost {
+    /// The op's completion as far as it is common to every kind (`TmSync`, success, the
+    /// phase's `TM_SYNC_REQ`).
+    wc: Wc,
+    /// The op's sequence number (see [`CqEntry::op_seq`]).
+    seq: u64,
+    /// The op asked for a completion (`SIGNALED`).
+    signaled: bool,
+    /// Reap the completion and return it instead of queueing it.
+    polled: bool,
+    /// Software's reported count equals the hardware's: an ADD is listed in phase.
+    level: bool,
+}
+
 #[derive(Debug, Clone, Copy)]
 enum InTarget {
     Tagged(u32),
@@ -500,31 +516,12 @@ impl TmSrq {
     /// reaped and returned instead of queued.
     #[inline(always)]
     fn post_op(&mut self, wr: &OpsWr, polled: bool) -> Result<(Option<u32>, Option<Wc>), TmErrno> {
-        if !OpsFlags::ALL.contains(wr.flags) {
-            return Err(TmErrno::Inval);
-        }
-        if self.ops_outstanding() >= u64::from(self.cap.max_ops) {
-            return Err(TmErrno::NoMem);
-        }
-        match wr.opcode {
-            OpsOp::Add { len, .. } if len > MAX_TAGGED_LEN => return Err(TmErrno::Inval),
-            OpsOp::Add { .. } if self.list.is_full() => return Err(TmErrno::NoMem),
-            OpsOp::Del { handle } if handle >= self.cap.max_num_tags => return Err(TmErrno::Inval),
-            _ => {}
-        }
+        self.check_op(wr)?;
         let seq = self.ops_posted;
         self.ops_posted += 1;
-        if wr.flags.contains(OpsFlags::TM_SYNC) {
-            // Only 16 bits reach the hardware (mlx5 `sw_cnt` is be16).
-            self.sw_cnt = wr.unexpected_cnt as u16;
-        }
-        let level = self.sw_cnt == self.hw_cnt;
-        if level && self.list.resync() {
-            self.counters.resyncs += 1;
-        }
+        let level = self.sync_phase(wr);
         let sync_req = if level { WcFlags::NONE } else { WcFlags::TM_SYNC_REQ };
-        let signaled = wr.flags.contains(OpsFlags::SIGNALED);
-        let mut wc = Wc {
+        let wc = Wc {
             wr_id: wr.wr_id,
             opcode: WcOpcode::TmSync,
             status: WcStatus::Success,
@@ -535,63 +532,121 @@ impl TmSrq {
             tag: 0,
             app_ctx: 0,
         };
+        let post = OpPost { wc, seq, signaled: wr.flags.contains(OpsFlags::SIGNALED), polled, level };
         match wr.opcode {
-            OpsOp::Add { tag, mask, recv_wr_id, len } => {
-                let Some(h) = self.list.alloc() else {
-                    // Checked above; unreachable, but never panic on it.
-                    return Err(TmErrno::NoMem);
-                };
-                let s = &mut self.list.slots[h as usize];
-                s.gen = s.gen.wrapping_add(1);
-                s.recv_wr_id = recv_wr_id;
-                s.len = len;
-                s.read_pending = false;
-                s.refs = 1 + u8::from(signaled);
-                self.list.insert(h, tag, mask, !level);
-                self.counters.adds += 1;
-                self.counters.list_hwm = self.counters.list_hwm.max(self.list.listed() as u64);
-                let mut done = None;
-                if signaled {
-                    wc.opcode = WcOpcode::TmAdd;
-                    wc.handle = h;
-                    done = self.complete(CqEntry { wc, release: h, op_seq: seq, unexpected: false, pending: false }, polled);
-                }
-                Ok((Some(h), done))
-            }
-            OpsOp::Del { handle } => {
-                wc.opcode = WcOpcode::TmDel;
-                wc.handle = handle;
-                if self.list.slots[handle as usize].state == SlotState::Listed {
-                    self.list.unlink(handle);
-                    self.counters.dels += 1;
-                    let s = &mut self.list.slots[handle as usize];
-                    s.state = SlotState::Done;
-                    if signaled {
-                        // The completion takes over the hardware's hold on the handle.
-                        Ok((None, self.complete(CqEntry { wc, release: handle, op_seq: seq, unexpected: false, pending: false }, polled)))
-                    } else {
-                        self.list.unref(handle);
-                        Ok((None, None))
-                    }
-                } else {
-                    self.counters.del_failed += 1;
-                    wc.status = WcStatus::TmErr;
-                    Ok((None, self.complete(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false, pending: false }, polled)))
-                }
-            }
-            OpsOp::Sync => {
-                self.counters.syncs += 1;
-                // mlx5 (`handle_tag_matching`, case `MLX5_CQE_APP_OP_TM_NOOP`) compares the
-                // phase counts only for ops that carry a tag (APPEND, REMOVE): a SYNC's own
-                // completion never asks for another SYNC.
-                wc.flags = WcFlags::NONE;
-                let mut done = None;
-                if signaled {
-                    done = self.complete(CqEntry { wc, release: NIL, op_seq: seq, unexpected: false, pending: false }, polled);
-                }
-                Ok((None, done))
-            }
+            OpsOp::Add { tag, mask, recv_wr_id, len } => self.op_add(tag, mask, recv_wr_id, len, post),
+            OpsOp::Del { handle } => Ok((None, self.op_del(handle, post))),
+            OpsOp::Sync => Ok((None, self.op_sync(post))),
         }
+    }
+
+    /// The checks [`TmSrq::post_op`] makes before an op changes anything, in the order their
+    /// errors win.
+    #[inline(always)]
+    fn check_op(&self, wr: &OpsWr) -> Result<(), TmErrno> {
+        if !OpsFlags::ALL.contains(wr.flags) {
+            return Err(TmErrno::Inval);
+        }
+        if self.ops_outstanding() >= u64::from(self.cap.max_ops) {
+            return Err(TmErrno::NoMem);
+        }
+        match wr.opcode {
+            OpsOp::Add { len, .. } if len > MAX_TAGGED_LEN => Err(TmErrno::Inval),
+            OpsOp::Add { .. } if self.list.is_full() => Err(TmErrno::NoMem),
+            OpsOp::Del { handle } if handle >= self.cap.max_num_tags => Err(TmErrno::Inval),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes a `TM_SYNC` op's reported count and re-enables out-of-phase entries when the
+    /// counts are level; returns whether they are (the op is "in phase").
+    #[inline(always)]
+    fn sync_phase(&mut self, wr: &OpsWr) -> bool {
+        if wr.flags.contains(OpsFlags::TM_SYNC) {
+            // Only 16 bits reach the hardware (mlx5 `sw_cnt` is be16).
+            self.sw_cnt = wr.unexpected_cnt as u16;
+        }
+        let level = self.sw_cnt == self.hw_cnt;
+        if level && self.list.resync() {
+            self.counters.resyncs += 1;
+        }
+        level
+    }
+
+    /// TAG_ADD: takes a free entry, lists it (out of phase unless level), and completes it if
+    /// signaled; returns its handle.
+    #[inline(always)]
+    fn op_add(&mut self, tag: u64, mask: u64, recv_wr_id: u64, len: usize, post: OpPost) -> Result<(Option<u32>, Option<Wc>), TmErrno> {
+        let Some(h) = self.list.alloc() else {
+            // Checked in `check_op`; unreachable, but never panic on it.
+            return Err(TmErrno::NoMem);
+        };
+        let s = &mut self.list.slots[h as usize];
+        s.gen = s.gen.wrapping_add(1);
+        s.recv_wr_id = recv_wr_id;
+        s.len = len;
+        s.read_pending = false;
+        s.refs = 1 + u8::from(post.signaled);
+        self.list.insert(h, tag, mask, !post.level);
+        self.counters.adds += 1;
+        self.counters.list_hwm = self.counters.list_hwm.max(self.list.listed() as u64);
+        let mut done = None;
+        if post.signaled {
+            let mut wc = post.wc;
+            wc.opcode = WcOpcode::TmAdd;
+            wc.handle = h;
+            done = self.complete_op(wc, h, post.seq, post.polled);
+        }
+        Ok((Some(h), done))
+    }
+
+    /// TAG_DEL: unlists entry `handle`, completing if signaled; a DEL of an entry not listed
+    /// fails and always completes (`TM_ERR`).
+    #[inline(always)]
+    fn op_del(&mut self, handle: u32, post: OpPost) -> Option<Wc> {
+        let mut wc = post.wc;
+        wc.opcode = WcOpcode::TmDel;
+        wc.handle = handle;
+        if self.list.slots[handle as usize].state == SlotState::Listed {
+            self.list.unlink(handle);
+            self.counters.dels += 1;
+            let s = &mut self.list.slots[handle as usize];
+            s.state = SlotState::Done;
+            if post.signaled {
+                // The completion takes over the hardware's hold on the handle.
+                self.complete_op(wc, handle, post.seq, post.polled)
+            } else {
+                self.list.unref(handle);
+                None
+            }
+        } else {
+            self.counters.del_failed += 1;
+            wc.status = WcStatus::TmErr;
+            self.complete_op(wc, NIL, post.seq, post.polled)
+        }
+    }
+
+    /// TAG_SYNC: counted, and completed (never asking for another SYNC) if signaled.
+    #[inline(always)]
+    fn op_sync(&mut self, post: OpPost) -> Option<Wc> {
+        self.counters.syncs += 1;
+        let mut wc = post.wc;
+        // mlx5 (`handle_tag_matching`, case `MLX5_CQE_APP_OP_TM_NOOP`) compares the
+        // phase counts only for ops that carry a tag (APPEND, REMOVE): a SYNC's own
+        // completion never asks for another SYNC.
+        wc.flags = WcFlags::NONE;
+        let mut done = None;
+        if post.signaled {
+            done = self.complete_op(wc, NIL, post.seq, post.polled);
+        }
+        done
+    }
+
+    /// An op's completion `wc`, releasing `release` when polled: queued, or reaped and
+    /// returned with `polled` (see [`TmSrq::complete`]).
+    #[inline(always)]
+    fn complete_op(&mut self, wc: Wc, release: u32, seq: u64, polled: bool) -> Option<Wc> {
+        self.complete(CqEntry { wc, release, op_seq: seq, unexpected: false, pending: false }, polled)
     }
 
     /// `ibv_poll_cq` on the SRQ's completion queue: the oldest completion, if any.
