@@ -224,6 +224,14 @@ struct DomainState {
     orphans: Vec<Arc<RegionInner>>,
 }
 
+/// What a new region allocates before the domain lock is taken (see [`Domain::add_region`]),
+/// with the total length its segments add up to.
+struct RegionParts {
+    iov: Box<[Segment]>,
+    raw_tail: Box<[u8]>,
+    total_len: usize,
+}
+
 struct DomainShared {
     attr: DomainAttr,
     changes: Arc<PageChanges>,
@@ -391,7 +399,29 @@ impl Domain {
 
     /// Registers `attr` with key `key` (see [`Domain::regattr`]): the region, in the tables.
     pub(crate) fn add_region(&self, attr: &MrAttr<'_>, flags: RegFlags, key: KeyChoice) -> Result<Arc<RegionInner>, MrErrno> {
-        let dattr = &self.shared.attr;
+        Self::check_reg_flags(attr, flags)?;
+        self.reap();
+        let total = self.check_reg_attr(attr)?;
+        let choice = match key {
+            KeyChoice::Requested(_) if self.shared.attr.mr_mode.contains(MrMode::PROV_KEY) => KeyChoice::Random,
+            other => other,
+        };
+        // Allocations happen before the domain lock is taken.
+        let parts = self.region_parts(attr, total)?;
+        let mut st = lock(&self.shared.state);
+        let key = Self::choose_key(&mut st, choice, key_mask(self.shared.attr.mr_key_size))?;
+        let desc = MrDesc(st.next_desc);
+        st.next_desc += 1;
+        let inner = Arc::new(self.new_region(attr, flags, key, desc, parts));
+        st.by_key.insert(key, Arc::clone(&inner));
+        st.by_desc.insert(desc.0, Arc::clone(&inner));
+        drop(st);
+        Ok(inner)
+    }
+
+    /// [`Domain::add_region`]'s checks of the registration flags and of what the model does not
+    /// support (device memory, authorization keys), in the order their errors win.
+    fn check_reg_flags(attr: &MrAttr<'_>, flags: RegFlags) -> Result<(), MrErrno> {
         if flags.unknown_bits() != 0 {
             return Err(MrErrno::BadFlags);
         }
@@ -399,7 +429,13 @@ impl Domain {
         if flags.intersects(device) || attr.iface != HmemIface::System || !attr.auth_key.is_empty() {
             return Err(MrErrno::NoSys);
         }
-        self.reap();
+        Ok(())
+    }
+
+    /// [`Domain::add_region`]'s checks of the access, offset and segments of `attr`, in the
+    /// order their errors win; the total length.
+    fn check_reg_attr(&self, attr: &MrAttr<'_>) -> Result<usize, MrErrno> {
+        let dattr = &self.shared.attr;
         if attr.access.unknown_bits() != 0 || attr.offset != 0 {
             return Err(MrErrno::Inval);
         }
@@ -413,24 +449,27 @@ impl Domain {
             }
             total = total.checked_add(s.len).ok_or(MrErrno::Inval)?;
         }
-        let mode = dattr.mr_mode;
-        if mode.contains(MrMode::ALLOCATED) && !attr.iov.iter().all(|s| super::pages::mapped(s.addr, s.len)) {
+        if dattr.mr_mode.contains(MrMode::ALLOCATED) && !attr.iov.iter().all(|s| super::pages::mapped(s.addr, s.len)) {
             return Err(MrErrno::Fault);
         }
-        let created_disabled = mode.contains(MrMode::ENDPOINT) || (mode.contains(MrMode::RMA_EVENT) && flags.contains(RegFlags::RMA_EVENT));
-        let mask = key_mask(dattr.mr_key_size);
-        let choice = match key {
-            KeyChoice::Requested(_) if mode.contains(MrMode::PROV_KEY) => KeyChoice::Random,
-            other => other,
-        };
-        // Allocations happen before the domain lock is taken.
+        Ok(total)
+    }
+
+    /// What a new region of `attr` allocates, made before the domain lock is taken: its
+    /// segments and the random tail of a key longer than 8 bytes.
+    fn region_parts(&self, attr: &MrAttr<'_>, total_len: usize) -> Result<RegionParts, MrErrno> {
         let iov: Box<[Segment]> = attr.iov.into();
-        let mut raw_tail = vec![0u8; dattr.mr_key_size.saturating_sub(8)].into_boxed_slice();
+        let mut raw_tail = vec![0u8; self.shared.attr.mr_key_size.saturating_sub(8)].into_boxed_slice();
         if !raw_tail.is_empty() {
             getrandom::getrandom(&mut raw_tail).map_err(|_| MrErrno::Other)?;
         }
-        let mut st = lock(&self.shared.state);
-        let key = match choice {
+        Ok(RegionParts { iov, raw_tail, total_len })
+    }
+
+    /// The key of a new region, under the domain lock (`st`): the requested one if valid and
+    /// free, or a random unused one within `mask`.
+    fn choose_key(st: &mut DomainState, choice: KeyChoice, mask: u64) -> Result<u64, MrErrno> {
+        match choice {
             KeyChoice::Requested(k) => {
                 if k & !mask != 0 || k == KEY_NOTAVAIL {
                     return Err(MrErrno::KeyRejected);
@@ -438,7 +477,7 @@ impl Domain {
                 if st.by_key.contains_key(&k) {
                     return Err(MrErrno::NoKey);
                 }
-                k
+                Ok(k)
             }
             KeyChoice::Random => {
                 let mut found = None;
@@ -449,17 +488,23 @@ impl Domain {
                         break;
                     }
                 }
-                found.ok_or(MrErrno::NoSpace)?
+                found.ok_or(MrErrno::NoSpace)
             }
-        };
-        let desc = MrDesc(st.next_desc);
-        st.next_desc += 1;
-        let inner = Arc::new(RegionInner {
+        }
+    }
+
+    /// The region [`Domain::add_region`] registers: `attr` and `flags` under `key` and
+    /// `desc`, made of `parts`.
+    fn new_region(&self, attr: &MrAttr<'_>, flags: RegFlags, key: u64, desc: MrDesc, parts: RegionParts) -> RegionInner {
+        let dattr = &self.shared.attr;
+        let mode = dattr.mr_mode;
+        let created_disabled = mode.contains(MrMode::ENDPOINT) || (mode.contains(MrMode::RMA_EVENT) && flags.contains(RegFlags::RMA_EVENT));
+        RegionInner {
             key,
-            raw_tail,
+            raw_tail: parts.raw_tail,
             desc,
-            iov,
-            total_len: total,
+            iov: parts.iov,
+            total_len: parts.total_len,
             access: attr.access,
             flags,
             context: attr.context,
@@ -474,11 +519,7 @@ impl Domain {
             refreshes: AtomicU64::new(0),
             bindings: Mutex::new(Bindings::default()),
             in_flight: Arc::clone(&self.shared.in_flight),
-        });
-        st.by_key.insert(key, Arc::clone(&inner));
-        st.by_desc.insert(desc.0, Arc::clone(&inner));
-        drop(st);
-        Ok(inner)
+        }
     }
 
     /// [`super::MemoryRegion`]'s drop: deregisters the region, or, while an open counter or
