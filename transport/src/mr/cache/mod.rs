@@ -88,7 +88,7 @@ mod tests;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::thread::JoinHandle;
 
 use self::store::Store;
@@ -731,40 +731,18 @@ impl<D: CacheDomain> MrCache<D> {
         let mut counted = false;
         let mut races = 0;
         loop {
-            let mut st = lock(&sh.state);
-            // Apply events the monitor thread has not read yet: another thread's munmap of
-            // this very range may be waiting for it while its pages are already mapped anew.
-            if let Some(u) = uffd {
-                // A read error leaves the events to the monitor thread, which stops on it.
-                let _ = sh.apply_events(&mut st, u);
-            }
+            let st = self.lock_applied(uffd);
             if let Some(slot) = st.store.lookup(addr, end, access) {
-                let mr = st.store.acquire(slot);
-                if !counted {
-                    count_hit(&sh.stats.hits);
-                }
-                drop(st);
-                // A registration of ours that lost a race is dropped here, unlocked.
-                drop(pending);
-                sh.drain_dead();
-                return Ok(CachedMr { mr: Holder::Shared(mr), cached: true });
+                return Ok(self.slow_hit(st, slot, counted, pending));
             }
             let Some((mr, want, epoch)) = pending.take() else {
                 let want = access | st.store.overlapping_access(addr, end);
                 let epoch = st.epoch;
                 drop(st);
-                if !counted {
-                    bump(&sh.stats.misses, 1);
-                    counted = true;
+                match self.register_for_entry(addr, len, want, uffd, &mut counted)? {
+                    Registered::Entry(e) => pending = Some((e, want, epoch)),
+                    Registered::Uncached(mr) => return Ok(mr),
                 }
-                let mr = self.register(addr, len, want)?;
-                let watched = uffd.is_some_and(|u| u.register(addr, len).is_ok());
-                if !watched {
-                    bump(&sh.stats.uncached, 1);
-                    return Ok(self.uncached(mr));
-                }
-                // Allocated here, unlocked: the entry and its handles share it.
-                pending = Some((Arc::new(Entry { mr, dead: AtomicBool::new(false), cache: Arc::downgrade(sh) }), want, epoch));
                 continue;
             };
             if st.invalidated_since(epoch, addr, end) {
@@ -786,28 +764,112 @@ impl<D: CacheDomain> MrCache<D> {
                 pending = Some((mr, want, epoch));
                 continue;
             }
-            let n = st.store.evict_overlapping(addr, end);
-            bump(&sh.stats.evictions, n);
-            let (max_count, max_size) = (sh.cfg.max_count, sh.cfg.max_size);
-            if !st.store.fits(len, max_count, max_size) {
-                // Past the limits (which count every entry, in use or not): flush unused
-                // entries, least recently used first, and if that is not enough, serve this
-                // registration uncached (libfabric's behaviour).
-                let n = st.store.trim(max_count.saturating_sub(1), max_size.saturating_sub(len));
-                bump(&sh.stats.evictions, n);
-                if !st.store.fits(len, max_count, max_size) {
-                    drop(st);
-                    sh.drain_dead();
-                    bump(&sh.stats.uncached, 1);
-                    return Ok(CachedMr { mr: Holder::Shared(mr), cached: false });
-                }
-            }
-            st.store.insert(addr, end, want, Arc::clone(&mr));
-            drop(st);
-            sh.drain_dead();
-            return Ok(CachedMr { mr: Holder::Shared(mr), cached: true });
+            return Ok(self.insert_entry(st, addr, len, end, want, mr));
         }
     }
+
+    /// Takes the cache lock and, under it, applies the events waiting on `uffd`.
+    fn lock_applied(&self, uffd: Option<&Uffd>) -> MutexGuard<'_, CacheState<D>> {
+        let sh = &self.shared;
+        let mut st = lock(&sh.state);
+        // Apply events the monitor thread has not read yet: another thread's munmap of
+        // this very range may be waiting for it while its pages are already mapped anew.
+        if let Some(u) = uffd {
+            // A read error leaves the events to the monitor thread, which stops on it.
+            let _ = sh.apply_events(&mut st, u);
+        }
+        st
+    }
+
+    /// [`MrCache::get_slow`]'s hit on `slot`, under the cache lock (`st`, released here):
+    /// counted unless the miss already was, and `pending` (a registration of ours that lost
+    /// the race to it) dropped.
+    fn slow_hit(
+        &self,
+        mut st: MutexGuard<'_, CacheState<D>>,
+        slot: u32,
+        counted: bool,
+        pending: Option<(Arc<Entry<D>>, Access, u64)>,
+    ) -> CachedMr<D> {
+        let mr = st.store.acquire(slot);
+        if !counted {
+            count_hit(&self.shared.stats.hits);
+        }
+        drop(st);
+        // A registration of ours that lost a race is dropped here, unlocked.
+        drop(pending);
+        self.shared.drain_dead();
+        CachedMr { mr: Holder::Shared(mr), cached: true }
+    }
+
+    /// [`MrCache::get_slow`]'s miss, unlocked: counts it (once, with `counted`), registers
+    /// `[addr, addr + len)` with `want` and has the monitor watch it; an entry to insert, or
+    /// the registration served uncached when the range cannot be watched.
+    fn register_for_entry(
+        &self,
+        addr: usize,
+        len: usize,
+        want: Access,
+        uffd: Option<&Uffd>,
+        counted: &mut bool,
+    ) -> Result<Registered<D>, MrErrno> {
+        let sh = &self.shared;
+        if !*counted {
+            bump(&sh.stats.misses, 1);
+            *counted = true;
+        }
+        let mr = self.register(addr, len, want)?;
+        let watched = uffd.is_some_and(|u| u.register(addr, len).is_ok());
+        if !watched {
+            bump(&sh.stats.uncached, 1);
+            return Ok(Registered::Uncached(self.uncached(mr)));
+        }
+        // Allocated here, unlocked: the entry and its handles share it.
+        Ok(Registered::Entry(Arc::new(Entry { mr, dead: AtomicBool::new(false), cache: Arc::downgrade(sh) })))
+    }
+
+    /// [`MrCache::get_slow`]'s new entry `mr`, under the cache lock (`st`, released here):
+    /// evicts the entries overlapping `[addr, end)` and inserts it, or serves it uncached when
+    /// it does not fit within the limits.
+    fn insert_entry(
+        &self,
+        mut st: MutexGuard<'_, CacheState<D>>,
+        addr: usize,
+        len: usize,
+        end: usize,
+        want: Access,
+        mr: Arc<Entry<D>>,
+    ) -> CachedMr<D> {
+        let sh = &self.shared;
+        let n = st.store.evict_overlapping(addr, end);
+        bump(&sh.stats.evictions, n);
+        let (max_count, max_size) = (sh.cfg.max_count, sh.cfg.max_size);
+        if !st.store.fits(len, max_count, max_size) {
+            // Past the limits (which count every entry, in use or not): flush unused
+            // entries, least recently used first, and if that is not enough, serve this
+            // registration uncached (libfabric's behaviour).
+            let n = st.store.trim(max_count.saturating_sub(1), max_size.saturating_sub(len));
+            bump(&sh.stats.evictions, n);
+            if !st.store.fits(len, max_count, max_size) {
+                drop(st);
+                sh.drain_dead();
+                bump(&sh.stats.uncached, 1);
+                return CachedMr { mr: Holder::Shared(mr), cached: false };
+            }
+        }
+        st.store.insert(addr, end, want, Arc::clone(&mr));
+        drop(st);
+        sh.drain_dead();
+        CachedMr { mr: Holder::Shared(mr), cached: true }
+    }
+}
+
+/// What [`MrCache::get_slow`]'s registration of a missed range gave.
+enum Registered<D: CacheDomain> {
+    /// The entry to insert, once the cache lock is retaken.
+    Entry(Arc<Entry<D>>),
+    /// The registration served uncached (its range cannot be watched).
+    Uncached(CachedMr<D>),
 }
 
 impl<D: CacheDomain> Drop for MrCache<D> {
