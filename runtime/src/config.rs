@@ -237,114 +237,144 @@ impl Config {
     /// [`Error::Config`] for the first variable with a value it does not accept.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut c = Config::default();
-        if let Some(v) = get("TMPI_STATS") {
-            c.stats = match v.trim() {
-                "1" | "true" | "yes" | "on" => true,
-                "0" | "false" | "no" | "off" | "" => false,
-                _ => return Err(bad("TMPI_STATS", &v, "0 or 1")),
-            };
-        }
-        if let Some(v) = get("TMPI_EAGER_LIMIT") {
-            c.eager_limit = num("TMPI_EAGER_LIMIT", &v, 64, 16 << 20)? as usize;
-        }
-        if let Some(v) = get("TMPI_RNDV_THRESHOLD").filter(|v| !matches!(v.trim(), "auto" | "")) {
-            c.rndv_threshold = Some(num("TMPI_RNDV_THRESHOLD", &v, 1, u64::from(u32::MAX))? as usize);
-        }
-        if let Some(v) = get("TMPI_UNEXPECTED_MAX") {
-            c.unexpected_max = num("TMPI_UNEXPECTED_MAX", &v, 4096, 1 << 40)? as usize;
-        }
-        if let Some(v) = get("TMPI_TM_MAX_TAGS") {
-            c.tm_max_tags = num("TMPI_TM_MAX_TAGS", &v, 0, 65535)? as u32;
-        }
-        if let Some(v) = get("TMPI_TM_THRESH") {
-            c.tm_thresh = num("TMPI_TM_THRESH", &v, 0, u32::MAX as u64)? as usize;
-        }
-        if let Some(v) = get("TMPI_SHM_RING_SIZE").filter(|v| v.trim() != "auto") {
-            let n = num("TMPI_SHM_RING_SIZE", &v, 4096, 1 << 30)?;
-            if !n.is_power_of_two() {
-                return Err(bad("TMPI_SHM_RING_SIZE", &v, "a power of two from 4096 to 1073741824"));
-            }
-            c.shm_ring_size = n as usize;
-        }
-        if let Some(v) = get("TMPI_SHM_PAIRS_MAX") {
-            c.shm_pairs_max = num("TMPI_SHM_PAIRS_MAX", &v, 1, MAX_RANKS as u64)? as usize;
-        }
-        if let Some(v) = get(ENV_SHM_LIMIT) {
-            c.shm_limit = parse_shm_limit(&v).map_err(|_| bad(ENV_SHM_LIMIT, &v, EXPECT_SHM_LIMIT))?;
-        }
-        if let Some(v) = get("TMPI_POLL_SPIN") {
-            c.poll_spin = match v.trim() {
-                "auto" | "" => None,
-                _ => Some(num("TMPI_POLL_SPIN", &v, 0, 10_000_000)? as u32),
-            };
-        }
-        // The MR cache settings have one parser, the cache's own (with libfabric's
-        // FI_MR_CACHE_* names read when the TMPI_ ones are unset).
-        let mr = CacheConfig::parse(&get).map_err(|e| bad(e.var, &e.value, e.expected))?;
-        c.mr_cache_max_count = mr.max_count;
-        c.mr_cache_max_size = (mr.max_size != usize::MAX).then_some(mr.max_size);
-        c.mr_cache_monitor_uffd = mr.monitor == Monitor::Userfaultfd;
-        if let Some(v) = get("TMPI_SINGLE_COPY") {
-            c.single_copy = match v.trim() {
-                "cma" | "auto" | "" => true,
-                "none" => false,
-                _ => return Err(bad("TMPI_SINGLE_COPY", &v, "cma or none")),
-            };
-        }
-        if let Some(v) = get("TMPI_SINGLE_COPY_MIN").filter(|v| !matches!(v.trim(), "auto" | "")) {
-            c.single_copy_min = Some(num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize);
-        }
-        if let Some(v) = get("TMPI_FABRIC") {
-            c.fabric = FabricChoice::parse(&v).map_err(|_| bad("TMPI_FABRIC", &v, FABRICS))?;
-            if c.fabric == FabricChoice::Ofi && !cfg!(feature = "ofi") {
-                return Err(bad("TMPI_FABRIC", &v, NO_OFI));
-            }
-        }
-        if let Some(v) = get("TMPI_TCP_IF").filter(|v| !matches!(v.trim(), "auto" | "")) {
-            // Resolved now, so that a typo is reported at init naming the variable.
-            tmpi_transport::tcp::iface::listen_ip(Some(&v), true)
-                .map_err(|_| bad("TMPI_TCP_IF", &v, "an interface of this host (name or address)"))?;
-            c.tcp_if = Some(v.trim().to_string());
-        }
-        if let Some(v) = get("TMPI_OFI_PROVIDER") {
-            c.ofi_provider = tmpi_transport::bootstrap::parse_ofi_provider(&v).ok_or_else(|| {
-                bad("TMPI_OFI_PROVIDER", &v, "a libfabric provider name as fi_info -l prints it (tcp, shm, tcp;ofi_rxm), or auto")
-            })?;
-        }
-        if let Some(v) = get("TMPI_OFI_MATCHING") {
-            c.ofi_matching = match v.trim() {
-                "auto" | "" => None,
-                "provider" => Some(OfiMatching::Provider),
-                "software" => Some(OfiMatching::Software),
-                _ => return Err(bad("TMPI_OFI_MATCHING", &v, "auto, provider or software")),
-            };
-        }
-        if let Some(v) = get("TMPI_OFI_RNDV") {
-            c.ofi_rndv = match v.trim() {
-                "auto" | "" => None,
-                "read" => Some(OfiRndv::Read),
-                "stream" => Some(OfiRndv::Stream),
-                _ => return Err(bad("TMPI_OFI_RNDV", &v, "auto, read or stream")),
-            };
-        }
-        if let Some(v) = get("TMPI_SHARED_HEAP") {
-            let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
-            c.shared_heap = if n == 0 { 0 } else { n.max(1 << 16) };
-        }
-        if let Some(v) = get(alive::ENV_PEER_TIMEOUT) {
-            c.peer_timeout = alive::parse_peer_timeout(&v).ok_or_else(|| bad(alive::ENV_PEER_TIMEOUT, &v, alive::PEER_TIMEOUT_EXPECTED))?;
-        }
-        if let Some(v) = get("TMPI_SHM_COLL") {
-            c.shm_coll = match v.trim() {
-                "on" | "1" | "auto" | "" => true,
-                "off" | "0" => false,
-                _ => return Err(bad("TMPI_SHM_COLL", &v, "on or off")),
-            };
-        }
+        protocol_knobs(&mut c, &get)?;
+        shm_knobs(&mut c, &get)?;
+        mr_cache_copy_knobs(&mut c, &get)?;
+        fabric_knobs(&mut c, &get)?;
+        heap_timeout_coll_knobs(&mut c, &get)?;
         c.coll = crate::coll::select::Force::parse(&get)?;
         seen_knobs(&mut c, &get)?;
         Ok(c)
     }
+}
+
+/// The knobs of statistics, the message protocols and tag matching.
+fn protocol_knobs(c: &mut Config, get: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    if let Some(v) = get("TMPI_STATS") {
+        c.stats = match v.trim() {
+            "1" | "true" | "yes" | "on" => true,
+            "0" | "false" | "no" | "off" | "" => false,
+            _ => return Err(bad("TMPI_STATS", &v, "0 or 1")),
+        };
+    }
+    if let Some(v) = get("TMPI_EAGER_LIMIT") {
+        c.eager_limit = num("TMPI_EAGER_LIMIT", &v, 64, 16 << 20)? as usize;
+    }
+    if let Some(v) = get("TMPI_RNDV_THRESHOLD").filter(|v| !matches!(v.trim(), "auto" | "")) {
+        c.rndv_threshold = Some(num("TMPI_RNDV_THRESHOLD", &v, 1, u64::from(u32::MAX))? as usize);
+    }
+    if let Some(v) = get("TMPI_UNEXPECTED_MAX") {
+        c.unexpected_max = num("TMPI_UNEXPECTED_MAX", &v, 4096, 1 << 40)? as usize;
+    }
+    if let Some(v) = get("TMPI_TM_MAX_TAGS") {
+        c.tm_max_tags = num("TMPI_TM_MAX_TAGS", &v, 0, 65535)? as u32;
+    }
+    if let Some(v) = get("TMPI_TM_THRESH") {
+        c.tm_thresh = num("TMPI_TM_THRESH", &v, 0, u32::MAX as u64)? as usize;
+    }
+    Ok(())
+}
+
+/// The knobs of the shared-memory transport and of polling.
+fn shm_knobs(c: &mut Config, get: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    if let Some(v) = get("TMPI_SHM_RING_SIZE").filter(|v| v.trim() != "auto") {
+        let n = num("TMPI_SHM_RING_SIZE", &v, 4096, 1 << 30)?;
+        if !n.is_power_of_two() {
+            return Err(bad("TMPI_SHM_RING_SIZE", &v, "a power of two from 4096 to 1073741824"));
+        }
+        c.shm_ring_size = n as usize;
+    }
+    if let Some(v) = get("TMPI_SHM_PAIRS_MAX") {
+        c.shm_pairs_max = num("TMPI_SHM_PAIRS_MAX", &v, 1, MAX_RANKS as u64)? as usize;
+    }
+    if let Some(v) = get(ENV_SHM_LIMIT) {
+        c.shm_limit = parse_shm_limit(&v).map_err(|_| bad(ENV_SHM_LIMIT, &v, EXPECT_SHM_LIMIT))?;
+    }
+    if let Some(v) = get("TMPI_POLL_SPIN") {
+        c.poll_spin = match v.trim() {
+            "auto" | "" => None,
+            _ => Some(num("TMPI_POLL_SPIN", &v, 0, 10_000_000)? as u32),
+        };
+    }
+    Ok(())
+}
+
+/// The knobs of the MR cache and of single copy.
+fn mr_cache_copy_knobs(c: &mut Config, get: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    // The MR cache settings have one parser, the cache's own (with libfabric's
+    // FI_MR_CACHE_* names read when the TMPI_ ones are unset).
+    let mr = CacheConfig::parse(get).map_err(|e| bad(e.var, &e.value, e.expected))?;
+    c.mr_cache_max_count = mr.max_count;
+    c.mr_cache_max_size = (mr.max_size != usize::MAX).then_some(mr.max_size);
+    c.mr_cache_monitor_uffd = mr.monitor == Monitor::Userfaultfd;
+    if let Some(v) = get("TMPI_SINGLE_COPY") {
+        c.single_copy = match v.trim() {
+            "cma" | "auto" | "" => true,
+            "none" => false,
+            _ => return Err(bad("TMPI_SINGLE_COPY", &v, "cma or none")),
+        };
+    }
+    if let Some(v) = get("TMPI_SINGLE_COPY_MIN").filter(|v| !matches!(v.trim(), "auto" | "")) {
+        c.single_copy_min = Some(num("TMPI_SINGLE_COPY_MIN", &v, 0, u64::MAX)? as usize);
+    }
+    Ok(())
+}
+
+/// The knobs that choose the fabric, the TCP interface and how libfabric is used.
+fn fabric_knobs(c: &mut Config, get: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    if let Some(v) = get("TMPI_FABRIC") {
+        c.fabric = FabricChoice::parse(&v).map_err(|_| bad("TMPI_FABRIC", &v, FABRICS))?;
+        if c.fabric == FabricChoice::Ofi && !cfg!(feature = "ofi") {
+            return Err(bad("TMPI_FABRIC", &v, NO_OFI));
+        }
+    }
+    if let Some(v) = get("TMPI_TCP_IF").filter(|v| !matches!(v.trim(), "auto" | "")) {
+        // Resolved now, so that a typo is reported at init naming the variable.
+        tmpi_transport::tcp::iface::listen_ip(Some(&v), true)
+            .map_err(|_| bad("TMPI_TCP_IF", &v, "an interface of this host (name or address)"))?;
+        c.tcp_if = Some(v.trim().to_string());
+    }
+    if let Some(v) = get("TMPI_OFI_PROVIDER") {
+        c.ofi_provider = tmpi_transport::bootstrap::parse_ofi_provider(&v).ok_or_else(|| {
+            bad("TMPI_OFI_PROVIDER", &v, "a libfabric provider name as fi_info -l prints it (tcp, shm, tcp;ofi_rxm), or auto")
+        })?;
+    }
+    if let Some(v) = get("TMPI_OFI_MATCHING") {
+        c.ofi_matching = match v.trim() {
+            "auto" | "" => None,
+            "provider" => Some(OfiMatching::Provider),
+            "software" => Some(OfiMatching::Software),
+            _ => return Err(bad("TMPI_OFI_MATCHING", &v, "auto, provider or software")),
+        };
+    }
+    if let Some(v) = get("TMPI_OFI_RNDV") {
+        c.ofi_rndv = match v.trim() {
+            "auto" | "" => None,
+            "read" => Some(OfiRndv::Read),
+            "stream" => Some(OfiRndv::Stream),
+            _ => return Err(bad("TMPI_OFI_RNDV", &v, "auto, read or stream")),
+        };
+    }
+    Ok(())
+}
+
+/// The knobs of the shared heap, peer liveness and shared-memory collectives.
+fn heap_timeout_coll_knobs(c: &mut Config, get: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    if let Some(v) = get("TMPI_SHARED_HEAP") {
+        let n = num("TMPI_SHARED_HEAP", &v, 0, 1 << 40)? as usize;
+        c.shared_heap = if n == 0 { 0 } else { n.max(1 << 16) };
+    }
+    if let Some(v) = get(alive::ENV_PEER_TIMEOUT) {
+        c.peer_timeout = alive::parse_peer_timeout(&v).ok_or_else(|| bad(alive::ENV_PEER_TIMEOUT, &v, alive::PEER_TIMEOUT_EXPECTED))?;
+    }
+    if let Some(v) = get("TMPI_SHM_COLL") {
+        c.shm_coll = match v.trim() {
+            "on" | "1" | "auto" | "" => true,
+            "off" | "0" => false,
+            _ => return Err(bad("TMPI_SHM_COLL", &v, "on or off")),
+        };
+    }
+    Ok(())
 }
 
 /// Whether `v` turns a knob off.
