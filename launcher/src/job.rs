@@ -791,27 +791,9 @@ impl Running {
                 self.scan_ranks()?;
             }
             let now = Instant::now();
-            if self.deadline.is_some_and(|d| now >= d) && self.end.is_none() {
-                let t = self.timeout.unwrap_or_default().as_secs_f64();
-                let alive = self.ranks.iter().filter(|r| r.exit.is_none()).count();
-                say(&format!("job timed out after {t} s (--timeout {t}); killing {alive} running rank(s)"));
-                self.begin_end(End::Timeout, libc::SIGTERM);
-            }
-            if self.kill_at.is_some_and(|k| now >= k) {
-                self.kill_at = None;
-                self.signal_all(libc::SIGKILL);
-            }
-            if self.ranks.iter().all(|r| r.exit.is_some()) {
-                if self.drain_until.is_none() {
-                    // Stray children of the ranks would hold the pipes open.
-                    self.signal_all(libc::SIGKILL);
-                    self.kill_at = None;
-                    self.drain_until = Some(now + DRAIN);
-                }
-                let open = self.streams.iter().any(|s| s.file.is_some());
-                if !open || self.drain_until.is_some_and(|d| now >= d) {
-                    break;
-                }
+            self.check_clocks(now);
+            if self.ended_and_drained(now) {
+                break;
             }
 
             // Wait for something.
@@ -819,69 +801,129 @@ impl Running {
                 scan = true;
                 continue;
             }
-            let wake = [
-                if self.end.is_none() { self.deadline } else { None },
-                self.deferred.map(|d| d.wake),
-                self.kill_at,
-                self.drain_until,
-                self.servers.iter().filter_map(|s| s.server.next_wake()).min(),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
-            let timeout_ms = match wake {
-                None => -1,
-                Some(w) => {
-                    let d = w.saturating_duration_since(now);
-                    // Round up so that the deadline has passed when poll returns.
-                    (d.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
-                }
-            };
-            pfds.clear();
-            which.clear();
-            pfds.push(libc::pollfd { fd: sigs.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            for s in &self.servers {
-                pfds.push(libc::pollfd { fd: s.server.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            }
-            let first_stream = pfds.len();
-            for (i, s) in self.streams.iter().enumerate() {
-                if let Some(f) = &s.file {
-                    pfds.push(libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-                    which.push(i);
-                }
-            }
+            let timeout_ms = self.poll_timeout_ms(now);
+            let first_stream = self.fill_pollfds(sigs, &mut pfds, &mut which);
             sys::poll(&mut pfds, timeout_ms)?;
 
             if pfds[0].revents != 0 {
-                for sig in sigs.read() {
-                    if sig == libc::SIGCHLD {
-                        scan = true;
-                    } else if self.end.is_none() {
-                        say(&format!("got {}; forwarding it to the ranks and ending the job", sys::signal_name(sig)));
-                        self.begin_end(End::Signal(sig), sig);
-                    } else {
-                        // A second signal: no more grace.
-                        self.kill_at = None;
-                        self.signal_all(libc::SIGKILL);
-                    }
-                }
+                scan |= self.handle_signals(sigs);
             }
             if pfds[1..first_stream].iter().any(|p| p.revents != 0) {
                 self.pump_server()?;
             }
-            for (k, &i) in which.iter().enumerate() {
-                if pfds[first_stream + k].revents != 0 {
-                    let _ = self.read_stream(i, &mut chunk);
-                }
+            self.read_ready_streams(&pfds[first_stream..], &which, &mut chunk);
+        }
+        self.flush_streams();
+        Ok(self.end.as_ref().map_or(0, End::status))
+    }
+
+    /// Ends the job when `--timeout` has expired, and sends SIGKILL when the grace is over.
+    fn check_clocks(&mut self, now: Instant) {
+        if self.deadline.is_some_and(|d| now >= d) && self.end.is_none() {
+            let t = self.timeout.unwrap_or_default().as_secs_f64();
+            let alive = self.ranks.iter().filter(|r| r.exit.is_none()).count();
+            say(&format!("job timed out after {t} s (--timeout {t}); killing {alive} running rank(s)"));
+            self.begin_end(End::Timeout, libc::SIGTERM);
+        }
+        if self.kill_at.is_some_and(|k| now >= k) {
+            self.kill_at = None;
+            self.signal_all(libc::SIGKILL);
+        }
+    }
+
+    /// Once every rank has ended, starts the drain (killing stray children); true when the
+    /// output is all read or the drain time is over.
+    fn ended_and_drained(&mut self, now: Instant) -> bool {
+        if !self.ranks.iter().all(|r| r.exit.is_some()) {
+            return false;
+        }
+        if self.drain_until.is_none() {
+            // Stray children of the ranks would hold the pipes open.
+            self.signal_all(libc::SIGKILL);
+            self.kill_at = None;
+            self.drain_until = Some(now + DRAIN);
+        }
+        let open = self.streams.iter().any(|s| s.file.is_some());
+        !open || self.drain_until.is_some_and(|d| now >= d)
+    }
+
+    /// The `poll` timeout until the next thing due (`-1`: nothing is due), in milliseconds.
+    fn poll_timeout_ms(&self, now: Instant) -> i32 {
+        let wake = [
+            if self.end.is_none() { self.deadline } else { None },
+            self.deferred.map(|d| d.wake),
+            self.kill_at,
+            self.drain_until,
+            self.servers.iter().filter_map(|s| s.server.next_wake()).min(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        match wake {
+            None => -1,
+            Some(w) => {
+                let d = w.saturating_duration_since(now);
+                // Round up so that the deadline has passed when poll returns.
+                (d.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
             }
         }
-        // Flush what is left of partial lines (streams still open after the drain time).
+    }
+
+    /// Fills `pfds` with the signal pipe, the bootstrap services and the open output streams
+    /// (`which` gets each stream's index); returns where the streams start in `pfds`.
+    fn fill_pollfds(&self, sigs: &SignalPipe, pfds: &mut Vec<libc::pollfd>, which: &mut Vec<usize>) -> usize {
+        pfds.clear();
+        which.clear();
+        pfds.push(libc::pollfd { fd: sigs.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        for s in &self.servers {
+            pfds.push(libc::pollfd { fd: s.server.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        let first_stream = pfds.len();
+        for (i, s) in self.streams.iter().enumerate() {
+            if let Some(f) = &s.file {
+                pfds.push(libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+                which.push(i);
+            }
+        }
+        first_stream
+    }
+
+    /// Acts on the signals received: a job-ending one ends the job (a second one kills at
+    /// once); returns whether SIGCHLD came, so the ranks are to be scanned.
+    fn handle_signals(&mut self, sigs: &SignalPipe) -> bool {
+        let mut scan = false;
+        for sig in sigs.read() {
+            if sig == libc::SIGCHLD {
+                scan = true;
+            } else if self.end.is_none() {
+                say(&format!("got {}; forwarding it to the ranks and ending the job", sys::signal_name(sig)));
+                self.begin_end(End::Signal(sig), sig);
+            } else {
+                // A second signal: no more grace.
+                self.kill_at = None;
+                self.signal_all(libc::SIGKILL);
+            }
+        }
+        scan
+    }
+
+    /// Reads the output streams `poll` found ready (`ready[k]` is stream `which[k]`).
+    fn read_ready_streams(&mut self, ready: &[libc::pollfd], which: &[usize], chunk: &mut [u8]) {
+        for (k, &i) in which.iter().enumerate() {
+            if ready[k].revents != 0 {
+                let _ = self.read_stream(i, chunk);
+            }
+        }
+    }
+
+    /// Flushes what is left of partial lines (streams still open after the drain time) and
+    /// closes every stream.
+    fn flush_streams(&mut self) {
         for s in &mut self.streams {
             let rest = s.buf.finish();
             output::write_to(s.sink, &rest);
             s.file = None;
         }
-        Ok(self.end.as_ref().map_or(0, End::status))
     }
 
     /// Records ranks that ended; the first failure ends the job.
