@@ -54,60 +54,26 @@ fn real_main() -> Result<i32> {
         print_info(&binder);
         return Ok(0);
     }
+    let spec = job_spec(&cli, &binder)?;
+    let seeing = seen::Seeing::prepare(&cli, spec.np)?;
+    let status = job::run(&spec, &sigs, &binder)?;
+    seeing.finish();
+    Ok(status)
+}
+
+/// The job the command line asks for, checked against this machine's cores and file limit.
+fn job_spec(cli: &cli::Cli, binder: &binding::Binder) -> Result<job::JobSpec> {
     let peer_timeout = peer_timeout()?;
-    let host_list = if let Some(f) = &cli.hostfile {
-        let text = hosts::read_hostfile(f)?;
-        Some(hosts::parse_hostfile(f, &text)?)
-    } else if !cli.host.is_empty() {
-        Some(hosts::parse_host_list(&cli.host)?)
-    } else {
-        None
-    };
-    let np_flag = cli.np.map(|n| n as usize);
-    let (np, multi) = match &host_list {
-        None => (np_flag.ok_or_else(|| Error::Usage("-n N is required (or --host/--hostfile)".into()))?, None),
-        Some(list) => {
-            let host_of = hosts::map_ranks(list, np_flag)?;
-            (host_of.len(), multi_host(list, &host_of, cli.launch_agent.as_deref(), peer_timeout)?)
-        }
-    };
+    let (np, multi) = rank_layout(cli, peer_timeout)?;
     let (prog, args) = cli.command.split_first().ok_or_else(|| Error::Usage("no program given".into()))?;
     let program = cli::resolve_program(prog)?;
     let exports = cli::parse_exports(&cli.export)?;
     let topo = binder.topology()?;
-    let ncores = topo.ncores();
-    // Like MPICH's hydra, more ranks than cores is allowed by default (the runtime then
-    // yields instead of spinning); --no-oversubscribe restores Open MPI's refusal.
     let nlocal = multi.as_ref().map_or(np, |m| m.node_of.iter().filter(|&&n| !m.remote[n]).count());
-    if nlocal > ncores && cli.no_oversubscribe && !cli.oversubscribe {
-        return Err(Error::Usage(format!(
-            "{np} ranks requested but only {ncores} core(s) ({} CPU(s)) are available to \
-             tmpirun and --no-oversubscribe was given",
-            topo.ncpus(),
-            np = nlocal,
-        )));
-    }
-    let mut local_places = binding::plan(&topo, nlocal, cli.bind_to, cli.map_by).into_iter();
-    let unbound = binding::Placement { bound: binding::Bound::Nothing, socket: 0, cores: Vec::new(), cpus: None };
-    let placements: Vec<binding::Placement> = (0..np)
-        .map(|r| match &multi {
-            Some(m) if m.remote[m.node_of[r]] => unbound.clone(),
-            _ => local_places.next().unwrap_or_else(|| unbound.clone()),
-        })
-        .collect();
-    // Checked before any rank starts: past the limit, a job of hundreds of ranks used to fail
-    // in the middle of its start ("start rank 505: Too many open files").
-    let need = sys::fds_needed(nlocal, np - nlocal);
-    if let Some(limit) = sys::raise_nofile_limit().filter(|&l| need > l) {
-        return Err(Error::Usage(format!(
-            "{nlocal} ranks on this host and {} on others need about {need} open files in tmpirun ({} per local rank: \
-             two output pipes and a bootstrap connection; one per remote rank) but its limit is {limit} (`ulimit -n`, hard \
-             limit included): raise it or start fewer ranks",
-            np - nlocal,
-            sys::FDS_PER_RANK
-        )));
-    }
-    let spec = job::JobSpec {
+    check_oversubscribe(cli, &topo, nlocal)?;
+    let placements = plan_placements(cli, &topo, np, nlocal, multi.as_ref());
+    check_fd_limit(np, nlocal)?;
+    Ok(job::JobSpec {
         program,
         argv0: prog.clone(),
         args: args.to_vec(),
@@ -120,11 +86,83 @@ fn real_main() -> Result<i32> {
         report_bindings: cli.report_bindings,
         report_pids: cli.report_pids,
         peer_timeout,
-    };
-    let seeing = seen::Seeing::prepare(&cli, np)?;
-    let status = job::run(&spec, &sigs, &binder)?;
-    seeing.finish();
-    Ok(status)
+    })
+}
+
+/// The hosts `--hostfile` or `--host` name, if either was given.
+fn host_list(cli: &cli::Cli) -> Result<Option<Vec<hosts::Host>>> {
+    Ok(if let Some(f) = &cli.hostfile {
+        let text = hosts::read_hostfile(f)?;
+        Some(hosts::parse_hostfile(f, &text)?)
+    } else if !cli.host.is_empty() {
+        Some(hosts::parse_host_list(&cli.host)?)
+    } else {
+        None
+    })
+}
+
+/// The number of ranks, and their layout over hosts when the job runs on several.
+fn rank_layout(cli: &cli::Cli, peer_timeout: Option<std::time::Duration>) -> Result<(usize, Option<job::MultiHost>)> {
+    let host_list = host_list(cli)?;
+    let np_flag = cli.np.map(|n| n as usize);
+    Ok(match &host_list {
+        None => (np_flag.ok_or_else(|| Error::Usage("-n N is required (or --host/--hostfile)".into()))?, None),
+        Some(list) => {
+            let host_of = hosts::map_ranks(list, np_flag)?;
+            (host_of.len(), multi_host(list, &host_of, cli.launch_agent.as_deref(), peer_timeout)?)
+        }
+    })
+}
+
+/// Refuses more local ranks than cores when `--no-oversubscribe` was given.
+fn check_oversubscribe(cli: &cli::Cli, topo: &binding::Topology, nlocal: usize) -> Result<()> {
+    let ncores = topo.ncores();
+    // Like MPICH's hydra, more ranks than cores is allowed by default (the runtime then
+    // yields instead of spinning); --no-oversubscribe restores Open MPI's refusal.
+    if nlocal > ncores && cli.no_oversubscribe && !cli.oversubscribe {
+        return Err(Error::Usage(format!(
+            "{np} ranks requested but only {ncores} core(s) ({} CPU(s)) are available to \
+             tmpirun and --no-oversubscribe was given",
+            topo.ncpus(),
+            np = nlocal,
+        )));
+    }
+    Ok(())
+}
+
+/// Each rank's placement: the local ranks' as planned, remote (and unplanned) ranks unbound.
+fn plan_placements(
+    cli: &cli::Cli,
+    topo: &binding::Topology,
+    np: usize,
+    nlocal: usize,
+    multi: Option<&job::MultiHost>,
+) -> Vec<binding::Placement> {
+    let mut local_places = binding::plan(topo, nlocal, cli.bind_to, cli.map_by).into_iter();
+    let unbound = binding::Placement { bound: binding::Bound::Nothing, socket: 0, cores: Vec::new(), cpus: None };
+    (0..np)
+        .map(|r| match multi {
+            Some(m) if m.remote[m.node_of[r]] => unbound.clone(),
+            _ => local_places.next().unwrap_or_else(|| unbound.clone()),
+        })
+        .collect()
+}
+
+/// Raises the open-file limit, and refuses a job that would still need more files than it.
+fn check_fd_limit(np: usize, nlocal: usize) -> Result<()> {
+    // Checked before any rank starts: past the limit, a job of hundreds of ranks used to fail
+    // in the middle of its start ("start rank 505: Too many open files").
+    let need = sys::fds_needed(nlocal, np - nlocal);
+    if let Some(limit) = sys::raise_nofile_limit().filter(|&l| need > l) {
+        return Err(Error::Usage(format!(
+            "{nlocal} ranks on this host and {} on others need about {need} open files in tmpirun ({} per local rank: \
+             two output pipes and a bootstrap connection; one per remote rank) but its limit is {limit} (`ulimit -n`, hard \
+             limit included): raise it or start fewer ranks",
+            np - nlocal,
+            sys::FDS_PER_RANK
+        )));
+    }
+    Ok(())
 }
 
 /// The job's layout over several hosts, or `None` when every host given is this machine
