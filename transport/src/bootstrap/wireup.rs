@@ -115,55 +115,19 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
     }
     let (rank, size) = (env.rank, env.size);
     let me = host_id();
-    // When the launcher says every rank runs on this host, rank 0 creates the job's segment
-    // before anything else, as a job of one host always did; should the host identities
-    // disagree after all (`TMPI_NODE_ID`), it is unlinked and dropped.
-    let mut early = None;
-    if how.choice != FabricChoice::Tcp && env.local_size == size && rank == 0 {
-        early = Some(ShmFabric::create(&env.shm_name, 0, size, (how.ring_size)(size))?);
-    }
+    let early = early_segment(env, how)?;
     let listener: Option<TcpListener> = match how.choice {
         FabricChoice::Shm => None,
         _ => Some(tcp::listen(tcp::iface::listen_ip(how.tcp_if, env.local_size == size)?)?),
     };
-    bc.put(&host_key(rank), me.as_bytes())?;
-    if let Some(l) = &listener {
-        let a = l.local_addr().map_err(|source| Error::Io { op: "TCP listener address".into(), source })?;
-        bc.put(&tcp_key(rank), a.to_string().as_bytes())?;
-    }
-    let net = auto_net(how, env);
-    if how.choice == FabricChoice::Auto && env.local_size < size {
-        bc.put(&net_key(rank), net.as_bytes())?;
-    }
+    let net = publish(bc, env, how, &me, listener.as_ref())?;
     bc.fence()?;
-    let mut hosts = Vec::with_capacity(size);
-    for r in 0..size {
-        hosts.push(if r == rank { me.clone() } else { String::from_utf8_lossy(&bc.get(&host_key(r))?).into_owned() });
-    }
-    let group: Vec<usize> = match how.choice {
-        FabricChoice::Shm => {
-            if let Some(r) = hosts.iter().position(|h| *h != me) {
-                return Err(Error::Fabric(format!("TMPI_FABRIC=shm, but rank {r} runs on another host than rank {rank}")));
-            }
-            (0..size).collect()
-        }
-        FabricChoice::Tcp | FabricChoice::Ofi => vec![rank],
-        FabricChoice::Auto => (0..size).filter(|&r| hosts[r] == me).collect(),
-    };
+    let hosts = host_ids(bc, env, &me)?;
+    let group = host_group(how, env, &hosts, &me)?;
     let leader = group[0];
     let local = group.iter().position(|&r| r == rank).unwrap_or(0);
     let name = if group.len() == size { env.shm_name.clone() } else { format!("{}-h{leader}", env.shm_name) };
-    let mut shm = None;
-    if let Some(e) = early {
-        if group.len() == size {
-            shm = Some(e);
-        } else {
-            e.unlink()?;
-        }
-    }
-    if group.len() > 1 && rank == leader && shm.is_none() {
-        shm = Some(ShmFabric::create(&name, 0, group.len(), (how.ring_size)(group.len()))?);
-    }
+    let mut shm = leader_segment(env, how, &group, &name, early)?;
     bc.fence()?;
     if group.len() > 1 && rank != leader {
         shm = Some(ShmFabric::open(&name, local, group.len())?);
@@ -178,6 +142,87 @@ pub fn wire_up(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>) -> R
             s.unlink()?;
         }
     }
+    assemble(shm, net, env, group)
+}
+
+/// Rank 0's segment for the whole job, created first when every rank runs on this host.
+fn early_segment(env: &BootstrapEnv, how: &WireUp<'_>) -> Result<Option<ShmFabric>> {
+    // When the launcher says every rank runs on this host, rank 0 creates the job's segment
+    // before anything else, as a job of one host always did; should the host identities
+    // disagree after all (`TMPI_NODE_ID`), it is unlinked and dropped.
+    let mut early = None;
+    if how.choice != FabricChoice::Tcp && env.local_size == env.size && env.rank == 0 {
+        early = Some(ShmFabric::create(&env.shm_name, 0, env.size, (how.ring_size)(env.size))?);
+    }
+    Ok(early)
+}
+
+/// Step 1's puts: host identity, TCP listener address and (`auto` across hosts) the hardware
+/// provider, which is returned.
+fn publish(bc: &mut dyn KeyValue, env: &BootstrapEnv, how: &WireUp<'_>, me: &str, listener: Option<&TcpListener>) -> Result<String> {
+    let rank = env.rank;
+    bc.put(&host_key(rank), me.as_bytes())?;
+    if let Some(l) = listener {
+        let a = l.local_addr().map_err(|source| Error::Io { op: "TCP listener address".into(), source })?;
+        bc.put(&tcp_key(rank), a.to_string().as_bytes())?;
+    }
+    let net = auto_net(how, env);
+    if how.choice == FabricChoice::Auto && env.local_size < env.size {
+        bc.put(&net_key(rank), net.as_bytes())?;
+    }
+    Ok(net)
+}
+
+/// Every rank's host identity as published in step 1 (this rank's is `me`).
+fn host_ids(bc: &mut dyn KeyValue, env: &BootstrapEnv, me: &str) -> Result<Vec<String>> {
+    let mut hosts = Vec::with_capacity(env.size);
+    for r in 0..env.size {
+        hosts.push(if r == env.rank { me.to_string() } else { String::from_utf8_lossy(&bc.get(&host_key(r))?).into_owned() });
+    }
+    Ok(hosts)
+}
+
+/// The ranks that share a segment with this one (itself included, in rank order).
+fn host_group(how: &WireUp<'_>, env: &BootstrapEnv, hosts: &[String], me: &str) -> Result<Vec<usize>> {
+    let (rank, size) = (env.rank, env.size);
+    Ok(match how.choice {
+        FabricChoice::Shm => {
+            if let Some(r) = hosts.iter().position(|h| *h != me) {
+                return Err(Error::Fabric(format!("TMPI_FABRIC=shm, but rank {r} runs on another host than rank {rank}")));
+            }
+            (0..size).collect()
+        }
+        FabricChoice::Tcp | FabricChoice::Ofi => vec![rank],
+        FabricChoice::Auto => (0..size).filter(|&r| hosts[r] == me).collect(),
+    })
+}
+
+/// Step 2 for the group's leader: keeps the early segment if the group is the whole job (else
+/// unlinks it), or creates the group's segment `name`.
+fn leader_segment(
+    env: &BootstrapEnv,
+    how: &WireUp<'_>,
+    group: &[usize],
+    name: &str,
+    early: Option<ShmFabric>,
+) -> Result<Option<ShmFabric>> {
+    let mut shm = None;
+    if let Some(e) = early {
+        if group.len() == env.size {
+            shm = Some(e);
+        } else {
+            e.unlink()?;
+        }
+    }
+    if group.len() > 1 && env.rank == group[0] && shm.is_none() {
+        shm = Some(ShmFabric::create(name, 0, group.len(), (how.ring_size)(group.len()))?);
+    }
+    Ok(shm)
+}
+
+/// The fabric made of this rank's segment (if any) and its links to other hosts (if any).
+fn assemble(shm: Option<ShmFabric>, net: Net, env: &BootstrapEnv, group: Vec<usize>) -> Result<AnyFabric> {
+    let (rank, size) = (env.rank, env.size);
     Ok(match (shm, net) {
         (Some(s), Net::None) => AnyFabric::Shm(s),
         (None, Net::Tcp(t)) => AnyFabric::Tcp(t),
