@@ -764,7 +764,7 @@ impl<D: CacheDomain> MrCache<D> {
                 pending = Some((mr, want, epoch));
                 continue;
             }
-            return Ok(self.insert_entry(st, addr, len, end, want, mr));
+            return Ok(self.insert_entry(st, addr, len, want, mr));
         }
     }
 
@@ -829,18 +829,12 @@ impl<D: CacheDomain> MrCache<D> {
     }
 
     /// [`MrCache::get_slow`]'s new entry `mr`, under the cache lock (`st`, released here):
-    /// evicts the entries overlapping `[addr, end)` and inserts it, or serves it uncached when
+    /// evicts the entries overlapping `[addr, addr + len)` (checked not to overflow by
+    /// [`MrCache::get`]) and inserts it, or serves it uncached when
     /// it does not fit within the limits.
-    fn insert_entry(
-        &self,
-        mut st: MutexGuard<'_, CacheState<D>>,
-        addr: usize,
-        len: usize,
-        end: usize,
-        want: Access,
-        mr: Arc<Entry<D>>,
-    ) -> CachedMr<D> {
+    fn insert_entry(&self, mut st: MutexGuard<'_, CacheState<D>>, addr: usize, len: usize, want: Access, mr: Arc<Entry<D>>) -> CachedMr<D> {
         let sh = &self.shared;
+        let end = addr + len;
         let n = st.store.evict_overlapping(addr, end);
         bump(&sh.stats.evictions, n);
         let (max_count, max_size) = (sh.cfg.max_count, sh.cfg.max_size);
