@@ -69,6 +69,16 @@ use crate::sys::{self, ExitKind, SignalPipe};
 
 mod spawn;
 
+/// What the ranks that departed before a failed rank did, as `Running::scan_ranks` judges it.
+enum Before {
+    /// This one ended and failed: it is the job's first failure.
+    Failed(usize),
+    /// One has not been seen to end yet: wait for it.
+    Running,
+    /// Every one ended cleanly.
+    Clear,
+}
+
 /// Time between SIGTERM and SIGKILL when the job is ended: long enough for a rank that
 /// handles SIGTERM to flush its output, short enough that a failed job is gone well within
 /// 2 s of the failure.
@@ -943,6 +953,40 @@ impl Running {
         // its exit, so a rank's finalize or lost connection is always there to be read by
         // now, and its exit can be judged on it (an exit 0 without finalize is a failure).
         self.pump_server()?;
+        let failed = self.reap_exits();
+        if self.end.is_some() {
+            self.deferred = None;
+            return Ok(());
+        }
+        let now = Instant::now();
+        let (candidate, since) = match (self.deferred, failed) {
+            (Some(d), _) => (d.rank, d.since),
+            (None, Some(r)) => (r, now),
+            (None, None) => return Ok(()),
+        };
+        let wait_until = match self.departed_before(candidate) {
+            Before::Failed(s) => {
+                self.rank_failed(s);
+                return Ok(());
+            }
+            Before::Running => Some(since + SUSPECT_WAIT),
+            Before::Clear => self.suspect_host_wait(since, now),
+        };
+        // Nothing more can happen once every rank has ended.
+        let all_ended = self.ranks.iter().all(|r| r.exit.is_some());
+        if let Some(wake) = wait_until.filter(|&t| now < t && !all_ended) {
+            self.deferred = Some(Deferred { rank: candidate, since, wake });
+            return Ok(());
+        }
+        if self.ranks[candidate].exit.is_some() {
+            self.rank_failed(candidate);
+        }
+        Ok(())
+    }
+
+    /// Takes in the exits of ranks that ended since the last scan; returns the first of them
+    /// that failed. Ranks that fail before the job's end count as failing by themselves.
+    fn reap_exits(&mut self) -> Option<usize> {
         let mut failed = None;
         for r in 0..self.ranks.len() {
             let rank = &mut self.ranks[r];
@@ -954,57 +998,29 @@ impl Running {
             };
             rank.exit = Some(kind);
             self.bridge_lost(r);
-            let rank = &mut self.ranks[r];
-            if rank.failure().is_some() {
+            if self.ranks[r].failure().is_some() {
                 if self.end.is_none() {
                     self.failed_by_themselves.push(r);
                 }
-                if failed.is_none() {
-                    failed = Some(r);
-                }
+                failed.get_or_insert(r);
             }
         }
-        if self.end.is_some() {
-            self.deferred = None;
-            return Ok(());
-        }
-        let now = Instant::now();
-        let (candidate, since) = match (self.deferred, failed) {
-            (Some(d), _) => (d.rank, d.since),
-            (None, Some(r)) => (r, now),
-            (None, None) => return Ok(()),
-        };
-        let mut wait_until = None;
-        for i in 0..self.departed.len() {
-            let s = self.departed[i];
+        failed
+    }
+
+    /// What the ranks that departed before `candidate` did (see [`Running::scan_ranks`]).
+    fn departed_before(&self, candidate: usize) -> Before {
+        for &s in &self.departed {
             if s == candidate {
                 break;
             }
             match self.ranks[s].exit {
-                Some(_) if self.ranks[s].failure().is_some() => {
-                    self.rank_failed(s);
-                    return Ok(());
-                }
+                Some(_) if self.ranks[s].failure().is_some() => return Before::Failed(s),
                 Some(_) => continue,
-                None => {
-                    wait_until = Some(since + SUSPECT_WAIT);
-                    break;
-                }
+                None => return Before::Running,
             }
         }
-        if wait_until.is_none() {
-            wait_until = self.suspect_host_wait(since, now);
-        }
-        // Nothing more can happen once every rank has ended.
-        let all_ended = self.ranks.iter().all(|r| r.exit.is_some());
-        if let Some(wake) = wait_until.filter(|&t| now < t && !all_ended) {
-            self.deferred = Some(Deferred { rank: candidate, since, wake });
-            return Ok(());
-        }
-        if self.ranks[candidate].exit.is_some() {
-            self.rank_failed(candidate);
-        }
-        Ok(())
+        Before::Clear
     }
 
     /// Process `r` ended: if a spawn started it and its bridge still waits for it (it ended

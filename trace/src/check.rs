@@ -187,46 +187,14 @@ pub fn check(text: &str) -> Result<Checked, Vec<String>> {
         errs.push("no traceEvents array".into());
         return Err(errs);
     };
-    let mut by_track: HashMap<(u64, u64), Vec<Slice>> = HashMap::new();
-    let mut named_threads = BTreeSet::new();
-    let mut used_threads = BTreeSet::new();
-    let mut flow_ends: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
-    for (i, e) in events.iter().enumerate() {
-        if let Some(s) = check_event(i, e, &mut errs) {
-            *out.spans.entry(s.name.clone()).or_default() += 1;
-            used_threads.insert((s.pid, s.tid));
-            out.slices.push(s.clone());
-            by_track.entry((s.pid, s.tid)).or_default().push(s);
-        }
-        let ph = e.get("ph").and_then(Value::as_str).unwrap_or("");
-        let name = e.get("name").and_then(Value::as_str).unwrap_or("");
-        let (pid, tid) = (int(e, "pid").unwrap_or(0), int(e, "tid").unwrap_or(0));
-        match ph {
-            "M" if name == "process_name" => {
-                let n = e.pointer("/args/name").and_then(Value::as_str).unwrap_or("").to_string();
-                out.processes.insert(pid, n);
-            }
-            "M" if name == "thread_name" => {
-                named_threads.insert((pid, tid));
-            }
-            "i" | "I" => {
-                used_threads.insert((pid, tid));
-                *out.instants.entry(name.to_string()).or_default() += 1;
-            }
-            "s" | "f" => {
-                let id = e.get("id").map(|v| v.to_string()).unwrap_or_default();
-                flow_ends.entry(id).or_default().push(e);
-            }
-            _ => {}
-        }
-    }
-    check_nesting(&by_track, &mut errs);
-    check_flows(&flow_ends, &by_track, &mut out, &mut errs);
-    for (pid, tid) in &used_threads {
+    let seen = Seen::scan(events, &mut out, &mut errs);
+    check_nesting(&seen.by_track, &mut errs);
+    check_flows(&seen.flow_ends, &seen.by_track, &mut out, &mut errs);
+    for (pid, tid) in &seen.used_threads {
         if !out.processes.contains_key(pid) {
             errs.push(format!("pid {pid} has events but no process_name"));
         }
-        if !named_threads.contains(&(*pid, *tid)) {
+        if !seen.named_threads.contains(&(*pid, *tid)) {
             errs.push(format!("pid {pid} tid {tid} has events but no thread_name"));
         }
     }
@@ -236,6 +204,60 @@ pub fn check(text: &str) -> Result<Checked, Vec<String>> {
         Ok(out)
     } else {
         Err(errs)
+    }
+}
+
+/// What one pass over the events gathers for the rules that span events.
+#[derive(Default)]
+struct Seen<'a> {
+    /// The slices of each (pid, tid) track.
+    by_track: HashMap<(u64, u64), Vec<Slice>>,
+    named_threads: BTreeSet<(u64, u64)>,
+    used_threads: BTreeSet<(u64, u64)>,
+    /// The flow events of each id.
+    flow_ends: BTreeMap<String, Vec<&'a Value>>,
+}
+
+impl<'a> Seen<'a> {
+    /// Checks each event on its own (into `errs`), counts slices, instants and processes into
+    /// `out`, and gathers the rest.
+    fn scan(events: &'a [Value], out: &mut Checked, errs: &mut Vec<String>) -> Seen<'a> {
+        let mut seen = Seen::default();
+        for (i, e) in events.iter().enumerate() {
+            if let Some(s) = check_event(i, e, errs) {
+                *out.spans.entry(s.name.clone()).or_default() += 1;
+                seen.used_threads.insert((s.pid, s.tid));
+                out.slices.push(s.clone());
+                seen.by_track.entry((s.pid, s.tid)).or_default().push(s);
+            }
+            seen.meta(e, out);
+        }
+        seen
+    }
+
+    /// Takes in a metadata, instant or flow event.
+    fn meta(&mut self, e: &'a Value, out: &mut Checked) {
+        let ph = e.get("ph").and_then(Value::as_str).unwrap_or("");
+        let name = e.get("name").and_then(Value::as_str).unwrap_or("");
+        let (pid, tid) = (int(e, "pid").unwrap_or(0), int(e, "tid").unwrap_or(0));
+        match ph {
+            "M" if name == "process_name" => {
+                let n = e.pointer("/args/name").and_then(Value::as_str).unwrap_or("").to_string();
+                out.processes.insert(pid, n);
+            }
+            "M" if name == "thread_name" => {
+                self.named_threads.insert((pid, tid));
+            }
+            "i" | "I" => {
+                self.used_threads.insert((pid, tid));
+                *out.instants.entry(name.to_string()).or_default() += 1;
+            }
+            "s" | "f" => {
+                let id = e.get("id").map(|v| v.to_string()).unwrap_or_default();
+                self.flow_ends.entry(id).or_default().push(e);
+            }
+            _ => {}
+        }
     }
 }
 

@@ -208,117 +208,150 @@ fn shape(p: usize, hosts: usize, bytes: usize) -> Shape {
     Shape { ranks: p, hosts, bytes, count: bytes / 8, commutative: true }
 }
 
+/// One collective call's placement and size, as the plans below need it.
+struct Case {
+    /// All ranks; the ranks of one host; one leader per host.
+    on: On,
+    local: On,
+    heads: On,
+    s: Shape,
+    p: usize,
+    h: usize,
+    m: usize,
+    mf: f64,
+    /// Whether the runtime goes node-aware for this case.
+    hier: bool,
+}
+
+impl Case {
+    fn new(p: usize, h: usize, m: usize) -> Case {
+        let s = shape(p, h, m);
+        let hier = select::node_aware(&s, None);
+        Case { on: On { p, q: p / h }, local: On { p: p / h, q: p / h }, heads: On { p: h, q: 1 }, s, p, h, m, mf: m as f64, hier }
+    }
+
+    /// Ranks per host.
+    fn q(&self) -> usize {
+        self.p / self.h
+    }
+
+    /// The shape of the call among the ranks of one host.
+    fn local_shape(&self) -> Shape {
+        shape(self.q(), 1, self.m)
+    }
+
+    /// The shape of the call among the hosts' leaders.
+    fn heads_shape(&self) -> Shape {
+        shape(self.h, self.h, self.m)
+    }
+}
+
 /// Every algorithm of `coll` at `p` ranks on `h` hosts for `m` bytes (alltoall: one block),
 /// named; the first entry is the runtime's own choice.
 fn algorithms(coll: &str, p: usize, h: usize, m: usize, model: &Model) -> Vec<(String, f64)> {
-    let on = On { p, q: p / h };
-    let (local, heads) = (On { p: p / h, q: p / h }, On { p: h, q: 1 });
-    let s = shape(p, h, m);
-    let mf = m as f64;
-    let hier = select::node_aware(&s, None);
-    let mut v: Vec<(String, Vec<Round>)> = Vec::new();
-    let pick = |name: &str| format!("*{name}");
-    match coll {
-        "barrier" => {
-            let na = || {
-                let mut x = vec![Round { fan: local.p - 1, ..r(0.0, 0) }];
-                x.extend(dissemination(heads));
-                x.push(Round { fan: local.p - 1, ..r(0.0, 0) });
-                x
-            };
-            let flat = dissemination(on);
-            if hier {
-                v.push((pick("node_aware"), na()));
-                v.push(("dissemination".into(), flat));
-            } else {
-                v.push((pick("dissemination"), flat));
-                v.push(("node_aware".into(), na()));
-            }
-        }
-        "bcast" => {
-            let chosen = select::bcast(&s, None);
-            let na = {
-                let mut x = bcast(heads, mf, select::bcast(&shape(h, h, m), None));
-                x.extend(bcast(local, mf, select::bcast(&shape(p / h, 1, m), None)));
-                x
-            };
-            for a in Bcast::ALL {
-                v.push((a.name().into(), bcast(on, mf, *a)));
-            }
-            v.push(("node_aware".into(), na));
-            mark(&mut v, if hier { "node_aware" } else { chosen.name() });
-        }
-        "reduce" => {
-            let chosen = select::reduce(&s, None);
-            let mut na = reduce(local, mf, select::reduce(&shape(p / h, 1, m), None));
-            na.extend(reduce(heads, mf, select::reduce(&shape(h, h, m), None)));
-            for a in Reduce::ALL {
-                v.push((a.name().into(), reduce(on, mf, *a)));
-            }
-            v.push(("node_aware".into(), na));
-            mark(&mut v, if hier { "node_aware" } else { chosen.name() });
-        }
-        "allreduce" => {
-            let chosen = select::allreduce(&s, None);
-            let mut na = reduce(local, mf, select::reduce(&shape(p / h, 1, m), None));
-            na.extend(allreduce(heads, mf, select::allreduce(&shape(h, h, m), None)));
-            na.extend(bcast(local, mf, select::bcast(&shape(p / h, 1, m), None)));
-            for a in Allreduce::ALL {
-                v.push((a.name().into(), allreduce(on, mf, *a)));
-            }
-            v.push(("node_aware".into(), na));
-            mark(&mut v, if hier { "node_aware" } else { chosen.name() });
-        }
-        "allgather" => {
-            let chosen = select::allgather(&s, None);
-            let q = p / h;
-            let mut na = vec![Round { fan: q.saturating_sub(1), ..r(mf / p as f64, 0) }];
-            na.extend(allgather(heads, mf, select::allgather(&shape(h, h, m), None)));
-            na.extend(bcast(local, mf, select::bcast(&shape(q, 1, m), None)));
-            for a in Allgather::ALL {
-                if *a != Allgather::RecursiveDoubling || p.is_power_of_two() {
-                    v.push((a.name().into(), allgather(on, mf, *a)));
-                }
-            }
-            v.push(("node_aware".into(), na));
-            mark(&mut v, if hier { "node_aware" } else { chosen.name() });
-        }
-        "alltoall" => {
-            let chosen = select::alltoall(&s, None);
-            let q = p / h;
-            let whole = (p * m) as f64;
-            let mut na = vec![Round { fan: q.saturating_sub(1), ..r(whole, 0) }];
-            na.extend((1..h).map(|_| r((q * q * m) as f64, 1)));
-            na.push(Round { fan: q.saturating_sub(1), ..r(whole, 0) });
-            let copies = 2.0 * q as f64 * whole * model.copy;
-            for a in Alltoall::ALL {
-                v.push((a.name().into(), alltoall(on, mf, *a)));
-            }
-            v.push(("node_aware".into(), na));
-            let hier_a = select::alltoall_node_aware(&s, None);
-            mark(&mut v, if hier_a { "node_aware" } else { chosen.name() });
-            return v
-                .into_iter()
-                .map(|(n, x)| {
-                    let extra = if n.ends_with("node_aware") { copies } else { 0.0 };
-                    (n, model.time(&x) + extra)
-                })
-                .collect();
-        }
-        _ => {
-            // reduce_scatter: reduce to rank 0 and scatter, or node-aware.
-            let q = p / h;
-            let mut flat = reduce(on, mf, select::reduce(&s, None));
-            flat.push(Round { fan: p - 1, ..r(mf / p as f64, on.shift(p)) });
-            let mut na = reduce(local, mf, select::reduce(&shape(q, 1, m), None));
-            na.extend(ring(heads, mf / h as f64, true));
-            na.push(Round { fan: q.saturating_sub(1), ..r(mf / p as f64, 0) });
-            v.push(("reduce_scatterv".into(), flat));
-            v.push(("node_aware".into(), na));
-            mark(&mut v, if hier { "node_aware" } else { "reduce_scatterv" });
-        }
-    }
-    v.into_iter().map(|(n, x)| (n, model.time(&x))).collect()
+    let c = Case::new(p, h, m);
+    let v = match coll {
+        "barrier" => barrier_plans(&c),
+        "bcast" => bcast_plans(&c),
+        "reduce" => reduce_plans(&c),
+        "allreduce" => allreduce_plans(&c),
+        "allgather" => allgather_plans(&c),
+        "alltoall" => alltoall_plans(&c),
+        _ => reduce_scatter_plans(&c),
+    };
+    // The node-aware alltoall also copies the whole exchange twice through its leaders.
+    let copies = if coll == "alltoall" { 2.0 * c.q() as f64 * (p * m) as f64 * model.copy } else { 0.0 };
+    v.into_iter()
+        .map(|(n, x)| {
+            let extra = if n.ends_with("node_aware") { copies } else { 0.0 };
+            (n, model.time(&x) + extra)
+        })
+        .collect()
+}
+
+/// Barrier: dissemination among all, or gather to the host's leader, dissemination among
+/// leaders, release.
+fn barrier_plans(c: &Case) -> Vec<(String, Vec<Round>)> {
+    let mut na = vec![Round { fan: c.local.p - 1, ..r(0.0, 0) }];
+    na.extend(dissemination(c.heads));
+    na.push(Round { fan: c.local.p - 1, ..r(0.0, 0) });
+    let mut v = vec![("dissemination".to_string(), dissemination(c.on)), ("node_aware".to_string(), na)];
+    mark(&mut v, if c.hier { "node_aware" } else { "dissemination" });
+    v
+}
+
+fn bcast_plans(c: &Case) -> Vec<(String, Vec<Round>)> {
+    let chosen = select::bcast(&c.s, None);
+    let mut na = bcast(c.heads, c.mf, select::bcast(&c.heads_shape(), None));
+    na.extend(bcast(c.local, c.mf, select::bcast(&c.local_shape(), None)));
+    let mut v: Vec<_> = Bcast::ALL.iter().map(|a| (a.name().to_string(), bcast(c.on, c.mf, *a))).collect();
+    v.push(("node_aware".into(), na));
+    mark(&mut v, if c.hier { "node_aware" } else { chosen.name() });
+    v
+}
+
+fn reduce_plans(c: &Case) -> Vec<(String, Vec<Round>)> {
+    let chosen = select::reduce(&c.s, None);
+    let mut na = reduce(c.local, c.mf, select::reduce(&c.local_shape(), None));
+    na.extend(reduce(c.heads, c.mf, select::reduce(&c.heads_shape(), None)));
+    let mut v: Vec<_> = Reduce::ALL.iter().map(|a| (a.name().to_string(), reduce(c.on, c.mf, *a))).collect();
+    v.push(("node_aware".into(), na));
+    mark(&mut v, if c.hier { "node_aware" } else { chosen.name() });
+    v
+}
+
+fn allreduce_plans(c: &Case) -> Vec<(String, Vec<Round>)> {
+    let chosen = select::allreduce(&c.s, None);
+    let mut na = reduce(c.local, c.mf, select::reduce(&c.local_shape(), None));
+    na.extend(allreduce(c.heads, c.mf, select::allreduce(&c.heads_shape(), None)));
+    na.extend(bcast(c.local, c.mf, select::bcast(&c.local_shape(), None)));
+    let mut v: Vec<_> = Allreduce::ALL.iter().map(|a| (a.name().to_string(), allreduce(c.on, c.mf, *a))).collect();
+    v.push(("node_aware".into(), na));
+    mark(&mut v, if c.hier { "node_aware" } else { chosen.name() });
+    v
+}
+
+fn allgather_plans(c: &Case) -> Vec<(String, Vec<Round>)> {
+    let chosen = select::allgather(&c.s, None);
+    let mut na = vec![Round { fan: c.q().saturating_sub(1), ..r(c.mf / c.p as f64, 0) }];
+    na.extend(allgather(c.heads, c.mf, select::allgather(&c.heads_shape(), None)));
+    na.extend(bcast(c.local, c.mf, select::bcast(&c.local_shape(), None)));
+    let mut v: Vec<_> = Allgather::ALL
+        .iter()
+        .filter(|a| **a != Allgather::RecursiveDoubling || c.p.is_power_of_two())
+        .map(|a| (a.name().to_string(), allgather(c.on, c.mf, *a)))
+        .collect();
+    v.push(("node_aware".into(), na));
+    mark(&mut v, if c.hier { "node_aware" } else { chosen.name() });
+    v
+}
+
+/// Alltoall (`m`: one block); the node-aware plan's copies are added by [`algorithms`].
+fn alltoall_plans(c: &Case) -> Vec<(String, Vec<Round>)> {
+    let chosen = select::alltoall(&c.s, None);
+    let q = c.q();
+    let whole = (c.p * c.m) as f64;
+    let mut na = vec![Round { fan: q.saturating_sub(1), ..r(whole, 0) }];
+    na.extend((1..c.h).map(|_| r((q * q * c.m) as f64, 1)));
+    na.push(Round { fan: q.saturating_sub(1), ..r(whole, 0) });
+    let mut v: Vec<_> = Alltoall::ALL.iter().map(|a| (a.name().to_string(), alltoall(c.on, c.mf, *a))).collect();
+    v.push(("node_aware".into(), na));
+    let hier_a = select::alltoall_node_aware(&c.s, None);
+    mark(&mut v, if hier_a { "node_aware" } else { chosen.name() });
+    v
+}
+
+/// Reduce_scatter: reduce to rank 0 and scatter, or node-aware.
+fn reduce_scatter_plans(c: &Case) -> Vec<(String, Vec<Round>)> {
+    let (p, q) = (c.p, c.q());
+    let mut flat = reduce(c.on, c.mf, select::reduce(&c.s, None));
+    flat.push(Round { fan: p - 1, ..r(c.mf / p as f64, c.on.shift(p)) });
+    let mut na = reduce(c.local, c.mf, select::reduce(&c.local_shape(), None));
+    na.extend(ring(c.heads, c.mf / c.h as f64, true));
+    na.push(Round { fan: q.saturating_sub(1), ..r(c.mf / p as f64, 0) });
+    let mut v = vec![("reduce_scatterv".to_string(), flat), ("node_aware".to_string(), na)];
+    mark(&mut v, if c.hier { "node_aware" } else { "reduce_scatterv" });
+    v
 }
 
 /// Marks the runtime's choice with a `*` and puts it first.

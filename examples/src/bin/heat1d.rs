@@ -69,23 +69,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     world.allreduce(&[local], &mut total0, tmpi::Op::Sum)?;
 
     for _ in 0..STEPS {
-        let (send_l, send_r) = ([u[1]], [u[len]]);
-        let (mut ghost_l, mut ghost_r) = ([u[1]], [u[len]]); // insulated ends by default
-        tmpi::scope(|s| -> tmpi::Result<()> {
-            let mut reqs = Vec::with_capacity(4);
-            if let Some(l) = left {
-                reqs.push(world.irecv(s, &mut ghost_l, l, TO_RIGHT)?);
-                reqs.push(world.isend(s, &send_l, l, TO_LEFT)?);
-            }
-            if let Some(r) = right {
-                reqs.push(world.irecv(s, &mut ghost_r, r, TO_LEFT)?);
-                reqs.push(world.isend(s, &send_r, r, TO_RIGHT)?);
-            }
-            tmpi::wait_all(reqs)?;
-            Ok(())
-        })?;
-        u[0] = ghost_l[0];
-        u[len + 1] = ghost_r[0];
+        let (ghost_l, ghost_r) = exchange_edges(&world, &u, left, right)?;
+        u[0] = ghost_l;
+        u[len + 1] = ghost_r;
         step(&u, &mut next);
         u[1..=len].copy_from_slice(&next);
     }
@@ -97,27 +83,56 @@ fn main() -> Result<(), Box<dyn Error>> {
     check(drift < 1e-12, || format!("total heat {} -> {} (relative drift {drift:e})", total0[0], total[0]))?;
 
     if rank == 0 {
-        let mut rod = vec![0.0; NX];
-        rod[lo..hi].copy_from_slice(&u[1..=len]);
-        for p in 1..n {
-            let (plo, phi) = block(p, n);
-            let st = world.recv(&mut rod[plo..phi], p, GATHER)?;
-            check(st.count::<f64>() == phi - plo, || format!("rank {p} sent {} cells, expected {}", st.count::<f64>(), phi - plo))?;
-        }
-        let reference = serial();
-        let same = rod.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
-        check(same, || "distributed rod differs from the serial run".into())?;
-        let peak = rod.iter().copied().fold(f64::MIN, f64::max);
-        println!(
-            "heat1d: {NX} cells, {STEPS} steps, {n} ranks: total heat {:.6} conserved, peak {:.6}, u[{}] = {:.6}, equal to serial run: OK",
-            total[0],
-            peak,
-            NX / 2,
-            rod[NX / 2]
-        );
+        check_on_root(&world, &u[1..=len], total[0])?;
     } else {
         world.send(&u[1..=len], 0, GATHER)?;
     }
     world.finalize()?;
+    Ok(())
+}
+
+/// Swaps edge cells with the neighbours; returns the ghost cells (an absent neighbour's is
+/// this rank's own edge cell: an insulated end).
+fn exchange_edges(world: &tmpi::Comm, u: &[f64], left: Option<usize>, right: Option<usize>) -> tmpi::Result<(f64, f64)> {
+    let len = u.len() - 2;
+    let (send_l, send_r) = ([u[1]], [u[len]]);
+    let (mut ghost_l, mut ghost_r) = ([u[1]], [u[len]]);
+    tmpi::scope(|s| -> tmpi::Result<()> {
+        let mut reqs = Vec::with_capacity(4);
+        if let Some(l) = left {
+            reqs.push(world.irecv(s, &mut ghost_l, l, TO_RIGHT)?);
+            reqs.push(world.isend(s, &send_l, l, TO_LEFT)?);
+        }
+        if let Some(r) = right {
+            reqs.push(world.irecv(s, &mut ghost_r, r, TO_LEFT)?);
+            reqs.push(world.isend(s, &send_r, r, TO_RIGHT)?);
+        }
+        tmpi::wait_all(reqs)?;
+        Ok(())
+    })?;
+    Ok((ghost_l[0], ghost_r[0]))
+}
+
+/// On rank 0: gathers every block (`mine`: rank 0's), checks the rod against the serial run
+/// and prints the summary.
+fn check_on_root(world: &tmpi::Comm, mine: &[f64], total: f64) -> Result<(), Box<dyn Error>> {
+    let n = world.size();
+    let mut rod = vec![0.0; NX];
+    let (lo, hi) = block(0, n);
+    rod[lo..hi].copy_from_slice(mine);
+    for p in 1..n {
+        let (plo, phi) = block(p, n);
+        let st = world.recv(&mut rod[plo..phi], p, GATHER)?;
+        check(st.count::<f64>() == phi - plo, || format!("rank {p} sent {} cells, expected {}", st.count::<f64>(), phi - plo))?;
+    }
+    let reference = serial();
+    let same = rod.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
+    check(same, || "distributed rod differs from the serial run".into())?;
+    let peak = rod.iter().copied().fold(f64::MIN, f64::max);
+    println!(
+        "heat1d: {NX} cells, {STEPS} steps, {n} ranks: total heat {total:.6} conserved, peak {peak:.6}, u[{}] = {:.6}, equal to serial run: OK",
+        NX / 2,
+        rod[NX / 2]
+    );
     Ok(())
 }

@@ -308,38 +308,65 @@ impl<'a> Call<'a> {
         if bytes > SHM_MAX_BYTES {
             return self.handshake(desc(kind | KIND_HANDSHAKE));
         }
-        let rank = self.comm.rank();
-        let (ctx, par, n) = (self.ctx, self.parity, self.comm.size());
         let mut e = self.comm.eng()?;
-        let mut recv = recv;
         if self.all_to_all() {
-            // Every rank that wants the result combines all operands itself, in rank order
-            // (the same bits everywhere); the root of a reduce needs no slot of its own.
-            let data = (all || rank != root).then_some(bytemuck::cast_slice::<T, u8>(send));
-            let wants = recv.is_some();
-            self.arrive_all(&mut e, desc(kind), data, |_| wants)?;
-            if let Some(acc) = recv {
-                let seg = shm(&e)?;
-                for j in 0..n {
-                    let other: &[T] = if j == rank {
-                        send
-                    } else {
-                        // SAFETY: rank j wrote this slot before its arrival, which this rank
-                        // saw, and writes it again only in call s + 2, after this rank
-                        // arrived in s + 1.
-                        bytemuck::cast_slice(unsafe { seg.coll_data(ctx, j, par, bytes) })
-                    };
-                    if j == 0 {
-                        acc.copy_from_slice(other);
-                    } else {
-                        T::reduce_into(op, acc, other)?;
-                    }
-                }
-            }
-            return Ok(());
+            // The root of a reduce needs no slot of its own.
+            let publish = all || self.comm.rank() != root;
+            self.reduce_all_to_all(&mut e, desc(kind), (send, publish), recv, op)
+        } else {
+            self.reduce_through_leader(&mut e, desc(kind), send, recv, op)
         }
+    }
+
+    /// [`Call::reduce`] among few ranks: every rank that wants the result (`recv`) combines
+    /// all operands itself, in rank order (the same bits everywhere). `send` goes to this
+    /// rank's slot when `publish`.
+    fn reduce_all_to_all<T: Reducible>(
+        &self,
+        e: &mut EngineGuard<'_>,
+        desc: Desc,
+        (send, publish): (&[T], bool),
+        recv: Option<&mut [T]>,
+        op: Op,
+    ) -> Result<()> {
+        let (rank, ctx, par, n) = (self.comm.rank(), self.ctx, self.parity, self.comm.size());
+        let bytes = std::mem::size_of_val(send);
+        let data = publish.then_some(bytemuck::cast_slice::<T, u8>(send));
+        let wants = recv.is_some();
+        self.arrive_all(e, desc, data, |_| wants)?;
+        let Some(acc) = recv else { return Ok(()) };
+        let seg = shm(e)?;
+        for j in 0..n {
+            let other: &[T] = if j == rank {
+                send
+            } else {
+                // SAFETY: rank j wrote this slot before its arrival, which this rank saw, and
+                // writes it again only in call s + 2, after this rank arrived in s + 1.
+                bytemuck::cast_slice(unsafe { seg.coll_data(ctx, j, par, bytes) })
+            };
+            if j == 0 {
+                acc.copy_from_slice(other);
+            } else {
+                T::reduce_into(op, acc, other)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Call::reduce`] among many ranks: the leader (rank 0) combines every operand in
+    /// rank order and writes the result to its slot, from which the others that want it copy.
+    fn reduce_through_leader<T: Reducible>(
+        &self,
+        e: &mut EngineGuard<'_>,
+        desc: Desc,
+        send: &[T],
+        mut recv: Option<&mut [T]>,
+        op: Op,
+    ) -> Result<()> {
+        let (rank, ctx, par, n) = (self.comm.rank(), self.ctx, self.parity, self.comm.size());
+        let bytes = std::mem::size_of_val(send);
         let data = (rank != 0).then_some(bytemuck::cast_slice::<T, u8>(send));
-        self.exchange(&mut e, desc(kind), data, |seg| {
+        self.exchange(e, desc, data, |seg| {
             let mut scratch;
             let acc: &mut [T] = match recv.as_deref_mut() {
                 Some(r) => r,
@@ -357,14 +384,12 @@ impl<'a> Call<'a> {
             }
             seg.coll_write(ctx, 0, par, bytemuck::cast_slice(acc)).map_err(Error::from)
         })?;
-        if rank != 0 {
-            if let Some(r) = recv {
-                let seg = shm(&e)?;
-                // SAFETY: the leader writes its slot of this parity again only in call
-                // s + 2, after this rank arrived in s + 1.
-                let res = unsafe { seg.coll_data(ctx, 0, par, bytes) };
-                bytemuck::cast_slice_mut::<T, u8>(r).copy_from_slice(res);
-            }
+        if let (true, Some(r)) = (rank != 0, recv) {
+            let seg = shm(e)?;
+            // SAFETY: the leader writes its slot of this parity again only in call s + 2, after
+            // this rank arrived in s + 1.
+            let res = unsafe { seg.coll_data(ctx, 0, par, bytes) };
+            bytemuck::cast_slice_mut::<T, u8>(r).copy_from_slice(res);
         }
         Ok(())
     }

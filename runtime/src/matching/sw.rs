@@ -677,17 +677,40 @@ impl<R, M> SwMatcher<R, M> {
     /// Checks every structural invariant; panics with a message if one fails (tests only).
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {
-        let mut exact = 0;
-        let mut ux = 0;
-        let mut empty = 0;
-        let sorted = |s: &[u64]| s.iter().zip(s.iter().skip(1)).all(|(a, c)| a < c);
         // Every queued receive's id: issued, of the form of the queue it is in, and unique.
         let mut ids = Vec::new();
-        let mut issued = |id: RecvId, form: u64| {
-            assert!(id.seq() < self.next_seq, "{id:?} never issued");
-            assert_eq!(id.form(), form, "{id:?} in a queue of form {form}");
-            ids.push(id);
-        };
+        self.check_buckets(&mut ids);
+        self.check_wild(&mut ids);
+        self.check_ux_index();
+        assert_eq!(self.raw.iter().filter(|w| w.r.is_some()).count(), self.raw_live);
+        assert!(self.raw.iter().all(|w| class_of(w.mask).is_none() && w.mask != FULL_MASK));
+        assert!(sorted(&self.raw.iter().map(|w| w.id.0).collect::<Vec<_>>()));
+        for w in &self.raw {
+            self.issued(&mut ids, w.id, FORM_RAW);
+        }
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup_by_key(|id| id.seq());
+        assert_eq!(ids.len(), n, "two queued receives share a sequence number");
+        assert!(sorted(&self.ux_order.iter().map(|e| e.0).collect::<Vec<_>>()));
+        assert!(self.raw.len() <= 2 * self.raw_live + self.tuning.list_slack + 1);
+        assert!(self.ux_order.len() <= 2 * self.ux_live + self.tuning.list_slack + 1);
+        assert!(self.spare.len() <= self.tuning.spare_max && self.spare.iter().all(Bucket::is_empty));
+    }
+
+    /// A queued receive's id was issued and is of the form of the queue it is in; it joins `ids`.
+    #[cfg(test)]
+    fn issued(&self, ids: &mut Vec<RecvId>, id: RecvId, form: u64) {
+        assert!(id.seq() < self.next_seq, "{id:?} never issued");
+        assert_eq!(id.form(), form, "{id:?} in a queue of form {form}");
+        ids.push(id);
+    }
+
+    /// The exact buckets: receives or messages, never both; each queue in order; the live
+    /// counts; each message in the arrival order and in every class index kept.
+    #[cfg(test)]
+    fn check_buckets(&self, ids: &mut Vec<RecvId>) {
+        let (mut exact, mut ux, mut empty) = (0, 0, 0);
         for (&k, b) in &self.buckets {
             assert!(b.posted.is_empty() || b.ux.is_empty(), "bucket {k:#x} has receives and messages");
             assert!(sorted(&b.posted.iter().map(|p| p.0 .0).collect::<Vec<_>>()));
@@ -696,7 +719,7 @@ impl<R, M> SwMatcher<R, M> {
             ux += b.ux.len();
             empty += usize::from(b.is_empty());
             for &(id, _) in &b.posted {
-                issued(id, FORM_EXACT);
+                self.issued(ids, id, FORM_EXACT);
             }
             for &(useq, _) in &b.ux {
                 let i = self.ux_order.binary_search_by_key(&useq, |e| e.0);
@@ -712,6 +735,12 @@ impl<R, M> SwMatcher<R, M> {
         assert_eq!(exact, self.exact_live);
         assert_eq!(ux, self.ux_live);
         assert_eq!(empty, self.empty_buckets);
+    }
+
+    /// The three wildcard classes' queues: keys inside their class's mask, each queue in
+    /// order, the counts kept.
+    #[cfg(test)]
+    fn check_wild(&self, ids: &mut Vec<RecvId>) {
         let mut wild = 0;
         for (c, q) in self.wild.iter().enumerate() {
             let mut len = 0;
@@ -719,7 +748,7 @@ impl<R, M> SwMatcher<R, M> {
                 assert_eq!(k & CLASS_MASKS[c], k, "class {c} key {k:#x} has bits outside the mask");
                 assert!(sorted(&queue.iter().map(|e| e.0).collect::<Vec<_>>()));
                 for &(id, _) in queue {
-                    issued(RecvId(id), c as u64);
+                    self.issued(ids, RecvId(id), c as u64);
                 }
                 len += queue.len();
             }
@@ -728,6 +757,12 @@ impl<R, M> SwMatcher<R, M> {
             wild += len;
         }
         assert_eq!(wild, self.wild_live);
+    }
+
+    /// The unexpected messages' class indexes: empty when not kept, else in order, under
+    /// their class's key, counted, and bounded by the live messages.
+    #[cfg(test)]
+    fn check_ux_index(&self) {
         for (c, ix) in self.ux_index.iter().enumerate() {
             if !self.ux_indexed[c] {
                 assert_eq!(ix.len, 0);
@@ -743,21 +778,13 @@ impl<R, M> SwMatcher<R, M> {
             assert_eq!(ix.map.values().filter(|q| q.is_empty()).count(), ix.empty);
             assert!(ix.len <= 2 * self.ux_live + self.tuning.list_slack + 1);
         }
-        assert_eq!(self.raw.iter().filter(|w| w.r.is_some()).count(), self.raw_live);
-        assert!(self.raw.iter().all(|w| class_of(w.mask).is_none() && w.mask != FULL_MASK));
-        assert!(sorted(&self.raw.iter().map(|w| w.id.0).collect::<Vec<_>>()));
-        for w in &self.raw {
-            issued(w.id, FORM_RAW);
-        }
-        let n = ids.len();
-        ids.sort_unstable();
-        ids.dedup_by_key(|id| id.seq());
-        assert_eq!(ids.len(), n, "two queued receives share a sequence number");
-        assert!(sorted(&self.ux_order.iter().map(|e| e.0).collect::<Vec<_>>()));
-        assert!(self.raw.len() <= 2 * self.raw_live + self.tuning.list_slack + 1);
-        assert!(self.ux_order.len() <= 2 * self.ux_live + self.tuning.list_slack + 1);
-        assert!(self.spare.len() <= self.tuning.spare_max && self.spare.iter().all(Bucket::is_empty));
     }
+}
+
+/// Whether `s` is strictly increasing (tests only).
+#[cfg(test)]
+fn sorted(s: &[u64]) -> bool {
+    s.iter().zip(s.iter().skip(1)).all(|(a, c)| a < c)
 }
 
 // `post`, `post_exact` and `arrive` are always inlined: they run once per message, and as calls

@@ -131,8 +131,6 @@ pub(crate) fn start(
     t0: u64,
     clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>,
 ) -> Result<()> {
-    let mut flags = 0;
-    let (rank32, size32) = (rank as u32, size as u32);
     if (cfg.record.is_some() || cfg.replay.is_some()) && multiple {
         return Err(Error::Thread {
             level: crate::Threading::Multiple,
@@ -140,50 +138,15 @@ pub(crate) fn start(
         });
     }
     let info = RankInfo {
-        rank: rank32,
-        size: size32,
+        rank: rank as u32,
+        size: size as u32,
         pid: std::process::id(),
         boot_id: clock::boot_id(),
         host: crate::processor_name(),
         jobid: std::env::var(tmpi_transport::bootstrap::ENV_JOBID).unwrap_or_default(),
         init_ns: t0,
     };
-    let ring = match &cfg.trace {
-        Some(p) => {
-            flags |= TRACE;
-            let mut f = open_ring(cfg, p, &info)?;
-            f.set_start_sample(samples(clock));
-            Some(f)
-        }
-        None => None,
-    };
-    let profile = cfg.profile.as_ref().map(|d| (Mutex::new(Profiler::new(size)), d.clone()));
-    flags |= if profile.is_some() { PROFILE } else { 0 };
-    let record = cfg.record.as_deref().map(|d| open_record(d, rank32, size32)).transpose()?.map(|r| Mutex::new(Some(r)));
-    flags |= if record.is_some() { RECORD } else { 0 };
-    let replay = cfg.replay.as_deref().map(|d| open_replay(d, rank32, size32)).transpose()?.map(Mutex::new);
-    flags |= if replay.is_some() { REPLAY } else { 0 };
-    if flags == 0 {
-        return Ok(());
-    }
-    let state = State {
-        rank: rank32,
-        size: size32,
-        host: info.host,
-        init_ns: t0,
-        launched,
-        ring: Mutex::new(ring),
-        trace_path: cfg.trace.clone(),
-        profile,
-        record,
-        replay,
-        threads: Mutex::new(Vec::new()),
-        next_thread: AtomicU16::new(0),
-        posts: AtomicU64::new(0),
-        post_of: Mutex::new(Default::default()),
-        diverged: Mutex::new(None),
-        msgs: Mutex::new(Msgs::default()),
-    };
+    let Some((state, flags)) = State::open(cfg, info, launched, clock)? else { return Ok(()) };
     if STATE.set(state).is_err() {
         return Err(Error::State("tmpi: seeing started twice".into()));
     }
@@ -191,6 +154,57 @@ pub(crate) fn start(
     super::refresh_this_thread();
     span(&What::new(Kind::Init), t0, now_ns());
     Ok(())
+}
+
+impl State {
+    /// Opens what `cfg` asks for (trace ring, profile, record, replay) for the rank `info`
+    /// describes; `None` when it asks for nothing; else the state and its flags.
+    fn open(
+        cfg: &Config,
+        info: RankInfo,
+        launched: bool,
+        clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>,
+    ) -> Result<Option<(State, u8)>> {
+        let (rank, size) = (info.rank, info.size);
+        let ring = match &cfg.trace {
+            Some(p) => {
+                let mut f = open_ring(cfg, p, &info)?;
+                f.set_start_sample(samples(clock));
+                Some(f)
+            }
+            None => None,
+        };
+        let profile = cfg.profile.as_ref().map(|d| (Mutex::new(Profiler::new(size as usize)), d.clone()));
+        let record = cfg.record.as_deref().map(|d| open_record(d, rank, size)).transpose()?.map(|r| Mutex::new(Some(r)));
+        let replay = cfg.replay.as_deref().map(|d| open_replay(d, rank, size)).transpose()?.map(Mutex::new);
+        let flag = |on: bool, f: u8| if on { f } else { 0 };
+        let flags = flag(ring.is_some(), TRACE)
+            | flag(profile.is_some(), PROFILE)
+            | flag(record.is_some(), RECORD)
+            | flag(replay.is_some(), REPLAY);
+        if flags == 0 {
+            return Ok(None);
+        }
+        let state = State {
+            rank,
+            size,
+            host: info.host,
+            init_ns: info.init_ns,
+            launched,
+            ring: Mutex::new(ring),
+            trace_path: cfg.trace.clone(),
+            profile,
+            record,
+            replay,
+            threads: Mutex::new(Vec::new()),
+            next_thread: AtomicU16::new(0),
+            posts: AtomicU64::new(0),
+            post_of: Mutex::new(Default::default()),
+            diverged: Mutex::new(None),
+            msgs: Mutex::new(Msgs::default()),
+        };
+        Ok(Some((state, flags)))
+    }
 }
 
 /// Records a finished call.

@@ -734,47 +734,9 @@ impl BootstrapServer {
         };
         match req {
             Request::Hello { .. } => self.reject(token, Some(rank), "second hello".into()),
-            Request::Put { key, value } => {
-                let old = self.store.get(&key).map_or(0, |v| key.len() + v.len());
-                let new_total = self.store_bytes - old + key.len() + value.len();
-                if new_total > MAX_STORE_BYTES {
-                    return self.reply(token, Reply::Err(format!("store full ({MAX_STORE_BYTES} bytes of keys and values)")));
-                }
-                self.store_bytes = new_total;
-                if let Some(waiters) = self.get_waiters.remove(&key) {
-                    for w in waiters {
-                        self.end_wait(w, Reply::Value(value.clone()));
-                    }
-                }
-                self.store.insert(key, value);
-                self.reply(token, Reply::Ok);
-            }
-            Request::Get { key } => {
-                if let Some(v) = self.store.get(&key) {
-                    let v = v.clone();
-                    self.reply(token, Reply::Value(v));
-                } else {
-                    self.get_waiters.entry(key.clone()).or_default().push(token);
-                    if let Some(c) = self.conns.get_mut(&token) {
-                        c.wait = Wait::Get(key);
-                    }
-                }
-            }
-            Request::Fence => {
-                if let Some(why) = &self.fence_broken {
-                    let why = why.clone();
-                    return self.reply(token, Reply::Err(why));
-                }
-                if let Some(c) = self.conns.get_mut(&token) {
-                    c.wait = Wait::Fence;
-                }
-                self.fence_waiters.push(token);
-                if self.fence_waiters.len() == self.size {
-                    for w in std::mem::take(&mut self.fence_waiters) {
-                        self.end_wait(w, Reply::Ok);
-                    }
-                }
-            }
+            Request::Put { key, value } => self.put(token, key, value),
+            Request::Get { key } => self.get(token, key),
+            Request::Fence => self.fence(token),
             Request::Abort { code, message } => {
                 self.events.push(ServerEvent::Abort { rank, code, message });
                 self.reply(token, Reply::Ok);
@@ -795,6 +757,55 @@ impl BootstrapServer {
                     c.wait = Wait::Spawn;
                 }
                 self.events.push(ServerEvent::Spawn { rank, request });
+            }
+        }
+    }
+
+    /// Stores `value` under `key` for the rank on `token` (unless the store would overflow)
+    /// and answers the gets waiting for it.
+    fn put(&mut self, token: u64, key: String, value: Vec<u8>) {
+        let old = self.store.get(&key).map_or(0, |v| key.len() + v.len());
+        let new_total = self.store_bytes - old + key.len() + value.len();
+        if new_total > MAX_STORE_BYTES {
+            return self.reply(token, Reply::Err(format!("store full ({MAX_STORE_BYTES} bytes of keys and values)")));
+        }
+        self.store_bytes = new_total;
+        if let Some(waiters) = self.get_waiters.remove(&key) {
+            for w in waiters {
+                self.end_wait(w, Reply::Value(value.clone()));
+            }
+        }
+        self.store.insert(key, value);
+        self.reply(token, Reply::Ok);
+    }
+
+    /// Answers a get of `key` at once, or when a rank puts it.
+    fn get(&mut self, token: u64, key: String) {
+        if let Some(v) = self.store.get(&key) {
+            let v = v.clone();
+            self.reply(token, Reply::Value(v));
+        } else {
+            self.get_waiters.entry(key.clone()).or_default().push(token);
+            if let Some(c) = self.conns.get_mut(&token) {
+                c.wait = Wait::Get(key);
+            }
+        }
+    }
+
+    /// Enters the rank on `token` into the fence, which ends when every rank is in it (or
+    /// fails at once when a rank left).
+    fn fence(&mut self, token: u64) {
+        if let Some(why) = &self.fence_broken {
+            let why = why.clone();
+            return self.reply(token, Reply::Err(why));
+        }
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.wait = Wait::Fence;
+        }
+        self.fence_waiters.push(token);
+        if self.fence_waiters.len() == self.size {
+            for w in std::mem::take(&mut self.fence_waiters) {
+                self.end_wait(w, Reply::Ok);
             }
         }
     }
