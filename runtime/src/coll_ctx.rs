@@ -46,6 +46,7 @@ impl<'a> CollCtx<'a> {
     /// [`Error::Thread`] at the thread levels where several threads may call, when the call
     /// overlaps a collective of another thread on the same communicator (erroneous, as in
     /// MPI): it then takes no part.
+    #[inline(always)]
     pub(crate) fn new(comm: &'a Comm) -> Result<Self> {
         if comm.inner.eng.is_closed() {
             // The engine's own refusal: `Error::State`, worded as every other call's.
@@ -68,15 +69,23 @@ impl<'a> CollCtx<'a> {
 
     /// Ends the call with `r`: if it failed because a rank departed, the other members are
     /// told, so that none of them waits for this rank's part of the call.
+    #[inline]
     pub(crate) fn finish<T>(&self, r: Result<T>) -> Result<T> {
         if let Err(Error::PeerGone { rank }) = &r {
-            let c = self.comm;
-            let members: Vec<usize> = (0..c.size()).map(|i| c.world_rank(i)).collect();
-            if let Ok(mut e) = c.eng() {
-                e.abort_collective(c.coll_ctx(), self.seq, *rank, members.into_iter());
-            }
+            self.abort(*rank);
         }
         r
+    }
+
+    /// The call failed because world rank `gone` departed: tells the other members.
+    #[cold]
+    #[inline(never)]
+    fn abort(&self, gone: usize) {
+        let c = self.comm;
+        let members: Vec<usize> = (0..c.size()).map(|i| c.world_rank(i)).collect();
+        if let Ok(mut e) = c.eng() {
+            e.abort_collective(c.coll_ctx(), self.seq, gone, members.into_iter());
+        }
     }
 
     #[inline]

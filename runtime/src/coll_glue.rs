@@ -15,6 +15,7 @@ use crate::Rank;
 
 impl<'a> CollCtx<'a> {
     /// The call on the communicator's shared-memory collective context, if it has one.
+    #[inline(always)]
     fn shm(&self) -> Option<shm::Call<'a>> {
         shm::Call::new(self.comm(), self.full_seq())
     }
@@ -72,6 +73,7 @@ impl Comm {
                 eng: self.inner.eng.clone(),
                 coll_seq: Default::default(),
                 shm_seq: Default::default(),
+                shm_seen_all: Default::default(),
                 shm: Default::default(),
                 coll_busy: Default::default(),
                 machine: self.inner.machine.derive(members.as_ref().map(|m| m.as_slice()), size),

@@ -27,6 +27,10 @@ pub(crate) struct CommInner {
     /// a collective on a communicator ([`CollBusy`], whose enter and leave order the calls of
     /// different threads), so a plain load and store count it, without a read-modify-write.
     pub(crate) shm_seq: std::sync::atomic::AtomicU32,
+    /// `s + 1` for the last call `s` on the slots in which this rank saw every other rank
+    /// arrive (0: none yet): the next call's wait for the others' arrival in `s` then holds
+    /// at once (`Call::await_previous`). Counted like `shm_seq`.
+    pub(crate) shm_seen_all: std::sync::atomic::AtomicU32,
     /// The communicator's context for shared-memory collectives (see [`crate::coll::shm`]).
     pub(crate) shm: SyncCell<crate::engine::Slot>,
     /// The thread inside a collective on this communicator (see [`CollBusy`]).
@@ -475,6 +479,7 @@ pub(crate) fn world_comm(eng: Engine, level: crate::Threading) -> Comm {
             eng: Arc::new(EngineCell::new(eng, level)),
             coll_seq: Default::default(),
             shm_seq: Default::default(),
+            shm_seen_all: Default::default(),
             shm: Default::default(),
             coll_busy: Default::default(),
             machine,

@@ -160,29 +160,12 @@ impl Desc {
 impl<'a> Call<'a> {
     /// The call with sequence number `seq` (the communicator's counter before this call) on
     /// `comm`, if `comm` has a context; `None`: use point-to-point.
+    #[inline(always)]
     pub(crate) fn new(comm: &'a Comm, seq: u32) -> Option<Self> {
         let (ctx, gen) = match comm.inner.shm.get() {
             Slot::Ctx { ctx, gen } => (usize::from(ctx), gen),
             Slot::None => return None,
-            Slot::Unset => {
-                let world = comm.inner.id == 0 && comm.inner.members.is_none();
-                let gen = {
-                    let e = comm.eng().ok()?;
-                    e.shm_segment()
-                        .filter(|s| e.cfg.shm_coll && world && comm.size() >= 2 && comm.size() <= s.coll_ranks())
-                        .map(|s| s.coll_world_gen())
-                };
-                match gen {
-                    Some(gen) => {
-                        comm.inner.shm.set(Slot::Ctx { ctx: 0, gen });
-                        (0, gen)
-                    }
-                    None => {
-                        comm.inner.shm.set(Slot::None);
-                        return None;
-                    }
-                }
-            }
+            Slot::Unset => Self::first_use(comm)?,
         };
         // The slots go by the context's own count of calls, not by `seq`: a collective
         // that does not pass through them (gather, scatter...) lets a rank leave before the
@@ -193,7 +176,34 @@ impl<'a> Call<'a> {
         Some(Call { comm, ctx, flag: u64::from(gen) << 32 | u64::from(n), seq: seq & 0xffff, parity: (n & 1) as usize })
     }
 
+    /// The first call on `comm` while its slot is unset: the world communicator takes context
+    /// 0 (if the job's segment has room for its ranks and the slots are on); any other
+    /// communicator would have got its context from [`assign`] when it was made, so it has
+    /// none. Returns the context and its generation.
+    #[cold]
+    #[inline(never)]
+    fn first_use(comm: &Comm) -> Option<(usize, u32)> {
+        let world = comm.inner.id == 0 && comm.inner.members.is_none();
+        let gen = {
+            let e = comm.eng().ok()?;
+            e.shm_segment()
+                .filter(|s| e.cfg.shm_coll && world && comm.size() >= 2 && comm.size() <= s.coll_ranks())
+                .map(|s| s.coll_world_gen())
+        };
+        match gen {
+            Some(gen) => {
+                comm.inner.shm.set(Slot::Ctx { ctx: 0, gen });
+                Some((0, gen))
+            }
+            None => {
+                comm.inner.shm.set(Slot::None);
+                None
+            }
+        }
+    }
+
     /// Blocks until every rank has called it.
+    #[inline(always)]
     pub(crate) fn barrier(&self) -> Result<()> {
         let mut e = self.comm.eng()?;
         let desc = Desc::new(KIND_BARRIER, None, 0, 0, 0);
@@ -278,12 +288,21 @@ impl<'a> Call<'a> {
     /// parity is about to be written): waits until every other rank has arrived in call
     /// `s - 1`. A rank arrives in `s - 1` only after it finished reading in `s - 2`, the last
     /// call that used this slot, so nobody still reads it. After a call in which this rank
-    /// saw every other arrive (all but a broadcast's root) this holds at once; after a
+    /// saw every other arrive (all but a broadcast's root) this holds at once, and
+    /// `CommInner::shm_seen_all` says so without reading the others' flags; after a
     /// broadcast from this rank it is the wait the root skipped.
+    #[inline(always)]
     fn await_previous(&self, e: &mut EngineGuard<'_>) -> Result<()> {
-        if !self.all_to_all() || self.flag as u32 == 0 {
+        let seq = self.flag as u32;
+        if !self.all_to_all() || seq == 0 || self.comm.inner.shm_seen_all.load(Relaxed) == seq {
             return Ok(());
         }
+        self.await_arrivals_in_previous(e)
+    }
+
+    /// [`Call::await_previous`] when it has to look: reads the others' flags of call `s - 1`.
+    #[inline(never)]
+    fn await_arrivals_in_previous(&self, e: &mut EngineGuard<'_>) -> Result<()> {
         let (ctx, prev, ppar) = (self.ctx, self.flag - 1, 1 - self.parity);
         let (n, rank) = (self.comm.size(), self.comm.rank());
         let mut next = 0;
@@ -445,6 +464,7 @@ impl<'a> Call<'a> {
         if missing(shm(e)?).is_some() {
             self.wait(e, &mut missing)?;
         }
+        self.comm.inner.shm_seen_all.store((flag as u32).wrapping_add(1), Relaxed);
         e.shm_wake_all((0..n).filter(|&j| j != rank).map(|j| self.comm.world_rank(j)));
         let seg = shm(e)?;
         // A flag of a later call (same parity, so `s + 2` on): that rank got through this
@@ -475,6 +495,7 @@ impl<'a> Call<'a> {
 
     /// This rank's arrival in the call: its data (if any) and description into its slot, then
     /// its flag (release), so whoever sees the flag sees both.
+    #[inline(always)]
     fn publish(&self, e: &mut EngineGuard<'_>, desc: Desc, data: Option<&[u8]>) -> Result<()> {
         self.await_previous(e)?;
         let (ctx, par, rank) = (self.ctx, self.parity, self.comm.rank());

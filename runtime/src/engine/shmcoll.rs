@@ -21,6 +21,7 @@ impl Engine {
 
     /// Wakes those of world ranks `ranks` that sleep on their doorbells, after stores they
     /// may wait for (one fence for all of them).
+    #[inline]
     pub(crate) fn shm_wake_all(&self, ranks: impl Iterator<Item = usize>) {
         self.fabric.wake_all(ranks);
     }

@@ -132,6 +132,7 @@ impl Fabric for AnyFabric {
         each!(self, f => Fabric::wake(f, rank), ())
     }
 
+    #[inline]
     fn wake_all(&self, ranks: impl Iterator<Item = usize>) {
         each!(self, f => Fabric::wake_all(f, ranks), ())
     }

@@ -591,6 +591,7 @@ impl Segment {
     /// the protocol's guarantee that the owner does not (before it writes this slot again it
     /// waits until every reader is done with this call: the leader's release of it, or, where
     /// every rank reads every slot, every rank's arrival in the next call).
+    #[inline]
     pub unsafe fn coll_data(&self, ctx: usize, rank: usize, parity: usize, len: usize) -> &[u8] {
         let p = self.slot_ptr(ctx, rank, parity);
         // SAFETY: in bounds (len clamped to the data area); not written while the slice lives
