@@ -311,147 +311,226 @@ fn post<'s, 'e>(w: &Comm, s: &'s tmpi::Scope<'s, 'e>, m: &Msg, buf: &'s mut [u8]
 /// What a round reports to: the verdict, the digest, and the `--extra` stream.
 type Sinks<'a> = (&'a mut Verdict, &'a mut Digest, Option<&'a mut Rng>);
 
+/// A posted receive: the index of its message in [`Part::inc`], and its request.
+type Posted<'s> = Vec<(usize, tmpi::Request<'s>)>;
+
+/// One rank's part of a round of `plan`.
+struct Part<'a> {
+    w: &'a Comm,
+    seed: u64,
+    round: usize,
+    plan: &'a Round,
+    /// The messages this rank sends, and those it receives.
+    out: Vec<&'a Msg>,
+    inc: Vec<&'a Msg>,
+}
+
+/// Whether the receive of `m` is posted before the round's barrier.
+fn early(m: &Msg) -> bool {
+    matches!(m.way, Way::Early | Way::Any { early: true, .. } | Way::Truncate { early: true })
+}
+
 /// One round on `w`: this rank's part of `msgs`.
 fn round_of(world: &tmpi::World, w: &Comm, sinks: Sinks<'_>, seed: u64, round: usize, plan: &Round) -> Result<(), Box<dyn StdError>> {
     let (v, dig, mut extra) = sinks;
     let rank = w.rank();
-    let msgs = &plan.msgs[..];
+    let out = plan.msgs.iter().filter(|m| m.src == rank).collect();
+    let inc = plan.msgs.iter().filter(|m| m.dst == rank).collect();
+    let p = Part { w, seed, round, plan, out, inc };
+    let (mut outb, mut inb) = p.buffers(world)?;
     let mut never = [0u8; 16];
-    let mine_out: Vec<&Msg> = msgs.iter().filter(|m| m.src == rank).collect();
-    let mine_in: Vec<&Msg> = msgs.iter().filter(|m| m.dst == rank).collect();
-    let mut out: Vec<Buf> = Vec::new();
-    for m in &mine_out {
-        let mut b = Buf::new(world, m.send_shared, m.size)?;
-        b.bytes().copy_from_slice(&payload(seed, round, m.tag, m.size));
-        out.push(b);
-    }
-    let mut inb: Vec<Buf> = Vec::new();
-    for m in &mine_in {
-        let len = if matches!(m.way, Way::Truncate { .. }) { m.size / 2 } else { m.size };
-        inb.push(Buf::new(world, m.recv_shared, len)?);
-    }
-    let what = |m: &Msg| format!("seed {seed} round {round}: {} B {}->{} tag {} {:?}", m.size, m.src, m.dst, m.tag, m.way);
     let mut results: Vec<(usize, tmpi::Result<Status>)> = Vec::new();
     let mut probed: Vec<(usize, Probed)> = Vec::new();
     tmpi::scope(|s| -> tmpi::Result<()> {
         let mut slots: Vec<Option<&mut [u8]>> = inb.iter_mut().map(|b| Some(b.bytes())).collect();
-        let mut reqs = Vec::new();
-        let early = |m: &Msg| matches!(m.way, Way::Early | Way::Any { early: true, .. } | Way::Truncate { early: true });
-        for i in (0..mine_in.len()).filter(|&i| early(mine_in[i])) {
-            let buf = slots[i].take().expect("each receive is posted once");
-            reqs.push((i, post(w, s, mine_in[i], buf)?));
-        }
-        let mut cancel = match plan.cancelled[rank] {
+        let mut reqs = p.post(s, &mut slots, early)?;
+        let cancel = match plan.cancelled[rank] {
             Some(from) => Some((from, w.irecv(s, &mut never, from, UNUSED_TAG)?)),
             None => None,
         };
         w.barrier()?;
-        let mut sends = Vec::new();
-        for (m, b) in mine_out.iter().zip(out.iter_mut()) {
-            if m.delay_us > 0 {
-                std::thread::sleep(Duration::from_micros(m.delay_us));
-            }
-            let sync = extra.as_mut().is_some_and(|x| x.chance(33));
-            sends.push((*m, if sync { w.issend(s, &*b.bytes(), m.dst, m.tag)? } else { w.isend(s, &*b.bytes(), m.dst, m.tag)? }));
+        let sends = p.send_all(s, &mut outb, extra.as_deref_mut())?;
+        reqs.extend(p.post(s, &mut slots, |m| !early(m) && m.way != Way::Probe)?);
+        probed = p.probe_all(v, dig, extra.as_deref_mut());
+        if let Some(c) = cancel {
+            p.check_cancel(c, v, dig)?;
         }
-        for i in (0..mine_in.len()).filter(|&i| !early(mine_in[i]) && mine_in[i].way != Way::Probe) {
-            let buf = slots[i].take().expect("each receive is posted once");
-            reqs.push((i, post(w, s, mine_in[i], buf)?));
-        }
-        for (i, m) in mine_in.iter().enumerate() {
-            if m.way == Way::Probe {
-                let matched = extra.as_mut().and_then(|x| x.chance(50).then(|| x.chance(50)));
-                if let Some(poll) = matched {
-                    probed.push((i, matched_probe(w, m, poll)));
-                    continue;
-                }
-                match w.probe(m.src, m.tag) {
-                    Ok(st) => {
-                        dig.status(&st);
-                        v.check(st.len() == m.size && st.source() == m.src && st.tag() == m.tag, || {
-                            format!("{}: probe said {st:?}", what(m))
-                        })
-                    }
-                    Err(e) => v.check(false, || format!("{}: probe: {e}", what(m))),
-                }
-                probed.push((i, w.recv_vec::<u8>(m.src, m.tag)));
-            }
-        }
-        if let Some((from, mut r)) = cancel.take() {
-            r.cancel()?;
-            let got = r.wait();
-            dig.outcome(&got);
-            match got {
-                Ok(st) => v.check(st.cancelled(), || format!("seed {seed} round {round}: receive from {from} not cancelled: {st:?}")),
-                Err(e) => v.check(false, || format!("seed {seed} round {round}: cancelled receive from {from}: {e}")),
-            }
-        }
-        match plan.completion {
-            Completion::Each => {
-                for (i, r) in reqs {
-                    results.push((i, r.wait()));
-                }
-            }
-            Completion::Some | Completion::Poll => {
-                let (mut idx, mut rs): (Vec<usize>, Vec<tmpi::Request<'_>>) = reqs.into_iter().unzip();
-                while !rs.is_empty() {
-                    let done = if plan.completion == Completion::Some {
-                        tmpi::wait_some(&mut rs)?
-                    } else {
-                        std::thread::yield_now();
-                        tmpi::test_some(&mut rs)?
-                    };
-                    // Indices before removal, in order: remove from the back.
-                    for (k, r) in done.into_iter().rev() {
-                        results.push((idx.remove(k), r));
-                    }
-                }
-            }
-        }
+        results = p.complete(reqs)?;
         for (m, r) in sends {
             if let Err(e) = r.wait() {
-                v.check(false, || format!("{}: send: {e}", what(m)));
+                v.check(false, || format!("{}: send: {e}", p.what(m)));
             }
         }
         Ok(())
     })?;
-    results.sort_by_key(|r| r.0);
-    for (i, r) in results {
-        let m = mine_in[i];
-        let want = payload(seed, round, m.tag, m.size);
-        dig.word(u64::from(m.tag));
-        dig.outcome(&r);
-        if let Ok(st) = &r {
-            dig.bytes(&inb[i].bytes()[..st.len().min(m.size)]);
-        }
-        match (m.way, r) {
-            (Way::Truncate { .. }, r) => {
-                v.check_err(r, |e| matches!(e, Error::Truncated { .. }), &what(m));
-            }
-            (_, Ok(st)) => {
-                let got = &inb[i].bytes()[..];
-                v.check(st.source() == m.src && st.tag() == m.tag && st.len() == m.size && got == &want[..], || {
-                    let bad = got.iter().zip(&want).position(|(a, b)| a != b);
-                    format!("{}: status {st:?}, first wrong byte {bad:?}", what(m))
-                });
-            }
-            (_, Err(e)) => v.check(false, || format!("{}: {e}", what(m))),
-        }
-    }
-    for (i, r) in probed {
-        let m = mine_in[i];
-        let want = payload(seed, round, m.tag, m.size);
-        dig.word(u64::from(m.tag));
-        if let Ok((got, st)) = &r {
-            dig.status(st);
-            dig.bytes(got);
-        }
-        match r {
-            Ok((got, st)) => {
-                v.check(st.source() == m.src && st.tag() == m.tag && got == want, || format!("{}: status {st:?} or payload wrong", what(m)))
-            }
-            Err(e) => v.check(false, || format!("{}: {e}", what(m))),
-        }
-    }
+    p.check_results(results, &mut inb, v, dig);
+    p.check_probed(probed, v, dig);
     Ok(())
+}
+
+impl<'a> Part<'a> {
+    /// Names message `m` in a failure.
+    fn what(&self, m: &Msg) -> String {
+        format!("seed {} round {}: {} B {}->{} tag {} {:?}", self.seed, self.round, m.size, m.src, m.dst, m.tag, m.way)
+    }
+
+    /// The send buffers, filled, and the receive buffers (half the size for a truncation).
+    fn buffers(&self, world: &tmpi::World) -> tmpi::Result<(Vec<Buf>, Vec<Buf>)> {
+        let mut out = Vec::new();
+        for m in &self.out {
+            let mut b = Buf::new(world, m.send_shared, m.size)?;
+            b.bytes().copy_from_slice(&payload(self.seed, self.round, m.tag, m.size));
+            out.push(b);
+        }
+        let mut inb = Vec::new();
+        for m in &self.inc {
+            let len = if matches!(m.way, Way::Truncate { .. }) { m.size / 2 } else { m.size };
+            inb.push(Buf::new(world, m.recv_shared, len)?);
+        }
+        Ok((out, inb))
+    }
+
+    /// Posts the receives that `pick` chooses, each into its slot.
+    fn post<'s, 'e>(
+        &self,
+        s: &'s tmpi::Scope<'s, 'e>,
+        slots: &mut [Option<&'s mut [u8]>],
+        pick: impl Fn(&Msg) -> bool,
+    ) -> tmpi::Result<Posted<'s>> {
+        let mut reqs = Vec::new();
+        for i in (0..self.inc.len()).filter(|&i| pick(self.inc[i])) {
+            let buf = slots[i].take().expect("each receive is posted once");
+            reqs.push((i, post(self.w, s, self.inc[i], buf)?));
+        }
+        Ok(reqs)
+    }
+
+    /// Sends this rank's messages from `outb` (some after a delay; with `--extra` a third
+    /// synchronous).
+    fn send_all<'s, 'e>(
+        &self,
+        s: &'s tmpi::Scope<'s, 'e>,
+        outb: &'s mut [Buf],
+        mut extra: Option<&mut Rng>,
+    ) -> tmpi::Result<Vec<(&'a Msg, tmpi::Request<'s>)>> {
+        let mut sends = Vec::new();
+        for (m, b) in self.out.iter().zip(outb.iter_mut()) {
+            if m.delay_us > 0 {
+                std::thread::sleep(Duration::from_micros(m.delay_us));
+            }
+            let sync = extra.as_mut().is_some_and(|x| x.chance(33));
+            let b = &*b.bytes();
+            sends.push((*m, if sync { self.w.issend(s, b, m.dst, m.tag)? } else { self.w.isend(s, b, m.dst, m.tag)? }));
+        }
+        Ok(sends)
+    }
+
+    /// Takes the probed messages: `probe` then `recv_vec`, or (with `--extra`, half of them)
+    /// a matched probe.
+    fn probe_all(&self, v: &mut Verdict, dig: &mut Digest, mut extra: Option<&mut Rng>) -> Vec<(usize, Probed)> {
+        let mut probed = Vec::new();
+        for (i, m) in self.inc.iter().enumerate().filter(|(_, m)| m.way == Way::Probe) {
+            let matched = extra.as_mut().and_then(|x| x.chance(50).then(|| x.chance(50)));
+            if let Some(poll) = matched {
+                probed.push((i, matched_probe(self.w, m, poll)));
+                continue;
+            }
+            match self.w.probe(m.src, m.tag) {
+                Ok(st) => {
+                    dig.status(&st);
+                    v.check(st.len() == m.size && st.source() == m.src && st.tag() == m.tag, || {
+                        format!("{}: probe said {st:?}", self.what(m))
+                    })
+                }
+                Err(e) => v.check(false, || format!("{}: probe: {e}", self.what(m))),
+            }
+            probed.push((i, self.w.recv_vec::<u8>(m.src, m.tag)));
+        }
+        probed
+    }
+
+    /// Cancels the receive from `from` that nothing matches; it must complete cancelled.
+    fn check_cancel(&self, (from, mut r): (usize, tmpi::Request<'_>), v: &mut Verdict, dig: &mut Digest) -> tmpi::Result<()> {
+        r.cancel()?;
+        let got = r.wait();
+        dig.outcome(&got);
+        let (seed, round) = (self.seed, self.round);
+        match got {
+            Ok(st) => v.check(st.cancelled(), || format!("seed {seed} round {round}: receive from {from} not cancelled: {st:?}")),
+            Err(e) => v.check(false, || format!("seed {seed} round {round}: cancelled receive from {from}: {e}")),
+        }
+        Ok(())
+    }
+
+    /// Completes the posted receives the round's way: each waited for, `wait_some`, or
+    /// `test_some` polled.
+    fn complete(&self, reqs: Posted<'_>) -> tmpi::Result<Vec<(usize, tmpi::Result<Status>)>> {
+        let mut results = Vec::new();
+        if self.plan.completion == Completion::Each {
+            for (i, r) in reqs {
+                results.push((i, r.wait()));
+            }
+            return Ok(results);
+        }
+        let (mut idx, mut rs): (Vec<usize>, Vec<tmpi::Request<'_>>) = reqs.into_iter().unzip();
+        while !rs.is_empty() {
+            let done = if self.plan.completion == Completion::Some {
+                tmpi::wait_some(&mut rs)?
+            } else {
+                std::thread::yield_now();
+                tmpi::test_some(&mut rs)?
+            };
+            // Indices before removal, in order: remove from the back.
+            for (k, r) in done.into_iter().rev() {
+                results.push((idx.remove(k), r));
+            }
+        }
+        Ok(results)
+    }
+
+    /// Checks each completed receive's status and payload (in message order).
+    fn check_results(&self, mut results: Vec<(usize, tmpi::Result<Status>)>, inb: &mut [Buf], v: &mut Verdict, dig: &mut Digest) {
+        results.sort_by_key(|r| r.0);
+        for (i, r) in results {
+            let m = self.inc[i];
+            let want = payload(self.seed, self.round, m.tag, m.size);
+            dig.word(u64::from(m.tag));
+            dig.outcome(&r);
+            if let Ok(st) = &r {
+                dig.bytes(&inb[i].bytes()[..st.len().min(m.size)]);
+            }
+            match (m.way, r) {
+                (Way::Truncate { .. }, r) => {
+                    v.check_err(r, |e| matches!(e, Error::Truncated { .. }), &self.what(m));
+                }
+                (_, Ok(st)) => {
+                    let got = &inb[i].bytes()[..];
+                    v.check(st.source() == m.src && st.tag() == m.tag && st.len() == m.size && got == &want[..], || {
+                        let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+                        format!("{}: status {st:?}, first wrong byte {bad:?}", self.what(m))
+                    });
+                }
+                (_, Err(e)) => v.check(false, || format!("{}: {e}", self.what(m))),
+            }
+        }
+    }
+
+    /// Checks each probed message's status and payload.
+    fn check_probed(&self, probed: Vec<(usize, Probed)>, v: &mut Verdict, dig: &mut Digest) {
+        for (i, r) in probed {
+            let m = self.inc[i];
+            let want = payload(self.seed, self.round, m.tag, m.size);
+            dig.word(u64::from(m.tag));
+            if let Ok((got, st)) = &r {
+                dig.status(st);
+                dig.bytes(got);
+            }
+            match r {
+                Ok((got, st)) => v.check(st.source() == m.src && st.tag() == m.tag && got == want, || {
+                    format!("{}: status {st:?} or payload wrong", self.what(m))
+                }),
+                Err(e) => v.check(false, || format!("{}: {e}", self.what(m))),
+            }
+        }
+    }
 }
