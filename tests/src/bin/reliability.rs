@@ -185,111 +185,45 @@ fn next_error(world: &Comm) -> Option<Error> {
     None
 }
 
+const OP_RNDV: u8 = 1;
+const OP_FIN: u8 = 2;
+const OP_EAGER: u8 = 3;
+/// Packet flags: the first packet of a message, and a whole message in one packet.
+const FIRST: u8 = 1;
+const WHOLE: u8 = 3;
+
+/// A tag-matching header: opcode, application context, 64-bit match key.
+fn tmh(op: u8, app_ctx: u32, tag64: u64) -> Vec<u8> {
+    let mut b = vec![op, 0, 0, 0];
+    b.extend_from_slice(&app_ctx.to_be_bytes());
+    b.extend_from_slice(&tag64.to_be_bytes());
+    b
+}
+
+/// An eager message of `len` bytes of 0xEE whose match key names rank 1 as the source (the
+/// world's user context is 0).
+fn forged(len: usize, tag: u32) -> Vec<u8> {
+    let mut m = tmh(OP_EAGER, 0, tmpi::matching::encode_tag(0, 1, tag));
+    m.extend(std::iter::repeat_n(0xEEu8, len));
+    m
+}
+
+/// Rank 0 tells rank 2 when to inject, so that no other call of rank 0 is in progress when
+/// the garbage arrives (the call that reads it reports the error).
+fn go(w: &Comm) -> tmpi::Result<()> {
+    w.send(&[1u8], 2, 4001)
+}
+
+fn wait_go(w: &Comm) -> tmpi::Result<()> {
+    w.recv(&mut [0u8; 1], 0, 4001).map(|_| ())
+}
+
 fn hostile(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
-    use tmpi::matching::encode_tag;
-    const OP_RNDV: u8 = 1;
-    const OP_FIN: u8 = 2;
-    const OP_EAGER: u8 = 3;
-    const FIRST: u8 = 1;
-    const WHOLE: u8 = 3;
-    let me = world.rank();
-    let tmh = |op: u8, app_ctx: u32, tag64: u64| {
-        let mut b = vec![op, 0, 0, 0];
-        b.extend_from_slice(&app_ctx.to_be_bytes());
-        b.extend_from_slice(&tag64.to_be_bytes());
-        b
-    };
-    let forged = |len: usize, tag: u32| {
-        // World user context is 0; the match key names rank 1 as the source.
-        let mut m = tmh(OP_EAGER, 0, encode_tag(0, 1, tag));
-        m.extend(std::iter::repeat_n(0xEEu8, len));
-        m
-    };
-    // Rank 0 tells rank 2 when to inject, so that no other call of rank 0 is in progress
-    // when the garbage arrives (the call that reads it reports the error).
-    let go = |w: &Comm| w.send(&[1u8], 2, 4001);
-    let wait_go = |w: &Comm| w.recv(&mut [0u8; 1], 0, 4001).map(|_| ());
-    match me {
-        2 => {
-            // Under rank 1's name: a 4 KiB message into a posted (offloaded) receive, then an
-            // 8 B one that waits unexpected.
-            wait_go(world)?;
-            let m = forged(4096, 6);
-            world.inject_packet(0, WHOLE, m.len() as u64, &m)?;
-            let m = forged(8, 5);
-            world.inject_packet(0, WHOLE, m.len() as u64, &m)?;
-            world.barrier()?;
-            world.barrier()?;
-            // An acknowledgement of no synchronous send of rank 0.
-            wait_go(world)?;
-            world.inject_packet(0, WHOLE, 8, &[0, 1, 0, 0, 0, 0, 0, 77])?;
-            world.barrier()?;
-            // A FIN of no rendezvous.
-            wait_go(world)?;
-            let mut fin = tmh(OP_FIN, 12345, encode_tag(0, 2, 1));
-            fin.extend_from_slice(&[0u8; 16]);
-            world.inject_packet(0, WHOLE, fin.len() as u64, &fin)?;
-            world.barrier()?;
-            // A rendezvous request announcing 2^62 bytes (RVH with the "length in meta-data"
-            // marker, then the 64-bit length).
-            wait_go(world)?;
-            let mut r = tmh(OP_RNDV, 1, encode_tag(0, 2, 9));
-            r.extend_from_slice(&0x1000u64.to_be_bytes());
-            r.extend_from_slice(&7u32.to_be_bytes());
-            r.extend_from_slice(&u32::MAX.to_be_bytes());
-            r.extend_from_slice(&(1u64 << 62).to_be_bytes());
-            world.inject_packet(0, WHOLE, r.len() as u64, &r)?;
-            world.barrier()?;
-            // An eager message announcing 2^62 bytes (nothing follows it).
-            wait_go(world)?;
-            let m = tmh(OP_EAGER, 0, encode_tag(0, 2, 10));
-            world.inject_packet(0, FIRST, 1 << 62, &m)?;
-            world.barrier()?;
-        }
+    match world.rank() {
+        2 => hostile_injector(world),
         0 => {
-            let mut big = vec![0u8; 4096];
-            let r = tmpi::scope(|s| -> tmpi::Result<tmpi::Status> {
-                let r = world.irecv(s, &mut big, 1, 6)?;
-                go(world)?;
-                r.wait()
-            });
-            v.check_err(r, |e| matches!(e, Error::Protocol { rank: 2, .. }), "Protocol error naming rank 2 for a forged 4 KiB message");
-            world.barrier()?;
-            let mut small = [0u8; 8];
-            let r = world.recv(&mut small, 1, 5);
-            v.check_err(r, |e| matches!(e, Error::Protocol { rank: 2, .. }), "Protocol error naming rank 2 for a forged 8 B message");
-            v.check(small.iter().all(|&x| x != 0xEE), || "forged bytes landed in the buffer".into());
-            world.barrier()?;
-            // The real messages from rank 1.
-            let st = world.recv(&mut small, 1, 5)?;
-            v.check(st.source() == 1 && small[..] == pattern(8, 1)[..], || "real 8 B message from rank 1 damaged".into());
-            let st = world.recv(&mut big, 1, 6)?;
-            v.check(st.source() == 1 && big == pattern(4096, 1), || "real 4 KiB message from rank 1 damaged".into());
-            for what in ["a stray acknowledgement", "a stray FIN"] {
-                go(world)?;
-                let seen = next_error(world);
-                v.check(matches!(seen, Some(Error::Protocol { rank: 2, .. })), || format!("{what}: got {seen:?}"));
-                world.barrier()?;
-            }
-            // The request waits unexpected until a receive asks for it.
-            go(world)?;
-            let t = Instant::now();
-            let st = loop {
-                if let Some(st) = world.iprobe(2, 9)? {
-                    break Some(st);
-                }
-                if t.elapsed() > Duration::from_secs(10) {
-                    break None;
-                }
-            };
-            v.check(st.is_some_and(|s| s.len() == 1 << 62), || format!("rendezvous request of 2^62 bytes: probe says {st:?}"));
-            let r = world.recv_vec::<u8>(2, 9);
-            v.check_err(r, |e| matches!(e, Error::NoMemory { rank: 2, .. }), "NoMemory for 2^62 bytes");
-            world.barrier()?;
-            go(world)?;
-            let seen = next_error(world);
-            v.check(matches!(seen, Some(Error::Protocol { rank: 2, .. })), || format!("eager 2^62: got {seen:?}"));
-            world.barrier()?;
+            hostile_forged(world, v)?;
+            hostile_strays(world, v)
         }
         _ => {
             world.barrier()?;
@@ -299,9 +233,100 @@ fn hostile(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
             for _ in 0..4 {
                 world.barrier()?;
             }
+            Ok(())
         }
     }
+}
+
+/// Rank 2, the broken peer: each piece of garbage when rank 0 says go, a barrier after each.
+fn hostile_injector(world: &Comm) -> tmpi::Result<()> {
+    use tmpi::matching::encode_tag;
+    // Under rank 1's name: a 4 KiB message into a posted (offloaded) receive, then an 8 B one
+    // that waits unexpected.
+    wait_go(world)?;
+    let m = forged(4096, 6);
+    world.inject_packet(0, WHOLE, m.len() as u64, &m)?;
+    let m = forged(8, 5);
+    world.inject_packet(0, WHOLE, m.len() as u64, &m)?;
+    world.barrier()?;
+    world.barrier()?;
+    // An acknowledgement of no synchronous send of rank 0.
+    wait_go(world)?;
+    world.inject_packet(0, WHOLE, 8, &[0, 1, 0, 0, 0, 0, 0, 77])?;
+    world.barrier()?;
+    // A FIN of no rendezvous.
+    wait_go(world)?;
+    let mut fin = tmh(OP_FIN, 12345, encode_tag(0, 2, 1));
+    fin.extend_from_slice(&[0u8; 16]);
+    world.inject_packet(0, WHOLE, fin.len() as u64, &fin)?;
+    world.barrier()?;
+    // A rendezvous request announcing 2^62 bytes (RVH with the "length in meta-data" marker,
+    // then the 64-bit length).
+    wait_go(world)?;
+    let mut r = tmh(OP_RNDV, 1, encode_tag(0, 2, 9));
+    r.extend_from_slice(&0x1000u64.to_be_bytes());
+    r.extend_from_slice(&7u32.to_be_bytes());
+    r.extend_from_slice(&u32::MAX.to_be_bytes());
+    r.extend_from_slice(&(1u64 << 62).to_be_bytes());
+    world.inject_packet(0, WHOLE, r.len() as u64, &r)?;
+    world.barrier()?;
+    // An eager message announcing 2^62 bytes (nothing follows it).
+    wait_go(world)?;
+    let m = tmh(OP_EAGER, 0, encode_tag(0, 2, 10));
+    world.inject_packet(0, FIRST, 1 << 62, &m)?;
+    world.barrier()
+}
+
+/// Rank 0 and the messages forged under rank 1's name: errors naming rank 2, no forged byte
+/// written, and rank 1's real messages intact after them.
+fn hostile_forged(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let mut big = vec![0u8; 4096];
+    let r = tmpi::scope(|s| -> tmpi::Result<tmpi::Status> {
+        let r = world.irecv(s, &mut big, 1, 6)?;
+        go(world)?;
+        r.wait()
+    });
+    v.check_err(r, |e| matches!(e, Error::Protocol { rank: 2, .. }), "Protocol error naming rank 2 for a forged 4 KiB message");
+    world.barrier()?;
+    let mut small = [0u8; 8];
+    let r = world.recv(&mut small, 1, 5);
+    v.check_err(r, |e| matches!(e, Error::Protocol { rank: 2, .. }), "Protocol error naming rank 2 for a forged 8 B message");
+    v.check(small.iter().all(|&x| x != 0xEE), || "forged bytes landed in the buffer".into());
+    world.barrier()?;
+    let st = world.recv(&mut small, 1, 5)?;
+    v.check(st.source() == 1 && small[..] == pattern(8, 1)[..], || "real 8 B message from rank 1 damaged".into());
+    let st = world.recv(&mut big, 1, 6)?;
+    v.check(st.source() == 1 && big == pattern(4096, 1), || "real 4 KiB message from rank 1 damaged".into());
     Ok(())
+}
+
+/// Rank 0 and the stray control packets and the headers announcing 2^62 bytes.
+fn hostile_strays(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    for what in ["a stray acknowledgement", "a stray FIN"] {
+        go(world)?;
+        let seen = next_error(world);
+        v.check(matches!(seen, Some(Error::Protocol { rank: 2, .. })), || format!("{what}: got {seen:?}"));
+        world.barrier()?;
+    }
+    // The request waits unexpected until a receive asks for it.
+    go(world)?;
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = world.iprobe(2, 9)? {
+            break Some(st);
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            break None;
+        }
+    };
+    v.check(st.is_some_and(|s| s.len() == 1 << 62), || format!("rendezvous request of 2^62 bytes: probe says {st:?}"));
+    let r = world.recv_vec::<u8>(2, 9);
+    v.check_err(r, |e| matches!(e, Error::NoMemory { rank: 2, .. }), "NoMemory for 2^62 bytes");
+    world.barrier()?;
+    go(world)?;
+    let seen = next_error(world);
+    v.check(matches!(seen, Some(Error::Protocol { rank: 2, .. })), || format!("eager 2^62: got {seen:?}"));
+    world.barrier()
 }
 
 /// Rank 0 abandons (scope unwinding) a 32 MiB single-copy receive while rank 1 may be writing
