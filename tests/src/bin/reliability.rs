@@ -55,70 +55,93 @@ fn expect_gone<T: std::fmt::Debug>(v: &mut Verdict, what: &str, limit: Duration,
     v.check(took <= limit, || format!("{what}: PeerGone after {took:?} (limit {limit:?})"));
 }
 
+/// Sizes of the eager and of the rendezvous messages the leaver sends.
+const LEAVE_EAGER: [usize; 6] = [0, 8, 1000, 4096, 65536, 200_000];
+const LEAVE_RNDV: [usize; 3] = [300_000, 1 << 20, 8 << 20];
+
 fn leave(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
-    let n = world.size();
-    let last = n - 1;
+    let last = world.size() - 1;
     let me = world.rank();
-    let eager: Vec<usize> = vec![0, 8, 1000, 4096, 65536, 200_000];
-    let rndv: Vec<usize> = vec![300_000, 1 << 20, 8 << 20];
     // Everyone but the leaver forms a communicator of its own for what follows.
     let rest = world.split(if me == last { None } else { Some(0) }, 0)?;
     if me == last {
-        for (i, &len) in eager.iter().enumerate() {
-            world.send(&pattern(len, i), 0, TAG_DATA)?;
-        }
-        for (i, &len) in rndv.iter().enumerate() {
-            world.send(&pattern(len, 100 + i), 0, TAG_DATA + 1)?;
-        }
-        for (i, &len) in eager.iter().enumerate() {
-            world.send(&pattern(len, 200 + i), 0, TAG_DATA + 2)?;
-        }
-        // Leaves now; tmpi::init's World is finalized by the caller.
-        return Ok(());
+        // Leaves after these; tmpi::init's World is finalized by the caller.
+        return leaver_sends(world);
     }
     let rest = rest.ok_or_else(|| Error::State("split left a staying rank out".into()))?;
     if me == 0 {
-        for (i, &len) in rndv.iter().enumerate() {
-            let (got, st) = world.recv_vec::<u8>(last, TAG_DATA + 1)?;
-            v.check(got == pattern(len, 100 + i) && st.source() == last, || format!("rendezvous message {i} ({len} B) damaged"));
-        }
-        // Let the leaver finish and exit before the eager messages are read.
-        std::thread::sleep(Duration::from_millis(300));
-        for (i, &len) in eager.iter().enumerate() {
-            let (got, _) = world.recv_vec::<u8>(last, TAG_DATA)?;
-            v.check(got == pattern(len, i), || format!("eager message {i} ({len} B) damaged"));
-        }
-        for (i, &len) in eager.iter().enumerate() {
-            let mut b = vec![0u8; len];
-            let st = world.recv(&mut b, ANY_SOURCE, TAG_DATA + 2)?;
-            v.check(b == pattern(len, 200 + i) && st.source() == last, || format!("late eager message {i} ({len} B) damaged"));
-        }
-        let limit = Duration::from_secs(2);
-        expect_gone(v, "recv from the departed rank", limit, || world.recv(&mut [0u8; 8], last, TAG_DATA));
-        expect_gone(v, "probe of the departed rank", limit, || world.probe(last, tmpi::ANY_TAG));
-        let mut rb = [0u8; 64];
-        expect_gone(v, "irecv + wait", limit, || tmpi::scope(|s| world.irecv(s, &mut rb, last, 9)?.wait()));
-        expect_gone(v, "ssend to the departed rank", limit, || world.ssend(&[1u8; 8], last, 9));
-        expect_gone(v, "rendezvous send to the departed rank", limit, || world.send(&vec![1u8; 4 << 20], last, 9));
-        // A loop of test() on a request from the departed rank ends too.
-        let mut b = [0u8; 8];
-        let t = Instant::now();
-        let polled = tmpi::scope(|s| -> tmpi::Result<Option<tmpi::Status>> {
-            let mut r = world.irecv(s, &mut b, last, 11)?;
-            loop {
-                if let Some(st) = r.test()? {
-                    return Ok(Some(st));
-                }
-                if t.elapsed() > limit {
-                    return Ok(None);
-                }
-            }
-        });
-        let polled = Some(polled);
-        v.check(matches!(polled, Some(Err(Error::PeerGone { .. }))), || format!("test() loop on a departed peer ended with {polled:?}"));
+        receive_from_leaver(world, last, v)?;
+        calls_on_leaver_fail(world, last, v);
     }
-    // Collectives over the world need the departed rank: every staying rank gives up, also
-    // those that wait on another staying rank rather than on the departed one.
+    collectives_after_leave(world, &rest, v)
+}
+
+/// The leaver's messages to rank 0: eager, rendezvous, eager again.
+fn leaver_sends(world: &Comm) -> tmpi::Result<()> {
+    for (i, &len) in LEAVE_EAGER.iter().enumerate() {
+        world.send(&pattern(len, i), 0, TAG_DATA)?;
+    }
+    for (i, &len) in LEAVE_RNDV.iter().enumerate() {
+        world.send(&pattern(len, 100 + i), 0, TAG_DATA + 1)?;
+    }
+    for (i, &len) in LEAVE_EAGER.iter().enumerate() {
+        world.send(&pattern(len, 200 + i), 0, TAG_DATA + 2)?;
+    }
+    Ok(())
+}
+
+/// Rank 0 receives the rendezvous messages while the leaver is there, then the eager ones
+/// after it left, in order and intact.
+fn receive_from_leaver(world: &Comm, last: usize, v: &mut Verdict) -> tmpi::Result<()> {
+    for (i, &len) in LEAVE_RNDV.iter().enumerate() {
+        let (got, st) = world.recv_vec::<u8>(last, TAG_DATA + 1)?;
+        v.check(got == pattern(len, 100 + i) && st.source() == last, || format!("rendezvous message {i} ({len} B) damaged"));
+    }
+    // Let the leaver finish and exit before the eager messages are read.
+    std::thread::sleep(Duration::from_millis(300));
+    for (i, &len) in LEAVE_EAGER.iter().enumerate() {
+        let (got, _) = world.recv_vec::<u8>(last, TAG_DATA)?;
+        v.check(got == pattern(len, i), || format!("eager message {i} ({len} B) damaged"));
+    }
+    for (i, &len) in LEAVE_EAGER.iter().enumerate() {
+        let mut b = vec![0u8; len];
+        let st = world.recv(&mut b, ANY_SOURCE, TAG_DATA + 2)?;
+        v.check(b == pattern(len, 200 + i) && st.source() == last, || format!("late eager message {i} ({len} B) damaged"));
+    }
+    Ok(())
+}
+
+/// Every call that only the departed rank could satisfy fails with `PeerGone` in time.
+fn calls_on_leaver_fail(world: &Comm, last: usize, v: &mut Verdict) {
+    let limit = Duration::from_secs(2);
+    expect_gone(v, "recv from the departed rank", limit, || world.recv(&mut [0u8; 8], last, TAG_DATA));
+    expect_gone(v, "probe of the departed rank", limit, || world.probe(last, tmpi::ANY_TAG));
+    let mut rb = [0u8; 64];
+    expect_gone(v, "irecv + wait", limit, || tmpi::scope(|s| world.irecv(s, &mut rb, last, 9)?.wait()));
+    expect_gone(v, "ssend to the departed rank", limit, || world.ssend(&[1u8; 8], last, 9));
+    expect_gone(v, "rendezvous send to the departed rank", limit, || world.send(&vec![1u8; 4 << 20], last, 9));
+    // A loop of test() on a request from the departed rank ends too.
+    let mut b = [0u8; 8];
+    let t = Instant::now();
+    let polled = tmpi::scope(|s| -> tmpi::Result<Option<tmpi::Status>> {
+        let mut r = world.irecv(s, &mut b, last, 11)?;
+        loop {
+            if let Some(st) = r.test()? {
+                return Ok(Some(st));
+            }
+            if t.elapsed() > limit {
+                return Ok(None);
+            }
+        }
+    });
+    let polled = Some(polled);
+    v.check(matches!(polled, Some(Err(Error::PeerGone { .. }))), || format!("test() loop on a departed peer ended with {polled:?}"));
+}
+
+/// Collectives over the world need the departed rank: every staying rank gives up, also those
+/// that wait on another staying rank rather than on the departed one. The ranks left go on
+/// among themselves (`rest`).
+fn collectives_after_leave(world: &Comm, rest: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     rest.barrier()?;
     let limit = Duration::from_secs(2);
     expect_gone(v, "barrier over the world", limit, || world.barrier());
@@ -126,9 +149,7 @@ fn leave(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     expect_gone(v, "split of the world", limit, || world.split(Some(0), 0));
     rest.barrier()?;
     expect_gone(v, "allreduce over the world", limit, || world.allreduce(&[1u64], &mut [0u64], tmpi::Op::Sum));
-    // The ranks left go on among themselves.
-    let r = rest.rank();
-    let m = rest.size();
+    let (r, m) = (rest.rank(), rest.size());
     for round in 0..20u64 {
         let mut sum = [0u64];
         rest.allreduce(&[r as u64 + round], &mut sum, tmpi::Op::Sum)?;
