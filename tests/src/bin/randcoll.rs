@@ -168,80 +168,108 @@ fn vcount(count: usize, r: usize, d: usize) -> usize {
     (count + r * 5 + d * 3) % (count + 1)
 }
 
+/// A collective's outcome and whether its result was right.
+type Outcome = (tmpi::Result<()>, bool);
+
 fn one<T: Elem>(c: &Comm, v: &mut Verdict, s: &Step, what: &str) {
-    let Step { step, coll, op, root, count, nb } = *s;
-    let (me, n) = (c.rank(), c.size());
-    let mine: Vec<T> = (0..count).map(|i| val(step, me, i)).collect();
-    let reduced =
-        || -> Vec<T> { (0..count).map(|i| (1..n).fold(val::<T>(step, 0, i), |a, r| T::combine(op, a, val(step, r, i)))).collect() };
-    let mut check = |r: tmpi::Result<()>, ok: bool| match r {
+    let (r, ok) = match s.coll {
+        Coll::Barrier => (either!(s.nb, c.barrier(), |sc| c.ibarrier(sc)), true),
+        Coll::Bcast | Coll::Reduce | Coll::Gather | Coll::Scatter => rooted::<T>(c, s),
+        Coll::Allreduce | Coll::Allgather | Coll::Alltoall => symmetric::<T>(c, s),
+        Coll::Allgatherv | Coll::Alltoallv | Coll::ReduceScatter => varying::<T>(c, s),
+    };
+    match r {
         Ok(()) => v.check(ok, || format!("{what}: wrong result")),
         Err(e) => v.check(false, || format!("{what}: {e}")),
-    };
-    match coll {
-        Coll::Barrier => check(either!(nb, c.barrier(), |s| c.ibarrier(s)), true),
+    }
+}
+
+/// The reduction of every rank's element `i` at `step` by `op`.
+fn reduced_at<T: Elem>(step: usize, op: Op, n: usize, i: usize) -> T {
+    (1..n).fold(val::<T>(step, 0, i), |a, r| T::combine(op, a, val(step, r, i)))
+}
+
+/// `bcast`, `reduce`, `gather` and `scatter` at `s.root`.
+fn rooted<T: Elem>(c: &Comm, s: &Step) -> Outcome {
+    let Step { step, op, root, count, nb, .. } = *s;
+    let (me, n) = (c.rank(), c.size());
+    let mine: Vec<T> = (0..count).map(|i| val(step, me, i)).collect();
+    match s.coll {
         Coll::Bcast => {
-            let mut buf: Vec<T> = if me == root { (0..count).map(|i| val(step, root, i)).collect() } else { vec![T::default(); count] };
-            let r = either!(nb, c.bcast(&mut buf, root), |s| c.ibcast(s, &mut buf, root));
-            check(r, buf.iter().enumerate().all(|(i, &x)| x == val(step, root, i)));
+            let mut buf: Vec<T> = if me == root { mine } else { vec![T::default(); count] };
+            let r = either!(nb, c.bcast(&mut buf, root), |sc| c.ibcast(sc, &mut buf, root));
+            (r, buf.iter().enumerate().all(|(i, &x)| x == val(step, root, i)))
         }
         Coll::Reduce => {
             let mut out = vec![T::default(); count];
-            let r = either!(nb, c.reduce(&mine, (me == root).then_some(&mut out[..]), op, root), |s| c.ireduce(
-                s,
+            let r = either!(nb, c.reduce(&mine, (me == root).then_some(&mut out[..]), op, root), |sc| c.ireduce(
+                sc,
                 &mine,
                 (me == root).then_some(&mut out[..]),
                 op,
                 root
             ));
-            check(r, me != root || out == reduced());
-        }
-        Coll::Allreduce => {
-            let mut out = vec![T::default(); count];
-            let r = either!(nb, c.allreduce(&mine, &mut out, op), |s| c.iallreduce(s, &mine, &mut out, op));
-            check(r, out == reduced());
+            (r, me != root || (0..count).all(|i| out[i] == reduced_at(step, op, n, i)))
         }
         Coll::Gather => {
             let mut out = vec![T::default(); count * n];
-            let r = either!(nb, c.gather(&mine, (me == root).then_some(&mut out[..]), root), |s| c.igather(
-                s,
+            let r = either!(nb, c.gather(&mine, (me == root).then_some(&mut out[..]), root), |sc| c.igather(
+                sc,
                 &mine,
                 (me == root).then_some(&mut out[..]),
                 root
             ));
-            check(r, me != root || (0..n).all(|p| (0..count).all(|i| out[p * count + i] == val(step, p, i))));
+            (r, me != root || (0..n).all(|p| (0..count).all(|i| out[p * count + i] == val(step, p, i))))
         }
-        Coll::Scatter => {
+        _ => {
             let all: Vec<T> = (0..n * count).map(|k| val(step, k / count.max(1), k % count.max(1) + 1000)).collect();
             let mut out = vec![T::default(); count];
-            let r = either!(nb, c.scatter((me == root).then_some(&all[..]), &mut out, root), |s| c.iscatter(
-                s,
-                (me == root).then_some(&all[..]),
-                &mut out,
-                root
-            ));
-            check(r, (0..count).all(|i| out[i] == val(step, me, i + 1000)));
+            let from = (me == root).then_some(&all[..]);
+            let r = either!(nb, c.scatter(from, &mut out, root), |sc| c.iscatter(sc, from, &mut out, root));
+            (r, (0..count).all(|i| out[i] == val(step, me, i + 1000)))
+        }
+    }
+}
+
+/// `allreduce`, `allgather` and `alltoall`: the same count everywhere.
+fn symmetric<T: Elem>(c: &Comm, s: &Step) -> Outcome {
+    let Step { step, op, count, nb, .. } = *s;
+    let (me, n) = (c.rank(), c.size());
+    let mine: Vec<T> = (0..count).map(|i| val(step, me, i)).collect();
+    match s.coll {
+        Coll::Allreduce => {
+            let mut out = vec![T::default(); count];
+            let r = either!(nb, c.allreduce(&mine, &mut out, op), |sc| c.iallreduce(sc, &mine, &mut out, op));
+            (r, (0..count).all(|i| out[i] == reduced_at(step, op, n, i)))
         }
         Coll::Allgather => {
             let mut out = vec![T::default(); count * n];
-            let r = either!(nb, c.allgather(&mine, &mut out), |s| c.iallgather(s, &mine, &mut out));
-            check(r, (0..n).all(|p| (0..count).all(|i| out[p * count + i] == val(step, p, i))));
+            let r = either!(nb, c.allgather(&mine, &mut out), |sc| c.iallgather(sc, &mine, &mut out));
+            (r, (0..n).all(|p| (0..count).all(|i| out[p * count + i] == val(step, p, i))))
         }
-        Coll::Alltoall => {
+        _ => {
             // Block `d` of rank `s`'s send buffer goes to rank `d`: values of (s, d, i).
             let send: Vec<T> = (0..n * count).map(|k| val(step, me * 64 + k / count.max(1), k % count.max(1))).collect();
             let mut out = vec![T::default(); count * n];
-            let r = either!(nb, c.alltoall(&send, &mut out), |s| c.ialltoall(s, &send, &mut out));
-            check(r, (0..n).all(|s| (0..count).all(|i| out[s * count + i] == val(step, s * 64 + me, i))));
+            let r = either!(nb, c.alltoall(&send, &mut out), |sc| c.ialltoall(sc, &send, &mut out));
+            (r, (0..n).all(|s| (0..count).all(|i| out[s * count + i] == val(step, s * 64 + me, i))))
         }
+    }
+}
+
+/// `allgatherv`, `alltoallv` and `reduce_scatter`: counts that differ by rank.
+fn varying<T: Elem>(c: &Comm, s: &Step) -> Outcome {
+    let Step { step, op, count, nb, .. } = *s;
+    let (me, n) = (c.rank(), c.size());
+    match s.coll {
         Coll::Allgatherv => {
             // Rank r gives vcount(count, r, 0) elements; blocks land in reverse rank order.
             let counts: Vec<usize> = (0..n).map(|r| vcount(count, r, 0)).collect();
             let displs: Vec<usize> = (0..n).map(|r| counts[r + 1..].iter().sum()).collect();
             let mine: Vec<T> = (0..counts[me]).map(|i| val(step, me, i)).collect();
             let mut out = vec![T::default(); counts.iter().sum()];
-            let r = either!(nb, c.allgatherv(&mine, &mut out, &counts, &displs), |s| c.iallgatherv(s, &mine, &mut out, &counts, &displs));
-            check(r, (0..n).all(|p| (0..counts[p]).all(|i| out[displs[p] + i] == val(step, p, i))));
+            let r = either!(nb, c.allgatherv(&mine, &mut out, &counts, &displs), |sc| c.iallgatherv(sc, &mine, &mut out, &counts, &displs));
+            (r, (0..n).all(|p| (0..counts[p]).all(|i| out[displs[p] + i] == val(step, p, i))))
         }
         Coll::Alltoallv => {
             // Rank s sends rank d vcount(count, s, d) elements of values (s, d, i).
@@ -252,17 +280,16 @@ fn one<T: Elem>(c: &Comm, v: &mut Verdict, s: &Step, what: &str) {
             let send: Vec<T> = (0..n).flat_map(|d| (0..sc[d]).map(move |i| val(step, me * 64 + d, i))).collect();
             let mut out = vec![T::default(); rc.iter().sum()];
             let r = either!(nb, c.alltoallv(&send, &sc, &sd, &mut out, &rc, &rd), |s| c.ialltoallv(s, &send, &sc, &sd, &mut out, &rc, &rd));
-            check(r, (0..n).all(|s| (0..rc[s]).all(|i| out[rd[s] + i] == val(step, s * 64 + me, i))));
+            (r, (0..n).all(|s| (0..rc[s]).all(|i| out[rd[s] + i] == val(step, s * 64 + me, i))))
         }
-        Coll::ReduceScatter => {
+        _ => {
             let counts: Vec<usize> = (0..n).map(|r| vcount(count / n.max(1), r, 1)).collect();
             let total: usize = counts.iter().sum();
             let mine: Vec<T> = (0..total).map(|i| val(step, me, i)).collect();
             let mut out = vec![T::default(); counts[me]];
-            let r = either!(nb, c.reduce_scatter(&mine, &mut out, &counts, op), |s| c.ireduce_scatter(s, &mine, &mut out, &counts, op));
+            let r = either!(nb, c.reduce_scatter(&mine, &mut out, &counts, op), |sc| c.ireduce_scatter(sc, &mine, &mut out, &counts, op));
             let lo: usize = counts[..me].iter().sum();
-            let want = |i: usize| (1..n).fold(val::<T>(step, 0, i), |a, r| T::combine(op, a, val(step, r, i)));
-            check(r, (0..counts[me]).all(|i| out[i] == want(lo + i)));
+            (r, (0..counts[me]).all(|i| out[i] == reduced_at(step, op, n, lo + i)))
         }
     }
 }
