@@ -33,16 +33,23 @@ fn check_all(v: &mut Verdict, part: &str, peer: usize, round: usize, bufs: &[Vec
     }
 }
 
-fn main() -> Result<(), Box<dyn StdError>> {
-    let world = tmpi::init()?;
-    let (rank, n) = (world.rank(), world.size());
-    let peer = if (rank ^ 1) < n { rank ^ 1 } else { rank };
-    let mut v = Verdict::new("inflight", rank);
-    for round in 0..ROUNDS {
-        let out: Vec<Vec<u64>> = (0..K).map(|k| payload(rank, round, k)).collect();
+/// One round's setting: the world, the partner, the round, and this rank's payloads.
+struct Round<'a> {
+    world: &'a tmpi::World,
+    peer: usize,
+    round: usize,
+    out: Vec<Vec<u64>>,
+}
 
-        // A: distinct tags, sends in reverse order.
-        let mut bufs: Vec<Vec<u64>> = (0..K).map(|k| vec![0; len(k)]).collect();
+impl Round<'_> {
+    fn empty_bufs() -> Vec<Vec<u64>> {
+        (0..K).map(|k| vec![0; len(k)]).collect()
+    }
+
+    /// A: distinct tags, sends in reverse order.
+    fn distinct_tags(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (world, peer) = (self.world, self.peer);
+        let mut bufs = Self::empty_bufs();
         let sts = tmpi::scope(|s| -> tmpi::Result<Vec<Status>> {
             let mut recvs = Vec::with_capacity(K);
             for (k, b) in bufs.iter_mut().enumerate() {
@@ -50,32 +57,40 @@ fn main() -> Result<(), Box<dyn StdError>> {
             }
             let mut sends = Vec::with_capacity(K);
             for k in (0..K).rev() {
-                sends.push(world.isend(s, &out[k], peer, k as u32)?);
+                sends.push(world.isend(s, &self.out[k], peer, k as u32)?);
             }
             tmpi::wait_all(sends)?;
             tmpi::wait_all(recvs)
         })?;
-        check_all(&mut v, "A", peer, round, &bufs, &sts, |k| k as u32);
+        check_all(v, "A", peer, self.round, &bufs, &sts, |k| k as u32);
+        Ok(())
+    }
 
-        // B: one tag; the k-th receive gets the k-th message.
-        let mut bufs: Vec<Vec<u64>> = (0..K).map(|k| vec![0; len(k)]).collect();
+    /// B: one tag; the k-th receive gets the k-th message.
+    fn one_tag(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (world, peer) = (self.world, self.peer);
+        let mut bufs = Self::empty_bufs();
         let sts = tmpi::scope(|s| -> tmpi::Result<Vec<Status>> {
             let mut recvs = Vec::with_capacity(K);
             for b in bufs.iter_mut() {
                 recvs.push(world.irecv(s, b, peer, SAME_TAG)?);
             }
             let mut sends = Vec::with_capacity(K);
-            for m in &out {
+            for m in &self.out {
                 sends.push(world.isend(s, m, peer, SAME_TAG)?);
             }
             let r = tmpi::wait_all(recvs);
             tmpi::wait_all(sends)?;
             r
         })?;
-        check_all(&mut v, "B", peer, round, &bufs, &sts, |_| SAME_TAG);
+        check_all(v, "B", peer, self.round, &bufs, &sts, |_| SAME_TAG);
+        Ok(())
+    }
 
-        // C: completion in any order through wait_any.
-        let mut bufs: Vec<Vec<u64>> = (0..K).map(|k| vec![0; len(k)]).collect();
+    /// C: completion in any order through `wait_any`.
+    fn any_order(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (world, peer) = (self.world, self.peer);
+        let mut bufs = Self::empty_bufs();
         let mut sts: Vec<Option<Status>> = vec![None; K];
         tmpi::scope(|s| -> tmpi::Result<()> {
             let mut recvs = Vec::with_capacity(K);
@@ -83,7 +98,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
                 recvs.push(world.irecv(s, b, tmpi::ANY_SOURCE, 2000 + k as u32)?);
             }
             let mut sends = Vec::with_capacity(K);
-            for (k, m) in out.iter().enumerate() {
+            for (k, m) in self.out.iter().enumerate() {
                 sends.push(world.isend(s, m, peer, 2000 + k as u32)?);
             }
             while !recvs.is_empty() {
@@ -100,13 +115,17 @@ fn main() -> Result<(), Box<dyn StdError>> {
         let sts: Vec<Status> = sts.into_iter().flatten().collect();
         v.check(sts.len() == K, || format!("part C: {} of {K} receives completed", sts.len()));
         if sts.len() == K {
-            check_all(&mut v, "C", peer, round, &bufs, &sts, |k| 2000 + k as u32);
+            check_all(v, "C", peer, self.round, &bufs, &sts, |k| 2000 + k as u32);
         }
+        Ok(())
+    }
 
-        // D: receives of unknown size, in MPI order.
+    /// D: receives of unknown size, in MPI order.
+    fn unknown_size(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (world, peer) = (self.world, self.peer);
         let recvs = (0..K).map(|_| world.irecv_vec::<u64>(peer, SAME_TAG + 1)).collect::<tmpi::Result<Vec<_>>>()?;
         tmpi::scope(|s| -> tmpi::Result<()> {
-            let sends = out.iter().map(|m| world.isend(s, m, peer, SAME_TAG + 1)).collect::<tmpi::Result<Vec<_>>>()?;
+            let sends = self.out.iter().map(|m| world.isend(s, m, peer, SAME_TAG + 1)).collect::<tmpi::Result<Vec<_>>>()?;
             let mut bufs = Vec::with_capacity(K);
             let mut sts = Vec::with_capacity(K);
             for r in recvs {
@@ -115,9 +134,23 @@ fn main() -> Result<(), Box<dyn StdError>> {
                 sts.push(st);
             }
             tmpi::wait_all(sends)?;
-            check_all(&mut v, "D", peer, round, &bufs, &sts, |_| SAME_TAG + 1);
+            check_all(v, "D", peer, self.round, &bufs, &sts, |_| SAME_TAG + 1);
             Ok(())
-        })?;
+        })
+    }
+}
+
+fn main() -> Result<(), Box<dyn StdError>> {
+    let world = tmpi::init()?;
+    let (rank, n) = (world.rank(), world.size());
+    let peer = if (rank ^ 1) < n { rank ^ 1 } else { rank };
+    let mut v = Verdict::new("inflight", rank);
+    for round in 0..ROUNDS {
+        let r = Round { world: &world, peer, round, out: (0..K).map(|k| payload(rank, round, k)).collect() };
+        r.distinct_tags(&mut v)?;
+        r.one_tag(&mut v)?;
+        r.any_order(&mut v)?;
+        r.unknown_size(&mut v)?;
     }
     let summary = format!("{n} ranks, {ROUNDS} rounds of 4 x {K} messages in flight");
     v.finish(&world, &summary)?;
