@@ -185,79 +185,135 @@ fn join(w: &Comm, side: &dyn Fn(usize) -> bool, tag: u32) -> tmpi::Result<(bool,
 /// One intercommunicator between world ranks `mine` (this rank's half, `me` tells which) and
 /// `theirs`, exercised.
 fn exercise_inter(w: &Comm, me: bool, mine: &[usize], theirs: &[usize], ic: &InterComm, v: &mut Verdict) -> tmpi::Result<()> {
-    let (r, what) = (w.rank(), format!("halves {mine:?} | {theirs:?}"));
-    let lr = ic.rank();
-    v.check(ic.size() == mine.len() && ic.remote_size() == theirs.len() && mine[lr] == r, || {
-        format!("{what}: rank {lr} of {}, remote {}", ic.size(), ic.remote_size())
-    });
-    let rg = ic.remote_group();
-    v.check(rg.size() == theirs.len() && rg.rank().is_none() && ic.group().rank() == Some(lr), || format!("{what}: groups"));
-    // Everyone sends its world rank to every remote rank, blocking and non-blocking.
-    for d in 0..ic.remote_size() {
-        ic.send(&[r as u64], d, 21)?;
-    }
-    let mut got = vec![0u64; theirs.len()];
-    for _ in 0..theirs.len() {
-        let mut b = [0u64];
-        let st = ic.recv(&mut b, ANY_SOURCE, 21)?;
-        v.check(theirs.get(st.source()) == Some(&(b[0] as usize)), || format!("{what}: {} from remote rank {}", b[0], st.source()));
-        got[st.source()] = b[0];
-    }
-    let want: Vec<u64> = theirs.iter().map(|&x| x as u64).collect();
-    v.check(got == want, || format!("{what}: got {got:?} from the remote ranks"));
-    // Non-blocking: rank `lr` sends to remote rank `lr % remote`; it hears from the remote
-    // ranks `x` with `x % size == lr`.
-    let (size, remote) = (ic.size(), ic.remote_size());
-    let senders: Vec<usize> = (0..remote).filter(|x| x % size == lr).collect();
-    let mut bufs = vec![[0u64; 4]; senders.len()];
-    let out = [r as u64; 4];
-    let mut from = tmpi::scope(|s| -> tmpi::Result<Vec<usize>> {
-        let mut reqs = Vec::new();
-        for b in bufs.iter_mut() {
-            reqs.push(ic.irecv(s, b, ANY_SOURCE, 22)?);
-        }
-        ic.isend(s, &out, lr % remote, 22)?.wait()?;
-        reqs.into_iter().map(|q| q.wait().map(|st| st.source())).collect()
-    })?;
-    from.sort_unstable();
-    v.check(from == senders, || format!("{what}: non-blocking messages from {from:?}, expected {senders:?}"));
-    let mut vals: Vec<u64> = bufs.iter().map(|b| b[3]).collect();
-    vals.sort_unstable();
-    let want: Vec<u64> = senders.iter().map(|&x| theirs[x] as u64).collect();
-    v.check(vals == want, || format!("{what}: non-blocking values {vals:?}, expected {want:?}"));
-    // Broadcasts both ways: from rank 0 of the `true` half, then from the last of the other.
-    for (root_side, root) in [(true, 0), (false, if me { theirs.len() - 1 } else { mine.len() - 1 })] {
-        let mut b = [r as u64 + 500; 3];
-        let who = match (me == root_side, lr == root) {
-            (true, true) => InterRoot::Root,
-            (true, false) => InterRoot::ProcNull,
-            (false, _) => InterRoot::Remote(root),
-        };
-        ic.bcast(&mut b, who)?;
-        let root_world = if me == root_side { mine[root] } else { theirs[root] };
-        let want = if me == root_side && lr != root { r as u64 + 500 } else { root_world as u64 + 500 };
-        v.check(b == [want; 3], || format!("{what}: bcast from the {root_side} side's rank {root} gave {b:?}"));
-    }
-    ic.barrier()?;
-    // Each side receives the other side's sum and its ranks in order.
-    let mut sum = [0u64];
-    ic.allreduce(&[r as u64], &mut sum, Op::Sum)?;
-    let want: u64 = theirs.iter().map(|&x| x as u64).sum();
-    v.check(sum[0] == want, || format!("{what}: allreduce across gave {}, expected {want}", sum[0]));
-    let mut all = vec![0u64; theirs.len()];
-    ic.allgather(&[r as u64], &mut all)?;
-    v.check(all.iter().map(|&x| x as usize).eq(theirs.iter().copied()), || format!("{what}: allgather across gave {all:?}"));
-    let d = ic.dup()?;
-    d.send(&[r as u32], lr % remote, 23)?;
-    for _ in &senders {
-        let (m, st) = d.recv_vec::<u32>(ANY_SOURCE, 23)?;
-        v.check(m == [theirs[st.source()] as u32], || format!("{what}: dup carried {m:?}"));
-    }
-    d.barrier()?;
+    let x = Inter { me, mine, theirs, ic, what: format!("halves {mine:?} | {theirs:?}"), r: w.rank(), lr: ic.rank() };
+    x.shape(v);
+    x.blocking(v)?;
+    x.nonblocking(v)?;
+    x.bcasts(v)?;
+    x.collectives(v)?;
+    x.dup(v)?;
     for high in [me, !me] {
-        let all = ic.merge(high)?;
-        // The half passing high = false comes first.
-        let (a, b) = if high { (theirs, mine) } else { (mine, theirs) };
+        x.merged(high, v)?;
+    }
+    Ok(())
+}
+
+/// What [`exercise_inter`] exercises, and this rank's world (`r`) and local (`lr`) ranks.
+struct Inter<'a> {
+    me: bool,
+    mine: &'a [usize],
+    theirs: &'a [usize],
+    ic: &'a InterComm,
+    what: String,
+    r: usize,
+    lr: usize,
+}
+
+impl Inter<'_> {
+    /// Sizes, ranks and groups.
+    fn shape(&self, v: &mut Verdict) {
+        let (ic, what, lr) = (self.ic, &self.what, self.lr);
+        v.check(ic.size() == self.mine.len() && ic.remote_size() == self.theirs.len() && self.mine[lr] == self.r, || {
+            format!("{what}: rank {lr} of {}, remote {}", ic.size(), ic.remote_size())
+        });
+        let rg = ic.remote_group();
+        v.check(rg.size() == self.theirs.len() && rg.rank().is_none() && ic.group().rank() == Some(lr), || format!("{what}: groups"));
+    }
+
+    /// Everyone sends its world rank to every remote rank.
+    fn blocking(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (ic, what, theirs) = (self.ic, &self.what, self.theirs);
+        for d in 0..ic.remote_size() {
+            ic.send(&[self.r as u64], d, 21)?;
+        }
+        let mut got = vec![0u64; theirs.len()];
+        for _ in 0..theirs.len() {
+            let mut b = [0u64];
+            let st = ic.recv(&mut b, ANY_SOURCE, 21)?;
+            v.check(theirs.get(st.source()) == Some(&(b[0] as usize)), || format!("{what}: {} from remote rank {}", b[0], st.source()));
+            got[st.source()] = b[0];
+        }
+        let want: Vec<u64> = theirs.iter().map(|&x| x as u64).collect();
+        v.check(got == want, || format!("{what}: got {got:?} from the remote ranks"));
+        Ok(())
+    }
+
+    /// Rank `lr` sends to remote rank `lr % remote`; it hears from the remote ranks `x` with
+    /// `x % size == lr`.
+    fn nonblocking(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (ic, what, lr) = (self.ic, &self.what, self.lr);
+        let (size, remote) = (ic.size(), ic.remote_size());
+        let senders: Vec<usize> = (0..remote).filter(|x| x % size == lr).collect();
+        let mut bufs = vec![[0u64; 4]; senders.len()];
+        let out = [self.r as u64; 4];
+        let mut from = tmpi::scope(|s| -> tmpi::Result<Vec<usize>> {
+            let mut reqs = Vec::new();
+            for b in bufs.iter_mut() {
+                reqs.push(ic.irecv(s, b, ANY_SOURCE, 22)?);
+            }
+            ic.isend(s, &out, lr % remote, 22)?.wait()?;
+            reqs.into_iter().map(|q| q.wait().map(|st| st.source())).collect()
+        })?;
+        from.sort_unstable();
+        v.check(from == senders, || format!("{what}: non-blocking messages from {from:?}, expected {senders:?}"));
+        let mut vals: Vec<u64> = bufs.iter().map(|b| b[3]).collect();
+        vals.sort_unstable();
+        let want: Vec<u64> = senders.iter().map(|&x| self.theirs[x] as u64).collect();
+        v.check(vals == want, || format!("{what}: non-blocking values {vals:?}, expected {want:?}"));
+        Ok(())
+    }
+
+    /// Broadcasts both ways: from rank 0 of the `true` half, then from the last of the other.
+    fn bcasts(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (me, r, lr) = (self.me, self.r, self.lr);
+        let other_last = if me { self.theirs.len() - 1 } else { self.mine.len() - 1 };
+        for (root_side, root) in [(true, 0), (false, other_last)] {
+            let mut b = [r as u64 + 500; 3];
+            let who = match (me == root_side, lr == root) {
+                (true, true) => InterRoot::Root,
+                (true, false) => InterRoot::ProcNull,
+                (false, _) => InterRoot::Remote(root),
+            };
+            self.ic.bcast(&mut b, who)?;
+            let root_world = if me == root_side { self.mine[root] } else { self.theirs[root] };
+            let want = if me == root_side && lr != root { r as u64 + 500 } else { root_world as u64 + 500 };
+            v.check(b == [want; 3], || format!("{}: bcast from the {root_side} side's rank {root} gave {b:?}", self.what));
+        }
+        Ok(())
+    }
+
+    /// A barrier; each side receives the other side's sum and its ranks in order.
+    fn collectives(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (ic, what, theirs) = (self.ic, &self.what, self.theirs);
+        ic.barrier()?;
+        let mut sum = [0u64];
+        ic.allreduce(&[self.r as u64], &mut sum, Op::Sum)?;
+        let want: u64 = theirs.iter().map(|&x| x as u64).sum();
+        v.check(sum[0] == want, || format!("{what}: allreduce across gave {}, expected {want}", sum[0]));
+        let mut all = vec![0u64; theirs.len()];
+        ic.allgather(&[self.r as u64], &mut all)?;
+        v.check(all.iter().map(|&x| x as usize).eq(theirs.iter().copied()), || format!("{what}: allgather across gave {all:?}"));
+        Ok(())
+    }
+
+    /// A duplicate carries messages of its own.
+    fn dup(&self, v: &mut Verdict) -> tmpi::Result<()> {
+        let (ic, lr) = (self.ic, self.lr);
+        let (size, remote) = (ic.size(), ic.remote_size());
+        let d = ic.dup()?;
+        d.send(&[self.r as u32], lr % remote, 23)?;
+        for _ in (0..remote).filter(|x| x % size == lr) {
+            let (m, st) = d.recv_vec::<u32>(ANY_SOURCE, 23)?;
+            v.check(m == [self.theirs[st.source()] as u32], || format!("{}: dup carried {m:?}", self.what));
+        }
+        d.barrier()
+    }
+
+    /// `merge(high)`: the half passing `high = false` comes first.
+    fn merged(&self, high: bool, v: &mut Verdict) -> tmpi::Result<()> {
+        let (what, r) = (&self.what, self.r);
+        let all = self.ic.merge(high)?;
+        let (a, b) = if high { (self.theirs, self.mine) } else { (self.mine, self.theirs) };
         let order: Vec<usize> = a.iter().chain(b).copied().collect();
         let pos = order.iter().position(|&x| x == r);
         v.check(all.size() == order.len() && Some(all.rank()) == pos, || format!("{what}: merge({high}) rank {}", all.rank()));
@@ -267,8 +323,8 @@ fn exercise_inter(w: &Comm, me: bool, mine: &[usize], theirs: &[usize], ic: &Int
         let mut top = [if all.rank() == 0 { r } else { usize::MAX }];
         all.bcast(&mut top, 0)?;
         v.check(top[0] == order[0], || format!("{what}: merged bcast {}", top[0]));
+        Ok(())
     }
-    Ok(())
 }
 
 /// `intercomm_create` refusals, on every rank of a half: a remote leader outside the peer
