@@ -46,90 +46,126 @@ fn check_msg(got: &[u32], src: usize, t: u32, i: u32, len: usize) -> Result<(), 
     Ok(())
 }
 
+/// One thread's setting: its communicator, number, message count and large-message period.
+struct Thread<'a> {
+    w: &'a Comm,
+    t: u32,
+    msgs: u32,
+    large_every: u32,
+    /// Every rank but this one.
+    peers: Vec<usize>,
+}
+
 /// Runs thread `t`; returns the number of messages checked.
 fn run_thread(w: &Comm, t: u32, msgs: u32, large_every: u32) -> Result<u64, String> {
-    let (rank, n) = (w.rank(), w.size());
-    let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
-    let e = |what: &str, err: tmpi::Error| format!("thread {t}: {what}: {err}");
-    let mut checked = 0u64;
+    let peers: Vec<usize> = (0..w.size()).filter(|&p| p != w.rank()).collect();
+    let th = Thread { w, t, msgs, large_every, peers };
     match t % 4 {
-        0 => {
-            let mut i = 0;
-            while i < msgs {
-                let b = BATCH.min(msgs - i);
-                let out: Vec<Vec<u32>> = (0..b).map(|k| message(rank, t, i + k, 8)).collect();
-                let mut inb: Vec<Vec<u32>> = vec![vec![0u32; 8]; (b as usize) * peers.len()];
-                tmpi::scope(|s| -> Result<(), String> {
-                    let mut reqs = Vec::new();
-                    for (j, buf) in inb.iter_mut().enumerate() {
-                        let p = peers[j / b as usize];
-                        reqs.push(w.irecv(s, buf, p, t).map_err(|x| e("irecv", x))?);
-                    }
-                    for &p in &peers {
-                        for m in &out {
-                            reqs.push(w.isend(s, m, p, t).map_err(|x| e("isend", x))?);
-                        }
-                    }
-                    tmpi::wait_all(reqs).map_err(|x| e("wait_all", x)).map(drop)
-                })?;
-                for (j, got) in inb.iter().enumerate() {
-                    check_msg(got, peers[j / b as usize], t, i + (j as u32 % b), 8)?;
-                    checked += 1;
-                }
-                i += b;
-            }
-        }
-        1 => {
-            let mut next = vec![0u32; n];
-            for i in 0..msgs {
-                for &p in &peers {
-                    w.send(&message(rank, t, i, 5), p, t).map_err(|x| e("send", x))?;
-                }
-                for _ in &peers {
-                    let mut got = [0u32; 5];
-                    let st = w.recv(&mut got, ANY_SOURCE, t).map_err(|x| e("recv", x))?;
-                    let src = st.source();
-                    check_msg(&got, src, t, next[src], 5)?;
-                    next[src] += 1;
-                    checked += 1;
-                }
-            }
-        }
-        2 => {
-            for i in 0..msgs {
-                let len = words(i, t, large_every);
-                let m = message(rank, t, i, len);
-                let mut got = vec![0u32; len];
-                for k in 1..n {
-                    let (dest, src) = ((rank + k) % n, (rank + n - k) % n);
-                    let st = w.sendrecv(&m, dest, t, &mut got, src, t).map_err(|x| e("sendrecv", x))?;
-                    if st.source() != src {
-                        return Err(format!("thread {t}: sendrecv got a message from {} instead of {src}", st.source()));
-                    }
-                    check_msg(&got, src, t, i, len)?;
-                    checked += 1;
-                }
-            }
-        }
-        _ => {
-            let mut next = vec![0u32; n];
-            for i in 0..msgs {
-                let len = words(i, t, large_every);
-                for &p in &peers {
-                    w.send(&message(rank, t, i, len), p, t).map_err(|x| e("send", x))?;
-                }
-                for _ in &peers {
-                    let msg = w.mprobe(ANY_SOURCE, t).map_err(|x| e("mprobe", x))?;
-                    let src = msg.status().source();
-                    let (got, _) = msg.recv_vec::<u32>().map_err(|x| e("mrecv", x))?;
-                    check_msg(&got, src, t, next[src], words(next[src], t, large_every))?;
-                    next[src] += 1;
-                    checked += 1;
-                }
-            }
-        }
+        0 => th.batches(),
+        1 => th.any_source(),
+        2 => th.sendrecv_ring(),
+        _ => th.matched_probes(),
     }
-    Ok(checked)
+}
+
+impl Thread<'_> {
+    fn err(&self, what: &str, err: tmpi::Error) -> String {
+        format!("thread {}: {what}: {err}", self.t)
+    }
+
+    /// Batches of `isend`s to and `irecv`s from every peer, completed by `wait_all`.
+    fn batches(&self) -> Result<u64, String> {
+        let (w, t, rank, peers) = (self.w, self.t, self.w.rank(), &self.peers);
+        let (mut i, mut checked) = (0, 0);
+        while i < self.msgs {
+            let b = BATCH.min(self.msgs - i);
+            let out: Vec<Vec<u32>> = (0..b).map(|k| message(rank, t, i + k, 8)).collect();
+            let mut inb: Vec<Vec<u32>> = vec![vec![0u32; 8]; (b as usize) * peers.len()];
+            tmpi::scope(|s| -> Result<(), String> {
+                let mut reqs = Vec::new();
+                for (j, buf) in inb.iter_mut().enumerate() {
+                    let p = peers[j / b as usize];
+                    reqs.push(w.irecv(s, buf, p, t).map_err(|x| self.err("irecv", x))?);
+                }
+                for &p in peers {
+                    for m in &out {
+                        reqs.push(w.isend(s, m, p, t).map_err(|x| self.err("isend", x))?);
+                    }
+                }
+                tmpi::wait_all(reqs).map_err(|x| self.err("wait_all", x)).map(drop)
+            })?;
+            for (j, got) in inb.iter().enumerate() {
+                check_msg(got, peers[j / b as usize], t, i + (j as u32 % b), 8)?;
+                checked += 1;
+            }
+            i += b;
+        }
+        Ok(checked)
+    }
+
+    /// Blocking sends to every peer, receives from `ANY_SOURCE` in each sender's order.
+    fn any_source(&self) -> Result<u64, String> {
+        let (w, t, rank) = (self.w, self.t, self.w.rank());
+        let mut next = vec![0u32; w.size()];
+        let mut checked = 0;
+        for i in 0..self.msgs {
+            for &p in &self.peers {
+                w.send(&message(rank, t, i, 5), p, t).map_err(|x| self.err("send", x))?;
+            }
+            for _ in &self.peers {
+                let mut got = [0u32; 5];
+                let st = w.recv(&mut got, ANY_SOURCE, t).map_err(|x| self.err("recv", x))?;
+                let src = st.source();
+                check_msg(&got, src, t, next[src], 5)?;
+                next[src] += 1;
+                checked += 1;
+            }
+        }
+        Ok(checked)
+    }
+
+    /// `sendrecv` at every distance around the ring, some messages large.
+    fn sendrecv_ring(&self) -> Result<u64, String> {
+        let (w, t, rank, n) = (self.w, self.t, self.w.rank(), self.w.size());
+        let mut checked = 0;
+        for i in 0..self.msgs {
+            let len = words(i, t, self.large_every);
+            let m = message(rank, t, i, len);
+            let mut got = vec![0u32; len];
+            for k in 1..n {
+                let (dest, src) = ((rank + k) % n, (rank + n - k) % n);
+                let st = w.sendrecv(&m, dest, t, &mut got, src, t).map_err(|x| self.err("sendrecv", x))?;
+                if st.source() != src {
+                    return Err(format!("thread {t}: sendrecv got a message from {} instead of {src}", st.source()));
+                }
+                check_msg(&got, src, t, i, len)?;
+                checked += 1;
+            }
+        }
+        Ok(checked)
+    }
+
+    /// Blocking sends to every peer, taken by matched probes from `ANY_SOURCE`.
+    fn matched_probes(&self) -> Result<u64, String> {
+        let (w, t, rank) = (self.w, self.t, self.w.rank());
+        let mut next = vec![0u32; w.size()];
+        let mut checked = 0;
+        for i in 0..self.msgs {
+            let len = words(i, t, self.large_every);
+            for &p in &self.peers {
+                w.send(&message(rank, t, i, len), p, t).map_err(|x| self.err("send", x))?;
+            }
+            for _ in &self.peers {
+                let msg = w.mprobe(ANY_SOURCE, t).map_err(|x| self.err("mprobe", x))?;
+                let src = msg.status().source();
+                let (got, _) = msg.recv_vec::<u32>().map_err(|x| self.err("mrecv", x))?;
+                check_msg(&got, src, t, next[src], words(next[src], t, self.large_every))?;
+                next[src] += 1;
+                checked += 1;
+            }
+        }
+        Ok(checked)
+    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
