@@ -18,80 +18,102 @@ fn count(r: usize, salt: usize, scale: usize) -> usize {
 }
 
 fn check_comm(comm: &Comm, name: &str, scale: usize, v: &mut Verdict) -> tmpi::Result<()> {
-    let (r, p) = (comm.rank(), comm.size());
     for salt in 0..3 {
-        // Blocks in reverse rank order, one element apart.
-        let counts: Vec<usize> = (0..p).map(|q| count(q, salt, scale)).collect();
-        let mut displs = vec![0; p];
-        let mut at = 0;
-        for q in (0..p).rev() {
-            displs[q] = at;
-            at += counts[q] + 1;
-        }
-        let mut want = vec![0u32; at];
-        for q in 0..p {
-            for i in 0..counts[q] {
-                want[displs[q] + i] = val(q, i);
-            }
-        }
-        let send: Vec<u32> = (0..counts[r]).map(|i| val(r, i)).collect();
         let tag = format!("{name} scale {scale} salt {salt}");
-
-        let root = (salt * 2 + 1) % p;
-        let mut all = vec![0u32; at];
-        comm.gatherv(&send, (r == root).then_some(&mut all[..]), &counts, &displs, root)?;
-        if r == root {
-            v.check(all == want, || format!("{tag}: gatherv to {root}"));
-        }
-        let mut back = vec![0u32; counts[r]];
-        comm.scatterv((r == root).then_some(&want[..]), &counts, &displs, &mut back, root)?;
-        v.check(back == send, || format!("{tag}: scatterv from {root}"));
-        let mut all = vec![0u32; at];
-        comm.allgatherv(&send, &mut all, &counts, &displs)?;
-        v.check(all == want, || format!("{tag}: allgatherv"));
-
-        let n = |a: usize, b: usize| ((a + 2 * b + salt) % 3) * scale;
-        let sc: Vec<usize> = (0..p).map(|j| n(r, j)).collect();
-        let sd: Vec<usize> = (0..p).map(|j| sc[..j].iter().sum()).collect();
-        let sbuf: Vec<u32> = (0..p).flat_map(|j| (0..n(r, j)).map(move |k| val(r, 1000 * j + k))).collect();
-        let rc: Vec<usize> = (0..p).map(|i| n(i, r)).collect();
-        let rd: Vec<usize> = (0..p).map(|i| rc[..i].iter().sum()).collect();
-        let mut rbuf = vec![0u32; rc.iter().sum()];
-        comm.alltoallv(&sbuf, &sc, &sd, &mut rbuf, &rc, &rd)?;
-        let want_a2a: Vec<u32> = (0..p).flat_map(|i| (0..n(i, r)).map(move |k| val(i, 1000 * r + k))).collect();
-        v.check(rbuf == want_a2a, || format!("{tag}: alltoallv"));
-
-        // Reductions: small integer values, so float sums are exact in any order.
-        let fv = |q: usize, i: usize| ((q * 5 + i) % 9) as f64;
-        let iv = |q: usize, i: usize| ((q * 13 + i * 3) % 17) as i64 - 8;
-        let rcounts: Vec<usize> = (0..p).map(|q| ((q + salt) % 3) * scale).collect();
-        let total: usize = rcounts.iter().sum();
-        let start: usize = rcounts[..r].iter().sum();
-        let fs: Vec<f64> = (0..total).map(|i| fv(r, i)).collect();
-        let mut mine = vec![0.0; rcounts[r]];
-        comm.reduce_scatter(&fs, &mut mine, &rcounts, Op::Sum)?;
-        let w: Vec<f64> = (start..start + rcounts[r]).map(|i| (0..p).map(|q| fv(q, i)).sum()).collect();
-        v.check(mine == w, || format!("{tag}: reduce_scatter sum"));
-        let is: Vec<i64> = (0..total).map(|i| iv(r, i)).collect();
-        let mut mine = vec![0i64; rcounts[r]];
-        comm.reduce_scatter(&is, &mut mine, &rcounts, Op::Min)?;
-        let w: Vec<i64> = (start..start + rcounts[r]).map(|i| (0..p).map(|q| iv(q, i)).min().unwrap_or(0)).collect();
-        v.check(mine == w, || format!("{tag}: reduce_scatter min"));
-        let blk = scale + salt;
-        let bs: Vec<i64> = (0..blk * p).map(|i| iv(r, i)).collect();
-        let mut mine = vec![0i64; blk];
-        comm.reduce_scatter_block(&bs, &mut mine, Op::BitXor)?;
-        let w: Vec<i64> = (blk * r..blk * (r + 1)).map(|i| (0..p).fold(0, |a, q| a ^ iv(q, i))).collect();
-        v.check(mine == w, || format!("{tag}: reduce_scatter_block xor"));
-        let mut inc = vec![0.0; total];
-        comm.scan(&fs, &mut inc, Op::Sum)?;
-        let w: Vec<f64> = (0..total).map(|i| (0..=r).map(|q| fv(q, i)).sum()).collect();
-        v.check(inc == w, || format!("{tag}: scan sum"));
-        let mut exc = vec![-1i64; total];
-        comm.exscan(&is, &mut exc, Op::Max)?;
-        let w: Vec<i64> = (0..total).map(|i| if r == 0 { -1 } else { (0..r).map(|q| iv(q, i)).max().unwrap_or(0) }).collect();
-        v.check(exc == w, || format!("{tag}: exscan max"));
+        check_v(comm, &tag, salt, scale, v)?;
+        check_alltoallv(comm, &tag, salt, scale, v)?;
+        check_reductions(comm, &tag, salt, scale, v)?;
     }
+    Ok(())
+}
+
+/// `gatherv`, `scatterv` and `allgatherv`: blocks in reverse rank order, one element apart.
+fn check_v(comm: &Comm, tag: &str, salt: usize, scale: usize, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, p) = (comm.rank(), comm.size());
+    let counts: Vec<usize> = (0..p).map(|q| count(q, salt, scale)).collect();
+    let mut displs = vec![0; p];
+    let mut at = 0;
+    for q in (0..p).rev() {
+        displs[q] = at;
+        at += counts[q] + 1;
+    }
+    let mut want = vec![0u32; at];
+    for q in 0..p {
+        for i in 0..counts[q] {
+            want[displs[q] + i] = val(q, i);
+        }
+    }
+    let send: Vec<u32> = (0..counts[r]).map(|i| val(r, i)).collect();
+    let root = (salt * 2 + 1) % p;
+    let mut all = vec![0u32; at];
+    comm.gatherv(&send, (r == root).then_some(&mut all[..]), &counts, &displs, root)?;
+    if r == root {
+        v.check(all == want, || format!("{tag}: gatherv to {root}"));
+    }
+    let mut back = vec![0u32; counts[r]];
+    comm.scatterv((r == root).then_some(&want[..]), &counts, &displs, &mut back, root)?;
+    v.check(back == send, || format!("{tag}: scatterv from {root}"));
+    let mut all = vec![0u32; at];
+    comm.allgatherv(&send, &mut all, &counts, &displs)?;
+    v.check(all == want, || format!("{tag}: allgatherv"));
+    Ok(())
+}
+
+/// `alltoallv` with a count per pair.
+fn check_alltoallv(comm: &Comm, tag: &str, salt: usize, scale: usize, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, p) = (comm.rank(), comm.size());
+    let n = |a: usize, b: usize| ((a + 2 * b + salt) % 3) * scale;
+    let sc: Vec<usize> = (0..p).map(|j| n(r, j)).collect();
+    let sd: Vec<usize> = (0..p).map(|j| sc[..j].iter().sum()).collect();
+    let sbuf: Vec<u32> = (0..p).flat_map(|j| (0..n(r, j)).map(move |k| val(r, 1000 * j + k))).collect();
+    let rc: Vec<usize> = (0..p).map(|i| n(i, r)).collect();
+    let rd: Vec<usize> = (0..p).map(|i| rc[..i].iter().sum()).collect();
+    let mut rbuf = vec![0u32; rc.iter().sum()];
+    comm.alltoallv(&sbuf, &sc, &sd, &mut rbuf, &rc, &rd)?;
+    let want_a2a: Vec<u32> = (0..p).flat_map(|i| (0..n(i, r)).map(move |k| val(i, 1000 * r + k))).collect();
+    v.check(rbuf == want_a2a, || format!("{tag}: alltoallv"));
+    Ok(())
+}
+
+/// Reductions: small integer values, so float sums are exact in any order.
+fn fv(q: usize, i: usize) -> f64 {
+    ((q * 5 + i) % 9) as f64
+}
+
+fn iv(q: usize, i: usize) -> i64 {
+    ((q * 13 + i * 3) % 17) as i64 - 8
+}
+
+/// `reduce_scatter` (sum, min), `reduce_scatter_block` (xor), `scan` (sum), `exscan` (max).
+fn check_reductions(comm: &Comm, tag: &str, salt: usize, scale: usize, v: &mut Verdict) -> tmpi::Result<()> {
+    let (r, p) = (comm.rank(), comm.size());
+    let rcounts: Vec<usize> = (0..p).map(|q| ((q + salt) % 3) * scale).collect();
+    let total: usize = rcounts.iter().sum();
+    let start: usize = rcounts[..r].iter().sum();
+    let fs: Vec<f64> = (0..total).map(|i| fv(r, i)).collect();
+    let mut mine = vec![0.0; rcounts[r]];
+    comm.reduce_scatter(&fs, &mut mine, &rcounts, Op::Sum)?;
+    let w: Vec<f64> = (start..start + rcounts[r]).map(|i| (0..p).map(|q| fv(q, i)).sum()).collect();
+    v.check(mine == w, || format!("{tag}: reduce_scatter sum"));
+    let is: Vec<i64> = (0..total).map(|i| iv(r, i)).collect();
+    let mut mine = vec![0i64; rcounts[r]];
+    comm.reduce_scatter(&is, &mut mine, &rcounts, Op::Min)?;
+    let w: Vec<i64> = (start..start + rcounts[r]).map(|i| (0..p).map(|q| iv(q, i)).min().unwrap_or(0)).collect();
+    v.check(mine == w, || format!("{tag}: reduce_scatter min"));
+    let blk = scale + salt;
+    let bs: Vec<i64> = (0..blk * p).map(|i| iv(r, i)).collect();
+    let mut mine = vec![0i64; blk];
+    comm.reduce_scatter_block(&bs, &mut mine, Op::BitXor)?;
+    let w: Vec<i64> = (blk * r..blk * (r + 1)).map(|i| (0..p).fold(0, |a, q| a ^ iv(q, i))).collect();
+    v.check(mine == w, || format!("{tag}: reduce_scatter_block xor"));
+    let mut inc = vec![0.0; total];
+    comm.scan(&fs, &mut inc, Op::Sum)?;
+    let w: Vec<f64> = (0..total).map(|i| (0..=r).map(|q| fv(q, i)).sum()).collect();
+    v.check(inc == w, || format!("{tag}: scan sum"));
+    let mut exc = vec![-1i64; total];
+    comm.exscan(&is, &mut exc, Op::Max)?;
+    let w: Vec<i64> = (0..total).map(|i| if r == 0 { -1 } else { (0..r).map(|q| iv(q, i)).max().unwrap_or(0) }).collect();
+    v.check(exc == w, || format!("{tag}: exscan max"));
     Ok(())
 }
 
