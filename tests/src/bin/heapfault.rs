@@ -65,7 +65,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(mode: &str) -> Result<(), Box<dyn std::error::Error>> {
+type BoxResult = Result<(), Box<dyn std::error::Error>>;
+
+fn run(mode: &str) -> BoxResult {
     let world = tmpi::init()?;
     if world.size() != 2 {
         return Err("run me on 2 ranks".into());
@@ -79,66 +81,77 @@ fn run(mode: &str) -> Result<(), Box<dyn std::error::Error>> {
         unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
     }
     match (mode, rank) {
-        ("sender-dies", 0) => {
-            let mut buf = world.alloc_shared::<u8>(BIG)?;
-            if !buf.is_shared() {
-                println!("heapfault: no shared heap here: OK");
-                return Ok(());
-            }
-            for (i, b) in buf.iter_mut().enumerate() {
-                *b = pattern(i);
-            }
-            warm(&world, &buf, &mut [])?;
-            world.barrier()?;
-            let g0 = world.stats()?.heap_grants;
-            tmpi::scope(|s| -> tmpi::Result<()> {
-                let mut r = world.isend(s, &buf, 1, TAG)?;
-                poll_then_die(&mut r, || heap_grants(&world) > g0)
-            })?;
-            Ok(())
-        }
-        ("sender-dies", _) => {
-            let mut buf = vec![0u8; BIG];
-            let want: Vec<u8> = (0..BIG).map(pattern).collect();
-            warm(&world, &[], &mut buf)?;
-            world.barrier()?;
-            let r = world.recv(&mut buf, 0, TAG);
-            let got = match &r {
-                Ok(st) => {
-                    if st.len() != BIG || buf != want {
-                        let bad = buf.iter().zip(&want).position(|(a, b)| a != b);
-                        return Err(format!("received {} B, first wrong byte at {bad:?}", st.len()).into());
-                    }
-                    "Ok".to_string()
-                }
-                Err(e) => format!("error ({e})"),
-            };
-            println!("heapfault: {mode}: survivor got {got}: OK");
-            Ok(())
-        }
-        ("receiver-dies", 0) => {
-            let buf: Vec<u8> = (0..BIG).map(pattern).collect();
-            warm(&world, &buf, &mut [])?;
-            world.barrier()?;
-            let r = world.send(&buf, 1, TAG);
-            let got = match r {
-                Ok(()) => "Ok".to_string(),
-                Err(e) => format!("error ({e})"),
-            };
-            println!("heapfault: {mode}: survivor got {got}: OK");
-            Ok(())
-        }
-        ("receiver-dies", _) => {
-            let mut buf = world.alloc_shared::<u8>(BIG)?;
-            warm(&world, &[], &mut buf)?;
-            world.barrier()?;
-            tmpi::scope(|s| -> tmpi::Result<()> {
-                let mut r = world.irecv(s, &mut buf, 0, TAG)?;
-                let t0 = Instant::now();
-                poll_then_die(&mut r, || t0.elapsed() > Duration::from_millis(1))
-            })?;
-            Ok(())
-        }
+        ("sender-dies", 0) => dying_sender(&world),
+        ("sender-dies", _) => surviving_receiver(&world, mode),
+        ("receiver-dies", 0) => surviving_sender(&world, mode),
+        ("receiver-dies", _) => dying_receiver(&world),
         _ => Err(format!("unknown mode {mode:?}: sender-dies or receiver-dies").into()),
     }
+}
+
+/// Sends from the shared heap and dies once the receiver was granted the buffer.
+fn dying_sender(world: &tmpi::World) -> BoxResult {
+    let mut buf = world.alloc_shared::<u8>(BIG)?;
+    if !buf.is_shared() {
+        println!("heapfault: no shared heap here: OK");
+        return Ok(());
+    }
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = pattern(i);
+    }
+    warm(world, &buf, &mut [])?;
+    world.barrier()?;
+    let g0 = world.stats()?.heap_grants;
+    tmpi::scope(|s| -> tmpi::Result<()> {
+        let mut r = world.isend(s, &buf, 1, TAG)?;
+        poll_then_die(&mut r, || heap_grants(world) > g0)
+    })?;
+    Ok(())
+}
+
+/// Receives from the dying sender: the whole message intact, or an error; never wrong bytes.
+fn surviving_receiver(world: &tmpi::World, mode: &str) -> BoxResult {
+    let mut buf = vec![0u8; BIG];
+    let want: Vec<u8> = (0..BIG).map(pattern).collect();
+    warm(world, &[], &mut buf)?;
+    world.barrier()?;
+    let r = world.recv(&mut buf, 0, TAG);
+    let got = match &r {
+        Ok(st) => {
+            if st.len() != BIG || buf != want {
+                let bad = buf.iter().zip(&want).position(|(a, b)| a != b);
+                return Err(format!("received {} B, first wrong byte at {bad:?}", st.len()).into());
+            }
+            "Ok".to_string()
+        }
+        Err(e) => format!("error ({e})"),
+    };
+    println!("heapfault: {mode}: survivor got {got}: OK");
+    Ok(())
+}
+
+/// Sends to the dying receiver: the send ends, done or with an error.
+fn surviving_sender(world: &tmpi::World, mode: &str) -> BoxResult {
+    let buf: Vec<u8> = (0..BIG).map(pattern).collect();
+    warm(world, &buf, &mut [])?;
+    world.barrier()?;
+    let got = match world.send(&buf, 1, TAG) {
+        Ok(()) => "Ok".to_string(),
+        Err(e) => format!("error ({e})"),
+    };
+    println!("heapfault: {mode}: survivor got {got}: OK");
+    Ok(())
+}
+
+/// Receives into the shared heap and dies a millisecond into the receive.
+fn dying_receiver(world: &tmpi::World) -> BoxResult {
+    let mut buf = world.alloc_shared::<u8>(BIG)?;
+    warm(world, &[], &mut buf)?;
+    world.barrier()?;
+    tmpi::scope(|s| -> tmpi::Result<()> {
+        let mut r = world.irecv(s, &mut buf, 0, TAG)?;
+        let t0 = Instant::now();
+        poll_then_die(&mut r, || t0.elapsed() > Duration::from_millis(1))
+    })?;
+    Ok(())
 }
