@@ -159,12 +159,20 @@ fn ok(v: &mut Verdict, x: &Ctx<'_>, what: &str, r: tmpi::Result<()>) -> bool {
 
 /// Every collective for one element type and count on one communicator.
 fn suite<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64) {
-    let c = x.c;
-    let (rank, p) = (c.rank(), c.size());
+    let p = x.c.size();
     let big = count >= 4096;
     let roots = if big { vec![0, p - 1] } else { roots(p) };
+    bcasts::<T>(x, v, count, salt, &roots);
+    reductions::<T>(x, v, count, salt, &roots);
+    // Blocks of the gather family: the whole buffer holds p blocks, so large ones shrink.
+    let block = if big { count / p } else { count };
+    gathers::<T>(x, v, (count, block), salt, &roots);
+    alltoall::<T>(x, v, (count, block), salt);
+}
 
-    for &root in &roots {
+fn bcasts<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64, roots: &[usize]) {
+    let (c, rank) = (x.c, x.c.rank());
+    for &root in roots {
         let want = data::<T>(None, root, count, salt + root as i64);
         let mut buf = if rank == root { want.clone() } else { vec![T::from_i64(-1); count] };
         trace(x, "bcast", count);
@@ -172,7 +180,11 @@ fn suite<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64) {
             check_eq(v, x, &format!("bcast n={count} root={root}"), &buf, &want);
         }
     }
+}
 
+/// `reduce` and `allreduce` by every operator the type has; floats refuse bitwise ones.
+fn reductions<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64, roots: &[usize]) {
+    let (c, rank, p) = (x.c, x.c.rank(), x.c.size());
     for (k, op) in ops::<T>(count).into_iter().enumerate() {
         let send = data::<T>(Some(op), rank, count, salt);
         let want = expected_reduction::<T>(op, p, count, salt);
@@ -197,12 +209,14 @@ fn suite<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64) {
             "InvalidOp for a bitwise operator on floats",
         );
     }
+}
 
-    // Blocks of the gather family: the whole buffer holds p blocks, so large ones shrink.
-    let block = if big { count / p } else { count };
+/// `gather` and `scatter` at each root, then `allgather`, of blocks of `block` elements.
+fn gathers<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, (count, block): (usize, usize), salt: i64, roots: &[usize]) {
+    let (c, rank, p) = (x.c, x.c.rank(), x.c.size());
     let everyone: Vec<T> = (0..p).flat_map(|r| data::<T>(None, r, block, salt)).collect();
-    for &root in &roots {
-        let send = data::<T>(None, rank, block, salt);
+    let send = data::<T>(None, rank, block, salt);
+    for &root in roots {
         let mut out = vec![T::from_i64(-4); p * block];
         trace(x, "gather", count);
         let r = c.gather(&send, (rank == root).then_some(&mut out[..]), root);
@@ -213,17 +227,19 @@ fn suite<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, count: usize, salt: i64) {
         let src = (rank == root).then_some(&everyone[..]);
         trace(x, "scatter", count);
         if ok(v, x, "scatter", c.scatter(src, &mut mine, root)) {
-            let want = data::<T>(None, rank, block, salt);
-            check_eq(v, x, &format!("scatter block={block} root={root}"), &mine, &want);
+            check_eq(v, x, &format!("scatter block={block} root={root}"), &mine, &send);
         }
     }
-    let send = data::<T>(None, rank, block, salt);
     let mut out = vec![T::from_i64(-6); p * block];
     trace(x, "allgather", count);
     if ok(v, x, "allgather", c.allgather(&send, &mut out)) {
         check_eq(v, x, &format!("allgather block={block}"), &out, &everyone);
     }
-    // alltoall: block j of rank r's send buffer is meant for rank j and carries (r, j).
+}
+
+/// `alltoall`: block j of rank r's send buffer is meant for rank j and carries (r, j).
+fn alltoall<T: Elem>(x: &Ctx<'_>, v: &mut Verdict, (count, block): (usize, usize), salt: i64) {
+    let (c, rank, p) = (x.c, x.c.rank(), x.c.size());
     let a2a = |from: usize, to: usize| data::<T>(None, from * p + to, block, salt);
     let send: Vec<T> = (0..p).flat_map(|j| a2a(rank, j)).collect();
     let want: Vec<T> = (0..p).flat_map(|i| a2a(i, rank)).collect();
