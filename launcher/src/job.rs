@@ -394,42 +394,10 @@ pub fn run(spec: &JobSpec, sigs: &SignalPipe, binder: &Binder) -> Result<i32> {
     // Connections are accepted only from the event loop below, so no stranger gets in before
     // this: from now on only the ranks and their descendants may connect.
     server.admit_pids(ranks.iter().map(|r| r.pid).collect());
-    let mut job = Running {
-        ranks,
-        links,
-        streams,
-        servers: vec![Served::new(server, Some(0), sockdir, String::new())],
-        spawner: spawn::Spawner::new(spec, secret),
-        tag_output: spec.tag_output,
-        refused: 0,
-        failed_by_themselves: Vec::new(),
-        departed: Vec::new(),
-        deferred: None,
-        end: None,
-        kill_at: None,
-        drain_until: None,
-        deadline: spec.timeout.map(|t| Instant::now() + t),
-        timeout: spec.timeout,
-        peer_timeout: spec.peer_timeout,
-        panic_on_output: std::env::var_os(TEST_PANIC_VAR).is_some(),
-    };
+    let served = Served::new(server, Some(0), sockdir, String::new());
+    let mut job = Running::new(spec, secret, (ranks, links, streams), served);
     let status = job.event_loop(sigs)?;
-    // Like Open MPI's "N processes exited with non-zero status": when more than the reported
-    // rank failed on its own, list them all (a rank failing because its peer went away
-    // shows up here too).
-    if job.failed_by_themselves.len() > 1 {
-        say(&job.failed_summary());
-    }
-    if job.refused > 1 {
-        say(&format!("bootstrap: refused {} connection(s) from processes that are not ranks of this job in all", job.refused));
-    }
-    // Every rank has ended (observed, not reaped): reap them now, after removing what
-    // libfabric's `shm` provider left under a local rank's pid (a killed rank's region).
-    let local: Vec<i32> = job.ranks.iter().filter(|r| r.host.is_none()).map(|r| r.pid).collect();
-    cleanup::remove_provider_regions(&local);
-    for r in &job.ranks {
-        cleanup::reap_child(r.pid);
-    }
+    job.finish();
     Ok(status)
 }
 
@@ -790,6 +758,55 @@ struct Running {
 }
 
 impl Running {
+    /// The job just started: its ranks (with the remote agents' links and the output
+    /// streams) and its bootstrap service.
+    fn new(
+        spec: &JobSpec,
+        secret: JobSecret,
+        (ranks, links, streams): (Vec<Rank>, Vec<hosts::Link>, Vec<Stream>),
+        served: Served,
+    ) -> Running {
+        Running {
+            ranks,
+            links,
+            streams,
+            servers: vec![served],
+            spawner: spawn::Spawner::new(spec, secret),
+            tag_output: spec.tag_output,
+            refused: 0,
+            failed_by_themselves: Vec::new(),
+            departed: Vec::new(),
+            deferred: None,
+            end: None,
+            kill_at: None,
+            drain_until: None,
+            deadline: spec.timeout.map(|t| Instant::now() + t),
+            timeout: spec.timeout,
+            peer_timeout: spec.peer_timeout,
+            panic_on_output: std::env::var_os(TEST_PANIC_VAR).is_some(),
+        }
+    }
+
+    /// After the event loop: the summaries, then every rank reaped.
+    fn finish(&self) {
+        // Like Open MPI's "N processes exited with non-zero status": when more than the
+        // reported rank failed on its own, list them all (a rank failing because its peer
+        // went away shows up here too).
+        if self.failed_by_themselves.len() > 1 {
+            say(&self.failed_summary());
+        }
+        if self.refused > 1 {
+            say(&format!("bootstrap: refused {} connection(s) from processes that are not ranks of this job in all", self.refused));
+        }
+        // Every rank has ended (observed, not reaped): reap them now, after removing what
+        // libfabric's `shm` provider left under a local rank's pid (a killed rank's region).
+        let local: Vec<i32> = self.ranks.iter().filter(|r| r.host.is_none()).map(|r| r.pid).collect();
+        cleanup::remove_provider_regions(&local);
+        for r in &self.ranks {
+            cleanup::reap_child(r.pid);
+        }
+    }
+
     fn event_loop(&mut self, sigs: &SignalPipe) -> Result<i32> {
         let mut pfds: Vec<libc::pollfd> = Vec::new();
         let mut which: Vec<usize> = Vec::new();
