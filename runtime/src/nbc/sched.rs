@@ -294,42 +294,9 @@ impl Sched {
     fn run(&mut self, e: &mut Engine, a: Action) -> Result<()> {
         let degraded = self.degraded.is_some();
         match a {
-            Action::Send { s, dest, tag } => {
-                let s = if degraded { Span::empty() } else { s };
-                let p = self.addr(&s, false)?;
-                // SAFETY: `p..p + s.len` lies in a live buffer (checked by `addr`): scratch
-                // this schedule owns, or a user buffer borrowed until the schedule ends or is
-                // abandoned (`Sched::new`). Abandoning abandons this send first, so the view
-                // never outlives the memory, and the plan writes no span while it is sent
-                // (`Plan::check`).
-                let raw = unsafe { RawBuf::new(std::slice::from_raw_parts(p, s.len)) };
-                let w = &self.who;
-                let tag64 = matching::encode_tag(w.ctx, w.key(w.rank), w.tag(tag));
-                let world = w.world_rank(dest)?;
-                if seen::counting() {
-                    seen::message_out(world, s.len);
-                }
-                if let Some(ph) = self.phase.as_mut() {
-                    ph.add(true, world, s.len);
-                }
-                if let Some(rid) = e.start_send(world, tag64, raw, false)? {
-                    self.pending.push((rid, None));
-                }
-            }
-            Action::Recv { s, src, tag } => {
-                let p = self.addr(&s, true)?;
-                // SAFETY: as for a send; the plan neither reads nor writes the span until this
-                // receive has completed (`Plan::check`), and abandoning abandons it first.
-                let raw = unsafe { RawBufMut::new(std::slice::from_raw_parts_mut(p, s.len)) };
-                let w = &self.who;
-                let world = w.world_rank(src)?;
-                if let Some(ph) = self.phase.as_mut() {
-                    ph.add(false, world, s.len);
-                }
-                let rid = e.post_recv(w.ctx, Some(w.key(src)), Some(w.tag(tag)), raw, Peers::rank(world))?;
-                self.pending.push((rid, (!degraded).then_some((s.len, src))));
-            }
-            _ if degraded => {}
+            Action::Send { s, dest, tag } => self.send(e, if degraded { Span::empty() } else { s }, dest, tag),
+            Action::Recv { s, src, tag } => self.recv(e, s, src, tag),
+            _ if degraded => Ok(()),
             Action::Copy { from, to } => {
                 let src = self.addr(&from, false)?;
                 let dst = self.addr(&to, true)?;
@@ -338,6 +305,7 @@ impl Sched {
                 // transfer of its round moves; the rounds before have completed); `copy`
                 // allows overlap, and the lengths are equal (`Plan::check`).
                 unsafe { std::ptr::copy(src, dst, from.len) };
+                Ok(())
             }
             Action::Reduce { from, acc, left } => {
                 let f = self.plan.reduce.as_ref().ok_or_else(|| internal("no reduction"))?;
@@ -347,9 +315,48 @@ impl Sched {
                 // and have equal lengths (`Plan::check`), and no transfer is in flight on them;
                 // the slices end with this statement.
                 let (a, b) = unsafe { (std::slice::from_raw_parts(src, from.len), std::slice::from_raw_parts_mut(dst, acc.len)) };
-                f(a, b, left)?;
+                f(a, b, left)
             }
         }
+    }
+
+    /// Starts sending span `s` (empty once degraded) to member `dest`.
+    fn send(&mut self, e: &mut Engine, s: Span, dest: usize, tag: u32) -> Result<()> {
+        let p = self.addr(&s, false)?;
+        // SAFETY: `p..p + s.len` lies in a live buffer (checked by `addr`): scratch this
+        // schedule owns, or a user buffer borrowed until the schedule ends or is abandoned
+        // (`Sched::new`). Abandoning abandons this send first, so the view never outlives the
+        // memory, and the plan writes no span while it is sent (`Plan::check`).
+        let raw = unsafe { RawBuf::new(std::slice::from_raw_parts(p, s.len)) };
+        let w = &self.who;
+        let tag64 = matching::encode_tag(w.ctx, w.key(w.rank), w.tag(tag));
+        let world = w.world_rank(dest)?;
+        if seen::counting() {
+            seen::message_out(world, s.len);
+        }
+        if let Some(ph) = self.phase.as_mut() {
+            ph.add(true, world, s.len);
+        }
+        if let Some(rid) = e.start_send(world, tag64, raw, false)? {
+            self.pending.push((rid, None));
+        }
+        Ok(())
+    }
+
+    /// Posts the receive of span `s` from member `src`.
+    fn recv(&mut self, e: &mut Engine, s: Span, src: usize, tag: u32) -> Result<()> {
+        let degraded = self.degraded.is_some();
+        let p = self.addr(&s, true)?;
+        // SAFETY: as for a send; the plan neither reads nor writes the span until this
+        // receive has completed (`Plan::check`), and abandoning abandons it first.
+        let raw = unsafe { RawBufMut::new(std::slice::from_raw_parts_mut(p, s.len)) };
+        let w = &self.who;
+        let world = w.world_rank(src)?;
+        if let Some(ph) = self.phase.as_mut() {
+            ph.add(false, world, s.len);
+        }
+        let rid = e.post_recv(w.ctx, Some(w.key(src)), Some(w.tag(tag)), raw, Peers::rank(world))?;
+        self.pending.push((rid, (!degraded).then_some((s.len, src))));
         Ok(())
     }
 
