@@ -885,61 +885,70 @@ fn with_layout(d: &TypeDesc, count: usize, inb: &[u8], io: &mut [u8], f: impl Fn
     unsafe { pack::pack_into(pb, count, d, io) };
 }
 
+/// `io[k] = y op x[k]` over the elements of type `$t` in `$inb` (x) and `$io` (y), each
+/// element by the expression `$e` of `$x` and `$y`.
+macro_rules! combine_each {
+    ($inb:expr, $io:expr, $t:ty, |$x:ident, $y:ident| $e:expr) => {{
+        const N: usize = std::mem::size_of::<$t>();
+        for (a, b) in $inb.chunks_exact(N).zip($io.chunks_exact_mut(N)) {
+            let $x = <$t>::from_ne_bytes(a.try_into().expect("chunk of N"));
+            let $y = <$t>::from_ne_bytes((&*b).try_into().expect("chunk of N"));
+            let r: $t = $e;
+            b.copy_from_slice(&r.to_ne_bytes());
+        }
+    }};
+}
+
+/// [`combine_each`] of integers of type `$t` by operator `$op` (every operator applies).
+macro_rules! combine_int {
+    ($op:expr, $inb:expr, $io:expr, $t:ty) => {{
+        use SysOp::*;
+        combine_each!($inb, $io, $t, |x, y| match $op {
+            Max => x.max(y),
+            Min => x.min(y),
+            Sum => x.wrapping_add(y),
+            Prod => x.wrapping_mul(y),
+            BAnd => x & y,
+            BOr => x | y,
+            BXor => x ^ y,
+            LAnd => <$t>::from((x != 0) && (y != 0)),
+            LOr => <$t>::from((x != 0) || (y != 0)),
+            LXor => <$t>::from((x != 0) != (y != 0)),
+        })
+    }};
+}
+
+/// [`combine_each`] of floats of type `$t`: arithmetic operators only (others panic, as
+/// rsmpi's do, naming `$call`).
+macro_rules! combine_float {
+    ($op:expr, $inb:expr, $io:expr, $t:ty, $call:expr) => {{
+        use SysOp::*;
+        combine_each!($inb, $io, $t, |x, y| match $op {
+            Max => x.max(y),
+            Min => x.min(y),
+            Sum => x + y,
+            Prod => x * y,
+            op => panic!("mpi: {}: {op:?} is not defined for floating-point numbers", $call),
+        })
+    }};
+}
+
 fn sys_combine(op: SysOp, p: Prim, inb: &[u8], io: &mut [u8], call: &str) {
-    use SysOp::*;
-    macro_rules! each {
-        ($t:ty, |$x:ident, $y:ident| $e:expr) => {{
-            const N: usize = std::mem::size_of::<$t>();
-            for (a, b) in inb.chunks_exact(N).zip(io.chunks_exact_mut(N)) {
-                let $x = <$t>::from_ne_bytes(a.try_into().expect("chunk of N"));
-                let $y = <$t>::from_ne_bytes((&*b).try_into().expect("chunk of N"));
-                let r: $t = $e;
-                b.copy_from_slice(&r.to_ne_bytes());
-            }
-        }};
-    }
-    macro_rules! int {
-        ($t:ty) => {
-            each!($t, |x, y| match op {
-                Max => x.max(y),
-                Min => x.min(y),
-                Sum => x.wrapping_add(y),
-                Prod => x.wrapping_mul(y),
-                BAnd => x & y,
-                BOr => x | y,
-                BXor => x ^ y,
-                LAnd => <$t>::from((x != 0) && (y != 0)),
-                LOr => <$t>::from((x != 0) || (y != 0)),
-                LXor => <$t>::from((x != 0) != (y != 0)),
-            })
-        };
-    }
-    macro_rules! float {
-        ($t:ty) => {
-            each!($t, |x, y| match op {
-                Max => x.max(y),
-                Min => x.min(y),
-                Sum => x + y,
-                Prod => x * y,
-                _ => panic!("mpi: {call}: {op:?} is not defined for floating-point numbers"),
-            })
-        };
-    }
     match p {
-        Prim::I8 => int!(i8),
-        Prim::I16 => int!(i16),
-        Prim::I32 => int!(i32),
-        Prim::I64 => int!(i64),
-        Prim::U8 => int!(u8),
-        Prim::U16 => int!(u16),
-        Prim::U32 => int!(u32),
-        Prim::U64 => int!(u64),
-        Prim::F32 => float!(f32),
-        Prim::F64 => float!(f64),
-        Prim::Bool => each!(u8, |x, y| match op {
-            LAnd => u8::from(x != 0 && y != 0),
-            LOr => u8::from(x != 0 || y != 0),
-            LXor => u8::from((x != 0) != (y != 0)),
+        Prim::I8 => combine_int!(op, inb, io, i8),
+        Prim::I16 => combine_int!(op, inb, io, i16),
+        Prim::I32 => combine_int!(op, inb, io, i32),
+        Prim::I64 => combine_int!(op, inb, io, i64),
+        Prim::U8 => combine_int!(op, inb, io, u8),
+        Prim::U16 => combine_int!(op, inb, io, u16),
+        Prim::U32 => combine_int!(op, inb, io, u32),
+        Prim::U64 => combine_int!(op, inb, io, u64),
+        Prim::F32 => combine_float!(op, inb, io, f32, call),
+        Prim::F64 => combine_float!(op, inb, io, f64, call),
+        Prim::Bool => combine_each!(inb, io, u8, |x, y| match op {
+            SysOp::LAnd => u8::from(x != 0 && y != 0),
+            SysOp::LOr => u8::from(x != 0 || y != 0),
+            SysOp::LXor => u8::from((x != 0) != (y != 0)),
             _ => panic!("mpi: {call}: {op:?} is not defined for bool"),
         }),
         Prim::C32 => complex_combine::<4>(op, inb, io, call),
