@@ -17,16 +17,22 @@ fn grid(n: usize) -> (usize, usize) {
 }
 
 fn local_checks(world: &tmpi::Comm) -> Result<Vec<String>, tmpi::Error> {
+    let mut bad = Vec::new();
+    grid_checks(world, &mut bad)?;
+    evens_check(world, &mut bad)?;
+    Ok(bad)
+}
+
+/// A row and a column communicator of the rank grid: sizes, ranks, sums, max and min.
+fn grid_checks(world: &tmpi::Comm, bad: &mut Vec<String>) -> Result<(), tmpi::Error> {
     let (rank, n) = (world.rank(), world.size());
     let (rows, cols) = grid(n);
     let (r, c) = (rank / cols, rank % cols);
-    let mut bad = Vec::new();
-
     let row = world.split(Some(r as u32), c as i32)?;
     let col = world.split(Some(c as u32), r as i32)?;
     let (Some(row), Some(col)) = (row, col) else {
         bad.push("split with a color returned None".to_string());
-        return Ok(bad);
+        return Ok(());
     };
     if row.size() != cols || row.rank() != c {
         bad.push(format!("row comm: size {} rank {}, expected {cols} {c}", row.size(), row.rank()));
@@ -55,8 +61,12 @@ fn local_checks(world: &tmpi::Comm) -> Result<Vec<String>, tmpi::Error> {
     if got[0] != c64 {
         bad.push(format!("column {c} min {}", got[0]));
     }
+    Ok(())
+}
 
-    // Even ranks only, in reverse order.
+/// Even ranks only, in reverse order; the odd ones get no communicator.
+fn evens_check(world: &tmpi::Comm, bad: &mut Vec<String>) -> Result<(), tmpi::Error> {
+    let (rank, n) = (world.rank(), world.size());
     let color = (rank % 2 == 0).then_some(0);
     let evens = world.split(color, -(rank as i32))?;
     let n_even = n.div_ceil(2);
@@ -80,7 +90,7 @@ fn local_checks(world: &tmpi::Comm) -> Result<Vec<String>, tmpi::Error> {
         (false, None) => {}
         (even, got) => bad.push(format!("even={even} but split returned {}", if got.is_some() { "a comm" } else { "None" })),
     }
-    Ok(bad)
+    Ok(())
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
