@@ -37,46 +37,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     let (world, provided) = tmpi::init_thread(Threading::Multiple)?;
     check(provided == Threading::Multiple, || format!("provided {provided:?}"))?;
     let (rank, n) = (world.rank(), world.size());
-    let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
     let w = &*world;
-
-    // Step 1: receives posted by the main thread, sends from rayon tasks.
-    let mine: Vec<Vec<u64>> = (0..CHUNKS).map(|c| (0..LEN).map(|i| value(rank, c, i)).collect()).collect();
-    let mut got = vec![vec![0u64; LEN]; CHUNKS];
-    tmpi::scope(|s| -> tmpi::Result<()> {
-        let mut reqs = Vec::with_capacity(CHUNKS);
-        for (c, buf) in got.iter_mut().enumerate() {
-            reqs.push(w.irecv(s, buf, left, c as u32)?);
-        }
-        mine.par_iter().enumerate().try_for_each(|(c, chunk)| {
-            let out: Vec<u64> = chunk.iter().map(|&x| transform(x)).collect();
-            w.send(&out, right, c as u32)
-        })?;
-        tmpi::wait_all(reqs).map(drop)
-    })?;
-    let step1 = got.par_iter().enumerate().all(|(c, buf)| buf.iter().enumerate().all(|(i, &x)| x == transform(value(left, c, i))));
-    check(step1, || format!("rank {rank}: chunks from rank {left} are wrong"))?;
-
-    // Step 2: partial sums to rank 0, sent and received by rayon tasks.
-    let partial = |r: usize, c: usize| (0..LEN).map(|i| value(r, c, i)).sum::<u64>();
-    let tag = |c: usize| 100 + c as u32;
-    (0..CHUNKS).into_par_iter().try_for_each(|c| w.send(&[partial(rank, c)], 0, tag(c)))?;
-    let at_root = if rank == 0 {
-        (0..n * CHUNKS)
-            .into_par_iter()
-            .map(|k| {
-                let (src, c) = (k / CHUNKS, k % CHUNKS);
-                let mut x = [0u64];
-                w.recv(&mut x, src, tag(c))?;
-                if x[0] != partial(src, c) {
-                    return Err(tmpi::Error::InvalidBuffer(format!("partial sum of chunk {c} of rank {src}: {}", x[0])));
-                }
-                Ok(x[0])
-            })
-            .sum::<tmpi::Result<u64>>()?
-    } else {
-        0
-    };
+    exchange_chunks(w)?;
+    let at_root = partial_sums(w)?;
 
     // Step 3: the grand total, on the main thread.
     let local: u64 = (0..CHUNKS).into_par_iter().map(|c| partial(rank, c)).sum();
@@ -94,4 +57,55 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     world.finalize()?;
     Ok(())
+}
+
+/// Step 1: receives from the left posted by the main thread, sends to the right from rayon
+/// tasks; every chunk checked.
+fn exchange_chunks(w: &tmpi::Comm) -> Result<(), Box<dyn Error>> {
+    let (rank, n) = (w.rank(), w.size());
+    let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
+    let mine: Vec<Vec<u64>> = (0..CHUNKS).map(|c| (0..LEN).map(|i| value(rank, c, i)).collect()).collect();
+    let mut got = vec![vec![0u64; LEN]; CHUNKS];
+    tmpi::scope(|s| -> tmpi::Result<()> {
+        let mut reqs = Vec::with_capacity(CHUNKS);
+        for (c, buf) in got.iter_mut().enumerate() {
+            reqs.push(w.irecv(s, buf, left, c as u32)?);
+        }
+        mine.par_iter().enumerate().try_for_each(|(c, chunk)| {
+            let out: Vec<u64> = chunk.iter().map(|&x| transform(x)).collect();
+            w.send(&out, right, c as u32)
+        })?;
+        tmpi::wait_all(reqs).map(drop)
+    })?;
+    let step1 = got.par_iter().enumerate().all(|(c, buf)| buf.iter().enumerate().all(|(i, &x)| x == transform(value(left, c, i))));
+    check(step1, || format!("rank {rank}: chunks from rank {left} are wrong"))?;
+    Ok(())
+}
+
+/// The sum of chunk `c` of rank `r`.
+fn partial(r: usize, c: usize) -> u64 {
+    (0..LEN).map(|i| value(r, c, i)).sum::<u64>()
+}
+
+/// Step 2: partial sums to rank 0, sent and received by rayon tasks; rank 0 returns their
+/// total (the others 0).
+fn partial_sums(w: &tmpi::Comm) -> tmpi::Result<u64> {
+    let (rank, n) = (w.rank(), w.size());
+    let tag = |c: usize| 100 + c as u32;
+    (0..CHUNKS).into_par_iter().try_for_each(|c| w.send(&[partial(rank, c)], 0, tag(c)))?;
+    if rank != 0 {
+        return Ok(0);
+    }
+    (0..n * CHUNKS)
+        .into_par_iter()
+        .map(|k| {
+            let (src, c) = (k / CHUNKS, k % CHUNKS);
+            let mut x = [0u64];
+            w.recv(&mut x, src, tag(c))?;
+            if x[0] != partial(src, c) {
+                return Err(tmpi::Error::InvalidBuffer(format!("partial sum of chunk {c} of rank {src}: {}", x[0])));
+            }
+            Ok(x[0])
+        })
+        .sum::<tmpi::Result<u64>>()
 }
