@@ -34,46 +34,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         world.finalize()?;
         return Ok(());
     }
-    let peers = n - 1;
     if rank == 0 {
-        let mut specific = vec![vec![0u64; BIG]; peers * SPECIFIC];
-        let mut any = vec![vec![0u64; SMALL]; peers * ANY];
-        let (spec_st, any_st) = tmpi::scope(|s| -> tmpi::Result<(Vec<tmpi::Status>, Vec<tmpi::Status>)> {
-            let mut spec_reqs = Vec::with_capacity(specific.len());
-            for (idx, buf) in specific.iter_mut().enumerate() {
-                let (p, k) = (1 + idx / SPECIFIC, idx % SPECIFIC);
-                spec_reqs.push(world.irecv(s, buf, p, SPECIFIC_TAG + k as tmpi::Tag)?);
-            }
-            let mut any_reqs = Vec::with_capacity(any.len());
-            for buf in any.iter_mut() {
-                any_reqs.push(world.irecv(s, buf, tmpi::ANY_SOURCE, ANY_TAG_VALUE)?);
-            }
-            world.barrier()?; // every receive is posted before any peer sends
-            Ok((tmpi::wait_all(spec_reqs)?, tmpi::wait_all(any_reqs)?))
-        })?;
-        for (idx, (buf, st)) in specific.iter().zip(&spec_st).enumerate() {
-            let (p, k) = (1 + idx / SPECIFIC, idx % SPECIFIC);
-            check(st.source() == p && st.tag() == SPECIFIC_TAG + k as tmpi::Tag && st.len() == BIG * 8, || {
-                format!("specific receive {k} from {p}: status {st:?}")
-            })?;
-            check(*buf == payload(p, 0, k, BIG), || format!("specific message {k} from {p}: payload corrupt"))?;
-        }
-        let mut seen = vec![0usize; n];
-        for (buf, st) in any.iter().zip(&any_st) {
-            let p = st.source();
-            check(p >= 1 && p < n && st.tag() == ANY_TAG_VALUE && st.len() == SMALL * 8, || format!("wildcard receive: status {st:?}"))?;
-            let k = seen[p];
-            check(k < ANY && *buf == payload(p, 1, k, SMALL), || {
-                format!("wildcard receive: message {k} of rank {p} out of order or corrupt")
-            })?;
-            seen[p] += 1;
-        }
-        check(seen.iter().skip(1).all(|&c| c == ANY), || format!("wildcard matches per sender: {seen:?}"))?;
-        println!(
-            "offload: {} pre-posted source-specific 16 KiB receives and {} ANY_SOURCE 1 KiB receives from {peers} peers matched and verified: OK",
-            peers * SPECIFIC,
-            peers * ANY
-        );
+        receive_all(&world)?;
     } else {
         world.barrier()?;
         // Wildcard-targeted messages first, then the specific ones in reverse tag order, so
@@ -86,5 +48,59 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
     }
     world.finalize()?;
+    Ok(())
+}
+
+/// Rank 0: every receive posted before the barrier releases the senders, then each checked.
+fn receive_all(world: &tmpi::World) -> Result<(), Box<dyn Error>> {
+    let peers = world.size() - 1;
+    let mut specific = vec![vec![0u64; BIG]; peers * SPECIFIC];
+    let mut any = vec![vec![0u64; SMALL]; peers * ANY];
+    let (spec_st, any_st) = tmpi::scope(|s| -> tmpi::Result<(Vec<tmpi::Status>, Vec<tmpi::Status>)> {
+        let mut spec_reqs = Vec::with_capacity(specific.len());
+        for (idx, buf) in specific.iter_mut().enumerate() {
+            let (p, k) = (1 + idx / SPECIFIC, idx % SPECIFIC);
+            spec_reqs.push(world.irecv(s, buf, p, SPECIFIC_TAG + k as tmpi::Tag)?);
+        }
+        let mut any_reqs = Vec::with_capacity(any.len());
+        for buf in any.iter_mut() {
+            any_reqs.push(world.irecv(s, buf, tmpi::ANY_SOURCE, ANY_TAG_VALUE)?);
+        }
+        world.barrier()?; // every receive is posted before any peer sends
+        Ok((tmpi::wait_all(spec_reqs)?, tmpi::wait_all(any_reqs)?))
+    })?;
+    check_specific(&specific, &spec_st)?;
+    check_wildcard(&any, &any_st, world.size())?;
+    println!(
+        "offload: {} pre-posted source-specific 16 KiB receives and {} ANY_SOURCE 1 KiB receives from {peers} peers matched and verified: OK",
+        peers * SPECIFIC,
+        peers * ANY
+    );
+    Ok(())
+}
+
+/// The source-specific receives got their own sender's messages.
+fn check_specific(bufs: &[Vec<u64>], sts: &[tmpi::Status]) -> Result<(), Box<dyn Error>> {
+    for (idx, (buf, st)) in bufs.iter().zip(sts).enumerate() {
+        let (p, k) = (1 + idx / SPECIFIC, idx % SPECIFIC);
+        check(st.source() == p && st.tag() == SPECIFIC_TAG + k as tmpi::Tag && st.len() == BIG * 8, || {
+            format!("specific receive {k} from {p}: status {st:?}")
+        })?;
+        check(*buf == payload(p, 0, k, BIG), || format!("specific message {k} from {p}: payload corrupt"))?;
+    }
+    Ok(())
+}
+
+/// The wildcard receives matched each sender's messages in send order, `ANY` of each.
+fn check_wildcard(bufs: &[Vec<u64>], sts: &[tmpi::Status], n: usize) -> Result<(), Box<dyn Error>> {
+    let mut seen = vec![0usize; n];
+    for (buf, st) in bufs.iter().zip(sts) {
+        let p = st.source();
+        check(p >= 1 && p < n && st.tag() == ANY_TAG_VALUE && st.len() == SMALL * 8, || format!("wildcard receive: status {st:?}"))?;
+        let k = seen[p];
+        check(k < ANY && *buf == payload(p, 1, k, SMALL), || format!("wildcard receive: message {k} of rank {p} out of order or corrupt"))?;
+        seen[p] += 1;
+    }
+    check(seen.iter().skip(1).all(|&c| c == ANY), || format!("wildcard matches per sender: {seen:?}"))?;
     Ok(())
 }
