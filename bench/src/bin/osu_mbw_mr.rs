@@ -48,31 +48,12 @@ fn run(o: &Options) -> Result<(), BoxError> {
         for i in 0..iters + skip {
             world.barrier()?;
             if rank < pairs {
-                let target = rank + pairs;
-                let t0 = tmpi::wtime();
-                tmpi::scope(|sc| -> tmpi::Result<()> {
-                    let mut reqs = Vec::with_capacity(w);
-                    for _ in 0..w {
-                        reqs.push(world.isend(sc, s, target, DATA)?);
-                    }
-                    tmpi::wait_all(reqs)?;
-                    Ok(())
-                })?;
-                world.recv(&mut ack, target, ACK)?;
+                let dt = send_window(&world, s, rank + pairs, w, &mut ack)?;
                 if i >= skip {
-                    t += tmpi::wtime() - t0;
+                    t += dt;
                 }
             } else if rank < 2 * pairs {
-                let source = rank - pairs;
-                tmpi::scope(|sc| -> tmpi::Result<()> {
-                    let mut reqs = Vec::with_capacity(w);
-                    for slot in slots.iter_mut() {
-                        reqs.push(world.irecv(sc, slot, source, DATA)?);
-                    }
-                    tmpi::wait_all(reqs)?;
-                    Ok(())
-                })?;
-                world.send(&s[..1], source, ACK)?;
+                recv_window(&world, &mut slots, rank - pairs, &s[..1])?;
             }
         }
         let mut t_sum = [0.0f64];
@@ -86,4 +67,34 @@ fn run(o: &Options) -> Result<(), BoxError> {
     }
     world.finalize()?;
     Ok(())
+}
+
+/// A sender's iteration: a window of `w` `isend`s of `s` to `target`, then its
+/// acknowledgement; returns the seconds it took.
+fn send_window(world: &tmpi::World, s: &[u8], target: usize, w: usize, ack: &mut [u8; 1]) -> tmpi::Result<f64> {
+    let t0 = tmpi::wtime();
+    tmpi::scope(|sc| -> tmpi::Result<()> {
+        let mut reqs = Vec::with_capacity(w);
+        for _ in 0..w {
+            reqs.push(world.isend(sc, s, target, DATA)?);
+        }
+        tmpi::wait_all(reqs)?;
+        Ok(())
+    })?;
+    world.recv(ack, target, ACK)?;
+    Ok(tmpi::wtime() - t0)
+}
+
+/// A receiver's iteration: a window of `irecv`s from `source`, one per slot, then the
+/// acknowledgement `ack`.
+fn recv_window(world: &tmpi::World, slots: &mut [&mut [u8]], source: usize, ack: &[u8]) -> tmpi::Result<()> {
+    tmpi::scope(|sc| -> tmpi::Result<()> {
+        let mut reqs = Vec::with_capacity(slots.len());
+        for slot in slots.iter_mut() {
+            reqs.push(world.irecv(sc, slot, source, DATA)?);
+        }
+        tmpi::wait_all(reqs)?;
+        Ok(())
+    })?;
+    world.send(ack, source, ACK)
 }
