@@ -818,17 +818,14 @@ fn write_report(path: &Path, md: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Runs the comparison; `Ok(false)` when some run failed (the report is written anyway).
-fn real_main(cli: &Cli) -> Result<bool, Error> {
-    let w = wanted(cli)?;
-    let (paths, out_dir) = locate(cli, &w)?;
-
-    // 1. Peers: build what can be built, skip the rest with instructions.
+/// The machine's description (this run's priority, the peers' versions, tmpi's commit), the
+/// configurations that can run and those skipped with the reason; an error when none can.
+fn prepare(cli: &Cli, paths: &Paths, w: &Wanted) -> Result<(Machine, Vec<Lib>, Vec<String>), Error> {
     let mut machine = Machine::probe();
     if !cli.normal_priority {
         machine.priority = run::set_priority();
     }
-    let (libs, skipped) = build_peers(&paths, &w.libs, &mut machine);
+    let (libs, skipped) = build_peers(paths, &w.libs, &mut machine);
     if let Some(rev) = first_line(&["git", "-C", &paths.root.display().to_string(), "rev-parse", "--short", "HEAD"]) {
         if rev.chars().all(|c| c.is_ascii_hexdigit()) {
             machine.versions.push(format!("tmpi: commit {rev}"));
@@ -837,6 +834,16 @@ fn real_main(cli: &Cli) -> Result<bool, Error> {
     if libs.is_empty() {
         return Err(Error::Usage("no configuration can run".into()));
     }
+    Ok((machine, libs, skipped))
+}
+
+/// Runs the comparison; `Ok(false)` when some run failed (the report is written anyway).
+fn real_main(cli: &Cli) -> Result<bool, Error> {
+    let w = wanted(cli)?;
+    let (paths, out_dir) = locate(cli, &w)?;
+
+    // 1. Peers: build what can be built, skip the rest with instructions.
+    let (mut machine, libs, skipped) = prepare(cli, &paths, &w)?;
 
     // 2. The host figures, just before the runs.
     let (probe, first, mut cl) = first_probe(cli, &paths);
