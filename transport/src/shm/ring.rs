@@ -351,9 +351,38 @@ impl Producer {
         let rec = rec_len(payload, long);
         // SAFETY: the record [off, off + rec) lies inside the data area (no wrap, checked by
         // `needed`), and so does the next header slot (off + rec < size, or 0 at the end), all
-        // released by the consumer (`room_for` counted them). We are the only writer; the
-        // consumer reads none of it before the release store of this record's header (or of
-        // the skip record).
+        // released by the consumer (`room_for` counted them); a skip record's slot `skip_at`
+        // too (the space before offset 0 that `needed` counted).
+        unsafe { self.write_record(off, rec, (flags, total_len, payload), parts, skip_at) };
+        self.head += rec;
+        // SAFETY: ctl valid for the producer's life.
+        unsafe { self.ctl.as_ref() }.head.store(self.head, Ordering::Release);
+        if self.claim && rec > 64 && rec <= CLAIM_RECORD_MAX && !long {
+            self.claim_ahead(rec);
+        }
+        Ok(true)
+    }
+
+    /// Writes the record of `parts` (`payload` bytes of a message of `total_len`, with
+    /// `flags`) at `off`, zeroes the next header slot (`off + rec`), and publishes the record's
+    /// header, then the skip record at `skip_at` (offset and stamp) if there is one.
+    ///
+    /// # Safety
+    /// `[off, off + rec)`, the header slot after it and `skip_at`'s slot lie inside the data
+    /// area and are released by the consumer, which reads none of it before the release
+    /// stores here; `rec` is `rec_len` of the payload.
+    #[inline(always)]
+    unsafe fn write_record(
+        &mut self,
+        off: u64,
+        rec: u64,
+        (flags, total_len, payload): (u8, u64, usize),
+        parts: &[&[u8]],
+        skip_at: Option<(u64, u32)>,
+    ) {
+        let long = total_len != payload as u64;
+        // SAFETY: the caller's contract: the ranges written lie in the data area, released
+        // by the consumer; we are the only writer.
         unsafe {
             let base = self.data.as_ptr().add(off as usize);
             let mut dst = if long {
@@ -380,13 +409,6 @@ impl Producer {
                 self.header(at).store((st as u64) << 32 | (FLAG_SKIP as u64) << 24, Ordering::Release);
             }
         }
-        self.head += rec;
-        // SAFETY: ctl valid for the producer's life.
-        unsafe { self.ctl.as_ref() }.head.store(self.head, Ordering::Release);
-        if self.claim && rec > 64 && rec <= CLAIM_RECORD_MAX && !long {
-            self.claim_ahead(rec);
-        }
-        Ok(true)
     }
 
     /// Claims (`prefetchw`: fetch for writing) the lines of the ring from the line after the
