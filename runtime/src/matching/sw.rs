@@ -395,6 +395,28 @@ impl<R, M> SwMatcher<R, M> {
         self.empty_buckets = 0;
     }
 
+    /// The earliest posted wildcard candidate for `tag`, as its sequence number (`u64::MAX`:
+    /// none) and class: the head of each class's queue for `tag`. Ids are compared as their
+    /// `u64` (the same order).
+    #[inline(always)]
+    fn wild_candidate(&self, tag: u64) -> (u64, Option<usize>) {
+        let mut wild_seq = u64::MAX;
+        let mut class = None;
+        if self.wild_live > 0 {
+            for (c, q) in self.wild.iter().enumerate() {
+                if q.len > 0 {
+                    if let Some(s) = q.head(tag & CLASS_MASKS[c]) {
+                        if s < wild_seq {
+                            wild_seq = s;
+                            class = Some(c);
+                        }
+                    }
+                }
+            }
+        }
+        (wild_seq, class)
+    }
+
     /// After a raw receive left `raw`: drop tombstones at the ends, compact if needed.
     #[inline]
     fn tidy_raw(&mut self) {
@@ -822,22 +844,7 @@ impl<R, M> Matcher<R, M> for SwMatcher<R, M> {
         if self.ux_wanted.load(Ordering::Relaxed) != 0 {
             self.enable_wanted();
         }
-        // The earliest posted wildcard candidate: the head of each class's queue for `tag`.
-        // Ids are compared as their `u64` (the same order).
-        let mut wild_seq = u64::MAX;
-        let mut class = None;
-        if self.wild_live > 0 {
-            for (c, q) in self.wild.iter().enumerate() {
-                if q.len > 0 {
-                    if let Some(s) = q.head(tag & CLASS_MASKS[c]) {
-                        if s < wild_seq {
-                            wild_seq = s;
-                            class = Some(c);
-                        }
-                    }
-                }
-            }
-        }
+        let (wild_seq, class) = self.wild_candidate(tag);
         // One lookup of the bucket serves the exact candidate, its match and the store.
         let bucket = self.buckets.get_mut(&tag);
         let exact_seq = bucket.as_ref().and_then(|b| b.posted.front()).map_or(u64::MAX, |p| p.0 .0);
