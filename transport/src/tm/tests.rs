@@ -1088,6 +1088,250 @@ mod prop {
         eager(tag, tag as u32, &vec![0xab; len])
     }
 
+    type Checked = Result<(), TestCaseError>;
+
+    /// The model under test beside the reference, and what the steps have seen so far.
+    struct Run {
+        s: TmSrq,
+        r: Reference,
+        next_wr: u64,
+        polled_unexp: u32,
+        /// recv_wr_id -> handle, while the entry may still complete.
+        live: HashMap<u64, u32>,
+        handles_in_use: HashSet<u32>,
+        matched: HashSet<u64>,
+        finished: HashSet<u64>,
+        reads: Vec<ReadRequest>,
+        /// Multi-packet eager messages under way, by source: the message and its bytes sent.
+        inflight: HashMap<u32, (Vec<u8>, usize)>,
+        fins_expected: usize,
+        fins_seen: usize,
+        srq_free: usize,
+    }
+
+    impl Run {
+        fn new() -> Run {
+            Run {
+                s: srq(6, 8, 4),
+                r: Reference::default(),
+                next_wr: 1,
+                polled_unexp: 0,
+                live: HashMap::new(),
+                handles_in_use: HashSet::new(),
+                matched: HashSet::new(),
+                finished: HashSet::new(),
+                reads: Vec::new(),
+                inflight: HashMap::new(),
+                fins_expected: 0,
+                fins_seen: 0,
+                srq_free: 0,
+            }
+        }
+
+        /// An operation's flags, its unexpected count and the count the reference sees.
+        fn resolve(&self, c: CntChoice, signaled: bool) -> (OpsFlags, u32, Option<u16>) {
+            let honest = self.polled_unexp;
+            let (f, v, c) = match c {
+                CntChoice::Honest => (OpsFlags::TM_SYNC, honest, Some(honest as u16)),
+                CntChoice::Absent => (OpsFlags::NONE, 0, None),
+                CntChoice::Random(v) => (OpsFlags::TM_SYNC, v, Some(v as u16)),
+            };
+            (if signaled { f | OpsFlags::SIGNALED } else { f }, v, c)
+        }
+
+        fn step(&mut self, st: Step) -> Checked {
+            match st {
+                Step::Add { tag, mask, len, signaled, cnt } => self.add(tag, mask, len, self.resolve(cnt, signaled))?,
+                Step::Del { pick, signaled, cnt } => self.del(pick, signaled, self.resolve(cnt, signaled))?,
+                Step::Sync { signaled, cnt } => {
+                    let (flags, v, c) = self.resolve(cnt, signaled);
+                    let wr = OpsWr { wr_id: 0, opcode: OpsOp::Sync, flags, unexpected_cnt: v, handle: 0 };
+                    if self.s.post_srq_op(&wr).is_ok() {
+                        self.r.op(c);
+                    }
+                }
+                Step::Eager { src, tag, multi } if !self.inflight.contains_key(&src) => self.eager(src, tag, multi)?,
+                Step::Rndv { src, tag, len } if !self.inflight.contains_key(&src) => self.rndv(src, tag, len)?,
+                Step::NoTag { src } if !self.inflight.contains_key(&src) => match self.s.arrive(src, &[0, 1, 2, 3]).unwrap() {
+                    Arrival::Place(_) => self.srq_free -= 1,
+                    Arrival::Rnr => prop_assert_eq!(self.srq_free, 0),
+                    Arrival::Read(_) => prop_assert!(false, "NO_TAG read"),
+                },
+                Step::Eager { src, .. } | Step::Rndv { src, .. } | Step::NoTag { src } => {
+                    prop_assert_eq!(self.s.arrive(src, &msg_eager(0, 0)), Err(TmErrno::Inval));
+                }
+                Step::Continue { src } => match self.inflight.remove(&src) {
+                    Some((m, at)) => prop_assert!(matches!(self.s.arrive_continuation(src, &m[at..]).unwrap(), Arrival::Place(_))),
+                    None => prop_assert_eq!(self.s.arrive_continuation(src, b"x"), Err(TmErrno::Inval)),
+                },
+                Step::Abort { src } => prop_assert_eq!(self.s.abort_message(src), self.inflight.remove(&src).is_some()),
+                Step::Poll(n) => self.poll(n)?,
+                Step::PostSrq => {
+                    if self.s.post_srq_recv(0, 64).is_ok() {
+                        self.srq_free += 1;
+                    }
+                }
+                Step::ReadDone { pick, ok } => self.read_done(pick, ok)?,
+                Step::Garbage(bytes) => {
+                    // Whatever it is, it must not panic; valid-looking input is fine too.
+                    if bytes.first().is_some_and(|&b| b > 3) || bytes.is_empty() {
+                        prop_assert_eq!(self.s.arrive(99, &bytes), Err(TmErrno::BadMsg));
+                    }
+                }
+            }
+            self.after_step()
+        }
+
+        fn add(&mut self, tag: u64, mask: u64, len: usize, (flags, v, c): (OpsFlags, u32, Option<u16>)) -> Checked {
+            let wr =
+                OpsWr { wr_id: 0, opcode: OpsOp::Add { tag, mask, recv_wr_id: self.next_wr, len }, flags, unexpected_cnt: v, handle: 0 };
+            if let Ok(h) = self.s.post_srq_op(&wr) {
+                let h = h.unwrap();
+                prop_assert!(self.handles_in_use.insert(h), "handle {} reused while live", h);
+                let level = self.r.op(c);
+                let eligible_from = if level { 0 } else { self.r.gen + 1 };
+                self.r.list.push(RefEntry { handle: h, recv_wr_id: self.next_wr, tag, mask, eligible_from });
+                self.live.insert(self.next_wr, h);
+                self.next_wr += 1;
+            }
+            Ok(())
+        }
+
+        fn del(&mut self, pick: usize, signaled: bool, (flags, v, c): (OpsFlags, u32, Option<u16>)) -> Checked {
+            let handle = if self.live.is_empty() {
+                (pick % 6) as u32
+            } else {
+                let mut hs: Vec<u32> = self.live.values().copied().collect();
+                hs.sort_unstable();
+                hs[pick % hs.len()]
+            };
+            let failed_before = self.s.counters().del_failed;
+            let wr = OpsWr { wr_id: 0, opcode: OpsOp::Del { handle }, flags, unexpected_cnt: v, handle: 0 };
+            if self.s.post_srq_op(&wr).is_err() {
+                return Ok(());
+            }
+            self.r.op(c);
+            let in_ref = self.r.list.iter().position(|e| e.handle == handle);
+            let failed = self.s.counters().del_failed > failed_before;
+            prop_assert_eq!(failed, in_ref.is_none());
+            if let Some(i) = in_ref {
+                let e = self.r.list.remove(i);
+                self.live.remove(&e.recv_wr_id);
+                prop_assert!(self.finished.insert(e.recv_wr_id));
+                if !signaled {
+                    // No completion will tell: the handle may come back once its ADD
+                    // completion (if any) is polled.
+                    self.handles_in_use.remove(&handle);
+                }
+            }
+            Ok(())
+        }
+
+        /// The entry at `i` of the reference matched: the model placed the message in its
+        /// tagged buffer.
+        fn tagged(&mut self, i: usize, p: &Placement) -> Checked {
+            let e = self.r.list.remove(i);
+            prop_assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: e.recv_wr_id, handle: e.handle });
+            self.live.remove(&e.recv_wr_id);
+            Ok(())
+        }
+
+        /// Nothing matched: the message took an SRQ buffer, or none was there (RNR).
+        fn unexpected(&mut self, a: Arrival) -> Checked {
+            match a {
+                Arrival::Place(p) => {
+                    prop_assert!(is_srq(&p));
+                    prop_assert!(self.srq_free > 0);
+                    self.srq_free -= 1;
+                    self.r.hw = self.r.hw.wrapping_add(1);
+                }
+                Arrival::Rnr => prop_assert_eq!(self.srq_free, 0),
+                a => prop_assert!(false, "reference: no match, model {:?}", a),
+            }
+            Ok(())
+        }
+
+        fn eager(&mut self, src: u32, tag: u64, multi: bool) -> Checked {
+            let m = msg_eager(tag, 30);
+            let first = if multi { 20 } else { m.len() };
+            let a = self.s.arrive_first(src, &m[..first], m.len()).unwrap();
+            match (self.r.find(tag), a) {
+                (Some(i), Arrival::Place(p)) => self.tagged(i, &p)?,
+                (None, a) => self.unexpected(a)?,
+                (f, a) => prop_assert!(false, "reference {:?}, model {:?}", f, a),
+            }
+            if multi && matches!(a, Arrival::Place(_)) {
+                self.inflight.insert(src, (m, first));
+            }
+            Ok(())
+        }
+
+        fn rndv(&mut self, src: u32, tag: u64, len: u32) -> Checked {
+            let m = rndv(tag, 0, 0x1000, 5, len);
+            match (self.r.find(tag), self.s.arrive(src, &m).unwrap()) {
+                (Some(i), Arrival::Read(rd)) => {
+                    let e = self.r.list.remove(i);
+                    prop_assert_eq!((rd.recv_wr_id, rd.handle, rd.len), (e.recv_wr_id, e.handle, len));
+                    self.live.remove(&e.recv_wr_id);
+                    self.reads.push(rd);
+                }
+                (Some(i), Arrival::Place(p)) => self.tagged(i, &p)?,
+                (None, a) => self.unexpected(a)?,
+                (f, a) => prop_assert!(false, "reference {:?}, model {:?}", f, a),
+            }
+            Ok(())
+        }
+
+        /// Polls up to `n` completions: each receive matched and finished at most once.
+        fn poll(&mut self, n: u8) -> Checked {
+            for _ in 0..n {
+                let Some(wc) = self.s.poll_cq() else { break };
+                if wc.is_unexpected() {
+                    self.polled_unexp = self.polled_unexp.wrapping_add(1);
+                }
+                if wc.opcode == WcOpcode::TmRecv && wc.flags.contains(WcFlags::TM_MATCH) {
+                    prop_assert!(self.matched.insert(wc.wr_id), "matched twice: {}", wc.wr_id);
+                }
+                if wc.opcode == WcOpcode::TmRecv && wc.flags.contains(WcFlags::TM_DATA_VALID) {
+                    prop_assert!(self.matched.contains(&wc.wr_id));
+                    prop_assert!(self.finished.insert(wc.wr_id), "finished twice: {}", wc.wr_id);
+                    self.handles_in_use.remove(&wc.handle);
+                }
+                if wc.opcode == WcOpcode::TmDel && wc.status == WcStatus::Success {
+                    self.handles_in_use.remove(&wc.handle);
+                }
+            }
+            Ok(())
+        }
+
+        fn read_done(&mut self, pick: usize, ok: bool) -> Checked {
+            if self.reads.is_empty() {
+                return Ok(());
+            }
+            let rd = self.reads.remove(pick % self.reads.len());
+            if ok {
+                self.s.read_complete(rd.id).unwrap();
+                self.fins_expected += 1;
+            } else {
+                self.s.read_failed(rd.id, WcStatus::RemAccessErr).unwrap();
+            }
+            prop_assert_eq!(self.s.read_complete(rd.id), Err(TmErrno::Inval));
+            Ok(())
+        }
+
+        /// After every step: the FINs sent are FINs, and the model's list and unexpected count
+        /// are the reference's.
+        fn after_step(&mut self) -> Checked {
+            while let Some(t) = self.s.poll_transmit() {
+                prop_assert!(matches!(Message::parse(&t.msg), Ok(Message::Fin(..))));
+                self.fins_seen += 1;
+            }
+            prop_assert_eq!(self.s.tags_listed(), self.r.list.len());
+            prop_assert_eq!(self.s.hw_unexpected_cnt(), self.r.hw);
+            Ok(())
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -1096,200 +1340,11 @@ mod prop {
         fn random_sequences_match_the_reference_and_consume_at_most_once(
             steps in proptest::collection::vec(step(), 1..200)
         ) {
-            let mut s = srq(6, 8, 4);
-            let mut r = Reference::default();
-            let mut next_wr = 1u64;
-            let mut polled_unexp: u32 = 0;
-            // recv_wr_id -> handle, while the entry may still complete.
-            let mut live: HashMap<u64, u32> = HashMap::new();
-            let mut handles_in_use: HashSet<u32> = HashSet::new();
-            let mut matched: HashSet<u64> = HashSet::new();
-            let mut finished: HashSet<u64> = HashSet::new();
-            let mut reads: Vec<ReadRequest> = Vec::new();
-            let mut inflight: HashMap<u32, (Vec<u8>, usize)> = HashMap::new();
-            let mut fins_expected = 0usize;
-            let mut fins_seen = 0usize;
-            let mut srq_free = 0usize;
-
+            let mut run = Run::new();
             for st in steps {
-                let honest = polled_unexp;
-                let resolve = |c: CntChoice| -> (OpsFlags, u32, Option<u16>) {
-                    match c {
-                        CntChoice::Honest => (OpsFlags::TM_SYNC, honest, Some(honest as u16)),
-                        CntChoice::Absent => (OpsFlags::NONE, 0, None),
-                        CntChoice::Random(v) => (OpsFlags::TM_SYNC, v, Some(v as u16)),
-                    }
-                };
-                match st {
-                    Step::Add { tag, mask, len, signaled, cnt } => {
-                        let (f, v, c) = resolve(cnt);
-                        let flags = if signaled { f | OpsFlags::SIGNALED } else { f };
-                        let wr = OpsWr { wr_id: 0, opcode: OpsOp::Add { tag, mask, recv_wr_id: next_wr, len }, flags, unexpected_cnt: v, handle: 0 };
-                        if let Ok(h) = s.post_srq_op(&wr) {
-                            let h = h.unwrap();
-                            prop_assert!(handles_in_use.insert(h), "handle {} reused while live", h);
-                            let level = r.op(c);
-                            let eligible_from = if level { 0 } else { r.gen + 1 };
-                            r.list.push(RefEntry { handle: h, recv_wr_id: next_wr, tag, mask, eligible_from });
-                            live.insert(next_wr, h);
-                            next_wr += 1;
-                        }
-                    }
-                    Step::Del { pick, signaled, cnt } => {
-                        let (f, v, c) = resolve(cnt);
-                        let flags = if signaled { f | OpsFlags::SIGNALED } else { f };
-                        let handle = if live.is_empty() { (pick % 6) as u32 } else {
-                            let mut hs: Vec<u32> = live.values().copied().collect();
-                            hs.sort_unstable();
-                            hs[pick % hs.len()]
-                        };
-                        let failed_before = s.counters().del_failed;
-                        let wr = OpsWr { wr_id: 0, opcode: OpsOp::Del { handle }, flags, unexpected_cnt: v, handle: 0 };
-                        if s.post_srq_op(&wr).is_ok() {
-                            r.op(c);
-                            let in_ref = r.list.iter().position(|e| e.handle == handle);
-                            let failed = s.counters().del_failed > failed_before;
-                            prop_assert_eq!(failed, in_ref.is_none());
-                            if let Some(i) = in_ref {
-                                let e = r.list.remove(i);
-                                live.remove(&e.recv_wr_id);
-                                prop_assert!(finished.insert(e.recv_wr_id));
-                                if !signaled {
-                                    // No completion will tell: the handle may come back
-                                    // once its ADD completion (if any) is polled.
-                                    handles_in_use.remove(&handle);
-                                }
-                            }
-                        }
-                    }
-                    Step::Sync { signaled, cnt } => {
-                        let (f, v, c) = resolve(cnt);
-                        let flags = if signaled { f | OpsFlags::SIGNALED } else { f };
-                        let wr = OpsWr { wr_id: 0, opcode: OpsOp::Sync, flags, unexpected_cnt: v, handle: 0 };
-                        if s.post_srq_op(&wr).is_ok() {
-                            r.op(c);
-                        }
-                    }
-                    Step::Eager { src, tag, multi } if !inflight.contains_key(&src) => {
-                        let m = msg_eager(tag, 30);
-                        let first = if multi { 20 } else { m.len() };
-                        let a = s.arrive_first(src, &m[..first], m.len()).unwrap();
-                        match (r.find(tag), a) {
-                            (Some(i), Arrival::Place(p)) => {
-                                let e = r.list.remove(i);
-                                prop_assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: e.recv_wr_id, handle: e.handle });
-                                live.remove(&e.recv_wr_id);
-                            }
-                            (None, Arrival::Place(p)) => {
-                                prop_assert!(is_srq(&p));
-                                prop_assert!(srq_free > 0);
-                                srq_free -= 1;
-                                r.hw = r.hw.wrapping_add(1);
-                            }
-                            (None, Arrival::Rnr) => prop_assert_eq!(srq_free, 0),
-                            (f, a) => prop_assert!(false, "reference {:?}, model {:?}", f, a),
-                        }
-                        if multi && matches!(a, Arrival::Place(_)) {
-                            inflight.insert(src, (m, first));
-                        }
-                    }
-                    Step::Rndv { src, tag, len } if !inflight.contains_key(&src) => {
-                        let m = rndv(tag, 0, 0x1000, 5, len);
-                        let a = s.arrive(src, &m).unwrap();
-                        match (r.find(tag), a) {
-                            (Some(i), Arrival::Read(rd)) => {
-                                let e = r.list.remove(i);
-                                prop_assert_eq!((rd.recv_wr_id, rd.handle, rd.len), (e.recv_wr_id, e.handle, len));
-                                live.remove(&e.recv_wr_id);
-                                reads.push(rd);
-                            }
-                            (Some(i), Arrival::Place(p)) => {
-                                let e = r.list.remove(i);
-                                prop_assert_eq!(p.buffer, Buffer::Tagged { recv_wr_id: e.recv_wr_id, handle: e.handle });
-                                live.remove(&e.recv_wr_id);
-                            }
-                            (None, Arrival::Place(p)) => {
-                                prop_assert!(is_srq(&p));
-                                srq_free -= 1;
-                                r.hw = r.hw.wrapping_add(1);
-                            }
-                            (None, Arrival::Rnr) => prop_assert_eq!(srq_free, 0),
-                            (f, a) => prop_assert!(false, "reference {:?}, model {:?}", f, a),
-                        }
-                    }
-                    Step::NoTag { src } if !inflight.contains_key(&src) => {
-                        match s.arrive(src, &[0, 1, 2, 3]).unwrap() {
-                            Arrival::Place(_) => srq_free -= 1,
-                            Arrival::Rnr => prop_assert_eq!(srq_free, 0),
-                            Arrival::Read(_) => prop_assert!(false, "NO_TAG read"),
-                        }
-                    }
-                    Step::Eager { src, .. } | Step::Rndv { src, .. } | Step::NoTag { src } => {
-                        prop_assert_eq!(s.arrive(src, &msg_eager(0, 0)), Err(TmErrno::Inval));
-                    }
-                    Step::Continue { src } => {
-                        match inflight.remove(&src) {
-                            Some((m, at)) => {
-                                prop_assert!(matches!(s.arrive_continuation(src, &m[at..]).unwrap(), Arrival::Place(_)));
-                            }
-                            None => prop_assert_eq!(s.arrive_continuation(src, b"x"), Err(TmErrno::Inval)),
-                        }
-                    }
-                    Step::Abort { src } => {
-                        prop_assert_eq!(s.abort_message(src), inflight.remove(&src).is_some());
-                    }
-                    Step::Poll(n) => {
-                        for _ in 0..n {
-                            let Some(wc) = s.poll_cq() else { break };
-                            if wc.is_unexpected() {
-                                polled_unexp = polled_unexp.wrapping_add(1);
-                            }
-                            if wc.opcode == WcOpcode::TmRecv && wc.flags.contains(WcFlags::TM_MATCH) {
-                                prop_assert!(matched.insert(wc.wr_id), "matched twice: {}", wc.wr_id);
-                            }
-                            let final_recv = wc.opcode == WcOpcode::TmRecv && wc.flags.contains(WcFlags::TM_DATA_VALID);
-                            if final_recv {
-                                prop_assert!(matched.contains(&wc.wr_id));
-                                prop_assert!(finished.insert(wc.wr_id), "finished twice: {}", wc.wr_id);
-                                handles_in_use.remove(&wc.handle);
-                            }
-                            if wc.opcode == WcOpcode::TmDel && wc.status == WcStatus::Success {
-                                handles_in_use.remove(&wc.handle);
-                            }
-                        }
-                    }
-                    Step::PostSrq => {
-                        if s.post_srq_recv(0, 64).is_ok() {
-                            srq_free += 1;
-                        }
-                    }
-                    Step::ReadDone { pick, ok } => {
-                        if !reads.is_empty() {
-                            let rd = reads.remove(pick % reads.len());
-                            if ok {
-                                s.read_complete(rd.id).unwrap();
-                                fins_expected += 1;
-                            } else {
-                                s.read_failed(rd.id, WcStatus::RemAccessErr).unwrap();
-                            }
-                            prop_assert_eq!(s.read_complete(rd.id), Err(TmErrno::Inval));
-                        }
-                    }
-                    Step::Garbage(bytes) => {
-                        // Whatever it is, it must not panic; valid-looking input is fine too.
-                        if bytes.first().is_some_and(|&b| b > 3) || bytes.is_empty() {
-                            prop_assert_eq!(s.arrive(99, &bytes), Err(TmErrno::BadMsg));
-                        }
-                    }
-                }
-                while let Some(t) = s.poll_transmit() {
-                    prop_assert!(matches!(Message::parse(&t.msg), Ok(Message::Fin(..))));
-                    fins_seen += 1;
-                }
-                prop_assert_eq!(s.tags_listed(), r.list.len());
-                prop_assert_eq!(s.hw_unexpected_cnt(), r.hw);
+                run.step(st)?;
             }
-            prop_assert_eq!(fins_seen, fins_expected);
+            prop_assert_eq!(run.fins_seen, run.fins_expected);
         }
     }
 }
