@@ -590,35 +590,93 @@ fn fast_path_misses_after_munmap_and_mmap_of_the_same_range() {
 /// CONFORMANCE.md: M75.
 #[test]
 fn fast_path_with_munmap_from_another_thread() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize};
-    use std::sync::mpsc;
-
     let c = Arc::new(cache());
-    let p = page_size();
-    let len = 8 * p;
-    enum Work {
-        /// Unmap this after the main thread's hits reach the count asked.
-        Unmap(Mapping, usize),
-        /// Map the last range unmapped again (elsewhere if it is taken).
-        MapAgain,
+    let len = 8 * page_size();
+    let u = Unmapper::spawn(len);
+    let mut m = isolated_pages(8);
+    let mut reused = 0;
+    for round in 0..40 {
+        let (addr, key) = (m.addr(), cached_key(&c, m.addr(), len, round));
+        // Unmapped after a varying number of this thread's gets.
+        let held = u.hits_until_unmapped(&c, m, addr, key, 50 + (round * 37) % 400);
+        // munmap has returned (the flag was set after it).
+        check_unmapped(&c, held, addr, key, round);
+        // Now let the other thread map the range again.
+        m = u.map_again();
+        m.fill(0x77);
+        if m.addr() == addr {
+            reused += 1;
+            let hits = c.stats().hits;
+            let h = c.get(addr + page_size(), page_size(), RR).unwrap();
+            assert_eq!(c.stats().hits, hits, "round {round}: a miss after the new mapping");
+            assert_ne!(h.key().unwrap(), key);
+            assert!(h.is_cached() && h.is_valid(), "round {round}");
+        }
     }
-    let unmapped = Arc::new(AtomicBool::new(false));
-    let (to_unmapper, work) = mpsc::channel::<Work>();
-    let (to_main, done) = mpsc::channel::<Mapping>();
-    let spins = Arc::new(AtomicUsize::new(0));
-    let unmapper = {
-        let (unmapped, spins) = (Arc::clone(&unmapped), Arc::clone(&spins));
-        std::thread::spawn(move || {
+    u.join();
+    assert!(reused > 0, "the address was never free to map again");
+}
+
+/// Registers `[addr, addr + len)` through the cache and returns its key (the handle is
+/// dropped; the entry stays cached).
+fn cached_key(c: &MrCache, addr: usize, len: usize, round: usize) -> u64 {
+    let first = c.get(addr, len, RR).unwrap();
+    assert!(first.is_cached(), "round {round}");
+    first.key().unwrap()
+}
+
+/// After the unmap: every handle held is revoked, the key reads nothing, and the next `get`
+/// there is a miss with a key of its own, not cached (nothing is mapped to watch).
+fn check_unmapped(c: &MrCache, held: std::collections::VecDeque<CachedMr>, addr: usize, key: u64, round: usize) {
+    let p = page_size();
+    assert!(!held.is_empty(), "round {round}: hits while the range was mapped");
+    assert!(held.iter().all(|h| !h.is_valid()), "round {round}: a handle of unmapped memory still valid");
+    assert!(!readable(c, key, addr, 1));
+    let hits = c.stats().hits;
+    let h = c.get(addr + p, p, RR).unwrap();
+    assert_eq!(c.stats().hits, hits, "round {round}: no hit on unmapped memory");
+    assert!(!h.is_cached(), "round {round}: nothing is mapped there, nothing to watch");
+    assert_ne!(h.key().unwrap(), key);
+}
+
+/// What the other thread of [`fast_path_with_munmap_from_another_thread`] is asked to do.
+enum Work {
+    /// Unmap this after the main thread's hits reach the count asked.
+    Unmap(Mapping, usize),
+    /// Map the last range unmapped again (elsewhere if it is taken).
+    MapAgain,
+}
+
+/// The thread that unmaps and maps again, and how the main thread talks to it.
+struct Unmapper {
+    to: std::sync::mpsc::Sender<Work>,
+    done: std::sync::mpsc::Receiver<Mapping>,
+    /// Set once the `munmap` has returned.
+    unmapped: Arc<std::sync::atomic::AtomicBool>,
+    /// The main thread's gets so far this round.
+    spins: Arc<std::sync::atomic::AtomicUsize>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Unmapper {
+    /// Starts the thread, for mappings of `len` bytes.
+    fn spawn(len: usize) -> Unmapper {
+        let (to, work) = std::sync::mpsc::channel::<Work>();
+        let (to_main, done) = std::sync::mpsc::channel::<Mapping>();
+        let unmapped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spins = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (u, sp) = (Arc::clone(&unmapped), Arc::clone(&spins));
+        let thread = std::thread::spawn(move || {
             let mut addr = 0;
             while let Ok(w) = work.recv() {
                 match w {
                     Work::Unmap(mut m, wait) => {
-                        while spins.load(Ordering::Acquire) < wait {
+                        while sp.load(Ordering::Acquire) < wait {
                             std::thread::yield_now();
                         }
                         addr = m.addr();
                         m.unmap();
-                        unmapped.store(true, Ordering::Release);
+                        u.store(true, Ordering::Release);
                     }
                     Work::MapAgain => {
                         let again = map_again(addr, len).unwrap_or_else(|| isolated_pages(8));
@@ -628,22 +686,19 @@ fn fast_path_with_munmap_from_another_thread() {
                     }
                 }
             }
-        })
-    };
-    let mut m = isolated_pages(8);
-    let mut reused = 0;
-    for round in 0..40 {
-        let addr = m.addr();
-        let first = c.get(addr, len, RR).unwrap();
-        assert!(first.is_cached(), "round {round}");
-        let key = first.key().unwrap();
-        drop(first);
-        spins.store(0, Ordering::Release);
-        unmapped.store(false, Ordering::Release);
-        // Unmapped after a varying number of this thread's gets.
-        to_unmapper.send(Work::Unmap(m, 50 + (round * 37) % 400)).unwrap();
+        });
+        Unmapper { to, done, unmapped, spins, thread }
+    }
+
+    /// Hands `m` over to be unmapped after `wait` gets, and gets the page after `addr` until
+    /// the unmap has returned; returns the last 64 handles that hit the entry of `key`.
+    fn hits_until_unmapped(&self, c: &MrCache, m: Mapping, addr: usize, key: u64, wait: usize) -> std::collections::VecDeque<CachedMr> {
+        let p = page_size();
+        self.spins.store(0, Ordering::Release);
+        self.unmapped.store(false, Ordering::Release);
+        self.to.send(Work::Unmap(m, wait)).unwrap();
         let mut held = std::collections::VecDeque::new();
-        while !unmapped.load(Ordering::Acquire) {
+        while !self.unmapped.load(Ordering::Acquire) {
             let h = c.get(addr + p, p, RR).unwrap();
             if h.is_cached() && h.key().unwrap() == key {
                 held.push_back(h);
@@ -651,34 +706,21 @@ fn fast_path_with_munmap_from_another_thread() {
                     held.pop_front();
                 }
             }
-            spins.fetch_add(1, Ordering::Release);
+            self.spins.fetch_add(1, Ordering::Release);
         }
-        // munmap has returned (the flag was set after it).
-        assert!(!held.is_empty(), "round {round}: hits while the range was mapped");
-        assert!(held.iter().all(|h| !h.is_valid()), "round {round}: a handle of unmapped memory still valid");
-        assert!(!readable(&c, key, addr, 1));
-        let hits = c.stats().hits;
-        let h = c.get(addr + p, p, RR).unwrap();
-        assert_eq!(c.stats().hits, hits, "round {round}: no hit on unmapped memory");
-        assert!(!h.is_cached(), "round {round}: nothing is mapped there, nothing to watch");
-        assert_ne!(h.key().unwrap(), key);
-        drop((h, held));
-        // Now let the other thread map the range again.
-        to_unmapper.send(Work::MapAgain).unwrap();
-        m = done.recv().unwrap();
-        m.fill(0x77);
-        if m.addr() == addr {
-            reused += 1;
-            let hits = c.stats().hits;
-            let h = c.get(addr + p, p, RR).unwrap();
-            assert_eq!(c.stats().hits, hits, "round {round}: a miss after the new mapping");
-            assert_ne!(h.key().unwrap(), key);
-            assert!(h.is_cached() && h.is_valid(), "round {round}");
-        }
+        held
     }
-    drop(to_unmapper);
-    unmapper.join().unwrap();
-    assert!(reused > 0, "the address was never free to map again");
+
+    /// The range unmapped last, mapped again (at the same address unless it was taken).
+    fn map_again(&self) -> Mapping {
+        self.to.send(Work::MapAgain).unwrap();
+        self.done.recv().unwrap()
+    }
+
+    fn join(self) {
+        drop(self.to);
+        self.thread.join().unwrap();
+    }
 }
 
 /// A lookup that finds the monitor's signal count ahead of the last drain reads the
