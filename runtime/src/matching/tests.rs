@@ -837,55 +837,87 @@ fn cancel_op() -> impl Strategy<Value = Op> {
 
 /// Runs `ops` on the reference and on `fast`, comparing every outcome and the queue lengths
 /// after every step, and checking the fast matcher's invariants.
-fn differential(ops: &[Op], mut fast: SwMatcher<u32, u32>, check_every: usize) -> Result<(), TestCaseError> {
-    let mut model = reference();
-    // Every id issued with its receive's tag, and those still queued (per the model).
-    let mut issued: Vec<(RecvId, u64)> = Vec::new();
-    let mut live: Vec<(RecvId, u64)> = Vec::new();
+fn differential(ops: &[Op], fast: SwMatcher<u32, u32>, check_every: usize) -> Result<(), TestCaseError> {
+    let mut d = Diff { model: reference(), fast, issued: Vec::new(), live: Vec::new() };
     for (i, &op) in ops.iter().enumerate() {
+        if !d.change(i, op)? {
+            d.query(i, op)?;
+        }
+        prop_assert_eq!(d.model.posted_len(), d.fast.posted_len(), "step {}", i);
+        prop_assert_eq!(d.model.unexpected_len(), d.fast.unexpected_len(), "step {}", i);
+        if i % check_every == 0 {
+            d.fast.check_invariants();
+        }
+    }
+    d.fast.check_invariants();
+    Ok(())
+}
+
+/// The two matchers of [`differential`], and the receive ids the reference issued.
+struct Diff {
+    model: RefMatcher<u32, u32>,
+    fast: SwMatcher<u32, u32>,
+    /// Every id issued with its receive's tag, and those still queued (per the model).
+    issued: Vec<(RecvId, u64)>,
+    live: Vec<(RecvId, u64)>,
+}
+
+impl Diff {
+    /// Step `i`, if `op` changes the queues (a post, an arrival, a cancel): the two matchers'
+    /// outcomes compared. Returns whether it was one.
+    fn change(&mut self, i: usize, op: Op) -> Result<bool, TestCaseError> {
         let label = i as u32;
         match op {
             Op::Post(s) => {
                 let (t, k) = s.key();
-                let a = model.post(t, k, label);
-                prop_assert_eq!(&a, &fast.post(t, k, label), "step {} {:?}", i, op);
-                if let Posted::Queued(id) = a {
-                    issued.push((id, t));
-                    live.push((id, t));
-                }
+                self.post(i, op, (t, k, label))?;
             }
-            Op::PostRaw { tag, mask } => {
-                let a = model.post(tag, mask, label);
-                prop_assert_eq!(&a, &fast.post(tag, mask, label), "step {} {:?}", i, op);
-                if let Posted::Queued(id) = a {
-                    issued.push((id, tag));
-                    live.push((id, tag));
-                }
-            }
+            Op::PostRaw { tag, mask } => self.post(i, op, (tag, mask, label))?,
             Op::Arrive(s) => {
                 let m = 1_000_000 + label;
-                let a = model.arrive(s.msg(), m);
-                prop_assert_eq!(&a, &fast.arrive(s.msg(), m), "step {} {:?}", i, op);
+                let a = self.model.arrive(s.msg(), m);
+                prop_assert_eq!(&a, &self.fast.arrive(s.msg(), m), "step {} {:?}", i, op);
                 if let Arrived::Matched(id, ..) = a {
-                    live.retain(|e| e.0 != id);
+                    self.live.retain(|e| e.0 != id);
                 }
             }
             Op::Cancel { n, skew } => {
-                let (id, t) = if issued.is_empty() { (RecvId(n as u64), n as u64) } else { issued[n % issued.len()] };
-                let a = model.cancel(id, t ^ skew);
-                prop_assert_eq!(a, fast.cancel(id, t ^ skew), "step {} {:?}", i, op);
+                let (id, t) = if self.issued.is_empty() { (RecvId(n as u64), n as u64) } else { self.issued[n % self.issued.len()] };
+                let a = self.model.cancel(id, t ^ skew);
+                prop_assert_eq!(a, self.fast.cancel(id, t ^ skew), "step {} {:?}", i, op);
                 if a.is_some() {
-                    live.retain(|e| e.0 != id);
+                    self.live.retain(|e| e.0 != id);
                 }
             }
             Op::CancelLive(n) => {
-                if !live.is_empty() {
-                    let (id, t) = live.remove(n % live.len());
-                    let a = model.cancel(id, t);
+                if !self.live.is_empty() {
+                    let (id, t) = self.live.remove(n % self.live.len());
+                    let a = self.model.cancel(id, t);
                     prop_assert!(a.is_some(), "step {}: the model lost {:?}", i, id);
-                    prop_assert_eq!(a, fast.cancel(id, t), "step {} {:?}", i, op);
+                    prop_assert_eq!(a, self.fast.cancel(id, t), "step {} {:?}", i, op);
                 }
             }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// A receive `(tag, mask, label)` posted to both.
+    fn post(&mut self, i: usize, op: Op, (t, k, label): (u64, u64, u32)) -> Result<(), TestCaseError> {
+        let a = self.model.post(t, k, label);
+        prop_assert_eq!(&a, &self.fast.post(t, k, label), "step {} {:?}", i, op);
+        if let Posted::Queued(id) = a {
+            self.issued.push((id, t));
+            self.live.push((id, t));
+        }
+        Ok(())
+    }
+
+    /// Step `i` when `op` looks at the queues (probes, matched probes, queries): the two
+    /// matchers' answers compared.
+    fn query(&mut self, i: usize, op: Op) -> Result<(), TestCaseError> {
+        let (model, fast) = (&mut self.model, &mut self.fast);
+        match op {
             Op::Probe(s) => {
                 let (t, k) = s.key();
                 prop_assert_eq!(model.probe(t, k), fast.probe(t, k), "step {} {:?}", i, op);
@@ -911,15 +943,10 @@ fn differential(ops: &[Op], mut fast: SwMatcher<u32, u32>, check_every: usize) -
                 prop_assert_eq!(model.has_posted_match(s.msg()), fast.has_posted_match(s.msg()), "step {}", i);
                 prop_assert_eq!(model.earlier_posted_overlaps(t, k), fast.earlier_posted_overlaps(t, k), "step {} {:?}", i, op);
             }
+            _ => prop_assert!(false, "step {}: {:?} is not a query", i, op),
         }
-        prop_assert_eq!(model.posted_len(), fast.posted_len(), "step {}", i);
-        prop_assert_eq!(model.unexpected_len(), fast.unexpected_len(), "step {}", i);
-        if i % check_every == 0 {
-            fast.check_invariants();
-        }
+        Ok(())
     }
-    fast.check_invariants();
-    Ok(())
 }
 
 /// Cases per differential proptest: 128 (a few seconds in debug), or `PROPTEST_CASES` for a
