@@ -367,6 +367,28 @@ pub mod fake {
         s.write_all(format!("{:<6}{body}", body.len()).as_bytes()).ok()
     }
 
+    /// A task's `kvs-fence`: waits until all `size` tasks have fenced (what they put is then
+    /// committed) or the job aborted; returns the reply.
+    fn fence((m, cv): &(Mutex<Kvs>, Condvar), size: usize) -> Option<String> {
+        let mut g = m.lock().ok()?;
+        let epoch = g.epoch;
+        g.fenced += 1;
+        if g.fenced == size {
+            let p = std::mem::take(&mut g.pending);
+            g.committed.extend(p);
+            g.fenced = 0;
+            g.epoch += 1;
+            cv.notify_all();
+        }
+        while g.epoch == epoch && g.aborted.is_none() {
+            g = cv.wait(g).ok()?;
+        }
+        Some(
+            if g.aborted.is_some() { "cmd=kvs-fence-response;rc=1;errmsg=job aborted;" } else { "cmd=kvs-fence-response;rc=0;" }
+                .to_string(),
+        )
+    }
+
     /// Serves one task; returns the abort message if it aborted.
     fn task(mut s: UnixStream, rank: usize, size: usize, kvs: &(Mutex<Kvs>, Condvar)) -> Option<String> {
         let mut line = Vec::new();
@@ -396,27 +418,7 @@ pub mod fake {
                     kvs.0.lock().ok()?.pending.insert(k, v);
                     "cmd=kvs-put-response;rc=0;".to_string()
                 }
-                "kvs-fence" => {
-                    let (m, cv) = kvs;
-                    let mut g = m.lock().ok()?;
-                    let epoch = g.epoch;
-                    g.fenced += 1;
-                    if g.fenced == size {
-                        let p = std::mem::take(&mut g.pending);
-                        g.committed.extend(p);
-                        g.fenced = 0;
-                        g.epoch += 1;
-                        cv.notify_all();
-                    }
-                    while g.epoch == epoch && g.aborted.is_none() {
-                        g = cv.wait(g).ok()?;
-                    }
-                    if g.aborted.is_some() {
-                        "cmd=kvs-fence-response;rc=1;errmsg=job aborted;".to_string()
-                    } else {
-                        "cmd=kvs-fence-response;rc=0;".to_string()
-                    }
-                }
+                "kvs-fence" => fence(kvs, size)?,
                 "kvs-get" => match kvs.0.lock().ok()?.committed.get(r.get("key")?) {
                     Some(v) => format!("cmd=kvs-get-response;rc=0;found=TRUE;value={v};"),
                     None => "cmd=kvs-get-response;rc=0;found=FALSE;".to_string(),
