@@ -66,21 +66,43 @@ fn collect(w: &Comm, rounds: u64, variant: bool) -> tmpi::Result<Fold> {
     let n = w.size() - 1;
     let mut f = Fold { hash: 17, order: Vec::new() };
     for _ in 0..rounds {
+        f.by_recv(w, n)?;
+        f.by_wait_any(w, n)?;
+        f.by_iprobe(w, n)?;
+        f.by_test(w, n)?;
+        f.by_wait_some(w, n, variant)?;
+    }
+    Ok(f)
+}
+
+/// Rank 0's five ways of taking the `n` messages of a round, each folding in what it saw.
+impl Fold {
+    /// Tag 1: blocking `recv` from `ANY_SOURCE`.
+    fn by_recv(&mut self, w: &Comm, n: usize) -> tmpi::Result<()> {
         for _ in 0..n {
             let mut b = [0u64];
             let st = w.recv(&mut b, ANY_SOURCE, 1)?;
-            f.source(st.source());
+            self.source(st.source());
         }
+        Ok(())
+    }
+
+    /// Tag 2: `irecv`s from `ANY_SOURCE` completed by `wait_any` (which request, and whose).
+    fn by_wait_any(&mut self, w: &Comm, n: usize) -> tmpi::Result<()> {
         let mut bufs = vec![[0u64]; n];
         tmpi::scope(|s| -> tmpi::Result<()> {
             let mut reqs = bufs.iter_mut().map(|b| w.irecv(s, b, ANY_SOURCE, 2)).collect::<tmpi::Result<Vec<_>>>()?;
             while !reqs.is_empty() {
                 let (i, st) = tmpi::wait_any(&mut reqs)?;
-                f.add(i as u64);
-                f.source(st.source());
+                self.add(i as u64);
+                self.source(st.source());
             }
             Ok(())
-        })?;
+        })
+    }
+
+    /// Tag 3: `iprobe` polled (how many polls), then `recv` from the source it named.
+    fn by_iprobe(&mut self, w: &Comm, n: usize) -> tmpi::Result<()> {
         for _ in 0..n {
             let mut polls = 0u64;
             let st = loop {
@@ -89,11 +111,16 @@ fn collect(w: &Comm, rounds: u64, variant: bool) -> tmpi::Result<Fold> {
                 }
                 polls += 1;
             };
-            f.add(polls);
+            self.add(polls);
             let mut b = [0u64];
             w.recv(&mut b, st.source(), 3)?;
-            f.source(st.source());
+            self.source(st.source());
         }
+        Ok(())
+    }
+
+    /// Tag 4: an `irecv` polled by `test` (how many tests).
+    fn by_test(&mut self, w: &Comm, n: usize) -> tmpi::Result<()> {
         for _ in 0..n {
             let mut b = [0u64];
             let mut tests = 0u64;
@@ -106,28 +133,33 @@ fn collect(w: &Comm, rounds: u64, variant: bool) -> tmpi::Result<Fold> {
                     tests += 1;
                 }
             })?;
-            f.add(tests);
-            f.source(st.source());
+            self.add(tests);
+            self.source(st.source());
         }
+        Ok(())
+    }
+
+    /// Tag 5: `irecv`s completed by `wait_some` (how many at a time), or with `variant` by
+    /// `wait_any`.
+    fn by_wait_some(&mut self, w: &Comm, n: usize, variant: bool) -> tmpi::Result<()> {
         let mut bufs = vec![[0u64]; n];
         tmpi::scope(|s| -> tmpi::Result<()> {
             let mut reqs = bufs.iter_mut().map(|b| w.irecv(s, b, ANY_SOURCE, 5)).collect::<tmpi::Result<Vec<_>>>()?;
             while !reqs.is_empty() {
                 if variant {
                     let (_, st) = tmpi::wait_any(&mut reqs)?;
-                    f.source(st.source());
+                    self.source(st.source());
                     continue;
                 }
                 let done = tmpi::wait_some(&mut reqs)?;
-                f.add(done.len() as u64);
+                self.add(done.len() as u64);
                 for (_, r) in done {
-                    f.source(r?.source());
+                    self.source(r?.source());
                 }
             }
             Ok(())
-        })?;
+        })
     }
-    Ok(f)
 }
 
 fn main() -> tmpi::Result<()> {
