@@ -168,58 +168,69 @@ fn vectors_and_probes(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
             world.send(&[5u16; 100], 0, 23)?;
         }
         0 => {
-            // Out of tag order: tag 21 first.
-            match world.recv_vec::<u32>(1, 21) {
-                Ok((data, st)) => {
-                    v.check(data.len() == 1000 && data.iter().enumerate().all(|(i, &x)| x == 3 * i as u32), || {
-                        format!("recv_vec: {} elements / wrong values", data.len())
-                    });
-                    expect_status(v, "recv_vec 1000 u32", Ok(st), 1, 21, 4000);
-                }
-                Err(e) => v.check(false, || format!("recv_vec: {e}")),
-            }
-            match world.recv_vec::<u64>(ANY_SOURCE, 20) {
-                Ok((data, st)) => {
-                    v.check(data.is_empty(), || format!("empty message gave {} elements", data.len()));
-                    expect_status(v, "recv_vec of an empty message", Ok(st), 1, 20, 0);
-                }
-                Err(e) => v.check(false, || format!("recv_vec of an empty message: {e}")),
-            }
-            v.check_err(
-                world.recv_vec::<u64>(1, 22),
-                |e| matches!(e, Error::TypeMismatch { source_rank: 1, len: 12, elem: 8 }),
-                "TypeMismatch {len 12, elem 8}",
-            );
-            match world.recv_vec::<u64>(1, 22) {
-                Ok((data, st)) => {
-                    v.check(data == [9], || format!("message after a type mismatch: {data:?}"));
-                    expect_status(v, "message after a type mismatch", Ok(st), 1, 22, 8);
-                }
-                Err(e) => v.check(false, || format!("message after a type mismatch: {e}")),
-            }
-            let st = world.probe(ANY_SOURCE, ANY_TAG);
-            expect_status(v, "probe(ANY, ANY)", st, 1, 23, 200);
-            let again = world.iprobe(1, 23);
-            match again {
-                Ok(Some(st)) => expect_status(v, "iprobe after probe", Ok(st), 1, 23, 200),
-                other => v.check(false, || format!("iprobe after probe: {other:?} (probe consumed?)")),
-            }
-            match world.iprobe(ANY_SOURCE, 99) {
-                Ok(None) => v.check(true, String::new),
-                other => v.check(false, || format!("iprobe of a tag nobody sent: {other:?}")),
-            }
-            let mut buf = [0u16; 100];
-            let st = world.recv(&mut buf, 1, 23);
-            expect_status(v, "recv after probe", st, 1, 23, 200);
-            v.check(buf == [5u16; 100], || "recv after probe: payload".into());
-            match world.iprobe(ANY_SOURCE, ANY_TAG) {
-                Ok(None) => v.check(true, String::new),
-                other => v.check(false, || format!("iprobe after everything was received: {other:?}")),
-            }
+            receive_vectors(world, v);
+            probes(world, v);
         }
         _ => {}
     }
     Ok(())
+}
+
+/// Rank 0's `recv_vec`s of rank 1's messages of tags 20-22: out of tag order, empty, and
+/// not a whole number of elements (`TypeMismatch`, the message consumed).
+fn receive_vectors(world: &tmpi::Comm, v: &mut Verdict) {
+    // Out of tag order: tag 21 first.
+    match world.recv_vec::<u32>(1, 21) {
+        Ok((data, st)) => {
+            v.check(data.len() == 1000 && data.iter().enumerate().all(|(i, &x)| x == 3 * i as u32), || {
+                format!("recv_vec: {} elements / wrong values", data.len())
+            });
+            expect_status(v, "recv_vec 1000 u32", Ok(st), 1, 21, 4000);
+        }
+        Err(e) => v.check(false, || format!("recv_vec: {e}")),
+    }
+    match world.recv_vec::<u64>(ANY_SOURCE, 20) {
+        Ok((data, st)) => {
+            v.check(data.is_empty(), || format!("empty message gave {} elements", data.len()));
+            expect_status(v, "recv_vec of an empty message", Ok(st), 1, 20, 0);
+        }
+        Err(e) => v.check(false, || format!("recv_vec of an empty message: {e}")),
+    }
+    v.check_err(
+        world.recv_vec::<u64>(1, 22),
+        |e| matches!(e, Error::TypeMismatch { source_rank: 1, len: 12, elem: 8 }),
+        "TypeMismatch {len 12, elem 8}",
+    );
+    match world.recv_vec::<u64>(1, 22) {
+        Ok((data, st)) => {
+            v.check(data == [9], || format!("message after a type mismatch: {data:?}"));
+            expect_status(v, "message after a type mismatch", Ok(st), 1, 22, 8);
+        }
+        Err(e) => v.check(false, || format!("message after a type mismatch: {e}")),
+    }
+}
+
+/// Rank 0's probes of rank 1's tag-23 message: `probe` and `iprobe` leave it in place, a tag
+/// nobody sent finds nothing, and nothing is left once it is received.
+fn probes(world: &tmpi::Comm, v: &mut Verdict) {
+    let st = world.probe(ANY_SOURCE, ANY_TAG);
+    expect_status(v, "probe(ANY, ANY)", st, 1, 23, 200);
+    match world.iprobe(1, 23) {
+        Ok(Some(st)) => expect_status(v, "iprobe after probe", Ok(st), 1, 23, 200),
+        other => v.check(false, || format!("iprobe after probe: {other:?} (probe consumed?)")),
+    }
+    match world.iprobe(ANY_SOURCE, 99) {
+        Ok(None) => v.check(true, String::new),
+        other => v.check(false, || format!("iprobe of a tag nobody sent: {other:?}")),
+    }
+    let mut buf = [0u16; 100];
+    let st = world.recv(&mut buf, 1, 23);
+    expect_status(v, "recv after probe", st, 1, 23, 200);
+    v.check(buf == [5u16; 100], || "recv after probe: payload".into());
+    match world.iprobe(ANY_SOURCE, ANY_TAG) {
+        Ok(None) => v.check(true, String::new),
+        other => v.check(false, || format!("iprobe after everything was received: {other:?}")),
+    }
 }
 
 fn sendrecv(world: &tmpi::Comm, v: &mut Verdict) -> tmpi::Result<()> {
