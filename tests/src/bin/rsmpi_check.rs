@@ -150,6 +150,13 @@ fn compose(x: DynBuffer<'_>, y: DynBufferMut<'_>) {
 use mpi::datatype::{DynBuffer, DynBufferMut};
 
 fn reductions(world: &impl Communicator, c: &mut Checks) {
+    user_op_reductions(world, c);
+    system_op_reductions(world, c);
+}
+
+/// A non-commutative user operation (composition of affine maps) through `all_reduce`,
+/// `scan` and `reduce`: the result in rank order.
+fn user_op_reductions(world: &impl Communicator, c: &mut Checks) {
     let (rank, size) = (world.rank(), world.size());
     let mine = [i64::from(rank) + 2, i64::from(rank) + 1];
     let op = UserOperation::associative(compose);
@@ -175,7 +182,12 @@ fn reductions(world: &impl Communicator, c: &mut Checks) {
     } else {
         world.process_at_rank(0).reduce_into(&mine[..], &op);
     }
-    // A system operation on a datatype with gaps: the generic path.
+}
+
+/// System operations: on a datatype with gaps (the generic path), logical xor of bools and
+/// integers, max on the native path, an exclusive scan with a user op, a complex product.
+fn system_op_reductions(world: &impl Communicator, c: &mut Checks) {
+    let (rank, size) = (world.rank(), world.size());
     let t = UserDatatype::vector(2, 1, 2, &i32::equivalent_datatype());
     let src = [rank, -1, 10 * rank, -1];
     let mut dst = [5, 5, 5, 5];
