@@ -270,13 +270,32 @@ fn hanging_job_with(
 #[test]
 fn several_hosts_through_ssh_in_network_namespaces() {
     let Some(h) = Hosts::up(3) else { return };
-    let (a1, a2, a3) = (h.addr(0).to_string(), h.addr(1).to_string(), h.addr(2).to_string());
-    let two_by_two = format!("{a1}:2,{a2}:2");
-    let bin = |p: &str| release_bin(p).to_string_lossy().into_owned();
+    slots_and_hybrid(&h);
+    hostfiles(&h);
+    tcp_everywhere(&h);
+    stdin_to_remote_rank_0(&h);
+    remote_panic(&h);
+    // A remote rank killed: the job ends, naming it, and nothing is left on any host.
+    let took = remote_kill_ends_the_job(&h, "kill", &[]);
+    eprintln!("multihost: remote rank killed -> job ended in {took:?}");
+    sigint_ends_every_host(&h);
+}
 
-    // hello on 2 hosts x 2 ranks, -n taken from the slots: shared memory within a host, TCP
-    // between hosts (hybrid), every line forwarded and tagged.
-    let o = h.run(&["--host", &two_by_two, "--tag-output", "-x", "TMPI_STATS=1", &bin("hello")]);
+/// The path of release binary `p`, as an argument.
+fn bin(p: &str) -> String {
+    release_bin(p).to_string_lossy().into_owned()
+}
+
+/// `--host a1:2,a2:2`: 2 hosts x 2 ranks.
+fn two_by_two(h: &Hosts) -> String {
+    format!("{}:2,{}:2", h.addr(0), h.addr(1))
+}
+
+/// hello on 2 hosts x 2 ranks, -n taken from the slots: shared memory within a host, TCP
+/// between hosts (hybrid), every line forwarded and tagged; ring and collcheck with -n given
+/// and checked against the slots; more ranks than slots refused.
+fn slots_and_hybrid(h: &Hosts) {
+    let o = h.run(&["--host", &two_by_two(h), "--tag-output", "-x", "TMPI_STATS=1", &bin("hello")]);
     assert!(o.status.success(), "{}", report(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     for r in 0..4 {
@@ -285,18 +304,19 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     let kinds = fabric_kinds(&o);
     assert_eq!(kinds.len(), 4, "{}", report(&o));
     assert!(kinds.iter().all(|(_, k)| k == "hybrid"), "{kinds:?}");
-
-    // ring and collcheck, -n given and checked against the slots.
     for p in ["ring", "collcheck"] {
-        let o = h.run(&["-n", "4", "--host", &two_by_two, "--timeout", "120", &bin(p)]);
+        let o = h.run(&["-n", "4", "--host", &two_by_two(h), "--timeout", "120", &bin(p)]);
         assert!(o.status.success(), "{p}: {}", report(&o));
         assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with(&format!("{p}: "))), "{p}: {}", report(&o));
     }
-    let o = h.run(&["-n", "5", "--host", &two_by_two, &bin("hello")]);
+    let o = h.run(&["-n", "5", "--host", &two_by_two(h), &bin("hello")]);
     assert_eq!(o.status.code(), Some(2), "more ranks than slots: {}", report(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("only 4 slot"), "{}", report(&o));
+}
 
-    // A hostfile of 3 hosts x 1 rank: TCP only.
+/// A hostfile of 3 hosts x 1 rank: TCP only; a bad line is named.
+fn hostfiles(h: &Hosts) {
+    let (a1, a2, a3) = (h.addr(0), h.addr(1), h.addr(2));
     let hf = h.state.join("hostfile");
     std::fs::write(&hf, format!("# three hosts\n{a1} slots=1\n\n{a2}   # the second\n{a3} slots=1\n")).expect("write hostfile");
     let o = h.run(&["--hostfile", hf.to_str().expect("utf-8"), "-x", "TMPI_STATS=1", "--timeout", "120", &bin("collcheck")]);
@@ -307,11 +327,13 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     let o = h.run(&["--hostfile", hf.to_str().expect("utf-8"), &bin("hello")]);
     assert_eq!(o.status.code(), Some(2), "{}", report(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("hostfile:2"), "the error names the line: {}", report(&o));
+}
 
-    // TMPI_FABRIC=tcp (from tmpirun's environment, carried to the remote ranks): TCP even
-    // between the ranks of one host.
+/// TMPI_FABRIC=tcp (from tmpirun's environment, carried to the remote ranks): TCP even
+/// between the ranks of one host.
+fn tcp_everywhere(h: &Hosts) {
     let o = h
-        .tmpirun(&["--host", &two_by_two, "--timeout", "120", &bin("collcheck")])
+        .tmpirun(&["--host", &two_by_two(h), "--timeout", "120", &bin("collcheck")])
         .env("TMPI_FABRIC", "tcp")
         .env("TMPI_STATS", "1")
         .output()
@@ -319,10 +341,13 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     assert!(o.status.success(), "TMPI_FABRIC=tcp: {}", report(&o));
     let kinds = fabric_kinds(&o);
     assert_eq!(kinds, (0..4).map(|r| (r, "tcp".to_string())).collect::<Vec<_>>(), "{}", report(&o));
+}
 
-    // tmpirun's stdin reaches rank 0 on another host (a2; tmpirun runs on a1), binary data
-    // of several frames and then its end (the program returns at end of input); the local
-    // rank 1 reads nothing.
+/// tmpirun's stdin reaches rank 0 on another host (a2; tmpirun runs on a1), binary data of
+/// several frames and then its end (the program returns at end of input); the local rank 1
+/// reads nothing.
+fn stdin_to_remote_rank_0(h: &Hosts) {
+    let (a1, a2) = (h.addr(0), h.addr(1));
     let data: Vec<u8> = (0..1_500_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let mut ck = Command::new("cksum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("run cksum");
     ck.stdin.take().expect("stdin").write_all(&data).expect("feed cksum");
@@ -347,9 +372,12 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     assert!(out.lines().any(|l| l == format!("rank 0 on {a2} read: first line from tmpirun's stdin")), "{}", report(&o));
     assert!(out.lines().any(|l| l == format!("rank 0 sum: {want}")), "rank 0 read all of it, then its end: {}", report(&o));
     assert!(out.lines().any(|l| l == "rank 1 sum: 4294967295 0"), "rank 1 reads nothing: {}", report(&o));
+}
 
-    // A remote rank panicking: the job ends on every host, naming it, with the panic's
-    // status, and nothing is left on any host.
+/// A remote rank panicking: the job ends on every host, naming it, with the panic's status,
+/// and nothing is left on any host.
+fn remote_panic(h: &Hosts) {
+    let (a1, a2) = (h.addr(0), h.addr(1));
     let mark = format!("panic-{}", std::process::id());
     let x = format!("MULTIHOST_MARK={mark}");
     let o = h.run(&["--host", &format!("{a1}:1,{a2}:2"), "--timeout", "60", "-x", &x, &bin("fault_panic")]);
@@ -363,14 +391,13 @@ fn several_hosts_through_ssh_in_network_namespaces() {
     assert!(took < Duration::from_secs(6), "the job took {took:?} to end after the panic\n{}", report(&o));
     eprintln!("multihost: remote rank panicked -> job ended on every host in {took:?}");
     assert_nothing_left(&mark, "after a remote rank panicked");
+}
 
-    // A remote rank killed: the job ends, naming it, and nothing is left on any host.
-    let took = remote_kill_ends_the_job(&h, "kill", &[]);
-    eprintln!("multihost: remote rank killed -> job ended in {took:?}");
-
-    // tmpirun interrupted: every rank on every host goes.
+/// tmpirun interrupted: every rank on every host goes.
+fn sigint_ends_every_host(h: &Hosts) {
     let mark = format!("int-{}", std::process::id());
-    let (mut child, err) = hanging_job(&h, &format!("{a1}:1,{a2}:1,{a3}:1"), 3, &mark);
+    let hosts = format!("{}:1,{}:1,{}:1", h.addr(0), h.addr(1), h.addr(2));
+    let (mut child, err) = hanging_job(h, &hosts, 3, &mark);
     let t = Instant::now();
     // SAFETY: kill(2) has no memory effects; the child is tmpirun (`ip netns exec` execs it).
     assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) }, 0);
