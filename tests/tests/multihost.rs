@@ -540,53 +540,14 @@ fn cpu_ticks(pid: u32) -> u64 {
 #[test]
 fn a_flood_of_strangers_does_not_keep_remote_ranks_out() {
     let Some(h) = Hosts::up_as(2, "flood") else { return };
-    let a2 = h.addr(1).to_string();
     let mark = format!("floodjob-{}", std::process::id());
     let go = h.state.join("go");
-    let prog = format!("while [ ! -e {} ]; do sleep 0.05; done; exec {}", go.display(), release_bin("hello").display());
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &h.hosts[0].0, "sh", "-c", "ulimit -n 48 && exec \"$0\" \"$@\""]).arg(tmpirun());
-    cmd.args(["--host", &format!("{a2}:2"), "--timeout", "100", "-x", &format!("MULTIHOST_MARK={mark}"), "sh", "-c", &prog]);
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("TMPI_") {
-            cmd.env_remove(&k);
-        }
-    }
-    let mut child = Launcher(
-        cmd.env("TMPI_RSH", &h.rsh).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start tmpirun"),
-    );
-    let read_all = |r: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = BufReader::new(r).read_to_end(&mut v);
-            String::from_utf8_lossy(&v).into_owned()
-        })
-    };
+    let mut child = gated_job(&h, &mark, &go);
     let out = read_all(Box::new(child.0.stdout.take().expect("stdout")));
     let err = read_all(Box::new(child.0.stderr.take().expect("stderr")));
     let addr = bootstrap_addr(&mark).expect("the bootstrap address on the agent's command line");
-    let mut flood = Command::new("ip")
-        .args(["netns", "exec", &h.hosts[1].0])
-        .arg(release_bin("tcpstranger"))
-        .args([addr.as_str(), "300", "0", "45"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start tcpstranger");
-    let mut lines = BufReader::new(flood.stdout.take().expect("stdout")).lines();
-    let opened = lines.next().and_then(Result::ok).unwrap_or_default();
-    assert!(opened.starts_with("OPEN "), "{opened}");
-    let closed = std::thread::spawn(move || lines.map_while(Result::ok).filter(|l| l.starts_with("CLOSED ")).count());
-    // tmpirun's CPU time from now until it ends (sampled: it is gone once reaped).
-    let pid = child.0.id();
-    let cpu0 = cpu_ticks(pid);
-    let sampler = std::thread::spawn(move || {
-        let mut last = cpu0;
-        while Path::new(&format!("/proc/{pid}")).exists() {
-            last = last.max(cpu_ticks(pid));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        last - cpu0
-    });
+    let (mut flood, opened, closed) = flood_of_strangers(&h, &addr);
+    let sampler = cpu_sampler(child.0.id());
     let t = Instant::now();
     std::fs::write(&go, "").expect("start the ranks");
     let status = child.0.wait().expect("wait for tmpirun");
@@ -604,4 +565,60 @@ fn a_flood_of_strangers_does_not_keep_remote_ranks_out() {
     assert_eq!(out.lines().filter(|l| l.starts_with("Hello from rank")).count(), 2, "{ctx}");
     assert!(took < Duration::from_secs(30), "the ranks were kept out for {took:?}\n{ctx}");
     assert_nothing_left(&mark, "after the flood");
+}
+
+/// tmpirun on the first host with 48 file descriptors, 2 ranks of `hello` on the second
+/// that wait for the file `go` before they start (so the strangers come first); no `TMPI_*`
+/// of this environment.
+fn gated_job(h: &Hosts, mark: &str, go: &Path) -> Launcher {
+    let prog = format!("while [ ! -e {} ]; do sleep 0.05; done; exec {}", go.display(), release_bin("hello").display());
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &h.hosts[0].0, "sh", "-c", "ulimit -n 48 && exec \"$0\" \"$@\""]).arg(tmpirun());
+    cmd.args(["--host", &format!("{}:2", h.addr(1)), "--timeout", "100", "-x", &format!("MULTIHOST_MARK={mark}"), "sh", "-c", &prog]);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("TMPI_") {
+            cmd.env_remove(&k);
+        }
+    }
+    Launcher(cmd.env("TMPI_RSH", &h.rsh).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start tmpirun"))
+}
+
+/// Everything `r` gives until its end, read on a thread of its own.
+fn read_all(r: Box<dyn std::io::Read + Send>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = BufReader::new(r).read_to_end(&mut v);
+        String::from_utf8_lossy(&v).into_owned()
+    })
+}
+
+/// 300 strangers from the second host holding connections to the bootstrap service at
+/// `addr`: the `tcpstranger` process, its `OPEN` line, and the count of its `CLOSED` lines
+/// once it ends.
+fn flood_of_strangers(h: &Hosts, addr: &str) -> (std::process::Child, String, std::thread::JoinHandle<usize>) {
+    let mut flood = Command::new("ip")
+        .args(["netns", "exec", &h.hosts[1].0])
+        .arg(release_bin("tcpstranger"))
+        .args([addr, "300", "0", "45"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start tcpstranger");
+    let mut lines = BufReader::new(flood.stdout.take().expect("stdout")).lines();
+    let opened = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(opened.starts_with("OPEN "), "{opened}");
+    let closed = std::thread::spawn(move || lines.map_while(Result::ok).filter(|l| l.starts_with("CLOSED ")).count());
+    (flood, opened, closed)
+}
+
+/// Process `pid`'s CPU ticks from now until it ends (sampled: it is gone once reaped).
+fn cpu_sampler(pid: u32) -> std::thread::JoinHandle<u64> {
+    let cpu0 = cpu_ticks(pid);
+    std::thread::spawn(move || {
+        let mut last = cpu0;
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            last = last.max(cpu_ticks(pid));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        last - cpu0
+    })
 }
