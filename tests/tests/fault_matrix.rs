@@ -442,50 +442,24 @@ fn strangers_cannot_join_or_disturb_a_job() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start tmpirun");
-    let (tx, rx) = std::sync::mpsc::channel();
-    for (is_err, pipe) in [
-        (false, Box::new(child.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>),
-        (true, Box::new(child.stderr.take().expect("stderr"))),
-    ] {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for l in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let _ = tx.send((is_err, l));
-            }
-        });
-    }
-    drop(tx);
-    let (mut out, mut err) = (Vec::<String>::new(), Vec::<String>::new());
-    let wait_for = |out: &mut Vec<String>, err: &mut Vec<String>, what: &str, done: &dyn Fn(&[String], &[String]) -> bool| {
-        while !done(out, err) {
-            match rx.recv_timeout(Duration::from_secs(20)) {
-                Ok((true, l)) => err.push(l),
-                Ok((false, l)) => out.push(l),
-                Err(_) => panic!("the job ended or hung before {what}\nstdout: {out:#?}\nstderr: {err:#?}"),
-            }
-        }
-    };
-    wait_for(&mut out, &mut err, "SOCK and the pids", &|o, e| {
+    let mut lines = Lines::of(&mut child);
+    lines.wait_for("SOCK and the pids", |o, e| {
         o.iter().any(|l| l.starts_with("SOCK "))
             && e.iter().filter(|l| l.starts_with("tmpirun: rank ") && l.contains(" pid ")).count() == np
     });
-    let sock = out.iter().find_map(|l| l.strip_prefix("SOCK ")).expect("SOCK").to_string();
-    let pids: Vec<i32> = err.iter().filter_map(|l| l.strip_prefix("tmpirun: rank ")?.split_once(" pid ")?.1.trim().parse().ok()).collect();
+    let sock = lines.out.iter().find_map(|l| l.strip_prefix("SOCK ")).expect("SOCK").to_string();
+    let pids: Vec<i32> =
+        lines.err.iter().filter_map(|l| l.strip_prefix("tmpirun: rank ")?.split_once(" pid ")?.1.trim().parse().ok()).collect();
     let right = secret_of(pids[1]).expect("rank 1's TMPI_JOB_SECRET");
     assert!(hello_refused(&sock, 2, np, *b"0123456789abcdef"), "a wrong secret was admitted");
     assert!(hello_refused(&sock, 2, np, right), "a process that is no rank was admitted with the right secret");
     assert!(knock(&sock, &[0x42; 100]), "garbage was admitted");
-    wait_for(&mut out, &mut err, "the intruder's report", &|_, e| e.iter().any(|l| l.starts_with("INTRUDER ")));
+    lines.wait_for("the intruder's report", |_, e| e.iter().any(|l| l.starts_with("INTRUDER ")));
     std::fs::write(&gofile, b"go").expect("create the go file");
     let status = child.wait().expect("wait for tmpirun");
-    while let Ok((is_err, l)) = rx.recv_timeout(Duration::from_secs(5)) {
-        if is_err {
-            err.push(l)
-        } else {
-            out.push(l)
-        }
-    }
+    lines.drain();
     let _ = std::fs::remove_file(&gofile);
+    let (out, err) = (&lines.out, &lines.err);
     let ctx = format!("status {status:?}\nstdout: {out:#?}\nstderr: {err:#?}");
     assert!(status.success(), "the job was disturbed\n{ctx}");
     assert!(out.iter().any(|l| l == "faultmatrix: strangers: OK"), "{ctx}");
@@ -494,4 +468,54 @@ fn strangers_cannot_join_or_disturb_a_job() {
     let first: Vec<&String> = err.iter().filter(|l| l.starts_with("tmpirun: bootstrap: refused a connection from")).collect();
     assert_eq!(first.len(), 1, "the first refusal is reported once\n{ctx}");
     assert!(err.iter().any(|l| l.starts_with("tmpirun: bootstrap: refused 4 connection(s)")), "4 refusals counted\n{ctx}");
+}
+
+/// A child's stdout and stderr lines as they come (read by a thread each), and those seen.
+struct Lines {
+    rx: std::sync::mpsc::Receiver<(bool, String)>,
+    out: Vec<String>,
+    err: Vec<String>,
+}
+
+impl Lines {
+    fn of(child: &mut std::process::Child) -> Lines {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (is_err, pipe) in [
+            (false, Box::new(child.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>),
+            (true, Box::new(child.stderr.take().expect("stderr"))),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = tx.send((is_err, l));
+                }
+            });
+        }
+        Lines { rx, out: Vec::new(), err: Vec::new() }
+    }
+
+    fn push(&mut self, (is_err, l): (bool, String)) {
+        if is_err {
+            self.err.push(l)
+        } else {
+            self.out.push(l)
+        }
+    }
+
+    /// Reads lines until `done(stdout, stderr)`; panics naming `what` if none comes for 20 s.
+    fn wait_for(&mut self, what: &str, done: impl Fn(&[String], &[String]) -> bool) {
+        while !done(&self.out, &self.err) {
+            match self.rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => self.push(line),
+                Err(_) => panic!("the job ended or hung before {what}\nstdout: {:#?}\nstderr: {:#?}", self.out, self.err),
+            }
+        }
+    }
+
+    /// Reads what is left (until 5 s pass without a line).
+    fn drain(&mut self) {
+        while let Ok(line) = self.rx.recv_timeout(Duration::from_secs(5)) {
+            self.push(line);
+        }
+    }
 }
