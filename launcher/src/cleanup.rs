@@ -442,73 +442,137 @@ mod tests {
             return;
         }
         let _one_at_a_time = SWEEPING.lock().unwrap_or_else(|e| e.into_inner());
-        let nobody = 65534;
         let mut child = std::process::Command::new("true").spawn().expect("start true");
         let dead = child.id() as i32;
         child.wait().expect("wait");
-        let rnd = || tmpi_transport::bootstrap::new_jobid().expect("random job id");
-        let (theirs, linked, their_seg, link_launcher) = (rnd(), rnd(), rnd(), rnd());
-        let shm = |n: &str| PathBuf::from(format!("{SHM_DIR}/{n}"));
-        let tmp = std::env::temp_dir();
-        let own = |p: &Path, uid: u32| std::os::unix::fs::lchown(p, Some(uid), Some(uid)).expect("chown");
-        let planted = |p: &Path, text: &str, uid: u32| {
-            std::fs::write(p, text).expect("plant");
-            own(p, uid);
-        };
-        // A job "of nobody": launcher file, segment and socket directory all nobody's.
-        planted(&shm(&format!("tmpi-{theirs}.launcher")), &format!("{dead} 1\n"), nobody);
-        planted(&shm(&format!("tmpi-{theirs}-0123456789abcdef")), "segment", nobody);
-        let their_dir = tmp.join(format!("tmpirun-{theirs}"));
-        std::fs::create_dir_all(&their_dir).expect("mkdir");
-        planted(&their_dir.join("kv.sock"), "", nobody);
-        own(&their_dir, nobody);
-        // A victim job whose socket directory a link of a dead job of ours points at.
-        let victim = tmp.join(format!("tmpi-victim-{}", rnd()));
-        std::fs::create_dir_all(&victim).expect("mkdir");
-        std::fs::write(victim.join("kv.sock"), "").expect("sock");
-        planted(&shm(&format!("tmpi-{linked}.launcher")), &format!("{dead} 1\n"), 0);
-        let link_dir = tmp.join(format!("tmpirun-{linked}"));
-        std::os::unix::fs::symlink(&victim, &link_dir).expect("symlink");
-        // A dead job of ours whose "segment" is nobody's, and one whose "segment" is a link.
-        planted(&shm(&format!("tmpi-{their_seg}.launcher")), &format!("{dead} 1\n"), 0);
-        planted(&shm(&format!("tmpi-{their_seg}-0123456789abcdef")), "segment", nobody);
-        std::os::unix::fs::symlink(victim.join("kv.sock"), shm(&format!("tmpi-{their_seg}-fedcba9876543210"))).expect("symlink");
-        // A launcher "file" that is a link to a file naming a dead pid.
-        let target = victim.join("launcher");
-        std::fs::write(&target, format!("{dead} 1\n")).expect("write");
-        std::os::unix::fs::symlink(&target, shm(&format!("tmpi-{link_launcher}.launcher"))).expect("symlink");
-
+        let p = Planted::new();
+        p.plant(dead);
         let swept = sweep_stale();
-        let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
-        let left_theirs = [
-            exists(&shm(&format!("tmpi-{theirs}.launcher"))),
-            exists(&shm(&format!("tmpi-{theirs}-0123456789abcdef"))),
-            exists(&their_dir.join("kv.sock")),
-        ];
-        let victim_left = exists(&victim.join("kv.sock")) && exists(&target);
-        let their_seg_left = exists(&shm(&format!("tmpi-{their_seg}-0123456789abcdef")));
-        let ours_swept = !exists(&shm(&format!("tmpi-{linked}.launcher"))) && !exists(&shm(&format!("tmpi-{their_seg}.launcher")));
+        let seen = p.observe();
         // Clean up what the test planted, whatever the sweep did.
-        for n in [format!("tmpi-{theirs}.launcher"), format!("tmpi-{theirs}-0123456789abcdef"), format!("tmpi-{linked}.launcher")] {
-            let _ = std::fs::remove_file(shm(&n));
-        }
-        for n in [
-            format!("tmpi-{their_seg}.launcher"),
-            format!("tmpi-{their_seg}-0123456789abcdef"),
-            format!("tmpi-{their_seg}-fedcba9876543210"),
-        ] {
-            let _ = std::fs::remove_file(shm(&n));
-        }
-        let _ = std::fs::remove_file(shm(&format!("tmpi-{link_launcher}.launcher")));
-        let _ = std::fs::remove_file(&link_dir);
-        let _ = std::fs::remove_dir_all(&their_dir);
-        let _ = std::fs::remove_dir_all(&victim);
-
-        assert_eq!(left_theirs, [true; 3], "another user's files were swept");
-        assert!(!swept.contains(&theirs) && !swept.contains(&link_launcher), "{swept:?}");
-        assert!(victim_left, "the sweep went through a link and removed another job's file");
-        assert!(their_seg_left, "another user's segment under a dead job's name was removed");
+        p.remove();
+        assert_eq!(seen.theirs_left, [true; 3], "another user's files were swept");
+        assert!(!swept.contains(&p.theirs) && !swept.contains(&p.link_launcher), "{swept:?}");
+        assert!(seen.victim_left, "the sweep went through a link and removed another job's file");
+        assert!(seen.their_seg_left, "another user's segment under a dead job's name was removed");
         // (Gone, by this sweep or another tmpirun's running beside the test.)
-        assert!(ours_swept, "our own dead jobs are still swept: {swept:?}");
+        assert!(seen.ours_swept, "our own dead jobs are still swept: {swept:?}");
+    }
+
+    /// The files [`sweep_touches_only_own_files_and_follows_no_link`] plants: a job "of
+    /// nobody" (`theirs`), a dead job of ours whose socket directory is a link into a victim
+    /// job's (`linked`), a dead job of ours whose segments are nobody's or a link
+    /// (`their_seg`), and a launcher file that is a link (`link_launcher`).
+    struct Planted {
+        theirs: String,
+        linked: String,
+        their_seg: String,
+        link_launcher: String,
+        their_dir: PathBuf,
+        victim: PathBuf,
+        link_dir: PathBuf,
+        /// The file the linked launcher file points at (in the victim's directory).
+        target: PathBuf,
+    }
+
+    /// What the sweep left of [`Planted`].
+    struct Seen {
+        theirs_left: [bool; 3],
+        victim_left: bool,
+        their_seg_left: bool,
+        ours_swept: bool,
+    }
+
+    const NOBODY: u32 = 65534;
+
+    fn shm(n: &str) -> PathBuf {
+        PathBuf::from(format!("{SHM_DIR}/{n}"))
+    }
+
+    fn own(p: &Path, uid: u32) {
+        std::os::unix::fs::lchown(p, Some(uid), Some(uid)).expect("chown");
+    }
+
+    fn planted(p: &Path, text: &str, uid: u32) {
+        std::fs::write(p, text).expect("plant");
+        own(p, uid);
+    }
+
+    fn exists(p: &Path) -> bool {
+        std::fs::symlink_metadata(p).is_ok()
+    }
+
+    impl Planted {
+        fn new() -> Planted {
+            let rnd = || tmpi_transport::bootstrap::new_jobid().expect("random job id");
+            let (theirs, linked) = (rnd(), rnd());
+            let tmp = std::env::temp_dir();
+            let victim = tmp.join(format!("tmpi-victim-{}", rnd()));
+            Planted {
+                their_dir: tmp.join(format!("tmpirun-{theirs}")),
+                link_dir: tmp.join(format!("tmpirun-{linked}")),
+                target: victim.join("launcher"),
+                victim,
+                theirs,
+                linked,
+                their_seg: rnd(),
+                link_launcher: rnd(),
+            }
+        }
+
+        /// Plants every file; the dead jobs name pid `dead`.
+        fn plant(&self, dead: i32) {
+            let (theirs, linked, their_seg) = (&self.theirs, &self.linked, &self.their_seg);
+            // A job "of nobody": launcher file, segment and socket directory all nobody's.
+            planted(&shm(&format!("tmpi-{theirs}.launcher")), &format!("{dead} 1\n"), NOBODY);
+            planted(&shm(&format!("tmpi-{theirs}-0123456789abcdef")), "segment", NOBODY);
+            std::fs::create_dir_all(&self.their_dir).expect("mkdir");
+            planted(&self.their_dir.join("kv.sock"), "", NOBODY);
+            own(&self.their_dir, NOBODY);
+            // A victim job whose socket directory a link of a dead job of ours points at.
+            std::fs::create_dir_all(&self.victim).expect("mkdir");
+            std::fs::write(self.victim.join("kv.sock"), "").expect("sock");
+            planted(&shm(&format!("tmpi-{linked}.launcher")), &format!("{dead} 1\n"), 0);
+            std::os::unix::fs::symlink(&self.victim, &self.link_dir).expect("symlink");
+            // A dead job of ours whose "segment" is nobody's, and one whose "segment" is a link.
+            planted(&shm(&format!("tmpi-{their_seg}.launcher")), &format!("{dead} 1\n"), 0);
+            planted(&shm(&format!("tmpi-{their_seg}-0123456789abcdef")), "segment", NOBODY);
+            std::os::unix::fs::symlink(self.victim.join("kv.sock"), shm(&format!("tmpi-{their_seg}-fedcba9876543210"))).expect("symlink");
+            // A launcher "file" that is a link to a file naming a dead pid.
+            std::fs::write(&self.target, format!("{dead} 1\n")).expect("write");
+            std::os::unix::fs::symlink(&self.target, shm(&format!("tmpi-{}.launcher", self.link_launcher))).expect("symlink");
+        }
+
+        fn observe(&self) -> Seen {
+            let (theirs, linked, their_seg) = (&self.theirs, &self.linked, &self.their_seg);
+            Seen {
+                theirs_left: [
+                    exists(&shm(&format!("tmpi-{theirs}.launcher"))),
+                    exists(&shm(&format!("tmpi-{theirs}-0123456789abcdef"))),
+                    exists(&self.their_dir.join("kv.sock")),
+                ],
+                victim_left: exists(&self.victim.join("kv.sock")) && exists(&self.target),
+                their_seg_left: exists(&shm(&format!("tmpi-{their_seg}-0123456789abcdef"))),
+                ours_swept: !exists(&shm(&format!("tmpi-{linked}.launcher"))) && !exists(&shm(&format!("tmpi-{their_seg}.launcher"))),
+            }
+        }
+
+        fn remove(&self) {
+            let (theirs, linked, their_seg) = (&self.theirs, &self.linked, &self.their_seg);
+            for n in [
+                format!("tmpi-{theirs}.launcher"),
+                format!("tmpi-{theirs}-0123456789abcdef"),
+                format!("tmpi-{linked}.launcher"),
+                format!("tmpi-{their_seg}.launcher"),
+                format!("tmpi-{their_seg}-0123456789abcdef"),
+                format!("tmpi-{their_seg}-fedcba9876543210"),
+                format!("tmpi-{}.launcher", self.link_launcher),
+            ] {
+                let _ = std::fs::remove_file(shm(&n));
+            }
+            let _ = std::fs::remove_file(&self.link_dir);
+            let _ = std::fs::remove_dir_all(&self.their_dir);
+            let _ = std::fs::remove_dir_all(&self.victim);
+        }
     }
 }
