@@ -354,59 +354,17 @@ fn hostile_strays(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
 /// its share into the buffer and rank 2 sends rank 0 garbage: the abandon wait must outlast the
 /// garbage's error, so no byte lands in memory allocated after the buffer was freed.
 fn abandon(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
-    const N: usize = 32 << 20;
     let me = world.rank();
     for round in 0..3 {
         world.barrier()?;
         match me {
             0 => {
-                let mut buf = vec![0u8; N];
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    tmpi::scope(|s| {
-                        let _r = world.irecv(s, &mut buf, 1, 20).expect("irecv");
-                        world.send(&[1u8], 1, 21).expect("go to 1");
-                        world.send(&[1u8], 2, 21).expect("go to 2");
-                        // Let the transfer start, then give up on it.
-                        std::thread::sleep(Duration::from_millis(2 * round as u64));
-                        panic!("abandoning the receive on purpose");
-                    })
-                }));
-                v.check(r.is_err(), || "the scope did not unwind".into());
-                drop(buf);
-                // Memory reused after the buffer was freed must stay as written.
-                let fresh = vec![0x5Au8; N];
-                std::thread::sleep(Duration::from_millis(100));
-                let bad = fresh.iter().filter(|&&b| b != 0x5A).count();
-                v.check(bad == 0, || format!("round {round}: {bad} bytes written into memory freed by the abandoned receive"));
-                // The garbage's error comes out of some call (once); later calls work. If the
-                // receive was cancelled before it matched, the message is still to come: take
-                // it, until rank 1 says its send is over.
-                let mut errors = 0;
-                let t = Instant::now();
-                loop {
-                    v.check(t.elapsed() < Duration::from_secs(20), || "rank 1's send never ended".into());
-                    let step = || -> tmpi::Result<bool> {
-                        if world.iprobe(1, 22)?.is_some() {
-                            world.recv(&mut [0u8; 1], 1, 22)?;
-                            return Ok(true);
-                        }
-                        if world.iprobe(1, 20)?.is_some() {
-                            world.recv_vec::<u8>(1, 20)?;
-                        }
-                        Ok(false)
-                    };
-                    match step() {
-                        Ok(true) => break,
-                        Ok(false) => {}
-                        Err(Error::Protocol { rank: 2, .. }) => errors += 1,
-                        Err(e) => return Err(e),
-                    }
-                }
-                v.check(errors <= 1, || format!("round {round}: {errors} errors for one bad packet"));
+                abandon_receive(world, v, round);
+                drain_after_abandon(world, v, round)?;
             }
             1 => {
                 world.recv(&mut [0u8; 1], 0, 21)?;
-                let data = vec![7u8; N];
+                let data = vec![7u8; ABANDONED];
                 // The send completes once rank 0 read or discarded the message.
                 world.send(&data, 0, 20)?;
                 world.send(&[1u8], 0, 22)?;
@@ -419,6 +377,60 @@ fn abandon(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// The size of the receive [`abandon`] gives up.
+const ABANDONED: usize = 32 << 20;
+
+/// Rank 0 posts the receive, says go, and unwinds out of the scope `2 * round` ms later;
+/// memory allocated after the buffer was freed must stay as written.
+fn abandon_receive(world: &Comm, v: &mut Verdict, round: usize) {
+    let mut buf = vec![0u8; ABANDONED];
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tmpi::scope(|s| {
+            let _r = world.irecv(s, &mut buf, 1, 20).expect("irecv");
+            world.send(&[1u8], 1, 21).expect("go to 1");
+            world.send(&[1u8], 2, 21).expect("go to 2");
+            // Let the transfer start, then give up on it.
+            std::thread::sleep(Duration::from_millis(2 * round as u64));
+            panic!("abandoning the receive on purpose");
+        })
+    }));
+    v.check(r.is_err(), || "the scope did not unwind".into());
+    drop(buf);
+    let fresh = vec![0x5Au8; ABANDONED];
+    std::thread::sleep(Duration::from_millis(100));
+    let bad = fresh.iter().filter(|&&b| b != 0x5A).count();
+    v.check(bad == 0, || format!("round {round}: {bad} bytes written into memory freed by the abandoned receive"));
+}
+
+/// The garbage's error comes out of some call (once); later calls work. If the receive was
+/// cancelled before it matched, the message is still to come: rank 0 takes it, until rank 1
+/// says its send is over.
+fn drain_after_abandon(world: &Comm, v: &mut Verdict, round: usize) -> tmpi::Result<()> {
+    let mut errors = 0;
+    let t = Instant::now();
+    loop {
+        v.check(t.elapsed() < Duration::from_secs(20), || "rank 1's send never ended".into());
+        let step = || -> tmpi::Result<bool> {
+            if world.iprobe(1, 22)?.is_some() {
+                world.recv(&mut [0u8; 1], 1, 22)?;
+                return Ok(true);
+            }
+            if world.iprobe(1, 20)?.is_some() {
+                world.recv_vec::<u8>(1, 20)?;
+            }
+            Ok(false)
+        };
+        match step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(Error::Protocol { rank: 2, .. }) => errors += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    v.check(errors <= 1, || format!("round {round}: {errors} errors for one bad packet"));
     Ok(())
 }
 
