@@ -458,14 +458,37 @@ fn the_secret_never_travels_and_answers_cannot_be_replayed() {
     let mut server = BootstrapServer::bind(&s.path, 2, secret()).unwrap();
     let addr = server.listen_tcp("127.0.0.1".parse().unwrap()).unwrap();
     let srv = server.spawn().unwrap();
-    let refused = |why: &str| {
-        let evs = events_until(&srv, |e| matches!(e, ServerEvent::Refused { .. }));
-        assert!(matches!(evs.last(), Some(ServerEvent::Refused { reason, .. }) if reason.contains(why)), "{evs:?}");
-        assert!(!evs.iter().any(|e| matches!(e, ServerEvent::Connected { .. })), "{evs:?}");
-    };
+    let hello = honest_hello(&srv, addr);
+    // The same hello replayed on a new connection (another challenge): refused, closed,
+    // counted, and it takes no slot (rank 0 was never claimed by it).
+    for claim in [0u32, 1] {
+        let mut b = TcpStream::connect(addr).unwrap();
+        let mut ch = [0u8; auth::CHALLENGE_LEN];
+        b.read_exact(&mut ch).unwrap();
+        let mut replay = hello.clone();
+        replay[9..13].copy_from_slice(&claim.to_le_bytes());
+        b.write_all(if claim == 1 { &hello } else { &replay }).unwrap();
+        assert!(refused_and_closed(&mut b), "a replayed hello was answered");
+        expect_refused(&srv, "wrong job secret");
+    }
+    wrong_answers(&srv, &s.path, addr);
+    // Rank 0 still gets in, and the job works.
+    let mut c0 = BootstrapClient::connect(&s.path, 0, 2, &secret()).unwrap();
+    c0.put("k", b"v").unwrap();
+    srv.stop().unwrap();
+}
 
-    // An honest raw client over TCP: its hello holds no byte string of the secret, and the
-    // server answers with a proof that checks.
+/// The next connection `srv` reports is refused for a reason that contains `why`, and none
+/// was admitted before it.
+fn expect_refused(srv: &ServerThread, why: &str) {
+    let evs = events_until(srv, |e| matches!(e, ServerEvent::Refused { .. }));
+    assert!(matches!(evs.last(), Some(ServerEvent::Refused { reason, .. }) if reason.contains(why)), "{evs:?}");
+    assert!(!evs.iter().any(|e| matches!(e, ServerEvent::Connected { .. })), "{evs:?}");
+}
+
+/// An honest raw client over TCP as rank 1: its hello holds no byte string of the secret,
+/// and the server answers with a proof that checks. Returns the hello.
+fn honest_hello(srv: &ServerThread, addr: std::net::SocketAddr) -> Vec<u8> {
     let mut a = TcpStream::connect(addr).unwrap();
     let (hello, nonce) = hello_frame(&mut a, &secret(), 1, 2);
     assert!(!hello.windows(auth::NONCE_LEN).any(|w| w == secret().as_bytes()), "the secret is on the wire");
@@ -477,35 +500,26 @@ fn the_secret_never_travels_and_answers_cannot_be_replayed() {
         }
         r => panic!("hello answered {r:?}"),
     }
-    let evs = events_until(&srv, |e| matches!(e, ServerEvent::Connected { .. }));
+    let evs = events_until(srv, |e| matches!(e, ServerEvent::Connected { .. }));
     assert_eq!(evs.last(), Some(&ServerEvent::Connected { rank: 1 }));
+    hello
+}
 
-    // The same hello replayed on a new connection (another challenge): refused, closed,
-    // counted, and it takes no slot (rank 0 was never claimed by it).
-    for claim in [0u32, 1] {
-        let mut b = TcpStream::connect(addr).unwrap();
-        let mut ch = [0u8; auth::CHALLENGE_LEN];
-        b.read_exact(&mut ch).unwrap();
-        let mut replay = hello.clone();
-        replay[9..13].copy_from_slice(&claim.to_le_bytes());
-        b.write_all(if claim == 1 { &hello } else { &replay }).unwrap();
-        assert!(refused_and_closed(&mut b), "a replayed hello was answered");
-        refused("wrong job secret");
-    }
-
-    // A wrong answer: the MAC made with another secret, over the Unix socket and over TCP.
-    let mut u = UnixStream::connect(&s.path).unwrap();
+/// Wrong answers: the MAC made with another secret (over the Unix socket `path`), a MAC with
+/// a bit flipped (over TCP), and the old hello with the secret in clear; each refused.
+fn wrong_answers(srv: &ServerThread, path: &std::path::Path, addr: std::net::SocketAddr) {
+    let mut u = UnixStream::connect(path).unwrap();
     let (bad, _) = hello_frame(&mut u, &JobSecret::from_bytes(*b"not-the-secret!!"), 0, 2);
     u.write_all(&bad).unwrap();
     assert!(refused_and_closed(&mut u));
-    refused("wrong job secret");
+    expect_refused(srv, "wrong job secret");
     let mut t = TcpStream::connect(addr).unwrap();
     let (mut flipped, _) = hello_frame(&mut t, &secret(), 0, 2);
     let last = flipped.len() - 1;
     flipped[last] ^= 1;
     t.write_all(&flipped).unwrap();
     assert!(refused_and_closed(&mut t));
-    refused("wrong job secret");
+    expect_refused(srv, "wrong job secret");
     // The old hello, with the secret in clear, is no hello at all.
     let mut old = TcpStream::connect(addr).unwrap();
     let mut ch = [0u8; auth::CHALLENGE_LEN];
@@ -514,12 +528,7 @@ fn the_secret_never_travels_and_answers_cannot_be_replayed() {
     v2.extend_from_slice(secret().as_bytes());
     old.write_all(&v2).unwrap();
     assert!(refused_and_closed(&mut old));
-    refused("");
-
-    // Rank 0 still gets in, and the job works.
-    let mut c0 = BootstrapClient::connect(&s.path, 0, 2, &secret()).unwrap();
-    c0.put("k", b"v").unwrap();
-    srv.stop().unwrap();
+    expect_refused(srv, "");
 }
 
 #[test]
