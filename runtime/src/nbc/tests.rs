@@ -283,71 +283,93 @@ fn mat_of(r: usize) -> [i64; 4] {
 /// combines in rank order everywhere.
 #[test]
 fn user_ops_keep_rank_order() {
-    use crate::{Loc, UserOp};
     for n in 1..=7 {
         run_local(n, |w| {
             let comms = [w.dup().unwrap(), w.split(Some((w.rank() % 2) as u32), -(w.rank() as i32)).unwrap().unwrap()];
             for c in &comms {
-                let (r, n) = (c.rank(), c.size());
-                let op = UserOp::new(false, matmul);
-                let me = [mat_of(r), mat_of(r + 7)];
-                let prefix = |k: usize, j: usize| (0..=k).map(|q| mat_of(q + 7 * j)).reduce(|a, b| matmul(&a, &b)).unwrap();
-                let mut all = [[0i64; 4]; 2];
-                c.allreduce_with(&me, &mut all, &op).unwrap();
-                assert_eq!(all, [prefix(n - 1, 0), prefix(n - 1, 1)]);
-                let mut red = [[0i64; 4]; 2];
-                c.reduce_with(&me, (r == n - 1).then_some(&mut red[..]), &op, n - 1).unwrap();
-                if r == n - 1 {
-                    assert_eq!(red, all);
-                }
-                let mut sc = [[0i64; 4]; 2];
-                c.scan_with(&me, &mut sc, &op).unwrap();
-                assert_eq!(sc, [prefix(r, 0), prefix(r, 1)]);
-                let mut ex = [[9i64; 4]; 2];
-                c.exscan_with(&me, &mut ex, &op).unwrap();
-                if r > 0 {
-                    assert_eq!(ex, [prefix(r - 1, 0), prefix(r - 1, 1)]);
-                } else {
-                    assert_eq!(ex, [[9; 4]; 2]);
-                }
-                // Non-blocking forms, all in flight together.
-                let big: Vec<[i64; 4]> = (0..n).map(|q| mat_of(r + q)).collect();
-                let (mut a2, mut s2, mut x2, mut rs) = ([[0i64; 4]; 2], [[0i64; 4]; 2], [[0i64; 4]; 2], [[0i64; 4]; 1]);
-                let mut r2 = [[0i64; 4]; 2];
-                let ones = vec![1usize; n];
-                let loc = [Loc { value: ((r * 5) % 7) as f64, index: r as u64 }];
-                let mut ml = [Loc { value: 0.0, index: 0 }];
-                let mut mx = [Loc { value: 0.0, index: 0 }];
-                scope(|s| {
-                    let q = vec![
-                        c.iallreduce_with(s, &me, &mut a2, &op).unwrap(),
-                        c.iscan_with(s, &me, &mut s2, &op).unwrap(),
-                        c.iexscan_with(s, &me, &mut x2, &op).unwrap(),
-                        c.ireduce_with(s, &me, (r == 0).then_some(&mut r2[..]), &op, 0).unwrap(),
-                        c.ireduce_scatter_with(s, &big, &mut rs, &ones, &op).unwrap(),
-                        c.iallreduce_with(s, &loc, &mut ml, &UserOp::min_loc()).unwrap(),
-                        c.iallreduce_with(s, &loc, &mut mx, &UserOp::max_loc()).unwrap(),
-                    ];
-                    wait_all(q).unwrap();
-                });
-                assert_eq!(a2, all);
-                assert_eq!(s2, sc);
-                if r > 0 {
-                    assert_eq!(x2, ex);
-                }
-                if r == 0 {
-                    assert_eq!(r2, all);
-                }
-                let want_rs = (0..n).map(|q| mat_of(q + r)).reduce(|a, b| matmul(&a, &b)).unwrap();
-                assert_eq!(rs[0], want_rs);
-                let vals: Vec<f64> = (0..n).map(|q| ((q * 5) % 7) as f64).collect();
-                let lo = vals.iter().cloned().fold(f64::INFINITY, f64::min);
-                let hi = vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                assert_eq!(ml[0], Loc { value: lo, index: vals.iter().position(|&v| v == lo).unwrap() as u64 });
-                assert_eq!(mx[0], Loc { value: hi, index: vals.iter().position(|&v| v == hi).unwrap() as u64 });
+                let blocking = blocking_user_ops(c);
+                nonblocking_user_ops(c, &blocking);
             }
         });
     }
+}
+
+/// The matrix product of every rank's `mat_of(q + 7 * j)` for q up to `k`, in rank order.
+fn mat_prefix(k: usize, j: usize) -> [i64; 4] {
+    (0..=k).map(|q| mat_of(q + 7 * j)).reduce(|a, b| matmul(&a, &b)).unwrap()
+}
+
+/// What the blocking forms of [`user_ops_keep_rank_order`] gave: allreduce, scan, exscan.
+type Blocking = [[[i64; 4]; 2]; 3];
+
+/// The blocking `allreduce`, `reduce`, `scan` and `exscan` of a non-commutative operator,
+/// each checked against the product in rank order.
+fn blocking_user_ops(c: &crate::Comm) -> Blocking {
+    let (r, n) = (c.rank(), c.size());
+    let op = crate::UserOp::new(false, matmul);
+    let me = [mat_of(r), mat_of(r + 7)];
+    let mut all = [[0i64; 4]; 2];
+    c.allreduce_with(&me, &mut all, &op).unwrap();
+    assert_eq!(all, [mat_prefix(n - 1, 0), mat_prefix(n - 1, 1)]);
+    let mut red = [[0i64; 4]; 2];
+    c.reduce_with(&me, (r == n - 1).then_some(&mut red[..]), &op, n - 1).unwrap();
+    if r == n - 1 {
+        assert_eq!(red, all);
+    }
+    let mut sc = [[0i64; 4]; 2];
+    c.scan_with(&me, &mut sc, &op).unwrap();
+    assert_eq!(sc, [mat_prefix(r, 0), mat_prefix(r, 1)]);
+    let mut ex = [[9i64; 4]; 2];
+    c.exscan_with(&me, &mut ex, &op).unwrap();
+    if r > 0 {
+        assert_eq!(ex, [mat_prefix(r - 1, 0), mat_prefix(r - 1, 1)]);
+    } else {
+        assert_eq!(ex, [[9; 4]; 2]);
+    }
+    [all, sc, ex]
+}
+
+/// The non-blocking forms, all in flight together (with `reduce_scatter`, `min_loc` and
+/// `max_loc`), against the blocking results.
+fn nonblocking_user_ops(c: &crate::Comm, &[all, sc, ex]: &Blocking) {
+    use crate::{Loc, UserOp};
+    let (r, n) = (c.rank(), c.size());
+    let op = UserOp::new(false, matmul);
+    let me = [mat_of(r), mat_of(r + 7)];
+    let big: Vec<[i64; 4]> = (0..n).map(|q| mat_of(r + q)).collect();
+    let (mut a2, mut s2, mut x2, mut rs) = ([[0i64; 4]; 2], [[0i64; 4]; 2], [[0i64; 4]; 2], [[0i64; 4]; 1]);
+    let mut r2 = [[0i64; 4]; 2];
+    let ones = vec![1usize; n];
+    let loc = [Loc { value: ((r * 5) % 7) as f64, index: r as u64 }];
+    let mut ml = [Loc { value: 0.0, index: 0 }];
+    let mut mx = [Loc { value: 0.0, index: 0 }];
+    scope(|s| {
+        let q = vec![
+            c.iallreduce_with(s, &me, &mut a2, &op).unwrap(),
+            c.iscan_with(s, &me, &mut s2, &op).unwrap(),
+            c.iexscan_with(s, &me, &mut x2, &op).unwrap(),
+            c.ireduce_with(s, &me, (r == 0).then_some(&mut r2[..]), &op, 0).unwrap(),
+            c.ireduce_scatter_with(s, &big, &mut rs, &ones, &op).unwrap(),
+            c.iallreduce_with(s, &loc, &mut ml, &UserOp::min_loc()).unwrap(),
+            c.iallreduce_with(s, &loc, &mut mx, &UserOp::max_loc()).unwrap(),
+        ];
+        wait_all(q).unwrap();
+    });
+    assert_eq!(a2, all);
+    assert_eq!(s2, sc);
+    if r > 0 {
+        assert_eq!(x2, ex);
+    }
+    if r == 0 {
+        assert_eq!(r2, all);
+    }
+    let want_rs = (0..n).map(|q| mat_of(q + r)).reduce(|a, b| matmul(&a, &b)).unwrap();
+    assert_eq!(rs[0], want_rs);
+    let vals: Vec<f64> = (0..n).map(|q| ((q * 5) % 7) as f64).collect();
+    let lo = vals.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!(ml[0], Loc { value: lo, index: vals.iter().position(|&v| v == lo).unwrap() as u64 });
+    assert_eq!(mx[0], Loc { value: hi, index: vals.iter().position(|&v| v == hi).unwrap() as u64 });
 }
 
 /// A user operator that panics on one rank: the panic unwinds out of the wait (the scope
