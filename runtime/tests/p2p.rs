@@ -340,56 +340,11 @@ fn abandoned_rendezvous(setup: Setup) {
 /// CONFORMANCE.md: T52, T62.
 fn rendezvous_paths(setup: Setup) {
     let lines = run(setup, 2, |w| {
-        let peer = 1 - w.rank();
         let big: Vec<u8> = (0..(1usize << 20) + 3).map(|i| (i % 251) as u8).collect();
         if w.rank() == 0 {
-            w.barrier().unwrap(); // receiver has pre-posted
-            w.send(&big, peer, 1).unwrap();
-            // Unexpected at the receiver, which posts only after the barrier; a blocking
-            // rendezvous send would wait for that receive, so this one is non-blocking.
-            tmpi::scope(|s| {
-                let r = w.isend(s, &big, peer, 2).unwrap();
-                w.barrier().unwrap();
-                r.wait().unwrap();
-            });
-            w.send(&big[..200_000], peer, 3).unwrap(); // truncated into 100 000 bytes
-            w.send(&big[..300_000], peer, 4).unwrap(); // into a 4 KiB pre-posted buffer
-            w.ssend(&big[..70_000], peer, 5).unwrap();
-            for _ in 0..5 {
-                w.send(&big, peer, 6).unwrap();
-            }
+            rendezvous_sends(&w, &big);
         } else {
-            let mut a = vec![0u8; big.len()];
-            let mut small = vec![0u8; 4096];
-            tmpi::scope(|s| {
-                let r1 = w.irecv(s, &mut a, peer, 1).unwrap();
-                let r4 = w.irecv(s, &mut small, peer, 4).unwrap();
-                w.barrier().unwrap();
-                assert_eq!(r1.wait().unwrap().len(), big.len());
-                w.barrier().unwrap();
-                let mut b = vec![0u8; big.len()];
-                assert_eq!(w.recv(&mut b, peer, 2).unwrap().len(), big.len());
-                assert_eq!(b, big);
-                let mut c = vec![0u8; 100_000];
-                match w.recv(&mut c, peer, 3) {
-                    Err(Error::Truncated { len: 200_000, capacity: 100_000, .. }) => {}
-                    other => panic!("expected truncation, got {other:?}"),
-                }
-                assert_eq!(&c[..], &big[..100_000]);
-                match r4.wait() {
-                    Err(Error::Truncated { len: 300_000, capacity: 4096, .. }) => {}
-                    other => panic!("expected truncation, got {other:?}"),
-                }
-                let (v, st) = w.recv_vec::<u8>(peer, 5).unwrap();
-                assert_eq!((v.len(), st.tag()), (70_000, 5));
-                assert_eq!(&v[..], &big[..70_000]);
-                for _ in 0..5 {
-                    let st = w.recv(&mut b, peer, 6).unwrap();
-                    assert_eq!(st.len(), big.len());
-                }
-            });
-            assert_eq!(a, big);
-            assert_eq!(&small[..], &big[..4096]);
+            rendezvous_receives(&w, &big);
         }
         w.stats_line()
     });
@@ -401,6 +356,63 @@ fn rendezvous_paths(setup: Setup) {
         assert!(stat(&lines[1], "hw_matched") >= 1, "{}", lines[1]);
         assert!(stat(&lines[1], "rndv_incomplete") >= 1, "{}", lines[1]);
     }
+}
+
+/// Rank 0 of [`rendezvous_paths`]: expected, unexpected, truncated (twice), synchronous and
+/// repeated rendezvous sends of `big` or a part of it.
+fn rendezvous_sends(w: &tmpi::Comm, big: &[u8]) {
+    let peer = 1;
+    w.barrier().unwrap(); // receiver has pre-posted
+    w.send(big, peer, 1).unwrap();
+    // Unexpected at the receiver, which posts only after the barrier; a blocking rendezvous
+    // send would wait for that receive, so this one is non-blocking.
+    tmpi::scope(|s| {
+        let r = w.isend(s, big, peer, 2).unwrap();
+        w.barrier().unwrap();
+        r.wait().unwrap();
+    });
+    w.send(&big[..200_000], peer, 3).unwrap(); // truncated into 100 000 bytes
+    w.send(&big[..300_000], peer, 4).unwrap(); // into a 4 KiB pre-posted buffer
+    w.ssend(&big[..70_000], peer, 5).unwrap();
+    for _ in 0..5 {
+        w.send(big, peer, 6).unwrap();
+    }
+}
+
+/// Rank 1 of [`rendezvous_paths`]: each message received and checked.
+fn rendezvous_receives(w: &tmpi::Comm, big: &[u8]) {
+    let peer = 0;
+    let mut a = vec![0u8; big.len()];
+    let mut small = vec![0u8; 4096];
+    tmpi::scope(|s| {
+        let r1 = w.irecv(s, &mut a, peer, 1).unwrap();
+        let r4 = w.irecv(s, &mut small, peer, 4).unwrap();
+        w.barrier().unwrap();
+        assert_eq!(r1.wait().unwrap().len(), big.len());
+        w.barrier().unwrap();
+        let mut b = vec![0u8; big.len()];
+        assert_eq!(w.recv(&mut b, peer, 2).unwrap().len(), big.len());
+        assert_eq!(b, big);
+        let mut c = vec![0u8; 100_000];
+        match w.recv(&mut c, peer, 3) {
+            Err(Error::Truncated { len: 200_000, capacity: 100_000, .. }) => {}
+            other => panic!("expected truncation, got {other:?}"),
+        }
+        assert_eq!(&c[..], &big[..100_000]);
+        match r4.wait() {
+            Err(Error::Truncated { len: 300_000, capacity: 4096, .. }) => {}
+            other => panic!("expected truncation, got {other:?}"),
+        }
+        let (v, st) = w.recv_vec::<u8>(peer, 5).unwrap();
+        assert_eq!((v.len(), st.tag()), (70_000, 5));
+        assert_eq!(&v[..], &big[..70_000]);
+        for _ in 0..5 {
+            let st = w.recv(&mut b, peer, 6).unwrap();
+            assert_eq!(st.len(), big.len());
+        }
+    });
+    assert_eq!(a, big);
+    assert_eq!(&small[..], &big[..4096]);
 }
 
 /// Seven senders flood one receiver that takes messages with ANY_SOURCE: everything arrives,
