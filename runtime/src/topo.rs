@@ -429,60 +429,81 @@ mod tests {
                 dims_create(n, &mut dims).unwrap();
                 for periods in [[false, false], [true, false], [true, true]] {
                     let cart = w.cart_create(&dims, &periods, true).unwrap().unwrap();
-                    let c = cart.coords();
-                    assert_eq!(cart.cart_rank(&[c[0] as isize, c[1] as isize]).unwrap(), cart.rank());
-                    assert_eq!(cart.coords_of(cart.rank()).unwrap(), c);
-                    for d in 0..2 {
-                        let (src, dst) = cart.shift(d, 1).unwrap();
-                        let step = |delta: isize| {
-                            let mut x = [c[0] as isize, c[1] as isize];
-                            x[d] += delta;
-                            cart.cart_rank(&x).ok()
-                        };
-                        assert_eq!((src, dst), (step(-1), step(1)));
-                        assert_eq!(src.is_none(), !periods[d] && c[d] == 0);
-                        assert_eq!(dst.is_none(), !periods[d] && c[d] == dims[d] - 1);
-                    }
-                    // Neighbour allgather of ranks gives the neighbour list.
-                    let mut nb = vec![usize::MAX; 4];
-                    cart.neighbor_allgather(&[cart.rank()], &mut nb).unwrap();
-                    let want: Vec<usize> = cart.neighbors().iter().map(|x| x.unwrap_or(usize::MAX)).collect();
-                    assert_eq!(nb, want);
-                    // Alltoall: block i to neighbour i says (my rank, i); I get from neighbour i
-                    // the block it sent in the opposite direction.
-                    let send: Vec<[usize; 2]> = (0..4).map(|i| [cart.rank(), i]).collect();
-                    let mut got = vec![[usize::MAX; 2]; 4];
-                    cart.neighbor_alltoall(&send, &mut got).unwrap();
-                    for (i, nbr) in cart.neighbors().iter().enumerate() {
-                        assert_eq!(got[i], nbr.map(|r| [r, i ^ 1]).unwrap_or([usize::MAX; 2]), "n={n} {periods:?} i={i}");
-                    }
-                    let row = cart.sub(&[false, true]).unwrap();
-                    assert_eq!((row.dims(), row.rank()), (&dims[1..], c[1]));
-                    let col = cart.sub(&[true, false]).unwrap();
-                    assert_eq!((col.dims(), col.rank(), col.periods()), (&dims[..1], c[0], &periods[..1]));
-                    let none = cart.sub(&[false, false]).unwrap();
-                    assert_eq!(none.size(), 1);
-                    let mut s = [0usize];
-                    row.allreduce(&[w.rank()], &mut s, crate::Op::Sum).unwrap();
-                    let base = c[0] * dims[1];
-                    assert_eq!(s[0], (base..base + dims[1]).sum::<usize>());
+                    coords_and_shifts(&cart, dims, periods);
+                    neighbor_collectives(&cart, n, periods);
+                    subgrids(&cart, w.rank(), dims, periods);
                 }
-                // A smaller grid leaves ranks out; errors before communicating.
-                let part = w.cart_create(&[n.div_ceil(2)], &[false], false).unwrap();
-                assert_eq!(part.is_some(), w.rank() < n.div_ceil(2));
-                assert!(matches!(w.cart_create(&[n + 1], &[false], false), Err(Error::InvalidTopology(_))));
-                assert!(matches!(w.cart_create(&[n, 0], &[false, false], false), Err(Error::InvalidTopology(_))));
-                assert!(matches!(w.cart_create(&[n], &[], false), Err(Error::InvalidTopology(_))));
-                let line = w.cart_create(&[n], &[false], false).unwrap().unwrap();
-                assert!(matches!(line.cart_rank(&[n as isize]), Err(Error::InvalidTopology(_))));
-                assert!(matches!(line.cart_rank(&[-1]), Err(Error::InvalidTopology(_))));
-                assert!(matches!(line.shift(1, 1), Err(Error::InvalidTopology(_))));
-                assert!(matches!(line.neighbor_allgather(&[1u8], &mut [0u8; 3]), Err(Error::InvalidBuffer(_))));
-                assert!(matches!(line.neighbor_alltoall(&[1u8; 3], &mut [0u8; 3]), Err(Error::InvalidBuffer(_))));
-                let ring = w.cart_create(&[n], &[true], false).unwrap().unwrap();
-                assert_eq!(ring.cart_rank(&[-1]).unwrap(), n - 1);
-                assert_eq!(ring.shift(0, n as isize + 1).unwrap(), (Some((w.rank() + n - 1) % n), Some((w.rank() + 1) % n)));
+                partial_and_refused_grids(&w, n);
             });
         }
+    }
+
+    /// Coordinates and ranks agree both ways; a shift of 1 along each dimension names the
+    /// neighbours, none past a non-periodic edge.
+    fn coords_and_shifts(cart: &CartComm, dims: [usize; 2], periods: [bool; 2]) {
+        let c = cart.coords();
+        assert_eq!(cart.cart_rank(&[c[0] as isize, c[1] as isize]).unwrap(), cart.rank());
+        assert_eq!(cart.coords_of(cart.rank()).unwrap(), c);
+        for d in 0..2 {
+            let (src, dst) = cart.shift(d, 1).unwrap();
+            let step = |delta: isize| {
+                let mut x = [c[0] as isize, c[1] as isize];
+                x[d] += delta;
+                cart.cart_rank(&x).ok()
+            };
+            assert_eq!((src, dst), (step(-1), step(1)));
+            assert_eq!(src.is_none(), !periods[d] && c[d] == 0);
+            assert_eq!(dst.is_none(), !periods[d] && c[d] == dims[d] - 1);
+        }
+    }
+
+    /// Neighbour allgather of ranks gives the neighbour list; in the neighbour alltoall,
+    /// block i to neighbour i says (my rank, i), and I get from neighbour i the block it sent
+    /// in the opposite direction.
+    fn neighbor_collectives(cart: &CartComm, n: usize, periods: [bool; 2]) {
+        let mut nb = vec![usize::MAX; 4];
+        cart.neighbor_allgather(&[cart.rank()], &mut nb).unwrap();
+        let want: Vec<usize> = cart.neighbors().iter().map(|x| x.unwrap_or(usize::MAX)).collect();
+        assert_eq!(nb, want);
+        let send: Vec<[usize; 2]> = (0..4).map(|i| [cart.rank(), i]).collect();
+        let mut got = vec![[usize::MAX; 2]; 4];
+        cart.neighbor_alltoall(&send, &mut got).unwrap();
+        for (i, nbr) in cart.neighbors().iter().enumerate() {
+            assert_eq!(got[i], nbr.map(|r| [r, i ^ 1]).unwrap_or([usize::MAX; 2]), "n={n} {periods:?} i={i}");
+        }
+    }
+
+    /// Rows, columns and the empty subgrid; a row's allreduce sums its world ranks.
+    fn subgrids(cart: &CartComm, world_rank: usize, dims: [usize; 2], periods: [bool; 2]) {
+        let c = cart.coords();
+        let row = cart.sub(&[false, true]).unwrap();
+        assert_eq!((row.dims(), row.rank()), (&dims[1..], c[1]));
+        let col = cart.sub(&[true, false]).unwrap();
+        assert_eq!((col.dims(), col.rank(), col.periods()), (&dims[..1], c[0], &periods[..1]));
+        let none = cart.sub(&[false, false]).unwrap();
+        assert_eq!(none.size(), 1);
+        let mut s = [0usize];
+        row.allreduce(&[world_rank], &mut s, crate::Op::Sum).unwrap();
+        let base = c[0] * dims[1];
+        assert_eq!(s[0], (base..base + dims[1]).sum::<usize>());
+    }
+
+    /// A smaller grid leaves ranks out; bad grids and coordinates are errors before anything
+    /// is communicated; a ring wraps around.
+    fn partial_and_refused_grids(w: &crate::Comm, n: usize) {
+        let part = w.cart_create(&[n.div_ceil(2)], &[false], false).unwrap();
+        assert_eq!(part.is_some(), w.rank() < n.div_ceil(2));
+        assert!(matches!(w.cart_create(&[n + 1], &[false], false), Err(Error::InvalidTopology(_))));
+        assert!(matches!(w.cart_create(&[n, 0], &[false, false], false), Err(Error::InvalidTopology(_))));
+        assert!(matches!(w.cart_create(&[n], &[], false), Err(Error::InvalidTopology(_))));
+        let line = w.cart_create(&[n], &[false], false).unwrap().unwrap();
+        assert!(matches!(line.cart_rank(&[n as isize]), Err(Error::InvalidTopology(_))));
+        assert!(matches!(line.cart_rank(&[-1]), Err(Error::InvalidTopology(_))));
+        assert!(matches!(line.shift(1, 1), Err(Error::InvalidTopology(_))));
+        assert!(matches!(line.neighbor_allgather(&[1u8], &mut [0u8; 3]), Err(Error::InvalidBuffer(_))));
+        assert!(matches!(line.neighbor_alltoall(&[1u8; 3], &mut [0u8; 3]), Err(Error::InvalidBuffer(_))));
+        let ring = w.cart_create(&[n], &[true], false).unwrap().unwrap();
+        assert_eq!(ring.cart_rank(&[-1]).unwrap(), n - 1);
+        assert_eq!(ring.shift(0, n as isize + 1).unwrap(), (Some((w.rank() + n - 1) % n), Some((w.rank() + 1) % n)));
     }
 }
