@@ -603,29 +603,7 @@ mod tests {
                 .unwrap();
             let group = c.id() as i32;
             let link = Link::new(c.stdin.take().unwrap(), "abc", rank0).unwrap();
-            let t = std::time::Instant::now();
-            let rank = loop {
-                if let Some(p) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-                    break p;
-                }
-                assert!(t.elapsed() < std::time::Duration::from_secs(20), "the rank never started");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            };
-            // The wrapper starts the watchdog just after the rank: wait for it (its command
-            // line names the rank's pid; `setsid` has made its session by the time `sh` runs
-            // it), or a loaded host can deliver the signals below before it exists.
-            let mark = format!("\0tmpi-watchdog\0{rank}\0");
-            let watchdog_up = || {
-                std::fs::read_dir("/proc")
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&mark)))
-            };
-            while !watchdog_up() {
-                assert!(t.elapsed() < std::time::Duration::from_secs(20), "the watchdog never started");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            let rank = rank_and_watchdog_up(&pidfile);
             // As tmpirun ends a job: the link closes, the group gets SIGTERM, then SIGKILL.
             drop(link);
             // SAFETY: kill(2) has no memory effects; `group` is the wrapper's own new group.
@@ -634,14 +612,7 @@ mod tests {
             // SAFETY: as above.
             unsafe { libc::kill(-group, libc::SIGKILL) };
             let _ = c.wait();
-            let t = std::time::Instant::now();
-            // The rank is not a child of this process: gone means no such pid (or a zombie no
-            // one reaps, which `kill` still finds: read its state).
-            let alive = || std::fs::read_to_string(format!("/proc/{rank}/stat")).is_ok_and(|s| !s.contains(") Z"));
-            while alive() && t.elapsed() < std::time::Duration::from_secs(20) {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            let left = alive();
+            let left = outlives(rank, std::time::Duration::from_secs(20));
             if left {
                 // SAFETY: as above; the rank this test started.
                 unsafe { libc::kill(rank, libc::SIGKILL) };
@@ -649,5 +620,45 @@ mod tests {
             let _ = std::fs::remove_dir_all(&dir);
             assert!(!left, "rank 0: {rank0}: the rank (pid {rank}) outlived its job");
         }
+    }
+
+    /// Waits (at most 20 s each) until the rank has written its pid to `pidfile` and its
+    /// watchdog runs; returns the rank's pid.
+    fn rank_and_watchdog_up(pidfile: &std::path::Path) -> i32 {
+        let t = std::time::Instant::now();
+        let rank = loop {
+            if let Some(p) = std::fs::read_to_string(pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+                break p;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(20), "the rank never started");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        // The wrapper starts the watchdog just after the rank: wait for it (its command line
+        // names the rank's pid; `setsid` has made its session by the time `sh` runs it), or a
+        // loaded host can deliver the signals before it exists.
+        let mark = format!("\0tmpi-watchdog\0{rank}\0");
+        let watchdog_up = || {
+            std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&mark)))
+        };
+        while !watchdog_up() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(20), "the watchdog never started");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        rank
+    }
+
+    /// Whether process `pid` (not a child of this one) is still alive after `limit`: gone
+    /// means no such pid, or a zombie no one reaps (which `kill` still finds: read its state).
+    fn outlives(pid: i32, limit: std::time::Duration) -> bool {
+        let t = std::time::Instant::now();
+        let alive = || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"));
+        while alive() && t.elapsed() < limit {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        alive()
     }
 }
