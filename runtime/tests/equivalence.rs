@@ -280,65 +280,73 @@ fn program(rndv: bool) -> impl Strategy<Value = Program> {
 // The reference: the same operations on `RefMatcher`.
 
 fn reference(p: &Program) -> Outcomes {
-    let msgs = p.messages();
-    let specs = p.recvs();
-    let mut m: RefMatcher<usize, u64> = RefMatcher::new();
-    let mut recvs: Vec<Option<Outcome>> = Vec::new();
-    let mut queued: Vec<Option<(RecvId, u64)>> = Vec::new();
-    let mut next_id = 0u64;
+    let mut r = RefRun { msgs: p.messages(), specs: p.recvs(), m: RefMatcher::new(), recvs: Vec::new(), queued: Vec::new(), next_id: 0 };
     for ph in &p.phases {
         match ph {
-            Phase::Post(rs) => {
-                for r in rs {
-                    let i = recvs.len();
-                    let (t, mask) = recv_key(0, r.src.map(|s| s as u32), r.tag);
-                    match m.post(t, mask, i) {
-                        Posted::Matched(_, id) => {
-                            recvs.push(Some(Outcome::of(id, &msgs[id as usize], r.cap)));
-                            queued.push(None);
-                        }
-                        Posted::Queued(q) => {
-                            recvs.push(None);
-                            queued.push(Some((q, t)));
-                        }
-                    }
-                }
+            Phase::Post(rs) => rs.iter().for_each(|spec| r.post(spec)),
+            Phase::Send { sender, msgs: batch } => batch.iter().for_each(|s| r.arrive(*sender, s)),
+            Phase::Cancel(ix) => ix.iter().for_each(|&i| r.cancel(i)),
+        }
+    }
+    r.end()
+}
+
+/// The reference's state: the program's messages and receives, the matcher, each receive's
+/// outcome so far and its queued id (with its tag) while it waits.
+struct RefRun {
+    msgs: Vec<Msg>,
+    specs: Vec<RecvSpec>,
+    m: RefMatcher<usize, u64>,
+    recvs: Vec<Option<Outcome>>,
+    queued: Vec<Option<(RecvId, u64)>>,
+    next_id: u64,
+}
+
+impl RefRun {
+    fn post(&mut self, r: &RecvSpec) {
+        let i = self.recvs.len();
+        let (t, mask) = recv_key(0, r.src.map(|s| s as u32), r.tag);
+        match self.m.post(t, mask, i) {
+            Posted::Matched(_, id) => {
+                self.recvs.push(Some(Outcome::of(id, &self.msgs[id as usize], r.cap)));
+                self.queued.push(None);
             }
-            Phase::Send { sender, msgs: batch } => {
-                for s in batch {
-                    let id = next_id;
-                    next_id += 1;
-                    if let Arrived::Matched(_, i, _) = m.arrive(encode_tag(0, *sender as u32, s.tag), id) {
-                        recvs[i] = Some(Outcome::of(id, &msgs[id as usize], specs[i].cap));
-                        queued[i] = None;
-                    }
-                }
-            }
-            Phase::Cancel(ix) => {
-                for &i in ix {
-                    if let Some((q, t)) = queued[i].take() {
-                        if m.cancel(q, t).is_some() {
-                            recvs[i] = Some(Outcome::Cancelled);
-                        }
-                    }
-                }
+            Posted::Queued(q) => {
+                self.recvs.push(None);
+                self.queued.push(Some((q, t)));
             }
         }
     }
-    // The end: cancel what is pending, in post order, then drain the unexpected messages.
-    for (i, q) in queued.iter_mut().enumerate() {
-        if let Some((q, t)) = q.take() {
-            if m.cancel(q, t).is_some() {
-                recvs[i] = Some(Outcome::Cancelled);
+
+    fn arrive(&mut self, sender: usize, s: &MsgSpec) {
+        let id = self.next_id;
+        self.next_id += 1;
+        if let Arrived::Matched(_, i, _) = self.m.arrive(encode_tag(0, sender as u32, s.tag), id) {
+            self.recvs[i] = Some(Outcome::of(id, &self.msgs[id as usize], self.specs[i].cap));
+            self.queued[i] = None;
+        }
+    }
+
+    fn cancel(&mut self, i: usize) {
+        if let Some((q, t)) = self.queued[i].take() {
+            if self.m.cancel(q, t).is_some() {
+                self.recvs[i] = Some(Outcome::Cancelled);
             }
         }
     }
-    let (t, mask) = recv_key(0, None, None);
-    let mut drained = Vec::new();
-    while let Some((_, id)) = m.take_probed(t, mask) {
-        drained.push(Outcome::of(id, &msgs[id as usize], MAX_LEN));
+
+    /// The end: cancel what is pending, in post order, then drain the unexpected messages.
+    fn end(mut self) -> Outcomes {
+        for i in 0..self.queued.len() {
+            self.cancel(i);
+        }
+        let (t, mask) = recv_key(0, None, None);
+        let mut drained = Vec::new();
+        while let Some((_, id)) = self.m.take_probed(t, mask) {
+            drained.push(Outcome::of(id, &self.msgs[id as usize], MAX_LEN));
+        }
+        Outcomes { recvs: self.recvs.into_iter().map(|o| o.unwrap_or(Outcome::Cancelled)).collect(), drained }
     }
-    Outcomes { recvs: recvs.into_iter().map(|o| o.unwrap_or(Outcome::Cancelled)).collect(), drained }
 }
 
 // ---------------------------------------------------------------------------------------------
