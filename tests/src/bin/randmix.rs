@@ -351,7 +351,7 @@ fn round_of(world: &tmpi::World, w: &Comm, sinks: Sinks<'_>, seed: u64, round: u
         w.barrier()?;
         let sends = p.send_all(s, &mut outb, extra.as_deref_mut())?;
         reqs.extend(p.post(s, &mut slots, |m| !early(m) && m.way != Way::Probe)?);
-        probed = p.probe_all(v, dig, extra.as_deref_mut());
+        probed = p.probe_all(v, dig, extra);
         if let Some(c) = cancel {
             p.check_cancel(c, v, dig)?;
         }
