@@ -103,20 +103,49 @@ impl Thread<'_> {
         Ok(checked)
     }
 
-    /// Blocking sends to every peer, receives from `ANY_SOURCE` in each sender's order.
+    /// Blocking sends of 5 words to every peer, received by `recv` from `ANY_SOURCE`.
     fn any_source(&self) -> Result<u64, String> {
+        self.to_all_from_any(
+            |_| 5,
+            |th| {
+                let mut got = [0u32; 5];
+                let st = th.w.recv(&mut got, ANY_SOURCE, th.t).map_err(|x| th.err("recv", x))?;
+                Ok((got.to_vec(), st.source()))
+            },
+        )
+    }
+
+    /// Blocking sends to every peer (some large), taken by matched probes from `ANY_SOURCE`.
+    fn matched_probes(&self) -> Result<u64, String> {
+        self.to_all_from_any(
+            |i| words(i, self.t, self.large_every),
+            |th| {
+                let msg = th.w.mprobe(ANY_SOURCE, th.t).map_err(|x| th.err("mprobe", x))?;
+                let src = msg.status().source();
+                let (got, _) = msg.recv_vec::<u32>().map_err(|x| th.err("mrecv", x))?;
+                Ok((got, src))
+            },
+        )
+    }
+
+    /// Each round, message `i` of `len(i)` words to every peer by blocking `send`, then one
+    /// from each peer taken by `take` (its words and source), checked to come in each
+    /// sender's order.
+    fn to_all_from_any(
+        &self,
+        len: impl Fn(u32) -> usize,
+        take: impl Fn(&Self) -> Result<(Vec<u32>, usize), String>,
+    ) -> Result<u64, String> {
         let (w, t, rank) = (self.w, self.t, self.w.rank());
         let mut next = vec![0u32; w.size()];
         let mut checked = 0;
         for i in 0..self.msgs {
             for &p in &self.peers {
-                w.send(&message(rank, t, i, 5), p, t).map_err(|x| self.err("send", x))?;
+                w.send(&message(rank, t, i, len(i)), p, t).map_err(|x| self.err("send", x))?;
             }
             for _ in &self.peers {
-                let mut got = [0u32; 5];
-                let st = w.recv(&mut got, ANY_SOURCE, t).map_err(|x| self.err("recv", x))?;
-                let src = st.source();
-                check_msg(&got, src, t, next[src], 5)?;
+                let (got, src) = take(self)?;
+                check_msg(&got, src, t, next[src], len(next[src]))?;
                 next[src] += 1;
                 checked += 1;
             }
@@ -139,28 +168,6 @@ impl Thread<'_> {
                     return Err(format!("thread {t}: sendrecv got a message from {} instead of {src}", st.source()));
                 }
                 check_msg(&got, src, t, i, len)?;
-                checked += 1;
-            }
-        }
-        Ok(checked)
-    }
-
-    /// Blocking sends to every peer, taken by matched probes from `ANY_SOURCE`.
-    fn matched_probes(&self) -> Result<u64, String> {
-        let (w, t, rank) = (self.w, self.t, self.w.rank());
-        let mut next = vec![0u32; w.size()];
-        let mut checked = 0;
-        for i in 0..self.msgs {
-            let len = words(i, t, self.large_every);
-            for &p in &self.peers {
-                w.send(&message(rank, t, i, len), p, t).map_err(|x| self.err("send", x))?;
-            }
-            for _ in &self.peers {
-                let msg = w.mprobe(ANY_SOURCE, t).map_err(|x| self.err("mprobe", x))?;
-                let src = msg.status().source();
-                let (got, _) = msg.recv_vec::<u32>().map_err(|x| self.err("mrecv", x))?;
-                check_msg(&got, src, t, next[src], words(next[src], t, self.large_every))?;
-                next[src] += 1;
                 checked += 1;
             }
         }
