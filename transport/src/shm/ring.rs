@@ -370,7 +370,7 @@ impl Producer {
     /// # Safety
     /// `[off, off + rec)`, the header slot after it and `skip_at`'s slot lie inside the data
     /// area and are released by the consumer, which reads none of it before the release
-    /// stores here; `rec` is `rec_len` of the payload.
+    /// stores here; `payload` is the total length of `parts`, and `rec` is `rec_len` of it.
     #[inline(always)]
     unsafe fn write_record(
         &mut self,
