@@ -417,15 +417,13 @@ fn sigint_ends_every_host(h: &Hosts) {
 #[test]
 fn ofi_jobs_across_namespace_hosts() {
     let Some(h) = Hosts::up_as(2, "mo") else { return };
-    let two_by_two = format!("{}:2,{}:2", h.addr(0), h.addr(1));
-    let bin = |p: &str| release_bin(p).to_string_lossy().into_owned();
     let ofi = |args: &[&str]| {
         let mut c = h.tmpirun(args);
         c.env("TMPI_FABRIC", "ofi").env("TMPI_OFI_PROVIDER", "tcp").env("TMPI_STATS", "1");
         c
     };
     for p in ["ring", "collcheck"] {
-        let o = ofi(&["-n", "4", "--host", &two_by_two, "--timeout", "120", &bin(p)]).output().expect("run tmpirun");
+        let o = ofi(&["-n", "4", "--host", &two_by_two(&h), "--timeout", "120", &bin(p)]).output().expect("run tmpirun");
         assert!(o.status.success(), "{p} over OFI: {}", report(&o));
         assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with(&format!("{p}: "))), "{p}: {}", report(&o));
         let kinds = fabric_kinds(&o);
