@@ -123,6 +123,16 @@ fn blocking(space: RecvSpace, call: &str, f: impl FnOnce(&mut [u8]) -> tmpi::Res
     space.finish(n);
 }
 
+/// Panics (naming `call`, as a failed call does) unless `count` elements split into whole
+/// blocks, one per rank of `size`: the byte lengths tmpi checks cannot see an element split
+/// between two ranks' blocks.
+fn whole_blocks(count: i32, size: usize, call: &str) {
+    let n = uidx(count, call);
+    if n % size.max(1) != 0 {
+        panic!("mpi: {call} failed: {n} elements to send, not a multiple of {size} ranks");
+    }
+}
+
 /// A started non-blocking collective as an rsmpi request.
 fn started<'a, D: ?Sized, Sc: Scope<'a>>(
     req: tmpi::Detached,
@@ -166,6 +176,7 @@ pub trait CommunicatorCollectives: Communicator {
     /// Block `j` of `sendbuf` to rank `j`; rank `i`'s block into block `i` of `recvbuf`.
     fn all_to_all_into<S: ?Sized + Buffer, R: ?Sized + BufferMut>(&self, sendbuf: &S, recvbuf: &mut R) {
         let c = &self.as_handle().comm;
+        whole_blocks(sendbuf.count(), c.size(), "all_to_all_into");
         let space = RecvSpace::new(recvbuf, "all_to_all_into");
         send_bytes(sendbuf, |s| blocking(space, "all_to_all_into", |r| c.alltoall(s, r)));
     }
@@ -249,6 +260,7 @@ pub trait CommunicatorCollectives: Communicator {
         Sc: Scope<'a>,
     {
         let c = comm_of(self.as_handle());
+        whole_blocks(sendbuf.count(), c.size(), "immediate_all_to_all_into");
         let send = SendSide::new(sendbuf);
         let space = RecvSpace::new(recvbuf, "immediate_all_to_all_into");
         // SAFETY: as above.

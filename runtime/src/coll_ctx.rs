@@ -67,24 +67,28 @@ impl<'a> CollCtx<'a> {
         self.full
     }
 
-    /// Ends the call with `r`: if it failed because a rank departed, the other members are
-    /// told, so that none of them waits for this rank's part of the call.
+    /// Ends the call with `r`: if it failed, the other members are told (unless it failed
+    /// because another member's did), so that none of them waits for this rank's part.
     #[inline]
     pub(crate) fn finish<T>(&self, r: Result<T>) -> Result<T> {
-        if let Err(Error::PeerGone { rank }) = &r {
-            self.abort(*rank);
+        if let Err(e) = &r {
+            self.abort(e);
         }
         r
     }
 
-    /// The call failed because world rank `gone` departed: tells the other members.
+    /// The call failed with `err`: tells the other members, naming the departed rank (a
+    /// departure) or this one (an error of its own: a bad argument, lengths that disagreed).
     #[cold]
     #[inline(never)]
-    fn abort(&self, gone: usize) {
+    fn abort(&self, err: &Error) {
         let c = self.comm;
-        let members: Vec<usize> = (0..c.size()).map(|i| c.world_rank(i)).collect();
-        if let Ok(mut e) = c.eng() {
-            e.abort_collective(c.coll_ctx(), self.seq, gone, members.into_iter());
+        let members = || (0..c.size()).map(|i| c.world_rank(i)).collect::<Vec<usize>>().into_iter();
+        let Ok(mut e) = c.eng() else { return };
+        match err {
+            Error::PeerGone { rank } => e.abort_collective(c.coll_ctx(), self.seq, *rank, members()),
+            Error::CollectiveFailed { .. } => {}
+            _ => e.fail_collective(c.coll_ctx(), self.full, members()),
         }
     }
 
@@ -121,6 +125,7 @@ impl CollCtx<'_> {
             size: c.size(),
             world: c.inner.members.clone(),
             seq: self.seq,
+            full: Some(self.full),
             fixed_tag: None,
             keys: None,
         }

@@ -261,13 +261,19 @@ impl Comm {
     /// Sends block `j` of `send` to rank `j` and receives block `i` of `recv` from rank `i`.
     ///
     /// # Errors
-    /// [`Error::InvalidBuffer`].
+    /// [`Error::InvalidBuffer`] when `send` and `recv` differ in length or their length is
+    /// not a multiple of the communicator's size (checked before any communication).
     pub fn alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.alltoall_bytes(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv), size_of::<T>())
+    }
+
+    /// [`Comm::alltoall`] of elements of `elem` bytes, given as bytes.
+    pub(crate) fn alltoall_bytes(&self, send: &[u8], recv: &mut [u8], elem: usize) -> Result<()> {
         if seen::on() {
-            return seen::call(What::new(Kind::Alltoall).on(self).bytes(size_of_val(send)), || self.alltoall(send, recv));
+            return seen::call(What::new(Kind::Alltoall).on(self).bytes(send.len()), || self.alltoall_bytes(send, recv, elem));
         }
         let c = CollCtx::new(self)?;
-        c.finish(coll::run::alltoall(&c, bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv)))
+        c.finish(coll::run::alltoall(&c, send, recv, elem))
     }
 }
 

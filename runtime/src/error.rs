@@ -66,6 +66,16 @@ pub enum Error {
         /// The rank that disappeared.
         rank: Rank,
     },
+    /// Another member failed this collective call with an error of its own (arguments that
+    /// only it got wrong, or lengths that disagreed between the ranks), so this rank's part of
+    /// the call can never complete; the call was abandoned here. The communicator stays
+    /// usable, but what the call left in the receive buffer is undefined (as after any
+    /// erroneous call in MPI).
+    #[error("the collective call failed on rank {rank} (its arguments were invalid or disagreed with this rank's)")]
+    CollectiveFailed {
+        /// The rank (in the world) whose call failed first, as far as this rank knows.
+        rank: Rank,
+    },
     /// A peer sent something that breaks the protocol (a forged source, a notice naming no
     /// request of ours, an impossible length). The packet was consumed and ignored.
     #[error("rank {rank} sent a malformed message: {what}")]

@@ -419,6 +419,7 @@ impl crate::coll::CollP2p for GroupChan<'_> {
             size: self.ranks.len(),
             world: Some(world),
             seq: 0,
+            full: None,
             fixed_tag: Some(self.tag),
             keys: Some(Arc::new(self.ranks.clone())),
         };

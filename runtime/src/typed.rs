@@ -492,13 +492,14 @@ impl Comm {
     /// # Errors
     /// As [`Comm::alltoall`]; [`Error::InvalidValue`] for a bad `bool`.
     pub fn alltoall_typed<'a, 'b, T: Element>(&self, send: impl Into<Buf<'a, T>>, recv: impl Into<BufMut<'b, T>>) -> Result<()> {
+        let elem = T::type_map().size();
         let packed = send.into().packed()?;
         let mut recv = recv.into();
         if let Some(bytes) = recv.direct() {
-            return self.alltoall(&packed, bytes);
+            return self.alltoall_bytes(&packed, bytes, elem);
         }
         let mut room = recv.room()?;
-        self.alltoall(&packed, &mut room)?;
+        self.alltoall_bytes(&packed, &mut room, elem)?;
         recv.fill(&room, self.rank())
     }
 }

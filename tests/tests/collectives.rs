@@ -48,6 +48,19 @@ fn bad_collective_arguments_return_errors() {
     }
 }
 
+/// The same through the point-to-point collectives alone (no shared-memory slots, which
+/// compare the ranks' arguments themselves): a rank that alone passes bad arguments tells the
+/// others, which fail with `CollectiveFailed` instead of waiting.
+#[test]
+fn bad_collective_arguments_without_shared_memory_collectives() {
+    for n in [2, 3] {
+        let out = Job::tmpirun(n, "badcoll").env("TMPI_SHM_COLL", "off").timeout(Duration::from_secs(60)).run();
+        let line = out.assert_ok_line("badcoll: ");
+        assert!(line.contains("one rank's mistakes"), "{line:?}");
+        assert!(out.elapsed < Duration::from_secs(20), "badcoll at {n} ranks took {:.2?}: something waited", out.elapsed);
+    }
+}
+
 /// A communicator that outlived the finalized world answers every collective with
 /// `Error::State`, also where a shortcut needs no communication (one rank, empty buffers).
 #[test]

@@ -423,14 +423,16 @@ pub enum Control {
         /// Credit returned, in bytes.
         bytes: u32,
     },
-    /// A collective call failed because a rank departed; its other members give up on it
+    /// A collective call failed at the sender, because a rank departed or (when `gone` is
+    /// the sender itself) with an error of the sender's own; its other members give up on it
     /// too. Kind 3, three fields.
     CollAbort {
         /// The collective context of the communicator.
         ctx: u32,
-        /// The call's sequence number on that communicator.
+        /// The call's sequence number on that communicator (its low 16 bits for a
+        /// departure, all 32 for the sender's own failure).
         seq: u32,
-        /// World rank of the departed member.
+        /// World rank of the departed member, or of the sender when the call failed there.
         gone: u32,
     },
     /// The receiver measured that messages below `bytes` go at least as fast eagerly as by
@@ -541,7 +543,7 @@ impl std::fmt::Display for Control {
             Control::Revoke { name } => write!(f, "REVOKE(send {name:#x})"),
             Control::RevokeAck { name } => write!(f, "REVOKE_ACK(send {name:#x})"),
             Control::ReadWay { class, way } => write!(f, "READ_WAY(class {class}, way {way})"),
-            Control::CollAbort { ctx, seq, gone } => write!(f, "COLL_ABORT(context {ctx}, call {seq}, rank {gone} departed)"),
+            Control::CollAbort { ctx, seq, gone } => write!(f, "COLL_ABORT(context {ctx}, call {seq}, rank {gone} departed or failed it)"),
         }
     }
 }

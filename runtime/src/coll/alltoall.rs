@@ -81,12 +81,44 @@ pub(crate) fn plan_bruck(p: &mut Plan, g: Grp<'_>, send: Span, recv: Span, blk: 
     p.next();
 }
 
-/// The argument checks of [`super::run::alltoall`].
-pub(crate) fn check_alltoall(size: usize, send: usize, recv: usize) -> Result<()> {
-    if send != recv || send % size != 0 {
+/// The argument checks of [`super::run::alltoall`]: `send` and `recv` bytes, of elements of
+/// `elem` bytes (at least 1), the same length and a whole number of elements per rank (so no
+/// element is split between two ranks' blocks).
+pub(crate) fn check_alltoall(size: usize, elem: usize, send: usize, recv: usize) -> Result<()> {
+    let row = super::mul_len(size, elem.max(1), "alltoall")?;
+    if send != recv || send % row != 0 {
         return Err(Error::InvalidBuffer(format!(
-            "alltoall: send has {send} bytes and receive {recv}; both must be the same multiple of {size} ranks"
+            "alltoall: send has {send} bytes and receive {recv}; both must be the same multiple of \
+             {size} ranks * {} bytes an element",
+            elem.max(1)
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_alltoall;
+
+    /// (ranks, bytes an element, send bytes, receive bytes, accepted).
+    const CASES: &[(usize, usize, usize, usize, bool)] = &[
+        (2, 4, 16, 16, true),
+        (2, 4, 0, 0, true),
+        (1, 8, 24, 24, true),
+        // 20 bytes split in two blocks of 10: each would end inside a 4-byte element.
+        (2, 4, 20, 20, false),
+        (4, 4, 36, 36, false),
+        (3, 1, 7, 7, false),
+        (2, 4, 16, 24, false),
+        // An element of no bytes (a zero-sized type) counts as one byte.
+        (3, 0, 6, 6, true),
+        (usize::MAX, 2, 4, 4, false),
+    ];
+
+    #[test]
+    fn whole_elements_per_rank_and_equal_lengths() {
+        for &(size, elem, send, recv, ok) in CASES {
+            assert_eq!(check_alltoall(size, elem, send, recv).is_ok(), ok, "{size} ranks, {elem}-byte elements, {send} -> {recv}");
+        }
+    }
 }

@@ -56,8 +56,10 @@
 //! [`Error::InvalidRoot`], buffer lengths that do not fit the operation are
 //! [`Error::InvalidBuffer`], an operator not defined for the type is [`Error::InvalidOp`].
 //! Lengths that differ between ranks (erroneous in MPI too) are detected when a message of the
-//! wrong size arrives ([`Error::Truncated`] or [`Error::InvalidBuffer`] on that rank); ranks
-//! that still wait for it are released when the failing rank exits ([`Error::PeerGone`]).
+//! wrong size arrives ([`Error::Truncated`] or [`Error::InvalidBuffer`] on that rank). A rank
+//! whose call fails so, or on its own arguments, tells the call's other members
+//! (`Engine::fail_collective`), and those still waiting fail with
+//! [`Error::CollectiveFailed`] instead of waiting for its part.
 
 use crate::error::{Error, Result};
 

@@ -235,14 +235,14 @@ pub(crate) fn allgather<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]
 }
 
 /// Sends block `j` of `send` to rank `j` and receives block `i` of `recv` from rank `i`
-/// (`send.len() == recv.len()`, a multiple of the communicator size). The algorithm is
-/// [`alltoall_plan`]'s choice.
+/// (`send.len() == recv.len()`, a multiple of the communicator size times `elem`, the bytes
+/// of one element). The algorithm is [`alltoall_plan`]'s choice.
 ///
 /// # Errors
 /// [`Error::InvalidBuffer`] before any communication when the lengths do not fit; then
 /// transport errors and mismatched lengths between ranks.
-pub(crate) fn alltoall<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8]) -> Result<()> {
-    check_alltoall(c.size(), send.len(), recv.len())?;
+pub(crate) fn alltoall<C: CollP2p + ?Sized>(c: &C, send: &[u8], recv: &mut [u8], elem: usize) -> Result<()> {
+    check_alltoall(c.size(), elem, send.len(), recv.len())?;
     let plan = alltoall_plan(&c.setting(), send.len() / c.size());
     c.run(plan, Some(send), Some(recv))
 }

@@ -420,7 +420,7 @@ fn alltoall_pairwise() {
                     // Block j of rank i's send: pattern of (i, j).
                     let send: Vec<u8> = (0..n).flat_map(|j| pattern(c.rank() * 16 + j, blk)).collect();
                     let mut out = vec![0; n * blk];
-                    alltoall(c, &send, &mut out).map(|()| out)
+                    alltoall(c, &send, &mut out, 1).map(|()| out)
                 }));
                 for (r, g) in got.iter().enumerate() {
                     let want: Vec<u8> = (0..n).flat_map(|i| pattern(i * 16 + r, blk)).collect();
@@ -486,8 +486,8 @@ fn bad_arguments_fail_before_any_communication() {
             errs.extend(gather(c, &[1u8; 4], Some(&mut big[..]), n).err());
             errs.extend(scatter(c, Some(&big[..]), &mut b, usize::MAX).err());
             errs.extend(allgather(c, &[1u8; 4], &mut big).err());
-            errs.extend(alltoall(c, &big, &mut big.clone()).err());
-            errs.extend(alltoall(c, &[0u8; 4], &mut [0u8; 8]).err());
+            errs.extend(alltoall(c, &big, &mut big.clone(), 1).err());
+            errs.extend(alltoall(c, &[0u8; 4], &mut [0u8; 8], 1).err());
             // Root-only arguments, checked at the root.
             if r == 0 {
                 errs.extend(reduce(c, &[1i32, 2], None, Op::Sum, 0).err());
@@ -563,7 +563,7 @@ fn size_one_is_a_local_copy() {
         scatter(c, Some(&[4, 5]), &mut g[..2], 0)?;
         v.extend(&g[..2]);
         allgather(c, &[6], &mut g[..1])?;
-        alltoall(c, &[7, 8], &mut g[1..])?;
+        alltoall(c, &[7, 8], &mut g[1..], 1)?;
         v.extend(g);
         Ok(v)
     }));
@@ -644,7 +644,7 @@ fn node_aware_calls(c: &ThreadP2p, len: usize) -> Result<Vec<String>> {
     let blk = len % 50 + 1;
     let send: Vec<u8> = (0..n).flat_map(|j| pattern(me * 16 + j, blk)).collect();
     let mut got = vec![0; n * blk];
-    alltoall(c, &send, &mut got)?;
+    alltoall(c, &send, &mut got, 1)?;
     if got != (0..n).flat_map(|i| pattern(i * 16 + me, blk)).collect::<Vec<u8>>() {
         bad.push("alltoall".into());
     }

@@ -166,7 +166,7 @@ impl State {
                 let k = self.named_send(name, src).ok_or_else(|| malformed_from(src, "acknowledgement of no synchronous send"))?;
                 self.send_progress(k, false, true);
             }
-            Control::CollAbort { ctx, seq, gone } => self.on_coll_abort(ctx, seq, gone as usize),
+            Control::CollAbort { ctx, seq, gone } => self.on_coll_abort(src, ctx, seq, gone as usize),
             Control::Credit { bytes } => self.credit.refill(src, bytes),
             Control::Revoke { name } => self.on_revoke(src, name),
             Control::RevokeAck { name } => self.on_revoke_ack(src, name),

@@ -237,6 +237,14 @@ impl Engine {
             self.st.outbox.fail(e);
         }
     }
+
+    /// Collective call `seq` (all 32 bits) on context `ctx` failed here with an error of this
+    /// rank's own (an argument, or lengths that disagreed): tells the call's other members
+    /// (world ranks `members`), so that none waits for this rank's part. The notice names
+    /// this rank itself, which is how its receivers tell it from a departure.
+    pub(crate) fn fail_collective(&mut self, ctx: u32, seq: u32, members: impl Iterator<Item = usize>) {
+        self.abort_collective(ctx, seq, self.st.rank, members);
+    }
 }
 
 impl State {
@@ -248,15 +256,26 @@ impl State {
         }
         let ctx = (key >> matching::CTX_SHIFT) as u32;
         let seq = (key as u32 & matching::MAX_TAG) >> 8;
-        self.aborts.iter().find(|a| a.0 == ctx && a.1 == seq).map(|a| a.2)
+        self.aborts.iter().find(|a| !a.failed && a.ctx == ctx && a.seq == seq).map(|a| a.rank)
     }
 
-    /// Another member aborted collective call `seq` on context `ctx` because world rank `gone`
-    /// departed (see [`Engine::abort_collective`]).
-    pub(super) fn on_coll_abort(&mut self, ctx: u32, seq: u32, gone: usize) {
+    /// The member that failed collective call `seq` (all 32 bits) on context `ctx` with an
+    /// error of its own, if one told this rank (see [`Engine::fail_collective`]).
+    pub(super) fn failed_call(&self, ctx: u32, seq: u32) -> Option<usize> {
+        self.aborts.iter().find(|a| a.failed && a.ctx == ctx && a.seq == seq).map(|a| a.rank)
+    }
+
+    /// Member `src` gave up collective call `seq` on context `ctx`: because world rank `rank`
+    /// departed, or (`rank == src`) because the call failed there (see
+    /// [`Engine::abort_collective`] and [`Engine::fail_collective`]).
+    pub(super) fn on_coll_abort(&mut self, src: usize, ctx: u32, seq: u32, rank: usize) {
+        let a = Abort { ctx, seq, rank, failed: rank == src };
+        if self.aborts.contains(&a) {
+            return;
+        }
         if self.aborts.len() >= ABORTS_KEPT {
             self.aborts.pop_front();
         }
-        self.aborts.push_back((ctx, seq, gone));
+        self.aborts.push_back(a);
     }
 }

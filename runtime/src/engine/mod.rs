@@ -237,9 +237,22 @@ struct State {
     target: Target,
     /// How rendezvous bytes move: single copy, the rings, shared heaps ([`rndv`]).
     ways: Ways,
-    /// Collective calls that failed elsewhere because a rank departed: (collective context,
-    /// sequence number, departed rank), the most recent [`ABORTS_KEPT`].
-    aborts: VecDeque<(u32, u32, usize)>,
+    /// Collective calls that failed elsewhere, the most recent [`ABORTS_KEPT`].
+    aborts: VecDeque<Abort>,
+}
+
+/// A collective call another member gave up (see [`Engine::abort_collective`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Abort {
+    /// The communicator's collective context.
+    ctx: u32,
+    /// The call's sequence number: its low 16 bits when a rank departed, all 32 when a
+    /// member failed the call itself.
+    seq: u32,
+    /// The departed rank, or the member that failed (world ranks).
+    rank: usize,
+    /// `rank` failed the call with an error of its own rather than departing.
+    failed: bool,
 }
 
 /// Longest eager message a peer may announce: its credit never exceeds 2^31 bytes.

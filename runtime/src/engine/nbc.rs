@@ -19,6 +19,9 @@ pub(crate) trait Schedule: Send {
     fn is_finished(&self) -> bool;
     /// The collective context of the communicator it runs on.
     fn ctx(&self) -> u32;
+    /// The call's whole sequence number on that context, when its calls are numbered (a
+    /// member that fails the call names it so, see [`Engine::fail_collective`]).
+    fn call(&self) -> Option<u32>;
     /// The transfers in flight.
     fn pending(&self) -> Vec<ReqId>;
     /// Ends it with `err`: its transfers are abandoned and its request completes with `err`.
@@ -104,16 +107,20 @@ impl Engine {
     /// Liveness of schedule `k` for a waiter: if one of its transfers can no longer complete,
     /// the collective fails now (its other members are told) and the waiter collects that.
     pub(super) fn check_gone_nbc(&mut self, k: Key) -> Result<()> {
-        let subs = match self.nbc.get(k) {
-            Some(s) => s.pending(),
+        let (subs, failed) = match self.nbc.get(k) {
+            Some(s) => (s.pending(), s.call().and_then(|seq| self.st.failed_call(s.ctx(), seq))),
             None => return Ok(()),
         };
+        let mut gone = failed.map(|rank| Error::CollectiveFailed { rank });
         for sub in subs {
-            if let Err(e) = self.check_gone(&Need::Req(sub)) {
-                if let Some(mut s) = self.nbc.remove(k) {
-                    s.fail(self, e);
-                }
-                return Ok(());
+            if gone.is_some() {
+                break;
+            }
+            gone = self.check_gone(&Need::Req(sub)).err();
+        }
+        if let Some(e) = gone {
+            if let Some(mut s) = self.nbc.remove(k) {
+                s.fail(self, e);
             }
         }
         Ok(())

@@ -55,7 +55,7 @@ impl Engine {
     /// Whether collective call `seq` (low 16 bits) on collective context `ctx` was aborted by
     /// another member because a rank departed; that rank if so.
     pub(crate) fn coll_aborted(&self, ctx: u32, seq: u32) -> Option<usize> {
-        self.st.aborts.iter().find(|a| a.0 == ctx && a.1 == seq & 0xffff).map(|a| a.2)
+        self.st.aborts.iter().find(|a| !a.failed && a.ctx == ctx && a.seq == seq & 0xffff).map(|a| a.rank)
     }
 
     /// Gives back this rank's hold on `slot` (a communicator is dropped).

@@ -72,7 +72,7 @@ impl Comm {
         output: Option<&'s mut [u8]>,
     ) -> Result<Request<'s>> {
         if let Some(e) = plan.error.take() {
-            return Err(e);
+            return c.finish(Err(e));
         }
         // SAFETY: `input` and `output` are borrowed for 's; the request is registered in the
         // scope (`Request::new`), which finishes or abandons it before 's ends, and
@@ -126,7 +126,7 @@ impl Comm {
         }
         let c = CollCtx::new(self)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let plan = run::bcast_plan(&c.setting(), bytes.len(), root)?;
+        let plan = c.finish(run::bcast_plan(&c.setting(), bytes.len(), root))?;
         self.start_plan(s, &c, plan, None, Some(bytes))
     }
 
@@ -215,11 +215,11 @@ impl Comm {
         }
         let c = CollCtx::new(self)?;
         let (rank, size) = (self.rank(), self.size());
-        crate::coll::check_root(root, size)?;
+        c.finish(crate::coll::check_root(root, size))?;
         let recv = if rank == root { recv.map(|r| bytemuck::cast_slice_mut::<T, u8>(r)) } else { None };
         let sb: &[u8] = bytemuck::cast_slice(send);
         if rank == root {
-            crate::coll::gather::check_gather("igather", size, sb.len(), recv.as_ref().map(|r| r.len()))?;
+            c.finish(crate::coll::gather::check_gather("igather", size, sb.len(), recv.as_ref().map(|r| r.len())))?;
         }
         let plan = run::gather_plan(&c.setting(), sb.len(), root);
         self.start_plan(s, &c, plan, Some(sb), recv)
@@ -280,7 +280,7 @@ impl Comm {
         if self.rank() == root && recv.is_none() {
             return Err(Error::InvalidBuffer(format!("{what}: the root needs a receive buffer")));
         }
-        let plan = vcoll::gatherv_plan(self.rank(), self.size(), send, recv.as_ref().map(|r| r.len()), counts, displs, root)?;
+        let plan = c.finish(vcoll::gatherv_plan(self.rank(), self.size(), send, recv.as_ref().map(|r| r.len()), counts, displs, root))?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
     }
 
@@ -309,11 +309,11 @@ impl Comm {
         }
         let c = CollCtx::new(self)?;
         let (rank, size) = (self.rank(), self.size());
-        crate::coll::check_root(root, size)?;
+        c.finish(crate::coll::check_root(root, size))?;
         let send = if rank == root { send.map(|b| bytemuck::cast_slice::<T, u8>(b)) } else { None };
         let rb: &mut [u8] = bytemuck::cast_slice_mut(recv);
         if rank == root {
-            crate::coll::gather::check_gather("iscatter", size, rb.len(), send.map(<[u8]>::len))?;
+            c.finish(crate::coll::gather::check_gather("iscatter", size, rb.len(), send.map(<[u8]>::len)))?;
         }
         let plan = run::scatter_plan(&c.setting(), rb.len(), root);
         self.start_plan(s, &c, plan, send, Some(rb))
@@ -373,7 +373,7 @@ impl Comm {
         if self.rank() == root && send.is_none() {
             return Err(Error::InvalidBuffer(format!("{what}: the root needs a send buffer")));
         }
-        let plan = vcoll::scatterv_plan(self.rank(), self.size(), send.map(<[T]>::len), counts, displs, recv, root)?;
+        let plan = c.finish(vcoll::scatterv_plan(self.rank(), self.size(), send.map(<[T]>::len), counts, displs, recv, root))?;
         self.start_plan(s, &c, plan, send.map(|b| bytemuck::cast_slice(b)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
@@ -398,7 +398,7 @@ impl Comm {
         }
         let c = CollCtx::new(self)?;
         let (sb, rb): (&[u8], &mut [u8]) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
-        crate::coll::allgather::check_allgather(self.size(), sb.len(), rb.len())?;
+        c.finish(crate::coll::allgather::check_allgather(self.size(), sb.len(), rb.len()))?;
         let plan = run::allgather_plan(&c.setting(), sb.len());
         self.start_plan(s, &c, plan, Some(sb), Some(rb))
     }
@@ -473,7 +473,7 @@ impl Comm {
         }
         let c = CollCtx::new(self)?;
         let (sb, rb): (&[u8], &mut [u8]) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
-        crate::coll::alltoall::check_alltoall(self.size(), sb.len(), rb.len())?;
+        c.finish(crate::coll::alltoall::check_alltoall(self.size(), size_of::<T>(), sb.len(), rb.len()))?;
         let plan = run::alltoall_plan(&c.setting(), sb.len() / self.size());
         self.start_plan(s, &c, plan, Some(sb), Some(rb))
     }
@@ -636,14 +636,14 @@ impl Comm {
         root: Rank,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        crate::coll::check_root(root, self.size())?;
+        c.finish(crate::coll::check_root(root, self.size()))?;
         let Reduction { f, ok, commutative } = op;
-        ok?;
+        c.finish(ok)?;
         let is_root = self.rank() == root;
         let recv = if is_root { recv } else { None };
-        check_reduce(send, recv.as_deref(), is_root)?;
+        c.finish(check_reduce(send, recv.as_deref(), is_root))?;
         let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
-        let plan = run::reduce_plan(&c.setting(), f, commutative, v, root)?;
+        let plan = c.finish(run::reduce_plan(&c.setting(), f, commutative, v, root))?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
     }
 
@@ -656,12 +656,12 @@ impl Comm {
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
         let Reduction { f, ok, commutative } = op;
-        ok?;
+        c.finish(ok)?;
         if recv.len() != send.len() {
             return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
         }
         let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
-        let plan = run::allreduce_plan(&c.setting(), f, commutative, v)?;
+        let plan = c.finish(run::allreduce_plan(&c.setting(), f, commutative, v))?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
@@ -675,13 +675,13 @@ impl Comm {
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
         let Reduction { f, ok, commutative } = op;
-        ok?;
+        c.finish(ok)?;
         let r = self.rank();
-        vcoll::check_counts("ireduce_scatter", counts, self.size(), send.len())?;
+        c.finish(vcoll::check_counts("ireduce_scatter", counts, self.size(), send.len()))?;
         if recv.len() != counts[r] {
             return Err(len_err("ireduce_scatter", "receive", recv.len(), counts[r]));
         }
-        let plan = run::reduce_scatter_plan(&c.setting(), f, commutative, std::mem::size_of::<T>(), counts)?;
+        let plan = c.finish(run::reduce_scatter_plan(&c.setting(), f, commutative, std::mem::size_of::<T>(), counts))?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
     }
 
@@ -698,7 +698,7 @@ impl Comm {
         inclusive: bool,
     ) -> Result<Request<'s>> {
         let c = CollCtx::new(self)?;
-        op_ok?;
+        c.finish(op_ok)?;
         if recv.len() != send.len() {
             return Err(len_err(what, "receive", recv.len(), send.len()));
         }

@@ -58,6 +58,9 @@ pub(crate) struct Members {
     pub(crate) world: Option<crate::engine::WorldRanks>,
     /// The collective's sequence number (the tag's upper 16 bits).
     pub(crate) seq: u32,
+    /// The call's whole sequence number, by which a member that fails the call names it to
+    /// the others (`None`: the group channel of `Comm::create_group`, whose calls have none).
+    pub(crate) full: Option<u32>,
     /// One tag for every message in place of the sequence number and the phase (the group
     /// channel of `Comm::create_group`, whose tag is the user's; messages then pair by source
     /// and order alone, which the plans it runs keep).
@@ -379,13 +382,16 @@ impl Sched {
         }
     }
 
-    /// Ends the collective with `err`: every transfer in flight is abandoned, and if a rank
-    /// departed the other members are told.
+    /// Ends the collective with `err`: every transfer in flight is abandoned, and the other
+    /// members are told if a rank departed or the call failed here (see
+    /// [`Engine::fail_collective`]; not when it failed because another member's did).
     pub(crate) fn fail(&mut self, e: &mut Engine, err: Error) {
         self.abandon(e);
-        if let Error::PeerGone { rank } = err {
-            let members: Vec<usize> = (0..self.who.size).filter_map(|r| self.who.world_rank(r).ok()).collect();
-            e.abort_collective(self.who.ctx, self.who.seq & 0xffff, rank, members.into_iter());
+        let members = || (0..self.who.size).filter_map(|r| self.who.world_rank(r).ok()).collect::<Vec<usize>>().into_iter();
+        match (&err, self.who.full) {
+            (Error::PeerGone { rank }, _) => e.abort_collective(self.who.ctx, self.who.seq & 0xffff, *rank, members()),
+            (Error::CollectiveFailed { .. }, _) | (_, None) => {}
+            (_, Some(full)) => e.fail_collective(self.who.ctx, full, members()),
         }
         if let Some(rid) = self.rid {
             e.complete_nbc(rid, Err(err));
@@ -418,6 +424,9 @@ impl crate::engine::Schedule for Sched {
     }
     fn ctx(&self) -> u32 {
         Sched::ctx(self)
+    }
+    fn call(&self) -> Option<u32> {
+        self.who.full
     }
     fn pending(&self) -> Vec<ReqId> {
         Sched::pending(self)

@@ -9,6 +9,13 @@
 //! made on a communicator of one rank (each rank's own, from `split`), where they cannot leave
 //! other ranks waiting.
 //!
+//! Then on the world, with more than one rank: mistakes rank 0 alone makes (`scatter` without
+//! a send buffer at the root, receive buffers of the wrong length in `allgather`, `alltoall`,
+//! `allreduce` and `iallgather`) give rank 0 `InvalidBuffer` and every other rank
+//! `CollectiveFailed` (or `InvalidBuffer` where the shared-memory slot compares arguments)
+//! instead of leaving it waiting; blocks whose lengths disagree between the ranks give every
+//! rank an error.
+//!
 //! `badcoll --after-finalize`: every collective, blocking and non-blocking, and every
 //! communicator constructor, called through a clone of the world and a dup that outlived the
 //! finalized world, with empty and non-empty buffers (at one rank and with empty buffers the
@@ -70,6 +77,11 @@ fn symmetric(c: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
         let send = vec![1u8; 2 * p + 1];
         let mut out = vec![0u8; 2 * p + 1];
         v.check_err(c.alltoall(&send, &mut out), invalid_buffer, "alltoall not divisible: InvalidBuffer");
+        // A byte count that divides by the ranks, an element count that does not: no rank's
+        // block may end inside an element.
+        let send = vec![1u32; 2 * p + 1];
+        let mut out = vec![0u32; 2 * p + 1];
+        v.check_err(c.alltoall(&send, &mut out), invalid_buffer, "alltoall of u32 not divisible: InvalidBuffer");
     }
     still_works(c, v, "alltoall with bad lengths")?;
 
@@ -86,6 +98,45 @@ fn symmetric(c: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
         "reduce BitXor on f32: InvalidOp",
     );
     still_works(c, v, "float bitwise operators")
+}
+
+/// What a rank whose own arguments were right gets when rank 0's were not: the call failed on
+/// rank 0 (`CollectiveFailed`), or (where the shared-memory slot compares the ranks'
+/// arguments) that the ranks disagree (`InvalidBuffer`).
+fn failed_elsewhere(e: &Error) -> bool {
+    matches!(e, Error::CollectiveFailed { rank: 0 } | Error::InvalidBuffer(_))
+}
+
+/// Mistakes rank 0 alone makes (on the world, so rank 0 of `c` is world rank 0): it gets
+/// `InvalidBuffer`, every other rank an error instead of waiting, and the communicator works.
+fn one_rank_wrong(c: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (p, me) = (c.size(), c.rank());
+    let mut expect = |r: tmpi::Result<()>, what: &str| match me {
+        0 => v.check_err(r, invalid_buffer, &format!("{what}, rank 0: InvalidBuffer")),
+        _ => v.check_err(r, failed_elsewhere, &format!("{what}, other ranks: CollectiveFailed")),
+    };
+    let mut one = [0u32; 1];
+    expect(c.scatter(if me == 0 { None } else { Some(&[1u32][..]) }, &mut one, 0), "scatter, root without send");
+    let mut all = vec![0u32; if me == 0 { p + 1 } else { p }];
+    expect(c.allgather(&[1u32], &mut all), "allgather, rank 0's receive too long");
+    expect(c.alltoall(&vec![1u32; p], &mut all), "alltoall, rank 0's receive too long");
+    let mut sum = vec![0u32; if me == 0 { 1 } else { 2 }];
+    expect(c.allreduce(&[1u32, 1], &mut sum, Op::Sum), "allreduce, rank 0's receive too short");
+    let r = scope(|s| c.iallgather(s, &[1u32], &mut all).and_then(|q| q.wait()).map(drop));
+    expect(r, "iallgather, rank 0's receive too long");
+    still_works(c, v, "one rank's mistakes")
+}
+
+/// Rank 0 passes blocks twice as long as the others': every rank gets an error (which one
+/// depends on what arrived where), none waits, and the communicator works.
+fn lengths_disagree(c: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let (p, k) = (c.size(), if c.rank() == 0 { 2 } else { 1 });
+    let mut all = vec![0u32; p * k];
+    let r = c.allgather(&vec![1u32; k], &mut all);
+    v.check(r.is_err(), || format!("allgather with blocks of {k}: {r:?}, not an error"));
+    let r = c.alltoall(&vec![1u32; p * k], &mut all);
+    v.check(r.is_err(), || format!("alltoall with blocks of {k}: {r:?}, not an error"));
+    still_works(c, v, "lengths that disagree")
 }
 
 fn root_only(me: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
@@ -202,7 +253,12 @@ fn main() -> Result<(), Box<dyn StdError>> {
     }
     let dup = world.dup()?;
     symmetric(&dup, &mut v)?;
-    let summary = format!("{} ranks: InvalidRoot, InvalidBuffer, InvalidOp, communicators still work", world.size());
+    if world.size() > 1 {
+        one_rank_wrong(&world, &mut v)?;
+        lengths_disagree(&world, &mut v)?;
+    }
+    let one_rank = if world.size() > 1 { "one rank's mistakes fail every rank's call, " } else { "" };
+    let summary = format!("{} ranks: InvalidRoot, InvalidBuffer, InvalidOp, {one_rank}communicators still work", world.size());
     v.finish(&world, &summary)?;
     world.finalize()?;
     Ok(())
