@@ -410,7 +410,9 @@ pub fn wait_all<'s>(reqs: Vec<Request<'s>>) -> Result<Vec<Status>> {
 /// removal) and status.
 ///
 /// # Errors
-/// [`Error::InvalidBuffer`] for an empty list; the completed request's error.
+/// [`Error::InvalidBuffer`] for an empty list; the completed request's error (that request is
+/// removed too, and the error does not say which one it was: [`wait_some`] gives each
+/// completed request's result with its index).
 pub fn wait_any(reqs: &mut Vec<Request<'_>>) -> Result<(usize, Status)> {
     if seen::on() {
         return seen::waits::any(What::new(Kind::WaitAny).reqs(reqs.len()), reqs, false)?
