@@ -104,24 +104,18 @@ impl Engine {
         self.st.reqs.remove(rid);
     }
 
-    /// Liveness of schedule `k` for a waiter: if one of its transfers can no longer complete,
-    /// the collective fails now (its other members are told) and the waiter collects that.
+    /// Liveness of schedule `k` for a waiter: if another member failed the call, or one of its
+    /// transfers can no longer complete, the collective fails now (its other members are told
+    /// of a departure) and the waiter collects that.
     pub(super) fn check_gone_nbc(&mut self, k: Key) -> Result<()> {
-        let (subs, failed) = match self.nbc.get(k) {
-            Some(s) => (s.pending(), s.call().and_then(|seq| self.st.failed_call(s.ctx(), seq))),
-            None => return Ok(()),
+        let Some(s) = self.nbc.get(k) else { return Ok(()) };
+        let err = match s.call().and_then(|seq| self.st.failed_call(s.ctx(), seq)) {
+            Some(rank) => Some(Error::CollectiveFailed { rank }),
+            None => s.pending().into_iter().find_map(|sub| self.check_gone(&Need::Req(sub)).err()),
         };
-        let mut gone = failed.map(|rank| Error::CollectiveFailed { rank });
-        for sub in subs {
-            if gone.is_some() {
-                break;
-            }
-            gone = self.check_gone(&Need::Req(sub)).err();
-        }
-        if let Some(e) = gone {
-            if let Some(mut s) = self.nbc.remove(k) {
-                s.fail(self, e);
-            }
+        let Some(err) = err else { return Ok(()) };
+        if let Some(mut s) = self.nbc.remove(k) {
+            s.fail(self, err);
         }
         Ok(())
     }
