@@ -68,9 +68,9 @@ pub enum Error {
     },
     /// Another member failed this collective call with an error of its own (arguments that
     /// only it got wrong, or lengths that disagreed between the ranks), so this rank's part of
-    /// the call can never complete; the call was abandoned here. The communicator stays
-    /// usable, but what the call left in the receive buffer is undefined (as after any
-    /// erroneous call in MPI).
+    /// the call can never complete; the call was abandoned here. What the call left in the
+    /// receive buffer is undefined (as after any erroneous call in MPI), and messages sent
+    /// for it may stay queued on the communicator: go on with a `dup` of it.
     #[error("the collective call failed on rank {rank} (its arguments were invalid or disagreed with this rank's)")]
     CollectiveFailed {
         /// The rank (in the world) whose call failed first, as far as this rank knows.
