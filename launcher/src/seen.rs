@@ -229,11 +229,11 @@ impl Seeing {
     }
 
     fn finish_record(&self, dir: &Path) {
-        let (mut decisions, mut bytes, mut cut) = (0usize, 0u64, Vec::new());
+        let (mut decisions, mut bytes, mut cut) = (0u64, 0u64, Vec::new());
         for r in 0..self.np {
             match Record::read(&rank_path(dir, r)) {
                 Ok(rec) => {
-                    decisions += rec.decisions.len();
+                    decisions += rec.decisions();
                     bytes += rec.bytes;
                     if !rec.finished {
                         cut.push(r as u32);

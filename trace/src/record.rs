@@ -253,13 +253,19 @@ pub struct Record {
     pub size: u32,
     /// Whether the rank reached finalize (else it was stopped, and the record ends there).
     pub finished: bool,
-    /// The decisions, runs of empty answers expanded.
-    pub decisions: Vec<Decision>,
+    /// The decisions in order, each with how many times in a row the rank made it (a run of
+    /// empty answers is one record, and stays one entry here however long it is).
+    pub runs: Vec<(Decision, u64)>,
     /// Bytes of the file's records.
     pub bytes: u64,
 }
 
 impl Record {
+    /// How many decisions the record holds (runs counted out).
+    pub fn decisions(&self) -> u64 {
+        self.runs.iter().map(|r| r.1).sum()
+    }
+
     /// Reads the record at `path`.
     ///
     /// # Errors
@@ -293,13 +299,13 @@ impl Record {
             rank: u32_at(16),
             size: u32_at(20),
             finished: u32_at(12) & FLAG_FINISHED != 0,
-            decisions: decode_all(&recs)?,
+            runs: decode_all(&recs)?,
             bytes: (n * RECORD_BYTES) as u64,
         })
     }
 }
 
-fn decode_all(recs: &[&[u8]]) -> Result<Vec<Decision>> {
+fn decode_all(recs: &[&[u8]]) -> Result<Vec<(Decision, u64)>> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < recs.len() {
@@ -311,15 +317,13 @@ fn decode_all(recs: &[&[u8]]) -> Result<Vec<Decision>> {
         let bad = || Error::Format(format!("record {i} is malformed"));
         let call = call.ok_or_else(bad)?;
         match op {
-            OP_MATCHED => out.push(Decision::Matched { call, source: a, seq: bv }),
-            OP_POSTED => out.push(Decision::Posted { post: bv, source: a, seq: cv }),
+            OP_MATCHED => out.push((Decision::Matched { call, source: a, seq: bv }, 1)),
+            OP_POSTED => out.push((Decision::Posted { post: bv, source: a, seq: cv }, 1)),
             OP_ANSWER => {
-                let d = Decision::Answer { call, found: flags & 1 != 0, source: a };
-                let run = usize::try_from(bv).map_err(|_| bad())?;
-                if run == 0 || run > 1 << 40 {
+                if bv == 0 || bv > 1 << 48 {
                     return Err(bad());
                 }
-                out.extend(std::iter::repeat_n(d, run));
+                out.push((Decision::Answer { call, found: flags & 1 != 0, source: a }, bv));
             }
             OP_PICKED => {
                 let k = a as usize;
@@ -327,7 +331,8 @@ fn decode_all(recs: &[&[u8]]) -> Result<Vec<Decision>> {
                 if idx.iter().any(|x| x[0] != OP_INDEX) {
                     return Err(bad());
                 }
-                out.push(Decision::Picked { call, indices: idx.iter().map(|x| u32::from_le_bytes([x[4], x[5], x[6], x[7]])).collect() });
+                let indices = idx.iter().map(|x| u32::from_le_bytes([x[4], x[5], x[6], x[7]])).collect();
+                out.push((Decision::Picked { call, indices }, 1));
                 i += k;
             }
             _ => return Err(bad()),
@@ -371,9 +376,14 @@ impl std::fmt::Display for Diverged {
 pub struct Replayer {
     rank: u32,
     finished: bool,
-    /// Decisions made in call order (the `Posted` ones are apart, by post number).
-    calls: Vec<Decision>,
+    /// Decisions made in call order, each with its run's length (the `Posted` ones are
+    /// apart, by post number).
+    calls: Vec<(Decision, u64)>,
+    /// The run the next decision comes from, and how many of it were handed back.
     next: usize,
+    used: u64,
+    /// Decisions handed back.
+    done: u64,
     posted: HashMap<u64, (u32, u64)>,
 }
 
@@ -382,20 +392,20 @@ impl Replayer {
     pub fn new(rec: Record) -> Self {
         let mut posted = HashMap::new();
         let mut calls = Vec::new();
-        for d in rec.decisions {
+        for (d, n) in rec.runs {
             match d {
                 Decision::Posted { post, source, seq } => {
                     posted.insert(post, (source, seq));
                 }
-                other => calls.push(other),
+                other => calls.push((other, n)),
             }
         }
-        Replayer { rank: rec.rank, finished: rec.finished, calls, next: 0, posted }
+        Replayer { rank: rec.rank, finished: rec.finished, calls, next: 0, used: 0, done: 0, posted }
     }
 
     /// Decisions handed back so far.
     pub fn done(&self) -> u64 {
-        self.next as u64
+        self.done
     }
 
     /// The next decision, which must be one of `call`'s.
@@ -403,17 +413,22 @@ impl Replayer {
     /// # Errors
     /// [`Diverged`] when the record has another call's decision there, or ends.
     pub fn next(&mut self, call: Kind, asked: &str) -> Result<Decision, Diverged> {
-        let number = self.next as u64 + 1;
+        let number = self.done + 1;
         let diverged =
             |recorded: String, cut: bool| Diverged { rank: self.rank, number, asked: asked.to_string(), recorded, record_cut: cut };
-        let Some(d) = self.calls.get(self.next) else {
+        let Some((d, run)) = self.calls.get(self.next) else {
             return Err(diverged("the end of the record".into(), !self.finished));
         };
         if d.call() != call {
             return Err(diverged(d.describe(), false));
         }
-        self.next += 1;
-        Ok(d.clone())
+        let d = d.clone();
+        self.used += 1;
+        if self.used >= *run {
+            (self.next, self.used) = (self.next + 1, 0);
+        }
+        self.done += 1;
+        Ok(d)
     }
 
     /// At the end of the program: why the replay diverged if the record holds decisions the
@@ -421,12 +436,12 @@ impl Replayer {
     pub fn unfinished(&self) -> Option<String> {
         let left = self.calls.get(self.next..).unwrap_or_default();
         let first = left.first()?;
+        let more = left.iter().map(|r| r.1).sum::<u64>() - self.used;
         Some(format!(
-            "replay diverged at rank {}: the program finished after {} decision(s), the record has {} more (the next: {})",
+            "replay diverged at rank {}: the program finished after {} decision(s), the record has {more} more (the next: {})",
             self.rank,
-            self.next,
-            left.len(),
-            first.describe()
+            self.done,
+            first.0.describe()
         ))
     }
 
@@ -446,6 +461,16 @@ mod tests {
         p
     }
 
+    /// `rec`'s decisions with its runs counted out.
+    fn expanded(rec: &Record) -> Vec<Decision> {
+        rec.runs.iter().flat_map(|(d, n)| std::iter::repeat_n(d.clone(), *n as usize)).collect()
+    }
+
+    /// `sample()` as a record's runs, one decision each.
+    fn runs() -> Vec<(Decision, u64)> {
+        sample().into_iter().map(|d| (d, 1)).collect()
+    }
+
     fn sample() -> Vec<Decision> {
         let empty = Decision::Answer { call: Kind::Test, found: false, source: NONE };
         let mut v = vec![Decision::Matched { call: Kind::Recv, source: 2, seq: 7 }, Decision::Posted { post: 0, source: 1, seq: 3 }];
@@ -461,7 +486,7 @@ mod tests {
 
     #[test]
     fn a_replay_that_stops_short_of_its_record_is_unfinished() {
-        let rec = Record { rank: 2, size: 3, finished: true, decisions: sample(), bytes: 0 };
+        let rec = Record { rank: 2, size: 3, finished: true, runs: runs(), bytes: 0 };
         let mut r = Replayer::new(rec);
         // Posted decisions are looked up by post number, not counted as left.
         let calls = sample().iter().filter(|d| !matches!(d, Decision::Posted { .. })).count();
@@ -488,8 +513,9 @@ mod tests {
         let rec = Record::read(&p).unwrap();
         std::fs::remove_file(&p).unwrap();
         assert_eq!((rec.rank, rec.size, rec.finished), (3, 5, true));
-        assert_eq!(rec.decisions, sample());
-        assert_eq!(cut.decisions, sample());
+        assert_eq!(expanded(&rec), sample());
+        assert_eq!(expanded(&cut), sample());
+        assert_eq!(rec.decisions(), sample().len() as u64);
         // 5 empty tests are one record; the pick of two takes three.
         assert_eq!(rec.bytes, 11 * RECORD_BYTES as u64);
     }
@@ -505,13 +531,13 @@ mod tests {
         r.finish().unwrap();
         let rec = Record::read(&p).unwrap();
         std::fs::remove_file(&p).unwrap();
-        assert_eq!(rec.decisions.len(), n as usize);
-        assert_eq!(rec.decisions.last(), Some(&Decision::Matched { call: Kind::Probe, source: n - 1, seq: 1 }));
+        assert_eq!(rec.decisions(), u64::from(n));
+        assert_eq!(rec.runs.last(), Some(&(Decision::Matched { call: Kind::Probe, source: n - 1, seq: 1 }, 1)));
     }
 
     #[test]
     fn the_replayer_hands_decisions_back_and_names_a_divergence() {
-        let rec = Record { rank: 2, size: 4, finished: true, decisions: sample(), bytes: 0 };
+        let rec = Record { rank: 2, size: 4, finished: true, runs: runs(), bytes: 0 };
         let mut rp = Replayer::new(rec.clone());
         assert_eq!(rp.posted(0), Some((1, 3)));
         assert_eq!(rp.posted(1), None);
@@ -525,8 +551,35 @@ mod tests {
         }
         let end = all.next(Kind::Test, "test").unwrap_err();
         assert!(end.to_string().contains("the end of the record") && !end.record_cut);
-        let mut cut = Replayer::new(Record { finished: false, decisions: vec![], ..rec });
+        let mut cut = Replayer::new(Record { finished: false, runs: vec![], ..rec });
         assert!(cut.next(Kind::Test, "test").unwrap_err().record_cut);
+    }
+
+    /// A run of empty answers stays one entry however long (a corrupt count cannot make the
+    /// reader allocate it), and is handed back one decision at a time.
+    #[test]
+    fn a_long_run_is_never_expanded() {
+        let p = tmp("run");
+        let mut r = Recorder::create(&p, 0, 1).unwrap();
+        let empty = Decision::Answer { call: Kind::Test, found: false, source: NONE };
+        for _ in 0..3 {
+            r.push(&empty).unwrap();
+        }
+        r.finish().unwrap();
+        let mut b = std::fs::read(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        b[HEADER_BYTES + 8..HEADER_BYTES + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let rec = Record::parse(&b).unwrap();
+        assert_eq!((rec.runs.len(), rec.decisions()), (1, 1 << 40));
+        let mut rp = Replayer::new(rec);
+        for _ in 0..3 {
+            assert_eq!(rp.next(Kind::Test, "test").unwrap(), empty);
+        }
+        assert_eq!(rp.done(), 3);
+        let why = rp.unfinished().unwrap();
+        assert!(why.contains(&format!("the record has {} more", (1u64 << 40) - 3)), "{why}");
+        b[HEADER_BYTES + 8..HEADER_BYTES + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(Record::parse(&b).unwrap_err().to_string().contains("malformed"));
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn cmd_record(args: &[String]) -> Result<(), String> {
         }
         let rec = Record::read(&p).map_err(|e| e.to_string())?;
         let state = if rec.finished { "finished" } else { "stopped before finalize" };
-        println!("rank {r}: {} decisions in {} bytes ({state})", rec.decisions.len(), rec.bytes);
+        println!("rank {r}: {} decisions in {} bytes ({state})", rec.decisions(), rec.bytes);
     }
     Ok(())
 }
