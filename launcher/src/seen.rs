@@ -117,8 +117,9 @@ impl Seeing {
     fn prepare_record(&self, d: &Path) -> Result<PathBuf> {
         let d = absolute(d)?;
         std::fs::create_dir_all(&d).map_err(|e| Error::io(format!("--record: create {}", d.display()), e))?;
-        for r in 0..self.np {
-            let _ = std::fs::remove_file(rank_path(&d, r));
+        let replaced = remove_records(&d);
+        if replaced > 0 {
+            say(&format!("--record: replacing the record of {replaced} rank(s) in {}", d.display()));
         }
         set("TMPI_RECORD", &d);
         Ok(d)
@@ -165,7 +166,10 @@ impl Seeing {
             }
         }
         if traces.is_empty() {
-            return say(&format!("--trace: no rank left a trace (is {} a tmpi program?)", path.display()));
+            return say(&format!(
+                "--trace: no rank left a trace beside {} (is the program a tmpi program, and could it write there?)",
+                path.display()
+            ));
         }
         let (json, sum) = merge(&traces, &Options { size: self.np, reference_boot_id: Some(tmpi_trace::clock::boot_id()) });
         if let Err(e) = std::fs::write(path, json) {
@@ -257,4 +261,36 @@ fn ring_path(path: &Path, r: usize) -> PathBuf {
 
 fn join(v: &[u32]) -> String {
     v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// Removes every rank's record file from `dir` (of a job of any size, so that no stale rank
+/// of an earlier, larger job mixes into the new record); returns how many there were.
+fn remove_records(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let is_record = |name: &str| {
+        name.strip_prefix("rank")
+            .and_then(|n| n.strip_suffix(".tmpirec"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    entries.flatten().filter(|e| e.file_name().to_str().is_some_and(is_record)).filter(|e| std::fs::remove_file(e.path()).is_ok()).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remove_records;
+
+    #[test]
+    fn every_ranks_record_goes_and_nothing_else() {
+        let d = std::env::temp_dir().join(format!("tmpirun-records-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let names = ["rank0.tmpirec", "rank12.tmpirec", "rank.tmpirec", "rankx.tmpirec", "notes.txt", "rank3.tmpirec.bak"];
+        for n in names {
+            std::fs::write(d.join(n), b"x").unwrap();
+        }
+        assert_eq!(remove_records(&d), 2);
+        let mut left: Vec<String> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(left, ["notes.txt", "rank.tmpirec", "rank3.tmpirec.bak", "rankx.tmpirec"]);
+    }
 }
