@@ -6,8 +6,7 @@
 //! reduction (a user operation, `logical_xor`, `bool`, complex numbers, mixed datatypes)
 //! gathers the packed contributions and combines them in rank order on each rank that needs
 //! the result, which is correct for non-commutative operations too. The immediate form of such
-//! a reduction completes within the call that starts it (the request it returns is already
-//! complete).
+//! a reduction starts a non-blocking gather and combines when its request completes.
 
 use std::os::raw::{c_int, c_void};
 use std::process::Command;
@@ -292,7 +291,7 @@ pub trait CommunicatorCollectives: Communicator {
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
-        ireduce_impl(self.as_handle(), scope, sendbuf, recvbuf, &op, Target::All, "immediate_all_reduce_into")
+        ireduce_impl(self.as_handle(), scope, sendbuf, recvbuf, op, Target::All, "immediate_all_reduce_into")
     }
 
     /// Starts [`CommunicatorCollectives::reduce_scatter_block_into`].
@@ -309,7 +308,7 @@ pub trait CommunicatorCollectives: Communicator {
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
-        ireduce_impl(self.as_handle(), scope, sendbuf, recvbuf, &op, Target::ScatterBlock, "immediate_reduce_scatter_block_into")
+        ireduce_impl(self.as_handle(), scope, sendbuf, recvbuf, op, Target::ScatterBlock, "immediate_reduce_scatter_block_into")
     }
 
     /// Starts [`CommunicatorCollectives::scan_into`].
@@ -320,7 +319,7 @@ pub trait CommunicatorCollectives: Communicator {
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
-        ireduce_impl(self.as_handle(), scope, sendbuf, recvbuf, &op, Target::Scan, "immediate_scan_into")
+        ireduce_impl(self.as_handle(), scope, sendbuf, recvbuf, op, Target::Scan, "immediate_scan_into")
     }
 
     /// Starts [`CommunicatorCollectives::exclusive_scan_into`].
@@ -331,7 +330,7 @@ pub trait CommunicatorCollectives: Communicator {
         O: 'a + Operation,
         Sc: Scope<'a>,
     {
-        ireduce_impl(self.as_handle(), scope, sendbuf, recvbuf, &op, Target::Exscan, "immediate_exclusive_scan_into")
+        ireduce_impl(self.as_handle(), scope, sendbuf, recvbuf, op, Target::Exscan, "immediate_exclusive_scan_into")
     }
 }
 
@@ -575,11 +574,12 @@ pub trait Root: AsCommunicator {
     {
         let h = self.as_communicator().as_handle();
         let root = root_of(self);
-        if let Some(p) = native_ireduce(h, sendbuf, None, &op, Target::Root(root)) {
-            return Request::new(p, sendbuf, scope);
-        }
-        reduce_impl(h, sendbuf, None, &op, Target::Root(root), "immediate_reduce_into");
-        crate::point_to_point::completed(sendbuf, scope)
+        let p = match native_ireduce(h, sendbuf, None, &op, Target::Root(root)) {
+            Some(p) => p,
+            // SAFETY: no receive buffer; the request made here lives within 'a.
+            None => unsafe { generic_ireduce(h, sendbuf, None, op, Target::Root(root), "immediate_reduce_into") },
+        };
+        Request::new(p, sendbuf, scope)
     }
 
     /// Starts [`Root::reduce_into_root`].
@@ -595,7 +595,7 @@ pub trait Root: AsCommunicator {
             scope,
             sendbuf,
             recvbuf,
-            &op,
+            op,
             Target::Root(root_of(self)),
             "immediate_reduce_into_root",
         )
@@ -1163,20 +1163,21 @@ fn reduce_impl<S: Buffer + ?Sized>(h: &CommHandle, sendbuf: &S, recv: Option<RPa
 /// Gathers the packed contributions and combines them in rank order where the result is
 /// needed; returns this rank's result bytes (None where it gets none).
 fn generic_reduce(c: &tmpi::Comm, op: &OpKind<'_>, d: &TypeDesc, count: usize, mine: &[u8], t: Target, call: &str) -> Option<Vec<u8>> {
-    let n = c.size();
-    let me = c.rank();
-    let blen = mine.len();
-    let mut all = vec![0u8; blen * n];
+    let (n, me) = (c.size(), c.rank());
+    let mut all = vec![0u8; mine.len() * n];
     match t {
-        Target::Root(root) => {
-            let recv = (me == root).then_some(&mut all[..]);
-            ok(c.gather(mine, recv, root), call);
-            if me != root {
-                return None;
-            }
-        }
+        Target::Root(root) => ok(c.gather(mine, (me == root).then_some(&mut all[..]), root), call),
         _ => ok(c.allgather(mine, &mut all), call),
     }
+    fold_all(op, d, count, &all, (me, n), t, call)
+}
+
+/// This rank's result of a reduction from `all`, every rank's packed contribution of `count`
+/// elements of `d` in rank order (as [`generic_reduce`] gathered them); None where it gets
+/// none. `at` is (this rank, ranks).
+fn fold_all(op: &OpKind<'_>, d: &TypeDesc, count: usize, all: &[u8], at: (usize, usize), t: Target, call: &str) -> Option<Vec<u8>> {
+    let (me, n) = at;
+    let blen = all.len() / n.max(1);
     let fold = |upto: usize, count: usize, lo: usize, len: usize| -> Vec<u8> {
         let mut acc = all[(upto - 1) * blen + lo..(upto - 1) * blen + lo + len].to_vec();
         for i in (0..upto - 1).rev() {
@@ -1185,6 +1186,7 @@ fn generic_reduce(c: &tmpi::Comm, op: &OpKind<'_>, d: &TypeDesc, count: usize, m
         acc
     };
     match t {
+        Target::Root(root) if root != me => None,
         Target::Root(_) | Target::All => Some(fold(n, count, 0, blen)),
         Target::Scan => Some(fold(me + 1, count, 0, blen)),
         Target::Exscan => (me > 0).then(|| fold(me, count, 0, blen)),
@@ -1197,26 +1199,75 @@ fn generic_reduce(c: &tmpi::Comm, op: &OpKind<'_>, d: &TypeDesc, count: usize, m
 }
 
 /// Starts a reduction with a result buffer: on tmpi's non-blocking typed reductions when it
-/// can, else computed at once (the request returned is complete).
-fn ireduce_impl<'a, S, R, Sc>(
+/// can, else as [`generic_ireduce`].
+fn ireduce_impl<'a, S, R, O, Sc>(
     h: &CommHandle,
     scope: Sc,
     sendbuf: &'a S,
     recvbuf: &'a mut R,
-    op: &dyn Operation,
+    op: O,
     t: Target,
     call: &'static str,
 ) -> Request<'a, R, Sc>
 where
     S: 'a + Buffer + ?Sized,
     R: 'a + BufferMut + ?Sized,
+    O: 'a + Operation,
     Sc: Scope<'a>,
 {
-    if let Some(p) = native_ireduce(h, sendbuf, Some(rparts(recvbuf)), op, t) {
-        return Request::new(p, recvbuf, scope);
-    }
-    reduce_impl(h, sendbuf, Some(rparts(recvbuf)), op, t, call);
-    crate::point_to_point::completed(recvbuf, scope)
+    let recv = rparts(recvbuf);
+    let p = match native_ireduce(h, sendbuf, Some(recv.clone()), &op, t) {
+        Some(p) => p,
+        // SAFETY: the receive buffer is borrowed by the request made here for its life.
+        None => unsafe { generic_ireduce(h, sendbuf, Some(recv), op, t, call) },
+    };
+    Request::new(p, recvbuf, scope)
+}
+
+/// [`generic_reduce`] without blocking: starts the gather of the packed contributions (tmpi's
+/// non-blocking `igather`/`iallgather`) and combines them when the request completes, so
+/// that a rank can start the reduction, then do what the others wait for.
+///
+/// # Safety
+/// `recv` (its `count` elements) must stay writable and untouched by anyone else until the
+/// returned operation has finished or been dropped, and the operation must not outlive `O`'s
+/// borrows (`'a`): the caller puts it in a request of lifetime `'a`.
+unsafe fn generic_ireduce<'a, S, O>(h: &CommHandle, sendbuf: &S, recv: Option<RParts>, op: O, t: Target, call: &'static str) -> Pending
+where
+    S: Buffer + ?Sized,
+    O: 'a + Operation,
+{
+    let c = &h.comm;
+    let (n, me) = (c.size(), c.rank());
+    let (d, count) = (sendbuf.as_datatype().type_desc().clone(), uidx(sendbuf.count(), call));
+    let mine = crate::bytes::owned_bytes(sendbuf);
+    let mut all = vec![0u8; mine.len() * n];
+    // SAFETY: `mine` and `all` are heap buffers that move (unchanged) into `after` below, which
+    // the operation drops only after its request (`Pending::reqs` is dropped first).
+    let (sb, ab): (&[u8], &mut [u8]) =
+        unsafe { (std::slice::from_raw_parts(mine.as_ptr(), mine.len()), std::slice::from_raw_parts_mut(all.as_mut_ptr(), all.len())) };
+    // SAFETY: as just said, the buffers outlive the request.
+    let req = unsafe {
+        detached(
+            |s| match t {
+                Target::Root(root) => c.igather(s, sb, (me == root).then_some(ab), root),
+                _ => c.iallgather(s, sb, ab),
+            },
+            call,
+        )
+    };
+    let after: Box<dyn FnOnce() + 'a> = Box::new(move || {
+        let _keep = mine;
+        let res = fold_all(&op.kind(), &d, count, &all, (me, n), t, call);
+        if let (Some(res), Some((base, k, rd))) = (res, recv) {
+            // SAFETY: the caller's contract: `recv` is writable and ours until now.
+            unsafe { pack::unpack(&res, base, k, &rd, call) };
+        }
+    });
+    // SAFETY: the caller keeps the operation within `'a` (see `# Safety`), so nothing `after`
+    // borrows ends before it runs or is dropped.
+    let after: Box<dyn FnOnce()> = unsafe { std::mem::transmute::<Box<dyn FnOnce() + 'a>, Box<dyn FnOnce()>>(after) };
+    Pending { after: Some(after), ..Pending::one(req) }
 }
 
 fn native_ireduce<S: Buffer + ?Sized>(h: &CommHandle, sendbuf: &S, recv: Option<RParts>, op: &dyn Operation, t: Target) -> Option<Pending> {

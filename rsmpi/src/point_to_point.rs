@@ -703,9 +703,3 @@ where
 {
     send_receive_replace_into_with_tags(buf, destination, Tag::default(), source, RSMPI_ANY_TAG)
 }
-
-/// A request whose operation completed when it started (used by operations that finish at
-/// once, such as buffered sends).
-pub(crate) fn completed<'a, D: ?Sized, S: Scope<'a>>(data: &'a D, scope: S) -> Request<'a, D, S> {
-    Request::new(Pending::done(Status::empty()), data, scope)
-}

@@ -3,7 +3,8 @@
 //! non-commutative user operations in rank order; reductions on the generic path; request
 //! collections handing back index, status and buffer; buffered sends that return before a
 //! receive matches, and an attached buffer that is too small; attributes and names; varcount
-//! collectives into datatypes with gaps; Cartesian grids at 4 ranks and more.
+//! collectives into datatypes with gaps; Cartesian grids at 4 ranks and more; immediate
+//! reductions on the generic path that must not wait for the other ranks when they start.
 //!
 //! Run at any size through tmpirun; prints `rsmpi_check ok <checks>` on every rank.
 
@@ -152,6 +153,44 @@ use mpi::datatype::{DynBuffer, DynBufferMut};
 fn reductions(world: &impl Communicator, c: &mut Checks) {
     user_op_reductions(world, c);
     system_op_reductions(world, c);
+    immediate_generic_reductions(world, c);
+}
+
+/// Immediate reductions on the generic path (a non-commutative user operation, `logical_xor`
+/// of bools, a reduce to a root) started before a message that another rank waits for
+/// before it starts them: the start must not wait for the other ranks (it did until
+/// 2026-11-30, and such a program deadlocked).
+fn immediate_generic_reductions(world: &impl Communicator, c: &mut Checks) {
+    let (rank, size) = (world.rank(), world.size());
+    let op = UserOperation::associative(compose);
+    let mine = [i64::from(rank) + 2, i64::from(rank) + 1];
+    let (mut all, mut x, mut at_root) = ([0i64; 2], false, [0i64; 2]);
+    let (mut all_seq, first) = ([0i64; 2], rank == 0);
+    world.all_reduce_into(&mine[..], &mut all_seq[..], &op);
+    let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+    mpi::request::scope(|sc| {
+        if rank > 0 {
+            let _token: (i32, _) = world.process_at_rank(prev).receive();
+        }
+        let a = world.immediate_all_reduce_into(sc, &mine[..], &mut all[..], &op);
+        let b = world.immediate_all_reduce_into(sc, &first, &mut x, SystemOperation::logical_xor());
+        let r = if rank == 0 {
+            world.process_at_rank(0).immediate_reduce_into_root(sc, &mine[..], &mut at_root[..], &op)
+        } else {
+            world.process_at_rank(0).immediate_reduce_into(sc, &mine[..], &op)
+        };
+        if rank + 1 < size {
+            world.process_at_rank(next).send(&rank);
+        }
+        a.wait();
+        b.wait();
+        r.wait();
+    });
+    c.ok(all == all_seq, "immediate non-commutative user op all_reduce started before a message others wait for");
+    c.ok(x, "immediate logical_xor of bools");
+    if rank == 0 {
+        c.ok(at_root == all_seq, "immediate user op reduce at the root");
+    }
 }
 
 /// A non-commutative user operation (composition of affine maps) through `all_reduce`,
