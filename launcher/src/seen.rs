@@ -171,7 +171,10 @@ impl Seeing {
                 path.display()
             ));
         }
-        let (json, sum) = merge(&traces, &Options { size: self.np, reference_boot_id: Some(tmpi_trace::clock::boot_id()) });
+        let (json, sum) = merge(
+            &traces,
+            &Options { size: self.np, reference_boot_id: Some(tmpi_trace::clock::boot_id()), end_ns: Some(tmpi_trace::clock::now_ns()) },
+        );
         if let Err(e) = std::fs::write(path, json) {
             return say(&format!("--trace: cannot write {}: {e} (the ranks' files stay beside it)", path.display()));
         }

@@ -54,6 +54,9 @@ pub mod aux {
     pub const ANY_SOURCE: u32 = 1 << 30;
     /// A test or probe that found nothing.
     pub const EMPTY: u32 = 1 << 29;
+    /// The call had not returned when the rank's trace ended (the rank was stuck in it when
+    /// it was killed, or died in it); its duration runs to the end of the job.
+    pub const OPEN: u32 = 1 << 28;
     /// The communicator id, in the low 24 bits.
     pub const COMM_MASK: u32 = (1 << 24) - 1;
 }

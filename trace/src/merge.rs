@@ -72,6 +72,9 @@ pub struct Options {
     /// Boot id of the reference clock's host (`tmpirun`'s); `None`: rank 0's host, or the
     /// first rank's.
     pub reference_boot_id: Option<String>,
+    /// The reference clock when the job ended (`tmpirun` merges right after it): where the
+    /// calls ranks were still in ([`RankTrace::open`]) end. `None`: at the last event's end.
+    pub end_ns: Option<u64>,
 }
 
 /// One event placed on the common time line.
@@ -138,20 +141,29 @@ fn domains(traces: &[RankTrace], opts: &Options, summary: &mut Summary) -> Vec<D
 }
 
 /// Every kept event on the common time line, starting at 0.
-fn place(traces: &[RankTrace], doms: &[Domain]) -> Vec<Placed> {
+/// The calls ranks were still in run to `end_ns` (the reference clock), or to the last
+/// event's end.
+fn place(traces: &[RankTrace], doms: &[Domain], end_ns: Option<u64>) -> Vec<Placed> {
     let mut raw: Vec<(u32, Event, i128)> = Vec::new();
     for (t, d) in traces.iter().zip(doms) {
-        for e in &t.events {
+        for e in t.events.iter().chain(&t.open) {
             raw.push((t.info.rank, *e, i128::from(e.t0) + i128::from(d.offset_at(e.t0))));
         }
     }
     let zero = raw.iter().map(|r| r.2).min().unwrap_or(0);
-    raw.into_iter()
+    let mut placed: Vec<Placed> = raw
+        .into_iter()
         .map(|(rank, ev, at)| {
             let min = if ev.kind().map(Kind::class) == Some(Class::Message) { MIN_MSG_DUR } else { 0 };
             Placed { rank, ev, start: (at - zero) as u64, dur: ev.dur.max(min) }
         })
-        .collect()
+        .collect();
+    let last = placed.iter().map(|p| p.start + p.dur).max().unwrap_or(0);
+    let end = end_ns.map_or(last, |e| u64::try_from(i128::from(e) - zero).unwrap_or(0).max(last));
+    for p in placed.iter_mut().filter(|p| p.ev.aux & aux::OPEN != 0) {
+        p.dur = end.saturating_sub(p.start).max(1);
+    }
+    placed
 }
 
 /// For each `msg out`, how far back it may move on its thread: to the start of the innermost
@@ -317,6 +329,9 @@ fn args(ev: &Event, kind: Kind) -> String {
             if ev.aux & aux::EMPTY != 0 {
                 a.push_str(",\"found\":false");
             }
+            if ev.aux & aux::OPEN != 0 {
+                a.push_str(",\"unfinished\":true");
+            }
             if kind.class() == Class::Complete && ev.id != 0 {
                 let _ = write!(a, ",\"requests\":{}", ev.id);
             }
@@ -413,7 +428,7 @@ pub fn merge(traces: &[RankTrace], opts: &Options) -> (String, Summary) {
     let have: Vec<u32> = traces.iter().map(|t| t.info.rank).collect();
     summary.missing = (0..opts.size as u32).filter(|r| !have.contains(r)).collect();
     let doms = domains(traces, opts, &mut summary);
-    let mut placed = place(traces, &doms);
+    let mut placed = place(traces, &doms, opts.end_ns);
     order_message_ends(&mut placed);
     nest(&mut placed);
     let mut out = String::from("{\"traceEvents\":[");

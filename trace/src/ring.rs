@@ -28,6 +28,7 @@
 //! | 128 | 48 | boot id (UTF-8, zero-padded) |
 //! | 176 | 64 | host name |
 //! | 240 | 32 | job id |
+//! | 512 | 48 x 64 | the call each thread (index below 64) is in, as an event (`t0` 0: none) |
 //! | 4096 | 48 x capacity | the ring |
 //! | after | trailer | per named thread: `u16` index, `u16` length, name (UTF-8) |
 
@@ -62,6 +63,10 @@ const OFF_START: usize = 48;
 const OFF_END: usize = 72;
 const OFF_TRAILER: usize = 96;
 const OFF_FINI: usize = 112;
+const OFF_OPEN: usize = 512;
+/// Threads whose open call the header keeps (the first 64 a rank names).
+pub const OPEN_SLOTS: usize = 64;
+const _: () = assert!(OFF_OPEN + OPEN_SLOTS * EVENT_BYTES <= HEADER_BYTES);
 
 /// Who wrote a trace file.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -180,6 +185,24 @@ impl RankFile {
         self.map[OFF_WRITTEN..OFF_WRITTEN + 8].copy_from_slice(&self.written.to_le_bytes());
     }
 
+    /// Notes that thread `e.thread` entered the call `e` describes (its `dur` unknown yet),
+    /// so that a rank killed inside it leaves it in the file; [`RankFile::close_call`] when
+    /// it returns.
+    #[inline]
+    pub fn open_call(&mut self, e: &Event) {
+        if let Some(off) = open_slot(e.thread) {
+            self.map[off..off + EVENT_BYTES].copy_from_slice(&e.encode());
+        }
+    }
+
+    /// Thread `thread`'s call returned (see [`RankFile::open_call`]).
+    #[inline]
+    pub fn close_call(&mut self, thread: u16) {
+        if let Some(off) = open_slot(thread) {
+            self.map[off..off + 8].fill(0);
+        }
+    }
+
     /// Events recorded so far.
     pub fn written(&self) -> u64 {
         self.written
@@ -245,6 +268,10 @@ pub struct RankTrace {
     pub events: Vec<Event>,
     /// Names of the rank's threads, by index.
     pub threads: Vec<(u16, String)>,
+    /// The calls its threads were in when the file was last written (marked
+    /// [`aux::OPEN`](crate::event::aux::OPEN), `dur` 0): those of a rank that was killed
+    /// or died in a call.
+    pub open: Vec<Event>,
 }
 
 impl RankTrace {
@@ -303,8 +330,28 @@ impl RankTrace {
             dropped,
             events,
             threads,
+            open: open_calls(b),
         })
     }
+}
+
+/// Where thread `thread`'s open call is kept in the header, if it has a slot.
+fn open_slot(thread: u16) -> Option<usize> {
+    let t = usize::from(thread);
+    (t < OPEN_SLOTS).then(|| OFF_OPEN + t * EVENT_BYTES)
+}
+
+/// The calls the header holds as open (see [`RankFile::open_call`]).
+fn open_calls(b: &[u8]) -> Vec<Event> {
+    (0..OPEN_SLOTS as u16)
+        .filter_map(|t| {
+            let off = open_slot(t)?;
+            let mut rec = [0u8; EVENT_BYTES];
+            rec.copy_from_slice(&b[off..off + EVENT_BYTES]);
+            let e = Event::decode(&rec);
+            (e.t0 != 0 && e.thread == t && e.kind().is_some()).then_some(Event { dur: 0, aux: e.aux | crate::event::aux::OPEN, ..e })
+        })
+        .collect()
 }
 
 /// The ring's events oldest first, and how many were lost. Of a full ring that was not sealed
@@ -363,6 +410,26 @@ mod tests {
         let p = std::env::temp_dir().join(format!("tmpi-trace-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_file(&p);
         p
+    }
+
+    /// The call a thread is in stays in the file until it returns; threads beyond the slots
+    /// are not kept (and do not disturb the others).
+    #[test]
+    fn open_calls_stay_until_they_return() {
+        let p = tmp("open");
+        let mut f = RankFile::create(&p, &info(), MIN_CAPACITY).unwrap();
+        let call = |thread: u16| Event { t0: 500, kind: Kind::Recv.code(), peer: 3, thread, ..Default::default() };
+        for t in [0, 5, OPEN_SLOTS as u16] {
+            f.open_call(&call(t));
+        }
+        f.close_call(5);
+        f.push(&ev(1));
+        let t = RankTrace::read(&p).unwrap();
+        assert_eq!(t.open, vec![Event { aux: crate::event::aux::OPEN, ..call(0) }]);
+        f.close_call(0);
+        let t = RankTrace::read(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        assert!(t.open.is_empty(), "{:?}", t.open);
     }
 
     #[test]

@@ -378,8 +378,10 @@ pub(crate) fn call<R: Outcome>(mut w: What<'_>, f: impl FnOnce() -> R) -> R {
     }
     let _in = Inside::enter();
     let t0 = tmpi_trace::clock::now_ns();
+    state::open(&w, t0);
     let r = f();
     let t1 = tmpi_trace::clock::now_ns();
+    state::close();
     r.note(&mut w);
     state::span(&w, t0, t1);
     r

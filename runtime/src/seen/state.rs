@@ -226,6 +226,26 @@ pub(super) fn span(w: &What<'_>, t0: u64, t1: u64) {
     }
 }
 
+/// Keeps call `w`, begun at `t0`, in the trace file while this thread is in it, so that a
+/// rank killed inside it (a hang ended by `--timeout`) still shows it; [`close`] when it
+/// returns.
+pub(super) fn open(w: &What<'_>, t0: u64) {
+    let Some(s) = get().filter(|_| super::is(TRACE)) else { return };
+    let e = super::event(w, t0, t0);
+    if let Some(f) = lock(&s.ring).as_mut() {
+        f.open_call(&e);
+    }
+}
+
+/// This thread's call (see [`open`]) returned.
+pub(super) fn close() {
+    let Some(s) = get().filter(|_| super::is(TRACE)) else { return };
+    let thread = super::thread_index();
+    if let Some(f) = lock(&s.ring).as_mut() {
+        f.close_call(thread);
+    }
+}
+
 /// Records an event in the trace ring only (not a call: the profile does not count it).
 pub(super) fn event_only(w: &What<'_>, t0: u64, t1: u64) {
     let Some(s) = get().filter(|_| super::is(TRACE)) else { return };
@@ -334,7 +354,7 @@ pub(crate) fn finish(t0: u64, clock: &mut dyn FnMut() -> Option<(u64, u64, u64)>
 fn write_alone(s: &State, ring: &Path) {
     let Some(out) = &s.trace_path else { return };
     let merged =
-        RankTrace::read(ring).map(|t| tmpi_trace::merge::merge(&[t], &tmpi_trace::merge::Options { size: 1, reference_boot_id: None }));
+        RankTrace::read(ring).map(|t| tmpi_trace::merge::merge(&[t], &tmpi_trace::merge::Options { size: 1, ..Default::default() }));
     match merged.map_err(|e| e.to_string()).and_then(|(json, sum)| std::fs::write(out, json).map(|()| sum).map_err(|e| e.to_string())) {
         Ok(sum) => {
             let _ = std::fs::remove_file(ring);

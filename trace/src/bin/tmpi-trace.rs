@@ -49,7 +49,7 @@ fn cmd_merge(args: &[String]) -> Result<(), String> {
     }
     let traces = files.iter().map(|(_, p)| RankTrace::read(p).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
     let n = size.unwrap_or_else(|| traces.iter().map(|t| t.info.size as usize).max().unwrap_or(0));
-    let (json, s) = merge(&traces, &Options { size: n, reference_boot_id: None });
+    let (json, s) = merge(&traces, &Options { size: n, ..Default::default() });
     std::fs::write(&path, json).map_err(|e| format!("write {}: {e}", path.display()))?;
     println!("{}: {} ranks, {} events, {} flows, {} events dropped", path.display(), s.ranks, s.events, s.flows, s.dropped);
     if !s.missing.is_empty() {

@@ -23,6 +23,7 @@ fn trace(rank: u32, boot: &str, events: Vec<Event>) -> RankTrace {
         dropped: 0,
         events,
         threads: vec![(0, "main".into())],
+        open: Vec::new(),
     }
 }
 
@@ -72,7 +73,7 @@ fn another_hosts_clock_is_moved_by_its_samples() {
     t[1].info.boot_id = "other".into();
     t[1].start = Some(Sample { t0: 1_000_010, reference: 20, t3: 1_000_030 });
     t[1].end = Some(Sample { t0: 1_005_000, reference: 5_010, t3: 1_005_020 });
-    let (json, s) = merge(&t, &Options { size: 2, reference_boot_id: Some("b".into()) });
+    let (json, s) = merge(&t, &Options { size: 2, reference_boot_id: Some("b".into()), ..Default::default() });
     let c = check(&json).unwrap();
     assert_eq!(s.clock_error_ns, 10);
     let recv = c.slices.iter().find(|x| x.name == "recv").unwrap();
@@ -86,7 +87,7 @@ fn a_host_without_samples_is_named_and_missing_ranks_are_listed() {
     let mut t = pair();
     t[1].info.boot_id = "other".into();
     t.push(trace(3, "b", vec![span(Kind::Barrier, 2_000, 50, NONE)]));
-    let (json, s) = merge(&t, &Options { size: 5, reference_boot_id: Some("b".into()) });
+    let (json, s) = merge(&t, &Options { size: 5, reference_boot_id: Some("b".into()), ..Default::default() });
     assert_eq!(s.unaligned_hosts, ["h1"]);
     assert_eq!(s.missing, [2, 4]);
     let c = check(&json).unwrap();
@@ -167,4 +168,18 @@ fn a_receive_stamped_before_its_send_still_gets_a_forward_flow() {
     for f in &c.flows {
         assert!(f.from.ts <= f.to.ts, "{f:?}");
     }
+}
+
+/// A call a rank was still in when the job ended (killed in a hang) is drawn from its start to
+/// the job's end, marked unfinished; without an end time, to the last event's end.
+#[test]
+fn an_open_call_runs_to_the_end_of_the_job() {
+    let mut t = vec![trace(0, "b", vec![Event { t0: 1_000, dur: 10, kind: Kind::Send.code(), ..Default::default() }])];
+    t[0].open.push(Event { t0: 2_000, kind: Kind::Recv.code(), aux: crate::event::aux::OPEN, ..Default::default() });
+    let (json, _) = merge(&t, &Options { size: 1, reference_boot_id: Some("b".into()), end_ns: Some(9_000) });
+    let recv = json.lines().find(|l| l.contains("\"name\":\"recv\"")).expect("the open recv is drawn");
+    assert!(recv.contains("\"ts\":1.000,\"dur\":7.000") && recv.contains("\"unfinished\":true"), "{recv}");
+    let (json, _) = merge(&t, &Options { size: 1, ..Default::default() });
+    let recv = json.lines().find(|l| l.contains("\"name\":\"recv\"")).expect("the open recv is drawn");
+    assert!(recv.contains("\"dur\":0.001"), "{recv}");
 }
