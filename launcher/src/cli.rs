@@ -234,12 +234,27 @@ pub fn parse_exports(raw: &[String]) -> Result<Vec<Export>> {
             if LAUNCHER_VARS.contains(&name) {
                 return Err(Error::Usage(format!("-x {x}: {name} is set by tmpirun for each rank")));
             }
+            if let (Some(flag), Some(_)) = (seeing_flag(name), value) {
+                // tmpirun merges, reports and checks what these write only when it knows of them.
+                return Err(Error::Usage(format!("-x {x}: use {flag} (or {name} in tmpirun's own environment)")));
+            }
             Ok(match value {
                 Some(v) => Export::Set(name.to_string(), v.into()),
                 None => Export::Pass(name.to_string()),
             })
         })
         .collect()
+}
+
+/// The tmpirun flag that sets seeing knob `name`, if it is one.
+fn seeing_flag(name: &str) -> Option<&'static str> {
+    match name {
+        "TMPI_TRACE" => Some("--trace PATH"),
+        "TMPI_PROFILE" => Some("--profile"),
+        "TMPI_RECORD" => Some("--record DIR"),
+        "TMPI_REPLAY" => Some("--replay DIR"),
+        _ => None,
+    }
 }
 
 /// Finds the program the way a shell would: a name with a `/` as is, otherwise in `PATH`.
@@ -340,6 +355,10 @@ mod tests {
         for bad in ["", "=1", "1A=2", "A-B=1", "TMPI_RANK=3", "TMPI_JOB_SECRET=00", "TMPI_JOB_SECRET"] {
             assert!(parse_exports(&[bad.into()]).is_err(), "{bad}");
         }
+        // Seeing knobs with a value go through their flags (tmpirun merges what they write).
+        let e = parse_exports(&["TMPI_TRACE=/tmp/t.json".into()]).unwrap_err().to_string();
+        assert!(e.contains("use --trace PATH"), "{e}");
+        assert_eq!(parse_exports(&["TMPI_PROFILE".into()]).unwrap(), [Export::Pass("TMPI_PROFILE".into())]);
     }
 
     #[test]
