@@ -278,7 +278,7 @@ impl Comm {
         let c = CollCtx::new(self)?;
         let recv = if self.rank() == root { recv } else { None };
         if self.rank() == root && recv.is_none() {
-            return Err(Error::InvalidBuffer(format!("{what}: the root needs a receive buffer")));
+            return c.finish(Err(Error::InvalidBuffer(format!("{what}: the root needs a receive buffer"))));
         }
         let plan = c.finish(vcoll::gatherv_plan(self.rank(), self.size(), send, recv.as_ref().map(|r| r.len()), counts, displs, root))?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), recv.map(|r| bytemuck::cast_slice_mut(r)))
@@ -371,7 +371,7 @@ impl Comm {
         let c = CollCtx::new(self)?;
         let send = if self.rank() == root { send } else { None };
         if self.rank() == root && send.is_none() {
-            return Err(Error::InvalidBuffer(format!("{what}: the root needs a send buffer")));
+            return c.finish(Err(Error::InvalidBuffer(format!("{what}: the root needs a send buffer"))));
         }
         let plan = c.finish(vcoll::scatterv_plan(self.rank(), self.size(), send.map(<[T]>::len), counts, displs, recv, root))?;
         self.start_plan(s, &c, plan, send.map(|b| bytemuck::cast_slice(b)), Some(bytemuck::cast_slice_mut(recv)))
@@ -658,7 +658,7 @@ impl Comm {
         let Reduction { f, ok, commutative } = op;
         c.finish(ok)?;
         if recv.len() != send.len() {
-            return Err(len_err("iallreduce", "receive", recv.len(), send.len()));
+            return c.finish(Err(len_err("iallreduce", "receive", recv.len(), send.len())));
         }
         let v = Vector { n: send.len(), es: std::mem::size_of::<T>() };
         let plan = c.finish(run::allreduce_plan(&c.setting(), f, commutative, v))?;
@@ -679,7 +679,7 @@ impl Comm {
         let r = self.rank();
         c.finish(vcoll::check_counts("ireduce_scatter", counts, self.size(), send.len()))?;
         if recv.len() != counts[r] {
-            return Err(len_err("ireduce_scatter", "receive", recv.len(), counts[r]));
+            return c.finish(Err(len_err("ireduce_scatter", "receive", recv.len(), counts[r])));
         }
         let plan = c.finish(run::reduce_scatter_plan(&c.setting(), f, commutative, std::mem::size_of::<T>(), counts))?;
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))
@@ -700,7 +700,7 @@ impl Comm {
         let c = CollCtx::new(self)?;
         c.finish(op_ok)?;
         if recv.len() != send.len() {
-            return Err(len_err(what, "receive", recv.len(), send.len()));
+            return c.finish(Err(len_err(what, "receive", recv.len(), send.len())));
         }
         let plan = vcoll::prefix_plan(self.rank(), self.size(), f, std::mem::size_of_val(send), inclusive);
         self.start_plan(s, &c, plan, Some(bytemuck::cast_slice(send)), Some(bytemuck::cast_slice_mut(recv)))

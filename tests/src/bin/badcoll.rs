@@ -9,12 +9,12 @@
 //! made on a communicator of one rank (each rank's own, from `split`), where they cannot leave
 //! other ranks waiting.
 //!
-//! Then on the world, with more than one rank: mistakes rank 0 alone makes (`scatter` without
-//! a send buffer at the root, receive buffers of the wrong length in `allgather`, `alltoall`,
-//! `allreduce` and `iallgather`) give rank 0 `InvalidBuffer` and every other rank
-//! `CollectiveFailed` (or `InvalidBuffer` where the shared-memory slot compares arguments)
-//! instead of leaving it waiting; blocks whose lengths disagree between the ranks give every
-//! rank an error.
+//! Then on the world, with more than one rank: mistakes rank 0 alone makes (`scatter` and
+//! `iscatterv` without a send buffer at the root, receive buffers of the wrong length in
+//! `allgather`, `alltoall`, `allreduce` and `iallgather`) give rank 0 `InvalidBuffer` and
+//! every other rank `CollectiveFailed` (or `InvalidBuffer` where the shared-memory slot
+//! compares arguments) instead of leaving it waiting; blocks whose lengths disagree between
+//! the ranks give every rank an error.
 //!
 //! `badcoll --after-finalize`: every collective, blocking and non-blocking, and every
 //! communicator constructor, called through a clone of the world and a dup that outlived the
@@ -124,6 +124,9 @@ fn one_rank_wrong(c: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     expect(c.allreduce(&[1u32, 1], &mut sum, Op::Sum), "allreduce, rank 0's receive too short");
     let r = scope(|s| c.iallgather(s, &[1u32], &mut all).and_then(|q| q.wait()).map(drop));
     expect(r, "iallgather, rank 0's receive too long");
+    let (counts, displs): (Vec<usize>, Vec<usize>) = (vec![1; p], (0..p).collect());
+    let r = scope(|s| c.iscatterv(s, None, &counts, &displs, &mut one, 0).and_then(|q| q.wait()).map(drop));
+    expect(r, "iscatterv, root without a send buffer");
     still_works(c, v, "one rank's mistakes")
 }
 
