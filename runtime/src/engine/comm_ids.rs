@@ -58,9 +58,12 @@ fn on_comm(key: u64, id: u32) -> bool {
 }
 
 impl Engine {
-    /// Takes the agreed id `id` on this rank.
+    /// Takes the agreed id `id` on this rank. Notices of collective calls given up on an
+    /// earlier communicator of this id are forgotten: the new one numbers its calls from the
+    /// start again, and must not take them for its own.
     pub(crate) fn comm_id_take(&mut self, id: u32) {
         self.comm_ids.take(id);
+        self.st.forget_aborts(id);
     }
 
     /// The communicator of id `id` was dropped: the id is free again now if nothing on this

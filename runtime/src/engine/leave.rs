@@ -265,6 +265,12 @@ impl State {
         self.aborts.iter().find(|a| a.failed && a.ctx == ctx && a.seq == seq).map(|a| a.rank)
     }
 
+    /// Forgets the notices of collective calls given up on communicator `id` (its collective
+    /// context is `2 id + 1`).
+    pub(super) fn forget_aborts(&mut self, id: u32) {
+        self.aborts.retain(|a| a.ctx >> 1 != id);
+    }
+
     /// Member `src` gave up collective call `seq` on context `ctx`: because world rank `rank`
     /// departed, or (`rank == src`) because the call failed there (see
     /// [`Engine::abort_collective`] and [`Engine::fail_collective`]).

@@ -14,7 +14,8 @@
 //! `allgather`, `alltoall`, `allreduce` and `iallgather`) give rank 0 `InvalidBuffer` and
 //! every other rank `CollectiveFailed` (or `InvalidBuffer` where the shared-memory slot
 //! compares arguments) instead of leaving it waiting; blocks whose lengths disagree between
-//! the ranks give every rank an error.
+//! the ranks give every rank an error; a communicator that reuses the id of one whose call
+//! failed everywhere does not take that failure for its own call of the same number.
 //!
 //! `badcoll --after-finalize`: every collective, blocking and non-blocking, and every
 //! communicator constructor, called through a clone of the world and a dup that outlived the
@@ -142,6 +143,26 @@ fn lengths_disagree(c: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     still_works(c, v, "lengths that disagree")
 }
 
+/// A call that failed on every rank leaves notices on the others; a later communicator that
+/// gets the same id numbers its calls from the start again and must not take them for its
+/// own: its call of the same number, which rank 0 enters late (so that the others wait and
+/// look for failures), succeeds.
+fn reused_id(world: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
+    let c = world.dup()?;
+    let mut f = [0f64];
+    v.check_err(c.allreduce(&[1.0f64], &mut f, Op::BitAnd), |e| matches!(e, Error::InvalidOp { .. }), "allreduce BitAnd on f64 (dup)");
+    drop(c);
+    world.barrier()?;
+    let c = world.dup()?;
+    if c.rank() == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let mut s = [0u64];
+    let r = c.allreduce(&[1u64], &mut s, Op::Sum);
+    v.check(matches!(r, Ok(())) && s[0] == c.size() as u64, || format!("allreduce on a dup with a reused id: {r:?} {s:?}"));
+    Ok(())
+}
+
 fn root_only(me: &Comm, v: &mut Verdict) -> tmpi::Result<()> {
     v.check(me.size() == 1 && me.rank() == 0, || format!("self comm: size {} rank {}", me.size(), me.rank()));
     v.check_err(me.reduce(&[1u32; 3], None, Op::Sum, 0), invalid_buffer, "reduce root without recv");
@@ -259,6 +280,7 @@ fn main() -> Result<(), Box<dyn StdError>> {
     if world.size() > 1 {
         one_rank_wrong(&world, &mut v)?;
         lengths_disagree(&world, &mut v)?;
+        reused_id(&world, &mut v)?;
     }
     let one_rank = if world.size() > 1 { "one rank's mistakes fail every rank's call, " } else { "" };
     let summary = format!("{} ranks: InvalidRoot, InvalidBuffer, InvalidOp, {one_rank}communicators still work", world.size());
