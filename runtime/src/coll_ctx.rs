@@ -26,6 +26,9 @@ pub(crate) struct CollCtx<'a> {
     full: u32,
     /// This call marked the communicator busy and clears it when dropped.
     busy: bool,
+    /// A schedule of this call ran: its own failure was told to the other members where
+    /// that was needed (`Sched::fail`; a tolerant plan strands no one).
+    ran: std::cell::Cell<bool>,
 }
 
 impl Drop for CollCtx<'_> {
@@ -54,7 +57,7 @@ impl<'a> CollCtx<'a> {
         }
         let busy = comm.inner.coll_busy.enter(comm.threading())?;
         let seq = comm.inner.coll_seq.update(|s| s.wrapping_add(1));
-        Ok(CollCtx { comm, seq: seq & 0xffff, full: seq, busy })
+        Ok(CollCtx { comm, seq: seq & 0xffff, full: seq, busy, ran: std::cell::Cell::new(false) })
     }
 
     /// The communicator of the call.
@@ -78,7 +81,7 @@ impl<'a> CollCtx<'a> {
     }
 
     /// The call failed with `err`: tells the other members, naming the departed rank (a
-    /// departure) or this one (an error of its own: a bad argument, lengths that disagreed).
+    /// departure) or this one (an error of its own before any schedule ran: a bad argument).
     #[cold]
     #[inline(never)]
     fn abort(&self, err: &Error) {
@@ -88,6 +91,7 @@ impl<'a> CollCtx<'a> {
         match err {
             Error::PeerGone { rank } => e.abort_collective(c.coll_ctx(), self.seq, *rank, members()),
             Error::CollectiveFailed { .. } => {}
+            _ if self.ran.get() => {}
             _ => e.fail_collective(c.coll_ctx(), self.full, members()),
         }
     }
@@ -175,6 +179,7 @@ impl CollP2p for CollCtx<'_> {
         Setting { rank: self.comm.rank(), size: self.comm.size(), force: &m.force, topo: m.hosts.get().and_then(|h| h.topo.as_deref()) }
     }
     fn run(&self, plan: Plan, input: Option<&[u8]>, output: Option<&mut [u8]>) -> Result<()> {
+        self.ran.set(true);
         run_plan(self.comm, self.members(), plan, input, output)
     }
     fn send(&self, buf: &[u8], dest: usize, tag: u32) -> Result<()> {

@@ -391,6 +391,8 @@ impl Sched {
         match (&err, self.who.full) {
             (Error::PeerGone { rank }, _) => e.abort_collective(self.who.ctx, self.who.seq & 0xffff, *rank, members()),
             (Error::CollectiveFailed { .. }, _) | (_, None) => {}
+            // A tolerant plan takes its part in every round even after an error.
+            _ if self.plan.tolerant => {}
             (_, Some(full)) => e.fail_collective(self.who.ctx, full, members()),
         }
         if let Some(rid) = self.rid {
